@@ -1,0 +1,131 @@
+# Makefile: builds the generator (build/gen) and the runtimes (build/librt_*.a), generates and
+# builds a model's training programs into out/, and runs the tests. Non-recursive: the rules of
+# each part live in its fragment (gen/gen.mk, runtime/runtime.mk, tests/tests.mk, bench/bench.mk).
+#
+#   make deps                                  install the Debian packages we need
+#   make MODEL=gpt3_175b TP=8 PP=8             generate out/gpt3_175b-tp8-pp8-dp1 and build it
+#   make inspect MODEL=gpt3_175b TP=8 PP=8 RANK=37
+#   make test                                  every test; ends with "N passed, N failed, N skipped"
+#   make help                                  all targets and variables
+
+# -- User settings ------------------------------------------------------------------------------
+
+ifeq ($(origin CC),default)
+CC        := gcc
+endif
+MPICC     ?= mpicc
+NVCC      ?= nvcc
+RE2C      ?= re2c
+LUA_PKG   ?= lua5.4
+CUDA_HOME ?= /usr/local/cuda
+OPT       ?= -O2
+
+# The model and its layout (see README.md). Empty means "not given": the generator's default.
+MODEL         ?=
+TP            ?=
+PP            ?=
+DP            ?=
+CP            ?=
+EP            ?=
+ETP           ?=
+VP            ?=
+ORDER         ?=
+FIRST_LAYERS  ?=
+LAST_LAYERS   ?=
+MBS           ?=
+NMB           ?=
+SEQ           ?=
+SP            ?=
+DIST_OPT      ?=
+RANK          ?=
+
+# -- END OF USER SETTINGS -----------------------------------------------------------------------
+
+ifeq ($(V),1)
+Q :=
+E := @:
+else
+Q := @
+E := @echo
+endif
+
+# Debian names its openblas pkg-config module "openblas"; its cblas.h lives in a subfolder.
+LUA_CFLAGS  := $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null)
+LUA_LIBS    := $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
+
+WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
+CFLAGS_C := -std=c11 $(OPT) -g $(WARN) -MMD -MP
+
+# Feature probes: the CPU parts always build; a missing CUDA stack is a notice, not an error.
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h -o -f /usr/include/nccl.h && echo 1)
+HAVE_CUBLAS := $(shell test -f $(CUDA_HOME)/include/cublas_v2.h && echo 1)
+HAVE_CUDA := $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS))
+
+ALL_TARGETS :=
+CLEAN_FILES :=
+
+.DEFAULT_GOAL := default
+.PHONY: default all deps test help echo clean
+
+include $(wildcard gen/gen.mk runtime/runtime.mk tools/tools.mk tests/tests.mk bench/bench.mk)
+
+# Generator arguments from the make variables above (only the ones given).
+GENFLAGS = $(MODEL) \
+    $(if $(TP),--tp $(TP)) $(if $(PP),--pp $(PP)) $(if $(DP),--dp $(DP)) \
+    $(if $(CP),--cp $(CP)) $(if $(EP),--ep $(EP)) $(if $(ETP),--etp $(ETP)) \
+    $(if $(VP),--vp $(VP)) $(if $(ORDER),--order $(ORDER)) \
+    $(if $(FIRST_LAYERS),--first-layers $(FIRST_LAYERS)) \
+    $(if $(LAST_LAYERS),--last-layers $(LAST_LAYERS)) \
+    $(if $(MBS),--mbs $(MBS)) $(if $(NMB),--nmb $(NMB)) $(if $(SEQ),--seq $(SEQ)) \
+    $(if $(filter 1 yes,$(SP)),--sp) $(if $(filter 1 yes,$(DIST_OPT)),--dist-opt)
+
+all: $(ALL_TARGETS)
+
+# -- Generating a model's programs (needs MODEL=) ------------------------------------------------
+.PHONY: gen model print-out inspect need-model
+ifneq ($(MODEL),)
+default: model
+else
+default: all
+endif
+
+need-model:
+	@test -n "$(MODEL)" || { echo "make: error: set MODEL=<name> (see models/)"; exit 2; }
+
+gen: need-model build/gen
+	$(Q)build/gen $(GENFLAGS)
+
+model: gen
+
+print-out: need-model build/gen
+	@build/gen --print-out $(GENFLAGS)
+
+inspect: need-model build/gen
+	@build/gen --inspect $(if $(RANK),--rank $(RANK)) $(GENFLAGS)
+
+DEBS := gcc make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
+        libopenblas-dev fortunes
+deps:
+	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	    echo "installing:" $$missing; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "deps: all present"; fi
+
+test: all
+	$(Q)tests/run.sh $(SUITE)
+
+echo:
+	@echo "CC=$(CC) MPICC=$(MPICC) NVCC=$(NVCC) RE2C=$(RE2C) LUA_PKG=$(LUA_PKG)"
+	@echo "LUA_CFLAGS=$(LUA_CFLAGS) LUA_LIBS=$(LUA_LIBS)"
+	@echo "BLAS_CFLAGS=$(BLAS_CFLAGS) BLAS_LIBS=$(BLAS_LIBS)"
+	@echo "nvcc: $(if $(HAVE_NVCC),found,not found)  NCCL: $(if $(HAVE_NCCL),found,not found)" \
+	      " cuBLAS: $(if $(HAVE_CUBLAS),found,not found)" \
+	      " -> cuda backend $(if $(HAVE_CUDA),enabled,disabled)"
+	@echo "GENFLAGS=$(GENFLAGS)"
+
+clean:
+	rm -rf build out $(CLEAN_FILES)

@@ -1,0 +1,670 @@
+-- config.lua: load a model description (sandboxed) and validate it with the parallel sizes.
+-- config.load(opts) -> Config (ir.lua). Every rule Megatron-LM enforces on these sizes is
+-- checked here (megatron-semantics.md 1.3, 2), plus the ones it forgets; problems are collected
+-- and raised together (diag.collector). Errors about a model value point at the line of its
+-- key in the model file; errors about sizes alone read "gen: error: ...".
+-- Reads the model file; otherwise pure. Called by driver.lua and the tests.
+
+local diag = require("diag")
+local ir = require("ir")
+local json = require("json")
+local sandbox = require("sandbox")
+local util = require("util")
+
+local M = {}
+
+M.DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+M.AXES = { tp = true, cp = true, ep = true, dp = true, pp = true }
+-- Megatron appends axes missing from the order in this order (RankGenerator.name_to_size).
+M.APPEND_ORDER = { "tp", "pp", "dp", "ep", "cp" }
+M.MAX_SIZE = 1 << 20            -- largest world (and parallel size) the generator accepts
+M.MAX_PARAMS = 1 << 42          -- largest model it counts exactly (bytes summed over ranks)
+
+-- -- Reading model descriptions ------------------------------------------------------------
+
+-- 'src' with the insides of comments and strings blanked out (newlines kept, so line
+-- numbers hold): what the scanners below search, so that "gpt {" in a comment or a
+-- description string is not taken for code.
+local function code_only(src)
+    local out, i, len = {}, 1, #src
+    local function blank(a, b)
+        out[#out + 1] = src:sub(a, b):gsub("[^\n]", " ")
+    end
+    while i <= len do
+        local c = src:sub(i, i)
+        if c == "-" and src:sub(i + 1, i + 1) == "-" then
+            local eq = src:match("^%[(=*)%[", i + 2)
+            local stop
+            if eq then
+                stop = select(2, src:find("]" .. eq .. "]", i, true)) or len
+            else
+                stop = (src:find("\n", i, true) or len + 1) - 1
+            end
+            blank(i, stop)
+            i = stop + 1
+        elseif c == '"' or c == "'" then
+            local j = i + 1
+            while j <= len do
+                local d = src:sub(j, j)
+                if d == "\\" then j = j + 2
+                elseif d == c or d == "\n" then break
+                else j = j + 1 end
+            end
+            out[#out + 1] = c
+            blank(i + 1, j - 1)
+            out[#out + 1] = src:sub(j, j)
+            i = j + 1
+        elseif c == "[" and src:match("^%[=*%[", i) then
+            local eq = src:match("^%[(=*)%[", i)
+            local stop = select(2, src:find("]" .. eq .. "]", i, true)) or len
+            out[#out + 1] = '""'
+            blank(i + 2, stop)
+            i = stop + 1
+        else
+            local j = src:find("[-\"'%[]", i + 1) or len + 1
+            out[#out + 1] = src:sub(i, j - 1)
+            i = j
+        end
+    end
+    return table.concat(out)
+end
+
+-- Line of the start of byte 'pos' in 'src'.
+local function line_at(src, pos)
+    local n = 1
+    for _ in src:sub(1, pos - 1):gmatch("\n") do n = n + 1 end
+    return n
+end
+
+-- Where each key of a constructor's table is written: 'code' is code_only(src); the call of
+-- 'fname' is the first one on or after line 'line'. Records identifiers followed by '=' at
+-- brace depth 1 -> map key -> line. Keys it cannot see (a table built elsewhere) fall back
+-- to the call's line.
+local function key_lines(code, fname, line)
+    local lines, pos, n = {}, 1, 1
+    while n < line do
+        local nl = code:find("\n", pos, true)
+        if not nl then return lines end
+        pos, n = nl + 1, n + 1
+    end
+    local call = code:find("%f[%w_]" .. fname .. "%s*[{(]", pos)
+    local brace = call and code:find("{", call, true)
+    if not brace then return lines end
+    n = line_at(code, brace)
+    local i, depth, len = brace + 1, 1, #code
+    while i <= len and depth > 0 do
+        local c = code:sub(i, i)
+        if c == "\n" then
+            n = n + 1
+        elseif c == "{" or c == "(" or c == "[" then
+            depth = depth + 1
+        elseif c == "}" or c == ")" or c == "]" then
+            depth = depth - 1
+        elseif c:match("[%a_]") then
+            local word = code:match("^[%w_]+", i)
+            if depth == 1 and lines[word] == nil and code:match("^[ \t]*=[^=]", i + #word) then
+                lines[word] = n
+            end
+            i = i + #word - 1
+        end
+        i = i + 1
+    end
+    return lines
+end
+
+-- Line of the n-th call of constructor 'fname' in 'code' (code_only), 1 if not found.
+local function call_line(code, fname, nth)
+    local pos, n, line = 1, 0, 1
+    while true do
+        local at = code:find("%f[%w_]" .. fname .. "%s*[{(\"'%[]", pos)
+        if not at then return line end
+        n, line = n + 1, line_at(code, at)
+        if n == nth then return line end
+        pos = at + 1
+    end
+end
+
+-- Describe a model-supplied value for an error message.
+local function show(v)
+    if type(v) == "string" then
+        if #v > 40 then v = v:sub(1, 37) .. "..." end
+        return "string " .. json.str(v)
+    elseif math.type(v) == "float" and v == math.floor(v) and math.abs(v) < 1e15 then
+        return string.format("%.1f", v)
+    elseif type(v) == "number" then
+        return json.num(v)
+    end
+    return type(v)
+end
+
+-- Problem with 'v' as a size (an integer >= 1), or nil.
+local function int_problem(key, v, max)
+    if math.type(v) == "float" and v == math.floor(v) and v == v and math.abs(v) < 2^63 then
+        return string.format("%s must be an integer (got %s, a float: use // for integer division)",
+                             key, show(v))
+    elseif math.type(v) ~= "integer" then
+        return string.format("%s must be an integer (got %s)", key, show(v))
+    elseif v < 1 then
+        return string.format("%s must be at least 1 (got %d)", key, v)
+    elseif v > max then
+        return string.format("%s (%d) is too large (at most %d)", key, v, max)
+    end
+end
+
+-- The model schema. kind: int (>= 1, <= max), pos (number > 0), nonneg (number >= 0),
+-- str, bool, moe. ORDER GPT_KEYS / MOE_KEYS: the order of checks and of known-key lists.
+local GPT_KEYS = {
+    { "layers",      "int", true,  1 << 14 },
+    { "hidden",      "int", true,  1 << 20 },
+    { "heads",       "int", true,  1 << 20 },
+    { "seq_len",     "int", true,  1 << 24 },
+    { "vocab",       "int", true,  1 << 26 },
+    { "ffn_hidden",  "int", false, 1 << 24 },
+    { "norm_eps",    "pos", false },
+    { "init_std",    "pos", false },
+    { "vocab_pad",   "int", false, 1 << 20 },
+    { "description", "str", false },
+    { "moe",         "moe", false },
+}
+local MOE_KEYS = {
+    { "experts",         "int",    true,  1 << 14 },
+    { "top_k",           "int",    true,  1 << 14 },
+    { "ffn_hidden",      "int",    false, 1 << 24 },
+    { "aux_loss_coeff",  "nonneg", false },
+    { "pre_softmax",     "bool",   false },
+    { "capacity_factor", "pos",    false },
+    { "bias",            "bool",   false },
+}
+local WHAT = {
+    layers = "number of transformer layers", hidden = "model width",
+    heads = "number of attention heads", seq_len = "maximum sequence length",
+    vocab = "vocabulary size", experts = "number of experts", top_k = "experts per token",
+}
+
+local function known_list(keys)
+    local names = {}
+    for i, k in ipairs(keys) do names[i] = k[1] end
+    return table.concat(names, ", ")
+end
+
+-- Check the fields of one constructor call against 'keys'; problems go to 'probs' as
+-- {line, msg}. Returns a table of the values that passed.
+local function check_fields(call, keys, ctor, probs, code, marks)
+    local fields, out = call.fields, {}
+    call.lines = key_lines(code, ctor, call.line)
+    local function at(k) return call.lines[k] or call.line end
+    local known = {}
+    for _, spec in ipairs(keys) do known[spec[1]] = spec end
+    local extra = {}
+    for k in pairs(fields) do
+        if type(k) ~= "string" then
+            probs[#probs + 1] = { call.line, string.format(
+                "%s{} takes named fields only (found a value at [%s])", ctor, show(k)) }
+        elseif not known[k] then
+            extra[#extra + 1] = k
+        end
+    end
+    table.sort(extra)
+    for _, k in ipairs(extra) do
+        probs[#probs + 1] = { at(k), string.format("unknown key '%s' in %s{} (known keys: %s)",
+                                                   k, ctor, known_list(keys)) }
+    end
+    for _, spec in ipairs(keys) do
+        local k, kind, required, max = spec[1], spec[2], spec[3], spec[4]
+        local v, problem = fields[k], nil
+        if v == nil then
+            if required then
+                problem = string.format("%s{} needs '%s' (%s)", ctor, k, WHAT[k] or k)
+            end
+        elseif kind == "int" then
+            problem = int_problem(k, v, max)
+        elseif kind == "pos" or kind == "nonneg" then
+            if type(v) ~= "number" or v ~= v or v == math.huge then
+                problem = string.format("%s must be a number (got %s)", k, show(v))
+            elseif kind == "pos" and v <= 0 then
+                problem = string.format("%s must be greater than 0 (got %s)", k, show(v))
+            elseif kind == "nonneg" and v < 0 then
+                problem = string.format("%s must not be negative (got %s)", k, show(v))
+            end
+        elseif kind == "str" and type(v) ~= "string" then
+            problem = string.format("%s must be a string (got %s)", k, show(v))
+        elseif kind == "bool" and type(v) ~= "boolean" then
+            problem = string.format("%s must be true or false (got %s)", k, show(v))
+        elseif kind == "moe" and not (type(v) == "table" and marks[v] == "moe") then
+            problem = "moe must be made with moe{ experts = ..., top_k = ... }"
+        end
+        if problem then
+            probs[#probs + 1] = { (v == nil) and call.line or at(k), problem }
+        elseif v ~= nil then
+            out[k] = v
+        end
+    end
+    return out
+end
+
+-- The moe{} call whose result is the value of key moe in gpt call 'call', if any.
+local function moe_call(calls, call)
+    local v = type(call.fields) == "table" and call.fields.moe
+    return v and calls[v] or nil
+end
+
+-- Resolve a MODEL argument to the file name shown in messages and the model's name.
+-- "gpt2_124m" -> models/gpt2_124m.lua; anything with a '/' or ending in .lua is a path.
+function M.model_file(spec)
+    if type(spec) ~= "string" or spec == "" then
+        diag.error(nil, "no model given (MODEL=<name>, one of the files in models/)")
+    end
+    local file = spec
+    if not spec:find("/", 1, true) and not spec:find("%.lua$") then
+        file = "models/" .. spec .. ".lua"
+    end
+    local name = file:match("([^/]+)%.lua$")
+    if not name then
+        diag.error(nil, "model '%s' is not a .lua file", spec)
+    end
+    if not name:match("^[%w_.-]+$") then
+        diag.error(nil, "model name '%s' may only use letters, digits, '_', '.' and '-'", name)
+    end
+    return file, name
+end
+
+-- Read a model file: as given (relative to the current directory), else relative to the
+-- repository root. The root itself never appears in messages.
+local function read_model(file)
+    local f = io.open(file, "rb")
+    if not f and file:sub(1, 1) ~= "/" then
+        local host = package.loaded.host or require("host")
+        f = io.open(host.root() .. "/" .. file, "rb")
+    end
+    if not f then
+        diag.error(nil, "cannot read model %s: no such file (models are in models/)", file)
+    end
+    local src = f:read("a")
+    f:close()
+    if not src then diag.error(nil, "cannot read model %s", file) end
+    return src
+end
+
+-- Evaluate model source 'src' (shown as 'file', named 'name') and validate it -> Model.
+function M.model_from_source(src, file, name)
+    local marks = setmetatable({}, { __mode = "k" })   -- constructed tables -> "gpt" | "moe"
+    local calls, seen = {}, { gpt = 0, moe = 0 }
+    local function constructor(kind)
+        return function(t)
+            -- 'return gpt { ... }' is a tail call: the caller's frame is gone, and the line is
+            -- found later by scanning the source for the n-th call of this constructor.
+            local info = debug.getinfo(1, "t").istailcall and nil or debug.getinfo(2, "l")
+            seen[kind] = seen[kind] + 1
+            local line = info and info.currentline > 0 and info.currentline or nil
+            local obj = {}
+            marks[obj] = kind
+            calls[obj] = { fields = t, line = line, kind = kind, nth = seen[kind] }
+            return obj
+        end
+    end
+    local result = sandbox.run(src, file, { gpt = constructor("gpt"), moe = constructor("moe") })
+    if not (type(result) == "table" and marks[result] == "gpt") then
+        diag.error({ file = file, line = 1 },
+                   "a model description must end with 'return gpt { ... }' (it returned %s)",
+                   result == nil and "nothing" or show(result))
+    end
+
+    local code = code_only(src)
+    for _, c in pairs(calls) do
+        c.line = c.line or call_line(code, c.kind, c.nth)
+    end
+    local probs = {}
+    local call = calls[result]
+    for _, c in ipairs({ call, moe_call(calls, call) }) do
+        if type(c.fields) ~= "table" then
+            diag.error({ file = file, line = c.line }, "%s expects a table: %s { ... } (got %s)",
+                       c.kind, c.kind, show(c.fields))
+        end
+    end
+    local g = check_fields(call, GPT_KEYS, "gpt", probs, code, marks)
+    local mcall, m = nil, nil
+    if g.moe then
+        mcall = calls[g.moe]
+        m = check_fields(mcall, MOE_KEYS, "moe", probs, code, marks)
+    end
+    local function at(k) return call.lines[k] or call.line end
+    if g.hidden and g.heads and g.hidden % g.heads ~= 0 then
+        probs[#probs + 1] = { at("heads"), string.format(
+            "hidden (%d) must be divisible by heads (%d)", g.hidden, g.heads) }
+    end
+    if m and m.top_k and m.experts and m.top_k > m.experts then
+        probs[#probs + 1] = { mcall.lines.top_k or mcall.line, string.format(
+            "top_k (%d) must not exceed experts (%d)", m.top_k, m.experts) }
+    end
+    if #probs > 0 then
+        table.sort(probs, function(a, b) return a[1] < b[1] end)
+        local c = diag.collector()
+        for _, p in ipairs(probs) do c.add({ file = file, line = p[1] }, "%s", p[2]) end
+        c.raise()
+    end
+
+    local ffn = g.ffn_hidden or 4 * g.hidden
+    local moe
+    if m then
+        moe = ir.Moe {
+            experts = m.experts, top_k = m.top_k, ffn_hidden = m.ffn_hidden or ffn,
+            aux_loss_coeff = m.aux_loss_coeff or 0.0, pre_softmax = m.pre_softmax or false,
+            capacity_factor = m.capacity_factor, bias = (m.bias ~= false),
+            line = mcall.line, lines = mcall.lines,
+        }
+    end
+    local model = ir.Model {
+        name = name, file = file, line = call.line, lines = call.lines,
+        description = g.description, layers = g.layers, hidden = g.hidden, heads = g.heads,
+        head_dim = g.hidden // g.heads, seq_len = g.seq_len, vocab = g.vocab,
+        ffn_hidden = ffn, norm_eps = g.norm_eps or 1e-5, init_std = g.init_std or 0.02,
+        vocab_pad = g.vocab_pad or 128, moe = moe,
+    }
+    -- Exact integer counts need headroom: estimate in floating point first.
+    local C, F = model.hidden + 0.0, model.ffn_hidden + 0.0
+    local per_layer = 4 * C * C + 2 * C * F
+    if moe then per_layer = 4 * C * C + moe.experts * (C + 2 * C * moe.ffn_hidden) end
+    local approx = model.layers * per_layer + (model.vocab + model.seq_len) * C
+    if approx > M.MAX_PARAMS then
+        diag.error({ file = file, line = call.line },
+                   "model has about %.3g parameters; the generator handles at most %.3g",
+                   approx, M.MAX_PARAMS + 0.0)
+    end
+    return model
+end
+
+-- Load MODEL (a name or a path) -> Model.
+function M.load_model(spec)
+    local file, name = M.model_file(spec)
+    return M.model_from_source(read_model(file), file, name)
+end
+
+-- -- Sizes -----------------------------------------------------------------------------------
+
+-- Output directory name and regenerate command (DESIGN 4.3): defaults are left out.
+local function naming(model, s)
+    local dir = { string.format("%s-tp%d-pp%d-dp%d", model.name, s.tp, s.pp, s.dp) }
+    local mk = { "make MODEL=" .. (model.file == "models/" .. model.name .. ".lua"
+                                   and model.name or model.file),
+                 string.format("TP=%d PP=%d DP=%d", s.tp, s.pp, s.dp) }
+    local function opt(cond, d, m)
+        if cond then dir[#dir + 1] = d; mk[#mk + 1] = m end
+    end
+    opt(s.cp ~= 1, "-cp" .. s.cp, "CP=" .. s.cp)
+    opt(s.ep ~= 1, "-ep" .. s.ep, "EP=" .. s.ep)
+    opt(s.etp ~= s.tp, "-etp" .. s.etp, "ETP=" .. s.etp)
+    opt(s.vp ~= 1, "-vp" .. s.vp, "VP=" .. s.vp)
+    opt(s.mbs ~= 1, "-mbs" .. s.mbs, "MBS=" .. s.mbs)
+    opt(s.nmb ~= 1, "-nmb" .. s.nmb, "NMB=" .. s.nmb)
+    opt(s.seq ~= model.seq_len, "-seq" .. s.seq, "SEQ=" .. s.seq)
+    opt(s.sp, "-sp", "SP=1")
+    opt(s.dist_opt, "-distopt", "DIST_OPT=1")
+    opt(s.first_layers ~= nil, "-first" .. tostring(s.first_layers),
+        "FIRST_LAYERS=" .. tostring(s.first_layers))
+    opt(s.last_layers ~= nil, "-last" .. tostring(s.last_layers),
+        "LAST_LAYERS=" .. tostring(s.last_layers))
+    opt(s.order ~= M.DEFAULT_ORDER, "-order" .. s.order, "ORDER=" .. s.order)
+    return table.concat(dir), table.concat(mk, " ")
+end
+
+-- Parse ORDER -> list of axis names, or nil after adding problems to 'errs'.
+local function parse_order(order, errs)
+    local list, seen, ok = {}, {}, true
+    for part in (order .. "-"):gmatch("([^-]*)-") do
+        if part == "" then
+            errs.add(nil, "ORDER '%s' has an empty axis name (write axes joined by '-', e.g. %s)",
+                     order, M.DEFAULT_ORDER)
+            ok = false
+        elseif not M.AXES[part] then
+            errs.add(nil, "ORDER '%s' names an unknown axis '%s' (axes: tp, cp, ep, dp, pp)",
+                     order, part)
+            ok = false
+        elseif seen[part] then
+            errs.add(nil, "ORDER '%s' names '%s' twice", order, part)
+            ok = false
+        end
+        seen[part] = true
+        list[#list + 1] = part
+    end
+    return ok and list or nil
+end
+
+-- Rank stride of axis 'name' when 'sizes' are laid out in 'axes' order.
+local function stride_of(axes, sizes, name)
+    local s = 1
+    for _, a in ipairs(axes) do
+        if a == name then return s end
+        s = s * sizes[a]
+    end
+end
+
+-- Validate sizes 'opts' against 'model' -> Config. Pure (no I/O).
+function M.configure(model, opts)
+    local errs = diag.collector()
+    local function model_at(key, moe)
+        local rec = moe and model.moe or model
+        return { file = model.file, line = rec.lines[key] or rec.line }
+    end
+
+    -- Every size is an integer >= 1 (RANK >= 0).
+    local function size(key, name, default)
+        local v = opts[key]
+        if v == nil then return default end
+        if math.type(v) ~= "integer" then
+            errs.add(nil, "%s must be an integer (got %s)", name, tostring(v))
+            return default
+        elseif v < 1 then
+            errs.add(nil, "%s must be at least 1 (got %d)", name, v)
+            return default
+        elseif v > M.MAX_SIZE then
+            errs.add(nil, "%s (%d) is too large (at most %d)", name, v, M.MAX_SIZE)
+            return default
+        end
+        return v
+    end
+    local T, P, D = size("tp", "TP", 1), size("pp", "PP", 1), size("dp", "DP", 1)
+    local C, E, V = size("cp", "CP", 1), size("ep", "EP", 1), size("vp", "VP", 1)
+    local Te = size("etp", "ETP", T)
+    local mbs, nmb = size("mbs", "MBS", 1), size("nmb", "NMB", 1)
+    local seq = size("seq", "SEQ", model.seq_len)
+    local function layers_opt(key, name)
+        if opts[key] == 0 then
+            errs.add(nil, "%s must be at least 1 (got 0): a pipeline stage with no layers is " ..
+                     "not allowed", name)
+            return nil
+        end
+        return size(key, name, nil)
+    end
+    local f = layers_opt("first_layers", "FIRST_LAYERS")
+    local l = layers_opt("last_layers", "LAST_LAYERS")
+    local order = string.lower(opts.order or M.DEFAULT_ORDER)
+    local listed = parse_order(order, errs)
+    if errs.count() > 0 then errs.raise() end
+
+    local world = T * C * D * P
+    if world > M.MAX_SIZE then
+        diag.error(nil, "world size %d (TP*CP*DP*PP = %d*%d*%d*%d) is too large (at most %d)",
+                   world, T, C, D, P, M.MAX_SIZE)
+    end
+
+    -- megatron initialize_model_parallel, in its order.
+    if V > 1 and P == 1 then
+        errs.add(nil, "VP (%d) needs PP > 1: the interleaved schedule splits each pipeline stage " ..
+                 "into VP chunks", V)
+    end
+    local in_order, reported = {}, {}
+    for _, a in ipairs(listed) do in_order[a] = true end
+    local dense = { tp = T, cp = C, ep = 1, dp = D, pp = P }
+    local function missing(sizes, names)
+        for _, a in ipairs(M.APPEND_ORDER) do
+            if not in_order[a] and sizes[a] > 1 and not reported[a] then
+                reported[a] = true
+                errs.add(nil, "ORDER '%s' does not name %s, but %s is %d (every axis larger " ..
+                         "than 1 must appear; the default is %s)", order, a, names[a], sizes[a],
+                         M.DEFAULT_ORDER)
+            end
+        end
+    end
+    missing(dense, { tp = "TP", cp = "CP", dp = "DP", pp = "PP" })
+    local etmp = Te * E * P
+    local De
+    if world % etmp ~= 0 then
+        errs.add(nil, "the world (TP*CP*DP*PP = %d) is not divisible by ETP*EP*PP = %d*%d*%d = %d " ..
+                 "(choose EP and ETP so that ETP*EP*PP divides %d)", world, Te, E, P, etmp, world)
+    else
+        De = world // etmp
+        local expert = { tp = Te, cp = 1, ep = E, dp = De, pp = P }
+        missing(expert, { tp = "ETP", ep = "EP", dp = "EDP (world/(ETP*EP*PP))", pp = "PP" })
+        if listed[#listed] ~= "pp" and P > 1 and De ~= D then
+            errs.add(nil, "ORDER '%s' does not end with pp, so the expert data-parallel size " ..
+                     "EDP = %d must equal DP = %d (put pp last, or choose EP/ETP so that EDP = DP)",
+                     order, De, D)
+        elseif P > 1 then
+            local axes = util.copy(listed)
+            for _, a in ipairs(M.APPEND_ORDER) do
+                if not in_order[a] then axes[#axes + 1] = a end
+            end
+            local sd, se = stride_of(axes, dense, "pp"), stride_of(axes, expert, "pp")
+            if sd ~= se then
+                errs.add(nil, "ORDER '%s' gives the attention and expert grids different " ..
+                         "pipeline groups (pp stride %d vs %d); put pp last", order, sd, se)
+            end
+        end
+    end
+
+    -- ModelParallelConfig / arguments.py / TransformerConfig rules.
+    if opts.sp and T == 1 then
+        errs.add(nil, "SP needs TP > 1: sequence parallelism splits the sequence over the " ..
+                 "tensor-parallel group")
+    end
+    local moe = model.moe
+    if not moe and E > 1 then
+        errs.add(nil, "EP (%d) > 1 needs a model with experts (%s has no moe{ })", E, model.file)
+    end
+    if model.heads % T ~= 0 then
+        errs.add(model_at("heads"), "heads (%d) must be divisible by TP (%d)", model.heads, T)
+    end
+    if model.ffn_hidden % T ~= 0 then
+        errs.add(model_at("ffn_hidden"), "ffn_hidden (%d) must be divisible by TP (%d)",
+                 model.ffn_hidden, T)
+    end
+    if moe then
+        if moe.experts % E ~= 0 then
+            errs.add(model_at("experts", true), "experts (%d) must be divisible by EP (%d)",
+                     moe.experts, E)
+        end
+        if moe.ffn_hidden % Te ~= 0 then
+            errs.add(model_at("ffn_hidden", true),
+                     "expert ffn_hidden (%d) must be divisible by ETP (%d)", moe.ffn_hidden, Te)
+        end
+        if moe.bias and Te > 1 then
+            errs.add({ file = model.file, line = moe.line },
+                     "expert biases need ETP 1 (ETP is %d): Megatron supports bias in MoE " ..
+                     "layers only without expert tensor parallelism (set bias = false in moe{})",
+                     Te)
+        end
+    end
+
+    -- Sequence length.
+    local seq_at = (opts.seq == nil) and model_at("seq_len") or nil
+    if seq > model.seq_len then
+        errs.add(model_at("seq_len"), "SEQ (%d) must not exceed seq_len (%d)", seq, model.seq_len)
+    elseif C > 1 and seq % (2 * C) ~= 0 then
+        errs.add(seq_at, "%s (%d) must be divisible by 2*CP = %d (context parallelism cuts " ..
+                 "the sequence into 2*CP chunks)", opts.seq and "SEQ" or "seq_len", seq, 2 * C)
+    elseif opts.sp and T > 1 and (seq // C) % T ~= 0 then
+        errs.add(seq_at, "with SP, %s/CP = %d must be divisible by TP (%d)",
+                 opts.seq and "SEQ" or "seq_len", seq // C, T)
+    end
+
+    -- Layer placement (megatron-semantics 2).
+    local L, lat = model.layers, model_at("layers")
+    if (f or l) and P == 1 then
+        errs.add(nil, "%s needs PP > 1 (an uneven first/last stage needs several stages)",
+                 f and "FIRST_LAYERS" or "LAST_LAYERS")
+    elseif f or l then
+        local Pm = P - (f and 1 or 0) - (l and 1 or 0)
+        local Lm = L - (f or 0) - (l or 0)
+        local given = (f and l) and string.format("FIRST_LAYERS (%d) + LAST_LAYERS (%d)", f, l)
+                      or f and string.format("FIRST_LAYERS (%d)", f)
+                      or string.format("LAST_LAYERS (%d)", l)
+        local verb = (f and l) and "" or "s"
+        if Lm < 0 then
+            errs.add(lat, "%s exceed%s layers (%d)", given, verb, L)
+        elseif Lm == 0 and Pm > 0 then
+            errs.add(lat, "%s leave%s no layers for the other %d stage%s (layers is %d)", given,
+                     verb, Pm, Pm == 1 and "" or "s", L)
+        elseif Lm > 0 and Pm == 0 then
+            errs.add(lat, "%s leave %d of %d layers without a stage: with PP %d there are no " ..
+                     "middle stages (make them add up to %d)", given, Lm, L, P, L)
+        elseif Pm > 0 and Lm % Pm ~= 0 then
+            errs.add(lat, "the %d layers left by %s must divide evenly over the %d middle " ..
+                     "stage%s (layers is %d)", Lm, given, Pm, Pm == 1 and "" or "s", L)
+        elseif V > 1 then
+            if f and f % V ~= 0 then
+                errs.add(nil, "FIRST_LAYERS (%d) must be divisible by VP (%d)", f, V)
+            end
+            if l and l % V ~= 0 then
+                errs.add(nil, "LAST_LAYERS (%d) must be divisible by VP (%d)", l, V)
+            end
+            if Pm > 0 and (Lm // Pm) % V ~= 0 then
+                errs.add(lat, "each middle stage gets %d layers, which must be divisible by " ..
+                         "VP (%d)", Lm // Pm, V)
+            end
+        end
+    elseif L % (P * V) ~= 0 then
+        if V == 1 then
+            errs.add(lat, "layers (%d) must be divisible by PP (%d)", L, P)
+        else
+            errs.add(lat, "layers (%d) must be divisible by PP*VP = %d*%d = %d", L, P, V, P * V)
+        end
+    end
+
+    -- Interleaved schedule (megatron-semantics 3.2): N = P microbatches per group.
+    if V > 1 and P > 1 and nmb % P ~= 0 then
+        errs.add(nil, "with VP > 1, NMB (%d) must be a multiple of PP (%d): the interleaved " ..
+                 "schedule runs micro-batches in groups of PP", nmb, P)
+    end
+
+    -- The rank --inspect asks about.
+    if opts.rank ~= nil then
+        if not opts.inspect then
+            errs.add(nil, "--rank needs --inspect (make inspect RANK=...)")
+        elseif math.type(opts.rank) ~= "integer" or opts.rank < 0 or opts.rank >= world then
+            errs.add(nil, "RANK (%s) must be between 0 and %d (the world has %d ranks)",
+                     tostring(opts.rank), world - 1, world)
+        end
+    end
+    errs.raise()
+
+    if moe and E > 1 and T > 1 and not opts.sp then
+        diag.warn(nil, "EP (%d) and TP (%d) are both > 1 without SP: Megatron expects " ..
+                  "sequence parallelism here (add SP=1)", E, T)
+    end
+
+    local axes = util.copy(listed)
+    for _, a in ipairs(M.APPEND_ORDER) do
+        if not in_order[a] then axes[#axes + 1] = a end
+    end
+    local s = {
+        tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V, world = world,
+        order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,
+        sp = opts.sp == true, dist_opt = opts.dist_opt == true,
+    }
+    local dirname, make = naming(model, s)
+    local vocab_mult = model.vocab_pad * T
+    return ir.Config {
+        model = model, tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V,
+        world = world, order = order, axes = axes, first_layers = f, last_layers = l,
+        mbs = mbs, nmb = nmb, seq = seq, sp = s.sp, dist_opt = s.dist_opt,
+        vocab_padded = util.round_up(model.vocab, vocab_mult), rank = opts.rank,
+        dirname = dirname, outdir = opts.out or ("out/" .. dirname), make = make,
+    }
+end
+
+-- Model + sizes from the command-line options -> Config.
+function M.load(opts)
+    return M.configure(M.load_model(opts.model), opts)
+end
+
+return M

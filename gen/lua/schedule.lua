@@ -1,0 +1,329 @@
+-- schedule.lua: the pipeline schedule of every stage, unrolled (megatron-semantics.md §3).
+--
+-- A pure pass: schedule.build(P, V, M, N) returns, for every pipeline stage, the straight-line
+-- list of steps Megatron's forward_backward_* functions execute for one training step:
+--   {kind="F", k=, mb=, chunk=}             forward of micro-batch mb through local chunk
+--   {kind="B", k=, mb=, chunk=}             backward of the same
+--   {kind="X", ops={op, ...}}               one batched exchange (posted and completed together)
+-- where an exchange op is
+--   {send=bool, dir="prev"|"next", what="act"|"grad", mb=, chunk=}
+-- naming the micro-batch and the *local* chunk of the tensor on this stage: for a send, the chunk
+-- that produced it; for a receive, the chunk that will consume it. Peers are pipeline neighbours
+-- (wrapping: the last stage's "next" is stage 0). Ops of one exchange are ordered as Megatron's
+-- batched _communicate posts them: send prev, recv prev, send next, recv next.
+-- No I/O; schedule.check_sizes raises user errors for Megatron's constraints.
+
+local diag = require("diag")
+
+local M = {}
+
+-- Virtual stage (global chunk index) of local chunk c on stage r.
+function M.virtual_stage(P, r, c)
+    return c * P + r
+end
+
+-- Megatron's schedule table for the interleaved schedule: virtual id k -> (mb, chunk).
+-- Micro-batches are walked in groups of N; inside a group every chunk takes all its
+-- micro-batches in order (get_schedule_table).
+local function schedule_table(Mb, V, N)
+    local t = {}
+    for g = 0, Mb - 1, N do
+        local last = math.min(g + N, Mb) - 1
+        for c = 0, V - 1 do
+            for mb = g, last do t[#t + 1] = { mb = mb, chunk = c } end
+        end
+    end
+    return t
+end
+M.schedule_table = schedule_table
+
+-- Appends an exchange built from up to four optional ops, in Megatron's posting order.
+local function exchange(steps, send_prev, recv_prev, send_next, recv_next)
+    local ops = {}
+    local all = { send_prev, recv_prev, send_next, recv_next }
+    for i = 1, 4 do   -- not ipairs: any of the four may be absent
+        if all[i] then ops[#ops + 1] = all[i] end
+    end
+    if #ops > 0 then steps[#steps + 1] = { kind = "X", ops = ops } end
+end
+
+local function op(send, dir, what, mb, chunk)
+    return { send = send, dir = dir, what = what, mb = mb, chunk = chunk }
+end
+
+-- Per-chunk FIFO counters: the n-th tensor received for chunk c belongs to its n-th
+-- micro-batch, because every chunk consumes its inputs (and output grads) in micro-batch order.
+local function counters(V)
+    local c = {}
+    for i = 0, V - 1 do c[i] = 0 end
+    return c
+end
+
+local function take(cnt, chunk)
+    local mb = cnt[chunk]
+    cnt[chunk] = mb + 1
+    return mb
+end
+
+-- No pipelining (P = 1): forward and backward of every micro-batch in turn (gradients
+-- accumulate; Megatron's forward_backward_no_pipelining).
+local function no_pipelining(Mb)
+    local steps = {}
+    for mb = 0, Mb - 1 do
+        steps[#steps + 1] = { kind = "F", k = mb, mb = mb, chunk = 0 }
+        steps[#steps + 1] = { kind = "B", k = mb, mb = mb, chunk = 0 }
+    end
+    return { steps = steps, warmup = 0, steady = Mb, cooldown = 0 }
+end
+
+-- Non-interleaved 1F1B on stage r (forward_backward_pipelining_without_interleaving).
+local function one_f_one_b(P, Mb, r)
+    local first, last = r == 0, r == P - 1
+    local warmup = math.min(P - r - 1, Mb)
+    local steady = Mb - warmup
+    local steps = {}
+    local nf, nb = 0, 0   -- next forward / backward micro-batch
+    local function recv_forward(mb)
+        if not first then exchange(steps, nil, op(false, "prev", "act", mb, 0)) end
+    end
+    local function F()
+        steps[#steps + 1] = { kind = "F", k = nf, mb = nf, chunk = 0 }
+        nf = nf + 1
+        return nf - 1
+    end
+    local function B()
+        steps[#steps + 1] = { kind = "B", k = nb, mb = nb, chunk = 0 }
+        nb = nb + 1
+        return nb - 1
+    end
+    for _ = 1, warmup do
+        recv_forward(nf)
+        local mb = F()
+        if not last then exchange(steps, nil, nil, op(true, "next", "act", mb, 0)) end
+    end
+    if steady > 0 then recv_forward(nf) end
+    for i = 0, steady - 1 do
+        local mb = F()
+        -- send_forward_recv_backward: output to next, its gradient back from next
+        if not last then
+            exchange(steps, nil, nil, op(true, "next", "act", mb, 0),
+                     op(false, "next", "grad", nb, 0))
+        end
+        local bmb = B()
+        if i == steady - 1 then
+            if not first then exchange(steps, op(true, "prev", "grad", bmb, 0)) end
+        elseif not first then
+            -- send_backward_recv_forward
+            exchange(steps, op(true, "prev", "grad", bmb, 0), op(false, "prev", "act", nf, 0))
+        end
+    end
+    for _ = 1, warmup do
+        if not last then exchange(steps, nil, nil, nil, op(false, "next", "grad", nb, 0)) end
+        local bmb = B()
+        if not first then exchange(steps, op(true, "prev", "grad", bmb, 0)) end
+    end
+    return { steps = steps, warmup = warmup, steady = steady, cooldown = warmup }
+end
+
+-- Interleaved 1F1B on stage r with V chunks (forward_backward_pipelining_with_interleaving,
+-- batched p2p, no overlap).
+local function interleaved(P, V, Mb, N, r)
+    local first, last = r == 0, r == P - 1
+    local table_ = schedule_table(Mb, V, N)
+    local total = Mb * V
+    local warmup = (P - r - 1) * 2 + (V - 1) * N
+    local all_warmup = false
+    if warmup >= total then warmup, all_warmup = total, true end
+    local remaining = total - warmup
+
+    local function chunk_of(k, forward)
+        local c = table_[(k % total) + 1].chunk
+        if not forward then c = V - 1 - c end
+        return c
+    end
+    -- recv_tensor_from_previous_stage: does step k receive, and for which chunk?
+    local function recv_from_prev(k, forward)
+        local leading = forward and first or (not forward and last)
+        local last_chunk = forward and V - 1 or 0
+        local recv, nxt = true, nil
+        if leading then
+            if k < P - 1 then
+                recv = false
+                nxt = chunk_of(k + 1, forward)
+            else
+                nxt = chunk_of(k - (P - 1), forward)
+            end
+            if nxt == last_chunk then recv = false end
+            nxt = forward and nxt + 1 or nxt - 1
+        else
+            nxt = chunk_of(k + 1, forward)
+        end
+        return recv, nxt
+    end
+
+    local steps = {}
+    local fin, gin = counters(V), counters(V)   -- tensors received per chunk (inputs, grads)
+    local function F(k)
+        local c = chunk_of(k, true)
+        steps[#steps + 1] = { kind = "F", k = k, mb = table_[k + 1].mb, chunk = c }
+        return c, table_[k + 1].mb
+    end
+    local bdone = counters(V)
+    local function B(k)
+        local c = chunk_of(k, false)
+        local mb = take(bdone, c)
+        steps[#steps + 1] = { kind = "B", k = k, mb = mb, chunk = c }
+        return c, mb
+    end
+    local function send_act(c, mb)       -- nil when this is the model's last chunk
+        if last and c == V - 1 then return nil end
+        return op(true, "next", "act", mb, c)
+    end
+    local function send_grad(c, mb)      -- nil when this is the model's first chunk
+        if first and c == 0 then return nil end
+        return op(true, "prev", "grad", mb, c)
+    end
+    local function recv_act(recv, c)
+        if not recv then return nil end
+        return op(false, "prev", "act", take(fin, c), c)
+    end
+    local function recv_grad(recv, c)
+        if not recv then return nil end
+        return op(false, "next", "grad", take(gin, c), c)
+    end
+
+    -- input of the very first forward: received unless this is the model's first chunk
+    if not first then exchange(steps, nil, recv_act(true, 0)) end
+    for k = 0, warmup - 1 do
+        local c, mb = F(k)
+        local recv_prev, next_c = recv_from_prev(k, true)
+        if k == total - 1 then recv_prev = false end
+        if k == warmup - 1 and not all_warmup then
+            -- send_forward_backward_recv_forward_backward with no input grad yet
+            exchange(steps, nil, recv_act(recv_prev, next_c), send_act(c, mb),
+                     recv_grad(not last, V - 1))
+        else
+            exchange(steps, nil, recv_act(recv_prev, next_c), send_act(c, mb))
+        end
+    end
+    for i = 0, remaining - 1 do
+        local fk, bk = warmup + i, i
+        local fc, fmb = F(fk)
+        local bc, bmb = B(bk)
+        local recv_prev, next_fc = recv_from_prev(fk, true)
+        local recv_next, next_bc = recv_from_prev(bk, false)
+        if i == remaining - 1 then recv_prev = false end
+        exchange(steps, send_grad(bc, bmb), recv_act(recv_prev, next_fc),
+                 send_act(fc, fmb), recv_grad(recv_next, next_bc))
+    end
+    if all_warmup and not last then exchange(steps, nil, nil, nil, recv_grad(true, V - 1)) end
+    for k = remaining, total - 1 do
+        local recv_next, next_bc = recv_from_prev(k, false)
+        if k == total - 1 then recv_next = false end
+        local c, mb = B(k)
+        exchange(steps, send_grad(c, mb), nil, nil, recv_grad(recv_next, next_bc))
+    end
+    return { steps = steps, warmup = warmup, steady = remaining, cooldown = warmup }
+end
+
+--[[
+** Raise Megatron's schedule constraints as user errors (no location: they are sizes).
+** P pipeline stages, V chunks per stage, Mb micro-batches, N micro-batch group size.
+]]
+function M.check_sizes(P, V, Mb, N)
+    local errs = {}
+    if Mb < 1 then errs[#errs + 1] = { msg = ("NMB (%d) must be at least 1"):format(Mb) } end
+    if V > 1 then
+        if P < 2 then
+            errs[#errs + 1] = { msg = ("VP (%d) needs PP > 1: the interleaved schedule "
+                .. "runs virtual chunks across pipeline stages"):format(V) }
+        elseif Mb < N then
+            errs[#errs + 1] = { msg = ("the interleaved schedule needs at least PP (%d) "
+                .. "micro-batches per step, got NMB=%d; raise NMB to a multiple of %d")
+                :format(P, Mb, P) }
+        elseif Mb % N ~= 0 then
+            errs[#errs + 1] = { msg = ("the interleaved schedule needs NMB (%d) divisible by "
+                .. "PP (%d); use NMB=%d or NMB=%d"):format(Mb, P, Mb - Mb % N, Mb - Mb % N + N) }
+        end
+    end
+    if #errs > 0 then diag.raise(errs) end
+end
+
+--[[
+** The schedule of every stage: returns {kind=, P=, V=, M=, stages = {[0..P-1] = stage}} with
+** stage = {steps=, warmup=, steady=, cooldown=}; kind is "none", "1f1b" or "interleaved".
+]]
+function M.build(P, V, Mb, N)
+    N = N or P
+    M.check_sizes(P, V, Mb, N)
+    local s = { P = P, V = V, M = Mb, N = N, stages = {} }
+    if P == 1 then
+        s.kind = "none"
+        s.stages[0] = no_pipelining(Mb)
+    elseif V == 1 then
+        s.kind = "1f1b"
+        for r = 0, P - 1 do s.stages[r] = one_f_one_b(P, Mb, r) end
+    else
+        s.kind = "interleaved"
+        for r = 0, P - 1 do s.stages[r] = interleaved(P, V, Mb, N, r) end
+    end
+    return s
+end
+
+--[[
+** Activation slots of one stage: a micro-batch occupies a slot of its chunk from the moment
+** its input arrives (or its forward starts) until its backward ends, so only in-flight
+** micro-batches hold activations. Returns {slot = {["mb.chunk"] = index (0-based)},
+** nslots = {[chunk] = n}, inflight = peak number of micro-batches held at once}.
+]]
+function M.assign_slots(stage, V)
+    local free, nslots, slot = {}, {}, {}
+    for c = 0, V - 1 do free[c], nslots[c] = {}, 0 end
+    local held, peak = 0, 0
+    local function acquire(mb, c)
+        local key = mb .. "." .. c
+        if slot[key] then return end
+        local f = free[c]
+        local idx
+        if #f > 0 then
+            table.sort(f)
+            idx = table.remove(f, 1)
+        else
+            idx = nslots[c]
+            nslots[c] = idx + 1
+        end
+        slot[key] = idx
+        held = held + 1
+        if held > peak then peak = held end
+    end
+    for _, st in ipairs(stage.steps) do
+        if st.kind == "X" then
+            for _, op in ipairs(st.ops) do
+                if not op.send and op.what == "act" then acquire(op.mb, op.chunk) end
+            end
+        elseif st.kind == "F" then
+            acquire(st.mb, st.chunk)
+        elseif st.kind == "B" then
+            local key = st.mb .. "." .. st.chunk
+            local f = free[st.chunk]
+            f[#f + 1] = slot[key]
+            held = held - 1
+        end
+    end
+    return { slot = slot, nslots = nslots, inflight = peak }
+end
+
+-- The compute order of a stage as a compact string ("F0.0 F1.0 B0.0 ..."), for tests and
+-- reports: micro-batch, then local chunk when V > 1.
+function M.order_string(stage, V)
+    local out = {}
+    for _, st in ipairs(stage.steps) do
+        if st.kind ~= "X" then
+            out[#out + 1] = V > 1 and ("%s%d.%d"):format(st.kind, st.mb, st.chunk)
+                or ("%s%d"):format(st.kind, st.mb)
+        end
+    end
+    return table.concat(out, " ")
+end
+
+return M

@@ -1,0 +1,354 @@
+-- shards.lua: which piece of which parameter every rank holds, and what it costs.
+-- shards.build(cfg, topo, part) -> Shards. Ranks that hold the same pieces (same pp stage, tp
+-- rank and, for MoE, ep/etp rank) form a class; params are computed once per class and ranks
+-- map to classes, so a 65536-rank world has as many param lists as distinct classes.
+-- Names are Hugging Face GPT-2's; weights are in HF's Conv1D layout [in, out]. Splits follow
+-- Megatron's tensor parallelism (megatron-semantics.md 4, 7, 8); byte counts follow seed 002
+-- and the distributed-optimizer buffer layout (5.1). Pure; called by driver.lua and tests.
+
+local ir = require("ir")
+local util = require("util")
+
+local M = {}
+
+-- ORDER DTYPES: seed 002's table, bytes per parameter. Optimizer state: fp32 main params
+-- (unless params are fp32), fp32 main grads (only when grads are fp16/bf16), Adam m and v.
+M.DTYPES = {
+    { "fp16",      "fp16/bf16 params + grads", 2, 2, 16 },
+    { "bf16-fp32", "bf16 params + fp32 grads", 2, 4, 12 },
+    { "fp32",      "fp32 params + grads",      4, 4, 8 },
+}
+
+M.PARAM_ALIGN = 64          -- each param starts at a multiple of 64 elements (dist-opt layout)
+M.BUCKET_ALIGN = 128        -- buckets end at a multiple of lcm(dp_shards, 128)
+
+local function zeros(n)
+    local z = {}
+    for i = 1, n do z[i] = 0 end
+    return z
+end
+
+-- A param record with the defaults of a replicated tensor; 'p' overrides.
+local function param(p, ctx)
+    p.local_shape = p.local_shape or util.copy(p.shape)
+    p.pieces = p.pieces or { ir.Piece { start = zeros(#p.shape), size = util.copy(p.shape),
+                                        at = zeros(#p.shape) } }
+    p.numel = util.product(p.local_shape)
+    p.split = p.split or "none"
+    p.tp_sharded = p.split ~= "none"
+    p.expert = p.expert or false
+    p.tied = p.tied or false
+    p.seq_parallel = p.seq_parallel or false
+    p.shared_embedding = p.shared_embedding or false
+    p.chunk = ctx.chunk
+    local rank = p.expert and ctx.etp or ctx.tp
+    p.tp_duplicate = not p.tp_sharded and rank > 0
+    p.buffer = (p.expert and ctx.expert_parallel) and "expert" or "dense"
+    local reduce = { p.buffer == "expert" and "expt-dp" or "dp-cp" }
+    if ctx.sp and p.seq_parallel then reduce[#reduce + 1] = "tp" end
+    if p.shared_embedding then reduce[#reduce + 1] = "embd" end
+    p.reduce = reduce
+    return ir.Param(p)
+end
+
+-- Column-parallel weight [in, out] (Megatron splits the output dimension): rank t of n holds
+-- columns [t*out/n, (t+1)*out/n). 'parts' > 1 splits each of that many equal column blocks
+-- the same way (fused q|k|v): pieces q_t, k_t, v_t side by side in the local tensor.
+local function column(name, shape, n, t, parts)
+    parts = parts or 1
+    local cols = shape[#shape] // parts
+    local w = cols // n
+    local pieces = {}
+    for j = 0, parts - 1 do
+        if #shape == 2 then
+            pieces[j + 1] = ir.Piece { start = { 0, j * cols + t * w }, size = { shape[1], w },
+                                       at = { 0, j * w } }
+        else
+            pieces[j + 1] = ir.Piece { start = { j * cols + t * w }, size = { w }, at = { j * w } }
+        end
+    end
+    local local_shape = util.copy(shape)
+    local_shape[#shape] = w * parts
+    return { name = name, shape = shape, local_shape = local_shape, pieces = pieces,
+             split = "column" }
+end
+
+-- Row-parallel weight [in, out] (Megatron splits the input dimension): rows [t*in/n, ...).
+local function row(name, shape, n, t)
+    local h = shape[1] // n
+    return { name = name, shape = shape, local_shape = { h, shape[2] },
+             pieces = { ir.Piece { start = { t * h, 0 }, size = { h, shape[2] }, at = { 0, 0 } } },
+             split = "row" }
+end
+
+-- Vocab-parallel embedding [V, C]: rank t holds padded rows [t*Vp/n, (t+1)*Vp/n); rows past V
+-- are padding, held locally but covered by no piece.
+local function vocab(name, V, Vp, C, n, t)
+    local h = Vp // n
+    local start = t * h
+    local real = math.min(V, start + h) - start
+    local pieces = {}
+    if real > 0 then
+        pieces[1] = ir.Piece { start = { start, 0 }, size = { real, C }, at = { 0, 0 } }
+    end
+    return { name = name, shape = { V, C }, local_shape = { h, C }, pieces = pieces,
+             split = "vocab" }
+end
+
+local function with(p, fields)
+    for k, v in pairs(fields) do p[k] = v end
+    return p
+end
+
+-- Params of layer 'i' in Megatron's named_parameters order (local spec): input_layernorm,
+-- self_attention.linear_proj, self_attention.linear_qkv, pre_mlp_layernorm, then the MLP
+-- (linear_fc1, linear_fc2) or the MoE layer (router, then each local expert's fc1, fc2).
+local function layer_params(cfg, i, ctx, out)
+    local m, T, t = cfg.model, cfg.tp, ctx.tp
+    local C = m.hidden
+    local h = "h." .. i .. "."
+    local function add(p, role)
+        p.role, p.layer = role, i
+        out[#out + 1] = param(p, ctx)
+    end
+    local function norm(which)
+        add({ name = h .. which .. ".weight", shape = { C }, seq_parallel = true }, which .. ".weight")
+        add({ name = h .. which .. ".bias", shape = { C }, seq_parallel = true }, which .. ".bias")
+    end
+    norm("ln_1")
+    add(row(h .. "attn.c_proj.weight", { C, C }, T, t), "attn.c_proj.weight")
+    add({ name = h .. "attn.c_proj.bias", shape = { C }, seq_parallel = true }, "attn.c_proj.bias")
+    add(column(h .. "attn.c_attn.weight", { C, 3 * C }, T, t, 3), "attn.c_attn.weight")
+    add(column(h .. "attn.c_attn.bias", { 3 * C }, T, t, 3), "attn.c_attn.bias")
+    norm("ln_2")
+    local moe = m.moe
+    if not moe then
+        local F = m.ffn_hidden
+        add(column(h .. "mlp.c_fc.weight", { C, F }, T, t), "mlp.c_fc.weight")
+        add(column(h .. "mlp.c_fc.bias", { F }, T, t), "mlp.c_fc.bias")
+        add(row(h .. "mlp.c_proj.weight", { F, C }, T, t), "mlp.c_proj.weight")
+        add({ name = h .. "mlp.c_proj.bias", shape = { C }, seq_parallel = true }, "mlp.c_proj.bias")
+        return
+    end
+    add({ name = h .. "mlp.router.weight", shape = { moe.experts, C }, seq_parallel = true },
+        "mlp.router.weight")
+    local Fe, Te, te = moe.ffn_hidden, cfg.etp, ctx.etp
+    local nl = moe.experts // cfg.ep
+    for x = ctx.ep * nl, ctx.ep * nl + nl - 1 do
+        local e = h .. "mlp.experts." .. x .. "."
+        local function expert(p, role)
+            p.expert, p.expert_id = true, x
+            add(p, "mlp.experts." .. role)
+        end
+        expert(column(e .. "c_fc.weight", { C, Fe }, Te, te), "c_fc.weight")
+        if moe.bias then expert(column(e .. "c_fc.bias", { Fe }, Te, te), "c_fc.bias") end
+        expert(row(e .. "c_proj.weight", { Fe, C }, Te, te), "c_proj.weight")
+        if moe.bias then expert({ name = e .. "c_proj.bias", shape = { C } }, "c_proj.bias") end
+    end
+end
+
+-- Every param a rank of class 'cls' holds, chunk by chunk, in named_parameters order:
+-- wte, wpe (stage 0, chunk 0), the chunk's layers, ln_f and the tied wte copy (last stage,
+-- last chunk; the copy only when PP > 1, else the head reuses wte itself).
+function M.class_params(cfg, part, cls)
+    local m, P = cfg.model, cfg.pp
+    local out = {}
+    for _, chunk in ipairs(part.stages[cls.pp + 1].chunks) do
+        local ctx = { chunk = chunk.vp, tp = cls.tp, ep = cls.ep, etp = cls.etp, sp = cfg.sp,
+                      expert_parallel = cfg.ep > 1 or cfg.etp ~= cfg.tp }
+        if chunk.embedding then
+            out[#out + 1] = param(with(vocab("wte.weight", m.vocab, cfg.vocab_padded, m.hidden,
+                                             cfg.tp, cls.tp),
+                                       { role = "wte.weight", shared_embedding = P > 1 }), ctx)
+            out[#out + 1] = param({ name = "wpe.weight", role = "wpe.weight",
+                                    shape = { m.seq_len, m.hidden } }, ctx)
+        end
+        for i = chunk.first, chunk.first + chunk.count - 1 do
+            layer_params(cfg, i, ctx, out)
+        end
+        if chunk.head then
+            out[#out + 1] = param({ name = "ln_f.weight", role = "ln_f.weight",
+                                    shape = { m.hidden }, seq_parallel = true }, ctx)
+            out[#out + 1] = param({ name = "ln_f.bias", role = "ln_f.bias",
+                                    shape = { m.hidden }, seq_parallel = true }, ctx)
+            if P > 1 then
+                out[#out + 1] = param(with(vocab("wte.weight", m.vocab, cfg.vocab_padded,
+                                                 m.hidden, cfg.tp, cls.tp),
+                                           { role = "wte.weight", tied = true,
+                                             shared_embedding = true }), ctx)
+            end
+        end
+    end
+    return out
+end
+
+-- The distributed optimizer's layout of one grad buffer (megatron-semantics 5.1): params in
+-- reverse order, each start rounded up to 64 elements, the shared embedding in a bucket of
+-- its own, every bucket padded to a multiple of lcm(dp_shards, 128). One bucket otherwise
+-- (overlap_grad_reduce off: no size-based bucketing).
+function M.layout(params, chunk, kind, dp_shards)
+    local align = util.lcm(dp_shards, M.BUCKET_ALIGN)
+    local buckets, pos, numel, cur = {}, 0, 0, nil
+    local function close()
+        if cur then
+            local stop = util.round_up(pos, align)
+            cur.size = stop - cur.start
+            cur.shard = cur.size // dp_shards
+            buckets[#buckets + 1] = ir.Bucket(cur)
+            pos, cur = stop, nil
+        end
+    end
+    for i = #params, 1, -1 do
+        local p = params[i]
+        if p.shared_embedding then close() end
+        cur = cur or { start = pos, slots = {} }
+        local start = util.round_up(pos, M.PARAM_ALIGN)
+        cur.slots[#cur.slots + 1] = ir.Slot { name = p.name, offset = start, numel = p.numel }
+        pos, numel = start + p.numel, numel + p.numel
+        if p.shared_embedding then close() end
+    end
+    close()
+    local shard = 0
+    for _, b in ipairs(buckets) do shard = shard + b.shard end
+    return ir.Buffer { chunk = chunk, kind = kind, dp_shards = dp_shards, numel = numel,
+                       size = pos, shard = shard, buckets = buckets }
+end
+
+-- Buffers of one class: per chunk, the dense buffer then the expert buffer (if any).
+local function buffers(cfg, params)
+    local out = {}
+    local shards = { dense = cfg.dp * cfg.cp, expert = cfg.edp }
+    for v = 0, cfg.vp - 1 do
+        for _, kind in ipairs({ "dense", "expert" }) do
+            local list = {}
+            for _, p in ipairs(params) do
+                if p.chunk == v and p.buffer == kind then list[#list + 1] = p end
+            end
+            if #list > 0 then out[#out + 1] = M.layout(list, v, kind, shards[kind]) end
+        end
+    end
+    return out
+end
+
+-- Bytes per dtype combination, without and with the distributed optimizer.
+local function bytes(dtypes, numel, bufs)
+    local size, shard = 0, 0
+    for _, b in ipairs(bufs) do size, shard = size + b.size, shard + b.shard end
+    local out = {}
+    for _, dist in ipairs({ false, true }) do
+        for _, d in ipairs(dtypes) do
+            local n, s = dist and size or numel, dist and shard or numel
+            local rec = { dtype = d.name, dist_opt = dist, params = n * d.param,
+                          grads = n * d.grad, optim = s * d.optim }
+            rec.total = rec.params + rec.grads + rec.optim
+            out[#out + 1] = ir.Bytes(rec)
+        end
+    end
+    return out
+end
+
+-- Every tensor of the whole model once: {name, shape, expert}. For unique counts and tests.
+function M.global_params(model)
+    local out = {}
+    local C = model.hidden
+    local function add(name, shape, expert) out[#out + 1] = { name, shape, expert or false } end
+    add("wte.weight", { model.vocab, C })
+    add("wpe.weight", { model.seq_len, C })
+    for i = 0, model.layers - 1 do
+        local h = "h." .. i .. "."
+        add(h .. "ln_1.weight", { C }); add(h .. "ln_1.bias", { C })
+        add(h .. "attn.c_proj.weight", { C, C }); add(h .. "attn.c_proj.bias", { C })
+        add(h .. "attn.c_attn.weight", { C, 3 * C }); add(h .. "attn.c_attn.bias", { 3 * C })
+        add(h .. "ln_2.weight", { C }); add(h .. "ln_2.bias", { C })
+        local moe = model.moe
+        if moe then
+            local F = moe.ffn_hidden
+            add(h .. "mlp.router.weight", { moe.experts, C })
+            for x = 0, moe.experts - 1 do
+                local e = h .. "mlp.experts." .. x .. "."
+                add(e .. "c_fc.weight", { C, F }, true)
+                if moe.bias then add(e .. "c_fc.bias", { F }, true) end
+                add(e .. "c_proj.weight", { F, C }, true)
+                if moe.bias then add(e .. "c_proj.bias", { C }, true) end
+            end
+        else
+            local F = model.ffn_hidden
+            add(h .. "mlp.c_fc.weight", { C, F }); add(h .. "mlp.c_fc.bias", { F })
+            add(h .. "mlp.c_proj.weight", { F, C }); add(h .. "mlp.c_proj.bias", { C })
+        end
+    end
+    add("ln_f.weight", { C }); add("ln_f.bias", { C })
+    return out
+end
+
+function M.build(cfg, topo, part)
+    local W, has_moe = cfg.world, cfg.model.moe ~= nil
+    local d, e = topo.dense, topo.expert
+    local function axis(grid, name)
+        for i, a in ipairs(grid.axes) do
+            if a == name then return grid.strides[i], grid.sizes[i] end
+        end
+    end
+    local spp, npp = axis(d, "pp")
+    local stp, ntp = axis(d, "tp")
+    local sep, nep = axis(e, "ep")
+    local set, net = axis(e, "tp")
+
+    -- Ranks -> classes, numbered in order of their lowest rank.
+    local rank_class, classes, lookup = {}, {}, {}
+    for r = 0, W - 1 do
+        local pp, t = (r // spp) % npp, (r // stp) % ntp
+        local x, y = 0, 0
+        if has_moe then x, y = (r // sep) % nep, (r // set) % net end
+        local key = ((pp * ntp + t) * nep + x) * net + y
+        local id = lookup[key]
+        if not id then
+            id = #classes
+            lookup[key] = id
+            classes[id + 1] = { id = id, pp = pp, tp = t, ep = x, etp = y, ranks = 0, first = r }
+        end
+        classes[id + 1].ranks = classes[id + 1].ranks + 1
+        rank_class[r + 1] = id
+    end
+
+    local dtypes = {}
+    for i, dt in ipairs(M.DTYPES) do
+        dtypes[i] = ir.Dtype { name = dt[1], label = dt[2], param = dt[3], grad = dt[4],
+                               optim = dt[5] }
+    end
+    local held = 0
+    for i, c in ipairs(classes) do
+        c.params = M.class_params(cfg, part, c)
+        local numel = 0
+        for _, p in ipairs(c.params) do numel = numel + p.numel end
+        c.numel = numel
+        c.buffers = buffers(cfg, c.params)
+        c.bytes = bytes(dtypes, numel, c.buffers)
+        classes[i] = ir.Class(c)
+        held = held + c.ranks * numel
+    end
+
+    local unique, unique_expert = 0, 0
+    for _, g in ipairs(M.global_params(cfg.model)) do
+        local n = util.product(g[2])
+        unique = unique + n
+        if g[3] then unique_expert = unique_expert + n end
+    end
+    return ir.Shards { classes = classes, rank_class = rank_class, dtypes = dtypes,
+                       unique = unique, unique_dense = unique - unique_expert,
+                       unique_expert = unique_expert, held = held }
+end
+
+-- The class record of rank 'r'.
+function M.class_of(sh, r)
+    return sh.classes[sh.rank_class[r + 1] + 1]
+end
+
+-- The Bytes record of a class for dtype 'name' with or without the distributed optimizer.
+function M.bytes_of(cls, name, dist_opt)
+    for _, b in ipairs(cls.bytes) do
+        if b.dtype == name and b.dist_opt == dist_opt then return b end
+    end
+end
+
+return M

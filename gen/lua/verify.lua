@@ -1,0 +1,217 @@
+-- verify.lua: prove a pipeline schedule cannot hang before any code is emitted.
+--
+-- A pure pass. verify.check(sched, opts) simulates every stage's unrolled program (from
+-- schedule.build, possibly with collective steps appended) against the blocking semantics of the
+-- transport: an exchange posts all its sends and receives together and completes when every one
+-- of them has met its partner; a lone send waits for its receive (no eager buffering is
+-- assumed). Messages on one channel (source, destination, tag) match in posting order, as MPI
+-- and NCCL match them; activations and gradients travel under different tags.
+-- It checks that every send meets a receive of the same kind, shape, micro-batch and chunk, that
+-- a forward (backward) only runs after its input (output gradient) arrived, that every
+-- collective is entered by all its members in the same order, and that all stages finish.
+-- On failure it returns nil and a counterexample (lines of text); it never raises.
+
+local M = {}
+
+local function vstage(P, r, c) return c * P + r end
+
+local function peer_of(P, r, dir)
+    if dir == "next" then return (r + 1) % P end
+    return (r - 1) % P
+end
+
+-- The chunk on the peer that an op's tensor belongs to, or nil if there is none.
+local function peer_chunk(P, V, r, op)
+    local v = vstage(P, r, op.chunk)
+    local pv
+    if op.what == "act" then
+        pv = op.send and v + 1 or v - 1
+    else
+        pv = op.send and v - 1 or v + 1
+    end
+    if pv < 0 or pv >= P * V then return nil end
+    return pv // P
+end
+
+local function describe(op, P, names, r)
+    local peer = peer_of(P, r, op.dir)
+    local noun = op.what == "act" and "activations" or "gradient"
+    return ("%s %s mb %d (chunk %d) %s %s"):format(
+        op.send and "send" or "recv", noun, op.mb, op.chunk,
+        op.send and "to" or "from", names[peer])
+end
+
+--[[
+** Simulate sched.stages[0..P-1] (each {steps=...}). opts.names[r] names stage r's ranks for
+** messages (default "stage r"); opts.shape(r, op) gives the element count of an op (default
+** the same for all). Returns true, or nil plus an array of lines explaining the failure.
+]]
+function M.check(sched, opts)
+    opts = opts or {}
+    local P, V = sched.P, sched.V
+    local names = opts.names or {}
+    for r = 0, P - 1 do names[r] = names[r] or ("stage " .. r) end
+    local shape = opts.shape or function() return 1 end
+
+    local pc, pending, done = {}, {}, {}
+    local have_act, have_grad, fwd_done = {}, {}, {}
+    for r = 0, P - 1 do
+        pc[r], have_act[r], have_grad[r], fwd_done[r] = 1, {}, {}, {}
+    end
+    local queues = {}      -- channel key -> {sends = {}, recvs = {}}
+    local coll = {}        -- group -> {entered = {[r] = n}, names = {["r#n"] = name}}
+    local arrived = {}     -- [r] = true while r sits in a collective it has entered
+    local errors = {}
+
+    local function channel(src, dst, what)
+        local key = src .. ">" .. dst .. ":" .. what
+        local q = queues[key]
+        if not q then q = { sends = {}, recvs = {}, src = src, dst = dst }; queues[key] = q end
+        return q
+    end
+
+    local function key(mb, c) return mb .. "." .. c end
+
+    -- Try to match the heads of a channel; records a mismatch as an error.
+    local function match(q)
+        while #q.sends > 0 and #q.recvs > 0 do
+            local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
+            local want = peer_chunk(P, V, q.src, s.op)
+            local ss, rs = shape(q.src, s.op), shape(q.dst, rv.op)
+            if want ~= rv.op.chunk or s.op.mb ~= rv.op.mb or ss ~= rs then
+                errors[#errors + 1] = ("%s: %s, but %s: %s%s"):format(
+                    names[q.src], describe(s.op, P, names, q.src),
+                    names[q.dst], describe(rv.op, P, names, q.dst),
+                    ss ~= rs and (" (shapes %d and %d elements)"):format(ss, rs)
+                        or " (send and receive orders disagree)")
+                return false
+            end
+            s.done, rv.done = true, true
+            if rv.op.what == "act" then
+                have_act[q.dst][key(rv.op.mb, rv.op.chunk)] = true
+            else
+                have_grad[q.dst][key(rv.op.mb, rv.op.chunk)] = true
+            end
+        end
+        return true
+    end
+
+    -- Run stage r as far as it can go. Returns true if it advanced.
+    local function advance(r)
+        local steps = sched.stages[r].steps
+        local moved = false
+        while pc[r] <= #steps do
+            local st = steps[pc[r]]
+            if st.kind == "X" then
+                if not pending[r] then
+                    local posted = {}
+                    for _, op in ipairs(st.ops) do
+                        local peer = peer_of(P, r, op.dir)
+                        local item = { op = op, done = false }
+                        posted[#posted + 1] = item
+                        local q = op.send and channel(r, peer, op.what)
+                            or channel(peer, r, op.what)
+                        if op.send then q.sends[#q.sends + 1] = item
+                        else q.recvs[#q.recvs + 1] = item end
+                        if not match(q) then return false end
+                    end
+                    pending[r] = posted
+                end
+                for _, item in ipairs(pending[r]) do
+                    if not item.done then return moved end
+                end
+                pending[r] = nil
+            elseif st.kind == "C" then
+                -- the n-th collective on a group completes once every member entered its n-th
+                local g = coll[st.group]
+                if not g then g = { entered = {}, names = {} }; coll[st.group] = g end
+                if not arrived[r] then
+                    arrived[r] = true
+                    local n = (g.entered[r] or 0) + 1
+                    g.entered[r] = n
+                    g.names[r .. "#" .. n] = st.name
+                end
+                local n = g.entered[r]
+                for _, m in ipairs(st.members) do
+                    if (g.entered[m] or 0) < n then return moved end
+                    local other = g.names[m .. "#" .. n]
+                    if other ~= st.name then
+                        errors[#errors + 1] = ("%s enters %s on group %s while %s enters %s")
+                            :format(names[r], st.name, st.group, names[m], other)
+                        return false
+                    end
+                end
+                arrived[r] = nil
+            elseif st.kind == "F" then
+                local needs = not (r == 0 and st.chunk == 0)
+                if needs and not have_act[r][key(st.mb, st.chunk)] then
+                    errors[#errors + 1] = ("%s runs the forward of mb %d (chunk %d) before its "
+                        .. "input arrived"):format(names[r], st.mb, st.chunk)
+                    return false
+                end
+                fwd_done[r][key(st.mb, st.chunk)] = true
+            elseif st.kind == "B" then
+                if not fwd_done[r][key(st.mb, st.chunk)] then
+                    errors[#errors + 1] = ("%s runs the backward of mb %d (chunk %d) before "
+                        .. "its forward"):format(names[r], st.mb, st.chunk)
+                    return false
+                end
+                local needs = not (r == P - 1 and st.chunk == V - 1)
+                if needs and not have_grad[r][key(st.mb, st.chunk)] then
+                    errors[#errors + 1] = ("%s runs the backward of mb %d (chunk %d) before its "
+                        .. "output gradient arrived"):format(names[r], st.mb, st.chunk)
+                    return false
+                end
+            end
+            pc[r] = pc[r] + 1
+            moved = true
+        end
+        return moved
+    end
+
+    local progress = true
+    while progress and #errors == 0 do
+        progress = false
+        for r = 0, P - 1 do
+            if advance(r) then progress = true end
+            if #errors > 0 then break end
+        end
+    end
+    if #errors > 0 then return nil, errors end
+
+    local stuck = {}
+    for r = 0, P - 1 do
+        local steps = sched.stages[r].steps
+        if pc[r] <= #steps then
+            local st = steps[pc[r]]
+            if st.kind == "X" then
+                local waits = {}
+                for _, item in ipairs(pending[r] or {}) do
+                    if not item.done then waits[#waits + 1] = describe(item.op, P, names, r) end
+                end
+                stuck[#stuck + 1] = ("%s waits at step %d to %s"):format(
+                    names[r], pc[r], table.concat(waits, " and "))
+            elseif st.kind == "C" then
+                stuck[#stuck + 1] = ("%s waits at step %d in %s on group %s"):format(
+                    names[r], pc[r], st.name, st.group)
+            end
+        end
+    end
+    if #stuck > 0 then
+        table.insert(stuck, 1, "the schedule deadlocks:")
+        return nil, stuck
+    end
+    local keys = {}
+    for k in pairs(queues) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+        local q = queues[k]
+        if #q.sends > 0 or #q.recvs > 0 then
+            return nil, { ("%s -> %s: %d send(s) and %d receive(s) never matched"):format(
+                names[q.src], names[q.dst], #q.sends, #q.recvs) }
+        end
+    end
+    return true
+end
+
+return M

@@ -1,0 +1,250 @@
+/*
+** rt.h: the thin runtime under generated training programs. One header, two backends chosen
+** at link time: build/librt_cpu.a (host memory, OpenBLAS, MPI) or build/librt_cuda.a (CUDA
+** memory, cuBLAS, NCCL or MPI transport, MPI bootstrap). Generated code includes only this
+** header and never asks which backend it runs on. The runtime knows nothing about models.
+**
+** Linking (make variables from runtime/runtime.mk; compile with -Iruntime):
+**   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)     = -Lbuild -lrt_cpu <openblas> -lpthread -lm
+**   CUDA: $(MPICC) prog.o kernels.o $(RT_CUDA_LIBS)   (cudart, cublasLt, cublas, nccl, stdc++)
+**
+** Threads: every rt_ function is called from the main thread (MPI_THREAD_FUNNELED), except
+** rt_gemm, rt_parallel_for, rt_log, rt_now, rt_fail, RT_CHECK and the rt_dtype_* / rt_fnv1a64
+** helpers, which may also be called from inside an rt_parallel_for body.
+**
+** Changes from the first draft (docs/DESIGN.md §5), each a refinement of the same shape:
+**  - rt_group_world() added; a NULL group is an error for every call but rt_barrier (world).
+**  - rt_group_table rows may list members in any order: position in the row = group rank.
+**  - rt_parallel_for() and rt_threads(): the one CPU thread pool (see "CPU threads" below).
+**  - rt_fail_status() + RT_MPI / RT_CUDA / RT_CUBLAS / RT_NCCL live here (were only in the doc).
+**  - rt_timeout() reads the watchdog setting back.
+**  - contracts made precise: reduce-scatter/alltoallv layouts, n = 0, bf16 rounding, the exact
+**    Philox mapping, zero-filled rt_host_malloc, arena rules.
+*/
+#ifndef RT_H
+#define RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* -- Types ------------------------------------------------------------------------------- */
+
+/* ORDER RT_DTYPE: name, printable name, size in bytes. */
+#define RT_DTYPES(_) _(F32, "f32", 4) _(BF16, "bf16", 2) _(I32, "i32", 4) _(I64, "i64", 8)
+typedef enum {
+#define RT_DT_ENUM(name, str, size) RT_##name,
+    RT_DTYPES(RT_DT_ENUM)
+#undef RT_DT_ENUM
+    RT_NDTYPES
+} rt_dtype;
+
+size_t      rt_dtype_size(rt_dtype t);
+const char *rt_dtype_name(rt_dtype t);
+
+typedef enum { RT_SUM, RT_MAX } rt_op;
+
+/* A communicator over some ranks (tp, dp, pp, ...). Opaque. */
+typedef struct rt_group rt_group;
+
+/* All groups of one kind, as the generator computed them (§1 of megatron-semantics.md).
+** Groups of one kind have equal size. 'ranks' holds ngroups rows of 'size' global ranks; the
+** position of a rank in its row is its group rank (the generator lists rows ascending, except
+** where a kind needs another order). A rank appears in at most one row; it may be in none
+** (embd on middle stages). */
+typedef struct {
+    const char *name;       /* "tp", "dp", "embd", ... (used in watchdog and error messages) */
+    int         ngroups;
+    int         size;       /* members per group */
+    const int  *ranks;      /* ngroups * size global ranks, row-major */
+} rt_group_table;
+
+/* -- Launch and identity ------------------------------------------------------------------ */
+
+/* Start the runtime (MPI, device, thread pool, watchdog settings). 'expected_world' is the
+** world size the program was generated for and 'layout' its description ("tp8 pp8 dp1"); a
+** different launch size prints, on rank 0 only, "[rank 0/8] built for 64 ranks (tp8 pp8 dp1),
+** launched with 8" and every rank exits with status 1. expected_world <= 0 accepts any size.
+** Works without mpirun (one rank). Environment: RT_TIMEOUT (watchdog seconds, default 300,
+** 0 = off), RT_THREADS (CPU pool size, see rt_threads), RT_TRANSPORT=nccl|mpi (CUDA only).
+** A process that exits after rt_init without rt_finalize (exit(), return from main) aborts
+** the whole job with "[rank r/w] exited without rt_finalize". */
+void        rt_init(int *argc, char ***argv, int expected_world, const char *layout);
+/* Waits (watchdog-guarded) until every rank arrives, frees everything, ends MPI. */
+void        rt_finalize(void);
+int         rt_rank(void);
+int         rt_world(void);
+int         rt_local_rank(void);             /* rank among the processes on this node */
+const char *rt_backend(void);                /* "cpu", "cuda-nccl" or "cuda-mpi" */
+
+/* -- Groups ------------------------------------------------------------------------------- */
+
+/* Collective over the whole world: every rank calls with an equal table (checked: a table
+** that differs between ranks, a rank listed twice or out of range aborts naming the table).
+** Returns this rank's group, or NULL if it is in none. Call once per kind at start. */
+rt_group   *rt_group_from_table(const rt_group_table *t);
+rt_group   *rt_group_world(void);                            /* all ranks, name "world" */
+int         rt_group_rank(const rt_group *g);                /* position inside the group */
+int         rt_group_size(const rt_group *g);
+const char *rt_group_name(const rt_group *g);
+const int  *rt_group_members(const rt_group *g);             /* global ranks, by group rank */
+void        rt_group_free(rt_group *g);   /* collective over the members; world: no-op */
+
+/* -- Collectives -------------------------------------------------------------------------- */
+
+/* Blocking and watchdog-guarded; buffers are device memory on CUDA. Every member calls with
+** the same n, t, op and root. n = 0 returns at once on every member (no communication), so
+** it is a no-op that cannot hang. bf16: on the CPU backend sums and maxima are computed in
+** f32 (bf16 -> f32 exactly, reduce, one round back to bf16 with round-to-nearest-even; NaN
+** stays NaN); NCCL reduces bf16 natively (rounding at each step). All members get the same
+** bits. i32/i64 sums wrap as two's complement (MPI/NCCL semantics). */
+void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);    /* in place */
+/* recv[size * n]: block i (n elements) is member i's send[n]. */
+void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
+/* send[size * n] (block i destined for member i), recv[n] = sum over members of block
+** rank(g). Pad tensors whose length is not a multiple of the group size. */
+void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
+/* Counts and displacements in elements, indexed by group rank; any count may be 0. Member
+** i's scounts[j] must equal member j's rcounts[i]. */
+void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                  void *recv, const size_t *rcounts, const size_t *rdispls,
+                  rt_dtype t, rt_group *g);
+void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);  /* root: group rank */
+void rt_barrier(rt_group *g);                                                /* NULL: world */
+
+/* -- Point-to-point: all ops posted together and completed together ----------------------- */
+
+/* Watchdog-guarded. Peers are global ranks (self allowed). Several messages between the same
+** pair are matched in the order they appear in each side's ops (the receiver lists its
+** receives in the order the sender lists its sends); receive counts must equal send counts.
+** A simultaneous exchange (both sides send and receive in one call) cannot deadlock. */
+typedef struct {
+    int         send;       /* 1 send, 0 receive */
+    void       *buf;
+    size_t      n;          /* elements; 0 allowed (still matched) */
+    rt_dtype    t;
+    int         peer;       /* global rank */
+} rt_p2p_op;
+
+void rt_p2p(const rt_p2p_op *ops, int nops);
+
+/* -- Compute ------------------------------------------------------------------------------ */
+
+/* Row-major: C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, for 'batch' matrices at
+** strides sA, sB, sC (elements; batch item b uses A + b*sA, ...). ta/tb: 0 = as stored,
+** 1 = transposed. Storage: ta=0: A is m x k with row stride lda >= k; ta=1: A is k x m,
+** lda >= m. tb=0: B is k x n, ldb >= n; tb=1: B is n x k, ldb >= k. C is m x n, ldc >= n.
+** A and B have dtype 'ab' (RT_F32 or RT_BF16), C is f32; accumulation in f32 (bf16 inputs are
+** widened exactly; cuBLAS f32 uses no TF32). beta = 0 ignores C's old contents (NaN too).
+** m, n, k, batch = 0 are allowed (k = 0 scales C by beta). CPU: large GEMMs are split over the
+** rt_threads() pool; called inside an rt_parallel_for body it runs single-threaded. */
+void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
+             const void *A, int lda, long sA, const void *B, int ldb, long sB,
+             float beta, float *C, int ldc, long sC, int batch, rt_dtype ab);
+void rt_sync(void);                  /* wait for the device (cudaDeviceSynchronize); CPU: no-op */
+
+/* -- CPU threads -------------------------------------------------------------------------- */
+
+/* One pool owns this rank's cores; OpenBLAS itself is held to one thread and never spins
+** beside it. Size: RT_THREADS if set, else the CPUs in this process's affinity mask (when
+** the launcher bound it), else the online CPUs divided by the ranks on this node; at least 1.
+** rt_parallel_for splits [0, n) into at most rt_threads() contiguous ranges of near-equal
+** size and calls fn(ctx, lo, hi) once per nonempty range, concurrently (the caller runs one
+** range); it returns when all are done. Nested calls (from inside fn) run fn(ctx, 0, n)
+** inline. n <= 0 does nothing. Dispatch costs a few microseconds: give each range at least
+** ~10 us of work (e.g. parallelise over rows, or over (batch, head) with rt_gemm inside).
+** Idle workers spin ~50 us after a job, then sleep in the kernel. */
+int  rt_threads(void);
+void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx);
+
+/* -- Memory ------------------------------------------------------------------------------- */
+
+typedef enum { RT_H2D, RT_D2H, RT_D2D, RT_H2H } rt_copy;
+
+void *rt_malloc(size_t bytes);       /* device memory (host on CPU), zero-filled; aborts on OOM */
+void  rt_free(void *p);              /* NULL: no-op */
+void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
+void  rt_memset0(void *p, size_t bytes);
+void *rt_host_malloc(size_t bytes);  /* zero-filled; pinned on CUDA; aborts on OOM */
+void  rt_host_free(void *p);
+
+/* One device allocation for the whole program (rt_arena_init once, zero-filled), carved out
+** in order with 256-byte alignment and never freed (rt_finalize releases it). */
+void   rt_arena_init(size_t bytes);
+void  *rt_arena_alloc(size_t bytes, const char *what);   /* aborts naming 'what' when full */
+size_t rt_arena_used(void);
+
+/* -- Randomness (Philox-4x32-10, counter based) ------------------------------------------- */
+
+/* dst (f32, device) gets rows x cols values at row stride ld: element (i, j) is
+** mean + std * z(seed, stream, first + i*gld + j), where for a 64-bit global index x:
+**   counter = { lo32(x), hi32(x), lo32(stream), hi32(stream) },  key = { lo32(seed), hi32(seed) }
+**   (r0, r1, r2, r3) = Philox-4x32-10(counter, key)      (Random123's philox4x32_10, whose
+**                                                          published known answers it matches)
+**   u1 = (r0 + 1) / 2^32  in (0, 1],   u2 = r1 / 2^32  in [0, 1)
+**   z  = sqrt(-2 ln u1) * cos(2 pi u2)                    (Box-Muller, cosine branch only)
+** evaluated in double and rounded once to f32 (r2, r3 are unused). The value depends on
+** (seed, stream, index) only, so every layout draws the same model; the CUDA kernel computes
+** the same formula (results agree with the CPU to the last bit but for rare 1-ulp cases from
+** the device's double log/cos). 'stream' is rt_fnv1a64 of the tensor's global name. */
+void     rt_rng_normal(float *dst, int rows, int cols, int ld, uint64_t seed, uint64_t stream,
+                       uint64_t first, uint64_t gld, float mean, float std);
+/* FNV-1a 64 over the bytes of s (no terminator): offset 0xcbf29ce484222325, prime
+** 0x100000001b3. The generator emits the same value as a constant. */
+uint64_t rt_fnv1a64(const char *s);
+
+/* -- Failure, watchdog, log, time --------------------------------------------------------- */
+
+#ifdef __GNUC__
+#define RT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define RT_NORETURN __attribute__((noreturn))
+#else
+#define RT_PRINTF(a, b)
+#define RT_NORETURN
+#endif
+
+/* Print "[rank r/w] file:line: message" on stderr and abort the whole job (never returns).
+** rt_abort: ncclCommAbort on every NCCL communicator, then MPI_Abort (exit(1) before
+** rt_init). A second failure while aborting (another thread) just waits to be killed. */
+void rt_fail(const char *file, int line, const char *fmt, ...) RT_PRINTF(3, 4) RT_NORETURN;
+void rt_abort(void) RT_NORETURN;
+#define RT_CHECK(cond, ...) \
+    do { if (!(cond)) rt_fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+/* Status checks for the four libraries; each status type has 0 = success. On failure print
+** "[rank r/w] file:line: NCCL error: <library's text> (ncclAllReduce)" and abort. The CUDA
+** kinds need the CUDA backend for their text (the CPU backend prints the number). */
+#define RT_ERR_KINDS(_) _(MPI, "MPI") _(CUDA, "CUDA") _(CUBLAS, "cuBLAS") _(NCCL, "NCCL")
+typedef enum {
+#define RT_ERR_ENUM(name, str) RT_ERR_##name,
+    RT_ERR_KINDS(RT_ERR_ENUM)
+#undef RT_ERR_ENUM
+    RT_NERR_KINDS
+} rt_err_kind;
+void rt_fail_status(const char *file, int line, rt_err_kind kind, int status,
+                    const char *expr) RT_NORETURN;
+#define RT_STATUS_(kind, x) \
+    do { int rt_s_ = (int)(x); \
+         if (rt_s_ != 0) rt_fail_status(__FILE__, __LINE__, kind, rt_s_, #x); } while (0)
+#define RT_MPI(x)    RT_STATUS_(RT_ERR_MPI, x)
+#define RT_CUDA(x)   RT_STATUS_(RT_ERR_CUDA, x)
+#define RT_CUBLAS(x) RT_STATUS_(RT_ERR_CUBLAS, x)
+#define RT_NCCL(x)   RT_STATUS_(RT_ERR_NCCL, x)
+
+/* Watchdog: every collective, p2p and NCCL call completes through a loop that polls with a
+** deadline; on expiry the job aborts with "[rank r/w] watchdog: allreduce on group tp
+** (ranks 0,1) did not complete within 5 s" (p2p: "watchdog: p2p (recv 10 f32 from rank 1)
+** did not complete within 5 s", naming the pending ops). Default 300 s or env RT_TIMEOUT,
+** read by rt_init; this call overrides both; 0 = off. */
+void   rt_set_timeout(double seconds);
+double rt_timeout(void);
+void   rt_log(const char *fmt, ...) RT_PRINTF(1, 2);   /* "[rank r/w] msg\n" on stderr */
+double rt_now(void);                     /* monotonic seconds */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

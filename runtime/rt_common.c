@@ -1,0 +1,524 @@
+/*
+** rt_common.c: the backend-neutral part of the runtime: dtypes, logging, failure and abort,
+** time, the polling back-off used by every wait loop, the CPU thread pool (rt_parallel_for),
+** per-thread scratch, bf16 bulk conversion, FNV-1a and the arena. Linked into both
+** librt_cpu.a and librt_cuda.a; it knows nothing about devices (rt_malloc comes from the
+** backend) and nothing about models.
+*/
+#define _GNU_SOURCE
+#include "rt_internal.h"   // defines: rt__state, rt__poll, rt__scratch, rt__bf16_to_f32, ...
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+rt__state rt__st = { -1, 0, 0, 1, 0, 0, 0, 300.0 };
+void (*rt__abort_hook)(void) = NULL;
+
+static _Thread_local int tl_aborter;     /* this thread started the abort */
+static _Thread_local int tl_in_parallel; /* inside an rt_parallel_for body */
+
+/* -- Dtypes -------------------------------------------------------------------------------- */
+
+static const size_t dtype_size[] = {
+#define RT_DT_SIZE(name, str, size) size,
+    RT_DTYPES(RT_DT_SIZE)
+#undef RT_DT_SIZE
+};
+static const char *const dtype_name[] = {
+#define RT_DT_NAME(name, str, size) str,
+    RT_DTYPES(RT_DT_NAME)
+#undef RT_DT_NAME
+};
+
+/*
+** Size in bytes / printable name of a dtype; an invalid value aborts (name: returns "?").
+*/
+size_t rt_dtype_size(rt_dtype t)
+{
+    RT_CHECK((unsigned)t < RT_NDTYPES, "invalid dtype %d", (int)t);
+    return dtype_size[t];
+}
+
+const char *rt_dtype_name(rt_dtype t)
+{
+    return (unsigned)t < RT_NDTYPES ? dtype_name[t] : "?";
+}
+
+/* -- Time, log, failure -------------------------------------------------------------------- */
+
+/*
+** Monotonic seconds (CLOCK_MONOTONIC); only differences are meaningful.
+*/
+double rt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int rt__prefix(char *buf, size_t len)
+{
+    if (rt__st.rank < 0)
+        return snprintf(buf, len, "[rank ?/?] ");
+    return snprintf(buf, len, "[rank %d/%d] ", rt__st.rank, rt__st.world);
+}
+
+/* One write(2) per line so that lines of different ranks do not interleave. */
+static void emit_line(const char *head, const char *fmt, va_list ap)
+{
+    char buf[4096];
+    int len = rt__prefix(buf, sizeof buf);
+    if (head)
+        len += snprintf(buf + len, sizeof buf - (size_t)len, "%s", head);
+    if (len < (int)sizeof buf - 1)
+        len += vsnprintf(buf + len, sizeof buf - (size_t)len, fmt, ap);
+    if (len > (int)sizeof buf - 2)
+        len = (int)sizeof buf - 2;
+    buf[len++] = '\n';
+    ssize_t off = 0;
+    while (off < len) {
+        ssize_t w = write(2, buf + off, (size_t)(len - off));
+        if (w <= 0 && errno != EINTR)
+            break;
+        if (w > 0)
+            off += w;
+    }
+}
+
+/*
+** Print "[rank r/w] msg" (a newline is added) on stderr in one write. Any thread.
+*/
+void rt_log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    emit_line(NULL, fmt, ap);
+    va_end(ap);
+}
+
+/*
+** Abort the whole job: the backend hook (ncclCommAbort), then MPI_Abort, or exit(1) when MPI
+** is not running. The first caller wins; a failure in another thread during the abort parks
+** that thread until the process is killed; a failure inside the hook goes straight on.
+*/
+void rt_abort(void)
+{
+    if (__atomic_exchange_n(&rt__st.aborting, 1, __ATOMIC_SEQ_CST)) {
+        if (!tl_aborter)
+            for (;;)
+                pause();
+    } else {
+        tl_aborter = 1;
+        if (rt__abort_hook) {
+            void (*hook)(void) = rt__abort_hook;
+            rt__abort_hook = NULL;
+            hook();
+        }
+    }
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1);
+}
+
+/*
+** Print "[rank r/w] file:line: message" and abort the job.
+*/
+void rt_fail(const char *file, int line, const char *fmt, ...)
+{
+    char head[512];
+    snprintf(head, sizeof head, "%s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    emit_line(head, fmt, ap);
+    va_end(ap);
+    rt_abort();
+}
+
+void rt__die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    emit_line(NULL, fmt, ap);
+    va_end(ap);
+    rt_abort();
+}
+
+static const char *const err_kind_name[] = {
+#define RT_ERR_NAME(name, str) str,
+    RT_ERR_KINDS(RT_ERR_NAME)
+#undef RT_ERR_NAME
+};
+
+/*
+** Behind RT_MPI / RT_CUDA / RT_CUBLAS / RT_NCCL: print "[rank r/w] file:line: NCCL error:
+** <text> (ncclAllReduce)" -- the called function's name is 'expr' up to its '(' -- and abort.
+*/
+void rt_fail_status(const char *file, int line, rt_err_kind kind, int status, const char *expr)
+{
+    char text[512] = "";
+    if (kind == RT_ERR_MPI) {
+        int len = 0;
+        if (MPI_Error_string(status, text, &len) != MPI_SUCCESS)
+            snprintf(text, sizeof text, "error %d", status);
+    } else {
+        rt__status_text(kind, status, text, sizeof text);
+    }
+    int fn = (int)strcspn(expr, "(");
+    rt_fail(file, line, "%s error: %s (%.*s)",
+            (unsigned)kind < RT_NERR_KINDS ? err_kind_name[kind] : "runtime", text, fn, expr);
+}
+
+/*
+** Watchdog deadline for every later wait (seconds; 0 or less turns it off).
+*/
+void rt_set_timeout(double seconds)
+{
+    rt__st.timeout = seconds > 0 ? seconds : 0;
+}
+
+double rt_timeout(void)
+{
+    return rt__st.timeout;
+}
+
+/* -- Polling back-off ---------------------------------------------------------------------- */
+
+/* Tuned with bench/runtime_bench (collectives vs raw MPI): spinning the first polls keeps
+** small collectives at raw latency; yielding for the next 2 ms lets MPI's progress engine run
+** at full speed on large transfers while giving the core to any other runnable thread; after
+** that a sleep of 1/64 of the time waited (20 us .. 1 ms) bounds the overhead to ~2 %. */
+enum { POLL_SPIN = 64 };
+#define POLL_YIELD_S 2e-3
+#define POLL_SLEEP_MIN 20e-6
+#define POLL_SLEEP_MAX 1e-3
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+void rt__poll_start(rt__poll *p)
+{
+    p->t0 = rt_now();
+    p->polls = 0;
+}
+
+double rt__poll_pause(rt__poll *p)
+{
+    double waited = rt_now() - p->t0;
+    if (++p->polls < POLL_SPIN) {
+        cpu_relax();
+    } else if (waited < POLL_YIELD_S) {
+        sched_yield();
+    } else {
+        double s = waited / 64;
+        s = s < POLL_SLEEP_MIN ? POLL_SLEEP_MIN : s > POLL_SLEEP_MAX ? POLL_SLEEP_MAX : s;
+        struct timespec ts = { 0, (long)(s * 1e9) };
+        nanosleep(&ts, NULL);
+    }
+    return waited;
+}
+
+/* -- Thread pool --------------------------------------------------------------------------- */
+
+/* One pool per process: nthreads-1 workers plus the calling (main) thread. A job is published
+** by bumping 'gen'; each worker runs its range and decrements 'pending'. Waiting threads spin
+** for IDLE_SPIN_S, then sleep on a futex (the 'sleepers' / 'caller_sleeps' counters let the
+** other side skip the wake-up system call when nobody sleeps). */
+#define IDLE_SPIN_S 50e-6
+
+static struct {
+    int        nthreads;
+    pthread_t *tid;
+    int        gen, pending, sleepers, caller_sleeps, stop, busy;
+    void     (*fn)(void *, int, int);
+    void      *ctx;
+    int        n;
+} pool = { 1, NULL, 0, 0, 0, 0, 0, 0, NULL, NULL, 0 };
+
+static void futex_wait(int *addr, int val)
+{
+    syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake(int *addr, int n)
+{
+    syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+static void run_range(int i)
+{
+    int lo = (int)((long)pool.n * i / pool.nthreads);
+    int hi = (int)((long)pool.n * (i + 1) / pool.nthreads);
+    if (hi > lo)
+        pool.fn(pool.ctx, lo, hi);
+}
+
+static void *worker(void *arg)
+{
+    int id = (int)(intptr_t)arg, seen = 0;
+    tl_in_parallel = 1;
+    for (;;) {
+        double t0 = 0;
+        for (int spins = 0;; spins++) {
+            int g = __atomic_load_n(&pool.gen, __ATOMIC_ACQUIRE);
+            if (g != seen) {
+                seen = g;
+                break;
+            }
+            cpu_relax();
+            if ((spins & 63) != 63)
+                continue;
+            if (t0 == 0) {
+                t0 = rt_now();
+            } else if (rt_now() - t0 > IDLE_SPIN_S) {
+                __atomic_add_fetch(&pool.sleepers, 1, __ATOMIC_SEQ_CST);
+                futex_wait(&pool.gen, g);
+                __atomic_sub_fetch(&pool.sleepers, 1, __ATOMIC_SEQ_CST);
+                t0 = 0;
+            }
+        }
+        if (__atomic_load_n(&pool.stop, __ATOMIC_ACQUIRE))
+            return NULL;
+        run_range(id);
+        if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_ACQ_REL) == 0 &&
+            __atomic_load_n(&pool.caller_sleeps, __ATOMIC_SEQ_CST))
+            futex_wake(&pool.pending, 1);
+    }
+}
+
+/*
+** Start the pool with 'nthreads' threads in all (the caller counts as one). Called once by
+** rt_init; later calls are ignored.
+*/
+void rt__pool_init(int nthreads)
+{
+    if (pool.tid || nthreads <= 1)
+        return;
+    pool.tid = calloc((size_t)nthreads, sizeof *pool.tid);
+    RT_CHECK(pool.tid, "out of memory");
+    pool.nthreads = nthreads;
+    for (int i = 1; i < nthreads; i++) {
+        int rc = pthread_create(&pool.tid[i], NULL, worker, (void *)(intptr_t)i);
+        RT_CHECK(rc == 0, "cannot start pool thread %d of %d: %s", i, nthreads, strerror(rc));
+    }
+}
+
+void rt__pool_shutdown(void)
+{
+    if (!pool.tid)
+        return;
+    __atomic_store_n(&pool.stop, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&pool.gen, 1, __ATOMIC_SEQ_CST);
+    futex_wake(&pool.gen, INT_MAX);
+    for (int i = 1; i < pool.nthreads; i++)
+        pthread_join(pool.tid[i], NULL);
+    free(pool.tid);
+    pool.tid = NULL;
+    pool.nthreads = 1;
+    pool.stop = 0;
+}
+
+/*
+** Pool size for this rank: RT_THREADS, else the CPUs of the affinity mask when a launcher
+** bound the process to fewer than all CPUs, else online CPUs / ranks on this node (min 1).
+*/
+int rt__default_threads(void)
+{
+    const char *e = getenv("RT_THREADS");
+    if (e && *e) {
+        char *end;
+        long v = strtol(e, &end, 10);
+        if (*end || v < 1 || v > 1024)
+            rt__die("RT_THREADS='%s': expected a whole number from 1 to 1024", e);
+        return (int)v;
+    }
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int naff = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (naff > 0 && naff < online)
+        return naff;
+    long t = online / (rt__st.local_size > 0 ? rt__st.local_size : 1);
+    return t < 1 ? 1 : (int)t;
+}
+
+/*
+** Number of threads rt_parallel_for and rt_gemm use on this rank (1 = no workers).
+*/
+int rt_threads(void)
+{
+    return pool.nthreads;
+}
+
+int rt__in_parallel(void)
+{
+    return tl_in_parallel;
+}
+
+/*
+** Run fn(ctx, lo, hi) over a split of [0, n) on the pool (see rt.h); returns when all ranges
+** are done. Runs inline when nested, when the pool is busy (another thread) or has one thread.
+*/
+void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (pool.nthreads <= 1 || n == 1 || tl_in_parallel ||
+        __atomic_exchange_n(&pool.busy, 1, __ATOMIC_ACQUIRE)) {
+        int was = tl_in_parallel;
+        tl_in_parallel = 1;
+        fn(ctx, 0, n);
+        tl_in_parallel = was;
+        return;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    __atomic_store_n(&pool.pending, pool.nthreads - 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&pool.gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool.sleepers, __ATOMIC_SEQ_CST) > 0)
+        futex_wake(&pool.gen, INT_MAX);
+    tl_in_parallel = 1;
+    run_range(0);
+    tl_in_parallel = 0;
+    double t0 = 0;
+    for (int spins = 0;; spins++) {
+        int p = __atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE);
+        if (p == 0)
+            break;
+        cpu_relax();
+        if ((spins & 63) != 63)
+            continue;
+        if (t0 == 0) {
+            t0 = rt_now();
+        } else if (rt_now() - t0 > IDLE_SPIN_S) {
+            __atomic_store_n(&pool.caller_sleeps, 1, __ATOMIC_SEQ_CST);
+            p = __atomic_load_n(&pool.pending, __ATOMIC_SEQ_CST);
+            if (p != 0)
+                futex_wait(&pool.pending, p);
+            __atomic_store_n(&pool.caller_sleeps, 0, __ATOMIC_SEQ_CST);
+        }
+    }
+    __atomic_store_n(&pool.busy, 0, __ATOMIC_RELEASE);
+}
+
+/* -- GEMM arguments ------------------------------------------------------------------------ */
+
+int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
+                   const void *B, int ldb, const float *C, int ldc, int batch, rt_dtype ab)
+{
+    RT_CHECK(ab == RT_F32 || ab == RT_BF16, "rt_gemm: inputs must be f32 or bf16, not %s",
+             rt_dtype_name(ab));
+    RT_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+             "rt_gemm: negative size (m %d, n %d, k %d, batch %d)", m, n, k, batch);
+    if (m == 0 || n == 0 || batch == 0)
+        return RT__GEMM_NONE;
+    RT_CHECK(C && ldc >= n, "rt_gemm: C %s, ldc %d < n %d", C ? "set" : "NULL", ldc, n);
+    if (k == 0 || alpha == 0.0f)
+        return RT__GEMM_SCALE;
+    int arows = ta ? k : m, acols = ta ? m : k, brows = tb ? n : k, bcols = tb ? k : n;
+    RT_CHECK(A && lda >= acols, "rt_gemm: A %s, lda %d < %d (ta=%d: A is %d x %d)",
+             A ? "set" : "NULL", lda, acols, ta, arows, acols);
+    RT_CHECK(B && ldb >= bcols, "rt_gemm: B %s, ldb %d < %d (tb=%d: B is %d x %d)",
+             B ? "set" : "NULL", ldb, bcols, tb, brows, bcols);
+    return RT__GEMM_FULL;
+}
+
+/* -- Scratch and bf16 ---------------------------------------------------------------------- */
+
+static _Thread_local struct { void *p; size_t cap; } scratch[4];
+
+void *rt__scratch(int slot, size_t bytes)
+{
+    if (bytes > scratch[slot].cap) {
+        free(scratch[slot].p);
+        size_t cap = bytes + bytes / 4;
+        cap = (cap + 63) & ~(size_t)63;
+        scratch[slot].p = aligned_alloc(64, cap);
+        if (!scratch[slot].p)
+            rt__die("out of host memory: scratch buffer of %zu bytes", cap);
+        scratch[slot].cap = cap;
+    }
+    return scratch[slot].p;
+}
+
+void rt__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = rt__bf16_to_f32(src[i]);
+}
+
+void rt__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = rt__f32_to_bf16(src[i]);
+}
+
+/* -- FNV-1a, arena ------------------------------------------------------------------------- */
+
+uint64_t rt_fnv1a64(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static struct { char *base; size_t size, used; } arena;
+
+/*
+** Allocate the program's one arena ('bytes' of zero-filled device memory). Once only.
+*/
+void rt_arena_init(size_t bytes)
+{
+    RT_CHECK(!arena.base, "rt_arena_init called twice (arena of %zu bytes exists)", arena.size);
+    arena.base = rt_malloc(bytes ? bytes : 1);
+    arena.size = bytes;
+    arena.used = 0;
+}
+
+/*
+** Carve 'bytes' at the next 256-byte boundary; aborts naming 'what' when the arena is full.
+*/
+void *rt_arena_alloc(size_t bytes, const char *what)
+{
+    if (!arena.base)
+        rt__die("rt_arena_alloc('%s'): call rt_arena_init first", what ? what : "?");
+    size_t off = (arena.used + 255) & ~(size_t)255;
+    if (off > arena.size || bytes > arena.size - off)
+        rt__die("arena full: '%s' needs %zu bytes at offset %zu, arena holds %zu",
+                what ? what : "?", bytes, off, arena.size);
+    arena.used = off + bytes;
+    return arena.base + off;
+}
+
+size_t rt_arena_used(void)
+{
+    return arena.used;
+}
+
+/* Release the arena (rt_finalize). */
+void rt__arena_release(void)
+{
+    if (arena.base)
+        rt_free(arena.base);
+    arena.base = NULL;
+    arena.size = arena.used = 0;
+}

@@ -1,0 +1,653 @@
+/*
+** rt_cuda.cu: the CUDA backend (build/librt_cuda.a): one device per rank (local rank modulo
+** device count), device memory, cuBLAS GEMM (f32 without TF32, bf16 in / f32 out), the
+** Philox kernel, and communication over NCCL (one communicator per group, ids broadcast over
+** the group's MPI communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI
+** through pinned host staging. Everything runs on the legacy default stream; generated
+** kernels launch there too. A watchdog thread aborts NCCL calls that outlive the deadline.
+*/
+#include "rt_internal.h"   // defines: rt_group, rt__st, rt__h_*, rt__poll, rt__die, ...
+#include "rt_philox.h"     // defines: rt__normal_at (host and device)
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static struct {
+    int             inited;
+    int             device, ndev;
+    int             nccl;            /* 1: NCCL transport, 0: MPI through pinned staging */
+    cublasHandle_t  blas;
+    ncclComm_t     *comms;           /* every live communicator (for ncclCommAbort) */
+    int             ncomms, capcomms;
+    void           *stage[2];        /* pinned staging buffers (MPI transport) */
+    size_t          stagecap[2];
+    /* watchdog thread: armed around every NCCL call sequence and its completion */
+    pthread_t       wd;
+    pthread_mutex_t mu;
+    int             wd_on, wd_stop, armed;
+    double          deadline;
+    char            what[256];
+} cu;
+
+/* -- Errors ---------------------------------------------------------------------------------- */
+
+void rt__status_text(rt_err_kind kind, int status, char *buf, size_t len)
+{
+    switch (kind) {
+    case RT_ERR_CUDA:
+        snprintf(buf, len, "%s: %s", cudaGetErrorName((cudaError_t)status),
+                 cudaGetErrorString((cudaError_t)status));
+        break;
+    case RT_ERR_CUBLAS:
+        snprintf(buf, len, "%s: %s", cublasGetStatusName((cublasStatus_t)status),
+                 cublasGetStatusString((cublasStatus_t)status));
+        break;
+    case RT_ERR_NCCL: {
+        const char *last = ncclGetLastError(NULL);
+        snprintf(buf, len, "%s%s%s", ncclGetErrorString((ncclResult_t)status),
+                 last && *last ? ": " : "", last ? last : "");
+        break;
+    }
+    default:
+        snprintf(buf, len, "status %d", status);
+        break;
+    }
+}
+
+/* rt_abort's hook: abort every NCCL communicator so no kernel or host call waits forever. */
+static void abort_nccl(void)
+{
+    for (int i = 0; i < cu.ncomms; i++)
+        if (cu.comms[i])
+            ncclCommAbort(cu.comms[i]);
+    cu.ncomms = 0;
+}
+
+static void comm_register(ncclComm_t c)
+{
+    if (cu.ncomms == cu.capcomms) {
+        cu.capcomms = cu.capcomms ? 2 * cu.capcomms : 16;
+        cu.comms = (ncclComm_t *)realloc(cu.comms, (size_t)cu.capcomms * sizeof *cu.comms);
+        RT_CHECK(cu.comms, "out of memory");
+    }
+    cu.comms[cu.ncomms++] = c;
+}
+
+static void comm_forget(ncclComm_t c)
+{
+    for (int i = 0; i < cu.ncomms; i++)
+        if (cu.comms[i] == c) {
+            cu.comms[i] = cu.comms[--cu.ncomms];
+            return;
+        }
+}
+
+/* -- Watchdog thread ------------------------------------------------------------------------- */
+
+static void *watchdog(void *)
+{
+    for (;;) {
+        struct timespec ts = { 0, 50 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&cu.mu);
+        if (cu.wd_stop) {
+            pthread_mutex_unlock(&cu.mu);
+            return NULL;
+        }
+        int fire = cu.armed && rt__st.timeout > 0 && rt_now() > cu.deadline;
+        char what[256];
+        memcpy(what, cu.what, sizeof what);
+        pthread_mutex_unlock(&cu.mu);
+        if (fire)
+            rt__die("watchdog: %s did not complete within %g s", what, rt__st.timeout);
+    }
+}
+
+static void arm(const char *op, const rt_group *g)
+{
+    pthread_mutex_lock(&cu.mu);
+    snprintf(cu.what, sizeof cu.what, "%s on %s", op, g ? g->desc : "p2p");
+    cu.deadline = rt_now() + rt__st.timeout;
+    cu.armed = 1;
+    pthread_mutex_unlock(&cu.mu);
+}
+
+static void disarm(void)
+{
+    pthread_mutex_lock(&cu.mu);
+    cu.armed = 0;
+    pthread_mutex_unlock(&cu.mu);
+}
+
+/* Poll the default stream until the enqueued NCCL work is done, watching the communicator's
+** asynchronous error (the watchdog thread enforces the deadline). */
+static void stream_wait(ncclComm_t comm)
+{
+    rt__poll p;
+    rt__poll_start(&p);
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(0);
+        if (e == cudaSuccess)
+            return;
+        if (e != cudaErrorNotReady)
+            RT_CUDA(e);
+        if (comm) {
+            ncclResult_t ar = ncclSuccess;
+            RT_NCCL(ncclCommGetAsyncError(comm, &ar));
+            if (ar != ncclSuccess && ar != ncclInProgress)
+                rt_fail_status(__FILE__, __LINE__, RT_ERR_NCCL, (int)ar,
+                               "ncclCommGetAsyncError(comm)");
+        }
+        rt__poll_pause(&p);
+    }
+}
+
+/* -- Launch ---------------------------------------------------------------------------------- */
+
+const char *rt_backend(void)
+{
+    if (!cu.inited)
+        return "cuda";
+    return cu.nccl ? "cuda-nccl" : "cuda-mpi";
+}
+
+static ncclDataType_t nccl_type(rt_dtype t)
+{
+    switch (t) {
+    case RT_F32:  return ncclFloat32;
+    case RT_BF16: return ncclBfloat16;
+    case RT_I32:  return ncclInt32;
+    case RT_I64:  return ncclInt64;
+    default:      break;
+    }
+    rt__die("invalid dtype %d", (int)t);
+}
+
+/* NCCL communicator for a group of more than one rank: id from group rank 0, broadcast over
+** the group's MPI communicator (watchdog-guarded), then ncclCommInitRank under the watchdog. */
+static void nccl_setup(rt_group *g)
+{
+    if (!cu.nccl || g->size < 2)
+        return;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (g->rank == 0)
+        RT_NCCL(ncclGetUniqueId(&id));
+    rt__h_broadcast(&id, sizeof id / sizeof(int32_t), RT_I32, 0, g);
+    ncclComm_t c;
+    arm("NCCL communicator setup", g);
+    RT_NCCL(ncclCommInitRank(&c, g->size, id, g->rank));
+    disarm();
+    comm_register(c);
+    g->dev = c;
+}
+
+/*
+** Start MPI (THREAD_MULTIPLE: the watchdog thread may call MPI_Abort), pick the device by
+** local rank, choose the transport (RT_TRANSPORT=nccl|mpi; by default MPI when any node has
+** more ranks than GPUs), create cuBLAS (default math: no TF32), the world NCCL communicator,
+** the thread pool and the watchdog thread.
+*/
+void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
+{
+    rt__mpi_init(argc, argv, expected_world, layout, MPI_THREAD_MULTIPLE);
+    cudaError_t e = cudaGetDeviceCount(&cu.ndev);
+    if (e != cudaSuccess || cu.ndev < 1)
+        rt__die("CUDA backend: no usable GPU (%s)",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    cu.device = rt__st.local_rank % cu.ndev;
+    RT_CUDA(cudaSetDevice(cu.device));
+
+    const char *tr = getenv("RT_TRANSPORT");
+    int want_mpi = rt__st.local_size > cu.ndev;     /* ranks share a GPU: NCCL refuses */
+    if (tr && *tr) {
+        if (!strcmp(tr, "mpi"))
+            want_mpi = 1;
+        else if (!strcmp(tr, "nccl"))
+            want_mpi = 0;
+        else
+            rt__die("RT_TRANSPORT='%s': expected 'nccl' or 'mpi'", tr);
+    }
+    int32_t any = want_mpi;
+    rt__h_allreduce(&any, 1, RT_I32, RT_MAX, rt__world);     /* one transport for the job */
+    cu.nccl = !any;
+
+    RT_CUBLAS(cublasCreate(&cu.blas));
+    RT_CUBLAS(cublasSetMathMode(cu.blas, CUBLAS_DEFAULT_MATH));
+    RT_CUBLAS(cublasSetStream(cu.blas, 0));
+
+    pthread_mutex_init(&cu.mu, NULL);
+    int rc = pthread_create(&cu.wd, NULL, watchdog, NULL);
+    RT_CHECK(rc == 0, "cannot start the watchdog thread: %s", strerror(rc));
+    cu.wd_on = 1;
+    rt__abort_hook = abort_nccl;
+    cu.inited = 1;
+    nccl_setup(rt__world);
+    rt__pool_init(rt__default_threads());
+}
+
+/*
+** Wait for the device, destroy communicators and handles, stop the watchdog, end MPI.
+*/
+void rt_finalize(void)
+{
+    RT_CUDA(cudaDeviceSynchronize());
+    rt__arena_release();
+    if (rt__world && rt__world->dev) {
+        comm_forget((ncclComm_t)rt__world->dev);
+        ncclCommDestroy((ncclComm_t)rt__world->dev);
+        rt__world->dev = NULL;
+    }
+    for (int i = 0; i < 2; i++)
+        if (cu.stage[i])
+            cudaFreeHost(cu.stage[i]);
+    cublasDestroy(cu.blas);
+    rt__mpi_finalize();
+    if (cu.wd_on) {
+        pthread_mutex_lock(&cu.mu);
+        cu.wd_stop = 1;
+        pthread_mutex_unlock(&cu.mu);
+        pthread_join(cu.wd, NULL);
+        cu.wd_on = 0;
+    }
+    rt__abort_hook = NULL;
+    rt__pool_shutdown();
+}
+
+/* -- Groups ---------------------------------------------------------------------------------- */
+
+rt_group *rt_group_from_table(const rt_group_table *t)
+{
+    rt_group *g = rt__group_create(t);
+    if (g)
+        nccl_setup(g);
+    return g;
+}
+
+void rt_group_free(rt_group *g)
+{
+    if (!g || g->is_world)
+        return;
+    if (g->dev) {
+        comm_forget((ncclComm_t)g->dev);
+        RT_NCCL(ncclCommDestroy((ncclComm_t)g->dev));
+    }
+    rt__group_destroy(g);
+}
+
+/* -- Staging for the MPI transport ------------------------------------------------------------ */
+
+static void *stage(int i, size_t bytes)
+{
+    if (bytes > cu.stagecap[i]) {
+        if (cu.stage[i])
+            RT_CUDA(cudaFreeHost(cu.stage[i]));
+        size_t cap = bytes + bytes / 4 + 256;
+        RT_CUDA(cudaMallocHost(&cu.stage[i], cap));
+        cu.stagecap[i] = cap;
+    }
+    return cu.stage[i];
+}
+
+static void d2h(void *h, const void *d, size_t bytes)
+{
+    if (bytes)
+        RT_CUDA(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void h2d(void *d, const void *h, size_t bytes)
+{
+    if (bytes)
+        RT_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+}
+
+static void d2d(void *d, const void *s, size_t bytes)
+{
+    if (bytes && d != s)
+        RT_CUDA(cudaMemcpy(d, s, bytes, cudaMemcpyDeviceToDevice));
+}
+
+/* -- Collectives ------------------------------------------------------------------------------ */
+
+void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+{
+    rt__group_check(g, "allreduce");
+    RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
+    size_t bytes = n * rt_dtype_size(t);
+    if (n == 0 || g->size == 1)
+        return;
+    if (!cu.nccl) {
+        void *h = stage(0, bytes);
+        d2h(h, buf, bytes);
+        rt__h_allreduce(h, n, t, op, g);
+        h2d(buf, h, bytes);
+        return;
+    }
+    ncclComm_t c = (ncclComm_t)g->dev;
+    arm("allreduce", g);
+    RT_NCCL(ncclAllReduce(buf, buf, n, nccl_type(t), op == RT_MAX ? ncclMax : ncclSum, c, 0));
+    stream_wait(c);
+    disarm();
+}
+
+void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "allgather");
+    size_t bytes = n * rt_dtype_size(t);
+    if (n == 0)
+        return;
+    if (g->size == 1) {
+        d2d(recv, send, bytes);
+        return;
+    }
+    if (!cu.nccl) {
+        void *hs = stage(0, bytes), *hr = stage(1, bytes * (size_t)g->size);
+        d2h(hs, send, bytes);
+        rt__h_allgather(hs, hr, n, t, g);
+        h2d(recv, hr, bytes * (size_t)g->size);
+        return;
+    }
+    ncclComm_t c = (ncclComm_t)g->dev;
+    arm("allgather", g);
+    RT_NCCL(ncclAllGather(send, recv, n, nccl_type(t), c, 0));
+    stream_wait(c);
+    disarm();
+}
+
+void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "reduce-scatter");
+    size_t bytes = n * rt_dtype_size(t);
+    if (n == 0)
+        return;
+    if (g->size == 1) {
+        d2d(recv, send, bytes);
+        return;
+    }
+    if (!cu.nccl) {
+        void *hs = stage(0, bytes * (size_t)g->size), *hr = stage(1, bytes);
+        d2h(hs, send, bytes * (size_t)g->size);
+        rt__h_reduce_scatter(hs, hr, n, t, g);
+        h2d(recv, hr, bytes);
+        return;
+    }
+    ncclComm_t c = (ncclComm_t)g->dev;
+    arm("reduce-scatter", g);
+    RT_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, c, 0));
+    stream_wait(c);
+    disarm();
+}
+
+void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                  void *recv, const size_t *rcounts, const size_t *rdispls,
+                  rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "alltoallv");
+    RT_CHECK(scounts && sdispls && rcounts && rdispls, "alltoallv: NULL count array");
+    size_t es = rt_dtype_size(t);
+    int p = g->size, me = g->rank;
+    const char *s = (const char *)send;
+    char *r = (char *)recv;
+    if (p == 1 || !cu.nccl) {
+        if (p == 1) {
+            RT_CHECK(scounts[0] == rcounts[0], "alltoallv on %s: sends %zu to itself, expects %zu",
+                     g->desc, scounts[0], rcounts[0]);
+            d2d(r + rdispls[0] * es, s + sdispls[0] * es, scounts[0] * es);
+            return;
+        }
+        size_t sext = 0, rext = 0;
+        for (int i = 0; i < p; i++) {
+            if (scounts[i] && sdispls[i] + scounts[i] > sext)
+                sext = sdispls[i] + scounts[i];
+            if (rcounts[i] && rdispls[i] + rcounts[i] > rext)
+                rext = rdispls[i] + rcounts[i];
+        }
+        char *hs = (char *)stage(0, sext * es), *hr = (char *)stage(1, rext * es);
+        for (int i = 0; i < p; i++)
+            d2h(hs + sdispls[i] * es, s + sdispls[i] * es, scounts[i] * es);
+        rt__h_alltoallv(hs, scounts, sdispls, hr, rcounts, rdispls, t, g);
+        for (int i = 0; i < p; i++)
+            h2d(r + rdispls[i] * es, hr + rdispls[i] * es, rcounts[i] * es);
+        return;
+    }
+    ncclComm_t c = (ncclComm_t)g->dev;
+    arm("alltoallv", g);
+    RT_NCCL(ncclGroupStart());
+    for (int i = 0; i < p; i++) {
+        if (i == me) {
+            RT_CHECK(scounts[i] == rcounts[i], "alltoallv on %s: sends %zu to itself, expects %zu",
+                     g->desc, scounts[i], rcounts[i]);
+            if (scounts[i])
+                RT_CUDA(cudaMemcpyAsync(r + rdispls[i] * es, s + sdispls[i] * es, scounts[i] * es,
+                                        cudaMemcpyDeviceToDevice, 0));
+            continue;
+        }
+        if (scounts[i])
+            RT_NCCL(ncclSend(s + sdispls[i] * es, scounts[i], nccl_type(t), i, c, 0));
+        if (rcounts[i])
+            RT_NCCL(ncclRecv(r + rdispls[i] * es, rcounts[i], nccl_type(t), i, c, 0));
+    }
+    RT_NCCL(ncclGroupEnd());
+    stream_wait(c);
+    disarm();
+}
+
+void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
+{
+    rt__group_check(g, "broadcast");
+    RT_CHECK(root >= 0 && root < g->size, "broadcast on %s: root %d is not a group rank",
+             g->desc, root);
+    size_t bytes = n * rt_dtype_size(t);
+    if (n == 0 || g->size == 1)
+        return;
+    if (!cu.nccl) {
+        void *h = stage(0, bytes);
+        if (g->rank == root)
+            d2h(h, buf, bytes);
+        rt__h_broadcast(h, n, t, root, g);
+        if (g->rank != root)
+            h2d(buf, h, bytes);
+        return;
+    }
+    ncclComm_t c = (ncclComm_t)g->dev;
+    arm("broadcast", g);
+    RT_NCCL(ncclBroadcast(buf, buf, n, nccl_type(t), root, c, 0));
+    stream_wait(c);
+    disarm();
+}
+
+void rt_barrier(rt_group *g)
+{
+    RT_CUDA(cudaDeviceSynchronize());
+    rt__h_barrier(g ? g : rt__world, "barrier");
+}
+
+/*
+** Point-to-point over the world communicator: NCCL group of sends and receives (n = 0 ops
+** are skipped on both sides), or staged through pinned memory over MPI.
+*/
+void rt_p2p(const rt_p2p_op *ops, int nops)
+{
+    if (nops <= 0)
+        return;
+    RT_CHECK(ops, "rt_p2p: NULL ops");
+    for (int i = 0; i < nops; i++)
+        if (ops[i].peer < 0 || ops[i].peer >= rt__st.world)
+            rt__die("p2p: op %d has peer %d, not a rank of the world of %d", i, ops[i].peer,
+                    rt__st.world);
+    if (!cu.nccl || rt__st.world == 1) {
+        size_t total = 0;
+        for (int i = 0; i < nops; i++)
+            total += (ops[i].n * rt_dtype_size(ops[i].t) + 255) & ~(size_t)255;
+        char *h = (char *)stage(0, total);
+        rt_p2p_op *hops = (rt_p2p_op *)malloc((size_t)nops * sizeof *hops);
+        RT_CHECK(hops, "out of memory");
+        size_t off = 0;
+        for (int i = 0; i < nops; i++) {
+            size_t b = ops[i].n * rt_dtype_size(ops[i].t);
+            hops[i] = ops[i];
+            hops[i].buf = h + off;
+            if (ops[i].send)
+                d2h(h + off, ops[i].buf, b);
+            off += (b + 255) & ~(size_t)255;
+        }
+        rt__h_p2p(hops, nops);
+        for (int i = 0; i < nops; i++)
+            if (!ops[i].send)
+                h2d(ops[i].buf, hops[i].buf, ops[i].n * rt_dtype_size(ops[i].t));
+        free(hops);
+        return;
+    }
+    ncclComm_t c = (ncclComm_t)rt__world->dev;
+    char what[160];
+    snprintf(what, sizeof what, "p2p (%d ops, first: %s rank %d)", nops,
+             ops[0].send ? "send to" : "recv from", ops[0].peer);
+    arm(what, NULL);
+    RT_NCCL(ncclGroupStart());
+    for (int i = 0; i < nops; i++) {
+        const rt_p2p_op *o = &ops[i];
+        if (o->n == 0)
+            continue;
+        if (o->send)
+            RT_NCCL(ncclSend(o->buf, o->n, nccl_type(o->t), o->peer, c, 0));
+        else
+            RT_NCCL(ncclRecv(o->buf, o->n, nccl_type(o->t), o->peer, c, 0));
+    }
+    RT_NCCL(ncclGroupEnd());
+    stream_wait(c);
+    disarm();
+}
+
+void rt_sync(void)
+{
+    RT_CUDA(cudaDeviceSynchronize());
+}
+
+/* -- Memory ---------------------------------------------------------------------------------- */
+
+void *rt_malloc(size_t bytes)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess)
+        rt__die("out of device memory: rt_malloc(%zu) on GPU %d: %s", bytes, cu.device,
+                cudaGetErrorString(e));
+    RT_CUDA(cudaMemset(p, 0, bytes ? bytes : 256));
+    return p;
+}
+
+void rt_free(void *p)
+{
+    if (p)
+        RT_CUDA(cudaFree(p));
+}
+
+void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)
+{
+    static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                            cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost };
+    RT_CHECK((unsigned)kind <= RT_H2H, "rt_memcpy: invalid copy kind %d", (int)kind);
+    if (!bytes)
+        return;
+    if (kind == RT_H2H)
+        memmove(dst, src, bytes);
+    else
+        RT_CUDA(cudaMemcpy(dst, src, bytes, kinds[kind]));
+}
+
+void rt_memset0(void *p, size_t bytes)
+{
+    if (bytes)
+        RT_CUDA(cudaMemset(p, 0, bytes));
+}
+
+void *rt_host_malloc(size_t bytes)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 64);
+    if (e != cudaSuccess)
+        rt__die("out of pinned host memory: rt_host_malloc(%zu): %s", bytes,
+                cudaGetErrorString(e));
+    memset(p, 0, bytes);
+    return p;
+}
+
+void rt_host_free(void *p)
+{
+    if (p)
+        RT_CUDA(cudaFreeHost(p));
+}
+
+/* -- GEMM ------------------------------------------------------------------------------------ */
+
+__global__ void scale_kernel(float *C, int m, int n, int ldc, long sC, int batch, float beta)
+{
+    long total = (long)m * n * batch;
+    for (long x = blockIdx.x * (long)blockDim.x + threadIdx.x; x < total;
+         x += (long)gridDim.x * blockDim.x) {
+        long b = x / ((long)m * n), r = x % ((long)m * n);
+        float *c = C + b * sC + (r / n) * (long)ldc + r % n;
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+/*
+** rt.h's row-major GEMM as cuBLAS's column-major C^T = op(B)^T op(A)^T: one
+** cublasGemmStridedBatchedEx with f32 or bf16 inputs, f32 output and CUBLAS_COMPUTE_32F
+** (the handle's default math mode never substitutes TF32).
+*/
+void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
+             const void *A, int lda, long sA, const void *B, int ldb, long sB,
+             float beta, float *C, int ldc, long sC, int batch, rt_dtype ab)
+{
+    int what = rt__gemm_check(ta, tb, m, n, k, alpha, A, lda, B, ldb, C, ldc, batch, ab);
+    if (what == RT__GEMM_NONE)
+        return;
+    if (what == RT__GEMM_SCALE) {
+        long total = (long)m * n * batch;
+        int blocks = (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+        scale_kernel<<<blocks, 256>>>(C, m, n, ldc, sC, batch, beta);
+        RT_CUDA(cudaGetLastError());
+        return;
+    }
+    cudaDataType_t in = ab == RT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    RT_CUBLAS(cublasGemmStridedBatchedEx(cu.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
+                                         B, in, ldb, (long long)sB, A, in, lda, (long long)sA,
+                                         &beta, C, CUDA_R_32F, ldc, (long long)sC, batch,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* -- Randomness ------------------------------------------------------------------------------ */
+
+__global__ void rng_kernel(float *dst, int rows, int cols, int ld, uint64_t seed,
+                           uint64_t stream, uint64_t first, uint64_t gld, float mean, float std)
+{
+    long total = (long)rows * cols;
+    for (long x = blockIdx.x * (long)blockDim.x + threadIdx.x; x < total;
+         x += (long)gridDim.x * blockDim.x) {
+        long i = x / cols, j = x % cols;
+        double z = rt__normal_at(seed, stream, first + (uint64_t)i * gld + (uint64_t)j);
+        dst[i * (long)ld + j] = (float)((double)mean + (double)std * z);
+    }
+}
+
+void rt_rng_normal(float *dst, int rows, int cols, int ld, uint64_t seed, uint64_t stream,
+                   uint64_t first, uint64_t gld, float mean, float std)
+{
+    RT_CHECK(rows >= 0 && cols >= 0 && ld >= cols, "rt_rng_normal: rows %d, cols %d, ld %d",
+             rows, cols, ld);
+    if (rows == 0 || cols == 0)
+        return;
+    RT_CHECK(dst, "rt_rng_normal: NULL dst");
+    long total = (long)rows * cols;
+    int blocks = (int)((total + 255) / 256 < 8192 ? (total + 255) / 256 : 8192);
+    rng_kernel<<<blocks, 256>>>(dst, rows, cols, ld, seed, stream, first, gld, mean, std);
+    RT_CUDA(cudaGetLastError());
+}

@@ -1,0 +1,137 @@
+/*
+** rt_internal.h: what the runtime's own files share and generated code never sees: process
+** state, the group record, the MPI layer (host-buffer collectives with the polling watchdog,
+** rt_mpi.c), the thread pool and scratch buffers (rt_common.c), bf16 conversion, and the few
+** hooks each backend (rt_cpu.c, rt_cuda.cu) must define. Included by C11 and by nvcc (C++).
+*/
+#ifndef RT_INTERNAL_H
+#define RT_INTERNAL_H
+
+#include "rt.h"     // defines: rt_group, rt_dtype, rt_op, rt_p2p_op, rt_fail, RT_CHECK, ...
+
+#define OMPI_SKIP_MPICXX 1      /* C bindings only, also under nvcc */
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* -- Process state (rt_common.c) ----------------------------------------------------------- */
+
+typedef struct {
+    int    rank, world;          /* -1 / 0 before rt_init */
+    int    local_rank, local_size;
+    int    inited;               /* rt_init finished its MPI part */
+    int    finalized;            /* rt_finalize (or the wrong-size exit) ran */
+    int    aborting;             /* set once by the first rt_abort (atomic) */
+    double timeout;              /* watchdog seconds; 0 = off */
+} rt__state;
+
+extern rt__state rt__st;
+
+/* Called by rt_abort before MPI_Abort (CUDA: ncclCommAbort everything). May be NULL. */
+extern void (*rt__abort_hook)(void);
+
+/* Text for a failed status of a CUDA-side library: defined by each backend. */
+void rt__status_text(rt_err_kind kind, int status, char *buf, size_t len);
+
+/* Format "[rank r/w] " into buf (returns its length). */
+int  rt__prefix(char *buf, size_t len);
+/* Print "[rank r/w] <msg>" then abort; used by the watchdogs and other named failures. */
+void rt__die(const char *fmt, ...) RT_PRINTF(1, 2) RT_NORETURN;
+
+/* -- Groups -------------------------------------------------------------------------------- */
+
+struct rt_group {
+    MPI_Comm comm;               /* this group's communicator (MPI_ERRORS_RETURN) */
+    char     name[32];
+    int      rank, size;         /* this rank's position, member count */
+    int     *members;            /* global ranks by group rank */
+    int      is_world;
+    char     desc[128];          /* "group tp (ranks 0,1)" for messages */
+    void    *dev;                /* backend data (CUDA: NCCL communicator) */
+};
+
+/* -- MPI layer (rt_mpi.c): host buffers only ----------------------------------------------- */
+
+/* MPI_Init_thread(level), world check (exits on mismatch), local rank, atexit guard, env. */
+void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout, int level);
+void rt__mpi_finalize(void);
+extern rt_group *rt__world;      /* the world group (communicator: a dup of MPI_COMM_WORLD) */
+
+rt_group *rt__group_create(const rt_group_table *t);   /* NULL if this rank is in none */
+void      rt__group_destroy(rt_group *g);
+rt_group *rt__group_check(rt_group *g, const char *op); /* fails on NULL */
+
+void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);
+void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
+void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
+void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                     void *recv, const size_t *rcounts, const size_t *rdispls,
+                     rt_dtype t, rt_group *g);
+void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
+void rt__h_barrier(rt_group *g, const char *op);
+void rt__h_p2p(const rt_p2p_op *ops, int nops);
+
+/* -- Polling with back-off (rt_common.c) ---------------------------------------------------- */
+
+/* A wait loop calls rt__poll_pause between tests: the first polls spin, then the thread
+** yields, then sleeps with a delay growing with the time already waited (capped at 1 ms).
+** Returns the seconds waited so far. */
+typedef struct { double t0; long polls; } rt__poll;
+void   rt__poll_start(rt__poll *p);
+double rt__poll_pause(rt__poll *p);
+
+/* -- Threads and scratch (rt_common.c) ----------------------------------------------------- */
+
+void rt__pool_init(int nthreads);
+void rt__pool_shutdown(void);
+int  rt__default_threads(void);
+int  rt__in_parallel(void);      /* inside an rt_parallel_for body (nested: run inline) */
+
+/* Per-thread growable scratch, slot 0..3; contents undefined; valid until the next call
+** with the same slot on the same thread. */
+void *rt__scratch(int slot, size_t bytes);
+
+/* -- GEMM arguments (rt_common.c) -------------------------------------------------------- */
+
+/* Validate rt_gemm's arguments (aborts with the offending value). Returns 0 when there is
+** nothing to do (m, n or batch is 0), 1 when C only needs scaling by beta (k == 0 or
+** alpha == 0), 2 for a full GEMM. */
+enum { RT__GEMM_NONE, RT__GEMM_SCALE, RT__GEMM_FULL };
+int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
+                   const void *B, int ldb, const float *C, int ldc, int batch, rt_dtype ab);
+
+/* -- bf16 ---------------------------------------------------------------------------------- */
+
+static inline float rt__bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest, ties to even; NaN stays a (quiet) NaN; overflow rounds to infinity. */
+static inline uint16_t rt__f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+void rt__arena_release(void);  /* rt_finalize: free the arena */
+
+void rt__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+void rt__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

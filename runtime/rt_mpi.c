@@ -1,0 +1,569 @@
+/*
+** rt_mpi.c: the MPI layer shared by both backends: start-up and the world-size check, local
+** rank, groups from generated tables, and every collective and point-to-point transfer on
+** host buffers, each posted as a nonblocking MPI call and completed through the polling
+** watchdog loop. The CPU backend calls it directly; the CUDA backend calls it for bootstrap
+** and for its MPI transport (device buffers staged through pinned host memory).
+*/
+#define _GNU_SOURCE
+#include "rt_internal.h"   // defines: rt_group, rt__st, rt__poll, rt__scratch, rt__h_* ...
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+rt_group *rt__world;
+static MPI_Comm p2p_comm = MPI_COMM_NULL;
+
+/* Largest element count per MPI message (allreduce, broadcast and p2p are split into pieces
+** of at most this many elements; MPI counts are int). bf16 reductions go through an f32
+** scratch buffer in pieces of BF16_CHUNK elements. */
+#define CHUNK ((size_t)1 << 30)
+#define BF16_CHUNK ((size_t)1 << 24)
+
+/* -- Errors and waiting -------------------------------------------------------------------- */
+
+static void mpi_fail(const char *file, int line, int rc, const char *call, const char *op,
+                     const rt_group *g)
+{
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "error %d", rc);
+    rt_fail(file, line, "MPI error: %s (%s, %s on %s)", text, call, op,
+            g ? g->desc : "group world");
+}
+
+/* Check an MPI call made for 'op' on group 'g' (a name for messages). */
+#define CHECK_MPI(x, op, g) \
+    do { int rc_ = (x); if (rc_ != MPI_SUCCESS) mpi_fail(__FILE__, __LINE__, rc_, #x, op, g); } while (0)
+
+/* Poll n requests to completion. Returns 0 when all completed, 1 when the watchdog deadline
+** passed first (the requests are then left as they are). */
+static int wait_reqs(MPI_Request *r, int n, const char *op, const rt_group *g)
+{
+    rt__poll p;
+    rt__poll_start(&p);
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS)
+            mpi_fail(__FILE__, __LINE__, rc, "MPI_Testall", op, g);
+        if (done)
+            return 0;
+        double waited = rt__poll_pause(&p);
+        if (rt__st.timeout > 0 && waited > rt__st.timeout)
+            return 1;
+    }
+}
+
+static void wait_coll(MPI_Request *r, int n, const char *op, const rt_group *g)
+{
+    if (wait_reqs(r, n, op, g))
+        rt__die("watchdog: %s on %s did not complete within %g s", op, g->desc,
+                rt__st.timeout);
+}
+
+static MPI_Datatype mpi_type(rt_dtype t)
+{
+    switch (t) {
+    case RT_F32:  return MPI_FLOAT;
+    case RT_BF16: return MPI_UINT16_T;     /* moved as bits; reductions go through f32 */
+    case RT_I32:  return MPI_INT32_T;
+    case RT_I64:  return MPI_INT64_T;
+    default:      break;
+    }
+    rt__die("invalid dtype %d", (int)t);
+}
+
+static int int_count(size_t n, const char *what, const char *op, const rt_group *g)
+{
+    if (n > INT_MAX)
+        rt__die("%s on %s: %s %zu exceeds MPI's int range; split the call", op, g->desc,
+                what, n);
+    return (int)n;
+}
+
+static int overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+    const char *pa = (const char *)a, *pb = (const char *)b;
+    return na && nb && pa < pb + nb && pb < pa + na;
+}
+
+/* -- Start-up ------------------------------------------------------------------------------ */
+
+static void exit_guard(void)
+{
+    if (rt__st.inited && !rt__st.finalized && !__atomic_load_n(&rt__st.aborting, __ATOMIC_SEQ_CST))
+        rt__die("exited without rt_finalize (exit() or return from main before rt_finalize); "
+                "aborting the job");
+}
+
+static void make_desc(rt_group *g)
+{
+    int len = snprintf(g->desc, sizeof g->desc, "group %s (ranks ", g->name);
+    for (int i = 0; i < g->size && len < (int)sizeof g->desc - 24; i++) {
+        if (g->size > 12 && i == 8) {
+            len += snprintf(g->desc + len, sizeof g->desc - (size_t)len, "...,%d; %d ranks",
+                            g->members[g->size - 1], g->size);
+            break;
+        }
+        len += snprintf(g->desc + len, sizeof g->desc - (size_t)len, "%s%d", i ? "," : "",
+                        g->members[i]);
+    }
+    if (len < (int)sizeof g->desc - 1)
+        snprintf(g->desc + len, sizeof g->desc - (size_t)len, ")");
+}
+
+static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, int size)
+{
+    rt_group *g = calloc(1, sizeof *g);
+    RT_CHECK(g, "out of memory");
+    g->comm = comm;
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->size = size;
+    g->members = malloc((size_t)size * sizeof *g->members);
+    RT_CHECK(g->members, "out of memory");
+    memcpy(g->members, members, (size_t)size * sizeof *g->members);
+    CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "group setup", g);
+    CHECK_MPI(MPI_Comm_rank(comm, &g->rank), "group setup", g);
+    make_desc(g);
+    return g;
+}
+
+/*
+** Start MPI (thread level 'level'), learn rank/world/local rank, read RT_TIMEOUT, and check
+** the world size against 'expected_world' (mismatch: rank 0 prints the one message, every
+** rank finalizes and exits 1). Creates the world group and the p2p communicator, and arms
+** the guard that aborts the job when a rank exits without rt_finalize.
+*/
+void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout, int level)
+{
+    RT_CHECK(!rt__st.inited, "rt_init called twice");
+    int up = 0, provided = 0;
+    MPI_Initialized(&up);
+    if (!up && MPI_Init_thread(argc, argv, level, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "[rank ?/?] MPI_Init_thread failed\n");
+        exit(1);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rt__st.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &rt__st.world);
+
+    const char *e = getenv("RT_TIMEOUT");
+    if (e && *e) {
+        char *end;
+        double v = strtod(e, &end);
+        if (*end || v < 0)
+            rt__die("RT_TIMEOUT='%s': expected seconds (a number >= 0; 0 = no watchdog)", e);
+        rt__st.timeout = v;
+    }
+
+    if (expected_world > 0 && rt__st.world != expected_world) {
+        if (rt__st.rank == 0) {
+            if (layout && *layout)
+                rt_log("built for %d ranks (%s), launched with %d", expected_world, layout,
+                       rt__st.world);
+            else
+                rt_log("built for %d ranks, launched with %d", expected_world, rt__st.world);
+        }
+        rt__st.finalized = 1;
+        MPI_Finalize();
+        exit(1);
+    }
+
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (lr && ls && atoi(ls) > 0) {
+        rt__st.local_rank = atoi(lr);
+        rt__st.local_size = atoi(ls);
+    } else {
+        MPI_Comm node;
+        RT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rt__st.rank,
+                                   MPI_INFO_NULL, &node));
+        MPI_Comm_rank(node, &rt__st.local_rank);
+        MPI_Comm_size(node, &rt__st.local_size);
+        MPI_Comm_free(&node);
+    }
+
+    MPI_Comm wc;
+    RT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &wc));
+    int *all = malloc((size_t)rt__st.world * sizeof *all);
+    RT_CHECK(all, "out of memory");
+    for (int i = 0; i < rt__st.world; i++)
+        all[i] = i;
+    rt__world = group_new(wc, "world", all, rt__st.world);
+    rt__world->is_world = 1;
+    free(all);
+    RT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm));
+    RT_MPI(MPI_Comm_set_errhandler(p2p_comm, MPI_ERRORS_RETURN));
+
+    rt__st.inited = 1;
+    atexit(exit_guard);
+}
+
+/*
+** Meet every rank (watchdog-guarded barrier named "finalize"), free the world group and
+** p2p communicator, end MPI.
+*/
+void rt__mpi_finalize(void)
+{
+    if (!rt__st.inited || rt__st.finalized)
+        return;
+    rt__h_barrier(rt__world, "finalize");
+    MPI_Comm_free(&p2p_comm);
+    MPI_Comm_free(&rt__world->comm);
+    free(rt__world->members);
+    free(rt__world);
+    rt__world = NULL;
+    rt__st.finalized = 1;
+    MPI_Finalize();
+}
+
+int rt_rank(void)       { return rt__st.rank; }
+int rt_world(void)      { return rt__st.world; }
+int rt_local_rank(void) { return rt__st.local_rank; }
+
+/* -- Groups -------------------------------------------------------------------------------- */
+
+/* Accessors (a NULL group aborts); the world group exists from rt_init to rt_finalize. */
+rt_group *rt_group_world(void)
+{
+    return rt__world;
+}
+
+int rt_group_rank(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_rank")->rank;
+}
+
+int rt_group_size(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_size")->size;
+}
+
+const char *rt_group_name(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_name")->name;
+}
+
+const int *rt_group_members(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_members")->members;
+}
+
+static uint64_t table_hash(const rt_group_table *t)
+{
+    uint64_t h = rt_fnv1a64(t->name);
+    int head[2] = { t->ngroups, t->size };
+    const unsigned char *p = (const unsigned char *)head;
+    for (size_t i = 0; i < sizeof head; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    p = (const unsigned char *)t->ranks;
+    for (size_t i = 0; i < (size_t)t->ngroups * (size_t)t->size * sizeof(int); i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/*
+** Build this rank's communicator for table 't' (collective over the world; see rt.h).
+** Validates the table, checks with a guarded allreduce that every rank passed the same one,
+** then MPI_Comm_split (MPI_UNDEFINED for ranks in no group) and checks the resulting size.
+*/
+rt_group *rt__group_create(const rt_group_table *t)
+{
+    RT_CHECK(rt__st.inited, "rt_group_from_table before rt_init");
+    RT_CHECK(t && t->name, "rt_group_from_table: NULL table or table without a name");
+    const char *nm = t->name;
+    if (t->ngroups < 0 || t->size < 1 || (t->ngroups > 0 && !t->ranks))
+        rt__die("group table '%s': bad shape (ngroups %d, size %d, ranks %s)", nm, t->ngroups,
+                t->size, t->ranks ? "set" : "NULL");
+    if ((long)t->ngroups * t->size > rt__st.world)
+        rt__die("group table '%s': %d groups of %d ranks exceed the world of %d", nm,
+                t->ngroups, t->size, rt__st.world);
+    int row = -1, col = -1;
+    char *seen = calloc((size_t)rt__st.world, 1);
+    RT_CHECK(seen, "out of memory");
+    for (int i = 0; i < t->ngroups * t->size; i++) {
+        int r = t->ranks[i];
+        if (r < 0 || r >= rt__st.world)
+            rt__die("group table '%s': rank %d (group %d) out of range for world %d", nm, r,
+                    i / t->size, rt__st.world);
+        if (seen[r])
+            rt__die("group table '%s': rank %d listed twice", nm, r);
+        seen[r] = 1;
+        if (r == rt__st.rank) {
+            row = i / t->size;
+            col = i % t->size;
+        }
+    }
+    free(seen);
+
+    uint64_t h = table_hash(t), v[2] = { h, ~h };
+    MPI_Request req;
+    CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, rt__world->comm, &req),
+              "group creation", rt__world);
+    wait_coll(&req, 1, "group creation", rt__world);
+    if (v[0] != h || ~v[1] != h)
+        rt__die("group table '%s' differs between ranks (every rank must pass the same table)",
+                nm);
+
+    MPI_Comm comm;
+    CHECK_MPI(MPI_Comm_split(rt__world->comm, row >= 0 ? row : MPI_UNDEFINED, col, &comm),
+              "group creation", rt__world);
+    if (row < 0)
+        return NULL;
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    if (size != t->size)
+        rt__die("group table '%s': communicator of group %d has %d ranks, table says %d", nm,
+                row, size, t->size);
+    rt_group *g = group_new(comm, nm, t->ranks + (size_t)row * (size_t)t->size, t->size);
+    RT_CHECK(g->rank == col, "group '%s': MPI placed rank %d at %d, table at %d", nm,
+             rt__st.rank, g->rank, col);
+    return g;
+}
+
+void rt__group_destroy(rt_group *g)
+{
+    if (!g || g->is_world)
+        return;
+    MPI_Comm_free(&g->comm);
+    free(g->members);
+    free(g);
+}
+
+rt_group *rt__group_check(rt_group *g, const char *op)
+{
+    if (!g)
+        rt__die("%s on a NULL group (this rank is in no group of that kind; "
+                "use rt_group_world() for all ranks)", op);
+    return g;
+}
+
+/* -- Collectives on host buffers ----------------------------------------------------------- */
+
+/*
+** In-place allreduce of n elements (sum or max). bf16 is reduced in f32 (see rt.h).
+*/
+void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+{
+    rt__group_check(g, "allreduce");
+    const char *opn = "allreduce";
+    MPI_Op mop = op == RT_MAX ? MPI_MAX : MPI_SUM;
+    RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
+    size_t es = rt_dtype_size(t);
+    if (n == 0 || g->size == 1)
+        return;
+    MPI_Request req;
+    if (t == RT_BF16) {
+        uint16_t *h = (uint16_t *)buf;
+        for (size_t off = 0; off < n; off += BF16_CHUNK) {
+            size_t c = n - off < BF16_CHUNK ? n - off : BF16_CHUNK;
+            float *f = rt__scratch(0, c * sizeof(float));
+            rt__bf16_to_f32_n(f, h + off, c);
+            CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, f, (int)c, MPI_FLOAT, mop, g->comm, &req),
+                      opn, g);
+            wait_coll(&req, 1, opn, g);
+            rt__f32_to_bf16_n(h + off, f, c);
+        }
+        return;
+    }
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t c = n - off < CHUNK ? n - off : CHUNK;
+        CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)c, mpi_type(t), mop,
+                                 g->comm, &req), opn, g);
+        wait_coll(&req, 1, opn, g);
+    }
+}
+
+/*
+** recv[size*n] <- every member's send[n], by group rank. send may be recv + rank*n (in place).
+*/
+void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "allgather");
+    size_t es = rt_dtype_size(t), bytes = n * es;
+    if (n == 0)
+        return;
+    char *mine = (char *)recv + (size_t)g->rank * bytes;
+    if (g->size == 1) {
+        if (send != recv)
+            memmove(recv, send, bytes);
+        return;
+    }
+    int c = int_count(n, "count", "allgather", g);
+    const void *src = send;
+    if (send == mine) {
+        src = MPI_IN_PLACE;
+    } else if (overlaps(send, bytes, recv, bytes * (size_t)g->size)) {
+        void *tmp = rt__scratch(0, bytes);
+        memcpy(tmp, send, bytes);
+        src = tmp;
+    }
+    MPI_Request req;
+    CHECK_MPI(MPI_Iallgather(src, c, mpi_type(t), recv, c, mpi_type(t), g->comm, &req),
+              "allgather", g);
+    wait_coll(&req, 1, "allgather", g);
+}
+
+/*
+** recv[n] <- sum over members of their send block rank(g) (send holds size*n elements).
+** recv may alias send (e.g. send + rank*n); bf16 is reduced in f32.
+*/
+void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "reduce-scatter");
+    const char *opn = "reduce-scatter";
+    size_t es = rt_dtype_size(t), all = n * (size_t)g->size;
+    if (n == 0)
+        return;
+    if (g->size == 1) {
+        if (send != recv)
+            memmove(recv, send, n * es);
+        return;
+    }
+    int c = int_count(n, "count", opn, g);
+    MPI_Request req;
+    if (t == RT_BF16) {
+        float *fs = rt__scratch(0, all * sizeof(float));
+        float *fr = rt__scratch(1, n * sizeof(float));
+        rt__bf16_to_f32_n(fs, (const uint16_t *)send, all);
+        CHECK_MPI(MPI_Ireduce_scatter_block(fs, fr, c, MPI_FLOAT, MPI_SUM, g->comm, &req),
+                  opn, g);
+        wait_coll(&req, 1, opn, g);
+        rt__f32_to_bf16_n((uint16_t *)recv, fr, n);
+        return;
+    }
+    const void *src = send;
+    if (overlaps(send, all * es, recv, n * es)) {
+        void *tmp = rt__scratch(0, all * es);
+        memcpy(tmp, send, all * es);
+        src = tmp;
+    }
+    CHECK_MPI(MPI_Ireduce_scatter_block(src, recv, c, mpi_type(t), MPI_SUM, g->comm, &req),
+              opn, g);
+    wait_coll(&req, 1, opn, g);
+}
+
+/*
+** All-to-all with per-peer counts and displacements (elements, by group rank).
+*/
+void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                     void *recv, const size_t *rcounts, const size_t *rdispls,
+                     rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "alltoallv");
+    const char *opn = "alltoallv";
+    size_t es = rt_dtype_size(t);
+    RT_CHECK(scounts && sdispls && rcounts && rdispls, "alltoallv: NULL count array");
+    int p = g->size;
+    if (p == 1) {
+        RT_CHECK(scounts[0] == rcounts[0], "alltoallv on %s: sends %zu to itself, expects %zu",
+                 g->desc, scounts[0], rcounts[0]);
+        if (scounts[0])
+            memmove((char *)recv + rdispls[0] * es, (const char *)send + sdispls[0] * es,
+                    scounts[0] * es);
+        return;
+    }
+    int *ic = rt__scratch(2, 4 * (size_t)p * sizeof(int));
+    for (int i = 0; i < p; i++) {
+        ic[i] = int_count(scounts[i], "send count", opn, g);
+        ic[p + i] = int_count(sdispls[i], "send displacement", opn, g);
+        ic[2 * p + i] = int_count(rcounts[i], "receive count", opn, g);
+        ic[3 * p + i] = int_count(rdispls[i], "receive displacement", opn, g);
+    }
+    MPI_Request req;
+    CHECK_MPI(MPI_Ialltoallv(send, ic, ic + p, mpi_type(t), recv, ic + 2 * p, ic + 3 * p,
+                             mpi_type(t), g->comm, &req), opn, g);
+    wait_coll(&req, 1, opn, g);
+}
+
+void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
+{
+    rt__group_check(g, "broadcast");
+    RT_CHECK(root >= 0 && root < g->size, "broadcast on %s: root %d is not a group rank",
+             g->desc, root);
+    size_t es = rt_dtype_size(t);
+    if (n == 0 || g->size == 1)
+        return;
+    MPI_Request req;
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t c = n - off < CHUNK ? n - off : CHUNK;
+        CHECK_MPI(MPI_Ibcast((char *)buf + off * es, (int)c, mpi_type(t), root, g->comm, &req),
+                  "broadcast", g);
+        wait_coll(&req, 1, "broadcast", g);
+    }
+}
+
+void rt__h_barrier(rt_group *g, const char *op)
+{
+    MPI_Request req;
+    CHECK_MPI(MPI_Ibarrier(g->comm, &req), op, g);
+    wait_coll(&req, 1, op, g);
+}
+
+/* -- Point-to-point ------------------------------------------------------------------------ */
+
+/*
+** Post every receive, then every send (in op order, each split into CHUNK pieces; n = 0 is
+** one empty message), and complete them together under the watchdog. On expiry the message
+** lists the operations still pending.
+*/
+void rt__h_p2p(const rt_p2p_op *ops, int nops)
+{
+    if (nops <= 0)
+        return;
+    RT_CHECK(ops, "rt_p2p: NULL ops");
+    size_t nreq = 0;
+    for (int i = 0; i < nops; i++) {
+        if (ops[i].peer < 0 || ops[i].peer >= rt__st.world)
+            rt__die("p2p: op %d has peer %d, not a rank of the world of %d", i, ops[i].peer,
+                    rt__st.world);
+        RT_CHECK(ops[i].buf || ops[i].n == 0, "p2p: op %d has a NULL buffer", i);
+        rt_dtype_size(ops[i].t);
+        nreq += ops[i].n == 0 ? 1 : (ops[i].n + CHUNK - 1) / CHUNK;
+    }
+    RT_CHECK(nreq <= INT_MAX, "p2p: too many operations");
+    char *mem = rt__scratch(3, nreq * (sizeof(MPI_Request) + sizeof(int)));
+    MPI_Request *req = (MPI_Request *)mem;
+    int *owner = (int *)(mem + nreq * sizeof(MPI_Request));
+    int k = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < nops; i++) {
+            const rt_p2p_op *o = &ops[i];
+            if (o->send != pass)
+                continue;
+            size_t es = rt_dtype_size(o->t), off = 0;
+            do {
+                size_t c = o->n - off < CHUNK ? o->n - off : CHUNK;
+                char *b = (char *)o->buf + off * es;
+                if (pass)
+                    CHECK_MPI(MPI_Isend(b, (int)c, mpi_type(o->t), o->peer, 0, p2p_comm,
+                                        &req[k]), "p2p send", rt__world);
+                else
+                    CHECK_MPI(MPI_Irecv(b, (int)c, mpi_type(o->t), o->peer, 0, p2p_comm,
+                                        &req[k]), "p2p receive", rt__world);
+                owner[k++] = i;
+                off += c;
+            } while (off < o->n);
+        }
+    }
+    if (!wait_reqs(req, k, "p2p", rt__world))
+        return;
+    char msg[1024];
+    int len = 0, last = -1;
+    for (int j = 0; j < k && len < (int)sizeof msg - 64; j++) {
+        int flag = 0;
+        if (req[j] != MPI_REQUEST_NULL)
+            MPI_Test(&req[j], &flag, MPI_STATUS_IGNORE);
+        if (flag || owner[j] == last)
+            continue;
+        const rt_p2p_op *o = &ops[owner[j]];
+        len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s %zu %s %s rank %d",
+                        len ? ", " : "", o->send ? "send" : "recv", o->n, rt_dtype_name(o->t),
+                        o->send ? "to" : "from", o->peer);
+        last = owner[j];
+    }
+    rt__die("watchdog: p2p (%s) did not complete within %g s", msg, rt__st.timeout);
+}

@@ -1,0 +1,107 @@
+# runtime/runtime.mk: rules for the runtime libraries build/librt_cpu.a (always) and
+# build/librt_cuda.a (when nvcc, cuBLAS and NCCL are found), the link flags generated programs
+# use, and the runtime's test programs (run by tests/runtime/suite.sh). Included by the top
+# Makefile; adds rules and appends to ALL_TARGETS / CLEAN_FILES only.
+#
+# Generated programs (compiled with $(MPICC) $(RT_CFLAGS), linked from the repository root):
+#   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)
+#   CUDA: $(MPICC) prog.o kernels.o $(RT_CUDA_LIBS)      (kernels.o from $(NVCC))
+
+RT_BUILD     := build/runtime
+RT_CFLAGS    := -Iruntime
+RT_CPU_LIBS  := -Lbuild -lrt_cpu $(BLAS_LIBS) -lpthread -lm
+RT_CUDA_LIBS := -Lbuild -lrt_cuda -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+                -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lpthread -lm -ldl -lrt
+
+# nvcc compiles rt_cuda.cu (C++17) against MPI's headers; GPU code for A100 and H100 plus
+# PTX for later parts.
+RT_CUDA_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+                  -gencode arch=compute_90,code=compute_90
+RT_MPI_CFLAGS  := $(shell $(MPICC) --showme:compile 2>/dev/null)
+RT_NVCC_FLAGS  := -std=c++17 $(OPT) -g $(RT_CUDA_ARCH) -Werror all-warnings \
+                  -Xcompiler -Wall,-Wextra,-Wshadow,-Werror $(RT_MPI_CFLAGS) -Iruntime
+
+RT_COMMON_OBJS := $(RT_BUILD)/rt_common.o $(RT_BUILD)/rt_mpi.o
+RT_CPU_OBJS    := $(RT_COMMON_OBJS) $(RT_BUILD)/rt_cpu.o
+RT_CUDA_OBJS   := $(RT_COMMON_OBJS) $(RT_BUILD)/rt_cuda.o
+
+$(RT_BUILD)/%.o: runtime/%.c | $(RT_BUILD)
+	$(E) "MPICC     $@"
+	$(Q)$(MPICC) $(CFLAGS_C) $(BLAS_CFLAGS) -c -o $@ $<
+
+$(RT_BUILD)/rt_cuda.o: runtime/rt_cuda.cu | $(RT_BUILD)
+	$(E) "NVCC      $@"
+	$(Q)$(NVCC) $(RT_NVCC_FLAGS) -MMD -MP -c -o $@ $<
+
+build/librt_cpu.a: $(RT_CPU_OBJS)
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(RT_BUILD):
+	$(Q)mkdir -p $@
+
+ALL_TARGETS += build/librt_cpu.a
+
+ifeq ($(HAVE_CUDA),1)
+build/librt_cuda.a: $(RT_CUDA_OBJS)
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+ALL_TARGETS += build/librt_cuda.a
+else
+.PHONY: build/librt_cuda.a runtime-cuda-notice
+build/librt_cuda.a runtime-cuda-notice:
+	@echo "runtime: CUDA backend not built (needs nvcc, cuBLAS and NCCL under $(CUDA_HOME))"
+ALL_TARGETS += runtime-cuda-notice
+endif
+
+# -- Test programs (tests/runtime/suite.sh runs `make -s runtime-tests`) ------------------------
+# Each test source builds twice where it makes sense: *_cpu against librt_cpu.a and, with CUDA,
+# *_cuda against librt_cuda.a (same source: tests move data with rt_memcpy, as programs do).
+
+RT_TEST_DIR   := $(RT_BUILD)/test
+RT_TESTS      := coll gemm rng fault groups
+RT_TEST_CPU   := $(patsubst %,$(RT_TEST_DIR)/t_%_cpu,$(RT_TESTS))
+RT_TEST_CUDA  := $(patsubst %,$(RT_TEST_DIR)/t_%_cuda,$(RT_TESTS))
+
+$(RT_TEST_DIR)/%.o: tests/runtime/%.c | $(RT_TEST_DIR)
+	$(E) "MPICC     $@"
+	$(Q)$(MPICC) $(CFLAGS_C) $(RT_CFLAGS) -c -o $@ $<
+
+$(RT_TEST_DIR)/t_%_cpu: $(RT_TEST_DIR)/t_%.o build/librt_cpu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $< $(RT_CPU_LIBS)
+
+# t_groups links the group tables of one configuration (hand-written: tests/runtime/tables.c).
+$(RT_TEST_DIR)/t_groups_cpu: $(RT_TEST_DIR)/t_groups.o $(RT_TEST_DIR)/tables.o build/librt_cpu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(RT_TEST_DIR)/t_groups.o $(RT_TEST_DIR)/tables.o $(RT_CPU_LIBS)
+
+$(RT_TEST_DIR)/t_groups_cuda: $(RT_TEST_DIR)/t_groups.o $(RT_TEST_DIR)/tables.o build/librt_cuda.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(RT_TEST_DIR)/t_groups.o $(RT_TEST_DIR)/tables.o $(RT_CUDA_LIBS)
+
+# Tables converted from the generator's topology.json (tests/runtime/topo2c.lua) by the suite:
+# build/test/runtime/<config>/tables.c -> build/test/runtime/<config>/t_groups.
+build/test/runtime/%/t_groups: build/test/runtime/%/tables.c $(RT_TEST_DIR)/t_groups.o \
+                               build/librt_cpu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) $(CFLAGS_C) $(RT_CFLAGS) -Itests/runtime -o $@ $< $(RT_TEST_DIR)/t_groups.o \
+	    $(RT_CPU_LIBS)
+
+$(RT_TEST_DIR)/t_%_cuda: $(RT_TEST_DIR)/t_%.o build/librt_cuda.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $< $(RT_CUDA_LIBS)
+
+$(RT_TEST_DIR):
+	$(Q)mkdir -p $@
+
+.PHONY: runtime-tests runtime-tests-cuda
+runtime-tests: build/librt_cpu.a $(RT_TEST_CPU)
+ifeq ($(HAVE_CUDA),1)
+runtime-tests-cuda: build/librt_cuda.a $(RT_TEST_CUDA)
+else
+runtime-tests-cuda:
+	@echo "runtime: CUDA backend not built (needs nvcc, cuBLAS and NCCL under $(CUDA_HOME))"; exit 1
+endif
+
+-include $(wildcard $(RT_BUILD)/*.d $(RT_TEST_DIR)/*.d)

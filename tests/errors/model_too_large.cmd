@@ -1,0 +1,1 @@
+tests/errors/model_too_large.lua

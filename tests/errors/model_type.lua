@@ -1,0 +1,8 @@
+-- a size given as a string
+return gpt {
+    layers = 4,
+    hidden = "64",
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+}

@@ -1,0 +1,1 @@
+nosuch_model --tp 2

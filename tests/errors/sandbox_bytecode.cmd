@@ -1,0 +1,1 @@
+build/test/errors/sandbox_bytecode.lua

@@ -1,0 +1,3 @@
+-- tries to run another file
+dofile("models/tiny.lua")
+return gpt { layers = 4, hidden = 64, heads = 4, seq_len = 64, vocab = 256 }

@@ -1,0 +1,1 @@
+tests/errors/sandbox_plain_table.lua

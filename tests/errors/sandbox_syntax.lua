@@ -1,0 +1,5 @@
+-- a syntax error
+return gpt {
+    layers = 4
+    hidden = 64,
+}

@@ -1,0 +1,1 @@
+tests/errors/sandbox_undefined.lua

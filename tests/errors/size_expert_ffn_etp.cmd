@@ -1,0 +1,1 @@
+tiny_moe --etp 3 --dp 3

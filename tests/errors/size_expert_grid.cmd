@@ -1,0 +1,1 @@
+tiny_moe --tp 2 --pp 2 --dp 4 --ep 3

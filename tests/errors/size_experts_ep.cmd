@@ -1,0 +1,1 @@
+tiny_moe --ep 3 --dp 3

@@ -1,0 +1,1 @@
+tests/errors/size_ffn_tp.lua --tp 4

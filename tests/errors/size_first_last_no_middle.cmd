@@ -1,0 +1,1 @@
+tiny --pp 2 --first-layers 1 --last-layers 1

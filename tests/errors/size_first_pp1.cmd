@@ -1,0 +1,1 @@
+tiny --first-layers 2

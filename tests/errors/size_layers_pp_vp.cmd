@@ -1,0 +1,1 @@
+tiny --pp 2 --vp 4 --nmb 2

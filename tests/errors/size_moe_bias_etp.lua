@@ -1,0 +1,9 @@
+-- expert biases (the default) with expert tensor parallelism
+return gpt {
+    layers = 4,
+    hidden = 64,
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+    moe = moe { experts = 8, top_k = 2 },
+}

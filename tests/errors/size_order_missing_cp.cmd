@@ -1,0 +1,1 @@
+tiny --cp 2 --order tp-dp-pp

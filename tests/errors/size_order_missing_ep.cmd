@@ -1,0 +1,1 @@
+tiny_moe --ep 2 --dp 2 --order tp-cp-dp-pp

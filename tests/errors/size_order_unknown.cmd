@@ -1,0 +1,1 @@
+tiny --order tp-xp-dp-pp

@@ -1,0 +1,1 @@
+tiny --rank 0

@@ -1,0 +1,1 @@
+tiny --tp 4 --sp --seq 62

@@ -1,0 +1,1 @@
+tiny_moe --tp 2 --ep 2 --etp 1 --check

@@ -1,0 +1,934 @@
+/*
+** gpt2_ref.c: GPT-2 forward, backward, AdamW and LR schedule in double precision -- the oracle.
+** It computes what Hugging Face's GPT2LMHeadModel computes (no dropout), works directly in the
+** checkpoint layout (Conv1D weights are (in, out)), and favours plain loops over speed.
+** It does no I/O (see ref_io.c) and has no notion of ranks. Contracts of the types: gpt2_ref.h.
+*/
+#include "gpt2_ref.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REF_PI 3.14159265358979323846
+
+/* -- Support ---------------------------------------------------------------------------------- */
+
+/*
+** malloc that never returns NULL: the reference is a one-shot tool and dies with
+** "gpt2_ref: out of memory" (exit 1) when memory runs out.
+*/
+void *ref_xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (p == NULL) {
+        fprintf(stderr, "gpt2_ref: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/*
+** calloc that never returns NULL (see ref_xmalloc).
+*/
+void *ref_xcalloc(size_t count, size_t size)
+{
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (p == NULL) {
+        fprintf(stderr, "gpt2_ref: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static double *dalloc(size_t n)
+{
+    return ref_xcalloc(n, sizeof(double));
+}
+
+/* -- Parameter table -------------------------------------------------------------------------- */
+
+static void add_tensor(ref_model *m, size_t *offset, const char *name, int ndim, long d0,
+                       long d1, int decay, ref_init_kind init)
+{
+    ref_tensor *t = &m->tensors[m->ntensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim == 2 ? d1 : 1;
+    t->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    t->offset = *offset;
+    t->decay = decay;
+    t->init = init;
+    *offset += t->numel;
+}
+
+/* Pointer to the tensor named printf(fmt, layer) inside the flat array 'base'. */
+static double *view(const ref_model *m, double *base, const char *fmt, int layer)
+{
+    char name[REF_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer);
+    const ref_tensor *t = ref_model_find(m, name);
+    if (t == NULL) {
+        fprintf(stderr, "gpt2_ref: internal error: no tensor '%s'\n", name);
+        abort();
+    }
+    return base + t->offset;
+}
+
+static void bind_weights(ref_weights *w, const ref_model *m, double *base)
+{
+    w->wte = view(m, base, "wte.weight", 0);
+    w->wpe = view(m, base, "wpe.weight", 0);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        ref_layer *h = &w->h[l];
+        h->ln_1_w = view(m, base, "h.%d.ln_1.weight", l);
+        h->ln_1_b = view(m, base, "h.%d.ln_1.bias", l);
+        h->c_attn_w = view(m, base, "h.%d.attn.c_attn.weight", l);
+        h->c_attn_b = view(m, base, "h.%d.attn.c_attn.bias", l);
+        h->attn_proj_w = view(m, base, "h.%d.attn.c_proj.weight", l);
+        h->attn_proj_b = view(m, base, "h.%d.attn.c_proj.bias", l);
+        h->ln_2_w = view(m, base, "h.%d.ln_2.weight", l);
+        h->ln_2_b = view(m, base, "h.%d.ln_2.bias", l);
+        h->mlp.c_fc_w = view(m, base, "h.%d.mlp.c_fc.weight", l);
+        h->mlp.c_fc_b = view(m, base, "h.%d.mlp.c_fc.bias", l);
+        h->mlp.c_proj_w = view(m, base, "h.%d.mlp.c_proj.weight", l);
+        h->mlp.c_proj_b = view(m, base, "h.%d.mlp.c_proj.bias", l);
+    }
+    w->ln_f_w = view(m, base, "ln_f.weight", 0);
+    w->ln_f_b = view(m, base, "ln_f.bias", 0);
+}
+
+/*
+** Create a model for 'cfg' (which the caller has validated: every size >= 1, heads divides
+** hidden). Builds the tensor table in the canonical Hugging Face order -- wte, wpe, then per
+** layer ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj (weight before bias), then
+** ln_f -- and allocates params, grads and AdamW moments, all zero. Free with ref_model_free.
+** Weight decay applies to the 2-D tensors (embeddings and Conv1D weights) only.
+*/
+ref_model *ref_model_new(const ref_config *cfg)
+{
+    ref_model *m = ref_xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    long C = cfg->hidden, V = cfg->vocab, T = cfg->seq, F = cfg->ffn;
+    m->tensors = ref_xcalloc((size_t)(4 + 12 * cfg->layers), sizeof *m->tensors);
+    size_t off = 0;
+    char name[REF_NAME_MAX];
+
+    add_tensor(m, &off, "wte.weight", 2, V, C, 1, REF_INIT_NORMAL);
+    add_tensor(m, &off, "wpe.weight", 2, T, C, 1, REF_INIT_NORMAL);
+    for (int l = 0; l < cfg->layers; l++) {
+#define LAYER_TENSOR(suffix, ndim, d0, d1, decay, init)                         \
+        snprintf(name, sizeof name, "h.%d.%s", l, suffix);                      \
+        add_tensor(m, &off, name, ndim, d0, d1, decay, init);
+        LAYER_TENSOR("ln_1.weight", 1, C, 0, 0, REF_INIT_ONE)
+        LAYER_TENSOR("ln_1.bias", 1, C, 0, 0, REF_INIT_ZERO)
+        LAYER_TENSOR("attn.c_attn.weight", 2, C, 3 * C, 1, REF_INIT_NORMAL)
+        LAYER_TENSOR("attn.c_attn.bias", 1, 3 * C, 0, 0, REF_INIT_ZERO)
+        LAYER_TENSOR("attn.c_proj.weight", 2, C, C, 1, REF_INIT_OUT_PROJ)
+        LAYER_TENSOR("attn.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+        LAYER_TENSOR("ln_2.weight", 1, C, 0, 0, REF_INIT_ONE)
+        LAYER_TENSOR("ln_2.bias", 1, C, 0, 0, REF_INIT_ZERO)
+        LAYER_TENSOR("mlp.c_fc.weight", 2, C, F, 1, REF_INIT_NORMAL)
+        LAYER_TENSOR("mlp.c_fc.bias", 1, F, 0, 0, REF_INIT_ZERO)
+        LAYER_TENSOR("mlp.c_proj.weight", 2, F, C, 1, REF_INIT_OUT_PROJ)
+        LAYER_TENSOR("mlp.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+#undef LAYER_TENSOR
+    }
+    add_tensor(m, &off, "ln_f.weight", 1, C, 0, 0, REF_INIT_ONE);
+    add_tensor(m, &off, "ln_f.bias", 1, C, 0, 0, REF_INIT_ZERO);
+
+    m->nparams = off;
+    m->params = dalloc(off);
+    m->grads = dalloc(off);
+    m->m = dalloc(off);
+    m->v = dalloc(off);
+    m->w.h = ref_xcalloc((size_t)cfg->layers, sizeof(ref_layer));
+    m->g.h = ref_xcalloc((size_t)cfg->layers, sizeof(ref_layer));
+    bind_weights(&m->w, m, m->params);
+    bind_weights(&m->g, m, m->grads);
+    return m;
+}
+
+/*
+** Free a model from ref_model_new (NULL is allowed).
+*/
+void ref_model_free(ref_model *m)
+{
+    if (m == NULL)
+        return;
+    free(m->tensors);
+    free(m->params);
+    free(m->grads);
+    free(m->m);
+    free(m->v);
+    free(m->w.h);
+    free(m->g.h);
+    free(m);
+}
+
+/*
+** The tensor called 'name' (Hugging Face name, e.g. "h.0.mlp.c_fc.bias"), or NULL.
+*/
+const ref_tensor *ref_model_find(const ref_model *m, const char *name)
+{
+    for (int i = 0; i < m->ntensors; i++)
+        if (strcmp(m->tensors[i].name, name) == 0)
+            return &m->tensors[i];
+    return NULL;
+}
+
+/* -- Random initialisation -------------------------------------------------------------------- */
+/*
+** The reference's own generator (it need not match the runtime's Philox; only itself):
+**   mix(z)  = the splitmix64 output function: z += 0x9e3779b97f4a7c15;
+**             z = (z ^ z>>30) * 0xbf58476d1ce4e5b9; z = (z ^ z>>27) * 0x94d049bb133111eb;
+**             return z ^ z>>31                                  (all arithmetic mod 2^64)
+**   key     = mix(seed ^ mix(fnv1a64(tensor name)))
+**   u(j)    = ((mix(key + j) >> 11) + 0.5) * 2^-53                in (0, 1)
+**   normal  = sqrt(-2 ln u(2i)) * cos(2 pi u(2i+1))              for element i (Box-Muller)
+** so every element is a function of (seed, tensor name, element index) only. The value
+** std * normal is then rounded to float32, so that a model saved with --save-init (F32) and
+** loaded back with --init is exactly the model that --random-init trains.
+*/
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a64(const char *s)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static double uniform01(uint64_t key, uint64_t j)
+{
+    return ((double)(mix64(key + j) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/*
+** The standard normal number of element 'index' of the tensor 'name' under 'seed' (above).
+*/
+double ref_rng_normal(uint64_t seed, const char *name, uint64_t index)
+{
+    uint64_t key = mix64(seed ^ mix64(fnv1a64(name)));
+    double u1 = uniform01(key, 2 * index);
+    double u2 = uniform01(key, 2 * index + 1);
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * REF_PI * u2);
+}
+
+/*
+** Initialise every parameter as issue 4 says: weights N(0, 0.02), attn.c_proj and mlp.c_proj
+** weights N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 and bias 0 (values rounded to
+** float32, see above). Resets the optimizer state and the step counter.
+*/
+void ref_model_init_random(ref_model *m, uint64_t seed)
+{
+    double std_proj = 0.02 / sqrt(2.0 * m->cfg.layers);
+    for (int i = 0; i < m->ntensors; i++) {
+        const ref_tensor *t = &m->tensors[i];
+        double *p = m->params + t->offset;
+        for (size_t e = 0; e < t->numel; e++) {
+            switch (t->init) {
+            case REF_INIT_NORMAL:
+                p[e] = (float)(0.02 * ref_rng_normal(seed, t->name, e));
+                break;
+            case REF_INIT_OUT_PROJ:
+                p[e] = (float)(std_proj * ref_rng_normal(seed, t->name, e));
+                break;
+            case REF_INIT_ZERO:
+                p[e] = 0.0;
+                break;
+            case REF_INIT_ONE:
+                p[e] = 1.0;
+                break;
+            }
+        }
+    }
+    memset(m->m, 0, m->nparams * sizeof(double));
+    memset(m->v, 0, m->nparams * sizeof(double));
+    m->t = 0;
+}
+
+/* -- Single ops ------------------------------------------------------------------------------- */
+/* N = B*T rows; row n = b*T + t. Forward ops overwrite their outputs; backward ops add (+=). */
+
+/*
+** out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. tokens (B,T) must be in [0, V).
+*/
+void ref_embed_fwd(double *out, const int *tokens, const double *wte, const double *wpe,
+                   int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            double *o = out + ((size_t)b * T + t) * C;
+            const double *e = wte + (size_t)tokens[b * T + t] * C;
+            const double *p = wpe + (size_t)t * C;
+            for (int c = 0; c < C; c++)
+                o[c] = e[c] + p[c];
+        }
+}
+
+/*
+** dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+*/
+void ref_embed_bwd(double *dwte, double *dwpe, const double *dout, const int *tokens,
+                   int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const double *d = dout + ((size_t)b * T + t) * C;
+            double *de = dwte + (size_t)tokens[b * T + t] * C;
+            double *dp = dwpe + (size_t)t * C;
+            for (int c = 0; c < C; c++) {
+                de[c] += d[c];
+                dp[c] += d[c];
+            }
+        }
+}
+
+/*
+** LayerNorm over the last dimension of in (N,C): out = (in - mean) * rstd * w + b with the
+** biased variance, rstd = 1/sqrt(var + eps). Saves mean (N) and rstd (N) for the backward.
+*/
+void ref_layernorm_fwd(double *out, double *mean, double *rstd, const double *in,
+                       const double *w, const double *b, int N, int C, double eps)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = in + (size_t)n * C;
+        double *y = out + (size_t)n * C;
+        double mu = 0.0, var = 0.0;
+        for (int c = 0; c < C; c++)
+            mu += x[c];
+        mu /= C;
+        for (int c = 0; c < C; c++)
+            var += (x[c] - mu) * (x[c] - mu);
+        var /= C;
+        double rs = 1.0 / sqrt(var + eps);
+        for (int c = 0; c < C; c++)
+            y[c] = (x[c] - mu) * rs * w[c] + b[c];
+        mean[n] = mu;
+        rstd[n] = rs;
+    }
+}
+
+/*
+** Backward of ref_layernorm_fwd. With xhat = (x - mean) * rstd and g = dout * w:
+** din += rstd * (g - mean(g) - xhat * mean(g * xhat)), dw += dout * xhat, db += dout.
+*/
+void ref_layernorm_bwd(double *din, double *dw, double *db, const double *dout,
+                       const double *in, const double *w, const double *mean,
+                       const double *rstd, int N, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = in + (size_t)n * C;
+        const double *dy = dout + (size_t)n * C;
+        double *dx = din + (size_t)n * C;
+        double g_mean = 0.0, gx_mean = 0.0;
+        for (int c = 0; c < C; c++) {
+            double xhat = (x[c] - mean[n]) * rstd[n];
+            double g = dy[c] * w[c];
+            g_mean += g;
+            gx_mean += g * xhat;
+        }
+        g_mean /= C;
+        gx_mean /= C;
+        for (int c = 0; c < C; c++) {
+            double xhat = (x[c] - mean[n]) * rstd[n];
+            double g = dy[c] * w[c];
+            dx[c] += rstd[n] * (g - g_mean - xhat * gx_mean);
+            dw[c] += dy[c] * xhat;
+            db[c] += dy[c];
+        }
+    }
+}
+
+/*
+** Hugging Face Conv1D: out (N,OUT) = in (N,IN) . w (IN,OUT) + b (OUT); b may be NULL.
+** Loop order n-i-o keeps the inner loop on contiguous rows of w and out.
+*/
+void ref_linear_fwd(double *out, const double *in, const double *w, const double *b,
+                    int N, int IN, int OUT)
+{
+    for (int n = 0; n < N; n++) {
+        double *o = out + (size_t)n * OUT;
+        const double *x = in + (size_t)n * IN;
+        for (int j = 0; j < OUT; j++)
+            o[j] = b ? b[j] : 0.0;
+        for (int i = 0; i < IN; i++) {
+            double xi = x[i];
+            const double *wi = w + (size_t)i * OUT;
+            for (int j = 0; j < OUT; j++)
+                o[j] += xi * wi[j];
+        }
+    }
+}
+
+/*
+** Backward of ref_linear_fwd: din += dout . w^T, dw += in^T . dout, db += sum over rows of
+** dout (db may be NULL).
+*/
+void ref_linear_bwd(double *din, double *dw, double *db, const double *dout,
+                    const double *in, const double *w, int N, int IN, int OUT)
+{
+    for (int n = 0; n < N; n++) {
+        const double *dy = dout + (size_t)n * OUT;
+        const double *x = in + (size_t)n * IN;
+        double *dx = din + (size_t)n * IN;
+        for (int i = 0; i < IN; i++) {
+            const double *wi = w + (size_t)i * OUT;
+            double *dwi = dw + (size_t)i * OUT;
+            double xi = x[i], acc = 0.0;
+            for (int j = 0; j < OUT; j++) {
+                acc += dy[j] * wi[j];
+                dwi[j] += xi * dy[j];
+            }
+            dx[i] += acc;
+        }
+        if (db)
+            for (int j = 0; j < OUT; j++)
+                db[j] += dy[j];
+    }
+}
+
+/*
+** Causal multi-head self-attention. qkv (B,T,3C) holds q | k | v; head h uses channels
+** [h*D, (h+1)*D) of each, D = C/H. For query t and key s <= t:
+**   att[b,h,t,s] = softmax_s(q_t . k_s / sqrt(D)),  out[b,t,h*D:(h+1)*D] = sum_s att * v_s.
+** att (B,H,T,T) is saved for the backward, with zeros for s > t.
+*/
+void ref_attention_fwd(double *out, double *att, const double *qkv, int B, int T, int C,
+                       int H)
+{
+    int D = C / H;
+    double scale = 1.0 / sqrt((double)D);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * D;
+                double *p = att + (((size_t)b * H + h) * T + t) * T;
+                double mx = -INFINITY;
+                for (int s = 0; s <= t; s++) {
+                    const double *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+                    double dot = 0.0;
+                    for (int d = 0; d < D; d++)
+                        dot += q[d] * k[d];
+                    p[s] = dot * scale;
+                    if (p[s] > mx)
+                        mx = p[s];
+                }
+                double sum = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    p[s] = exp(p[s] - mx);
+                    sum += p[s];
+                }
+                for (int s = 0; s <= t; s++)
+                    p[s] /= sum;
+                for (int s = t + 1; s < T; s++)
+                    p[s] = 0.0;
+                double *y = out + ((size_t)b * T + t) * C + h * D;
+                for (int d = 0; d < D; d++)
+                    y[d] = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    const double *v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+                    for (int d = 0; d < D; d++)
+                        y[d] += p[s] * v[d];
+                }
+            }
+}
+
+/*
+** Backward of ref_attention_fwd: adds into dqkv (B,T,3C) given dout (B,T,C). Per query t:
+**   dv_s += p_s dy,  dp_s = dy . v_s,  dscore_s = p_s (dp_s - sum_r p_r dp_r),
+**   dq_t += scale sum_s dscore_s k_s,  dk_s += scale dscore_s q_t.
+*/
+void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, const double *att,
+                       int B, int T, int C, int H)
+{
+    int D = C / H;
+    double scale = 1.0 / sqrt((double)D);
+    double *dp = dalloc((size_t)T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                size_t row_t = ((size_t)b * T + t) * 3 * C;
+                const double *q = qkv + row_t + h * D;
+                double *dq = dqkv + row_t + h * D;
+                const double *dy = dout + ((size_t)b * T + t) * C + h * D;
+                const double *p = att + (((size_t)b * H + h) * T + t) * T;
+                double pdp = 0.0;
+                for (int s = 0; s <= t; s++) {
+                    size_t row_s = ((size_t)b * T + s) * 3 * C;
+                    const double *v = qkv + row_s + 2 * C + h * D;
+                    double *dv = dqkv + row_s + 2 * C + h * D;
+                    double dot = 0.0;
+                    for (int d = 0; d < D; d++) {
+                        dot += dy[d] * v[d];
+                        dv[d] += p[s] * dy[d];
+                    }
+                    dp[s] = dot;
+                    pdp += p[s] * dot;
+                }
+                for (int s = 0; s <= t; s++) {
+                    size_t row_s = ((size_t)b * T + s) * 3 * C;
+                    const double *k = qkv + row_s + C + h * D;
+                    double *dk = dqkv + row_s + C + h * D;
+                    double ds = p[s] * (dp[s] - pdp) * scale;
+                    for (int d = 0; d < D; d++) {
+                        dq[d] += ds * k[d];
+                        dk[d] += ds * q[d];
+                    }
+                }
+            }
+    free(dp);
+}
+
+/* GELU, tanh approximation (Hugging Face "gelu_new"):
+** gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+#define GELU_A 0.044715
+
+/*
+** out[i] = gelu(in[i]) for i < n.
+*/
+void ref_gelu_fwd(double *out, const double *in, size_t n)
+{
+    double s = sqrt(2.0 / REF_PI);
+    for (size_t i = 0; i < n; i++) {
+        double x = in[i];
+        out[i] = 0.5 * x * (1.0 + tanh(s * (x + GELU_A * x * x * x)));
+    }
+}
+
+/*
+** din[i] += dout[i] * gelu'(in[i]), with u = s (x + a x^3), gelu' =
+** 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 a x^2).
+*/
+void ref_gelu_bwd(double *din, const double *dout, const double *in, size_t n)
+{
+    double s = sqrt(2.0 / REF_PI);
+    for (size_t i = 0; i < n; i++) {
+        double x = in[i];
+        double th = tanh(s * (x + GELU_A * x * x * x));
+        double du = s * (1.0 + 3.0 * GELU_A * x * x);   /* d u / d x */
+        double grad = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+        din[i] += dout[i] * grad;
+    }
+}
+
+/*
+** Tied LM head: logits (N,V) = x (N,C) . wte^T, wte (V,C).
+*/
+void ref_head_fwd(double *logits, const double *x, const double *wte, int N, int V, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const double *xn = x + (size_t)n * C;
+        for (int v = 0; v < V; v++) {
+            const double *e = wte + (size_t)v * C;
+            double dot = 0.0;
+            for (int c = 0; c < C; c++)
+                dot += xn[c] * e[c];
+            logits[(size_t)n * V + v] = dot;
+        }
+    }
+}
+
+/*
+** Backward of ref_head_fwd: dx += dlogits . wte, dwte += dlogits^T . x.
+*/
+void ref_head_bwd(double *dx, double *dwte, const double *dlogits, const double *x,
+                  const double *wte, int N, int V, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const double *xn = x + (size_t)n * C;
+        double *dxn = dx + (size_t)n * C;
+        for (int v = 0; v < V; v++) {
+            double g = dlogits[(size_t)n * V + v];
+            const double *e = wte + (size_t)v * C;
+            double *de = dwte + (size_t)v * C;
+            for (int c = 0; c < C; c++) {
+                dxn[c] += g * e[c];
+                de[c] += g * xn[c];
+            }
+        }
+    }
+}
+
+/*
+** Softmax cross-entropy per row: losses[n] = logsumexp(logits[n,:]) - logits[n,targets[n]],
+** probs[n,:] = softmax(logits[n,:]). probs may be the same array as logits (in place).
+*/
+void ref_xent_fwd(double *probs, double *losses, const double *logits, const int *targets,
+                  int N, int V)
+{
+    for (int n = 0; n < N; n++) {
+        const double *z = logits + (size_t)n * V;
+        double *p = probs + (size_t)n * V;
+        double mx = -INFINITY, sum = 0.0;
+        for (int v = 0; v < V; v++)
+            if (z[v] > mx)
+                mx = z[v];
+        for (int v = 0; v < V; v++)
+            sum += exp(z[v] - mx);
+        double lse = mx + log(sum);
+        losses[n] = lse - z[targets[n]];
+        for (int v = 0; v < V; v++)
+            p[v] = exp(z[v] - lse);
+    }
+}
+
+/*
+** Backward of 'scale * sum of losses': dlogits[n,v] += scale * (probs[n,v] - [v == target]).
+*/
+void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int N, int V,
+                  double scale)
+{
+    for (int n = 0; n < N; n++)
+        for (int v = 0; v < V; v++) {
+            double onehot = v == targets[n] ? 1.0 : 0.0;
+            dlogits[(size_t)n * V + v] += scale * (probs[(size_t)n * V + v] - onehot);
+        }
+}
+
+/* -- Activations ------------------------------------------------------------------------------ */
+
+/*
+** Allocate the activations and backward scratch for forward passes over B sequences.
+** Free with ref_acts_free and the same cfg.
+*/
+ref_acts *ref_acts_new(const ref_config *cfg, int B)
+{
+    size_t N = (size_t)B * cfg->seq, C = cfg->hidden, F = cfg->ffn, V = cfg->vocab;
+    size_t H = cfg->heads, T = cfg->seq;
+    ref_acts *a = ref_xcalloc(1, sizeof *a);
+    a->B = B;
+    a->layer = ref_xcalloc((size_t)cfg->layers, sizeof *a->layer);
+    for (int l = 0; l < cfg->layers; l++) {
+        ref_layer_acts *la = &a->layer[l];
+        la->x_in = dalloc(N * C);
+        la->ln1 = dalloc(N * C);
+        la->ln1_mean = dalloc(N);
+        la->ln1_rstd = dalloc(N);
+        la->qkv = dalloc(N * 3 * C);
+        la->att = dalloc((size_t)B * H * T * T);
+        la->y = dalloc(N * C);
+        la->x_mid = dalloc(N * C);
+        la->ln2 = dalloc(N * C);
+        la->ln2_mean = dalloc(N);
+        la->ln2_rstd = dalloc(N);
+        la->mlp.h = dalloc(N * F);
+        la->mlp.a = dalloc(N * F);
+    }
+    a->x_out = dalloc(N * C);
+    a->lnf = dalloc(N * C);
+    a->lnf_mean = dalloc(N);
+    a->lnf_rstd = dalloc(N);
+    a->probs = dalloc(N * V);
+    a->losses = dalloc(N);
+    a->d_res = dalloc(N * C);
+    a->d_ln = dalloc(N * C);
+    a->d_y = dalloc(N * C);
+    a->d_qkv = dalloc(N * 3 * C);
+    a->d_h = dalloc(N * F);
+    a->d_a = dalloc(N * F);
+    a->d_logits = dalloc(N * V);
+    return a;
+}
+
+/*
+** Free activations from ref_acts_new (NULL is allowed).
+*/
+void ref_acts_free(ref_acts *a, const ref_config *cfg)
+{
+    if (a == NULL)
+        return;
+    for (int l = 0; l < cfg->layers; l++) {
+        ref_layer_acts *la = &a->layer[l];
+        free(la->x_in);
+        free(la->ln1);
+        free(la->ln1_mean);
+        free(la->ln1_rstd);
+        free(la->qkv);
+        free(la->att);
+        free(la->y);
+        free(la->x_mid);
+        free(la->ln2);
+        free(la->ln2_mean);
+        free(la->ln2_rstd);
+        free(la->mlp.h);
+        free(la->mlp.a);
+    }
+    free(a->layer);
+    free(a->x_out);
+    free(a->lnf);
+    free(a->lnf_mean);
+    free(a->lnf_rstd);
+    free(a->probs);
+    free(a->losses);
+    free(a->d_res);
+    free(a->d_ln);
+    free(a->d_y);
+    free(a->d_qkv);
+    free(a->d_h);
+    free(a->d_a);
+    free(a->d_logits);
+    free(a);
+}
+
+static void zero(double *p, size_t n)
+{
+    memset(p, 0, n * sizeof(double));
+}
+
+/* -- Feed-forward block (the part issue 7 swaps for a mixture of experts) ---------------------- */
+
+/* out (N,C) = c_proj(gelu(c_fc(in))); keeps the c_fc output and the GELU output. */
+static void mlp_fwd(double *out, ref_mlp_acts *ma, const ref_layer *w, const double *in,
+                    int N, int C, int F)
+{
+    ref_linear_fwd(ma->h, in, w->mlp.c_fc_w, w->mlp.c_fc_b, N, C, F);
+    ref_gelu_fwd(ma->a, ma->h, (size_t)N * F);
+    ref_linear_fwd(out, ma->a, w->mlp.c_proj_w, w->mlp.c_proj_b, N, F, C);
+}
+
+/* Backward of mlp_fwd: din += ..., parameter gradients into g; d_h, d_a are scratch (N,F). */
+static void mlp_bwd(double *din, ref_layer *g, const double *dout, const ref_mlp_acts *ma,
+                    const ref_layer *w, const double *in, double *d_h, double *d_a,
+                    int N, int C, int F)
+{
+    zero(d_a, (size_t)N * F);
+    ref_linear_bwd(d_a, g->mlp.c_proj_w, g->mlp.c_proj_b, dout, ma->a, w->mlp.c_proj_w,
+                   N, F, C);
+    zero(d_h, (size_t)N * F);
+    ref_gelu_bwd(d_h, d_a, ma->h, (size_t)N * F);
+    ref_linear_bwd(din, g->mlp.c_fc_w, g->mlp.c_fc_b, d_h, in, w->mlp.c_fc_w, N, C, F);
+}
+
+/* -- Forward and backward ---------------------------------------------------------------------- */
+
+/* The residual stream leaving layer l: the next layer's input, or x_out after the last. */
+static double *layer_out(ref_acts *a, int l, int L)
+{
+    return l + 1 < L ? a->layer[l + 1].x_in : a->x_out;
+}
+
+/*
+** Forward pass over a->B sequences: inputs and targets are (B,T) token ids in [0, V).
+** Stores every activation in 'a' and returns the SUM over the B*T positions of the
+** cross-entropy -log p(target) (divide by the token count for the mean).
+*/
+double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int *targets)
+{
+    const ref_config *cfg = &m->cfg;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int N = B * T;
+
+    ref_embed_fwd(L > 0 ? a->layer[0].x_in : a->x_out, inputs, m->w.wte, m->w.wpe, B, T, C);
+    for (int l = 0; l < L; l++) {
+        const ref_layer *w = &m->w.h[l];
+        ref_layer_acts *la = &a->layer[l];
+        double *out = layer_out(a, l, L);
+
+        /* x_mid = x_in + attn.c_proj(attention(attn.c_attn(ln_1(x_in)))) */
+        ref_layernorm_fwd(la->ln1, la->ln1_mean, la->ln1_rstd, la->x_in, w->ln_1_w, w->ln_1_b,
+                          N, C, cfg->ln_eps);
+        ref_linear_fwd(la->qkv, la->ln1, w->c_attn_w, w->c_attn_b, N, C, 3 * C);
+        ref_attention_fwd(la->y, la->att, la->qkv, B, T, C, cfg->heads);
+        ref_linear_fwd(la->x_mid, la->y, w->attn_proj_w, w->attn_proj_b, N, C, C);
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            la->x_mid[i] += la->x_in[i];
+
+        /* out = x_mid + mlp(ln_2(x_mid)) */
+        ref_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->x_mid, w->ln_2_w, w->ln_2_b,
+                          N, C, cfg->ln_eps);
+        mlp_fwd(out, &la->mlp, w, la->ln2, N, C, F);
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            out[i] += la->x_mid[i];
+    }
+    ref_layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, a->x_out, m->w.ln_f_w, m->w.ln_f_b,
+                      N, C, cfg->ln_eps);
+    ref_head_fwd(a->probs, a->lnf, m->w.wte, N, cfg->vocab, C);
+    ref_xent_fwd(a->probs, a->losses, a->probs, targets, N, cfg->vocab);
+
+    double sum = 0.0;
+    for (int n = 0; n < N; n++)
+        sum += a->losses[n];
+    return sum;
+}
+
+/*
+** Backward pass of the last ref_forward on 'a' (same inputs and targets) for the objective
+** 'scale * (sum of the B*T losses)': ADDS every parameter gradient into m->grads.
+*/
+void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
+                  double scale)
+{
+    const ref_config *cfg = &m->cfg;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int V = cfg->vocab, N = B * T;
+    size_t NC = (size_t)N * C;
+
+    zero(a->d_logits, (size_t)N * V);
+    ref_xent_bwd(a->d_logits, a->probs, targets, N, V, scale);
+    zero(a->d_ln, NC);
+    ref_head_bwd(a->d_ln, m->g.wte, a->d_logits, a->lnf, m->w.wte, N, V, C);
+    zero(a->d_res, NC);
+    ref_layernorm_bwd(a->d_res, m->g.ln_f_w, m->g.ln_f_b, a->d_ln, a->x_out, m->w.ln_f_w,
+                      a->lnf_mean, a->lnf_rstd, N, C);
+
+    /* d_res holds d loss / d (residual stream); the residual adds pass it through unchanged,
+    ** and each branch adds its LayerNorm input gradient into it. */
+    for (int l = L - 1; l >= 0; l--) {
+        const ref_layer *w = &m->w.h[l];
+        ref_layer *g = &m->g.h[l];
+        ref_layer_acts *la = &a->layer[l];
+
+        zero(a->d_ln, NC);
+        mlp_bwd(a->d_ln, g, a->d_res, &la->mlp, w, la->ln2, a->d_h, a->d_a, N, C, F);
+        ref_layernorm_bwd(a->d_res, g->ln_2_w, g->ln_2_b, a->d_ln, la->x_mid, w->ln_2_w,
+                          la->ln2_mean, la->ln2_rstd, N, C);
+
+        zero(a->d_y, NC);
+        ref_linear_bwd(a->d_y, g->attn_proj_w, g->attn_proj_b, a->d_res, la->y, w->attn_proj_w,
+                       N, C, C);
+        zero(a->d_qkv, 3 * NC);
+        ref_attention_bwd(a->d_qkv, a->d_y, la->qkv, la->att, B, T, C, cfg->heads);
+        zero(a->d_ln, NC);
+        ref_linear_bwd(a->d_ln, g->c_attn_w, g->c_attn_b, a->d_qkv, la->ln1, w->c_attn_w,
+                       N, C, 3 * C);
+        ref_layernorm_bwd(a->d_res, g->ln_1_w, g->ln_1_b, a->d_ln, la->x_in, w->ln_1_w,
+                          la->ln1_mean, la->ln1_rstd, N, C);
+    }
+    ref_embed_bwd(m->g.wte, m->g.wpe, a->d_res, inputs, B, T, C);
+}
+
+/*
+** Loss and gradients of one step over 'nsamples' sequences (inputs, targets: (nsamples,T)),
+** processed as micro-batches of a->B sequences (nsamples must be a multiple of a->B).
+** The loss is the mean over all nsamples*T target tokens; m->grads is set (not added) to
+** its gradient. Returns that mean loss.
+*/
+double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
+                         int nsamples)
+{
+    int T = m->cfg.seq;
+    double ntok = (double)nsamples * T;
+    double loss_sum = 0.0;
+    zero(m->grads, m->nparams);
+    for (int s = 0; s < nsamples; s += a->B) {
+        loss_sum += ref_forward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T);
+        ref_backward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T, 1.0 / ntok);
+    }
+    return loss_sum / ntok;
+}
+
+/* -- Optimizer -------------------------------------------------------------------------------- */
+
+/*
+** Learning rate of optimizer step t (t = 1 for the first step; step t uses the data of step
+** s = t - 1). With W = warmup and S = decay_steps:
+**   t <= W (only if W > 0):  lr * t / W
+**   W < t <= S:              min_lr + 0.5 (lr - min_lr) (1 + cos(pi (t - W) / (S - W)))
+**   t > S:                   min_lr
+** so the rate is lr at t = W, reaches min_lr at t = S, and stays there.
+*/
+double ref_lr(const ref_optim *o, int t)
+{
+    if (o->warmup > 0 && t <= o->warmup)
+        return o->lr * t / o->warmup;
+    if (t <= o->decay_steps) {
+        double frac = (double)(t - o->warmup) / (double)(o->decay_steps - o->warmup);
+        return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(REF_PI * frac));
+    }
+    return o->min_lr;
+}
+
+/*
+** Global L2 norm of all gradients, sqrt(sum g^2) (torch.nn.utils.clip_grad_norm_).
+*/
+double ref_grad_norm(const ref_model *m)
+{
+    double sum = 0.0;
+    for (size_t i = 0; i < m->nparams; i++)
+        sum += m->grads[i] * m->grads[i];
+    return sqrt(sum);
+}
+
+/*
+** clip_grad_norm_: coef = max_norm / (norm + 1e-6); grads *= coef only if coef < 1.
+** max_norm <= 0 disables clipping. Returns 1 if the gradients were scaled.
+*/
+int ref_clip_grads(ref_model *m, double max_norm, double norm)
+{
+    if (max_norm <= 0.0)
+        return 0;
+    double coef = max_norm / (norm + 1e-6);
+    if (!(coef < 1.0))
+        return 0;
+    for (size_t i = 0; i < m->nparams; i++)
+        m->grads[i] *= coef;
+    return 1;
+}
+
+/*
+** One torch.optim.AdamW update of n elements at step t (t >= 1), in torch's order:
+**   p *= 1 - lr*wd                              (decoupled decay, on the old p, first)
+**   m  = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+**   p -= lr * m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t)
+** Pass wd = 0 for tensors without weight decay.
+*/
+void ref_adamw_update(double *p, const double *g, double *m, double *v, size_t n,
+                      double lr, double beta1, double beta2, double eps, double wd, int t)
+{
+    double bc1 = 1.0 - pow(beta1, t);
+    double bc2 = 1.0 - pow(beta2, t);
+    for (size_t i = 0; i < n; i++) {
+        p[i] *= 1.0 - lr * wd;
+        m[i] = beta1 * m[i] + (1.0 - beta1) * g[i];
+        v[i] = beta2 * v[i] + (1.0 - beta2) * g[i] * g[i];
+        double m_hat = m[i] / bc1;
+        double v_hat = v[i] / bc2;
+        p[i] -= lr * m_hat / (sqrt(v_hat) + eps);
+    }
+}
+
+/*
+** Advance m->t and apply AdamW with learning rate 'lr' to every tensor, with weight decay
+** o->wd on the tensors marked decay and none on the others.
+*/
+void ref_optimizer_step(ref_model *m, const ref_optim *o, double lr)
+{
+    m->t++;
+    for (int i = 0; i < m->ntensors; i++) {
+        const ref_tensor *t = &m->tensors[i];
+        size_t off = t->offset;
+        ref_adamw_update(m->params + off, m->grads + off, m->m + off, m->v + off, t->numel,
+                         lr, o->beta1, o->beta2, o->eps, t->decay ? o->wd : 0.0, m->t);
+    }
+}
+
+/*
+** One training step on 'nsamples' sequences (the whole global batch, in micro-batches of
+** a->B): gradients of the mean loss, global norm, clipping, learning rate for t = m->t + 1,
+** AdamW. Returns what the log prints for this step.
+*/
+ref_step_info ref_train_step(ref_model *m, ref_acts *a, const ref_optim *o,
+                             const int *inputs, const int *targets, int nsamples)
+{
+    ref_step_info info;
+    info.loss = ref_compute_grads(m, a, inputs, targets, nsamples);
+    info.grad_norm = ref_grad_norm(m);
+    ref_clip_grads(m, o->clip, info.grad_norm);
+    info.step = m->t + 1;
+    info.lr = ref_lr(o, info.step);
+    ref_optimizer_step(m, o, info.lr);
+    return info;
+}

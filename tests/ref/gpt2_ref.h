@@ -1,0 +1,202 @@
+/*
+** gpt2_ref.h: the independent reference (oracle) for GPT-2 training -- model, loss, every
+** parameter gradient, AdamW, LR schedule and gradient clipping, all in double precision,
+** single process, written to be read. It is not fast and knows nothing about parallelism.
+** Callers: tests/ref/main.c (build/ref/gpt2_ref), tests/ref/ref_test.c, and kernel tests that
+** link build/ref/libref.a to compare single ops (ref_layernorm_fwd, ref_attention_bwd, ...).
+** Semantics: issue 4 and tests/ref/README.md. File formats are in ref_io.h.
+*/
+#ifndef GPT2_REF_H
+#define GPT2_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* -- Configuration ---------------------------------------------------------------------------- */
+
+typedef struct ref_config {
+    int layers;         /* L: transformer blocks */
+    int hidden;         /* C: channels */
+    int heads;          /* H: attention heads; divides C, head_dim = C / H */
+    int seq;            /* T: sequence length, also the number of rows of wpe */
+    int vocab;          /* V: vocabulary (never padded in the reference) */
+    int ffn;            /* F: MLP inner width (4C unless the model says otherwise) */
+    double ln_eps;      /* LayerNorm eps (1e-5 for GPT-2) */
+} ref_config;
+
+/* How a tensor is initialised by ref_model_init_random (issue 4, "Initialisation"). */
+typedef enum {
+    REF_INIT_NORMAL,    /* N(0, 0.02)                                   */
+    REF_INIT_OUT_PROJ,  /* N(0, 0.02 / sqrt(2 * layers)): attn and mlp c_proj weights */
+    REF_INIT_ZERO,      /* biases, LayerNorm bias                       */
+    REF_INIT_ONE        /* LayerNorm weight                             */
+} ref_init_kind;
+
+#define REF_NAME_MAX 96
+
+/* One parameter tensor: its Hugging Face name, shape, and place in the flat arrays. */
+typedef struct ref_tensor {
+    char name[REF_NAME_MAX];    /* e.g. "h.3.attn.c_attn.weight" */
+    int ndim;                   /* 1 or 2 */
+    long shape[2];              /* Hugging Face shape; Conv1D weights are (in, out) */
+    size_t offset;              /* first element in params / grads / m / v */
+    size_t numel;
+    int decay;                  /* 1: AdamW weight decay applies (2-D weights and embeddings) */
+    ref_init_kind init;
+} ref_tensor;
+
+/* Views of one layer's tensors (into params or into grads). Shapes as in the checkpoint. */
+typedef struct ref_layer {
+    double *ln_1_w, *ln_1_b;    /* (C), (C) */
+    double *c_attn_w;           /* (C, 3C) in x out, output columns q | k | v */
+    double *c_attn_b;           /* (3C) */
+    double *attn_proj_w;        /* (C, C) attn.c_proj.weight, in x out */
+    double *attn_proj_b;        /* (C) */
+    double *ln_2_w, *ln_2_b;    /* (C), (C) */
+    /* The feed-forward block. Issue 7 replaces it by a mixture of experts; everything about
+    ** the MLP lives in this sub-struct and in mlp_fwd / mlp_bwd in gpt2_ref.c. */
+    struct {
+        double *c_fc_w;         /* (C, F) */
+        double *c_fc_b;         /* (F) */
+        double *c_proj_w;       /* (F, C) */
+        double *c_proj_b;       /* (C) */
+    } mlp;
+} ref_layer;
+
+typedef struct ref_weights {
+    double *wte;                /* (V, C) token embedding, also the (tied) LM head */
+    double *wpe;                /* (T, C) position embedding */
+    ref_layer *h;               /* [L] */
+    double *ln_f_w, *ln_f_b;    /* (C), (C) */
+} ref_weights;
+
+/* The model with its optimizer state. Created by ref_model_new, freed by ref_model_free. */
+typedef struct ref_model {
+    ref_config cfg;
+    int ntensors;
+    ref_tensor *tensors;        /* [ntensors], canonical order: wte, wpe, h.0.*, ..., ln_f.* */
+    size_t nparams;
+    double *params;             /* (nparams) */
+    double *grads;              /* (nparams) d loss / d params of the current step */
+    double *m, *v;              /* (nparams) AdamW first and second moments */
+    ref_weights w;              /* views into params */
+    ref_weights g;              /* views into grads */
+    int t;                      /* optimizer steps taken so far */
+} ref_model;
+
+/* Activations of one forward pass over B sequences (N = B*T rows), kept for the backward. */
+typedef struct ref_mlp_acts {
+    double *h;                  /* (N, F) c_fc output, before GELU */
+    double *a;                  /* (N, F) GELU output */
+} ref_mlp_acts;
+
+typedef struct ref_layer_acts {
+    double *x_in;               /* (N, C) residual stream entering the layer */
+    double *ln1, *ln1_mean, *ln1_rstd;      /* (N, C), (N), (N) */
+    double *qkv;                /* (N, 3C) */
+    double *att;                /* (B, H, T, T) softmax probabilities, 0 above the diagonal */
+    double *y;                  /* (N, C) attention output, heads concatenated, before c_proj */
+    double *x_mid;              /* (N, C) residual stream after the attention block */
+    double *ln2, *ln2_mean, *ln2_rstd;      /* (N, C), (N), (N) */
+    ref_mlp_acts mlp;
+} ref_layer_acts;
+
+typedef struct ref_acts {
+    int B;                      /* sequences per forward (the micro-batch) */
+    ref_layer_acts *layer;      /* [L] */
+    double *x_out;              /* (N, C) residual stream after the last layer */
+    double *lnf, *lnf_mean, *lnf_rstd;      /* (N, C), (N), (N) */
+    double *probs;              /* (N, V) softmax of the logits */
+    double *losses;             /* (N) -log probs[target] */
+    /* scratch for the backward pass */
+    double *d_res;              /* (N, C) gradient of the residual stream */
+    double *d_ln;               /* (N, C) gradient of a LayerNorm output */
+    double *d_y;                /* (N, C) gradient of the attention output */
+    double *d_qkv;              /* (N, 3C) */
+    double *d_h, *d_a;          /* (N, F) MLP inner gradients */
+    double *d_logits;           /* (N, V) */
+} ref_acts;
+
+/* Optimizer and schedule settings (torch.optim.AdamW + clip_grad_norm_ + warm-up/cosine). */
+typedef struct ref_optim {
+    double lr;                  /* peak learning rate */
+    double min_lr;              /* floor of the cosine decay */
+    int warmup;                 /* linear warm-up steps (0: none) */
+    int decay_steps;            /* the step at which the cosine reaches min_lr */
+    double beta1, beta2, eps;
+    double wd;                  /* decoupled weight decay, on tensors with decay = 1 */
+    double clip;                /* max global grad norm; <= 0 disables clipping */
+} ref_optim;
+
+/* What one training step reports (one line of the log). */
+typedef struct ref_step_info {
+    int step;                   /* t: 1 for the first optimizer step */
+    double loss;                /* mean cross-entropy over every target token of the step */
+    double lr;                  /* learning rate used by this step */
+    double grad_norm;           /* global L2 norm of the gradients before clipping */
+} ref_step_info;
+
+/* -- Model ------------------------------------------------------------------------------------ */
+
+ref_model *ref_model_new(const ref_config *cfg);
+void ref_model_free(ref_model *m);
+const ref_tensor *ref_model_find(const ref_model *m, const char *name);
+void ref_model_init_random(ref_model *m, uint64_t seed);
+double ref_rng_normal(uint64_t seed, const char *name, uint64_t index);
+
+ref_acts *ref_acts_new(const ref_config *cfg, int B);
+void ref_acts_free(ref_acts *a, const ref_config *cfg);
+
+double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int *targets);
+void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
+                  double scale);
+double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
+                         int nsamples);
+
+/* -- Optimizer -------------------------------------------------------------------------------- */
+
+double ref_lr(const ref_optim *o, int t);
+double ref_grad_norm(const ref_model *m);
+int ref_clip_grads(ref_model *m, double max_norm, double norm);
+void ref_adamw_update(double *p, const double *g, double *m, double *v, size_t n,
+                      double lr, double beta1, double beta2, double eps, double wd, int t);
+void ref_optimizer_step(ref_model *m, const ref_optim *o, double lr);
+ref_step_info ref_train_step(ref_model *m, ref_acts *a, const ref_optim *o,
+                             const int *inputs, const int *targets, int nsamples);
+
+/* -- Single ops (also used by the kernel tests) ----------------------------------------------- */
+/* Forward ops overwrite their outputs. Backward ops ADD into every gradient they produce. */
+
+void ref_embed_fwd(double *out, const int *tokens, const double *wte, const double *wpe,
+                   int B, int T, int C);
+void ref_embed_bwd(double *dwte, double *dwpe, const double *dout, const int *tokens,
+                   int B, int T, int C);
+void ref_layernorm_fwd(double *out, double *mean, double *rstd, const double *in,
+                       const double *w, const double *b, int N, int C, double eps);
+void ref_layernorm_bwd(double *din, double *dw, double *db, const double *dout,
+                       const double *in, const double *w, const double *mean,
+                       const double *rstd, int N, int C);
+void ref_linear_fwd(double *out, const double *in, const double *w, const double *b,
+                    int N, int IN, int OUT);
+void ref_linear_bwd(double *din, double *dw, double *db, const double *dout,
+                    const double *in, const double *w, int N, int IN, int OUT);
+void ref_attention_fwd(double *out, double *att, const double *qkv, int B, int T, int C,
+                       int H);
+void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, const double *att,
+                       int B, int T, int C, int H);
+void ref_gelu_fwd(double *out, const double *in, size_t n);
+void ref_gelu_bwd(double *din, const double *dout, const double *in, size_t n);
+void ref_head_fwd(double *logits, const double *x, const double *wte, int N, int V, int C);
+void ref_head_bwd(double *dx, double *dwte, const double *dlogits, const double *x,
+                  const double *wte, int N, int V, int C);
+void ref_xent_fwd(double *probs, double *losses, const double *logits, const int *targets,
+                  int N, int V);
+void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int N, int V,
+                  double scale);
+
+/* -- Support ---------------------------------------------------------------------------------- */
+
+void *ref_xmalloc(size_t bytes);
+void *ref_xcalloc(size_t count, size_t size);
+
+#endif

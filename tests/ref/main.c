@@ -1,0 +1,268 @@
+/*
+** main.c: the command line of build/ref/gpt2_ref, the double-precision reference trainer.
+** Parses and checks flags, builds the model (--init or --random-init), trains on --data with
+** issue 4's batching, and writes the log and checkpoints. All math is in gpt2_ref.c, all file
+** formats in ref_io.c. Exit codes: 0 ok, 1 bad input file or I/O error, 2 usage error.
+*/
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpt2_ref.h"   // defines: ref_model, ref_train_step, ref_optim, ref_lr
+#include "ref_io.h"     // defines: ref_model_load, ref_model_save, ref_data_load, ref_data_batch
+
+#define PROG "gpt2_ref"
+
+static const char usage_text[] =
+    "usage: " PROG " --layers L --hidden C --heads H --seq T --vocab V [--ffn F]\n"
+    "                (--init FILE.safetensors | --random-init SEED)\n"
+    "                [--data FILE --steps N] [--mbs B] [--nmb M] [--dp D]\n"
+    "                [--lr X] [--min-lr X] [--warmup N] [--decay-steps N]\n"
+    "                [--beta1 X] [--beta2 X] [--eps X] [--wd X] [--clip X]\n"
+    "                [--log FILE.jsonl] [--save FILE.safetensors] [--save-init FILE.safetensors]\n"
+    "\n"
+    "Double-precision reference GPT-2 trainer (the oracle for generated programs).\n"
+    "  --ffn F            MLP width (default 4*C)\n"
+    "  --init FILE        load weights (Hugging Face GPT-2 names; F32, BF16, F16 or F64)\n"
+    "  --random-init SEED N(0,0.02) weights, c_proj N(0,0.02/sqrt(2L)), biases 0, LN 1/0\n"
+    "  --data FILE        uint16 tokens (nanoGPT .bin) or llm.c shard (magic 20240520)\n"
+    "  --steps N          optimizer steps (default 0: only load/init and save)\n"
+    "  --mbs B --nmb M --dp D   global batch = B*M*D sequences per step (default 1 1 1)\n"
+    "  --lr 6e-4 --min-lr 0.1*lr --warmup 0 --decay-steps max(steps,warmup)\n"
+    "  --beta1 0.9 --beta2 0.95 --eps 1e-8 --wd 0.1 --clip 1.0 (0: no clipping)\n"
+    "  --log FILE         one JSON object per step: step, loss, lr, grad_norm\n"
+    "  --save FILE        F32 weights after the last step; --save-init FILE: before the first\n";
+
+typedef struct options {
+    ref_config cfg;
+    const char *init, *data, *log, *save, *save_init;
+    int have_seed;
+    unsigned long long seed;
+    int steps, mbs, nmb, dp;
+    int have_min_lr, have_decay_steps;
+    ref_optim opt;
+} options;
+
+/* -- Argument parsing -------------------------------------------------------------------------- */
+
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, PROG ": error: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(" PROG " --help for usage)\n");
+    return -1;
+}
+
+static int parse_int(const char *flag, const char *s, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno != 0 || x < -2147483647L || x > 2147483647L)
+        return usage_error("%s expects an integer, got '%s'", flag, s);
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno != 0)
+        return usage_error("%s expects a number, got '%s'", flag, s);
+    *out = x;
+    return 0;
+}
+
+static int parse_seed(const char *flag, const char *s, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (*s == '\0' || *s == '-' || *end != '\0' || errno != 0)
+        return usage_error("%s expects a non-negative integer, got '%s'", flag, s);
+    *out = x;
+    return 0;
+}
+
+/* Fill *o from argv. Returns 0, 1 for --help, -1 after a usage error. */
+static int parse_args(options *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    o->cfg.ln_eps = 1e-5;
+    o->mbs = o->nmb = o->dp = 1;
+    o->opt = (ref_optim){.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .wd = 0.1,
+                         .clip = 1.0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            return 1;
+        if (i + 1 >= argc)
+            return usage_error("%s", strncmp(a, "--", 2) == 0 ? "missing value after the flag"
+                                                             : "unexpected argument");
+        const char *v = argv[++i];
+        int rc;
+        if (strcmp(a, "--layers") == 0) rc = parse_int(a, v, &o->cfg.layers);
+        else if (strcmp(a, "--hidden") == 0) rc = parse_int(a, v, &o->cfg.hidden);
+        else if (strcmp(a, "--heads") == 0) rc = parse_int(a, v, &o->cfg.heads);
+        else if (strcmp(a, "--seq") == 0) rc = parse_int(a, v, &o->cfg.seq);
+        else if (strcmp(a, "--vocab") == 0) rc = parse_int(a, v, &o->cfg.vocab);
+        else if (strcmp(a, "--ffn") == 0) rc = parse_int(a, v, &o->cfg.ffn);
+        else if (strcmp(a, "--init") == 0) rc = (o->init = v, 0);
+        else if (strcmp(a, "--random-init") == 0) rc = (o->have_seed = 1,
+                                                        parse_seed(a, v, &o->seed));
+        else if (strcmp(a, "--data") == 0) rc = (o->data = v, 0);
+        else if (strcmp(a, "--steps") == 0) rc = parse_int(a, v, &o->steps);
+        else if (strcmp(a, "--mbs") == 0) rc = parse_int(a, v, &o->mbs);
+        else if (strcmp(a, "--nmb") == 0) rc = parse_int(a, v, &o->nmb);
+        else if (strcmp(a, "--dp") == 0) rc = parse_int(a, v, &o->dp);
+        else if (strcmp(a, "--lr") == 0) rc = parse_double(a, v, &o->opt.lr);
+        else if (strcmp(a, "--min-lr") == 0) rc = (o->have_min_lr = 1,
+                                                   parse_double(a, v, &o->opt.min_lr));
+        else if (strcmp(a, "--warmup") == 0) rc = parse_int(a, v, &o->opt.warmup);
+        else if (strcmp(a, "--decay-steps") == 0) rc = (o->have_decay_steps = 1,
+                                                        parse_int(a, v, &o->opt.decay_steps));
+        else if (strcmp(a, "--beta1") == 0) rc = parse_double(a, v, &o->opt.beta1);
+        else if (strcmp(a, "--beta2") == 0) rc = parse_double(a, v, &o->opt.beta2);
+        else if (strcmp(a, "--eps") == 0) rc = parse_double(a, v, &o->opt.eps);
+        else if (strcmp(a, "--wd") == 0) rc = parse_double(a, v, &o->opt.wd);
+        else if (strcmp(a, "--clip") == 0) rc = parse_double(a, v, &o->opt.clip);
+        else if (strcmp(a, "--log") == 0) rc = (o->log = v, 0);
+        else if (strcmp(a, "--save") == 0) rc = (o->save = v, 0);
+        else if (strcmp(a, "--save-init") == 0) rc = (o->save_init = v, 0);
+        else return usage_error("unknown flag '%s'", a);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Check the options and fill in the defaults that depend on others. */
+static int check_args(options *o)
+{
+    ref_config *c = &o->cfg;
+    static const char *const dims[] = {"--layers", "--hidden", "--heads", "--seq", "--vocab"};
+    const int vals[] = {c->layers, c->hidden, c->heads, c->seq, c->vocab};
+    for (int i = 0; i < 5; i++)
+        if (vals[i] < 1)
+            return usage_error(vals[i] == 0 ? "%s is required" : "%s must be >= 1 (got %d)",
+                               dims[i], vals[i]);
+    if (c->hidden % c->heads != 0)
+        return usage_error("--heads (%d) must divide --hidden (%d)", c->heads, c->hidden);
+    if (c->vocab > 65536)
+        return usage_error("--vocab (%d) must be <= 65536 (tokens are uint16)", c->vocab);
+    if (c->ffn == 0)
+        c->ffn = 4 * c->hidden;
+    if (c->ffn < 1)
+        return usage_error("--ffn must be >= 1 (got %d)", c->ffn);
+    if ((o->init != NULL) == o->have_seed)
+        return usage_error("give exactly one of --init FILE and --random-init SEED");
+    if (o->steps < 0)
+        return usage_error("--steps must be >= 0 (got %d)", o->steps);
+    if (o->steps > 0 && o->data == NULL)
+        return usage_error("--data is required when --steps > 0");
+    if (o->mbs < 1 || o->nmb < 1 || o->dp < 1)
+        return usage_error("--mbs, --nmb and --dp must be >= 1");
+    if ((long long)o->mbs * o->nmb * o->dp * c->seq > 100000000LL)
+        return usage_error("global batch of %d x %d x %d sequences of %d is too large", o->mbs,
+                           o->nmb, o->dp, c->seq);
+
+    ref_optim *p = &o->opt;
+    if (!o->have_min_lr)
+        p->min_lr = 0.1 * p->lr;
+    if (p->warmup < 0)
+        return usage_error("--warmup must be >= 0 (got %d)", p->warmup);
+    if (!o->have_decay_steps)
+        p->decay_steps = o->steps > p->warmup ? o->steps : p->warmup;
+    if (p->decay_steps < p->warmup)
+        return usage_error("--decay-steps (%d) must be >= --warmup (%d)", p->decay_steps,
+                           p->warmup);
+    if (p->lr < 0 || p->min_lr < 0)
+        return usage_error("--lr and --min-lr must be >= 0");
+    if (p->beta1 < 0 || p->beta1 >= 1 || p->beta2 < 0 || p->beta2 >= 1)
+        return usage_error("--beta1 and --beta2 must be in [0, 1)");
+    if (p->eps <= 0)
+        return usage_error("--eps must be > 0");
+    if (p->wd < 0 || p->clip < 0)
+        return usage_error("--wd and --clip must be >= 0");
+    return 0;
+}
+
+/* -- Training ---------------------------------------------------------------------------------- */
+
+/* Train o->steps steps; returns 0 or -1 after reporting an I/O error. */
+static int train(ref_model *m, const options *o)
+{
+    ref_data data;
+    if (ref_data_load(&data, o->data, o->cfg.vocab, o->cfg.seq) < 0)
+        return -1;
+    FILE *log = NULL;
+    if (o->log != NULL && (log = fopen(o->log, "w")) == NULL) {
+        fprintf(stderr, "%s: error: cannot write: %s\n", o->log, strerror(errno));
+        ref_data_free(&data);
+        return -1;
+    }
+    int gbs = o->mbs * o->nmb * o->dp, T = o->cfg.seq;
+    int *inputs = ref_xmalloc((size_t)gbs * T * sizeof(int));
+    int *targets = ref_xmalloc((size_t)gbs * T * sizeof(int));
+    ref_acts *acts = ref_acts_new(&o->cfg, o->mbs);
+    printf(PROG ": %zu tokens, %zu samples (%s); global batch %d = mbs %d x nmb %d x dp %d\n",
+           data.ntokens, data.nsamples, data.is_shard ? "llm.c shard" : "uint16 tokens", gbs,
+           o->mbs, o->nmb, o->dp);
+
+    int rc = 0;
+    for (int s = 0; s < o->steps; s++) {
+        ref_data_batch(&data, s, gbs, inputs, targets);
+        ref_step_info st = ref_train_step(m, acts, &o->opt, inputs, targets, gbs);
+        printf("step %4d/%d | loss %.6f | lr %.4e | grad_norm %.6f\n", st.step, o->steps,
+               st.loss, st.lr, st.grad_norm);
+        if (log != NULL)
+            fprintf(log, "{\"step\":%d,\"loss\":%.17g,\"lr\":%.17g,\"grad_norm\":%.17g}\n",
+                    st.step, st.loss, st.lr, st.grad_norm);
+    }
+    fflush(stdout);
+    if (log != NULL && fclose(log) != 0) {
+        fprintf(stderr, "%s: error: write failed\n", o->log);
+        rc = -1;
+    }
+    ref_acts_free(acts, &o->cfg);
+    free(inputs);
+    free(targets);
+    ref_data_free(&data);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    int rc = parse_args(&o, argc, argv);
+    if (rc == 1) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (rc < 0 || check_args(&o) < 0)
+        return 2;
+
+    ref_model *m = ref_model_new(&o.cfg);
+    printf(PROG ": layers %d hidden %d heads %d seq %d vocab %d ffn %d: %zu parameters\n",
+           o.cfg.layers, o.cfg.hidden, o.cfg.heads, o.cfg.seq, o.cfg.vocab, o.cfg.ffn,
+           m->nparams);
+    if (o.init != NULL)
+        rc = ref_model_load(m, o.init);
+    else
+        ref_model_init_random(m, o.seed);
+    if (rc == 0 && o.save_init != NULL)
+        rc = ref_model_save(m, o.save_init);
+    if (rc == 0 && o.steps > 0)
+        rc = train(m, &o);
+    if (rc == 0 && o.save != NULL)
+        rc = ref_model_save(m, o.save);
+    ref_model_free(m);
+    return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,318 @@
+#!/bin/sh
+# tests/refcheck/suite.sh: the reference's own tests (tests/ref, build/ref/gpt2_ref), so that the
+# oracle the generated programs are judged by is itself right: gradients against finite
+# differences, AdamW/LR/clipping against hand-computed values, file formats, batching, error
+# messages, and (when PyTorch is installed) whole training runs against torch in float64.
+# Protocol: docs/DESIGN.md section 3. Run: tests/run.sh refcheck (from the repository root).
+
+D=build/test/refcheck
+REF=build/ref/gpt2_ref
+TOK=build/ref/make_tokens
+UNIT=build/ref/ref_test
+mkdir -p "$D" || exit 2
+
+pass() { echo "PASS refcheck/$1"; }
+fail() { echo "FAIL refcheck/$1: $2"; }
+
+# Build the reference. Until tests/tests.mk includes tests/ref/ref.mk, name the fragment here.
+if grep -qs 'tests/ref/ref.mk' tests/tests.mk; then
+    make -s ref > "$D/build.txt" 2>&1
+else
+    make -s -f Makefile -f tests/ref/ref.mk ref > "$D/build.txt" 2>&1
+fi
+if [ $? -ne 0 ]; then
+    head -n 20 "$D/build.txt"
+    fail build "make ref failed"
+    exit 1
+fi
+pass build
+
+# -- Unit checks inside build/ref/ref_test (see tests/ref/ref_test.c for each bound) ----------
+
+for t in gradcheck adamw lr clip init accum st-roundtrip st-dtypes batch; do
+    if "$UNIT" "$t" "$D" > "$D/$t.txt" 2>&1; then
+        pass "$t"
+    else
+        head -n 15 "$D/$t.txt"
+        fail "$t" "$(tail -n 1 "$D/$t.txt")"
+    fi
+done
+
+# -- Helpers for the command-line tests -------------------------------------------------------
+
+# field NAME FILE.jsonl: the values of one key, one per line
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2"; }
+
+# same_values FILE_A FILE_B RTOL: every line's number agrees within RTOL (relative)
+same_values() {
+    paste "$1" "$2" | awk -v tol="$3" '
+        { d = $1 - $2; if (d < 0) d = -d; s = $2 < 0 ? -$2 : $2
+          if (NF != 2 || d > tol * s) { bad = 1; print "  line " NR ": " $1 " vs " $2 } }
+        END { exit bad }'
+}
+
+# run_ok NAME CMD...: run a reference command that must succeed; output in $D/NAME.out
+run_ok() {
+    name=$1; shift
+    if ! "$@" > "$D/$name.out" 2> "$D/$name.err"; then
+        fail "$name" "command failed: $(head -n 1 "$D/$name.err")"
+        return 1
+    fi
+}
+
+TINY="--layers 2 --hidden 32 --heads 4 --seq 32 --vocab 64"
+"$TOK" --vocab 64 --tokens 20000 --period 13 --seed 5 "$D/syn64.bin" || exit 2
+"$TOK" --vocab 64 --tokens 20000 --period 13 --seed 5 --shard "$D/syn64_shard.bin" || exit 2
+
+# -- Training ---------------------------------------------------------------------------------
+
+# The loss falls: 30 steps on a pattern with period 13 and 10% noise.
+if run_ok loss-falls $REF $TINY --random-init 1 --data "$D/syn64.bin" --steps 30 --mbs 4 \
+        --lr 3e-3 --warmup 3 --log "$D/falls.jsonl"; then
+    first=$(field loss "$D/falls.jsonl" | head -n 1)
+    last=$(field loss "$D/falls.jsonl" | tail -n 1)
+    if awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'; then
+        pass loss-falls
+    else
+        fail loss-falls "loss went from $first to $last in 30 steps (want a drop > 1.0)"
+    fi
+fi
+
+# Gradient accumulation and data parallelism split the same global batch of 4 sequences:
+# losses of every step agree to 1e-12 (exactly up to rounding in double).
+acc_ok=1
+for split in "4 1 1" "1 4 1" "2 2 1" "1 2 2" "2 1 2" "1 1 4"; do
+    set -- $split
+    if ! run_ok accum-cli $REF $TINY --random-init 2 --data "$D/syn64.bin" --steps 5 --mbs $1 \
+            --nmb $2 --dp $3 --lr 1e-2 --log "$D/acc_$1_$2_$3.jsonl"; then
+        acc_ok=0
+        break
+    fi
+    field loss "$D/acc_$1_$2_$3.jsonl" > "$D/acc_$1_$2_$3.loss"
+    if [ "$split" != "4 1 1" ] && ! same_values "$D/acc_$1_$2_$3.loss" "$D/acc_4_1_1.loss" 1e-12
+    then
+        fail accum-cli "mbs $1 nmb $2 dp $3 differs from mbs 4 nmb 1 dp 1"
+        acc_ok=0
+        break
+    fi
+done
+[ $acc_ok -eq 1 ] && pass accum-cli
+
+# A token file and an llm.c shard with the same tokens train identically (byte-equal logs).
+if run_ok shard-same $REF $TINY --random-init 3 --data "$D/syn64.bin" --steps 3 --mbs 2 \
+        --log "$D/raw.jsonl" &&
+   run_ok shard-same $REF $TINY --random-init 3 --data "$D/syn64_shard.bin" --steps 3 --mbs 2 \
+        --log "$D/shard.jsonl"; then
+    if cmp -s "$D/raw.jsonl" "$D/shard.jsonl" && grep -q 'llm.c shard' "$D/shard-same.out"
+    then
+        pass shard-same
+    else
+        fail shard-same "the shard's log differs from the raw file's, or it was not recognised"
+    fi
+fi
+
+# Default schedule: min_lr = lr/10, no warm-up, cosine reaching min_lr at the last step.
+# With 3 steps: 6e-5 + 2.7e-4 (1 + cos(t pi/3)) = 4.65e-4, 1.95e-4, 6e-5.
+if run_ok lr-defaults $REF $TINY --random-init 1 --data "$D/syn64.bin" --steps 3 \
+        --log "$D/lr.jsonl"; then
+    field lr "$D/lr.jsonl" > "$D/lr.got"
+    printf '4.65e-4\n1.95e-4\n6e-5\n' > "$D/lr.want"
+    if same_values "$D/lr.got" "$D/lr.want" 1e-12 > "$D/lr.diff"; then
+        pass lr-defaults
+    else
+        cat "$D/lr.diff"
+        fail lr-defaults "the default schedule is not lr 6e-4 -> 6e-5 cosine over --steps"
+    fi
+fi
+
+# Clipping: the reported grad norm is the one before clipping, so step 1 is the same with and
+# without it; a tiny --clip changes the update and so the loss of step 2.
+if run_ok clip-cli $REF $TINY --random-init 1 --data "$D/syn64.bin" --steps 2 --lr 1e-2 \
+        --clip 0 --log "$D/noclip.jsonl" &&
+   run_ok clip-cli $REF $TINY --random-init 1 --data "$D/syn64.bin" --steps 2 --lr 1e-2 \
+        --clip 1e-3 --log "$D/clip.jsonl"; then
+    if [ "$(head -n 1 "$D/noclip.jsonl")" != "$(head -n 1 "$D/clip.jsonl")" ]; then
+        fail clip-cli "step 1 differs between --clip 0 and --clip 1e-3"
+    elif [ "$(sed -n 2p "$D/noclip.jsonl")" = "$(sed -n 2p "$D/clip.jsonl")" ]; then
+        fail clip-cli "--clip 1e-3 did not change step 2"
+    else
+        pass clip-cli
+    fi
+fi
+
+# Log format: one object per step with exactly these keys in this order.
+num='-\{0,1\}[0-9][0-9.e+-]*'
+line="^{\"step\":[0-9]*,\"loss\":$num,\"lr\":$num,\"grad_norm\":$num}\$"
+if [ -s "$D/falls.jsonl" ] && [ "$(grep -c "$line" "$D/falls.jsonl")" -eq 30 ] &&
+   [ "$(wc -l < "$D/falls.jsonl")" -eq 30 ] &&
+   [ "$(field step "$D/falls.jsonl" | tr '\n' ' ')" = "$(seq 1 30 | tr '\n' ' ')" ]; then
+    pass log-format
+else
+    fail log-format "$D/falls.jsonl: not 30 lines of {\"step\":t,\"loss\":..,\"lr\":..,..}"
+fi
+
+# -- Checkpoints ------------------------------------------------------------------------------
+
+# --save-init writes the model; loading it and saving again gives the same bytes; and a run
+# from that file equals the run from --random-init (random init values are float32 already).
+if run_ok save-roundtrip $REF $TINY --random-init 9 --save-init "$D/init_a.safetensors" &&
+   run_ok save-roundtrip $REF $TINY --init "$D/init_a.safetensors" \
+        --save-init "$D/init_b.safetensors" &&
+   run_ok save-roundtrip $REF $TINY --random-init 9 --data "$D/syn64.bin" --steps 3 \
+        --log "$D/from_seed.jsonl" --save "$D/final_seed.safetensors" &&
+   run_ok save-roundtrip $REF $TINY --init "$D/init_a.safetensors" --data "$D/syn64.bin" \
+        --steps 3 --log "$D/from_file.jsonl" --save "$D/final_file.safetensors"; then
+    if ! cmp -s "$D/init_a.safetensors" "$D/init_b.safetensors"; then
+        fail save-roundtrip "load + save changed the file"
+    elif ! cmp -s "$D/from_seed.jsonl" "$D/from_file.jsonl" ||
+         ! cmp -s "$D/final_seed.safetensors" "$D/final_file.safetensors"; then
+        fail save-roundtrip "training from --init of --save-init differs from --random-init"
+    elif [ -e "$D/init_a.safetensors.tmp" ]; then
+        fail save-roundtrip "a .tmp file was left behind"
+    else
+        pass save-roundtrip
+    fi
+fi
+
+# -- Error messages: exit code and exact first line of stderr --------------------------------
+
+# expect_err NAME EXIT 'first line' CMD...
+expect_err() {
+    name=$1; want_rc=$2; want=$3; shift 3
+    "$@" > "$D/$name.out" 2> "$D/$name.err"
+    rc=$?
+    got=$(head -n 1 "$D/$name.err")
+    if [ $rc -ne "$want_rc" ]; then
+        fail "$name" "exit $rc (want $want_rc): $got"
+    elif [ "$got" != "$want" ]; then
+        fail "$name" "first line '$got', want '$want'"
+    else
+        pass "$name"
+    fi
+}
+
+SMALL="--layers 1 --hidden 4 --heads 2 --seq 3 --vocab 5"
+$REF $SMALL --random-init 1 --save-init "$D/l1.safetensors" > /dev/null
+$REF --layers 2 --hidden 4 --heads 2 --seq 3 --vocab 5 --random-init 1 \
+    --save-init "$D/l2.safetensors" > /dev/null
+$REF --layers 1 --hidden 4 --heads 2 --seq 6 --vocab 5 --random-init 1 \
+    --save-init "$D/seq6.safetensors" > /dev/null
+"$UNIT" mkbad st-dtype "$D/dtype.safetensors"
+"$UNIT" mkbad st-json "$D/json.safetensors"
+"$UNIT" mkbad st-offsets "$D/offsets.safetensors"
+printf 'abc' > "$D/short.safetensors"
+
+expect_err err-missing-tensor 1 "$D/l1.safetensors: error: missing tensor 'h.1.ln_1.weight'" \
+    $REF --layers 2 --hidden 4 --heads 2 --seq 3 --vocab 5 --init "$D/l1.safetensors"
+expect_err err-extra-tensor 1 "$D/l2.safetensors: error: unexpected tensor 'h.1.ln_1.weight'" \
+    $REF $SMALL --init "$D/l2.safetensors"
+expect_err err-shape 1 \
+    "$D/seq6.safetensors: error: tensor 'wpe.weight' has shape [6,4], expected [3,4]" \
+    $REF $SMALL --init "$D/seq6.safetensors"
+want="$D/dtype.safetensors: error: tensor 'ln_f.bias' has dtype I32;"
+expect_err err-dtype 1 "$want expected F32, BF16, F16 or F64" \
+    $REF $SMALL --init "$D/dtype.safetensors"
+expect_err err-st-json 1 \
+    "$D/json.safetensors: error: bad safetensors header at byte 37: expected ',' or '}'" \
+    $REF $SMALL --init "$D/json.safetensors"
+want="$D/offsets.safetensors: error: tensor 'wte.weight':"
+expect_err err-st-offsets 1 "$want data_offsets [0,80] outside the 40 data bytes" \
+    $REF $SMALL --init "$D/offsets.safetensors"
+expect_err err-st-short 1 \
+    "$D/short.safetensors: error: not a safetensors file: 3 bytes, no header length" \
+    $REF $SMALL --init "$D/short.safetensors"
+expect_err err-init-absent 1 \
+    "$D/absent.safetensors: error: cannot open: No such file or directory" \
+    $REF $SMALL --init "$D/absent.safetensors"
+
+# Token files: odd size, out-of-range id, too short, and broken llm.c shards.
+"$TOK" --vocab 256 --tokens 100 "$D/t100.bin"
+"$TOK" --vocab 256 --tokens 100 --shard "$D/t100_shard.bin"
+"$TOK" --vocab 256 --tokens 3 "$D/t3.bin"
+head -c 151 "$D/t100.bin" > "$D/odd.bin"
+printf '\005\000\054\001\007\000\001\000\002\000' > "$D/oor.bin"       # 5, 300, 7, 1, 2
+head -c 1100 "$D/t100_shard.bin" > "$D/shard_trunc.bin"
+{ cat "$D/t100_shard.bin"; printf '\000\000'; } > "$D/shard_extra.bin"
+cp "$D/t100_shard.bin" "$D/shard_v2.bin"
+printf '\002' | dd of="$D/shard_v2.bin" bs=1 seek=4 conv=notrunc 2> /dev/null
+DATA_RUN="$REF --layers 1 --hidden 4 --heads 2 --seq 3 --vocab 256 --random-init 1 --steps 1"
+
+expect_err err-data-odd 1 \
+    "$D/odd.bin: error: truncated token file: odd size 151 bytes, not whole uint16 tokens" \
+    $DATA_RUN --data "$D/odd.bin"
+expect_err err-data-range 1 \
+    "$D/oor.bin: error: token 300 at position 1 is out of range for vocab 256" \
+    $DATA_RUN --data "$D/oor.bin"
+expect_err err-data-short 1 \
+    "$D/t3.bin: error: 3 tokens are too few for one sample of seq 3 (need 4)" \
+    $DATA_RUN --data "$D/t3.bin"
+want="$D/shard_trunc.bin: error: truncated llm.c shard: header says 100 tokens (200 bytes),"
+expect_err err-shard-truncated 1 "$want file has 76 bytes after the header" \
+    $DATA_RUN --data "$D/shard_trunc.bin"
+expect_err err-shard-extra 1 \
+    "$D/shard_extra.bin: error: llm.c shard has 2 bytes after its 100 tokens" \
+    $DATA_RUN --data "$D/shard_extra.bin"
+expect_err err-shard-version 1 \
+    "$D/shard_v2.bin: error: llm.c shard version 2 is not supported (only 1: uint16 tokens)" \
+    $DATA_RUN --data "$D/shard_v2.bin"
+expect_err err-data-absent 1 "$D/absent.bin: error: cannot open: No such file or directory" \
+    $DATA_RUN --data "$D/absent.bin"
+
+# Usage errors exit 2.
+expect_err err-usage-heads 2 "gpt2_ref: error: --heads (3) must divide --hidden (4)" \
+    $REF --layers 1 --hidden 4 --heads 3 --seq 3 --vocab 5 --random-init 1
+expect_err err-usage-init 2 \
+    "gpt2_ref: error: give exactly one of --init FILE and --random-init SEED" \
+    $REF $SMALL
+expect_err err-usage-data 2 "gpt2_ref: error: --data is required when --steps > 0" \
+    $REF $SMALL --random-init 1 --steps 2
+expect_err err-usage-flag 2 "gpt2_ref: error: unknown flag '--layer'" \
+    $REF --layer 1
+
+# -- Against PyTorch (float64) ---------------------------------------------------------------
+
+# 8 steps, global batch 6 = mbs 1 x nmb 3 x dp 2 from a shard, warm-up 2, clipping active early
+# (grad norms above 1). torch-golden compares the log with torch's numbers recorded in
+# tests/refcheck/torch_golden.txt (runs everywhere); torch re-runs torch when it is installed
+# and also compares the final weights. Loss, lr and norm must agree to 1e-12, weights to 1 ulp.
+TC="--layers 2 --hidden 16 --heads 2 --seq 12 --vocab 64"
+TC_ARGS="2 16 2 12 64 1 3 2 1e-2 1e-3 2 8 8"
+tc_ok=0
+if run_ok torch-golden $REF $TC --random-init 4 --save-init "$D/tc_init.safetensors" &&
+   run_ok torch-golden $REF $TC --init "$D/tc_init.safetensors" --data "$D/syn64_shard.bin" \
+        --steps 8 --mbs 1 --nmb 3 --dp 2 --lr 1e-2 --min-lr 1e-3 --warmup 2 \
+        --log "$D/tc.jsonl" --save "$D/tc_final.safetensors"; then
+    tc_ok=1
+    grep -v '^#' tests/refcheck/torch_golden.txt > "$D/golden.txt"
+    for k in loss lr grad_norm; do field $k "$D/tc.jsonl"; done > "$D/tc.got"
+    for c in 2 3 4; do cut -d' ' -f$c "$D/golden.txt"; done > "$D/tc.want"
+    if ! field grad_norm "$D/tc.jsonl" | awk '$1 > 1 { n++ } END { exit !(n > 0) }'; then
+        fail torch-golden "no step had a grad norm above the clip (1.0): clipping not exercised"
+    elif [ "$(wc -l < "$D/tc.got")" -ne 24 ] ||
+         ! same_values "$D/tc.got" "$D/tc.want" 1e-12 > "$D/tc.diff"; then
+        head -n 5 "$D/tc.diff"
+        fail torch-golden "loss/lr/grad_norm differ from torch's (tests/refcheck/torch_golden.txt)"
+    else
+        pass torch-golden
+    fi
+fi
+
+PY=""
+for p in python3 /usr/bin/python3; do
+    if command -v "$p" > /dev/null 2>&1 && "$p" -c 'import torch' > /dev/null 2>&1; then
+        PY=$p
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "SKIP refcheck/torch: PyTorch not installed (apt-get install python3-torch)"
+elif [ $tc_ok -eq 1 ]; then
+    if "$PY" tests/refcheck/torch_check.py "$D/tc_init.safetensors" "$D/syn64_shard.bin" \
+            "$D/tc.jsonl" "$D/tc_final.safetensors" $TC_ARGS > "$D/torch.txt" 2>&1; then
+        pass torch
+    else
+        tail -n 5 "$D/torch.txt"
+        fail torch "$(tail -n 1 "$D/torch.txt")"
+    fi
+fi
+exit 0

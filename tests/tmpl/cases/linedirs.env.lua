@@ -1,0 +1,1 @@
+return { items = { "b", "c" }, on = true, title = "t" }, { line_dirs = true }

@@ -1,0 +1,1 @@
+return { on = true, list = { "a", "b" } }

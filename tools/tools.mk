@@ -1,0 +1,21 @@
+# tools/tools.mk: user tools (tokenizer) and the demo corpus. Included by the top Makefile.
+
+TOOLS := build/tools/tokenize
+ALL_TARGETS += $(TOOLS)
+
+build/tools/%: tools/%.c
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS_C) -o $@ $< $(LDFLAGS_TOOLS)
+
+-include $(wildcard build/tools/*.d)
+
+# The demo corpus: English text from Debian's fortunes package (no internet needed), as byte
+# tokens. Files are taken in sorted order so the corpus is the same on every machine.
+FORTUNES_DIR ?= /usr/share/games/fortunes
+.PHONY: data
+data: data/corpus.bin
+data/corpus.bin: build/tools/tokenize
+	@test -d $(FORTUNES_DIR) || { echo "make: error: $(FORTUNES_DIR) missing; run 'make deps' (package fortunes)"; exit 1; }
+	$(Q)mkdir -p data
+	$(Q)build/tools/tokenize -o $@ $$(LC_ALL=C ls -d $(FORTUNES_DIR)/* | grep -v -E '\.(dat|u8)$$' | while read f; do test -f "$$f" && echo "$$f"; done)
