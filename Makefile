@@ -68,7 +68,7 @@ ALL_TARGETS :=
 CLEAN_FILES :=
 
 .DEFAULT_GOAL := default
-.PHONY: default all deps test help echo clean
+.PHONY: default all deps test help echo clean golden-update bench-gen
 
 include $(wildcard gen/gen.mk runtime/runtime.mk tools/tools.mk tests/tests.mk bench/bench.mk)
 
@@ -117,6 +117,13 @@ deps:
 
 test: all
 	$(Q)tests/run.sh $(SUITE)
+
+# Rewrite the golden outputs after an intended change; review the diff before committing.
+golden-update: build/gen
+	$(Q)tests/golden/suite.sh --update
+
+bench-gen: build/gen
+	$(Q)bench/gen_bench.sh
 
 echo:
 	@echo "CC=$(CC) MPICC=$(MPICC) NVCC=$(NVCC) RE2C=$(RE2C) LUA_PKG=$(LUA_PKG)"

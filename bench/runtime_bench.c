@@ -128,8 +128,8 @@ static void set_pool(int threads)
     rt__pool_init(threads);
 }
 
-/* GFLOP/s of one shape: impl 0 = rt_gemm (pool of 'threads'), 1 = cblas_sgemm with OpenBLAS
-** running 'threads' threads itself. Median of 5 timed rounds of >= 0.15 s. */
+/* GFLOP/s of one timed round (>= 0.1 s) of one shape: impl 0 = rt_gemm on a pool of
+** 'threads', 1 = cblas_sgemm with OpenBLAS running 'threads' threads itself. */
 static double gflops(const shape *s, int impl, int threads, float *A, float *B, float *C)
 {
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
@@ -140,25 +140,26 @@ static double gflops(const shape *s, int impl, int threads, float *A, float *B, 
         set_pool(1);
         openblas_set_num_threads(threads);
     }
-    double fl = 2.0 * s->m * s->n * s->k, t[5];
-    for (int rep = -1; rep < 5; rep++) {
-        int iters = 0;
-        double t0 = rt_now(), el;
-        do {
-            if (impl == 0)
-                rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, 0, B, ldb, 0, s->beta, C,
-                        s->n, 0, 1, RT_F32);
-            else
-                cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
-                            s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k, 1.0f, A, lda,
-                            B, ldb, s->beta, C, s->n);
-            iters++;
-            el = rt_now() - t0;
-        } while (el < 0.15);
-        if (rep >= 0)
-            t[rep] = fl * iters / el * 1e-9;
+    int iters = 0;
+    double t0 = rt_now(), el;
+    do {
+        if (impl == 0)
+            rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, 0, B, ldb, 0, s->beta, C,
+                    s->n, 0, 1, RT_F32);
+        else
+            cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
+                        s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k, 1.0f, A, lda, B,
+                        ldb, s->beta, C, s->n);
+        iters++;
+        el = rt_now() - t0;
+    } while (el < 0.1);
+    if (impl == 1 && threads > 1) {
+        /* OpenBLAS's idle workers keep spinning for a while after a threaded call (the trap
+        ** bench_threads shows); let them go to sleep before the next measurement */
+        struct timespec ts = { 0, 300 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
     }
-    return median(t, 5);
+    return 2.0 * s->m * s->n * (double)s->k * iters / el * 1e-9;
 }
 
 static void bench_gemm(void)
@@ -176,15 +177,22 @@ static void bench_gemm(void)
         A[i] = (float)((i * 7) % 13) * 0.01f;
     for (size_t i = 0; i < maxb; i++)
         B[i] = (float)((i * 5) % 11) * 0.01f;
-    printf("gemm: GFLOP/s, f32, GPT-2 124M shapes at B*T = 256 (median of 5 rounds)\n");
+    printf("gemm: GFLOP/s, f32, GPT-2 124M shapes at B*T = 256 (median of 5 rounds, the four "
+           "columns measured in turn in each round)\n");
     printf("%-16s %5s %5s %5s   %9s %9s   %9s %9s\n", "shape", "m", "n", "k", "OpenBLAS1",
            "rt 1thr", "OpenBLAS2", "rt 2thr");
     double sum[4] = { 0, 0, 0, 0 };
     int cnt = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shape *s = &shapes[i];
-        double g[4] = { gflops(s, 1, 1, A, B, C), gflops(s, 0, 1, A, B, C),
-                        gflops(s, 1, 2, A, B, C), gflops(s, 0, 2, A, B, C) };
+        double r[4][5], g[4];
+        for (int j = 0; j < 4; j++)             /* warm-up */
+            gflops(s, j % 2 == 0, j < 2 ? 1 : 2, A, B, C);
+        for (int rep = 0; rep < 5; rep++)
+            for (int j = 0; j < 4; j++)
+                r[j][rep] = gflops(s, j % 2 == 0, j < 2 ? 1 : 2, A, B, C);
+        for (int j = 0; j < 4; j++)
+            g[j] = median(r[j], 5);
         printf("%-16s %5d %5d %5d   %9.1f %9.1f   %9.1f %9.1f\n", s->name, s->m, s->n, s->k,
                g[0], g[1], g[2], g[3]);
         for (int j = 0; j < 4; j++)

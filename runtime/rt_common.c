@@ -233,6 +233,82 @@ double rt__poll_pause(rt__poll *p)
     return waited;
 }
 
+/* -- Watchdog thread ----------------------------------------------------------------------- */
+
+/* Blocking calls (MPI collectives, NCCL setup and kernels) are armed with a deadline; a thread
+** that wakes every WD_TICK_S aborts the job when an armed call outlives it. Waits that poll
+** (p2p, barriers) check their own deadline and name the pending operations. */
+#define WD_TICK_S 0.05
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_t       tid;
+    int             on, stop, armed;
+    double          deadline;
+    const char     *op;          /* valid while armed (the armed call is still running) */
+    const rt_group *g;
+} wd = { PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0, NULL, NULL };
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct timespec ts = { 0, (long)(WD_TICK_S * 1e9) };
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&wd.mu);
+        if (wd.stop) {
+            pthread_mutex_unlock(&wd.mu);
+            return NULL;
+        }
+        if (wd.armed && rt_now() > wd.deadline) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "watchdog: %s%s%s did not complete within %g s", wd.op,
+                     wd.g ? " on " : "", wd.g ? wd.g->desc : "", rt__st.timeout);
+            pthread_mutex_unlock(&wd.mu);
+            rt__die("%s", msg);
+        }
+        pthread_mutex_unlock(&wd.mu);
+    }
+}
+
+void rt__wd_start(void)
+{
+    if (wd.on)
+        return;
+    int rc = pthread_create(&wd.tid, NULL, watchdog, NULL);
+    RT_CHECK(rc == 0, "cannot start the watchdog thread: %s", strerror(rc));
+    wd.on = 1;
+}
+
+void rt__wd_stop(void)
+{
+    if (!wd.on)
+        return;
+    pthread_mutex_lock(&wd.mu);
+    wd.stop = 1;
+    pthread_mutex_unlock(&wd.mu);
+    pthread_join(wd.tid, NULL);
+    wd.on = 0;
+    wd.stop = 0;
+}
+
+void rt__wd_arm(const char *op, const rt_group *g)
+{
+    pthread_mutex_lock(&wd.mu);
+    wd.op = op;
+    wd.g = g;
+    wd.deadline = rt__st.timeout > 0 ? rt_now() + rt__st.timeout : 1e300;
+    wd.armed = 1;
+    pthread_mutex_unlock(&wd.mu);
+}
+
+void rt__wd_disarm(void)
+{
+    pthread_mutex_lock(&wd.mu);
+    wd.armed = 0;
+    pthread_mutex_unlock(&wd.mu);
+}
+
 /* -- Thread pool --------------------------------------------------------------------------- */
 
 /* One pool per process: nthreads-1 workers plus the calling (main) thread. A job is published

@@ -25,12 +25,12 @@ void rt__status_text(rt_err_kind kind, int status, char *buf, size_t len)
 /* -- Launch -------------------------------------------------------------------------------- */
 
 /*
-** Start MPI (FUNNELED), check the world size, hold OpenBLAS to one thread and start the
+** Start MPI, check the world size, hold OpenBLAS to one thread and start the
 ** pool (rt_threads()). See rt.h for the environment variables.
 */
 void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
-    rt__mpi_init(argc, argv, expected_world, layout, MPI_THREAD_FUNNELED);
+    rt__mpi_init(argc, argv, expected_world, layout);
     openblas_set_num_threads(1);
     rt__pool_init(rt__default_threads());
 }

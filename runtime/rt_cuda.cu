@@ -4,7 +4,8 @@
 ** Philox kernel, and communication over NCCL (one communicator per group, ids broadcast over
 ** the group's MPI communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI
 ** through pinned host staging. Everything runs on the legacy default stream; generated
-** kernels launch there too. A watchdog thread aborts NCCL calls that outlive the deadline.
+** kernels launch there too. NCCL calls and their completion are armed on the runtime's
+** watchdog thread (rt_common.c), which aborts the communicators and the job on expiry.
 */
 #include "rt_internal.h"   // defines: rt_group, rt__st, rt__h_*, rt__poll, rt__die, ...
 #include "rt_philox.h"     // defines: rt__normal_at (host and device)
@@ -13,10 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 static struct {
     int             inited;
@@ -27,12 +26,6 @@ static struct {
     int             ncomms, capcomms;
     void           *stage[2];        /* pinned staging buffers (MPI transport) */
     size_t          stagecap[2];
-    /* watchdog thread: armed around every NCCL call sequence and its completion */
-    pthread_t       wd;
-    pthread_mutex_t mu;
-    int             wd_on, wd_stop, armed;
-    double          deadline;
-    char            what[256];
 } cu;
 
 /* -- Errors ---------------------------------------------------------------------------------- */
@@ -88,45 +81,8 @@ static void comm_forget(ncclComm_t c)
         }
 }
 
-/* -- Watchdog thread ------------------------------------------------------------------------- */
-
-static void *watchdog(void *)
-{
-    for (;;) {
-        struct timespec ts = { 0, 50 * 1000 * 1000 };
-        nanosleep(&ts, NULL);
-        pthread_mutex_lock(&cu.mu);
-        if (cu.wd_stop) {
-            pthread_mutex_unlock(&cu.mu);
-            return NULL;
-        }
-        int fire = cu.armed && rt__st.timeout > 0 && rt_now() > cu.deadline;
-        char what[256];
-        memcpy(what, cu.what, sizeof what);
-        pthread_mutex_unlock(&cu.mu);
-        if (fire)
-            rt__die("watchdog: %s did not complete within %g s", what, rt__st.timeout);
-    }
-}
-
-static void arm(const char *op, const rt_group *g)
-{
-    pthread_mutex_lock(&cu.mu);
-    snprintf(cu.what, sizeof cu.what, "%s on %s", op, g ? g->desc : "p2p");
-    cu.deadline = rt_now() + rt__st.timeout;
-    cu.armed = 1;
-    pthread_mutex_unlock(&cu.mu);
-}
-
-static void disarm(void)
-{
-    pthread_mutex_lock(&cu.mu);
-    cu.armed = 0;
-    pthread_mutex_unlock(&cu.mu);
-}
-
 /* Poll the default stream until the enqueued NCCL work is done, watching the communicator's
-** asynchronous error (the watchdog thread enforces the deadline). */
+** asynchronous error (the armed watchdog thread enforces the deadline). */
 static void stream_wait(ncclComm_t comm)
 {
     rt__poll p;
@@ -181,22 +137,21 @@ static void nccl_setup(rt_group *g)
         RT_NCCL(ncclGetUniqueId(&id));
     rt__h_broadcast(&id, sizeof id / sizeof(int32_t), RT_I32, 0, g);
     ncclComm_t c;
-    arm("NCCL communicator setup", g);
+    rt__wd_arm("NCCL communicator setup", g);
     RT_NCCL(ncclCommInitRank(&c, g->size, id, g->rank));
-    disarm();
+    rt__wd_disarm();
     comm_register(c);
     g->dev = c;
 }
 
 /*
-** Start MPI (THREAD_MULTIPLE: the watchdog thread may call MPI_Abort), pick the device by
-** local rank, choose the transport (RT_TRANSPORT=nccl|mpi; by default MPI when any node has
-** more ranks than GPUs), create cuBLAS (default math: no TF32), the world NCCL communicator,
-** the thread pool and the watchdog thread.
+** Start MPI and the watchdog (rt__mpi_init), pick the device by local rank, choose the
+** transport (RT_TRANSPORT=nccl|mpi; by default MPI when any node has more ranks than GPUs),
+** create cuBLAS (default math: no TF32), the world NCCL communicator and the thread pool.
 */
 void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
-    rt__mpi_init(argc, argv, expected_world, layout, MPI_THREAD_MULTIPLE);
+    rt__mpi_init(argc, argv, expected_world, layout);
     cudaError_t e = cudaGetDeviceCount(&cu.ndev);
     if (e != cudaSuccess || cu.ndev < 1)
         rt__die("CUDA backend: no usable GPU (%s)",
@@ -222,10 +177,6 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
     RT_CUBLAS(cublasSetMathMode(cu.blas, CUBLAS_DEFAULT_MATH));
     RT_CUBLAS(cublasSetStream(cu.blas, 0));
 
-    pthread_mutex_init(&cu.mu, NULL);
-    int rc = pthread_create(&cu.wd, NULL, watchdog, NULL);
-    RT_CHECK(rc == 0, "cannot start the watchdog thread: %s", strerror(rc));
-    cu.wd_on = 1;
     rt__abort_hook = abort_nccl;
     cu.inited = 1;
     nccl_setup(rt__world);
@@ -249,13 +200,6 @@ void rt_finalize(void)
             cudaFreeHost(cu.stage[i]);
     cublasDestroy(cu.blas);
     rt__mpi_finalize();
-    if (cu.wd_on) {
-        pthread_mutex_lock(&cu.mu);
-        cu.wd_stop = 1;
-        pthread_mutex_unlock(&cu.mu);
-        pthread_join(cu.wd, NULL);
-        cu.wd_on = 0;
-    }
     rt__abort_hook = NULL;
     rt__pool_shutdown();
 }
@@ -330,10 +274,10 @@ void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
         return;
     }
     ncclComm_t c = (ncclComm_t)g->dev;
-    arm("allreduce", g);
+    rt__wd_arm("allreduce", g);
     RT_NCCL(ncclAllReduce(buf, buf, n, nccl_type(t), op == RT_MAX ? ncclMax : ncclSum, c, 0));
     stream_wait(c);
-    disarm();
+    rt__wd_disarm();
 }
 
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
@@ -354,10 +298,10 @@ void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *
         return;
     }
     ncclComm_t c = (ncclComm_t)g->dev;
-    arm("allgather", g);
+    rt__wd_arm("allgather", g);
     RT_NCCL(ncclAllGather(send, recv, n, nccl_type(t), c, 0));
     stream_wait(c);
-    disarm();
+    rt__wd_disarm();
 }
 
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
@@ -378,10 +322,10 @@ void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_gr
         return;
     }
     ncclComm_t c = (ncclComm_t)g->dev;
-    arm("reduce-scatter", g);
+    rt__wd_arm("reduce-scatter", g);
     RT_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, c, 0));
     stream_wait(c);
-    disarm();
+    rt__wd_disarm();
 }
 
 void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
@@ -417,7 +361,7 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
         return;
     }
     ncclComm_t c = (ncclComm_t)g->dev;
-    arm("alltoallv", g);
+    rt__wd_arm("alltoallv", g);
     RT_NCCL(ncclGroupStart());
     for (int i = 0; i < p; i++) {
         if (i == me) {
@@ -435,7 +379,7 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
     }
     RT_NCCL(ncclGroupEnd());
     stream_wait(c);
-    disarm();
+    rt__wd_disarm();
 }
 
 void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
@@ -456,10 +400,10 @@ void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
         return;
     }
     ncclComm_t c = (ncclComm_t)g->dev;
-    arm("broadcast", g);
+    rt__wd_arm("broadcast", g);
     RT_NCCL(ncclBroadcast(buf, buf, n, nccl_type(t), root, c, 0));
     stream_wait(c);
-    disarm();
+    rt__wd_disarm();
 }
 
 void rt_barrier(rt_group *g)
@@ -508,7 +452,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
     char what[160];
     snprintf(what, sizeof what, "p2p (%d ops, first: %s rank %d)", nops,
              ops[0].send ? "send to" : "recv from", ops[0].peer);
-    arm(what, NULL);
+    rt__wd_arm(what, NULL);
     RT_NCCL(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
         const rt_p2p_op *o = &ops[i];
@@ -521,7 +465,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
     }
     RT_NCCL(ncclGroupEnd());
     stream_wait(c);
-    disarm();
+    rt__wd_disarm();
 }
 
 void rt_sync(void)

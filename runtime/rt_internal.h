@@ -57,8 +57,12 @@ struct rt_group {
 
 /* -- MPI layer (rt_mpi.c): host buffers only ----------------------------------------------- */
 
-/* MPI_Init_thread(level), world check (exits on mismatch), local rank, atexit guard, env. */
-void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout, int level);
+/* Collectives are blocking MPI calls armed on the watchdog thread (OpenMPI's blocking
+** algorithms ran up to 2x faster than its nonblocking ones here, see bench/); p2p and barriers
+** are nonblocking calls completed by a polling loop that backs off to sleeping. */
+
+/* MPI_Init_thread(MULTIPLE), world check (exits on mismatch), local rank, atexit guard, env. */
+void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout);
 void rt__mpi_finalize(void);
 extern rt_group *rt__world;      /* the world group (communicator: a dup of MPI_COMM_WORLD) */
 
@@ -84,6 +88,18 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops);
 typedef struct { double t0; long polls; } rt__poll;
 void   rt__poll_start(rt__poll *p);
 double rt__poll_pause(rt__poll *p);
+
+/* -- Watchdog thread (rt_common.c) -------------------------------------------------------- */
+
+/* Started by rt__mpi_init, stopped by rt__mpi_finalize. Arm before a call that may block
+** (main thread), disarm after: if it is still armed rt_timeout() seconds later the thread
+** prints "[rank r/w] watchdog: <op> on <group desc> did not complete within T s" and aborts the
+** job (MPI_Abort from that thread: MPI runs at MPI_THREAD_MULTIPLE). 'op' and 'g' must stay
+** valid until disarmed; g may be NULL. */
+void rt__wd_start(void);
+void rt__wd_stop(void);
+void rt__wd_arm(const char *op, const rt_group *g);
+void rt__wd_disarm(void);
 
 /* -- Threads and scratch (rt_common.c) ----------------------------------------------------- */
 

@@ -57,6 +57,10 @@ static int wait_reqs(MPI_Request *r, int n, const char *op, const rt_group *g)
     }
 }
 
+/* A blocking MPI collective under the watchdog thread. */
+#define COLL(x, op, g) \
+    do { rt__wd_arm(op, g); CHECK_MPI(x, op, g); rt__wd_disarm(); } while (0)
+
 static void wait_coll(MPI_Request *r, int n, const char *op, const rt_group *g)
 {
     if (wait_reqs(r, n, op, g))
@@ -132,17 +136,18 @@ static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, 
 }
 
 /*
-** Start MPI (thread level 'level'), learn rank/world/local rank, read RT_TIMEOUT, and check
-** the world size against 'expected_world' (mismatch: rank 0 prints the one message, every
-** rank finalizes and exits 1). Creates the world group and the p2p communicator, and arms
-** the guard that aborts the job when a rank exits without rt_finalize.
+** Start MPI (MPI_THREAD_MULTIPLE: the watchdog thread may call MPI_Abort), learn
+** rank/world/local rank, read RT_TIMEOUT, and check the world size against 'expected_world'
+** (mismatch: rank 0 prints the one message, every rank finalizes and exits 1). Creates the
+** world group and the p2p communicator, starts the watchdog thread, and arms the guard that
+** aborts the job when a rank exits without rt_finalize.
 */
-void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout, int level)
+void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
     RT_CHECK(!rt__st.inited, "rt_init called twice");
     int up = 0, provided = 0;
     MPI_Initialized(&up);
-    if (!up && MPI_Init_thread(argc, argv, level, &provided) != MPI_SUCCESS) {
+    if (!up && MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "[rank ?/?] MPI_Init_thread failed\n");
         exit(1);
     }
@@ -198,6 +203,7 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
     RT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm));
     RT_MPI(MPI_Comm_set_errhandler(p2p_comm, MPI_ERRORS_RETURN));
 
+    rt__wd_start();
     rt__st.inited = 1;
     atexit(exit_guard);
 }
@@ -211,6 +217,7 @@ void rt__mpi_finalize(void)
     if (!rt__st.inited || rt__st.finalized)
         return;
     rt__h_barrier(rt__world, "finalize");
+    rt__wd_stop();
     MPI_Comm_free(&p2p_comm);
     MPI_Comm_free(&rt__world->comm);
     free(rt__world->members);
@@ -355,25 +362,21 @@ void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
     size_t es = rt_dtype_size(t);
     if (n == 0 || g->size == 1)
         return;
-    MPI_Request req;
     if (t == RT_BF16) {
         uint16_t *h = (uint16_t *)buf;
         for (size_t off = 0; off < n; off += BF16_CHUNK) {
             size_t c = n - off < BF16_CHUNK ? n - off : BF16_CHUNK;
             float *f = rt__scratch(0, c * sizeof(float));
             rt__bf16_to_f32_n(f, h + off, c);
-            CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, f, (int)c, MPI_FLOAT, mop, g->comm, &req),
-                      opn, g);
-            wait_coll(&req, 1, opn, g);
+            COLL(MPI_Allreduce(MPI_IN_PLACE, f, (int)c, MPI_FLOAT, mop, g->comm), opn, g);
             rt__f32_to_bf16_n(h + off, f, c);
         }
         return;
     }
     for (size_t off = 0; off < n; off += CHUNK) {
         size_t c = n - off < CHUNK ? n - off : CHUNK;
-        CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)c, mpi_type(t), mop,
-                                 g->comm, &req), opn, g);
-        wait_coll(&req, 1, opn, g);
+        COLL(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)c, mpi_type(t), mop,
+                           g->comm), opn, g);
     }
 }
 
@@ -401,10 +404,7 @@ void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_grou
         memcpy(tmp, send, bytes);
         src = tmp;
     }
-    MPI_Request req;
-    CHECK_MPI(MPI_Iallgather(src, c, mpi_type(t), recv, c, mpi_type(t), g->comm, &req),
-              "allgather", g);
-    wait_coll(&req, 1, "allgather", g);
+    COLL(MPI_Allgather(src, c, mpi_type(t), recv, c, mpi_type(t), g->comm), "allgather", g);
 }
 
 /*
@@ -424,14 +424,11 @@ void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt
         return;
     }
     int c = int_count(n, "count", opn, g);
-    MPI_Request req;
     if (t == RT_BF16) {
         float *fs = rt__scratch(0, all * sizeof(float));
         float *fr = rt__scratch(1, n * sizeof(float));
         rt__bf16_to_f32_n(fs, (const uint16_t *)send, all);
-        CHECK_MPI(MPI_Ireduce_scatter_block(fs, fr, c, MPI_FLOAT, MPI_SUM, g->comm, &req),
-                  opn, g);
-        wait_coll(&req, 1, opn, g);
+        COLL(MPI_Reduce_scatter_block(fs, fr, c, MPI_FLOAT, MPI_SUM, g->comm), opn, g);
         rt__f32_to_bf16_n((uint16_t *)recv, fr, n);
         return;
     }
@@ -441,9 +438,7 @@ void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt
         memcpy(tmp, send, all * es);
         src = tmp;
     }
-    CHECK_MPI(MPI_Ireduce_scatter_block(src, recv, c, mpi_type(t), MPI_SUM, g->comm, &req),
-              opn, g);
-    wait_coll(&req, 1, opn, g);
+    COLL(MPI_Reduce_scatter_block(src, recv, c, mpi_type(t), MPI_SUM, g->comm), opn, g);
 }
 
 /*
@@ -473,10 +468,8 @@ void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdis
         ic[2 * p + i] = int_count(rcounts[i], "receive count", opn, g);
         ic[3 * p + i] = int_count(rdispls[i], "receive displacement", opn, g);
     }
-    MPI_Request req;
-    CHECK_MPI(MPI_Ialltoallv(send, ic, ic + p, mpi_type(t), recv, ic + 2 * p, ic + 3 * p,
-                             mpi_type(t), g->comm, &req), opn, g);
-    wait_coll(&req, 1, opn, g);
+    COLL(MPI_Alltoallv(send, ic, ic + p, mpi_type(t), recv, ic + 2 * p, ic + 3 * p, mpi_type(t),
+                       g->comm), opn, g);
 }
 
 void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
@@ -487,12 +480,10 @@ void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
     size_t es = rt_dtype_size(t);
     if (n == 0 || g->size == 1)
         return;
-    MPI_Request req;
     for (size_t off = 0; off < n; off += CHUNK) {
         size_t c = n - off < CHUNK ? n - off : CHUNK;
-        CHECK_MPI(MPI_Ibcast((char *)buf + off * es, (int)c, mpi_type(t), root, g->comm, &req),
-                  "broadcast", g);
-        wait_coll(&req, 1, "broadcast", g);
+        COLL(MPI_Bcast((char *)buf + off * es, (int)c, mpi_type(t), root, g->comm), "broadcast",
+             g);
     }
 }
 

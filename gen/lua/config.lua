@@ -1,11 +1,12 @@
 -- config.lua: load a model description (sandboxed) and validate it with the parallel sizes.
 -- config.load(opts) -> Config (ir.lua). Every rule Megatron-LM enforces on these sizes is
 -- checked here (megatron-semantics.md 1.3, 2), plus the ones it forgets; problems are collected
--- and raised together (diag.collector). Errors about a model value point at the line of its
+-- and raised together (diag.collect). Errors about a model value point at the line of its
 -- key in the model file; errors about sizes alone read "gen: error: ...".
 -- Reads the model file; otherwise pure. Called by driver.lua and the tests.
 
 local diag = require("diag")
+local host = require("host")
 local ir = require("ir")
 local json = require("json")
 local sandbox = require("sandbox")
@@ -273,7 +274,6 @@ end
 local function read_model(file)
     local f = io.open(file, "rb")
     if not f and file:sub(1, 1) ~= "/" then
-        local host = package.loaded.host or require("host")
         f = io.open(host.root() .. "/" .. file, "rb")
     end
     if not f then
@@ -306,7 +306,8 @@ function M.model_from_source(src, file, name)
     if not (type(result) == "table" and marks[result] == "gpt") then
         diag.error({ file = file, line = 1 },
                    "a model description must end with 'return gpt { ... }' (it returned %s)",
-                   result == nil and "nothing" or show(result))
+                   result == nil and "nothing" or type(result) == "table" and
+                   "a table not made by gpt{ }" or show(result))
     end
 
     local code = code_only(src)
@@ -337,8 +338,11 @@ function M.model_from_source(src, file, name)
             "top_k (%d) must not exceed experts (%d)", m.top_k, m.experts) }
     end
     if #probs > 0 then
-        table.sort(probs, function(a, b) return a[1] < b[1] end)
-        local c = diag.collector()
+        table.sort(probs, function(a, b)
+            if a[1] ~= b[1] then return a[1] < b[1] end
+            return a[2] < b[2]
+        end)
+        local c = diag.collect()
         for _, p in ipairs(probs) do c.add({ file = file, line = p[1] }, "%s", p[2]) end
         c.raise()
     end
@@ -438,9 +442,9 @@ local function stride_of(axes, sizes, name)
     end
 end
 
--- Validate sizes 'opts' against 'model' -> Config. Pure (no I/O).
+-- Validate sizes 'opts' against 'model' -> Config. No I/O but the warning it may print.
 function M.configure(model, opts)
-    local errs = diag.collector()
+    local errs = diag.collect()
     local function model_at(key, moe)
         local rec = moe and model.moe or model
         return { file = model.file, line = rec.lines[key] or rec.line }
@@ -489,11 +493,15 @@ function M.configure(model, opts)
 
     -- megatron initialize_model_parallel, in its order.
     if V > 1 and P == 1 then
-        errs.add(nil, "VP (%d) needs PP > 1: the interleaved schedule splits each pipeline stage " ..
-                 "into VP chunks", V)
+        errs.add(nil, "VP (%d) needs PP > 1: the interleaved schedule splits each pipeline " ..
+                 "stage into VP chunks", V)
     end
     local in_order, reported = {}, {}
     for _, a in ipairs(listed) do in_order[a] = true end
+    local axes = util.copy(listed)              -- the order Megatron's generators use
+    for _, a in ipairs(M.APPEND_ORDER) do
+        if not in_order[a] then axes[#axes + 1] = a end
+    end
     local dense = { tp = T, cp = C, ep = 1, dp = D, pp = P }
     local function missing(sizes, names)
         for _, a in ipairs(M.APPEND_ORDER) do
@@ -509,8 +517,9 @@ function M.configure(model, opts)
     local etmp = Te * E * P
     local De
     if world % etmp ~= 0 then
-        errs.add(nil, "the world (TP*CP*DP*PP = %d) is not divisible by ETP*EP*PP = %d*%d*%d = %d " ..
-                 "(choose EP and ETP so that ETP*EP*PP divides %d)", world, Te, E, P, etmp, world)
+        errs.add(nil, "the world (TP*CP*DP*PP = %d) is not divisible by ETP*EP*PP = " ..
+                 "%d*%d*%d = %d (choose EP and ETP so that ETP*EP*PP divides %d)", world, Te, E,
+                 P, etmp, world)
     else
         De = world // etmp
         local expert = { tp = Te, cp = 1, ep = E, dp = De, pp = P }
@@ -520,14 +529,11 @@ function M.configure(model, opts)
                      "EDP = %d must equal DP = %d (put pp last, or choose EP/ETP so that EDP = DP)",
                      order, De, D)
         elseif P > 1 then
-            local axes = util.copy(listed)
-            for _, a in ipairs(M.APPEND_ORDER) do
-                if not in_order[a] then axes[#axes + 1] = a end
-            end
             local sd, se = stride_of(axes, dense, "pp"), stride_of(axes, expert, "pp")
             if sd ~= se then
                 errs.add(nil, "ORDER '%s' gives the attention and expert grids different " ..
-                         "pipeline groups (pp stride %d vs %d); put pp last", order, sd, se)
+                         "pipeline groups (next stage %d ranks away vs %d); put pp last",
+                         order, sd, se)
             end
         end
     end
@@ -592,8 +598,8 @@ function M.configure(model, opts)
         if Lm < 0 then
             errs.add(lat, "%s exceed%s layers (%d)", given, verb, L)
         elseif Lm == 0 and Pm > 0 then
-            errs.add(lat, "%s leave%s no layers for the other %d stage%s (layers is %d)", given,
-                     verb, Pm, Pm == 1 and "" or "s", L)
+            errs.add(lat, "%s leave%s no layers for the other %s (layers is %d)", given, verb,
+                     Pm == 1 and "stage" or (Pm .. " stages"), L)
         elseif Lm > 0 and Pm == 0 then
             errs.add(lat, "%s leave %d of %d layers without a stage: with PP %d there are no " ..
                      "middle stages (make them add up to %d)", given, Lm, L, P, L)
@@ -642,10 +648,6 @@ function M.configure(model, opts)
                   "sequence parallelism here (add SP=1)", E, T)
     end
 
-    local axes = util.copy(listed)
-    for _, a in ipairs(M.APPEND_ORDER) do
-        if not in_order[a] then axes[#axes + 1] = a end
-    end
     local s = {
         tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V, world = world,
         order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,

@@ -23,7 +23,7 @@ function M.is_user_error(e)
     return type(e) == "table" and (type(e.msg) == "string" or type(e.errors) == "table")
 end
 
--- The text the host prints for one error record (used by tests and by the dev shim).
+-- The text the host prints for one error record (for tests).
 function M.format(rec, kind)
     kind = kind or "error"
     if rec.file and rec.line then
@@ -46,28 +46,26 @@ function M.warn(at, fmt, ...)
     io.stderr:write(M.format(M.make(at, fmt, ...), "warning"), "\n")
 end
 
+-- Raise the error records in 'list' together (nothing when it is empty). Beyond CAP they are
+-- counted in one last line.
+function M.raise(list)
+    if #list == 0 then return end
+    if #list == 1 then error(list[1], 0) end
+    local errs = {}
+    for i = 1, math.min(#list, M.CAP) do errs[i] = list[i] end
+    if #list > M.CAP then
+        local more = #list - M.CAP
+        errs[#errs + 1] = M.make(nil, "%d more error%s not shown", more, more == 1 and "" or "s")
+    end
+    error({ errors = errs }, 0)
+end
+
 -- A collector: add() problems as they are found, raise() them together at the end.
--- Beyond CAP, problems are counted and summarised in one last line.
-function M.collector()
-    local c = { list = {}, dropped = 0 }
-    function c.add(at, fmt, ...)
-        if #c.list < M.CAP then
-            c.list[#c.list + 1] = M.make(at, fmt, ...)
-        else
-            c.dropped = c.dropped + 1
-        end
-    end
-    function c.count() return #c.list + c.dropped end
-    function c.raise()
-        if #c.list == 0 then return end
-        local errs = {}
-        for i, rec in ipairs(c.list) do errs[i] = rec end
-        if c.dropped > 0 then
-            errs[#errs + 1] = M.make(nil, "%d more error%s not shown", c.dropped,
-                                     c.dropped == 1 and "" or "s")
-        end
-        error({ errors = errs }, 0)
-    end
+function M.collect()
+    local c = { list = {} }
+    function c.add(at, fmt, ...) c.list[#c.list + 1] = M.make(at, fmt, ...) end
+    function c.count() return #c.list end
+    function c.raise() M.raise(c.list) end
     return c
 end
 

@@ -19,9 +19,9 @@ local topology = require("topology")
 
 local M = {}
 
--- ORDER DUMPS: what --dump accepts, and how many passes each needs.
-M.DUMPS = { "config", "topology", "partition", "shards", "schema" }
-local DUMP_NEEDS = { config = 1, topology = 2, partition = 3, shards = 4, schema = 0 }
+-- What --dump accepts, in --help order, with the number of passes each needs to run.
+M.DUMPS = { { "config", 1 }, { "topology", 2 }, { "partition", 3 }, { "shards", 4 },
+            { "schema", 0 } }
 
 local MODES = { "print_out", "dump", "check", "inspect" }
 local MODE_FLAG = { print_out = "--print-out", dump = "--dump", check = "--check",
@@ -39,6 +39,9 @@ end
 
 function M.run(opts)
     assert(type(opts) == "table", "driver.run: opts must be a table")
+    -- Rendering makes many short-lived strings; the generational collector keeps the peak
+    -- near the live size (gpt3_175b at 65536 ranks: 100-120 MiB instead of 165 MiB).
+    collectgarbage("generational")
     local modes = {}
     for _, m in ipairs(MODES) do
         if opts[m] then modes[#modes + 1] = MODE_FLAG[m] end
@@ -48,10 +51,14 @@ function M.run(opts)
     end
 
     if opts.dump ~= nil then
-        local need = DUMP_NEEDS[opts.dump]
+        local need, names = nil, {}
+        for i, d in ipairs(M.DUMPS) do
+            names[i] = d[1]
+            if d[1] == opts.dump then need = d[2] end
+        end
         if not need then
             diag.error(nil, "--dump %s: unknown pass (one of: %s)", tostring(opts.dump),
-                       table.concat(M.DUMPS, ", "))
+                       table.concat(names, ", "))
         end
         if opts.dump == "schema" then
             io.write(json.encode(ir.schema()))

@@ -32,10 +32,11 @@ local function header(cfg)
     lines[#lines + 1] = string.format("training  mbs %d, nmb %d, seq %d, sp %s, " ..
                                       "distributed optimizer %s", cfg.mbs, cfg.nmb, cfg.seq,
                                       cfg.sp and "on" or "off", cfg.dist_opt and "on" or "off")
-    if cfg.first_layers or cfg.last_layers then
-        lines[#lines + 1] = string.format("uneven    first stage %s layers, last stage %s layers",
-                                          tostring(cfg.first_layers or "even"),
-                                          tostring(cfg.last_layers or "even"))
+    local uneven = {}
+    if cfg.first_layers then uneven[1] = string.format("first stage %d", cfg.first_layers) end
+    if cfg.last_layers then uneven[#uneven + 1] = string.format("last stage %d", cfg.last_layers) end
+    if #uneven > 0 then
+        lines[#lines + 1] = "uneven    layers on the " .. table.concat(uneven, ", ")
     end
     return lines
 end
@@ -57,15 +58,8 @@ local function duties(stage, P)
     return #d > 0 and table.concat(d, ", ") or "-"
 end
 
--- Largest local element count over the classes of each stage.
-local function stage_numel(cfg, sh)
-    local n = {}
-    for _, c in ipairs(sh.classes) do
-        if c.numel > (n[c.pp] or 0) then n[c.pp] = c.numel end
-    end
-    return n
-end
-
+-- One class of each stage (the classes of a stage hold equal amounts: every TP rank has the
+-- same local shapes, padding included, and every EP rank as many experts).
 local function stage_class(sh)
     local first = {}
     for _, c in ipairs(sh.classes) do
@@ -95,19 +89,21 @@ function M.summary(cfg, topo, part, sh)
                                   util.thousands(sh.unique), util.thousands(sh.unique_expert),
                                   util.thousands(sh.held))
     out[#out + 1] = ""
-    local numel = stage_numel(cfg, sh)
     local P = cfg.pp
     local pp_kind = topology.kind(topo, "pp")
+    local function stage_ranks(p)
+        local ranks = {}
+        for g = 0, pp_kind.count - 1 do ranks[#ranks + 1] = pp_kind.members[g * P + p + 1] end
+        table.sort(ranks)
+        return ranks
+    end
     if cfg.world <= M.ROWS_MAX then
         out[#out + 1] = "ranks by stage"
         local rows = { { "rank", "pp", "tp", "cp", "dp", "etp", "ep", "edp", "layers", "duties",
                          "params/rank" } }
         for p = 0, P - 1 do
             local st = part.stages[p + 1]
-            local ranks = {}
-            for g = 0, pp_kind.count - 1 do ranks[#ranks + 1] = pp_kind.members[g * P + p + 1] end
-            table.sort(ranks)
-            for _, r in ipairs(ranks) do
+            for _, r in ipairs(stage_ranks(p)) do
                 local c = topology.coords(topo, r)
                 rows[#rows + 1] = { tostring(r), tostring(p), tostring(c.tp), tostring(c.cp),
                                     tostring(c.dp), tostring(c.etp), tostring(c.ep),
@@ -119,24 +115,26 @@ function M.summary(cfg, topo, part, sh)
     else
         out[#out + 1] = "stages"
         local rows = { { "stage", "ranks", "layers", "duties", "params/rank" } }
+        local first = stage_class(sh)
         for p = 0, P - 1 do
-            local st = part.stages[p + 1]
-            local ranks = {}
-            for g = 0, pp_kind.count - 1 do ranks[#ranks + 1] = pp_kind.members[g * P + p + 1] end
-            table.sort(ranks)
+            local st, ranks = part.stages[p + 1], stage_ranks(p)
             rows[#rows + 1] = { tostring(p), util.ranks(ranks, 1, #ranks, 36) ..
                                 string.format(" (%d)", #ranks), chunks_text(st), duties(st, P),
-                                util.thousands(numel[p]) }
+                                util.thousands(first[p].numel) }
         end
         for _, line in ipairs(util.columns(rows, "rlllr")) do out[#out + 1] = line end
     end
     for _, dist in ipairs({ false, true }) do
         out[#out + 1] = ""
-        out[#out + 1] = string.format("memory per rank: params + grads + optimizer state, %s",
-            dist and string.format("distributed optimizer (state over dp-cp %d%s)",
-                                   cfg.dp * cfg.cp, cfg.model.moe and
-                                   string.format(", experts over expt-dp %d", cfg.edp) or "")
-                 or "no distributed optimizer")
+        if dist then
+            local experts = cfg.model.moe and
+                            string.format("; experts over expt-dp = %d", cfg.edp) or ""
+            out[#out + 1] = string.format("memory per rank, distributed optimizer (state " ..
+                                          "sharded over dp-cp = %d%s)", cfg.dp * cfg.cp, experts)
+        else
+            out[#out + 1] = "memory per rank: params + grads + optimizer state, no distributed " ..
+                            "optimizer"
+        end
         for _, line in ipairs(memory_table(cfg, sh, dist)) do out[#out + 1] = line end
     end
     out[#out + 1] = ""
@@ -157,11 +155,14 @@ local function slice_text(piece, shape)
     return "[" .. table.concat(dims, ", ") .. "]"
 end
 
+-- What a param's pieces cover, as slice texts: "all", "padding only", or "[a:b, :]"...
 local function holds(p)
     if #p.pieces == 0 then return { "padding only" } end
-    if #p.pieces == 1 and slice_text(p.pieces[1], p.shape):match("^%[[:, ]*%]$") then
-        return { "all" }
+    local whole = #p.pieces == 1
+    for d = 1, #p.shape do
+        whole = whole and p.pieces[1].start[d] == 0 and p.pieces[1].size[d] == p.shape[d]
     end
+    if whole then return { "all" } end
     local out = {}
     for i, piece in ipairs(p.pieces) do out[i] = slice_text(piece, p.shape) end
     return out
@@ -225,25 +226,36 @@ function M.rank(cfg, topo, part, sh, r)
                             table.concat(p.reduce, ",") }
         held[#rows] = holds(p)
     end
-    -- The "holds" column gets what is left of 100 columns; pieces wrap onto more lines.
-    local used = 2
-    for _, line in ipairs(util.columns(rows, "lrrll")) do used = math.max(used, #line + 4) end
-    local budget = math.max(20, 100 - used)
+    -- "holds" is the last column, its pieces wrapping within 100 columns; when the other
+    -- columns leave too little room, the pieces go on lines of their own below each row.
     local lines = util.columns(rows, "lrrll")
-    local pad = string.rep(" ", used)
+    local used = 0
+    for _, line in ipairs(lines) do used = math.max(used, #line + 4) end
+    local below = 100 - used < 24
+    local col = below and 10 or used
     for i, line in ipairs(lines) do
-        local text = "  " .. line .. string.rep(" ", used - 2 - #line)
-        local cur = (i == 1) and { "holds" } or {}
-        local width = 0
+        local packed, cur = {}, nil
         for _, h in ipairs(held[i] or {}) do
-            if #cur > 0 and width + 1 + #h > budget then
-                out[#out + 1] = text .. table.concat(cur, " ")
-                text, cur, width = pad, {}, 0
+            if cur and #cur + 1 + #h <= 100 - col then
+                cur = cur .. " " .. h
+            else
+                if cur then packed[#packed + 1] = cur end
+                cur = h
             end
-            cur[#cur + 1] = h
-            width = width + #h + 1
         end
-        out[#out + 1] = (text .. table.concat(cur, " ")):gsub("%s+$", "")
+        packed[#packed + 1] = cur
+        local row = "  " .. line
+        if i == 1 then
+            out[#out + 1] = below and row or (row .. string.rep(" ", col - #row) .. "holds")
+        elseif below then
+            out[#out + 1] = row
+            for k, text in ipairs(packed) do
+                out[#out + 1] = (k == 1 and "    holds " or string.rep(" ", col)) .. text
+            end
+        else
+            out[#out + 1] = row .. string.rep(" ", col - #row) .. (packed[1] or "")
+            for k = 2, #packed do out[#out + 1] = string.rep(" ", col) .. packed[k] end
+        end
     end
 
     out[#out + 1] = ""

@@ -77,12 +77,6 @@ function M.array_fields(v)
     return mt and mt.__arrays
 end
 
--- Name of the record type of 'v', or nil.
-function M.type_of(v)
-    local mt = getmetatable(v)
-    return mt and registry[mt.__name] and mt.__name
-end
-
 -- -- Model description (config.lua, from models/<name>.lua) -------------------------------
 
 record("Moe", {
@@ -214,7 +208,6 @@ record("Param", {
     { "shape",        "array", "global shape, HF layout (Conv1D weights are [in, out])" },
     { "local_shape",  "array", "shape of the local tensor on this rank" },
     { "numel",        "int",   "elements of the local tensor (vocab padding included)" },
-    { "pieces",       "array", "Piece list: the global ranges held; they tile the real part" },
     { "split",        "str",   "none | column | row | vocab (how TP/ETP splits it)" },
     { "tp_sharded",   "bool",  "Megatron's tensor_model_parallel attribute" },
     { "tp_duplicate", "bool",  "replica on a (expert-)TP rank > 0: left out of the grad norm" },
@@ -224,6 +217,7 @@ record("Param", {
     { "shared_embedding", "bool", "wte or its tied copy with PP > 1: own dist-opt bucket" },
     { "buffer",       "str",   "dense | expert: which grad buffer (and dp group) it uses" },
     { "reduce",       "array", "groups its gradient is reduced over, in order" },
+    { "pieces",       "array", "Piece list: the global ranges held; they tile the real part" },
 })
 
 record("Slot", {

@@ -60,6 +60,15 @@ local encode
 
 local function encode_array(t, ind, out)
     if #t == 0 then out[#out + 1] = "[]"; return end
+    if ind == nil then      -- one line
+        out[#out + 1] = "["
+        for i = 1, #t do
+            if i > 1 then out[#out + 1] = ", " end
+            encode(t[i], nil, out)
+        end
+        out[#out + 1] = "]"
+        return
+    end
     if all_scalars(t) then
         local parts = {}
         for i = 1, #t do parts[i] = scalar(t[i]) end
@@ -78,6 +87,20 @@ end
 
 local function encode_object(keys, t, ind, out, arrays)
     if #keys == 0 then out[#out + 1] = "{}"; return end
+    if ind == nil then      -- one line
+        out[#out + 1] = "{"
+        for i, k in ipairs(keys) do
+            out[#out + 1] = (i > 1 and ", " or "") .. M.str(k) .. ": "
+            local v = t[k]
+            if arrays and arrays[k] and type(v) == "table" then
+                encode_array(v, nil, out)
+            else
+                encode(v, nil, out)
+            end
+        end
+        out[#out + 1] = "}"
+        return
+    end
     local inner = ind .. "  "
     out[#out + 1] = "{\n"
     for i, k in ipairs(keys) do
@@ -109,7 +132,9 @@ encode = function(v, ind, out)
     else
         local keys = {}
         for k in pairs(v) do
-            if type(k) ~= "string" then error("json: object key " .. tostring(k) .. " is not a string", 0) end
+            if type(k) ~= "string" then
+                error("json: object key " .. tostring(k) .. " is not a string", 0)
+            end
             keys[#keys + 1] = k
         end
         table.sort(keys)
@@ -122,6 +147,13 @@ function M.encode(v)
     local out = {}
     encode(v, "", out)
     out[#out + 1] = "\n"
+    return table.concat(out)
+end
+
+-- The same on one line, without the newline ({"a": 1, "b": [2, 3]}).
+function M.line(v)
+    local out = {}
+    encode(v, nil, out)
     return table.concat(out)
 end
 

@@ -5,6 +5,7 @@
 -- Any failure becomes a user error located at the model's line. Called by config.lua only.
 
 local diag = require("diag")
+local host = require("host")
 
 local M = {}
 
@@ -21,8 +22,10 @@ local forbidden = {
     package = FORBIDDEN_WHY, debug = "models cannot inspect the generator",
     collectgarbage = "models cannot control the generator",
     coroutine = "models run straight through",
-    rawget = "models have no metatables to bypass", rawset = "models have no metatables to bypass",
-    rawequal = "models have no metatables to bypass", rawlen = "models have no metatables to bypass",
+    rawget = "models have no metatables to bypass",
+    rawset = "models have no metatables to bypass",
+    rawequal = "models have no metatables to bypass",
+    rawlen = "models have no metatables to bypass",
     setmetatable = "models are plain tables: no metatables, no finalizers",
     getmetatable = "models are plain tables: no metatables, no finalizers",
     _G = "a model sees only its own names",
@@ -35,14 +38,18 @@ local MATH_OK = { "abs", "ceil", "floor", "fmod", "huge", "log", "exp", "max", "
                   "min", "mininteger", "modf", "pi", "sqrt", "tointeger", "type", "ult" }
 local TABLE_OK = { "concat", "insert", "move", "pack", "remove", "sort", "unpack" }
 
--- A read-only copy of some members of 'lib'; a missing member is an error naming it.
+-- A read-only view of some members of 'lib'; a missing member is an error naming it.
 local function library(libname, lib, names, file)
-    local t = {}
-    for _, n in ipairs(names) do t[n] = lib[n] end
-    return setmetatable(t, {
+    local members = {}
+    for _, n in ipairs(names) do members[n] = lib[n] end
+    return setmetatable({}, {
         __index = function(_, k)
-            error(diag.make({ file = file }, "'%s.%s' is not available in model descriptions",
-                            libname, tostring(k)), 0)
+            local v = members[k]
+            if v == nil then
+                error(diag.make({ file = file }, "'%s.%s' is not available in model descriptions",
+                                libname, tostring(k)), 0)
+            end
+            return v
         end,
         __newindex = function()
             error(diag.make({ file = file }, "'%s' is read-only", libname), 0)
@@ -113,8 +120,8 @@ end
 -- Returns the chunk's first return value; raises a user error on any failure.
 function M.run(src, file, extra)
     if src:sub(1, 4) == "\27Lua" then
-        diag.error({ file = file, line = 1 },
-                   "precompiled Lua bytecode is not accepted: a model description must be Lua source text")
+        diag.error({ file = file, line = 1 }, "precompiled Lua bytecode is not accepted: " ..
+                   "a model description must be Lua source text")
     end
     local env, safe_string = environment(file, extra or {})
     local source = "@" .. file
@@ -130,24 +137,19 @@ function M.run(src, file, extra)
                         M.INSTRUCTIONS), 0)
     end, "", M.INSTRUCTIONS)
 
-    local host = package.loaded.host or require("host")
     local string_mt = getmetatable("")
     local string_index = string_mt.__index
-    local old_cap
-    if host.mem_limit then old_cap = host.mem_limit(host.mem_used() + M.MEMORY) end
+    local old_cap = host.mem_limit(host.mem_used() + M.MEMORY)
     string_mt.__index = safe_string
     local ok, result = coroutine.resume(co)
     string_mt.__index = string_index
-    if host.mem_limit then host.mem_limit(old_cap) end
+    host.mem_limit(old_cap)
 
     if not ok then
         local err = located(result, co, file, source)
         co, result = nil, nil
         collectgarbage()
         error(err, 0)
-    end
-    if coroutine.status(co) ~= "dead" then
-        diag.error({ file = file, line = 1 }, "model description yielded instead of returning")
     end
     return result
 end

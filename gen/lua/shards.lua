@@ -95,11 +95,6 @@ local function vocab(name, V, Vp, C, n, t)
              split = "vocab" }
 end
 
-local function with(p, fields)
-    for k, v in pairs(fields) do p[k] = v end
-    return p
-end
-
 -- Params of layer 'i' in Megatron's named_parameters order (local spec): input_layernorm,
 -- self_attention.linear_proj, self_attention.linear_qkv, pre_mlp_layernorm, then the MLP
 -- (linear_fc1, linear_fc2) or the MoE layer (router, then each local expert's fc1, fc2).
@@ -111,13 +106,16 @@ local function layer_params(cfg, i, ctx, out)
         p.role, p.layer = role, i
         out[#out + 1] = param(p, ctx)
     end
+    local function replicated(role, shape)      -- norms and row-parallel biases: SP-tagged
+        add({ name = h .. role, shape = shape, seq_parallel = true }, role)
+    end
     local function norm(which)
-        add({ name = h .. which .. ".weight", shape = { C }, seq_parallel = true }, which .. ".weight")
-        add({ name = h .. which .. ".bias", shape = { C }, seq_parallel = true }, which .. ".bias")
+        replicated(which .. ".weight", { C })
+        replicated(which .. ".bias", { C })
     end
     norm("ln_1")
     add(row(h .. "attn.c_proj.weight", { C, C }, T, t), "attn.c_proj.weight")
-    add({ name = h .. "attn.c_proj.bias", shape = { C }, seq_parallel = true }, "attn.c_proj.bias")
+    replicated("attn.c_proj.bias", { C })
     add(column(h .. "attn.c_attn.weight", { C, 3 * C }, T, t, 3), "attn.c_attn.weight")
     add(column(h .. "attn.c_attn.bias", { 3 * C }, T, t, 3), "attn.c_attn.bias")
     norm("ln_2")
@@ -127,11 +125,10 @@ local function layer_params(cfg, i, ctx, out)
         add(column(h .. "mlp.c_fc.weight", { C, F }, T, t), "mlp.c_fc.weight")
         add(column(h .. "mlp.c_fc.bias", { F }, T, t), "mlp.c_fc.bias")
         add(row(h .. "mlp.c_proj.weight", { F, C }, T, t), "mlp.c_proj.weight")
-        add({ name = h .. "mlp.c_proj.bias", shape = { C }, seq_parallel = true }, "mlp.c_proj.bias")
+        replicated("mlp.c_proj.bias", { C })
         return
     end
-    add({ name = h .. "mlp.router.weight", shape = { moe.experts, C }, seq_parallel = true },
-        "mlp.router.weight")
+    replicated("mlp.router.weight", { moe.experts, C })
     local Fe, Te, te = moe.ffn_hidden, cfg.etp, ctx.etp
     local nl = moe.experts // cfg.ep
     for x = ctx.ep * nl, ctx.ep * nl + nl - 1 do
@@ -156,10 +153,13 @@ function M.class_params(cfg, part, cls)
     for _, chunk in ipairs(part.stages[cls.pp + 1].chunks) do
         local ctx = { chunk = chunk.vp, tp = cls.tp, ep = cls.ep, etp = cls.etp, sp = cfg.sp,
                       expert_parallel = cfg.ep > 1 or cfg.etp ~= cfg.tp }
+        local function wte(tied)       -- with PP > 1 both copies are Megatron's shared_embedding
+            local p = vocab("wte.weight", m.vocab, cfg.vocab_padded, m.hidden, cfg.tp, cls.tp)
+            p.role, p.tied, p.shared_embedding = "wte.weight", tied, P > 1
+            return param(p, ctx)
+        end
         if chunk.embedding then
-            out[#out + 1] = param(with(vocab("wte.weight", m.vocab, cfg.vocab_padded, m.hidden,
-                                             cfg.tp, cls.tp),
-                                       { role = "wte.weight", shared_embedding = P > 1 }), ctx)
+            out[#out + 1] = wte(false)
             out[#out + 1] = param({ name = "wpe.weight", role = "wpe.weight",
                                     shape = { m.seq_len, m.hidden } }, ctx)
         end
@@ -171,12 +171,7 @@ function M.class_params(cfg, part, cls)
                                     shape = { m.hidden }, seq_parallel = true }, ctx)
             out[#out + 1] = param({ name = "ln_f.bias", role = "ln_f.bias",
                                     shape = { m.hidden }, seq_parallel = true }, ctx)
-            if P > 1 then
-                out[#out + 1] = param(with(vocab("wte.weight", m.vocab, cfg.vocab_padded,
-                                                 m.hidden, cfg.tp, cls.tp),
-                                           { role = "wte.weight", tied = true,
-                                             shared_embedding = true }), ctx)
-            end
+            if P > 1 then out[#out + 1] = wte(true) end
         end
     end
     return out
@@ -247,38 +242,14 @@ local function bytes(dtypes, numel, bufs)
     return out
 end
 
--- Every tensor of the whole model once: {name, shape, expert}. For unique counts and tests.
+-- Every tensor of the model once, whole: the params of one rank holding everything
+-- (TP, PP, EP 1, no vocab padding). Param records; for the unique counts and for tests.
 function M.global_params(model)
-    local out = {}
-    local C = model.hidden
-    local function add(name, shape, expert) out[#out + 1] = { name, shape, expert or false } end
-    add("wte.weight", { model.vocab, C })
-    add("wpe.weight", { model.seq_len, C })
-    for i = 0, model.layers - 1 do
-        local h = "h." .. i .. "."
-        add(h .. "ln_1.weight", { C }); add(h .. "ln_1.bias", { C })
-        add(h .. "attn.c_proj.weight", { C, C }); add(h .. "attn.c_proj.bias", { C })
-        add(h .. "attn.c_attn.weight", { C, 3 * C }); add(h .. "attn.c_attn.bias", { 3 * C })
-        add(h .. "ln_2.weight", { C }); add(h .. "ln_2.bias", { C })
-        local moe = model.moe
-        if moe then
-            local F = moe.ffn_hidden
-            add(h .. "mlp.router.weight", { moe.experts, C })
-            for x = 0, moe.experts - 1 do
-                local e = h .. "mlp.experts." .. x .. "."
-                add(e .. "c_fc.weight", { C, F }, true)
-                if moe.bias then add(e .. "c_fc.bias", { F }, true) end
-                add(e .. "c_proj.weight", { F, C }, true)
-                if moe.bias then add(e .. "c_proj.bias", { C }, true) end
-            end
-        else
-            local F = model.ffn_hidden
-            add(h .. "mlp.c_fc.weight", { C, F }); add(h .. "mlp.c_fc.bias", { F })
-            add(h .. "mlp.c_proj.weight", { F, C }); add(h .. "mlp.c_proj.bias", { C })
-        end
-    end
-    add("ln_f.weight", { C }); add("ln_f.bias", { C })
-    return out
+    local cfg = { model = model, tp = 1, pp = 1, ep = 1, etp = 1, sp = false,
+                  vocab_padded = model.vocab }
+    local whole = { stages = { { chunks = { { vp = 0, first = 0, count = model.layers,
+                                              embedding = true, head = true } } } } }
+    return M.class_params(cfg, whole, { pp = 0, tp = 0, ep = 0, etp = 0 })
 end
 
 function M.build(cfg, topo, part)
@@ -329,10 +300,9 @@ function M.build(cfg, topo, part)
     end
 
     local unique, unique_expert = 0, 0
-    for _, g in ipairs(M.global_params(cfg.model)) do
-        local n = util.product(g[2])
-        unique = unique + n
-        if g[3] then unique_expert = unique_expert + n end
+    for _, p in ipairs(M.global_params(cfg.model)) do
+        unique = unique + p.numel
+        if p.expert then unique_expert = unique_expert + p.numel end
     end
     return ir.Shards { classes = classes, rank_class = rank_class, dtypes = dtypes,
                        unique = unique, unique_dense = unique - unique_expert,

@@ -76,8 +76,9 @@ function M.shape(dims)
     return "[" .. table.concat(parts, ", ") .. "]"
 end
 
--- Compact text for an ascending list of ranks list[i..j] (whole list by default):
--- "5", "0-7", "3-59 step 8", or runs "0-3,8-11,16-19" cut to about 'width' characters.
+-- Compact text for the ascending ranks list[i..j] (whole list by default): "5", "0-7",
+-- "3-59 step 8", runs "0-3,8-11", equal runs at equal strides "0-7,64-71,...,1984-1991";
+-- other long lists are cut to about 'width' characters with ",...".
 function M.ranks(list, i, j, width)
     i, j, width = i or 1, j or #list, width or 48
     local n = j - i + 1
@@ -97,20 +98,34 @@ function M.ranks(list, i, j, width)
     while k <= j do
         local e = k
         while e < j and list[e + 1] == list[e] + 1 do e = e + 1 end
-        runs[#runs + 1] = (e == k) and string.format("%d", list[k])
-                          or string.format("%d-%d", list[k], list[e])
+        runs[#runs + 1] = { list[k], list[e] }
         k = e + 1
     end
-    local text, used = {}, 0
+    local text = {}
     for r, run in ipairs(runs) do
-        if used + #run + 1 > width and r < #runs then
-            text[#text + 1] = string.format("... (%d ranks)", n)
+        text[r] = (run[1] == run[2]) and string.format("%d", run[1])
+                  or string.format("%d-%d", run[1], run[2])
+    end
+    local regular = #runs >= 4
+    for r = 2, #runs do
+        if runs[r][2] - runs[r][1] ~= runs[1][2] - runs[1][1]
+           or runs[r][1] - runs[r - 1][1] ~= runs[2][1] - runs[1][1] then
+            regular = false
+        end
+    end
+    if regular then
+        return text[1] .. "," .. text[2] .. ",...," .. text[#text]
+    end
+    local out, used = {}, 0
+    for r, t in ipairs(text) do
+        if r < #text and used + #t + 5 > width then
+            out[#out + 1] = "..."
             break
         end
-        text[#text + 1] = run
-        used = used + #run + 1
+        out[#out + 1] = t
+        used = used + #t + 1
     end
-    return table.concat(text, ",")
+    return table.concat(out, ",")
 end
 
 -- Lay out rows of cells as aligned text. 'align' is a string with one letter per column,

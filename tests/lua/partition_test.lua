@@ -59,8 +59,8 @@ T.test("seed 003: 8 layers, 2 stages, 2 chunks; and 4 chunks", function()
 end)
 
 T.test("only first or only last given", function()
-    T.eq(table_of(partition.split(12, 4, 1, 6)), { { "0..5" }, { "6..7" }, { "8..9" }, { "10..11" } },
-         "first only")
+    T.eq(table_of(partition.split(12, 4, 1, 6)),
+         { { "0..5" }, { "6..7" }, { "8..9" }, { "10..11" } }, "first only")
     T.eq(table_of(partition.split(12, 4, 1, nil, 3)),
          { { "0..2" }, { "3..5" }, { "6..8" }, { "9..11" } }, "last only")
     T.eq(table_of(partition.split(10, 2, 1, 3, 7)), { { "0..2" }, { "3..9" } },
@@ -91,7 +91,8 @@ local function check(L, P, V, split)
         for p = 1, P do
             local c = split[p][v]
             T.ok(c.count >= 1, "empty chunk (stage %d chunk %d)", p - 1, v - 1)
-            T.eq(c.first, next_layer, string.format("first layer of stage %d chunk %d", p - 1, v - 1))
+            T.eq(c.first, next_layer,
+                 string.format("first layer of stage %d chunk %d", p - 1, v - 1))
             next_layer = c.first + c.count
         end
     end
@@ -123,8 +124,12 @@ T.test("random layouts: every layer placed once, in virtual-stage order", functi
             accepted = accepted + 1
             local split = partition.split(L, P, V, cfg.first_layers, cfg.last_layers)
             check(L, P, V, split)
-            if cfg.first_layers then T.eq(split[1][1].count * V, cfg.first_layers, "first stage") end
-            if cfg.last_layers then T.eq(split[P][1].count * V, cfg.last_layers, "last stage") end
+            if cfg.first_layers then
+                T.eq(split[1][1].count * V, cfg.first_layers, "first stage")
+            end
+            if cfg.last_layers then
+                T.eq(split[P][1].count * V, cfg.last_layers, "last stage")
+            end
         elseif not diag.is_user_error(cfg) then
             error(cfg, 0)
         elseif trial % 3 ~= 0 then

@@ -1,0 +1,13 @@
+-- a negative load-balancing coefficient
+return gpt {
+    layers = 4,
+    hidden = 64,
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+    moe = moe {
+        experts = 8,
+        top_k = 2,
+        aux_loss_coeff = -0.01,
+    },
+}
