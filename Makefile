@@ -98,7 +98,15 @@ need-model:
 gen: need-model build/gen
 	$(Q)build/gen $(GENFLAGS)
 
+# Build what the generated directory needs: its build.mk is included by a second make.
 model: gen
+	$(Q)$(MAKE) --no-print-directory GEN_DIR=$$(build/gen --print-out $(GENFLAGS)) build-gen-dir
+
+.PHONY: build-gen-dir
+ifdef GEN_DIR
+include $(GEN_DIR)/build.mk
+build-gen-dir: $(GEN_TARGETS)
+endif
 
 print-out: need-model build/gen
 	@build/gen --print-out $(GENFLAGS)

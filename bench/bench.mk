@@ -15,6 +15,7 @@ $(BENCH_DIR):
 	$(Q)mkdir -p $@
 
 .PHONY: bench-runtime
-bench-runtime: $(BENCH_DIR)/runtime_bench $(if $(filter 1,$(HAVE_CUDA)),$(BENCH_DIR)/runtime_bench_gpu)
+bench-runtime: $(BENCH_DIR)/runtime_bench \
+               $(if $(filter 1,$(HAVE_CUDA)),$(BENCH_DIR)/runtime_bench_gpu)
 
 -include $(wildcard $(BENCH_DIR)/*.d)

@@ -33,13 +33,16 @@ static double median(double *v, int n)
 
 /* -- Communication --------------------------------------------------------------------------- */
 
-enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, NOPS };
-static const char *const op_name[NOPS] = { "allreduce", "allgather", "reduce-scatter" };
+enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_P2P, NOPS };
+static const char *const op_name[NOPS] = { "allreduce", "allgather", "reduce-scatter",
+                                           "p2p exchange" };
 
 /* One timed call (seconds, the slowest rank's): rt (impl 0) or raw MPI (impl 1). */
 static double time_comm(int op, int impl, float *a, float *b, size_t n, MPI_Comm raw, int iters)
 {
-    int p = rt_world();
+    int p = rt_world(), partner = rt_rank() ^ 1;
+    if (partner >= p)
+        partner = rt_rank();
     MPI_Barrier(raw);
     double t0 = rt_now();
     for (int it = 0; it < iters; it++) {
@@ -48,16 +51,23 @@ static double time_comm(int op, int impl, float *a, float *b, size_t n, MPI_Comm
                 rt_allreduce(a, n, RT_F32, RT_SUM, rt_group_world());
             else if (op == OP_ALLGATHER)
                 rt_allgather(a, b, n / (size_t)p, RT_F32, rt_group_world());
-            else
+            else if (op == OP_REDUCE_SCATTER)
                 rt_reduce_scatter(a, b, n / (size_t)p, RT_F32, rt_group_world());
+            else {
+                rt_p2p_op ops[2] = { { 0, b, n, RT_F32, partner }, { 1, a, n, RT_F32, partner } };
+                rt_p2p(ops, 2);
+            }
         } else {
             if (op == OP_ALLREDUCE)
                 MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, raw);
             else if (op == OP_ALLGATHER)
                 MPI_Allgather(a, (int)(n / (size_t)p), MPI_FLOAT, b, (int)(n / (size_t)p),
                               MPI_FLOAT, raw);
-            else
+            else if (op == OP_REDUCE_SCATTER)
                 MPI_Reduce_scatter_block(a, b, (int)(n / (size_t)p), MPI_FLOAT, MPI_SUM, raw);
+            else
+                MPI_Sendrecv(a, (int)n, MPI_FLOAT, partner, 1, b, (int)n, MPI_FLOAT, partner, 1,
+                             raw, MPI_STATUS_IGNORE);
         }
     }
     double t = (rt_now() - t0) / iters;
@@ -75,7 +85,8 @@ static void bench_comm(void)
     float *a = rt_malloc(maxn * sizeof(float)), *b = rt_malloc(maxn * sizeof(float));
     if (me == 0) {
         printf("comm: %d ranks, f32; time per call (median of 7 rounds, slowest rank), bus "
-               "bandwidth GB/s (allreduce 2(p-1)/p, others (p-1)/p of the full buffer)\n", p);
+               "bandwidth GB/s (allreduce 2(p-1)/p, gather/scatter (p-1)/p of the full buffer, "
+               "p2p: bytes each way; rt_p2p vs MPI_Sendrecv with rank^1)\n", p);
         printf("%-15s %10s %11s %11s %9s %9s %8s\n", "op", "bytes", "rt us", "MPI us",
                "rt GB/s", "MPI GB/s", "rt/MPI");
     }
@@ -92,7 +103,8 @@ static void bench_comm(void)
                 tm[rep] = time_comm(op, 1, a, b, n, raw, iters);
             }
             double r = median(tr, 7), m = median(tm, 7);
-            double f = op == OP_ALLREDUCE ? 2.0 * (p - 1) / p : (double)(p - 1) / p;
+            double f = op == OP_ALLREDUCE ? 2.0 * (p - 1) / p
+                       : op == OP_P2P ? 1.0 : (double)(p - 1) / p;
             if (me == 0)
                 printf("%-15s %10zu %11.1f %11.1f %9.2f %9.2f %8.3f\n", op_name[op], bytes,
                        r * 1e6, m * 1e6, f * (double)bytes / r * 1e-9,
@@ -106,20 +118,23 @@ static void bench_comm(void)
 
 /* -- GEMM ------------------------------------------------------------------------------------ */
 
-typedef struct { const char *name; int ta, tb, m, n, k; float beta; } shape;
+typedef struct { const char *name; int ta, tb, m, n, k; float beta; int batch; } shape;
 
 /* GPT-2 124M, B*T = 256 tokens, C = 768, vocab padded to 50304; weights W[out, in]:
 ** forward Y = X W^T, input grad dX = dY W, weight grad dW += dY^T X. */
 #define GPT2_SHAPES(name, out, in) \
-    { name " fwd", 0, 1, 256, out, in, 0.0f }, \
-    { name " dX",  0, 0, 256, in, out, 0.0f }, \
-    { name " dW",  1, 0, out, in, 256, 1.0f }
+    { name " fwd", 0, 1, 256, out, in, 0.0f, 1 }, \
+    { name " dX",  0, 0, 256, in, out, 0.0f, 1 }, \
+    { name " dW",  1, 0, out, in, 256, 1.0f, 1 }
 static const shape shapes[] = {
     GPT2_SHAPES("qkv", 2304, 768),
     GPT2_SHAPES("attn proj", 768, 768),
     GPT2_SHAPES("fc", 3072, 768),
     GPT2_SHAPES("fc proj", 768, 3072),
     GPT2_SHAPES("lm head", 50304, 768),
+    /* attention with B = 1, T = 256, 12 heads of 64: S = Q K^T and O = P V, batched by head */
+    { "attn QK^T x12", 0, 1, 256, 256, 64, 0.0f, 12 },
+    { "attn PV x12", 0, 0, 256, 64, 256, 0.0f, 12 },
 };
 
 static void set_pool(int threads)
@@ -133,6 +148,7 @@ static void set_pool(int threads)
 static double gflops(const shape *s, int impl, int threads, float *A, float *B, float *C)
 {
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
+    long sa = (long)s->m * s->k, sb = (long)s->k * s->n, sc = (long)s->m * s->n;
     if (impl == 0) {
         openblas_set_num_threads(1);
         set_pool(threads);
@@ -144,12 +160,13 @@ static double gflops(const shape *s, int impl, int threads, float *A, float *B, 
     double t0 = rt_now(), el;
     do {
         if (impl == 0)
-            rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, 0, B, ldb, 0, s->beta, C,
-                    s->n, 0, 1, RT_F32);
+            rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, sa, B, ldb, sb, s->beta, C,
+                    s->n, sc, s->batch, RT_F32);
         else
-            cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
-                        s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k, 1.0f, A, lda, B,
-                        ldb, s->beta, C, s->n);
+            for (int b = 0; b < s->batch; b++)
+                cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
+                            s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k, 1.0f,
+                            A + b * sa, lda, B + b * sb, ldb, s->beta, C + b * sc, s->n);
         iters++;
         el = rt_now() - t0;
     } while (el < 0.1);
@@ -159,7 +176,7 @@ static double gflops(const shape *s, int impl, int threads, float *A, float *B, 
         struct timespec ts = { 0, 300 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }
-    return 2.0 * s->m * s->n * (double)s->k * iters / el * 1e-9;
+    return 2.0 * s->m * s->n * (double)s->k * s->batch * iters / el * 1e-9;
 }
 
 static void bench_gemm(void)
@@ -167,7 +184,8 @@ static void bench_gemm(void)
     size_t maxa = 0, maxb = 0, maxc = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shape *s = &shapes[i];
-        size_t a = (size_t)s->m * s->k, b = (size_t)s->k * s->n, c = (size_t)s->m * s->n;
+        size_t a = (size_t)s->m * s->k * s->batch, b = (size_t)s->k * s->n * s->batch;
+        size_t c = (size_t)s->m * s->n * s->batch;
         maxa = a > maxa ? a : maxa;
         maxb = b > maxb ? b : maxb;
         maxc = c > maxc ? c : maxc;
@@ -178,7 +196,8 @@ static void bench_gemm(void)
     for (size_t i = 0; i < maxb; i++)
         B[i] = (float)((i * 5) % 11) * 0.01f;
     printf("gemm: GFLOP/s, f32, GPT-2 124M shapes at B*T = 256 (median of 5 rounds, the four "
-           "columns measured in turn in each round)\n");
+           "columns measured in turn in each round; OpenBLAS columns: cblas_sgemm with its own "
+           "threads, batches as a loop of calls)\n");
     printf("%-16s %5s %5s %5s   %9s %9s   %9s %9s\n", "shape", "m", "n", "k", "OpenBLAS1",
            "rt 1thr", "OpenBLAS2", "rt 2thr");
     double sum[4] = { 0, 0, 0, 0 };
@@ -274,48 +293,42 @@ static void bench_threads(void)
         "everything on 1 thread",
     };
     printf("threads: one MLP block forward (fc 256x3072x768, GELU, proj 256x768x3072), "
-           "ms per block (median of 7)\n");
-    for (int d = 0; d < 4; d++) {
-        double t[7];
-        if (d == 0) {
-            openblas_set_num_threads(1);
-            set_pool(2);
-        } else if (d == 1) {
-            openblas_set_num_threads(2);
-            set_pool(2);
-        } else if (d == 2) {
-            openblas_set_num_threads(2);
-            set_pool(1);
-        } else {
-            openblas_set_num_threads(1);
-            set_pool(1);
+           "ms per block (median of 9 rounds, designs in turn)\n");
+    double t[4][9];
+    for (int r = -1; r < 9; r++)
+        for (int d = 0; d < 4; d++) {
+            openblas_set_num_threads(d == 1 || d == 2 ? 2 : 1);
+            set_pool(d <= 1 ? 2 : 1);
+            double v = layer_seq(d == 3 ? 0 : d, X, W1, H, W2, Y);
+            if (r >= 0)
+                t[d][r] = v;
+            if (d == 1 || d == 2) {     /* let OpenBLAS's spinning workers settle */
+                struct timespec ts = { 0, 300 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+            }
         }
-        layer_seq(d == 3 ? 0 : d, X, W1, H, W2, Y);
-        for (int r = 0; r < 7; r++)
-            t[r] = layer_seq(d == 3 ? 0 : d, X, W1, H, W2, Y);
-        printf("  %-66s %7.2f ms\n", name[d], median(t, 7) * 1e3);
-    }
+    for (int d = 0; d < 4; d++)
+        printf("  %-66s %7.2f ms\n", name[d], median(t[d], 9) * 1e3);
     openblas_set_num_threads(1);
     set_pool(2);
     /* dispatch cost of an empty rt_parallel_for: back to back (workers spinning) and after
     ** 1 ms of idleness (workers asleep on the futex) */
-    double t[2];
-    for (int mode = 0; mode < 2; mode++) {
-        int n = mode ? 200 : 20000;
+    static const double gaps[] = { 0, 20e-6, 100e-6, 300e-6, 1e-3, 5e-3 };
+    printf("  rt_parallel_for dispatch (2 threads, empty body) after an idle gap:");
+    for (size_t gi = 0; gi < sizeof gaps / sizeof gaps[0]; gi++) {
+        int n = gaps[gi] == 0 ? 20000 : gaps[gi] < 1e-3 ? 2000 : 200;
         double tot = 0;
         for (int i = 0; i < n; i++) {
-            if (mode) {
-                struct timespec ts = { 0, 1000000 };
-                nanosleep(&ts, NULL);
-            }
+            double until = rt_now() + gaps[gi];
+            while (rt_now() < until)    /* a serial gap (the main thread busy) */
+                ;
             double t0 = rt_now();
             rt_parallel_for(2, noop, NULL);
             tot += rt_now() - t0;
         }
-        t[mode] = tot / n;
+        printf("%s %g us: %.1f us", gi ? "," : "", gaps[gi] * 1e6, tot / n * 1e6);
     }
-    printf("  rt_parallel_for dispatch, 2 threads: %.2f us back to back, %.2f us after 1 ms idle\n",
-           t[0] * 1e6, t[1] * 1e6);
+    printf("\n");
     rt_free(X);
     rt_free(W1);
     rt_free(H);

@@ -43,6 +43,7 @@
     _("rank",         INT,  "R",    "with --inspect: only rank R") \
     _("dump",         STR,  "PASS", "print a pass's result (config|topology|...)") \
     _("check",        FLAG, "",     "validate only; write nothing") \
+    _("topology-only", FLAG, "",    "write only the build-time picture, no program") \
     _("line-dirs",    FLAG, "",     "emit #line directives into generated sources")
 
 typedef enum { OPT_INT, OPT_STR, OPT_FLAG } opt_kind;

@@ -8,9 +8,11 @@
 **   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)     = -Lbuild -lrt_cpu <openblas> -lpthread -lm
 **   CUDA: $(MPICC) prog.o kernels.o $(RT_CUDA_LIBS)   (cudart, cublasLt, cublas, nccl, stdc++)
 **
-** Threads: every rt_ function is called from the main thread (MPI_THREAD_FUNNELED), except
-** rt_gemm, rt_parallel_for, rt_log, rt_now, rt_fail, RT_CHECK and the rt_dtype_* / rt_fnv1a64
-** helpers, which may also be called from inside an rt_parallel_for body.
+** Threads: every rt_ function is called from the main thread, except rt_gemm (CPU backend),
+** rt_parallel_for, rt_log, rt_now, rt_fail, RT_CHECK and the rt_dtype_* / rt_fnv1a64 helpers,
+** which may also be called from inside an rt_parallel_for body. The runtime itself runs a
+** watchdog thread and the pool's workers (MPI is initialised with MPI_THREAD_MULTIPLE so the
+** watchdog may call MPI_Abort).
 **
 ** Changes from the first draft (docs/DESIGN.md §5), each a refinement of the same shape:
 **  - rt_group_world() added; a NULL group is an error for every call but rt_barrier (world).
@@ -68,8 +70,12 @@ typedef struct {
 ** world size the program was generated for and 'layout' its description ("tp8 pp8 dp1"); a
 ** different launch size prints, on rank 0 only, "[rank 0/8] built for 64 ranks (tp8 pp8 dp1),
 ** launched with 8" and every rank exits with status 1. expected_world <= 0 accepts any size.
-** Works without mpirun (one rank). Environment: RT_TIMEOUT (watchdog seconds, default 300,
-** 0 = off), RT_THREADS (CPU pool size, see rt_threads), RT_TRANSPORT=nccl|mpi (CUDA only).
+** Works without mpirun (one rank). CUDA: one GPU per rank, local rank modulo the device
+** count; all runtime work (and generated kernels) on the legacy default stream; transport
+** NCCL, or MPI through pinned host staging when RT_TRANSPORT=mpi or when two ranks drive
+** the same GPU (same device UUID; NCCL refuses that). Environment: RT_TIMEOUT (watchdog
+** seconds, default 300, 0 = off), RT_THREADS (CPU pool size, see rt_threads),
+** RT_TRANSPORT=nccl|mpi (CUDA only).
 ** A process that exits after rt_init without rt_finalize (exit(), return from main) aborts
 ** the whole job with "[rank r/w] exited without rt_finalize". */
 void        rt_init(int *argc, char ***argv, int expected_world, const char *layout);
@@ -100,12 +106,17 @@ void        rt_group_free(rt_group *g);   /* collective over the members; world:
 ** it is a no-op that cannot hang. bf16: on the CPU backend sums and maxima are computed in
 ** f32 (bf16 -> f32 exactly, reduce, one round back to bf16 with round-to-nearest-even; NaN
 ** stays NaN); NCCL reduces bf16 natively (rounding at each step). All members get the same
-** bits. i32/i64 sums wrap as two's complement (MPI/NCCL semantics). */
+** bits. i32/i64 sums wrap as two's complement (MPI/NCCL semantics). On the MPI paths (CPU,
+** cuda-mpi) allreduce, broadcast and p2p move any size (split into 2^30-element pieces);
+** the per-member counts and displacements of allgather, reduce-scatter and alltoallv must
+** fit in an int (2^31-1 elements), else the call aborts saying so. */
 void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);    /* in place */
-/* recv[size * n]: block i (n elements) is member i's send[n]. */
+/* recv[size * n]: block i (n elements) is member i's send[n]. send may be recv + rank*n
+** (in place); other overlaps are not allowed. */
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 /* send[size * n] (block i destined for member i), recv[n] = sum over members of block
-** rank(g). Pad tensors whose length is not a multiple of the group size. */
+** rank(g). recv may be send + rank*n (in place). Pad tensors whose length is not a multiple
+** of the group size. */
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 /* Counts and displacements in elements, indexed by group rank; any count may be 0. Member
 ** i's scounts[j] must equal member j's rcounts[i]. */
@@ -149,14 +160,18 @@ void rt_sync(void);                  /* wait for the device (cudaDeviceSynchroni
 /* -- CPU threads -------------------------------------------------------------------------- */
 
 /* One pool owns this rank's cores; OpenBLAS itself is held to one thread and never spins
-** beside it. Size: RT_THREADS if set, else the CPUs in this process's affinity mask (when
-** the launcher bound it), else the online CPUs divided by the ranks on this node; at least 1.
+** beside it (rt_gemm splits large GEMMs into single-threaded OpenBLAS calls on the pool: as
+** fast as OpenBLAS's own threading at GPT-2 shapes, faster for batched ones; see bench/).
+** Size: RT_THREADS if set, else the CPUs in this process's affinity mask (when the launcher
+** bound it), else the online CPUs divided by the ranks on this node; at least 1. Note that
+** OpenMPI's mpirun binds each rank to one core by default when np <= 2: give a rank several
+** cores with --bind-to none or --map-by slot:PE=N.
 ** rt_parallel_for splits [0, n) into at most rt_threads() contiguous ranges of near-equal
 ** size and calls fn(ctx, lo, hi) once per nonempty range, concurrently (the caller runs one
 ** range); it returns when all are done. Nested calls (from inside fn) run fn(ctx, 0, n)
-** inline. n <= 0 does nothing. Dispatch costs a few microseconds: give each range at least
-** ~10 us of work (e.g. parallelise over rows, or over (batch, head) with rt_gemm inside).
-** Idle workers spin ~50 us after a job, then sleep in the kernel. */
+** inline. n <= 0 does nothing. Dispatch costs ~1 us while the workers spin (they spin 1 ms
+** after each job, then sleep; waking them costs 25-60 us): give each range at least ~10 us
+** of work (e.g. parallelise over rows, or over (batch, head) with rt_gemm inside). */
 int  rt_threads(void);
 void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx);
 
@@ -164,7 +179,8 @@ void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx);
 
 typedef enum { RT_H2D, RT_D2H, RT_D2D, RT_H2H } rt_copy;
 
-void *rt_malloc(size_t bytes);       /* device memory (host on CPU), zero-filled; aborts on OOM */
+/* Device memory (host on CPU), zero-filled, 256-byte aligned; aborts naming the size on OOM. */
+void *rt_malloc(size_t bytes);
 void  rt_free(void *p);              /* NULL: no-op */
 void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
 void  rt_memset0(void *p, size_t bytes);
@@ -208,7 +224,8 @@ uint64_t rt_fnv1a64(const char *s);
 
 /* Print "[rank r/w] file:line: message" on stderr and abort the whole job (never returns).
 ** rt_abort: ncclCommAbort on every NCCL communicator, then MPI_Abort (exit(1) before
-** rt_init). A second failure while aborting (another thread) just waits to be killed. */
+** rt_init; the prefix is then "[rank ?/?]"). A second failure while aborting (another thread)
+** just waits to be killed. */
 void rt_fail(const char *file, int line, const char *fmt, ...) RT_PRINTF(3, 4) RT_NORETURN;
 void rt_abort(void) RT_NORETURN;
 #define RT_CHECK(cond, ...) \
@@ -234,11 +251,16 @@ void rt_fail_status(const char *file, int line, rt_err_kind kind, int status,
 #define RT_CUBLAS(x) RT_STATUS_(RT_ERR_CUBLAS, x)
 #define RT_NCCL(x)   RT_STATUS_(RT_ERR_NCCL, x)
 
-/* Watchdog: every collective, p2p and NCCL call completes through a loop that polls with a
-** deadline; on expiry the job aborts with "[rank r/w] watchdog: allreduce on group tp
-** (ranks 0,1) did not complete within 5 s" (p2p: "watchdog: p2p (recv 10 f32 from rank 1)
-** did not complete within 5 s", naming the pending ops). Default 300 s or env RT_TIMEOUT,
-** read by rt_init; this call overrides both; 0 = off. */
+/* Watchdog: every collective, p2p transfer, barrier and NCCL call has a deadline. p2p and
+** barriers are nonblocking MPI calls completed by a polling loop (spin, then sched_yield,
+** then short sleeps) that checks it; MPI collectives (blocking calls: OpenMPI's blocking
+** algorithms ran up to 2x faster than its nonblocking ones) and NCCL calls plus their
+** completion are armed on a watchdog thread that checks every 50 ms. On expiry the job aborts
+** with "[rank r/w] watchdog: allreduce on group tp (ranks 0,1) did not complete within 5 s"
+** (p2p: "watchdog: p2p (recv 10 f32 from rank 1) did not complete within 5 s", naming the
+** pending ops); on CUDA every NCCL communicator is aborted first. Default 300 s or env
+** RT_TIMEOUT, read by rt_init; this call overrides both; 0 = off. A rank that dies makes its
+** peers' pending calls expire (mpirun usually ends the job sooner). */
 void   rt_set_timeout(double seconds);
 double rt_timeout(void);
 void   rt_log(const char *fmt, ...) RT_PRINTF(1, 2);   /* "[rank r/w] msg\n" on stderr */

@@ -195,10 +195,12 @@ double rt_timeout(void)
 
 /* -- Polling back-off ---------------------------------------------------------------------- */
 
-/* Tuned with bench/runtime_bench (collectives vs raw MPI): spinning the first polls keeps
-** small collectives at raw latency; yielding for the next 2 ms lets MPI's progress engine run
-** at full speed on large transfers while giving the core to any other runnable thread; after
-** that a sleep of 1/64 of the time waited (20 us .. 1 ms) bounds the overhead to ~2 %. */
+/* Tuned with bench/runtime_bench (p2p exchange vs MPI_Sendrecv): spinning the first polls
+** keeps small transfers at raw latency; yielding (sched_yield) for the next 2 ms, or as long
+** as the transfer would take at 1 GB/s if longer, lets MPI's progress engine (which only moves
+** data inside MPI calls) run at full speed while giving the core to any other runnable thread;
+** after that a sleep of 1/64 of the time waited (20 us .. 1 ms) bounds the added latency of a
+** long wait (a pipeline bubble) to ~2 % while leaving the core free. */
 enum { POLL_SPIN = 64 };
 #define POLL_YIELD_S 2e-3
 #define POLL_SLEEP_MIN 20e-6
@@ -211,10 +213,11 @@ static inline void cpu_relax(void)
 #endif
 }
 
-void rt__poll_start(rt__poll *p)
+void rt__poll_start(rt__poll *p, size_t bytes)
 {
     p->t0 = rt_now();
     p->polls = 0;
+    p->yield_s = (double)bytes * 1e-9 > POLL_YIELD_S ? (double)bytes * 1e-9 : POLL_YIELD_S;
 }
 
 double rt__poll_pause(rt__poll *p)
@@ -222,7 +225,7 @@ double rt__poll_pause(rt__poll *p)
     double waited = rt_now() - p->t0;
     if (++p->polls < POLL_SPIN) {
         cpu_relax();
-    } else if (waited < POLL_YIELD_S) {
+    } else if (waited < p->yield_s) {
         sched_yield();
     } else {
         double s = waited / 64;
@@ -313,9 +316,12 @@ void rt__wd_disarm(void)
 
 /* One pool per process: nthreads-1 workers plus the calling (main) thread. A job is published
 ** by bumping 'gen'; each worker runs its range and decrements 'pending'. Waiting threads spin
-** for IDLE_SPIN_S, then sleep on a futex (the 'sleepers' / 'caller_sleeps' counters let the
-** other side skip the wake-up system call when nobody sleeps). */
-#define IDLE_SPIN_S 50e-6
+** (with pause) for IDLE_SPIN_S, then sleep on a futex (the 'sleepers' / 'caller_sleeps'
+** counters let the other side skip the wake-up system call when nobody sleeps). Measured here
+** (bench/runtime_bench threads): waking a sleeping worker costs 25-60 us on this VM, a
+** spinning one 0.1-1 us; with a 1 ms spin, serial gaps under 1 ms between parallel loops cost
+** nothing. The spin only burns a core the pool owns anyway. */
+#define IDLE_SPIN_S 1e-3
 
 static struct {
     int        nthreads;
@@ -415,18 +421,22 @@ void rt__pool_shutdown(void)
 */
 int rt__default_threads(void)
 {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int naff = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
     const char *e = getenv("RT_THREADS");
     if (e && *e) {
         char *end;
         long v = strtol(e, &end, 10);
         if (*end || v < 1 || v > 1024)
             rt__die("RT_THREADS='%s': expected a whole number from 1 to 1024", e);
+        if (naff > 0 && v > naff && rt__st.rank == 0)
+            rt_log("warning: RT_THREADS=%ld but this rank is bound to %d CPU%s (mpirun binds "
+                   "to cores by default: add --bind-to none or --map-by slot:PE=%ld)", v, naff,
+                   naff == 1 ? "" : "s", v);
         return (int)v;
     }
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    int naff = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
     if (naff > 0 && naff < online)
         return naff;
     long t = online / (rt__st.local_size > 0 ? rt__st.local_size : 1);

@@ -86,7 +86,7 @@ static void comm_forget(ncclComm_t c)
 static void stream_wait(ncclComm_t comm)
 {
     rt__poll p;
-    rt__poll_start(&p);
+    rt__poll_start(&p, 0);
     for (;;) {
         cudaError_t e = cudaStreamQuery(0);
         if (e == cudaSuccess)
@@ -146,8 +146,9 @@ static void nccl_setup(rt_group *g)
 
 /*
 ** Start MPI and the watchdog (rt__mpi_init), pick the device by local rank, choose the
-** transport (RT_TRANSPORT=nccl|mpi; by default MPI when any node has more ranks than GPUs),
-** create cuBLAS (default math: no TF32), the world NCCL communicator and the thread pool.
+** transport (RT_TRANSPORT=nccl|mpi; by default MPI when any two ranks drive the same GPU,
+** judged by device UUID), create cuBLAS (default math: no TF32), the world NCCL communicator
+** and the thread pool.
 */
 void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
@@ -159,8 +160,21 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
     cu.device = rt__st.local_rank % cu.ndev;
     RT_CUDA(cudaSetDevice(cu.device));
 
+    /* Do two ranks drive the same GPU (NCCL refuses that)? Compare device UUIDs over the
+    ** world: launchers that give each rank its own CUDA_VISIBLE_DEVICES make "local size >
+    ** device count" a wrong test. */
+    cudaDeviceProp prop;
+    RT_CUDA(cudaGetDeviceProperties(&prop, cu.device));
+    int64_t mine[2], *all = (int64_t *)malloc((size_t)rt__st.world * sizeof mine);
+    RT_CHECK(all, "out of memory");
+    memcpy(mine, prop.uuid.bytes, sizeof mine);
+    rt__h_allgather(mine, all, 2, RT_I64, rt__world);
+    int want_mpi = 0;
+    for (int r = 0; r < rt__st.world; r++)
+        if (r != rt__st.rank && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1])
+            want_mpi = 1;
+    free(all);
     const char *tr = getenv("RT_TRANSPORT");
-    int want_mpi = rt__st.local_size > cu.ndev;     /* ranks share a GPU: NCCL refuses */
     if (tr && *tr) {
         if (!strcmp(tr, "mpi"))
             want_mpi = 1;
@@ -184,23 +198,24 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 }
 
 /*
-** Wait for the device, destroy communicators and handles, stop the watchdog, end MPI.
+** Wait for the device, destroy every NCCL communicator (groups not freed included; their
+** rt_group records must not be used afterwards) and the handles, then end MPI and the pool.
 */
 void rt_finalize(void)
 {
     RT_CUDA(cudaDeviceSynchronize());
     rt__arena_release();
-    if (rt__world && rt__world->dev) {
-        comm_forget((ncclComm_t)rt__world->dev);
-        ncclCommDestroy((ncclComm_t)rt__world->dev);
+    rt__abort_hook = NULL;
+    for (int i = 0; i < cu.ncomms; i++)         /* the world's and any group not freed */
+        ncclCommDestroy(cu.comms[i]);
+    cu.ncomms = 0;
+    if (rt__world)
         rt__world->dev = NULL;
-    }
     for (int i = 0; i < 2; i++)
         if (cu.stage[i])
             cudaFreeHost(cu.stage[i]);
     cublasDestroy(cu.blas);
     rt__mpi_finalize();
-    rt__abort_hook = NULL;
     rt__pool_shutdown();
 }
 
@@ -414,7 +429,8 @@ void rt_barrier(rt_group *g)
 
 /*
 ** Point-to-point over the world communicator: NCCL group of sends and receives (n = 0 ops
-** are skipped on both sides), or staged through pinned memory over MPI.
+** are skipped on both sides, messages to self are device copies), or staged through pinned
+** memory over MPI.
 */
 void rt_p2p(const rt_p2p_op *ops, int nops)
 {
@@ -453,10 +469,24 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
     snprintf(what, sizeof what, "p2p (%d ops, first: %s rank %d)", nops,
              ops[0].send ? "send to" : "recv from", ops[0].peer);
     rt__wd_arm(what, NULL);
+    /* messages to self: the k-th send to self goes to the k-th receive from self (a copy) */
+    for (int i = 0, j = 0; i < nops; i++) {
+        if (!ops[i].send || ops[i].peer != rt__st.rank)
+            continue;
+        while (j < nops && (ops[j].send || ops[j].peer != rt__st.rank))
+            j++;
+        RT_CHECK(j < nops, "p2p: a send to self (op %d) without a receive from self", i);
+        RT_CHECK(ops[j].n == ops[i].n && ops[j].t == ops[i].t,
+                 "p2p: send to self (op %d) and receive from self (op %d) differ in size", i, j);
+        if (ops[i].n)
+            RT_CUDA(cudaMemcpyAsync(ops[j].buf, ops[i].buf, ops[i].n * rt_dtype_size(ops[i].t),
+                                    cudaMemcpyDeviceToDevice, 0));
+        j++;
+    }
     RT_NCCL(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
         const rt_p2p_op *o = &ops[i];
-        if (o->n == 0)
+        if (o->n == 0 || o->peer == rt__st.rank)
             continue;
         if (o->send)
             RT_NCCL(ncclSend(o->buf, o->n, nccl_type(o->t), o->peer, c, 0));

@@ -83,10 +83,10 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops);
 /* -- Polling with back-off (rt_common.c) ---------------------------------------------------- */
 
 /* A wait loop calls rt__poll_pause between tests: the first polls spin, then the thread
-** yields, then sleeps with a delay growing with the time already waited (capped at 1 ms).
-** Returns the seconds waited so far. */
-typedef struct { double t0; long polls; } rt__poll;
-void   rt__poll_start(rt__poll *p);
+** yields (for 2 ms, or the time 'bytes' take at 1 GB/s if longer), then sleeps with a delay
+** growing with the time already waited (capped at 1 ms). Returns the seconds waited so far. */
+typedef struct { double t0, yield_s; long polls; } rt__poll;
+void   rt__poll_start(rt__poll *p, size_t bytes);
 double rt__poll_pause(rt__poll *p);
 
 /* -- Watchdog thread (rt_common.c) -------------------------------------------------------- */

@@ -1,9 +1,10 @@
 /*
 ** rt_mpi.c: the MPI layer shared by both backends: start-up and the world-size check, local
 ** rank, groups from generated tables, and every collective and point-to-point transfer on
-** host buffers, each posted as a nonblocking MPI call and completed through the polling
-** watchdog loop. The CPU backend calls it directly; the CUDA backend calls it for bootstrap
-** and for its MPI transport (device buffers staged through pinned host memory).
+** host buffers. Collectives are blocking MPI calls armed on the watchdog thread; p2p and
+** barriers are nonblocking calls completed by a polling loop that checks the deadline itself.
+** The CPU backend calls it directly; the CUDA backend calls it for bootstrap and for its MPI
+** transport (device buffers staged through pinned host memory).
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt_group, rt__st, rt__poll, rt__scratch, rt__h_* ...
@@ -36,14 +37,18 @@ static void mpi_fail(const char *file, int line, int rc, const char *call, const
 
 /* Check an MPI call made for 'op' on group 'g' (a name for messages). */
 #define CHECK_MPI(x, op, g) \
-    do { int rc_ = (x); if (rc_ != MPI_SUCCESS) mpi_fail(__FILE__, __LINE__, rc_, #x, op, g); } while (0)
+    do { \
+        int rc_ = (x); \
+        if (rc_ != MPI_SUCCESS) \
+            mpi_fail(__FILE__, __LINE__, rc_, #x, op, g); \
+    } while (0)
 
-/* Poll n requests to completion. Returns 0 when all completed, 1 when the watchdog deadline
-** passed first (the requests are then left as they are). */
-static int wait_reqs(MPI_Request *r, int n, const char *op, const rt_group *g)
+/* Poll n requests (moving 'bytes' in all) to completion. Returns 0 when all completed, 1 when
+** the watchdog deadline passed first (the requests are then left as they are). */
+static int wait_reqs(MPI_Request *r, int n, size_t bytes, const char *op, const rt_group *g)
 {
     rt__poll p;
-    rt__poll_start(&p);
+    rt__poll_start(&p, bytes);
     for (;;) {
         int done = 0;
         int rc = MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
@@ -63,7 +68,7 @@ static int wait_reqs(MPI_Request *r, int n, const char *op, const rt_group *g)
 
 static void wait_coll(MPI_Request *r, int n, const char *op, const rt_group *g)
 {
-    if (wait_reqs(r, n, op, g))
+    if (wait_reqs(r, n, 0, op, g))
         rt__die("watchdog: %s on %s did not complete within %g s", op, g->desc,
                 rt__st.timeout);
 }
@@ -98,7 +103,8 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 
 static void exit_guard(void)
 {
-    if (rt__st.inited && !rt__st.finalized && !__atomic_load_n(&rt__st.aborting, __ATOMIC_SEQ_CST))
+    int aborting = __atomic_load_n(&rt__st.aborting, __ATOMIC_SEQ_CST);
+    if (rt__st.inited && !rt__st.finalized && !aborting)
         rt__die("exited without rt_finalize (exit() or return from main before rt_finalize); "
                 "aborting the job");
 }
@@ -129,9 +135,9 @@ static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, 
     g->members = malloc((size_t)size * sizeof *g->members);
     RT_CHECK(g->members, "out of memory");
     memcpy(g->members, members, (size_t)size * sizeof *g->members);
+    make_desc(g);
     CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "group setup", g);
     CHECK_MPI(MPI_Comm_rank(comm, &g->rank), "group setup", g);
-    make_desc(g);
     return g;
 }
 
@@ -154,6 +160,9 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rt__st.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &rt__st.world);
+    if (provided < MPI_THREAD_MULTIPLE && !up && rt__st.rank == 0)
+        rt_log("warning: MPI gives thread level %d, not MPI_THREAD_MULTIPLE: the watchdog "
+               "thread will still call MPI_Abort when a call hangs", provided);
 
     const char *e = getenv("RT_TIMEOUT");
     if (e && *e) {
@@ -186,9 +195,9 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
         MPI_Comm node;
         RT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rt__st.rank,
                                    MPI_INFO_NULL, &node));
-        MPI_Comm_rank(node, &rt__st.local_rank);
-        MPI_Comm_size(node, &rt__st.local_size);
-        MPI_Comm_free(&node);
+        RT_MPI(MPI_Comm_rank(node, &rt__st.local_rank));
+        RT_MPI(MPI_Comm_size(node, &rt__st.local_size));
+        RT_MPI(MPI_Comm_free(&node));
     }
 
     MPI_Comm wc;
@@ -218,8 +227,8 @@ void rt__mpi_finalize(void)
         return;
     rt__h_barrier(rt__world, "finalize");
     rt__wd_stop();
-    MPI_Comm_free(&p2p_comm);
-    MPI_Comm_free(&rt__world->comm);
+    RT_MPI(MPI_Comm_free(&p2p_comm));
+    RT_MPI(MPI_Comm_free(&rt__world->comm));
     free(rt__world->members);
     free(rt__world);
     rt__world = NULL;
@@ -316,12 +325,12 @@ rt_group *rt__group_create(const rt_group_table *t)
                 nm);
 
     MPI_Comm comm;
-    CHECK_MPI(MPI_Comm_split(rt__world->comm, row >= 0 ? row : MPI_UNDEFINED, col, &comm),
-              "group creation", rt__world);
+    COLL(MPI_Comm_split(rt__world->comm, row >= 0 ? row : MPI_UNDEFINED, col, &comm),
+         "group creation", rt__world);
     if (row < 0)
         return NULL;
     int size = 0;
-    MPI_Comm_size(comm, &size);
+    CHECK_MPI(MPI_Comm_size(comm, &size), "group creation", rt__world);
     if (size != t->size)
         rt__die("group table '%s': communicator of group %d has %d ranks, table says %d", nm,
                 row, size, t->size);
@@ -335,7 +344,7 @@ void rt__group_destroy(rt_group *g)
 {
     if (!g || g->is_world)
         return;
-    MPI_Comm_free(&g->comm);
+    CHECK_MPI(MPI_Comm_free(&g->comm), "group free", g);
     free(g->members);
     free(g);
 }
@@ -506,13 +515,13 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
     if (nops <= 0)
         return;
     RT_CHECK(ops, "rt_p2p: NULL ops");
-    size_t nreq = 0;
+    size_t nreq = 0, bytes = 0;
     for (int i = 0; i < nops; i++) {
         if (ops[i].peer < 0 || ops[i].peer >= rt__st.world)
             rt__die("p2p: op %d has peer %d, not a rank of the world of %d", i, ops[i].peer,
                     rt__st.world);
         RT_CHECK(ops[i].buf || ops[i].n == 0, "p2p: op %d has a NULL buffer", i);
-        rt_dtype_size(ops[i].t);
+        bytes += ops[i].n * rt_dtype_size(ops[i].t);
         nreq += ops[i].n == 0 ? 1 : (ops[i].n + CHUNK - 1) / CHUNK;
     }
     RT_CHECK(nreq <= INT_MAX, "p2p: too many operations");
@@ -540,7 +549,7 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
             } while (off < o->n);
         }
     }
-    if (!wait_reqs(req, k, "p2p", rt__world))
+    if (!wait_reqs(req, k, bytes, "p2p", rt__world))
         return;
     char msg[1024];
     int len = 0, last = -1;

@@ -14,6 +14,7 @@ local inspect = require("inspect")
 local ir = require("ir")
 local json = require("json")
 local partition = require("partition")
+local program = require("program")
 local shards = require("shards")
 local topology = require("topology")
 
@@ -85,7 +86,9 @@ function M.run(opts)
         end
         return
     end
-    local files = emit.render(cfg, topo, part, sh)
+    local prog = nil
+    if not opts.topology_only then prog = program.build(cfg, topo, part, sh) end
+    local files = emit.render(cfg, topo, part, sh, prog, { line_dirs = opts.line_dirs })
     emit.write(cfg.outdir, files)
     local names = {}
     for i, f in ipairs(files) do names[i] = f.name end

@@ -65,6 +65,12 @@ local function take(cnt, chunk)
     return mb
 end
 
+-- Label steps [from, #steps] with 'phase' (warmup, steady, cooldown) for comments.
+local function mark(steps, from, phase)
+    for i = from, #steps do steps[i].phase = steps[i].phase or phase end
+    return #steps + 1
+end
+
 -- No pipelining (P = 1): forward and backward of every micro-batch in turn (gradients
 -- accumulate; Megatron's forward_backward_no_pipelining).
 local function no_pipelining(Mb)
@@ -73,6 +79,7 @@ local function no_pipelining(Mb)
         steps[#steps + 1] = { kind = "F", k = mb, mb = mb, chunk = 0 }
         steps[#steps + 1] = { kind = "B", k = mb, mb = mb, chunk = 0 }
     end
+    mark(steps, 1, "steady")
     return { steps = steps, warmup = 0, steady = Mb, cooldown = 0 }
 end
 
@@ -101,6 +108,7 @@ local function one_f_one_b(P, Mb, r)
         local mb = F()
         if not last then exchange(steps, nil, nil, op(true, "next", "act", mb, 0)) end
     end
+    local at = mark(steps, 1, "warmup")
     if steady > 0 then recv_forward(nf) end
     for i = 0, steady - 1 do
         local mb = F()
@@ -117,11 +125,13 @@ local function one_f_one_b(P, Mb, r)
             exchange(steps, op(true, "prev", "grad", bmb, 0), op(false, "prev", "act", nf, 0))
         end
     end
+    at = mark(steps, at, "steady")
     for _ = 1, warmup do
         if not last then exchange(steps, nil, nil, nil, op(false, "next", "grad", nb, 0)) end
         local bmb = B()
         if not first then exchange(steps, op(true, "prev", "grad", bmb, 0)) end
     end
+    mark(steps, at, "cooldown")
     return { steps = steps, warmup = warmup, steady = steady, cooldown = warmup }
 end
 
@@ -206,6 +216,7 @@ local function interleaved(P, V, Mb, N, r)
             exchange(steps, nil, recv_act(recv_prev, next_c), send_act(c, mb))
         end
     end
+    local at = mark(steps, 1, "warmup")
     for i = 0, remaining - 1 do
         local fk, bk = warmup + i, i
         local fc, fmb = F(fk)
@@ -216,6 +227,7 @@ local function interleaved(P, V, Mb, N, r)
         exchange(steps, send_grad(bc, bmb), recv_act(recv_prev, next_fc),
                  send_act(fc, fmb), recv_grad(recv_next, next_bc))
     end
+    at = mark(steps, at, "steady")
     if all_warmup and not last then exchange(steps, nil, nil, nil, recv_grad(true, V - 1)) end
     for k = remaining, total - 1 do
         local recv_next, next_bc = recv_from_prev(k, false)
@@ -223,6 +235,7 @@ local function interleaved(P, V, Mb, N, r)
         local c, mb = B(k)
         exchange(steps, send_grad(c, mb), nil, nil, recv_grad(recv_next, next_bc))
     end
+    mark(steps, at, "cooldown")
     return { steps = steps, warmup = warmup, steady = remaining, cooldown = warmup }
 end
 

@@ -93,7 +93,8 @@ static void test_allreduce(rt_group *g, rt_dtype t, size_t n, rt_op op)
             want = op == RT_SUM ? want + v : (v > want ? v : want);
         }
         double got = get_num(h, t, i);
-        T_EXPECT(got == (double)want, "allreduce %s %s n=%zu on %s (%d ranks): [%zu] = %.17g, want %lld",
+        T_EXPECT(got == (double)want,
+                 "allreduce %s %s n=%zu on %s (%d ranks): [%zu] = %.17g, want %lld",
                  op == RT_SUM ? "sum" : "max", rt_dtype_name(t), n, rt_group_name(g), p, i, got,
                  (long long)want);
     }
@@ -164,8 +165,8 @@ static void test_allgather(rt_group *g, rt_dtype t, size_t n, int in_place)
     for (int b = 0; b < p; b++)
         for (size_t i = 0; i < n; i++)
             T_EXPECT(has_key(hr, t, (size_t)b * n + i, key(b, 0, i)),
-                     "allgather%s %s n=%zu on %s: block %d [%zu] wrong", in_place ? " in place" : "",
-                     rt_dtype_name(t), n, rt_group_name(g), b, i);
+                     "allgather%s %s n=%zu on %s: block %d [%zu] wrong",
+                     in_place ? " in place" : "", rt_dtype_name(t), n, rt_group_name(g), b, i);
     if (!in_place)
         rt_free(ds);
     rt_free(dr);
@@ -173,14 +174,15 @@ static void test_allgather(rt_group *g, rt_dtype t, size_t n, int in_place)
     free(hr);
 }
 
-static void test_reduce_scatter(rt_group *g, rt_dtype t, size_t n)
+static void test_reduce_scatter(rt_group *g, rt_dtype t, size_t n, int in_place)
 {
     int gr = rt_group_rank(g), p = rt_group_size(g);
     size_t es = rt_dtype_size(t), all = n * (size_t)p;
     void *hs = t_alloc(all * es), *hr = t_alloc(n * es);
     for (size_t i = 0; i < all; i++)
         put_num(hs, t, i, red_val(t, gr, i));
-    void *ds = t_to_dev(hs, all * es), *dr = t_to_dev(hr, n * es);
+    void *ds = t_to_dev(hs, all * es), *dr = in_place ? (char *)ds + (size_t)gr * n * es
+                                                      : t_to_dev(hr, n * es);
     rt_reduce_scatter(ds, dr, n, t, g);
     t_to_host(hr, dr, n * es);
     for (size_t i = 0; i < n; i++) {
@@ -188,11 +190,13 @@ static void test_reduce_scatter(rt_group *g, rt_dtype t, size_t n)
         for (int m = 0; m < p; m++)
             want += red_val(t, m, (size_t)gr * n + i);
         double got = get_num(hr, t, i);
-        T_EXPECT(got == (double)want, "reduce-scatter %s n=%zu on %s: [%zu] = %.17g, want %lld",
-                 rt_dtype_name(t), n, rt_group_name(g), i, got, (long long)want);
+        T_EXPECT(got == (double)want, "reduce-scatter%s %s n=%zu on %s: [%zu] = %.17g, want %lld",
+                 in_place ? " in place" : "", rt_dtype_name(t), n, rt_group_name(g), i, got,
+                 (long long)want);
     }
     rt_free(ds);
-    rt_free(dr);
+    if (!in_place)
+        rt_free(dr);
     free(hs);
     free(hr);
 }
@@ -275,7 +279,8 @@ static void test_group(rt_group *g, const size_t *sizes, int nsizes)
             test_allreduce(g, t, n, RT_MAX);
             test_allgather(g, t, n, 0);
             test_allgather(g, t, n, 1);
-            test_reduce_scatter(g, t, n);
+            test_reduce_scatter(g, t, n, 0);
+            test_reduce_scatter(g, t, n, 1);
             test_broadcast(g, t, n);
             test_alltoallv(g, t, n);
         }
@@ -376,11 +381,11 @@ int main(int argc, char **argv)
     if (large) {
         rt_group *g = rt_group_world();
         for (int s = 0; s < nsizes; s++) {
-            for (int k = 0; k < 2; k++) {
+            for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++) {
                 rt_dtype t = dtypes[k];
                 test_allreduce(g, t, sizes[s], RT_SUM);
                 test_allgather(g, t, sizes[s], 0);
-                test_reduce_scatter(g, t, sizes[s]);
+                test_reduce_scatter(g, t, sizes[s], 0);
                 test_broadcast(g, t, sizes[s]);
                 test_p2p(t, sizes[s]);
             }

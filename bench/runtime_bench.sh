@@ -1,0 +1,34 @@
+#!/bin/sh
+# bench/runtime_bench.sh: build and run the runtime benchmarks (not part of make test):
+# collectives and p2p vs raw MPI on 2 and 4 ranks, rt_gemm vs OpenBLAS at GPT-2 124M shapes
+# (1 and 2 threads), the threading-trap comparison, and, when nvidia-smi lists a GPU, rt_gemm
+# TFLOP/s on the CUDA backend vs the device's measured peak. Timings on a shared 2-core VM
+# vary by ~15 %; run on a quiet machine.
+#   bench/runtime_bench.sh [comm|gemm|threads|gpu ...]      (default: all)
+cd "$(dirname "$0")/.." || exit 2
+make -s bench-runtime || exit 1
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+what=${*:-comm gemm threads gpu}
+for w in $what; do
+    case $w in
+    comm)
+        for np in 2 4; do
+            $MPIRUN -np $np build/bench/runtime_bench comm < /dev/null
+            echo
+        done ;;
+    gemm|threads)
+        build/bench/runtime_bench "$w"
+        echo ;;
+    gpu)
+        if [ -x build/bench/runtime_bench_gpu ] && command -v nvidia-smi > /dev/null &&
+           nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
+            build/bench/runtime_bench_gpu
+        else
+            echo "gpu: skipped (no GPU, or the CUDA backend is not built)"
+        fi ;;
+    *)
+        echo "usage: bench/runtime_bench.sh [comm|gemm|threads|gpu ...]" >&2
+        exit 2 ;;
+    esac
+done

@@ -1,0 +1,248 @@
+#!/bin/bash
+# tests/runtime/suite.sh: the runtime's tests (docs/DESIGN.md §3). Builds the test programs
+# (make runtime-tests), runs every primitive on the CPU backend with 1, 2, 3, 4 and 8 ranks,
+# compute and randomness checks, groups from hand-written and generated tables, fault
+# injection (each bounded by `timeout`, message checked), and the CUDA build (+ GPU runs when
+# nvidia-smi lists a device). Prints PASS/FAIL/SKIP runtime/<name>; scratch in build/test/runtime.
+cd "$(dirname "$0")/../.." || exit 2
+S=build/test/runtime
+B=build/runtime/test
+mkdir -p "$S"
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPIRUN="mpirun --allow-run-as-root --oversubscribe"
+FAILED=0
+
+pass() { echo "PASS runtime/$1"; }
+fail() { echo "FAIL runtime/$1: $2"; FAILED=1; }
+skip() { echo "SKIP runtime/$1: $2"; }
+
+# first line that looks like an error in a log, for FAIL messages
+why() { grep -m1 -E '^\[rank|error|FAIL|Error' "$1" | cut -c1-200; }
+
+# run NAME NP CMD... : PASS when the program exits 0 and printed its "ok" line
+run() {
+    local name=$1 np=$2 log="$S/$1.log"
+    shift 2
+    if [ "$np" = 0 ]; then          # no mpirun: a single-rank program on its own
+        timeout 120 "$@" > "$log" 2>&1 < /dev/null
+    else
+        timeout 120 $MPIRUN -np "$np" "$@" > "$log" 2>&1 < /dev/null
+    fi
+    local rc=$?
+    if [ $rc -eq 0 ] && grep -q '^ok ' "$log"; then
+        pass "$name"
+    else
+        fail "$name" "exit $rc; $(why "$log")"
+    fi
+}
+
+# fault NAME LIMIT PATTERN CMD... : the command must fail (exit != 0) within LIMIT seconds
+# and its output must contain PATTERN (grep -E)
+fault() {
+    local name=$1 limit=$2 pat=$3 log="$S/$1.log"
+    shift 3
+    local t0 rc dt
+    t0=$(date +%s%N)
+    timeout 60 "$@" > "$log" 2>&1 < /dev/null
+    rc=$?
+    dt=$(( ($(date +%s%N) - t0) / 1000000000 ))
+    if [ $rc -eq 0 ]; then
+        fail "$name" "exited 0, expected a failure"
+    elif [ $rc -eq 124 ]; then
+        fail "$name" "still running after 60 s (hang)"
+    elif [ "$dt" -ge "$limit" ]; then
+        fail "$name" "took $dt s (limit $limit s)"
+    elif ! grep -qE -- "$pat" "$log"; then
+        fail "$name" "message not found: $pat; got: $(head -c 200 "$log" | tr '\n' ' ')"
+    else
+        pass "$name"
+    fi
+}
+
+# -- Build ------------------------------------------------------------------------------------
+if make -s runtime-tests > "$S/build.log" 2>&1; then
+    pass build-cpu
+else
+    fail build-cpu "make runtime-tests: $(grep -m1 -E 'error|Error' "$S/build.log")"
+    exit 1
+fi
+
+# -- Communication: every primitive, group kind and dtype, 1-8 ranks ---------------------------
+SIZES="0 1 2 3 7 31 257 4099"
+for np in 1 2 3 4 8; do
+    run "coll-np$np" "$np" $B/t_coll_cpu $SIZES
+done
+for np in 1 2 3 4 8; do
+    run "coll-large-np$np" "$np" $B/t_coll_cpu --large 1048579
+done
+run coll-single-no-mpirun 0 $B/t_coll_cpu 0 1 5 1000
+
+# -- Compute and memory (one rank, no mpirun): pool of 2 and of 1 ------------------------------
+RT_THREADS=2 run compute-2threads 0 $B/t_gemm_cpu
+RT_THREADS=1 run compute-1thread 0 $B/t_gemm_cpu
+
+# -- Randomness -----------------------------------------------------------------------------
+run rng-np1 0 $B/t_rng_cpu
+run rng-np3 3 $B/t_rng_cpu
+if ! command -v lua5.4 > /dev/null; then
+    skip rng-lua "lua5.4 not installed"
+elif ! lua5.4 tests/runtime/philox_ref.lua kat > "$S/rng-lua.log" 2>&1; then
+    fail rng-lua "the Lua reference fails the Random123 known answers: $(head -1 "$S/rng-lua.log")"
+else
+    ok=1
+    for args in "1234 0xfe480316132b4b7c 0 1000" "42 7 4294967290 64" \
+                "0xdeadbeef00c0ffee 0x8000000000000001 123456789 256"; do
+        # shellcheck disable=SC2086
+        $B/t_rng_cpu dump $args > "$S/rng-c.txt" 2>> "$S/rng-lua.log" &&
+            lua5.4 tests/runtime/philox_ref.lua normal $args > "$S/rng-lua.txt" 2>> "$S/rng-lua.log"
+        if ! cmp -s "$S/rng-c.txt" "$S/rng-lua.txt"; then
+            ok=0
+            first=$(diff "$S/rng-c.txt" "$S/rng-lua.txt" | sed -n 2p)
+            fail rng-lua "rt_rng_normal differs from philox_ref.lua for ($args): $first"
+            break
+        fi
+    done
+    [ $ok = 1 ] && pass rng-lua
+fi
+
+# -- Groups from hand-written tables ------------------------------------------------------------
+for np in 1 2 3 4 8; do
+    run "groups-hand-np$np" "$np" $B/t_groups_cpu
+done
+
+# -- Groups from the generator's topology.json -----------------------------------------------
+if [ ! -x build/gen ]; then
+    skip groups-gen "build/gen not built (the generator is needed for topology.json)"
+else
+    while read -r cfg; do
+        [ -z "$cfg" ] && continue
+        name="groups-gen-$(echo "$cfg" | tr -s ' -' '_' | sed 's/^_//; s/__/_/g')"
+        dir="$S/gen_$(echo "$cfg" | tr -cs 'a-z0-9' '_')"
+        rm -rf "$dir"
+        # shellcheck disable=SC2086
+        if ! build/gen $cfg --out "$dir" > "$S/$name.gen.log" 2>&1; then
+            fail "$name" "build/gen $cfg: $(grep -m1 error "$S/$name.gen.log")"
+            continue
+        fi
+        if ! build/gen --lua tests/runtime/topo2c.lua "$dir/topology.json" "$dir/tables.c" \
+                "$cfg" > "$S/$name.lua.log" 2>&1; then
+            fail "$name" "topo2c.lua: $(head -1 "$S/$name.lua.log")"
+            continue
+        fi
+        if ! make -s "$dir/t_groups" > "$S/$name.make.log" 2>&1; then
+            fail "$name" "build: $(grep -m1 error "$S/$name.make.log")"
+            continue
+        fi
+        world=$(grep -o '"world": *[0-9]*' "$dir/topology.json" | grep -o '[0-9]*$')
+        run "$name" "$world" "$dir/t_groups"
+    done <<'EOF'
+tiny --tp 2 --pp 2 --dp 2
+tiny --tp 2 --pp 2 --dp 2 --order pp-dp-tp
+tiny --pp 4 --dp 2
+tiny --tp 4 --dp 2
+tiny --tp 2 --cp 2 --dp 2
+tiny_moe --tp 2 --ep 2 --dp 2 --sp
+tiny_moe --ep 4 --dp 4 --pp 2
+tiny --tp 2 --pp 2
+tiny
+EOF
+fi
+
+# -- Faults: each ends with a clear message in bounded time ----------------------------------
+F=$B/t_fault_cpu
+fault fault-wrongnp 30 '^\[rank 0/8\] built for 64 ranks \(tp8 pp8 dp1\), launched with 8$' \
+    $MPIRUN -np 8 $F wrongnp
+n=$(grep -c 'built for' "$S/fault-wrongnp.log")
+[ "$n" = 1 ] || fail fault-wrongnp-once "the wrong-size message was printed $n times, want once"
+[ "$n" = 1 ] && pass fault-wrongnp-once
+fault fault-wrongnp-no-mpirun 30 \
+    '^\[rank 0/1\] built for 64 ranks \(tp8 pp8 dp1\), launched with 1$' $F wrongnp
+fault fault-check 30 '^\[rank 1/2\] tests/runtime/t_fault\.c:[0-9]+: custom failure 42$' \
+    $MPIRUN -np 2 $F check
+pat='^\[rank 0/2\] tests/runtime/t_fault\.c:[0-9]+: '
+fault fault-mpi-error 30 "${pat}MPI error: MPI_ERR_RANK: invalid rank \\(MPI_Send\\)$" \
+    $MPIRUN -np 2 $F mpierr
+fault fault-exit-early 30 '^\[rank 1/2\] exited without rt_finalize' $MPIRUN -np 2 $F exit
+fault fault-return-without-finalize 30 '^\[rank 2/3\] exited without rt_finalize' \
+    $MPIRUN -np 3 $F nofinalize
+fault fault-raise-sigkill 30 'exited on signal 9|watchdog' $MPIRUN -np 2 $F raise
+# a rank killed from outside (kill -9) while the other waits in an allreduce
+log="$S/fault-kill-9.log"
+rm -f "$S/hang.pid"
+t0=$(date +%s)
+RT_TIMEOUT=20 timeout 60 $MPIRUN -np 2 $F hang "$S/hang.pid" > "$log" 2>&1 < /dev/null &
+job=$!
+for _ in $(seq 100); do [ -s "$S/hang.pid" ] && break; sleep 0.1; done
+if [ ! -s "$S/hang.pid" ]; then
+    fail fault-kill-9 "rank 1 never wrote its pid"
+    kill "$job" 2> /dev/null
+else
+    sleep 0.5
+    kill -9 "$(cat "$S/hang.pid")"
+    wait "$job"
+    rc=$?
+    dt=$(( $(date +%s) - t0 ))
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $dt -gt 30 ]; then
+        fail fault-kill-9 "exit $rc after $dt s"
+    elif ! grep -qE 'exited on signal 9|watchdog' "$log"; then
+        fail fault-kill-9 "no message naming the dead rank: $(head -c 200 "$log" | tr '\n' ' ')"
+    else
+        pass fault-kill-9
+    fi
+fi
+# the same deaths with a launcher that does not abort the job: our watchdog ends it
+NOABORT="--mca orte_abort_on_non_zero_status 0"
+RT_TIMEOUT=3 fault fault-dead-rank-watchdog 20 \
+    '^\[rank 0/2\] watchdog: allreduce on group world \(ranks 0,1\) did not complete within 3 s$' \
+    $MPIRUN $NOABORT -np 2 $F _exit
+RT_TIMEOUT=3 fault fault-recv-without-send 20 \
+    '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1\) did not complete within 3 s$' \
+    $MPIRUN -np 2 $F norecv
+RT_TIMEOUT=3 fault fault-stuck-allreduce 20 \
+    '^\[rank 0/2\] watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 3 s$' \
+    $MPIRUN -np 2 $F stuck
+fault fault-arena-full 30 "arena full: 'wpe' needs 600 bytes at offset 768, arena holds 1000" \
+    $MPIRUN -np 2 $F arena
+fault fault-null-group 30 '^\[rank 1/2\] allreduce on a NULL group' $MPIRUN -np 2 $F nullgroup
+fault fault-table-mismatch 30 "group table 'tp' differs between ranks" $MPIRUN -np 2 $F badtable
+RT_TIMEOUT=abc fault fault-bad-timeout 30 "RT_TIMEOUT='abc': expected seconds" $F ok
+# the control: the same program without a fault exits 0 and prints nothing
+timeout 60 $MPIRUN -np 2 $F ok > "$S/fault-control.log" 2>&1 < /dev/null
+rc=$?
+if [ $rc -ne 0 ] || grep -q . "$S/fault-control.log"; then
+    fail fault-control "a clean run exited $rc and printed: $(head -1 "$S/fault-control.log")"
+else
+    pass fault-control
+fi
+
+# -- CUDA backend ---------------------------------------------------------------------------
+if make -s runtime-tests-cuda > "$S/build-cuda.log" 2>&1; then
+    pass build-cuda
+    if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
+        ngpu=$(nvidia-smi -L | grep -c '^GPU')
+        run cuda-coll-np1 0 $B/t_coll_cuda $SIZES
+        run cuda-compute 0 $B/t_gemm_cuda
+        run cuda-rng 0 $B/t_rng_cuda
+        RT_TRANSPORT=mpi run cuda-coll-mpi-np2 2 $B/t_coll_cuda $SIZES
+        RT_TRANSPORT=mpi run cuda-groups-mpi-np4 4 $B/t_groups_cuda
+        RT_TRANSPORT=mpi run cuda-rng-mpi-np2 2 $B/t_rng_cuda
+        if [ "$ngpu" -ge 2 ]; then
+            run cuda-coll-nccl-np2 2 $B/t_coll_cuda $SIZES
+            run cuda-coll-nccl-large-np2 2 $B/t_coll_cuda --large 1048579
+            [ "$ngpu" -ge 4 ] && run cuda-groups-nccl-np4 4 $B/t_groups_cuda
+            RT_TIMEOUT=5 fault cuda-fault-stuck-nccl 40 \
+                'watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 5 s' \
+                $MPIRUN -np 2 $B/t_fault_cuda stuck
+        else
+            skip cuda-nccl "NCCL runs need 2 GPUs, nvidia-smi lists $ngpu"
+        fi
+    else
+        skip cuda-run "no GPU (nvidia-smi lists none): the CUDA backend was built and linked only"
+    fi
+elif grep -q 'CUDA backend not built' "$S/build-cuda.log"; then
+    skip build-cuda "$(head -1 "$S/build-cuda.log")"
+else
+    fail build-cuda "make runtime-tests-cuda: $(grep -m1 -E 'error|Error' "$S/build-cuda.log")"
+fi
+
+exit $FAILED
