@@ -1,9 +1,9 @@
 /*
 ** rt_common.c: the backend-neutral part of the runtime: dtypes, logging, failure and abort,
-** time, the polling back-off used by every wait loop, the CPU thread pool (rt_parallel_for),
-** per-thread scratch, bf16 bulk conversion, FNV-1a and the arena. Linked into both
-** librt_cpu.a and librt_cuda.a; it knows nothing about devices (rt_malloc comes from the
-** backend) and nothing about models.
+** time, the polling back-off of the wait loops, the watchdog thread, the CPU thread pool
+** (rt_parallel_for), per-thread scratch, bf16 bulk conversion, GEMM argument checks, FNV-1a
+** and the arena. Linked into both librt_cpu.a and librt_cuda.a; it knows nothing about
+** devices (rt_malloc comes from the backend) and nothing about models.
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt__state, rt__poll, rt__scratch, rt__bf16_to_f32, ...
@@ -431,10 +431,12 @@ int rt__default_threads(void)
         long v = strtol(e, &end, 10);
         if (*end || v < 1 || v > 1024)
             rt__die("RT_THREADS='%s': expected a whole number from 1 to 1024", e);
-        if (naff > 0 && v > naff && rt__st.rank == 0)
+        if (naff > 0 && naff < online && v > naff && rt__st.rank == 0)
             rt_log("warning: RT_THREADS=%ld but this rank is bound to %d CPU%s (mpirun binds "
                    "to cores by default: add --bind-to none or --map-by slot:PE=%ld)", v, naff,
                    naff == 1 ? "" : "s", v);
+        else if (v > online && rt__st.rank == 0)
+            rt_log("warning: RT_THREADS=%ld exceeds the %ld online CPUs", v, online);
         return (int)v;
     }
     if (naff > 0 && naff < online)

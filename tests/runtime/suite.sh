@@ -120,8 +120,19 @@ else
         dir="$S/gen_$(echo "$cfg" | tr -cs 'a-z0-9' '_')"
         rm -rf "$dir"
         # shellcheck disable=SC2086
-        if ! build/gen $cfg --out "$dir" > "$S/$name.gen.log" 2>&1; then
-            fail "$name" "build/gen $cfg: $(grep -m1 error "$S/$name.gen.log")"
+        build/gen $cfg --out "$dir" > "$S/$name.gen.log" 2>&1
+        rc=$?
+        if [ $rc = 1 ]; then
+            # a layout the generator cannot train yet (exit 1): its topology is still printed
+            mkdir -p "$dir"
+            # shellcheck disable=SC2086
+            if ! build/gen $cfg --dump topology > "$dir/topology.json" 2>> "$S/$name.gen.log"
+            then
+                skip "$name" "build/gen $cfg: $(grep -m1 error "$S/$name.gen.log")"
+                continue
+            fi
+        elif [ $rc != 0 ]; then
+            fail "$name" "build/gen $cfg exited $rc: $(grep -m1 error "$S/$name.gen.log")"
             continue
         fi
         if ! build/gen --lua tests/runtime/topo2c.lua "$dir/topology.json" "$dir/tables.c" \
