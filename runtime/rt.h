@@ -128,16 +128,20 @@ void rt_barrier(rt_group *g);                                                /* 
 
 /* -- Point-to-point: all ops posted together and completed together ----------------------- */
 
-/* Watchdog-guarded. Peers are global ranks (self allowed). Several messages between the same
-** pair are matched in the order they appear in each side's ops (the receiver lists its
-** receives in the order the sender lists its sends); receive counts must equal send counts.
-** A simultaneous exchange (both sides send and receive in one call) cannot deadlock. */
+/* Watchdog-guarded. Peers are global ranks (self allowed). Messages are matched per
+** (sender, receiver, tag) in the order they appear in each side's ops; receive counts must
+** equal send counts. Tags (0 .. 32767) keep two kinds of message between the same pair apart
+** (pipeline activations and gradients when prev == next); on NCCL, which has no tags, each
+** side posts its ops sorted by (peer, tag), so the same rule holds as long as a call carries
+** at most one message per (peer, tag, direction). A simultaneous exchange (both sides send
+** and receive in one call) cannot deadlock. */
 typedef struct {
     int         send;       /* 1 send, 0 receive */
     void       *buf;
     size_t      n;          /* elements; 0 allowed (still matched) */
     rt_dtype    t;
     int         peer;       /* global rank */
+    int         tag;        /* message kind, 0 .. 32767 */
 } rt_p2p_op;
 
 void rt_p2p(const rt_p2p_op *ops, int nops);

@@ -483,9 +483,22 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
                                     cudaMemcpyDeviceToDevice, 0));
         j++;
     }
+    /* NCCL matches in posting order and has no tags: post sorted by (peer, tag), stably */
+    int *order = (int *)malloc((size_t)nops * sizeof *order);
+    RT_CHECK(order, "out of memory");
+    for (int i = 0; i < nops; i++) {
+        int j = i;
+        while (j > 0 && (ops[order[j - 1]].peer > ops[i].peer ||
+                         (ops[order[j - 1]].peer == ops[i].peer &&
+                          ops[order[j - 1]].tag > ops[i].tag))) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
     RT_NCCL(ncclGroupStart());
     for (int i = 0; i < nops; i++) {
-        const rt_p2p_op *o = &ops[i];
+        const rt_p2p_op *o = &ops[order[i]];
         if (o->n == 0 || o->peer == rt__st.rank)
             continue;
         if (o->send)
@@ -494,6 +507,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
             RT_NCCL(ncclRecv(o->buf, o->n, nccl_type(o->t), o->peer, c, 0));
     }
     RT_NCCL(ncclGroupEnd());
+    free(order);
     stream_wait(c);
     rt__wd_disarm();
 }

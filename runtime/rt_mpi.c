@@ -521,6 +521,8 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
             rt__die("p2p: op %d has peer %d, not a rank of the world of %d", i, ops[i].peer,
                     rt__st.world);
         RT_CHECK(ops[i].buf || ops[i].n == 0, "p2p: op %d has a NULL buffer", i);
+        RT_CHECK(ops[i].tag >= 0 && ops[i].tag <= 32767, "p2p: op %d has tag %d (0..32767)", i,
+                 ops[i].tag);
         bytes += ops[i].n * rt_dtype_size(ops[i].t);
         nreq += ops[i].n == 0 ? 1 : (ops[i].n + CHUNK - 1) / CHUNK;
     }
@@ -539,10 +541,10 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
                 size_t c = o->n - off < CHUNK ? o->n - off : CHUNK;
                 char *b = (char *)o->buf + off * es;
                 if (pass)
-                    CHECK_MPI(MPI_Isend(b, (int)c, mpi_type(o->t), o->peer, 0, p2p_comm,
+                    CHECK_MPI(MPI_Isend(b, (int)c, mpi_type(o->t), o->peer, o->tag, p2p_comm,
                                         &req[k]), "p2p send", rt__world);
                 else
-                    CHECK_MPI(MPI_Irecv(b, (int)c, mpi_type(o->t), o->peer, 0, p2p_comm,
+                    CHECK_MPI(MPI_Irecv(b, (int)c, mpi_type(o->t), o->peer, o->tag, p2p_comm,
                                         &req[k]), "p2p receive", rt__world);
                 owner[k++] = i;
                 off += c;
@@ -560,9 +562,9 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
         if (flag || owner[j] == last)
             continue;
         const rt_p2p_op *o = &ops[owner[j]];
-        len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s %zu %s %s rank %d",
+        len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s %zu %s %s rank %d tag %d",
                         len ? ", " : "", o->send ? "send" : "recv", o->n, rt_dtype_name(o->t),
-                        o->send ? "to" : "from", o->peer);
+                        o->send ? "to" : "from", o->peer, o->tag);
         last = owner[j];
     }
     rt__die("watchdog: p2p (%s) did not complete within %g s", msg, rt__st.timeout);

@@ -222,8 +222,7 @@ local function render_program(cfg, topo, prog, files, opts)
     local sources = { "model.c", "train.c", "groups.c" }
     for _, s in ipairs(prog.stages) do sources[#sources + 1] = "stage" .. s.k .. ".c" end
     add("build.mk", T .. "build.mk.tmpl",
-        { outdir = cfg.outdir, objdir = "build/" .. cfg.outdir, sources = sources,
-          regen = cfg.make }, "make rules for train and train_cuda")
+        { sources = sources, regen = cfg.make }, "make rules for train and train_cuda")
 end
 
 -- Every output file, rendered. The MANIFEST comes last and lists the others. 'prog' (from

@@ -501,8 +501,8 @@ function M.build(cfg, topo, part, sh)
         vocab_valid = table.concat(vocab_valid, ", "),
         layout = layout, schedule_kind = sched.kind,
         dpcp = cfg.dp * cfg.cp > 1, mp = cfg.tp * cfg.pp > 1,
-        run_hint = (cfg.world > 1 and string.format("mpirun -np %d ", cfg.world) or "")
-            .. cfg.outdir .. "/train",
+        run_hint = cfg.world > 1 and string.format("under mpirun -np %d", cfg.world)
+            or "one rank: run it directly",
     }
 end
 

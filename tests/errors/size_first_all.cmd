@@ -1,1 +1,1 @@
-tiny --pp 2 --first-layers 4
+tiny --pp 2 --first-layers 8

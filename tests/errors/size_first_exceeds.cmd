@@ -1,1 +1,1 @@
-tiny --pp 2 --first-layers 5
+tiny --pp 2 --first-layers 9

@@ -1,1 +1,1 @@
-tiny --pp 2 --vp 4 --nmb 2
+tiny --pp 2 --vp 8 --nmb 2

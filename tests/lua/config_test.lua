@@ -32,7 +32,7 @@ T.test("shipped models load with their documented sizes", function()
     local want = {
         gpt3_175b = { 96, 12288, 96, 2048, 50257 }, gpt2_124m = { 12, 768, 12, 1024, 50257 },
         gpt2_350m = { 24, 1024, 16, 1024, 50257 }, gpt2_774m = { 36, 1280, 20, 1024, 50257 },
-        gpt2_1558m = { 48, 1600, 25, 1024, 50257 }, tiny = { 4, 64, 4, 64, 256 },
+        gpt2_1558m = { 48, 1600, 25, 1024, 50257 }, tiny = { 8, 64, 4, 64, 256 },
         tiny_moe = { 4, 64, 4, 64, 256 },
     }
     for _, name in ipairs({ "gpt3_175b", "gpt2_124m", "gpt2_350m", "gpt2_774m", "gpt2_1558m",
