@@ -14,10 +14,10 @@ ifeq ($(origin CC),default)
 CC        := gcc
 endif
 MPICC     ?= mpicc
-NVCC      ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(if $(shell command -v nvcc 2>/dev/null),nvcc,$(CUDA_HOME)/bin/nvcc)
 RE2C      ?= re2c
 LUA_PKG   ?= lua5.4
-CUDA_HOME ?= /usr/local/cuda
 OPT       ?= -O2
 
 # The model and its layout (see README.md). Empty means "not given": the generator's default.
@@ -39,6 +39,11 @@ SP            ?=
 DIST_OPT      ?=
 RANK          ?=
 
+# make run: training flags and the demo defaults (tiny on the fortunes corpus).
+STEPS     ?= 200
+DATA      ?= data/corpus.bin
+RUN_ARGS  ?=
+
 # -- END OF USER SETTINGS -----------------------------------------------------------------------
 
 ifeq ($(V),1)
@@ -50,10 +55,12 @@ E := @echo
 endif
 
 # Debian names its openblas pkg-config module "openblas"; its cblas.h lives in a subfolder.
-LUA_CFLAGS  := $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null)
-LUA_LIBS    := $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
-BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
-BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
+# Deferred (=, not :=): evaluated when a recipe runs, so "make deps run" on a fresh machine
+# sees the packages that deps has just installed.
+LUA_CFLAGS  = $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null)
+LUA_LIBS    = $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
+BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null)
 
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS_C := -std=c11 $(OPT) -g $(WARN) -MMD -MP
@@ -71,6 +78,14 @@ CLEAN_FILES :=
 .PHONY: default all deps test help echo clean golden-update bench-gen
 
 include $(wildcard gen/gen.mk runtime/runtime.mk tools/tools.mk tests/tests.mk bench/bench.mk)
+
+# make run without MODEL trains the CPU demo: tiny, 8 sequences per micro-batch.
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+ifeq ($(MODEL),)
+MODEL := tiny
+MBS   := $(or $(MBS),8)
+endif
+endif
 
 # Generator arguments from the make variables above (only the ones given).
 GENFLAGS = $(MODEL) \
@@ -108,11 +123,26 @@ include $(GEN_DIR)/build.mk
 build-gen-dir: $(GEN_TARGETS)
 endif
 
+# Generate, build and train on the CPU under mpirun (one rank runs directly).
+MPIRUN ?= mpirun $(if $(filter 0,$(shell id -u)),--allow-run-as-root) --oversubscribe
+.PHONY: run
+run: model $(if $(filter data/corpus.bin,$(DATA)),data/corpus.bin)
+	$(Q)d=$$(build/gen --print-out $(GENFLAGS)); \
+	w=$$(sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' $$d/topology.json); \
+	if [ "$$w" -gt 1 ]; then set -x; $(MPIRUN) -np $$w $$d/train --data $(DATA) --steps $(STEPS) $(RUN_ARGS); \
+	else set -x; $$d/train --data $(DATA) --steps $(STEPS) $(RUN_ARGS); fi
+
 print-out: need-model build/gen
 	@build/gen --print-out $(GENFLAGS)
 
 inspect: need-model build/gen
 	@build/gen --inspect $(if $(RANK),--rank $(RANK)) $(GENFLAGS)
+
+# Only the build-time picture (topology.json, shards.json, report.txt): any layout, also those
+# the training programs do not support yet (CP > 1).
+.PHONY: topology
+topology: need-model build/gen
+	$(Q)build/gen --topology-only $(GENFLAGS)
 
 DEBS := gcc make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
         libopenblas-dev fortunes
@@ -132,6 +162,21 @@ golden-update: build/gen
 
 bench-gen: build/gen
 	$(Q)bench/gen_bench.sh
+
+help:
+	@echo "make deps                     install the Debian packages (needs root)"
+	@echo "make run [MODEL=tiny ...]     generate, build and train on the CPU (demo: tiny, fortunes)"
+	@echo "make MODEL=m TP= PP= DP= ...  generate out/<dir> and build train (+ train_cuda)"
+	@echo "make gen MODEL=m ...          only generate"
+	@echo "make topology MODEL=m ...     only the build-time picture (any layout)"
+	@echo "make inspect MODEL=m ... [RANK=r]   print the report of all ranks, or of rank r"
+	@echo "make print-out MODEL=m ...    print the output directory"
+	@echo "make data                     build data/corpus.bin from Debian's fortunes"
+	@echo "make test [SUITE=name]        run the tests; ends with 'N passed, N failed, N skipped'"
+	@echo "make golden-update            rewrite the golden outputs (review the diff)"
+	@echo "make clean                    remove build/ and out/"
+	@echo "variables: MODEL TP PP DP CP EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS NMB SEQ"
+	@echo "           SP=1 DIST_OPT=1 RANK STEPS DATA RUN_ARGS V=1"
 
 echo:
 	@echo "CC=$(CC) MPICC=$(MPICC) NVCC=$(NVCC) RE2C=$(RE2C) LUA_PKG=$(LUA_PKG)"

@@ -9,7 +9,7 @@
 
 RT_BUILD     := build/runtime
 RT_CFLAGS    := -Iruntime
-RT_CPU_LIBS  := -Lbuild -lrt_cpu $(BLAS_LIBS) -lpthread -lm
+RT_CPU_LIBS  = -Lbuild -lrt_cpu $(BLAS_LIBS) -lpthread -lm
 RT_CUDA_LIBS := -Lbuild -lrt_cuda -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                 -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lpthread -lm -ldl -lrt
 
