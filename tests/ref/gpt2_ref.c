@@ -64,11 +64,9 @@ static void add_tensor(ref_model *m, size_t *offset, const char *name, int ndim,
     *offset += t->numel;
 }
 
-/* Pointer to the tensor named printf(fmt, layer) inside the flat array 'base'. */
-static double *view(const ref_model *m, double *base, const char *fmt, int layer)
+/* Pointer to the tensor called 'name' inside the flat array 'base' (it must exist). */
+static double *view_named(const ref_model *m, double *base, const char *name)
 {
-    char name[REF_NAME_MAX];
-    snprintf(name, sizeof name, fmt, layer);
     const ref_tensor *t = ref_model_find(m, name);
     if (t == NULL) {
         fprintf(stderr, "gpt2_ref: internal error: no tensor '%s'\n", name);
@@ -77,6 +75,23 @@ static double *view(const ref_model *m, double *base, const char *fmt, int layer
     return base + t->offset;
 }
 
+/* Pointer to the tensor named printf(fmt, layer) inside the flat array 'base'. */
+static double *view(const ref_model *m, double *base, const char *fmt, int layer)
+{
+    char name[REF_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer);
+    return view_named(m, base, name);
+}
+
+/* Expert e of layer l, tensor 'suffix' ("c_fc.weight", ...), or NULL if the model has none. */
+static double *expert_view(const ref_model *m, double *base, int l, int e, const char *suffix)
+{
+    char name[REF_NAME_MAX];
+    snprintf(name, sizeof name, "h.%d.mlp.experts.%d.%s", l, e, suffix);
+    return ref_model_find(m, name) ? view_named(m, base, name) : NULL;
+}
+
+/* Point the views of 'w' into 'base'; the expert arrays of w->h[l].moe are allocated here. */
 static void bind_weights(ref_weights *w, const ref_model *m, double *base)
 {
     w->wte = view(m, base, "wte.weight", 0);
@@ -91,10 +106,23 @@ static void bind_weights(ref_weights *w, const ref_model *m, double *base)
         h->attn_proj_b = view(m, base, "h.%d.attn.c_proj.bias", l);
         h->ln_2_w = view(m, base, "h.%d.ln_2.weight", l);
         h->ln_2_b = view(m, base, "h.%d.ln_2.bias", l);
-        h->mlp.c_fc_w = view(m, base, "h.%d.mlp.c_fc.weight", l);
-        h->mlp.c_fc_b = view(m, base, "h.%d.mlp.c_fc.bias", l);
-        h->mlp.c_proj_w = view(m, base, "h.%d.mlp.c_proj.weight", l);
-        h->mlp.c_proj_b = view(m, base, "h.%d.mlp.c_proj.bias", l);
+        int E = m->cfg.moe.experts;
+        if (E == 0) {
+            h->mlp.c_fc_w = view(m, base, "h.%d.mlp.c_fc.weight", l);
+            h->mlp.c_fc_b = view(m, base, "h.%d.mlp.c_fc.bias", l);
+            h->mlp.c_proj_w = view(m, base, "h.%d.mlp.c_proj.weight", l);
+            h->mlp.c_proj_b = view(m, base, "h.%d.mlp.c_proj.bias", l);
+            continue;
+        }
+        h->moe.router_w = view(m, base, "h.%d.mlp.router.weight", l);
+        h->moe.experts = ref_xcalloc((size_t)E, sizeof(ref_expert));
+        for (int e = 0; e < E; e++) {
+            ref_expert *x = &h->moe.experts[e];
+            x->c_fc_w = expert_view(m, base, l, e, "c_fc.weight");
+            x->c_fc_b = expert_view(m, base, l, e, "c_fc.bias");
+            x->c_proj_w = expert_view(m, base, l, e, "c_proj.weight");
+            x->c_proj_b = expert_view(m, base, l, e, "c_proj.bias");
+        }
     }
     w->ln_f_w = view(m, base, "ln_f.weight", 0);
     w->ln_f_b = view(m, base, "ln_f.bias", 0);
@@ -102,17 +130,23 @@ static void bind_weights(ref_weights *w, const ref_model *m, double *base)
 
 /*
 ** Create a model for 'cfg' (which the caller has validated: every size >= 1, heads divides
-** hidden). Builds the tensor table in the canonical Hugging Face order -- wte, wpe, then per
-** layer ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj (weight before bias), then
-** ln_f -- and allocates params, grads and AdamW moments, all zero. Free with ref_model_free.
-** Weight decay applies to the 2-D tensors (embeddings and Conv1D weights) only.
+** hidden; for a mixture of experts 1 <= top_k <= experts and ffn >= 1). Builds the tensor table
+** in the canonical Hugging Face order -- wte, wpe, then per layer ln_1, attn.c_attn,
+** attn.c_proj, ln_2, the feed-forward block, then ln_f (weight before bias) -- and allocates
+** params, grads and AdamW moments, all zero. The feed-forward block is mlp.c_fc, mlp.c_proj
+** (dense), or mlp.router.weight followed by mlp.experts.{e}.c_fc, mlp.experts.{e}.c_proj for
+** e = 0..E-1 (biases only with moe.bias). Weight decay applies to the 2-D tensors only
+** (embeddings, Conv1D weights, the router). Free with ref_model_free.
 */
 ref_model *ref_model_new(const ref_config *cfg)
 {
     ref_model *m = ref_xcalloc(1, sizeof *m);
     m->cfg = *cfg;
     long C = cfg->hidden, V = cfg->vocab, T = cfg->seq, F = cfg->ffn;
-    m->tensors = ref_xcalloc((size_t)(4 + 12 * cfg->layers), sizeof *m->tensors);
+    const ref_moe_config *moe = &cfg->moe;
+    long E = moe->experts, Fe = moe->ffn;
+    long per_layer = 8 + (E == 0 ? 4 : 1 + E * (moe->bias ? 4 : 2));
+    m->tensors = ref_xcalloc((size_t)(4 + per_layer * cfg->layers), sizeof *m->tensors);
     size_t off = 0;
     char name[REF_NAME_MAX];
 
@@ -130,10 +164,28 @@ ref_model *ref_model_new(const ref_config *cfg)
         LAYER_TENSOR("attn.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
         LAYER_TENSOR("ln_2.weight", 1, C, 0, 0, REF_INIT_ONE)
         LAYER_TENSOR("ln_2.bias", 1, C, 0, 0, REF_INIT_ZERO)
-        LAYER_TENSOR("mlp.c_fc.weight", 2, C, F, 1, REF_INIT_NORMAL)
-        LAYER_TENSOR("mlp.c_fc.bias", 1, F, 0, 0, REF_INIT_ZERO)
-        LAYER_TENSOR("mlp.c_proj.weight", 2, F, C, 1, REF_INIT_OUT_PROJ)
-        LAYER_TENSOR("mlp.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+        if (E == 0) {
+            LAYER_TENSOR("mlp.c_fc.weight", 2, C, F, 1, REF_INIT_NORMAL)
+            LAYER_TENSOR("mlp.c_fc.bias", 1, F, 0, 0, REF_INIT_ZERO)
+            LAYER_TENSOR("mlp.c_proj.weight", 2, F, C, 1, REF_INIT_OUT_PROJ)
+            LAYER_TENSOR("mlp.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+            continue;
+        }
+        LAYER_TENSOR("mlp.router.weight", 2, E, C, 1, REF_INIT_NORMAL)
+        for (int e = 0; e < E; e++) {
+#define EXPERT_TENSOR(suffix, ndim, d0, d1, decay, init)                        \
+            snprintf(name, sizeof name, "h.%d.mlp.experts.%d.%s", l, e, suffix); \
+            add_tensor(m, &off, name, ndim, d0, d1, decay, init);
+            EXPERT_TENSOR("c_fc.weight", 2, C, Fe, 1, REF_INIT_NORMAL)
+            if (moe->bias) {
+                EXPERT_TENSOR("c_fc.bias", 1, Fe, 0, 0, REF_INIT_ZERO)
+            }
+            EXPERT_TENSOR("c_proj.weight", 2, Fe, C, 1, REF_INIT_OUT_PROJ)
+            if (moe->bias) {
+                EXPERT_TENSOR("c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+            }
+#undef EXPERT_TENSOR
+        }
 #undef LAYER_TENSOR
     }
     add_tensor(m, &off, "ln_f.weight", 1, C, 0, 0, REF_INIT_ONE);
@@ -163,6 +215,10 @@ void ref_model_free(ref_model *m)
     free(m->grads);
     free(m->m);
     free(m->v);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        free(m->w.h[l].moe.experts);
+        free(m->g.h[l].moe.experts);
+    }
     free(m->w.h);
     free(m->g.h);
     free(m);
@@ -227,9 +283,10 @@ double ref_rng_normal(uint64_t seed, const char *name, uint64_t index)
 }
 
 /*
-** Initialise every parameter as issue 4 says: weights N(0, 0.02), attn.c_proj and mlp.c_proj
-** weights N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 and bias 0 (values rounded to
-** float32, see above). Resets the optimizer state and the step counter.
+** Initialise every parameter as issues 4 and 7 say: weights N(0, 0.02) (the router too),
+** attn.c_proj, mlp.c_proj and expert c_proj weights N(0, 0.02/sqrt(2L)), biases 0, LayerNorm
+** weight 1 and bias 0 (values rounded to float32, see above). Resets the optimizer state and
+** the step counter.
 */
 void ref_model_init_random(ref_model *m, uint64_t seed)
 {
@@ -598,6 +655,283 @@ void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int 
         }
 }
 
+/* -- Mixture of experts (issue 7) ------------------------------------------------------------- */
+/*
+** Megatron's TopKRouter and experts, written out (README.md, "Mixture of experts"), over
+** N = B*T tokens, row n = b*T + t:
+**   logits[n,e] = x_n . router_w[e]                              (no bias)
+**   sel[n,0..k-1] = the k largest logits, descending; equal logits: the lower expert first
+**   prob[n,j] = softmax over the k selected logits (default), or
+**               softmax over all E logits, taken at sel[n,j] (pre_softmax; not renormalised)
+**   capacity (factor f > 0): cap = ceil((N*k/E) * f) tokens per expert; each expert keeps its
+**               choices in token order (t, b) -- position t first, then sequence b -- up to
+**               cap and drops the rest; a dropped choice adds nothing, the token keeps its
+**               other choices with their probabilities unchanged
+**   out_n = sum over kept j of prob[n,j] * (c_proj_e(gelu(c_fc_e(x_n)))),  e = sel[n,j]
+**               (Megatron scales the activation before fc2 and the fc2 bias by prob, which
+**               is the same as scaling the whole expert output, bias included)
+**   aux = coeff * E / (k N^2) * sum_e (sum_n scores[n,e]) * count_e, with scores = softmax
+**               over all E, count_e = tokens whose top-k holds e, before any dropping
+*/
+
+/*
+** Expert capacity of a forward over 'ntokens' tokens: ceil((ntokens*k / E) * factor), the
+** division and the product in double exactly in this order (Megatron's get_capacity, with
+** num_tokens = ntokens*k). 0 when moe->capacity <= 0 (no dropping).
+*/
+int ref_moe_capacity(int ntokens, const ref_moe_config *moe)
+{
+    if (!(moe->capacity > 0.0))
+        return 0;
+    double per_expert = (double)((long long)ntokens * moe->top_k) / moe->experts;
+    return (int)ceil(per_expert * moe->capacity);
+}
+
+/*
+** Allocate the MoE activations of a forward over N tokens into *ma (zeroed).
+** Release with ref_moe_acts_release.
+*/
+void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C)
+{
+    size_t n = (size_t)N, E = (size_t)moe->experts, k = (size_t)moe->top_k;
+    memset(ma, 0, sizeof *ma);
+    ma->logits = dalloc(n * E);
+    ma->scores = dalloc(n * E);
+    ma->sel = ref_xcalloc(n * k, sizeof(int));
+    ma->prob = dalloc(n * k);
+    ma->keep = ref_xcalloc(n * k, sizeof(int));
+    ma->h = dalloc(n * k * (size_t)moe->ffn);
+    ma->a = dalloc(n * k * (size_t)moe->ffn);
+    ma->y = dalloc(n * k * (size_t)C);
+    ma->count = ref_xcalloc(E, sizeof(int));
+}
+
+/*
+** Free the arrays of *ma (from ref_moe_acts_init; a zeroed struct is allowed).
+*/
+void ref_moe_acts_release(ref_moe_acts *ma)
+{
+    free(ma->logits);
+    free(ma->scores);
+    free(ma->sel);
+    free(ma->prob);
+    free(ma->keep);
+    free(ma->h);
+    free(ma->a);
+    free(ma->y);
+    free(ma->count);
+    memset(ma, 0, sizeof *ma);
+}
+
+/* out[i] = softmax(z)[i] for i < n (out may be z). */
+static void softmax(double *out, const double *z, int n)
+{
+    double mx = -INFINITY, sum = 0.0;
+    for (int i = 0; i < n; i++)
+        if (z[i] > mx)
+            mx = z[i];
+    for (int i = 0; i < n; i++) {
+        out[i] = exp(z[i] - mx);
+        sum += out[i];
+    }
+    for (int i = 0; i < n; i++)
+        out[i] /= sum;
+}
+
+/* sel[0..k-1] = indices of the k largest z[0..E-1], largest first; among equal values the
+** lower index comes first (the scan is ascending and only a strictly larger value wins). */
+static void topk_select(int *sel, const double *z, int E, int k)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++)
+                taken |= sel[i] == e;
+            if (!taken && (best < 0 || z[e] > z[best]))
+                best = e;
+        }
+        sel[j] = best;
+    }
+}
+
+/*
+** Mixture-of-experts forward over B sequences of T tokens: in and out are (N,C), N = B*T,
+** row n = b*T + t (the capacity's drop order needs B and T). Overwrites out and every field
+** of *ma (routing, expert activations, counts, capacity, and ma->aux, the load-balancing loss
+** of these N tokens with the coefficient applied; 0 when moe->aux_coeff is 0).
+*/
+void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
+                 const ref_moe_config *moe, const double *in, int B, int T, int C)
+{
+    int N = B * T, E = moe->experts, k = moe->top_k, Fe = moe->ffn;
+
+    /* routing: logits, scores over all experts, top-k choices and their probabilities */
+    memset(ma->count, 0, (size_t)E * sizeof(int));
+    for (int n = 0; n < N; n++) {
+        const double *x = in + (size_t)n * C;
+        double *z = ma->logits + (size_t)n * E;
+        double *s = ma->scores + (size_t)n * E;
+        int *sel = ma->sel + (size_t)n * k;
+        double *prob = ma->prob + (size_t)n * k;
+        for (int e = 0; e < E; e++) {
+            const double *r = w->router_w + (size_t)e * C;
+            double dot = 0.0;
+            for (int c = 0; c < C; c++)
+                dot += x[c] * r[c];
+            z[e] = dot;
+        }
+        softmax(s, z, E);
+        topk_select(sel, z, E, k);
+        for (int j = 0; j < k; j++) {
+            prob[j] = moe->pre_softmax ? s[sel[j]] : z[sel[j]];
+            ma->keep[(size_t)n * k + j] = 1;
+            ma->count[sel[j]]++;
+        }
+        if (!moe->pre_softmax)
+            softmax(prob, prob, k);
+    }
+
+    /* capacity: every expert keeps its first 'cap' choices in token order (t, b) */
+    ma->capacity = ref_moe_capacity(N, moe);
+    if (ma->capacity > 0) {
+        int *used = ref_xcalloc((size_t)E, sizeof(int));
+        for (int t = 0; t < T; t++)
+            for (int b = 0; b < B; b++) {
+                size_t n = (size_t)b * T + t;
+                for (int j = 0; j < k; j++) {
+                    int e = ma->sel[n * k + j];
+                    ma->keep[n * k + j] = used[e] < ma->capacity;
+                    used[e] += ma->keep[n * k + j];
+                }
+            }
+        free(used);
+    }
+
+    /* experts: out_n = sum over kept choices of prob * expert_e(x_n) */
+    memset(out, 0, (size_t)N * C * sizeof(double));
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            size_t nj = (size_t)n * k + j;
+            double *h = ma->h + nj * Fe, *a = ma->a + nj * Fe, *y = ma->y + nj * C;
+            if (!ma->keep[nj]) {
+                memset(h, 0, (size_t)Fe * sizeof(double));
+                memset(a, 0, (size_t)Fe * sizeof(double));
+                memset(y, 0, (size_t)C * sizeof(double));
+                continue;
+            }
+            const ref_expert *x = &w->experts[ma->sel[nj]];
+            ref_linear_fwd(h, in + (size_t)n * C, x->c_fc_w, x->c_fc_b, 1, C, Fe);
+            ref_gelu_fwd(a, h, (size_t)Fe);
+            ref_linear_fwd(y, a, x->c_proj_w, x->c_proj_b, 1, Fe, C);
+            double p = ma->prob[nj];
+            double *o = out + (size_t)n * C;
+            for (int c = 0; c < C; c++)
+                o[c] += p * y[c];
+        }
+
+    /* load-balancing loss, Megatron's switch_load_balancing_loss_func */
+    ma->aux = 0.0;
+    if (moe->aux_coeff != 0.0) {
+        double sum = 0.0;
+        for (int e = 0; e < E; e++) {
+            double pe = 0.0;
+            for (int n = 0; n < N; n++)
+                pe += ma->scores[(size_t)n * E + e];
+            sum += pe * ma->count[e];
+        }
+        ma->aux = sum * (E * moe->aux_coeff / ((double)N * N * k));
+    }
+}
+
+/*
+** Backward of ref_moe_fwd (same in, w, moe, B, T and its *ma) for the objective
+** 'dout . out + aux_scale * aux': ADDS into din (N,C) and into every tensor of g (router and
+** experts; the bias views may be NULL). The router gets the gradient through the routing
+** probabilities and, when aux_coeff != 0, through the aux loss's softmax over all experts;
+** token counts and choices are constants (piecewise).
+*/
+void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux_scale,
+                 const ref_moe_acts *ma, const ref_moe_weights *w, const ref_moe_config *moe,
+                 const double *in, int B, int T, int C)
+{
+    int N = B * T, E = moe->experts, k = moe->top_k, Fe = moe->ffn;
+    double *gy = dalloc((size_t)C), *d_a = dalloc((size_t)Fe), *d_h = dalloc((size_t)Fe);
+    double *dp = dalloc((size_t)k), *ds = dalloc((size_t)E), *dz = dalloc((size_t)E);
+    /* d (aux_scale * aux) / d scores[n,e] = aux_g * count_e */
+    double aux_g = aux_scale * (E * moe->aux_coeff / ((double)N * N * k));
+
+    for (int n = 0; n < N; n++) {
+        const double *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
+        double *dx = din + (size_t)n * C;
+
+        /* experts of the kept choices; dp[j] = d objective / d prob[n,j] */
+        for (int j = 0; j < k; j++) {
+            size_t nj = (size_t)n * k + j;
+            dp[j] = 0.0;
+            if (!ma->keep[nj])
+                continue;
+            int e = ma->sel[nj];
+            const ref_expert *xw = &w->experts[e];
+            ref_expert *xg = &g->experts[e];
+            const double *y = ma->y + nj * C, *h = ma->h + nj * Fe, *a = ma->a + nj * Fe;
+            double p = ma->prob[nj];
+            for (int c = 0; c < C; c++) {
+                dp[j] += dy[c] * y[c];
+                gy[c] = p * dy[c];
+            }
+            memset(d_a, 0, (size_t)Fe * sizeof(double));
+            ref_linear_bwd(d_a, xg->c_proj_w, xg->c_proj_b, gy, a, xw->c_proj_w, 1, Fe, C);
+            memset(d_h, 0, (size_t)Fe * sizeof(double));
+            ref_gelu_bwd(d_h, d_a, h, (size_t)Fe);
+            ref_linear_bwd(dx, xg->c_fc_w, xg->c_fc_b, d_h, x, xw->c_fc_w, 1, C, Fe);
+        }
+
+        /* dz = d objective / d logits[n,:]: through the probabilities, then the aux loss */
+        const double *s = ma->scores + (size_t)n * E;
+        const int *sel = ma->sel + (size_t)n * k;
+        const double *prob = ma->prob + (size_t)n * k;
+        memset(dz, 0, (size_t)E * sizeof(double));
+        memset(ds, 0, (size_t)E * sizeof(double));
+        if (moe->pre_softmax) {
+            for (int j = 0; j < k; j++)
+                ds[sel[j]] += dp[j];
+        } else {
+            double pdp = 0.0;
+            for (int j = 0; j < k; j++)
+                pdp += prob[j] * dp[j];
+            for (int j = 0; j < k; j++)
+                dz[sel[j]] += prob[j] * (dp[j] - pdp);
+        }
+        if (moe->aux_coeff != 0.0)
+            for (int e = 0; e < E; e++)
+                ds[e] += aux_g * ma->count[e];
+        double sds = 0.0;
+        for (int e = 0; e < E; e++)
+            sds += s[e] * ds[e];
+        for (int e = 0; e < E; e++)
+            dz[e] += s[e] * (ds[e] - sds);
+
+        /* logits = x . router_w^T */
+        for (int e = 0; e < E; e++) {
+            if (dz[e] == 0.0)
+                continue;
+            const double *r = w->router_w + (size_t)e * C;
+            double *dr = g->router_w + (size_t)e * C;
+            for (int c = 0; c < C; c++) {
+                dr[c] += dz[e] * x[c];
+                dx[c] += dz[e] * r[c];
+            }
+        }
+    }
+    free(gy);
+    free(d_a);
+    free(d_h);
+    free(dp);
+    free(ds);
+    free(dz);
+}
+
 /* -- Activations ------------------------------------------------------------------------------ */
 
 /*
@@ -624,8 +958,12 @@ ref_acts *ref_acts_new(const ref_config *cfg, int B)
         la->ln2 = dalloc(N * C);
         la->ln2_mean = dalloc(N);
         la->ln2_rstd = dalloc(N);
-        la->mlp.h = dalloc(N * F);
-        la->mlp.a = dalloc(N * F);
+        if (cfg->moe.experts > 0) {
+            ref_moe_acts_init(&la->moe, &cfg->moe, (int)N, (int)C);
+        } else {
+            la->mlp.h = dalloc(N * F);
+            la->mlp.a = dalloc(N * F);
+        }
     }
     a->x_out = dalloc(N * C);
     a->lnf = dalloc(N * C);
@@ -637,8 +975,10 @@ ref_acts *ref_acts_new(const ref_config *cfg, int B)
     a->d_ln = dalloc(N * C);
     a->d_y = dalloc(N * C);
     a->d_qkv = dalloc(N * 3 * C);
-    a->d_h = dalloc(N * F);
-    a->d_a = dalloc(N * F);
+    if (cfg->moe.experts == 0) {
+        a->d_h = dalloc(N * F);
+        a->d_a = dalloc(N * F);
+    }
     a->d_logits = dalloc(N * V);
     return a;
 }
@@ -665,6 +1005,7 @@ void ref_acts_free(ref_acts *a, const ref_config *cfg)
         free(la->ln2_rstd);
         free(la->mlp.h);
         free(la->mlp.a);
+        ref_moe_acts_release(&la->moe);
     }
     free(a->layer);
     free(a->x_out);
@@ -723,7 +1064,9 @@ static double *layer_out(ref_acts *a, int l, int L)
 /*
 ** Forward pass over a->B sequences: inputs and targets are (B,T) token ids in [0, V).
 ** Stores every activation in 'a' and returns the SUM over the B*T positions of the
-** cross-entropy -log p(target) (divide by the token count for the mean).
+** cross-entropy -log p(target) (divide by the token count for the mean). For a mixture of
+** experts, a->aux is set to the sum over layers of these B*T tokens' load-balancing losses
+** (0 for a dense model or aux_coeff 0).
 */
 double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int *targets)
 {
@@ -732,6 +1075,7 @@ double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int
     int N = B * T;
 
     ref_embed_fwd(L > 0 ? a->layer[0].x_in : a->x_out, inputs, m->w.wte, m->w.wpe, B, T, C);
+    a->aux = 0.0;
     for (int l = 0; l < L; l++) {
         const ref_layer *w = &m->w.h[l];
         ref_layer_acts *la = &a->layer[l];
@@ -746,10 +1090,15 @@ double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int
         for (size_t i = 0; i < (size_t)N * C; i++)
             la->x_mid[i] += la->x_in[i];
 
-        /* out = x_mid + mlp(ln_2(x_mid)) */
+        /* out = x_mid + mlp(ln_2(x_mid)), the MLP being dense or a mixture of experts */
         ref_layernorm_fwd(la->ln2, la->ln2_mean, la->ln2_rstd, la->x_mid, w->ln_2_w, w->ln_2_b,
                           N, C, cfg->ln_eps);
-        mlp_fwd(out, &la->mlp, w, la->ln2, N, C, F);
+        if (cfg->moe.experts > 0) {
+            ref_moe_fwd(out, &la->moe, &w->moe, &cfg->moe, la->ln2, B, T, C);
+            a->aux += la->moe.aux;
+        } else {
+            mlp_fwd(out, &la->mlp, w, la->ln2, N, C, F);
+        }
         for (size_t i = 0; i < (size_t)N * C; i++)
             out[i] += la->x_mid[i];
     }
@@ -766,10 +1115,11 @@ double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int
 
 /*
 ** Backward pass of the last ref_forward on 'a' (same inputs and targets) for the objective
-** 'scale * (sum of the B*T losses)': ADDS every parameter gradient into m->grads.
+** 'scale * (sum of the B*T losses) + aux_scale * a->aux': ADDS every parameter gradient into
+** m->grads. aux_scale is ignored by dense models.
 */
 void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
-                  double scale)
+                  double scale, double aux_scale)
 {
     const ref_config *cfg = &m->cfg;
     int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
@@ -792,7 +1142,11 @@ void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targe
         ref_layer_acts *la = &a->layer[l];
 
         zero(a->d_ln, NC);
-        mlp_bwd(a->d_ln, g, a->d_res, &la->mlp, w, la->ln2, a->d_h, a->d_a, N, C, F);
+        if (cfg->moe.experts > 0)
+            ref_moe_bwd(a->d_ln, &g->moe, a->d_res, aux_scale, &la->moe, &w->moe, &cfg->moe,
+                        la->ln2, B, T, C);
+        else
+            mlp_bwd(a->d_ln, g, a->d_res, &la->mlp, w, la->ln2, a->d_h, a->d_a, N, C, F);
         ref_layernorm_bwd(a->d_res, g->ln_2_w, g->ln_2_b, a->d_ln, la->x_mid, w->ln_2_w,
                           la->ln2_mean, la->ln2_rstd, N, C);
 
@@ -813,20 +1167,29 @@ void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targe
 /*
 ** Loss and gradients of one step over 'nsamples' sequences (inputs, targets: (nsamples,T)),
 ** processed as micro-batches of a->B sequences (nsamples must be a multiple of a->B).
-** The loss is the mean over all nsamples*T target tokens; m->grads is set (not added) to
-** its gradient. Returns that mean loss.
+** The objective is
+**     J = (mean cross-entropy over all nsamples*T target tokens)
+**       + (1/nmb) * sum over the nmb = nsamples/B micro-batches of the micro-batch's aux loss
+** (the second term only for a mixture of experts, each micro-batch's aux loss being the sum
+** over layers; Megatron's 1/(M*D) scaling of MoEAuxLossAutoScaler). m->grads is set (not
+** added) to the gradient of J. Returns the mean cross-entropy; *aux_loss (may be NULL) gets
+** the second term.
 */
 double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
-                         int nsamples)
+                         int nsamples, double *aux_loss)
 {
     int T = m->cfg.seq;
-    double ntok = (double)nsamples * T;
-    double loss_sum = 0.0;
+    double ntok = (double)nsamples * T, nmb = (double)(nsamples / a->B);
+    double loss_sum = 0.0, aux_sum = 0.0;
     zero(m->grads, m->nparams);
     for (int s = 0; s < nsamples; s += a->B) {
         loss_sum += ref_forward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T);
-        ref_backward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T, 1.0 / ntok);
+        aux_sum += a->aux;
+        ref_backward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T, 1.0 / ntok,
+                     1.0 / nmb);
     }
+    if (aux_loss != NULL)
+        *aux_loss = aux_sum / nmb;
     return loss_sum / ntok;
 }
 
@@ -917,14 +1280,14 @@ void ref_optimizer_step(ref_model *m, const ref_optim *o, double lr)
 
 /*
 ** One training step on 'nsamples' sequences (the whole global batch, in micro-batches of
-** a->B): gradients of the mean loss, global norm, clipping, learning rate for t = m->t + 1,
-** AdamW. Returns what the log prints for this step.
+** a->B): gradients of the objective (ref_compute_grads), global norm, clipping, learning rate
+** for t = m->t + 1, AdamW. Returns what the log prints for this step.
 */
 ref_step_info ref_train_step(ref_model *m, ref_acts *a, const ref_optim *o,
                              const int *inputs, const int *targets, int nsamples)
 {
     ref_step_info info;
-    info.loss = ref_compute_grads(m, a, inputs, targets, nsamples);
+    info.loss = ref_compute_grads(m, a, inputs, targets, nsamples, &info.aux_loss);
     info.grad_norm = ref_grad_norm(m);
     ref_clip_grads(m, o->clip, info.grad_norm);
     info.step = m->t + 1;

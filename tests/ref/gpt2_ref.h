@@ -4,7 +4,8 @@
 ** single process, written to be read. It is not fast and knows nothing about parallelism.
 ** Callers: tests/ref/main.c (build/ref/gpt2_ref), tests/ref/ref_test.c, and kernel tests that
 ** link build/ref/libref.a to compare single ops (ref_layernorm_fwd, ref_attention_bwd, ...).
-** Semantics: issue 4 and tests/ref/README.md. File formats are in ref_io.h.
+** Semantics: issues 4 and 7 (the mixture of experts) and tests/ref/README.md. File formats are
+** in ref_io.h.
 */
 #ifndef GPT2_REF_H
 #define GPT2_REF_H
@@ -14,6 +15,19 @@
 
 /* -- Configuration ---------------------------------------------------------------------------- */
 
+/* The mixture of experts that replaces every layer's MLP (issue 7); experts = 0: dense MLP.
+** Semantics (routing, ties, capacity, aux loss): tests/ref/README.md, "Mixture of experts". */
+typedef struct ref_moe_config {
+    int experts;        /* E: experts per layer; 0 = no MoE (the dense MLP of width ffn) */
+    int top_k;          /* k: experts per token, 1 <= k <= E */
+    int ffn;            /* Fe: inner width of every expert's MLP */
+    int bias;           /* 1: expert c_fc and c_proj have biases */
+    int pre_softmax;    /* 0: top-k of the logits, softmax over those k (Megatron default);
+                        ** 1: softmax over all E, then top-k of it (not renormalised) */
+    double aux_coeff;   /* load-balancing (Switch) loss coefficient; 0 = off */
+    double capacity;    /* capacity factor; 0 = no token dropping */
+} ref_moe_config;
+
 typedef struct ref_config {
     int layers;         /* L: transformer blocks */
     int hidden;         /* C: channels */
@@ -22,12 +36,13 @@ typedef struct ref_config {
     int vocab;          /* V: vocabulary (never padded in the reference) */
     int ffn;            /* F: MLP inner width (4C unless the model says otherwise) */
     double ln_eps;      /* LayerNorm eps (1e-5 for GPT-2) */
+    ref_moe_config moe; /* all zero: a dense model */
 } ref_config;
 
 /* How a tensor is initialised by ref_model_init_random (issue 4, "Initialisation"). */
 typedef enum {
     REF_INIT_NORMAL,    /* N(0, 0.02)                                   */
-    REF_INIT_OUT_PROJ,  /* N(0, 0.02 / sqrt(2 * layers)): attn and mlp c_proj weights */
+    REF_INIT_OUT_PROJ,  /* N(0, 0.02 / sqrt(2 * layers)): attn, mlp and expert c_proj weights */
     REF_INIT_ZERO,      /* biases, LayerNorm bias                       */
     REF_INIT_ONE        /* LayerNorm weight                             */
 } ref_init_kind;
@@ -45,6 +60,20 @@ typedef struct ref_tensor {
     ref_init_kind init;
 } ref_tensor;
 
+/* One expert of a mixture-of-experts layer: a GELU MLP C -> Fe -> C (views, checkpoint shapes). */
+typedef struct ref_expert {
+    double *c_fc_w;             /* (C, Fe) */
+    double *c_fc_b;             /* (Fe), NULL without expert biases */
+    double *c_proj_w;           /* (Fe, C) */
+    double *c_proj_b;           /* (C), NULL without expert biases */
+} ref_expert;
+
+/* The mixture of experts of one layer (views into params or grads). */
+typedef struct ref_moe_weights {
+    double *router_w;           /* (E, C) mlp.router.weight: logits = x . router_w^T, no bias */
+    ref_expert *experts;        /* [E] mlp.experts.{e}.*; owned by the ref_model */
+} ref_moe_weights;
+
 /* Views of one layer's tensors (into params or into grads). Shapes as in the checkpoint. */
 typedef struct ref_layer {
     double *ln_1_w, *ln_1_b;    /* (C), (C) */
@@ -53,14 +82,15 @@ typedef struct ref_layer {
     double *attn_proj_w;        /* (C, C) attn.c_proj.weight, in x out */
     double *attn_proj_b;        /* (C) */
     double *ln_2_w, *ln_2_b;    /* (C), (C) */
-    /* The feed-forward block. Issue 7 replaces it by a mixture of experts; everything about
-    ** the MLP lives in this sub-struct and in mlp_fwd / mlp_bwd in gpt2_ref.c. */
+    /* The feed-forward block: the dense MLP (cfg.moe.experts == 0; moe views are NULL) or the
+    ** mixture of experts (mlp views are NULL). See mlp_fwd / ref_moe_fwd in gpt2_ref.c. */
     struct {
         double *c_fc_w;         /* (C, F) */
         double *c_fc_b;         /* (F) */
         double *c_proj_w;       /* (F, C) */
         double *c_proj_b;       /* (C) */
     } mlp;
+    ref_moe_weights moe;
 } ref_layer;
 
 typedef struct ref_weights {
@@ -90,6 +120,22 @@ typedef struct ref_mlp_acts {
     double *a;                  /* (N, F) GELU output */
 } ref_mlp_acts;
 
+/* Activations of one mixture-of-experts forward over N = B*T tokens (row n = b*T + t), kept for
+** the backward. "Choice" (n, j) is token n's j-th expert, j < k, best first. */
+typedef struct ref_moe_acts {
+    double *logits;             /* (N, E) router logits */
+    double *scores;             /* (N, E) softmax of the logits over all E experts */
+    int *sel;                   /* (N, k) chosen experts, by logit descending, ties: lower index */
+    double *prob;               /* (N, k) routing probability of each choice */
+    int *keep;                  /* (N, k) 1 unless the choice was dropped by the capacity */
+    double *h;                  /* (N, k, Fe) expert c_fc output of each choice, before GELU */
+    double *a;                  /* (N, k, Fe) its GELU output */
+    double *y;                  /* (N, k, C) expert output c_proj(a) + bias, before the prob */
+    int *count;                 /* (E) tokens whose top-k holds expert e (the aux loss's count) */
+    int capacity;               /* per-expert token limit of this forward; 0 = unlimited */
+    double aux;                 /* this forward's load-balancing loss (coefficient included) */
+} ref_moe_acts;
+
 typedef struct ref_layer_acts {
     double *x_in;               /* (N, C) residual stream entering the layer */
     double *ln1, *ln1_mean, *ln1_rstd;      /* (N, C), (N), (N) */
@@ -98,7 +144,8 @@ typedef struct ref_layer_acts {
     double *y;                  /* (N, C) attention output, heads concatenated, before c_proj */
     double *x_mid;              /* (N, C) residual stream after the attention block */
     double *ln2, *ln2_mean, *ln2_rstd;      /* (N, C), (N), (N) */
-    ref_mlp_acts mlp;
+    ref_mlp_acts mlp;           /* dense models */
+    ref_moe_acts moe;           /* mixture-of-experts models */
 } ref_layer_acts;
 
 typedef struct ref_acts {
@@ -108,6 +155,7 @@ typedef struct ref_acts {
     double *lnf, *lnf_mean, *lnf_rstd;      /* (N, C), (N), (N) */
     double *probs;              /* (N, V) softmax of the logits */
     double *losses;             /* (N) -log probs[target] */
+    double aux;                 /* sum over layers of the load-balancing losses (MoE only) */
     /* scratch for the backward pass */
     double *d_res;              /* (N, C) gradient of the residual stream */
     double *d_ln;               /* (N, C) gradient of a LayerNorm output */
@@ -132,6 +180,7 @@ typedef struct ref_optim {
 typedef struct ref_step_info {
     int step;                   /* t: 1 for the first optimizer step */
     double loss;                /* mean cross-entropy over every target token of the step */
+    double aux_loss;            /* MoE: mean over micro-batches of the summed layer aux losses */
     double lr;                  /* learning rate used by this step */
     double grad_norm;           /* global L2 norm of the gradients before clipping */
 } ref_step_info;
@@ -149,9 +198,9 @@ void ref_acts_free(ref_acts *a, const ref_config *cfg);
 
 double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int *targets);
 void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
-                  double scale);
+                  double scale, double aux_scale);
 double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
-                         int nsamples);
+                         int nsamples, double *aux_loss);
 
 /* -- Optimizer -------------------------------------------------------------------------------- */
 
@@ -193,6 +242,17 @@ void ref_xent_fwd(double *probs, double *losses, const double *logits, const int
                   int N, int V);
 void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int N, int V,
                   double scale);
+
+/* -- Mixture of experts (issue 7) ------------------------------------------------------------- */
+
+int ref_moe_capacity(int ntokens, const ref_moe_config *moe);
+void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C);
+void ref_moe_acts_release(ref_moe_acts *ma);
+void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
+                 const ref_moe_config *moe, const double *in, int B, int T, int C);
+void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux_scale,
+                 const ref_moe_acts *ma, const ref_moe_weights *w, const ref_moe_config *moe,
+                 const double *in, int B, int T, int C);
 
 /* -- Support ---------------------------------------------------------------------------------- */
 

@@ -1,7 +1,8 @@
 /*
 ** main.c: the command line of build/ref/gpt2_ref, the double-precision reference trainer.
-** Parses and checks flags, builds the model (--init or --random-init), trains on --data with
-** issue 4's batching, and writes the log and checkpoints. All math is in gpt2_ref.c, all file
+** Parses and checks flags, builds the model (--init or --random-init; dense, or a mixture of
+** experts with --experts), trains on --data with issue 4's batching, and writes the log and
+** checkpoints. All math is in gpt2_ref.c, all file
 ** formats in ref_io.c. Exit codes: 0 ok, 1 bad input file or I/O error, 2 usage error.
 */
 #include <errno.h>
@@ -17,6 +18,8 @@
 
 static const char usage_text[] =
     "usage: " PROG " --layers L --hidden C --heads H --seq T --vocab V [--ffn F]\n"
+    "                [--experts E --top-k K [--expert-ffn F] [--expert-bias] [--aux-coeff X]\n"
+    "                 [--pre-softmax] [--capacity X]]\n"
     "                (--init FILE.safetensors | --random-init SEED)\n"
     "                [--data FILE --steps N] [--mbs B] [--nmb M] [--dp D]\n"
     "                [--lr X] [--min-lr X] [--warmup N] [--decay-steps N]\n"
@@ -25,6 +28,13 @@ static const char usage_text[] =
     "\n"
     "Double-precision reference GPT-2 trainer (the oracle for generated programs).\n"
     "  --ffn F            MLP width (default 4*C)\n"
+    "  --experts E        every MLP is a mixture of E experts (Megatron MoE, issue 7), with\n"
+    "    --top-k K          experts per token (1..E), router softmax over the top-k logits\n"
+    "    --expert-ffn F     width of each expert's MLP (default --ffn)\n"
+    "    --expert-bias      experts' c_fc and c_proj have biases (default: none)\n"
+    "    --aux-coeff X      load-balancing loss coefficient (default 0: off)\n"
+    "    --pre-softmax      softmax over all E experts, then top-k (not renormalised)\n"
+    "    --capacity X       capacity factor: drop tokens beyond ceil(N*K/E*X) per expert\n"
     "  --init FILE        load weights (Hugging Face GPT-2 names; F32, BF16, F16 or F64)\n"
     "  --random-init SEED N(0,0.02) weights, c_proj N(0,0.02/sqrt(2L)), biases 0, LN 1/0\n"
     "  --data FILE        uint16 tokens (nanoGPT .bin) or llm.c shard (magic 20240520)\n"
@@ -32,7 +42,7 @@ static const char usage_text[] =
     "  --mbs B --nmb M --dp D   global batch = B*M*D sequences per step (default 1 1 1)\n"
     "  --lr 6e-4 --min-lr 0.1*lr --warmup 0 --decay-steps max(steps,warmup)\n"
     "  --beta1 0.9 --beta2 0.95 --eps 1e-8 --wd 0.1 --clip 1.0 (0: no clipping)\n"
-    "  --log FILE         one JSON object per step: step, loss, lr, grad_norm\n"
+    "  --log FILE         one JSON object per step: step, loss, [aux_loss,] lr, grad_norm\n"
     "  --save FILE        F32 weights after the last step; --save-init FILE: before the first\n";
 
 typedef struct options {
@@ -42,6 +52,8 @@ typedef struct options {
     unsigned long long seed;
     int steps, mbs, nmb, dp;
     int have_min_lr, have_decay_steps;
+    const char *moe_flag;       /* the first MoE flag given, to report it without --experts */
+    int have_experts, have_top_k, have_capacity;
     ref_optim opt;
 } options;
 
@@ -103,6 +115,15 @@ static int parse_args(options *o, int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             return 1;
+        if (strcmp(a, "--expert-bias") == 0 || strcmp(a, "--pre-softmax") == 0) {
+            if (a[2] == 'e')
+                o->cfg.moe.bias = 1;
+            else
+                o->cfg.moe.pre_softmax = 1;
+            if (o->moe_flag == NULL)
+                o->moe_flag = a;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage_error("%s", strncmp(a, "--", 2) == 0 ? "missing value after the flag"
                                                              : "unexpected argument");
@@ -114,6 +135,14 @@ static int parse_args(options *o, int argc, char **argv)
         else if (strcmp(a, "--seq") == 0) rc = parse_int(a, v, &o->cfg.seq);
         else if (strcmp(a, "--vocab") == 0) rc = parse_int(a, v, &o->cfg.vocab);
         else if (strcmp(a, "--ffn") == 0) rc = parse_int(a, v, &o->cfg.ffn);
+        else if (strcmp(a, "--experts") == 0) rc = (o->have_experts = 1,
+                                                    parse_int(a, v, &o->cfg.moe.experts));
+        else if (strcmp(a, "--top-k") == 0) rc = (o->have_top_k = 1,
+                                                  parse_int(a, v, &o->cfg.moe.top_k));
+        else if (strcmp(a, "--expert-ffn") == 0) rc = parse_int(a, v, &o->cfg.moe.ffn);
+        else if (strcmp(a, "--aux-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.aux_coeff);
+        else if (strcmp(a, "--capacity") == 0) rc = (o->have_capacity = 1,
+                                                     parse_double(a, v, &o->cfg.moe.capacity));
         else if (strcmp(a, "--init") == 0) rc = (o->init = v, 0);
         else if (strcmp(a, "--random-init") == 0) rc = (o->have_seed = 1,
                                                         parse_seed(a, v, &o->seed));
@@ -139,7 +168,38 @@ static int parse_args(options *o, int argc, char **argv)
         else return usage_error("unknown flag '%s'", a);
         if (rc < 0)
             return -1;
+        if (o->moe_flag == NULL && strcmp(a, "--experts") != 0 &&
+            (strcmp(a, "--top-k") == 0 || strcmp(a, "--expert-ffn") == 0 ||
+             strcmp(a, "--aux-coeff") == 0 || strcmp(a, "--capacity") == 0))
+            o->moe_flag = a;
     }
+    return 0;
+}
+
+/* Check the mixture-of-experts flags (all need --experts) and default --expert-ffn to --ffn. */
+static int check_moe_args(options *o)
+{
+    ref_moe_config *moe = &o->cfg.moe;
+    if (!o->have_experts) {
+        if (o->moe_flag != NULL)
+            return usage_error("%s needs --experts", o->moe_flag);
+        return 0;
+    }
+    if (moe->experts < 1)
+        return usage_error("--experts must be >= 1 (got %d)", moe->experts);
+    if (!o->have_top_k)
+        return usage_error("--top-k is required with --experts");
+    if (moe->top_k < 1 || moe->top_k > moe->experts)
+        return usage_error("--top-k (%d) must be between 1 and --experts (%d)", moe->top_k,
+                           moe->experts);
+    if (moe->ffn == 0)
+        moe->ffn = o->cfg.ffn;
+    if (moe->ffn < 1)
+        return usage_error("--expert-ffn must be >= 1 (got %d)", moe->ffn);
+    if (!(moe->aux_coeff >= 0.0))
+        return usage_error("--aux-coeff must be >= 0");
+    if (o->have_capacity && !(moe->capacity > 0.0))
+        return usage_error("--capacity must be > 0");
     return 0;
 }
 
@@ -161,6 +221,8 @@ static int check_args(options *o)
         c->ffn = 4 * c->hidden;
     if (c->ffn < 1)
         return usage_error("--ffn must be >= 1 (got %d)", c->ffn);
+    if (check_moe_args(o) < 0)
+        return -1;
     if ((o->init != NULL) == o->have_seed)
         return usage_error("give exactly one of --init FILE and --random-init SEED");
     if (o->steps < 0)
@@ -220,11 +282,17 @@ static int train(ref_model *m, const options *o)
     for (int s = 0; s < o->steps; s++) {
         ref_data_batch(&data, s, gbs, inputs, targets);
         ref_step_info st = ref_train_step(m, acts, &o->opt, inputs, targets, gbs);
-        printf("step %4d/%d | loss %.6f | lr %.4e | grad_norm %.6f\n", st.step, o->steps,
-               st.loss, st.lr, st.grad_norm);
-        if (log != NULL)
-            fprintf(log, "{\"step\":%d,\"loss\":%.17g,\"lr\":%.17g,\"grad_norm\":%.17g}\n",
-                    st.step, st.loss, st.lr, st.grad_norm);
+        int moe = o->cfg.moe.experts > 0;
+        printf("step %4d/%d | loss %.6f", st.step, o->steps, st.loss);
+        if (moe)
+            printf(" | aux %.6f", st.aux_loss);
+        printf(" | lr %.4e | grad_norm %.6f\n", st.lr, st.grad_norm);
+        if (log != NULL) {
+            fprintf(log, "{\"step\":%d,\"loss\":%.17g,", st.step, st.loss);
+            if (moe)
+                fprintf(log, "\"aux_loss\":%.17g,", st.aux_loss);
+            fprintf(log, "\"lr\":%.17g,\"grad_norm\":%.17g}\n", st.lr, st.grad_norm);
+        }
     }
     fflush(stdout);
     if (log != NULL && fclose(log) != 0) {
@@ -250,9 +318,18 @@ int main(int argc, char **argv)
         return 2;
 
     ref_model *m = ref_model_new(&o.cfg);
-    printf(PROG ": layers %d hidden %d heads %d seq %d vocab %d ffn %d: %zu parameters\n",
-           o.cfg.layers, o.cfg.hidden, o.cfg.heads, o.cfg.seq, o.cfg.vocab, o.cfg.ffn,
-           m->nparams);
+    const ref_moe_config *moe = &o.cfg.moe;
+    printf(PROG ": layers %d hidden %d heads %d seq %d vocab %d ", o.cfg.layers, o.cfg.hidden,
+           o.cfg.heads, o.cfg.seq, o.cfg.vocab);
+    if (moe->experts > 0) {
+        printf("experts %d top-k %d expert-ffn %d%s aux-coeff %g%s", moe->experts, moe->top_k,
+               moe->ffn, moe->bias ? " expert-bias" : "", moe->aux_coeff,
+               moe->pre_softmax ? " pre-softmax" : "");
+        if (moe->capacity > 0)
+            printf(" capacity %g", moe->capacity);
+    } else
+        printf("ffn %d", o.cfg.ffn);
+    printf(": %zu parameters\n", m->nparams);
     if (o.init != NULL)
         rc = ref_model_load(m, o.init);
     else

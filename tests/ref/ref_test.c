@@ -120,21 +120,109 @@ static void fill_lively(ref_model *m, uint64_t seed)
 
 /* -- gradcheck: every parameter's gradient against central differences ------------------------ */
 
-static double mean_loss(const ref_model *m, ref_acts *a, const int *in, const int *tg, int n)
+/* FNV-1a over every routing decision (expert choice and drop) of every layer of the last
+** forward, continuing from h; 0 changes for a dense model. */
+static uint64_t routing_hash(const ref_model *m, const ref_acts *a, uint64_t h)
 {
-    double sum = 0.0;
-    for (int s = 0; s < n; s += a->B)
-        sum += ref_forward(m, a, in + (size_t)s * m->cfg.seq, tg + (size_t)s * m->cfg.seq);
-    return sum / ((double)n * m->cfg.seq);
+    if (m->cfg.moe.experts == 0)
+        return h;
+    size_t nk = (size_t)a->B * m->cfg.seq * m->cfg.moe.top_k;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        const ref_moe_acts *ma = &a->layer[l].moe;
+        for (size_t i = 0; i < nk; i++)
+            h = (h ^ (uint64_t)(2 * ma->sel[i] + ma->keep[i])) * 1099511628211ULL;
+    }
+    return h;
+}
+
+/* The objective ref_compute_grads differentiates over n sequences in micro-batches of a->B:
+** mean cross-entropy + (1/micro-batches) * sum of the micro-batches' aux losses. *route (may
+** be NULL) gets the routing hash of all the forwards. */
+static double objective(const ref_model *m, ref_acts *a, const int *in, const int *tg, int n,
+                        uint64_t *route)
+{
+    double ce = 0.0, aux = 0.0;
+    uint64_t h = 14695981039346656037ULL;
+    for (int s = 0; s < n; s += a->B) {
+        ce += ref_forward(m, a, in + (size_t)s * m->cfg.seq, tg + (size_t)s * m->cfg.seq);
+        aux += a->aux;
+        h = routing_hash(m, a, h);
+    }
+    if (route != NULL)
+        *route = h;
+    return ce / ((double)n * m->cfg.seq) + aux / (double)(n / a->B);
+}
+
+/* Bound of every finite-difference comparison: |analytic - fd| <= FD_RTOL |fd| + FD_ATOL with
+** central differences of step FD_H. Truncation is O(h^2) ~ 1e-10 relative and rounding
+** ~ 1e-16/h ~ 1e-11 absolute, far inside the bound; a real error in a backward formula is
+** O(1) relative. */
+#define FD_H 1e-5
+#define FD_RTOL 1e-6
+#define FD_ATOL 1e-9
+
+typedef struct fd_tally {
+    int bad, checked, skipped;
+} fd_tally;
+
+/* Compare one element; prints the first 10 failures. Returns err / bound. */
+static double fd_compare(fd_tally *t, const char *name, size_t e, double g, double fd)
+{
+    double err = fabs(g - fd), lim = FD_RTOL * fabs(fd) + FD_ATOL;
+    if (err > lim && t->bad++ < 10)
+        printf("  %s[%zu]: analytic %.12g, finite difference %.12g\n", name, e, g, fd);
+    t->checked++;
+    return err / lim;
+}
+
+/*
+** Every element of every tensor of m against central differences of 'objective' over the n
+** sequences (inputs, targets). An element whose +-h perturbation changes any routing decision
+** is skipped (the objective is only piecewise smooth there) and counted in t->skipped. A tensor
+** whose gradients are all below 1e-6 is a failure (a dead path). Leaves m->grads set.
+*/
+static void gradcheck_model(fd_tally *t, ref_model *m, ref_acts *a, const int *in,
+                            const int *tg, int n)
+{
+    ref_compute_grads(m, a, in, tg, n, NULL);
+    double *an = ref_xmalloc(m->nparams * sizeof(double));
+    memcpy(an, m->grads, m->nparams * sizeof(double));
+    uint64_t route0, route_p, route_m;
+    objective(m, a, in, tg, n, &route0);
+    for (int ti = 0; ti < m->ntensors; ti++) {
+        const ref_tensor *te = &m->tensors[ti];
+        double worst = 0.0, gmax = 0.0;
+        for (size_t e = 0; e < te->numel; e++) {
+            double *p = &m->params[te->offset + e], p0 = *p;
+            *p = p0 + FD_H;
+            double lp = objective(m, a, in, tg, n, &route_p);
+            *p = p0 - FD_H;
+            double lm = objective(m, a, in, tg, n, &route_m);
+            *p = p0;
+            double g = an[te->offset + e];
+            gmax = fmax(gmax, fabs(g));
+            if (route_p != route0 || route_m != route0) {
+                t->skipped++;
+                continue;
+            }
+            worst = fmax(worst, fd_compare(t, te->name, e, g, (lp - lm) / (2 * FD_H)));
+        }
+        if (gmax < 1e-6) {
+            printf("  %s: every gradient is below 1e-6 (max %.3g): a path is dead\n", te->name,
+                   gmax);
+            t->bad++;
+        }
+        if (worst > 1.0)
+            printf("  %s: worst error %.3g x the bound\n", te->name, worst);
+    }
+    free(an);
 }
 
 /*
 ** Tiny model (2 layers, C=8, 2 heads, T=5, V=11, F=32), 2 sequences as 2 micro-batches of 1
-** (so accumulation and the 1/(tokens) scale are covered). Every element of every tensor:
-** |analytic - fd| <= 1e-6 |fd| + 1e-9 with fd = (L(p+h) - L(p-h)) / 2h, h = 1e-5. Truncation is
-** O(h^2) ~ 1e-10 relative and rounding ~ 1e-16/h ~ 1e-11 absolute, far inside the bound; any
-** real error in a backward formula is O(1) relative. Tokens 8..10 never appear as inputs,
-** so their wte rows are reached only through the tied head; rows 0..7 through both uses.
+** (so accumulation and the 1/(tokens) scale are covered). Every element of every tensor within
+** the FD bound above. Tokens 8..10 never appear as inputs, so their wte rows are reached only
+** through the tied head; rows 0..7 through both uses.
 */
 static int test_gradcheck(void)
 {
@@ -142,48 +230,16 @@ static int test_gradcheck(void)
                       .ln_eps = 1e-5};
     const int inputs[10] = {3, 1, 4, 1, 5, 2, 6, 5, 7, 0};
     const int targets[10] = {1, 4, 1, 5, 9, 6, 5, 8, 0, 10};
-    const double h = 1e-5, rtol = 1e-6, atol = 1e-9;
     ref_model *m = ref_model_new(&cfg);
     ref_acts *a = ref_acts_new(&cfg, 1);
     fill_lively(m, 42);
-    ref_compute_grads(m, a, inputs, targets, 2);
-    double *an = ref_xmalloc(m->nparams * sizeof(double));
-    memcpy(an, m->grads, m->nparams * sizeof(double));
-
-    int bad = 0, checked = 0;
-    for (int ti = 0; ti < m->ntensors; ti++) {
-        const ref_tensor *t = &m->tensors[ti];
-        double worst = 0.0, gmax = 0.0;
-        for (size_t e = 0; e < t->numel; e++) {
-            double *p = &m->params[t->offset + e], p0 = *p;
-            *p = p0 + h;
-            double lp = mean_loss(m, a, inputs, targets, 2);
-            *p = p0 - h;
-            double lm = mean_loss(m, a, inputs, targets, 2);
-            *p = p0;
-            double fd = (lp - lm) / (2 * h), g = an[t->offset + e];
-            double err = fabs(g - fd), lim = rtol * fabs(fd) + atol;
-            if (err / lim > worst)
-                worst = err / lim;
-            if (fabs(g) > gmax)
-                gmax = fabs(g);
-            if (err > lim && bad++ < 10)
-                printf("  %s[%zu]: analytic %.12g, finite difference %.12g\n", t->name, e, g, fd);
-            checked++;
-        }
-        if (gmax < 1e-6) {
-            printf("  %s: every gradient is below 1e-6 (max %.3g): a path is dead\n", t->name,
-                   gmax);
-            bad++;
-        }
-        if (worst > 1.0)
-            printf("  %s: worst error %.3g x the bound\n", t->name, worst);
-    }
+    fd_tally t = {0};
+    gradcheck_model(&t, m, a, inputs, targets, 2);
     ref_acts_free(a, &cfg);
     ref_model_free(m);
-    free(an);
-    if (bad)
-        return fail("%d of %d gradient elements off (bound 1e-6 rel + 1e-9 abs)", bad, checked);
+    if (t.bad)
+        return fail("%d of %d gradient elements off (bound 1e-6 rel + 1e-9 abs)", t.bad,
+                    t.checked);
     return 0;
 }
 
@@ -336,16 +392,11 @@ static int test_clip(void)
 
 /* -- Initialisation --------------------------------------------------------------------------- */
 
-static int test_init(void)
+/* Distribution and constants of every tensor of a randomly initialised 4-layer model:
+** float32 values; LN and biases exact; mean, std (0.02, or 0.02/sqrt(8) for out-projections)
+** and the mass within one sigma within 5 standard errors. Returns the number of failures. */
+static int check_init_values(const ref_model *m)
 {
-    ref_config cfg = {.layers = 4, .hidden = 64, .heads = 4, .seq = 64, .vocab = 256,
-                      .ffn = 256, .ln_eps = 1e-5};
-    ref_config cfg2 = cfg;
-    cfg2.layers = 2;
-    ref_model *m = ref_model_new(&cfg), *m2 = ref_model_new(&cfg2), *m3 = ref_model_new(&cfg);
-    ref_model_init_random(m, 7);
-    ref_model_init_random(m2, 7);
-    ref_model_init_random(m3, 8);
     int bad = 0;
     for (int i = 0; i < m->ntensors; i++) {
         const ref_tensor *t = &m->tensors[i];
@@ -382,6 +433,20 @@ static int test_init(void)
         if (t->numel > 1 && p[0] == p[1])
             bad += fail("  %s: first two elements equal", t->name);
     }
+    return bad;
+}
+
+static int test_init(void)
+{
+    ref_config cfg = {.layers = 4, .hidden = 64, .heads = 4, .seq = 64, .vocab = 256,
+                      .ffn = 256, .ln_eps = 1e-5};
+    ref_config cfg2 = cfg;
+    cfg2.layers = 2;
+    ref_model *m = ref_model_new(&cfg), *m2 = ref_model_new(&cfg2), *m3 = ref_model_new(&cfg);
+    ref_model_init_random(m, 7);
+    ref_model_init_random(m2, 7);
+    ref_model_init_random(m3, 8);
+    int bad = check_init_values(m);
     /* element values depend on (seed, name, index) only: wte is the same at 2 and 4 layers */
     const ref_tensor *w = ref_model_find(m, "wte.weight"), *w2 = ref_model_find(m2, "wte.weight");
     if (memcmp(m->params + w->offset, m2->params + w2->offset, w->numel * sizeof(double)) != 0)
@@ -390,6 +455,24 @@ static int test_init(void)
         bad += fail("  wte[5] is not 0.02 * ref_rng_normal(7, \"wte.weight\", 5)");
     if (memcmp(m->params, m3->params, w->numel * sizeof(double)) == 0)
         bad += fail("  seeds 7 and 8 give the same wte");
+    /* a mixture of experts shaped like models/tiny_moe.lua (biases on): the router and c_fc
+    ** N(0,0.02), expert c_proj N(0,0.02/sqrt(2L)), biases 0; shared tensors as the dense
+    ** model's */
+    ref_config mcfg = cfg;
+    mcfg.moe = (ref_moe_config){.experts = 8, .top_k = 2, .ffn = 128, .bias = 1};
+    ref_model *mm = ref_model_new(&mcfg);
+    ref_model_init_random(mm, 7);
+    bad += check_init_values(mm);
+    const ref_tensor *wm = ref_model_find(mm, "wte.weight");
+    if (memcmp(m->params + w->offset, mm->params + wm->offset, w->numel * sizeof(double)) != 0)
+        bad += fail("  wte differs between the dense and the MoE model of the same seed");
+    const ref_tensor *pj = ref_model_find(mm, "h.3.mlp.experts.5.c_proj.weight");
+    const ref_tensor *rt = ref_model_find(mm, "h.2.mlp.router.weight");
+    if (pj == NULL || pj->init != REF_INIT_OUT_PROJ || rt == NULL || rt->init != REF_INIT_NORMAL ||
+        mm->params[pj->offset + 3] != (double)(float)(0.02 / sqrt(8.0) *
+                                       ref_rng_normal(7, "h.3.mlp.experts.5.c_proj.weight", 3)))
+        bad += fail("  expert c_proj / router init kinds or values are wrong");
+    ref_model_free(mm);
     ref_model_free(m);
     ref_model_free(m2);
     ref_model_free(m3);
@@ -693,6 +776,666 @@ static int test_batch(const char *dir)
     return bad ? fail("batching differs from issue 4's rule") : 0;
 }
 
+/* -- Mixture of experts (issue 7) ------------------------------------------------------------- */
+
+/* The MoE model of the gradient checks: 2 layers, C=8, 2 heads, T=5, V=11, E experts of width 6. */
+static ref_config moe_config(int E, int k, int bias, int pre_softmax, double aux, double cap)
+{
+    ref_config c = {.layers = 2, .hidden = 8, .heads = 2, .seq = 5, .vocab = 11, .ffn = 32,
+                    .ln_eps = 1e-5};
+    c.moe = (ref_moe_config){.experts = E, .top_k = k, .ffn = 6, .bias = bias,
+                             .pre_softmax = pre_softmax, .aux_coeff = aux, .capacity = cap};
+    return c;
+}
+
+static void describe_moe(char *buf, size_t n, const ref_moe_config *c)
+{
+    snprintf(buf, n, "E=%d top-%d%s%s aux %g capacity %g", c->experts, c->top_k,
+             c->pre_softmax ? " pre-softmax" : "", c->bias ? " bias" : "", c->aux_coeff,
+             c->capacity);
+}
+
+/* Number of dropped choices in the last forward of every layer. */
+static int count_dropped(const ref_model *m, const ref_acts *a)
+{
+    size_t nk = (size_t)a->B * m->cfg.seq * m->cfg.moe.top_k;
+    int dropped = 0;
+    for (int l = 0; l < m->cfg.layers; l++)
+        for (size_t i = 0; i < nk; i++)
+            dropped += !a->layer[l].moe.keep[i];
+    return dropped;
+}
+
+/* The MoE op alone, with its weights held by a one-layer model (layer 0's moe views). */
+typedef struct moe_op {
+    ref_config cfg;
+    ref_model *m;
+    ref_moe_acts ma;
+    int B, T, C, N;
+    double *x, *out, *din;  /* (N, C) */
+} moe_op;
+
+static void moe_op_new(moe_op *op, const ref_moe_config *moe, int B, int T, int C)
+{
+    memset(op, 0, sizeof *op);
+    op->cfg = (ref_config){.layers = 1, .hidden = C, .heads = 1, .seq = T, .vocab = 2, .ffn = 4,
+                           .ln_eps = 1e-5, .moe = *moe};
+    op->m = ref_model_new(&op->cfg);
+    op->B = B, op->T = T, op->C = C, op->N = B * T;
+    ref_moe_acts_init(&op->ma, moe, op->N, C);
+    op->x = ref_xcalloc((size_t)op->N * C, sizeof(double));
+    op->out = ref_xcalloc((size_t)op->N * C, sizeof(double));
+    op->din = ref_xcalloc((size_t)op->N * C, sizeof(double));
+}
+
+static void moe_op_free(moe_op *op)
+{
+    ref_model_free(op->m);
+    ref_moe_acts_release(&op->ma);
+    free(op->x);
+    free(op->out);
+    free(op->din);
+}
+
+static void moe_op_fwd(moe_op *op)
+{
+    ref_moe_fwd(op->out, &op->ma, &op->m->w.h[0].moe, &op->cfg.moe, op->x, op->B, op->T, op->C);
+}
+
+/* Gradients of 'r . out + aux_scale * aux' into op->m->grads (set) and op->din (set). */
+static void moe_op_bwd(moe_op *op, const double *r, double aux_scale)
+{
+    memset(op->m->grads, 0, op->m->nparams * sizeof(double));
+    memset(op->din, 0, (size_t)op->N * op->C * sizeof(double));
+    ref_moe_bwd(op->din, &op->m->g.h[0].moe, r, aux_scale, &op->ma, &op->m->w.h[0].moe,
+                &op->cfg.moe, op->x, op->B, op->T, op->C);
+}
+
+/* r . out + aux_scale * aux of a fresh forward; *same_route: the routing equals 'sel0/keep0'. */
+static double moe_op_objective(moe_op *op, const double *r, double aux_scale, const int *sel0,
+                               const int *keep0, int *same_route)
+{
+    moe_op_fwd(op);
+    size_t nk = (size_t)op->N * op->cfg.moe.top_k;
+    *same_route = memcmp(sel0, op->ma.sel, nk * sizeof(int)) == 0 &&
+                  memcmp(keep0, op->ma.keep, nk * sizeof(int)) == 0;
+    double sum = aux_scale * op->ma.aux;
+    for (size_t i = 0; i < (size_t)op->N * op->C; i++)
+        sum += r[i] * op->out[i];
+    return sum;
+}
+
+/*
+** The op's gradients -- d/d input (the path into ln_2 and the residual stream) and every router
+** and expert element -- against central differences of 'r . out + 0.7 aux' for a fixed random
+** r, skipping perturbations that change the routing. op->x and the weights are the caller's.
+*/
+static void gradcheck_moe_op(fd_tally *t, moe_op *op)
+{
+    size_t NC = (size_t)op->N * op->C, nk = (size_t)op->N * op->cfg.moe.top_k;
+    const double aux_scale = 0.7;
+    double *r = ref_xmalloc(NC * sizeof(double));
+    for (size_t i = 0; i < NC; i++)
+        r[i] = ref_rng_normal(77, "r", i);
+    moe_op_fwd(op);
+    int *sel0 = ref_xmalloc(nk * sizeof(int)), *keep0 = ref_xmalloc(nk * sizeof(int));
+    memcpy(sel0, op->ma.sel, nk * sizeof(int));
+    memcpy(keep0, op->ma.keep, nk * sizeof(int));
+    moe_op_bwd(op, r, aux_scale);
+    double *an_x = ref_xmalloc(NC * sizeof(double));
+    double *an_p = ref_xmalloc(op->m->nparams * sizeof(double));
+    memcpy(an_x, op->din, NC * sizeof(double));
+    memcpy(an_p, op->m->grads, op->m->nparams * sizeof(double));
+
+    /* the input, then every tensor of the mixture */
+    int ntargets = 1 + op->m->ntensors;
+    for (int ti = 0; ti < ntargets; ti++) {
+        const ref_tensor *te = ti > 0 ? &op->m->tensors[ti - 1] : NULL;
+        if (te != NULL && strstr(te->name, ".mlp.") == NULL)
+            continue;
+        double *base = te ? op->m->params + te->offset : op->x;
+        const double *an = te ? an_p + te->offset : an_x;
+        size_t numel = te ? te->numel : NC;
+        const char *name = te ? te->name : "moe input";
+        for (size_t e = 0; e < numel; e++) {
+            double p0 = base[e];
+            int same_p, same_m;
+            base[e] = p0 + FD_H;
+            double lp = moe_op_objective(op, r, aux_scale, sel0, keep0, &same_p);
+            base[e] = p0 - FD_H;
+            double lm = moe_op_objective(op, r, aux_scale, sel0, keep0, &same_m);
+            base[e] = p0;
+            if (!same_p || !same_m)
+                t->skipped++;
+            else
+                fd_compare(t, name, e, an[e], (lp - lm) / (2 * FD_H));
+        }
+    }
+    moe_op_fwd(op);     /* leave the unperturbed forward in op */
+    free(r);
+    free(sel0);
+    free(keep0);
+    free(an_x);
+    free(an_p);
+}
+
+/*
+** Fill m with fill_lively from the first seed >= 'first' under which every expert of every
+** layer receives at least one kept token in the forwards over the n sequences (otherwise the
+** gradient check could not see its tensors); tries 64 seeds. Returns the seed (-1: none) and
+** the number of dropped choices under it in *dropped.
+*/
+static int pick_moe_seed(ref_model *m, ref_acts *a, const int *in, const int *tg, int n,
+                         int first, int *dropped)
+{
+    int E = m->cfg.moe.experts, k = m->cfg.moe.top_k, L = m->cfg.layers;
+    size_t nk = (size_t)a->B * m->cfg.seq * k;
+    int *used = ref_xcalloc((size_t)L * E, sizeof(int));
+    for (int seed = first; seed < first + 64; seed++) {
+        fill_lively(m, (uint64_t)seed);
+        memset(used, 0, (size_t)L * E * sizeof(int));
+        *dropped = 0;
+        for (int s = 0; s < n; s += a->B) {
+            ref_forward(m, a, in + (size_t)s * m->cfg.seq, tg + (size_t)s * m->cfg.seq);
+            *dropped += count_dropped(m, a);
+            for (int l = 0; l < L; l++)
+                for (size_t i = 0; i < nk; i++)
+                    used[l * E + a->layer[l].moe.sel[i]] += a->layer[l].moe.keep[i];
+        }
+        int all = 1;
+        for (int i = 0; i < L * E; i++)
+            all &= used[i] > 0;
+        if (all) {
+            free(used);
+            return seed;
+        }
+    }
+    free(used);
+    return -1;
+}
+
+/*
+** moe-gradcheck. For each configuration -- top-1/top-2, pre-softmax off/on, aux loss 0/0.1,
+** expert biases off/on, and one with capacity dropping -- (1) the whole model: 2 layers,
+** C=8, 4 experts of width 6, 4 sequences of 5 tokens as 2 micro-batches of 2 (so the aux loss
+** is per micro-batch and the 1/micro-batches scale is covered), every element of every tensor;
+** (2) the MoE op alone on random inputs: the input gradient and every router/expert element.
+** Bound: FD_RTOL, FD_ATOL. Perturbations that flip a routing decision are skipped; more than
+** 1% skipped, or a configuration meant to drop tokens that drops none, is a failure.
+** Top-1 without pre-softmax has prob 1, so its router learns only through the aux loss: it
+** is checked with the aux loss on. The model's weights come from pick_moe_seed, so that every
+** expert has tokens.
+*/
+static int test_moe_gradcheck(void)
+{
+    static const struct {
+        int k, pre, bias;
+        double aux, cap;
+    } cases[] = {
+        {2, 0, 1, 0.1, 0.0}, {2, 0, 0, 0.0, 0.0}, {1, 0, 1, 0.1, 0.0}, {1, 1, 1, 0.0, 0.0},
+        {2, 1, 0, 0.1, 0.0}, {2, 0, 1, 0.1, 0.75}, {1, 1, 0, 0.1, 1.0},
+    };
+    const int inputs[20] = {3, 1, 4, 1, 5, 2, 6, 5, 7, 0, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9};
+    const int targets[20] = {1, 4, 1, 5, 9, 6, 5, 8, 0, 10, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3};
+    int bad = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ref_config cfg = moe_config(4, cases[c].k, cases[c].bias, cases[c].pre, cases[c].aux,
+                                    cases[c].cap);
+        char what[128];
+        describe_moe(what, sizeof what, &cfg.moe);
+
+        ref_model *m = ref_model_new(&cfg);
+        ref_acts *a = ref_acts_new(&cfg, 2);
+        int dropped = 0, seed = pick_moe_seed(m, a, inputs, targets, 4, 100 + 16 * (int)c,
+                                              &dropped);
+        fd_tally t = {0};
+        gradcheck_model(&t, m, a, inputs, targets, 4);
+        printf("  model %s (seed %d): %d elements, %d skipped (routing flips), %d dropped "
+               "choices\n", what, seed, t.checked, t.skipped, dropped);
+        if (seed < 0 || t.bad || t.skipped * 100 > t.checked ||
+            (cases[c].cap > 0) != (dropped > 0))
+            bad += fail("  model %s: seed %d, %d off, %d skipped of %d, %d dropped", what, seed,
+                        t.bad, t.skipped, t.checked, dropped);
+        ref_acts_free(a, &cfg);
+        ref_model_free(m);
+
+        moe_op op;
+        moe_op_new(&op, &cfg.moe, 2, 5, 8);
+        fill_lively(op.m, 200 + (uint64_t)c);
+        for (int i = 0; i < op.N * op.C; i++)
+            op.x[i] = ref_rng_normal(300 + (uint64_t)c, "x", (uint64_t)i);
+        fd_tally u = {0};
+        gradcheck_moe_op(&u, &op);
+        dropped = 0;
+        for (int i = 0; i < op.N * cfg.moe.top_k; i++)
+            dropped += !op.ma.keep[i];
+        printf("  op    %s: %d elements, %d skipped, %d dropped choices\n", what, u.checked,
+               u.skipped, dropped);
+        if (u.bad || u.skipped * 100 > u.checked || (cases[c].cap > 0) != (dropped > 0))
+            bad += fail("  op %s: %d off, %d skipped of %d, %d dropped", what, u.bad, u.skipped,
+                        u.checked, dropped);
+        moe_op_free(&op);
+    }
+    return bad ? fail("%d MoE gradient check(s) failed", bad) : 0;
+}
+
+/* The expert MLP written out once more for the hand checks: y = c_proj(gelu(c_fc(x))). */
+static void expert_apply(double *y, const ref_expert *x, const double *in, int C, int Fe)
+{
+    double h[64], a[64];
+    ref_linear_fwd(h, in, x->c_fc_w, x->c_fc_b, 1, C, Fe);
+    ref_gelu_fwd(a, h, (size_t)Fe);
+    ref_linear_fwd(y, a, x->c_proj_w, x->c_proj_b, 1, Fe, C);
+}
+
+/* |got - want| <= 1e-14 |want| + 1e-15 for every row element; reports the first mismatch. */
+static int rows_close(const double *got, const double *want, int C, const char *what, int n)
+{
+    for (int c = 0; c < C; c++)
+        if (fabs(got[c] - want[c]) > 1e-14 * fabs(want[c]) + 1e-15)
+            return fail("  %s: token %d channel %d: %.17g, want %.17g", what, n, c, got[c],
+                        want[c]);
+    return 0;
+}
+
+/* Every gradient of expert e of op's model is exactly 0. */
+static int expert_grads_zero(const moe_op *op, int e)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "h.0.mlp.experts.%d.", e);
+    for (int i = 0; i < op->m->ntensors; i++) {
+        const ref_tensor *t = &op->m->tensors[i];
+        if (strncmp(t->name, prefix, strlen(prefix)) != 0)
+            continue;
+        for (size_t j = 0; j < t->numel; j++)
+            if (op->m->grads[t->offset + j] != 0.0)
+                return fail("  %s[%zu] has gradient %g, but expert %d got no tokens", t->name,
+                            j, op->m->grads[t->offset + j], e);
+    }
+    return 0;
+}
+
+/* Router row e of op's model := scale * (1, 1, ..., 1). */
+static void set_router_row(moe_op *op, int e, double scale)
+{
+    for (int c = 0; c < op->C; c++)
+        op->m->w.h[0].moe.router_w[(size_t)e * op->C + c] = scale;
+}
+
+/*
+** moe-routing: hand-made routings through the op (B=2, T=3, C=4, E=4, width 3, biases on).
+** Every token's input is positive and router row e is rows[e] * (1, ..., 1), so the logits of
+** token n are rows[e] * sum(x_n): equal rows give exactly equal logits, and every token has the
+** same choices. Cases:
+**   ties -- all rows 0 (every logit equal): experts 0..k-1, probs 1/k (1/E with pre-softmax);
+**     rows 1 and 2 equal and largest: 1 before 2 (top-1: 1; top-2: 1, 2; top-3: 1, 2, 0);
+**   experts that receive no tokens -- every expert outside the choices: count 0, gradients
+**     exactly 0, and the output is that of the chosen experts alone;
+**   all tokens to one expert -- row 0 = 2, top-1, aux 0.1: counts (6,0,0,0), output = expert
+**     0's, aux = 0.1 * E * sum_n s[n,0] * 6 / (1 * 6^2) worked out by hand;
+** each checked against finite differences too (with tied logits, perturbing a tied router row
+** flips the routing: those elements are skipped; the untied case must skip none).
+*/
+static int test_moe_routing(void)
+{
+    static const struct {
+        const char *what;
+        int k, pre, tied;
+        double rows[4], aux;
+        int sel[3];
+    } cases[] = {
+        {"all logits equal, top-2", 2, 0, 1, {0, 0, 0, 0}, 0.0, {0, 1}},
+        {"all logits equal, top-2, pre-softmax", 2, 1, 1, {0, 0, 0, 0}, 0.0, {0, 1}},
+        {"experts 1 = 2 largest, top-1", 1, 0, 1, {0.5, 1, 1, -1}, 0.0, {1}},
+        {"experts 1 = 2 largest, top-2", 2, 0, 1, {0.5, 1, 1, -1}, 0.0, {1, 2}},
+        {"experts 1 = 2 largest, top-3", 3, 0, 1, {0.5, 1, 1, -1}, 0.0, {1, 2, 0}},
+        {"all tokens to expert 0, top-1, aux 0.1", 1, 0, 0, {2, 0, 0, 0}, 0.1, {0}},
+    };
+    const int B = 2, T = 3, C = 4, N = 6, E = 4;
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *what = cases[i].what;
+        int k = cases[i].k;
+        ref_moe_config moe = {.experts = E, .top_k = k, .ffn = 3, .bias = 1,
+                              .pre_softmax = cases[i].pre, .aux_coeff = cases[i].aux};
+        moe_op op;
+        moe_op_new(&op, &moe, B, T, C);
+        fill_lively(op.m, 500 + (uint64_t)i);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++)
+                op.x[n * C + c] = 0.2 + 0.1 * ((3 * n + c) % 5);
+        for (int e = 0; e < E; e++)
+            set_router_row(&op, e, cases[i].rows[e]);
+        moe_op_fwd(&op);
+
+        double p_first = 0.0;   /* sum over tokens of softmax_all(z)[0], for the aux loss */
+        for (int n = 0; n < N && !bad; n++) {
+            double sx = 0.0, z[4], all = 0.0, chosen = 0.0, want_out[4] = {0}, y[4];
+            for (int c = 0; c < C; c++)
+                sx += op.x[n * C + c];
+            for (int e = 0; e < E; e++) {
+                z[e] = cases[i].rows[e] * sx;
+                all += exp(z[e]);
+            }
+            for (int j = 0; j < k; j++)
+                chosen += exp(z[cases[i].sel[j]]);
+            p_first += exp(z[0]) / all;
+            for (int j = 0; j < k; j++) {
+                int e = cases[i].sel[j];
+                double want_p = exp(z[e]) / (cases[i].pre ? all : chosen);
+                if (op.ma.sel[n * k + j] != e) {
+                    bad += fail("  %s, token %d: choice %d is expert %d, want %d", what, n, j,
+                                op.ma.sel[n * k + j], e);
+                    break;
+                }
+                if (!close_rel(op.ma.prob[n * k + j], want_p, 1e-15))
+                    bad += fail("  %s, token %d, choice %d: prob %.17g, want %.17g", what, n, j,
+                                op.ma.prob[n * k + j], want_p);
+                expert_apply(y, &op.m->w.h[0].moe.experts[e], op.x + n * C, C, 3);
+                for (int c = 0; c < C; c++)
+                    want_out[c] += want_p * y[c];
+            }
+            bad += rows_close(op.out + n * C, want_out, C, what, n);
+        }
+
+        double *r = ref_xmalloc((size_t)N * C * sizeof(double));
+        for (int j = 0; j < N * C; j++)
+            r[j] = ref_rng_normal(9, "r", (uint64_t)j);
+        moe_op_bwd(&op, r, 1.0);
+        free(r);
+        for (int e = 0; e < E; e++) {
+            int chosen = 0;
+            for (int j = 0; j < k; j++)
+                chosen |= cases[i].sel[j] == e;
+            if (op.ma.count[e] != (chosen ? N : 0))
+                bad += fail("  %s: expert %d has %d tokens, want %d", what, e, op.ma.count[e],
+                            chosen ? N : 0);
+            if (!chosen)
+                bad += expert_grads_zero(&op, e);
+        }
+        if (cases[i].aux > 0) {
+            double want = cases[i].aux * E * p_first * N / ((double)k * N * N);
+            if (!close_rel(op.ma.aux, want, 1e-14))
+                bad += fail("  %s: aux %.17g, want %.17g", what, op.ma.aux, want);
+        }
+
+        fd_tally t = {0};
+        gradcheck_moe_op(&t, &op);
+        printf("  %s: %d gradient elements, %d skipped\n", what, t.checked, t.skipped);
+        if (t.bad || (!cases[i].tied && t.skipped))
+            bad += fail("  %s: %d of %d gradient elements off, %d skipped", what, t.bad,
+                        t.checked, t.skipped);
+        moe_op_free(&op);
+    }
+    return bad ? fail("%d MoE routing check(s) failed", bad) : 0;
+}
+
+/*
+** moe-capacity: (1) the capacity formula, including a product that rounds above an integer
+** in double (100/2 * 1.1 = 55.000000000000007 -> 56, as Megatron's get_capacity computes it);
+** (2) top-1 with every token on expert 0, B=2, T=3, factor 1 -> capacity 3, kept in token
+** order (t, b): (b0,t0), (b1,t0), (b0,t1), i.e. rows 0, 3, 1; the other rows output exactly 0;
+** (3) top-2, expert 0 first for every token and second choice 1 or 2 by token: expert 0 keeps
+** rows 0, 3, 1; rows 4, 2, 5 keep only their second expert, with its probability unchanged
+** (not renormalised); the aux loss and counts are those without dropping.
+*/
+static int test_moe_capacity(void)
+{
+    int bad = 0;
+    static const struct {
+        int ntok, k, E;
+        double f;
+        int want;
+    } caps[] = {
+        {6, 1, 2, 1.0, 3}, {10, 2, 4, 1.0, 5}, {10, 2, 4, 0.5, 3}, {10, 1, 3, 1.0, 4},
+        {50, 2, 2, 1.1, 56}, {6, 2, 4, 0.25, 1}, {1000, 2, 8, 1.0, 250}, {64, 2, 8, 0.0, 0},
+    };
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+        ref_moe_config moe = {.experts = caps[i].E, .top_k = caps[i].k, .ffn = 1,
+                              .capacity = caps[i].f};
+        int got = ref_moe_capacity(caps[i].ntok, &moe);
+        if (got != caps[i].want)
+            bad += fail("  capacity(N=%d, k=%d, E=%d, factor %g) = %d, want %d", caps[i].ntok,
+                        caps[i].k, caps[i].E, caps[i].f, got, caps[i].want);
+    }
+
+    const int B = 2, T = 3, C = 4, N = 6;
+    for (int kind = 0; kind < 2; kind++) {
+        ref_moe_config moe = {.experts = kind ? 4 : 2, .top_k = kind ? 2 : 1, .ffn = 3,
+                              .bias = 1, .aux_coeff = 0.1, .capacity = 1.0};
+        moe_op op, free_op;
+        ref_moe_config nocap = moe;
+        nocap.capacity = 0.0;
+        moe_op_new(&op, &moe, B, T, C);
+        moe_op_new(&free_op, &nocap, B, T, C);
+        fill_lively(op.m, 600 + (uint64_t)kind);
+        static const int sign[6] = {1, 1, -1, -1, 1, -1};
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++)     /* 0.5 + 0.1 s_n v, v = (1, -1, 1, -1) */
+                op.x[n * C + c] = 0.5 + 0.1 * sign[n] * (c % 2 ? -1 : 1);
+        double *rw = op.m->w.h[0].moe.router_w;
+        for (int e = 0; e < moe.experts; e++)
+            for (int c = 0; c < C; c++) {
+                double v = c % 2 ? -1.0 : 1.0;
+                double row[4] = {kind ? 3.0 : 2.0, kind ? v : 0.0, -v, -3.0};
+                rw[e * C + c] = row[e];
+            }
+        memcpy(free_op.m->params, op.m->params, op.m->nparams * sizeof(double));
+        memcpy(free_op.x, op.x, (size_t)N * C * sizeof(double));
+        moe_op_fwd(&op);
+        moe_op_fwd(&free_op);
+
+        int k = moe.top_k;
+        static const int kept0[6] = {1, 1, 0, 1, 0, 0};   /* expert 0's choice of row n kept */
+        if (op.ma.capacity != 3)
+            bad += fail("  case %d: capacity %d, want 3", kind, op.ma.capacity);
+        for (int n = 0; n < N; n++) {
+            double want[4] = {0}, y[4];
+            for (int j = 0; j < k; j++) {
+                int e = op.ma.sel[n * k + j];
+                int want_e = j == 0 ? 0 : sign[n] > 0 ? 1 : 2;
+                int want_keep = j == 0 ? kept0[n] : 1;
+                if (e != want_e || op.ma.keep[n * k + j] != want_keep) {
+                    bad += fail("  case %d row %d choice %d: expert %d keep %d, want %d %d",
+                                kind, n, j, e, op.ma.keep[n * k + j], want_e, want_keep);
+                    continue;
+                }
+                double p = free_op.ma.prob[n * k + j];
+                if (op.ma.prob[n * k + j] != p)
+                    bad += fail("  case %d row %d: prob %.17g changed by dropping (%.17g)", kind,
+                                n, op.ma.prob[n * k + j], p);
+                if (!want_keep)
+                    continue;
+                expert_apply(y, &op.m->w.h[0].moe.experts[e], op.x + n * C, C, 3);
+                for (int c = 0; c < C; c++)
+                    want[c] += p * y[c];
+            }
+            bad += rows_close(op.out + n * C, want, C, kind ? "top-2 output" : "top-1 output",
+                              n);
+        }
+        if (op.ma.aux != free_op.ma.aux ||
+            memcmp(op.ma.count, free_op.ma.count, (size_t)moe.experts * sizeof(int)) != 0)
+            bad += fail("  case %d: dropping changed the aux loss (%.17g vs %.17g) or counts",
+                        kind, op.ma.aux, free_op.ma.aux);
+        fd_tally t = {0};
+        gradcheck_moe_op(&t, &op);
+        if (t.bad || t.skipped)
+            bad += fail("  case %d: %d of %d gradient elements off, %d skipped", kind, t.bad,
+                        t.checked, t.skipped);
+        moe_op_free(&op);
+        moe_op_free(&free_op);
+    }
+    return bad ? fail("%d capacity check(s) failed", bad) : 0;
+}
+
+/* The MoE name of dense tensor 'name' in a one-expert model ("h.0.mlp.c_fc.weight" ->
+** "h.0.mlp.experts.0.c_fc.weight"); other names are unchanged. */
+static void expert_name(char *out, size_t n, const char *name)
+{
+    const char *p = strstr(name, ".mlp.");
+    if (p == NULL)
+        snprintf(out, n, "%s", name);
+    else
+        snprintf(out, n, "%.*s.mlp.experts.0.%s", (int)(p - name), name, p + 5);
+}
+
+/*
+** moe-dense: a mixture of one expert with top-1 (prob 1) is the dense model with the same
+** weights: from the same weights, the loss and every gradient agree exactly (the router's is
+** exactly 0), with the aux loss off, and on with capacity 1 (E=1: the aux loss is the
+** constant coeff per layer, zero gradient; capacity N drops nothing); then 3 AdamW steps give
+** the same losses and weights. 2 layers, C=8, F=12, 4 sequences in micro-batches of 2.
+*/
+static int test_moe_dense(void)
+{
+    ref_config dcfg = {.layers = 2, .hidden = 8, .heads = 2, .seq = 5, .vocab = 11, .ffn = 12,
+                       .ln_eps = 1e-5};
+    const int inputs[20] = {3, 1, 4, 1, 5, 2, 6, 5, 7, 0, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9};
+    const int targets[20] = {1, 4, 1, 5, 9, 6, 5, 8, 0, 10, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3};
+    ref_optim o = {.lr = 1e-2, .min_lr = 1e-3, .warmup = 1, .decay_steps = 3, .beta1 = 0.9,
+                   .beta2 = 0.95, .eps = 1e-8, .wd = 0.1, .clip = 1.0};
+    int bad = 0;
+    for (int variant = 0; variant < 2; variant++) {
+        ref_config mcfg = dcfg;
+        mcfg.moe = (ref_moe_config){.experts = 1, .top_k = 1, .ffn = 12, .bias = 1,
+                                    .aux_coeff = variant ? 0.1 : 0.0,
+                                    .capacity = variant ? 1.0 : 0.0};
+        ref_model *d = ref_model_new(&dcfg), *m = ref_model_new(&mcfg);
+        ref_acts *da = ref_acts_new(&dcfg, 2), *ma = ref_acts_new(&mcfg, 2);
+        fill_lively(d, 8);
+        fill_lively(m, 9);      /* the router keeps these values; the rest is copied */
+        const ref_tensor **twin = ref_xcalloc((size_t)d->ntensors, sizeof *twin);
+        for (int i = 0; i < d->ntensors; i++) {
+            char name[REF_NAME_MAX];
+            expert_name(name, sizeof name, d->tensors[i].name);
+            twin[i] = ref_model_find(m, name);
+            if (twin[i] == NULL || twin[i]->numel != d->tensors[i].numel) {
+                free(twin);
+                return fail("no MoE twin %s of %s", name, d->tensors[i].name);
+            }
+            memcpy(m->params + twin[i]->offset, d->params + d->tensors[i].offset,
+                   d->tensors[i].numel * sizeof(double));
+        }
+        for (int step = 0; step <= 3; step++) {
+            double aux = -1.0, dl, ml;
+            if (step == 0) {
+                dl = ref_compute_grads(d, da, inputs, targets, 4, NULL);
+                ml = ref_compute_grads(m, ma, inputs, targets, 4, &aux);
+            } else {
+                dl = ref_train_step(d, da, &o, inputs, targets, 4).loss;
+                ref_step_info si = ref_train_step(m, ma, &o, inputs, targets, 4);
+                ml = si.loss, aux = si.aux_loss;
+            }
+            if (ml != dl)
+                bad += fail("  variant %d step %d: MoE loss %.17g, dense %.17g", variant, step,
+                            ml, dl);
+            if (!close_rel(aux, variant ? 0.1 * mcfg.layers : 0.0, 1e-15))
+                bad += fail("  variant %d step %d: aux loss %.17g, want %g", variant, step, aux,
+                            variant ? 0.1 * mcfg.layers : 0.0);
+            double maxdiff = 0.0, router = 0.0;
+            const double *dv = step == 0 ? d->grads : d->params;
+            const double *mv = step == 0 ? m->grads : m->params;
+            for (int i = 0; i < d->ntensors; i++)
+                for (size_t e = 0; e < d->tensors[i].numel; e++)
+                    maxdiff = fmax(maxdiff, fabs(dv[d->tensors[i].offset + e] -
+                                                 mv[twin[i]->offset + e]));
+            for (int l = 0; l < mcfg.layers; l++)
+                for (int c = 0; c < mcfg.hidden; c++)
+                    router = fmax(router, fabs(m->g.h[l].moe.router_w[c]));
+            if (maxdiff != 0.0 || router != 0.0)
+                bad += fail("  variant %d step %d: %s differ by up to %.3g, router gradient %.3g",
+                            variant, step, step ? "weights" : "gradients", maxdiff, router);
+        }
+        free(twin);
+        ref_acts_free(da, &dcfg);
+        ref_acts_free(ma, &mcfg);
+        ref_model_free(d);
+        ref_model_free(m);
+    }
+    return bad ? fail("the one-expert MoE differs from the dense model") : 0;
+}
+
+/*
+** moe-layout: the tensor table of a mixture of experts (issue 7's checkpoint layout): after
+** ln_2 each layer holds mlp.router.weight [E,C] and, per expert, c_fc.weight [C,Fe],
+** c_fc.bias [Fe], c_proj.weight [Fe,C], c_proj.bias [C] (biases only with moe.bias); weight
+** decay on the router and expert weights only; init N(0,0.02) for the router and c_fc,
+** N(0,0.02/sqrt(2L)) for c_proj, zero biases. Saving and loading the model is exact.
+*/
+static int test_moe_layout(const char *dir)
+{
+    int bad = 0;
+    for (int bias = 0; bias < 2; bias++) {
+        ref_config cfg = {.layers = 2, .hidden = 4, .heads = 2, .seq = 3, .vocab = 5, .ffn = 16,
+                          .ln_eps = 1e-5};
+        cfg.moe = (ref_moe_config){.experts = 3, .top_k = 2, .ffn = 6, .bias = bias};
+        ref_model *m = ref_model_new(&cfg);
+        int i = 0;
+        for (int l = 0; l < 2 && !bad; l++) {
+            char want[REF_NAME_MAX];
+            while (i < m->ntensors && strstr(m->tensors[i].name, "ln_2.bias") == NULL)
+                i++;
+            i++;
+            snprintf(want, sizeof want, "h.%d.mlp.router.weight", l);
+            const ref_tensor *t = &m->tensors[i++];
+            if (strcmp(t->name, want) != 0 || t->shape[0] != 3 || t->shape[1] != 4 ||
+                !t->decay || t->init != REF_INIT_NORMAL)
+                bad += fail("  after ln_2: %s [%ld,%ld], want %s [3,4] (decay, normal init)",
+                            t->name, t->shape[0], t->shape[1], want);
+            for (int e = 0; e < 3; e++) {
+                static const struct {
+                    const char *suffix;
+                    int ndim, d0, d1, decay, bias_only;
+                    ref_init_kind init;
+                } want_t[4] = {
+                    {"c_fc.weight", 2, 4, 6, 1, 0, REF_INIT_NORMAL},
+                    {"c_fc.bias", 1, 6, 1, 0, 1, REF_INIT_ZERO},
+                    {"c_proj.weight", 2, 6, 4, 1, 0, REF_INIT_OUT_PROJ},
+                    {"c_proj.bias", 1, 4, 1, 0, 1, REF_INIT_ZERO},
+                };
+                for (int w = 0; w < 4; w++) {
+                    if (want_t[w].bias_only && !bias)
+                        continue;
+                    snprintf(want, sizeof want, "h.%d.mlp.experts.%d.%s", l, e,
+                             want_t[w].suffix);
+                    t = &m->tensors[i++];
+                    if (strcmp(t->name, want) != 0 || t->ndim != want_t[w].ndim ||
+                        t->shape[0] != want_t[w].d0 || t->shape[1] != want_t[w].d1 ||
+                        t->decay != want_t[w].decay || t->init != want_t[w].init)
+                        bad += fail("  tensor %d is %s [%ld,%ld] decay %d init %d; want %s "
+                                    "[%d,%d] decay %d init %d", i - 1, t->name, t->shape[0],
+                                    t->shape[1], t->decay, (int)t->init, want, want_t[w].d0,
+                                    want_t[w].d1, want_t[w].decay, (int)want_t[w].init);
+                }
+            }
+            if (strstr(m->tensors[i].name, "ln_1.weight") == NULL &&
+                strstr(m->tensors[i].name, "ln_f.weight") == NULL)
+                bad += fail("  %s follows the last expert", m->tensors[i].name);
+        }
+        /* ln_1, c_attn, attn.c_proj, ln_2, router, 3 experts; wte, wpe, ln_f */
+        size_t per_layer = 2 * 4 + (4 * 12 + 12) + (4 * 4 + 4) + 2 * 4 + 3 * 4 +
+                           3 * (2 * 4 * 6 + (bias ? 6 + 4 : 0));
+        size_t want_n = 5 * 4 + 3 * 4 + 2 * per_layer + 8;
+        if (m->nparams != want_n)
+            bad += fail("  bias %d: %zu parameters, want %zu", bias, m->nparams, want_n);
+        char *p = path_in(dir, "moe_rt.safetensors");
+        ref_model *m2 = ref_model_new(&cfg);
+        ref_model_init_random(m, 3);
+        for (size_t j = 0; j < m->nparams; j++)
+            m->params[j] += (float)(0.25 * ref_rng_normal(4, "offset", j));
+        for (size_t j = 0; j < m->nparams; j++)
+            m->params[j] = (float)m->params[j];     /* what F32 can hold */
+        if (ref_model_save(m, p) < 0 || ref_model_load(m2, p) < 0)
+            bad += fail("  could not save and load %s", p);
+        else if (memcmp(m->params, m2->params, m->nparams * sizeof(double)) != 0)
+            bad += fail("  bias %d: the loaded MoE model differs from the saved one", bias);
+        free(p);
+        ref_model_free(m);
+        ref_model_free(m2);
+    }
+    return bad ? fail("%d MoE layout check(s) failed", bad) : 0;
+}
+
 /* -- Broken files for the error tests --------------------------------------------------------- */
 
 /* Model used for the broken safetensors: --layers 1 --hidden 4 --heads 2 --seq 3 --vocab 5. */
@@ -759,9 +1502,15 @@ int main(int argc, char **argv)
     if (strcmp(name, "st-roundtrip") == 0) return test_st_roundtrip(dir);
     if (strcmp(name, "st-dtypes") == 0) return test_st_dtypes(dir);
     if (strcmp(name, "batch") == 0) return test_batch(dir);
+    if (strcmp(name, "moe-gradcheck") == 0) return test_moe_gradcheck();
+    if (strcmp(name, "moe-routing") == 0) return test_moe_routing();
+    if (strcmp(name, "moe-capacity") == 0) return test_moe_capacity();
+    if (strcmp(name, "moe-dense") == 0) return test_moe_dense();
+    if (strcmp(name, "moe-layout") == 0) return test_moe_layout(dir);
     if (strcmp(name, "mkbad") == 0 && argc == 4) return mkbad(argv[2], argv[3]);
     fprintf(stderr, "usage: ref_test gradcheck|adamw|lr|clip|init|accum [DIR]\n"
-                    "       ref_test st-roundtrip|st-dtypes|batch DIR\n"
+                    "       ref_test moe-gradcheck|moe-routing|moe-capacity|moe-dense\n"
+                    "       ref_test st-roundtrip|st-dtypes|batch|moe-layout DIR\n"
                     "       ref_test mkbad st-dtype|st-json|st-offsets FILE\n");
     return 2;
 }

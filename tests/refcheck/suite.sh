@@ -29,7 +29,8 @@ pass build
 
 # -- Unit checks inside build/ref/ref_test (see tests/ref/ref_test.c for each bound) ----------
 
-for t in gradcheck adamw lr clip init accum st-roundtrip st-dtypes batch; do
+for t in gradcheck adamw lr clip init accum st-roundtrip st-dtypes batch \
+         moe-gradcheck moe-routing moe-capacity moe-dense moe-layout; do
     if "$UNIT" "$t" "$D" > "$D/$t.txt" 2>&1; then
         pass "$t"
     else
@@ -151,6 +152,99 @@ else
     fail log-format "$D/falls.jsonl: not 30 lines of {\"step\":t,\"loss\":..,\"lr\":..,..}"
 fi
 
+# -- Mixture of experts (issue 7) ------------------------------------------------------------
+
+MOE="$TINY --experts 4 --top-k 2 --expert-ffn 64"
+
+# The loss falls with 4 experts, top-2 and the aux loss on; every log line carries aux_loss,
+# in order step, loss, aux_loss, lr, grad_norm; the aux loss of a balanced router is near
+# coeff * layers (0.02).
+if run_ok moe-loss-falls $REF $MOE --aux-coeff 0.01 --random-init 1 --data "$D/syn64.bin" \
+        --steps 30 --mbs 4 --lr 3e-3 --warmup 3 --log "$D/moe_falls.jsonl"; then
+    first=$(field loss "$D/moe_falls.jsonl" | head -n 1)
+    last=$(field loss "$D/moe_falls.jsonl" | tail -n 1)
+    if awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'; then
+        pass moe-loss-falls
+    else
+        fail moe-loss-falls "loss went from $first to $last in 30 steps (want a drop > 1.0)"
+    fi
+    line="^{\"step\":[0-9]*,\"loss\":$num,\"aux_loss\":$num,\"lr\":$num,\"grad_norm\":$num}\$"
+    if [ "$(grep -c "$line" "$D/moe_falls.jsonl")" -eq 30 ] &&
+       [ "$(wc -l < "$D/moe_falls.jsonl")" -eq 30 ] &&
+       field aux_loss "$D/moe_falls.jsonl" | awk '$1 < 0.02 || $1 > 0.03 { bad = 1 }
+                                                  END { exit bad }'; then
+        pass moe-log-format
+    else
+        fail moe-log-format "$D/moe_falls.jsonl: not 30 lines of step, loss, aux_loss (in" \
+             "[0.02, 0.03]), lr, grad_norm"
+    fi
+fi
+
+# Micro-batches: without aux loss and capacity the MoE is token-wise, so any (mbs, nmb, dp)
+# split of the global batch gives the same losses (1e-12). The aux loss and the capacity are
+# per micro-batch: at a fixed mbs, splits over nmb and dp give byte-identical logs, while
+# mbs 4 and mbs 1 give different aux losses.
+moe_acc_ok=1
+for split in "4 1 1" "1 4 1" "2 1 2" "1 2 2"; do
+    set -- $split
+    if ! run_ok moe-accum $REF $MOE --random-init 2 --data "$D/syn64.bin" --steps 4 --mbs $1 \
+            --nmb $2 --dp $3 --lr 1e-2 --log "$D/macc_$1_$2_$3.jsonl"; then
+        moe_acc_ok=0
+        break
+    fi
+    field loss "$D/macc_$1_$2_$3.jsonl" > "$D/macc_$1_$2_$3.loss"
+    if [ "$split" != "4 1 1" ] && ! same_values "$D/macc_$1_$2_$3.loss" "$D/macc_4_1_1.loss" 1e-12
+    then
+        fail moe-accum "no aux loss: mbs $1 nmb $2 dp $3 differs from mbs 4 nmb 1 dp 1"
+        moe_acc_ok=0
+        break
+    fi
+done
+if [ $moe_acc_ok -eq 1 ]; then
+    for split in "4 1 1" "1 4 1" "1 2 2" "1 1 4"; do
+        set -- $split
+        run_ok moe-accum $REF $MOE --aux-coeff 0.1 --capacity 1.0 --random-init 2 \
+            --data "$D/syn64.bin" --steps 4 --mbs $1 --nmb $2 --dp $3 --lr 1e-2 \
+            --log "$D/maux_$1_$2_$3.jsonl" || moe_acc_ok=0
+    done
+    if [ $moe_acc_ok -eq 1 ]; then
+        if ! cmp -s "$D/maux_1_4_1.jsonl" "$D/maux_1_2_2.jsonl" ||
+           ! cmp -s "$D/maux_1_4_1.jsonl" "$D/maux_1_1_4.jsonl"; then
+            fail moe-accum "aux loss: mbs 1 runs split differently over nmb and dp differ"
+        elif [ "$(field aux_loss "$D/maux_4_1_1.jsonl" | head -n 1)" = \
+               "$(field aux_loss "$D/maux_1_4_1.jsonl" | head -n 1)" ]; then
+            fail moe-accum "aux loss: mbs 4 and mbs 1 give the same aux loss (not per micro-batch?)"
+        else
+            pass moe-accum
+        fi
+    fi
+fi
+
+# Checkpoints of a mixture of experts (issue 7's names, expert biases included) round-trip, and
+# a run from --init of --save-init equals the --random-init run.
+MOEB="$MOE --expert-bias --aux-coeff 0.01"
+if run_ok moe-save-roundtrip $REF $MOEB --random-init 9 --save-init "$D/moe_a.safetensors" &&
+   run_ok moe-save-roundtrip $REF $MOEB --init "$D/moe_a.safetensors" \
+        --save-init "$D/moe_b.safetensors" &&
+   run_ok moe-save-roundtrip $REF $MOEB --random-init 9 --data "$D/syn64.bin" --steps 3 \
+        --log "$D/moe_seed.jsonl" --save "$D/moe_final_seed.safetensors" &&
+   run_ok moe-save-roundtrip $REF $MOEB --init "$D/moe_a.safetensors" --data "$D/syn64.bin" \
+        --steps 3 --log "$D/moe_file.jsonl" --save "$D/moe_final_file.safetensors"; then
+    if ! cmp -s "$D/moe_a.safetensors" "$D/moe_b.safetensors"; then
+        fail moe-save-roundtrip "load + save changed the file"
+    elif ! cmp -s "$D/moe_seed.jsonl" "$D/moe_file.jsonl" ||
+         ! cmp -s "$D/moe_final_seed.safetensors" "$D/moe_final_file.safetensors"; then
+        fail moe-save-roundtrip "training from --init of --save-init differs from --random-init"
+    elif ! head -c 8192 "$D/moe_a.safetensors" | tr -d '\000' |
+           grep -q '"h.0.mlp.router.weight":{"dtype":"F32","shape":\[4,32\]' ||
+         ! head -c 8192 "$D/moe_a.safetensors" | tr -d '\000' |
+           grep -q '"h.1.mlp.experts.3.c_proj.bias":{"dtype":"F32","shape":\[32\]'; then
+        fail moe-save-roundtrip "header lacks h.0.mlp.router.weight [4,32] or an expert bias"
+    else
+        pass moe-save-roundtrip
+    fi
+fi
+
 # -- Checkpoints ------------------------------------------------------------------------------
 
 # --save-init writes the model; loading it and saving again gives the same bytes; and a run
@@ -268,6 +362,14 @@ expect_err err-usage-data 2 "gpt2_ref: error: --data is required when --steps > 
     $REF $SMALL --random-init 1 --steps 2
 expect_err err-usage-flag 2 "gpt2_ref: error: unknown flag '--layer'" \
     $REF --layer 1
+expect_err err-moe-missing 1 "$D/l1.safetensors: error: missing tensor 'h.0.mlp.router.weight'" \
+    $REF $SMALL --experts 2 --top-k 1 --init "$D/l1.safetensors"
+expect_err err-usage-moe-flag 2 "gpt2_ref: error: --aux-coeff needs --experts" \
+    $REF $SMALL --random-init 1 --aux-coeff 0.01
+expect_err err-usage-moe-topk 2 "gpt2_ref: error: --top-k (3) must be between 1 and --experts (2)" \
+    $REF $SMALL --random-init 1 --experts 2 --top-k 3
+expect_err err-usage-moe-capacity 2 "gpt2_ref: error: --capacity must be > 0" \
+    $REF $SMALL --random-init 1 --experts 2 --top-k 1 --capacity 0
 
 # -- Against PyTorch (float64) ---------------------------------------------------------------
 
@@ -297,6 +399,45 @@ if run_ok torch-golden $REF $TC --random-init 4 --save-init "$D/tc_init.safetens
     fi
 fi
 
+# The mixture of experts against torch (tests/refcheck/torch_moe_check.py: the MoE written the
+# way Megatron computes it, differentiated by autograd), two runs of 8 steps from a shard:
+#   a: 4 experts top-2 width 24 with biases, aux 0.1, capacity 1.0 (tokens dropped),
+#      mbs 2 x nmb 2 x dp 1;
+#   b: 4 experts top-1 pre-softmax, no biases, aux 0.05, mbs 1 x nmb 3 x dp 2.
+# torch-moe-golden compares the logs with torch's numbers in torch_moe_golden.txt (everywhere),
+# torch-moe reruns torch when installed and also compares the final weights; 1e-12 and 1 ulp.
+MA="--experts 4 --top-k 2 --expert-ffn 24 --expert-bias --aux-coeff 0.1 --capacity 1.0"
+MA_ARGS="4 2 24 1 0 0.1 1.0"
+MA_RUN="--mbs 2 --nmb 2 --dp 1"
+MA_TC="2 16 2 12 64 2 2 1 1e-2 1e-3 2 8 8"
+MB="--experts 4 --top-k 1 --expert-ffn 24 --pre-softmax --aux-coeff 0.05"
+MB_ARGS="4 1 24 0 1 0.05 0"
+MB_RUN="--mbs 1 --nmb 3 --dp 2"
+MB_TC="2 16 2 12 64 1 3 2 1e-2 1e-3 2 8 8"
+tm_ok=1
+for r in a b; do
+    if [ $r = a ]; then flags=$MA; run=$MA_RUN; else flags=$MB; run=$MB_RUN; fi
+    if ! run_ok torch-moe-golden $REF $TC $flags --random-init 4 \
+            --save-init "$D/tm_${r}_init.safetensors" ||
+       ! run_ok torch-moe-golden $REF $TC $flags --init "$D/tm_${r}_init.safetensors" \
+            --data "$D/syn64_shard.bin" --steps 8 $run --lr 1e-2 --min-lr 1e-3 --warmup 2 \
+            --log "$D/tm_$r.jsonl" --save "$D/tm_${r}_final.safetensors"; then
+        tm_ok=0
+        break
+    fi
+    for k in loss aux_loss lr grad_norm; do field $k "$D/tm_$r.jsonl"; done > "$D/tm_$r.got"
+    grep "^$r " tests/refcheck/torch_moe_golden.txt > "$D/tm_$r.golden"
+    for c in 3 4 5 6; do cut -d' ' -f$c "$D/tm_$r.golden"; done > "$D/tm_$r.want"
+    if [ "$(wc -l < "$D/tm_$r.got")" -ne 32 ] ||
+       ! same_values "$D/tm_$r.got" "$D/tm_$r.want" 1e-12 > "$D/tm_$r.diff"; then
+        head -n 5 "$D/tm_$r.diff"
+        fail torch-moe-golden "run $r: loss/aux_loss/lr/grad_norm differ from torch's" \
+             "(tests/refcheck/torch_moe_golden.txt)"
+        tm_ok=0
+    fi
+done
+[ $tm_ok -eq 1 ] && pass torch-moe-golden
+
 PY=""
 for p in python3 /usr/bin/python3; do
     if command -v "$p" > /dev/null 2>&1 && "$p" -c 'import torch' > /dev/null 2>&1; then
@@ -313,6 +454,21 @@ elif [ $tc_ok -eq 1 ]; then
     else
         tail -n 5 "$D/torch.txt"
         fail torch "$(tail -n 1 "$D/torch.txt")"
+    fi
+fi
+if [ -z "$PY" ]; then
+    echo "SKIP refcheck/torch-moe: PyTorch not installed (apt-get install python3-torch)"
+elif [ -s "$D/tm_b.jsonl" ]; then
+    if "$PY" tests/refcheck/torch_moe_check.py "$D/tm_a_init.safetensors" \
+            "$D/syn64_shard.bin" "$D/tm_a.jsonl" "$D/tm_a_final.safetensors" $MA_TC $MA_ARGS \
+            > "$D/torch_moe.txt" 2>&1 &&
+       "$PY" tests/refcheck/torch_moe_check.py "$D/tm_b_init.safetensors" \
+            "$D/syn64_shard.bin" "$D/tm_b.jsonl" "$D/tm_b_final.safetensors" $MB_TC $MB_ARGS \
+            >> "$D/torch_moe.txt" 2>&1; then
+        pass torch-moe
+    else
+        tail -n 5 "$D/torch_moe.txt"
+        fail torch-moe "$(tail -n 1 "$D/torch_moe.txt")"
     fi
 fi
 exit 0
