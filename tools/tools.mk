@@ -19,3 +19,8 @@ data/corpus.bin: build/tools/tokenize
 	@test -d $(FORTUNES_DIR) || { echo "make: error: $(FORTUNES_DIR) missing; run 'make deps' (package fortunes)"; exit 1; }
 	$(Q)mkdir -p data
 	$(Q)build/tools/tokenize -o $@ $$(LC_ALL=C ls -d $(FORTUNES_DIR)/* | grep -v -E '\.(dat|u8)$$' | while read f; do test -f "$$f" && echo "$$f"; done)
+
+# stcompare: compare / list / check safetensors files (tools/stcompare.c; needs libm).
+TOOLS += build/tools/stcompare
+ALL_TARGETS += build/tools/stcompare
+build/tools/stcompare: LDFLAGS_TOOLS += -lm

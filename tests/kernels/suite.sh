@@ -1,0 +1,156 @@
+#!/bin/sh
+# tests/kernels/suite.sh: the generated kernels against the double-precision reference's single
+# ops (tests/kernels/kernel_test.c, tolerances stated there), at thread counts 1 and 2 with
+# bit-identical results, a set of deliberately broken kernels that the test must catch, and the
+# CUDA kernels: built (and linked) whenever the CUDA backend is, run and compared with the CPU
+# results only where a GPU is present. Scratch: build/test/kernels/. Run from the repository
+# root by tests/run.sh (docs/DESIGN.md §3).
+cd "$(dirname "$0")/../.." || exit 2
+S=build/test/kernels
+MK="make -s --no-print-directory -f Makefile -f tests/kernels/kernels.mk"
+mkdir -p $S
+failed=0
+
+pass() { echo "PASS kernels/$1"; }
+fail() { echo "FAIL kernels/$1: $2"; failed=1; }
+skip() { echo "SKIP kernels/$1: $2"; }
+
+# -- Build: the generator's kernels for any configuration (sizes are arguments) --------------------
+if ! make -s --no-print-directory build/gen build/librt_cpu.a ref build/tools/stcompare \
+        > $S/build.log 2>&1; then
+    sed 's/^/  /' $S/build.log | tail -20
+    fail build "make build/gen librt_cpu.a ref stcompare failed"
+    exit 1
+fi
+rm -rf $S/gen
+if ! build/gen tiny --out $S/gen > $S/gen.log 2>&1; then
+    sed 's/^/  /' $S/gen.log
+    fail build "build/gen tiny failed"
+    exit 1
+fi
+if ! $MK KT_GEN=$S/gen kernel-test > $S/build.log 2>&1; then
+    sed 's/^/  /' $S/build.log | tail -20
+    fail build "kernel_test_cpu does not compile (warnings are errors)"
+    exit 1
+fi
+pass build
+
+# -- CPU: against the reference, one and two threads --------------------------------------------
+run_cpu() {     # threads
+    out=$S/cpu-t$1.out
+    RT_THREADS=$1 RT_TIMEOUT=120 $S/kernel_test_cpu kernels/cpu-t$1 \
+        --dump $S/cpu-t$1.safetensors > $out 2>&1
+    rc=$?
+    cat $out
+    if [ $rc -ne 0 ] && ! grep -q '^FAIL ' $out; then
+        fail cpu-t$1 "kernel_test_cpu exited with status $rc"
+    fi
+    [ $rc -eq 0 ]
+}
+ok1=0; ok2=0
+run_cpu 1 && ok1=1
+run_cpu 2 && ok2=1
+failed=$(( failed | ! (ok1 & ok2) ))
+
+# Every CPU kernel partitions rows or columns, each element summed in a fixed order: the
+# results must not depend on the thread count, bit for bit.
+if [ $ok1 = 1 ] && [ $ok2 = 1 ]; then
+    if cmp -s $S/cpu-t1.safetensors $S/cpu-t2.safetensors; then
+        pass threads-identical
+    else
+        build/tools/stcompare --exact -q $S/cpu-t1.safetensors $S/cpu-t2.safetensors | head -20
+        fail threads-identical "outputs with RT_THREADS=1 and 2 differ"
+    fi
+else
+    skip threads-identical "the CPU runs failed"
+fi
+
+# -- Mutants: each broken kernel must make kernel_test fail --------------------------------------
+# name | sed expression on kernels.c | a line it must produce (proof that the mutation applied)
+mutate() {
+    name=$1 expr=$2 proof=$3
+    d=$S/mutant
+    rm -rf $d/gen && mkdir -p $d && cp -r $S/gen $d/gen
+    sed -i "$expr" $d/gen/kernels.c
+    if ! grep -qF "$proof" $d/gen/kernels.c; then
+        fail mutant-$name "the mutation no longer applies (the kernel template changed?)"
+        return
+    fi
+    if ! $MK KT_GEN=$d/gen KT_BUILD=$d KT_EXTRA=-Wno-error kernel-test > $d/build.log 2>&1; then
+        sed 's/^/  /' $d/build.log | tail -5
+        fail mutant-$name "the mutant does not compile"
+        return
+    fi
+    RT_THREADS=2 RT_TIMEOUT=60 $d/kernel_test_cpu kernels/mutant > $d/run.out 2>&1
+    caught=$(grep '^FAIL ' $d/run.out | sed 's/^FAIL kernels\/mutant\/\([^:]*\):.*/\1/' |
+             tr '\n' ' ' | sed 's/ $//')
+    if [ -n "$caught" ]; then pass "mutant-$name (caught by: $caught)"
+    else fail mutant-$name "a broken kernel passed every check"; fi
+}
+mutate layernorm-unbiased-var 's|v /= (float)C;|v /= (float)(C - 1);|' 'v /= (float)(C - 1);'
+mutate pos-offset-ignored 's|wpe + (size_t)(t0 + t) \* C|wpe + (size_t)t * C|' \
+    'wpe + (size_t)t * C'
+mutate gelu-grad 's|3.0f \* GELU_CUBE|GELU_CUBE|' 'GELU_SCALE * (1.0f + GELU_CUBE'
+mutate bias-bwd-last-column 's|MIN(hi \* COLS, a->OC)|MIN(hi * COLS, a->OC - 1)|' \
+    'MIN(hi * COLS, a->OC - 1)'
+mutate attention-not-causal 's|r % a->T, a->T);|a->T - 1, a->T);|' 'a->T - 1, a->T);'
+mutate ce-padding-kept '/for (int j = valid; j < Vl; j++) row\[j\] = 0.0f;/d' \
+    'row[j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;'
+mutate ce-target-not-owned 's|? row\[t\] : 0.0f;|? row[t] : row[0];|' '? row[t] : row[0];'
+mutate ce-padding-in-max 's|j < valid; j++) m = |j < valid + 1; j++) m = |' \
+    'j < valid + 1; j++) m ='
+mutate adamw-eps-inside-sqrt 's|sqrtf(\*v) / bc2_sqrt + eps|sqrtf(*v + eps) / bc2_sqrt|' \
+    'sqrtf(*v + eps) / bc2_sqrt'
+mutate adamw-decay-without-lr 's|\*p \*= 1.0f - lr \* wd;|*p *= 1.0f - wd;|' '*p *= 1.0f - wd;'
+mutate embed-bwd-unowned 's|if (v < 0 \|\| v >= vrows) continue;|if (v < 0) continue;|' \
+    'if (v < 0) continue;'
+mutate sumsq-first-skipped 's|i = 0; i < n; i++) s += (double)|i = 1; i < n; i++) s += (double)|' \
+    'i = 1; i < n; i++) s += (double)'
+
+# -- CUDA: build whenever the backend is built; run only on a GPU -------------------------------
+if ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then
+    skip cuda-build "CUDA backend not built here (needs nvcc, cuBLAS and NCCL)"
+    skip cuda-run "no CUDA backend"
+elif ! $MK KT_GEN=$S/gen build/librt_cuda.a kernel-test-cuda > $S/build-cuda.log 2>&1; then
+    sed 's/^/  /' $S/build-cuda.log | tail -20
+    fail cuda-build "kernels.cu or kernel_test_cuda does not compile and link"
+    skip cuda-run "the build failed"
+else
+    pass cuda-build
+    if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        skip cuda-run "no GPU (nvidia-smi -L lists none)"
+    else
+        ok=1
+        for k in 1 2; do
+            RT_TIMEOUT=120 $S/kernel_test_cuda kernels/cuda --dump $S/cuda-$k.safetensors \
+                > $S/cuda-$k.out 2>&1
+            rc=$?
+            [ $k = 1 ] && cat $S/cuda-$k.out
+            if [ $rc -ne 0 ]; then
+                ok=0
+                grep -q '^FAIL ' $S/cuda-$k.out ||
+                    fail cuda-run "kernel_test_cuda exited with status $rc"
+                break
+            fi
+        done
+        if [ $ok = 1 ]; then
+            # every CUDA kernel here gives each element to one thread: run to run identical
+            if cmp -s $S/cuda-1.safetensors $S/cuda-2.safetensors; then pass cuda-deterministic
+            else fail cuda-deterministic "two runs of the CUDA kernels differ"; fi
+            # CUDA against the CPU results, both f32: different exp/tanh implementations, FMA
+            # contraction and GEMM blocking; each is within ~1.5e-6 of its tensor's scale
+            # from the reference, so 1e-5 relative (to the value and to the scale) is ample.
+            if build/tools/stcompare -q --atol 0 --rtol 1e-5 --atol-max 1e-5 \
+                    $S/cuda-1.safetensors $S/cpu-t1.safetensors > $S/cuda-vs-cpu.out 2>&1; then
+                pass cuda-vs-cpu
+            else
+                head -40 $S/cuda-vs-cpu.out
+                fail cuda-vs-cpu "CUDA and CPU kernel outputs differ beyond f32 tolerance"
+            fi
+        else
+            skip cuda-deterministic "the CUDA run failed"
+            skip cuda-vs-cpu "the CUDA run failed"
+        fi
+    fi
+fi
+exit $failed

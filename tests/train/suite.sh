@@ -1,0 +1,473 @@
+#!/bin/sh
+# tests/train/suite.sh: the generated single-rank training program (models/tiny.lua) end to end:
+# against the double-precision reference (losses, final weights), gradient accumulation,
+# safetensors round trips and dtypes, bit-exact --resume, every bad-input message, llm.c shards,
+# the tokenizer and `make data`, the log format, generator determinism and warnings, and the
+# GPT-2 124M CPU + CUDA builds. Prints PASS/FAIL/SKIP train/<name> (docs/DESIGN.md §3); scratch
+# in build/test/train/. Helpers: tests/train/fixtures.lua (file surgery, log comparison).
+#
+# Tolerances (the reasons, in short; numbers observed are in the FAIL/verbose output):
+#   vs reference, losses: 1e-5 relative (observed ~3e-7). Both runs start from the same F32
+#     weights and batches; ours computes in f32 (u = 6e-8), the reference in double. Per-op
+#     errors are ~1e-6 of the scale (tests/kernels), the loss is a mean of 512 token losses,
+#     and 10 Adam steps of lr <= 6e-4 move weights by < 1e-2, so rounding cannot reach 1e-5;
+#     any semantic slip (a wrong scale, mask, decay target or schedule point) is >= 1e-4.
+#   lr: 1e-6 relative: the rate is computed in double and passed as f32 (one rounding, 6e-8).
+#   grad_norm: 1e-5 relative, as the loss (a sum of squares of f32 gradients).
+#   vs reference, weights: |a - b| <= 1e-5 + 1e-5*|b| (observed max 1.2e-6). Adam divides
+#     by sqrt(v), so an element whose gradient is at f32 noise level can move up to ~lr per
+#     step differently; in practice only a few of 420k elements reach 1e-6. A decay applied to
+#     a LayerNorm weight (lr*wd*1 = 6e-5 per step) or a missed clip step is caught.
+#   (MBS=4, NMB=1) vs (MBS=1, NMB=4): 1e-5 relative on loss and grad_norm (observed 5e-7):
+#     only the f32 summation order of the gradients differs.
+#   --resume, shards vs .bin, round trips: exact (same program, same inputs, same order).
+cd "$(dirname "$0")/../.." || exit 2
+S=build/test/train
+FIX="lua5.4 tests/train/fixtures.lua"
+STC=build/tools/stcompare
+REF=build/ref/gpt2_ref
+failed=0
+rm -rf $S
+mkdir -p $S
+
+pass() { echo "PASS train/$1"; }
+fail() { echo "FAIL train/$1: $2"; failed=1; }
+skip() { echo "SKIP train/$1: $2"; }
+show() { sed 's/^/  /' "$1" | head -n "${2:-20}"; }     # a log, indented, for a FAIL
+
+# -- Setup --------------------------------------------------------------------------------------
+if ! make -s --no-print-directory build/gen build/librt_cpu.a ref build/tools/stcompare \
+        build/tools/tokenize > $S/make.log 2>&1; then
+    show $S/make.log
+    fail setup "make build/gen librt_cpu.a ref stcompare tokenize failed"
+    exit 1
+fi
+if ! command -v lua5.4 > /dev/null; then
+    fail setup "lua5.4 not found (make deps)"
+    exit 1
+fi
+
+# verdict NAME WHY LOG CHECK...: PASS NAME if the shell function or command CHECK succeeds
+# (its output goes to LOG), else show LOG and FAIL NAME: WHY.
+verdict() {
+    name=$1 why=$2 log=$3
+    shift 3
+    if "$@" > $log 2>&1; then pass "$name"
+    else show $log 30; fail "$name" "$why"; fi
+}
+
+# The model's sizes, from the generator (models/tiny.lua), for the reference's command line.
+build/gen tiny --dump config > $S/config.json 2>&1
+get() { sed -n "s/^    \"$1\": \([0-9]*\),*$/\1/p" $S/config.json | head -n 1; }
+L=$(get layers) C=$(get hidden) H=$(get heads) T=$(get seq_len) V=$(get vocab)
+if [ -z "$L" ] || [ -z "$C" ] || [ -z "$H" ] || [ -z "$T" ] || [ -z "$V" ]; then
+    show $S/config.json
+    fail setup "cannot read the sizes of models/tiny.lua from build/gen --dump config"
+    exit 1
+fi
+REFM="--layers $L --hidden $C --heads $H --seq $T --vocab $V"
+NTENSORS=$((4 + 12 * L))
+
+# build NAME GEN-ARGS...: generate tiny into $S/NAME and build its CPU program
+build() {
+    name=$1
+    shift
+    if ! build/gen tiny "$@" --out $S/$name > $S/$name.gen.log 2>&1 ||
+       ! make -s --no-print-directory GEN_DIR=$S/$name GEN_OBJ=$S/obj/$name $S/$name/train \
+            > $S/$name.make.log 2>&1; then
+        cat $S/$name.gen.log $S/$name.make.log | sed 's/^/  /' | head -n 20
+        fail setup "tiny $* does not generate or build"
+        exit 1
+    fi
+}
+build a --mbs 4 --nmb 2
+build b41 --mbs 4 --nmb 1
+build b14 --mbs 1 --nmb 4
+A=$S/a/train
+
+# Data (synthetic, learnable) and one initial model, written by the reference.
+if ! build/ref/make_tokens --vocab "$V" --tokens 20000 $S/tok.bin > $S/data.log 2>&1 ||
+   ! build/ref/make_tokens --vocab "$V" --tokens 20000 --shard $S/tok_shard.bin \
+        >> $S/data.log 2>&1 ||
+   ! $REF $REFM --random-init 7 --save-init $S/init.safetensors > $S/init.log 2>&1; then
+    cat $S/data.log $S/init.log | sed 's/^/  /' | head -n 20
+    fail setup "cannot make the token or init files"
+    exit 1
+fi
+INIT=$S/init.safetensors
+
+# Warm-up 3 steps, cosine to step 10, clipping at 2.5 (the norms of this run go from ~5.7 to
+# ~1.9, so about half the steps are clipped; checked below on the reference's log).
+HP="--steps 10 --lr 6e-4 --min-lr 6e-5 --warmup 3 --decay-steps 10 --beta1 0.9 --beta2 0.95"
+HP="$HP --eps 1e-8 --wd 0.1 --clip 2.5"
+CLIP=2.5
+TOL="loss=1e-5 lr=1e-6 grad_norm=1e-5"       # logcmp against the reference (see the top)
+SAME="loss=exact lr=exact grad_norm=exact"
+WTOL="--atol 1e-5 --rtol 1e-5"                # stcompare against the reference (see the top)
+
+# -- (a) against the reference ------------------------------------------------------------------
+if ! $REF $REFM --init $INIT --data $S/tok.bin --mbs 4 --nmb 2 $HP --log $S/ref-a.jsonl \
+        --save $S/ref-a.safetensors > $S/ref-a.log 2>&1; then
+    show $S/ref-a.log
+    fail setup "gpt2_ref failed"
+    exit 1
+fi
+$A --init $INIT --data $S/tok.bin $HP --log $S/a.jsonl --save $S/a.safetensors \
+    > $S/a.stdout 2> $S/a.stderr
+rc=$?
+# the run must exercise warm-up (rising lr) and clipping (norms on both sides of the clip)
+norms=$(sed -n 's/.*"grad_norm":\([0-9.e+-]*\).*/\1/p' $S/ref-a.jsonl)
+above=$(echo "$norms" | awk -v c=$CLIP '$1 > c' | wc -l)
+below=$(echo "$norms" | awk -v c=$CLIP '$1 < c' | wc -l)
+lrs=$(sed -n 's/.*"lr":\([0-9.e+-]*\).*/\1/p' $S/ref-a.jsonl | head -n 4 | tr '\n' ' ')
+rising=$(echo "$lrs" | awk '{ print ($1 < $2 && $2 < $3 && $4 < $3) }')
+if [ "$above" -lt 1 ] || [ "$below" -lt 1 ] || [ "$rising" != 1 ]; then
+    fail vs-ref-coverage "clipping or warm-up not exercised (norms above $CLIP: $above," \
+        "below: $below; lr $lrs)"
+else
+    pass "vs-ref-coverage ($above of 10 steps clipped, warm-up 3 steps)"
+fi
+if [ $rc -ne 0 ]; then
+    show $S/a.stderr
+    fail vs-ref-losses "train exited with status $rc"
+else
+    verdict vs-ref-losses "losses, lr or grad norms differ from the reference" $S/cmp-a.log \
+        $FIX logcmp $S/a.jsonl $S/ref-a.jsonl $TOL
+    verdict vs-ref-weights "final weights differ from the reference's" $S/cmp-aw.log \
+        $STC -q $WTOL $S/a.safetensors $S/ref-a.safetensors
+fi
+
+# -- (j) the log: stdout line per step; JSONL keys exactly step, loss, lr, grad_norm, ms, tok_s -
+LINE='^step +[0-9]+/10 \| loss [0-9]+\.[0-9]+ \| lr [0-9]\.[0-9]+e[-+][0-9]+ '
+LINE="$LINE"'\| norm [0-9]+\.[0-9]+ \| +[0-9]+\.[0-9] ms \| +[0-9]+ tok/s$'
+n=$(grep -c -E "$LINE" $S/a.stdout)
+if [ "$n" = 10 ]; then pass log-stdout
+else
+    show $S/a.stdout
+    fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s'"
+fi
+verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, tok_s" \
+    $S/keys.log $FIX logkeys $S/a.jsonl 10
+
+# -- (b) gradient accumulation: (MBS=4, NMB=1) and (MBS=1, NMB=4) -------------------------------
+accumulation() {
+    $REF $REFM --init $INIT --data $S/tok.bin --mbs 4 --nmb 1 $HP --log $S/ref-b.jsonl &&
+    $S/b41/train --init $INIT --data $S/tok.bin $HP --log $S/b41.jsonl \
+        --save $S/b41.safetensors --quiet &&
+    $S/b14/train --init $INIT --data $S/tok.bin $HP --log $S/b14.jsonl \
+        --save $S/b14.safetensors --quiet &&
+    $FIX logcmp $S/b14.jsonl $S/b41.jsonl loss=1e-5 lr=exact grad_norm=1e-5 &&
+    $FIX logcmp $S/b41.jsonl $S/ref-b.jsonl $TOL &&
+    $STC -q $WTOL $S/b14.safetensors $S/b41.safetensors
+}
+verdict accumulation "(MBS=4, NMB=1) and (MBS=1, NMB=4) differ beyond rounding (or failed)" \
+    $S/b.log accumulation
+
+# -- (c) safetensors round trip ---------------------------------------------------------------
+keys() { $STC --list "$1" | awk '{ $NF = ""; $(NF - 1) = ""; print }' | sort; }
+if ! $A --steps 0 --init $INIT --save $S/rt.safetensors > $S/rt.log 2>&1; then
+    show $S/rt.log
+    fail st-roundtrip "train --steps 0 --init --save failed"
+else
+    verdict st-roundtrip "--init A --save B changed values" $S/rt-cmp.log \
+        $STC --exact -q $S/rt.safetensors $INIT
+    verdict st-header-strict "the saved file fails the strict header check" $S/rt-check.log \
+        $STC --check --dtype F32 $S/rt.safetensors
+    # names, dtypes and shapes as the reference writes them (Hugging Face GPT-2 layout)
+    keys $S/rt.safetensors > $S/rt.keys
+    keys $INIT > $S/init.keys
+    verdict st-keys-shapes "tensor names, dtypes or shapes differ from the reference's" \
+        $S/keys-diff.log diff $S/rt.keys $S/init.keys
+    loads_in_reference() {
+        $REF $REFM --init $S/rt.safetensors --save-init $S/rt-ref.safetensors &&
+        $STC --exact -q $S/rt-ref.safetensors $INIT
+    }
+    verdict st-loads-in-reference "gpt2_ref --init does not read our file back" \
+        $S/rt-ref.log loads_in_reference
+    resave() {
+        $A --steps 0 --init $S/rt.safetensors --save $S/rt2.safetensors &&
+        cmp $S/rt.safetensors $S/rt2.safetensors
+    }
+    verdict st-save-deterministic "saving the same model twice gives different bytes" \
+        $S/rt2.log resave
+fi
+
+# -- tools/stcompare, the instrument of these tests, must see what it is meant to -------------
+$FIX nudge $INIT $S/nudge.safetensors wpe.weight 77
+$FIX unaligned $INIT $S/unaligned.safetensors
+$FIX gap $INIT $S/gap.safetensors
+$FIX drop $INIT $S/drop.safetensors h.3.ln_2.bias
+$FIX reshape $INIT $S/shape.safetensors wpe.weight 32,$((2 * C))
+one_ulp() {     # wpe.weight element 77 one ulp up: a mismatch for --exact, named; fine at 1e-6
+    ! $STC --exact -q $S/nudge.safetensors $INIT > $S/stc1.out &&
+    grep "^    \[$((77 / C)), $((77 % C))\] " $S/stc1.out &&
+    grep "^wpe.weight  *1 of $((T * C)) differ .*MISMATCH$" $S/stc1.out &&
+    $STC -q --atol 0 --rtol 1e-6 $S/nudge.safetensors $INIT
+}
+verdict stcompare-one-ulp "one ulp went unseen, unnamed, or not within 1e-6" $S/stc1.log one_ulp
+missing_and_shape() {
+    ! $STC -q $S/drop.safetensors $INIT > $S/stc2.out &&
+    grep "^h.3.ln_2.bias  *only in $INIT$" $S/stc2.out &&
+    ! $STC -q $S/shape.safetensors $INIT > $S/stc3.out &&
+    grep "^wpe.weight  *shape \[32, $((2 * C))\] vs \[$T, $C\]  DIFFERENT SHAPE$" $S/stc3.out
+}
+verdict stcompare-missing-and-shape "a missing tensor or a shape change went unreported" \
+    $S/stc2.log missing_and_shape
+strict_check() {
+    ! $STC --check $S/unaligned.safetensors 2> $S/stc4.out &&
+    grep 'is not a multiple of 8' $S/stc4.out &&
+    ! $STC --check $S/gap.safetensors 2> $S/stc5.out &&
+    grep "tensor 'wpe.weight' starts at $((4 * V * C + 4)), expected $((4 * V * C))" $S/stc5.out &&
+    $STC --check --dtype F32 $INIT
+}
+verdict stcompare-check "--check missed an unaligned header or a gap, or rejected a good file" \
+    $S/stc3.log strict_check
+
+# -- (d) BF16 and F16 --init files load as their exact values -----------------------------------
+# The fixture must round to nearest: within half an ulp of the mantissa (2^-8 for BF16, 2^-11
+# for F16) relative, plus half the F16 subnormal spacing (2^-25) absolute.
+dtype_init() {      # DTYPE RTOL ATOL
+    lc=$(echo $1 | tr 'A-Z' 'a-z')
+    f=$S/init-$lc.safetensors
+    $FIX cast $1 $INIT $f &&
+    $STC -q --rtol $2 --atol $3 $f $INIT &&
+    $A --steps 0 --init $f --save $S/$lc-saved.safetensors &&
+    $STC --exact -q $S/$lc-saved.safetensors $f &&
+    $REF $REFM --init $f --save-init $S/$lc-ref.safetensors &&
+    $STC --exact -q $S/$lc-saved.safetensors $S/$lc-ref.safetensors
+}
+verdict st-bf16 "a BF16 --init does not load as its exact values (as the reference reads it)" \
+    $S/bf16.log dtype_init BF16 0.00390625 0
+verdict st-f16 "an F16 --init does not load as its exact values (as the reference reads it)" \
+    $S/f16.log dtype_init F16 0.00048828125 2.98023223876953125e-08
+
+# -- (e) --resume is bit-exact; an unfinished checkpoint is ignored ----------------------------
+resume() {
+    CK="--ckpt-every 3"
+    $A --init $INIT --data $S/tok.bin $HP --ckpt-dir $S/ck-full $CK --log $S/full.jsonl \
+        --save $S/full.safetensors --quiet || { echo "the uninterrupted run failed"; return 1; }
+    # "killed" after step 8: its last checkpoint is step 6; then a crash while writing step 9
+    $A --init $INIT --data $S/tok.bin $HP --steps 8 --ckpt-dir $S/ck-part $CK \
+        --log $S/part.jsonl --quiet || { echo "the first part failed"; return 1; }
+    mkdir -p $S/ck-part/step_00000009.tmp $S/ck-part/step_00000012.tmp
+    echo "half a checkpoint" > $S/ck-part/step_00000009.tmp/rank_00000.bin
+    $A --data $S/tok.bin $HP --ckpt-dir $S/ck-part $CK --resume --log $S/part.jsonl \
+        --save $S/part.safetensors > $S/resume.out || { echo "the resumed run failed"; return 1; }
+    grep "^resumed from $S/ck-part/step_00000006$" $S/resume.out ||
+        { echo "did not resume from step 6, the newest complete checkpoint"; return 1; }
+    # the log keeps steps 1-6 of the first part and appends 7-10: the uninterrupted log
+    $FIX logcmp $S/part.jsonl $S/full.jsonl $SAME &&
+    cmp $S/part.safetensors $S/full.safetensors &&
+    cmp $S/ck-part/step_00000009/rank_00000.bin $S/ck-full/step_00000009/rank_00000.bin
+}
+verdict resume "resuming is not bit-exact (log, final weights or the step 9 checkpoint)" \
+    $S/resume.log resume
+resume_nothing() {
+    $A --init $INIT --steps 0 --ckpt-dir $S/ck-none --resume &&
+    $A --init $INIT --steps 0 --ckpt-dir $S/ck-none --resume |
+        grep -q "^no complete checkpoint in $S/ck-none: starting from the beginning$"
+}
+verdict resume-nothing-yet "--resume without a checkpoint should say so and start over" \
+    $S/resume-none.log resume_nothing
+
+# -- (g) an llm.c shard trains exactly like the bare .bin of the same tokens -------------------
+shard_same() {
+    tail -c +1025 $S/tok_shard.bin | cmp - $S/tok.bin &&
+    $A --init $INIT --data $S/tok_shard.bin $HP --log $S/shard.jsonl --quiet &&
+    $FIX logcmp $S/shard.jsonl $S/a.jsonl $SAME
+}
+verdict shard-same-as-bin "the llm.c shard and the .bin of the same tokens give different runs" \
+    $S/shard.log shard_same
+
+# -- (f) bad inputs: exact message (stderr, whole) and exit status -------------------------------
+# expect NAME STATUS MESSAGE -- ARGS...: run train ARGS; stderr must be MESSAGE (lines) exactly
+expect() {
+    name=$1 want_rc=$2 want=$3
+    shift 4
+    $A "$@" > $S/err-$name.out 2> $S/err-$name.err
+    rc=$?
+    printf '%s\n' "$want" > $S/err-$name.want
+    if [ $rc -ne "$want_rc" ]; then
+        show $S/err-$name.err 5
+        fail err-$name "exit status $rc, expected $want_rc"
+    elif ! cmp -s $S/err-$name.err $S/err-$name.want; then
+        diff $S/err-$name.want $S/err-$name.err | sed 's/^/  /' | head -n 10
+        fail err-$name "the message differs (< expected, > got)"
+    else
+        pass err-$name
+    fi
+}
+cp $S/tok.bin $S/oor.bin
+printf '\054\001' | dd of=$S/oor.bin bs=1 seek=2000 conv=notrunc 2> /dev/null   # 300 at 1000
+{ cat $S/tok.bin; printf 'x'; } > $S/odd.bin
+head -c 40924 $S/tok_shard.bin > $S/trunc.bin                                  # 100 bytes short
+head -c 128 $S/tok.bin > $S/short.bin
+cp $S/tok_shard.bin $S/version.bin
+printf '\002' | dd of=$S/version.bin bs=1 seek=4 conv=notrunc 2> /dev/null
+D="--init $INIT --steps 1 --data"
+m="token 300 at position 1000 is out of range: the model's vocabulary has $V ids"
+expect data-token-range 1 "$S/oor.bin: error: $m (0..$((V - 1))); was the file made for \
+another tokenizer?" -- $D $S/oor.bin
+m="odd size (40001 bytes): expected little-endian uint16 tokens (nanoGPT .bin) or an llm.c"
+expect data-odd-size 1 "$S/odd.bin: error: $m shard (magic 20240520)" -- $D $S/odd.bin
+m="llm.c shard header announces 20000 tokens but 39900 bytes follow it (40000 expected)"
+expect data-truncated-shard 1 "$S/trunc.bin: error: $m: truncated or corrupt" -- $D $S/trunc.bin
+m="llm.c shard version 2; only version 1 (uint16 tokens) is supported"
+expect data-shard-version 1 "$S/version.bin: error: $m" -- $D $S/version.bin
+m="64 tokens: too short for one sample (sequence length $T needs $((T + 1)) tokens)"
+expect data-too-short 1 "$S/short.bin: error: $m" -- $D $S/short.bin
+expect data-missing 1 "$S/none.bin: error: cannot open: No such file or directory" \
+    -- $D $S/none.bin
+
+NOT="error: not loaded (1 problem): --init needs the $NTENSORS tensors of this model, with"
+NOT="$NOT Hugging Face GPT-2 names and shapes, in F32, BF16 or F16"
+$FIX extra $INIT $S/extra.safetensors h.3.ln_2.scale
+$FIX dtype $INIT $S/dtype.safetensors ln_f.bias I32
+$FIX corrupt $INIT $S/corrupt.safetensors
+$FIX hlen $INIT $S/hlen.safetensors
+size=$(wc -c < $S/hlen.safetensors)
+at=$(printf '{"__metadata__":{"format":"pt"},"wte.weight":{"dtype":"F32","shape":[%d,%d],%s' \
+     "$V" "$C" '"data_offsets":' | wc -c)
+I="--steps 0 --init"
+f=$S/drop.safetensors
+expect init-missing-tensor 1 "$f: error: missing tensor 'h.3.ln_2.bias' [$C]
+$f: $NOT" -- $I $f
+f=$S/extra.safetensors
+expect init-extra-tensor 1 "$f: error: unexpected tensor 'h.3.ln_2.scale' (not a parameter of \
+this model)
+$f: $NOT" -- $I $f
+f=$S/shape.safetensors
+expect init-wrong-shape 1 "$f: error: tensor 'wpe.weight' has shape [32, $((2 * C))], \
+expected [$T, $C]
+$f: $NOT" -- $I $f
+f=$S/dtype.safetensors
+expect init-wrong-dtype 1 "$f: error: tensor 'ln_f.bias' has dtype 'I32'; expected F32, BF16 \
+or F16
+$f: $NOT" -- $I $f
+f=$S/corrupt.safetensors
+expect init-corrupt-header 1 "$f: error: malformed safetensors header (expected '[', at byte \
+$at of the JSON)" -- $I $f
+f=$S/hlen.safetensors
+expect init-header-length 1 "$f: error: not a safetensors file (header length $size, file \
+$size bytes)" -- $I $f
+f=$S/none.safetensors
+expect init-missing-file 1 "$f: error: cannot open: No such file or directory" -- $I $f
+
+expect flag-unknown 2 "train: error: unknown flag '--bogus' (try --help)" -- --bogus 1
+expect flag-not-a-number 2 "train: error: --lr expects a number, got 'abc'" -- --lr abc
+expect flag-not-an-integer 2 "train: error: --steps expects a non-negative integer, got 'ten'" \
+    -- --steps ten
+expect flag-no-value 2 "train: error: --steps needs a value (try --help)" -- --steps
+expect flag-positional 2 "train: error: unexpected argument 'data.bin' (every flag starts with \
+--; try --help)" -- data.bin
+expect flag-decay-before-warmup 2 "train: error: --decay-steps (3) must be >= --warmup (5)" \
+    -- --data $S/tok.bin --warmup 5 --decay-steps 3
+expect flag-steps-without-data 2 "train: error: --data FILE is needed to train (or --steps 0)" \
+    -- --steps 5
+expect flag-ckpt-without-dir 2 "train: error: --ckpt-every and --resume need --ckpt-dir DIR" \
+    -- --steps 0 --ckpt-every 3
+
+# -- (h) the tokenizer and make data ------------------------------------------------------------
+TOK=build/tools/tokenize
+awk 'BEGIN { for (i = 0; i < 256; i++) printf "%c", i; printf "\nsome text\n" }' > $S/bytes.txt
+printf 'a second file\n' > $S/second.txt
+cat $S/bytes.txt $S/second.txt > $S/both.txt
+tokenize_roundtrip() {      # every byte value, two files concatenated
+    [ "$(wc -c < $S/bytes.txt)" -eq 267 ] || { echo "the fixture lost bytes (awk %c)"; return 1; }
+    $TOK -o $S/bytes.bin $S/bytes.txt $S/second.txt &&
+    [ "$(wc -c < $S/bytes.bin)" -eq $((2 * 281)) ] &&
+    $FIX decode $S/bytes.bin $S/bytes.dec &&
+    cmp $S/bytes.dec $S/both.txt
+}
+verdict tokenize-roundtrip "byte tokens do not decode to the input files" $S/tok1.log \
+    tokenize_roundtrip
+tokenize_llmc() {
+    $TOK --llmc -o $S/bytes_shard.bin $S/bytes.txt $S/second.txt &&
+    [ "$(od -An -tu4 -N12 $S/bytes_shard.bin | tr -s ' ' | sed 's/^ //')" = "20240520 1 281" ] &&
+    tail -c +1025 $S/bytes_shard.bin | cmp - $S/bytes.bin
+}
+verdict tokenize-llmc "--llmc does not write the header 20240520, 1, count and the same tokens" \
+    $S/tok2.log tokenize_llmc
+tokenize_missing() {
+    $TOK -o $S/x.bin $S/none.txt 2> $S/tok3.err
+    rc=$?
+    cat $S/tok3.err
+    [ "$(cat $S/tok3.err)" = "tokenize: error: cannot open '$S/none.txt': No such file or \
+directory" ] && [ $rc = 1 ] && [ ! -e $S/x.bin ]
+}
+verdict tokenize-missing-input "want status 1, the message, and no output file" $S/tok3.log \
+    tokenize_missing
+tokenize_usage() { $TOK $S/bytes.txt; [ $? = 2 ]; }
+verdict tokenize-usage "no -o: the status is not 2" $S/tok4.log tokenize_usage
+
+FORTUNES=/usr/share/games/fortunes
+make_data() {
+    make -s --no-print-directory data && [ -s data/corpus.bin ] || return 1
+    # the corpus is the fortune files (not the .dat/.u8 indexes) in C-locale order, as bytes
+    LC_ALL=C ls -d $FORTUNES/* | grep -v -E '\.(dat|u8)$' | while read -r f; do
+        [ -f "$f" ] && cat "$f"
+    done > $S/fortunes.txt
+    $FIX decode data/corpus.bin $S/corpus.txt &&
+    cmp $S/corpus.txt $S/fortunes.txt &&
+    $A --data data/corpus.bin --steps 2 --quiet
+}
+if [ ! -d $FORTUNES ]; then
+    skip make-data "$FORTUNES missing (make deps installs fortunes)"
+else
+    verdict make-data "data/corpus.bin is not the fortunes as byte tokens (stale? remove it)" \
+        $S/make-data.log make_data
+fi
+
+# -- Generated code: deterministic, and warning-free under the project's flags -------------------
+deterministic() {
+    for m in "tiny --mbs 4 --nmb 2" "gpt2_124m"; do
+        rm -rf $S/det1 $S/det2
+        # shellcheck disable=SC2086 # $m is words
+        build/gen $m --out $S/det1 && build/gen $m --out $S/det2 && diff -r $S/det1 $S/det2 ||
+            return 1
+    done
+}
+verdict gen-deterministic "two runs of build/gen differ (or failed)" $S/det.log deterministic
+# build.mk compiles with -Wall -Wextra -Werror; the house flags add -Wshadow,
+# -Wstrict-prototypes and -Wmissing-prototypes (docs/DESIGN.md §2).
+WARN="-std=c11 -O2 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror"
+warnings() {
+    ok=0
+    for f in $S/a/*.c; do
+        ${MPICC:-mpicc} $WARN -Iruntime -I$S/a -c -o /dev/null "$f" || ok=1
+    done
+    return $ok
+}
+verdict gen-warnings "generated C is not warning-free under $WARN" $S/warn.log warnings
+
+# -- (i) GPT-2 124M: CPU and CUDA programs generate and build -----------------------------------
+G=$S/gpt2_124m
+MKG="make -s --no-print-directory -j2 GEN_DIR=$G GEN_OBJ=$S/obj/gpt2_124m"
+gpt2_cpu() { build/gen gpt2_124m --out $G && $MKG $G/train; }
+verdict gpt2_124m-build "build/gen gpt2_124m or its CPU program's build failed" $G.log gpt2_cpu
+gpt2_cuda() { $MKG $G/train_cuda && [ -x $G/train_cuda ]; }
+if ! make -s --no-print-directory echo 2>/dev/null | grep -q '^nvcc: found'; then
+    skip gpt2_124m-cuda-build "nvcc not found"
+elif ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then
+    skip gpt2_124m-cuda-build "nvcc found but cuBLAS or NCCL missing: no CUDA backend to link"
+else
+    verdict gpt2_124m-cuda-build "nvcc is here but train_cuda does not compile or link" \
+        $G.cuda.log gpt2_cuda
+fi
+
+# -- CUDA: the tiny run (a) on a GPU, against the reference (f32: the same tolerances) ----------
+cuda_vs_ref() {
+    make -s --no-print-directory GEN_DIR=$S/a GEN_OBJ=$S/obj/a $S/a/train_cuda &&
+    $S/a/train_cuda --init $INIT --data $S/tok.bin $HP --log $S/a-cuda.jsonl \
+        --save $S/a-cuda.safetensors --quiet &&
+    $FIX logcmp $S/a-cuda.jsonl $S/ref-a.jsonl $TOL &&
+    $STC -q $WTOL $S/a-cuda.safetensors $S/ref-a.safetensors
+}
+if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    skip cuda-vs-ref "no GPU (nvidia-smi -L lists none)"
+else
+    verdict cuda-vs-ref "the CUDA program's run differs from the reference (or failed)" \
+        $S/a-cuda.log cuda_vs_ref
+fi
+
+exit $failed
