@@ -4,3 +4,4 @@
 include tests/ref/ref.mk
 
 ALL_TARGETS += ref
+include tests/kernels/kernels.mk

@@ -27,8 +27,13 @@ static void usage(FILE *f)
         "  -o FILE  output file, written to FILE.tmp and renamed when complete\n", progname);
 }
 
+static const char *tmp_path;   /* removed when we die, so nothing half-written remains */
+
 static void die(const char *fmt, const char *arg)
 {
+    int saved = errno;
+    if (tmp_path) remove(tmp_path);
+    errno = saved;
     fprintf(stderr, "%s: error: ", progname);
     fprintf(stderr, fmt, arg, strerror(errno));
     fputc('\n', stderr);
@@ -67,6 +72,7 @@ int main(int argc, char **argv)
     snprintf(tmp, len, "%s.tmp", out);
     FILE *fo = fopen(tmp, "wb");
     if (!fo) die("cannot create '%s': %s", tmp);
+    tmp_path = tmp;
     if (llmc) for (int i = 0; i < LLMC_HEADER_INTS; i++) put_i32(fo, 0);   /* filled below */
 
     long long ntok = 0;
@@ -88,6 +94,7 @@ int main(int argc, char **argv)
     }
     if (fflush(fo) || fsync(fileno(fo)) || fclose(fo)) die("cannot write '%s': %s", tmp);
     if (rename(tmp, out)) die("cannot rename to '%s': %s", out);
+    tmp_path = NULL;
     fprintf(stderr, "%s: %lld tokens -> %s\n", progname, ntok, out);
     free(tmp);
     return 0;

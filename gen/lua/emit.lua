@@ -1,8 +1,9 @@
 -- emit.lua: render the output files in memory, then write them: the only module that writes.
 -- emit.render(cfg, topo, part, sh) -> File list (topology.json, shards.json, report.txt,
--- MANIFEST); emit.write(outdir, files) writes every file to a temporary name first and renames
--- them only when all were written, so a failed run leaves out/ as it was. Output depends only
--- on the inputs: no timestamps, no absolute paths, no pairs() order.
+-- schedule.svg, MANIFEST); emit.write(outdir, files) writes every file to a temporary name
+-- first and renames them only when all were written, so a failed run leaves out/ as it was;
+-- files whose text is already there are left alone, so make rebuilds only what changed.
+-- Output depends only on the inputs: no timestamps, no absolute paths, no pairs() order.
 -- Formats: topology.json as issue 2 gives it; shards.json as described above shards_json.
 
 local diag = require("diag")
@@ -10,6 +11,8 @@ local host = require("host")
 local tmpl = require("tmpl")
 local util = require("util")
 local inspect = require("inspect")
+local schedule = require("schedule")
+local svg = require("svg")
 local ir = require("ir")
 local json = require("json")
 
@@ -160,7 +163,7 @@ local function banner(cfg, template, extra)
                       cfg.tp, cfg.pp, cfg.dp, cfg.cp > 1 and (" cp" .. cfg.cp) or "",
                       cfg.vp > 1 and (" vp" .. cfg.vp) or "", cfg.world),
         string.format("batch : micro-batch %d x %d micro-batches x dp %d, sequence %d%s%s",
-                      cfg.mbs, cfg.nmb, cfg.dp, cfg.seq, cfg.sp and ", sequence parallel" or "",
+                      cfg.mbs, cfg.nmb, cfg.dp, cfg.seq, cfg.sp and ", SP" or "",
                       cfg.dist_opt and ", distributed optimizer" or ""),
     }
     for _, l in ipairs(extra or {}) do lines[#lines + 1] = l end
@@ -175,6 +178,19 @@ local function stage_ranks(topo, k)
     for g = 0, pp.count - 1 do list[#list + 1] = pp.members[g * pp.size + k + 1] end
     table.sort(list)
     return util.ranks(list)
+end
+
+-- schedule.svg: the schedule (program.build verifies the same one) on svg.lua's time model.
+local function schedule_svg(cfg, topo)
+    local labels = {}
+    for r = 0, cfg.pp - 1 do labels[r] = string.format("stage %d (%s)", r, stage_ranks(topo, r)) end
+    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
+    local _, bubble = inspect.pipeline_bubble(cfg)
+    local title = string.format("%s, tp%d pp%d dp%d%s: %s", cfg.model.name, cfg.tp, cfg.pp,
+                                cfg.dp, cfg.vp > 1 and (" vp" .. cfg.vp) or "",
+                                inspect.schedule_text(cfg, sched.kind))
+    return svg.render(sched, { labels = labels, title = title,
+                               note = "predicted bubble " .. bubble })
 end
 
 local function render_program(cfg, topo, prog, files, opts)
@@ -235,6 +251,8 @@ function M.render(cfg, topo, part, sh, prog, opts)
                   what = "parameter pieces per rank class, rank -> class, buffer layout, bytes" },
         ir.File { name = "report.txt", text = inspect.summary(cfg, topo, part, sh),
                   what = "all ranks by stage, parameter counts, memory per rank (make inspect)" },
+        ir.File { name = "schedule.svg", text = schedule_svg(cfg, topo),
+                  what = "the pipeline schedule drawn: stages x time, F and B per micro-batch" },
     }
     if prog then render_program(cfg, topo, prog, files, opts) end
     files[#files + 1] = ir.File { name = "MANIFEST", text = M.manifest(cfg, files),
@@ -249,6 +267,12 @@ function M.write(outdir, files)
     if not ok then diag.error(nil, "%s", err) end
     local tmps = {}
     for i, f in ipairs(files) do
+        -- a file already there with this text stays untouched (its time too), so make
+        -- recompiles only what changed after a regeneration
+        local old = io.open(outdir .. "/" .. f.name, "rb")
+        local same = old and old:read("a") == f.text
+        if old then old:close() end
+        if same then goto next_file end
         local tmp = outdir .. "/." .. f.name .. ".tmp"
         local h, oerr = io.open(tmp, "wb")
         if not h then diag.error(nil, "cannot write %s", oerr) end
@@ -259,10 +283,13 @@ function M.write(outdir, files)
             diag.error(nil, "cannot write %s: %s", tmp, tostring(werr or cerr))
         end
         tmps[i] = tmp
+        ::next_file::
     end
     for i, f in ipairs(files) do
-        local rok, rerr = host.rename(tmps[i], outdir .. "/" .. f.name)
-        if not rok then diag.error(nil, "%s", rerr) end
+        if tmps[i] then
+            local rok, rerr = host.rename(tmps[i], outdir .. "/" .. f.name)
+            if not rok then diag.error(nil, "%s", rerr) end
+        end
     end
 end
 

@@ -17,7 +17,12 @@ local M = {}
 
 -- -- Formatting helpers ------------------------------------------------------------------------
 
-local function cfloat(x) return string.format("%.9gf", x) end
+-- A float as a C literal ("1.0f", not "1f").
+local function cfloat(x)
+    local t = string.format("%.9g", x)
+    if not t:find("[.eEn]") then t = t .. ".0" end
+    return t .. "f"
+end
 
 local function int(x)
     assert(math.type(x) == "integer", "program: expected an integer")
@@ -77,12 +82,33 @@ local function param_lvalues(p, chunk_first)
     return lv, (lv:gsub("_p%.", "_g.", 1))
 end
 
--- The whole model's tensors in checkpoint order, with how each is initialised (issue 4).
+-- Hugging Face's order inside a block (module order): c_attn before c_proj. Megatron's
+-- named_parameters order (shards.lua) has linear_proj first.
+local HF_RANK = { ["attn.c_attn.weight"] = 1, ["attn.c_attn.bias"] = 2,
+                  ["attn.c_proj.weight"] = 3, ["attn.c_proj.bias"] = 4 }
+
+local function hf_order(params)
+    local out, pending = {}, {}
+    local function flush()
+        table.sort(pending, function(a, b) return HF_RANK[a.role] < HF_RANK[b.role] end)
+        for _, p in ipairs(pending) do out[#out + 1] = p end
+        pending = {}
+    end
+    for _, p in ipairs(params) do
+        if HF_RANK[p.role] then pending[#pending + 1] = p
+        else flush(); out[#out + 1] = p end
+    end
+    flush()
+    return out
+end
+
+-- The whole model's tensors in checkpoint order (Hugging Face GPT-2's: wte, wpe, each block in
+-- module order, ln_f), with how each is initialised (issue 4).
 local function model_tensors(cfg)
     local m = cfg.model
     local out, index = {}, {}
     local out_std = m.init_std / math.sqrt(2.0 * m.layers)
-    for _, p in ipairs(shards.global_params(m)) do
+    for _, p in ipairs(hf_order(shards.global_params(m))) do
         local init, std, r = "INIT_NORMAL", m.init_std, p.role
         if r:match("bias$") then init = "INIT_ZERO"
         elseif r:match("^ln_") then init = "INIT_ONE"
@@ -399,13 +425,18 @@ local function check_schedule(cfg, topo, sched)
     for r = 0, cfg.pp - 1 do
         names[r] = string.format("stage %d (rank %d)", r, pp.members[r + 1])
     end
-    local ok, why = verify.check(with_tail(cfg, sched), { names = names })
-    if not ok then
-        local lines = {}
-        for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
-        table.insert(lines, 1, diag.make(nil, "the pipeline schedule failed verification " ..
-                                         "(a generator bug): nothing written"))
-        diag.raise(lines)
+    -- the same stage sources run over MPI (messages matched per tag) and NCCL (no tags)
+    for _, transport in ipairs({ "mpi", "nccl" }) do
+        local ok, why = verify.check(with_tail(cfg, sched), { names = names,
+                                                              transport = transport })
+        if not ok then
+            local lines = {}
+            for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
+            table.insert(lines, 1, diag.make(nil, "the pipeline schedule failed verification " ..
+                                             "on %s (a generator bug): nothing written",
+                                             transport == "mpi" and "MPI" or "NCCL"))
+            diag.raise(lines)
+        end
     end
 end
 

@@ -56,7 +56,7 @@ static const rt_group_table mp_table = {
     "mp", 2, 4, mp_members
 };
 
-/* -- Each rank's stage program and coordinates -------------------------------------------------- */
+/* -- Each rank's stage program and coordinates ------------------------------------------- */
 
 const int rank_stage[CFG_WORLD] = {
     0, 0, 0, 0, 1, 1, 1, 1,
@@ -73,7 +73,8 @@ static const int rank_coords[CFG_WORLD][4] = {   /* tp, pp, dp, cp */
     { 1, 1, 1, 0 },
 };
 
-static const int vocab_valid_of_tp[CFG_TP] = { 128, 128 };   /* real rows per tp rank */
+/* vocabulary rows of each tp rank that are real (the rest is padding) */
+static const int vocab_valid_of_tp[CFG_TP] = { 128, 128 };
 
 rt_group *grp_tp;
 rt_group *grp_dpcp;

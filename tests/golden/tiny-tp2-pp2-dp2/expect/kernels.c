@@ -7,6 +7,7 @@
 */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 #include "model.h"
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
@@ -16,7 +17,8 @@
 /* -- templates/kernels/encoder.tmpl -- */
 
 /* out[n, :] = wte[tok[n] - vstart, :] if this rank owns tok[n], else 0. */
-static inline void embed_row_fwd(float *out, const float *wte, int tok, int C, int vstart, int vrows)
+static inline
+void embed_row_fwd(float *out, const float *wte, int tok, int C, int vstart, int vrows)
 {
     int v = tok - vstart;
     if (v >= 0 && v < vrows) {
@@ -28,8 +30,9 @@ static inline void embed_row_fwd(float *out, const float *wte, int tok, int C, i
 }
 
 /* Columns [i0, i1) of dwte: every owned token's gradient row added in token order. */
-static inline void embed_cols_bwd(float *dwte, const float *dout, const int *tok, int N, int C,
-                             int vstart, int vrows, int i0, int i1)
+static inline
+void embed_cols_bwd(float *dwte, const float *dout, const int *tok, int N, int C,
+                    int vstart, int vrows, int i0, int i1)
 {
     for (int n = 0; n < N; n++) {
         int v = tok[n] - vstart;
@@ -41,7 +44,8 @@ static inline void embed_cols_bwd(float *dwte, const float *dout, const int *tok
 }
 
 /* Position t (local) of a (T*B, C) block: rows t*B .. t*B+B-1 get wpe row t0 + t added. */
-static inline void pos_row_fwd(float *out, const float *wpe, int t, int B, int C, int t0)
+static inline
+void pos_row_fwd(float *out, const float *wpe, int t, int B, int C, int t0)
 {
     const float *p = wpe + (size_t)(t0 + t) * C;
     for (int b = 0; b < B; b++) {
@@ -50,7 +54,8 @@ static inline void pos_row_fwd(float *out, const float *wpe, int t, int B, int C
     }
 }
 
-static inline void pos_row_bwd(float *dwpe, const float *dout, int t, int B, int C, int t0)
+static inline
+void pos_row_bwd(float *dwpe, const float *dout, int t, int B, int C, int t0)
 {
     float *dp = dwpe + (size_t)(t0 + t) * C;
     for (int b = 0; b < B; b++) {
@@ -122,8 +127,9 @@ void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0)
 /* -- templates/kernels/layernorm.tmpl -- */
 
 /* One row: out = (inp - mean) * rstd * w + b; returns mean and rstd for the backward. */
-static inline void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
-                                const float *w, const float *b, int C, float eps)
+static inline
+void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
+                       const float *w, const float *b, int C, float eps)
 {
     float m = 0.0f;
     for (int i = 0; i < C; i++) m += inp[i];
@@ -142,8 +148,9 @@ static inline void layernorm_row_fwd(float *out, float *mean, float *rstd, const
 
 /* One row of the input gradient: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)),
 ** with dn = dout * w and xhat the normalised input. */
-static inline void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
-                                const float *w, float mean, float rstd, int C)
+static inline
+void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
+                       const float *w, float mean, float rstd, int C)
 {
     float dn_mean = 0.0f, dn_xhat_mean = 0.0f;
     for (int i = 0; i < C; i++) {
@@ -162,9 +169,10 @@ static inline void layernorm_row_bwd(float *dinp, const float *dout, const float
 }
 
 /* Columns [i0, i1) of the parameter gradients, accumulated over the rows in order. */
-static inline void layernorm_cols_bwd(float *dw, float *db, const float *dout, const float *inp,
-                                 const float *mean, const float *rstd, int N, int C,
-                                 int i0, int i1)
+static inline
+void layernorm_cols_bwd(float *dw, float *db, const float *dout, const float *inp,
+                        const float *mean, const float *rstd, int N, int C,
+                        int i0, int i1)
 {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
@@ -226,13 +234,15 @@ void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const f
 #define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
 #define GELU_CUBE  0.044715f
 
-static inline float gelu1(float x)
+static inline
+float gelu1(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
     return 0.5f * x * (1.0f + tanhf(u));
 }
 
-static inline float gelu1_grad(float x)
+static inline
+float gelu1_grad(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
     float t = tanhf(u);
@@ -241,7 +251,8 @@ static inline float gelu1_grad(float x)
 }
 
 /* Columns [i0, i1) of a bias gradient: column sums of dout over the rows, in row order. */
-static inline void bias_cols_bwd(float *dbias, const float *dout, int N, int OC, int i0, int i1)
+static inline
+void bias_cols_bwd(float *dbias, const float *dout, int N, int OC, int i0, int i1)
 {
     for (int n = 0; n < N; n++) {
         const float *d = dout + (size_t)n * OC;
@@ -337,7 +348,8 @@ void add_inplace(float *y, const float *x, size_t n)
 /* -- templates/kernels/attention.tmpl -- */
 
 /* Row t of a (T, T) score block, in place: causal softmax over columns 0..t. */
-static inline void softmax_row_fwd(float *row, int t, int T)
+static inline
+void softmax_row_fwd(float *row, int t, int T)
 {
     float mx = row[0];
     for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
@@ -352,7 +364,8 @@ static inline void softmax_row_fwd(float *row, int t, int T)
 }
 
 /* Row t: ds = p * (dp - sum_j p_j dp_j), written over dp. */
-static inline void softmax_row_bwd(float *dp, const float *p, int t, int T)
+static inline
+void softmax_row_bwd(float *dp, const float *p, int t, int T)
 {
     float dot = 0.0f;
     for (int j = 0; j <= t; j++) dot += p[j] * dp[j];
@@ -438,7 +451,8 @@ void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att
 
 /* -- templates/kernels/crossentropy.tmpl -- */
 
-static inline void ce_row_max(float *mx, const float *row, int valid)
+static inline
+void ce_row_max(float *mx, const float *row, int valid)
 {
     float m = -INFINITY;
     for (int j = 0; j < valid; j++) m = row[j] > m ? row[j] : m;
@@ -446,8 +460,9 @@ static inline void ce_row_max(float *mx, const float *row, int valid)
 }
 
 /* sums[n] = sum_j exp(logit - max), sums[N + n] = the target's logit if this rank owns it. */
-static inline void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
-                          int target, int valid, int vstart)
+static inline
+void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
+                 int target, int valid, int vstart)
 {
     float s = 0.0f;
     for (int j = 0; j < valid; j++) s += expf(row[j] - mx);
@@ -457,8 +472,9 @@ static inline void ce_row_sums(float *sumexp, float *target_logit, const float *
 }
 
 /* dlogits = (softmax - onehot(target)) * dloss, over this rank's columns; padding gets 0. */
-static inline void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int valid,
-                         int vstart, float dloss)
+static inline
+void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int valid,
+                int vstart, float dloss)
 {
     float inv = 1.0f / sumexp;
     int t = target - vstart;
@@ -479,15 +495,16 @@ typedef struct {
 static void ce_rowmax_rows(void *p, int lo, int hi)
 {
     const ce_args *a = p;
-    for (int n = lo; n < hi; n++) ce_row_max(a->mx_out + n, a->logits + (size_t)n * a->Vl, a->valid);
+    for (int n = lo; n < hi; n++)
+        ce_row_max(a->mx_out + n, a->logits + (size_t)n * a->Vl, a->valid);
 }
 
 static void ce_sums_rows(void *p, int lo, int hi)
 {
     const ce_args *a = p;
     for (int n = lo; n < hi; n++)
-        ce_row_sums(a->sums_out + n, a->sums_out + a->N + n, a->logits + (size_t)n * a->Vl, a->mx[n],
-                    a->targets[n], a->valid, a->vstart);
+        ce_row_sums(a->sums_out + n, a->sums_out + a->N + n, a->logits + (size_t)n * a->Vl,
+                    a->mx[n], a->targets[n], a->valid, a->vstart);
 }
 
 static void ce_bwd_rows(void *p, int lo, int hi)
@@ -507,7 +524,8 @@ void ce_rowmax(float *mx, const float *logits, int N, int Vl, int valid)
 void ce_sums(float *sums, const float *logits, const float *mx, const int *targets, int N,
              int Vl, int valid, int vstart)
 {
-    ce_args a = { .logits = logits, .mx = mx, .sums_out = sums, .targets = targets, .N = N, .Vl = Vl, .valid = valid, .vstart = vstart };
+    ce_args a = { .logits = logits, .mx = mx, .sums_out = sums, .targets = targets, .N = N,
+                  .Vl = Vl, .valid = valid, .vstart = vstart };
     rt_parallel_for(N, ce_sums_rows, &a);
 }
 
@@ -519,8 +537,8 @@ void ce_loss(float *loss, const float *sums, const float *mx, int N)
 void ce_bwd(float *logits, const float *mx, const float *sums, const int *targets, int N,
             int Vl, int valid, int vstart, float dloss)
 {
-    ce_args a = { .dlogits = logits, .mx = mx, .sums = sums, .targets = targets, .N = N, .Vl = Vl, .valid = valid, .vstart = vstart,
-                  .dloss = dloss };
+    ce_args a = { .dlogits = logits, .mx = mx, .sums = sums, .targets = targets, .N = N,
+                  .Vl = Vl, .valid = valid, .vstart = vstart, .dloss = dloss };
     rt_parallel_for(N, ce_bwd_rows, &a);
 }
 
@@ -533,8 +551,9 @@ void sum_rows(float *out, const float *x, int N)
 
 /* -- templates/kernels/adamw.tmpl -- */
 
-static inline void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float beta2,
-                     float eps, float wd, float step_size, float bc2_sqrt)
+static inline
+void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float beta2,
+            float eps, float wd, float step_size, float bc2_sqrt)
 {
     *p *= 1.0f - lr * wd;
     *m += (1.0f - beta1) * (g - *m);          /* torch: exp_avg.lerp_(grad, 1 - beta1) */

@@ -7,6 +7,7 @@
 */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 #include <cuda_runtime.h>
 #include "model.h"
 
@@ -17,7 +18,8 @@
 /* -- templates/kernels/encoder.tmpl -- */
 
 /* out[n, :] = wte[tok[n] - vstart, :] if this rank owns tok[n], else 0. */
-static __device__ inline void embed_row_fwd(float *out, const float *wte, int tok, int C, int vstart, int vrows)
+static __device__ inline
+void embed_row_fwd(float *out, const float *wte, int tok, int C, int vstart, int vrows)
 {
     int v = tok - vstart;
     if (v >= 0 && v < vrows) {
@@ -29,8 +31,9 @@ static __device__ inline void embed_row_fwd(float *out, const float *wte, int to
 }
 
 /* Columns [i0, i1) of dwte: every owned token's gradient row added in token order. */
-static __device__ inline void embed_cols_bwd(float *dwte, const float *dout, const int *tok, int N, int C,
-                             int vstart, int vrows, int i0, int i1)
+static __device__ inline
+void embed_cols_bwd(float *dwte, const float *dout, const int *tok, int N, int C,
+                    int vstart, int vrows, int i0, int i1)
 {
     for (int n = 0; n < N; n++) {
         int v = tok[n] - vstart;
@@ -42,7 +45,8 @@ static __device__ inline void embed_cols_bwd(float *dwte, const float *dout, con
 }
 
 /* Position t (local) of a (T*B, C) block: rows t*B .. t*B+B-1 get wpe row t0 + t added. */
-static __device__ inline void pos_row_fwd(float *out, const float *wpe, int t, int B, int C, int t0)
+static __device__ inline
+void pos_row_fwd(float *out, const float *wpe, int t, int B, int C, int t0)
 {
     const float *p = wpe + (size_t)(t0 + t) * C;
     for (int b = 0; b < B; b++) {
@@ -51,7 +55,8 @@ static __device__ inline void pos_row_fwd(float *out, const float *wpe, int t, i
     }
 }
 
-static __device__ inline void pos_row_bwd(float *dwpe, const float *dout, int t, int B, int C, int t0)
+static __device__ inline
+void pos_row_bwd(float *dwpe, const float *dout, int t, int B, int C, int t0)
 {
     float *dp = dwpe + (size_t)(t0 + t) * C;
     for (int b = 0; b < B; b++) {
@@ -60,27 +65,31 @@ static __device__ inline void pos_row_bwd(float *dwpe, const float *dout, int t,
     }
 }
 
-static __global__ void embed_fwd_kernel(float *out, const int *tok, const float *wte, int N, int C,
-                                   int vstart, int vrows)
+static __global__
+void embed_fwd_kernel(float *out, const int *tok, const float *wte, int N, int C,
+                      int vstart, int vrows)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N) embed_row_fwd(out + (size_t)n * C, wte, tok[n], C, vstart, vrows);
 }
 
-static __global__ void embed_bwd_kernel(float *dwte, const float *dout, const int *tok, int N, int C,
-                                   int vstart, int vrows)
+static __global__
+void embed_bwd_kernel(float *dwte, const float *dout, const int *tok, int N, int C,
+                      int vstart, int vrows)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < C) embed_cols_bwd(dwte, dout, tok, N, C, vstart, vrows, i, i + 1);
 }
 
-static __global__ void pos_fwd_kernel(float *out, const float *wpe, int T, int B, int C, int t0)
+static __global__
+void pos_fwd_kernel(float *out, const float *wpe, int T, int B, int C, int t0)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < T) pos_row_fwd(out, wpe, t, B, C, t0);
 }
 
-static __global__ void pos_bwd_kernel(float *dwpe, const float *dout, int T, int B, int C, int t0)
+static __global__
+void pos_bwd_kernel(float *dwpe, const float *dout, int T, int B, int C, int t0)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < T) pos_row_bwd(dwpe, dout, t, B, C, t0);
@@ -115,8 +124,9 @@ void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0)
 /* -- templates/kernels/layernorm.tmpl -- */
 
 /* One row: out = (inp - mean) * rstd * w + b; returns mean and rstd for the backward. */
-static __device__ inline void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
-                                const float *w, const float *b, int C, float eps)
+static __device__ inline
+void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
+                       const float *w, const float *b, int C, float eps)
 {
     float m = 0.0f;
     for (int i = 0; i < C; i++) m += inp[i];
@@ -135,8 +145,9 @@ static __device__ inline void layernorm_row_fwd(float *out, float *mean, float *
 
 /* One row of the input gradient: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)),
 ** with dn = dout * w and xhat the normalised input. */
-static __device__ inline void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
-                                const float *w, float mean, float rstd, int C)
+static __device__ inline
+void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
+                       const float *w, float mean, float rstd, int C)
 {
     float dn_mean = 0.0f, dn_xhat_mean = 0.0f;
     for (int i = 0; i < C; i++) {
@@ -155,9 +166,10 @@ static __device__ inline void layernorm_row_bwd(float *dinp, const float *dout, 
 }
 
 /* Columns [i0, i1) of the parameter gradients, accumulated over the rows in order. */
-static __device__ inline void layernorm_cols_bwd(float *dw, float *db, const float *dout, const float *inp,
-                                 const float *mean, const float *rstd, int N, int C,
-                                 int i0, int i1)
+static __device__ inline
+void layernorm_cols_bwd(float *dw, float *db, const float *dout, const float *inp,
+                        const float *mean, const float *rstd, int N, int C,
+                        int i0, int i1)
 {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
@@ -168,8 +180,9 @@ static __device__ inline void layernorm_cols_bwd(float *dw, float *db, const flo
     }
 }
 
-static __global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                       const float *w, const float *b, int N, int C, float eps)
+static __global__
+void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
@@ -177,9 +190,10 @@ static __global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd
                           C, eps);
 }
 
-static __global__ void layernorm_bwd_rows_kernel(float *dinp, const float *dout, const float *inp,
-                                            const float *w, const float *mean,
-                                            const float *rstd, int N, int C)
+static __global__
+void layernorm_bwd_rows_kernel(float *dinp, const float *dout, const float *inp,
+                               const float *w, const float *mean,
+                               const float *rstd, int N, int C)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
@@ -187,9 +201,10 @@ static __global__ void layernorm_bwd_rows_kernel(float *dinp, const float *dout,
                           mean[n], rstd[n], C);
 }
 
-static __global__ void layernorm_bwd_cols_kernel(float *dw, float *db, const float *dout,
-                                            const float *inp, const float *mean,
-                                            const float *rstd, int N, int C)
+static __global__
+void layernorm_bwd_cols_kernel(float *dw, float *db, const float *dout,
+                               const float *inp, const float *mean,
+                               const float *rstd, int N, int C)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < C) layernorm_cols_bwd(dw, db, dout, inp, mean, rstd, N, C, i, i + 1);
@@ -217,13 +232,15 @@ void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const f
 #define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
 #define GELU_CUBE  0.044715f
 
-static __device__ inline float gelu1(float x)
+static __device__ inline
+float gelu1(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
     return 0.5f * x * (1.0f + tanhf(u));
 }
 
-static __device__ inline float gelu1_grad(float x)
+static __device__ inline
+float gelu1_grad(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
     float t = tanhf(u);
@@ -232,7 +249,8 @@ static __device__ inline float gelu1_grad(float x)
 }
 
 /* Columns [i0, i1) of a bias gradient: column sums of dout over the rows, in row order. */
-static __device__ inline void bias_cols_bwd(float *dbias, const float *dout, int N, int OC, int i0, int i1)
+static __device__ inline
+void bias_cols_bwd(float *dbias, const float *dout, int N, int OC, int i0, int i1)
 {
     for (int n = 0; n < N; n++) {
         const float *d = dout + (size_t)n * OC;
@@ -240,37 +258,43 @@ static __device__ inline void bias_cols_bwd(float *dbias, const float *dout, int
     }
 }
 
-static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+static __global__
+void gelu_fwd_kernel(float *out, const float *inp, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = gelu1(inp[i]);
 }
 
-static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+static __global__
+void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dinp[i] = dout[i] * gelu1_grad(inp[i]);
 }
 
-static __global__ void bias_fwd_kernel(float *out, const float *bias, size_t n, int OC)
+static __global__
+void bias_fwd_kernel(float *out, const float *bias, size_t n, int OC)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] += bias[i % OC];
 }
 
-static __global__ void bias_bwd_kernel(float *dbias, const float *dout, int N, int OC)
+static __global__
+void bias_bwd_kernel(float *dbias, const float *dout, int N, int OC)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < OC) bias_cols_bwd(dbias, dout, N, OC, i, i + 1);
 }
 
-static __global__ void add_fwd_kernel(float *out, const float *a, const float *b, size_t n)
+static __global__
+void add_fwd_kernel(float *out, const float *a, const float *b, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }
 
-static __global__ void add_inplace_kernel(float *y, const float *x, size_t n)
+static __global__
+void add_inplace_kernel(float *y, const float *x, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
@@ -316,7 +340,8 @@ void add_inplace(float *y, const float *x, size_t n)
 /* -- templates/kernels/attention.tmpl -- */
 
 /* Row t of a (T, T) score block, in place: causal softmax over columns 0..t. */
-static __device__ inline void softmax_row_fwd(float *row, int t, int T)
+static __device__ inline
+void softmax_row_fwd(float *row, int t, int T)
 {
     float mx = row[0];
     for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
@@ -331,7 +356,8 @@ static __device__ inline void softmax_row_fwd(float *row, int t, int T)
 }
 
 /* Row t: ds = p * (dp - sum_j p_j dp_j), written over dp. */
-static __device__ inline void softmax_row_bwd(float *dp, const float *p, int t, int T)
+static __device__ inline
+void softmax_row_bwd(float *dp, const float *p, int t, int T)
 {
     float dot = 0.0f;
     for (int j = 0; j <= t; j++) dot += p[j] * dp[j];
@@ -339,13 +365,15 @@ static __device__ inline void softmax_row_bwd(float *dp, const float *p, int t, 
     for (int j = t + 1; j < T; j++) dp[j] = 0.0f;
 }
 
-static __global__ void softmax_fwd_kernel(float *att, int rows, int T)
+static __global__
+void softmax_fwd_kernel(float *att, int rows, int T)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < rows) softmax_row_fwd(att + (size_t)r * T, r % T, T);
 }
 
-static __global__ void softmax_bwd_kernel(float *datt, const float *att, int rows, int T)
+static __global__
+void softmax_bwd_kernel(float *datt, const float *att, int rows, int T)
 {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < rows) softmax_row_bwd(datt + (size_t)r * T, att + (size_t)r * T, r % T, T);
@@ -415,7 +443,8 @@ void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att
 
 /* -- templates/kernels/crossentropy.tmpl -- */
 
-static __device__ inline void ce_row_max(float *mx, const float *row, int valid)
+static __device__ inline
+void ce_row_max(float *mx, const float *row, int valid)
 {
     float m = -INFINITY;
     for (int j = 0; j < valid; j++) m = row[j] > m ? row[j] : m;
@@ -423,8 +452,9 @@ static __device__ inline void ce_row_max(float *mx, const float *row, int valid)
 }
 
 /* sums[n] = sum_j exp(logit - max), sums[N + n] = the target's logit if this rank owns it. */
-static __device__ inline void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
-                          int target, int valid, int vstart)
+static __device__ inline
+void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
+                 int target, int valid, int vstart)
 {
     float s = 0.0f;
     for (int j = 0; j < valid; j++) s += expf(row[j] - mx);
@@ -434,8 +464,9 @@ static __device__ inline void ce_row_sums(float *sumexp, float *target_logit, co
 }
 
 /* dlogits = (softmax - onehot(target)) * dloss, over this rank's columns; padding gets 0. */
-static __device__ inline void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int valid,
-                         int vstart, float dloss)
+static __device__ inline
+void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int valid,
+                int vstart, float dloss)
 {
     float inv = 1.0f / sumexp;
     int t = target - vstart;
@@ -446,14 +477,16 @@ static __device__ inline void ce_row_bwd(float *row, float mx, float sumexp, int
     for (int j = valid; j < Vl; j++) row[j] = 0.0f;
 }
 
-static __global__ void ce_rowmax_kernel(float *mx, const float *logits, int N, int Vl, int valid)
+static __global__
+void ce_rowmax_kernel(float *mx, const float *logits, int N, int Vl, int valid)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N) ce_row_max(mx + n, logits + (size_t)n * Vl, valid);
 }
 
-static __global__ void ce_sums_kernel(float *sums, const float *logits, const float *mx,
-                                 const int *targets, int N, int Vl, int valid, int vstart)
+static __global__
+void ce_sums_kernel(float *sums, const float *logits, const float *mx,
+                    const int *targets, int N, int Vl, int valid, int vstart)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
@@ -461,15 +494,17 @@ static __global__ void ce_sums_kernel(float *sums, const float *logits, const fl
                     vstart);
 }
 
-static __global__ void ce_loss_kernel(float *loss, const float *sums, const float *mx, int N)
+static __global__
+void ce_loss_kernel(float *loss, const float *sums, const float *mx, int N)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N) loss[n] = logf(sums[n]) + mx[n] - sums[N + n];
 }
 
-static __global__ void ce_bwd_kernel(float *logits, const float *mx, const float *sums,
-                                const int *targets, int N, int Vl, int valid, int vstart,
-                                float dloss)
+static __global__
+void ce_bwd_kernel(float *logits, const float *mx, const float *sums,
+                   const int *targets, int N, int Vl, int valid, int vstart,
+                   float dloss)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
@@ -478,7 +513,8 @@ static __global__ void ce_bwd_kernel(float *logits, const float *mx, const float
 }
 
 /* One thread sums in order: the loss sum is deterministic (N is tokens per micro-batch). */
-static __global__ void sum_rows_kernel(float *out, const float *x, int N)
+static __global__
+void sum_rows_kernel(float *out, const float *x, int N)
 {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         float s = 0.0f;
@@ -523,8 +559,9 @@ void sum_rows(float *out, const float *x, int N)
 
 /* -- templates/kernels/adamw.tmpl -- */
 
-static __device__ inline void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float beta2,
-                     float eps, float wd, float step_size, float bc2_sqrt)
+static __device__ inline
+void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float beta2,
+            float eps, float wd, float step_size, float bc2_sqrt)
 {
     *p *= 1.0f - lr * wd;
     *m += (1.0f - beta1) * (g - *m);          /* torch: exp_avg.lerp_(grad, 1 - beta1) */
@@ -532,9 +569,10 @@ static __device__ inline void adamw1(float *p, float g, float *m, float *v, floa
     *p -= step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
 }
 
-static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                               float beta1, float beta2, float eps, float wd, float step_size,
-                               float bc2_sqrt, float gscale)
+static __global__
+void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float step_size,
+                  float bc2_sqrt, float gscale)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
@@ -543,7 +581,8 @@ static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v
 }
 
 /* One block per call, a fixed tree: deterministic. */
-static __global__ void sumsq_kernel(float *out, const float *x, size_t n)
+static __global__
+void sumsq_kernel(float *out, const float *x, size_t n)
 {
     __shared__ double part[BLOCK];
     double s = 0.0;
@@ -557,7 +596,8 @@ static __global__ void sumsq_kernel(float *out, const float *x, size_t n)
     if (threadIdx.x == 0) out[0] = (float)part[0];
 }
 
-static __global__ void scale_kernel(float *x, size_t n, float s)
+static __global__
+void scale_kernel(float *x, size_t n, float s)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;

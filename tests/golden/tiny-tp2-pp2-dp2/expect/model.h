@@ -125,6 +125,7 @@ extern rt_group *grp_mp;   /* model-parallel group (tp-pp): gradient norm */
 extern int tp_rank, pp_rank, dp_rank, cp_rank;
 extern int vocab_start, vocab_valid;   /* this TP rank's vocabulary rows [start, start+valid) */
 extern scratch_bufs scratch;
+void groups_create(void);   /* groups.c: create the communicators, set the coordinates */
 
 /* -- Kernels (kernels.c on the CPU, kernels.cu on CUDA; same contracts) --------------------- */
 

@@ -94,7 +94,7 @@ typedef struct {
     layer_acts layer[4];
 } chunk_acts;
 
-static chunk_acts chunk0_acts[1];   /* chunk 0: 1 micro-batches in flight */
+static chunk_acts chunk0_acts[1];   /* chunk 0: at most 1 in flight */
 static const step_in *cur;      /* the step being run */
 static float *loss_dev;         /* (NMB) loss sums per micro-batch, device */
 static float *stat_dev;         /* (NRANGES + 2) gradient-norm pieces and reductions, device */
@@ -219,7 +219,8 @@ static void setup(void)
     embed_g.wpe = gbuf[0] + 100864;
     embed_p.wte = pbuf[0] + 104960;   /* wte.weight [128, 64] */
     embed_g.wte = gbuf[0] + 104960;
-    for (int k = 0; k < 1; k++) alloc_chunk_acts(&chunk0_acts[k], 4, 1);
+    for (int k = 0; k < 1; k++)
+        alloc_chunk_acts(&chunk0_acts[k], 4, 1);
     scratch_alloc(0);
     loss_dev = rt_malloc(CFG_NMB * sizeof(float));
     stat_dev = rt_malloc((NRANGES + 2) * sizeof(float));
@@ -237,20 +238,32 @@ static void chunk0_forward(int mb, int slot)
     (void)mb;
     rt_memcpy(a->tokens, cur->inputs + (size_t)mb * CFG_N, CFG_N * sizeof(int), RT_H2D);
     embedding_fwd(&embed_p, a->x, a->tokens);
-    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);   /* layer 0 */
-    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);   /* layer 1 */
-    layer_fwd(&chunk0_params[2], &a->layer[2], a->layer[1].res2);   /* layer 2 */
-    layer_fwd(&chunk0_params[3], &a->layer[3], a->layer[2].res2);   /* layer 3 */
+    /* layer 0 */
+    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);
+    /* layer 1 */
+    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);
+    /* layer 2 */
+    layer_fwd(&chunk0_params[2], &a->layer[2], a->layer[1].res2);
+    /* layer 3 */
+    layer_fwd(&chunk0_params[3], &a->layer[3], a->layer[2].res2);
 }
 
 static void chunk0_backward(int mb, int slot)
 {
     chunk_acts *a = &chunk0_acts[slot];
     (void)mb;
-    layer_bwd(&chunk0_params[3], &chunk0_grads[3], &a->layer[3], a->layer[2].res2, a->dy);   /* layer 3 */
-    layer_bwd(&chunk0_params[2], &chunk0_grads[2], &a->layer[2], a->layer[1].res2, a->dy);   /* layer 2 */
-    layer_bwd(&chunk0_params[1], &chunk0_grads[1], &a->layer[1], a->layer[0].res2, a->dy);   /* layer 1 */
-    layer_bwd(&chunk0_params[0], &chunk0_grads[0], &a->layer[0], a->x, a->dy);   /* layer 0 */
+    /* layer 3 */
+    layer_bwd(&chunk0_params[3], &chunk0_grads[3],
+              &a->layer[3], a->layer[2].res2, a->dy);
+    /* layer 2 */
+    layer_bwd(&chunk0_params[2], &chunk0_grads[2],
+              &a->layer[2], a->layer[1].res2, a->dy);
+    /* layer 1 */
+    layer_bwd(&chunk0_params[1], &chunk0_grads[1],
+              &a->layer[1], a->layer[0].res2, a->dy);
+    /* layer 0 */
+    layer_bwd(&chunk0_params[0], &chunk0_grads[0],
+              &a->layer[0], a->x, a->dy);
     embedding_bwd(&embed_g, a->dy, a->tokens);
 }
 
@@ -259,7 +272,8 @@ static void chunk0_backward(int mb, int slot)
 static void run_schedule(void)
 {
     /* -- warm-up: forward passes only -- */
-    chunk0_forward(0, 0);   /* forward  mb 0, chunk 0 (slot 0): embedding, layers 0..3 */
+    /* forward  mb 0, chunk 0 (slot 0): embedding, layers 0..3 */
+    chunk0_forward(0, 0);
     {   /* >>> send activations mb 0 (chunk 0) to stage 1 */
         rt_p2p_op ops[] = {
             { 1, chunk0_acts[0].layer[3].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
@@ -273,17 +287,20 @@ static void run_schedule(void)
         };
         rt_p2p(ops, 1);
     }
-    chunk0_backward(0, 0);   /* backward mb 0, chunk 0 (slot 0): layers 3..0, embedding */
+    /* backward mb 0, chunk 0 (slot 0): layers 3..0, embedding */
+    chunk0_backward(0, 0);
 }
 
 /* -- After the schedule: reduce gradients, norm, clip, AdamW --------------------------------- */
 
-/* megatron-semantics.md §5.6: sequence-parallel and tied-embedding reductions, then data-parallel. */
+/* Sequence-parallel and tied-embedding reductions, then data-parallel (semantics §5.6). */
 static void finalize_grads(void)
 {
     /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
     **     embedding's and the head's gradients (megatron-semantics.md §7) */
-    rt_allreduce(gbuf[0] + 104960, 8192, RT_F32, RT_SUM, grp_embd);   /* wte.weight */
+    /* wte.weight */
+    rt_allreduce(gbuf[0] + 104960, 8192, RT_F32, RT_SUM,
+                 grp_embd);
     /* average over the data-parallel group: scale by 1/(DP*CP), then sum (§5.3) */
     for (int i = 0; i < NBUF; i++) {
         scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
@@ -380,140 +397,272 @@ static void state_io(float *host, int save)
 ** global ranges). Fields: tensor, local tensor, ld, local row/col, global row/col, rows, cols,
 ** replicated over tp, tied copy. */
 static const piece pieces_tp0[] = {
-    { 0, &embed_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* wte.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0 },   /* wpe.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_1.weight */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_1.bias */
-    { 4, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.0.attn.c_proj.weight */
-    { 5, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.attn.c_proj.bias */
-    { 6, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.0.attn.c_attn.weight */
-    { 6, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.0.attn.c_attn.weight */
-    { 6, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.0.attn.c_attn.weight */
-    { 7, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.0.attn.c_attn.bias */
-    { 7, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.0.attn.c_attn.bias */
-    { 7, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.0.attn.c_attn.bias */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_2.weight */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_2.bias */
-    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.0.mlp.c_fc.weight */
-    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.0.mlp.c_fc.bias */
-    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.0.mlp.c_proj.weight */
-    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.mlp.c_proj.bias */
-    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_1.weight */
-    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_1.bias */
-    { 16, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.1.attn.c_proj.weight */
-    { 17, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.attn.c_proj.bias */
-    { 18, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.1.attn.c_attn.weight */
-    { 18, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.1.attn.c_attn.weight */
-    { 18, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.1.attn.c_attn.weight */
-    { 19, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.1.attn.c_attn.bias */
-    { 19, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.1.attn.c_attn.bias */
-    { 19, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.1.attn.c_attn.bias */
-    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_2.weight */
-    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_2.bias */
-    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.1.mlp.c_fc.weight */
-    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.1.mlp.c_fc.bias */
-    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.1.mlp.c_proj.weight */
-    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.mlp.c_proj.bias */
-    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_1.weight */
-    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_1.bias */
-    { 28, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.2.attn.c_proj.weight */
-    { 29, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.attn.c_proj.bias */
-    { 30, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.2.attn.c_attn.weight */
-    { 30, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.2.attn.c_attn.weight */
-    { 30, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.2.attn.c_attn.weight */
-    { 31, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.2.attn.c_attn.bias */
-    { 31, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.2.attn.c_attn.bias */
-    { 31, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.2.attn.c_attn.bias */
-    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_2.weight */
-    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_2.bias */
-    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.2.mlp.c_fc.weight */
-    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.2.mlp.c_fc.bias */
-    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.2.mlp.c_proj.weight */
-    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.mlp.c_proj.bias */
-    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_1.weight */
-    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_1.bias */
-    { 40, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.3.attn.c_proj.weight */
-    { 41, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.attn.c_proj.bias */
-    { 42, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.3.attn.c_attn.weight */
-    { 42, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.3.attn.c_attn.weight */
-    { 42, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.3.attn.c_attn.weight */
-    { 43, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.3.attn.c_attn.bias */
-    { 43, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.3.attn.c_attn.bias */
-    { 43, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.3.attn.c_attn.bias */
-    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_2.weight */
-    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_2.bias */
-    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.3.mlp.c_fc.weight */
-    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.3.mlp.c_fc.bias */
-    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.3.mlp.c_proj.weight */
-    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.mlp.c_proj.bias */
+    /* wte.weight */
+    { 0, &embed_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* wpe.weight */
+    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0 },
+    /* h.0.ln_1.weight */
+    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.ln_1.bias */
+    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.attn.c_proj.weight */
+    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.0.attn.c_proj.bias */
+    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.attn.c_attn.weight */
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.0.attn.c_attn.weight */
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.0.attn.c_attn.weight */
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.0.attn.c_attn.bias */
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.0.attn.c_attn.bias */
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.0.attn.c_attn.bias */
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.0.ln_2.weight */
+    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.ln_2.bias */
+    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.mlp.c_fc.weight */
+    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.0.mlp.c_fc.bias */
+    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.0.mlp.c_proj.weight */
+    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.0.mlp.c_proj.bias */
+    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.ln_1.weight */
+    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.ln_1.bias */
+    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.attn.c_proj.weight */
+    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.1.attn.c_proj.bias */
+    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.attn.c_attn.weight */
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.1.attn.c_attn.weight */
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.1.attn.c_attn.weight */
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.1.attn.c_attn.bias */
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.1.attn.c_attn.bias */
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.1.attn.c_attn.bias */
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.1.ln_2.weight */
+    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.ln_2.bias */
+    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.mlp.c_fc.weight */
+    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.1.mlp.c_fc.bias */
+    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.1.mlp.c_proj.weight */
+    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.1.mlp.c_proj.bias */
+    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.ln_1.weight */
+    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.ln_1.bias */
+    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.attn.c_proj.weight */
+    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.2.attn.c_proj.bias */
+    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.attn.c_attn.weight */
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.2.attn.c_attn.weight */
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.2.attn.c_attn.weight */
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.2.attn.c_attn.bias */
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.2.attn.c_attn.bias */
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.2.attn.c_attn.bias */
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.2.ln_2.weight */
+    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.ln_2.bias */
+    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.mlp.c_fc.weight */
+    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.2.mlp.c_fc.bias */
+    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.2.mlp.c_proj.weight */
+    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.2.mlp.c_proj.bias */
+    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.ln_1.weight */
+    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.ln_1.bias */
+    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.attn.c_proj.weight */
+    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.3.attn.c_proj.bias */
+    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.attn.c_attn.weight */
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.3.attn.c_attn.weight */
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.3.attn.c_attn.weight */
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.3.attn.c_attn.bias */
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.3.attn.c_attn.bias */
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.3.attn.c_attn.bias */
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.3.ln_2.weight */
+    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.ln_2.bias */
+    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.mlp.c_fc.weight */
+    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.3.mlp.c_fc.bias */
+    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.3.mlp.c_proj.weight */
+    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.3.mlp.c_proj.bias */
+    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
 };
 static const piece pieces_tp1[] = {
-    { 0, &embed_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* wte.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0 },   /* wpe.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_1.weight */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_1.bias */
-    { 4, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.0.attn.c_proj.weight */
-    { 5, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.attn.c_proj.bias */
-    { 6, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.0.attn.c_attn.weight */
-    { 6, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.0.attn.c_attn.weight */
-    { 6, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.0.attn.c_attn.weight */
-    { 7, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.0.attn.c_attn.bias */
-    { 7, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.0.attn.c_attn.bias */
-    { 7, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.0.attn.c_attn.bias */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_2.weight */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.ln_2.bias */
-    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.0.mlp.c_fc.weight */
-    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.0.mlp.c_fc.bias */
-    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.0.mlp.c_proj.weight */
-    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.0.mlp.c_proj.bias */
-    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_1.weight */
-    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_1.bias */
-    { 16, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.1.attn.c_proj.weight */
-    { 17, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.attn.c_proj.bias */
-    { 18, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.1.attn.c_attn.weight */
-    { 18, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.1.attn.c_attn.weight */
-    { 18, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.1.attn.c_attn.weight */
-    { 19, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.1.attn.c_attn.bias */
-    { 19, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.1.attn.c_attn.bias */
-    { 19, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.1.attn.c_attn.bias */
-    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_2.weight */
-    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.ln_2.bias */
-    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.1.mlp.c_fc.weight */
-    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.1.mlp.c_fc.bias */
-    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.1.mlp.c_proj.weight */
-    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.1.mlp.c_proj.bias */
-    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_1.weight */
-    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_1.bias */
-    { 28, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.2.attn.c_proj.weight */
-    { 29, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.attn.c_proj.bias */
-    { 30, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.2.attn.c_attn.weight */
-    { 30, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.2.attn.c_attn.weight */
-    { 30, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.2.attn.c_attn.weight */
-    { 31, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.2.attn.c_attn.bias */
-    { 31, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.2.attn.c_attn.bias */
-    { 31, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.2.attn.c_attn.bias */
-    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_2.weight */
-    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.ln_2.bias */
-    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.2.mlp.c_fc.weight */
-    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.2.mlp.c_fc.bias */
-    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.2.mlp.c_proj.weight */
-    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.2.mlp.c_proj.bias */
-    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_1.weight */
-    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_1.bias */
-    { 40, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.3.attn.c_proj.weight */
-    { 41, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.attn.c_proj.bias */
-    { 42, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.3.attn.c_attn.weight */
-    { 42, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.3.attn.c_attn.weight */
-    { 42, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.3.attn.c_attn.weight */
-    { 43, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.3.attn.c_attn.bias */
-    { 43, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.3.attn.c_attn.bias */
-    { 43, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.3.attn.c_attn.bias */
-    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_2.weight */
-    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.ln_2.bias */
-    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.3.mlp.c_fc.weight */
-    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.3.mlp.c_fc.bias */
-    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.3.mlp.c_proj.weight */
-    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.3.mlp.c_proj.bias */
+    /* wte.weight */
+    { 0, &embed_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* wpe.weight */
+    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0 },
+    /* h.0.ln_1.weight */
+    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.ln_1.bias */
+    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.attn.c_proj.weight */
+    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.0.attn.c_proj.bias */
+    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.attn.c_attn.weight */
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.0.attn.c_attn.weight */
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.0.attn.c_attn.weight */
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.0.attn.c_attn.bias */
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.0.attn.c_attn.bias */
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.0.attn.c_attn.bias */
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.0.ln_2.weight */
+    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.ln_2.bias */
+    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.0.mlp.c_fc.weight */
+    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.0.mlp.c_fc.bias */
+    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.0.mlp.c_proj.weight */
+    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.0.mlp.c_proj.bias */
+    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.ln_1.weight */
+    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.ln_1.bias */
+    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.attn.c_proj.weight */
+    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.1.attn.c_proj.bias */
+    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.attn.c_attn.weight */
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.1.attn.c_attn.weight */
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.1.attn.c_attn.weight */
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.1.attn.c_attn.bias */
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.1.attn.c_attn.bias */
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.1.attn.c_attn.bias */
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.1.ln_2.weight */
+    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.ln_2.bias */
+    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.1.mlp.c_fc.weight */
+    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.1.mlp.c_fc.bias */
+    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.1.mlp.c_proj.weight */
+    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.1.mlp.c_proj.bias */
+    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.ln_1.weight */
+    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.ln_1.bias */
+    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.attn.c_proj.weight */
+    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.2.attn.c_proj.bias */
+    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.attn.c_attn.weight */
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.2.attn.c_attn.weight */
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.2.attn.c_attn.weight */
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.2.attn.c_attn.bias */
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.2.attn.c_attn.bias */
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.2.attn.c_attn.bias */
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.2.ln_2.weight */
+    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.ln_2.bias */
+    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.2.mlp.c_fc.weight */
+    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.2.mlp.c_fc.bias */
+    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.2.mlp.c_proj.weight */
+    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.2.mlp.c_proj.bias */
+    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.ln_1.weight */
+    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.ln_1.bias */
+    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.attn.c_proj.weight */
+    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.3.attn.c_proj.bias */
+    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.attn.c_attn.weight */
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.3.attn.c_attn.weight */
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.3.attn.c_attn.weight */
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.3.attn.c_attn.bias */
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.3.attn.c_attn.bias */
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.3.attn.c_attn.bias */
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.3.ln_2.weight */
+    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.ln_2.bias */
+    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.3.mlp.c_fc.weight */
+    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.3.mlp.c_fc.bias */
+    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.3.mlp.c_proj.weight */
+    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.3.mlp.c_proj.bias */
+    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
 };
 
 static const piece *pieces(int *n)

@@ -96,7 +96,7 @@ typedef struct {
     layer_acts layer[4];
 } chunk_acts;
 
-static chunk_acts chunk0_acts[1];   /* chunk 0: 1 micro-batches in flight */
+static chunk_acts chunk0_acts[1];   /* chunk 0: at most 1 in flight */
 static const step_in *cur;      /* the step being run */
 static float *loss_dev;         /* (NMB) loss sums per micro-batch, device */
 static float *stat_dev;         /* (NRANGES + 2) gradient-norm pieces and reductions, device */
@@ -223,7 +223,8 @@ static void setup(void)
     head_g.ln_f_w = gbuf[0] + 8256;
     head_p.wte = pbuf[0] + 0;   /* wte.weight [128, 64] */
     head_g.wte = gbuf[0] + 0;
-    for (int k = 0; k < 1; k++) alloc_chunk_acts(&chunk0_acts[k], 4, 0);
+    for (int k = 0; k < 1; k++)
+        alloc_chunk_acts(&chunk0_acts[k], 4, 0);
     head_a.lnf = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
     head_a.lnf_mean = rt_malloc((size_t)CFG_N_SP * sizeof(float));
     head_a.lnf_rstd = rt_malloc((size_t)CFG_N_SP * sizeof(float));
@@ -242,10 +243,14 @@ static void chunk0_forward(int mb, int slot)
 {
     chunk_acts *a = &chunk0_acts[slot];
     (void)mb;
-    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);   /* layer 4 */
-    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);   /* layer 5 */
-    layer_fwd(&chunk0_params[2], &a->layer[2], a->layer[1].res2);   /* layer 6 */
-    layer_fwd(&chunk0_params[3], &a->layer[3], a->layer[2].res2);   /* layer 7 */
+    /* layer 4 */
+    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);
+    /* layer 5 */
+    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);
+    /* layer 6 */
+    layer_fwd(&chunk0_params[2], &a->layer[2], a->layer[1].res2);
+    /* layer 7 */
+    layer_fwd(&chunk0_params[3], &a->layer[3], a->layer[2].res2);
     rt_memcpy(scratch.targets, cur->targets + (size_t)mb * CFG_N, CFG_N * sizeof(int), RT_H2D);
     head_fwd_bwd(&head_p, &head_g, &head_a, a->layer[3].res2, scratch.targets,
                  loss_dev + mb, a->dy);
@@ -255,10 +260,18 @@ static void chunk0_backward(int mb, int slot)
 {
     chunk_acts *a = &chunk0_acts[slot];
     (void)mb;
-    layer_bwd(&chunk0_params[3], &chunk0_grads[3], &a->layer[3], a->layer[2].res2, a->dy);   /* layer 7 */
-    layer_bwd(&chunk0_params[2], &chunk0_grads[2], &a->layer[2], a->layer[1].res2, a->dy);   /* layer 6 */
-    layer_bwd(&chunk0_params[1], &chunk0_grads[1], &a->layer[1], a->layer[0].res2, a->dy);   /* layer 5 */
-    layer_bwd(&chunk0_params[0], &chunk0_grads[0], &a->layer[0], a->x, a->dy);   /* layer 4 */
+    /* layer 7 */
+    layer_bwd(&chunk0_params[3], &chunk0_grads[3],
+              &a->layer[3], a->layer[2].res2, a->dy);
+    /* layer 6 */
+    layer_bwd(&chunk0_params[2], &chunk0_grads[2],
+              &a->layer[2], a->layer[1].res2, a->dy);
+    /* layer 5 */
+    layer_bwd(&chunk0_params[1], &chunk0_grads[1],
+              &a->layer[1], a->layer[0].res2, a->dy);
+    /* layer 4 */
+    layer_bwd(&chunk0_params[0], &chunk0_grads[0],
+              &a->layer[0], a->x, a->dy);
 }
 
 /* -- The schedule: 1F1B, 1 micro-batches -- */
@@ -272,8 +285,10 @@ static void run_schedule(void)
         };
         rt_p2p(ops, 1);
     }
-    chunk0_forward(0, 0);   /* forward  mb 0, chunk 0 (slot 0): layers 4..7, head + loss (and its backward) */
-    chunk0_backward(0, 0);   /* backward mb 0, chunk 0 (slot 0): layers 7..4 */
+    /* forward  mb 0, chunk 0 (slot 0): layers 4..7, head + loss (and its backward) */
+    chunk0_forward(0, 0);
+    /* backward mb 0, chunk 0 (slot 0): layers 7..4 */
+    chunk0_backward(0, 0);
     {   /* >>> send gradient mb 0 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
             { 1, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
@@ -284,12 +299,14 @@ static void run_schedule(void)
 
 /* -- After the schedule: reduce gradients, norm, clip, AdamW --------------------------------- */
 
-/* megatron-semantics.md §5.6: sequence-parallel and tied-embedding reductions, then data-parallel. */
+/* Sequence-parallel and tied-embedding reductions, then data-parallel (semantics §5.6). */
 static void finalize_grads(void)
 {
     /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
     **     embedding's and the head's gradients (megatron-semantics.md §7) */
-    rt_allreduce(gbuf[0] + 0, 8192, RT_F32, RT_SUM, grp_embd);   /* the head's copy of wte.weight */
+    /* the head's copy of wte.weight */
+    rt_allreduce(gbuf[0] + 0, 8192, RT_F32, RT_SUM,
+                 grp_embd);
     /* average over the data-parallel group: scale by 1/(DP*CP), then sum (§5.3) */
     for (int i = 0; i < NBUF; i++) {
         scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
@@ -393,142 +410,276 @@ static void state_io(float *host, int save)
 ** global ranges). Fields: tensor, local tensor, ld, local row/col, global row/col, rows, cols,
 ** replicated over tp, tied copy. */
 static const piece pieces_tp0[] = {
-    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_1.weight */
-    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_1.bias */
-    { 52, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.4.attn.c_proj.weight */
-    { 53, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.attn.c_proj.bias */
-    { 54, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.4.attn.c_attn.weight */
-    { 54, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.4.attn.c_attn.weight */
-    { 54, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.4.attn.c_attn.weight */
-    { 55, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.4.attn.c_attn.bias */
-    { 55, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.4.attn.c_attn.bias */
-    { 55, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.4.attn.c_attn.bias */
-    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_2.weight */
-    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_2.bias */
-    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.4.mlp.c_fc.weight */
-    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.4.mlp.c_fc.bias */
-    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.4.mlp.c_proj.weight */
-    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.mlp.c_proj.bias */
-    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_1.weight */
-    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_1.bias */
-    { 64, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.5.attn.c_proj.weight */
-    { 65, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.attn.c_proj.bias */
-    { 66, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.5.attn.c_attn.weight */
-    { 66, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.5.attn.c_attn.weight */
-    { 66, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.5.attn.c_attn.weight */
-    { 67, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.5.attn.c_attn.bias */
-    { 67, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.5.attn.c_attn.bias */
-    { 67, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.5.attn.c_attn.bias */
-    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_2.weight */
-    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_2.bias */
-    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.5.mlp.c_fc.weight */
-    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.5.mlp.c_fc.bias */
-    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.5.mlp.c_proj.weight */
-    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.mlp.c_proj.bias */
-    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_1.weight */
-    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_1.bias */
-    { 76, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.6.attn.c_proj.weight */
-    { 77, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.attn.c_proj.bias */
-    { 78, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.6.attn.c_attn.weight */
-    { 78, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.6.attn.c_attn.weight */
-    { 78, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.6.attn.c_attn.weight */
-    { 79, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.6.attn.c_attn.bias */
-    { 79, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.6.attn.c_attn.bias */
-    { 79, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.6.attn.c_attn.bias */
-    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_2.weight */
-    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_2.bias */
-    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.6.mlp.c_fc.weight */
-    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.6.mlp.c_fc.bias */
-    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.6.mlp.c_proj.weight */
-    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.mlp.c_proj.bias */
-    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_1.weight */
-    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_1.bias */
-    { 88, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },   /* h.7.attn.c_proj.weight */
-    { 89, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.attn.c_proj.bias */
-    { 90, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },   /* h.7.attn.c_attn.weight */
-    { 90, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },   /* h.7.attn.c_attn.weight */
-    { 90, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },   /* h.7.attn.c_attn.weight */
-    { 91, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },   /* h.7.attn.c_attn.bias */
-    { 91, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },   /* h.7.attn.c_attn.bias */
-    { 91, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },   /* h.7.attn.c_attn.bias */
-    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_2.weight */
-    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_2.bias */
-    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },   /* h.7.mlp.c_fc.weight */
-    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },   /* h.7.mlp.c_fc.bias */
-    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },   /* h.7.mlp.c_proj.weight */
-    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.mlp.c_proj.bias */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* ln_f.weight */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* ln_f.bias */
-    { 0, &head_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 1 },   /* wte.weight */
+    /* h.4.ln_1.weight */
+    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.ln_1.bias */
+    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.attn.c_proj.weight */
+    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.4.attn.c_proj.bias */
+    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.attn.c_attn.weight */
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.4.attn.c_attn.weight */
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.4.attn.c_attn.weight */
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.4.attn.c_attn.bias */
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.4.attn.c_attn.bias */
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.4.attn.c_attn.bias */
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.4.ln_2.weight */
+    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.ln_2.bias */
+    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.mlp.c_fc.weight */
+    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.4.mlp.c_fc.bias */
+    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.4.mlp.c_proj.weight */
+    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.4.mlp.c_proj.bias */
+    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.ln_1.weight */
+    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.ln_1.bias */
+    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.attn.c_proj.weight */
+    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.5.attn.c_proj.bias */
+    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.attn.c_attn.weight */
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.5.attn.c_attn.weight */
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.5.attn.c_attn.weight */
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.5.attn.c_attn.bias */
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.5.attn.c_attn.bias */
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.5.attn.c_attn.bias */
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.5.ln_2.weight */
+    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.ln_2.bias */
+    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.mlp.c_fc.weight */
+    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.5.mlp.c_fc.bias */
+    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.5.mlp.c_proj.weight */
+    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.5.mlp.c_proj.bias */
+    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.ln_1.weight */
+    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.ln_1.bias */
+    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.attn.c_proj.weight */
+    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.6.attn.c_proj.bias */
+    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.attn.c_attn.weight */
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.6.attn.c_attn.weight */
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.6.attn.c_attn.weight */
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.6.attn.c_attn.bias */
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.6.attn.c_attn.bias */
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.6.attn.c_attn.bias */
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.6.ln_2.weight */
+    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.ln_2.bias */
+    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.mlp.c_fc.weight */
+    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.6.mlp.c_fc.bias */
+    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.6.mlp.c_proj.weight */
+    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.6.mlp.c_proj.bias */
+    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.ln_1.weight */
+    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.ln_1.bias */
+    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.attn.c_proj.weight */
+    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    /* h.7.attn.c_proj.bias */
+    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.attn.c_attn.weight */
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    /* h.7.attn.c_attn.weight */
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    /* h.7.attn.c_attn.weight */
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    /* h.7.attn.c_attn.bias */
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    /* h.7.attn.c_attn.bias */
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    /* h.7.attn.c_attn.bias */
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    /* h.7.ln_2.weight */
+    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.ln_2.bias */
+    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.mlp.c_fc.weight */
+    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    /* h.7.mlp.c_fc.bias */
+    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    /* h.7.mlp.c_proj.weight */
+    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    /* h.7.mlp.c_proj.bias */
+    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* ln_f.weight */
+    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* ln_f.bias */
+    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* wte.weight */
+    { 0, &head_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 1 },
 };
 static const piece pieces_tp1[] = {
-    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_1.weight */
-    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_1.bias */
-    { 52, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.4.attn.c_proj.weight */
-    { 53, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.attn.c_proj.bias */
-    { 54, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.4.attn.c_attn.weight */
-    { 54, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.4.attn.c_attn.weight */
-    { 54, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.4.attn.c_attn.weight */
-    { 55, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.4.attn.c_attn.bias */
-    { 55, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.4.attn.c_attn.bias */
-    { 55, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.4.attn.c_attn.bias */
-    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_2.weight */
-    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.ln_2.bias */
-    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.4.mlp.c_fc.weight */
-    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.4.mlp.c_fc.bias */
-    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.4.mlp.c_proj.weight */
-    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.4.mlp.c_proj.bias */
-    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_1.weight */
-    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_1.bias */
-    { 64, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.5.attn.c_proj.weight */
-    { 65, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.attn.c_proj.bias */
-    { 66, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.5.attn.c_attn.weight */
-    { 66, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.5.attn.c_attn.weight */
-    { 66, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.5.attn.c_attn.weight */
-    { 67, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.5.attn.c_attn.bias */
-    { 67, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.5.attn.c_attn.bias */
-    { 67, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.5.attn.c_attn.bias */
-    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_2.weight */
-    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.ln_2.bias */
-    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.5.mlp.c_fc.weight */
-    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.5.mlp.c_fc.bias */
-    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.5.mlp.c_proj.weight */
-    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.5.mlp.c_proj.bias */
-    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_1.weight */
-    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_1.bias */
-    { 76, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.6.attn.c_proj.weight */
-    { 77, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.attn.c_proj.bias */
-    { 78, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.6.attn.c_attn.weight */
-    { 78, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.6.attn.c_attn.weight */
-    { 78, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.6.attn.c_attn.weight */
-    { 79, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.6.attn.c_attn.bias */
-    { 79, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.6.attn.c_attn.bias */
-    { 79, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.6.attn.c_attn.bias */
-    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_2.weight */
-    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.ln_2.bias */
-    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.6.mlp.c_fc.weight */
-    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.6.mlp.c_fc.bias */
-    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.6.mlp.c_proj.weight */
-    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.6.mlp.c_proj.bias */
-    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_1.weight */
-    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_1.bias */
-    { 88, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },   /* h.7.attn.c_proj.weight */
-    { 89, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.attn.c_proj.bias */
-    { 90, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },   /* h.7.attn.c_attn.weight */
-    { 90, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },   /* h.7.attn.c_attn.weight */
-    { 90, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },   /* h.7.attn.c_attn.weight */
-    { 91, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },   /* h.7.attn.c_attn.bias */
-    { 91, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },   /* h.7.attn.c_attn.bias */
-    { 91, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },   /* h.7.attn.c_attn.bias */
-    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_2.weight */
-    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.ln_2.bias */
-    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },   /* h.7.mlp.c_fc.weight */
-    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },   /* h.7.mlp.c_fc.bias */
-    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },   /* h.7.mlp.c_proj.weight */
-    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* h.7.mlp.c_proj.bias */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* ln_f.weight */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },   /* ln_f.bias */
-    { 0, &head_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 1 },   /* wte.weight */
+    /* h.4.ln_1.weight */
+    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.ln_1.bias */
+    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.attn.c_proj.weight */
+    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.4.attn.c_proj.bias */
+    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.attn.c_attn.weight */
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.4.attn.c_attn.weight */
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.4.attn.c_attn.weight */
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.4.attn.c_attn.bias */
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.4.attn.c_attn.bias */
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.4.attn.c_attn.bias */
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.4.ln_2.weight */
+    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.ln_2.bias */
+    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.4.mlp.c_fc.weight */
+    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.4.mlp.c_fc.bias */
+    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.4.mlp.c_proj.weight */
+    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.4.mlp.c_proj.bias */
+    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.ln_1.weight */
+    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.ln_1.bias */
+    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.attn.c_proj.weight */
+    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.5.attn.c_proj.bias */
+    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.attn.c_attn.weight */
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.5.attn.c_attn.weight */
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.5.attn.c_attn.weight */
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.5.attn.c_attn.bias */
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.5.attn.c_attn.bias */
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.5.attn.c_attn.bias */
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.5.ln_2.weight */
+    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.ln_2.bias */
+    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.5.mlp.c_fc.weight */
+    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.5.mlp.c_fc.bias */
+    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.5.mlp.c_proj.weight */
+    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.5.mlp.c_proj.bias */
+    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.ln_1.weight */
+    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.ln_1.bias */
+    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.attn.c_proj.weight */
+    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.6.attn.c_proj.bias */
+    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.attn.c_attn.weight */
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.6.attn.c_attn.weight */
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.6.attn.c_attn.weight */
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.6.attn.c_attn.bias */
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.6.attn.c_attn.bias */
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.6.attn.c_attn.bias */
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.6.ln_2.weight */
+    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.ln_2.bias */
+    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.6.mlp.c_fc.weight */
+    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.6.mlp.c_fc.bias */
+    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.6.mlp.c_proj.weight */
+    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.6.mlp.c_proj.bias */
+    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.ln_1.weight */
+    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.ln_1.bias */
+    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.attn.c_proj.weight */
+    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    /* h.7.attn.c_proj.bias */
+    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.attn.c_attn.weight */
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    /* h.7.attn.c_attn.weight */
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    /* h.7.attn.c_attn.weight */
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    /* h.7.attn.c_attn.bias */
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    /* h.7.attn.c_attn.bias */
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    /* h.7.attn.c_attn.bias */
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    /* h.7.ln_2.weight */
+    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.ln_2.bias */
+    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* h.7.mlp.c_fc.weight */
+    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    /* h.7.mlp.c_fc.bias */
+    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    /* h.7.mlp.c_proj.weight */
+    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    /* h.7.mlp.c_proj.bias */
+    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* ln_f.weight */
+    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* ln_f.bias */
+    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    /* wte.weight */
+    { 0, &head_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 1 },
 };
 
 static const piece *pieces(int *n)

@@ -33,10 +33,10 @@ const tensor_info model_tensors[] = {
     { "wpe.weight", 64, 64, 2, INIT_NORMAL, 0.02f, 0x420dcd75453c91b5ull },
     { "h.0.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x09f7dddf4733e2ebull },
     { "h.0.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x4299e88bd88a4676ull },
-    { "h.0.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x5de3f5233242a7d1ull },
-    { "h.0.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xe168f5a85bbd2fccull },
     { "h.0.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0x7d7dc66305e9207dull },
     { "h.0.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0x6c80e7a897c458e8ull },
+    { "h.0.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x5de3f5233242a7d1ull },
+    { "h.0.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xe168f5a85bbd2fccull },
     { "h.0.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x13ee992d0aca8e00ull },
     { "h.0.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x4c44ad76b1321ee5ull },
     { "h.0.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0x586cfd1c9df92d83ull },
@@ -45,10 +45,10 @@ const tensor_info model_tensors[] = {
     { "h.0.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x3e86080a078080eeull },
     { "h.1.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x257da17e677da408ull },
     { "h.1.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xa44348183bd5253dull },
-    { "h.1.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x866de24db9d2b6e8ull },
-    { "h.1.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x3963ddc5d3bdd31dull },
     { "h.1.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0x8fa98121ec38c920ull },
     { "h.1.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0xb1bdcde9e3c8f105ull },
+    { "h.1.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x866de24db9d2b6e8ull },
+    { "h.1.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x3963ddc5d3bdd31dull },
     { "h.1.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x36522b292c2ae633ull },
     { "h.1.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x49df099dee2a9cceull },
     { "h.1.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0x2dee69c1d674a86cull },
@@ -57,10 +57,10 @@ const tensor_info model_tensors[] = {
     { "h.1.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xdd9c148c28adec79ull },
     { "h.2.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x30197abc7adcf08dull },
     { "h.2.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xd4f45f684ba114d8ull },
-    { "h.2.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x2bb2f139c5ebd7b3ull },
-    { "h.2.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x07fd840cd70fb24eull },
     { "h.2.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0x0d5c2ed3effe2ac7ull },
     { "h.2.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0x45c8b280f05644c2ull },
+    { "h.2.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x2bb2f139c5ebd7b3ull },
+    { "h.2.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x07fd840cd70fb24eull },
     { "h.2.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x4c3b4f15d2ac5cf6ull },
     { "h.2.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xc739cbf55b907fa3ull },
     { "h.2.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0xe17071ba5d4f2359ull },
@@ -69,10 +69,10 @@ const tensor_info model_tensors[] = {
     { "h.2.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x15a12974532db570ull },
     { "h.3.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0xd981cef047da377aull },
     { "h.3.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x31cfcb203f4bca27ull },
-    { "h.3.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0xb4e29badc78ec16aull },
-    { "h.3.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x958d8f12e85f86b7ull },
     { "h.3.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0x5da43c0de454f772ull },
     { "h.3.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0x434d6d9b9757452full },
+    { "h.3.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0xb4e29badc78ec16aull },
+    { "h.3.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x958d8f12e85f86b7ull },
     { "h.3.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x38da2af72e957bd1ull },
     { "h.3.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xc8aa95f468c7e3ccull },
     { "h.3.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0x7d16d337403fb432ull },
@@ -81,10 +81,10 @@ const tensor_info model_tensors[] = {
     { "h.3.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x4776cc820053928bull },
     { "h.4.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x4293a6208b96405full },
     { "h.4.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xd0a3e5079676c2caull },
-    { "h.4.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x783069b62a1b6f15ull },
-    { "h.4.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x4fd45634d5893bf0ull },
     { "h.4.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0xb4f4509f154222c1ull },
     { "h.4.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0xaf20f13577d5359cull },
+    { "h.4.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x783069b62a1b6f15ull },
+    { "h.4.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x4fd45634d5893bf0ull },
     { "h.4.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0xb2353beb14d92624ull },
     { "h.4.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x45af736bfc15f3f9ull },
     { "h.4.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0x1f0574fc49457787ull },
@@ -93,10 +93,10 @@ const tensor_info model_tensors[] = {
     { "h.4.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x51e0dfcb3f976cd2ull },
     { "h.5.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x9b3fe0c000a8d0ecull },
     { "h.5.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xf6fd7db9e6fc2ff1ull },
-    { "h.5.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x4f6f7767f347257cull },
-    { "h.5.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x1a8110567b493d61ull },
     { "h.5.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0xa48abb15b054fed4ull },
     { "h.5.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0xa4550d41f87b59c9ull },
+    { "h.5.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0x4f6f7767f347257cull },
+    { "h.5.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x1a8110567b493d61ull },
     { "h.5.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x2c6a9f804ab740c7ull },
     { "h.5.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xf0f83d2c7e6f6ac2ull },
     { "h.5.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0xa063e42021dda040ull },
@@ -105,10 +105,10 @@ const tensor_info model_tensors[] = {
     { "h.5.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xb9235a1a1435527dull },
     { "h.6.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x9c971f5e8a6cf801ull },
     { "h.6.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x661b0d101e31e0dcull },
-    { "h.6.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0xe4be6bd64e4ab2a7ull },
-    { "h.6.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x8922653ca14892a2ull },
     { "h.6.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0x44f4b5a8111d7fbbull },
     { "h.6.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0x28685efdd5205166ull },
+    { "h.6.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0xe4be6bd64e4ab2a7ull },
+    { "h.6.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x8922653ca14892a2ull },
     { "h.6.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x563a3641e8eb5a6aull },
     { "h.6.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xa0670a90f12b77b7ull },
     { "h.6.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0xa959f878897a64cdull },
@@ -117,10 +117,10 @@ const tensor_info model_tensors[] = {
     { "h.6.mlp.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xf303de849b6c7234ull },
     { "h.7.ln_1.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x2ba1ef9b024787aeull },
     { "h.7.ln_1.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x6e6a5e9dbdb76eebull },
-    { "h.7.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0xaa36fcf3e2027c2eull },
-    { "h.7.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x751535240b41cf6bull },
     { "h.7.attn.c_attn.weight", 64, 192, 2, INIT_NORMAL, 0.02f, 0x537e70afd7af79e6ull },
     { "h.7.attn.c_attn.bias", 1, 192, 1, INIT_ZERO, 0.0f, 0xa683c91d37724b73ull },
+    { "h.7.attn.c_proj.weight", 64, 64, 2, INIT_NORMAL, 0.005f, 0xaa36fcf3e2027c2eull },
+    { "h.7.attn.c_proj.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0x751535240b41cf6bull },
     { "h.7.ln_2.weight", 1, 64, 1, INIT_ONE, 0.0f, 0x59ef59f3483a84a5ull },
     { "h.7.ln_2.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xe9014eb0deda02e0ull },
     { "h.7.mlp.c_fc.weight", 64, 256, 2, INIT_NORMAL, 0.02f, 0x1423ae1d8c39e7e6ull },
@@ -131,23 +131,40 @@ const tensor_info model_tensors[] = {
     { "ln_f.bias", 1, 64, 1, INIT_ZERO, 0.0f, 0xf2f4762081085419ull },
 };
 const int model_ntensors = 100;
-void groups_create(void);                 /* groups.c */
 
 /* -- Errors that every rank detects alike: rank 0 reports, all exit -------------------------- */
 
+/* "WHERE: error: message" on rank 0: WHERE is the file at fault, or "train" for flags. */
+static void report(const char *where, const char *fmt, va_list ap)
+{
+    if (rt_rank() != 0) return;
+    fprintf(stderr, "%s: error: ", where);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+/* A usage error (code 2) or a problem without a file (code 1): every rank exits. */
 static void fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
 static void fail_all(int code, const char *fmt, ...)
 {
-    if (rt_rank() == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        fputs("train: error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    report("train", fmt, ap);
+    va_end(ap);
     rt_finalize();
     exit(code);
+}
+
+/* A bad input file: "PATH: error: what is wrong (what was expected)"; every rank exits 1. */
+static void fail_file(const char *path, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
+static void fail_file(const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    report(path, fmt, ap);
+    va_end(ap);
+    rt_finalize();
+    exit(1);
 }
 
 /* -- Flags ---------------------------------------------------------------------------------- */
@@ -202,6 +219,13 @@ static int parse_int(const char *flag, const char *v, int *out)
     return 1;
 }
 
+/* The value after flag argv[*i] (advancing *i), or a usage error naming the flag. */
+static const char *flag_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) fail_all(2, "%s needs a value (try --help)", argv[*i]);
+    return argv[++*i];
+}
+
 static void parse_flags(int argc, char **argv, flags *f)
 {
     memset(f, 0, sizeof *f);
@@ -221,33 +245,37 @@ static void parse_flags(int argc, char **argv, flags *f)
             rt_finalize();
             exit(0);
         }
+        if (strncmp(a, "--", 2))
+            fail_all(2, "unexpected argument '%s' (every flag starts with --; try --help)", a);
         if (!strcmp(a, "--resume")) { f->resume = 1; continue; }
         if (!strcmp(a, "--quiet")) { f->quiet = 1; continue; }
-        if (i + 1 >= argc || strncmp(a, "--", 2))
-            fail_all(2, "unknown or incomplete flag '%s' (try --help)", a);
-        const char *v = argv[++i];
-        double d;
-        if (!strcmp(a, "--data")) f->data = v;
-        else if (!strcmp(a, "--init")) f->init = v;
-        else if (!strcmp(a, "--save")) f->save = v;
-        else if (!strcmp(a, "--log")) f->log = v;
-        else if (!strcmp(a, "--ckpt-dir")) f->ckpt_dir = v;
-        else if (!strcmp(a, "--steps")) parse_int(a, v, &f->steps);
-        else if (!strcmp(a, "--warmup")) parse_int(a, v, &f->warmup);
-        else if (!strcmp(a, "--decay-steps")) f->have_decay_steps = parse_int(a, v, &f->decay_steps);
-        else if (!strcmp(a, "--ckpt-every")) parse_int(a, v, &f->ckpt_every);
-        else if (!strcmp(a, "--lr")) parse_num(a, v, &f->lr);
-        else if (!strcmp(a, "--min-lr")) f->have_min_lr = parse_num(a, v, &f->min_lr);
-        else if (!strcmp(a, "--beta1")) parse_num(a, v, &f->beta1);
-        else if (!strcmp(a, "--beta2")) parse_num(a, v, &f->beta2);
-        else if (!strcmp(a, "--eps")) parse_num(a, v, &f->eps);
-        else if (!strcmp(a, "--wd")) parse_num(a, v, &f->wd);
-        else if (!strcmp(a, "--clip")) parse_num(a, v, &f->clip);
-        else if (!strcmp(a, "--timeout")) parse_num(a, v, &f->timeout);
+        if (!strcmp(a, "--data")) f->data = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--init")) f->init = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--save")) f->save = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--log")) f->log = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--ckpt-dir")) f->ckpt_dir = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--steps")) parse_int(a, flag_value(argc, argv, &i), &f->steps);
+        else if (!strcmp(a, "--warmup")) parse_int(a, flag_value(argc, argv, &i), &f->warmup);
+        else if (!strcmp(a, "--decay-steps"))
+            f->have_decay_steps = parse_int(a, flag_value(argc, argv, &i), &f->decay_steps);
+        else if (!strcmp(a, "--ckpt-every"))
+            parse_int(a, flag_value(argc, argv, &i), &f->ckpt_every);
+        else if (!strcmp(a, "--lr")) parse_num(a, flag_value(argc, argv, &i), &f->lr);
+        else if (!strcmp(a, "--min-lr"))
+            f->have_min_lr = parse_num(a, flag_value(argc, argv, &i), &f->min_lr);
+        else if (!strcmp(a, "--beta1")) parse_num(a, flag_value(argc, argv, &i), &f->beta1);
+        else if (!strcmp(a, "--beta2")) parse_num(a, flag_value(argc, argv, &i), &f->beta2);
+        else if (!strcmp(a, "--eps")) parse_num(a, flag_value(argc, argv, &i), &f->eps);
+        else if (!strcmp(a, "--wd")) parse_num(a, flag_value(argc, argv, &i), &f->wd);
+        else if (!strcmp(a, "--clip")) parse_num(a, flag_value(argc, argv, &i), &f->clip);
+        else if (!strcmp(a, "--timeout")) parse_num(a, flag_value(argc, argv, &i), &f->timeout);
         else if (!strcmp(a, "--seed")) {
-            parse_num(a, v, &d);
-            if (d < 0 || d != floor(d)) fail_all(2, "--seed expects a non-negative integer");
-            f->seed = (unsigned long long)d;
+            const char *v = flag_value(argc, argv, &i);
+            char *end;
+            errno = 0;
+            f->seed = strtoull(v, &end, 10);
+            if (errno || *v < '0' || *v > '9' || *end)
+                fail_all(2, "--seed expects a non-negative integer, got '%s'", v);
         } else fail_all(2, "unknown flag '%s' (try --help)", a);
     }
     if (!f->have_min_lr) f->min_lr = 0.1 * f->lr;
@@ -293,32 +321,77 @@ static int32_t le32(const unsigned char *p)
                      (uint32_t)p[3] << 24);
 }
 
+/*
+** Every token must be < CFG_V. The ranks share the scan (rank r reads slice r of the world's
+** slices, so a large file costs each rank 1/world of a read) and agree on the first bad
+** position with one all-reduce; then all fail alike, naming it.
+*/
+static void data_check_tokens(const data_file *d)
+{
+    enum { CHUNK = 1 << 16 };
+    static unsigned char raw[2 * CHUNK];
+    long long per = (d->ntok + rt_world() - 1) / rt_world();
+    long long lo = per * rt_rank(), hi = lo + per < d->ntok ? lo + per : d->ntok;
+    long long first_bad = -1;
+    for (long long at = lo; at < hi && first_bad < 0; at += CHUNK) {
+        size_t n = (size_t)(hi - at < CHUNK ? hi - at : CHUNK);
+        if (pread(d->fd, raw, 2 * n, d->first + 2 * (off_t)at) != (ssize_t)(2 * n))
+            RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
+        for (size_t k = 0; k < n; k++)
+            if ((raw[2 * k] | raw[2 * k + 1] << 8) >= CFG_V) {
+                first_bad = at + (long long)k;
+                break;
+            }
+    }
+    /* the smallest bad position wins: max of (ntok - position), 0 when clean */
+    long long key = first_bad < 0 ? 0 : d->ntok - first_bad;
+    long long *dev = rt_malloc(sizeof key);     /* collectives take device memory */
+    rt_memcpy(dev, &key, sizeof key, RT_H2D);
+    rt_allreduce(dev, 1, RT_I64, RT_MAX, rt_group_world());
+    rt_memcpy(&key, dev, sizeof key, RT_D2H);
+    rt_free(dev);
+    if (key == 0) return;
+    long long pos = d->ntok - key;
+    unsigned char t2[2] = { 0, 0 };
+    if (pread(d->fd, t2, 2, d->first + 2 * (off_t)pos) != 2)
+        RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
+    fail_file(d->path, "token %d at position %lld is out of range: the model's vocabulary has "
+              "%d ids (0..%d); was the file made for another tokenizer?", t2[0] | t2[1] << 8,
+              pos, CFG_V, CFG_V - 1);
+}
+
 /* Open and check a token file; every rank opens it (errors are the same everywhere). */
 static void data_open(data_file *d, const char *path)
 {
     struct stat st;
     d->path = path;
     d->fd = open(path, O_RDONLY);
-    if (d->fd < 0 || fstat(d->fd, &st)) fail_all(1, "%s: cannot open: %s", path, strerror(errno));
+    if (d->fd < 0 || fstat(d->fd, &st)) fail_file(path, "cannot open: %s", strerror(errno));
     long long size = (long long)st.st_size;
     unsigned char h[12];
     d->first = 0;
     if (size >= LLMC_HEADER && pread(d->fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
         le32(h) == LLMC_MAGIC) {
-        if (le32(h + 4) != 1) fail_all(1, "%s: llm.c shard version %d, expected 1", path, le32(h + 4));
+        if (le32(h + 4) != 1)
+            fail_file(path, "llm.c shard version %d; only version 1 (uint16 tokens) is "
+                      "supported", le32(h + 4));
         d->ntok = le32(h + 8);
         d->first = LLMC_HEADER;
         if (d->ntok < 0 || size != LLMC_HEADER + 2 * d->ntok)
-            fail_all(1, "%s: llm.c shard announces %lld tokens but holds %lld bytes of tokens "
-                     "(truncated or corrupt)", path, d->ntok, size - LLMC_HEADER);
+            fail_file(path, "llm.c shard header announces %lld tokens but %lld bytes follow "
+                      "it (%lld expected): truncated or corrupt", d->ntok,
+                      size - LLMC_HEADER, 2 * d->ntok);
     } else {
-        if (size % 2) fail_all(1, "%s: odd size (%lld bytes): not uint16 tokens", path, size);
+        if (size % 2)
+            fail_file(path, "odd size (%lld bytes): expected little-endian uint16 tokens "
+                      "(nanoGPT .bin) or an llm.c shard (magic %d)", size, LLMC_MAGIC);
         d->ntok = size / 2;
     }
-    d->nsamples = (d->ntok - 1) / CFG_T;
-    if (d->ntok < 1 || d->nsamples < 1)
-        fail_all(1, "%s: %lld tokens, too short for one sample of %d + 1 tokens", path, d->ntok,
-                 CFG_T);
+    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / CFG_T : 0;
+    if (d->nsamples < 1)
+        fail_file(path, "%lld tokens: too short for one sample (sequence length %d needs %d "
+                  "tokens)", d->ntok, CFG_T, CFG_T + 1);
+    data_check_tokens(d);
 }
 
 /*
@@ -340,7 +413,8 @@ static void data_batch(const data_file *d, int step, int dp, int *inputs, int *t
             for (int t = 0; t <= CFG_T; t++) {
                 int tok = raw[2 * t] | raw[2 * t + 1] << 8;
                 RT_CHECK(tok < CFG_V, "%s: token %d at position %lld is out of range for "
-                         "vocabulary %d", d->path, tok, i * CFG_T + t, CFG_V);
+                         "vocabulary %d (the file changed while training?)", d->path, tok,
+                         i * CFG_T + t, CFG_V);
                 if (t < CFG_T) inputs[(size_t)k * CFG_N + (size_t)t * CFG_B + b] = tok;
                 if (t > 0) targets[(size_t)k * CFG_N + (size_t)(t - 1) * CFG_B + b] = tok;
             }
@@ -420,90 +494,133 @@ static int tensor_index(const char *name)
     return -1;
 }
 
+/* Problems with the tensors of a safetensors file: each reported (rank 0, at most 20), counted. */
+static int st_problems;
+
+static void st_problem(const char *path, const char *fmt, ...) RT_PRINTF(2, 3);
+static void st_problem(const char *path, const char *fmt, ...)
+{
+    if (st_problems++ < 20) {
+        va_list ap;
+        va_start(ap, fmt);
+        report(path, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static const char *shape_text(char *buf, size_t cap, const long long *shape, int n)
+{
+    size_t at = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < n && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%lld", i ? ", " : "", shape[i]);
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+    return buf;
+}
+
 /*
 ** Read and check a safetensors header: every tensor of the model present with its shape, in
 ** F32, BF16 or F16; nothing else (the causal-mask buffers h.{i}.attn.bias / masked_bias of
-** Hugging Face checkpoints are ignored). Fills ents[model_ntensors].
+** Hugging Face checkpoints are ignored). A malformed header stops at once; problems with
+** tensors (missing, unexpected, mis-shaped, wrong dtype, bad offsets) are all reported, then
+** the load fails. Fills ents[model_ntensors]; returns the open file.
 */
 static int st_open(const char *path, st_entry *ents)
 {
     int fd = open(path, O_RDONLY);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st)) fail_all(1, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0 || fstat(fd, &st)) fail_file(path, "cannot open: %s", strerror(errno));
     unsigned char len8[8];
     if (st.st_size < 8 || pread(fd, len8, 8, 0) != 8)
-        fail_all(1, "%s: not a safetensors file (too short)", path);
+        fail_file(path, "not a safetensors file (%lld bytes, shorter than its 8-byte header "
+                  "length)", (long long)st.st_size);
     unsigned long long hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
     if (hlen > (unsigned long long)st.st_size - 8 || hlen > (1ull << 30))
-        fail_all(1, "%s: not a safetensors file (header length %llu)", path, hlen);
+        fail_file(path, "not a safetensors file (header length %llu, file %lld bytes)", hlen,
+                  (long long)st.st_size);
     char *h = malloc(hlen + 1);
     RT_CHECK(h, "out of memory reading %s", path);
-    if (pread(fd, h, hlen, 8) != (ssize_t)hlen) fail_all(1, "%s: cannot read header", path);
+    if (pread(fd, h, hlen, 8) != (ssize_t)hlen) fail_file(path, "cannot read the header");
     h[hlen] = 0;
     long long data0 = 8 + (long long)hlen, size = (long long)st.st_size;
     memset(ents, 0, sizeof(st_entry) * (size_t)model_ntensors);
+    st_problems = 0;
     json j = { h, h + hlen };
-    char name[256], key[64], dt[16];
-    if (!json_eat(&j, '{')) fail_all(1, "%s: header is not a JSON object", path);
+    char name[256], key[64], dt[16], s1[64], s2[64];
+#define MALFORMED(what) \
+    fail_file(path, "malformed safetensors header (%s, at byte %ld of the JSON)", what, \
+              (long)(j.p - h))
+    if (!json_eat(&j, '{')) MALFORMED("not a JSON object");
     if (!json_eat(&j, '}')) do {
-        if (!json_str(&j, name, sizeof name) || !json_eat(&j, ':'))
-            fail_all(1, "%s: malformed header", path);
+        if (!json_str(&j, name, sizeof name) || !json_eat(&j, ':')) MALFORMED("expected a name");
         int t = tensor_index(name);
         size_t nl = strlen(name);
         int ignored = !strcmp(name, "__metadata__") ||
             (nl > 10 && !strcmp(name + nl - 10, ".attn.bias")) ||
             (nl > 17 && !strcmp(name + nl - 17, ".attn.masked_bias"));
-        if (t < 0 && !ignored) fail_all(1, "%s: unexpected tensor '%s'", path, name);
-        if (t < 0) { if (!json_skip(&j)) fail_all(1, "%s: malformed header", path); continue; }
+        if (t < 0 && !ignored)
+            st_problem(path, "unexpected tensor '%s' (not a parameter of this model)", name);
+        if (t < 0) {
+            if (!json_skip(&j)) MALFORMED("bad value");
+            continue;
+        }
         long long shape[3] = { 0, 0, 0 }, off[2] = { -1, -1 }, v;
         int nshape = 0;
         dt[0] = 0;
-        if (!json_eat(&j, '{')) fail_all(1, "%s: malformed entry for '%s'", path, name);
+        if (!json_eat(&j, '{')) MALFORMED("expected a tensor entry");
         do {
-            if (!json_str(&j, key, sizeof key) || !json_eat(&j, ':'))
-                fail_all(1, "%s: malformed entry for '%s'", path, name);
+            if (!json_str(&j, key, sizeof key) || !json_eat(&j, ':')) MALFORMED("expected a key");
             if (!strcmp(key, "dtype")) {
-                if (!json_str(&j, dt, sizeof dt)) fail_all(1, "%s: bad dtype of '%s'", path, name);
+                if (!json_str(&j, dt, sizeof dt)) MALFORMED("bad dtype");
             } else if (!strcmp(key, "shape") || !strcmp(key, "data_offsets")) {
                 int isshape = key[0] == 's', n = 0;
-                if (!json_eat(&j, '[')) fail_all(1, "%s: bad %s of '%s'", path, key, name);
+                if (!json_eat(&j, '[')) MALFORMED("expected '['");
                 if (!json_eat(&j, ']')) {
                     do {
                         if (!json_int(&j, &v) || n >= (isshape ? 3 : 2))
-                            fail_all(1, "%s: bad %s of '%s'", path, key, name);
+                            MALFORMED(isshape ? "bad shape" : "bad data_offsets");
                         if (isshape) shape[n++] = v; else off[n++] = v;
                     } while (json_eat(&j, ','));
-                    if (!json_eat(&j, ']')) fail_all(1, "%s: bad %s of '%s'", path, key, name);
+                    if (!json_eat(&j, ']')) MALFORMED("expected ']'");
                 }
                 if (isshape) nshape = n;
-            } else if (!json_skip(&j)) fail_all(1, "%s: malformed entry for '%s'", path, name);
+            } else if (!json_skip(&j)) MALFORMED("bad value");
         } while (json_eat(&j, ','));
-        if (!json_eat(&j, '}')) fail_all(1, "%s: malformed entry for '%s'", path, name);
+        if (!json_eat(&j, '}')) MALFORMED("expected '}'");
         const tensor_info *ti = &model_tensors[t];
         long long rows = nshape == 2 ? shape[0] : 1, cols = nshape == 2 ? shape[1] : shape[0];
-        if (nshape != ti->ndim || rows != ti->rows || cols != ti->cols) {
-            if (ti->ndim == 2)
-                fail_all(1, "%s: tensor '%s' has the wrong shape (expected [%d, %d])", path,
-                         name, ti->rows, ti->cols);
-            fail_all(1, "%s: tensor '%s' has the wrong shape (expected [%d])", path, name,
-                     ti->cols);
-        }
-        int esize;
+        long long want[2] = { ti->rows, ti->cols };
+        int esize = 0;
         if (!strcmp(dt, "F32")) { ents[t].dtype = ST_F32; esize = 4; }
         else if (!strcmp(dt, "BF16")) { ents[t].dtype = ST_BF16; esize = 2; }
         else if (!strcmp(dt, "F16")) { ents[t].dtype = ST_F16; esize = 2; }
-        else fail_all(1, "%s: tensor '%s' has dtype '%s' (F32, BF16 or F16 expected)", path,
-                      name, dt);
-        if (off[0] < 0 || off[1] - off[0] != rows * cols * esize || data0 + off[1] > size)
-            fail_all(1, "%s: tensor '%s' has bad data offsets", path, name);
-        if (ents[t].found) fail_all(1, "%s: tensor '%s' appears twice", path, name);
+        if (ents[t].found)
+            st_problem(path, "tensor '%s' appears twice", name);
+        else if (nshape != ti->ndim || rows != ti->rows || cols != ti->cols)
+            st_problem(path, "tensor '%s' has shape %s, expected %s", name,
+                       shape_text(s1, sizeof s1, shape, nshape),
+                       shape_text(s2, sizeof s2, want + 2 - ti->ndim, ti->ndim));
+        else if (!esize)
+            st_problem(path, "tensor '%s' has dtype '%s'; expected F32, BF16 or F16", name, dt);
+        else if (off[0] < 0 || off[1] - off[0] != rows * cols * esize || data0 + off[1] > size)
+            st_problem(path, "tensor '%s' has data_offsets [%lld, %lld]: they must span its "
+                       "%lld bytes inside the file", name, off[0], off[1], rows * cols * esize);
         ents[t].found = 1;
         ents[t].begin = data0 + off[0];
     } while (json_eat(&j, ','));
-    if (!json_eat(&j, '}')) fail_all(1, "%s: malformed header", path);
+    if (!json_eat(&j, '}')) MALFORMED("expected ',' or '}'");
+#undef MALFORMED
     for (int t = 0; t < model_ntensors; t++)
-        if (!ents[t].found) fail_all(1, "%s: missing tensor '%s'", path, model_tensors[t].name);
+        if (!ents[t].found) {
+            const tensor_info *ti = &model_tensors[t];
+            long long want[2] = { ti->rows, ti->cols };
+            st_problem(path, "missing tensor '%s' %s", ti->name,
+                       shape_text(s1, sizeof s1, want + 2 - ti->ndim, ti->ndim));
+        }
+    if (st_problems)
+        fail_file(path, "not loaded (%d problem%s): --init needs the %d tensors of this model, "
+                  "with Hugging Face GPT-2 names and shapes, in F32, BF16 or F16", st_problems,
+                  st_problems > 1 ? "s" : "", model_ntensors);
     free(h);
     return fd;
 }
@@ -791,6 +908,28 @@ static void ckpt_load(const stage_program *sp, const flags *f, int step)
     free(buf);
 }
 
+/*
+** On resume, the log keeps its lines up to the checkpoint's step (a run killed after its last
+** checkpoint logged steps that the resumed run repeats), so that it reads as one run. Rank 0.
+*/
+static void log_truncate(const char *path, int upto)
+{
+    char tmp[4096], line[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *in = fopen(path, "r");
+    if (!in) return;                                /* no log yet: nothing to keep */
+    FILE *out = fopen(tmp, "w");
+    RT_CHECK(out, "%s: cannot create: %s", tmp, strerror(errno));
+    int step, keep = 1;
+    while (fgets(line, sizeof line, in)) {
+        if (sscanf(line, "{\"step\":%d", &step) == 1) keep = step <= upto;
+        if (keep) fputs(line, out);
+    }
+    RT_CHECK(!ferror(in) && fclose(out) == 0, "%s: cannot rewrite: %s", path, strerror(errno));
+    fclose(in);
+    RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+}
+
 /* -- Main ----------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -807,7 +946,10 @@ int main(int argc, char **argv)
     if (f.resume && (start = ckpt_newest(f.ckpt_dir)) >= 0) {
         ckpt_load(sp, &f, start);
         if (rt_rank() == 0) printf("resumed from %s/step_%08d\n", f.ckpt_dir, start);
+        if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
     } else {
+        if (f.resume && rt_rank() == 0)
+            printf("no complete checkpoint in %s: starting from the beginning\n", f.ckpt_dir);
         start = 0;
         if (f.init) load_model(sp, f.init);
         else init_model(sp, f.seed);
