@@ -202,16 +202,18 @@ local function render_program(cfg, topo, prog, files, opts)
     local T = "templates/program/"
     add("model.h", T .. "model.h.tmpl",
         { banner = banner(cfg, T .. "model.h.tmpl"), consts = prog.consts,
-          groups = prog.groups }, "sizes, structs and prototypes every source includes")
+          groups = prog.groups, moe = prog.moe }, "sizes, structs and prototypes every source includes")
     add("model.c", T .. "model.c.tmpl",
-        { banner = banner(cfg, T .. "model.c.tmpl"), tp = prog.tp, sp = prog.sp },
+        { banner = banner(cfg, T .. "model.c.tmpl"), tp = prog.tp, sp = prog.sp, moe = prog.moe },
         "layer, embedding and head forward/backward with the tp/sp communication")
     local K = "templates/kernels/kernels.tmpl"
     add("kernels.c", K, { banner = banner(cfg, K, { "CPU kernels (loops over rows on the " ..
-        "runtime's thread pool)" }), cuda = false, HD = "static inline", GLOBAL = "static" },
+        "runtime's thread pool)" }), cuda = false, HD = "static inline", GLOBAL = "static",
+        moe = prog.moe },
         "kernels, CPU backend")
     add("kernels.cu", K, { banner = banner(cfg, K, { "CUDA kernels" }), cuda = true,
-                           HD = "static __device__ inline", GLOBAL = "static __global__" },
+                           HD = "static __device__ inline", GLOBAL = "static __global__",
+                           moe = prog.moe },
         "kernels, CUDA backend")
     for _, s in ipairs(prog.stages) do
         local tmpl_name = T .. "stage.c.tmpl"
@@ -220,22 +222,32 @@ local function render_program(cfg, topo, prog, files, opts)
                   stage_ranks(topo, tonumber(s.k)) .. string.format(
                   "; %s schedule: %s warm-up, %s steady, %s cool-down; %s in flight",
                   prog.schedule_kind, s.warmup, s.steady, s.cooldown, s.inflight) }),
-              s = s, dpcp = prog.dpcp, dist_opt = prog.dist_opt, mp = prog.mp,
-              alias_head_wte = s.first and s.last },
+              s = s, dist_opt = prog.dist_opt, mp = prog.mp, moe = prog.moe,
+              tpeppn = prog.tpeppn, alias_head_wte = s.first and s.last,
+              grad_scale = prog.dpcp },
             "stage " .. s.k .. " program: " .. s.title:gsub("^stage %d+ of %d+: ", ""))
     end
     local stages = {}
     for i, s in ipairs(prog.stages) do stages[i] = { cname = s.cname } end
     add("train.c", T .. "train.c.tmpl",
         { banner = banner(cfg, T .. "train.c.tmpl"), stages = stages, run_hint = prog.run_hint,
-          tensors = prog.tensors, ntensors = prog.ntensors },
+          tensors = prog.tensors, ntensors = prog.ntensors, moe = prog.moe },
         "main: flags, data, checkpoints, the step loop")
     add("groups.c", T .. "groups.c.tmpl",
         { banner = banner(cfg, T .. "groups.c.tmpl"), groups = prog.groups,
           stage_rows = prog.stage_rows, coord_rows = prog.coord_rows,
           vocab_valid = prog.vocab_valid },
         "rank-group tables, rank -> stage and coordinates")
+    if prog.moe then
+        add("moe.c", T .. "moe.c.tmpl",
+            { banner = banner(cfg, T .. "moe.c.tmpl"), moe_ep = prog.moe_ep,
+              moe_etp = prog.moe_etp, moe_comm = prog.moe_ep or prog.moe_etp,
+              moe_tp = prog.moe_tp, capacity = prog.capacity,
+              bias = prog.bias, pre_softmax = prog.pre_softmax },
+            "the mixture-of-experts block: routing, all-to-all dispatch, experts, combine")
+    end
     local sources = { "model.c", "train.c", "groups.c" }
+    if prog.moe then sources[#sources + 1] = "moe.c" end
     for _, s in ipairs(prog.stages) do sources[#sources + 1] = "stage" .. s.k .. ".c" end
     add("build.mk", T .. "build.mk.tmpl",
         { sources = sources, regen = cfg.make }, "make rules for train and train_cuda")

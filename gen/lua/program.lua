@@ -66,11 +66,20 @@ local LAYER_FIELD = {
     ["mlp.c_proj.weight"] = "mlp_proj_w", ["mlp.c_proj.bias"] = "mlp_proj_b",
 }
 
--- The C lvalues of a parameter and of its gradient in a stage source.
-local function param_lvalues(p, chunk_first)
+-- Fields of the MoE roles (model.h moe_params); experts are indexed by their local number.
+local MOE_FIELD = {
+    ["mlp.router.weight"] = "moe.router_w",
+    ["mlp.experts.c_fc.weight"] = "moe.fc_w", ["mlp.experts.c_fc.bias"] = "moe.fc_b",
+    ["mlp.experts.c_proj.weight"] = "moe.proj_w", ["mlp.experts.c_proj.bias"] = "moe.proj_b",
+}
+
+-- The C lvalues of a parameter and of its gradient in a stage source. 'nl': local experts.
+local function param_lvalues(p, chunk_first, nl)
     if p.layer then
         local j = p.layer - chunk_first
-        local f = assert(LAYER_FIELD[p.role], "program: no field for " .. p.role)
+        local f = LAYER_FIELD[p.role] or MOE_FIELD[p.role]
+        assert(f, "program: no field for " .. p.role)
+        if p.expert_id then f = string.format("%s[%d]", f, p.expert_id % nl) end
         return string.format("chunk%d_params[%d].%s", p.chunk, j, f),
                string.format("chunk%d_grads[%d].%s", p.chunk, j, f)
     end
@@ -136,6 +145,18 @@ local function program_groups(cfg, topo)
         { "mp", "mp", cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
           "model-parallel group (tp-pp): gradient norm" },
     }
+    if cfg.model.moe then
+        local expert_buffer = cfg.ep > 1 or cfg.etp ~= cfg.tp
+        for _, w in ipairs({
+            { "ep", "ep", cfg.ep > 1, "expert-parallel group: token all-to-all" },
+            { "etp", "expt-tp", cfg.etp > 1, "expert tensor-parallel group: experts' slices" },
+            { "edp", "expt-dp", expert_buffer and cfg.edp > 1,
+              "expert data-parallel group: expert gradient reduction" },
+            { "tpeppn", "tp-ep-pp", expert_buffer and not cfg.dist_opt and
+                  cfg.etp * cfg.ep * cfg.pp > 1,
+              "expert tp-ep-pp group: gradient norm of the experts" },
+        }) do want[#want + 1] = w end
+    end
     local out = {}
     for _, w in ipairs(want) do
         local cname, kind_name, used, comment = w[1], w[2], w[3], w[4]
@@ -173,19 +194,20 @@ local function by_name(params)
     return t
 end
 
--- The classes (one per tp rank) holding stage 'r'; they share one local layout.
-local function stage_classes(sh, r, TP)
+-- The classes holding stage 'r' (one per tp rank, and per ep/etp rank with experts); they
+-- share one local layout, which is checked.
+local function stage_classes(sh, r)
     local list = {}
     for _, c in ipairs(sh.classes) do
-        if c.pp == r and c.ep == 0 and c.etp == 0 then list[c.tp + 1] = c end
+        if c.pp == r then list[#list + 1] = c end
     end
-    assert(#list == TP, "program: missing tp classes")
+    assert(#list > 0, "program: no class for stage " .. r)
     local ref = list[1]
-    for t = 2, TP do
+    for t = 2, #list do
         for bi, b in ipairs(ref.buffers) do
             local o = list[t].buffers[bi]
-            assert(o.size == b.size and #o.buckets == #b.buckets,
-                   "program: tp ranks of one stage differ in buffer layout")
+            assert(o.size == b.size and #o.buckets == #b.buckets and o.kind == b.kind,
+                   "program: ranks of one stage differ in buffer layout")
         end
     end
     return list
@@ -269,9 +291,9 @@ end
 -- Everything stage 'r' needs.
 local function build_stage(cfg, topo, part, sh, sched, index, r)
     local st = part.stages[r + 1]
-    local TP = cfg.tp
-    local classes = stage_classes(sh, r, TP)
+    local classes = stage_classes(sh, r)
     local cls = classes[1]
+    local nl = cfg.model.moe and cfg.model.moe.experts // cfg.ep or 1
     local names = by_name(cls.params)
     local slots = schedule.assign_slots(sched.stages[r], cfg.vp)
 
@@ -298,20 +320,24 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
     -- buffers: pointer assignments, optimizer ranges, gradient-sync lists
     local buffers, assigns, ranges, sp_ranges, embd = {}, {}, {}, {}, nil
     for bi, b in ipairs(cls.buffers) do
-        assert(b.kind == "dense", "program: expert buffers come with the MoE issue")
         local ch = chunk_of(st, b.chunk)
         local buckets = {}
         for _, bk in ipairs(b.buckets) do
             buckets[#buckets + 1] = { start = int(bk.start), size = int(bk.size),
                                       shard = int(bk.shard) }
         end
-        buffers[#buffers + 1] = { i = int(bi - 1), chunk = int(b.chunk), size = int(b.size),
-                                  shard = int(b.shard), buckets = buckets,
-                                  nbuckets = int(#buckets) }
+        local expert = b.kind == "expert"
+        buffers[#buffers + 1] = {
+            i = int(bi - 1), chunk = int(b.chunk), size = int(b.size), shard = int(b.shard),
+            buckets = buckets, nbuckets = int(#buckets), kind = b.kind,
+            expert = expert and "1" or "0",
+            group = expert and "&grp_edp" or "&grp_dpcp",
+            dprank = expert and "&edp_rank" or "&dp_rank",
+        }
         for _, bk in ipairs(b.buckets) do
             for _, s in ipairs(bk.slots) do
                 local p = names[s.name]
-                local lv, gv = param_lvalues(p, ch.first)
+                local lv, gv = param_lvalues(p, ch.first, nl)
                 local shape = util.shape(p.local_shape)
                 assigns[#assigns + 1] = {
                     param = string.format("%s = pbuf[%d] + %d;", lv, bi - 1, s.offset),
@@ -319,7 +345,7 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
                     comment = string.format("%s %s", p.name, shape),
                 }
                 local norm = p.tied and "NORM_NEVER"
-                    or (p.tp_sharded and "NORM_ALWAYS" or "NORM_TP0")
+                    or (p.tp_sharded and "NORM_ALWAYS" or (p.expert and "NORM_ETP0" or "NORM_TP0"))
                 ranges[#ranges + 1] = {
                     buf = int(bi - 1), offset = int(s.offset), n = int(s.numel),
                     decay = #p.shape == 2 and "1" or "0", norm = norm, name = p.name,
@@ -340,11 +366,11 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
 
     -- pieces of every tp rank (the local layout is shared, the global ranges are not)
     local piece_sets = {}
-    for t, c in ipairs(classes) do
+    for ci, c in ipairs(classes) do
         local list = {}
         for _, p in ipairs(c.params) do
             local ch = chunk_of(st, p.chunk)
-            local lv = param_lvalues(p, ch.first)
+            local lv = param_lvalues(p, ch.first, nl)
             local two = #p.shape == 2
             for _, pc in ipairs(p.pieces) do
                 list[#list + 1] = {
@@ -354,11 +380,12 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
                     grow = int(two and pc.start[1] or 0), gcol = int(pc.start[#pc.start]),
                     rows = int(two and pc.size[1] or 1), cols = int(pc.size[#pc.size]),
                     replicated = p.tp_sharded and "0" or "1", tied = p.tied and "1" or "0",
-                    name = p.name,
+                    expert = p.expert and "1" or "0", name = p.name,
                 }
             end
         end
-        piece_sets[#piece_sets + 1] = { tp = int(t - 1), pieces = list, n = int(#list) }
+        piece_sets[#piece_sets + 1] = { i = int(ci - 1), tp = int(c.tp), ep = int(c.ep),
+                                        etp = int(c.etp), pieces = list, n = int(#list) }
     end
 
     local max_buckets = 1
@@ -381,7 +408,11 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
         ranges = ranges, nranges = int(#ranges), sp_ranges = sp_ranges,
         has_sp_ranges = #sp_ranges > 0, nsp = int(#sp_ranges),
         embd = embd, has_embd = embd ~= nil,
-        piece_sets = piece_sets, first = first, last = last,
+        piece_sets = piece_sets, nsets = int(#piece_sets), first = first, last = last,
+        has_expert_buffer = (function()
+            for _, b in ipairs(buffers) do if b.kind == "expert" then return true end end
+            return false
+        end)(),
         needs_inputs = first and "1" or "0", needs_targets = last and "1" or "0",
         steps = stage_steps(cfg, st, sched.stages[r], slots, r),
         warmup = int(sched.stages[r].warmup), steady = int(sched.stages[r].steady),
@@ -448,12 +479,12 @@ function M.build(cfg, topo, part, sh)
                    "programs; the topology of CP layouts can still be inspected " ..
                    "(make inspect) -- use CP=1", cfg.cp)
     end
-    if cfg.model.moe then
-        diag.error(cfg.model.lines and { file = cfg.model.file, line = cfg.model.lines.moe },
-                   "training mixture-of-experts models is not supported yet; the expert " ..
-                   "grid can be inspected (make inspect)")
-    end
     local m = cfg.model
+    if m.moe and cfg.tp > 1 and not cfg.sp then
+        diag.error(nil, "mixture of experts with TP (%d) > 1 needs sequence parallelism: " ..
+                   "add SP=1 (Megatron refuses to train MoE with tensor parallelism without it)",
+                   cfg.tp)
+    end
     local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
     check_schedule(cfg, topo, sched)
 
@@ -465,7 +496,7 @@ function M.build(cfg, topo, part, sh)
     local layout = string.format("tp%d pp%d dp%d", cfg.tp, cfg.pp, cfg.dp)
     if cfg.cp > 1 then layout = layout .. " cp" .. cfg.cp end
     if cfg.vp > 1 then layout = layout .. " vp" .. cfg.vp end
-    local consts = const_table({
+    local consts = {
         { "CFG_WORLD", int(cfg.world), "ranks = tp*cp*dp*pp" },
         { "CFG_LAYOUT", '"' .. layout .. '"', "for messages" },
         { "CFG_TP", int(cfg.tp), "tensor-parallel size (TP)" },
@@ -498,7 +529,38 @@ function M.build(cfg, topo, part, sh)
         { "CFG_GRAD_SCALE", cfloat(1 / (cfg.dp * cfg.cp)), "1/(DP*CP): data-parallel mean" },
         { "CFG_TOKENS_PER_STEP", int(B * cfg.nmb * cfg.dp * T), "GBS*T" },
         { "CFG_P2P_N", int(N_SP * C), "elements of one pipeline message = N_SP*C" },
-    })
+    }
+    local moe = m.moe
+    if moe then
+        local E, K = moe.experts, moe.top_k
+        local nl = E // cfg.ep
+        local send = N_SP * K
+        for _, c in ipairs({
+            { "CFG_EXPERTS", int(E), "experts per MoE layer (model.moe.experts)" },
+            { "CFG_TOPK", int(K), "experts per token (model.moe.top_k)" },
+            { "CFG_EP", int(cfg.ep), "expert-parallel size (EP)" },
+            { "CFG_ETP", int(cfg.etp), "expert tensor-parallel size (ETP)" },
+            { "CFG_EXPERTS_LOCAL", int(nl), "experts per EP rank = EXPERTS/EP" },
+            { "CFG_EFF", int(moe.ffn_hidden), "expert MLP width (model.moe.ffn_hidden)" },
+            { "CFG_EFF_LOCAL", int(moe.ffn_hidden // cfg.etp), "expert columns per ETP rank" },
+            { "CFG_PRE_SOFTMAX", moe.pre_softmax and "1" or "0",
+              "probabilities: softmax before top-k (1) or over the top k (0)" },
+            { "CFG_AUX_SCALE", cfloat(moe.aux_loss_coeff * E / (K * N * N)),
+              "aux loss = AUX_SCALE * sum_e (sum of scores) * count_e = coeff*E/(K*N^2)" },
+            { "CFG_AUX_GRAD", cfloat(1 / cfg.nmb), "the aux loss's share of the objective: 1/NMB" },
+            { "CFG_CAPACITY", int(moe.capacity_factor and
+                  math.ceil((N * K / E) * moe.capacity_factor) or N * K),
+              moe.capacity_factor and "assignments an expert keeps per micro-batch " ..
+                  "= ceil(N*K/EXPERTS * capacity_factor)" or "no capacity limit" },
+            { "CFG_MOE_SEND_MAX", int(send), "rows this rank sends at most = N_SP*TOPK" },
+            { "CFG_MOE_RECV_MAX", int(send * cfg.ep), "rows it receives at most = SEND_MAX*EP" },
+            { "CFG_MOE_ROWS_MAX", int(send * cfg.ep * cfg.etp),
+              "rows at its experts at most = RECV_MAX*ETP" },
+            { "CFG_MOE_COUNTS", int((TP + 1) * E + (cfg.etp + 3) * cfg.ep * nl),
+              "ints of count exchanges" },
+        }) do consts[#consts + 1] = c end
+    end
+    consts = const_table(consts)
 
     local tensors, index = model_tensors(cfg)
     local stages = {}
@@ -515,8 +577,8 @@ function M.build(cfg, topo, part, sh)
             stage_rows[#stage_rows + 1] = "    " .. table.concat(line, " ")
             line = {}
         end
-        coord_rows[#coord_rows + 1] = string.format("    { %d, %d, %d, %d },", c.tp, c.pp, c.dp,
-                                                    c.cp)
+        coord_rows[#coord_rows + 1] = string.format("    { %d, %d, %d, %d, %d, %d, %d },", c.tp,
+                                                    c.pp, c.dp, c.cp, c.ep, c.etp, c.edp)
     end
     local vocab_valid = {}
     for t = 0, TP - 1 do
@@ -532,6 +594,13 @@ function M.build(cfg, topo, part, sh)
         vocab_valid = table.concat(vocab_valid, ", "),
         layout = layout, schedule_kind = sched.kind,
         dpcp = cfg.dp * cfg.cp > 1, mp = cfg.tp * cfg.pp > 1,
+        moe = moe ~= nil, moe_ep = moe ~= nil and cfg.ep > 1,
+        moe_etp = moe ~= nil and cfg.etp > 1, moe_tp = moe ~= nil and TP > 1,
+        capacity = moe ~= nil and moe.capacity_factor ~= nil,
+        bias = moe ~= nil and moe.bias, pre_softmax = moe ~= nil and moe.pre_softmax,
+        edp = moe ~= nil and (cfg.ep > 1 or cfg.etp ~= cfg.tp) and cfg.edp > 1,
+        tpeppn = moe ~= nil and (cfg.ep > 1 or cfg.etp ~= cfg.tp) and not cfg.dist_opt and
+                 cfg.etp * cfg.ep * cfg.pp > 1,
         run_hint = cfg.world > 1 and string.format("under mpirun -np %d", cfg.world)
             or "one rank: run it directly",
     }

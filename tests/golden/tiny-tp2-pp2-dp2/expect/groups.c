@@ -62,15 +62,15 @@ const int rank_stage[CFG_WORLD] = {
     0, 0, 0, 0, 1, 1, 1, 1,
 };
 
-static const int rank_coords[CFG_WORLD][4] = {   /* tp, pp, dp, cp */
-    { 0, 0, 0, 0 },
-    { 1, 0, 0, 0 },
-    { 0, 0, 1, 0 },
-    { 1, 0, 1, 0 },
-    { 0, 1, 0, 0 },
-    { 1, 1, 0, 0 },
-    { 0, 1, 1, 0 },
-    { 1, 1, 1, 0 },
+static const int rank_coords[CFG_WORLD][7] = {   /* tp, pp, dp, cp; expert grid: ep, etp, edp */
+    { 0, 0, 0, 0, 0, 0, 0 },
+    { 1, 0, 0, 0, 0, 1, 0 },
+    { 0, 0, 1, 0, 0, 0, 1 },
+    { 1, 0, 1, 0, 0, 1, 1 },
+    { 0, 1, 0, 0, 0, 0, 0 },
+    { 1, 1, 0, 0, 0, 1, 0 },
+    { 0, 1, 1, 0, 0, 0, 1 },
+    { 1, 1, 1, 0, 0, 1, 1 },
 };
 
 /* vocabulary rows of each tp rank that are real (the rest is padding) */
@@ -82,6 +82,7 @@ rt_group *grp_pp;
 rt_group *grp_embd;
 rt_group *grp_mp;
 int tp_rank, pp_rank, dp_rank, cp_rank;
+int ep_rank, etp_rank, edp_rank;
 int vocab_start, vocab_valid;
 
 /* Create the communicators this program uses (collective over the world) and set the rank's
@@ -98,6 +99,9 @@ void groups_create(void)
     pp_rank = c[1];
     dp_rank = c[2];
     cp_rank = c[3];
+    ep_rank = c[4];
+    etp_rank = c[5];
+    edp_rank = c[6];
     vocab_start = tp_rank * CFG_V_LOCAL;
     vocab_valid = vocab_valid_of_tp[tp_rank];
 }

@@ -122,7 +122,9 @@ extern rt_group *grp_dpcp;   /* data-parallel group: gradient reduction */
 extern rt_group *grp_pp;   /* pipeline group: neighbours */
 extern rt_group *grp_embd;   /* first and last stage: tied embedding gradients */
 extern rt_group *grp_mp;   /* model-parallel group (tp-pp): gradient norm */
+
 extern int tp_rank, pp_rank, dp_rank, cp_rank;
+extern int ep_rank, etp_rank, edp_rank;       /* coordinates in the expert grid */
 extern int vocab_start, vocab_valid;   /* this TP rank's vocabulary rows [start, start+valid) */
 extern scratch_bufs scratch;
 void groups_create(void);   /* groups.c: create the communicators, set the coordinates */
@@ -195,6 +197,7 @@ typedef struct {
     int rows, cols;      /* size of the rectangle */
     int replicated;      /* the same values on every tp rank: saved by tp rank 0 */
     int tied_copy;       /* the last stage's copy of wte: loaded and drawn, never saved */
+    int expert;          /* an expert's: saved by expert-dp rank 0 (replicas: expert-tp 0) */
 } piece;
 
 extern const tensor_info model_tensors[];
@@ -211,6 +214,7 @@ typedef struct {
 
 typedef struct {
     double loss;         /* mean loss of the global batch (valid on every rank) */
+    double aux_loss;     /* MoE load-balancing loss term of the objective (0 without MoE) */
     double grad_norm;    /* before clipping */
 } step_out;
 

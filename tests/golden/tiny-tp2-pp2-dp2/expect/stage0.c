@@ -20,6 +20,14 @@
 static const size_t buf_size[NBUF] = {   /* elements (reverse parameter order, padded) */
     113152,   /* chunk 0 */
 };
+/* The data-parallel group each buffer is reduced over (dense: dp-cp, experts: expert-dp; NULL
+** when it has one member) and this rank's index in it. */
+static rt_group **const buf_group[NBUF] = {
+    &grp_dpcp,
+};
+static const int buf_expert[NBUF] = {   /* expert buffer: its norm is reduced apart */
+    0,
+};
 static float *pbuf[NBUF];       /* parameters */
 static float *gbuf[NBUF];       /* gradients, same layout */
 static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
@@ -29,7 +37,9 @@ static layer_params chunk0_params[4], chunk0_grads[4];
 static embed_params embed_p, embed_g;
 
 /* Every parameter in buffer order: what AdamW decays and what the gradient norm counts. */
-enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0 };   /* tied copy / tp-sharded / replicated over tp */
+/* NORM_NEVER: the tied copy; NORM_ALWAYS: sharded; NORM_TP0 / NORM_ETP0: replicated over tp /
+** expert-tp, counted on rank 0 of the group (megatron-semantics.md §6) */
+enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0, NORM_ETP0 };
 typedef struct { int buf; size_t offset, n; int decay, norm; } opt_range;
 #define NRANGES 50
 static const opt_range ranges[NRANGES] = {
@@ -301,33 +311,42 @@ static void finalize_grads(void)
     /* wte.weight */
     rt_allreduce(gbuf[0] + 104960, 8192, RT_F32, RT_SUM,
                  grp_embd);
-    /* average over the data-parallel group: scale by 1/(DP*CP), then sum (§5.3) */
+    /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
     for (int i = 0; i < NBUF; i++) {
+        rt_group *g = *buf_group[i];
+        /* experts too: their gradients hold the tokens of every replica of the EP group */
         scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        /* >>> all-reduce over dp-cp */
-        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, grp_dpcp);
+        if (!g) {
+            continue;
+        }
+        /* >>> all-reduce over the buffer's data-parallel group */
+        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
     }
 }
 
 /* sqrt of the sum of squares of every gradient counted once (megatron-semantics.md §6). */
 static double grad_norm(void)
 {
-    int np = 0;
+    int np = 0, expert[NRANGES];
     for (int i = 0; i < NRANGES; i++) {
         const opt_range *r = &ranges[i];
-        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0)) continue;
+        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0) ||
+            (r->norm == NORM_ETP0 && etp_rank != 0))
+            continue;
+        expert[np] = buf_expert[r->buf];
         sumsq(stat_dev + np++, gbuf[r->buf] + r->offset, r->n);
     }
-    float parts[NRANGES + 1];
-    double sum = 0.0;
+    float parts[NRANGES + 2];
+    double sum[2] = { 0.0, 0.0 };   /* dense, experts */
     rt_memcpy(parts, stat_dev, (size_t)np * sizeof(float), RT_D2H);
-    for (int i = 0; i < np; i++) sum += parts[i];
-    parts[0] = (float)sum;
-    rt_memcpy(stat_dev + NRANGES, parts, sizeof(float), RT_H2D);
+    for (int i = 0; i < np; i++) sum[expert[i]] += parts[i];
+    parts[0] = (float)sum[0];
+    parts[1] = (float)sum[1];
+    rt_memcpy(stat_dev + NRANGES, parts, 2 * sizeof(float), RT_H2D);
     /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
     rt_allreduce(stat_dev + NRANGES, 1, RT_F32, RT_SUM, grp_mp);
-    rt_memcpy(parts, stat_dev + NRANGES, sizeof(float), RT_D2H);
-    return sqrt((double)parts[0]);
+    rt_memcpy(parts, stat_dev + NRANGES, 2 * sizeof(float), RT_D2H);
+    return sqrt((double)parts[0] + (double)parts[1]);
 }
 
 /* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
@@ -345,10 +364,12 @@ static void optimizer_step(const step_in *in, float coef)
     }
 }
 
-/* The step's mean loss over the global batch, on every rank. */
-static double step_loss(void)
+/* The step's mean loss over the global batch, on every rank (and, with experts, the aux loss
+** term of the objective: every rank's share over the data-parallel replicas and micro-batches). */
+static double step_loss(double *aux)
 {
     float part = 0.0f;
+    *aux = 0.0;
     /* >>> all-reduce over the world: the last stage's tp-rank-0 ranks hold the loss */
     rt_memcpy(stat_dev + NRANGES + 1, &part, sizeof(float), RT_H2D);
     rt_allreduce(stat_dev + NRANGES + 1, 1, RT_F32, RT_SUM, rt_group_world());
@@ -366,7 +387,7 @@ static void step(const step_in *in, step_out *out)
     double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
     optimizer_step(in, coef < 1.0 ? (float)coef : 1.0f);
     out->grad_norm = norm;
-    out->loss = step_loss();
+    out->loss = step_loss(&out->aux_loss);
 }
 
 /* -- Checkpoint state and pieces --------------------------------------------------------------- */
@@ -393,290 +414,291 @@ static void state_io(float *host, int save)
     }
 }
 
-/* This stage's pieces of the model's tensors, per tp rank (same local layout, different
-** global ranges). Fields: tensor, local tensor, ld, local row/col, global row/col, rows, cols,
-** replicated over tp, tied copy. */
-static const piece pieces_tp0[] = {
+/* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
+** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
+** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
+static const piece pieces_0[] = {   /* tp 0, ep 0, etp 0 */
     /* wte.weight */
-    { 0, &embed_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 0, &embed_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* wpe.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0 },
+    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0, 0 },
     /* h.0.ln_1.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.ln_1.bias */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.attn.c_proj.weight */
-    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.0.attn.c_proj.bias */
-    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.0.ln_2.weight */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.ln_2.bias */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.mlp.c_fc.weight */
-    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.0.mlp.c_fc.bias */
-    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.0.mlp.c_proj.weight */
-    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.0.mlp.c_proj.bias */
-    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.ln_1.weight */
-    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.ln_1.bias */
-    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.attn.c_proj.weight */
-    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.1.attn.c_proj.bias */
-    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.1.ln_2.weight */
-    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.ln_2.bias */
-    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.mlp.c_fc.weight */
-    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.1.mlp.c_fc.bias */
-    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.1.mlp.c_proj.weight */
-    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.1.mlp.c_proj.bias */
-    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.ln_1.weight */
-    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.ln_1.bias */
-    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.attn.c_proj.weight */
-    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.2.attn.c_proj.bias */
-    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.2.ln_2.weight */
-    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.ln_2.bias */
-    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.mlp.c_fc.weight */
-    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.2.mlp.c_fc.bias */
-    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.2.mlp.c_proj.weight */
-    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.2.mlp.c_proj.bias */
-    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.ln_1.weight */
-    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.ln_1.bias */
-    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.attn.c_proj.weight */
-    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.3.attn.c_proj.bias */
-    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.3.ln_2.weight */
-    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.ln_2.bias */
-    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.mlp.c_fc.weight */
-    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.3.mlp.c_fc.bias */
-    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.3.mlp.c_proj.weight */
-    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.3.mlp.c_proj.bias */
-    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
 };
-static const piece pieces_tp1[] = {
+static const piece pieces_1[] = {   /* tp 1, ep 0, etp 0 */
     /* wte.weight */
-    { 0, &embed_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 0, &embed_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* wpe.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0 },
+    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0, 0 },
     /* h.0.ln_1.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.ln_1.bias */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.attn.c_proj.weight */
-    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.0.attn.c_proj.bias */
-    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.0.ln_2.weight */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.ln_2.bias */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.0.mlp.c_fc.weight */
-    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.0.mlp.c_fc.bias */
-    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.0.mlp.c_proj.weight */
-    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.0.mlp.c_proj.bias */
-    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.ln_1.weight */
-    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.ln_1.bias */
-    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.attn.c_proj.weight */
-    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.1.attn.c_proj.bias */
-    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.1.ln_2.weight */
-    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.ln_2.bias */
-    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.1.mlp.c_fc.weight */
-    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.1.mlp.c_fc.bias */
-    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.1.mlp.c_proj.weight */
-    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.1.mlp.c_proj.bias */
-    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.ln_1.weight */
-    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.ln_1.bias */
-    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.attn.c_proj.weight */
-    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.2.attn.c_proj.bias */
-    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.2.ln_2.weight */
-    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.ln_2.bias */
-    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.2.mlp.c_fc.weight */
-    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.2.mlp.c_fc.bias */
-    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.2.mlp.c_proj.weight */
-    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.2.mlp.c_proj.bias */
-    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.ln_1.weight */
-    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.ln_1.bias */
-    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.attn.c_proj.weight */
-    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.3.attn.c_proj.bias */
-    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.3.ln_2.weight */
-    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.ln_2.bias */
-    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.3.mlp.c_fc.weight */
-    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.3.mlp.c_fc.bias */
-    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.3.mlp.c_proj.weight */
-    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.3.mlp.c_proj.bias */
-    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
 };
 
 static const piece *pieces(int *n)
 {
-    static const piece *const by_tp[CFG_TP] = {
-        pieces_tp0,
-        pieces_tp1,
+    static const struct { int tp, ep, etp, n; const piece *list; } sets[2] = {
+        { 0, 0, 0, 66, pieces_0 },
+        { 1, 0, 0, 66, pieces_1 },
     };
-    static const int count[CFG_TP] = {
-        66,
-        66,
-    };
-    *n = count[tp_rank];
-    return by_tp[tp_rank];
+    for (int i = 0; i < 2; i++)
+        if (sets[i].tp == tp_rank && sets[i].ep == ep_rank && sets[i].etp == etp_rank) {
+            *n = sets[i].n;
+            return sets[i].list;
+        }
+    RT_CHECK(0, "no parameter pieces for tp %d ep %d etp %d", tp_rank, ep_rank, etp_rank);
+    return NULL;
 }
 
 const stage_program stage0_program = {

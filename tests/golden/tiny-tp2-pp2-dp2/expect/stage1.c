@@ -20,6 +20,14 @@
 static const size_t buf_size[NBUF] = {   /* elements (reverse parameter order, padded) */
     109184,   /* chunk 0 */
 };
+/* The data-parallel group each buffer is reduced over (dense: dp-cp, experts: expert-dp; NULL
+** when it has one member) and this rank's index in it. */
+static rt_group **const buf_group[NBUF] = {
+    &grp_dpcp,
+};
+static const int buf_expert[NBUF] = {   /* expert buffer: its norm is reduced apart */
+    0,
+};
 static float *pbuf[NBUF];       /* parameters */
 static float *gbuf[NBUF];       /* gradients, same layout */
 static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
@@ -30,7 +38,9 @@ static head_params head_p, head_g;
 static head_acts head_a;
 
 /* Every parameter in buffer order: what AdamW decays and what the gradient norm counts. */
-enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0 };   /* tied copy / tp-sharded / replicated over tp */
+/* NORM_NEVER: the tied copy; NORM_ALWAYS: sharded; NORM_TP0 / NORM_ETP0: replicated over tp /
+** expert-tp, counted on rank 0 of the group (megatron-semantics.md §6) */
+enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0, NORM_ETP0 };
 typedef struct { int buf; size_t offset, n; int decay, norm; } opt_range;
 #define NRANGES 51
 static const opt_range ranges[NRANGES] = {
@@ -307,33 +317,42 @@ static void finalize_grads(void)
     /* the head's copy of wte.weight */
     rt_allreduce(gbuf[0] + 0, 8192, RT_F32, RT_SUM,
                  grp_embd);
-    /* average over the data-parallel group: scale by 1/(DP*CP), then sum (§5.3) */
+    /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
     for (int i = 0; i < NBUF; i++) {
+        rt_group *g = *buf_group[i];
+        /* experts too: their gradients hold the tokens of every replica of the EP group */
         scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        /* >>> all-reduce over dp-cp */
-        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, grp_dpcp);
+        if (!g) {
+            continue;
+        }
+        /* >>> all-reduce over the buffer's data-parallel group */
+        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
     }
 }
 
 /* sqrt of the sum of squares of every gradient counted once (megatron-semantics.md §6). */
 static double grad_norm(void)
 {
-    int np = 0;
+    int np = 0, expert[NRANGES];
     for (int i = 0; i < NRANGES; i++) {
         const opt_range *r = &ranges[i];
-        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0)) continue;
+        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0) ||
+            (r->norm == NORM_ETP0 && etp_rank != 0))
+            continue;
+        expert[np] = buf_expert[r->buf];
         sumsq(stat_dev + np++, gbuf[r->buf] + r->offset, r->n);
     }
-    float parts[NRANGES + 1];
-    double sum = 0.0;
+    float parts[NRANGES + 2];
+    double sum[2] = { 0.0, 0.0 };   /* dense, experts */
     rt_memcpy(parts, stat_dev, (size_t)np * sizeof(float), RT_D2H);
-    for (int i = 0; i < np; i++) sum += parts[i];
-    parts[0] = (float)sum;
-    rt_memcpy(stat_dev + NRANGES, parts, sizeof(float), RT_H2D);
+    for (int i = 0; i < np; i++) sum[expert[i]] += parts[i];
+    parts[0] = (float)sum[0];
+    parts[1] = (float)sum[1];
+    rt_memcpy(stat_dev + NRANGES, parts, 2 * sizeof(float), RT_H2D);
     /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
     rt_allreduce(stat_dev + NRANGES, 1, RT_F32, RT_SUM, grp_mp);
-    rt_memcpy(parts, stat_dev + NRANGES, sizeof(float), RT_D2H);
-    return sqrt((double)parts[0]);
+    rt_memcpy(parts, stat_dev + NRANGES, 2 * sizeof(float), RT_D2H);
+    return sqrt((double)parts[0] + (double)parts[1]);
 }
 
 /* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
@@ -351,10 +370,12 @@ static void optimizer_step(const step_in *in, float coef)
     }
 }
 
-/* The step's mean loss over the global batch, on every rank. */
-static double step_loss(void)
+/* The step's mean loss over the global batch, on every rank (and, with experts, the aux loss
+** term of the objective: every rank's share over the data-parallel replicas and micro-batches). */
+static double step_loss(double *aux)
 {
     float part = 0.0f;
+    *aux = 0.0;
     if (tp_rank == 0 && cp_rank == 0) {
         float sums[CFG_NMB];
         double total = 0.0;
@@ -379,7 +400,7 @@ static void step(const step_in *in, step_out *out)
     double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
     optimizer_step(in, coef < 1.0 ? (float)coef : 1.0f);
     out->grad_norm = norm;
-    out->loss = step_loss();
+    out->loss = step_loss(&out->aux_loss);
 }
 
 /* -- Checkpoint state and pieces --------------------------------------------------------------- */
@@ -406,294 +427,295 @@ static void state_io(float *host, int save)
     }
 }
 
-/* This stage's pieces of the model's tensors, per tp rank (same local layout, different
-** global ranges). Fields: tensor, local tensor, ld, local row/col, global row/col, rows, cols,
-** replicated over tp, tied copy. */
-static const piece pieces_tp0[] = {
+/* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
+** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
+** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
+static const piece pieces_0[] = {   /* tp 0, ep 0, etp 0 */
     /* h.4.ln_1.weight */
-    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.ln_1.bias */
-    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.attn.c_proj.weight */
-    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.4.attn.c_proj.bias */
-    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.4.ln_2.weight */
-    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.ln_2.bias */
-    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.mlp.c_fc.weight */
-    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.4.mlp.c_fc.bias */
-    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.4.mlp.c_proj.weight */
-    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.4.mlp.c_proj.bias */
-    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.ln_1.weight */
-    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.ln_1.bias */
-    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.attn.c_proj.weight */
-    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.5.attn.c_proj.bias */
-    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.5.ln_2.weight */
-    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.ln_2.bias */
-    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.mlp.c_fc.weight */
-    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.5.mlp.c_fc.bias */
-    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.5.mlp.c_proj.weight */
-    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.5.mlp.c_proj.bias */
-    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.ln_1.weight */
-    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.ln_1.bias */
-    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.attn.c_proj.weight */
-    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.6.attn.c_proj.bias */
-    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.6.ln_2.weight */
-    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.ln_2.bias */
-    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.mlp.c_fc.weight */
-    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.6.mlp.c_fc.bias */
-    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.6.mlp.c_proj.weight */
-    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.6.mlp.c_proj.bias */
-    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.ln_1.weight */
-    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.ln_1.bias */
-    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.attn.c_proj.weight */
-    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0 },
+    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
     /* h.7.attn.c_proj.bias */
-    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0 },
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0 },
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0 },
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0 },
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0 },
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0 },
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
     /* h.7.ln_2.weight */
-    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.ln_2.bias */
-    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.mlp.c_fc.weight */
-    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0 },
+    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
     /* h.7.mlp.c_fc.bias */
-    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0 },
+    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
     /* h.7.mlp.c_proj.weight */
-    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0 },
+    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
     /* h.7.mlp.c_proj.bias */
-    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* ln_f.weight */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* ln_f.bias */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* wte.weight */
-    { 0, &head_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 1 },
+    { 0, &head_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 1, 0 },
 };
-static const piece pieces_tp1[] = {
+static const piece pieces_1[] = {   /* tp 1, ep 0, etp 0 */
     /* h.4.ln_1.weight */
-    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.ln_1.bias */
-    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.attn.c_proj.weight */
-    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.4.attn.c_proj.bias */
-    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.4.ln_2.weight */
-    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.ln_2.bias */
-    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.4.mlp.c_fc.weight */
-    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.4.mlp.c_fc.bias */
-    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.4.mlp.c_proj.weight */
-    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.4.mlp.c_proj.bias */
-    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.ln_1.weight */
-    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.ln_1.bias */
-    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.attn.c_proj.weight */
-    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.5.attn.c_proj.bias */
-    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.5.ln_2.weight */
-    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.ln_2.bias */
-    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.5.mlp.c_fc.weight */
-    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.5.mlp.c_fc.bias */
-    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.5.mlp.c_proj.weight */
-    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.5.mlp.c_proj.bias */
-    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.ln_1.weight */
-    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.ln_1.bias */
-    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.attn.c_proj.weight */
-    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.6.attn.c_proj.bias */
-    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.6.ln_2.weight */
-    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.ln_2.bias */
-    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.6.mlp.c_fc.weight */
-    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.6.mlp.c_fc.bias */
-    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.6.mlp.c_proj.weight */
-    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.6.mlp.c_proj.bias */
-    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.ln_1.weight */
-    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.ln_1.bias */
-    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.attn.c_proj.weight */
-    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0 },
+    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
     /* h.7.attn.c_proj.bias */
-    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0 },
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0 },
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0 },
+    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0 },
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0 },
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
     /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0 },
+    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
     /* h.7.ln_2.weight */
-    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.ln_2.bias */
-    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* h.7.mlp.c_fc.weight */
-    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0 },
+    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
     /* h.7.mlp.c_fc.bias */
-    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0 },
+    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
     /* h.7.mlp.c_proj.weight */
-    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0 },
+    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
     /* h.7.mlp.c_proj.bias */
-    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* ln_f.weight */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* ln_f.bias */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0 },
+    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
     /* wte.weight */
-    { 0, &head_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 1 },
+    { 0, &head_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 1, 0 },
 };
 
 static const piece *pieces(int *n)
 {
-    static const piece *const by_tp[CFG_TP] = {
-        pieces_tp0,
-        pieces_tp1,
+    static const struct { int tp, ep, etp, n; const piece *list; } sets[2] = {
+        { 0, 0, 0, 67, pieces_0 },
+        { 1, 0, 0, 67, pieces_1 },
     };
-    static const int count[CFG_TP] = {
-        67,
-        67,
-    };
-    *n = count[tp_rank];
-    return by_tp[tp_rank];
+    for (int i = 0; i < 2; i++)
+        if (sets[i].tp == tp_rank && sets[i].ep == ep_rank && sets[i].etp == etp_rank) {
+            *n = sets[i].n;
+            return sets[i].list;
+        }
+    RT_CHECK(0, "no parameter pieces for tp %d ep %d etp %d", tp_rank, ep_rank, etp_rank);
+    return NULL;
 }
 
 const stage_program stage1_program = {

@@ -777,14 +777,18 @@ static void save_model(const stage_program *sp, const char *path)
         close(fd);
     }
     rt_barrier(NULL);
-    int owner = dp_rank == 0 && cp_rank == 0, npieces;
+    int npieces;
     const piece *pieces = sp->pieces(&npieces);
-    if (owner && npieces > 0) {
+    if (npieces > 0) {
         int fd = open(tmp, O_WRONLY);
         RT_CHECK(fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
         for (int i = 0; i < npieces; i++) {
             const piece *pc = &pieces[i];
-            if (pc->tied_copy || (pc->replicated && tp_rank != 0)) continue;
+            /* every piece is written by exactly one rank: a data-parallel replica's first
+            ** rank, tp rank 0 for tp-replicated tensors, never the tied copy */
+            int mine = pc->expert ? edp_rank == 0 && (!pc->replicated || etp_rank == 0)
+                                  : dp_rank == 0 && cp_rank == 0 && (!pc->replicated || tp_rank == 0);
+            if (pc->tied_copy || !mine) continue;
             const tensor_info *ti = &model_tensors[pc->tensor];
             float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
             RT_CHECK(host, "out of memory");

@@ -1,0 +1,34 @@
+# build.mk: how to compile and link the programs of this directory -- generated, DO NOT EDIT.
+# Included by the top-level Makefile (make MODEL=tiny TP=1 PP=2 DP=1 VP=2 NMB=4), which defines MPICC, NVCC, OPT,
+# RT_CPU_LIBS, RT_CUDA_LIBS and HAVE_CUDA; objects go to build/<this directory>.
+#   train       CPU backend (OpenBLAS, MPI)
+#   train_cuda  CUDA backend (cuBLAS, NCCL or MPI transport), when CUDA is found
+
+GEN_OUT  := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+GEN_OBJ  := build/$(GEN_OUT)
+GEN_SRCS := model.c train.c groups.c stage0.c stage1.c
+
+GEN_OBJS := $(GEN_SRCS:%.c=$(GEN_OBJ)/%.o)
+GEN_CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Iruntime -I$(GEN_OUT) -MMD -MP
+
+$(GEN_OBJ)/%.o: $(GEN_OUT)/%.c
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(MPICC) $(GEN_CFLAGS) -c -o $@ $<
+
+$(GEN_OUT)/train: $(GEN_OBJS) $(GEN_OBJ)/kernels.o build/librt_cpu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(GEN_OBJ)/kernels.o $(RT_CPU_LIBS)
+
+$(GEN_OBJ)/kernels_cuda.o: $(GEN_OUT)/kernels.cu
+	$(E) "NVCC      $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(NVCC) $(RT_NVCC_FLAGS) -Iruntime -I$(GEN_OUT) -c -o $@ $<
+
+$(GEN_OUT)/train_cuda: $(GEN_OBJS) $(GEN_OBJ)/kernels_cuda.o build/librt_cuda.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(GEN_OBJ)/kernels_cuda.o $(RT_CUDA_LIBS)
+
+GEN_TARGETS := $(GEN_OUT)/train $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda)
+
+-include $(GEN_OBJS:.o=.d) $(GEN_OBJ)/kernels.d
