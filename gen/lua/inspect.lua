@@ -5,7 +5,9 @@
 -- Pure (returns strings); driver.lua prints them, emit.lua writes report.txt.
 
 local partition = require("partition")
+local schedule = require("schedule")
 local shards = require("shards")
+local svg = require("svg")
 local topology = require("topology")
 local util = require("util")
 
@@ -137,6 +139,7 @@ function M.summary(cfg, topo, part, sh)
         end
         for _, line in ipairs(memory_table(cfg, sh, dist)) do out[#out + 1] = line end
     end
+    M.pipeline_summary(cfg, topo, part, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
 end
@@ -271,8 +274,369 @@ function M.rank(cfg, topo, part, sh, r)
         end
     end
     for _, line in ipairs(util.columns(rows, "lrrrr")) do out[#out + 1] = "  " .. line end
+    M.distopt_rank(cfg, topo, sh, r, out)
+    M.pipeline_rank(cfg, topo, part, r, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
+end
+
+-- -- Pipeline (issue 6): schedule, in-flight micro-batches, activation memory, bubble ---------
+
+-- Bytes one activation slot of chunk 'ch' holds, as the program allocates it: the chunk's
+-- input x and gradient dy (N_SP x C each, stage.c.tmpl alloc_chunk_acts), the token ids on the
+-- embedding chunk, and per layer the saved activations of model.c.tmpl layer_acts_alloc.
+-- nil where the program does not exist yet (MoE layers, CP > 1).
+function M.slot_bytes(cfg, ch)
+    if cfg.model.moe or cfg.cp > 1 then return nil end
+    local m, TP = cfg.model, cfg.tp
+    local B, T, C = cfg.mbs, cfg.seq, m.hidden
+    local N = B * T
+    local NSP = cfg.sp and N // TP or N
+    local layer = 4 * NSP * C                    -- ln1, res1, ln2, res2
+        + 4 * NSP                                -- ln1/ln2 mean and rstd
+        + (cfg.sp and 2 * N * C or 0)            -- ln1_full, ln2_full (gathered under SP)
+        + N * (3 * C // TP)                      -- qkv
+        + B * (m.heads // TP) * T * T            -- att (probabilities)
+        + N * (C // TP)                          -- atty
+        + 2 * N * (m.ffn_hidden // TP)           -- fc, gelu
+    local floats = 2 * NSP * C + ch.count * layer
+    return 4 * floats + (ch.embedding and 4 * N or 0)   -- f32; token ids are 4-byte ints
+end
+
+-- The bubble fraction the schedule predicts (megatron-semantics.md 3): value and text.
+function M.pipeline_bubble(cfg)
+    local P, V, Mb = cfg.pp, cfg.vp, cfg.nmb
+    if P == 1 then return 0.0, "none (one stage)" end
+    if V == 1 then
+        local b = (P - 1) / Mb
+        return b, string.format("(P-1)/M = %d/%d = %.3f", P - 1, Mb, b)
+    end
+    local b = (P - 1) / (V * Mb)
+    return b, string.format("(P-1)/(V*M) = %d/%d = %.3f", P - 1, V * Mb, b)
+end
+
+-- The schedule and what it costs on every stage: {sched, kind, timeline, bubble (formula),
+-- bubble_text, stages = {[r] = {warmup, steady, cooldown, inflight, slots = {}, bytes = {},
+-- peak}}}; bytes and peak are nil where slot_bytes is.
+function M.pipeline(cfg, part)
+    local P, V, Mb = cfg.pp, cfg.vp, cfg.nmb
+    local sched = schedule.build(P, V, Mb)
+    local out = { sched = sched, kind = sched.kind, stages = {},
+                  timeline = svg.timeline(sched) }
+    out.bubble, out.bubble_text = M.pipeline_bubble(cfg)
+    for r = 0, P - 1 do
+        local st = sched.stages[r]
+        local slots = schedule.assign_slots(st, V)
+        local rec = { warmup = st.warmup, steady = st.steady, cooldown = st.cooldown,
+                      inflight = slots.inflight, slots = {}, bytes = {}, peak = 0,
+                      slot_of = slots.slot }
+        for _, ch in ipairs(part.stages[r + 1].chunks) do
+            local n, b = slots.nslots[ch.vp], M.slot_bytes(cfg, ch)
+            rec.slots[#rec.slots + 1] = n
+            rec.bytes[#rec.bytes + 1] = b
+            rec.peak = b and rec.peak and rec.peak + n * b or nil
+        end
+        out.stages[r] = rec
+    end
+    return out
+end
+
+M.KIND_TEXT = { none = "no pipelining (gradient accumulation)", ["1f1b"] = "1F1B",
+                interleaved = "interleaved 1F1B" }
+
+-- "1F1B, 8 micro-batches of 2": the schedule's kind, micro-batch count and size.
+function M.schedule_text(cfg, kind)
+    local t = M.KIND_TEXT[kind]
+    if kind == "interleaved" then t = t .. string.format(" over %d chunks", cfg.vp) end
+    return string.format("%s, %d micro-batch%s of %d", t, cfg.nmb, cfg.nmb == 1 and "" or "es",
+                         cfg.mbs)
+end
+
+-- Append the pipeline section of the summary to 'out'.
+function M.pipeline_summary(cfg, topo, part, out)
+    local pl = M.pipeline(cfg, part)
+    local tl = pl.timeline
+    out[#out + 1] = ""
+    out[#out + 1] = "pipeline schedule: " .. M.schedule_text(cfg, pl.kind)
+    out[#out + 1] = "  bubble     " .. pl.bubble_text
+    out[#out + 1] = string.format("  simulated  %.3f: makespan %d units for %d of compute per " ..
+                                  "stage (units: F 1, B 2, p2p 0)", svg.bubble(tl),
+                                  tl.makespan, tl.busy)
+    local rows = { { "stage", "warm-up", "steady", "cool-down", "in flight", "slots",
+                     "bytes/slot", "peak activations" } }
+    for r = 0, cfg.pp - 1 do
+        local s = pl.stages[r]
+        local slots, bytes = {}, {}
+        for i, n in ipairs(s.slots) do
+            slots[i] = tostring(n)
+            bytes[i] = s.bytes[i] and util.bytes(s.bytes[i]) or "-"
+        end
+        rows[#rows + 1] = { tostring(r), tostring(s.warmup), tostring(s.steady),
+                            tostring(s.cooldown), tostring(s.inflight),
+                            table.concat(slots, "+"),
+                            s.peak and table.concat(bytes, " + ") or "-",
+                            s.peak and util.bytes(s.peak) or "-" }
+    end
+    for _, line in ipairs(util.columns(rows, "rrrrrrlr")) do out[#out + 1] = "  " .. line end
+    out[#out + 1] = "  (slots: activation buffers of each chunk, one per micro-batch in flight; " ..
+                    "peak: slots x bytes)"
+    if cfg.model.moe or cfg.cp > 1 then
+        out[#out + 1] = "  (activation bytes: not known for MoE layers or CP > 1 yet)"
+    end
+end
+
+-- What the rank does for one step, with concrete peer ranks.
+local function step_text(cfg, stage, ch_of, s, slot_of, prev, nxt)
+    if s.kind == "F" or s.kind == "B" then
+        local ch = ch_of[s.chunk]
+        local last = ch.first + ch.count - 1
+        local layers = ch.count == 1 and ("layer " .. ch.first)
+            or (s.kind == "F" and string.format("layers %d..%d", ch.first, last)
+                or string.format("layers %d..%d", last, ch.first))
+        local what = layers
+        if s.kind == "F" then
+            if ch.embedding then what = "embedding, " .. what end
+            if ch.head then what = what .. ", head + loss" end
+        elseif ch.embedding then
+            what = what .. ", embedding"
+        end
+        return { string.format("%s mb %d (chunk %d, slot %d): %s",
+                               s.kind == "F" and "forward " or "backward", s.mb, s.chunk,
+                               slot_of[s.mb .. "." .. s.chunk], what) }
+    end
+    local parts = {}
+    for _, op in ipairs(s.ops) do
+        local peer = op.dir == "next" and nxt or prev
+        local where = ""
+        if cfg.vp > 1 then
+            -- the tensor's chunk here, and on the peer when it differs (the wrap-around)
+            local v = op.chunk * cfg.pp + stage
+            local step = (op.what == "act") == op.send and 1 or -1
+            local theirs = (v + step) // cfg.pp
+            where = " chunk " .. op.chunk .. (theirs ~= op.chunk and
+                string.format(" (its chunk %d there)", theirs) or "")
+        end
+        parts[#parts + 1] = string.format("%s %s mb %d%s %s rank %d",
+            op.send and "send" or "recv", op.what == "act" and "activations" or "gradient",
+            op.mb, where, op.send and "to" or "from", peer)
+    end
+    return parts
+end
+
+-- Append the rank's program to 'out': its stage source and its unrolled schedule.
+function M.pipeline_rank(cfg, topo, part, r, out)
+    local pl = M.pipeline(cfg, part)
+    local c = topology.coords(topo, r)
+    local k = c.pp
+    local st, rec = part.stages[k + 1], pl.stages[k]
+    local prev, nxt = topology.neighbours(topo, r)
+    local ppk = topology.kind(topo, "pp")
+    local stage_ranks = {}
+    for g = 0, ppk.count - 1 do stage_ranks[#stage_ranks + 1] = ppk.members[g * cfg.pp + k + 1] end
+    table.sort(stage_ranks)
+    out[#out + 1] = ""
+    local what = {}
+    for _, ch in ipairs(st.chunks) do
+        local t = ch.count == 1 and ("layer " .. ch.first)
+            or string.format("layers %d..%d", ch.first, ch.first + ch.count - 1)
+        if ch.embedding then t = "embedding, " .. t end
+        if ch.head then t = t .. ", head + loss" end
+        what[#what + 1] = t
+    end
+    out[#out + 1] = string.format("program: stage%d.c (stage %d of %d: %s)", k, k, cfg.pp,
+                                  table.concat(what, " | "))
+    out[#out + 1] = "  run by     ranks " .. util.ranks(stage_ranks, 1, #stage_ranks, 80)
+    out[#out + 1] = "  schedule   " .. M.schedule_text(cfg, pl.kind)
+    out[#out + 1] = string.format("             %d warm-up, %d steady, %d cool-down steps; " ..
+                                  "%d micro-batches in flight at most", rec.warmup, rec.steady,
+                                  rec.cooldown, rec.inflight)
+    if cfg.pp > 1 then
+        out[#out + 1] = string.format("  neighbours prev rank %d (stage %d), next rank %d " ..
+                                      "(stage %d)", prev, (k - 1) % cfg.pp, nxt,
+                                      (k + 1) % cfg.pp)
+    end
+    local ch_of = {}
+    for _, ch in ipairs(st.chunks) do ch_of[ch.vp] = ch end
+    local rows = { { "#", "phase", "step" } }
+    local PHASE = { warmup = "warm-up", steady = "steady", cooldown = "cool-down" }
+    for i, s in ipairs(pl.sched.stages[k].steps) do
+        local texts = step_text(cfg, k, ch_of, s, rec.slot_of, prev, nxt)
+        rows[#rows + 1] = { tostring(i), PHASE[s.phase] or "-", texts[1] }
+        for j = 2, #texts do rows[#rows + 1] = { "", "", "  and " .. texts[j] } end
+    end
+    for _, line in ipairs(util.columns(rows, "rll")) do out[#out + 1] = "  " .. line end
+    -- the collectives after the schedule, in the program's order (stage.c.tmpl step())
+    local after = {}
+    local function group_text(kind_name)
+        local g = topology.group_of(topo, kind_name, r)
+        local kind = topology.kind(topo, kind_name)
+        return string.format("%s [%s]", kind_name,
+                             util.ranks(kind.members, g * kind.size + 1, (g + 1) * kind.size, 40))
+    end
+    local dpcp = cfg.dp * cfg.cp > 1
+    if cfg.sp and cfg.tp > 1 then
+        after[#after + 1] = "all-reduce sequence-parallel gradients over " .. group_text("tp")
+    end
+    if cfg.pp > 1 and (k == 0 or k == cfg.pp - 1) then
+        after[#after + 1] = "all-reduce the tied wte gradient over " .. group_text("embd")
+    end
+    if dpcp then
+        after[#after + 1] = (cfg.dist_opt and "reduce-scatter" or "all-reduce") ..
+                            " gradients over " .. group_text("dp-cp")
+    end
+    if cfg.dist_opt then
+        after[#after + 1] = "all-reduce the gradient norm over the world"
+        if dpcp then after[#after + 1] = "all-gather updated parameters over " ..
+                                         group_text("dp-cp") end
+    elseif cfg.tp * cfg.pp > 1 then
+        after[#after + 1] = "all-reduce the gradient norm over " .. group_text("mp")
+    end
+    after[#after + 1] = "all-reduce the step's loss over the world"
+    out[#out + 1] = "  then"
+    for _, a in ipairs(after) do out[#out + 1] = "    " .. a end
+end
+
+-- -- Distributed optimizer (issue 5): the rank's shard, seed 002's ranges, bytes saved ------------
+
+-- The rank's pieces of the distributed optimizer's shards (megatron-semantics.md 5.3-5.4):
+-- the rank at position d of a buffer's reduce group (dp-cp; expt-dp for expert buffers) owns
+-- elements [start + d*shard, start + (d+1)*shard) of every bucket. For each parameter piece in
+-- them, seed 002's three ranges, half-open, in elements:
+--   world  offsets in the gradient buffer (the whole padded buffer, all buckets),
+--   loc    offsets in this rank's shard of the buffer (the program's main_grad and AdamW m, v:
+--          the bucket shards one after another),
+--   param  offsets inside the parameter's local tensor (this TP rank's shard), flattened.
+-- -> { group, shards, pos, buffers = { {index, chunk, kind, size, numel, shard, buckets = {
+--    {index, start, size, shard, base, lo, hi, padding, pieces = { {name, numel, world = {a, b},
+--    loc = {a, b}, param = {a, b}} }} }} } }; pure, for the report and the tests.
+function M.optimizer_shard(cfg, topo, sh, r)
+    local cls = shards.class_of(sh, r)
+    local out = { buffers = {} }
+    for bi, b in ipairs(cls.buffers) do
+        local group = b.kind == "expert" and "expt-dp" or "dp-cp"
+        local _, pos = topology.group_of(topo, group, r)
+        if not out.group then out.group, out.shards, out.pos = group, b.dp_shards, pos end
+        local buf = { index = bi - 1, chunk = b.chunk, kind = b.kind, group = group, pos = pos,
+                      shards = b.dp_shards, size = b.size, numel = b.numel, shard = b.shard,
+                      buckets = {} }
+        local base = 0
+        for ki, bk in ipairs(b.buckets) do
+            local lo = bk.start + pos * bk.shard
+            local hi = lo + bk.shard
+            local rec = { index = ki - 1, start = bk.start, size = bk.size, shard = bk.shard,
+                          base = base, lo = lo, hi = hi, pieces = {} }
+            local held = 0
+            for _, s in ipairs(bk.slots) do
+                local a, z = math.max(lo, s.offset), math.min(hi, s.offset + s.numel)
+                if a < z then
+                    rec.pieces[#rec.pieces + 1] = {
+                        name = s.name, numel = s.numel, world = { a, z },
+                        loc = { base + a - lo, base + z - lo },
+                        param = { a - s.offset, z - s.offset },
+                    }
+                    held = held + z - a
+                end
+            end
+            rec.padding = bk.shard - held
+            buf.buckets[#buf.buckets + 1] = rec
+            base = base + bk.shard
+        end
+        out.buffers[#out.buffers + 1] = buf
+    end
+    return out
+end
+
+-- Seed 002's bytes per parameter with the distributed optimizer: param + grad + optim/d.
+local function per_param_text(d, dt)
+    return string.format("%d + %d/d", dt.param + dt.grad, dt.optim)
+end
+
+-- Append the distributed-optimizer section of rank r's report to 'out' (only with DIST_OPT).
+function M.distopt_rank(cfg, topo, sh, r, out)
+    if not cfg.dist_opt then return end
+    local os_ = M.optimizer_shard(cfg, topo, sh, r)
+    local cls = shards.class_of(sh, r)
+    out[#out + 1] = ""
+    out[#out + 1] = string.format("distributed optimizer: rank %d is %s rank %d of %d and owns " ..
+                                  "shard %d of every bucket", r, os_.group, os_.pos, os_.shards,
+                                  os_.pos)
+    out[#out + 1] = "  (seed 002's ranges, [start, end) in elements: world = in the gradient " ..
+                    "buffer, local = in this"
+    out[#out + 1] = "   rank's shard (main_grad, AdamW m and v), param = inside the " ..
+                    "parameter's local tensor, flattened)"
+    for _, b in ipairs(os_.buffers) do
+        out[#out + 1] = string.format("  buffer %d (chunk %d, %s): %s elements (%s padding), " ..
+                                      "%d bucket%s, shard %s", b.index, b.chunk, b.kind,
+                                      util.thousands(b.size), util.thousands(b.size - b.numel),
+                                      #b.buckets, #b.buckets == 1 and "" or "s",
+                                      util.thousands(b.shard))
+        for _, k in ipairs(b.buckets) do
+            out[#out + 1] = string.format("    bucket %d [%d, %d), shard %s", k.index, k.start,
+                                          k.start + k.size, util.thousands(k.shard))
+            out[#out + 1] = string.format("      this rank: world [%d, %d), local [%d, %d), " ..
+                                          "%s padding", k.lo, k.hi, k.base, k.base + k.shard,
+                                          util.thousands(k.padding))
+            -- one row per piece, and below a straddling one the other owners (the shards its
+            -- ends fall in); pieces stack on two lines where the table would not fit
+            local rows, notes = { { "parameter", "world", "local", "param", "of" } }, {}
+            for _, pc in ipairs(k.pieces) do
+                local others = {}
+                local first = (pc.world[1] - pc.param[1] - k.start) // k.shard
+                local last = (pc.world[2] - pc.param[2] + pc.numel - 1 - k.start) // k.shard
+                for q = first, last do
+                    if q ~= b.pos then others[#others + 1] = q end
+                end
+                rows[#rows + 1] = {
+                    pc.name, string.format("[%d, %d)", pc.world[1], pc.world[2]),
+                    string.format("[%d, %d)", pc.loc[1], pc.loc[2]),
+                    string.format("[%d, %d)", pc.param[1], pc.param[2]), tostring(pc.numel),
+                }
+                notes[#rows] = #others > 0 and string.format("straddles: the rest on %s " ..
+                    "rank%s %s", b.group, #others == 1 and "" or "s",
+                    util.ranks(others, 1, #others, 40)) or nil
+            end
+            local lines = util.columns(rows, "lrrrr")
+            local wide = false
+            for _, line in ipairs(lines) do wide = wide or #line + 6 > 100 end
+            if #k.pieces == 0 then
+                out[#out + 1] = "      (padding only)"
+            end
+            for i, line in ipairs(#k.pieces > 0 and lines or {}) do
+                if not wide then
+                    out[#out + 1] = "      " .. line
+                elseif i > 1 then
+                    local row = rows[i]
+                    out[#out + 1] = string.format("      %s (of %s)", row[1], row[5])
+                    out[#out + 1] = string.format("          world %s  local %s  param %s",
+                                                  row[2], row[3], row[4])
+                end
+                if notes[i] then out[#out + 1] = "          " .. notes[i] end
+            end
+        end
+    end
+    -- seed 002's table for this rank's parameters, then what this program allocates
+    local d = os_.shards
+    out[#out + 1] = string.format("  memory it saves (seed 002: bytes per parameter without -> " ..
+                                  "with, d = %d; this rank's totals)", d)
+    local rows = { { "", "B/param", "with dist-opt", "without", "with", "saved" } }
+    for _, dt in ipairs(sh.dtypes) do
+        local without = shards.bytes_of(cls, dt.name, false)
+        local with = shards.bytes_of(cls, dt.name, true)
+        rows[#rows + 1] = { dt.label, tostring(dt.param + dt.grad + dt.optim),
+                            string.format("%s = %.2f", per_param_text(d, dt),
+                                          dt.param + dt.grad + dt.optim / d),
+                            util.bytes(without.total), util.bytes(with.total),
+                            util.bytes(without.total - with.total) }
+    end
+    local size, shard = 0, 0
+    for _, b in ipairs(cls.buffers) do size, shard = size + b.size, shard + b.shard end
+    -- stage.c.tmpl: f32 pbuf and gbuf (whole buffer), main_grad, m and v (shard) vs pbuf,
+    -- gbuf, m, v of the whole buffer
+    local prog_without, prog_with = 16 * size, 4 * (2 * size + 3 * shard)
+    rows[#rows + 1] = { "this program (f32, + main_grad)", "16",
+                        string.format("8 + 12/d = %.2f", 8 + 12 / d), util.bytes(prog_without),
+                        util.bytes(prog_with), util.bytes(prog_without - prog_with) }
+    for _, line in ipairs(util.columns(rows, "lrlrrr")) do out[#out + 1] = "    " .. line end
 end
 
 return M

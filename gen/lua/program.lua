@@ -384,8 +384,16 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
                 }
             end
         end
-        piece_sets[#piece_sets + 1] = { i = int(ci - 1), tp = int(c.tp), ep = int(c.ep),
-                                        etp = int(c.etp), pieces = list, n = int(#list) }
+        -- the key a rank finds its pieces by (tp_rank, ep_rank, etp_rank); a dense model's
+        -- pieces depend on the tp rank only, so its ep and etp are -1: any (its classes carry
+        -- 0 there, while its ranks' expert-grid coordinates follow ETP)
+        local dense = cfg.model.moe == nil
+        piece_sets[#piece_sets + 1] = {
+            i = int(ci - 1), tp = int(c.tp), ep = int(dense and -1 or c.ep),
+            etp = int(dense and -1 or c.etp), pieces = list, n = int(#list),
+            label = dense and string.format("tp %d", c.tp)
+                or string.format("tp %d, ep %d, etp %d", c.tp, c.ep, c.etp),
+        }
     end
 
     local max_buckets = 1

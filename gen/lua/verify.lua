@@ -4,11 +4,15 @@
 -- schedule.build, possibly with collective steps appended) against the blocking semantics of the
 -- transport: an exchange posts all its sends and receives together and completes when every one
 -- of them has met its partner; a lone send waits for its receive (no eager buffering is
--- assumed). Messages on one channel (source, destination, tag) match in posting order, as MPI
--- and NCCL match them; activations and gradients travel under different tags.
+-- assumed). Messages match in posting order per (source, destination, tag) as MPI matches
+-- them (activations and gradients travel under different tags), or, for NCCL, which has no
+-- tags, per (source, destination) with each exchange posted sorted by (peer, tag) as the
+-- runtime posts it; program.lua checks both.
 -- It checks that every send meets a receive of the same kind, shape, micro-batch and chunk, that
--- a forward (backward) only runs after its input (output gradient) arrived, that every
--- collective is entered by all its members in the same order, and that all stages finish.
+-- a tensor is sent only after the forward (backward) that computes it, that a forward
+-- (backward) only runs after its input (output gradient) arrived, that every collective is
+-- entered by all its members in the same order, that all stages finish, and that every stage
+-- ran the forward and the backward of each (micro-batch, chunk) exactly once.
 -- On failure it returns nil and a counterexample (lines of text); it never raises.
 
 local M = {}
@@ -41,10 +45,34 @@ local function describe(op, P, names, r)
         op.send and "to" or "from", names[peer])
 end
 
+-- Message tags as the program uses them (stage.c.tmpl TAG_ACT, TAG_GRAD).
+local TAG = { act = 0, grad = 1 }
+
+-- The ops of an exchange in the order the transport posts them: as listed (MPI matches per
+-- tag), or sorted by (peer, tag), stably, as the runtime posts them to NCCL, which has no tags
+-- and matches every message between two ranks in posting order (runtime/rt.h rt_p2p).
+local function posting_order(ops, P, r, transport)
+    if transport ~= "nccl" then return ops end
+    local idx = {}
+    for i = 1, #ops do idx[i] = i end
+    table.sort(idx, function(a, b)
+        local pa, pb = peer_of(P, r, ops[a].dir), peer_of(P, r, ops[b].dir)
+        if pa ~= pb then return pa < pb end
+        local ta, tb = TAG[ops[a].what], TAG[ops[b].what]
+        if ta ~= tb then return ta < tb end
+        return a < b
+    end)
+    local out = {}
+    for i, j in ipairs(idx) do out[i] = ops[j] end
+    return out
+end
+
 --[[
 ** Simulate sched.stages[0..P-1] (each {steps=...}). opts.names[r] names stage r's ranks for
 ** messages (default "stage r"); opts.shape(r, op) gives the element count of an op (default
-** the same for all). Returns true, or nil plus an array of lines explaining the failure.
+** the same for all); opts.transport is "mpi" (default: messages match per sender, receiver
+** and tag) or "nccl" (per sender and receiver only, each exchange posted sorted by peer and
+** tag). Returns true, or nil plus an array of lines explaining the failure.
 ]]
 function M.check(sched, opts)
     opts = opts or {}
@@ -52,11 +80,12 @@ function M.check(sched, opts)
     local names = opts.names or {}
     for r = 0, P - 1 do names[r] = names[r] or ("stage " .. r) end
     local shape = opts.shape or function() return 1 end
+    local transport = opts.transport or "mpi"
 
-    local pc, pending, done = {}, {}, {}
-    local have_act, have_grad, fwd_done = {}, {}, {}
+    local pc, pending = {}, {}
+    local have_act, have_grad, fwd_done, bwd_done = {}, {}, {}, {}
     for r = 0, P - 1 do
-        pc[r], have_act[r], have_grad[r], fwd_done[r] = 1, {}, {}, {}
+        pc[r], have_act[r], have_grad[r], fwd_done[r], bwd_done[r] = 1, {}, {}, {}, {}
     end
     local queues = {}      -- channel key -> {sends = {}, recvs = {}}
     local coll = {}        -- group -> {entered = {[r] = n}, names = {["r#n"] = name}}
@@ -64,7 +93,7 @@ function M.check(sched, opts)
     local errors = {}
 
     local function channel(src, dst, what)
-        local key = src .. ">" .. dst .. ":" .. what
+        local key = src .. ">" .. dst .. ":" .. (transport == "nccl" and "all" or what)
         local q = queues[key]
         if not q then q = { sends = {}, recvs = {}, src = src, dst = dst }; queues[key] = q end
         return q
@@ -78,7 +107,8 @@ function M.check(sched, opts)
             local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
             local want = peer_chunk(P, V, q.src, s.op)
             local ss, rs = shape(q.src, s.op), shape(q.dst, rv.op)
-            if want ~= rv.op.chunk or s.op.mb ~= rv.op.mb or ss ~= rs then
+            if want ~= rv.op.chunk or s.op.mb ~= rv.op.mb or s.op.what ~= rv.op.what
+               or ss ~= rs then
                 errors[#errors + 1] = ("%s: %s, but %s: %s%s"):format(
                     names[q.src], describe(s.op, P, names, q.src),
                     names[q.dst], describe(rv.op, P, names, q.dst),
@@ -105,7 +135,14 @@ function M.check(sched, opts)
             if st.kind == "X" then
                 if not pending[r] then
                     local posted = {}
-                    for _, op in ipairs(st.ops) do
+                    for _, op in ipairs(posting_order(st.ops, P, r, transport)) do
+                        local made = op.what == "act" and fwd_done or bwd_done
+                        if op.send and not made[r][key(op.mb, op.chunk)] then
+                            errors[#errors + 1] = ("%s would %s before its %s ran"):format(
+                                names[r], describe(op, P, names, r),
+                                op.what == "act" and "forward" or "backward")
+                            return false
+                        end
                         local peer = peer_of(P, r, op.dir)
                         local item = { op = op, done = false }
                         posted[#posted + 1] = item
@@ -149,8 +186,18 @@ function M.check(sched, opts)
                         .. "input arrived"):format(names[r], st.mb, st.chunk)
                     return false
                 end
+                if fwd_done[r][key(st.mb, st.chunk)] then
+                    errors[#errors + 1] = ("%s runs the forward of mb %d (chunk %d) twice")
+                        :format(names[r], st.mb, st.chunk)
+                    return false
+                end
                 fwd_done[r][key(st.mb, st.chunk)] = true
             elseif st.kind == "B" then
+                if bwd_done[r][key(st.mb, st.chunk)] then
+                    errors[#errors + 1] = ("%s runs the backward of mb %d (chunk %d) twice")
+                        :format(names[r], st.mb, st.chunk)
+                    return false
+                end
                 if not fwd_done[r][key(st.mb, st.chunk)] then
                     errors[#errors + 1] = ("%s runs the backward of mb %d (chunk %d) before "
                         .. "its forward"):format(names[r], st.mb, st.chunk)
@@ -162,6 +209,7 @@ function M.check(sched, opts)
                         .. "output gradient arrived"):format(names[r], st.mb, st.chunk)
                     return false
                 end
+                bwd_done[r][key(st.mb, st.chunk)] = true
             end
             pc[r] = pc[r] + 1
             moved = true
@@ -209,6 +257,18 @@ function M.check(sched, opts)
         if #q.sends > 0 or #q.recvs > 0 then
             return nil, { ("%s -> %s: %d send(s) and %d receive(s) never matched"):format(
                 names[q.src], names[q.dst], #q.sends, #q.recvs) }
+        end
+    end
+    -- every (micro-batch, chunk) went forward and backward on every stage
+    for r = 0, P - 1 do
+        for c = 0, V - 1 do
+            for mb = 0, (sched.M or 0) - 1 do
+                local k = key(mb, c)
+                if not (fwd_done[r][k] and bwd_done[r][k]) then
+                    return nil, { ("%s never runs the %s of mb %d (chunk %d)"):format(
+                        names[r], fwd_done[r][k] and "backward" or "forward", mb, c) }
+                end
+            end
         end
     end
     return true

@@ -104,7 +104,7 @@ T.test("MANIFEST, repeatable rendering, writing", function()
     local cfg, topo, part, sh = build("tiny", { tp = 2, pp = 2, dp = 2 })
     local a = emit.render(cfg, topo, part, sh)
     local b = emit.render(build("tiny", { tp = 2, pp = 2, dp = 2 }))
-    T.eq(#a, 4, "four files")
+    T.eq(#a, 5, "five files (with schedule.svg)")
     for i = 1, #a do T.ok(a[i].text == b[i].text, "%s differs between renders", a[i].name) end
     local manifest = a[#a].text
     for _, f in ipairs(a) do

@@ -531,7 +531,7 @@ static void state_io(float *host, int save)
 /* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
 ** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
 ** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
-static const piece pieces_0[] = {   /* tp 0, ep 0, etp 0 */
+static const piece pieces_0[] = {   /* tp 0 */
     /* wte.weight */
     { 0, &embed_p.wte, 64, 0, 0, 0, 0, 256, 64, 0, 0, 0 },
     /* wpe.weight */
@@ -669,10 +669,11 @@ static const piece pieces_0[] = {   /* tp 0, ep 0, etp 0 */
 static const piece *pieces(int *n)
 {
     static const struct { int tp, ep, etp, n; const piece *list; } sets[1] = {
-        { 0, 0, 0, 66, pieces_0 },
+        { 0, -1, -1, 66, pieces_0 },
     };
     for (int i = 0; i < 1; i++)
-        if (sets[i].tp == tp_rank && sets[i].ep == ep_rank && sets[i].etp == etp_rank) {
+        if (sets[i].tp == tp_rank && (sets[i].ep < 0 || sets[i].ep == ep_rank) &&
+            (sets[i].etp < 0 || sets[i].etp == etp_rank)) {   /* -1: any (dense model) */
             *n = sets[i].n;
             return sets[i].list;
         }

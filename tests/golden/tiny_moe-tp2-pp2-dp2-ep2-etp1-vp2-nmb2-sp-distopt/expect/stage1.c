@@ -764,7 +764,8 @@ static const piece *pieces(int *n)
         { 1, 1, 0, 45, pieces_1 },
     };
     for (int i = 0; i < 2; i++)
-        if (sets[i].tp == tp_rank && sets[i].ep == ep_rank && sets[i].etp == etp_rank) {
+        if (sets[i].tp == tp_rank && (sets[i].ep < 0 || sets[i].ep == ep_rank) &&
+            (sets[i].etp < 0 || sets[i].etp == etp_rank)) {   /* -1: any (dense model) */
             *n = sets[i].n;
             return sets[i].list;
         }

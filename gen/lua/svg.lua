@@ -1,0 +1,181 @@
+-- svg.lua: the pipeline schedule as a picture (schedule.svg) and its simple time model.
+--
+-- svg.timeline(sched) simulates the unrolled schedules of schedule.build with a forward of one
+-- chunk costing 1 unit, a backward 2 units, and communication instantaneous but blocking as
+-- the transport is (verify.lua): a batched exchange completes when each of its operations has
+-- met its partner, at the later of the two posting times. It returns every compute box with
+-- its start and end and the makespan; the idle share it implies is the simulated bubble.
+-- svg.render(sched, opts) draws that timeline: one row per stage, one column per time unit,
+-- an F or B box per (micro-batch, chunk), filled with the micro-batch's colour.
+-- Pure: returns tables and text; emit.lua writes the file, inspect.lua prints the numbers.
+
+local M = {}
+
+M.COST = { F = 1, B = 2 }
+
+local function peer_of(P, r, dir)
+    if dir == "next" then return (r + 1) % P end
+    return (r - 1) % P
+end
+
+--[[
+** Simulate sched.stages[0..P-1] (steps F, B, X; collective steps C are ignored). Returns
+** {makespan =, busy =, stages = {[r] = {boxes = {{kind, mb, chunk, t0, t1}...}, finish =}}}.
+** Raises an internal error if the schedule cannot finish (verify.check rejects those first).
+]]
+function M.timeline(sched, cost)
+    cost = cost or M.COST
+    local P = sched.P
+    local pc, clock, pending, out = {}, {}, {}, {}
+    for r = 0, P - 1 do
+        pc[r], clock[r], out[r] = 1, 0, { boxes = {}, finish = 0 }
+    end
+    local queues = {}
+    local function channel(src, dst, what)
+        local k = src .. ">" .. dst .. ":" .. what
+        queues[k] = queues[k] or { sends = {}, recvs = {} }
+        return queues[k]
+    end
+    local function match(q)
+        while #q.sends > 0 and #q.recvs > 0 do
+            local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
+            local t = math.max(s.posted, rv.posted)
+            s.done, rv.done = t, t
+        end
+    end
+    local function advance(r)
+        local steps, moved = sched.stages[r].steps, false
+        while pc[r] <= #steps do
+            local st = steps[pc[r]]
+            if st.kind == "F" or st.kind == "B" then
+                local t0 = clock[r]
+                clock[r] = t0 + cost[st.kind]
+                local b = out[r].boxes
+                b[#b + 1] = { kind = st.kind, mb = st.mb, chunk = st.chunk, t0 = t0, t1 = clock[r] }
+            elseif st.kind == "X" then
+                if not pending[r] then
+                    local items = {}
+                    for _, op in ipairs(st.ops) do
+                        local peer = peer_of(P, r, op.dir)
+                        local item = { posted = clock[r] }
+                        items[#items + 1] = item
+                        local q = op.send and channel(r, peer, op.what) or channel(peer, r, op.what)
+                        if op.send then q.sends[#q.sends + 1] = item
+                        else q.recvs[#q.recvs + 1] = item end
+                        match(q)
+                    end
+                    pending[r] = items
+                end
+                local t = clock[r]
+                for _, item in ipairs(pending[r]) do
+                    if not item.done then return moved end
+                    t = math.max(t, item.done)
+                end
+                clock[r], pending[r] = t, nil
+            end
+            pc[r] = pc[r] + 1
+            moved = true
+        end
+        return moved
+    end
+    local progress = true
+    while progress do
+        progress = false
+        for r = 0, P - 1 do
+            if advance(r) then progress = true end
+        end
+    end
+    local makespan, busy = 0, 0
+    for r = 0, P - 1 do
+        assert(pc[r] > #sched.stages[r].steps, "svg.timeline: the schedule does not finish")
+        out[r].finish = clock[r]
+        makespan = math.max(makespan, clock[r])
+    end
+    for _, b in ipairs(out[0].boxes) do busy = busy + (b.t1 - b.t0) end
+    return { makespan = makespan, busy = busy, stages = out }
+end
+
+-- Idle time over compute time of the simulated schedule, (makespan - busy) / busy: for
+-- 1F1B this is Megatron's (P-1)/M bubble when every stage computes alike.
+function M.bubble(tl)
+    return (tl.makespan - tl.busy) / tl.busy
+end
+
+-- -- Drawing -------------------------------------------------------------------------------
+
+-- Colour of micro-batch mb: hues spaced by the golden angle, so neighbours differ.
+local function hue(mb) return (mb * 137) % 360 end
+
+local function esc(s)
+    return (s:gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
+end
+
+--[[
+** The SVG text of sched's timeline. opts.labels[r]: the row label of stage r (default
+** "stage r"); opts.title: a line above the picture; opts.note: a line below it.
+]]
+function M.render(sched, opts)
+    opts = opts or {}
+    local tl = M.timeline(sched)
+    local P, V = sched.P, sched.V
+    local span = math.max(tl.makespan, 1)
+    -- a unit is 10..28 pixels wide, the picture about 1600 pixels at most
+    local unit = math.max(10, math.min(28, 1600 // span))
+    local row, gap, top = 26, 6, 44
+    local left = 0
+    for r = 0, P - 1 do
+        left = math.max(left, #(opts.labels and opts.labels[r] or ("stage " .. r)))
+    end
+    left = 24 + 7 * left         -- about 7 pixels a character at 11 pixels
+    local width = left + span * unit + 20
+    local height = top + P * (row + gap) + 56
+    local o = {}
+    local function add(fmt, ...) o[#o + 1] = string.format(fmt, ...) end
+    add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ' ..
+        'font-family="sans-serif" font-size="11">', width, height, width, height)
+    add('<rect width="%d" height="%d" fill="white"/>', width, height)
+    add('<text x="8" y="16" font-size="13" font-weight="bold">%s</text>',
+        esc(opts.title or "pipeline schedule"))
+    -- time axis: a tick every k units
+    local k = 1
+    while k * unit < 40 do k = k * 2 end
+    for t = 0, span, k do
+        local x = left + t * unit
+        add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#dddddd"/>', x, top - 6, x,
+            top + P * (row + gap) - gap)
+        add('<text x="%d" y="%d" text-anchor="middle" fill="#666666">%d</text>', x, top - 10, t)
+    end
+    for r = 0, P - 1 do
+        local y = top + r * (row + gap)
+        local label = opts.labels and opts.labels[r] or ("stage " .. r)
+        add('<text x="8" y="%d">%s</text>', y + row // 2 + 4, esc(label))
+        for _, b in ipairs(tl.stages[r].boxes) do
+            local x, w = left + b.t0 * unit, (b.t1 - b.t0) * unit
+            local name = V > 1 and string.format("%s%d.%d", b.kind, b.mb, b.chunk)
+                or string.format("%s%d", b.kind, b.mb)
+            local light = b.kind == "F" and 78 or 48
+            add('<g><title>%s: %s micro-batch %d, chunk %d, time %d-%d</title>', esc(label),
+                b.kind == "F" and "forward" or "backward", b.mb, b.chunk, b.t0, b.t1)
+            add('<rect x="%d" y="%d" width="%d" height="%d" fill="hsl(%d,70%%,%d%%)" ' ..
+                'stroke="#333333" stroke-width="%s"/>', x, y, w, row, hue(b.mb), light,
+                (V > 1 and b.chunk % 2 == 1) and "2" or "0.5")
+            -- the label when it fits (about 6.5 pixels a character)
+            if #name * 13 <= 2 * (w - 2) then
+                add('<text x="%d" y="%d" text-anchor="middle" fill="%s">%s</text>', x + w // 2,
+                    y + row // 2 + 4, b.kind == "F" and "#000000" or "#ffffff", name)
+            end
+            add("</g>")
+        end
+    end
+    local y = top + P * (row + gap) + 14
+    add('<text x="8" y="%d" fill="#333333">F = forward of one chunk (1 unit), B = backward ' ..
+        '(2 units), communication instantaneous; colour = micro-batch%s</text>', y,
+        V > 1 and "; Fm.c = micro-batch m, local chunk c (odd chunks: thick border)" or "")
+    add('<text x="8" y="%d" fill="#333333">makespan %d units for %d of compute per stage: ' ..
+        'bubble %.3f (simulated)%s</text>', y + 18, tl.makespan, tl.busy, M.bubble(tl),
+        opts.note and ("; " .. esc(opts.note)) or "")
+    add("</svg>")
+    return table.concat(o, "\n") .. "\n"
+end
+
+return M

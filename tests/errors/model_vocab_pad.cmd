@@ -1,0 +1,1 @@
+tests/errors/model_vocab_pad.lua --tp 2

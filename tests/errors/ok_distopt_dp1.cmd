@@ -1,0 +1,1 @@
+tiny --tp 2 --dist-opt

@@ -1,0 +1,1 @@
+tiny --tp 2 --dp 2 --cp 2
