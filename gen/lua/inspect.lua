@@ -275,6 +275,7 @@ function M.rank(cfg, topo, part, sh, r)
     end
     for _, line in ipairs(util.columns(rows, "lrrrr")) do out[#out + 1] = "  " .. line end
     M.distopt_rank(cfg, topo, sh, r, out)
+    M.moe_rank(cfg, topo, part, sh, r, out)
     M.pipeline_rank(cfg, topo, part, r, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
@@ -637,6 +638,217 @@ function M.distopt_rank(cfg, topo, sh, r, out)
                         string.format("8 + 12/d = %.2f", 8 + 12 / d), util.bytes(prog_without),
                         util.bytes(prog_with), util.bytes(prog_without - prog_with) }
     for _, line in ipairs(util.columns(rows, "lrlrrr")) do out[#out + 1] = "    " .. line end
+end
+
+-- -- Mixture of experts (issue 7): the rank's experts, their groups, the token traffic ----------
+
+-- A count for the report: integers with thousands separators, other values with 1 decimal.
+local function count_text(x)
+    if x == math.floor(x) then return util.thousands(math.tointeger(x) or math.floor(x)) end
+    return string.format("%.1f", x)
+end
+
+-- The expert block's communication on one rank, per MoE layer and micro-batch, for a balanced
+-- load: the rank's N_SP tokens (its sequence shard of the micro-batch) make N_SP*K choices,
+-- spread evenly over the E experts; with a capacity factor each expert keeps at most
+-- ceil(N*K/E * factor) of the micro-batch's choices, so a share min(1, cap / (N*K/E)) is sent.
+-- The collectives are the program's (templates/program/moe.c.tmpl), f32 rows of C channels,
+-- "+1" where the routing probability (or its gradient) travels with the row:
+--   forward   all-to-all over ep       the kept rows and probabilities to the experts' ranks
+--             all-gather over expt-tp  every member's received rows          (ETP > 1)
+--             reduce-scatter, expt-tp  each member's rows, the partial outputs summed (ETP > 1)
+--             all-to-all over ep       the outputs back to the tokens' ranks
+--   backward  the same, mirrored: output gradients out (C), input and probability gradients
+--             back (C + 1).
+-- Rows per peer are expectations (fractional when EP does not divide the kept choices).
+-- -> { tokens, choices, kept, capacity (nil without a factor), rows_ep (per EP peer),
+--      rows_etp (a member's received rows), ops = { {pass, op, group, what, width, peers,
+--      rows, bytes (per peer), off (to the other members), sent (all members, itself
+--      included)} } (only ops whose group has 2 or more members), forward, backward
+--      (off-rank bytes), sent }; nil for a dense model. Pure.
+function M.moe_traffic(cfg)
+    local moe = cfg.model.moe
+    if not moe then return nil end
+    local E, K, C = moe.experts, moe.top_k, cfg.model.hidden
+    local N = cfg.mbs * cfg.seq
+    local nsp = cfg.sp and N // cfg.tp or N
+    local choices = nsp * K
+    local kept, cap = choices, nil
+    if moe.capacity_factor then
+        cap = math.ceil((N * K / E) * moe.capacity_factor)
+        local even = N * K / E
+        if cap < even then kept = choices * cap / even end
+    end
+    local EP, ETP = cfg.ep, cfg.etp
+    local t = { tokens = nsp, choices = choices, kept = kept, capacity = cap,
+                rows_ep = kept / EP, rows_etp = kept, ops = {}, forward = 0, backward = 0,
+                sent = 0 }
+    local function op(pass, name, group, what, width, peers, rows)
+        if peers < 2 then return end
+        local bytes = rows * width * 4
+        local rec = { pass = pass, op = name, group = group, what = what, width = width,
+                      peers = peers, rows = rows, bytes = bytes, off = (peers - 1) * bytes,
+                      sent = peers * bytes }
+        t.ops[#t.ops + 1] = rec
+        t[pass] = t[pass] + rec.off
+        t.sent = t.sent + rec.sent
+    end
+    op("forward", "all-to-all", "ep", "rows + probs out", C + 1, EP, t.rows_ep)
+    op("forward", "all-gather", "expt-tp", "rows + probs", C + 1, ETP, kept)
+    op("forward", "reduce-scatter", "expt-tp", "partial outputs", C, ETP, kept)
+    op("forward", "all-to-all", "ep", "outputs back", C, EP, t.rows_ep)
+    op("backward", "all-to-all", "ep", "output grads out", C, EP, t.rows_ep)
+    op("backward", "all-gather", "expt-tp", "output grads", C, ETP, kept)
+    op("backward", "reduce-scatter", "expt-tp", "input + prob grads", C + 1, ETP, kept)
+    op("backward", "all-to-all", "ep", "input + prob grads back", C + 1, EP, t.rows_ep)
+    return t
+end
+
+-- The global ids of the experts rank 'r' holds (contiguous: ep_rank*E/EP ...).
+function M.moe_experts(cfg, topo, r)
+    local nl = cfg.model.moe.experts // cfg.ep
+    local first = topology.coords(topo, r).ep * nl
+    return first, first + nl - 1
+end
+
+-- Append the mixture-of-experts section of rank r's report to 'out' (MoE models only).
+function M.moe_rank(cfg, topo, part, sh, r, out)
+    local moe = cfg.model.moe
+    if not moe then return end
+    local c = topology.coords(topo, r)
+    local cls = shards.class_of(sh, r)
+    local function group_text(name, width)
+        local g = topology.group_of(topo, name, r)
+        local kind = topology.kind(topo, name)
+        return string.format("%s [%s]", name, util.ranks(kind.members, g * kind.size + 1,
+                                                        (g + 1) * kind.size, width or 24))
+    end
+    local function label(name) return "  " .. name .. string.rep(" ", 13 - #name) end
+    local lo, hi = M.moe_experts(cfg, topo, r)
+    local layers = {}
+    for _, ch in ipairs(part.stages[c.pp + 1].chunks) do
+        for i = ch.first, ch.first + ch.count - 1 do layers[#layers + 1] = i end
+    end
+    out[#out + 1] = ""
+    out[#out + 1] = string.format("experts: %d per MoE layer, top %d, expert ffn %d%s%s",
+                                  moe.experts, moe.top_k, moe.ffn_hidden,
+                                  moe.pre_softmax and ", softmax before top-k" or "",
+                                  moe.capacity_factor and
+                                  string.format(", capacity factor %.9g", moe.capacity_factor)
+                                  or "")
+    out[#out + 1] = string.format("%sep %d of %d, expt-tp %d of %d, expt-dp %d of %d (expert " ..
+                                  "grid etp-ep-edp-pp)", label("this rank"), c.ep, cfg.ep,
+                                  c.etp, cfg.etp, c.edp, cfg.edp)
+    -- the experts, their slices and their elements
+    local enumel, slices = 0, {}
+    for _, p in ipairs(cls.params) do
+        if p.expert then
+            enumel = enumel + p.numel
+            if p.expert_id == lo and p.layer == layers[1] then
+                local role = p.role:gsub("^mlp%.experts%.", "")
+                local h = holds(p)
+                slices[#slices + 1] = string.format("%s %s", role, h[1] == "all" and
+                                                    ("whole " .. util.shape(p.shape)) or
+                                                    (table.concat(h, " ") .. " of " ..
+                                                     util.shape(p.shape)))
+            end
+        end
+    end
+    out[#out + 1] = string.format(label("holds") .. "%s (global ids) of each of its %d " ..
+                                  "MoE layer%s (h.%s)", lo == hi and ("expert " .. lo) or
+                                  string.format("experts %d-%d", lo, hi), #layers,
+                                  #layers == 1 and "" or "s",
+                                  util.ranks(layers, 1, #layers, 20))
+    for i, s in ipairs(slices) do
+        out[#out + 1] = (i == 1 and label("each") or label("")) .. s
+    end
+    out[#out + 1] = string.format(label("elements") .. "%s of this rank's %s (the model: %s in " ..
+                                  "experts)", util.thousands(enumel), util.thousands(cls.numel),
+                                  util.thousands(sh.unique_expert))
+    -- where their gradients go
+    local sample, router
+    for _, p in ipairs(cls.params) do
+        if p.expert and not sample then sample = p end
+        if p.role == "mlp.router.weight" and not router then router = p end
+    end
+    local dpcp = cfg.dp * cfg.cp
+    local function reduce_text(p)
+        local parts = {}
+        for _, g in ipairs(p.reduce) do
+            local kind = topology.kind(topo, g)
+            if topology.group_of(topo, g, r) and kind.size > 1 then
+                parts[#parts + 1] = group_text(g)
+            end
+        end
+        return #parts > 0 and table.concat(parts, " + ")
+            or string.format("not reduced (%s has one member)", p.reduce[1])
+    end
+    out[#out + 1] = string.format("%s%s, scaled 1/(DP*CP) = 1/%d (%s buffer)",
+                                  label("expert grads"), reduce_text(sample), dpcp, sample.buffer)
+    if sample.buffer == "dense" then
+        out[#out + 1] = label("") .. "(EP 1 and ETP = TP: the experts are split like the " ..
+                        "dense MLP, in its buffer)"
+    end
+    local line = string.format("%sh.i.mlp.router.weight %s, replicated; grads: %s",
+                               label("router"), util.shape(router.shape), reduce_text(router))
+    if #line > 100 then      -- the groups on a line of their own
+        out[#out + 1] = string.format("%sh.i.mlp.router.weight %s, replicated", label("router"),
+                                      util.shape(router.shape))
+        line = label("") .. "grads: " .. reduce_text(router)
+    end
+    out[#out + 1] = line
+    if cfg.sp and cfg.tp > 1 then
+        out[#out + 1] = label("") .. "(tp: under SP each tp rank routes its own sequence shard)"
+    end
+    local norm
+    if cfg.dist_opt then
+        norm = "in each rank's optimizer shard, summed over the world"
+    elseif sample.buffer == "expert" then
+        norm = (cfg.etp * cfg.ep * cfg.pp > 1) and ("summed over " .. group_text("tp-ep-pp"))
+            or "this rank's experts (tp-ep-pp is this rank alone)"
+    else
+        norm = "with the dense parameters" .. (cfg.tp * cfg.pp > 1 and
+                                              (", over " .. group_text("mp")) or "")
+    end
+    out[#out + 1] = label("grad norm") .. "experts " .. norm
+    -- tokens and traffic
+    local t = M.moe_traffic(cfg)
+    out[#out + 1] = string.format(label("tokens") .. "per micro-batch: %d here (%s), %d choices",
+                                  t.tokens, (cfg.sp and cfg.tp > 1) and "its sequence shard"
+                                  or "the whole micro-batch", t.choices)
+    out[#out + 1] = label("capacity") .. (t.capacity and string.format("an expert keeps <= %d " ..
+                    "of a micro-batch's %d choices, the earliest rows t*B+b first", t.capacity,
+                    moe.top_k * cfg.mbs * cfg.seq) or "none: no choice is dropped")
+    local steps = #layers * cfg.nmb
+    if #t.ops == 0 then
+        out[#out + 1] = label("traffic") .. "none: EP 1 and ETP 1, the tokens stay on their rank"
+        return
+    end
+    out[#out + 1] = string.format("  traffic per MoE layer and micro-batch, balanced load: %s " ..
+                                  "of %s choices to each EP peer", count_text(t.rows_ep),
+                                  count_text(t.kept))
+    local names, seen = {}, {}
+    for _, o in ipairs(t.ops) do
+        if not seen[o.group] then
+            seen[o.group] = true
+            names[#names + 1] = group_text(o.group)
+        end
+    end
+    out[#out + 1] = "    over " .. table.concat(names, " and ")
+    local rows = { { "pass", "collective", "group", "what", "rows/peer", "B/peer",
+                     "B off-rank" } }
+    for _, o in ipairs(t.ops) do
+        rows[#rows + 1] = { o.pass == "forward" and "fwd" or "bwd", o.op, o.group, o.what,
+                            count_text(o.rows), count_text(o.bytes), count_text(o.off) }
+    end
+    for _, line in ipairs(util.columns(rows, "llllrrr")) do out[#out + 1] = "    " .. line end
+    local function b(x) return util.bytes(math.floor(steps * x + 0.5)) end
+    out[#out + 1] = string.format("%s%d layer%s x %d micro-batch%s: %s forward + %s backward " ..
+                                  "off-rank", label("per step"), #layers,
+                                  #layers == 1 and "" or "s", cfg.nmb, cfg.nmb == 1 and "" or "es",
+                                  b(t.forward), b(t.backward))
+    out[#out + 1] = string.format("%s= %s (%s with the blocks it sends itself), plus the row " ..
+                                  "counts (ints)", label(""), b(t.forward + t.backward), b(t.sent))
 end
 
 return M
