@@ -138,8 +138,9 @@ local CASES = {
       { pp = 2, vp = 2, dp = 2, nmb = 2, dist_opt = true } },
     { "cp2 dp3: shards over dp-cp", { layers = 1, hidden = 16, heads = 2, seq_len = 8,
                                       vocab = 50 }, { cp = 2, dp = 3, dist_opt = true } },
-    { "moe ep2: expert buffers over expt-dp", { layers = 1, hidden = 16, heads = 2, seq_len = 8,
-                                                vocab = 50, moe = { experts = 4, top_k = 2, bias = false } },
+    { "moe ep2: expert buffers over expt-dp",
+      { layers = 1, hidden = 16, heads = 2, seq_len = 8, vocab = 50,
+        moe = { experts = 4, top_k = 2, bias = false } },
       { tp = 2, ep = 2, dp = 4, sp = true, dist_opt = true } },
 }
 
@@ -179,7 +180,7 @@ for _, case in ipairs(CASES) do
     end)
 end
 
--- -- Bytes: seed 002's table -----------------------------------------------------------------------
+-- -- Bytes: seed 002's table ----------------------------------------------------------------------
 
 T.test("bytes saved follow seed 002's table", function()
     local cfg, topo, part, sh = F.build(SMALL, { dp = 3, dist_opt = true })

@@ -1,0 +1,244 @@
+#!/bin/bash
+# bench/parallel_bench.sh: tensor / data parallelism and the distributed optimizer on the CPU
+# backend (issue 5; not part of make test). For a fixed global batch at world 1, 2 and 4:
+#   tokens/s    median over the steps after the first, from the program's --log, best of
+#               BENCH_REPEAT runs (tiny 3, gpt2 1);
+#   bytes       every collective the program issues, counted per communicator by an MPI
+#               profiling shim (bench/parallel_mpicount.c, LD_PRELOAD; a 1-step run is
+#               subtracted so only whole steps count), as bytes moved per rank per step with the
+#               ring formulas (all-reduce of N bytes over n ranks: 2N(n-1)/n; reduce-scatter,
+#               all-gather: N(n-1)/n), against the analytic count from Megatron's regions
+#               (megatron-semantics.md 4-6) worked out below;
+#   memory      each rank's peak resident set (VmHWM) with and without DIST_OPT, its
+#               difference against what the optimizer state should save, and seed 002's table.
+# Each rank runs one thread (RT_THREADS=1; BENCH_THREADS=n to change): world 1 uses one core,
+# world 2 both cores of the dev VM, world 4 oversubscribes them 2x. (On a shared machine a
+# 2-thread pool per rank loses badly to other load: its workers wait for each other.)
+# Usage: bench/parallel_bench.sh [tiny] [gpt2]     (default: both; gpt2 takes a few minutes)
+# Scratch and raw numbers: build/bench/parallel/. Timings on a shared 2-core VM vary ~15 %.
+cd "$(dirname "$0")/.." || exit 2
+B=build/bench/parallel
+mkdir -p "$B"
+MPIRUN="mpirun --oversubscribe --bind-to none"
+[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+what=${*:-tiny gpt2}
+export RT_THREADS=${BENCH_THREADS:-1}
+
+make -s --no-print-directory build/gen build/librt_cpu.a ref > "$B/make.log" 2>&1 ||
+    { echo "make failed: $(tail -n 3 "$B/make.log")"; exit 1; }
+mpicc -O2 -shared -fPIC -o "$B/mpicount.so" bench/parallel_mpicount.c ||
+    { echo "cannot build the MPI counting shim"; exit 1; }
+
+# -- One layout: generate, build, run (steps 0 and K, counted), summarise --------------------
+
+# layout MODEL_ARG NAME TP DP MBS SP DISTOPT -> generates $B/out/NAME, builds train
+build() {
+    local model=$1 name=$2 tp=$3 dp=$4 mbs=$5 sp=$6 dop=$7 args
+    args="$model --tp $tp --dp $dp --mbs $mbs"
+    [ "$sp" = 1 ] && args="$args --sp"
+    [ "$dop" = 1 ] && args="$args --dist-opt"
+    # shellcheck disable=SC2086
+    build/gen $args $SEQ_ARG --out "$B/out/$name" > "$B/$name.gen.log" 2>&1 &&
+    make -s --no-print-directory -j2 GEN_DIR="$B/out/$name" GEN_OBJ="$B/obj/$name" \
+        "$B/out/$name/train" > "$B/$name.build.log" 2>&1
+}
+
+# run NAME WORLD STEPS TAG: the program under the counting shim; counts in $B/NAME.TAG.<rank>
+run() {
+    local name=$1 w=$2 steps=$3 tag=$4 extra=()
+    [ "$steps" -gt 0 ] && extra=(--data "$DATA" --log "$B/$name.jsonl")
+    if [ "$w" = 1 ]; then
+        MPICOUNT_OUT="$B/$name.$tag" LD_PRELOAD="$PWD/$B/mpicount.so" \
+            "$B/out/$name/train" --quiet --steps "$steps" "${extra[@]}" $INIT_ARG \
+            > "$B/$name.$tag.log" 2>&1 < /dev/null
+    else
+        $MPIRUN -np "$w" -x RT_THREADS -x MPICOUNT_OUT="$B/$name.$tag" \
+            -x LD_PRELOAD="$PWD/$B/mpicount.so" \
+            "$B/out/$name/train" --quiet --steps "$steps" "${extra[@]}" $INIT_ARG \
+            > "$B/$name.$tag.log" 2>&1 < /dev/null
+    fi
+}
+
+# Elements per rank in the gradient buffer(s) of rank 0's class (padded as the layout pads).
+buffer_size() {
+    build/gen --lua tests/parallel/shards_check.lua "$B/out/$1/shards.json" |
+        awk '$1 == "buffer" && $2 == 0 { s += $7 } END { print s }'
+}
+
+# Analytic payload per step of rank 0's groups, one line per (group, op): "group op bytes".
+# Megatron's regions for this program (PP 1): per micro-batch of N = MBS*T tokens,
+#   no SP: all-reduce N*C after the embedding, after each of the 2 row-parallel layers of a
+#          layer and before each of the 2 column-parallel inputs in its backward, of the
+#          head's input gradient, and [max | sum exp, target logit] of 3N for the loss;
+#   SP:    all-gather N*C before every column-parallel layer (2 per layer forward, 2 backward),
+#          of the head's input and of the embedding's gradient; reduce-scatter N*C after every
+#          row-parallel layer (2 forward) and column-parallel input gradient (2 backward) and of
+#          the head's input gradient; all-reduce N*C after the embedding and 3N for the loss;
+#          once per step the gradients of the SP parameters, (6L + 2)*C;
+# then per step: data-parallel all-reduce of the buffer S (reduce-scatter + all-gather with the
+# distributed optimizer); the gradient norm (1 float, over tp or, with DIST_OPT, the world) and
+# the loss (1 float, world).
+analytic() {
+    local tp=$1 dp=$2 sp=$3 dop=$4 S=$5
+    awk -v tp="$tp" -v dp="$dp" -v sp="$sp" -v dop="$dop" -v S="$S" -v L="$L" -v C="$C" \
+        -v N="$((MBS_OF_DP * T))" -v M=1 'BEGIN {
+        if (tp > 1) {
+            if (sp) {
+                printf "tp allgather %d\n", 4 * M * (4 * L + 2) * N * C
+                printf "tp reduce_scatter %d\n", 4 * M * (4 * L + 1) * N * C
+                printf "tp allreduce %d\n", 4 * (M * (N * C + 3 * N) + (6 * L + 2) * C)
+            } else {
+                printf "tp allreduce %d\n", 4 * M * ((4 * L + 2) * N * C + 3 * N)
+            }
+            if (!dop) printf "tp allreduce 4\n"            # gradient norm over mp = tp
+        }
+        if (dp > 1) {
+            if (dop) { printf "dp reduce_scatter %d\n", 4 * S; printf "dp allgather %d\n", 4 * S }
+            else printf "dp allreduce %d\n", 4 * S
+        }
+        if (tp * dp > 1) {
+            printf "world allreduce 4\n"                   # the loss
+            if (dop) printf "world allreduce 4\n"          # gradient norm
+        }
+    }'
+}
+
+# group label of a member list seen by rank 0 (PP 1, order tp-cp-ep-dp-pp)
+label() {   # members tp dp
+    local m=$1 tp=$2 dp=$3 w=$(($2 * $3)) tpg dpg wg i
+    tpg=$(seq -s, 0 $((tp - 1)))
+    dpg=$(seq -s, 0 "$tp" $(((dp - 1) * tp)))
+    wg=$(seq -s, 0 $((w - 1)))
+    local names=()
+    [ "$m" = "$tpg" ] && [ "$tp" -gt 1 ] && names+=(tp)
+    [ "$m" = "$dpg" ] && [ "$dp" -gt 1 ] && names+=(dp)
+    [ "$m" = "$wg" ] && names+=(world)
+    i="${names[*]}"
+    echo "${i// /=}"
+}
+
+# measure MODEL_ARG NAME TP DP MBS SP DISTOPT STEPS: build, run, print one result row
+measure() {
+    local model=$1 name=$2 tp=$3 dp=$4 mbs=$5 sp=$6 dop=$7 steps=$8 w=$(($3 * $4))
+    MBS_OF_DP=$mbs
+    if ! build "$model" "$name" "$tp" "$dp" "$mbs" "$sp" "$dop"; then
+        echo "$name: build failed: $(grep -m1 -E 'error' "$B/$name".*.log)"
+        return
+    fi
+    rm -f "$B/$name".k.* "$B/$name".z.*
+    run "$name" "$w" 1 z ||
+        { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$B/$name".z.log)"; return; }
+    # tokens/s: the median over the steps after the first; the best of REPEAT runs (other
+    # load on a shared machine only ever slows a run down)
+    local toks=0 t hwm S
+    for ((i = 0; i < REPEAT; i++)); do
+        run "$name" "$w" "$steps" k ||
+            { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$B/$name".k.log)"; return; }
+        t=$(awk -F'"tok_s":' 'NR > 1 { split($2, a, "}"); print a[1] }' "$B/$name.jsonl" |
+            sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]
+                                                 else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+        toks=$(awk -v a="$toks" -v b="$t" 'BEGIN { print (b > a) ? b : a }')
+    done
+    hwm=$(cat "$B/$name".k.* | awk '$1 == "hwm_kib" && $2 > m { m = $2 } END { print m }')
+    peak=$(cat "$B/$name".k.* | awk '$1 == "rt_peak_bytes" && $2 > m { m = $2 } END { print m }')
+    S=$(buffer_size "$name")
+    printf "%-28s %5d %10.0f %11.1f %11.1f\n" "$name" "$w" "$toks" \
+        "$(echo "$hwm" | awk '{ print $1 / 1024 }')" \
+        "$(echo "$peak" | awk '{ print $1 / 1048576 }')" \
+        >> "$B/throughput.txt"
+    echo "$name $w $peak $S $tp $dp $sp $dop $hwm" >> "$B/memory.raw"
+    # bytes per step of rank 0 by group and op: (K-step run - 1-step run) / (K - 1)
+    {
+        awk -v K="$((steps - 1))" 'FNR == 1 { f++ } NF == 4 {
+                key = $1 " " $2; if (f == 1) z[key] += $4; else k[key] += $4; keys[key] = 1 }
+            END { for (key in keys) printf "%s %.0f\n", key, (k[key] - z[key]) / K }' \
+            "$B/$name.z.0" "$B/$name.k.0" | while read -r op m bytes; do
+                [ "$bytes" = 0 ] && continue
+                n=$(echo "$m" | tr ',' '\n' | wc -l)
+                echo "measured $(label "$m" "$tp" "$dp") $op $bytes $n"
+            done
+        analytic "$tp" "$dp" "$sp" "$dop" "$S" | while read -r g op bytes; do
+            local n=$tp
+            [ "$g" = dp ] && n=$dp
+            [ "$g" = world ] && n=$w
+            # groups with the same members are one communicator set: merge their labels
+            [ "$g" = tp ] && [ "$dp" = 1 ] && g="tp=world"
+            [ "$g" = dp ] && [ "$tp" = 1 ] && g="dp=world"
+            [ "$g" = world ] && [ "$dp" = 1 ] && g="tp=world"
+            [ "$g" = world ] && [ "$tp" = 1 ] && g="dp=world"
+            echo "analytic $g $op $bytes $n"
+        done
+    } | awk -v name="$name" '
+        { moved = ($3 == "allreduce") ? 2 * $4 * ($5 - 1) / $5 : $4 * ($5 - 1) / $5
+          key = $2 " " $3; if ($1 == "measured") { mp[key] += $4; mm[key] += moved }
+          else { ap[key] += $4; am[key] += moved }; keys[key] = 1; size[$2] = $5 }
+        END { for (key in keys) {
+                  split(key, p, " ")
+                  r = am[key] > 0 ? mm[key] / am[key] : 0
+                  printf "%-28s %-9s %-14s %5d %14.0f %14.0f %14.0f %7.4f\n", name, p[1], p[2],
+                         size[p[1]], mp[key], mm[key], am[key], r } }' | sort >> "$B/bytes.txt"
+}
+
+print_tables() {
+    echo
+    echo "== $1: tokens/s for a fixed global batch ($2), peak memory per rank (max over ranks:"
+    echo "   VmHWM = resident set; rt_malloc = the runtime's allocations, i.e. the program's state)"
+    printf "%-28s %5s %10s %11s %11s\n" layout world "tokens/s" "VmHWM MiB" "rt_malloc"
+    cat "$B/throughput.txt"
+    echo
+    echo "== $1: bytes per step and rank, per group (measured by the MPI shim vs analytic)"
+    printf "%-28s %-9s %-14s %5s %14s %14s %14s %7s\n" layout group op ranks "payload N" \
+        "moved/rank" "analytic" ratio
+    cat "$B/bytes.txt"
+    echo
+    echo "== $1: memory per rank with and without DIST_OPT (peak rt_malloc bytes, max over ranks;"
+    echo "   S = gradient-buffer elements per rank; predicted: 16S - 4(2S + 3S/d), the program's"
+    echo "   f32 params + grads on S and main_grad + m + v on S/d; seed 002's fp32 row saves"
+    echo "   16S - (8 + 8/d)S)"
+    printf "%-24s %2s %11s %10s %10s %10s %10s %10s\n" "layout" d S "off" "on" "saved" \
+        "predicted" "seed 002"
+    awk '{ peak[$1] = $3; S[$1] = $4; dp[$1] = $6; dop[$1] = $8; names[NR] = $1 }
+        END { for (i = 1; i <= NR; i++) { n = names[i]; if (dop[n] != 1) continue
+                  base = n; sub(/-distopt$/, "", base); if (!(base in peak)) continue
+                  d = dp[n]; s = S[n]; M = 1048576
+                  printf "%-24s %2d %11d %8.2f M %8.2f M %8.2f M %8.2f M %8.2f M\n", base, d, s,
+                         peak[base] / M, peak[n] / M, (peak[base] - peak[n]) / M,
+                         4 * s * (2 - 3 / d) / M, (8 - 8 / d) * s / M } }' "$B/memory.raw"
+}
+
+# -- tiny: 8 layers, hidden 64, T 64; global batch 16 sequences (1024 tokens), 20 steps ------
+
+if [[ " $what " == *" tiny "* ]]; then
+    : > "$B/throughput.txt"; : > "$B/bytes.txt"; : > "$B/memory.raw"
+    build/ref/make_tokens --vocab 256 --tokens 200000 "$B/tiny.bin" > /dev/null
+    DATA=$B/tiny.bin INIT_ARG="" SEQ_ARG="" L=8 C=64 T=64 REPEAT=${BENCH_REPEAT:-3}
+    measure tiny tiny-w1 1 1 16 0 0 20
+    measure tiny tiny-tp2 2 1 16 0 0 20
+    measure tiny tiny-tp2-sp 2 1 16 1 0 20
+    measure tiny tiny-dp2 1 2 8 0 0 20
+    measure tiny tiny-dp2-distopt 1 2 8 0 1 20
+    measure tiny tiny-tp4-sp 4 1 16 1 0 20
+    measure tiny tiny-dp4 1 4 4 0 0 20
+    measure tiny tiny-dp4-distopt 1 4 4 0 1 20
+    measure tiny tiny-tp2-dp2-sp 2 2 8 1 0 20
+    measure tiny tiny-tp2-dp2-sp-distopt 2 2 8 1 1 20
+    print_tables tiny "16 x 64 tokens" | tee "$B/tiny.txt"
+fi
+
+# -- GPT-2 124M at sequence 64: global batch 8 sequences (512 tokens), 4 steps ------------------
+
+if [[ " $what " == *" gpt2 "* ]]; then
+    : > "$B/throughput.txt"; : > "$B/bytes.txt"; : > "$B/memory.raw"
+    build/ref/make_tokens --vocab 50257 --tokens 20000 "$B/gpt2.bin" > /dev/null
+    DATA=$B/gpt2.bin INIT_ARG="" SEQ_ARG="--seq 64" L=12 C=768 T=64 REPEAT=${BENCH_REPEAT:-1}
+    measure gpt2_124m gpt2-w1 1 1 8 0 0 4
+    measure gpt2_124m gpt2-tp2-sp 2 1 8 1 0 4
+    measure gpt2_124m gpt2-dp2 1 2 4 0 0 4
+    measure gpt2_124m gpt2-dp2-distopt 1 2 4 0 1 4
+    measure gpt2_124m gpt2-tp4-sp 4 1 8 1 0 4
+    measure gpt2_124m gpt2-dp4 1 4 2 0 0 4
+    measure gpt2_124m gpt2-dp4-distopt 1 4 2 0 1 4
+    measure gpt2_124m gpt2-tp2-dp2-sp 2 2 4 1 0 4
+    measure gpt2_124m gpt2-tp2-dp2-sp-distopt 2 2 4 1 1 4
+    print_tables "gpt2_124m (seq 64)" "8 x 64 tokens" | tee "$B/gpt2.txt"
+fi
