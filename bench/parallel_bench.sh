@@ -192,9 +192,9 @@ print_tables() {
     cat "$B/bytes.txt"
     echo
     echo "== $1: memory per rank with and without DIST_OPT (peak rt_malloc bytes, max over ranks;"
-    echo "   S = gradient-buffer elements per rank; predicted: 16S - 4(2S + 3S/d), the program's"
-    echo "   f32 params + grads on S and main_grad + m + v on S/d; seed 002's fp32 row saves"
-    echo "   16S - (8 + 8/d)S)"
+    echo "   S = gradient-buffer elements per rank; predicted: 16S - 4(2S + 2S/d), the program's"
+    echo "   f32 params + grads on S (gradients reduce-scattered in place) and m + v on S/d;"
+    echo "   seed 002's fp32 row saves the same: 16S - (8 + 8/d)S)"
     printf "%-24s %2s %11s %10s %10s %10s %10s %10s\n" "layout" d S "off" "on" "saved" \
         "predicted" "seed 002"
     awk '{ peak[$1] = $3; S[$1] = $4; dp[$1] = $6; dop[$1] = $8; names[NR] = $1 }
@@ -203,7 +203,7 @@ print_tables() {
                   d = dp[n]; s = S[n]; M = 1048576
                   printf "%-24s %2d %11d %8.2f M %8.2f M %8.2f M %8.2f M %8.2f M\n", base, d, s,
                          peak[base] / M, peak[n] / M, (peak[base] - peak[n]) / M,
-                         4 * s * (2 - 3 / d) / M, (8 - 8 / d) * s / M } }' "$B/memory.raw"
+                         4 * s * (2 - 2 / d) / M, (8 - 8 / d) * s / M } }' "$B/memory.raw"
 }
 
 # -- tiny: 8 layers, hidden 64, T 64; global batch 16 sequences (1024 tokens), 20 steps ------

@@ -504,8 +504,8 @@ end
 -- elements [start + d*shard, start + (d+1)*shard) of every bucket. For each parameter piece in
 -- them, seed 002's three ranges, half-open, in elements:
 --   world  offsets in the gradient buffer (the whole padded buffer, all buckets),
---   loc    offsets in this rank's shard of the buffer (the program's main_grad and AdamW m, v:
---          the bucket shards one after another),
+--   loc    offsets in this rank's shard of the buffer (the program's AdamW m and v: the bucket
+--          shards one after another; the reduced gradients stay in place in the buffer),
 --   param  offsets inside the parameter's local tensor (this TP rank's shard), flattened.
 -- -> { group, shards, pos, buffers = { {index, chunk, kind, size, numel, shard, buckets = {
 --    {index, start, size, shard, base, lo, hi, padding, pieces = { {name, numel, world = {a, b},
@@ -563,7 +563,7 @@ function M.distopt_rank(cfg, topo, sh, r, out)
                                   os_.pos)
     out[#out + 1] = "  (seed 002's ranges, [start, end) in elements: world = in the gradient " ..
                     "buffer, local = in this"
-    out[#out + 1] = "   rank's shard (main_grad, AdamW m and v), param = inside the " ..
+    out[#out + 1] = "   rank's shard (AdamW m and v), param = inside the " ..
                     "parameter's local tensor, flattened)"
     for _, b in ipairs(os_.buffers) do
         out[#out + 1] = string.format("  buffer %d (chunk %d, %s): %s elements (%s padding), " ..
@@ -631,11 +631,11 @@ function M.distopt_rank(cfg, topo, sh, r, out)
     end
     local size, shard = 0, 0
     for _, b in ipairs(cls.buffers) do size, shard = size + b.size, shard + b.shard end
-    -- stage.c.tmpl: f32 pbuf and gbuf (whole buffer), main_grad, m and v (shard) vs pbuf,
-    -- gbuf, m, v of the whole buffer
-    local prog_without, prog_with = 16 * size, 4 * (2 * size + 3 * shard)
-    rows[#rows + 1] = { "this program (f32, + main_grad)", "16",
-                        string.format("8 + 12/d = %.2f", 8 + 12 / d), util.bytes(prog_without),
+    -- stage.c.tmpl: f32 pbuf and gbuf (whole buffer; the gradient shard is reduced in place),
+    -- m and v (shard) vs pbuf, gbuf, m, v of the whole buffer
+    local prog_without, prog_with = 16 * size, 4 * (2 * size + 2 * shard)
+    rows[#rows + 1] = { "this program (f32)", "16",
+                        string.format("8 + 8/d = %.2f", 8 + 8 / d), util.bytes(prog_without),
                         util.bytes(prog_with), util.bytes(prog_without - prog_with) }
     for _, line in ipairs(util.columns(rows, "lrlrrr")) do out[#out + 1] = "    " .. line end
 end
