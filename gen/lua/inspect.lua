@@ -436,16 +436,8 @@ function M.pipeline_rank(cfg, topo, part, r, out)
     for g = 0, ppk.count - 1 do stage_ranks[#stage_ranks + 1] = ppk.members[g * cfg.pp + k + 1] end
     table.sort(stage_ranks)
     out[#out + 1] = ""
-    local what = {}
-    for _, ch in ipairs(st.chunks) do
-        local t = ch.count == 1 and ("layer " .. ch.first)
-            or string.format("layers %d..%d", ch.first, ch.first + ch.count - 1)
-        if ch.embedding then t = "embedding, " .. t end
-        if ch.head then t = t .. ", head + loss" end
-        what[#what + 1] = t
-    end
     out[#out + 1] = string.format("program: stage%d.c (stage %d of %d: %s)", k, k, cfg.pp,
-                                  table.concat(what, " | "))
+                                  require("program").stage_title(st))
     out[#out + 1] = "  run by     ranks " .. util.ranks(stage_ranks, 1, #stage_ranks, 80)
     out[#out + 1] = "  schedule   " .. M.schedule_text(cfg, pl.kind)
     out[#out + 1] = string.format("             %d warm-up, %d steady, %d cool-down steps; " ..

@@ -175,7 +175,8 @@ end
 
 -- -- One stage -------------------------------------------------------------------------------------
 
-local function stage_title(st)
+-- "embedding, layers 0..3 | layers 8..11, head + loss": what each chunk of a stage holds.
+function M.stage_title(st)
     local parts = {}
     for _, c in ipairs(st.chunks) do
         local t = c.count == 1 and ("layer " .. c.first)
@@ -313,7 +314,7 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
             c = int(c.vp), nlayers = int(c.count), layers = layers, layers_rev = rev,
             embedding = c.embedding, head = c.head, nslots = int(slots.nslots[c.vp]),
             last = int(c.count - 1),
-            title = stage_title({ chunks = { c } }),
+            title = M.stage_title({ chunks = { c } }),
         }
     end
 
@@ -410,7 +411,7 @@ local function build_stage(cfg, topo, part, sh, sched, index, r)
     local pp_stride = topology.rank_of(topo.dense, { pp = 1 })
     return {
         k = int(r), cname = string.format("stage%d_program", r),
-        title = string.format("stage %d of %d: %s", r, cfg.pp, stage_title(st)),
+        title = string.format("stage %d of %d: %s", r, cfg.pp, M.stage_title(st)),
         chunks = chunks, nchunks = int(#chunks), max_layers = int(max_layers),
         buffers = buffers, nbuffers = int(#buffers), assigns = assigns,
         ranges = ranges, nranges = int(#ranges), sp_ranges = sp_ranges,
