@@ -104,8 +104,8 @@ mutate adamw-eps-inside-sqrt 's|sqrtf(\*v) / bc2_sqrt + eps|sqrtf(*v + eps) / bc
 mutate adamw-decay-without-lr 's|\*p \*= 1.0f - lr \* wd;|*p *= 1.0f - wd;|' '*p *= 1.0f - wd;'
 mutate embed-bwd-unowned 's|if (v < 0 \|\| v >= vrows) continue;|if (v < 0) continue;|' \
     'if (v < 0) continue;'
-mutate sumsq-first-skipped 's|i = 0; i < n; i++) s += (double)|i = 1; i < n; i++) s += (double)|' \
-    'i = 1; i < n; i++) s += (double)'
+mutate sumsq-first-skipped 's|size_t n = i1 - i0, i = 0;|size_t n = i1 - i0, i = 1;|' \
+    'size_t n = i1 - i0, i = 1;'
 
 # -- CUDA: build whenever the backend is built; run only on a GPU -------------------------------
 if ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then

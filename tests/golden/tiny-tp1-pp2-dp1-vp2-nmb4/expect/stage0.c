@@ -430,9 +430,7 @@ static void finalize_grads(void)
     /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
     for (int i = 0; i < NBUF; i++) {
         rt_group *g = *buf_group[i];
-        if (!g) {
-            continue;
-        }
+        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
         /* >>> all-reduce over the buffer's data-parallel group */
         rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
     }

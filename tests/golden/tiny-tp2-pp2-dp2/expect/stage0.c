@@ -316,9 +316,7 @@ static void finalize_grads(void)
         rt_group *g = *buf_group[i];
         /* experts too: their gradients hold the tokens of every replica of the EP group */
         scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        if (!g) {
-            continue;
-        }
+        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
         /* >>> all-reduce over the buffer's data-parallel group */
         rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
     }

@@ -7,12 +7,57 @@
 */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include "model.h"
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 #define MIN(a, b)      ((a) < (b) ? (a) : (b))
+#define LANES 16       /* partial sums of a row reduction (CPU: one AVX-512 register) */
 #define COLS  64       /* columns per task in column reductions (deterministic order) */
+
+#define EXP_MIN    (-87.0f)          /* vexpf's input range: 2^k stays a normal float */
+#define EXP_MAX    88.0f
+#define EXP_LOG2E  1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f      /* ln 2 in 9 bits: k * EXP_LN2_HI is exact */
+#define EXP_LN2_LO (-2.12194440e-4f) /* ln 2 - EXP_LN2_HI */
+#define EXP_ROUND  12582912.0f       /* 1.5 * 2^23: adding it rounds to an integer */
+#define EXP_ROUND_BITS 0x4B400000u   /* its bit pattern: the integer sits in the low bits */
+
+/*
+** exp(x) written for the vectoriser (libm's expf is one call per element): x = k ln2 + r with
+** |r| <= ln2/2, exp(r) by its Taylor series to r^7, times 2^k added into the exponent bits.
+** Relative error <= 1.1e-7 (2 ulp). x is clamped to [EXP_MIN, EXP_MAX] (exp(-87) = 1.6e-38
+** stands for 0 in the sums that use it); NaN stays NaN. Vector and scalar code give the same
+** bits (no FMA contraction under -std=c11), so results never depend on how rows are split.
+*/
+static inline float vexpf(float x)
+{
+    float xc = x < EXP_MIN ? EXP_MIN : x > EXP_MAX ? EXP_MAX : x;
+    float t = xc * EXP_LOG2E + EXP_ROUND;
+    float k = t - EXP_ROUND;
+    float r = (xc - k * EXP_LN2_HI) - k * EXP_LN2_LO;
+    float p = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 +
+              r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    uint32_t tbits, pbits;
+    memcpy(&tbits, &t, sizeof tbits);
+    memcpy(&pbits, &p, sizeof pbits);
+    pbits += (tbits - EXP_ROUND_BITS) << 23;
+    float y;
+    memcpy(&y, &pbits, sizeof y);
+    return x == x ? y : x;
+}
+
+/* Row reductions keep LANES partial sums (acc[l] takes elements l, l + LANES, ...), which the
+** CPU compiler holds in one vector register, then add them in a fixed order: the result
+** depends on the row length only, never on threads. */
+static inline
+float lanes_total(const float *acc)
+{
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
 
 /* -- templates/kernels/encoder.tmpl -- */
 
@@ -131,17 +176,27 @@ static inline
 void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int C, float eps)
 {
-    float m = 0.0f;
-    for (int i = 0; i < C; i++) m += inp[i];
+    float acc[LANES] = { 0.0f };
+    int i = 0;
+    for (; i + LANES <= C; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += inp[i + l];
+    float m = lanes_total(acc);
+    for (; i < C; i++) m += inp[i];
     m /= (float)C;
-    float v = 0.0f;
-    for (int i = 0; i < C; i++) {
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+    for (i = 0; i + LANES <= C; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float d = inp[i + l] - m;
+            acc[l] += d * d;
+        }
+    float v = lanes_total(acc);
+    for (; i < C; i++) {
         float d = inp[i] - m;
         v += d * d;
     }
     v /= (float)C;
     float s = 1.0f / sqrtf(v + eps);
-    for (int i = 0; i < C; i++) out[i] = (inp[i] - m) * s * w[i] + b[i];
+    for (i = 0; i < C; i++) out[i] = (inp[i] - m) * s * w[i] + b[i];
     *mean = m;
     *rstd = s;
 }
@@ -152,8 +207,17 @@ static inline
 void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
                        const float *w, float mean, float rstd, int C)
 {
-    float dn_mean = 0.0f, dn_xhat_mean = 0.0f;
-    for (int i = 0; i < C; i++) {
+    float acc_dn[LANES] = { 0.0f }, acc_dnx[LANES] = { 0.0f };
+    int i = 0;
+    for (; i + LANES <= C; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float xhat = (inp[i + l] - mean) * rstd;
+            float dn = dout[i + l] * w[i + l];
+            acc_dn[l] += dn;
+            acc_dnx[l] += dn * xhat;
+        }
+    float dn_mean = lanes_total(acc_dn), dn_xhat_mean = lanes_total(acc_dnx);
+    for (; i < C; i++) {
         float xhat = (inp[i] - mean) * rstd;
         float dn = dout[i] * w[i];
         dn_mean += dn;
@@ -161,7 +225,7 @@ void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
     }
     dn_mean /= (float)C;
     dn_xhat_mean /= (float)C;
-    for (int i = 0; i < C; i++) {
+    for (i = 0; i < C; i++) {
         float xhat = (inp[i] - mean) * rstd;
         float dn = dout[i] * w[i];
         dinp[i] += rstd * (dn - dn_mean - xhat * dn_xhat_mean);
@@ -234,20 +298,25 @@ void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const f
 #define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
 #define GELU_CUBE  0.044715f
 
+/* 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x s with s = 1 / (1 + e), e = exp(-2u): no tanhf,
+** and no cancellation in 1 + tanh(u) for negative x. */
 static inline
 float gelu1(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    return x / (1.0f + vexpf(-2.0f * u));
 }
 
+/* d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) du with t = tanh(u); 0.5 (1 + t) = s and
+** 1 - t^2 = 4 s (1 - s) = 4 s^2 e, so the derivative is s + 2 x s^2 e du. */
 static inline
 float gelu1_grad(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    float t = tanhf(u);
+    float e = vexpf(-2.0f * u);
+    float s = 1.0f / (1.0f + e);
     float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    return s + 2.0f * x * s * s * e * du;
 }
 
 /* Columns [i0, i1) of a bias gradient: column sums of dout over the rows, in row order. */
@@ -351,29 +420,46 @@ void add_inplace(float *y, const float *x, size_t n)
 static inline
 void softmax_row_fwd(float *row, int t, int T)
 {
-    float mx = row[0];
-    for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-    float sum = 0.0f;
-    for (int j = 0; j <= t; j++) {
-        row[j] = expf(row[j] - mx);
+    int n = t + 1, j;
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = row[0];
+    for (j = 0; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = row[j + l] > acc[l] ? row[j + l] : acc[l];
+    float mx = acc[0];
+    for (int l = 1; l < LANES; l++) mx = acc[l] > mx ? acc[l] : mx;
+    for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+    for (j = 0; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            row[j + l] = vexpf(row[j + l] - mx);
+            acc[l] += row[j + l];
+        }
+    float sum = lanes_total(acc);
+    for (; j < n; j++) {
+        row[j] = vexpf(row[j] - mx);
         sum += row[j];
     }
     float inv = 1.0f / sum;
-    for (int j = 0; j <= t; j++) row[j] *= inv;
-    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+    for (j = 0; j < n; j++) row[j] *= inv;
+    for (j = n; j < T; j++) row[j] = 0.0f;
 }
 
 /* Row t: ds = p * (dp - sum_j p_j dp_j), written over dp. */
 static inline
 void softmax_row_bwd(float *dp, const float *p, int t, int T)
 {
-    float dot = 0.0f;
-    for (int j = 0; j <= t; j++) dot += p[j] * dp[j];
-    for (int j = 0; j <= t; j++) dp[j] = p[j] * (dp[j] - dot);
-    for (int j = t + 1; j < T; j++) dp[j] = 0.0f;
+    int n = t + 1, j;
+    float acc[LANES] = { 0.0f };
+    for (j = 0; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += p[j + l] * dp[j + l];
+    float dot = lanes_total(acc);
+    for (; j < n; j++) dot += p[j] * dp[j];
+    for (j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dot);
+    for (j = n; j < T; j++) dp[j] = 0.0f;
 }
 typedef struct { float *d; const float *p; int T; } softmax_args;
 
+/* Rows [lo, hi) of a (T, T) block; row r is query r % T. */
 static void softmax_fwd_rows(void *ctx, int lo, int hi)
 {
     const softmax_args *a = ctx;
@@ -387,16 +473,61 @@ static void softmax_bwd_rows(void *ctx, int lo, int hi)
         softmax_row_bwd(a->d + (size_t)r * a->T, a->p + (size_t)r * a->T, r % a->T, a->T);
 }
 
-static void softmax_fwd(float *att, int rows, int T)
+/* The CPU runs one pool task per (batch element, head): its GEMMs (single-threaded inside
+** the pool) and softmax rows back to back while its (T, T) block is in cache, one dispatch
+** per call. With fewer heads than threads the heads run in turn on the calling thread, and
+** each head's GEMMs and softmax rows use the whole pool (rt_gemm splits, rt_parallel_for
+** runs inline when nested). Each element comes out the same either way. */
+typedef struct {
+    float *out, *att, *dqkv, *datt;
+    const float *qkv, *dout, *catt;
+    int Hl, T, hd, C, ldqkv, ldout;
+    float scale;
+} attention_args;
+
+static void attention_fwd_heads(void *ctx, int lo, int hi)
 {
-    softmax_args a = { att, NULL, T };
-    rt_parallel_for(rows, softmax_fwd_rows, &a);
+    const attention_args *a = ctx;
+    int T = a->T, hd = a->hd;
+    for (int bh = lo; bh < hi; bh++) {
+        int b = bh / a->Hl, h = bh % a->Hl;
+        const float *q = a->qkv + (size_t)b * 3 * a->C + (size_t)h * hd;
+        const float *k = q + a->C, *v = q + 2 * a->C;
+        float *p = a->att + (size_t)bh * T * T;
+        softmax_args rows = { p, NULL, T };
+        rt_gemm(0, 1, T, T, hd, a->scale, q, a->ldqkv, 0, k, a->ldqkv, 0, 0.0f, p, T, 0, 1,
+                RT_F32);
+        rt_parallel_for(T, softmax_fwd_rows, &rows);
+        rt_gemm(0, 0, T, hd, T, 1.0f, p, T, 0, v, a->ldqkv, 0, 0.0f,
+                a->out + (size_t)b * a->C + (size_t)h * hd, a->ldout, 0, 1, RT_F32);
+    }
 }
 
-static void softmax_bwd(float *datt, const float *att, int rows, int T)
+static void attention_bwd_heads(void *ctx, int lo, int hi)
 {
-    softmax_args a = { datt, att, T };
-    rt_parallel_for(rows, softmax_bwd_rows, &a);
+    const attention_args *a = ctx;
+    int T = a->T, hd = a->hd;
+    for (int bh = lo; bh < hi; bh++) {
+        int b = bh / a->Hl, h = bh % a->Hl;
+        size_t col = (size_t)b * 3 * a->C + (size_t)h * hd;
+        const float *q = a->qkv + col, *k = q + a->C, *v = q + 2 * a->C;
+        const float *dob = a->dout + (size_t)b * a->C + (size_t)h * hd;
+        const float *p = a->catt + (size_t)bh * T * T;
+        float *ds = a->datt + (size_t)bh * T * T;
+        float *dq = a->dqkv + col, *dk = dq + a->C, *dv = dq + 2 * a->C;
+        softmax_args rows = { ds, p, T };
+        /* dp = dout v^T, then ds = softmax backward; dq = scale ds k, dk = scale ds^T q,
+        ** dv = p^T dout */
+        rt_gemm(0, 1, T, T, hd, 1.0f, dob, a->ldout, 0, v, a->ldqkv, 0, 0.0f, ds, T, 0, 1,
+                RT_F32);
+        rt_parallel_for(T, softmax_bwd_rows, &rows);
+        rt_gemm(0, 0, T, hd, T, a->scale, ds, T, 0, k, a->ldqkv, 0, 0.0f, dq, a->ldqkv, 0, 1,
+                RT_F32);
+        rt_gemm(1, 0, T, hd, T, a->scale, ds, T, 0, q, a->ldqkv, 0, 0.0f, dk, a->ldqkv, 0, 1,
+                RT_F32);
+        rt_gemm(1, 0, T, hd, T, 1.0f, p, T, 0, dob, a->ldout, 0, 0.0f, dv, a->ldqkv, 0, 1,
+                RT_F32);
+    }
 }
 
 /*
@@ -406,20 +537,13 @@ static void softmax_bwd(float *datt, const float *att, int rows, int T)
 void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
                    float scale)
 {
-    int C = Hl * hd, ldqkv = B * 3 * C, ldout = B * C;
-    long tt = (long)T * T;
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * 3 * C, *k = q + C;
-        float *a = att + (size_t)b * Hl * tt;
-        rt_gemm(0, 1, T, T, hd, scale, q, ldqkv, hd, k, ldqkv, hd, 0.0f, a, T, tt, Hl, RT_F32);
-    }
-    softmax_fwd(att, B * Hl * T, T);
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * 3 * C + 2 * C;
-        const float *a = att + (size_t)b * Hl * tt;
-        rt_gemm(0, 0, T, hd, T, 1.0f, a, T, tt, v, ldqkv, hd, 0.0f, out + (size_t)b * C, ldout,
-                hd, Hl, RT_F32);
-    }
+    attention_args a = { .out = out, .att = att, .qkv = qkv, .Hl = Hl, .T = T, .hd = hd,
+                         .C = Hl * hd, .ldqkv = B * 3 * Hl * hd, .ldout = B * Hl * hd,
+                         .scale = scale };
+    if (B * Hl >= rt_threads())
+        rt_parallel_for(B * Hl, attention_fwd_heads, &a);
+    else
+        attention_fwd_heads(&a, 0, B * Hl);
 }
 
 /*
@@ -429,24 +553,13 @@ void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int H
 void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att,
                    const float *qkv, int B, int T, int Hl, int hd, float scale)
 {
-    int C = Hl * hd, ldqkv = B * 3 * C, ldout = B * C;
-    long tt = (long)T * T;
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * 3 * C + 2 * C, *dob = dout + (size_t)b * C;
-        float *da = datt + (size_t)b * Hl * tt;
-        /* dp = dout v^T */
-        rt_gemm(0, 1, T, T, hd, 1.0f, dob, ldout, hd, v, ldqkv, hd, 0.0f, da, T, tt, Hl, RT_F32);
-    }
-    softmax_bwd(datt, att, B * Hl * T, T);
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * 3 * C, *k = q + C, *dob = dout + (size_t)b * C;
-        const float *da = datt + (size_t)b * Hl * tt, *a = att + (size_t)b * Hl * tt;
-        float *dq = dqkv + (size_t)b * 3 * C, *dk = dq + C, *dv = dq + 2 * C;
-        /* dq = scale ds k, dk = scale ds^T q, dv = p^T dout */
-        rt_gemm(0, 0, T, hd, T, scale, da, T, tt, k, ldqkv, hd, 0.0f, dq, ldqkv, hd, Hl, RT_F32);
-        rt_gemm(1, 0, T, hd, T, scale, da, T, tt, q, ldqkv, hd, 0.0f, dk, ldqkv, hd, Hl, RT_F32);
-        rt_gemm(1, 0, T, hd, T, 1.0f, a, T, tt, dob, ldout, hd, 0.0f, dv, ldqkv, hd, Hl, RT_F32);
-    }
+    attention_args a = { .dqkv = dqkv, .datt = datt, .qkv = qkv, .dout = dout, .catt = att,
+                         .Hl = Hl, .T = T, .hd = hd, .C = Hl * hd, .ldqkv = B * 3 * Hl * hd,
+                         .ldout = B * Hl * hd, .scale = scale };
+    if (B * Hl >= rt_threads())
+        rt_parallel_for(B * Hl, attention_bwd_heads, &a);
+    else
+        attention_bwd_heads(&a, 0, B * Hl);
 }
 
 /* -- templates/kernels/crossentropy.tmpl -- */
@@ -454,8 +567,13 @@ void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att
 static inline
 void ce_row_max(float *mx, const float *row, int valid)
 {
-    float m = -INFINITY;
-    for (int j = 0; j < valid; j++) m = row[j] > m ? row[j] : m;
+    float acc[LANES], m = -INFINITY;
+    int j = 0;
+    for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
+    for (; j + LANES <= valid; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = row[j + l] > acc[l] ? row[j + l] : acc[l];
+    for (int l = 0; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    for (; j < valid; j++) m = row[j] > m ? row[j] : m;
     *mx = m;
 }
 
@@ -464,8 +582,12 @@ static inline
 void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
                  int target, int valid, int vstart)
 {
-    float s = 0.0f;
-    for (int j = 0; j < valid; j++) s += expf(row[j] - mx);
+    float acc[LANES] = { 0.0f };
+    int j = 0;
+    for (; j + LANES <= valid; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += vexpf(row[j + l] - mx);
+    float s = lanes_total(acc);
+    for (; j < valid; j++) s += vexpf(row[j] - mx);
     *sumexp = s;
     int t = target - vstart;
     *target_logit = (t >= 0 && t < valid) ? row[t] : 0.0f;
@@ -479,7 +601,7 @@ void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int vali
     float inv = 1.0f / sumexp;
     int t = target - vstart;
     for (int j = 0; j < valid; j++) {
-        float p = expf(row[j] - mx) * inv;
+        float p = vexpf(row[j] - mx) * inv;
         row[j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
     }
     for (int j = valid; j < Vl; j++) row[j] = 0.0f;
@@ -585,11 +707,38 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
     rt_parallel_for((int)CEIL_DIV(n, (size_t)ADAM_ELEMS), adamw_part, &a);
 }
 
-/* Summed in double, in order: deterministic and independent of the thread count. */
+/* A sum of squares is split into parts fixed by n alone (at least SUMSQ_ELEMS elements each,
+** at most SUMSQ_PARTS parts); each part keeps LANES partial sums in double; the parts are
+** added in order. Deterministic and independent of the thread count. */
+#define SUMSQ_ELEMS 65536
+#define SUMSQ_PARTS 256
+
+typedef struct { const float *x; size_t n; int parts; double *part; } sumsq_args;
+
+static void sumsq_parts(void *ctx, int lo, int hi)
+{
+    const sumsq_args *a = ctx;
+    for (int k = lo; k < hi; k++) {
+        size_t i0 = a->n * (size_t)k / (size_t)a->parts;
+        size_t i1 = a->n * (size_t)(k + 1) / (size_t)a->parts;
+        const float *x = a->x + i0;
+        size_t n = i1 - i0, i = 0;
+        double acc[LANES] = { 0.0 }, s = 0.0;
+        for (; i + LANES <= n; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += (double)x[i + l] * (double)x[i + l];
+        for (int l = 0; l < LANES; l++) s += acc[l];
+        for (; i < n; i++) s += (double)x[i] * (double)x[i];
+        a->part[k] = s;
+    }
+}
+
 void sumsq(float *out, const float *x, size_t n)
 {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    double part[SUMSQ_PARTS], s = 0.0;
+    size_t parts = CEIL_DIV(n, (size_t)SUMSQ_ELEMS);
+    sumsq_args a = { x, n, (int)MIN(parts, (size_t)SUMSQ_PARTS), part };
+    rt_parallel_for(a.parts, sumsq_parts, &a);
+    for (int k = 0; k < a.parts; k++) s += part[k];
     out[0] = (float)s;
 }
 

@@ -7,13 +7,33 @@
 */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include <cuda_runtime.h>
 #include "model.h"
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 #define MIN(a, b)      ((a) < (b) ? (a) : (b))
+#define LANES 16       /* partial sums of a row reduction (CPU: one AVX-512 register) */
 #define BLOCK 256      /* threads per block */
+
+/* exp of softmax, cross-entropy and GELU: the device's expf. */
+static __device__ inline
+float vexpf(float x)
+{
+    return expf(x);
+}
+
+/* Row reductions keep LANES partial sums (acc[l] takes elements l, l + LANES, ...), which the
+** CPU compiler holds in one vector register, then add them in a fixed order: the result
+** depends on the row length only, never on threads. */
+static __device__ inline
+float lanes_total(const float *acc)
+{
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
 
 /* -- templates/kernels/encoder.tmpl -- */
 
@@ -128,17 +148,27 @@ static __device__ inline
 void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
                        const float *w, const float *b, int C, float eps)
 {
-    float m = 0.0f;
-    for (int i = 0; i < C; i++) m += inp[i];
+    float acc[LANES] = { 0.0f };
+    int i = 0;
+    for (; i + LANES <= C; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += inp[i + l];
+    float m = lanes_total(acc);
+    for (; i < C; i++) m += inp[i];
     m /= (float)C;
-    float v = 0.0f;
-    for (int i = 0; i < C; i++) {
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+    for (i = 0; i + LANES <= C; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float d = inp[i + l] - m;
+            acc[l] += d * d;
+        }
+    float v = lanes_total(acc);
+    for (; i < C; i++) {
         float d = inp[i] - m;
         v += d * d;
     }
     v /= (float)C;
     float s = 1.0f / sqrtf(v + eps);
-    for (int i = 0; i < C; i++) out[i] = (inp[i] - m) * s * w[i] + b[i];
+    for (i = 0; i < C; i++) out[i] = (inp[i] - m) * s * w[i] + b[i];
     *mean = m;
     *rstd = s;
 }
@@ -149,8 +179,17 @@ static __device__ inline
 void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
                        const float *w, float mean, float rstd, int C)
 {
-    float dn_mean = 0.0f, dn_xhat_mean = 0.0f;
-    for (int i = 0; i < C; i++) {
+    float acc_dn[LANES] = { 0.0f }, acc_dnx[LANES] = { 0.0f };
+    int i = 0;
+    for (; i + LANES <= C; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float xhat = (inp[i + l] - mean) * rstd;
+            float dn = dout[i + l] * w[i + l];
+            acc_dn[l] += dn;
+            acc_dnx[l] += dn * xhat;
+        }
+    float dn_mean = lanes_total(acc_dn), dn_xhat_mean = lanes_total(acc_dnx);
+    for (; i < C; i++) {
         float xhat = (inp[i] - mean) * rstd;
         float dn = dout[i] * w[i];
         dn_mean += dn;
@@ -158,7 +197,7 @@ void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
     }
     dn_mean /= (float)C;
     dn_xhat_mean /= (float)C;
-    for (int i = 0; i < C; i++) {
+    for (i = 0; i < C; i++) {
         float xhat = (inp[i] - mean) * rstd;
         float dn = dout[i] * w[i];
         dinp[i] += rstd * (dn - dn_mean - xhat * dn_xhat_mean);
@@ -232,20 +271,25 @@ void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const f
 #define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
 #define GELU_CUBE  0.044715f
 
+/* 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x s with s = 1 / (1 + e), e = exp(-2u): no tanhf,
+** and no cancellation in 1 + tanh(u) for negative x. */
 static __device__ inline
 float gelu1(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    return x / (1.0f + vexpf(-2.0f * u));
 }
 
+/* d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) du with t = tanh(u); 0.5 (1 + t) = s and
+** 1 - t^2 = 4 s (1 - s) = 4 s^2 e, so the derivative is s + 2 x s^2 e du. */
 static __device__ inline
 float gelu1_grad(float x)
 {
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    float t = tanhf(u);
+    float e = vexpf(-2.0f * u);
+    float s = 1.0f / (1.0f + e);
     float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    return s + 2.0f * x * s * s * e * du;
 }
 
 /* Columns [i0, i1) of a bias gradient: column sums of dout over the rows, in row order. */
@@ -343,26 +387,42 @@ void add_inplace(float *y, const float *x, size_t n)
 static __device__ inline
 void softmax_row_fwd(float *row, int t, int T)
 {
-    float mx = row[0];
-    for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-    float sum = 0.0f;
-    for (int j = 0; j <= t; j++) {
-        row[j] = expf(row[j] - mx);
+    int n = t + 1, j;
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = row[0];
+    for (j = 0; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = row[j + l] > acc[l] ? row[j + l] : acc[l];
+    float mx = acc[0];
+    for (int l = 1; l < LANES; l++) mx = acc[l] > mx ? acc[l] : mx;
+    for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+    for (j = 0; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            row[j + l] = vexpf(row[j + l] - mx);
+            acc[l] += row[j + l];
+        }
+    float sum = lanes_total(acc);
+    for (; j < n; j++) {
+        row[j] = vexpf(row[j] - mx);
         sum += row[j];
     }
     float inv = 1.0f / sum;
-    for (int j = 0; j <= t; j++) row[j] *= inv;
-    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+    for (j = 0; j < n; j++) row[j] *= inv;
+    for (j = n; j < T; j++) row[j] = 0.0f;
 }
 
 /* Row t: ds = p * (dp - sum_j p_j dp_j), written over dp. */
 static __device__ inline
 void softmax_row_bwd(float *dp, const float *p, int t, int T)
 {
-    float dot = 0.0f;
-    for (int j = 0; j <= t; j++) dot += p[j] * dp[j];
-    for (int j = 0; j <= t; j++) dp[j] = p[j] * (dp[j] - dot);
-    for (int j = t + 1; j < T; j++) dp[j] = 0.0f;
+    int n = t + 1, j;
+    float acc[LANES] = { 0.0f };
+    for (j = 0; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += p[j + l] * dp[j + l];
+    float dot = lanes_total(acc);
+    for (; j < n; j++) dot += p[j] * dp[j];
+    for (j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dot);
+    for (j = n; j < T; j++) dp[j] = 0.0f;
 }
 
 static __global__
@@ -446,8 +506,13 @@ void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att
 static __device__ inline
 void ce_row_max(float *mx, const float *row, int valid)
 {
-    float m = -INFINITY;
-    for (int j = 0; j < valid; j++) m = row[j] > m ? row[j] : m;
+    float acc[LANES], m = -INFINITY;
+    int j = 0;
+    for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
+    for (; j + LANES <= valid; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = row[j + l] > acc[l] ? row[j + l] : acc[l];
+    for (int l = 0; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    for (; j < valid; j++) m = row[j] > m ? row[j] : m;
     *mx = m;
 }
 
@@ -456,8 +521,12 @@ static __device__ inline
 void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
                  int target, int valid, int vstart)
 {
-    float s = 0.0f;
-    for (int j = 0; j < valid; j++) s += expf(row[j] - mx);
+    float acc[LANES] = { 0.0f };
+    int j = 0;
+    for (; j + LANES <= valid; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += vexpf(row[j + l] - mx);
+    float s = lanes_total(acc);
+    for (; j < valid; j++) s += vexpf(row[j] - mx);
     *sumexp = s;
     int t = target - vstart;
     *target_logit = (t >= 0 && t < valid) ? row[t] : 0.0f;
@@ -471,7 +540,7 @@ void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int vali
     float inv = 1.0f / sumexp;
     int t = target - vstart;
     for (int j = 0; j < valid; j++) {
-        float p = expf(row[j] - mx) * inv;
+        float p = vexpf(row[j] - mx) * inv;
         row[j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
     }
     for (int j = valid; j < Vl; j++) row[j] = 0.0f;

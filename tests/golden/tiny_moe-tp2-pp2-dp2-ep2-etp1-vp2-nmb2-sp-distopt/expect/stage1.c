@@ -47,11 +47,10 @@ static float *pbuf[NBUF];       /* parameters */
 static float *gbuf[NBUF];       /* gradients, same layout */
 static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
 static float *vbuf[NBUF];       /* AdamW second moments */
-static float *main_grad[NBUF];  /* this rank's shard of the reduced gradients */
 
 /* Distributed optimizer (megatron-semantics.md §5.4): every bucket is cut into DP equal
 ** shards; data-parallel rank d owns shard d of every bucket. */
-typedef struct { size_t start, size, shard, base; } bucket;   /* base: offset in main_grad */
+typedef struct { size_t start, size, shard, base; } bucket;   /* base: offset in the moments */
 static const int nbuckets[NBUF] = {
     1,
     1,
@@ -184,7 +183,6 @@ static void setup(void)
     for (int i = 0; i < NBUF; i++) {
         pbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
         gbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        main_grad[i] = rt_malloc(shard_size[i] * sizeof(float));
         mbuf[i] = rt_malloc(shard_size[i] * sizeof(float));
         vbuf[i] = rt_malloc(shard_size[i] * sizeof(float));
     }
@@ -422,22 +420,19 @@ static void finalize_grads(void)
         rt_group *g = *buf_group[i];
         /* experts too: their gradients hold the tokens of every replica of the EP group */
         scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        if (!g) {
-            /* one data-parallel rank: the shard is the buffer */
-            rt_memcpy(main_grad[i], gbuf[i], buf_size[i] * sizeof(float), RT_D2D);
-            continue;
-        }
-        /* >>> reduce-scatter over the buffer's data-parallel group: this rank keeps its shard
-        **     of every bucket */
+        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
+        /* >>> reduce-scatter over the buffer's data-parallel group, in place: this rank's shard
+        **     of every bucket holds the sum (the rest of the buffer is stale) */
         for (int k = 0; k < nbuckets[i]; k++) {
             const bucket *b = &buckets[i][k];
-            rt_reduce_scatter(gbuf[i] + b->start, main_grad[i] + b->base, b->shard, RT_F32, g);
+            rt_reduce_scatter(gbuf[i] + b->start, gbuf[i] + b->start + (size_t)*buf_dprank[i] *
+                              b->shard, b->shard, RT_F32, g);
         }
     }
 }
 
 /* The part of range r inside this rank's shard of bucket k: buffer offsets [lo, hi) and the
-** matching offset in main_grad / the moments. Returns 0 when they do not meet. */
+** matching offset in the moments. Returns 0 when they do not meet. */
 static int shard_part(const opt_range *r, int k, size_t *lo, size_t *hi, size_t *at)
 {
     const bucket *b = &buckets[r->buf][k];
@@ -461,7 +456,7 @@ static double grad_norm(void)
             size_t lo, hi, at;   /* a parameter lies in one bucket: one piece at most */
             if (shard_part(r, k, &lo, &hi, &at)) {
                 expert[np] = buf_expert[r->buf];
-                sumsq(stat_dev + np++, main_grad[r->buf] + at, hi - lo);
+                sumsq(stat_dev + np++, gbuf[r->buf] + lo, hi - lo);
             }
         }
     }
@@ -489,7 +484,7 @@ static void optimizer_step(const step_in *in, float coef)
         for (int k = 0; k < nbuckets[r->buf]; k++) {
             size_t lo, hi, at;
             if (shard_part(r, k, &lo, &hi, &at))
-                adamw_step(pbuf[r->buf] + lo, main_grad[r->buf] + at, mbuf[r->buf] + at,
+                adamw_step(pbuf[r->buf] + lo, gbuf[r->buf] + lo, mbuf[r->buf] + at,
                            vbuf[r->buf] + at, hi - lo, in->lr, in->beta1, in->beta2, in->eps, wd,
                            bc1, bc2, coef);
         }
