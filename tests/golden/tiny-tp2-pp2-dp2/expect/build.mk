@@ -9,12 +9,10 @@ GEN_OBJ  := build/$(GEN_OUT)
 GEN_SRCS := model.c train.c groups.c stage0.c stage1.c
 
 GEN_OBJS := $(GEN_SRCS:%.c=$(GEN_OBJ)/%.o)
-# GEN_OPT: how the generated C is compiled (a make variable or the environment can set it).
-# The CPU kernels are written for the vectoriser: at -O3 with the host's vector width they run
-# 2-10x faster than at -O2; -fno-math-errno and -fno-trapping-math let sqrtf and the clamps
-# in vexpf vectorise. None of these flags changes a result (no -ffast-math, and -std=c11
-# turns FMA contraction off). For a binary that runs on other CPUs drop -march=native.
-GEN_OPT    ?= -O3 -march=native -fno-math-errno -fno-trapping-math
+# GEN_OPT (the top Makefile's): how the generated C is compiled. The CPU kernels are written
+# for the vectoriser: at -O3 with the host's vector width they run 2-10x faster than at -O2;
+# -fno-math-errno and -fno-trapping-math let sqrtf and the clamps in vexpf vectorise. None of
+# these flags changes a result (no -ffast-math; -std=c11 turns FMA contraction off).
 GEN_CFLAGS := -std=c11 $(GEN_OPT) -g -Wall -Wextra -Werror -Iruntime -I$(GEN_OUT) -MMD -MP
 
 $(GEN_OBJ)/%.o: $(GEN_OUT)/%.c

@@ -705,7 +705,7 @@ static __device__ inline void route_row(int *sel, float *prob, float *score, con
     float mx = logit[0], sum = 0.0f;
     for (int e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
     for (int e = 0; e < E; e++) {
-        score[e] = expf(logit[e] - mx);
+        score[e] = vexpf(logit[e] - mx);
         sum += score[e];
     }
     for (int e = 0; e < E; e++) score[e] /= sum;
@@ -724,7 +724,7 @@ static __device__ inline void route_row(int *sel, float *prob, float *score, con
     }
     float m = logit[sel[0]], s = 0.0f;      /* sel[0] holds the largest logit */
     for (int j = 0; j < k; j++) {
-        prob[j] = expf(logit[sel[j]] - m);
+        prob[j] = vexpf(logit[sel[j]] - m);
         s += prob[j];
     }
     for (int j = 0; j < k; j++) prob[j] /= s;
