@@ -54,7 +54,8 @@ static double time_comm(int op, int impl, float *a, float *b, size_t n, MPI_Comm
             else if (op == OP_REDUCE_SCATTER)
                 rt_reduce_scatter(a, b, n / (size_t)p, RT_F32, rt_group_world());
             else {
-                rt_p2p_op ops[2] = { { 0, b, n, RT_F32, partner }, { 1, a, n, RT_F32, partner } };
+                rt_p2p_op ops[2] = { { 0, b, n, RT_F32, partner, 0 },
+                                     { 1, a, n, RT_F32, partner, 0 } };
                 rt_p2p(ops, 2);
             }
         } else {

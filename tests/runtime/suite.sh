@@ -207,7 +207,7 @@ RT_TIMEOUT=3 fault fault-dead-rank-watchdog 20 \
     '^\[rank 0/2\] watchdog: allreduce on group world \(ranks 0,1\) did not complete within 3 s$' \
     $MPIRUN $NOABORT -np 2 $F _exit
 RT_TIMEOUT=3 fault fault-recv-without-send 20 \
-    '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1\) did not complete within 3 s$' \
+    '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1 tag 0\) did not complete within 3 s$' \
     $MPIRUN -np 2 $F norecv
 RT_TIMEOUT=3 fault fault-stuck-allreduce 20 \
     '^\[rank 0/2\] watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 3 s$' \

@@ -292,7 +292,9 @@ static void test_group(rt_group *g, const size_t *sizes, int nsizes)
 /* -- Point-to-point (world) ------------------------------------------------------------------ */
 
 /* Ring (send to next, receive from previous), a two-way exchange with a partner, a message to
-** self, and two ordered messages to the next rank -- all posted in one rt_p2p call. */
+** self, two ordered messages to the next rank, and two tagged messages to the next rank that
+** the sender posts in the opposite order of the receiver (pipeline activations and gradients
+** between the same pair) -- all posted in one rt_p2p call. */
 static void test_p2p(rt_dtype t, size_t n)
 {
     int r = rt_rank(), w = rt_world(), next = (r + 1) % w, prev = (r + w - 1) % w;
@@ -310,19 +312,26 @@ static void test_p2p(rt_dtype t, size_t n)
     /* buffers: 0 send ring, 1 send ring (2nd msg, n+1 via slot 2), 3 recv ring 1st, ... */
     void *rr1 = rt_malloc(n * es + 1), *rr2 = rt_malloc((n + 1) * es), *rx = rt_malloc(n * es + 1);
     void *rs = rt_malloc(n * es + 1);
+    void *rt1 = rt_malloc(n * es + 1), *rt2 = rt_malloc(n * es + 1);
     rt_p2p_op ops[] = {
-        { 0, rr1, n, t, prev },          /* 1st message from prev */
-        { 1, d[0], n, t, next },
-        { 0, rx, n, t, partner },
-        { 1, d[3], n, t, partner },
-        { 0, rr2, n + 1, t, prev },      /* 2nd message from prev, after the first */
-        { 1, d[2], n + 1, t, next },
-        { 1, d[4], n, t, r },            /* self */
-        { 0, rs, n, t, r },
+        { 0, rr1, n, t, prev, 0 },       /* 1st message from prev */
+        { 1, d[0], n, t, next, 0 },
+        { 0, rx, n, t, partner, 0 },
+        { 1, d[3], n, t, partner, 0 },
+        { 0, rr2, n + 1, t, prev, 0 },   /* 2nd message from prev, after the first */
+        { 1, d[2], n + 1, t, next, 0 },
+        { 1, d[4], n, t, r, 0 },         /* self */
+        { 0, rs, n, t, r, 0 },
+        { 1, d[5], n, t, next, 2 },      /* tag 2 sent before tag 1 ... */
+        { 1, d[1], n, t, next, 1 },
+        { 0, rt1, n, t, prev, 1 },       /* ... but received after it */
+        { 0, rt2, n, t, prev, 2 },
     };
     rt_p2p(ops, (int)(sizeof ops / sizeof ops[0]));
     void *g1 = t_alloc(n * es + 1), *g2 = t_alloc((n + 1) * es), *gx = t_alloc(n * es + 1);
-    void *gs = t_alloc(n * es + 1);
+    void *gs = t_alloc(n * es + 1), *gt1 = t_alloc(n * es + 1), *gt2 = t_alloc(n * es + 1);
+    t_to_host(gt1, rt1, n * es);
+    t_to_host(gt2, rt2, n * es);
     t_to_host(g1, rr1, n * es);
     t_to_host(g2, rr2, (n + 1) * es);
     t_to_host(gx, rx, n * es);
@@ -333,6 +342,9 @@ static void test_p2p(rt_dtype t, size_t n)
         T_EXPECT(has_key(gx, t, i, key(partner, 3, i)), "p2p %s n=%zu: exchange [%zu] wrong",
                  rt_dtype_name(t), n, i);
         T_EXPECT(has_key(gs, t, i, key(r, 4, i)), "p2p %s n=%zu: self [%zu] wrong",
+                 rt_dtype_name(t), n, i);
+        T_EXPECT(has_key(gt1, t, i, key(prev, 1, i)) && has_key(gt2, t, i, key(prev, 5, i)),
+                 "p2p %s n=%zu: tagged messages [%zu] matched by order, not by tag",
                  rt_dtype_name(t), n, i);
     }
     for (size_t i = 0; i < n + 1; i++)
@@ -346,6 +358,10 @@ static void test_p2p(rt_dtype t, size_t n)
     rt_free(rr2);
     rt_free(rx);
     rt_free(rs);
+    rt_free(rt1);
+    rt_free(rt2);
+    free(gt1);
+    free(gt2);
     free(g1);
     free(g2);
     free(gx);

@@ -66,14 +66,14 @@ int main(int argc, char **argv)
                 fclose(f);
             }
             float x;
-            rt_p2p_op op = { 0, &x, 1, RT_F32, 0 };
+            rt_p2p_op op = { 0, &x, 1, RT_F32, 0, 0 };
             rt_p2p(&op, 1);
         }
         wait_in_allreduce();
     } else if (!strcmp(mode, "norecv")) {
         if (r == 0) {
             float *d = rt_malloc(10 * sizeof(float));
-            rt_p2p_op op = { 0, d, 10, RT_F32, 1 };
+            rt_p2p_op op = { 0, d, 10, RT_F32, 1, 0 };
             rt_p2p(&op, 1);
         } else {
             sleep(30);
