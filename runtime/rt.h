@@ -115,8 +115,9 @@ void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);    /*
 ** (in place); other overlaps are not allowed. */
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 /* send[size * n] (block i destined for member i), recv[n] = sum over members of block
-** rank(g). recv may be send + rank*n (in place). Pad tensors whose length is not a multiple
-** of the group size. */
+** rank(g). recv may be send + rank*n (in place; the other blocks of send are left as they
+** were; the CPU backend stages it through at most 8 MiB of scratch, a slice at a time). Pad
+** tensors whose length is not a multiple of the group size. */
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 /* Counts and displacements in elements, indexed by group rank; any count may be 0. Member
 ** i's scounts[j] must equal member j's rcounts[i]. */

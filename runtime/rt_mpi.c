@@ -21,6 +21,7 @@ static MPI_Comm p2p_comm = MPI_COMM_NULL;
 ** scratch buffer in pieces of BF16_CHUNK elements. */
 #define CHUNK ((size_t)1 << 30)
 #define BF16_CHUNK ((size_t)1 << 24)
+#define PACK_BYTES ((size_t)8 << 20)   /* scratch for a packed reduce-scatter */
 
 /* -- Errors and waiting -------------------------------------------------------------------- */
 
@@ -418,7 +419,11 @@ void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_grou
 
 /*
 ** recv[n] <- sum over members of their send block rank(g) (send holds size*n elements).
-** recv may alias send (e.g. send + rank*n); bf16 is reduced in f32.
+** recv may alias send (in place: send + rank*n); bf16 is reduced in f32. Those two cases go
+** through scratch, a slice of every block at a time (PACK_BYTES in all), so the transient
+** copy stays small however large the buffer -- the distributed optimizer reduce-scatters its
+** whole gradient buffer in place. A slice is packed before its result is written, so the
+** rest of send is read as it was.
 */
 void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
@@ -432,22 +437,32 @@ void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt
             memmove(recv, send, n * es);
         return;
     }
-    int c = int_count(n, "count", opn, g);
-    if (t == RT_BF16) {
-        float *fs = rt__scratch(0, all * sizeof(float));
-        float *fr = rt__scratch(1, n * sizeof(float));
-        rt__bf16_to_f32_n(fs, (const uint16_t *)send, all);
-        COLL(MPI_Reduce_scatter_block(fs, fr, c, MPI_FLOAT, MPI_SUM, g->comm), opn, g);
-        rt__f32_to_bf16_n((uint16_t *)recv, fr, n);
+    int bf16 = t == RT_BF16;
+    if (!bf16 && !overlaps(send, all * es, recv, n * es)) {
+        int c = int_count(n, "count", opn, g);
+        COLL(MPI_Reduce_scatter_block(send, recv, c, mpi_type(t), MPI_SUM, g->comm), opn, g);
         return;
     }
-    const void *src = send;
-    if (overlaps(send, all * es, recv, n * es)) {
-        void *tmp = rt__scratch(0, all * es);
-        memcpy(tmp, send, all * es);
-        src = tmp;
+    size_t ws = bf16 ? sizeof(float) : es;      /* element size while packed */
+    size_t slice = PACK_BYTES / (ws * (size_t)g->size);
+    if (slice == 0)
+        slice = 1;
+    for (size_t off = 0; off < n; off += slice) {
+        size_t c = n - off < slice ? n - off : slice;
+        char *pk = rt__scratch(0, c * ws * (size_t)g->size);
+        for (int b = 0; b < g->size; b++) {
+            const char *src = (const char *)send + ((size_t)b * n + off) * es;
+            if (bf16)
+                rt__bf16_to_f32_n((float *)pk + (size_t)b * c, (const uint16_t *)src, c);
+            else
+                memcpy(pk + (size_t)b * c * es, src, c * es);
+        }
+        char *out = bf16 ? rt__scratch(1, c * ws) : (char *)recv + off * es;
+        COLL(MPI_Reduce_scatter_block(pk, out, (int)c, bf16 ? MPI_FLOAT : mpi_type(t), MPI_SUM,
+                                      g->comm), opn, g);
+        if (bf16)
+            rt__f32_to_bf16_n((uint16_t *)recv + off, (const float *)out, c);
     }
-    COLL(MPI_Reduce_scatter_block(src, recv, c, mpi_type(t), MPI_SUM, g->comm), opn, g);
 }
 
 /*

@@ -4,7 +4,8 @@
 ** result checked against values this rank computes on its own. Runs on 1..N ranks and on
 ** either backend (buffers staged with rt_memcpy).
 **   t_coll SIZE...           all primitives on all groups for each size
-**   t_coll --large SIZE      allreduce / allgather / reduce-scatter / broadcast / p2p on world
+**   t_coll --large SIZE      allreduce / allgather / reduce-scatter (also in place, which
+**                            goes in slices above 8 MiB) / broadcast / p2p on world
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
@@ -193,6 +194,17 @@ static void test_reduce_scatter(rt_group *g, rt_dtype t, size_t n, int in_place)
         T_EXPECT(got == (double)want, "reduce-scatter%s %s n=%zu on %s: [%zu] = %.17g, want %lld",
                  in_place ? " in place" : "", rt_dtype_name(t), n, rt_group_name(g), i, got,
                  (long long)want);
+    }
+    if (in_place) {   /* the other members' blocks of send are left as they were */
+        void *back = t_alloc(all * es);
+        t_to_host(back, ds, all * es);
+        for (int m = 0; m < p; m++)
+            if (m != gr)
+                T_EXPECT(!memcmp((char *)back + (size_t)m * n * es,
+                                 (char *)hs + (size_t)m * n * es, n * es),
+                         "reduce-scatter in place %s n=%zu on %s: block %d of send changed",
+                         rt_dtype_name(t), n, rt_group_name(g), m);
+        free(back);
     }
     rt_free(ds);
     if (!in_place)
@@ -402,6 +414,7 @@ int main(int argc, char **argv)
                 test_allreduce(g, t, sizes[s], RT_SUM);
                 test_allgather(g, t, sizes[s], 0);
                 test_reduce_scatter(g, t, sizes[s], 0);
+                test_reduce_scatter(g, t, sizes[s], 1);
                 test_broadcast(g, t, sizes[s]);
                 test_p2p(t, sizes[s]);
             }
