@@ -218,7 +218,7 @@ local function chunk_of(st, v) return st.chunks[v + 1] end
 
 -- Describe an exchange op for comments.
 local function op_text(op, r, P)
-    local peer = op.dir == "next" and (r + 1) % P or (r - 1) % P
+    local peer = schedule.peer(P, r, op.dir)
     local what = op.what == "act" and "activations" or "gradient"
     if op.send then
         return string.format(">>> send %s mb %d (chunk %d) to stage %d", what, op.mb, op.chunk, peer)

@@ -22,6 +22,12 @@ function M.virtual_stage(P, r, c)
     return c * P + r
 end
 
+-- The stage an exchange op of stage r talks to: its pipeline neighbour in op.dir, wrapping.
+function M.peer(P, r, dir)
+    if dir == "next" then return (r + 1) % P end
+    return (r - 1) % P
+end
+
 -- Megatron's schedule table for the interleaved schedule: virtual id k -> (mb, chunk).
 -- Micro-batches are walked in groups of N; inside a group every chunk takes all its
 -- micro-batches in order (get_schedule_table).

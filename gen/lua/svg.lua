@@ -9,14 +9,11 @@
 -- an F or B box per (micro-batch, chunk), filled with the micro-batch's colour.
 -- Pure: returns tables and text; emit.lua writes the file, inspect.lua prints the numbers.
 
+local schedule = require("schedule")
+
 local M = {}
 
 M.COST = { F = 1, B = 2 }
-
-local function peer_of(P, r, dir)
-    if dir == "next" then return (r + 1) % P end
-    return (r - 1) % P
-end
 
 --[[
 ** Simulate sched.stages[0..P-1] (steps F, B, X; collective steps C are ignored). Returns
@@ -56,7 +53,7 @@ function M.timeline(sched, cost)
                 if not pending[r] then
                     local items = {}
                     for _, op in ipairs(st.ops) do
-                        local peer = peer_of(P, r, op.dir)
+                        local peer = schedule.peer(P, r, op.dir)
                         local item = { posted = clock[r] }
                         items[#items + 1] = item
                         local q = op.send and channel(r, peer, op.what) or channel(peer, r, op.what)

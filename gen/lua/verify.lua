@@ -15,14 +15,11 @@
 -- ran the forward and the backward of each (micro-batch, chunk) exactly once.
 -- On failure it returns nil and a counterexample (lines of text); it never raises.
 
+local schedule = require("schedule")
+
 local M = {}
 
-local function vstage(P, r, c) return c * P + r end
-
-local function peer_of(P, r, dir)
-    if dir == "next" then return (r + 1) % P end
-    return (r - 1) % P
-end
+local vstage, peer_of = schedule.virtual_stage, schedule.peer
 
 -- The chunk on the peer that an op's tensor belongs to, or nil if there is none.
 local function peer_chunk(P, V, r, op)

@@ -50,11 +50,41 @@ def read_tokens(path):
     return list(struct.unpack("<%dH" % (len(raw) // 2), raw))
 
 
-def forward(p, idx, L, H):
+def lr_at(t, lr, min_lr, warmup, decay):
+    """The learning rate of step t (1-based): linear warm-up, cosine decay, then min_lr."""
+    if warmup > 0 and t <= warmup:
+        return lr * t / warmup
+    if t <= decay:
+        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) /
+                                                            (decay - warmup)))
+    return min_lr
+
+
+def step_batch(tokens, s, gbs, T):
+    """The global batch of step s (0-based): samples s*gbs .. s*gbs+gbs-1, wrapping, each
+    T + 1 tokens (T inputs, the next T as targets)."""
+    nsamples = (len(tokens) - 1) // T
+    rows = [(s * gbs + j) % nsamples for j in range(gbs)]
+    return torch.tensor([tokens[i * T:i * T + T + 1] for i in rows])
+
+
+def gelu(f):
+    return 0.5 * f * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (f + 0.044715 * f.pow(3))))
+
+
+def dense_mlp(p, h, a):
+    f = gelu(a @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"])
+    return f @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"], 0.0
+
+
+def gpt_forward(p, idx, L, H, mlp):
+    """Logits of GPT-2 on idx [B, T] and the sum over layers of mlp's second result (an
+    auxiliary loss); mlp(p, "h.i.", ln_2 output) -> (output, aux)."""
     B, T = idx.shape
     C = p["wte.weight"].shape[1]
     x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(T)]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    aux = torch.zeros(())
     for i in range(L):
         h = "h.%d." % i
         a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
@@ -66,11 +96,15 @@ def forward(p, idx, L, H):
         y = (w.softmax(dim=-1) @ v).permute(0, 2, 1, 3).reshape(B, T, C)
         x = x + (y @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"])
         a = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
-        f = a @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"]
-        f = 0.5 * f * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (f + 0.044715 * f.pow(3))))
-        x = x + (f @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"])
+        out, layer_aux = mlp(p, h, a)
+        x = x + out
+        aux = aux + layer_aux
     x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
-    return x @ p["wte.weight"].t()
+    return x @ p["wte.weight"].t(), aux
+
+
+def forward(p, idx, L, H):
+    return gpt_forward(p, idx, L, H, dense_mlp)[0]
 
 
 def main(argv):
@@ -88,7 +122,6 @@ def main(argv):
          {"params": [params[k] for k in other_names], "weight_decay": 0.0}],
         lr=lr, betas=(0.9, 0.95), eps=1e-8)
     tokens = read_tokens(data)
-    nsamples = (len(tokens) - 1) // T
     gbs = mbs * nmb * dp
     with open(log) as f:
         ref_log = [json.loads(line) for line in f]
@@ -98,17 +131,10 @@ def main(argv):
     rows_out = []
     for s in range(steps):
         t = s + 1
-        if warmup > 0 and t <= warmup:
-            rate = lr * t / warmup
-        elif t <= decay:
-            rate = min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) /
-                                                                (decay - warmup)))
-        else:
-            rate = min_lr
+        rate = lr_at(t, lr, min_lr, warmup, decay)
         for g in opt.param_groups:
             g["lr"] = rate
-        rows = [(s * gbs + j) % nsamples for j in range(gbs)]
-        batch = torch.tensor([tokens[i * T:i * T + T + 1] for i in rows])
+        batch = step_batch(tokens, s, gbs, T)
         logits = forward(params, batch[:, :-1], L, H)
         loss = F.cross_entropy(logits.reshape(-1, V), batch[:, 1:].reshape(-1))
         opt.zero_grad()

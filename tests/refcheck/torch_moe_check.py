@@ -25,13 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from torch_check import read_safetensors, read_tokens
-
-DT = torch.float64
-
-
-def gelu(f):
-    return 0.5 * f * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (f + 0.044715 * f.pow(3))))
+from torch_check import DT, gelu, gpt_forward, lr_at, read_safetensors, read_tokens, step_batch
 
 
 def moe_layer(p, h, x, E, K, bias, pre, aux_coeff, cap):
@@ -79,27 +73,7 @@ def moe_layer(p, h, x, E, K, bias, pre, aux_coeff, cap):
 
 
 def forward(p, idx, L, H, moe):
-    B, T = idx.shape
-    C = p["wte.weight"].shape[1]
-    x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(T)]
-    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
-    aux = torch.zeros(())
-    for i in range(L):
-        h = "h.%d." % i
-        a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
-        qkv = a @ p[h + "attn.c_attn.weight"] + p[h + "attn.c_attn.bias"]
-        q, k, v = qkv.split(C, dim=2)
-        q, k, v = (t.view(B, T, H, C // H).permute(0, 2, 1, 3) for t in (q, k, v))
-        w = q @ k.transpose(-1, -2) / math.sqrt(v.size(-1))
-        w = torch.where(causal, w, torch.tensor(torch.finfo(DT).min, dtype=DT))
-        y = (w.softmax(dim=-1) @ v).permute(0, 2, 1, 3).reshape(B, T, C)
-        x = x + (y @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"])
-        a = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
-        out, layer_aux = moe_layer(p, h, a, *moe)
-        x = x + out
-        aux = aux + layer_aux
-    x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
-    return x @ p["wte.weight"].t(), aux
+    return gpt_forward(p, idx, L, H, lambda p, h, a: moe_layer(p, h, a, *moe))
 
 
 def main(argv):
@@ -120,7 +94,6 @@ def main(argv):
          {"params": [params[k] for k in other_names], "weight_decay": 0.0}],
         lr=lr, betas=(0.9, 0.95), eps=1e-8)
     tokens = read_tokens(data)
-    nsamples = (len(tokens) - 1) // T
     gbs = mbs * nmb * dp
     nmb_total = gbs // mbs
     with open(log) as f:
@@ -131,17 +104,10 @@ def main(argv):
     rows_out = []
     for s in range(steps):
         t = s + 1
-        if warmup > 0 and t <= warmup:
-            rate = lr * t / warmup
-        elif t <= decay:
-            rate = min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) /
-                                                                (decay - warmup)))
-        else:
-            rate = min_lr
+        rate = lr_at(t, lr, min_lr, warmup, decay)
         for g in opt.param_groups:
             g["lr"] = rate
-        rows = [(s * gbs + j) % nsamples for j in range(gbs)]
-        batch = torch.tensor([tokens[i * T:i * T + T + 1] for i in rows])
+        batch = step_batch(tokens, s, gbs, T)
         opt.zero_grad()
         ce_sum, aux_sum = 0.0, 0.0
         for m0 in range(0, gbs, mbs):                     # one micro-batch of mbs sequences
