@@ -80,7 +80,8 @@ CLEAN_FILES :=
 .DEFAULT_GOAL := default
 .PHONY: default all deps test help echo clean golden-update bench-gen
 
-include $(wildcard gen/gen.mk runtime/runtime.mk tools/tools.mk tests/tests.mk bench/bench.mk)
+include $(wildcard gen/gen.mk runtime/runtime.mk lib/lib.mk tools/tools.mk tests/tests.mk \
+    bench/bench.mk)
 
 # make run without MODEL trains the CPU demo: tiny, 8 sequences per micro-batch.
 ifneq ($(filter run,$(MAKECMDGOALS)),)

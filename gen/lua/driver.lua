@@ -1,6 +1,6 @@
 -- driver.lua: the generator's pipeline; driver.run(opts) is the only Lua function the C host
 -- calls (opts: the parsed command line, docs/DESIGN.md 4.1; absent options are nil).
---   cfg -> topology -> partition -> shards -> emit
+--   cfg -> topology -> partition -> shards -> schedule -> program (verified) -> emit
 -- Modes, at most one: --print-out (print the output directory), --dump PASS (a pass's result
 -- as JSON), --check (validate only), --inspect [--rank R] (print a report); otherwise render
 -- every file in memory and write out/<dir>/. Nothing is written unless every pass succeeded.
@@ -15,6 +15,7 @@ local ir = require("ir")
 local json = require("json")
 local partition = require("partition")
 local program = require("program")
+local schedule = require("schedule")
 local shards = require("shards")
 local topology = require("topology")
 
@@ -22,19 +23,26 @@ local M = {}
 
 -- What --dump accepts, in --help order, with the number of passes each needs to run.
 M.DUMPS = { { "config", 1 }, { "topology", 2 }, { "partition", 3 }, { "shards", 4 },
-            { "schema", 0 } }
+            { "schedule", 5 }, { "program", 6 }, { "schema", 0 } }
 
 local MODES = { "print_out", "dump", "check", "inspect" }
 local MODE_FLAG = { print_out = "--print-out", dump = "--dump", check = "--check",
                     inspect = "--inspect" }
 
--- Run the passes: stop after 'n' of config, topology, partition, shards.
-function M.passes(opts, n)
+-- Run the passes: stop after 'n' of config, topology, partition, shards, schedule, program.
+-- The schedule is built once; the program only where the layout has one (--topology-only and
+-- --inspect work for every layout: there 'program' is nil when it is not supported).
+function M.passes(opts, n, optional_program)
     local r = {}
     r.config = config.load(opts)
-    if n >= 2 then r.topology = topology.build(r.config) end
-    if n >= 3 then r.partition = partition.build(r.config, r.topology) end
-    if n >= 4 then r.shards = shards.build(r.config, r.topology, r.partition) end
+    local cfg = r.config
+    if n >= 2 then r.topology = topology.build(cfg) end
+    if n >= 3 then r.partition = partition.build(cfg, r.topology) end
+    if n >= 4 then r.shards = shards.build(cfg, r.topology, r.partition) end
+    if n >= 5 then r.schedule = schedule.build(cfg.pp, cfg.vp, cfg.nmb) end
+    if n >= 6 and (not optional_program or program.supported(cfg)) then
+        r.program = program.build(cfg, r.topology, r.partition, r.shards, r.schedule)
+    end
     return r
 end
 
@@ -75,20 +83,20 @@ function M.run(opts)
         return
     end
 
-    local r = M.passes(opts, 4)
-    local cfg, topo, part, sh = r.config, r.topology, r.partition, r.shards
+    local only_picture = opts.inspect or opts.topology_only
+    local r = M.passes(opts, 6, only_picture)
+    local cfg, topo, part, sh, sched = r.config, r.topology, r.partition, r.shards, r.schedule
     if opts.check then return end
     if opts.inspect then
         if opts.rank ~= nil then
-            io.write(inspect.rank(cfg, topo, part, sh, opts.rank))
+            io.write(inspect.rank(cfg, topo, part, sh, sched, r.program, opts.rank))
         else
-            io.write(inspect.summary(cfg, topo, part, sh))
+            io.write(inspect.summary(cfg, topo, part, sh, sched, r.program))
         end
         return
     end
-    local prog = nil
-    if not opts.topology_only then prog = program.build(cfg, topo, part, sh) end
-    local files = emit.render(cfg, topo, part, sh, prog, { line_dirs = opts.line_dirs })
+    local prog = not opts.topology_only and r.program or nil
+    local files = emit.render(cfg, topo, part, sh, sched, prog, { line_dirs = opts.line_dirs })
     emit.write(cfg.outdir, files)
     local names = {}
     for i, f in ipairs(files) do names[i] = f.name end

@@ -11,7 +11,6 @@ local host = require("host")
 local tmpl = require("tmpl")
 local util = require("util")
 local inspect = require("inspect")
-local schedule = require("schedule")
 local svg = require("svg")
 local ir = require("ir")
 local json = require("json")
@@ -154,6 +153,8 @@ function M.manifest(cfg, files)
 end
 
 -- -- The training program (docs/PROGRAM.md) ------------------------------------------------------
+-- Everything below only prints program.build's record: C spellings of its enums and numbers,
+-- aligned columns and comments. The decisions are all in the record.
 
 -- The banner of a generated source: what produced it, the model, layout and regenerate command.
 local function banner(cfg, template, extra)
@@ -171,6 +172,158 @@ local function banner(cfg, template, extra)
     return lines
 end
 
+-- A float as a C literal ("1.0f", not "1f").
+local function cfloat(x)
+    local t = string.format("%.9g", x)
+    if not t:find("[.eEn]") then t = t .. ".0" end
+    return t .. "f"
+end
+
+local function int(x)
+    assert(math.type(x) == "integer", "emit: expected an integer")
+    return string.format("%d", x)
+end
+
+local function flag(b) return b and "1" or "0" end
+
+-- model.h's constants, aligned: {name, value, comment}.
+local function const_view(consts)
+    local rows, w1, w2 = {}, 0, 0
+    for i, c in ipairs(consts) do
+        local v = c.kind == "int" and int(c.value) or c.kind == "float" and cfloat(c.value)
+                  or '"' .. c.value .. '"'
+        rows[i] = { c.name, v, c.comment }
+        w1, w2 = math.max(w1, #c.name), math.max(w2, #v)
+    end
+    local out = {}
+    for i, r in ipairs(rows) do
+        out[i] = { name = r[1] .. string.rep(" ", w1 - #r[1]),
+                   value = r[2] .. string.rep(" ", w2 - #r[2]), comment = r[3] }
+    end
+    return out
+end
+
+local function group_expr(id)
+    if id == "WORLD" then return "rt_group_world()" end
+    return "gpt.grp[GPT_GRP_" .. id .. "]"
+end
+
+-- Words in lines of at most 'width' characters.
+local function wrap(words, width)
+    local lines, cur = {}, nil
+    for _, w in ipairs(words) do
+        if cur and #cur + 1 + #w <= width then cur = cur .. " " .. w
+        else
+            if cur then lines[#lines + 1] = cur end
+            cur = w
+        end
+    end
+    lines[#lines + 1] = cur
+    return lines
+end
+
+-- C initializer rows "{ a, b, c },", columns aligned (numbers to the right), each with its
+-- comment after it when the line stays within 100 columns, else on a line of its own above.
+-- Returns a list of {has_above, above (comment), line} for the template.
+local function aligned(rows, comments, prefix)
+    prefix = prefix or 4            -- columns before the row: indentation and a designator
+    local width, numeric = {}, {}
+    for _, r in ipairs(rows) do
+        for i, c in ipairs(r) do
+            width[i] = math.max(width[i] or 0, #c)
+            if numeric[i] == nil then numeric[i] = true end
+            numeric[i] = numeric[i] and c:match("^%-?%d+$") ~= nil
+        end
+    end
+    local lines, fits = {}, true
+    for k, r in ipairs(rows) do
+        local cells = {}
+        for i, c in ipairs(r) do
+            local pad = string.rep(" ", width[i] - #c)
+            local sep = i < #r and "," or ""
+            cells[i] = numeric[i] and (pad .. c .. sep) or (i < #r and c .. sep .. pad or c)
+        end
+        lines[k] = "{ " .. table.concat(cells, " ") .. " },"
+        local note = comments and comments[k]
+        if note and prefix + #lines[k] + #note + 9 > 100 then fits = false end
+    end
+    -- every comment after its row, or (when one would not fit) every comment above its row
+    local out = {}
+    for k, line in ipairs(lines) do
+        local note = comments and comments[k]
+        if note and fits then
+            out[k] = { has_above = false, above = "", line = line .. "   /* " .. note .. " */" }
+        else
+            out[k] = { has_above = note ~= nil, above = note or "", line = line }
+        end
+    end
+    return out
+end
+
+-- A comment of several lines, at most 100 columns with 'indent' spaces before it: the lines
+-- to print after the indentation ("/* ...", "** ...", last with " */").
+local function comment(text, indent)
+    local words = {}
+    for w in text:gmatch("%S+") do words[#words + 1] = w end
+    local lines = wrap(words, 100 - indent - 6)
+    if #lines == 1 then return { "/* " .. lines[1] .. " */" } end
+    for i, l in ipairs(lines) do
+        lines[i] = (i == 1 and "/* " or "** ") .. l .. (i == #lines and " */" or "")
+    end
+    return lines
+end
+
+-- The cells of a gpt_param row and of a gpt_piece row (lib/gpt.h field order).
+local function param_cells(p)
+    local flags = {}
+    if p.decay then flags[#flags + 1] = "GPT_DECAY" end
+    if p.sp_reduce then flags[#flags + 1] = "GPT_SP_REDUCE" end
+    flags[#flags + 1] = "GPT_NORM_" .. p.norm
+    return { "GPT_P_" .. p.field, int(p.expert), int(p.buf), table.concat(flags, " | "),
+             int(p.role), int(p.ld), int(p.offset), int(p.n) }
+end
+
+local function piece_cells(pc)
+    local flags = {}
+    if pc.replicated then flags[#flags + 1] = "GPT_REPLICATED" end
+    if pc.tied then flags[#flags + 1] = "GPT_TIED_COPY" end
+    if pc.expert then flags[#flags + 1] = "GPT_EXPERT_PIECE" end
+    if pc.vocab then flags[#flags + 1] = "GPT_VOCAB_ROWS" end
+    return { int(pc.param), int(pc.lrow), int(pc.lcol), int(pc.grow), int(pc.gcol),
+             int(pc.rows), int(pc.cols), "GPT_SPLIT_" .. pc.split, int(pc.step_row),
+             int(pc.step_col), #flags > 0 and table.concat(flags, " | ") or "0" }
+end
+
+-- Aligned rows of params (commented with their names) and of their pieces.
+local function param_rows(params)
+    local cells, notes = {}, {}
+    for i, p in ipairs(params) do cells[i], notes[i] = param_cells(p), p.name end
+    return aligned(cells, notes)
+end
+
+local function piece_rows(pieces, params)
+    local cells, notes = {}, {}
+    for i, pc in ipairs(pieces) do
+        cells[i] = piece_cells(pc)
+        notes[i] = params[pc.param + 1].name
+    end
+    return aligned(cells, notes)
+end
+
+local function list_view(list, f)
+    local out = {}
+    for i, x in ipairs(list) do out[i] = f(x) end
+    return out
+end
+
+local function schedule_title(cfg, kind)
+    if kind == "none" then
+        return string.format("no pipelining, %d micro-batches (gradient accumulation)", cfg.nmb)
+    end
+    return string.format("%s, %d micro-batches", kind == "interleaved" and
+                         ("interleaved 1F1B over " .. cfg.vp .. " chunks") or "1F1B", cfg.nmb)
+end
+
 -- Ranks that run stage 'k', compactly ("4-7", "1,3,5,7").
 local function stage_ranks(topo, k)
     local pp = require("topology").kind(topo, "pp")
@@ -181,10 +334,9 @@ local function stage_ranks(topo, k)
 end
 
 -- schedule.svg: the schedule (program.build verifies the same one) on svg.lua's time model.
-local function schedule_svg(cfg, topo)
+local function schedule_svg(cfg, topo, sched)
     local labels = {}
     for r = 0, cfg.pp - 1 do labels[r] = string.format("stage %d (%s)", r, stage_ranks(topo, r)) end
-    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
     local _, bubble = inspect.pipeline_bubble(cfg)
     local title = string.format("%s, tp%d pp%d dp%d%s: %s", cfg.model.name, cfg.tp, cfg.pp,
                                 cfg.dp, cfg.vp > 1 and (" vp" .. cfg.vp) or "",
@@ -193,80 +345,204 @@ local function schedule_svg(cfg, topo)
                                note = "predicted bubble " .. bubble })
 end
 
-local function render_program(cfg, topo, prog, files, opts)
+-- The kinds of the step's tail ops (program.lua tail_ops; ir.lua Op).
+local TAIL_KINDS = { "BEGIN", "SCHEDULE", "SP_ALLREDUCE", "EMBD_ALLREDUCE", "GRAD_SCALE",
+                     "GRAD_ALLREDUCE", "GRAD_REDUCE_SCATTER", "NORM_LOCAL", "NORM_ALLREDUCE",
+                     "NORM", "ADAMW", "PARAM_ALLGATHER", "AUX_ALLREDUCE", "LOSS_ALLREDUCE" }
+
+-- The view of one stage for stage.c.tmpl.
+local function stage_view(cfg, prog, sp, part)
+    local st = part.stages[sp.stage + 1]
+    local v = {
+        cname = "stage" .. sp.stage, title = sp.title, nbuffers = int(#sp.buffers),
+        nchunks = int(#sp.chunks), buffers = {}, chunks = {}, schedule = {}, tail = {},
+        mem = {}, mem_total = int(sp.mem_bytes), needs_inputs = flag(sp.needs_inputs),
+        needs_targets = flag(sp.needs_targets), head_uses_wte = flag(sp.head_uses_wte),
+        has_others = #sp.other_params > 0, nothers = int(#sp.other_params),
+        nother_pieces = int(#sp.other_pieces), others = param_rows(sp.other_params),
+        other_pieces = piece_rows(sp.other_pieces, sp.other_params),
+        schedule_title = schedule_title(cfg, prog.schedule_kind),
+        no_aux = cfg.model.moe == nil,
+    }
+    local bcells, bnotes = {}, {}
+    for i, b in ipairs(sp.buffers) do
+        local kcells = {}
+        for j, k in ipairs(b.buckets) do
+            kcells[j] = { int(k.start), int(k.size), int(k.shard), int(k.base) }
+        end
+        v.buffers[i] = { i = int(i - 1), nbuckets = int(#b.buckets), buckets = aligned(kcells) }
+        bcells[i] = { int(b.chunk), flag(b.expert), int(b.size), flag(b.sharded), int(b.state),
+                      "GPT_GRP_" .. b.group, int(#b.buckets), "buffer" .. (i - 1) .. "_buckets" }
+        bnotes[i] = string.format("chunk %d, %s", b.chunk, b.expert and "experts" or "dense")
+    end
+    v.buffer_rows = aligned(bcells, bnotes)
+    local calls_of = {}      -- chunk -> {fwd, bwd}: the calls of its F and B ops
+    for _, o in ipairs(sp.schedule) do
+        if o.kind == "F" or o.kind == "B" then
+            calls_of[o.chunk] = calls_of[o.chunk] or {}
+            calls_of[o.chunk][o.kind] = o.calls
+        end
+    end
+    local function call_view(k)
+        local c = { layer = k.layer and int(k.layer), global = k.global and int(k.global) }
+        for _, op in ipairs({ "embedding_fwd", "layer_fwd", "head_fwd_bwd", "layer_bwd",
+                              "embedding_bwd" }) do
+            c[op] = k.op == op
+        end
+        return c
+    end
+    local ccells = {}
+    for i, c in ipairs(sp.chunks) do
+        ccells[i] = { int(c.first), int(c.layers), int(c.slots), flag(c.embedding),
+                      flag(c.head), int(#sp.layer_params[i]), "chunk" .. c.vp .. "_params",
+                      int(#sp.layer_pieces[i]), "chunk" .. c.vp .. "_pieces",
+                      "chunk" .. c.vp .. "_bases" }
+        local bases = {}
+        for j, b in ipairs(c.bases) do
+            local vals = {}
+            for k, x in ipairs(b) do vals[k] = int(x) end
+            bases[j] = { values = table.concat(vals, ", ") .. ",", layer = int(c.first + j - 1) }
+        end
+        v.chunks[i] = {
+            c = int(c.vp), first = int(c.first), layers = int(c.layers), slots = int(c.slots),
+            embedding = flag(c.embedding), head = flag(c.head),
+            nparams = int(#sp.layer_params[i]), npieces = int(#sp.layer_pieces[i]),
+            params = param_rows(sp.layer_params[i]),
+            pieces = piece_rows(sp.layer_pieces[i], sp.layer_params[i]),
+            bases = bases, nbases = int(#c.bases * #sp.buffers),
+            title = require("program").stage_title({ chunks = { st.chunks[i] } }),
+            fwd = list_view(calls_of[c.vp].F, call_view),
+            bwd = list_view(calls_of[c.vp].B, call_view),
+            uses_mb = c.embedding or c.head,
+        }
+    end
+    v.chunk_rows = aligned(ccells)
+    local mcells, mnotes, unused = {}, {}, {}
+    for _, m in ipairs(sp.mem) do
+        if m.how == "NONE" then
+            unused[#unused + 1] = m.id
+        else
+            mcells[#mcells + 1] = { "GPT_MEM_" .. m.how, m.alias and ("GPT_M_" .. m.alias) or "0",
+                                    int(m.elems) }
+            mnotes[#mnotes + 1] = m.what .. (m.how == "ALIAS" and "" or
+                                  m.count > 1 and string.format(", x %d", m.count) or "")
+            v.mem[#v.mem + 1] = { id = "GPT_M_" .. m.id }
+        end
+    end
+    local w = 0
+    for _, m in ipairs(v.mem) do w = math.max(w, #m.id) end
+    local rows = aligned(mcells, mnotes, 4 + w + 5)
+    for _, m in ipairs(v.mem) do w = math.max(w, #m.id) end
+    for i, m in ipairs(v.mem) do
+        m.id = "[" .. m.id .. "]" .. string.rep(" ", w - #m.id)
+        m.has_above, m.above, m.line = rows[i].has_above, rows[i].above, rows[i].line
+    end
+    v.mem_unused = wrap(#unused > 0 and unused or { "none" }, 88)
+    for i, o in ipairs(sp.schedule) do
+        local ov = { section = o.kind == "SECTION", forward = o.kind == "F",
+                     backward = o.kind == "B", text = o.text,
+                     comment = comment(o.text, o.kind == "X" and 8 or 4) }
+        if o.kind == "F" or o.kind == "B" then
+            ov.chunk, ov.mb, ov.slot = int(o.chunk), int(o.mb), int(o.slot)
+        elseif o.kind == "X" then
+            ov.p2p = list_view(o.p2p, function(m)
+                local buf
+                if m.what == "act" and m.send then
+                    buf = string.format("gpt_chunk_output(%d, %d)", m.chunk, m.slot)
+                else
+                    buf = string.format("gpt.chunk[%d].acts[%d].%s", m.chunk, m.slot,
+                                        m.what == "act" and "x" or "dy")
+                end
+                return { send = flag(m.send), buf = buf, peer = "gpt.pp_" .. m.dir,
+                         tag = "GPT_TAG_" .. m.tag }
+            end)
+            ov.nops = int(#o.p2p)
+        end
+        v.schedule[i] = ov
+    end
+    for i, o in ipairs(sp.tail) do
+        local ov = { comment = comment(o.text, 4), group = o.group and group_expr(o.group),
+                     buf = o.buf and int(o.buf), bucket = o.bucket and int(o.bucket),
+                     offset = o.offset and int(o.offset), n = o.n and int(o.n),
+                     which = o.which and int(o.which) }
+        for _, kind in ipairs(TAIL_KINDS) do ov[kind:lower()] = o.kind == kind end
+        v.tail[i] = ov
+    end
+    return v
+end
+
+local function render_program(cfg, topo, part, prog, files, opts)
     local ropts = { line_dirs = opts and opts.line_dirs or false }
     local function add(name, template, env, what)
         files[#files + 1] = ir.File { name = name, text = tmpl.render(template, env, ropts),
                                       what = what }
     end
     local T = "templates/program/"
-    add("model.h", T .. "model.h.tmpl",
-        { banner = banner(cfg, T .. "model.h.tmpl"), consts = prog.consts,
-          groups = prog.groups, moe = prog.moe }, "sizes, structs and prototypes every source includes")
-    add("model.c", T .. "model.c.tmpl",
-        { banner = banner(cfg, T .. "model.c.tmpl"), tp = prog.tp, sp = prog.sp, moe = prog.moe },
-        "layer, embedding and head forward/backward with the tp/sp communication")
-    local K = "templates/kernels/kernels.tmpl"
-    add("kernels.c", K, { banner = banner(cfg, K, { "CPU kernels (loops over rows on the " ..
-        "runtime's thread pool)" }), cuda = false, HD = "static inline", GLOBAL = "static",
-        moe = prog.moe },
-        "kernels, CPU backend")
-    add("kernels.cu", K, { banner = banner(cfg, K, { "CUDA kernels" }), cuda = true,
-                           HD = "static __device__ inline", GLOBAL = "static __global__",
-                           moe = prog.moe },
-        "kernels, CUDA backend")
-    for _, s in ipairs(prog.stages) do
-        local tmpl_name = T .. "stage.c.tmpl"
-        add("stage" .. s.k .. ".c", tmpl_name,
-            { banner = banner(cfg, tmpl_name, { s.title, "run by ranks " ..
-                  stage_ranks(topo, tonumber(s.k)) .. string.format(
-                  "; %s schedule: %s warm-up, %s steady, %s cool-down; %s in flight",
-                  prog.schedule_kind, s.warmup, s.steady, s.cooldown, s.inflight) }),
-              s = s, dist_opt = prog.dist_opt, mp = prog.mp, moe = prog.moe,
-              tpeppn = prog.tpeppn, alias_head_wte = s.first and s.last,
-              grad_scale = prog.dpcp },
-            "stage " .. s.k .. " program: " .. s.title:gsub("^stage %d+ of %d+: ", ""))
-    end
     local stages = {}
-    for i, s in ipairs(prog.stages) do stages[i] = { cname = s.cname } end
-    add("train.c", T .. "train.c.tmpl",
-        { banner = banner(cfg, T .. "train.c.tmpl"), stages = stages, run_hint = prog.run_hint,
-          tensors = prog.tensors, ntensors = prog.ntensors, moe = prog.moe },
-        "main: flags, data, checkpoints, the step loop")
-    add("groups.c", T .. "groups.c.tmpl",
-        { banner = banner(cfg, T .. "groups.c.tmpl"), groups = prog.groups,
-          stage_rows = prog.stage_rows, coord_rows = prog.coord_rows,
-          vocab_valid = prog.vocab_valid },
-        "rank-group tables, rank -> stage and coordinates")
-    if prog.moe then
-        add("moe.c", T .. "moe.c.tmpl",
-            { banner = banner(cfg, T .. "moe.c.tmpl"), moe_ep = prog.moe_ep,
-              moe_etp = prog.moe_etp, moe_comm = prog.moe_ep or prog.moe_etp,
-              moe_tp = prog.moe_tp, capacity = prog.capacity,
-              bias = prog.bias, pre_softmax = prog.pre_softmax },
-            "the mixture-of-experts block: routing, all-to-all dispatch, experts, combine")
+    for i, sp in ipairs(prog.stages) do stages[i] = { cname = "stage" .. sp.stage, title = sp.title } end
+    add("model.h", T .. "model.h.tmpl",
+        { banner = banner(cfg, T .. "model.h.tmpl"), consts = const_view(prog.consts),
+          stages = stages }, "every size of the layout as a named constant; the stages")
+    local rcells = {}
+    for i, r in ipairs(prog.roles) do
+        rcells[i] = { '"' .. r.name .. '"', "GPT_" .. r.scope, int(r.rows), int(r.cols),
+                      int(r.ndim), "GPT_INIT_" .. r.init, cfloat(r.std) }
     end
-    local sources = { "model.c", "train.c", "groups.c" }
-    if prog.moe then sources[#sources + 1] = "moe.c" end
-    for _, s in ipairs(prog.stages) do sources[#sources + 1] = "stage" .. s.k .. ".c" end
+    local roles = aligned(rcells)
+    local AX = { tp = "TP", cp = "CP", ep = "EP", dp = "DP", pp = "PP" }
+    local gcells, gnotes = {}, {}
+    for i, g in ipairs(prog.groups) do
+        local mask = {}
+        for _, a in ipairs(g.axes) do mask[#mask + 1] = "1u << GPT_AX_" .. AX[a] end
+        gcells[i] = { "GPT_GRP_" .. g.id, "GPT_GRID_" .. g.grid,
+                      #mask > 0 and table.concat(mask, " | ") or "0", flag(g.create) }
+        gnotes[i] = string.format("%s, %d ranks: %s%s", g.kind, g.size, g.comment,
+                                  g.create and "" or " (not created)")
+    end
+    local groups = aligned(gcells, gnotes)
+    local function grid(ga)
+        local sz, sd = {}, {}
+        for i = 1, #ga.size do sz[i], sd[i] = int(ga.size[i]), int(ga.stride[i]) end
+        return { size = table.concat(sz, ", "), stride = table.concat(sd, ", ") }
+    end
+    add("program.c", T .. "program.c.tmpl",
+        { banner = banner(cfg, T .. "program.c.tmpl"), model = cfg.model.file,
+          run_hint = cfg.world > 1 and string.format("under mpirun -np %d", cfg.world)
+                     or "one rank: run it directly",
+          moe = cfg.model.moe ~= nil, roles = roles, nroles = int(#prog.roles),
+          dense = grid(prog.dense), expert = grid(prog.expert), groups = groups,
+          ngroups = int(#prog.groups), stages = stages },
+        "main: the model's tensors, the rank grid and groups, the stages; the library runs them")
+    for _, sp in ipairs(prog.stages) do
+        local tmpl_name = T .. "stage.c.tmpl"
+        add("stage" .. sp.stage .. ".c", tmpl_name,
+            { banner = banner(cfg, tmpl_name, { sp.title, "run by ranks " .. sp.ranks ..
+                  string.format("; %s schedule: %d warm-up, %d steady, %d cool-down; %d in " ..
+                                "flight", prog.schedule_kind, sp.warmup, sp.steady,
+                                sp.cooldown, sp.inflight) }),
+              s = stage_view(cfg, prog, sp, part) },
+            "stage " .. sp.stage .. " program: " .. sp.title:gsub("^stage %d+ of %d+: ", ""))
+    end
+    local sources = { "program.c" }
+    for _, sp in ipairs(prog.stages) do sources[#sources + 1] = "stage" .. sp.stage .. ".c" end
     add("build.mk", T .. "build.mk.tmpl",
         { sources = sources, regen = cfg.make }, "make rules for train and train_cuda")
 end
 
 -- Every output file, rendered. The MANIFEST comes last and lists the others. 'prog' (from
 -- program.build) adds the training program's sources; without it only the build-time picture.
-function M.render(cfg, topo, part, sh, prog, opts)
+function M.render(cfg, topo, part, sh, sched, prog, opts)
     local files = {
         ir.File { name = "topology.json", text = M.topology_json(cfg, topo, part),
                   what = "rank groups of every kind; coordinates, layers, duties of every rank" },
         ir.File { name = "shards.json", text = M.shards_json(cfg, sh),
                   what = "parameter pieces per rank class, rank -> class, buffer layout, bytes" },
-        ir.File { name = "report.txt", text = inspect.summary(cfg, topo, part, sh),
+        ir.File { name = "report.txt", text = inspect.summary(cfg, topo, part, sh, sched, prog),
                   what = "all ranks by stage, parameter counts, memory per rank (make inspect)" },
-        ir.File { name = "schedule.svg", text = schedule_svg(cfg, topo),
+        ir.File { name = "schedule.svg", text = schedule_svg(cfg, topo, sched),
                   what = "the pipeline schedule drawn: stages x time, F and B per micro-batch" },
     }
-    if prog then render_program(cfg, topo, prog, files, opts) end
+    if prog then render_program(cfg, topo, part, prog, files, opts) end
     files[#files + 1] = ir.File { name = "MANIFEST", text = M.manifest(cfg, files),
                                   what = "this list" }
     return files

@@ -85,7 +85,7 @@ local function memory_table(cfg, sh, dist_opt)
     return util.columns(rows, "rrrr")
 end
 
-function M.summary(cfg, topo, part, sh)
+function M.summary(cfg, topo, part, sh, sched, prog)
     local out = header(cfg)
     out[#out + 1] = string.format("params    %s unique (%s in experts); %s held over all ranks",
                                   util.thousands(sh.unique), util.thousands(sh.unique_expert),
@@ -139,7 +139,7 @@ function M.summary(cfg, topo, part, sh)
         end
         for _, line in ipairs(memory_table(cfg, sh, dist)) do out[#out + 1] = line end
     end
-    M.pipeline_summary(cfg, topo, part, out)
+    M.pipeline_summary(cfg, part, sched, prog, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
 end
@@ -171,7 +171,7 @@ local function holds(p)
     return out
 end
 
-function M.rank(cfg, topo, part, sh, r)
+function M.rank(cfg, topo, part, sh, sched, prog, r)
     local out = header(cfg)
     local c = topology.coords(topo, r)
     local P = cfg.pp
@@ -274,35 +274,14 @@ function M.rank(cfg, topo, part, sh, r)
         end
     end
     for _, line in ipairs(util.columns(rows, "lrrrr")) do out[#out + 1] = "  " .. line end
-    M.distopt_rank(cfg, topo, sh, r, out)
+    M.distopt_rank(cfg, topo, sh, prog, r, out)
     M.moe_rank(cfg, topo, part, sh, r, out)
-    M.pipeline_rank(cfg, topo, part, r, out)
+    M.pipeline_rank(cfg, topo, part, sched, prog, r, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
 end
 
 -- -- Pipeline (issue 6): schedule, in-flight micro-batches, activation memory, bubble ---------
-
--- Bytes one activation slot of chunk 'ch' holds, as the program allocates it: the chunk's
--- input x and gradient dy (N_SP x C each, stage.c.tmpl alloc_chunk_acts), the token ids on the
--- embedding chunk, and per layer the saved activations of model.c.tmpl layer_acts_alloc.
--- nil where the program does not exist yet (MoE layers, CP > 1).
-function M.slot_bytes(cfg, ch)
-    if cfg.model.moe or cfg.cp > 1 then return nil end
-    local m, TP = cfg.model, cfg.tp
-    local B, T, C = cfg.mbs, cfg.seq, m.hidden
-    local N = B * T
-    local NSP = cfg.sp and N // TP or N
-    local layer = 4 * NSP * C                    -- ln1, res1, ln2, res2
-        + 4 * NSP                                -- ln1/ln2 mean and rstd
-        + (cfg.sp and 2 * N * C or 0)            -- ln1_full, ln2_full (gathered under SP)
-        + N * (3 * C // TP)                      -- qkv
-        + B * (m.heads // TP) * T * T            -- att (probabilities)
-        + N * (C // TP)                          -- atty
-        + 2 * N * (m.ffn_hidden // TP)           -- fc, gelu
-    local floats = 2 * NSP * C + ch.count * layer
-    return 4 * floats + (ch.embedding and 4 * N or 0)   -- f32; token ids are 4-byte ints
-end
 
 -- The bubble fraction the schedule predicts (megatron-semantics.md 3): value and text.
 function M.pipeline_bubble(cfg)
@@ -318,24 +297,27 @@ end
 
 -- The schedule and what it costs on every stage: {sched, kind, timeline, bubble (formula),
 -- bubble_text, stages = {[r] = {warmup, steady, cooldown, inflight, slots = {}, bytes = {},
--- peak}}}; bytes and peak are nil where slot_bytes is.
-function M.pipeline(cfg, part)
-    local P, V, Mb = cfg.pp, cfg.vp, cfg.nmb
-    local sched = schedule.build(P, V, Mb)
+-- peak, slot_of}}}. Slots and bytes are the program's (program.build, what the library
+-- allocates); without a program (a layout it does not support) bytes and peak are nil.
+function M.pipeline(cfg, sched, prog)
+    local P, V = cfg.pp, cfg.vp
     local out = { sched = sched, kind = sched.kind, stages = {},
                   timeline = svg.timeline(sched) }
     out.bubble, out.bubble_text = M.pipeline_bubble(cfg)
     for r = 0, P - 1 do
-        local st = sched.stages[r]
+        local st = sched.stages[r + 1]
         local slots = schedule.assign_slots(st, V)
         local rec = { warmup = st.warmup, steady = st.steady, cooldown = st.cooldown,
-                      inflight = slots.inflight, slots = {}, bytes = {}, peak = 0,
+                      inflight = slots.inflight, slots = {}, bytes = {}, peak = nil,
                       slot_of = slots.slot }
-        for _, ch in ipairs(part.stages[r + 1].chunks) do
-            local n, b = slots.nslots[ch.vp], M.slot_bytes(cfg, ch)
-            rec.slots[#rec.slots + 1] = n
-            rec.bytes[#rec.bytes + 1] = b
-            rec.peak = b and rec.peak and rec.peak + n * b or nil
+        for v = 0, V - 1 do rec.slots[v + 1] = slots.nslots[v] end
+        if prog then
+            rec.peak = 0
+            for i, ch in ipairs(prog.stages[r + 1].chunks) do
+                assert(ch.slots == rec.slots[i], "inspect: slots differ from the program's")
+                rec.bytes[i] = ch.slot_bytes
+                rec.peak = rec.peak + ch.slots * ch.slot_bytes
+            end
         end
         out.stages[r] = rec
     end
@@ -354,8 +336,8 @@ function M.schedule_text(cfg, kind)
 end
 
 -- Append the pipeline section of the summary to 'out'.
-function M.pipeline_summary(cfg, topo, part, out)
-    local pl = M.pipeline(cfg, part)
+function M.pipeline_summary(cfg, part, sched, prog, out)
+    local pl = M.pipeline(cfg, sched, prog)
     local tl = pl.timeline
     out[#out + 1] = ""
     out[#out + 1] = "pipeline schedule: " .. M.schedule_text(cfg, pl.kind)
@@ -381,9 +363,32 @@ function M.pipeline_summary(cfg, topo, part, out)
     for _, line in ipairs(util.columns(rows, "rrrrrrlr")) do out[#out + 1] = "  " .. line end
     out[#out + 1] = "  (slots: activation buffers of each chunk, one per micro-batch in flight; " ..
                     "peak: slots x bytes)"
-    if cfg.model.moe or cfg.cp > 1 then
-        out[#out + 1] = "  (activation bytes: not known for MoE layers or CP > 1 yet)"
+    if not prog then
+        out[#out + 1] = "  (activation bytes: no training program for this layout yet)"
+        return
     end
+    M.memory_plan(cfg, prog, out)
+end
+
+-- Append the program's device memory per rank of each stage (its plan: every buffer the
+-- library allocates, lib/stage.c, which checks the total at start).
+function M.memory_plan(cfg, prog, out)
+    out[#out + 1] = ""
+    out[#out + 1] = "device memory per rank, as the program allocates it (f32; checked at start)"
+    local rows = { { "stage", "params+grads+moments", "activations", "scratch", "total" } }
+    for r = 0, cfg.pp - 1 do
+        local sp = prog.stages[r + 1]
+        local acts = 0
+        for _, m in ipairs(sp.mem) do
+            if m.id:match("^L_") or m.id:match("^ML_") or m.id:match("^C_") then
+                acts = acts + m.bytes
+            end
+        end
+        rows[#rows + 1] = { tostring(r), util.bytes(sp.param_bytes), util.bytes(acts),
+                            util.bytes(sp.mem_bytes - sp.param_bytes - acts),
+                            util.bytes(sp.mem_bytes) }
+    end
+    for _, line in ipairs(util.columns(rows, "rrrrr")) do out[#out + 1] = "  " .. line end
 end
 
 -- What the rank does for one step, with concrete peer ranks.
@@ -424,9 +429,28 @@ local function step_text(cfg, stage, ch_of, s, slot_of, prev, nxt)
     return parts
 end
 
+-- What each tail op's collective carries (program.lua tail_ops).
+local TAIL_WHAT = {
+    SP_ALLREDUCE = "sequence-parallel gradients", EMBD_ALLREDUCE = "the tied wte gradient",
+    GRAD_ALLREDUCE = "gradients", GRAD_REDUCE_SCATTER = "gradients (one bucket)",
+    NORM_ALLREDUCE = "the gradient norm", PARAM_ALLGATHER = "updated parameters (one bucket)",
+    AUX_ALLREDUCE = "the step's aux loss", LOSS_ALLREDUCE = "the step's loss",
+}
+
+local OP_TEXT = { allreduce = "all-reduce", allgather = "all-gather",
+                  reduce_scatter = "reduce-scatter", alltoallv = "all-to-all" }
+
+-- "kind [members]" of the group of rank r.
+local function group_text(topo, kind_name, r)
+    local g = topology.group_of(topo, kind_name, r)
+    local kind = topology.kind(topo, kind_name)
+    return string.format("%s [%s]", kind_name,
+                         util.ranks(kind.members, g * kind.size + 1, (g + 1) * kind.size, 40))
+end
+
 -- Append the rank's program to 'out': its stage source and its unrolled schedule.
-function M.pipeline_rank(cfg, topo, part, r, out)
-    local pl = M.pipeline(cfg, part)
+function M.pipeline_rank(cfg, topo, part, sched, prog, r, out)
+    local pl = M.pipeline(cfg, sched, prog)
     local c = topology.coords(topo, r)
     local k = c.pp
     local st, rec = part.stages[k + 1], pl.stages[k]
@@ -452,41 +476,22 @@ function M.pipeline_rank(cfg, topo, part, r, out)
     for _, ch in ipairs(st.chunks) do ch_of[ch.vp] = ch end
     local rows = { { "#", "phase", "step" } }
     local PHASE = { warmup = "warm-up", steady = "steady", cooldown = "cool-down" }
-    for i, s in ipairs(pl.sched.stages[k].steps) do
+    for i, s in ipairs(pl.sched.stages[k + 1].steps) do
         local texts = step_text(cfg, k, ch_of, s, rec.slot_of, prev, nxt)
         rows[#rows + 1] = { tostring(i), PHASE[s.phase] or "-", texts[1] }
         for j = 2, #texts do rows[#rows + 1] = { "", "", "  and " .. texts[j] } end
     end
     for _, line in ipairs(util.columns(rows, "rll")) do out[#out + 1] = "  " .. line end
-    -- the collectives after the schedule, in the program's order (stage.c.tmpl step())
-    local after = {}
-    local function group_text(kind_name)
-        local g = topology.group_of(topo, kind_name, r)
-        local kind = topology.kind(topo, kind_name)
-        return string.format("%s [%s]", kind_name,
-                             util.ranks(kind.members, g * kind.size + 1, (g + 1) * kind.size, 40))
-    end
-    local dpcp = cfg.dp * cfg.cp > 1
-    if cfg.sp and cfg.tp > 1 then
-        after[#after + 1] = "all-reduce sequence-parallel gradients over " .. group_text("tp")
-    end
-    if cfg.pp > 1 and (k == 0 or k == cfg.pp - 1) then
-        after[#after + 1] = "all-reduce the tied wte gradient over " .. group_text("embd")
-    end
-    if dpcp then
-        after[#after + 1] = (cfg.dist_opt and "reduce-scatter" or "all-reduce") ..
-                            " gradients over " .. group_text("dp-cp")
-    end
-    if cfg.dist_opt then
-        after[#after + 1] = "all-reduce the gradient norm over the world"
-        if dpcp then after[#after + 1] = "all-gather updated parameters over " ..
-                                         group_text("dp-cp") end
-    elseif cfg.tp * cfg.pp > 1 then
-        after[#after + 1] = "all-reduce the gradient norm over " .. group_text("mp")
-    end
-    after[#after + 1] = "all-reduce the step's loss over the world"
+    -- the collectives after the schedule, in the program's order (its step's tail)
+    if not prog then return end
     out[#out + 1] = "  then"
-    for _, a in ipairs(after) do out[#out + 1] = "    " .. a end
+    for _, o in ipairs(prog.stages[k + 1].tail) do
+        for _, c in ipairs(o.comm) do
+            local where = c.group == "world" and "the world" or group_text(topo, c.group, r)
+            out[#out + 1] = string.format("    %s %s over %s", OP_TEXT[c.op],
+                                          TAIL_WHAT[o.kind], where)
+        end
+    end
 end
 
 -- -- Distributed optimizer (issue 5): the rank's shard, seed 002's ranges, bytes saved ------------
@@ -545,7 +550,7 @@ local function per_param_text(d, dt)
 end
 
 -- Append the distributed-optimizer section of rank r's report to 'out' (only with DIST_OPT).
-function M.distopt_rank(cfg, topo, sh, r, out)
+function M.distopt_rank(cfg, topo, sh, prog, r, out)
     if not cfg.dist_opt then return end
     local os_ = M.optimizer_shard(cfg, topo, sh, r)
     local cls = shards.class_of(sh, r)
@@ -623,9 +628,12 @@ function M.distopt_rank(cfg, topo, sh, r, out)
     end
     local size, shard = 0, 0
     for _, b in ipairs(cls.buffers) do size, shard = size + b.size, shard + b.shard end
-    -- stage.c.tmpl: f32 pbuf and gbuf (whole buffer; the gradient shard is reduced in place),
-    -- m and v (shard) vs pbuf, gbuf, m, v of the whole buffer
-    local prog_without, prog_with = 16 * size, 4 * (2 * size + 2 * shard)
+    -- the program's f32 parameters and gradients (whole buffer; the gradient shard is reduced
+    -- in place) and moments (the shard): its plan, program.lua; without the distributed
+    -- optimizer the moments would span the whole buffer
+    local prog_with = prog and prog.stages[shards.class_of(sh, r).pp + 1].param_bytes
+                      or 4 * (2 * size + 2 * shard)
+    local prog_without = prog_with + 8 * (size - shard)
     rows[#rows + 1] = { "this program (f32)", "16",
                         string.format("8 + 8/d = %.2f", 8 + 8 / d), util.bytes(prog_without),
                         util.bytes(prog_with), util.bytes(prog_without - prog_with) }
@@ -667,7 +675,7 @@ function M.moe_traffic(cfg)
     local choices = nsp * K
     local kept, cap = choices, nil
     if moe.capacity_factor then
-        cap = math.ceil((N * K / E) * moe.capacity_factor)
+        cap = require("program").sizes(cfg).capacity    -- the program's own number
         local even = N * K / E
         if cap < even then kept = choices * cap / even end
     end

@@ -4,7 +4,7 @@
 --
 -- M.Name{...} checks every declared field's type, rejects undeclared ones, and returns the
 -- table as a record; reading an undeclared field of a record is an error (typos fail loudly).
--- Types: int, num, str, bool, array (a Lua sequence), map (string-keyed table), a record name;
+-- Types: int, num, str, bool, any, array (a Lua sequence), map (string-keyed table), a record name;
 -- a trailing "?" makes the field optional. All indices and ranks stored here are 0-based, as
 -- in Megatron and in the JSON files; Lua arrays themselves are 1-based.
 
@@ -18,6 +18,7 @@ local function type_ok(v, ty)
     elseif ty == "str" then return type(v) == "string"
     elseif ty == "bool" then return type(v) == "boolean"
     elseif ty == "array" or ty == "map" then return type(v) == "table"
+    elseif ty == "any" then return true
     end
     local rec = registry[ty]
     return rec ~= nil and getmetatable(v) == rec.mt
@@ -290,6 +291,234 @@ record("File", {
     { "name", "str", "path inside the output directory" },
     { "what", "str", "one line for MANIFEST" },
     { "text", "str", "full contents" },
+})
+
+-- -- Pipeline schedule (schedule.lua) ------------------------------------------------------
+
+record("Exchange", {
+    { "send",  "bool", "true: send, false: receive" },
+    { "dir",   "str",  "prev | next: the pipeline neighbour (wrapping)" },
+    { "what",  "str",  "act (activations, forward) | grad (gradients, backward)" },
+    { "mb",    "int",  "micro-batch of the tensor" },
+    { "chunk", "int",  "local chunk: that produced it (send) or will consume it (receive)" },
+})
+
+record("Step", {
+    { "kind",  "str",    "F (forward) | B (backward) | X (exchange) | C (collective, verify)" },
+    { "phase", "str?",   "warmup | steady | cooldown" },
+    { "k",     "int?",   "F, B: Megatron's virtual micro-batch id" },
+    { "mb",    "int?",   "F, B: micro-batch" },
+    { "chunk", "int?",   "F, B: local chunk" },
+    { "ops",   "array?", "X: Exchange list, posted together in this order" },
+    { "group", "str?",   "C: the collective's group (verify's key)" },
+    { "members", "array?", "C: the stages in the group" },
+    { "name",  "str?",   "C: what it is, for counterexamples" },
+})
+
+record("StageSchedule", {
+    { "stage",    "int",   "pipeline stage" },
+    { "steps",    "array", "Step list: the stage's straight-line program for one step" },
+    { "warmup",   "int",   "forward passes before the first backward" },
+    { "steady",   "int",   "one-forward-one-backward pairs" },
+    { "cooldown", "int",   "backward passes after the last forward" },
+})
+
+record("Schedule", {
+    { "kind",   "str",   "none | 1f1b | interleaved" },
+    { "P",      "int",   "pipeline stages" },
+    { "V",      "int",   "chunks per stage" },
+    { "M",      "int",   "micro-batches per step" },
+    { "N",      "int",   "micro-batch group of the interleaved schedule" },
+    { "stages", "array", "StageSchedule list, stage r at [r+1]" },
+})
+
+-- -- The training program (program.lua; printed by emit.lua and templates/program/) -------------
+
+record("Const", {
+    { "name",    "str", "CFG_ name in model.h" },
+    { "kind",    "str", "int | float | str" },
+    { "value",   "any", "its value: an integer, a number or a string" },
+    { "comment", "str", "its origin" },
+})
+
+record("Role", {
+    { "name",  "str", "name pattern: wte.weight, h.%d.ln_1.weight, h.%d.mlp.experts.%d...." },
+    { "scope", "str", "BEFORE | LAYER | EXPERT | AFTER: where it repeats in checkpoint order" },
+    { "rows",  "int", "global rows (1 for 1-D tensors)" },
+    { "cols",  "int", "global columns" },
+    { "ndim",  "int", "1 or 2, as saved" },
+    { "init",  "str", "NORMAL | ZERO | ONE" },
+    { "std",   "num", "standard deviation of NORMAL" },
+})
+
+record("GridAxes", {
+    { "size",   "array", "size per axis tp, cp, ep, dp, pp" },
+    { "stride", "array", "rank stride per axis tp, cp, ep, dp, pp" },
+})
+
+record("Group", {
+    { "id",      "str",   "the program's name: TP DPCP PP EMBD MP EP ETP EDP TPEPPP" },
+    { "kind",    "str",   "topology kind (tp, dp-cp, ..., embd)" },
+    { "grid",    "str",   "DENSE | EXPERT | EMBD" },
+    { "axes",    "array", "axes that vary inside a group (tp cp ep dp pp)" },
+    { "size",    "int",   "members per group" },
+    { "create",  "bool",  "the program creates it (used and more than one member)" },
+    { "spans",   "bool",  "its groups span pipeline stages (pp varies, or embd)" },
+    { "comment", "str",   "what the program uses it for" },
+})
+
+record("Coll", {
+    { "op",    "str",  "allreduce | allgather | reduce_scatter | alltoallv" },
+    { "group", "str",  "topology kind name (tp, dp-cp, ..., world)" },
+    { "n",     "int?", "elements (per member for allgather/reduce_scatter); nil: data-dependent" },
+    { "dtype", "str",  "f32 | i32" },
+    { "red",   "str?", "allreduce: sum | max" },
+})
+
+record("Call", {
+    { "op",    "str",   "embedding_fwd | embedding_bwd | layer_fwd | layer_bwd | head_fwd_bwd" },
+    { "layer", "int?",  "layer_*: local index in the chunk" },
+    { "global", "int?", "layer_*: global layer" },
+    { "comm",  "array", "Coll list: the collectives the library runs inside, in order" },
+})
+
+record("P2P", {
+    { "send",  "bool", "send or receive" },
+    { "what",  "str",  "act | grad" },
+    { "mb",    "int",  "micro-batch" },
+    { "chunk", "int",  "local chunk of the buffer" },
+    { "slot",  "int",  "activation slot of the buffer" },
+    { "dir",   "str",  "prev | next" },
+    { "peer",  "int",  "the peer's stage" },
+    { "tag",   "str",  "ACT | GRAD" },
+    { "n",     "int",  "elements (N_SP*C)" },
+})
+
+record("Op", {
+    { "kind",   "str",    "F | B | X | SECTION | tail ops: BEGIN SCHEDULE SP_ALLREDUCE " ..
+                          "EMBD_ALLREDUCE GRAD_SCALE GRAD_ALLREDUCE GRAD_REDUCE_SCATTER " ..
+                          "NORM_LOCAL NORM_ALLREDUCE NORM ADAMW PARAM_ALLGATHER " ..
+                          "AUX_ALLREDUCE LOSS_ALLREDUCE" },
+    { "text",   "str",    "one line for the generated comment" },
+    { "mb",     "int?",   "F, B: micro-batch" },
+    { "chunk",  "int?",   "F, B: local chunk" },
+    { "slot",   "int?",   "F, B: activation slot" },
+    { "calls",  "array?", "F, B: Call list" },
+    { "p2p",    "array?", "X: P2P list, posted together" },
+    { "group",  "str?",   "tail: the Group id it communicates on" },
+    { "buf",    "int?",   "tail: buffer index" },
+    { "bucket", "int?",   "tail: bucket index" },
+    { "offset", "int?",   "EMBD_ALLREDUCE: first element" },
+    { "n",      "int?",   "EMBD_ALLREDUCE, SP_ALLREDUCE: elements" },
+    { "which",  "int?",   "NORM_ALLREDUCE: 0 dense, 1 experts, 2 total; NORM: 1 = total" },
+    { "scale",  "num?",   "GRAD_SCALE: the factor" },
+    { "comm",   "array",  "Coll list of this op (F/B: of every call; X: none)" },
+})
+
+record("ProgBucket", {
+    { "start", "int", "first element in the buffer" },
+    { "size",  "int", "elements incl. padding" },
+    { "shard", "int", "what each data-parallel rank owns" },
+    { "base",  "int", "the shard's offset in this rank's optimizer state" },
+})
+
+record("ProgBuffer", {
+    { "chunk",   "int",   "model chunk" },
+    { "expert",  "bool",  "expert buffer (expt-dp, its own norm sum)" },
+    { "size",    "int",   "elements, padding included" },
+    { "state",   "int",   "elements of each AdamW moment (the shard with DIST_OPT)" },
+    { "sharded", "bool",  "distributed optimizer" },
+    { "group",   "str",   "Group id of its data-parallel group" },
+    { "buckets", "array", "ProgBucket list" },
+})
+
+record("ProgParam", {
+    { "name",   "str",  "the tensor at layer 0 / tp rank 0 (for comments)" },
+    { "field",  "str",  "gpt_field suffix: WTE, LN1_W, QKV_W, EXPERT_FC_W, ..." },
+    { "expert", "int",  "local expert index, -1" },
+    { "buf",    "int",  "buffer index" },
+    { "decay",  "bool", "AdamW weight decay" },
+    { "sp_reduce", "bool", "gradient all-reduced over tp (sequence parallelism)" },
+    { "norm",   "str",  "ALWAYS | TP0 | ETP0 | NEVER: how the gradient norm counts it" },
+    { "role",   "int",  "index into the program's roles" },
+    { "ld",     "int",  "local row stride" },
+    { "offset", "int",  "in the buffer (layer tables: from the layer's base)" },
+    { "n",      "int",  "elements" },
+})
+
+record("ProgPiece", {
+    { "param",      "int",  "row of the same table (0-based)" },
+    { "lrow",       "int",  "first local row" },
+    { "lcol",       "int",  "first local column" },
+    { "grow",       "int",  "first global row at coordinate 0" },
+    { "gcol",       "int",  "first global column at coordinate 0" },
+    { "rows",       "int",  "rows" },
+    { "cols",       "int",  "columns" },
+    { "split",      "str",  "NONE | TP | ETP: the coordinate that moves it" },
+    { "step_row",   "int",  "global rows per coordinate" },
+    { "step_col",   "int",  "global columns per coordinate" },
+    { "replicated", "bool", "same values on every (expert-)tp rank" },
+    { "tied",       "bool", "the head's copy of wte" },
+    { "expert",     "bool", "saved by expert-data-parallel rank 0" },
+    { "vocab",      "bool", "rows past the vocabulary are padding" },
+})
+
+record("ProgChunk", {
+    { "vp",        "int",   "chunk index" },
+    { "first",     "int",   "first global layer" },
+    { "layers",    "int",   "layers" },
+    { "slots",     "int",   "activation slots (micro-batches in flight at most)" },
+    { "embedding", "bool",  "holds the embedding" },
+    { "head",      "bool",  "holds the head and the loss" },
+    { "bases",     "array", "per layer: its base offset in each buffer (array of arrays)" },
+    { "slot_bytes", "int",  "device bytes of one activation slot" },
+})
+
+record("Mem", {
+    { "id",     "str",  "gpt_mem_id suffix (L_LN1, S_FULL, ...)" },
+    { "how",    "str",  "ALLOC | ALIAS | NONE" },
+    { "alias",  "str?", "ALIAS: the id it shares" },
+    { "elems",  "int",  "4-byte elements of one instance" },
+    { "count",  "int",  "instances on this stage" },
+    { "bytes",  "int",  "elems * 4 * count" },
+    { "what",   "str",  "shape and meaning" },
+})
+
+record("StageProgram", {
+    { "stage",         "int",   "pipeline stage" },
+    { "title",         "str",   "stage k of P: what its chunks hold" },
+    { "ranks",         "str",   "the ranks that run it, compactly" },
+    { "buffers",       "array", "ProgBuffer list" },
+    { "chunks",        "array", "ProgChunk list" },
+    { "layer_params",  "array", "ProgParam list of one layer (every layer alike)" },
+    { "other_params",  "array", "ProgParam list: embedding and head tensors" },
+    { "layer_pieces",  "array", "ProgPiece list of one layer's tensors" },
+    { "other_pieces",  "array", "ProgPiece list of the other tensors" },
+    { "nparams",       "int",   "local tensors in all (layers expanded)" },
+    { "mem",           "array", "Mem list, every gpt_mem_id in order" },
+    { "param_bytes",   "int",   "parameters, gradients and moments" },
+    { "mem_bytes",     "int",   "every device byte setup allocates" },
+    { "needs_inputs",  "bool",  "reads token ids" },
+    { "needs_targets", "bool",  "reads targets" },
+    { "head_uses_wte", "bool",  "embedding and head here: the head uses wte itself" },
+    { "warmup",        "int",   "schedule: warm-up forwards" },
+    { "steady",        "int",   "schedule: steady pairs" },
+    { "cooldown",      "int",   "schedule: cool-down backwards" },
+    { "inflight",      "int",   "micro-batches in flight at most" },
+    { "schedule",      "array", "Op list: the unrolled schedule (F, B, X, SECTION)" },
+    { "tail",          "array", "Op list: the step around and after the schedule" },
+})
+
+record("Program", {
+    { "model",    "str",   "model file" },
+    { "layout",   "str",   "tp2 pp2 dp2 (for messages)" },
+    { "schedule_kind", "str", "none | 1f1b | interleaved" },
+    { "consts",   "array", "Const list (model.h)" },
+    { "roles",    "array", "Role list: the model's tensors in checkpoint order" },
+    { "dense",    "GridAxes", "attention grid" },
+    { "expert",   "GridAxes", "expert grid" },
+    { "groups",   "array", "Group list, in creation order" },
+    { "stages",   "array", "StageProgram list, stage k at [k+1]" },
 })
 
 -- The field list of each record, for documentation (--dump schema).

@@ -1,12 +1,19 @@
--- program.lua: the training program of one output directory, as plain records that the
--- templates under templates/program/ print (docs/PROGRAM.md).
+-- program.lua: the training program of one output directory as a typed record (ir.lua
+-- Program): every decision about the generated code, as numbers, enums and names, never C text.
+-- emit.lua and templates/program/ only print it; the library (lib/) executes it.
 --
--- program.build(cfg, topo, part, sh) -> Program. Pure: it decides every number, name, buffer
--- offset, piece table and schedule step of the generated C, verifies the pipeline schedule
--- (verify.lua) and raises a user error with a counterexample if it could hang. Templates only
--- print what is here. No I/O.
+-- program.build(cfg, topo, part, sh, sched) -> Program. Pure. For every pipeline stage it
+-- decides the parameter buffers (Megatron's layout, from shards.lua), the tensor tables (one
+-- layer's, factored out of every layer of a chunk, and the pieces as functions of the tp /
+-- expert-tp coordinate, checked against every rank class), the activation slots (from the
+-- schedule), the device memory plan (every buffer the library allocates), the unrolled schedule
+-- with the collectives each call runs inside the library, and the step's tail (gradient
+-- reductions, norm, optimizer, loss). Then it proves the program cannot hang: verify.lua
+-- simulates every stage's complete list of communication, on MPI's and on NCCL's matching
+-- rules, and a failure is raised with its counterexample. No I/O.
 
 local diag = require("diag")
+local ir = require("ir")
 local schedule = require("schedule")
 local shards = require("shards")
 local topology = require("topology")
@@ -15,81 +22,121 @@ local verify = require("verify")
 
 local M = {}
 
--- -- Formatting helpers ------------------------------------------------------------------------
-
--- A float as a C literal ("1.0f", not "1f").
-local function cfloat(x)
-    local t = string.format("%.9g", x)
-    if not t:find("[.eEn]") then t = t .. ".0" end
-    return t .. "f"
+local function check_int(x, what)
+    return util.check_int(x, "program: " .. what)
 end
 
-local function int(x)
-    assert(math.type(x) == "integer", "program: expected an integer")
-    return string.format("%d", x)
-end
-
--- FNV-1a 64 of a string, as a C literal (the stream of a tensor's random values).
-local function fnv1a64(s)
+-- FNV-1a 64 of a string (the random stream of a tensor's values; the runtime computes the
+-- same, rt_fnv1a64). Kept for reports and tests.
+function M.fnv1a64(s)
     local h = 0xcbf29ce484222325
     for i = 1, #s do
         h = h ~ s:byte(i)
         h = h * 0x100000001b3          -- wraps modulo 2^64 like the C version
     end
-    return string.format("0x%016xull", h)
+    return h
 end
-M.fnv1a64 = fnv1a64
 
--- Constant records for model.h, aligned: {name, value, comment}.
-local function const_table(list)
-    local w1, w2 = 0, 0
-    for _, c in ipairs(list) do
-        w1, w2 = math.max(w1, #c[1]), math.max(w2, #c[2])
+-- -- Sizes --------------------------------------------------------------------------------------
+
+-- The sizes of one micro-batch on one rank, as the library's gpt_dims holds them.
+function M.sizes(cfg)
+    local m, TP = cfg.model, cfg.tp
+    local T, B, C = cfg.seq, cfg.mbs, m.hidden
+    local N = T * B
+    local s = {
+        T = T, B = B, C = C, N = N, n_sp = cfg.sp and N // TP or N, tp = TP,
+        heads_local = m.heads // TP, head_dim = C // m.heads, c_local = C // TP,
+        qkv_local = 3 * C // TP, ff_local = m.ffn_hidden // TP,
+        v_local = cfg.vocab_padded // TP, nmb = cfg.nmb,
+    }
+    local moe = m.moe
+    if moe then
+        s.E, s.K = moe.experts, moe.top_k
+        s.nl = moe.experts // cfg.ep
+        s.eff_local = moe.ffn_hidden // cfg.etp
+        s.send_max = s.n_sp * s.K
+        s.recv_max = s.send_max * cfg.ep
+        s.rows_max = s.recv_max * cfg.etp
+        s.counts = (TP + 1) * s.E + (cfg.etp + 3) * cfg.ep * s.nl
+        s.capacity = moe.capacity_factor and math.ceil((N * s.K / s.E) * moe.capacity_factor)
+                     or N * s.K
     end
-    local out = {}
-    for i, c in ipairs(list) do
-        out[i] = { name = c[1] .. string.rep(" ", w1 - #c[1]),
-                   value = c[2] .. string.rep(" ", w2 - #c[2]), comment = c[3] }
+    return s
+end
+
+local function const(list, name, kind, value, comment)
+    if kind == "int" then check_int(value, name) end
+    list[#list + 1] = ir.Const { name = name, kind = kind, value = value, comment = comment }
+end
+
+-- Every number the program uses, named, with its origin (model.h).
+local function consts(cfg, s, layout)
+    local m, out = cfg.model, {}
+    local function int(name, v, c) const(out, name, "int", v, c) end
+    local function float(name, v, c) const(out, name, "float", v, c) end
+    int("CFG_WORLD", cfg.world, "ranks = tp*cp*dp*pp")
+    const(out, "CFG_LAYOUT", "str", layout, "for messages")
+    int("CFG_TP", cfg.tp, "tensor-parallel size (TP)")
+    int("CFG_PP", cfg.pp, "pipeline stages (PP)")
+    int("CFG_DP", cfg.dp, "data-parallel size (DP)")
+    int("CFG_CP", cfg.cp, "context-parallel size (CP)")
+    int("CFG_VP", cfg.vp, "virtual chunks per stage (VP)")
+    int("CFG_SP", cfg.sp and 1 or 0, "sequence parallelism (SP=1)")
+    int("CFG_B", s.B, "micro-batch size (MBS)")
+    int("CFG_NMB", cfg.nmb, "micro-batches per step (NMB)")
+    int("CFG_GBS", s.B * cfg.nmb * cfg.dp, "global batch = MBS*NMB*DP")
+    int("CFG_T", s.T, "sequence length (SEQ)")
+    int("CFG_T_MODEL", m.seq_len, "rows of wpe (model.seq_len)")
+    int("CFG_C", s.C, "channels (model.hidden)")
+    int("CFG_N", s.N, "tokens per micro-batch = T*B")
+    int("CFG_N_SP", s.n_sp, cfg.sp and "tokens per tp rank under SP = N/TP"
+        or "tokens held between layers (= N, no SP)")
+    int("CFG_HEADS", m.heads, "attention heads (model.heads)")
+    int("CFG_HEADS_LOCAL", s.heads_local, "heads per tp rank = heads/TP")
+    int("CFG_HEAD_DIM", s.head_dim, "channels per head = C/heads")
+    int("CFG_C_LOCAL", s.c_local, "attention channels per tp rank = C/TP")
+    int("CFG_QKV_LOCAL", s.qkv_local, "q|k|v columns per tp rank = 3C/TP")
+    int("CFG_FF", m.ffn_hidden, "MLP width (model.ffn_hidden)")
+    int("CFG_FF_LOCAL", s.ff_local, "MLP columns per tp rank = FF/TP")
+    int("CFG_V", m.vocab, "vocabulary (model.vocab)")
+    int("CFG_V_PADDED", cfg.vocab_padded,
+        string.format("vocabulary padded to a multiple of %d*TP", m.vocab_pad))
+    int("CFG_V_LOCAL", s.v_local, "vocabulary rows per tp rank = V_PADDED/TP")
+    int("CFG_LAYERS", m.layers, "transformer layers (model.layers)")
+    float("CFG_LN_EPS", m.norm_eps, "LayerNorm eps (model.norm_eps)")
+    float("CFG_ATT_SCALE", 1 / math.sqrt(s.head_dim), "1/sqrt(head_dim)")
+    float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB)")
+    float("CFG_GRAD_SCALE", 1 / (cfg.dp * cfg.cp), "1/(DP*CP): data-parallel mean")
+    int("CFG_TOKENS_PER_STEP", s.B * cfg.nmb * cfg.dp * s.T, "GBS*T")
+    int("CFG_P2P_N", s.n_sp * s.C, "elements of one pipeline message = N_SP*C")
+    local moe = m.moe
+    if moe then
+        int("CFG_EXPERTS", s.E, "experts per MoE layer (model.moe.experts)")
+        int("CFG_TOPK", s.K, "experts per token (model.moe.top_k)")
+        int("CFG_EP", cfg.ep, "expert-parallel size (EP)")
+        int("CFG_ETP", cfg.etp, "expert tensor-parallel size (ETP)")
+        int("CFG_EXPERTS_LOCAL", s.nl, "experts per EP rank = EXPERTS/EP")
+        int("CFG_EFF", moe.ffn_hidden, "expert MLP width (model.moe.ffn_hidden)")
+        int("CFG_EFF_LOCAL", s.eff_local, "expert columns per ETP rank")
+        int("CFG_PRE_SOFTMAX", moe.pre_softmax and 1 or 0,
+            "probabilities: softmax before top-k (1) or over the top k (0)")
+        int("CFG_MOE_BIAS", moe.bias and 1 or 0, "expert biases (model.moe.bias)")
+        float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * s.N * s.N),
+              "aux loss = AUX_SCALE * sum_e (sum of scores) * count_e = coeff*E/(K*N^2)")
+        float("CFG_AUX_GRAD", 1 / cfg.nmb, "the aux loss's share of the objective: 1/NMB")
+        int("CFG_CAPACITY", s.capacity, moe.capacity_factor and
+            "assignments an expert keeps per micro-batch = ceil(N*K/EXPERTS * capacity_factor)"
+            or "no capacity limit: N*TOPK")
+        int("CFG_MOE_SEND_MAX", s.send_max, "rows this rank sends at most = N_SP*TOPK")
+        int("CFG_MOE_RECV_MAX", s.recv_max, "rows it receives at most = SEND_MAX*EP")
+        int("CFG_MOE_ROWS_MAX", s.rows_max, "rows at its experts at most = RECV_MAX*ETP")
+        int("CFG_MOE_COUNTS", s.counts, "ints of count exchanges")
     end
     return out
 end
 
--- -- Parameters ----------------------------------------------------------------------------------
-
--- Struct field of each per-layer parameter role (model.h layer_params).
-local LAYER_FIELD = {
-    ["ln_1.weight"] = "ln_1_w", ["ln_1.bias"] = "ln_1_b",
-    ["attn.c_attn.weight"] = "c_attn_w", ["attn.c_attn.bias"] = "c_attn_b",
-    ["attn.c_proj.weight"] = "attn_proj_w", ["attn.c_proj.bias"] = "attn_proj_b",
-    ["ln_2.weight"] = "ln_2_w", ["ln_2.bias"] = "ln_2_b",
-    ["mlp.c_fc.weight"] = "c_fc_w", ["mlp.c_fc.bias"] = "c_fc_b",
-    ["mlp.c_proj.weight"] = "mlp_proj_w", ["mlp.c_proj.bias"] = "mlp_proj_b",
-}
-
--- Fields of the MoE roles (model.h moe_params); experts are indexed by their local number.
-local MOE_FIELD = {
-    ["mlp.router.weight"] = "moe.router_w",
-    ["mlp.experts.c_fc.weight"] = "moe.fc_w", ["mlp.experts.c_fc.bias"] = "moe.fc_b",
-    ["mlp.experts.c_proj.weight"] = "moe.proj_w", ["mlp.experts.c_proj.bias"] = "moe.proj_b",
-}
-
--- The C lvalues of a parameter and of its gradient in a stage source. 'nl': local experts.
-local function param_lvalues(p, chunk_first, nl)
-    if p.layer then
-        local j = p.layer - chunk_first
-        local f = LAYER_FIELD[p.role] or MOE_FIELD[p.role]
-        assert(f, "program: no field for " .. p.role)
-        if p.expert_id then f = string.format("%s[%d]", f, p.expert_id % nl) end
-        return string.format("chunk%d_params[%d].%s", p.chunk, j, f),
-               string.format("chunk%d_grads[%d].%s", p.chunk, j, f)
-    end
-    local map = { ["wpe.weight"] = "embed_p.wpe", ["ln_f.weight"] = "head_p.ln_f_w",
-                  ["ln_f.bias"] = "head_p.ln_f_b" }
-    local lv
-    if p.role == "wte.weight" then lv = p.tied and "head_p.wte" or "embed_p.wte"
-    else lv = assert(map[p.role], "program: no field for " .. p.role) end
-    return lv, (lv:gsub("_p%.", "_g.", 1))
-end
+-- -- The model's tensors ---------------------------------------------------------------------------
 
 -- Hugging Face's order inside a block (module order): c_attn before c_proj. Megatron's
 -- named_parameters order (shards.lua) has linear_proj first.
@@ -111,69 +158,185 @@ local function hf_order(params)
     return out
 end
 
--- The whole model's tensors in checkpoint order (Hugging Face GPT-2's: wte, wpe, each block in
--- module order, ln_f), with how each is initialised (issue 4).
-local function model_tensors(cfg)
+-- The roles of the model's tensors in checkpoint order (Hugging Face GPT-2's: wte, wpe, each
+-- block in module order, ln_f), with their initialisation: N(0, init_std), output projections
+-- N(0, init_std/sqrt(2*layers)), biases 0, LayerNorm weights 1. Returns the Role list and a
+-- map role name -> 0-based index.
+local function roles(cfg)
     local m = cfg.model
     local out, index = {}, {}
     local out_std = m.init_std / math.sqrt(2.0 * m.layers)
     for _, p in ipairs(hf_order(shards.global_params(m))) do
-        local init, std, r = "INIT_NORMAL", m.init_std, p.role
-        if r:match("bias$") then init = "INIT_ZERO"
-        elseif r:match("^ln_") then init = "INIT_ONE"
-        elseif r:match("c_proj%.weight$") then std = out_std end
-        local rows = #p.shape == 2 and p.shape[1] or 1
-        local cols = p.shape[#p.shape]
-        out[#out + 1] = { name = p.name, rows = int(rows), cols = int(cols),
-                          ndim = int(#p.shape), init = init,
-                          std = init == "INIT_NORMAL" and cfloat(std) or "0.0f",
-                          stream = fnv1a64(p.name) }
-        index[p.name] = #out - 1
+        local r = p.role
+        if not index[r] then
+            local scope = p.expert_id and "EXPERT" or p.layer and "LAYER"
+                or (r == "ln_f.weight" or r == "ln_f.bias") and "AFTER" or "BEFORE"
+            local first_layer = p.layer == nil or p.layer == 0
+            local first_expert = p.expert_id == nil or p.expert_id == 0
+            if first_layer and first_expert then
+                local name = p.name
+                if p.layer then name = name:gsub("^h%.%d+%.", "h.%%d.") end
+                if p.expert_id then name = name:gsub("%.experts%.%d+%.", ".experts.%%d.") end
+                local init, std = "NORMAL", m.init_std
+                if r:match("bias$") then init, std = "ZERO", 0.0
+                elseif r:match("^ln_") then init, std = "ONE", 0.0
+                elseif r:match("c_proj%.weight$") then std = out_std end
+                index[r] = #out
+                out[#out + 1] = ir.Role { name = name, scope = scope,
+                                          rows = #p.shape == 2 and p.shape[1] or 1,
+                                          cols = p.shape[#p.shape], ndim = #p.shape,
+                                          init = init, std = std }
+            end
+        end
     end
     return out, index
 end
 
--- -- Groups --------------------------------------------------------------------------------------
+-- -- Ranks and groups ----------------------------------------------------------------------------
 
--- The group kinds the program uses, with their tables (flat member lists as C text).
-local function program_groups(cfg, topo)
-    local want = {
-        { "tp", "tp", cfg.tp > 1, "tensor-parallel group: layer collectives" },
-        { "dpcp", "dp-cp", cfg.dp * cfg.cp > 1, "data-parallel group: gradient reduction" },
-        { "pp", "pp", cfg.pp > 1, "pipeline group: neighbours" },
-        { "embd", "embd", cfg.pp > 1, "first and last stage: tied embedding gradients" },
-        { "mp", "mp", cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
-          "model-parallel group (tp-pp): gradient norm" },
-    }
-    if cfg.model.moe then
-        local expert_buffer = cfg.ep > 1 or cfg.etp ~= cfg.tp
-        for _, w in ipairs({
-            { "ep", "ep", cfg.ep > 1, "expert-parallel group: token all-to-all" },
-            { "etp", "expt-tp", cfg.etp > 1, "expert tensor-parallel group: experts' slices" },
-            { "edp", "expt-dp", expert_buffer and cfg.edp > 1,
-              "expert data-parallel group: expert gradient reduction" },
-            { "tpeppn", "tp-ep-pp", expert_buffer and not cfg.dist_opt and
-                  cfg.etp * cfg.ep * cfg.pp > 1,
-              "expert tp-ep-pp group: gradient norm of the experts" },
-        }) do want[#want + 1] = w end
+local AXES = { "tp", "cp", "ep", "dp", "pp" }     -- ORDER GPT_AXIS (lib/gpt.h)
+
+local function grid_axes(grid)
+    local size, stride = {}, {}
+    for i, a in ipairs(AXES) do size[i], stride[i] = 1, 1 end
+    for i, a in ipairs(grid.axes) do
+        for j, b in ipairs(AXES) do
+            if a == b then size[j], stride[j] = grid.sizes[i], grid.strides[i] end
+        end
     end
+    return ir.GridAxes { size = size, stride = stride }
+end
+
+-- The communicators a program may use (ORDER GPT_GROUP, lib/gpt.h), when it creates each.
+local function groups(cfg, topo)
+    local moe = cfg.model.moe ~= nil
+    local expert_buffer = moe and (cfg.ep > 1 or cfg.etp ~= cfg.tp)
+    local want = {
+        { "TP", "tp", cfg.tp > 1, "tensor-parallel group: the layers' collectives" },
+        { "DPCP", "dp-cp", cfg.dp * cfg.cp > 1, "data-parallel group: gradient reduction" },
+        { "PP", "pp", cfg.pp > 1, "pipeline group: neighbours" },
+        { "EMBD", "embd", cfg.pp > 1, "first and last stage: tied embedding gradients" },
+        { "MP", "mp", cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
+          "model-parallel group (tp-pp): gradient norm" },
+        { "EP", "ep", moe and cfg.ep > 1, "expert-parallel group: token all-to-all" },
+        { "ETP", "expt-tp", moe and cfg.etp > 1, "expert tensor-parallel group: experts' slices" },
+        { "EDP", "expt-dp", expert_buffer and cfg.edp > 1,
+          "expert data-parallel group: expert gradient reduction" },
+        { "TPEPPP", "tp-ep-pp", expert_buffer and not cfg.dist_opt and
+              cfg.etp * cfg.ep * cfg.pp > 1, "expert tp-ep-pp group: gradient norm of the experts" },
+    }
     local out = {}
     for _, w in ipairs(want) do
-        local cname, kind_name, used, comment = w[1], w[2], w[3], w[4]
-        local kind = topology.kind(topo, kind_name)
-        local rows = {}
-        for g = 0, kind.count - 1 do
-            rows[#rows + 1] = "    " .. table.concat(kind.members, ", ", g * kind.size + 1,
-                                                     (g + 1) * kind.size) .. ","
+        local kind = topology.kind(topo, w[2])
+        local axes, spans = {}, kind.grid == "pp"
+        if kind.grid ~= "pp" then
+            local grid = topo[kind.grid]
+            for i, a in ipairs(grid.axes) do
+                if kind.mask[i] and grid.sizes[i] > 1 then axes[#axes + 1] = a end
+                if kind.mask[i] and a == "pp" and grid.sizes[i] > 1 then spans = true end
+            end
         end
-        out[#out + 1] = { cname = cname, name = kind_name, used = used,
-                          comment = comment .. (used and "" or " (size 1: not created)"),
-                          ngroups = int(kind.count), size = int(kind.size), rows = rows }
+        out[#out + 1] = ir.Group {
+            id = w[1], kind = w[2], size = kind.size, axes = axes, spans = spans,
+            grid = kind.grid == "pp" and "EMBD" or kind.grid == "dense" and "DENSE" or "EXPERT",
+            create = w[3] and kind.size > 1, comment = w[4],
+        }
     end
     return out
 end
 
--- -- One stage -------------------------------------------------------------------------------------
+-- -- Communication inside the library's calls (lib/model.c, lib/moe.c) ----------------------------
+
+local function coll(op, group, n, dtype, red)
+    return ir.Coll { op = op, group = group, n = n, dtype = dtype or "f32", red = red }
+end
+
+local function append(list, items)
+    for _, x in ipairs(items) do list[#list + 1] = x end
+    return list
+end
+
+-- model.c gather_seq: the column-parallel input gathered over tp under SP.
+local function gather_seq(cfg, s)
+    if cfg.sp then return { coll("allgather", "tp", s.n_sp * s.C) } end
+    return {}
+end
+
+-- model.c reduce_seq: the row-parallel output reduce-scattered (SP) or all-reduced (TP).
+local function reduce_seq(cfg, s)
+    if cfg.sp then return { coll("reduce_scatter", "tp", s.n_sp * s.C) } end
+    if cfg.tp > 1 then return { coll("allreduce", "tp", s.N * s.C, "f32", "sum") } end
+    return {}
+end
+
+local function moe_fwd_comm(cfg, s)
+    local out = {}
+    if cfg.tp > 1 then out[#out + 1] = coll("allgather", "tp", s.E, "i32") end
+    if cfg.ep > 1 then
+        append(out, { coll("alltoallv", "ep", nil, "i32"), coll("alltoallv", "ep"),
+                      coll("alltoallv", "ep") })
+    end
+    if cfg.etp > 1 then
+        append(out, { coll("allgather", "expt-tp", cfg.ep * s.nl, "i32"),
+                      coll("alltoallv", "expt-tp"), coll("alltoallv", "expt-tp"),
+                      coll("alltoallv", "expt-tp") })
+    end
+    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep") end
+    return out
+end
+
+local function moe_bwd_comm(cfg)
+    local out = {}
+    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep") end
+    if cfg.etp > 1 then
+        append(out, { coll("alltoallv", "expt-tp"), coll("alltoallv", "expt-tp"),
+                      coll("alltoallv", "expt-tp") })
+    end
+    if cfg.ep > 1 then append(out, { coll("alltoallv", "ep"), coll("alltoallv", "ep") }) end
+    return out
+end
+
+-- The collectives of each library call, in the order it runs them.
+local function call_comm(cfg, s, op)
+    local moe = cfg.model.moe ~= nil
+    if op == "embedding_fwd" then
+        return cfg.tp > 1 and { coll("allreduce", "tp", s.N * s.C, "f32", "sum") } or {}
+    elseif op == "embedding_bwd" then
+        return gather_seq(cfg, s)
+    elseif op == "layer_fwd" then
+        local out = append(gather_seq(cfg, s), reduce_seq(cfg, s))
+        if moe then return append(out, moe_fwd_comm(cfg, s)) end
+        return append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
+    elseif op == "layer_bwd" then
+        local out = moe and moe_bwd_comm(cfg) or append(gather_seq(cfg, s), reduce_seq(cfg, s))
+        return append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
+    elseif op == "head_fwd_bwd" then
+        local out = gather_seq(cfg, s)
+        if cfg.tp > 1 then
+            append(out, { coll("allreduce", "tp", s.N, "f32", "max"),
+                          coll("allreduce", "tp", 2 * s.N, "f32", "sum") })
+        end
+        return append(out, reduce_seq(cfg, s))
+    end
+    error("program: no call " .. op)
+end
+
+-- -- One stage: buffers, tensor tables, pieces -------------------------------------------------
+
+-- gpt_field of each role (lib/gpt.h GPT_FIELDS).
+local FIELD = {
+    ["wte.weight"] = "WTE", ["wpe.weight"] = "WPE", ["ln_f.weight"] = "LN_F_W",
+    ["ln_f.bias"] = "LN_F_B",
+    ["ln_1.weight"] = "LN1_W", ["ln_1.bias"] = "LN1_B",
+    ["attn.c_attn.weight"] = "QKV_W", ["attn.c_attn.bias"] = "QKV_B",
+    ["attn.c_proj.weight"] = "ATTN_PROJ_W", ["attn.c_proj.bias"] = "ATTN_PROJ_B",
+    ["ln_2.weight"] = "LN2_W", ["ln_2.bias"] = "LN2_B",
+    ["mlp.c_fc.weight"] = "FC_W", ["mlp.c_fc.bias"] = "FC_B",
+    ["mlp.c_proj.weight"] = "MLP_PROJ_W", ["mlp.c_proj.bias"] = "MLP_PROJ_B",
+    ["mlp.router.weight"] = "ROUTER_W",
+    ["mlp.experts.c_fc.weight"] = "EXPERT_FC_W", ["mlp.experts.c_fc.bias"] = "EXPERT_FC_B",
+    ["mlp.experts.c_proj.weight"] = "EXPERT_PROJ_W", ["mlp.experts.c_proj.bias"] = "EXPERT_PROJ_B",
+}
 
 -- "embedding, layers 0..3 | layers 8..11, head + loss": what each chunk of a stage holds.
 function M.stage_title(st)
@@ -188,23 +351,19 @@ function M.stage_title(st)
     return table.concat(parts, " | ")
 end
 
--- Param records of a class, indexed by name.
-local function by_name(params)
-    local t = {}
-    for _, p in ipairs(params) do t[p.name] = p end
-    return t
-end
-
--- The classes holding stage 'r' (one per tp rank, and per ep/etp rank with experts); they
--- share one local layout, which is checked.
+-- The classes holding stage r, the reference one (tp, ep, etp all 0) first; they share one
+-- local layout, which is checked.
 local function stage_classes(sh, r)
-    local list = {}
+    local list, ref = {}, nil
     for _, c in ipairs(sh.classes) do
-        if c.pp == r then list[#list + 1] = c end
+        if c.pp == r then
+            if c.tp == 0 and c.ep == 0 and c.etp == 0 then ref = c else list[#list + 1] = c end
+        end
     end
-    assert(#list > 0, "program: no class for stage " .. r)
-    local ref = list[1]
+    assert(ref, "program: no reference class for stage " .. r)
+    table.insert(list, 1, ref)
     for t = 2, #list do
+        assert(#list[t].params == #ref.params, "program: ranks of one stage differ in tensors")
         for bi, b in ipairs(ref.buffers) do
             local o = list[t].buffers[bi]
             assert(o.size == b.size and #o.buckets == #b.buckets and o.kind == b.kind,
@@ -214,261 +373,612 @@ local function stage_classes(sh, r)
     return list
 end
 
-local function chunk_of(st, v) return st.chunks[v + 1] end
-
--- Describe an exchange op for comments.
-local function op_text(op, r, P)
-    local peer = schedule.peer(P, r, op.dir)
-    local what = op.what == "act" and "activations" or "gradient"
-    if op.send then
-        return string.format(">>> send %s mb %d (chunk %d) to stage %d", what, op.mb, op.chunk, peer)
-    end
-    return string.format("<<< recv %s mb %d (chunk %d) from stage %d", what, op.mb, op.chunk, peer)
-end
-
--- The C statements of one stage's schedule.
-local function stage_steps(cfg, st, sched_stage, slots, r)
-    local P = cfg.pp
-    local steps = {}
-    local function slot(mb, c) return slots.slot[mb .. "." .. c] end
-    local function out_buf(c, mb)
-        local ch = chunk_of(st, c)
-        return string.format("chunk%d_acts[%d].layer[%d].res2", c, slot(mb, c), ch.count - 1)
-    end
-    local phase = nil
-    local HEADER = { warmup = "warm-up: forward passes only", steady = "steady state: one " ..
-                     "forward, one backward", cooldown = "cool-down: backward passes only" }
-    for _, s in ipairs(sched_stage.steps) do
-        if s.phase ~= phase then
-            phase = s.phase
-            steps[#steps + 1] = { section = HEADER[phase], is_section = true, fwd = false,
-                                  bwd = false, p2p = false }
-        end
-        local rec = { fwd = false, bwd = false, p2p = false, section = false }
-        if s.kind == "F" or s.kind == "B" then
-            local ch = chunk_of(st, s.chunk)
-            local what = ch.count == 1 and ("layer " .. ch.first)
-                or string.format("layers %d..%d", ch.first, ch.first + ch.count - 1)
-            if s.kind == "F" then
-                if ch.embedding then what = "embedding, " .. what end
-                if ch.head then what = what .. ", head + loss (and its backward)" end
-            else
-                what = string.format("layers %d..%d", ch.first + ch.count - 1, ch.first)
-                if ch.count == 1 then what = "layer " .. ch.first end
-                if ch.embedding then what = what .. ", embedding" end
-            end
-            rec.fwd, rec.bwd = s.kind == "F", s.kind == "B"
-            rec.comment = string.format("%s mb %d, chunk %d (slot %d): %s",
-                                        s.kind == "F" and "forward " or "backward", s.mb,
-                                        s.chunk, slot(s.mb, s.chunk), what)
-            rec.call = string.format("chunk%d_%s(%d, %d);", s.chunk,
-                                     s.kind == "F" and "forward" or "backward", s.mb,
-                                     slot(s.mb, s.chunk))
-        else
-            rec.p2p = true
-            local ops, texts = {}, {}
-            for _, op in ipairs(s.ops) do
-                local buf
-                if op.what == "act" then
-                    buf = op.send and out_buf(op.chunk, op.mb)
-                        or string.format("chunk%d_acts[%d].x", op.chunk, slot(op.mb, op.chunk))
-                else
-                    buf = string.format("chunk%d_acts[%d].dy", op.chunk, slot(op.mb, op.chunk))
-                end
-                ops[#ops + 1] = { send = op.send and "1" or "0", buf = buf,
-                                  peer = op.dir == "next" and "pp_next" or "pp_prev",
-                                  tag = op.what == "act" and "TAG_ACT" or "TAG_GRAD" }
-                texts[#texts + 1] = op_text(op, r, P)
-            end
-            rec.ops, rec.nops = ops, int(#ops)
-            rec.comment = table.concat(texts, ";  ")
-        end
-        rec.is_section = false
-        steps[#steps + 1] = rec
-    end
-    return steps
-end
-
--- Everything stage 'r' needs.
-local function build_stage(cfg, topo, part, sh, sched, index, r)
-    local st = part.stages[r + 1]
-    local classes = stage_classes(sh, r)
-    local cls = classes[1]
-    local nl = cfg.model.moe and cfg.model.moe.experts // cfg.ep or 1
-    local names = by_name(cls.params)
-    local slots = schedule.assign_slots(sched.stages[r], cfg.vp)
-
-    -- chunks, their layers and activation slots
-    local chunks, max_layers = {}, 1
-    for _, c in ipairs(st.chunks) do
-        local layers = {}
-        for j = 0, c.count - 1 do
-            layers[#layers + 1] = { j = int(j), global = int(c.first + j),
-                                    prev = j == 0 and "a->x"
-                                        or string.format("a->layer[%d].res2", j - 1) }
-        end
-        local rev = {}
-        for i = #layers, 1, -1 do rev[#rev + 1] = layers[i] end
-        max_layers = math.max(max_layers, c.count)
-        chunks[#chunks + 1] = {
-            c = int(c.vp), nlayers = int(c.count), layers = layers, layers_rev = rev,
-            embedding = c.embedding, head = c.head, nslots = int(slots.nslots[c.vp]),
-            last = int(c.count - 1),
-            title = M.stage_title({ chunks = { c } }),
-        }
-    end
-
-    -- buffers: pointer assignments, optimizer ranges, gradient-sync lists
-    local buffers, assigns, ranges, sp_ranges, embd = {}, {}, {}, {}, nil
+-- Buffer index (0-based) and offset of every param of a class, by name.
+local function placement(cls)
+    local at = {}
     for bi, b in ipairs(cls.buffers) do
-        local ch = chunk_of(st, b.chunk)
-        local buckets = {}
         for _, bk in ipairs(b.buckets) do
-            buckets[#buckets + 1] = { start = int(bk.start), size = int(bk.size),
-                                      shard = int(bk.shard) }
-        end
-        local expert = b.kind == "expert"
-        buffers[#buffers + 1] = {
-            i = int(bi - 1), chunk = int(b.chunk), size = int(b.size), shard = int(b.shard),
-            buckets = buckets, nbuckets = int(#buckets), kind = b.kind,
-            expert = expert and "1" or "0",
-            group = expert and "&grp_edp" or "&grp_dpcp",
-            dprank = expert and "&edp_rank" or "&dp_rank",
-        }
-        for _, bk in ipairs(b.buckets) do
-            for _, s in ipairs(bk.slots) do
-                local p = names[s.name]
-                local lv, gv = param_lvalues(p, ch.first, nl)
-                local shape = util.shape(p.local_shape)
-                assigns[#assigns + 1] = {
-                    param = string.format("%s = pbuf[%d] + %d;", lv, bi - 1, s.offset),
-                    grad = string.format("%s = gbuf[%d] + %d;", gv, bi - 1, s.offset),
-                    comment = string.format("%s %s", p.name, shape),
-                }
-                local norm = p.tied and "NORM_NEVER"
-                    or (p.tp_sharded and "NORM_ALWAYS" or (p.expert and "NORM_ETP0" or "NORM_TP0"))
-                ranges[#ranges + 1] = {
-                    buf = int(bi - 1), offset = int(s.offset), n = int(s.numel),
-                    decay = #p.shape == 2 and "1" or "0", norm = norm, name = p.name,
-                }
-                if cfg.sp and p.seq_parallel then
-                    sp_ranges[#sp_ranges + 1] = { buf = int(bi - 1), offset = int(s.offset),
-                                                  n = int(s.numel), name = p.name }
-                end
-                if p.shared_embedding then
-                    embd = { buf = int(bi - 1), offset = int(s.offset), n = int(s.numel),
-                             name = p.tied and "the head's copy of wte.weight"
-                                 or "wte.weight" }
-                end
-            end
+            for _, sl in ipairs(bk.slots) do at[sl.name] = { buf = bi - 1, offset = sl.offset } end
         end
     end
-    table.sort(assigns, function(a, b) return a.param < b.param end)
+    return at
+end
 
-    -- pieces of every tp rank (the local layout is shared, the global ranges are not)
-    local piece_sets = {}
-    for ci, c in ipairs(classes) do
-        local list = {}
-        for _, p in ipairs(c.params) do
-            local ch = chunk_of(st, p.chunk)
-            local lv = param_lvalues(p, ch.first, nl)
-            local two = #p.shape == 2
-            for _, pc in ipairs(p.pieces) do
-                list[#list + 1] = {
-                    tensor = int(index[p.name]), base = "&" .. lv,
-                    ld = int(p.local_shape[#p.local_shape]),
-                    lrow = int(two and pc.at[1] or 0), lcol = int(pc.at[#pc.at]),
-                    grow = int(two and pc.start[1] or 0), gcol = int(pc.start[#pc.start]),
-                    rows = int(two and pc.size[1] or 1), cols = int(pc.size[#pc.size]),
-                    replicated = p.tp_sharded and "0" or "1", tied = p.tied and "1" or "0",
-                    expert = p.expert and "1" or "0", name = p.name,
-                }
-            end
-        end
-        -- the key a rank finds its pieces by (tp_rank, ep_rank, etp_rank); a dense model's
-        -- pieces depend on the tp rank only, so its ep and etp are -1: any (its classes carry
-        -- 0 there, while its ranks' expert-grid coordinates follow ETP)
-        local dense = cfg.model.moe == nil
-        piece_sets[#piece_sets + 1] = {
-            i = int(ci - 1), tp = int(c.tp), ep = int(dense and -1 or c.ep),
-            etp = int(dense and -1 or c.etp), pieces = list, n = int(#list),
-            label = dense and string.format("tp %d", c.tp)
-                or string.format("tp %d, ep %d, etp %d", c.tp, c.ep, c.etp),
-        }
-    end
+local function norm_class(p)
+    if p.tied then return "NEVER" end
+    if p.tp_sharded then return "ALWAYS" end
+    return p.expert and "ETP0" or "TP0"
+end
 
-    local max_buckets = 1
-    for _, b in ipairs(buffers) do
-        local base = 0
-        for _, k in ipairs(b.buckets) do
-            k.base = int(base)
-            base = base + tonumber(k.shard)
-        end
-        max_buckets = math.max(max_buckets, #b.buckets)
-    end
-    for _, c in ipairs(chunks) do c.tokens = c.embedding and "1" or "0" end
-    local first, last = r == 0, r == cfg.pp - 1
-    local pp_stride = topology.rank_of(topo.dense, { pp = 1 })
-    return {
-        k = int(r), cname = string.format("stage%d_program", r),
-        title = string.format("stage %d of %d: %s", r, cfg.pp, M.stage_title(st)),
-        chunks = chunks, nchunks = int(#chunks), max_layers = int(max_layers),
-        buffers = buffers, nbuffers = int(#buffers), assigns = assigns,
-        ranges = ranges, nranges = int(#ranges), sp_ranges = sp_ranges,
-        has_sp_ranges = #sp_ranges > 0, nsp = int(#sp_ranges),
-        embd = embd, has_embd = embd ~= nil,
-        piece_sets = piece_sets, nsets = int(#piece_sets), first = first, last = last,
-        has_expert_buffer = (function()
-            for _, b in ipairs(buffers) do if b.kind == "expert" then return true end end
-            return false
-        end)(),
-        needs_inputs = first and "1" or "0", needs_targets = last and "1" or "0",
-        steps = stage_steps(cfg, st, sched.stages[r], slots, r),
-        warmup = int(sched.stages[r].warmup), steady = int(sched.stages[r].steady),
-        cooldown = int(sched.stages[r].cooldown), inflight = int(slots.inflight),
-        pp_stride = int(pp_stride), max_buckets = int(max_buckets),
-        last_int = last and "1" or "0", pipelined = cfg.pp > 1,
-        schedule_title = cfg.pp == 1 and
-            string.format("no pipelining, %d micro-batches (gradient accumulation)", cfg.nmb)
-            or string.format("%s, %d micro-batches", cfg.vp > 1 and
-                             ("interleaved 1F1B over " .. cfg.vp .. " chunks") or "1F1B", cfg.nmb),
+-- The split of a param's pieces: which coordinate moves them, and by how much per unit.
+local function split_of(p)
+    if p.split == "none" then return "NONE", 0, 0 end
+    local axis = p.expert and "ETP" or "TP"
+    if p.split == "row" or p.split == "vocab" then return axis, p.local_shape[1], 0 end
+    -- column: every piece is one column block of the local width per part
+    return axis, 0, p.pieces[1].size[#p.pieces[1].size]
+end
+
+-- A piece as the library's rectangle; 'vocab' pieces span the whole local rows (cut to the
+-- vocabulary on each rank).
+local function piece_rec(p, pc, param_row)
+    local two = #p.shape == 2
+    local split, step_row, step_col = split_of(p)
+    local vocab = p.split == "vocab"
+    return ir.ProgPiece {
+        param = param_row, lrow = two and pc.at[1] or 0, lcol = pc.at[#pc.at],
+        grow = two and pc.start[1] or 0, gcol = pc.start[#pc.start],
+        rows = vocab and p.local_shape[1] or (two and pc.size[1] or 1), cols = pc.size[#pc.size],
+        split = split, step_row = step_row, step_col = step_col,
+        replicated = not p.tp_sharded, tied = p.tied, expert = p.expert, vocab = vocab,
     }
 end
 
--- -- Verification ----------------------------------------------------------------------------------
-
--- Append the collectives that cross stages after the schedule (so the checker sees them too).
-local function with_tail(cfg, sched)
-    local P = cfg.pp
-    local all = {}
-    for r = 0, P - 1 do all[#all + 1] = r end
-    local out = { P = sched.P, V = sched.V, M = sched.M, stages = {} }
-    for r = 0, P - 1 do
-        local steps = {}
-        for i, s in ipairs(sched.stages[r].steps) do steps[i] = s end
-        if P > 1 and (r == 0 or r == P - 1) then
-            steps[#steps + 1] = { kind = "C", group = "embd", members = { 0, P - 1 },
-                                  name = "all-reduce of the tied embedding gradient" }
-        end
-        steps[#steps + 1] = { kind = "C", group = "norm", members = all,
-                              name = "all-reduce of the gradient norm" }
-        steps[#steps + 1] = { kind = "C", group = "world", members = all,
-                              name = "all-reduce of the loss" }
-        out.stages[r] = { steps = steps }
-    end
-    return out
+-- The pieces a class with coordinate 'coord' holds by the formula, as shards.lua writes them.
+local function expand_piece(pr, coord, vocab_size)
+    local grow, gcol = pr.grow + pr.step_row * coord, pr.gcol + pr.step_col * coord
+    local rows = pr.rows
+    if pr.vocab then rows = math.min(rows, vocab_size - grow) end
+    if rows <= 0 or pr.cols <= 0 then return nil end
+    return grow, gcol, rows
 end
 
-local function check_schedule(cfg, topo, sched)
+-- Check that the formulas reproduce every class's pieces (program.lua's contract with
+-- lib/stage.c: a class's global ranges are an affine function of its tp / etp coordinate).
+local function check_pieces(cfg, classes, pieces_of)
+    local nl = cfg.model.moe and cfg.model.moe.experts // cfg.ep or 1
+    for _, c in ipairs(classes) do
+        for i, p in ipairs(c.params) do
+            local ref = classes[1].params[i]
+            assert(p.role == ref.role and util.shape(p.local_shape) == util.shape(ref.local_shape),
+                   "program: class tensors differ at " .. p.name)
+            if p.expert_id then
+                assert(p.expert_id == ref.expert_id + c.ep * nl, "program: expert ids of " .. p.name)
+            end
+            local want = {}
+            for _, pr in ipairs(pieces_of[i] or {}) do
+                local coord = pr.split == "TP" and c.tp or pr.split == "ETP" and c.etp or 0
+                local grow, gcol, rows = expand_piece(pr, coord, cfg.model.vocab)
+                if grow then want[#want + 1] = { grow, gcol, rows, pr } end
+            end
+            assert(#want == #p.pieces, string.format("program: %s: %d pieces on class %d, the " ..
+                   "formula gives %d", p.name, #p.pieces, c.id, #want))
+            for k, pc in ipairs(p.pieces) do
+                local w, two = want[k], #p.shape == 2
+                assert(w[1] == (two and pc.start[1] or 0) and w[2] == pc.start[#pc.start] and
+                       w[3] == (two and pc.size[1] or 1) and w[4].cols == pc.size[#pc.size] and
+                       w[4].lrow == (two and pc.at[1] or 0) and w[4].lcol == pc.at[#pc.at],
+                       "program: piece formula disagrees with shards.lua for " .. p.name)
+            end
+        end
+    end
+end
+
+local function param_rec(p, where, cls_roles, offset, nl)
+    return ir.ProgParam {
+        name = p.tied and "the head's copy of wte.weight" or p.name,
+        field = p.tied and "HEAD_WTE" or assert(FIELD[p.role], "program: no field for " .. p.role),
+        expert = p.expert_id and p.expert_id % nl or -1, buf = where.buf,
+        decay = #p.shape == 2, sp_reduce = false, norm = norm_class(p),
+        role = cls_roles[p.role], ld = p.local_shape[#p.local_shape], offset = offset,
+        n = p.numel,
+    }
+end
+
+-- The tensor tables of stage r: per chunk one layer's params (offsets from each layer's base)
+-- and the bases; the other params (embedding, head) with absolute offsets; pieces of both.
+local function tensor_tables(cfg, st, classes, role_index)
+    local ref = classes[1]
+    local at = placement(ref)
+    local nl = cfg.model.moe and cfg.model.moe.experts // cfg.ep or 1
+    local nbuf = #ref.buffers
+    local chunks, others, other_pieces, pieces_of = {}, {}, {}, {}
+    local index_of = {}
+    for i, p in ipairs(ref.params) do index_of[p] = i end
+    for _, ch in ipairs(st.chunks) do
+        local by_layer = {}
+        for j = 0, ch.count - 1 do by_layer[j] = {} end
+        for _, p in ipairs(ref.params) do
+            if p.layer and p.chunk == ch.vp then
+                local l = by_layer[p.layer - ch.first]
+                l[#l + 1] = p
+            end
+        end
+        -- bases: each layer's smallest offset in each buffer
+        local bases = {}
+        for j = 0, ch.count - 1 do
+            local b = {}
+            for k = 1, nbuf do b[k] = -1 end
+            for _, p in ipairs(by_layer[j]) do
+                local w = at[p.name]
+                if b[w.buf + 1] < 0 or w.offset < b[w.buf + 1] then b[w.buf + 1] = w.offset end
+            end
+            for k = 1, nbuf do if b[k] < 0 then b[k] = 0 end end
+            bases[j + 1] = b
+        end
+        local rows, prows = {}, {}
+        for r, p in ipairs(by_layer[0]) do
+            local w = at[p.name]
+            rows[r] = param_rec(p, w, role_index, w.offset - bases[1][w.buf + 1], nl)
+            for _, pc in ipairs(p.pieces) do prows[#prows + 1] = piece_rec(p, pc, r - 1) end
+            pieces_of[index_of[p]] = {}
+        end
+        -- every layer has the same layout relative to its bases (checked), and its pieces
+        -- are layer 0's (the library adds the layer to the tensor index)
+        for j = 0, ch.count - 1 do
+            assert(#by_layer[j] == #rows, "program: layers of a chunk differ in tensors")
+            for r, p in ipairs(by_layer[j]) do
+                local w = at[p.name]
+                assert(p.role == by_layer[0][r].role and w.buf == rows[r].buf and
+                       w.offset - bases[j + 1][w.buf + 1] == rows[r].offset,
+                       "program: layer " .. p.layer .. " does not follow layer " .. ch.first)
+                local list = {}
+                for _, pc in ipairs(p.pieces) do list[#list + 1] = piece_rec(p, pc, r - 1) end
+                pieces_of[index_of[p]] = list
+                for k, pr in ipairs(list) do     -- the same rectangles as layer 0's
+                    local q = pieces_of[index_of[by_layer[0][r]]][k]
+                    for _, f in ipairs({ "lrow", "lcol", "grow", "gcol", "rows", "cols" }) do
+                        assert(pr[f] == q[f], "program: pieces of " .. p.name .. " differ")
+                    end
+                end
+            end
+        end
+        chunks[#chunks + 1] = { params = rows, pieces = prows, bases = bases }
+    end
+    for _, p in ipairs(ref.params) do
+        if not p.layer then
+            local w = at[p.name]
+            others[#others + 1] = param_rec(p, w, role_index, w.offset, nl)
+            local list = {}
+            for _, pc in ipairs(p.pieces) do
+                local pr = piece_rec(p, pc, #others - 1)
+                other_pieces[#other_pieces + 1] = pr
+                list[#list + 1] = pr
+            end
+            pieces_of[index_of[p]] = list
+        end
+    end
+    check_pieces(cfg, classes, pieces_of)
+    -- sequence-parallel gradients are all-reduced over tp (docs/megatron.md §4.6)
+    local sp_by_name = {}
+    for _, p in ipairs(ref.params) do sp_by_name[p.name] = cfg.sp and p.seq_parallel end
+    for _, c in ipairs(chunks) do
+        for _, r in ipairs(c.params) do r.sp_reduce = sp_by_name[r.name] end
+    end
+    for _, r in ipairs(others) do r.sp_reduce = sp_by_name[r.name] end
+    return chunks, others, other_pieces
+end
+
+-- -- One stage: memory plan -------------------------------------------------------------------
+
+-- ORDER GPT_MEM (lib/gpt.h): id, what.
+local MEMS = {
+    { "L_LN1", "(N_SP, C) ln_1 output" }, { "L_LN1_MEAN", "(N_SP)" }, { "L_LN1_RSTD", "(N_SP)" },
+    { "L_LN1_FULL", "(N, C) ln_1 output, whole sequence" }, { "L_QKV", "(N, QKV_LOCAL)" },
+    { "L_ATT", "(B, HEADS_LOCAL, T, T) attention probabilities" },
+    { "L_ATTY", "(N, C_LOCAL) attention output" }, { "L_RES1", "(N_SP, C) x + attention" },
+    { "L_LN2", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "(N_SP)" }, { "L_LN2_RSTD", "(N_SP)" },
+    { "L_LN2_FULL", "(N, C) ln_2 output, whole sequence" },
+    { "L_FC", "(N, FF_LOCAL) c_fc output" }, { "L_GELU", "(N, FF_LOCAL)" },
+    { "L_RES2", "(N_SP, C) the layer's output" },
+    { "ML_SCORES", "(N_SP, EXPERTS) softmax over all experts" },
+    { "ML_PROB", "(N_SP, TOPK) chosen probabilities" }, { "ML_SEL", "(N_SP, TOPK) int" },
+    { "ML_POS", "(N_SP, TOPK) int" }, { "ML_SEND_TOK", "(SEND_MAX) int" },
+    { "ML_ORDER", "(ROWS_MAX) int" }, { "ML_UNORDER", "(ROWS_MAX) int" },
+    { "ML_XE", "(ROWS_MAX, C) expert inputs" }, { "ML_PE", "(ROWS_MAX)" },
+    { "ML_FC", "(ROWS_MAX, EFF_LOCAL)" }, { "ML_H", "(ROWS_MAX, EFF_LOCAL)" },
+    { "ML_AUXG", "(EXPERTS)" },
+    { "C_X", "(N_SP, C) the chunk's input" }, { "C_DY", "(N_SP, C) its gradient" },
+    { "C_TOKENS", "(N) int token ids" },
+    { "H_LNF", "(N_SP, C) ln_f output" }, { "H_LNF_MEAN", "(N_SP)" }, { "H_LNF_RSTD", "(N_SP)" },
+    { "S_FULL", "(N, C) partial sums / gathered rows" },
+    { "S_FULL_SP", "(N_SP, C) reduce-scatter output" }, { "S_DQKV", "(N, QKV_LOCAL)" },
+    { "S_DATTY", "(N, C_LOCAL)" }, { "S_DATT", "(B, HEADS_LOCAL, T, T)" },
+    { "S_DFC", "(N, FF_LOCAL)" }, { "S_LOGITS", "(N, V_LOCAL)" },
+    { "S_CE", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "(N) int" },
+    { "MS_LOGITS", "(N_SP, EXPERTS)" }, { "MS_XS", "(SEND_MAX, C)" }, { "MS_PS", "(SEND_MAX)" },
+    { "MS_XR", "(RECV_MAX, C)" }, { "MS_PR", "(RECV_MAX)" }, { "MS_XG", "(ROWS_MAX, C)" },
+    { "MS_PG", "(ROWS_MAX)" }, { "MS_ACT", "(ROWS_MAX, EFF_LOCAL)" },
+    { "MS_YE", "(ROWS_MAX, C)" }, { "MS_YG", "(ROWS_MAX, C)" }, { "MS_YR", "(RECV_MAX, C)" },
+    { "MS_YS", "(SEND_MAX, C)" }, { "MS_DPE", "(ROWS_MAX)" }, { "MS_DPG", "(ROWS_MAX)" },
+    { "MS_DPR", "(RECV_MAX)" }, { "MS_DPS", "(SEND_MAX)" }, { "MS_DPROB", "(N_SP, TOPK)" },
+    { "MS_DLOGITS", "(N_SP, EXPERTS)" }, { "MS_COLSUM", "(EXPERTS)" },
+    { "MS_COUNTS", "(MOE_COUNTS) int" }, { "MS_PIDX", "(SEND_MAX) int" },
+    { "X_LOSS", "(NMB) loss sums per micro-batch" },
+    { "X_STAT", "(tensors + 3) norm pieces, then dense | experts | total" },
+    { "X_SP_PACK", "packed sequence-parallel gradients" },
+}
+M.MEMS = MEMS
+
+-- The device memory of stage r as the library allocates it (lib/stage.c lib_stage_setup):
+-- returns the Mem list (ORDER GPT_MEM), the bytes of one activation slot per chunk, and the
+-- total. 'nparams': local tensors; 'sp_total': elements of the sequence-parallel gradients.
+local function memory_plan(cfg, s, chunks, head, nparams, sp_total, param_bytes)
+    local moe = cfg.model.moe ~= nil
+    local embedding = chunks[1].embedding
+    local att = s.B * s.heads_local * s.T * s.T
+    local function m1(x) return math.max(x, 1) end     -- moe.c allocates at least one
+    local size = {
+        L_LN1 = s.n_sp * s.C, L_LN1_MEAN = s.n_sp, L_LN1_RSTD = s.n_sp,
+        L_LN1_FULL = cfg.sp and s.N * s.C or "L_LN1", L_QKV = s.N * s.qkv_local, L_ATT = att,
+        L_ATTY = s.N * s.c_local, L_RES1 = s.n_sp * s.C, L_LN2 = s.n_sp * s.C,
+        L_LN2_MEAN = s.n_sp, L_LN2_RSTD = s.n_sp, L_LN2_FULL = cfg.sp and s.N * s.C or "L_LN2",
+        L_FC = not moe and s.N * s.ff_local, L_GELU = not moe and s.N * s.ff_local,
+        L_RES2 = s.n_sp * s.C,
+        C_X = s.n_sp * s.C, C_DY = s.n_sp * s.C, C_TOKENS = embedding and s.N,
+        H_LNF = head and s.n_sp * s.C, H_LNF_MEAN = head and s.n_sp, H_LNF_RSTD = head and s.n_sp,
+        S_FULL = s.N * s.C, S_FULL_SP = cfg.sp and s.n_sp * s.C or "S_FULL",
+        S_DQKV = s.N * s.qkv_local, S_DATTY = s.N * s.c_local, S_DATT = att,
+        S_DFC = not moe and s.N * s.ff_local, S_LOGITS = head and s.N * s.v_local,
+        S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
+        X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
+    }
+    if moe then
+        local E, K, C = s.E, s.K, s.C
+        for k, v in pairs({
+            ML_SCORES = s.n_sp * E, ML_PROB = s.n_sp * K, ML_SEL = s.n_sp * K, ML_POS = s.n_sp * K,
+            ML_SEND_TOK = s.send_max, ML_ORDER = s.rows_max, ML_UNORDER = s.rows_max,
+            ML_XE = s.rows_max * C, ML_PE = s.rows_max, ML_FC = s.rows_max * s.eff_local,
+            ML_H = s.rows_max * s.eff_local, ML_AUXG = E,
+            MS_LOGITS = s.n_sp * E, MS_XS = s.send_max * C, MS_PS = s.send_max,
+            MS_XR = s.recv_max * C, MS_PR = s.recv_max, MS_XG = s.rows_max * C,
+            MS_PG = s.rows_max, MS_ACT = s.rows_max * s.eff_local, MS_YE = s.rows_max * C,
+            MS_YG = s.rows_max * C, MS_YR = s.recv_max * C, MS_YS = s.send_max * C,
+            MS_DPE = s.rows_max, MS_DPG = s.rows_max, MS_DPR = s.recv_max, MS_DPS = s.send_max,
+            MS_DPROB = s.n_sp * K, MS_DLOGITS = s.n_sp * E, MS_COLSUM = E,
+            MS_COUNTS = s.counts, MS_PIDX = s.send_max,
+        }) do size[k] = m1(v) end
+    end
+    -- instances: per layer and slot, per chunk slot (tokens: the embedding chunk's), else one
+    local layer_instances, slot_instances = 0, 0
+    for _, c in ipairs(chunks) do
+        layer_instances = layer_instances + c.slots * c.layers
+        slot_instances = slot_instances + c.slots
+    end
+    local function count(id)
+        if id:match("^L_") or id:match("^ML_") then return layer_instances end
+        if id == "C_TOKENS" then return chunks[1].slots end
+        if id:match("^C_") then return slot_instances end
+        return 1
+    end
+    local list, total, per_layer = {}, param_bytes, 0
+    for _, m in ipairs(MEMS) do
+        local id, v = m[1], size[m[1]]
+        local rec
+        if type(v) == "string" then
+            rec = ir.Mem { id = id, how = "ALIAS", alias = v, elems = 0, count = count(id),
+                           bytes = 0, what = m[2] }
+        elseif v then
+            check_int(v, id)
+            rec = ir.Mem { id = id, how = "ALLOC", elems = v, count = count(id),
+                           bytes = 4 * v * count(id), what = m[2] }
+            if id:match("^L_") or id:match("^ML_") then per_layer = per_layer + 4 * v end
+        else
+            rec = ir.Mem { id = id, how = "NONE", elems = 0, count = 0, bytes = 0, what = m[2] }
+        end
+        total = total + rec.bytes
+        list[#list + 1] = rec
+    end
+    local slot_bytes = {}
+    for i, c in ipairs(chunks) do
+        slot_bytes[i] = 4 * (size.C_X + size.C_DY) + (c.embedding and 4 * s.N or 0) +
+                        c.layers * per_layer
+    end
+    return list, slot_bytes, total
+end
+
+-- -- One stage: the unrolled schedule and the step's tail ----------------------------------------
+
+local HEADER = { warmup = "warm-up: forward passes only",
+                 steady = "steady state: one forward, one backward",
+                 cooldown = "cool-down: backward passes only" }
+
+local function layers_text(ch, backward)
+    if ch.count == 1 then return "layer " .. ch.first end
+    local a, b = ch.first, ch.first + ch.count - 1
+    if backward then a, b = b, a end
+    return string.format("layers %d..%d", a, b)
+end
+
+-- The schedule of stage r as Ops: F and B with the library calls and their collectives, X
+-- with the messages, SECTION markers between phases.
+local function schedule_ops(cfg, s, st, stage_sched, slots, r)
+    local P = cfg.pp
+    local ops, phase = {}, nil
+    local function slot(mb, c) return slots.slot[mb .. "." .. c] end
+    for _, step in ipairs(stage_sched.steps) do
+        if step.phase ~= phase then
+            phase = step.phase
+            ops[#ops + 1] = ir.Op { kind = "SECTION", text = HEADER[phase], comm = {} }
+        end
+        if step.kind == "F" or step.kind == "B" then
+            local ch = st.chunks[step.chunk + 1]
+            local fwd = step.kind == "F"
+            local calls = {}
+            local function add(op, j)
+                calls[#calls + 1] = ir.Call { op = op, layer = j, global = j and ch.first + j,
+                                              comm = call_comm(cfg, s, op) }
+            end
+            local what = layers_text(ch, not fwd)
+            if fwd then
+                if ch.embedding then add("embedding_fwd") end
+                for j = 0, ch.count - 1 do add("layer_fwd", j) end
+                if ch.head then add("head_fwd_bwd") end
+                if ch.embedding then what = "embedding, " .. what end
+                if ch.head then what = what .. ", head + loss (and its backward)" end
+            else
+                for j = ch.count - 1, 0, -1 do add("layer_bwd", j) end
+                if ch.embedding then add("embedding_bwd") end
+                if ch.embedding then what = what .. ", embedding" end
+            end
+            local comm = {}
+            for _, c in ipairs(calls) do append(comm, c.comm) end
+            local sl = slot(step.mb, step.chunk)
+            ops[#ops + 1] = ir.Op {
+                kind = step.kind, mb = step.mb, chunk = step.chunk, slot = sl, calls = calls,
+                comm = comm, text = string.format("%s mb %d, chunk %d (slot %d): %s",
+                                                  fwd and "forward " or "backward", step.mb,
+                                                  step.chunk, sl, what),
+            }
+        else
+            local list, texts = {}, {}
+            for _, e in ipairs(step.ops) do
+                local peer = schedule.peer(P, r, e.dir)
+                list[#list + 1] = ir.P2P {
+                    send = e.send, what = e.what, mb = e.mb, chunk = e.chunk,
+                    slot = slot(e.mb, e.chunk), dir = e.dir, peer = peer,
+                    tag = e.what == "act" and "ACT" or "GRAD", n = s.n_sp * s.C,
+                }
+                texts[#texts + 1] = string.format("%s %s mb %d (chunk %d) %s stage %d",
+                    e.send and ">>> send" or "<<< recv",
+                    e.what == "act" and "activations" or "gradient", e.mb, e.chunk,
+                    e.send and "to" or "from", peer)
+            end
+            ops[#ops + 1] = ir.Op { kind = "X", p2p = list, comm = {},
+                                    text = table.concat(texts, ";  ") }
+        end
+    end
+    return ops
+end
+
+-- The step of stage r around its schedule (lib/stage.c), in order: Megatron's
+-- finalize_model_grads (docs/megatron.md §5.6), the gradient norm (§6), clipping and AdamW
+-- (§5.4 with the distributed optimizer), the loss.
+local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id)
+    local ops = {}
+    local function op(kind, text, fields)
+        fields = fields or {}
+        fields.kind, fields.text = kind, text
+        fields.comm = fields.comm or {}
+        ops[#ops + 1] = ir.Op(fields)
+    end
+    local function on(id) return groups_by_id[id].create end
+    op("BEGIN", "zero the gradients")
+    op("SCHEDULE", "the pipeline schedule (run_schedule above)")
+    if sp_total > 0 and on("TP") then
+        op("SP_ALLREDUCE", string.format(">>> all-reduce over tp: the gradients of the %d " ..
+           "sequence-parallel tensors, packed (%s elements; docs/megatron.md §4.6)", nsp,
+           util.thousands(sp_total)),
+           { group = "TP", n = sp_total, comm = { coll("allreduce", "tp", sp_total, "f32",
+                                                       "sum") } })
+    end
+    if embd and on("EMBD") then
+        op("EMBD_ALLREDUCE", ">>> all-reduce over embd (first and last stage): both copies of " ..
+           "wte get the sum of the embedding's and the head's gradients (docs/megatron.md §7)",
+           { group = "EMBD", buf = embd.buf, offset = embd.offset, n = embd.n,
+             comm = { coll("allreduce", "embd", embd.n, "f32", "sum") } })
+    end
+    for i, b in ipairs(buffers) do
+        local what = string.format("buffer %d (chunk %d, %s)", i - 1, b.chunk,
+                                   b.expert and "experts" or "dense")
+        if cfg.dp * cfg.cp > 1 then
+            op("GRAD_SCALE", what .. ": scale by 1/(DP*CP), the data-parallel mean (experts " ..
+               "too: their gradients hold the tokens of every replica)",
+               { buf = i - 1, scale = 1 / (cfg.dp * cfg.cp) })
+        end
+        local g = groups_by_id[b.group]
+        if g.create then
+            if b.sharded then
+                for k, bk in ipairs(b.buckets) do
+                    op("GRAD_REDUCE_SCATTER", string.format(">>> reduce-scatter over %s, in " ..
+                       "place: %s, bucket %d; this rank's shard holds the sum", g.kind, what,
+                       k - 1), { group = b.group, buf = i - 1, bucket = k - 1,
+                                 comm = { coll("reduce_scatter", g.kind, bk.shard) } })
+                end
+            else
+                op("GRAD_ALLREDUCE", string.format(">>> all-reduce over %s: %s", g.kind, what),
+                   { group = b.group, buf = i - 1,
+                     comm = { coll("allreduce", g.kind, b.size, "f32", "sum") } })
+            end
+        end
+    end
+    op("NORM_LOCAL", "gradient norm (docs/megatron.md §6): this rank's sums of squares, " ..
+       "every tensor counted once")
+    if cfg.dist_opt then
+        op("NORM_ALLREDUCE", ">>> all-reduce over the world: every rank holds a distinct shard",
+           { group = "WORLD", which = 2, comm = { coll("allreduce", "world", 1, "f32", "sum") } })
+    else
+        if on("MP") then
+            op("NORM_ALLREDUCE", ">>> all-reduce over mp (tp-pp): every stage and tp shard of " ..
+               "this model replica", { group = "MP", which = 0,
+                                       comm = { coll("allreduce", "mp", 1, "f32", "sum") } })
+        end
+        if on("TPEPPP") then
+            op("NORM_ALLREDUCE", ">>> all-reduce over tp-ep-pp: every expert of this replica",
+               { group = "TPEPPP", which = 1,
+                 comm = { coll("allreduce", "tp-ep-pp", 1, "f32", "sum") } })
+        end
+    end
+    op("NORM", "the norm: sqrt of the reduced sums", { which = cfg.dist_opt and 1 or 0 })
+    op("ADAMW", "clip to --clip, then AdamW" .. (cfg.dist_opt and " on this rank's shards" or ""))
+    if cfg.dist_opt then
+        for i, b in ipairs(buffers) do
+            local g = groups_by_id[b.group]
+            if g.create then
+                for k, bk in ipairs(b.buckets) do
+                    op("PARAM_ALLGATHER", string.format(">>> all-gather over %s: buffer %d, " ..
+                       "bucket %d: the updated shards of the others", g.kind, i - 1, k - 1),
+                       { group = b.group, buf = i - 1, bucket = k - 1,
+                         comm = { coll("allgather", g.kind, bk.shard) } })
+                end
+            end
+        end
+    end
+    if cfg.model.moe then
+        op("AUX_ALLREDUCE", ">>> all-reduce over the world: every rank's share of the aux loss",
+           { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
+    end
+    op("LOSS_ALLREDUCE", ">>> all-reduce over the world: the step's loss (the head stage's " ..
+       "tp-rank-0 ranks hold it)",
+       { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
+    return ops
+end
+
+-- -- One stage --------------------------------------------------------------------------------
+
+-- Ranks that run stage 'k', compactly ("4-7", "1,3,5,7").
+local function stage_ranks(topo, k)
+    local pp = topology.kind(topo, "pp")
+    local list = {}
+    for g = 0, pp.count - 1 do list[#list + 1] = pp.members[g * pp.size + k + 1] end
+    table.sort(list)
+    return util.ranks(list)
+end
+
+local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_id, r)
+    local st = part.stages[r + 1]
+    local classes = stage_classes(sh, r)
+    local ref = classes[1]
+    local stage_sched = sched.stages[r + 1]
+    local slots = schedule.assign_slots(stage_sched, cfg.vp)
+
+    local buffers = {}
+    for _, b in ipairs(ref.buffers) do
+        local bks, base = {}, 0
+        for _, bk in ipairs(b.buckets) do
+            bks[#bks + 1] = ir.ProgBucket { start = bk.start, size = bk.size, shard = bk.shard,
+                                            base = base }
+            base = base + bk.shard
+        end
+        buffers[#buffers + 1] = ir.ProgBuffer {
+            chunk = b.chunk, expert = b.kind == "expert", size = b.size,
+            state = cfg.dist_opt and b.shard or b.size, sharded = cfg.dist_opt,
+            group = b.kind == "expert" and "EDP" or "DPCP", buckets = bks,
+        }
+    end
+
+    local tables, others, other_pieces = tensor_tables(cfg, st, classes, role_index)
+    local chunks, nparams, head = {}, #others, false
+    for i, c in ipairs(st.chunks) do
+        local t = tables[i]
+        nparams = nparams + c.count * #t.params
+        head = head or c.head
+        chunks[i] = ir.ProgChunk {
+            vp = c.vp, first = c.first, layers = c.count, slots = slots.nslots[c.vp],
+            embedding = c.embedding, head = c.head, bases = t.bases, slot_bytes = 0,
+        }
+    end
+
+    -- the shared embedding's gradient (PP > 1: on the first and the last stage)
+    local embd, sp_total, nsp = nil, 0, 0
+    local at = placement(ref)
+    for _, p in ipairs(ref.params) do
+        if p.shared_embedding then
+            embd = { buf = at[p.name].buf, offset = at[p.name].offset, n = p.numel }
+        end
+        if cfg.sp and p.seq_parallel then
+            sp_total, nsp = sp_total + p.numel, nsp + 1
+        end
+    end
+
+    local param_bytes = 0
+    for _, b in ipairs(buffers) do param_bytes = param_bytes + 4 * (2 * b.size + 2 * b.state) end
+    local mem, slot_bytes, mem_bytes = memory_plan(cfg, s, chunks, head, nparams, sp_total,
+                                                   param_bytes)
+    for i, c in ipairs(chunks) do c.slot_bytes = slot_bytes[i] end
+
+    local layer_params, layer_pieces = {}, {}
+    for i, t in ipairs(tables) do layer_params[i], layer_pieces[i] = t.params, t.pieces end
+    return ir.StageProgram {
+        stage = r, title = string.format("stage %d of %d: %s", r, cfg.pp, M.stage_title(st)),
+        ranks = stage_ranks(topo, r), buffers = buffers, chunks = chunks,
+        layer_params = layer_params, other_params = others, layer_pieces = layer_pieces,
+        other_pieces = other_pieces, nparams = nparams, mem = mem, param_bytes = param_bytes,
+        mem_bytes = mem_bytes, needs_inputs = r == 0, needs_targets = r == cfg.pp - 1,
+        head_uses_wte = st.chunks[1].embedding and head,
+        warmup = stage_sched.warmup, steady = stage_sched.steady,
+        cooldown = stage_sched.cooldown, inflight = slots.inflight,
+        schedule = schedule_ops(cfg, s, st, stage_sched, slots, r),
+        tail = tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id),
+    }
+end
+
+-- -- Verification: every stage's complete communication --------------------------------------
+
+-- The stages a collective on 'group' (a kind name) of stage r waits for.
+local function members_of(prog, cfg, kind, r)
+    if kind == "world" then
+        local all = {}
+        for k = 0, cfg.pp - 1 do all[#all + 1] = k end
+        return all, "world"
+    end
+    for _, g in ipairs(prog.groups) do
+        if g.kind == kind then
+            if g.grid == "EMBD" then return { 0, cfg.pp - 1 }, kind end
+            if g.spans then
+                local all = {}
+                for k = 0, cfg.pp - 1 do all[#all + 1] = k end
+                return all, kind
+            end
+            return { r }, kind .. "@" .. r
+        end
+    end
+    error("program: no group " .. kind)
+end
+
+-- The verifier's view of the program: per stage its schedule steps with every collective of
+-- the library calls and of the tail as C steps, in program order.
+function M.events(prog, cfg)
+    local stages = {}
+    for _, sp in ipairs(prog.stages) do
+        local r = sp.stage
+        local steps = {}
+        local function colls(list)
+            for _, c in ipairs(list) do
+                local members, key = members_of(prog, cfg, c.group, r)
+                steps[#steps + 1] = ir.Step { kind = "C", group = key, members = members,
+                                              name = c.op .. " on " .. c.group }
+            end
+        end
+        for _, o in ipairs(sp.schedule) do
+            if o.kind == "F" or o.kind == "B" then
+                steps[#steps + 1] = ir.Step { kind = o.kind, mb = o.mb, chunk = o.chunk }
+                colls(o.comm)
+            elseif o.kind == "X" then
+                local ex = {}
+                for _, m in ipairs(o.p2p) do
+                    ex[#ex + 1] = ir.Exchange { send = m.send, dir = m.dir, what = m.what,
+                                                mb = m.mb, chunk = m.chunk }
+                end
+                steps[#steps + 1] = ir.Step { kind = "X", ops = ex }
+            end
+        end
+        for _, o in ipairs(sp.tail) do colls(o.comm) end
+        stages[#stages + 1] = { steps = steps }
+    end
+    return { P = cfg.pp, V = cfg.vp, M = cfg.nmb, stages = stages }
+end
+
+function M.check(prog, cfg, topo)
     local pp = topology.kind(topo, "pp")
     local names = {}
     for r = 0, cfg.pp - 1 do
         names[r] = string.format("stage %d (rank %d)", r, pp.members[r + 1])
     end
+    local ev = M.events(prog, cfg)
     -- the same stage sources run over MPI (messages matched per tag) and NCCL (no tags)
     for _, transport in ipairs({ "mpi", "nccl" }) do
-        local ok, why = verify.check(with_tail(cfg, sched), { names = names,
-                                                              transport = transport })
+        local ok, why = verify.check(ev, { names = names, transport = transport })
         if not ok then
             local lines = {}
             for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
@@ -480,139 +990,45 @@ local function check_schedule(cfg, topo, sched)
     end
 end
 
--- -- The program -------------------------------------------------------------------------------------
+-- -- The program ---------------------------------------------------------------------------------
 
-function M.build(cfg, topo, part, sh)
+-- Layouts the training programs do not support yet (the topology can still be inspected).
+function M.supported(cfg)
     if cfg.cp > 1 then
-        diag.error(nil, "context parallelism (CP=%d) is not supported yet for training " ..
-                   "programs; the topology of CP layouts can still be inspected " ..
-                   "(make inspect) -- use CP=1", cfg.cp)
+        return false, string.format("context parallelism (CP=%d) is not supported yet for " ..
+                                    "training programs; the topology of CP layouts can still " ..
+                                    "be inspected (make inspect) -- use CP=1", cfg.cp)
     end
-    local m = cfg.model
-    if m.moe and cfg.tp > 1 and not cfg.sp then
-        diag.error(nil, "mixture of experts with TP (%d) > 1 needs sequence parallelism: " ..
-                   "add SP=1 (Megatron refuses to train MoE with tensor parallelism without it)",
-                   cfg.tp)
+    if cfg.model.moe and cfg.tp > 1 and not cfg.sp then
+        return false, string.format("mixture of experts with TP (%d) > 1 needs sequence " ..
+                                    "parallelism: add SP=1 (Megatron refuses to train MoE with " ..
+                                    "tensor parallelism without it)", cfg.tp)
     end
-    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
-    check_schedule(cfg, topo, sched)
+    return true
+end
 
-    local T, B, C, TP = cfg.seq, cfg.mbs, m.hidden, cfg.tp
-    local N = T * B
-    local N_SP = cfg.sp and N // TP or N
-    local hd = C // m.heads
-    local VL = cfg.vocab_padded // TP
+function M.build(cfg, topo, part, sh, sched)
+    local ok, why = M.supported(cfg)
+    if not ok then diag.error(nil, "%s", why) end
     local layout = string.format("tp%d pp%d dp%d", cfg.tp, cfg.pp, cfg.dp)
     if cfg.cp > 1 then layout = layout .. " cp" .. cfg.cp end
     if cfg.vp > 1 then layout = layout .. " vp" .. cfg.vp end
-    local consts = {
-        { "CFG_WORLD", int(cfg.world), "ranks = tp*cp*dp*pp" },
-        { "CFG_LAYOUT", '"' .. layout .. '"', "for messages" },
-        { "CFG_TP", int(cfg.tp), "tensor-parallel size (TP)" },
-        { "CFG_PP", int(cfg.pp), "pipeline stages (PP)" },
-        { "CFG_DP", int(cfg.dp), "data-parallel size (DP)" },
-        { "CFG_VP", int(cfg.vp), "virtual chunks per stage (VP)" },
-        { "CFG_B", int(B), "micro-batch size (MBS)" },
-        { "CFG_NMB", int(cfg.nmb), "micro-batches per step (NMB)" },
-        { "CFG_GBS", int(B * cfg.nmb * cfg.dp), "global batch = MBS*NMB*DP" },
-        { "CFG_T", int(T), "sequence length (SEQ)" },
-        { "CFG_T_MODEL", int(m.seq_len), "rows of wpe (model.seq_len)" },
-        { "CFG_C", int(C), "channels (model.hidden)" },
-        { "CFG_N", int(N), "tokens per micro-batch = T*B" },
-        { "CFG_N_SP", int(N_SP), cfg.sp and "tokens per tp rank under SP = N/TP"
-            or "tokens held between layers (= N, no SP)" },
-        { "CFG_HEADS", int(m.heads), "attention heads (model.heads)" },
-        { "CFG_HEADS_LOCAL", int(m.heads // TP), "heads per tp rank = heads/TP" },
-        { "CFG_HEAD_DIM", int(hd), "channels per head = C/heads" },
-        { "CFG_C_LOCAL", int(C // TP), "attention channels per tp rank = C/TP" },
-        { "CFG_QKV_LOCAL", int(3 * C // TP), "q|k|v columns per tp rank = 3C/TP" },
-        { "CFG_FF", int(m.ffn_hidden), "MLP width (model.ffn_hidden)" },
-        { "CFG_FF_LOCAL", int(m.ffn_hidden // TP), "MLP columns per tp rank = FF/TP" },
-        { "CFG_V", int(m.vocab), "vocabulary (model.vocab)" },
-        { "CFG_V_PADDED", int(cfg.vocab_padded),
-          string.format("vocabulary padded to a multiple of %d*TP", m.vocab_pad) },
-        { "CFG_V_LOCAL", int(VL), "vocabulary rows per tp rank = V_PADDED/TP" },
-        { "CFG_LN_EPS", cfloat(m.norm_eps), "LayerNorm eps (model.norm_eps)" },
-        { "CFG_ATT_SCALE", cfloat(1 / math.sqrt(hd)), "1/sqrt(head_dim)" },
-        { "CFG_DLOSS", cfloat(1 / (N * cfg.nmb)), "d(step loss)/d(token loss) = 1/(N*NMB)" },
-        { "CFG_GRAD_SCALE", cfloat(1 / (cfg.dp * cfg.cp)), "1/(DP*CP): data-parallel mean" },
-        { "CFG_TOKENS_PER_STEP", int(B * cfg.nmb * cfg.dp * T), "GBS*T" },
-        { "CFG_P2P_N", int(N_SP * C), "elements of one pipeline message = N_SP*C" },
-    }
-    local moe = m.moe
-    if moe then
-        local E, K = moe.experts, moe.top_k
-        local nl = E // cfg.ep
-        local send = N_SP * K
-        for _, c in ipairs({
-            { "CFG_EXPERTS", int(E), "experts per MoE layer (model.moe.experts)" },
-            { "CFG_TOPK", int(K), "experts per token (model.moe.top_k)" },
-            { "CFG_EP", int(cfg.ep), "expert-parallel size (EP)" },
-            { "CFG_ETP", int(cfg.etp), "expert tensor-parallel size (ETP)" },
-            { "CFG_EXPERTS_LOCAL", int(nl), "experts per EP rank = EXPERTS/EP" },
-            { "CFG_EFF", int(moe.ffn_hidden), "expert MLP width (model.moe.ffn_hidden)" },
-            { "CFG_EFF_LOCAL", int(moe.ffn_hidden // cfg.etp), "expert columns per ETP rank" },
-            { "CFG_PRE_SOFTMAX", moe.pre_softmax and "1" or "0",
-              "probabilities: softmax before top-k (1) or over the top k (0)" },
-            { "CFG_AUX_SCALE", cfloat(moe.aux_loss_coeff * E / (K * N * N)),
-              "aux loss = AUX_SCALE * sum_e (sum of scores) * count_e = coeff*E/(K*N^2)" },
-            { "CFG_AUX_GRAD", cfloat(1 / cfg.nmb), "the aux loss's share of the objective: 1/NMB" },
-            { "CFG_CAPACITY", int(moe.capacity_factor and
-                  math.ceil((N * K / E) * moe.capacity_factor) or N * K),
-              moe.capacity_factor and "assignments an expert keeps per micro-batch " ..
-                  "= ceil(N*K/EXPERTS * capacity_factor)" or "no capacity limit" },
-            { "CFG_MOE_SEND_MAX", int(send), "rows this rank sends at most = N_SP*TOPK" },
-            { "CFG_MOE_RECV_MAX", int(send * cfg.ep), "rows it receives at most = SEND_MAX*EP" },
-            { "CFG_MOE_ROWS_MAX", int(send * cfg.ep * cfg.etp),
-              "rows at its experts at most = RECV_MAX*ETP" },
-            { "CFG_MOE_COUNTS", int((TP + 1) * E + (cfg.etp + 3) * cfg.ep * nl),
-              "ints of count exchanges" },
-        }) do consts[#consts + 1] = c end
-    end
-    consts = const_table(consts)
-
-    local tensors, index = model_tensors(cfg)
+    local s = M.sizes(cfg)
+    local role_list, role_index = roles(cfg)
+    local group_list = groups(cfg, topo)
+    local by_id = { WORLD = { create = true, kind = "world" } }
+    for _, g in ipairs(group_list) do by_id[g.id] = g end
     local stages = {}
     for r = 0, cfg.pp - 1 do
-        stages[#stages + 1] = build_stage(cfg, topo, part, sh, sched, index, r)
+        stages[r + 1] = build_stage(cfg, topo, part, sh, sched, s, role_index, by_id, r)
     end
-
-    -- rank -> stage and coordinates
-    local stage_rows, coord_rows, line = {}, {}, {}
-    for rk = 0, cfg.world - 1 do
-        local c = topology.coords(topo, rk)
-        line[#line + 1] = string.format("%d,", c.pp)
-        if #line == 32 or rk == cfg.world - 1 then
-            stage_rows[#stage_rows + 1] = "    " .. table.concat(line, " ")
-            line = {}
-        end
-        coord_rows[#coord_rows + 1] = string.format("    { %d, %d, %d, %d, %d, %d, %d },", c.tp,
-                                                    c.pp, c.dp, c.cp, c.ep, c.etp, c.edp)
-    end
-    local vocab_valid = {}
-    for t = 0, TP - 1 do
-        local start = t * VL
-        vocab_valid[#vocab_valid + 1] = int(math.max(0, math.min(m.vocab - start, VL)))
-    end
-
-    return {
-        tp = TP > 1, sp = cfg.sp, dist_opt = cfg.dist_opt, pp = cfg.pp > 1,
-        consts = consts, tensors = tensors, ntensors = int(#tensors),
-        groups = program_groups(cfg, topo), stages = stages,
-        stage_rows = stage_rows, coord_rows = coord_rows,
-        vocab_valid = table.concat(vocab_valid, ", "),
-        layout = layout, schedule_kind = sched.kind,
-        dpcp = cfg.dp * cfg.cp > 1, mp = cfg.tp * cfg.pp > 1,
-        moe = moe ~= nil, moe_ep = moe ~= nil and cfg.ep > 1,
-        moe_etp = moe ~= nil and cfg.etp > 1, moe_tp = moe ~= nil and TP > 1,
-        capacity = moe ~= nil and moe.capacity_factor ~= nil,
-        bias = moe ~= nil and moe.bias, pre_softmax = moe ~= nil and moe.pre_softmax,
-        edp = moe ~= nil and (cfg.ep > 1 or cfg.etp ~= cfg.tp) and cfg.edp > 1,
-        tpeppn = moe ~= nil and (cfg.ep > 1 or cfg.etp ~= cfg.tp) and not cfg.dist_opt and
-                 cfg.etp * cfg.ep * cfg.pp > 1,
-        run_hint = cfg.world > 1 and string.format("under mpirun -np %d", cfg.world)
-            or "one rank: run it directly",
+    local prog = ir.Program {
+        model = cfg.model.file, layout = layout, schedule_kind = sched.kind,
+        consts = consts(cfg, s, layout), roles = role_list, dense = grid_axes(topo.dense),
+        expert = grid_axes(topo.expert), groups = group_list, stages = stages,
     }
+    M.check(prog, cfg, topo)
+    return prog
 end
 
 return M

@@ -1,19 +1,21 @@
--- schedule.lua: the pipeline schedule of every stage, unrolled (megatron-semantics.md §3).
+-- schedule.lua: the pipeline schedule of every stage, unrolled (docs/megatron.md §3).
 --
--- A pure pass: schedule.build(P, V, M, N) returns, for every pipeline stage, the straight-line
--- list of steps Megatron's forward_backward_* functions execute for one training step:
---   {kind="F", k=, mb=, chunk=}             forward of micro-batch mb through local chunk
---   {kind="B", k=, mb=, chunk=}             backward of the same
---   {kind="X", ops={op, ...}}               one batched exchange (posted and completed together)
--- where an exchange op is
---   {send=bool, dir="prev"|"next", what="act"|"grad", mb=, chunk=}
--- naming the micro-batch and the *local* chunk of the tensor on this stage: for a send, the chunk
--- that produced it; for a receive, the chunk that will consume it. Peers are pipeline neighbours
+-- A pure pass: schedule.build(P, V, M, N) returns a Schedule record (ir.lua) holding, for every
+-- pipeline stage, the straight-line list of Steps Megatron's forward_backward_* functions
+-- execute for one training step:
+--   Step{kind="F", k=, mb=, chunk=}         forward of micro-batch mb through local chunk
+--   Step{kind="B", k=, mb=, chunk=}         backward of the same
+--   Step{kind="X", ops={Exchange, ...}}     one batched exchange (posted and completed together)
+-- where Exchange{send=, dir="prev"|"next", what="act"|"grad", mb=, chunk=} names the
+-- micro-batch and the *local* chunk of the tensor on this stage: for a send, the chunk that
+-- produced it; for a receive, the chunk that will consume it. Peers are pipeline neighbours
 -- (wrapping: the last stage's "next" is stage 0). Ops of one exchange are ordered as Megatron's
 -- batched _communicate posts them: send prev, recv prev, send next, recv next.
+-- The driver builds the schedule once; program.lua, verify.lua, svg.lua and inspect.lua read it.
 -- No I/O; schedule.check_sizes raises user errors for Megatron's constraints.
 
 local diag = require("diag")
+local ir = require("ir")
 
 local M = {}
 
@@ -50,11 +52,11 @@ local function exchange(steps, send_prev, recv_prev, send_next, recv_next)
     for i = 1, 4 do   -- not ipairs: any of the four may be absent
         if all[i] then ops[#ops + 1] = all[i] end
     end
-    if #ops > 0 then steps[#steps + 1] = { kind = "X", ops = ops } end
+    if #ops > 0 then steps[#steps + 1] = ir.Step { kind = "X", ops = ops } end
 end
 
 local function op(send, dir, what, mb, chunk)
-    return { send = send, dir = dir, what = what, mb = mb, chunk = chunk }
+    return ir.Exchange { send = send, dir = dir, what = what, mb = mb, chunk = chunk }
 end
 
 -- Per-chunk FIFO counters: the n-th tensor received for chunk c belongs to its n-th
@@ -82,11 +84,11 @@ end
 local function no_pipelining(Mb)
     local steps = {}
     for mb = 0, Mb - 1 do
-        steps[#steps + 1] = { kind = "F", k = mb, mb = mb, chunk = 0 }
-        steps[#steps + 1] = { kind = "B", k = mb, mb = mb, chunk = 0 }
+        steps[#steps + 1] = ir.Step { kind = "F", k = mb, mb = mb, chunk = 0 }
+        steps[#steps + 1] = ir.Step { kind = "B", k = mb, mb = mb, chunk = 0 }
     end
     mark(steps, 1, "steady")
-    return { steps = steps, warmup = 0, steady = Mb, cooldown = 0 }
+    return ir.StageSchedule { stage = 0, steps = steps, warmup = 0, steady = Mb, cooldown = 0 }
 end
 
 -- Non-interleaved 1F1B on stage r (forward_backward_pipelining_without_interleaving).
@@ -100,12 +102,12 @@ local function one_f_one_b(P, Mb, r)
         if not first then exchange(steps, nil, op(false, "prev", "act", mb, 0)) end
     end
     local function F()
-        steps[#steps + 1] = { kind = "F", k = nf, mb = nf, chunk = 0 }
+        steps[#steps + 1] = ir.Step { kind = "F", k = nf, mb = nf, chunk = 0 }
         nf = nf + 1
         return nf - 1
     end
     local function B()
-        steps[#steps + 1] = { kind = "B", k = nb, mb = nb, chunk = 0 }
+        steps[#steps + 1] = ir.Step { kind = "B", k = nb, mb = nb, chunk = 0 }
         nb = nb + 1
         return nb - 1
     end
@@ -138,7 +140,8 @@ local function one_f_one_b(P, Mb, r)
         if not first then exchange(steps, op(true, "prev", "grad", bmb, 0)) end
     end
     mark(steps, at, "cooldown")
-    return { steps = steps, warmup = warmup, steady = steady, cooldown = warmup }
+    return ir.StageSchedule { stage = r, steps = steps, warmup = warmup, steady = steady,
+                              cooldown = warmup }
 end
 
 -- Interleaved 1F1B on stage r with V chunks (forward_backward_pipelining_with_interleaving,
@@ -181,14 +184,14 @@ local function interleaved(P, V, Mb, N, r)
     local fin, gin = counters(V), counters(V)   -- tensors received per chunk (inputs, grads)
     local function F(k)
         local c = chunk_of(k, true)
-        steps[#steps + 1] = { kind = "F", k = k, mb = table_[k + 1].mb, chunk = c }
+        steps[#steps + 1] = ir.Step { kind = "F", k = k, mb = table_[k + 1].mb, chunk = c }
         return c, table_[k + 1].mb
     end
     local bdone = counters(V)
     local function B(k)
         local c = chunk_of(k, false)
         local mb = take(bdone, c)
-        steps[#steps + 1] = { kind = "B", k = k, mb = mb, chunk = c }
+        steps[#steps + 1] = ir.Step { kind = "B", k = k, mb = mb, chunk = c }
         return c, mb
     end
     local function send_act(c, mb)       -- nil when this is the model's last chunk
@@ -242,7 +245,8 @@ local function interleaved(P, V, Mb, N, r)
         exchange(steps, send_grad(c, mb), nil, nil, recv_grad(recv_next, next_bc))
     end
     mark(steps, at, "cooldown")
-    return { steps = steps, warmup = warmup, steady = remaining, cooldown = warmup }
+    return ir.StageSchedule { stage = r, steps = steps, warmup = warmup, steady = remaining,
+                              cooldown = warmup }
 end
 
 --[[
@@ -269,24 +273,24 @@ function M.check_sizes(P, V, Mb, N)
 end
 
 --[[
-** The schedule of every stage: returns {kind=, P=, V=, M=, stages = {[0..P-1] = stage}} with
-** stage = {steps=, warmup=, steady=, cooldown=}; kind is "none", "1f1b" or "interleaved".
+** The schedule of every stage: a Schedule record (ir.lua) whose stages[r+1] is stage r's
+** StageSchedule; kind is "none", "1f1b" or "interleaved".
 ]]
 function M.build(P, V, Mb, N)
     N = N or P
     M.check_sizes(P, V, Mb, N)
-    local s = { P = P, V = V, M = Mb, N = N, stages = {} }
+    local stages, kind = {}, nil
     if P == 1 then
-        s.kind = "none"
-        s.stages[0] = no_pipelining(Mb)
+        kind = "none"
+        stages[1] = no_pipelining(Mb)
     elseif V == 1 then
-        s.kind = "1f1b"
-        for r = 0, P - 1 do s.stages[r] = one_f_one_b(P, Mb, r) end
+        kind = "1f1b"
+        for r = 0, P - 1 do stages[r + 1] = one_f_one_b(P, Mb, r) end
     else
-        s.kind = "interleaved"
-        for r = 0, P - 1 do s.stages[r] = interleaved(P, V, Mb, N, r) end
+        kind = "interleaved"
+        for r = 0, P - 1 do stages[r + 1] = interleaved(P, V, Mb, N, r) end
     end
-    return s
+    return ir.Schedule { kind = kind, P = P, V = V, M = Mb, N = N, stages = stages }
 end
 
 --[[

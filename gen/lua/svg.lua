@@ -16,7 +16,7 @@ local M = {}
 M.COST = { F = 1, B = 2 }
 
 --[[
-** Simulate sched.stages[0..P-1] (steps F, B, X; collective steps C are ignored). Returns
+** Simulate sched.stages[1..P] (steps F, B, X; collective steps C are ignored). Returns
 ** {makespan =, busy =, stages = {[r] = {boxes = {{kind, mb, chunk, t0, t1}...}, finish =}}}.
 ** Raises an internal error if the schedule cannot finish (verify.check rejects those first).
 ]]
@@ -41,7 +41,7 @@ function M.timeline(sched, cost)
         end
     end
     local function advance(r)
-        local steps, moved = sched.stages[r].steps, false
+        local steps, moved = sched.stages[r + 1].steps, false
         while pc[r] <= #steps do
             local st = steps[pc[r]]
             if st.kind == "F" or st.kind == "B" then
@@ -84,7 +84,7 @@ function M.timeline(sched, cost)
     end
     local makespan, busy = 0, 0
     for r = 0, P - 1 do
-        assert(pc[r] > #sched.stages[r].steps, "svg.timeline: the schedule does not finish")
+        assert(pc[r] > #sched.stages[r + 1].steps, "svg.timeline: the schedule does not finish")
         out[r].finish = clock[r]
         makespan = math.max(makespan, clock[r])
     end

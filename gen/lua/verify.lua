@@ -65,7 +65,8 @@ local function posting_order(ops, P, r, transport)
 end
 
 --[[
-** Simulate sched.stages[0..P-1] (each {steps=...}). opts.names[r] names stage r's ranks for
+** Simulate sched.stages[1..P] (stage r at [r+1], each {steps=...}: F, B, X and C steps, ir.lua
+** Step records). opts.names[r] names stage r's ranks for
 ** messages (default "stage r"); opts.shape(r, op) gives the element count of an op (default
 ** the same for all); opts.transport is "mpi" (default: messages match per sender, receiver
 ** and tag) or "nccl" (per sender and receiver only, each exchange posted sorted by peer and
@@ -125,7 +126,7 @@ function M.check(sched, opts)
 
     -- Run stage r as far as it can go. Returns true if it advanced.
     local function advance(r)
-        local steps = sched.stages[r].steps
+        local steps = sched.stages[r + 1].steps
         local moved = false
         while pc[r] <= #steps do
             local st = steps[pc[r]]
@@ -226,7 +227,7 @@ function M.check(sched, opts)
 
     local stuck = {}
     for r = 0, P - 1 do
-        local steps = sched.stages[r].steps
+        local steps = sched.stages[r + 1].steps
         if pc[r] <= #steps then
             local st = steps[pc[r]]
             if st.kind == "X" then

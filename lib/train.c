@@ -1,12 +1,9 @@
-{# train.c.tmpl: main of the generated training program; the same for every stage.
-   needs: banner, stages, run_hint, tensors, ntensors, moe
-   emits: train.c — flags, data batching, learning-rate schedule, log, safetensors checkpoints
-   (whole model, layout-free) and resume checkpoints (per rank), the step loop. The stage
-   programs (stage<k>.c) do the model's work; this file only moves bytes and numbers. #}
 /*
-{% for line in banner %}
-** {{ line }}
-{% end %}
+** train.c: main of every generated training program (gpt_main): flags, the runtime, the rank's
+** groups and stage, data batching, the learning-rate schedule, the log, whole-model safetensors
+** files (--init, --save: Hugging Face GPT-2 names, layout-free) and per-rank resume checkpoints.
+** The stage (generated tables + stage.c) does the model's work; this file moves bytes and
+** numbers. Errors every rank detects alike are reported once, by rank 0, as "WHERE: error: ...".
 */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -20,26 +17,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "model.h"
+#include "internal.h"
+#include "safetensors.h"
 
-{% for s in stages %}
-extern const stage_program {{ s.cname }};
-{% end %}
-static const stage_program *const stage_programs[] = {
-{% for s in stages %}
-    &{{ s.cname }},
-{% end %}
-};
-extern const int rank_stage[CFG_WORLD];   /* groups.c: which stage program each rank runs */
-
-/* The model's tensors in checkpoint order: global shape, initialisation (issue 4: N(0, 0.02),
-** output projections N(0, 0.02/sqrt(2*layers)), biases 0, LayerNorm weights 1), random stream. */
-const tensor_info model_tensors[] = {
-{% for t in tensors %}
-    { "{{ t.name }}", {{ t.rows }}, {{ t.cols }}, {{ t.ndim }}, {{ t.init }}, {{ t.std }}, {{ t.stream }} },
-{% end %}
-};
-const int model_ntensors = {{ ntensors }};
+static const gpt_program *P;    /* the program being run */
+static const gpt_dims *D;       /* its sizes */
 
 /* -- Errors that every rank detects alike: rank 0 reports, all exit -------------------------- */
 
@@ -53,8 +35,7 @@ static void report(const char *where, const char *fmt, va_list ap)
 }
 
 /* A usage error (code 2) or a problem without a file (code 1): every rank exits. */
-static void fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
-static void fail_all(int code, const char *fmt, ...)
+void lib_fail_all(int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -65,8 +46,7 @@ static void fail_all(int code, const char *fmt, ...)
 }
 
 /* A bad input file: "PATH: error: what is wrong (what was expected)"; every rank exits 1. */
-static void fail_file(const char *path, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
-static void fail_file(const char *path, const char *fmt, ...)
+void lib_fail_file(const char *path, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -80,7 +60,7 @@ static void fail_file(const char *path, const char *fmt, ...)
 
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
-    int steps, warmup, decay_steps, ckpt_every, resume, quiet;
+    int steps, warmup, decay_steps, ckpt_every, resume, quiet, show_groups;
     double lr, min_lr, beta1, beta2, eps, wd, clip, timeout;
     unsigned long long seed;
     int have_min_lr, have_decay_steps;
@@ -103,7 +83,9 @@ static void usage(FILE *f)
         "  --ckpt-dir DIR --ckpt-every N   resume checkpoints every N steps\n"
         "  --resume             continue from the newest complete checkpoint in --ckpt-dir\n"
         "  --timeout S          abort a collective or receive stuck for S seconds (300)\n"
-        "  --quiet              no per-step line on stdout\n", "{{ run_hint }}");
+        "  --quiet              no per-step line on stdout\n"
+        "  --show-groups        print every rank's coordinates and groups, then exit\n",
+        P->run_hint);
 }
 
 static int parse_num(const char *flag, const char *v, double *out)
@@ -112,7 +94,7 @@ static int parse_num(const char *flag, const char *v, double *out)
     errno = 0;
     double d = strtod(v, &end);
     if (errno || end == v || *end || !isfinite(d))
-        fail_all(2, "%s expects a number, got '%s'", flag, v);
+        lib_fail_all(2, "%s expects a number, got '%s'", flag, v);
     *out = d;
     return 1;
 }
@@ -123,7 +105,7 @@ static int parse_int(const char *flag, const char *v, int *out)
     errno = 0;
     long n = strtol(v, &end, 10);
     if (errno || end == v || *end || n < 0 || n > 1000000000)
-        fail_all(2, "%s expects a non-negative integer, got '%s'", flag, v);
+        lib_fail_all(2, "%s expects a non-negative integer, got '%s'", flag, v);
     *out = (int)n;
     return 1;
 }
@@ -131,7 +113,7 @@ static int parse_int(const char *flag, const char *v, int *out)
 /* The value after flag argv[*i] (advancing *i), or a usage error naming the flag. */
 static const char *flag_value(int argc, char **argv, int *i)
 {
-    if (*i + 1 >= argc) fail_all(2, "%s needs a value (try --help)", argv[*i]);
+    if (*i + 1 >= argc) lib_fail_all(2, "%s needs a value (try --help)", argv[*i]);
     return argv[++*i];
 }
 
@@ -155,9 +137,10 @@ static void parse_flags(int argc, char **argv, flags *f)
             exit(0);
         }
         if (strncmp(a, "--", 2))
-            fail_all(2, "unexpected argument '%s' (every flag starts with --; try --help)", a);
+            lib_fail_all(2, "unexpected argument '%s' (every flag starts with --; try --help)", a);
         if (!strcmp(a, "--resume")) { f->resume = 1; continue; }
         if (!strcmp(a, "--quiet")) { f->quiet = 1; continue; }
+        if (!strcmp(a, "--show-groups")) { f->show_groups = 1; continue; }
         if (!strcmp(a, "--data")) f->data = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--init")) f->init = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--save")) f->save = flag_value(argc, argv, &i);
@@ -184,18 +167,19 @@ static void parse_flags(int argc, char **argv, flags *f)
             errno = 0;
             f->seed = strtoull(v, &end, 10);
             if (errno || *v < '0' || *v > '9' || *end)
-                fail_all(2, "--seed expects a non-negative integer, got '%s'", v);
-        } else fail_all(2, "unknown flag '%s' (try --help)", a);
+                lib_fail_all(2, "--seed expects a non-negative integer, got '%s'", v);
+        } else lib_fail_all(2, "unknown flag '%s' (try --help)", a);
     }
     if (!f->have_min_lr) f->min_lr = 0.1 * f->lr;
     if (!f->have_decay_steps) f->decay_steps = f->steps > f->warmup ? f->steps : f->warmup;
     if (f->decay_steps < f->warmup)
-        fail_all(2, "--decay-steps (%d) must be >= --warmup (%d)", f->decay_steps, f->warmup);
-    if (f->steps > 0 && !f->data) fail_all(2, "--data FILE is needed to train (or --steps 0)");
+        lib_fail_all(2, "--decay-steps (%d) must be >= --warmup (%d)", f->decay_steps, f->warmup);
+    if (f->steps > 0 && !f->data && !f->show_groups)
+        lib_fail_all(2, "--data FILE is needed to train (or --steps 0)");
     if ((f->ckpt_every || f->resume) && !f->ckpt_dir)
-        fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
+        lib_fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
     if (f->beta1 < 0 || f->beta1 >= 1 || f->beta2 < 0 || f->beta2 >= 1)
-        fail_all(2, "--beta1 and --beta2 must be in [0, 1)");
+        lib_fail_all(2, "--beta1 and --beta2 must be in [0, 1)");
 }
 
 /*
@@ -231,7 +215,7 @@ static int32_t le32(const unsigned char *p)
 }
 
 /*
-** Every token must be < CFG_V. The ranks share the scan (rank r reads slice r of the world's
+** Every token must be < P->vocab. The ranks share the scan (rank r reads slice r of the world's
 ** slices, so a large file costs each rank 1/world of a read) and agree on the first bad
 ** position with one all-reduce; then all fail alike, naming it.
 */
@@ -247,7 +231,7 @@ static void data_check_tokens(const data_file *d)
         if (pread(d->fd, raw, 2 * n, d->first + 2 * (off_t)at) != (ssize_t)(2 * n))
             RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
         for (size_t k = 0; k < n; k++)
-            if ((raw[2 * k] | raw[2 * k + 1] << 8) >= CFG_V) {
+            if ((raw[2 * k] | raw[2 * k + 1] << 8) >= P->vocab) {
                 first_bad = at + (long long)k;
                 break;
             }
@@ -264,9 +248,9 @@ static void data_check_tokens(const data_file *d)
     unsigned char t2[2] = { 0, 0 };
     if (pread(d->fd, t2, 2, d->first + 2 * (off_t)pos) != 2)
         RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
-    fail_file(d->path, "token %d at position %lld is out of range: the model's vocabulary has "
+    lib_fail_file(d->path, "token %d at position %lld is out of range: the model's vocabulary has "
               "%d ids (0..%d); was the file made for another tokenizer?", t2[0] | t2[1] << 8,
-              pos, CFG_V, CFG_V - 1);
+              pos, P->vocab, P->vocab - 1);
 }
 
 /* Open and check a token file; every rank opens it (errors are the same everywhere). */
@@ -275,31 +259,31 @@ static void data_open(data_file *d, const char *path)
     struct stat st;
     d->path = path;
     d->fd = open(path, O_RDONLY);
-    if (d->fd < 0 || fstat(d->fd, &st)) fail_file(path, "cannot open: %s", strerror(errno));
+    if (d->fd < 0 || fstat(d->fd, &st)) lib_fail_file(path, "cannot open: %s", strerror(errno));
     long long size = (long long)st.st_size;
     unsigned char h[12];
     d->first = 0;
     if (size >= LLMC_HEADER && pread(d->fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
         le32(h) == LLMC_MAGIC) {
         if (le32(h + 4) != 1)
-            fail_file(path, "llm.c shard version %d; only version 1 (uint16 tokens) is "
+            lib_fail_file(path, "llm.c shard version %d; only version 1 (uint16 tokens) is "
                       "supported", le32(h + 4));
         d->ntok = le32(h + 8);
         d->first = LLMC_HEADER;
         if (d->ntok < 0 || size != LLMC_HEADER + 2 * d->ntok)
-            fail_file(path, "llm.c shard header announces %lld tokens but %lld bytes follow "
+            lib_fail_file(path, "llm.c shard header announces %lld tokens but %lld bytes follow "
                       "it (%lld expected): truncated or corrupt", d->ntok,
                       size - LLMC_HEADER, 2 * d->ntok);
     } else {
         if (size % 2)
-            fail_file(path, "odd size (%lld bytes): expected little-endian uint16 tokens "
+            lib_fail_file(path, "odd size (%lld bytes): expected little-endian uint16 tokens "
                       "(nanoGPT .bin) or an llm.c shard (magic %d)", size, LLMC_MAGIC);
         d->ntok = size / 2;
     }
-    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / CFG_T : 0;
+    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / D->T : 0;
     if (d->nsamples < 1)
-        fail_file(path, "%lld tokens: too short for one sample (sequence length %d needs %d "
-                  "tokens)", d->ntok, CFG_T, CFG_T + 1);
+        lib_fail_file(path, "%lld tokens: too short for one sample (sequence length %d needs %d "
+                  "tokens)", d->ntok, D->T, D->T + 1);
     data_check_tokens(d);
 }
 
@@ -311,97 +295,81 @@ static void data_open(data_file *d, const char *path)
 */
 static void data_batch(const data_file *d, int step, int dp, int *inputs, int *targets)
 {
-    unsigned char raw[2 * (CFG_T + 1)];
-    for (int k = 0; k < CFG_NMB; k++)
-        for (int b = 0; b < CFG_B; b++) {
-            long long j = (long long)dp * CFG_B * CFG_NMB + (long long)k * CFG_B + b;
-            long long i = ((long long)step * CFG_GBS + j) % d->nsamples;
-            off_t at = d->first + (off_t)2 * i * CFG_T;
+    unsigned char raw[2 * (D->T + 1)];
+    for (int k = 0; k < D->nmb; k++)
+        for (int b = 0; b < D->B; b++) {
+            long long j = (long long)dp * D->B * D->nmb + (long long)k * D->B + b;
+            long long i = ((long long)step * P->gbs + j) % d->nsamples;
+            off_t at = d->first + (off_t)2 * i * D->T;
             if (pread(d->fd, raw, sizeof raw, at) != (ssize_t)sizeof raw)
                 RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i, strerror(errno));
-            for (int t = 0; t <= CFG_T; t++) {
+            for (int t = 0; t <= D->T; t++) {
                 int tok = raw[2 * t] | raw[2 * t + 1] << 8;
-                RT_CHECK(tok < CFG_V, "%s: token %d at position %lld is out of range for "
+                RT_CHECK(tok < P->vocab, "%s: token %d at position %lld is out of range for "
                          "vocabulary %d (the file changed while training?)", d->path, tok,
-                         i * CFG_T + t, CFG_V);
-                if (t < CFG_T) inputs[(size_t)k * CFG_N + (size_t)t * CFG_B + b] = tok;
-                if (t > 0) targets[(size_t)k * CFG_N + (size_t)(t - 1) * CFG_B + b] = tok;
+                         i * D->T + t, P->vocab);
+                if (t < D->T) inputs[(size_t)k * D->N + (size_t)t * D->B + b] = tok;
+                if (t > 0) targets[(size_t)k * D->N + (size_t)(t - 1) * D->B + b] = tok;
             }
         }
 }
 
-/* -- safetensors (whole model, Hugging Face GPT-2 layout) ----------------------------------- */
+/* -- The model's tensors (checkpoint order: Hugging Face GPT-2's) ---------------------------- */
 
-typedef enum { ST_F32, ST_BF16, ST_F16 } st_dtype;
+static int role_pos[256];       /* a role's position among the roles of its scope */
+static int scope_count[4];      /* roles per scope */
 
-typedef struct {
-    int found;
-    st_dtype dtype;
-    long long begin;          /* absolute byte offset of the tensor's data */
-} st_entry;
-
-typedef struct { const char *p, *end; } json;
-
-static void json_ws(json *j) { while (j->p < j->end && strchr(" \t\r\n", *j->p)) j->p++; }
-
-static int json_eat(json *j, char c)
+/* The tensor list from the roles: BEFORE roles, per layer its LAYER roles then per expert the
+** EXPERT roles, then AFTER roles; each tensor's random stream is FNV-1a 64 of its name. */
+void lib_tensors_build(const gpt_program *prog)
 {
-    json_ws(j);
-    if (j->p < j->end && *j->p == c) { j->p++; return 1; }
-    return 0;
-}
-
-/* A JSON string without escapes beyond \" and \\ (what safetensors headers hold). */
-static int json_str(json *j, char *out, size_t cap)
-{
-    size_t n = 0;
-    if (!json_eat(j, '"')) return 0;
-    while (j->p < j->end && *j->p != '"') {
-        if (*j->p == '\\' && j->p + 1 < j->end) j->p++;
-        if (n + 1 < cap) out[n++] = *j->p;
-        j->p++;
+    RT_CHECK(prog->nroles <= 256, "too many tensor roles (%d)", prog->nroles);
+    for (int r = 0; r < prog->nroles; r++)
+        role_pos[r] = scope_count[prog->roles[r].scope]++;
+    int per_layer = scope_count[GPT_LAYER] + prog->experts * scope_count[GPT_EXPERT];
+    int n = scope_count[GPT_BEFORE] + prog->layers * per_layer + scope_count[GPT_AFTER];
+    lib.tensors = calloc((size_t)n, sizeof *lib.tensors);
+    RT_CHECK(lib.tensors, "out of memory");
+    lib.ntensors = n;
+    for (int r = 0; r < prog->nroles; r++) {
+        const gpt_role *ro = &prog->roles[r];
+        int layers = ro->scope == GPT_LAYER || ro->scope == GPT_EXPERT ? prog->layers : 1;
+        int experts = ro->scope == GPT_EXPERT ? prog->experts : 1;
+        for (int l = 0; l < layers; l++)
+            for (int e = 0; e < experts; e++) {
+                lib_tensor *t = &lib.tensors[lib_tensor_index(prog, r, l, e)];
+                snprintf(t->name, sizeof t->name, ro->name, l, e);
+                t->rows = ro->rows;
+                t->cols = ro->cols;
+                t->ndim = ro->ndim;
+                t->init = ro->init;
+                t->std = ro->std;
+                t->stream = rt_fnv1a64(t->name);
+            }
     }
-    out[n] = 0;
-    return json_eat(j, '"');
 }
 
-static int json_int(json *j, long long *v)
+int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert)
 {
-    json_ws(j);
-    char *end;
-    *v = strtoll(j->p, &end, 10);
-    if (end == j->p) return 0;
-    j->p = end;
-    return 1;
-}
-
-/* Skip any JSON value (for __metadata__ and unknown fields). */
-static int json_skip(json *j)
-{
-    char tmp[256];
-    long long v;
-    json_ws(j);
-    if (j->p >= j->end) return 0;
-    if (*j->p == '"') return json_str(j, tmp, sizeof tmp);
-    if (*j->p == '{' || *j->p == '[') {
-        char close = *j->p == '{' ? '}' : ']';
-        j->p++;
-        if (json_eat(j, close)) return 1;
-        do {
-            if (close == '}' && (!json_str(j, tmp, sizeof tmp) || !json_eat(j, ':'))) return 0;
-            if (!json_skip(j)) return 0;
-        } while (json_eat(j, ','));
-        return json_eat(j, close);
+    int per_layer = scope_count[GPT_LAYER] + prog->experts * scope_count[GPT_EXPERT];
+    int at = scope_count[GPT_BEFORE] + layer * per_layer;
+    switch (prog->roles[role].scope) {
+    case GPT_BEFORE: return role_pos[role];
+    case GPT_LAYER: return at + role_pos[role];
+    case GPT_EXPERT: return at + scope_count[GPT_LAYER] + expert * scope_count[GPT_EXPERT] +
+                            role_pos[role];
+    default: return scope_count[GPT_BEFORE] + prog->layers * per_layer + role_pos[role];
     }
-    return json_int(j, &v);
 }
 
-static int tensor_index(const char *name)
+static int tensor_named(const char *name)
 {
-    for (int i = 0; i < model_ntensors; i++)
-        if (!strcmp(model_tensors[i].name, name)) return i;
+    for (int i = 0; i < lib.ntensors; i++)
+        if (!strcmp(lib.tensors[i].name, name)) return i;
     return -1;
 }
+
+/* -- safetensors: --init reads the whole model, --save writes it -------------------------- */
 
 /* Problems with the tensors of a safetensors file: each reported (rank 0, at most 20), counted. */
 static int st_problems;
@@ -427,220 +395,128 @@ static const char *shape_text(char *buf, size_t cap, const long long *shape, int
 }
 
 /*
-** Read and check a safetensors header: every tensor of the model present with its shape, in
-** F32, BF16 or F16; nothing else (the causal-mask buffers h.{i}.attn.bias / masked_bias of
-** Hugging Face checkpoints are ignored). A malformed header stops at once; problems with
-** tensors (missing, unexpected, mis-shaped, wrong dtype, bad offsets) are all reported, then
-** the load fails. Fills ents[model_ntensors]; returns the open file.
+** Open a safetensors file for --init and check its header: every tensor of the model present
+** with its shape, in F32, BF16 or F16; nothing else (the causal-mask buffers h.{i}.attn.bias /
+** masked_bias of Hugging Face checkpoints are ignored). A malformed header stops at once;
+** problems with tensors (missing, unexpected, mis-shaped, wrong dtype, bad offsets) are all
+** reported, then the load fails. Fills found[ntensors] with each tensor's entry.
 */
-static int st_open(const char *path, st_entry *ents)
+static void st_check(st_file *f, const char *path, const st_tensor **found)
 {
-    int fd = open(path, O_RDONLY);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st)) fail_file(path, "cannot open: %s", strerror(errno));
-    unsigned char len8[8];
-    if (st.st_size < 8 || pread(fd, len8, 8, 0) != 8)
-        fail_file(path, "not a safetensors file (%lld bytes, shorter than its 8-byte header "
-                  "length)", (long long)st.st_size);
-    unsigned long long hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
-    if (hlen > (unsigned long long)st.st_size - 8 || hlen > (1ull << 30))
-        fail_file(path, "not a safetensors file (header length %llu, file %lld bytes)", hlen,
-                  (long long)st.st_size);
-    char *h = malloc(hlen + 1);
-    RT_CHECK(h, "out of memory reading %s", path);
-    if (pread(fd, h, hlen, 8) != (ssize_t)hlen) fail_file(path, "cannot read the header");
-    h[hlen] = 0;
-    long long data0 = 8 + (long long)hlen, size = (long long)st.st_size;
-    memset(ents, 0, sizeof(st_entry) * (size_t)model_ntensors);
+    char err[256], s1[64], s2[64];
+    if (st_open(f, path, err, sizeof err)) lib_fail_file(path, "%s", err);
     st_problems = 0;
-    json j = { h, h + hlen };
-    char name[256], key[64], dt[16], s1[64], s2[64];
-#define MALFORMED(what) \
-    fail_file(path, "malformed safetensors header (%s, at byte %ld of the JSON)", what, \
-              (long)(j.p - h))
-    if (!json_eat(&j, '{')) MALFORMED("not a JSON object");
-    if (!json_eat(&j, '}')) do {
-        if (!json_str(&j, name, sizeof name) || !json_eat(&j, ':')) MALFORMED("expected a name");
-        int t = tensor_index(name);
-        size_t nl = strlen(name);
-        int ignored = !strcmp(name, "__metadata__") ||
-            (nl > 10 && !strcmp(name + nl - 10, ".attn.bias")) ||
-            (nl > 17 && !strcmp(name + nl - 17, ".attn.masked_bias"));
-        if (t < 0 && !ignored)
-            st_problem(path, "unexpected tensor '%s' (not a parameter of this model)", name);
+    for (int i = 0; i < lib.ntensors; i++) found[i] = NULL;
+    for (int k = 0; k < f->n; k++) {
+        const st_tensor *e = &f->t[k];
+        int t = tensor_named(e->name);
+        size_t nl = strlen(e->name);
+        int ignored = (nl > 10 && !strcmp(e->name + nl - 10, ".attn.bias")) ||
+                      (nl > 17 && !strcmp(e->name + nl - 17, ".attn.masked_bias"));
         if (t < 0) {
-            if (!json_skip(&j)) MALFORMED("bad value");
+            if (!ignored)
+                st_problem(path, "unexpected tensor '%s' (not a parameter of this model)",
+                           e->name);
             continue;
         }
-        long long shape[3] = { 0, 0, 0 }, off[2] = { -1, -1 }, v;
-        int nshape = 0;
-        dt[0] = 0;
-        if (!json_eat(&j, '{')) MALFORMED("expected a tensor entry");
-        do {
-            if (!json_str(&j, key, sizeof key) || !json_eat(&j, ':')) MALFORMED("expected a key");
-            if (!strcmp(key, "dtype")) {
-                if (!json_str(&j, dt, sizeof dt)) MALFORMED("bad dtype");
-            } else if (!strcmp(key, "shape") || !strcmp(key, "data_offsets")) {
-                int isshape = key[0] == 's', n = 0;
-                if (!json_eat(&j, '[')) MALFORMED("expected '['");
-                if (!json_eat(&j, ']')) {
-                    do {
-                        if (!json_int(&j, &v) || n >= (isshape ? 3 : 2))
-                            MALFORMED(isshape ? "bad shape" : "bad data_offsets");
-                        if (isshape) shape[n++] = v; else off[n++] = v;
-                    } while (json_eat(&j, ','));
-                    if (!json_eat(&j, ']')) MALFORMED("expected ']'");
-                }
-                if (isshape) nshape = n;
-            } else if (!json_skip(&j)) MALFORMED("bad value");
-        } while (json_eat(&j, ','));
-        if (!json_eat(&j, '}')) MALFORMED("expected '}'");
-        const tensor_info *ti = &model_tensors[t];
-        long long rows = nshape == 2 ? shape[0] : 1, cols = nshape == 2 ? shape[1] : shape[0];
+        const lib_tensor *ti = &lib.tensors[t];
         long long want[2] = { ti->rows, ti->cols };
-        int esize = 0;
-        if (!strcmp(dt, "F32")) { ents[t].dtype = ST_F32; esize = 4; }
-        else if (!strcmp(dt, "BF16")) { ents[t].dtype = ST_BF16; esize = 2; }
-        else if (!strcmp(dt, "F16")) { ents[t].dtype = ST_F16; esize = 2; }
-        if (ents[t].found)
-            st_problem(path, "tensor '%s' appears twice", name);
-        else if (nshape != ti->ndim || rows != ti->rows || cols != ti->cols)
-            st_problem(path, "tensor '%s' has shape %s, expected %s", name,
-                       shape_text(s1, sizeof s1, shape, nshape),
+        long long rows = e->ndim == 2 ? e->shape[0] : 1, cols = e->ndim == 2 ? e->shape[1]
+                                                                         : e->shape[0];
+        int ok_dtype = e->dtype == ST_F32 || e->dtype == ST_BF16 || e->dtype == ST_F16;
+        if (found[t])
+            st_problem(path, "tensor '%s' appears twice", e->name);
+        else if (e->ndim != ti->ndim || rows != ti->rows || cols != ti->cols)
+            st_problem(path, "tensor '%s' has shape %s, expected %s", e->name,
+                       shape_text(s1, sizeof s1, e->shape,
+                                  e->ndim <= ST_MAX_DIMS ? e->ndim : ST_MAX_DIMS),
                        shape_text(s2, sizeof s2, want + 2 - ti->ndim, ti->ndim));
-        else if (!esize)
-            st_problem(path, "tensor '%s' has dtype '%s'; expected F32, BF16 or F16", name, dt);
-        else if (off[0] < 0 || off[1] - off[0] != rows * cols * esize || data0 + off[1] > size)
+        else if (!ok_dtype)
+            st_problem(path, "tensor '%s' has dtype '%s'; expected F32, BF16 or F16", e->name,
+                       e->dtype_name);
+        else if (!st_extent_ok(f, e))
             st_problem(path, "tensor '%s' has data_offsets [%lld, %lld]: they must span its "
-                       "%lld bytes inside the file", name, off[0], off[1], rows * cols * esize);
-        ents[t].found = 1;
-        ents[t].begin = data0 + off[0];
-    } while (json_eat(&j, ','));
-    if (!json_eat(&j, '}')) MALFORMED("expected ',' or '}'");
-#undef MALFORMED
-    for (int t = 0; t < model_ntensors; t++)
-        if (!ents[t].found) {
-            const tensor_info *ti = &model_tensors[t];
+                       "%lld bytes inside the file", e->name, e->begin, e->end,
+                       rows * cols * st_dtype_size(e->dtype));
+        if (!found[t]) found[t] = e;
+    }
+    for (int t = 0; t < lib.ntensors; t++)
+        if (!found[t]) {
+            const lib_tensor *ti = &lib.tensors[t];
             long long want[2] = { ti->rows, ti->cols };
             st_problem(path, "missing tensor '%s' %s", ti->name,
                        shape_text(s1, sizeof s1, want + 2 - ti->ndim, ti->ndim));
         }
     if (st_problems)
-        fail_file(path, "not loaded (%d problem%s): --init needs the %d tensors of this model, "
-                  "with Hugging Face GPT-2 names and shapes, in F32, BF16 or F16", st_problems,
-                  st_problems > 1 ? "s" : "", model_ntensors);
-    free(h);
-    return fd;
-}
-
-static float half_to_float(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {                                   /* zero or subnormal */
-        float f = (float)m * 5.9604644775390625e-8f;
-        return s ? -f : f;
-    }
-    if (e == 31) u = s | 0x7f800000u | m << 13;     /* inf or nan */
-    else u = s | (e + 112) << 23 | m << 13;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Read rows x cols elements at 'at' (row stride gcols elements) into host f32. */
-static void st_read_rect(int fd, const st_entry *e, long long at_elem, int rows, int cols,
-                         int gcols, float *out, const char *path)
-{
-    int esize = e->dtype == ST_F32 ? 4 : 2;
-    unsigned char *raw = malloc((size_t)cols * esize);
-    RT_CHECK(raw, "out of memory");
-    for (int r = 0; r < rows; r++) {
-        off_t at = e->begin + (off_t)(at_elem + (long long)r * gcols) * esize;
-        if (pread(fd, raw, (size_t)cols * esize, at) != (ssize_t)((size_t)cols * esize))
-            RT_CHECK(0, "%s: read failed: %s", path, strerror(errno));
-        float *o = out + (size_t)r * cols;
-        for (int c = 0; c < cols; c++) {
-            const unsigned char *q = raw + (size_t)c * esize;
-            if (e->dtype == ST_F32) {
-                uint32_t u = (uint32_t)le32(q);
-                memcpy(o + c, &u, 4);
-            } else if (e->dtype == ST_BF16) {
-                uint32_t u = (uint32_t)(q[0] | q[1] << 8) << 16;
-                memcpy(o + c, &u, 4);
-            } else {
-                o[c] = half_to_float((uint16_t)(q[0] | q[1] << 8));
-            }
-        }
-    }
-    free(raw);
+        lib_fail_file(path, "not loaded (%d problem%s): --init needs the %d tensors of this "
+                      "model, with Hugging Face GPT-2 names and shapes, in F32, BF16 or F16",
+                      st_problems, st_problems > 1 ? "s" : "", lib.ntensors);
 }
 
 /* Copy a host (rows, cols) block into / out of a local tensor at (lrow, lcol), stride ld. */
-static void piece_copy(const piece *pc, float *host, int to_device)
+static void piece_copy(const lib_piece *pc, float *host, int to_device)
 {
-    float *base = *pc->base + (size_t)pc->lrow * pc->ld + pc->lcol;
-    if (pc->cols == pc->ld) {
+    const lib_param *lp = &lib.params[pc->param];
+    float *base = lib.pbuf[lp->p.buf] + lp->p.offset + (size_t)pc->lrow * lp->p.ld + pc->lcol;
+    if (pc->cols == lp->p.ld) {
         size_t bytes = (size_t)pc->rows * pc->cols * sizeof(float);
         if (to_device) rt_memcpy(base, host, bytes, RT_H2D);
         else rt_memcpy(host, base, bytes, RT_D2H);
         return;
     }
     for (int r = 0; r < pc->rows; r++) {
-        float *row = base + (size_t)r * pc->ld, *h = host + (size_t)r * pc->cols;
+        float *row = base + (size_t)r * lp->p.ld, *h = host + (size_t)r * pc->cols;
         if (to_device) rt_memcpy(row, h, (size_t)pc->cols * sizeof(float), RT_H2D);
         else rt_memcpy(h, row, (size_t)pc->cols * sizeof(float), RT_D2H);
     }
 }
 
 /* --init: every rank reads its own pieces straight from the file (no communication). */
-static void load_model(const stage_program *sp, const char *path)
+static void load_model(const char *path)
 {
-    st_entry *ents = malloc(sizeof(st_entry) * (size_t)model_ntensors);
-    RT_CHECK(ents, "out of memory");
-    int fd = st_open(path, ents), npieces;
-    const piece *pieces = sp->pieces(&npieces);
-    for (int i = 0; i < npieces; i++) {
-        const piece *pc = &pieces[i];
-        const tensor_info *ti = &model_tensors[pc->tensor];
+    st_file f;
+    const st_tensor **found = malloc(sizeof *found * (size_t)lib.ntensors);
+    RT_CHECK(found, "out of memory");
+    st_check(&f, path, found);
+    for (int i = 0; i < lib.npieces; i++) {
+        const lib_piece *pc = &lib.pieces[i];
+        int t = lib.params[pc->param].tensor;
+        const lib_tensor *ti = &lib.tensors[t];
         float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
         RT_CHECK(host, "out of memory");
-        st_read_rect(fd, &ents[pc->tensor], (long long)pc->grow * ti->cols + pc->gcol,
-                     pc->rows, pc->cols, ti->cols, host, path);
+        for (int r = 0; r < pc->rows; r++)
+            RT_CHECK(st_read_f32(&f, found[t], (long long)(pc->grow + r) * ti->cols + pc->gcol,
+                                 pc->cols, host + (size_t)r * pc->cols) == 0,
+                     "%s: read failed: %s", path, strerror(errno));
         piece_copy(pc, host, 1);
         free(host);
     }
-    close(fd);
-    free(ents);
+    st_close(&f);
+    free(found);
 }
 
 /* Initialisation: element (r, c) of tensor t depends on (seed, t's name, r*cols + c) only. */
-static void init_model(const stage_program *sp, unsigned long long seed)
+static void init_model(unsigned long long seed)
 {
-    int npieces;
-    const piece *pieces = sp->pieces(&npieces);
-    for (int i = 0; i < npieces; i++) {
-        const piece *pc = &pieces[i];
-        const tensor_info *ti = &model_tensors[pc->tensor];
-        float *base = *pc->base + (size_t)pc->lrow * pc->ld + pc->lcol;
-        if (ti->init == INIT_NORMAL) {
-            rt_rng_normal(base, pc->rows, pc->cols, pc->ld, seed, ti->stream,
+    for (int i = 0; i < lib.npieces; i++) {
+        const lib_piece *pc = &lib.pieces[i];
+        const lib_param *lp = &lib.params[pc->param];
+        const lib_tensor *ti = &lib.tensors[lp->tensor];
+        float *base = lib.pbuf[lp->p.buf] + lp->p.offset + (size_t)pc->lrow * lp->p.ld +
+                      pc->lcol;
+        if (ti->init == GPT_INIT_NORMAL) {
+            rt_rng_normal(base, pc->rows, pc->cols, lp->p.ld, seed, ti->stream,
                           (uint64_t)pc->grow * ti->cols + pc->gcol, (uint64_t)ti->cols, 0.0f,
                           ti->std);
         } else {
             size_t n = (size_t)pc->rows * pc->cols;
             float *host = malloc(n * sizeof(float));
             RT_CHECK(host, "out of memory");
-            for (size_t k = 0; k < n; k++) host[k] = ti->init == INIT_ONE ? 1.0f : 0.0f;
+            for (size_t k = 0; k < n; k++) host[k] = ti->init == GPT_INIT_ONE ? 1.0f : 0.0f;
             piece_copy(pc, host, 1);
             free(host);
         }
     }
-}
-
-static void put_le64(unsigned char *p, unsigned long long v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
 /*
@@ -649,62 +525,51 @@ static void put_le64(unsigned char *p, unsigned long long v)
 ** its rows at their offsets; after a barrier rank 0 syncs and renames. Written whole or not
 ** at all.
 */
-static void save_model(const stage_program *sp, const char *path)
+static void save_model(const char *path)
 {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    size_t cap = 256 + (size_t)model_ntensors * 160, len = 0;
-    char *h = malloc(cap);
-    RT_CHECK(h, "out of memory");
-    long long *begin = malloc(sizeof(long long) * (size_t)model_ntensors), off = 0;
-    RT_CHECK(begin, "out of memory");
-    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
-    for (int t = 0; t < model_ntensors; t++) {
-        const tensor_info *ti = &model_tensors[t];
-        long long bytes = (long long)ti->rows * ti->cols * 4;
-        if (ti->ndim == 2)
-            len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":"
-                                    "[%d,%d],\"data_offsets\":[%lld,%lld]}", ti->name, ti->rows,
-                                    ti->cols, off, off + bytes);
-        else
-            len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":"
-                                    "[%d],\"data_offsets\":[%lld,%lld]}", ti->name, ti->cols,
-                                    off, off + bytes);
-        begin[t] = off;
-        off += bytes;
+    st_tensor *ts = calloc((size_t)lib.ntensors, sizeof *ts);
+    RT_CHECK(ts, "out of memory");
+    for (int t = 0; t < lib.ntensors; t++) {
+        const lib_tensor *ti = &lib.tensors[t];
+        snprintf(ts[t].name, sizeof ts[t].name, "%s", ti->name);
+        ts[t].dtype = ST_F32;
+        ts[t].ndim = ti->ndim;
+        ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
+        ts[t].shape[1] = ti->cols;
     }
-    h[len++] = '}';
-    while (len % 8) h[len++] = ' ';
-    long long data0 = 8 + (long long)len;
+    size_t len;
+    unsigned char *h = st_header(ts, lib.ntensors, &len);
+    RT_CHECK(h, "out of memory");
+    long long data0 = (long long)len, total = data0 + ts[lib.ntensors - 1].end;
     if (rt_rank() == 0) {
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         RT_CHECK(fd >= 0, "%s: cannot create: %s", tmp, strerror(errno));
-        unsigned char len8[8];
-        put_le64(len8, len);
-        RT_CHECK(pwrite(fd, len8, 8, 0) == 8 && pwrite(fd, h, len, 8) == (ssize_t)len &&
-                 ftruncate(fd, data0 + off) == 0, "%s: write failed: %s", tmp, strerror(errno));
+        RT_CHECK(pwrite(fd, h, len, 0) == (ssize_t)len && ftruncate(fd, total) == 0,
+                 "%s: write failed: %s", tmp, strerror(errno));
         close(fd);
     }
     rt_barrier(NULL);
-    int npieces;
-    const piece *pieces = sp->pieces(&npieces);
-    if (npieces > 0) {
+    if (lib.npieces > 0) {
         int fd = open(tmp, O_WRONLY);
         RT_CHECK(fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
-        for (int i = 0; i < npieces; i++) {
-            const piece *pc = &pieces[i];
+        for (int i = 0; i < lib.npieces; i++) {
+            const lib_piece *pc = &lib.pieces[i];
             /* every piece is written by exactly one rank: a data-parallel replica's first
             ** rank, tp rank 0 for tp-replicated tensors, never the tied copy */
-            int mine = pc->expert ? edp_rank == 0 && (!pc->replicated || etp_rank == 0)
-                                  : dp_rank == 0 && cp_rank == 0 && (!pc->replicated || tp_rank == 0);
-            if (pc->tied_copy || !mine) continue;
-            const tensor_info *ti = &model_tensors[pc->tensor];
+            int rep = pc->flags & GPT_REPLICATED;
+            int mine = (pc->flags & GPT_EXPERT_PIECE)
+                ? gpt.edp_rank == 0 && (!rep || gpt.etp_rank == 0)
+                : gpt.dp_rank == 0 && gpt.cp_rank == 0 && (!rep || gpt.tp_rank == 0);
+            if ((pc->flags & GPT_TIED_COPY) || !mine) continue;
+            int t = lib.params[pc->param].tensor;
+            const lib_tensor *ti = &lib.tensors[t];
             float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
             RT_CHECK(host, "out of memory");
             piece_copy(pc, host, 0);
             for (int r = 0; r < pc->rows; r++) {
-                off_t at = data0 + begin[pc->tensor] +
-                           ((off_t)(pc->grow + r) * ti->cols + pc->gcol) * 4;
+                off_t at = data0 + ts[t].begin + ((off_t)(pc->grow + r) * ti->cols + pc->gcol) * 4;
                 size_t bytes = (size_t)pc->cols * 4;
                 RT_CHECK(pwrite(fd, host + (size_t)r * pc->cols, bytes, at) == (ssize_t)bytes,
                          "%s: write failed: %s", tmp, strerror(errno));
@@ -723,8 +588,8 @@ static void save_model(const stage_program *sp, const char *path)
                  strerror(errno));
     }
     rt_barrier(NULL);
-    free(begin);
     free(h);
+    free(ts);
 }
 
 /* -- Resume checkpoints (per rank: parameters, moments, step) ------------------------------- */
@@ -743,7 +608,7 @@ static void ckpt_path(char *out, size_t cap, const char *dir, int step, const ch
 }
 
 /* Write DIR/step_N.tmp/rank_R.bin on every rank, then rank 0 renames the directory. */
-static void ckpt_save(const stage_program *sp, const flags *f, int step)
+static void ckpt_save(const flags *f, int step)
 {
     char dir[4096], file[4200];
     ckpt_path(dir, sizeof dir, f->ckpt_dir, step, ".tmp", -1);
@@ -753,11 +618,11 @@ static void ckpt_save(const stage_program *sp, const flags *f, int step)
                  strerror(errno));
     }
     rt_barrier(NULL);
-    size_t n = sp->state_floats();
+    size_t n = lib_state_floats();
     float *buf = malloc((n ? n : 1) * sizeof(float));
     RT_CHECK(buf, "out of memory for the checkpoint");
-    sp->state_io(buf, 1);
-    ckpt_header hd = { CKPT_MAGIC, CFG_WORLD, (unsigned long long)rank_stage[rt_rank()],
+    lib_state_io(buf, 1);
+    ckpt_header hd = { CKPT_MAGIC, P->world, (unsigned long long)gpt.pp_rank,
                        (unsigned long long)step, n, f->seed };
     ckpt_path(file, sizeof file, f->ckpt_dir, step, ".tmp", rt_rank());
     FILE *fp = fopen(file, "wb");
@@ -801,23 +666,23 @@ static int ckpt_newest(const char *d)
     return (int)best;
 }
 
-static void ckpt_load(const stage_program *sp, const flags *f, int step)
+static void ckpt_load(const flags *f, int step)
 {
     char file[4200];
     ckpt_path(file, sizeof file, f->ckpt_dir, step, "", rt_rank());
-    size_t n = sp->state_floats();
+    size_t n = lib_state_floats();
     ckpt_header hd;
     FILE *fp = fopen(file, "rb");
     RT_CHECK(fp && fread(&hd, sizeof hd, 1, fp) == 1, "%s: cannot read: %s", file,
              strerror(errno));
-    RT_CHECK(hd.magic == CKPT_MAGIC && hd.world == CFG_WORLD &&
-             hd.stage == (unsigned long long)rank_stage[rt_rank()] && hd.nfloats == n,
+    RT_CHECK(hd.magic == CKPT_MAGIC && hd.world == (unsigned long long)P->world &&
+             hd.stage == (unsigned long long)gpt.pp_rank && hd.nfloats == n,
              "%s: written by a different program (world %llu, stage %llu, %llu floats)", file,
              hd.world, hd.stage, hd.nfloats);
     float *buf = malloc((n ? n : 1) * sizeof(float));
     RT_CHECK(buf && fread(buf, sizeof(float), n, fp) == n, "%s: truncated", file);
     fclose(fp);
-    sp->state_io(buf, 0);
+    lib_state_io(buf, 0);
     free(buf);
 }
 
@@ -845,35 +710,46 @@ static void log_truncate(const char *path, int upto)
 
 /* -- Main ----------------------------------------------------------------------------------- */
 
-int main(int argc, char **argv)
+int gpt_main(int argc, char **argv, const gpt_program *prog)
 {
-    rt_init(&argc, &argv, CFG_WORLD, CFG_LAYOUT);
+    P = prog;
+    D = &prog->dims;
+    rt_init(&argc, &argv, P->world, P->layout);
     flags f;
     parse_flags(argc, argv, &f);
     rt_set_timeout(f.timeout);
-    groups_create();
-    const stage_program *sp = stage_programs[rank_stage[rt_rank()]];
-    sp->setup();
+    gpt.prog = prog;
+    gpt.d = prog->dims;
+    lib_groups_create(prog);
+    if (f.show_groups) {
+        lib_groups_print(prog);
+        rt_finalize();
+        return 0;
+    }
+    gpt.stage = prog->stages[gpt.pp_rank];
+    lib_tensors_build(prog);
+    lib_stage_setup();
+    const gpt_stage *st = gpt.stage;
 
     int start = 0;
     if (f.resume && (start = ckpt_newest(f.ckpt_dir)) >= 0) {
-        ckpt_load(sp, &f, start);
+        ckpt_load(&f, start);
         if (rt_rank() == 0) printf("resumed from %s/step_%08d\n", f.ckpt_dir, start);
         if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
     } else {
         if (f.resume && rt_rank() == 0)
             printf("no complete checkpoint in %s: starting from the beginning\n", f.ckpt_dir);
         start = 0;
-        if (f.init) load_model(sp, f.init);
-        else init_model(sp, f.seed);
+        if (f.init) load_model(f.init);
+        else init_model(f.seed);
     }
 
     data_file data = { 0 };   /* every rank checks the file, so a bad one fails everywhere alike */
     int *inputs = NULL, *targets = NULL;
     if (f.steps > start) {
         data_open(&data, f.data);
-        inputs = malloc(sizeof(int) * CFG_NMB * CFG_N);
-        targets = malloc(sizeof(int) * CFG_NMB * CFG_N);
+        inputs = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
+        targets = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         RT_CHECK(inputs && targets, "out of memory");
     }
     FILE *log = NULL;
@@ -883,43 +759,37 @@ int main(int argc, char **argv)
     }
     for (int s = start; s < f.steps; s++) {
         double t0 = rt_now();
-        if (sp->needs_inputs || sp->needs_targets) data_batch(&data, s, dp_rank, inputs, targets);
-        step_in in = { s, (float)lr_at(&f, s + 1), (float)f.beta1, (float)f.beta2, (float)f.eps,
-                       (float)f.wd, (float)f.clip, sp->needs_inputs ? inputs : NULL,
-                       sp->needs_targets ? targets : NULL };
-        step_out out;
-        sp->step(&in, &out);
+        if (st->needs_inputs || st->needs_targets)
+            data_batch(&data, s, gpt.dp_rank, inputs, targets);
+        gpt_step_in in = { s, (float)lr_at(&f, s + 1), (float)f.beta1, (float)f.beta2,
+                           (float)f.eps, (float)f.wd, (float)f.clip,
+                           st->needs_inputs ? inputs : NULL, st->needs_targets ? targets : NULL };
+        gpt_step_out out;
+        st->step(&in, &out);
         rt_sync();
-        double ms = (rt_now() - t0) * 1e3, tok_s = CFG_TOKENS_PER_STEP / (ms / 1e3);
+        double ms = (rt_now() - t0) * 1e3, tok_s = (double)P->tokens_per_step / (ms / 1e3);
         if (rt_rank() == 0) {
-{% if moe %}
+            char aux[64] = "", auxj[64] = "";
+            if (D->moe) {
+                snprintf(aux, sizeof aux, " | aux %.6f", out.aux_loss);
+                snprintf(auxj, sizeof auxj, ",\"aux_loss\":%.9g", out.aux_loss);
+            }
             if (!f.quiet)
-                printf("step %5d/%d | loss %.6f | aux %.6f | lr %.4e | norm %.4f | %8.1f ms | "
-                       "%9.0f tok/s\n", s + 1, f.steps, out.loss, out.aux_loss, (double)in.lr,
+                printf("step %5d/%d | loss %.6f%s | lr %.4e | norm %.4f | %8.1f ms | "
+                       "%9.0f tok/s\n", s + 1, f.steps, out.loss, aux, (double)in.lr,
                        out.grad_norm, ms, tok_s);
             if (log) {
-                fprintf(log, "{\"step\":%d,\"loss\":%.9g,\"aux_loss\":%.9g,\"lr\":%.9g,"
-                        "\"grad_norm\":%.9g,\"ms\":%.3f,\"tok_s\":%.1f}\n", s + 1, out.loss,
-                        out.aux_loss, (double)in.lr, out.grad_norm, ms, tok_s);
-                fflush(log);
-            }
-{% else %}
-            if (!f.quiet)
-                printf("step %5d/%d | loss %.6f | lr %.4e | norm %.4f | %8.1f ms | %9.0f tok/s\n",
-                       s + 1, f.steps, out.loss, (double)in.lr, out.grad_norm, ms, tok_s);
-            if (log) {
-                fprintf(log, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                        "\"ms\":%.3f,\"tok_s\":%.1f}\n", s + 1, out.loss, (double)in.lr,
+                fprintf(log, "{\"step\":%d,\"loss\":%.9g%s,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                        "\"ms\":%.3f,\"tok_s\":%.1f}\n", s + 1, out.loss, auxj, (double)in.lr,
                         out.grad_norm, ms, tok_s);
                 fflush(log);
             }
-{% end %}
             fflush(stdout);
         }
-        if (f.ckpt_every && (s + 1) % f.ckpt_every == 0) ckpt_save(sp, &f, s + 1);
+        if (f.ckpt_every && (s + 1) % f.ckpt_every == 0) ckpt_save(&f, s + 1);
     }
     if (log) fclose(log);
-    if (f.save) save_model(sp, f.save);
+    if (f.save) save_model(f.save);
     free(inputs);
     free(targets);
     rt_finalize();

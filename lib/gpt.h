@@ -1,0 +1,390 @@
+/*
+** gpt.h: the training library's interface to generated programs. The library (lib/, compiled
+** once per backend into build/libgpt_cpu.a and build/libgpt_cuda.a) holds everything that does
+** not depend on the model or the layout: the kernels, the GPT-2 layer, embedding, head and
+** mixture-of-experts block with their tensor- and sequence-parallel communication, the stage
+** machinery (buffers, parameter views, gradient reduction, norm, AdamW, checkpoint state,
+** initialisation, loading and saving) and main (flags, data, checkpoints, log). A generated
+** program (out/<dir>/, docs/PROGRAM.md) supplies only what varies, as constant tables: the
+** sizes (gpt_dims), the model's tensors (gpt_role), the rank grid (gpt_grid, gpt_kind), and per
+** pipeline stage its tables, its chunks' forward and backward and its unrolled schedule
+** (gpt_stage). Every table is computed by the generator; the library decides nothing about the
+** layout, it follows the tables (and checks them where a mistake would be silent).
+*/
+#ifndef GPT_H
+#define GPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"   // defines: the kernels (layernorm_fwd, attention_fwd, adamw_step, ...)
+#include "rt.h"        // defines: rt_group, rt_p2p, rt_allreduce, RT_CHECK, ...
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* -- Sizes ---------------------------------------------------------------------------------- */
+
+/* Every size the model code needs, for this layout (the generator's CFG_ constants). Tokens of
+** a micro-batch are rows t*B + b (sequence-major); under sequence parallelism a tp rank holds
+** the n_sp rows [tp_rank*n_sp, (tp_rank+1)*n_sp) between the layers' tensor-parallel regions. */
+typedef struct {
+    int B, T, C;              /* micro-batch, sequence length, channels */
+    int N, n_sp;              /* tokens per micro-batch (T*B); held per tp rank (N/TP under SP) */
+    int t_model;              /* rows of wpe (the model's sequence length) */
+    int heads_local, head_dim;
+    int c_local, qkv_local;   /* attention channels per tp rank: C/TP, 3C/TP */
+    int ff_local;             /* MLP columns per tp rank */
+    int v_local;              /* vocabulary rows per tp rank (padded) */
+    int nmb;                  /* micro-batches per step */
+    float ln_eps, att_scale;  /* LayerNorm eps, 1/sqrt(head_dim) */
+    float dloss;              /* d(step loss)/d(token loss) = 1/(N*NMB) */
+    int tp, sp;               /* tensor-parallel size; sequence parallelism (0/1) */
+    /* mixture of experts (moe = 0: a dense MLP; the rest unused) */
+    int moe, experts, topk, ep, etp, experts_local, eff_local;
+    int pre_softmax, bias;    /* softmax over all experts before top-k; expert biases (0/1) */
+    float aux_scale, aux_grad;
+    int capacity;             /* choices an expert keeps per micro-batch (N*K: no limit) */
+    int moe_send_max, moe_recv_max, moe_rows_max, moe_counts;
+} gpt_dims;
+
+/* -- The model's tensors (checkpoint order) ---------------------------------------------- */
+
+typedef enum { GPT_INIT_NORMAL, GPT_INIT_ZERO, GPT_INIT_ONE } gpt_init;
+
+/* Where a role's tensors sit in the checkpoint order: the tensors are the BEFORE roles, then per
+** layer its LAYER roles followed, per expert, by the EXPERT roles, then the AFTER roles. */
+typedef enum { GPT_BEFORE, GPT_LAYER, GPT_EXPERT, GPT_AFTER } gpt_scope;
+
+typedef struct {
+    const char *name;         /* printf pattern: "wte.weight", "h.%d.ln_1.weight",
+                              ** "h.%d.mlp.experts.%d.c_fc.weight" (layer, then expert) */
+    gpt_scope scope;
+    int rows, cols, ndim;     /* global shape; 1-D tensors have rows = 1, ndim = 1 */
+    gpt_init init;
+    float std;                /* GPT_INIT_NORMAL */
+} gpt_role;
+
+/* -- Ranks and groups -------------------------------------------------------------------- */
+
+/* ORDER GPT_AXIS: a rank's coordinates; the dense grid has ep size 1, the expert grid cp 1. */
+enum { GPT_AX_TP, GPT_AX_CP, GPT_AX_EP, GPT_AX_DP, GPT_AX_PP, GPT_NAXES };
+
+typedef struct {
+    int size[GPT_NAXES];      /* dense: tp cp 1 dp pp; expert: etp 1 ep edp pp */
+    int stride[GPT_NAXES];    /* rank = sum of coordinate * stride (the rank order) */
+} gpt_grid;
+
+/* ORDER GPT_GROUP: the communicators a program may use: enum suffix, kind (topology.json). */
+#define GPT_GROUPS(_) \
+    _(TP, "tp") _(DPCP, "dp-cp") _(PP, "pp") _(EMBD, "embd") _(MP, "mp") _(EP, "ep") \
+    _(ETP, "expt-tp") _(EDP, "expt-dp") _(TPEPPP, "tp-ep-pp")
+typedef enum {
+#define GPT_GRP_ENUM(id, name) GPT_GRP_##id,
+    GPT_GROUPS(GPT_GRP_ENUM)
+#undef GPT_GRP_ENUM
+    GPT_NGROUPS
+} gpt_group;
+
+enum { GPT_GRID_DENSE, GPT_GRID_EXPERT, GPT_GRID_EMBD };
+
+/* A group kind: the axes that vary inside a group (mask bits 1 << GPT_AX_*; members ordered
+** with the fastest axis first, as Megatron's generate_masked_orthogonal_rank_groups), or
+** GPT_GRID_EMBD: the first and last rank of the pipeline group (first and last stage only). */
+typedef struct {
+    gpt_group id;
+    int grid;                 /* GPT_GRID_* */
+    unsigned mask;
+    int create;               /* 0: one member (or unused): not created, the handle is NULL */
+} gpt_kind;
+
+/* -- One pipeline stage's tables --------------------------------------------------------- */
+
+/* ORDER GPT_FIELD: the parameter tensors of the model code: enum suffix, what it is. */
+#define GPT_FIELDS(_) \
+    _(WTE, "wte.weight") _(WPE, "wpe.weight") _(LN_F_W, "ln_f.weight") \
+    _(LN_F_B, "ln_f.bias") _(HEAD_WTE, "the head's copy of wte.weight") \
+    _(LN1_W, "ln_1.weight") _(LN1_B, "ln_1.bias") _(QKV_W, "attn.c_attn.weight") \
+    _(QKV_B, "attn.c_attn.bias") _(ATTN_PROJ_W, "attn.c_proj.weight") \
+    _(ATTN_PROJ_B, "attn.c_proj.bias") _(LN2_W, "ln_2.weight") _(LN2_B, "ln_2.bias") \
+    _(FC_W, "mlp.c_fc.weight") _(FC_B, "mlp.c_fc.bias") _(MLP_PROJ_W, "mlp.c_proj.weight") \
+    _(MLP_PROJ_B, "mlp.c_proj.bias") _(ROUTER_W, "mlp.router.weight") \
+    _(EXPERT_FC_W, "mlp.experts.c_fc.weight") _(EXPERT_FC_B, "mlp.experts.c_fc.bias") \
+    _(EXPERT_PROJ_W, "mlp.experts.c_proj.weight") _(EXPERT_PROJ_B, "mlp.experts.c_proj.bias")
+typedef enum {
+#define GPT_FIELD_ENUM(id, what) GPT_P_##id,
+    GPT_FIELDS(GPT_FIELD_ENUM)
+#undef GPT_FIELD_ENUM
+    GPT_NFIELDS
+} gpt_field;
+
+/* Parameter flags: weight decay, the gradient all-reduce over tp of sequence-parallel
+** parameters, and how the gradient norm counts the tensor (docs/megatron.md §6). */
+enum {
+    GPT_DECAY = 1,
+    GPT_SP_REDUCE = 2,
+    GPT_NORM_ALWAYS = 0 << 2,   /* split over (expert-)tp: every rank counts its part */
+    GPT_NORM_TP0 = 1 << 2,      /* replicated over tp: counted on tp rank 0 */
+    GPT_NORM_ETP0 = 2 << 2,     /* an expert's replicated tensor: counted on expert-tp rank 0 */
+    GPT_NORM_NEVER = 3 << 2,    /* the head's tied copy of wte: never counted */
+    GPT_NORM_MASK = 3 << 2
+};
+
+/* A gradient bucket of a buffer: the distributed optimizer shards it over the buffer's
+** data-parallel group; base: the shard's offset in the optimizer state (docs/megatron.md §5.4). */
+typedef struct { size_t start, size, shard, base; } gpt_bucket;
+
+/* A parameter buffer (Megatron's DDP buffer of one model chunk and kind): the parameters in
+** reverse order, padded; the gradients have the same layout. */
+typedef struct {
+    int chunk;
+    int expert;               /* expert weights: reduced over expt-dp, their own norm sum */
+    size_t size;              /* elements, padding included */
+    int sharded;              /* distributed optimizer: moments of this rank's bucket shards */
+    size_t state;             /* AdamW moments: 'size', or this rank's shard (distributed) */
+    gpt_group group;          /* the data-parallel group its gradients are reduced over */
+    int nbuckets;
+    const gpt_bucket *buckets;
+} gpt_buffer;
+
+/* A local parameter tensor: where it is (buffer, offset) and what it is. In a layer table the
+** offset is from the layer's base in that buffer (every layer of a chunk has the same layout). */
+typedef struct {
+    short field;              /* gpt_field: the struct member that points at it */
+    short expert;             /* local expert index, -1 */
+    short buf;                /* index into the stage's buffers */
+    short flags;              /* GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_* */
+    int role;                 /* index into the program's roles */
+    int ld;                   /* row stride of the local tensor (its last dimension) */
+    size_t offset, n;         /* elements */
+} gpt_param;
+
+/* Piece flags. */
+enum {
+    GPT_REPLICATED = 1,       /* the same values on every (expert-)tp rank: saved by rank 0 */
+    GPT_TIED_COPY = 2,        /* the head's copy of wte: loaded and drawn, never saved */
+    GPT_EXPERT_PIECE = 4,     /* saved by expert-data-parallel rank 0 */
+    GPT_VOCAB_ROWS = 8        /* rows past the vocabulary are padding: cut */
+};
+enum { GPT_SPLIT_NONE, GPT_SPLIT_TP, GPT_SPLIT_ETP };
+
+/* A rectangle of a global tensor held in a local tensor. Its global start moves with the
+** rank's tp (or expert-tp) coordinate: grow + step_row * coord, gcol + step_col * coord. */
+typedef struct {
+    int param;                /* row of the same table (layer or other) */
+    int lrow, lcol;           /* first local row and column */
+    int grow, gcol;           /* first global row and column at coordinate 0 */
+    int rows, cols;
+    int split;                /* GPT_SPLIT_*: which coordinate moves it */
+    int step_row, step_col;
+    int flags;                /* GPT_REPLICATED | GPT_TIED_COPY | GPT_EXPERT_PIECE | GPT_VOCAB_ROWS */
+} gpt_piece;
+
+/* A model chunk of the stage: its layers, activation slots and duties, and the tables of its
+** layers' tensors: one layer's (every layer of a chunk has the same layout) and each layer's
+** base offset in every buffer of the stage. */
+typedef struct {
+    int first, layers;        /* global layers first .. first+layers-1 */
+    int slots;                /* activation sets: micro-batches in flight at most */
+    int embedding, head;
+    int nparams;              /* one layer's tensors */
+    const gpt_param *params;  /* offsets from the layer's base in each tensor's buffer */
+    int npieces;
+    const gpt_piece *pieces;  /* param: a row of 'params' */
+    const size_t *bases;      /* [layers * nbuffers]: layer j's base offset in buffer b */
+} gpt_chunk_info;
+
+/* ORDER GPT_MEM: every device buffer the library allocates, with the generator's size.
+** L_: per layer and activation slot; C_: per chunk slot; H_: head; S_: stage scratch; ML_/MS_:
+** mixture-of-experts layer activations / scratch; X_: misc. (i): int elements, else f32. */
+#define GPT_MEMS(_) \
+    _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_LN1_FULL) _(L_QKV) _(L_ATT) _(L_ATTY) _(L_RES1) \
+    _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_LN2_FULL) _(L_FC) _(L_GELU) _(L_RES2) \
+    _(ML_SCORES) _(ML_PROB) _(ML_SEL) _(ML_POS) _(ML_SEND_TOK) _(ML_ORDER) _(ML_UNORDER) \
+    _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) \
+    _(C_X) _(C_DY) _(C_TOKENS) \
+    _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
+    _(S_FULL) _(S_FULL_SP) _(S_DQKV) _(S_DATTY) _(S_DATT) _(S_DFC) _(S_LOGITS) _(S_CE) \
+    _(S_TARGETS) \
+    _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_YE) \
+    _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
+    _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) _(MS_PIDX) \
+    _(X_LOSS) _(X_STAT) _(X_SP_PACK)
+typedef enum {
+#define GPT_MEM_ENUM(id) GPT_M_##id,
+    GPT_MEMS(GPT_MEM_ENUM)
+#undef GPT_MEM_ENUM
+    GPT_NMEMS
+} gpt_mem_id;
+
+/* How one of them is made: not at all (the default of an entry the stage does not list),
+** allocated (elems 4-byte elements), or the same memory as another (alias). */
+enum { GPT_MEM_NONE = 0, GPT_MEM_ALLOC, GPT_MEM_ALIAS };
+typedef struct {
+    int how;
+    int alias;                /* GPT_MEM_ALIAS: the gpt_mem_id it shares */
+    size_t elems;
+} gpt_mem;
+
+typedef struct gpt_step_in gpt_step_in;
+typedef struct gpt_step_out gpt_step_out;
+
+typedef struct {
+    const char *title;                     /* "stage 1 of 2: layers 4..7, head + loss" */
+    int nbuffers;
+    const gpt_buffer *buffers;
+    int nchunks;
+    const gpt_chunk_info *chunks;
+    int nother_params;                     /* embedding and head tensors (absolute offsets) */
+    const gpt_param *other_params;
+    int nother_pieces;
+    const gpt_piece *other_pieces;         /* param: a row of other_params */
+    const gpt_mem *mem;                    /* [GPT_NMEMS] */
+    size_t mem_bytes;                      /* the generator's plan: every device byte of setup */
+    int needs_inputs, needs_targets;       /* reads token ids / targets */
+    int head_uses_wte;                     /* embedding and head on this stage: one wte */
+    void (*step)(const gpt_step_in *in, gpt_step_out *out);
+} gpt_stage;
+
+/* -- The whole program --------------------------------------------------------------------- */
+
+typedef struct {
+    const char *model;                     /* "models/tiny.lua" */
+    const char *layout;                    /* "tp2 pp2 dp2", for messages */
+    const char *run_hint;                  /* how to launch it, for --help */
+    int world, tp, pp, dp, cp, vp;
+    int gbs;                               /* global batch: MBS*NMB*DP */
+    long long tokens_per_step;             /* GBS*T */
+    int vocab;                             /* real vocabulary (token ids must be below it) */
+    gpt_dims dims;
+    int nroles;
+    const gpt_role *roles;
+    int layers, experts;                   /* for the roles' per-layer / per-expert repetition */
+    gpt_grid dense, expert;
+    int nkinds;
+    const gpt_kind *kinds;
+    int nstages;
+    const gpt_stage *const *stages;        /* [pp coordinate] */
+} gpt_program;
+
+/* -- The library's state, which generated stage code reads ------------------------------- */
+
+typedef struct {
+    float *router_w;                       /* (EXPERTS, C)     h.{i}.mlp.router.weight */
+    float **fc_w, **fc_b;                  /* [local expert]: (C, EFF_LOCAL), (EFF_LOCAL) */
+    float **proj_w, **proj_b;              /* [local expert]: (EFF_LOCAL, C), (C) */
+} gpt_moe_params;
+
+typedef struct {
+    float *ln_1_w, *ln_1_b;                /* (C)                        replicated       */
+    float *c_attn_w, *c_attn_b;            /* (C, QKV_LOCAL), (QKV_LOCAL) column-parallel  */
+    float *attn_proj_w, *attn_proj_b;      /* (C_LOCAL, C) row-parallel, (C) replicated    */
+    float *ln_2_w, *ln_2_b;                /* (C)                        replicated       */
+    float *c_fc_w, *c_fc_b;                /* (C, FF_LOCAL), (FF_LOCAL)  column-parallel  */
+    float *mlp_proj_w, *mlp_proj_b;        /* (FF_LOCAL, C) row-parallel, (C) replicated   */
+    gpt_moe_params moe;                    /* a mixture of experts in place of the MLP     */
+} gpt_layer_params;                        /* gradients: the same struct, into gbuf        */
+
+typedef struct {
+    float *scores, *prob;                  /* (N_SP, EXPERTS), (N_SP, TOPK)               */
+    int *sel, *pos;                        /* (N_SP, TOPK) chosen experts; send row or -1  */
+    int *sel_h, *pos_h;                    /* host copies                                  */
+    int *send_tok;                         /* (SEND_MAX) token of each row sent            */
+    int *order, *unorder;                  /* (ROWS_MAX) expert-major <-> member-major     */
+    float *xe, *pe;                        /* (ROWS_MAX, C), (ROWS_MAX)                     */
+    float *fc, *h;                         /* (ROWS_MAX, EFF_LOCAL)                         */
+    float *auxg;                           /* (EXPERTS) d(aux)/d(score)                     */
+    int nsend, nrows;
+    int *sendrows, *recvrows;              /* [EP] rows per EP peer (host)                 */
+    int *memrows;                          /* [ETP] rows received by each expert-TP member */
+    int *erows;                            /* [EXPERTS_LOCAL] rows per local expert        */
+} gpt_moe_acts;
+
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd;      /* (N_SP, C), (N_SP), (N_SP)                     */
+    float *ln1_full;                       /* (N, C) gathered under SP, else = ln1          */
+    float *qkv;                            /* (N, QKV_LOCAL)                                */
+    float *att;                            /* (B, HEADS_LOCAL, T, T) probabilities          */
+    float *atty;                           /* (N, C_LOCAL)                                  */
+    float *res1;                           /* (N_SP, C)                                     */
+    float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;
+    float *fc, *gelu;                      /* (N, FF_LOCAL)                                 */
+    gpt_moe_acts moe;
+    float *res2;                           /* (N_SP, C) the layer's output                  */
+} gpt_layer_acts;
+
+typedef struct {
+    float *x, *dy;                         /* (N_SP, C) the chunk's input and its gradient  */
+    int *tokens;                           /* (N) token ids (embedding chunk only)          */
+    gpt_layer_acts *layer;                 /* [layers]                                      */
+} gpt_chunk_acts;
+
+typedef struct {
+    gpt_layer_params *params, *grads;      /* [layers]                                      */
+    gpt_chunk_acts *acts;                  /* [slots]                                       */
+} gpt_chunk;
+
+typedef struct {
+    const gpt_program *prog;
+    const gpt_stage *stage;
+    gpt_dims d;
+    int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
+    int vocab_start, vocab_valid;          /* this tp rank's real vocabulary rows            */
+    int pp_prev, pp_next;                  /* pipeline neighbours (global ranks, wrapping)   */
+    rt_group *grp[GPT_NGROUPS];            /* NULL: not created                              */
+    gpt_chunk *chunk;                      /* [stage->nchunks]                               */
+    const gpt_step_in *in;                 /* the step being run                             */
+    double moe_aux;                        /* this rank's share of the step's aux loss       */
+} gpt_state;
+
+extern gpt_state gpt;
+
+/* -- What generated code calls ------------------------------------------------------------- */
+
+/* main: parse flags, start the runtime, build the groups, set up the rank's stage, train. */
+int gpt_main(int argc, char **argv, const gpt_program *prog);
+
+/* Pipeline message tags: activations forward, gradients backward. */
+enum { GPT_TAG_ACT = 0, GPT_TAG_GRAD = 1 };
+
+/* The model (model.c): one micro-batch through a chunk's pieces. x, out: (N_SP, C). */
+void gpt_embedding_fwd(int chunk, int mb, int slot);       /* tokens -> acts[slot].x */
+void gpt_embedding_bwd(int chunk, int slot);                /* acts[slot].dy -> wte, wpe */
+void gpt_layer_fwd(int chunk, int j, int slot);             /* layer j: x or res2 of j-1 */
+void gpt_layer_bwd(int chunk, int j, int slot);             /* dy holds d(out) -> d(in) */
+void gpt_head_fwd_bwd(int chunk, int mb, int slot);         /* loss of mb, dy = d(loss)/d(x) */
+float *gpt_chunk_output(int chunk, int slot);               /* the chunk's last res2 */
+
+struct gpt_step_in {
+    int step;                              /* 0-based optimizer step */
+    float lr, beta1, beta2, eps, wd, clip;
+    const int *inputs, *targets;           /* host (NMB, N): this rank's micro-batches */
+};
+
+struct gpt_step_out {
+    double loss;                           /* mean loss of the global batch (every rank) */
+    double aux_loss;                       /* MoE load-balancing term of the objective */
+    double grad_norm;                      /* before clipping */
+};
+
+/* The step's pieces after the schedule (stage.c), in the order the generated step calls them;
+** each names its one collective, so the generated code shows every communication. */
+void gpt_step_begin(const gpt_step_in *in);                 /* zero gradients and aux */
+void gpt_sp_allreduce(rt_group *tp);                        /* SP gradients, packed */
+void gpt_grad_allreduce_range(int buf, size_t offset, size_t n, rt_group *g);
+void gpt_grad_scale(int buf, float s);
+void gpt_grad_allreduce(int buf, rt_group *g);              /* the whole buffer */
+void gpt_grad_reduce_scatter(int buf, int bucket, rt_group *g);
+void gpt_norm_local(void);                  /* sums of squares: dense, experts, their total */
+void gpt_norm_allreduce(int which, rt_group *g);            /* 0 dense, 1 experts, 2 total */
+double gpt_norm(int total);                 /* sqrt of dense + experts, or of the total */
+void gpt_adamw(const gpt_step_in *in, double norm);         /* clip and update (shard) */
+void gpt_param_allgather(int buf, int bucket, rt_group *g);
+void gpt_aux_allreduce(rt_group *world, gpt_step_out *out);
+void gpt_loss_allreduce(rt_group *world, gpt_step_out *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,129 @@
+/*
+** groups.c: this rank's place in the job, computed from the generator's grid description
+** (gpt_grid: the size and rank stride of every axis; gpt_kind: which axes vary inside a group):
+** its coordinates on the dense (tp-cp-dp-pp) and expert (etp-ep-edp-pp) grids, and the members
+** of each of its groups, as Megatron's generate_masked_orthogonal_rank_groups orders them
+** (docs/megatron.md §1). Nothing here is linear in the world size: a rank computes its own
+** groups only. Called once by gpt_main; collective over the world (rt_group_create).
+*/
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+rt_group *rt_group_create(const char *name, const int *members, int n);   /* TEMPORARY */
+
+static const char *const group_names[GPT_NGROUPS] = {
+#define GPT_GRP_NAME(id, name) name,
+    GPT_GROUPS(GPT_GRP_NAME)
+#undef GPT_GRP_NAME
+};
+
+static int coord(const gpt_grid *g, int rank, int axis)
+{
+    return (rank / g->stride[axis]) % g->size[axis];
+}
+
+/*
+** The members of rank r's group of kind k, in group-rank order, into out (room for the world);
+** returns their number, 0 when r is in no group of that kind (embd off the first and last
+** stage). The axes in k->mask vary inside the group, the fastest (smallest stride) first.
+*/
+static int members(const gpt_program *prog, const gpt_kind *k, int r, int *out)
+{
+    const gpt_grid *dn = &prog->dense;
+    if (k->grid == GPT_GRID_EMBD) {
+        int P = dn->size[GPT_AX_PP], p = coord(dn, r, GPT_AX_PP);
+        if (p != 0 && p != P - 1) return 0;
+        int first = r - p * dn->stride[GPT_AX_PP];
+        out[0] = first;
+        if (P == 1) return 1;
+        out[1] = first + (P - 1) * dn->stride[GPT_AX_PP];
+        return 2;
+    }
+    const gpt_grid *g = k->grid == GPT_GRID_DENSE ? dn : &prog->expert;
+    int axes[GPT_NAXES], na = 0, base = r, n = 1;
+    for (int a = 0; a < GPT_NAXES; a++) {
+        if (!(k->mask >> a & 1u)) continue;
+        int at = na++;
+        while (at > 0 && g->stride[axes[at - 1]] > g->stride[a]) {   /* by stride, ascending */
+            axes[at] = axes[at - 1];
+            at--;
+        }
+        axes[at] = a;
+        base -= coord(g, r, a) * g->stride[a];
+        n *= g->size[a];
+    }
+    for (int j = 0; j < n; j++) {
+        int rem = j, rank = base;
+        for (int i = 0; i < na; i++) {
+            rank += (rem % g->size[axes[i]]) * g->stride[axes[i]];
+            rem /= g->size[axes[i]];
+        }
+        out[j] = rank;
+    }
+    return n;
+}
+
+/*
+** Set this rank's coordinates and create the communicators the program uses (every rank
+** calls rt_group_create for the same kinds in the same order; NULL for kinds not created).
+*/
+void lib_groups_create(const gpt_program *prog)
+{
+    int r = rt_rank();
+    const gpt_grid *dn = &prog->dense, *ex = &prog->expert;
+    gpt.tp_rank = coord(dn, r, GPT_AX_TP);
+    gpt.cp_rank = coord(dn, r, GPT_AX_CP);
+    gpt.dp_rank = coord(dn, r, GPT_AX_DP);
+    gpt.pp_rank = coord(dn, r, GPT_AX_PP);
+    gpt.etp_rank = coord(ex, r, GPT_AX_TP);
+    gpt.ep_rank = coord(ex, r, GPT_AX_EP);
+    gpt.edp_rank = coord(ex, r, GPT_AX_DP);
+    int *m = malloc(sizeof(int) * (size_t)prog->world);
+    RT_CHECK(m, "out of memory");
+    for (int i = 0; i < GPT_NGROUPS; i++) gpt.grp[i] = NULL;
+    for (int i = 0; i < prog->nkinds; i++) {
+        const gpt_kind *k = &prog->kinds[i];
+        if (!k->create) continue;
+        int n = members(prog, k, r, m);
+        gpt.grp[k->id] = rt_group_create(group_names[k->id], m, n);
+    }
+    /* pipeline neighbours, wrapping (the last stage's next is stage 0) */
+    int P = dn->size[GPT_AX_PP];
+    gpt.pp_prev = r + ((gpt.pp_rank + P - 1) % P - gpt.pp_rank) * dn->stride[GPT_AX_PP];
+    gpt.pp_next = r + ((gpt.pp_rank + 1) % P - gpt.pp_rank) * dn->stride[GPT_AX_PP];
+    /* this tp rank's vocabulary rows that are real (the rest of its rows is padding) */
+    int vl = prog->dims.v_local, real = prog->vocab - gpt.tp_rank * vl;
+    gpt.vocab_start = gpt.tp_rank * vl;
+    gpt.vocab_valid = real < 0 ? 0 : real < vl ? real : vl;
+    free(m);
+}
+
+/*
+** --show-groups: print this rank's coordinates and groups, one line each, in rank order
+** (the rank's own lines are gathered by rank 0 with one world barrier per rank: a check, not
+** a hot path).
+*/
+void lib_groups_print(const gpt_program *prog)
+{
+    int *m = malloc(sizeof(int) * (size_t)prog->world);
+    RT_CHECK(m, "out of memory");
+    for (int q = 0; q < rt_world(); q++) {
+        if (q == rt_rank()) {
+            printf("rank %d: tp %d cp %d dp %d pp %d etp %d ep %d edp %d\n", q, gpt.tp_rank,
+                   gpt.cp_rank, gpt.dp_rank, gpt.pp_rank, gpt.etp_rank, gpt.ep_rank,
+                   gpt.edp_rank);
+            for (int i = 0; i < prog->nkinds; i++) {
+                const gpt_kind *k = &prog->kinds[i];
+                int n = members(prog, k, q, m);
+                printf("rank %d: %s", q, group_names[k->id]);
+                if (n == 0) printf(" -");
+                for (int j = 0; j < n; j++) printf("%s%d", j ? "," : " ", m[j]);
+                printf("\n");
+            }
+            fflush(stdout);
+        }
+        rt_barrier(NULL);
+    }
+    free(m);
+}

@@ -1,0 +1,124 @@
+/*
+** internal.h: what the library's own files share and generated code never sees: the stage's
+** buffers and expanded tables (stage.c), the model's scratch and embedding/head tensors
+** (model.c), the mixture-of-experts scratch (moe.c), the model's tensor list (train.c), group
+** creation (groups.c). Everything here is set up once, by gpt_main, before the first step.
+*/
+#ifndef GPT_INTERNAL_H
+#define GPT_INTERNAL_H
+
+#include "gpt.h"   // defines: gpt_state, gpt_program, gpt_stage, gpt_param, gpt_piece, ...
+
+/* -- The model's scratch, embedding and head (model.c) ------------------------------------- */
+
+typedef struct {
+    float *full;          /* (N, C)            partial sums / gathered rows                  */
+    float *full_sp;       /* (N_SP, C)         reduce-scatter output (= full without SP)      */
+    float *dqkv;          /* (N, QKV_LOCAL)                                                  */
+    float *datty;         /* (N, C_LOCAL)                                                    */
+    float *datt;          /* (B, HEADS_LOCAL, T, T)                                          */
+    float *dfc;           /* (N, FF_LOCAL)     dense MLP only                                */
+    float *logits;        /* (N, V_LOCAL)      head stage only                               */
+    float *ce;            /* (4 * N)           row max | sum exp | target logit | loss       */
+    int *targets;         /* (N)               head stage only                               */
+} lib_scratch;
+
+typedef struct { float *wte, *wpe; } lib_embed;            /* (V_LOCAL, C), (T_MODEL, C) */
+typedef struct { float *ln_f_w, *ln_f_b, *wte; } lib_head; /* (C), (C), (V_LOCAL, C) */
+typedef struct { float *lnf, *lnf_mean, *lnf_rstd; } lib_head_acts;
+
+/* The mixture of experts' scratch, shared by every layer and micro-batch (moe.c). */
+typedef struct {
+    float *logits;        /* (N_SP, E) router logits */
+    float *xs, *ps;       /* (SEND_MAX, C), (SEND_MAX): rows this rank sends, in dispatch order */
+    float *xr, *pr;       /* (RECV_MAX, C), (RECV_MAX): rows received from the EP group */
+    float *xg, *pg;       /* (ROWS_MAX, C), (ROWS_MAX): rows gathered over the expert-TP group */
+    float *act;           /* (ROWS_MAX, EFF_LOCAL) prob * gelu(fc) */
+    float *ye, *yg;       /* (ROWS_MAX, C) expert outputs: expert-major, then member-major */
+    float *yr, *ys;       /* (RECV_MAX, C), (SEND_MAX, C) on the way back */
+    float *dpe, *dpg;     /* (ROWS_MAX) d(prob): expert-major, member-major */
+    float *dpr, *dps;     /* (RECV_MAX), (SEND_MAX) */
+    float *dprob;         /* (N_SP, K) */
+    float *dlogits;       /* (N_SP, E) */
+    float *colsum;        /* (E) sums of the scores over this rank's tokens */
+    int *counts;          /* (MOE_COUNTS) device staging of the count exchanges */
+    int *pidx;            /* (SEND_MAX) assignment of each sent row (token*K + choice) */
+} lib_moe_scratch;
+
+/* -- The stage (stage.c) ---------------------------------------------------------------------- */
+
+/* A parameter of this rank, expanded from the stage's tables: where it lives, its struct
+** pointers, and its tensor. */
+typedef struct {
+    gpt_param p;                /* offset absolute in its buffer */
+    int chunk, layer;           /* layer: local index in the chunk, -1 for embedding/head */
+    int global_layer;           /* -1 for embedding/head */
+    int tensor;                 /* index into lib.tensors */
+    int order;                  /* position in the stage's tables (layer rows, then others) */
+} lib_param;
+
+/* A piece of this rank: its rectangle with the global start resolved for this rank. */
+typedef struct {
+    int param;                  /* index into lib.params */
+    int lrow, lcol, grow, gcol, rows, cols;
+    int flags;
+} lib_piece;
+
+/* The model's tensors in checkpoint order, expanded from the roles. */
+typedef struct {
+    char name[96];
+    int rows, cols, ndim;
+    gpt_init init;
+    float std;
+    uint64_t stream;            /* FNV-1a 64 of the name: its random values' stream */
+} lib_tensor;
+
+typedef struct {
+    float **pbuf, **gbuf, **mbuf, **vbuf;   /* [nbuffers]: parameters, gradients, moments */
+    int nparams;
+    lib_param *params;          /* buffer order (buffer, then offset) */
+    int npieces;
+    lib_piece *pieces;
+    int ntensors;
+    lib_tensor *tensors;
+    lib_scratch s;
+    lib_moe_scratch ms;
+    lib_embed embed_p, embed_g;
+    lib_head head_p, head_g;
+    lib_head_acts head_a;
+    float *loss_dev;            /* (NMB) loss sums per micro-batch */
+    float *stat_dev;            /* (nparams + 3) norm pieces, then dense | experts | total */
+    float *sp_pack;             /* packed sequence-parallel gradients */
+    size_t sp_total;
+    double norm_sum[3];         /* dense, experts, total (host, after the reductions) */
+    size_t mem_bytes;           /* device bytes setup allocated: checked against the plan */
+    int head;                   /* the stage's last chunk holds the head and the loss */
+} lib_state;
+
+extern lib_state lib;
+
+/* stage.c */
+void lib_stage_setup(void);                  /* buffers, views, activations: the plan */
+void *lib_alloc(gpt_mem_id id, size_t copies);   /* an entry of the plan, counted */
+size_t lib_state_floats(void);               /* resume checkpoint: parameters and moments */
+void lib_state_io(float *host, int save);
+
+/* groups.c: coordinates and communicators of this rank (collective over the world). */
+void lib_groups_create(const gpt_program *prog);
+void lib_groups_print(const gpt_program *prog);   /* --show-groups */
+
+/* train.c: the tensor list, built from the roles; index of a role's tensor. */
+void lib_tensors_build(const gpt_program *prog);
+int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert);
+
+/* moe.c */
+void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float *out,
+                 double *aux);
+void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
+                 const float *x, const float *dout, float *dx);
+
+/* Errors that every rank detects alike: rank 0 reports "WHERE: error: ...", all exit. */
+void lib_fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
+void lib_fail_file(const char *path, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
+
+#endif

@@ -1,0 +1,40 @@
+# lib/lib.mk: the training library (lib/), compiled once per backend: build/libgpt_cpu.a
+# (always) and build/libgpt_cuda.a (when the CUDA backend is found). A generated program's own
+# sources (out/<dir>/*.c) link against one of them:
+#   CPU : $(MPICC) prog.o $(GPT_CPU_LIBS)      CUDA: $(MPICC) prog.o $(GPT_CUDA_LIBS)
+# The library is compiled with the generated code's flags (GEN_OPT: -O3 -march=native, no
+# -ffast-math): its CPU kernels are written for the vectoriser. Included by the top Makefile.
+
+LIB_BUILD   := build/lib
+LIB_COMMON  := model moe stage train groups safetensors rt_shim
+LIB_CFLAGS   = -std=c11 $(GEN_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
+LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
+
+GPT_CPU_LIBS  = -Lbuild -lgpt_cpu $(RT_CPU_LIBS)
+GPT_CUDA_LIBS = -Lbuild -lgpt_cuda $(RT_CUDA_LIBS)
+
+$(LIB_BUILD)/%.o: lib/%.c | $(LIB_BUILD)
+	$(E) "MPICC     $@"
+	$(Q)$(MPICC) $(LIB_CFLAGS) -c -o $@ $<
+
+$(LIB_BUILD)/kernels_cuda.o: lib/kernels_cuda.cu | $(LIB_BUILD)
+	$(E) "NVCC      $@"
+	$(Q)$(NVCC) $(RT_NVCC_FLAGS) -Ilib -MMD -MP -c -o $@ $<
+
+build/libgpt_cpu.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cpu.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIB_BUILD):
+	$(Q)mkdir -p $@
+
+ALL_TARGETS += build/libgpt_cpu.a
+
+ifeq ($(HAVE_CUDA),1)
+build/libgpt_cuda.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cuda.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+ALL_TARGETS += build/libgpt_cuda.a
+endif
+
+-include $(wildcard $(LIB_BUILD)/*.d)

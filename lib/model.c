@@ -1,0 +1,259 @@
+/*
+** model.c: the GPT-2 layer, embedding and head, forward and backward, with Megatron's tensor-
+** and sequence-parallel communication written out (docs/megatron.md §4): the column-parallel
+** input is all-gathered under SP, the row-parallel output reduce-scattered (SP) or all-reduced
+** (TP without SP). Sizes come from gpt.d; which collectives run depends only on gpt.d.tp > 1,
+** gpt.d.sp and gpt.d.moe, and the generator lists the same ones for its deadlock check (every
+** collective of a layer is within the tp group, or ep / expt-tp for experts: one stage).
+** Called by the generated stage code through gpt_embedding_fwd, gpt_layer_fwd, ...
+*/
+#include "internal.h"
+
+gpt_state gpt;
+
+/* -- Tensor-parallel regions (docs/megatron.md §4.1) ---------------------------------------- */
+
+/*
+** Input of a column-parallel layer: the whole sequence. Under sequence parallelism the rows
+** are gathered from the tp group into 'full'; otherwise every rank already has them.
+** Also the backward of a row-parallel layer's output (the conjugate of its reduction).
+*/
+static const float *gather_seq(float *full, const float *rows)
+{
+    if (!gpt.d.sp) return rows;
+    /* >>> all-gather over tp: (N_SP, C) from each rank -> (N, C) */
+    rt_allgather(rows, full, (size_t)gpt.d.n_sp * gpt.d.C, RT_F32, gpt.grp[GPT_GRP_TP]);
+    return full;
+}
+
+/*
+** Output of a row-parallel layer: partial sums (N, C) reduced over the tp group; under
+** sequence parallelism reduce-scattered to this rank's rows (N_SP, C). Also the backward of a
+** column-parallel layer's input (the "f" conjugate: identity forward, reduction backward).
+*/
+static float *reduce_seq(float *partial)
+{
+    const gpt_dims *d = &gpt.d;
+    if (d->sp) {
+        /* >>> reduce-scatter over tp: (N, C) partial sums -> this rank's (N_SP, C) */
+        rt_reduce_scatter(partial, lib.s.full_sp, (size_t)d->n_sp * d->C, RT_F32,
+                          gpt.grp[GPT_GRP_TP]);
+        return lib.s.full_sp;
+    }
+    if (d->tp > 1)   /* >>> all-reduce over tp: sum the partial products of every rank */
+        rt_allreduce(partial, (size_t)d->N * d->C, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
+    return partial;
+}
+
+/* -- Linear layers through the runtime's GEMM (row-major, weights [in, out]) ---------------- */
+
+/* out (N, OC) = inp (N, IC) . w (IC, OC) [+ bias] */
+static void matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
+                       int IC, int OC)
+{
+    rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, RT_F32);
+    if (bias) bias_fwd(out, bias, N, OC);
+}
+
+/* dinp (N, IC) = dout . w^T;  dw (IC, OC) += inp^T . dout;  dbias += column sums of dout */
+static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int IC, int OC)
+{
+    rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, RT_F32);
+    rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, RT_F32);
+    if (dbias) bias_bwd(dbias, dout, N, OC);
+}
+
+/* -- Transformer layer ---------------------------------------------------------------------- */
+
+/*
+** x (N_SP, C) -> a->res2 (N_SP, C): x + attn(ln_1(x)), then + mlp(ln_2(.)) (or the mixture of
+** experts). Saves in 'a' everything the backward needs.
+*/
+static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const float *x)
+{
+    const gpt_dims *d = &gpt.d;
+    size_t rows = (size_t)d->n_sp * d->C;
+    /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
+    layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln_1_w, p->ln_1_b, d->n_sp, d->C,
+                  d->ln_eps);
+    const float *h = gather_seq(a->ln1_full, a->ln1);
+    matmul_fwd(a->qkv, h, p->c_attn_w, p->c_attn_b, d->N, d->C, d->qkv_local);
+    attention_fwd(a->atty, a->att, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
+                  d->att_scale);
+    matmul_fwd(lib.s.full, a->atty, p->attn_proj_w, NULL, d->N, d->c_local, d->C);
+    float *proj = reduce_seq(lib.s.full);
+    bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C);          /* row-parallel bias: after the sum */
+    add_fwd(a->res1, x, proj, rows);
+
+    layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, p->ln_2_w, p->ln_2_b, d->n_sp,
+                  d->C, d->ln_eps);
+    if (d->moe) {
+        /* mixture of experts: res2 = res1 + moe(ln_2(res1)), on this rank's tokens */
+        lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &gpt.moe_aux);
+        add_fwd(a->res2, a->res1, lib.s.full_sp, rows);
+        return;
+    }
+    /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
+    h = gather_seq(a->ln2_full, a->ln2);
+    matmul_fwd(a->fc, h, p->c_fc_w, p->c_fc_b, d->N, d->C, d->ff_local);
+    gelu_fwd(a->gelu, a->fc, (size_t)d->N * d->ff_local);
+    matmul_fwd(lib.s.full, a->gelu, p->mlp_proj_w, NULL, d->N, d->ff_local, d->C);
+    proj = reduce_seq(lib.s.full);
+    bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C);
+    add_fwd(a->res2, a->res1, proj, rows);
+}
+
+/*
+** Backward of layer_fwd. dres (N_SP, C) holds d(res2) on entry and d(x) on return (each
+** branch adds its input gradient to the residual stream). Gradients accumulate into g.
+*/
+static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_layer_acts *a,
+                      const float *x, float *dres)
+{
+    const gpt_dims *d = &gpt.d;
+    const float *dd;
+    if (d->moe) {
+        /* mixture-of-experts branch */
+        lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
+        layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, lib.s.full_sp, a->res1, p->ln_2_w,
+                      a->ln2_mean, a->ln2_rstd, d->n_sp, d->C);
+    } else {
+        /* MLP branch */
+        bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C);
+        dd = gather_seq(lib.s.full, dres);
+        matmul_bwd(lib.s.dfc, g->mlp_proj_w, NULL, dd, a->gelu, p->mlp_proj_w, d->N,
+                   d->ff_local, d->C);
+        gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local);
+        matmul_bwd(lib.s.full, g->c_fc_w, g->c_fc_b, lib.s.dfc, a->ln2_full, p->c_fc_w, d->N,
+                   d->C, d->ff_local);
+        dd = reduce_seq(lib.s.full);
+        layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, dd, a->res1, p->ln_2_w, a->ln2_mean,
+                      a->ln2_rstd, d->n_sp, d->C);
+    }
+
+    /* attention branch */
+    bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C);
+    dd = gather_seq(lib.s.full, dres);
+    matmul_bwd(lib.s.datty, g->attn_proj_w, NULL, dd, a->atty, p->attn_proj_w, d->N,
+               d->c_local, d->C);
+    attention_bwd(lib.s.dqkv, lib.s.datt, lib.s.datty, a->att, a->qkv, d->B, d->T,
+                  d->heads_local, d->head_dim, d->att_scale);
+    matmul_bwd(lib.s.full, g->c_attn_w, g->c_attn_b, lib.s.dqkv, a->ln1_full, p->c_attn_w,
+               d->N, d->C, d->qkv_local);
+    dd = reduce_seq(lib.s.full);
+    layernorm_bwd(dres, g->ln_1_w, g->ln_1_b, dd, x, p->ln_1_w, a->ln1_mean, a->ln1_rstd,
+                  d->n_sp, d->C);
+}
+
+/* -- Embedding (first stage, chunk 0) ------------------------------------------------------- */
+
+/*
+** out (N_SP, C) = wte[tok] + wpe[t]. The vocabulary-parallel lookup gives zero rows for tokens
+** other ranks own; the all-reduce over tp completes every row (docs/megatron.md §4.4).
+*/
+static void embedding_fwd(const lib_embed *p, float *out, const int *tok)
+{
+    const gpt_dims *d = &gpt.d;
+    float *full = d->sp ? lib.s.full : out;
+    embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local);
+    if (d->tp > 1)   /* >>> all-reduce over tp: each rank looked up its vocabulary's tokens */
+        rt_allreduce(full, (size_t)d->N * d->C, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
+    pos_fwd(full, p->wpe, d->T, d->B, d->C, 0);
+    if (d->sp)   /* scatter to the sequence-parallel region: keep this rank's rows */
+        rt_memcpy(out, full + (size_t)gpt.tp_rank * d->n_sp * d->C,
+                  (size_t)d->n_sp * d->C * sizeof(float), RT_D2D);
+}
+
+/* Backward of embedding_fwd for dout (N_SP, C); accumulates into g. */
+static void embedding_bwd(lib_embed *g, const float *dout, const int *tok)
+{
+    const gpt_dims *d = &gpt.d;
+    const float *dd = gather_seq(lib.s.full, dout);
+    embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local);
+    pos_bwd(g->wpe, dd, d->T, d->B, d->C, 0);
+}
+
+/* -- Head and loss (last stage, last chunk) -------------------------------------------------- */
+
+/*
+** ln_f, logits = h . wte^T over this rank's vocabulary columns, vocabulary-parallel
+** cross-entropy (docs/megatron.md §4.5) and, fused, its backward: dx (N_SP, C) receives
+** d(loss)/d(x) for the micro-batch's share 1/(N*NMB) of the step's mean loss; the head's
+** gradients accumulate into g. *loss_sum (device) gets the sum of the N token losses.
+*/
+static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const float *x,
+                         const int *targets, float *loss_sum, float *dx)
+{
+    const gpt_dims *d = &gpt.d;
+    int N = d->N, C = d->C, Vl = d->v_local;
+    float *mx = lib.s.ce, *sums = lib.s.ce + N, *loss = lib.s.ce + 3 * (size_t)N;
+    layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->ln_f_w, p->ln_f_b, d->n_sp, C,
+                  d->ln_eps);
+    const float *h = gather_seq(lib.s.full, a->lnf);
+    rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, RT_F32);
+    ce_rowmax(mx, lib.s.logits, N, Vl, gpt.vocab_valid);
+    if (d->tp > 1)   /* >>> all-reduce MAX over tp: the row maxima over the whole vocabulary */
+        rt_allreduce(mx, (size_t)N, RT_F32, RT_MAX, gpt.grp[GPT_GRP_TP]);
+    ce_sums(sums, lib.s.logits, mx, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start);
+    if (d->tp > 1)   /* >>> all-reduce SUM over tp: [sum of exp | target logit] (its owner's) */
+        rt_allreduce(sums, 2 * (size_t)N, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
+    ce_loss(loss, sums, mx, N);
+    sum_rows(loss_sum, loss, N);
+
+    /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication (§4.5) */
+    ce_bwd(lib.s.logits, mx, sums, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, d->dloss);
+    rt_gemm(1, 0, Vl, C, N, 1.0f, lib.s.logits, Vl, 0, h, C, 0, 1.0f, g->wte, C, 0, 1, RT_F32);
+    rt_gemm(0, 0, N, C, Vl, 1.0f, lib.s.logits, Vl, 0, p->wte, C, 0, 0.0f, lib.s.full, C, 0, 1,
+            RT_F32);
+    const float *dh = reduce_seq(lib.s.full);
+    rt_memset0(dx, (size_t)d->n_sp * C * sizeof(float));
+    layernorm_bwd(dx, g->ln_f_w, g->ln_f_b, dh, x, p->ln_f_w, a->lnf_mean, a->lnf_rstd,
+                  d->n_sp, C);
+}
+
+/* -- What the generated chunks call ----------------------------------------------------------- */
+
+void gpt_embedding_fwd(int chunk, int mb, int slot)
+{
+    gpt_chunk_acts *a = &gpt.chunk[chunk].acts[slot];
+    size_t N = (size_t)gpt.d.N;
+    rt_memcpy(a->tokens, gpt.in->inputs + (size_t)mb * N, N * sizeof(int), RT_H2D);
+    embedding_fwd(&lib.embed_p, a->x, a->tokens);
+}
+
+void gpt_embedding_bwd(int chunk, int slot)
+{
+    gpt_chunk_acts *a = &gpt.chunk[chunk].acts[slot];
+    embedding_bwd(&lib.embed_g, a->dy, a->tokens);
+}
+
+void gpt_layer_fwd(int chunk, int j, int slot)
+{
+    gpt_chunk *c = &gpt.chunk[chunk];
+    gpt_chunk_acts *a = &c->acts[slot];
+    layer_fwd(&c->params[j], &a->layer[j], j == 0 ? a->x : a->layer[j - 1].res2);
+}
+
+void gpt_layer_bwd(int chunk, int j, int slot)
+{
+    gpt_chunk *c = &gpt.chunk[chunk];
+    gpt_chunk_acts *a = &c->acts[slot];
+    layer_bwd(&c->params[j], &c->grads[j], &a->layer[j], j == 0 ? a->x : a->layer[j - 1].res2,
+              a->dy);
+}
+
+void gpt_head_fwd_bwd(int chunk, int mb, int slot)
+{
+    size_t N = (size_t)gpt.d.N;
+    gpt_chunk_acts *a = &gpt.chunk[chunk].acts[slot];
+    rt_memcpy(lib.s.targets, gpt.in->targets + (size_t)mb * N, N * sizeof(int), RT_H2D);
+    head_fwd_bwd(&lib.head_p, &lib.head_g, &lib.head_a, gpt_chunk_output(chunk, slot),
+                 lib.s.targets, lib.loss_dev + mb, a->dy);
+}
+
+float *gpt_chunk_output(int chunk, int slot)
+{
+    int last = gpt.stage->chunks[chunk].layers - 1;
+    return gpt.chunk[chunk].acts[slot].layer[last].res2;
+}

@@ -1,0 +1,368 @@
+/*
+** moe.c: the mixture-of-experts block, forward and backward (docs/megatron.md §8; the exact
+** semantics are in tests/ref/README.md "Mixture of experts"), with expert parallelism: tokens
+** travel to the experts' EP ranks with an all-to-all (per-peer counts) and back; with ETP > 1
+** every expert's MLP is column/row split over the expert-TP group, which all-gathers the tokens
+** first and reduce-scatters the outputs. Which collectives run depends only on gpt.d (TP, EP,
+** ETP > 1); the generator lists the same ones. Called by model.c's layer.
+*/
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MS lib.ms
+
+static int *hialloc(size_t n)
+{
+    int *p = calloc(n ? n : 1, sizeof(int));
+    RT_CHECK(p, "out of memory");
+    return p;
+}
+
+/* -- Row movements between the ranks ---------------------------------------------------------- */
+
+/* Element counts and displacements of 'n' blocks of rows[i] rows of width w. */
+static void layout(size_t *cnt, size_t *dsp, const int *rows, int n, int w)
+{
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        cnt[i] = (size_t)rows[i] * w;
+        dsp[i] = at;
+        at += cnt[i];
+    }
+}
+
+/* All-to-all over the EP group: sendrows[q] rows of width w to peer q, recvrows[q] from it. */
+static void ep_exchange(const float *send, const int *sendrows, float *recv, const int *recvrows,
+                        int w)
+{
+    int EP = gpt.d.ep;
+    size_t sc[EP], sd[EP], rc[EP], rd[EP];
+    layout(sc, sd, sendrows, EP, w);
+    layout(rc, rd, recvrows, EP, w);
+    rt_alltoallv(send, sc, sd, recv, rc, rd, RT_F32, gpt.grp[GPT_GRP_EP]);
+}
+
+/* All-gather over the expert-TP group of 'mine' rows of width w (member m holds rows[m]). */
+static void etp_gather(const float *send, int mine, float *recv, const int *rows, int w)
+{
+    int ETP = gpt.d.etp;
+    size_t sc[ETP], sd[ETP], rc[ETP], rd[ETP];
+    for (int m = 0; m < ETP; m++) {
+        sc[m] = (size_t)mine * w;
+        sd[m] = 0;
+    }
+    layout(rc, rd, rows, ETP, w);
+    rt_alltoallv(send, sc, sd, recv, rc, rd, RT_F32, gpt.grp[GPT_GRP_ETP]);
+}
+
+/* Reduce-scatter over the expert-TP group: send member m its rows (rows[m], member-major in
+** 'send'), sum the ETP partial blocks of this rank's rows into 'out'. 'tmp' holds ETP blocks. */
+static void etp_reduce(const float *send, const int *rows, float *tmp, float *out, int w)
+{
+    int ETP = gpt.d.etp;
+    size_t sc[ETP], sd[ETP], rc[ETP], rd[ETP];
+    int mine = rows[gpt.etp_rank], each[ETP];
+    layout(sc, sd, rows, ETP, w);
+    for (int m = 0; m < ETP; m++) each[m] = mine;
+    layout(rc, rd, each, ETP, w);
+    rt_alltoallv(send, sc, sd, tmp, rc, rd, RT_F32, gpt.grp[GPT_GRP_ETP]);
+    sum_blocks(out, tmp, ETP, (size_t)mine * w);
+}
+
+/* -- Forward ---------------------------------------------------------------------------------- */
+
+/*
+** out (N_SP, C) = the MoE block of x (N_SP, C): router, top-k, dispatch, experts, combine.
+** Saves in 'a' what the backward needs. Adds this rank's share of the layer's aux loss to
+** *aux (host).
+*/
+void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float *out,
+                 double *aux)
+{
+    const gpt_dims *d = &gpt.d;
+    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep, ETP = d->etp;
+    const int NL = d->experts_local, EFF = d->eff_local, TP = gpt.prog->tp;
+
+    /* router: logits = x . router_w^T, then top-k and probabilities (ties: lower expert) */
+    rt_gemm(0, 1, NSP, E, C, 1.0f, x, C, 0, p->router_w, C, 0, 0.0f, MS.logits, E, 0, 1,
+            RT_F32);
+    moe_route(a->sel, a->prob, a->scores, MS.logits, NSP, E, K, d->pre_softmax);
+    rt_memcpy(a->sel_h, a->sel, (size_t)NSP * K * sizeof(int), RT_D2H);
+
+    /* tokens per expert over the micro-batch (before dropping), and, for the capacity, those
+    ** of the earlier sequence shards */
+    int local[E], total[E], before[E];
+    memset(local, 0, sizeof local);
+    memset(before, 0, sizeof before);
+    for (int i = 0; i < NSP * K; i++) local[a->sel_h[i]]++;
+    if (d->tp > 1) {
+        /* >>> all-gather over tp: every sequence shard's counts (docs/megatron.md §8.1) */
+        int all[TP * E];
+        rt_memcpy(MS.counts, local, sizeof local, RT_H2D);
+        rt_allgather(MS.counts, MS.counts + E, (size_t)E, RT_I32, gpt.grp[GPT_GRP_TP]);
+        rt_memcpy(all, MS.counts + E, sizeof all, RT_D2H);
+        for (int e = 0; e < E; e++) {
+            total[e] = 0;
+            for (int t = 0; t < TP; t++) {
+                if (t < gpt.tp_rank) before[e] += all[t * E + e];
+                total[e] += all[t * E + e];
+            }
+        }
+    } else {
+        memcpy(total, local, sizeof total);
+    }
+
+    /* aux loss: AUX_SCALE * sum_e (sum over the tokens of score[e]) * total[e]; its gradient
+    ** with respect to score[n, e] is AUX_SCALE * total[e], times 1/NMB (the objective's share) */
+    float g[E], colsum[E];
+    rt_memset0(MS.colsum, (size_t)E * sizeof(float));
+    bias_bwd(MS.colsum, a->scores, NSP, E);
+    rt_memcpy(colsum, MS.colsum, sizeof colsum, RT_D2H);
+    double layer_aux = 0.0;
+    for (int e = 0; e < E; e++) {
+        layer_aux += (double)d->aux_scale * colsum[e] * total[e];
+        g[e] = d->aux_scale * (float)total[e] * d->aux_grad;
+    }
+    *aux += layer_aux;
+    rt_memcpy(a->auxg, g, sizeof g, RT_H2D);
+
+    /* dispatch order: the kept assignments, expert-major, tokens in row order; an expert keeps
+    ** at most CAPACITY of the micro-batch's assignments, the earliest tokens first */
+    int seen[E], sendmat[EP * NL];
+    memset(seen, 0, sizeof seen);
+    memset(sendmat, 0, sizeof sendmat);
+    int *send_tok = hialloc((size_t)d->moe_send_max), *send_pidx = hialloc((size_t)d->moe_send_max);
+    int nsend = 0;
+    for (int e = 0; e < E; e++)
+        for (int n = 0; n < NSP; n++)
+            for (int j = 0; j < K; j++) {
+                int i = n * K + j;
+                if (a->sel_h[i] != e) continue;
+                if (before[e] + seen[e]++ >= d->capacity) {   /* beyond the capacity */
+                    a->pos_h[i] = -1;
+                    continue;
+                }
+                a->pos_h[i] = nsend;
+                send_tok[nsend] = n;
+                send_pidx[nsend] = i;
+                sendmat[e]++;                  /* [peer][local expert] = expert index */
+                nsend++;
+            }
+    a->nsend = nsend;
+    rt_memcpy(a->pos, a->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
+    rt_memcpy(a->send_tok, send_tok, (size_t)nsend * sizeof(int), RT_H2D);
+    rt_memcpy(MS.pidx, send_pidx, (size_t)nsend * sizeof(int), RT_H2D);
+    gather_rows(MS.xs, x, a->send_tok, nsend, C);
+    gather_rows(MS.ps, a->prob, MS.pidx, nsend, 1);
+    free(send_tok);
+    free(send_pidx);
+    for (int q = 0; q < EP; q++) {
+        a->sendrows[q] = 0;
+        for (int l = 0; l < NL; l++) a->sendrows[q] += sendmat[q * NL + l];
+    }
+
+    int recvmat_own[EP * NL];
+    int *recvmat = sendmat;                     /* one EP rank: every expert is here */
+    if (d->ep > 1) {
+        /* >>> all-to-all over ep: counts per (peer, local expert), then the rows and probs */
+        int each[EP];
+        size_t c[EP], dd[EP];
+        for (int q = 0; q < EP; q++) each[q] = NL;
+        layout(c, dd, each, EP, 1);
+        rt_memcpy(MS.counts, sendmat, sizeof sendmat, RT_H2D);
+        rt_alltoallv(MS.counts, c, dd, MS.counts + EP * NL, c, dd, RT_I32, gpt.grp[GPT_GRP_EP]);
+        rt_memcpy(recvmat_own, MS.counts + EP * NL, sizeof recvmat_own, RT_D2H);
+        recvmat = recvmat_own;
+        for (int q = 0; q < EP; q++) {
+            a->recvrows[q] = 0;
+            for (int l = 0; l < NL; l++) a->recvrows[q] += recvmat[q * NL + l];
+        }
+        ep_exchange(MS.xs, a->sendrows, MS.xr, a->recvrows, C);
+        ep_exchange(MS.ps, a->sendrows, MS.pr, a->recvrows, 1);
+    } else {
+        a->recvrows[0] = nsend;
+    }
+    int nrecv = 0;
+    for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
+
+    const float *xg, *pg;
+    int gmat_own[ETP * EP * NL];
+    const int *gmat = recvmat;
+    if (d->etp > 1) {
+        /* >>> all-gather over expt-tp: every member's received rows (each computes its slice
+        **     of every expert for all of them) */
+        rt_memcpy(MS.counts, recvmat, (size_t)EP * NL * sizeof(int), RT_H2D);
+        rt_allgather(MS.counts, MS.counts + EP * NL, (size_t)EP * NL, RT_I32,
+                     gpt.grp[GPT_GRP_ETP]);
+        rt_memcpy(gmat_own, MS.counts + EP * NL, sizeof gmat_own, RT_D2H);
+        gmat = gmat_own;
+        for (int m = 0; m < ETP; m++) {
+            a->memrows[m] = 0;
+            for (int i = 0; i < EP * NL; i++) a->memrows[m] += gmat[m * EP * NL + i];
+        }
+        etp_gather(d->ep > 1 ? MS.xr : MS.xs, nrecv, MS.xg, a->memrows, C);
+        etp_gather(d->ep > 1 ? MS.pr : MS.ps, nrecv, MS.pg, a->memrows, 1);
+        xg = MS.xg;
+        pg = MS.pg;
+    } else {
+        a->memrows[0] = nrecv;
+        xg = d->ep > 1 ? MS.xr : MS.xs;
+        pg = d->ep > 1 ? MS.pr : MS.ps;
+    }
+
+    /* expert-major order: local expert, then member, then source peer */
+    int *order = hialloc((size_t)d->moe_rows_max), *unorder = hialloc((size_t)d->moe_rows_max);
+    int block_at[ETP * EP * NL], at = 0, nrows = 0;
+    for (int b = 0; b < ETP * EP * NL; b++) {
+        block_at[b] = at;
+        at += gmat[b];
+    }
+    for (int l = 0; l < NL; l++) {
+        a->erows[l] = 0;
+        for (int m = 0; m < ETP; m++)
+            for (int q = 0; q < EP; q++) {
+                int b = (m * EP + q) * NL + l;
+                for (int r = 0; r < gmat[b]; r++) {
+                    order[nrows] = block_at[b] + r;
+                    unorder[block_at[b] + r] = nrows;
+                    nrows++;
+                }
+                a->erows[l] += gmat[b];
+            }
+    }
+    a->nrows = nrows;
+    rt_memcpy(a->order, order, (size_t)nrows * sizeof(int), RT_H2D);
+    rt_memcpy(a->unorder, unorder, (size_t)nrows * sizeof(int), RT_H2D);
+    free(order);
+    free(unorder);
+    gather_rows(a->xe, xg, a->order, nrows, C);
+    gather_rows(a->pe, pg, a->order, nrows, 1);
+
+    /* the experts: y = (prob * gelu(x . c_fc + b_fc)) . c_proj + prob * b_proj */
+    for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
+        int r = a->erows[l];
+        if (r == 0) continue;
+        float *fc = a->fc + (size_t)off * EFF, *h = a->h + (size_t)off * EFF;
+        float *act = MS.act + (size_t)off * EFF, *y = MS.ye + (size_t)off * C;
+        rt_gemm(0, 0, r, EFF, C, 1.0f, a->xe + (size_t)off * C, C, 0, p->fc_w[l], EFF, 0, 0.0f,
+                fc, EFF, 0, 1, RT_F32);
+        if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF);
+        gelu_fwd(h, fc, (size_t)r * EFF);
+        rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
+        row_scale(act, a->pe + off, r, EFF);
+        rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], C, 0, 0.0f, y, C, 0, 1,
+                RT_F32);
+        if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C);
+    }
+
+    /* back: member-major rows, the sum over expt-tp, the way they came over ep, then the sum
+    ** of each token's expert outputs */
+    gather_rows(MS.yg, MS.ye, a->unorder, nrows, C);
+    const float *yr = MS.yg;
+    if (d->etp > 1) {
+        /* >>> reduce-scatter over expt-tp: each member's rows get every member's partials */
+        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C);
+        yr = MS.yr;
+    }
+    if (d->ep > 1) {
+        /* >>> all-to-all over ep: the outputs back to the tokens' ranks */
+        ep_exchange(yr, a->recvrows, MS.ys, a->sendrows, C);
+        combine_rows(out, MS.ys, a->pos, NSP, K, C);
+    } else {
+        combine_rows(out, yr, a->pos, NSP, K, C);
+    }
+}
+
+/* -- Backward --------------------------------------------------------------------------------- */
+
+/*
+** dx (N_SP, C) = d(loss)/d(x) of lib_moe_fwd's input for dout = d(loss)/d(out); expert and
+** router gradients accumulate into g.
+*/
+void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
+                 const float *x, const float *dout, float *dx)
+{
+    const gpt_dims *d = &gpt.d;
+    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep;
+    const int NL = d->experts_local, EFF = d->eff_local;
+    int nsend = a->nsend, nrows = a->nrows, nrecv = 0;
+    for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
+
+    /* every kept assignment's output gradient is its token's, sent the way the token went */
+    gather_rows(MS.ys, dout, a->send_tok, nsend, C);
+    const float *dyr = MS.ys;
+    if (d->ep > 1) {
+        /* >>> all-to-all over ep */
+        ep_exchange(MS.ys, a->sendrows, MS.yr, a->recvrows, C);
+        dyr = MS.yr;
+    }
+    const float *dyg = dyr;
+    if (d->etp > 1) {
+        /* >>> all-gather over expt-tp (the backward of the forward's reduce-scatter) */
+        etp_gather(dyr, nrecv, MS.yg, a->memrows, C);
+        dyg = MS.yg;
+    }
+    gather_rows(MS.ye, dyg, a->order, nrows, C);
+
+    for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
+        int r = a->erows[l];
+        if (r == 0) continue;
+        const float *fc = a->fc + (size_t)off * EFF;
+        const float *h = a->h + (size_t)off * EFF, *pe = a->pe + off;
+        const float *xe = a->xe + (size_t)off * C, *dy = MS.ye + (size_t)off * C;
+        float *act = MS.act + (size_t)off * EFF, *dpe = MS.dpe + off;
+        float *dxe = MS.xg + (size_t)off * C;
+        /* y = act . c_proj (+ prob * b_proj), act = prob * h */
+        rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
+        row_scale(act, pe, r, EFF);
+        rt_gemm(1, 0, EFF, C, r, 1.0f, act, EFF, 0, dy, C, 0, 1.0f, g->proj_w[l], C, 0, 1,
+                RT_F32);
+        rt_gemm(0, 1, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], C, 0, 0.0f, act, EFF, 0, 1,
+                RT_F32);                                                  /* act := d(act) */
+        row_dot(dpe, act, h, r, EFF);                                     /* d(prob), partial */
+        if (d->bias) {
+            scaled_bias_bwd(g->proj_b[l], pe, dy, r, C);
+            rt_gemm(0, 0, r, 1, C, 1.0f, dy, C, 0, p->proj_b[l], 1, 0, 1.0f, dpe, 1, 0, 1,
+                    RT_F32);                                              /* + dy . b_proj */
+        }
+        row_scale(act, pe, r, EFF);                                       /* d(h) */
+        gelu_bwd(act, fc, act, (size_t)r * EFF);                          /* d(fc) */
+        if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF);
+        rt_gemm(1, 0, C, EFF, r, 1.0f, xe, C, 0, act, EFF, 0, 1.0f, g->fc_w[l], EFF, 0, 1,
+                RT_F32);
+        rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->fc_w[l], EFF, 0, 0.0f, dxe, C, 0, 1,
+                RT_F32);                                                  /* d(x), partial */
+    }
+
+    /* back to member-major order, summed over expt-tp, over ep to the tokens' ranks */
+    gather_rows(MS.yg, MS.xg, a->unorder, nrows, C);
+    gather_rows(MS.dpg, MS.dpe, a->unorder, nrows, 1);
+    const float *dxr = MS.yg, *dpr = MS.dpg;
+    if (d->etp > 1) {
+        /* >>> reduce-scatter over expt-tp: d(x) and d(prob) partials of every member's rows */
+        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C);
+        etp_reduce(MS.dpg, a->memrows, MS.dpe, MS.dpr, 1);
+        dxr = MS.yr;
+        dpr = MS.dpr;
+    }
+    const float *dxs = dxr, *dps = dpr;
+    if (d->ep > 1) {
+        /* >>> all-to-all over ep */
+        ep_exchange(dxr, a->recvrows, MS.ys, a->sendrows, C);
+        ep_exchange(dpr, a->recvrows, MS.dps, a->sendrows, 1);
+        dxs = MS.ys;
+        dps = MS.dps;
+    }
+    combine_rows(dx, dxs, a->pos, NSP, K, C);
+    gather_rows(MS.dprob, dps, a->pos, NSP * K, 1);                      /* dropped: 0 */
+
+    /* router: through the top-k softmax and the aux loss, then logits = x . router_w^T */
+    moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->sel, a->auxg, NSP, E, K,
+                  d->pre_softmax);
+    rt_gemm(1, 0, E, C, NSP, 1.0f, MS.dlogits, E, 0, x, C, 0, 1.0f, g->router_w, C, 0, 1,
+            RT_F32);
+    rt_gemm(0, 0, NSP, C, E, 1.0f, MS.dlogits, E, 0, p->router_w, C, 0, 1.0f, dx, C, 0, 1,
+            RT_F32);
+}

@@ -1,0 +1,91 @@
+/*
+** safetensors.h: reading and writing safetensors files, the one implementation the training
+** library and the tools (tools/stcompare) share. A file is an 8-byte little-endian header
+** length, a JSON header {"name": {"dtype": "F32", "shape": [r, c], "data_offsets": [b, e]},
+** ..., "__metadata__": {...}} padded with spaces, then the data; offsets are relative to the
+** data. This module parses and writes headers and converts elements; it knows nothing about
+** models (which tensors a file must hold is the caller's business).
+*/
+#ifndef GPT_SAFETENSORS_H
+#define GPT_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ORDER ST_DTYPE: name as written in headers, bytes per element. */
+#define ST_DTYPES(_) \
+    _(F64, 8) _(F32, 4) _(F16, 2) _(BF16, 2) \
+    _(I64, 8) _(I32, 4) _(I16, 2) _(I8, 1) _(U64, 8) _(U32, 4) _(U16, 2) _(U8, 1) _(BOOL, 1)
+
+typedef enum {
+#define ST_DT_ENUM(name, size) ST_##name,
+    ST_DTYPES(ST_DT_ENUM)
+#undef ST_DT_ENUM
+    ST_UNKNOWN              /* a dtype name this module does not know (kept in dtype_name) */
+} st_dtype;
+
+#define ST_MAX_DIMS   8
+#define ST_NAME_MAX   256
+#define ST_HEADER_MAX (1ll << 30)   /* larger headers are refused (a corrupt length) */
+
+typedef struct {
+    char      name[ST_NAME_MAX];    /* longer names are cut (and then match nothing) */
+    st_dtype  dtype;
+    char      dtype_name[16];       /* as written, for messages */
+    int       ndim;                 /* ST_MAX_DIMS + 1: more dimensions than kept */
+    long long shape[ST_MAX_DIMS];
+    long long begin, end;           /* data_offsets as written (-1: absent) */
+} st_tensor;
+
+typedef struct {
+    int        fd;
+    long long  size;                /* bytes in the file */
+    long long  data;                /* absolute offset of the data: 8 + header length */
+    int        n;                   /* tensors, in header order, duplicates kept */
+    st_tensor *t;
+} st_file;
+
+/*
+** Open 'path' and parse its header into f (the file stays open for st_read_*). Returns 0, or
+** -1 with a message in err[cap] that does not name the path: "cannot open: No such file",
+** "not a safetensors file (...)", "malformed safetensors header (expected ':', at byte 12 of
+** the JSON)". Tensors whose entries are well-formed JSON are kept whatever their values (the
+** caller checks dtypes, shapes and offsets against what it needs); "__metadata__" is skipped.
+*/
+int  st_open(st_file *f, const char *path, char *err, size_t cap);
+void st_close(st_file *f);                       /* closes the file, frees the list */
+
+const st_tensor *st_find(const st_file *f, const char *name);  /* first of that name, or NULL */
+int         st_dtype_size(st_dtype t);                          /* 0 for ST_UNKNOWN */
+const char *st_dtype_text(st_dtype t);
+long long   st_numel(const st_tensor *t);                       /* product of the shape */
+/* Whether t's data_offsets span exactly its elements and lie inside the file. */
+int         st_extent_ok(const st_file *f, const st_tensor *t);
+
+/*
+** Read elements [first, first + n) of t (row-major) converted to f32: F32 exactly, BF16
+** exactly, F16 exactly (subnormals, inf and NaN kept). Other dtypes: returns -1 with errno
+** EINVAL. Returns 0, or -1 with errno set by the failed read (EIO on a short read).
+*/
+int st_read_f32(const st_file *f, const st_tensor *t, long long first, long long n, float *out);
+
+/* Element i of little-endian data of dtype t, as a double (any dtype but ST_UNKNOWN). */
+double st_value(const unsigned char *data, st_dtype t, size_t i);
+float  st_half_to_f32(uint16_t h);
+
+/*
+** The header of a file holding 'n' tensors laid out one after another in the order given
+** (their begin/end are set here; dtype and shape are read). Returns a malloc'd buffer of
+** *len bytes: the 8-byte length, the JSON with {"__metadata__": {"format": "pt"}} first, and
+** the space padding that makes the data start at a multiple of 8. NULL when out of memory.
+*/
+unsigned char *st_header(st_tensor *t, int n, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,567 @@
+/*
+** stage.c: the stage machinery every generated stage shares, driven by its tables (gpt_stage):
+** setup (the parameter buffers, the parameter and gradient views, the activation slots and
+** scratch, each sized by the generator's memory plan, whose total is checked), and the pieces
+** of a training step that follow the schedule: gradient reductions (docs/megatron.md §5.6),
+** the gradient norm (§6), clipping, AdamW on the whole buffer or on this rank's shard of the
+** distributed optimizer (§5.4), the parameter all-gather, the loss. The generated step calls
+** them in its order, each naming its one collective. Also the resume checkpoint's state.
+*/
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+lib_state lib;
+
+/* -- Memory: the generator's plan ------------------------------------------------------------ */
+
+static const char *const mem_names[GPT_NMEMS] = {
+#define GPT_MEM_NAME(id) #id,
+    GPT_MEMS(GPT_MEM_NAME)
+#undef GPT_MEM_NAME
+};
+
+static void *counted(size_t bytes)
+{
+    lib.mem_bytes += bytes;
+    return rt_malloc(bytes);
+}
+
+/*
+** One instance of plan entry 'id': a new zero-filled allocation of its elements (4 bytes
+** each), NULL when the plan says none, or 'alias' (the entry it shares) when it says so.
+*/
+static void *mem(gpt_mem_id id, void *alias)
+{
+    const gpt_mem *m = &gpt.stage->mem[id];
+    switch (m->how) {
+    case GPT_MEM_ALLOC: return counted(m->elems * 4);
+    case GPT_MEM_ALIAS:
+        RT_CHECK(alias, "memory plan: %s aliases a buffer this stage lacks (a generator bug)",
+                 mem_names[id]);
+        return alias;
+    case GPT_MEM_NONE: return NULL;
+    default: RT_CHECK(0, "memory plan: %s has no valid kind (a generator bug)", mem_names[id]);
+    }
+    return NULL;
+}
+
+static int *host_ints(int n)
+{
+    int *p = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    RT_CHECK(p, "out of memory");
+    return p;
+}
+
+static void layer_acts_alloc(gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    a->ln1 = mem(GPT_M_L_LN1, NULL);
+    a->ln1_mean = mem(GPT_M_L_LN1_MEAN, NULL);
+    a->ln1_rstd = mem(GPT_M_L_LN1_RSTD, NULL);
+    a->ln1_full = mem(GPT_M_L_LN1_FULL, a->ln1);
+    a->qkv = mem(GPT_M_L_QKV, NULL);
+    a->att = mem(GPT_M_L_ATT, NULL);
+    a->atty = mem(GPT_M_L_ATTY, NULL);
+    a->res1 = mem(GPT_M_L_RES1, NULL);
+    a->ln2 = mem(GPT_M_L_LN2, NULL);
+    a->ln2_mean = mem(GPT_M_L_LN2_MEAN, NULL);
+    a->ln2_rstd = mem(GPT_M_L_LN2_RSTD, NULL);
+    a->ln2_full = mem(GPT_M_L_LN2_FULL, a->ln2);
+    a->fc = mem(GPT_M_L_FC, NULL);
+    a->gelu = mem(GPT_M_L_GELU, NULL);
+    a->res2 = mem(GPT_M_L_RES2, NULL);
+    gpt_moe_acts *m = &a->moe;
+    m->scores = mem(GPT_M_ML_SCORES, NULL);
+    m->prob = mem(GPT_M_ML_PROB, NULL);
+    m->sel = mem(GPT_M_ML_SEL, NULL);
+    m->pos = mem(GPT_M_ML_POS, NULL);
+    m->send_tok = mem(GPT_M_ML_SEND_TOK, NULL);
+    m->order = mem(GPT_M_ML_ORDER, NULL);
+    m->unorder = mem(GPT_M_ML_UNORDER, NULL);
+    m->xe = mem(GPT_M_ML_XE, NULL);
+    m->pe = mem(GPT_M_ML_PE, NULL);
+    m->fc = mem(GPT_M_ML_FC, NULL);
+    m->h = mem(GPT_M_ML_H, NULL);
+    m->auxg = mem(GPT_M_ML_AUXG, NULL);
+    if (d->moe) {                            /* host side of the routing */
+        m->sel_h = host_ints(d->n_sp * d->topk);
+        m->pos_h = host_ints(d->n_sp * d->topk);
+        m->sendrows = host_ints(d->ep);
+        m->recvrows = host_ints(d->ep);
+        m->memrows = host_ints(d->etp);
+        m->erows = host_ints(d->experts_local);
+    }
+}
+
+static void scratch_alloc(void)
+{
+    lib_scratch *s = &lib.s;
+    s->full = mem(GPT_M_S_FULL, NULL);
+    s->full_sp = mem(GPT_M_S_FULL_SP, s->full);
+    s->dqkv = mem(GPT_M_S_DQKV, NULL);
+    s->datty = mem(GPT_M_S_DATTY, NULL);
+    s->datt = mem(GPT_M_S_DATT, NULL);
+    s->dfc = mem(GPT_M_S_DFC, NULL);
+    s->logits = mem(GPT_M_S_LOGITS, NULL);
+    s->ce = mem(GPT_M_S_CE, NULL);
+    s->targets = mem(GPT_M_S_TARGETS, NULL);
+    lib_moe_scratch *ms = &lib.ms;
+    ms->logits = mem(GPT_M_MS_LOGITS, NULL);
+    ms->xs = mem(GPT_M_MS_XS, NULL);
+    ms->ps = mem(GPT_M_MS_PS, NULL);
+    ms->xr = mem(GPT_M_MS_XR, NULL);
+    ms->pr = mem(GPT_M_MS_PR, NULL);
+    ms->xg = mem(GPT_M_MS_XG, NULL);
+    ms->pg = mem(GPT_M_MS_PG, NULL);
+    ms->act = mem(GPT_M_MS_ACT, NULL);
+    ms->ye = mem(GPT_M_MS_YE, NULL);
+    ms->yg = mem(GPT_M_MS_YG, NULL);
+    ms->yr = mem(GPT_M_MS_YR, NULL);
+    ms->ys = mem(GPT_M_MS_YS, NULL);
+    ms->dpe = mem(GPT_M_MS_DPE, NULL);
+    ms->dpg = mem(GPT_M_MS_DPG, NULL);
+    ms->dpr = mem(GPT_M_MS_DPR, NULL);
+    ms->dps = mem(GPT_M_MS_DPS, NULL);
+    ms->dprob = mem(GPT_M_MS_DPROB, NULL);
+    ms->dlogits = mem(GPT_M_MS_DLOGITS, NULL);
+    ms->colsum = mem(GPT_M_MS_COLSUM, NULL);
+    ms->counts = mem(GPT_M_MS_COUNTS, NULL);
+    ms->pidx = mem(GPT_M_MS_PIDX, NULL);
+    lib.head_a.lnf = mem(GPT_M_H_LNF, NULL);
+    lib.head_a.lnf_mean = mem(GPT_M_H_LNF_MEAN, NULL);
+    lib.head_a.lnf_rstd = mem(GPT_M_H_LNF_RSTD, NULL);
+    lib.loss_dev = mem(GPT_M_X_LOSS, NULL);
+    lib.stat_dev = mem(GPT_M_X_STAT, NULL);
+    lib.sp_pack = mem(GPT_M_X_SP_PACK, NULL);
+}
+
+/* -- Parameters: the stage's tables, expanded for this rank ---------------------------------- */
+
+/* The struct member a parameter (or its gradient) lives behind. */
+static float **field_ptr(const lib_param *lp, int grad)
+{
+    int f = lp->p.field, e = lp->p.expert;
+    if (lp->layer < 0) {
+        lib_embed *em = grad ? &lib.embed_g : &lib.embed_p;
+        lib_head *hd = grad ? &lib.head_g : &lib.head_p;
+        switch (f) {
+        case GPT_P_WTE: return &em->wte;
+        case GPT_P_WPE: return &em->wpe;
+        case GPT_P_LN_F_W: return &hd->ln_f_w;
+        case GPT_P_LN_F_B: return &hd->ln_f_b;
+        case GPT_P_HEAD_WTE: return &hd->wte;
+        default: break;
+        }
+    } else {
+        gpt_chunk *c = &gpt.chunk[lp->chunk];
+        gpt_layer_params *l = grad ? &c->grads[lp->layer] : &c->params[lp->layer];
+        switch (f) {
+        case GPT_P_LN1_W: return &l->ln_1_w;
+        case GPT_P_LN1_B: return &l->ln_1_b;
+        case GPT_P_QKV_W: return &l->c_attn_w;
+        case GPT_P_QKV_B: return &l->c_attn_b;
+        case GPT_P_ATTN_PROJ_W: return &l->attn_proj_w;
+        case GPT_P_ATTN_PROJ_B: return &l->attn_proj_b;
+        case GPT_P_LN2_W: return &l->ln_2_w;
+        case GPT_P_LN2_B: return &l->ln_2_b;
+        case GPT_P_FC_W: return &l->c_fc_w;
+        case GPT_P_FC_B: return &l->c_fc_b;
+        case GPT_P_MLP_PROJ_W: return &l->mlp_proj_w;
+        case GPT_P_MLP_PROJ_B: return &l->mlp_proj_b;
+        case GPT_P_ROUTER_W: return &l->moe.router_w;
+        case GPT_P_EXPERT_FC_W: return &l->moe.fc_w[e];
+        case GPT_P_EXPERT_FC_B: return &l->moe.fc_b[e];
+        case GPT_P_EXPERT_PROJ_W: return &l->moe.proj_w[e];
+        case GPT_P_EXPERT_PROJ_B: return &l->moe.proj_b[e];
+        default: break;
+        }
+    }
+    RT_CHECK(0, "parameter field %d does not belong %s (a generator bug)", f,
+             lp->layer < 0 ? "outside a layer" : "in a layer");
+    return NULL;
+}
+
+static int by_place(const void *a, const void *b)
+{
+    const lib_param *x = a, *y = b;
+    if (x->p.buf != y->p.buf) return x->p.buf - y->p.buf;
+    return x->p.offset < y->p.offset ? -1 : x->p.offset > y->p.offset;
+}
+
+/* Global start of a piece on this rank, and its size (vocabulary padding cut). */
+static int piece_expand(const gpt_piece *pc, int param, lib_piece *out)
+{
+    int coord = pc->split == GPT_SPLIT_TP ? gpt.tp_rank : pc->split == GPT_SPLIT_ETP
+              ? gpt.etp_rank : 0;
+    *out = (lib_piece){ param, pc->lrow, pc->lcol, pc->grow + pc->step_row * coord,
+                        pc->gcol + pc->step_col * coord, pc->rows, pc->cols, pc->flags };
+    if (pc->flags & GPT_VOCAB_ROWS) {
+        int real = gpt.prog->vocab - out->grow;
+        if (real < out->rows) out->rows = real;
+    }
+    return out->rows > 0 && out->cols > 0;
+}
+
+/* Every parameter and piece of this rank, from the layer and other tables. */
+static void params_expand(void)
+{
+    const gpt_stage *st = gpt.stage;
+    const gpt_program *prog = gpt.prog;
+    int nl = gpt.d.moe ? gpt.d.experts_local : 0;
+    int n = st->nother_params, np = st->nother_pieces;
+    for (int c = 0; c < st->nchunks; c++) {
+        n += st->chunks[c].layers * st->chunks[c].nparams;
+        np += st->chunks[c].layers * st->chunks[c].npieces;
+    }
+    lib_param *ps = calloc((size_t)n + 1, sizeof *ps);
+    lib_piece *pcs = calloc((size_t)np + 1, sizeof *pcs);
+    int *slot_of = calloc((size_t)n + 1, sizeof(int));
+    RT_CHECK(ps && pcs && slot_of, "out of memory");
+    int k = 0, kp = 0;
+    for (int c = 0; c < st->nchunks; c++) {
+        const gpt_chunk_info *ci = &st->chunks[c];
+        for (int j = 0; j < ci->layers; j++) {
+            int first = k;
+            for (int r = 0; r < ci->nparams; r++) {
+                const gpt_param *p = &ci->params[r];
+                lib_param *lp = &ps[k++];
+                lp->p = *p;
+                lp->p.offset += ci->bases[(size_t)j * st->nbuffers + p->buf];
+                lp->chunk = c;
+                lp->layer = j;
+                lp->global_layer = ci->first + j;
+                lp->tensor = lib_tensor_index(prog, p->role, lp->global_layer,
+                                              p->expert >= 0 ? p->expert + gpt.ep_rank * nl : -1);
+            }
+            for (int r = 0; r < ci->npieces; r++) {
+                const gpt_piece *pc = &ci->pieces[r];
+                if (piece_expand(pc, first + pc->param, &pcs[kp])) kp++;
+            }
+        }
+    }
+    int first = k;
+    for (int r = 0; r < st->nother_params; r++) {
+        const gpt_param *p = &st->other_params[r];
+        lib_param *lp = &ps[k++];
+        lp->p = *p;
+        lp->chunk = st->buffers[p->buf].chunk;
+        lp->layer = lp->global_layer = -1;
+        lp->tensor = lib_tensor_index(prog, p->role, -1, -1);
+    }
+    for (int r = 0; r < st->nother_pieces; r++) {
+        const gpt_piece *pc = &st->other_pieces[r];
+        if (piece_expand(pc, first + pc->param, &pcs[kp])) kp++;
+    }
+    /* buffer order (what the norm and the optimizer walk), pieces renumbered to follow */
+    for (int i = 0; i < n; i++) ps[i].order = i;
+    qsort(ps, (size_t)n, sizeof *ps, by_place);
+    for (int i = 0; i < n; i++) slot_of[ps[i].order] = i;
+    for (int i = 0; i < kp; i++) pcs[i].param = slot_of[pcs[i].param];
+    free(slot_of);
+    lib.params = ps;
+    lib.nparams = n;
+    lib.pieces = pcs;
+    lib.npieces = kp;
+}
+
+/* -- Setup ------------------------------------------------------------------------------------- */
+
+/*
+** Allocate everything the stage uses (buffers, activation slots, scratch) as the generator's
+** plan says, point every parameter and gradient view into the buffers, and check that the
+** bytes allocated are the plan's total (the number make inspect reports).
+*/
+void lib_stage_setup(void)
+{
+    const gpt_stage *st = gpt.stage;
+    const gpt_dims *d = &gpt.d;
+    int nb = st->nbuffers;
+    lib.mem_bytes = 0;
+    lib.pbuf = calloc((size_t)nb + 1, sizeof(float *));
+    lib.gbuf = calloc((size_t)nb + 1, sizeof(float *));
+    lib.mbuf = calloc((size_t)nb + 1, sizeof(float *));
+    lib.vbuf = calloc((size_t)nb + 1, sizeof(float *));
+    RT_CHECK(lib.pbuf && lib.gbuf && lib.mbuf && lib.vbuf, "out of memory");
+    for (int i = 0; i < nb; i++) {
+        const gpt_buffer *b = &st->buffers[i];
+        lib.pbuf[i] = counted(b->size * sizeof(float));
+        lib.gbuf[i] = counted(b->size * sizeof(float));
+        lib.mbuf[i] = counted(b->state * sizeof(float));
+        lib.vbuf[i] = counted(b->state * sizeof(float));
+    }
+
+    lib.head = st->chunks[st->nchunks - 1].head;
+    gpt.chunk = calloc((size_t)st->nchunks, sizeof *gpt.chunk);
+    RT_CHECK(gpt.chunk, "out of memory");
+    for (int c = 0; c < st->nchunks; c++) {
+        const gpt_chunk_info *ci = &st->chunks[c];
+        gpt_chunk *ch = &gpt.chunk[c];
+        ch->params = calloc((size_t)ci->layers, sizeof *ch->params);
+        ch->grads = calloc((size_t)ci->layers, sizeof *ch->grads);
+        ch->acts = calloc((size_t)ci->slots, sizeof *ch->acts);
+        RT_CHECK(ch->params && ch->grads && ch->acts, "out of memory");
+        if (d->moe)
+            for (int j = 0; j < ci->layers; j++)
+                for (int g = 0; g < 2; g++) {
+                    gpt_moe_params *m = g ? &ch->grads[j].moe : &ch->params[j].moe;
+                    size_t n = (size_t)d->experts_local;
+                    m->fc_w = calloc(n, sizeof(float *));
+                    m->fc_b = calloc(n, sizeof(float *));
+                    m->proj_w = calloc(n, sizeof(float *));
+                    m->proj_b = calloc(n, sizeof(float *));
+                    RT_CHECK(m->fc_w && m->fc_b && m->proj_w && m->proj_b, "out of memory");
+                }
+        for (int s = 0; s < ci->slots; s++) {
+            gpt_chunk_acts *a = &ch->acts[s];
+            a->x = mem(GPT_M_C_X, NULL);
+            a->dy = mem(GPT_M_C_DY, NULL);
+            a->tokens = ci->embedding ? mem(GPT_M_C_TOKENS, NULL) : NULL;
+            a->layer = calloc((size_t)ci->layers, sizeof *a->layer);
+            RT_CHECK(a->layer, "out of memory");
+            for (int j = 0; j < ci->layers; j++) layer_acts_alloc(&a->layer[j]);
+        }
+    }
+    scratch_alloc();
+
+    params_expand();
+    for (int i = 0; i < lib.nparams; i++) {
+        const lib_param *lp = &lib.params[i];
+        *field_ptr(lp, 0) = lib.pbuf[lp->p.buf] + lp->p.offset;
+        *field_ptr(lp, 1) = lib.gbuf[lp->p.buf] + lp->p.offset;
+        if (lp->p.flags & GPT_SP_REDUCE) lib.sp_total += lp->p.n;
+    }
+    if (st->head_uses_wte) {     /* one stage holds both: the head uses wte itself (tied) */
+        lib.head_p.wte = lib.embed_p.wte;
+        lib.head_g.wte = lib.embed_g.wte;
+    }
+    RT_CHECK(lib.mem_bytes == st->mem_bytes, "stage setup allocated %zu bytes, the generator's "
+             "plan says %zu (a generator bug)", lib.mem_bytes, st->mem_bytes);
+}
+
+/* -- The step after the schedule ------------------------------------------------------------- */
+
+void gpt_step_begin(const gpt_step_in *in)
+{
+    gpt.in = in;
+    for (int i = 0; i < gpt.stage->nbuffers; i++)
+        rt_memset0(lib.gbuf[i], gpt.stage->buffers[i].size * sizeof(float));
+    gpt.moe_aux = 0.0;
+}
+
+/* Sequence-parallel parameters: each tp rank saw N_SP of the tokens, so their gradients are
+** summed over tp (docs/megatron.md §4.6); packed into one all-reduce. */
+void gpt_sp_allreduce(rt_group *tp)
+{
+    size_t at = 0;
+    for (int i = 0; i < lib.nparams; i++) {
+        const gpt_param *p = &lib.params[i].p;
+        if (!(p->flags & GPT_SP_REDUCE)) continue;
+        rt_memcpy(lib.sp_pack + at, lib.gbuf[p->buf] + p->offset, p->n * sizeof(float), RT_D2D);
+        at += p->n;
+    }
+    rt_allreduce(lib.sp_pack, lib.sp_total, RT_F32, RT_SUM, tp);
+    at = 0;
+    for (int i = 0; i < lib.nparams; i++) {
+        const gpt_param *p = &lib.params[i].p;
+        if (!(p->flags & GPT_SP_REDUCE)) continue;
+        rt_memcpy(lib.gbuf[p->buf] + p->offset, lib.sp_pack + at, p->n * sizeof(float), RT_D2D);
+        at += p->n;
+    }
+}
+
+void gpt_grad_allreduce_range(int buf, size_t offset, size_t n, rt_group *g)
+{
+    rt_allreduce(lib.gbuf[buf] + offset, n, RT_F32, RT_SUM, g);
+}
+
+void gpt_grad_scale(int buf, float s)
+{
+    scale_inplace(lib.gbuf[buf], gpt.stage->buffers[buf].size, s);
+}
+
+void gpt_grad_allreduce(int buf, rt_group *g)
+{
+    rt_allreduce(lib.gbuf[buf], gpt.stage->buffers[buf].size, RT_F32, RT_SUM, g);
+}
+
+/* This rank's shard of a bucket: its index in the buffer's data-parallel group. */
+static size_t shard_start(const gpt_buffer *b, const gpt_bucket *k)
+{
+    rt_group *g = gpt.grp[b->group];
+    return k->start + (size_t)(g ? rt_group_rank(g) : 0) * k->shard;
+}
+
+void gpt_grad_reduce_scatter(int buf, int bucket, rt_group *g)
+{
+    const gpt_buffer *b = &gpt.stage->buffers[buf];
+    const gpt_bucket *k = &b->buckets[bucket];
+    rt_reduce_scatter(lib.gbuf[buf] + k->start, lib.gbuf[buf] + shard_start(b, k), k->shard,
+                      RT_F32, g);
+}
+
+/* The part of parameter p inside this rank's shard of bucket k: buffer offsets [lo, hi) and
+** the matching offset in the moments. Returns 0 when they do not meet. */
+static int shard_part(const gpt_param *p, int k, size_t *lo, size_t *hi, size_t *at)
+{
+    const gpt_buffer *b = &gpt.stage->buffers[p->buf];
+    const gpt_bucket *bk = &b->buckets[k];
+    size_t s0 = shard_start(b, bk), s1 = s0 + bk->shard;
+    *lo = p->offset > s0 ? p->offset : s0;
+    *hi = p->offset + p->n < s1 ? p->offset + p->n : s1;
+    *at = bk->base + (*lo - s0);
+    return *lo < *hi;
+}
+
+/* Whether this rank counts p in the gradient norm (docs/megatron.md §6). */
+static int counts_in_norm(const gpt_param *p)
+{
+    switch (p->flags & GPT_NORM_MASK) {
+    case GPT_NORM_NEVER: return 0;
+    case GPT_NORM_TP0: return gpt.tp_rank == 0;
+    case GPT_NORM_ETP0: return gpt.etp_rank == 0;
+    default: return 1;
+    }
+}
+
+/* Sums of squares of this rank's gradients counted once: dense, experts, their total. */
+void gpt_norm_local(void)
+{
+    int np = 0;
+    char *expert = malloc((size_t)lib.nparams + 1);
+    RT_CHECK(expert, "out of memory");
+    for (int i = 0; i < lib.nparams; i++) {
+        const gpt_param *p = &lib.params[i].p;
+        const gpt_buffer *b = &gpt.stage->buffers[p->buf];
+        if (!counts_in_norm(p)) continue;
+        if (b->sharded) {
+            for (int k = 0; k < b->nbuckets; k++) {
+                size_t lo, hi, at;   /* a parameter lies in one bucket: one piece at most */
+                if (shard_part(p, k, &lo, &hi, &at)) {
+                    expert[np] = (char)b->expert;
+                    sumsq(lib.stat_dev + np++, lib.gbuf[p->buf] + lo, hi - lo);
+                }
+            }
+        } else {
+            expert[np] = (char)b->expert;
+            sumsq(lib.stat_dev + np++, lib.gbuf[p->buf] + p->offset, p->n);
+        }
+    }
+    float *parts = malloc(((size_t)np + 3) * sizeof(float));
+    RT_CHECK(parts, "out of memory");
+    double sum[2] = { 0.0, 0.0 };
+    rt_memcpy(parts, lib.stat_dev, (size_t)np * sizeof(float), RT_D2H);
+    for (int i = 0; i < np; i++) sum[(int)expert[i]] += parts[i];
+    float red[3] = { (float)sum[0], (float)sum[1], (float)(sum[0] + sum[1]) };
+    rt_memcpy(lib.stat_dev + lib.nparams, red, sizeof red, RT_H2D);
+    free(parts);
+    free(expert);
+}
+
+void gpt_norm_allreduce(int which, rt_group *g)
+{
+    rt_allreduce(lib.stat_dev + lib.nparams + which, 1, RT_F32, RT_SUM, g);
+}
+
+double gpt_norm(int total)
+{
+    float red[3];
+    rt_memcpy(red, lib.stat_dev + lib.nparams, sizeof red, RT_D2H);
+    return total ? sqrt((double)red[2]) : sqrt((double)red[0] + (double)red[1]);
+}
+
+/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
+void gpt_adamw(const gpt_step_in *in, double norm)
+{
+    double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
+    float c = coef < 1.0 ? (float)coef : 1.0f;
+    int t = in->step + 1;
+    float bc1 = (float)(1.0 - pow((double)in->beta1, t));
+    float bc2 = (float)(1.0 - pow((double)in->beta2, t));
+    for (int i = 0; i < lib.nparams; i++) {
+        const gpt_param *p = &lib.params[i].p;
+        const gpt_buffer *b = &gpt.stage->buffers[p->buf];
+        float wd = (p->flags & GPT_DECAY) ? in->wd : 0.0f;
+        int bi = p->buf;
+        if (b->sharded) {
+            for (int k = 0; k < b->nbuckets; k++) {
+                size_t lo, hi, at;
+                if (shard_part(p, k, &lo, &hi, &at))
+                    adamw_step(lib.pbuf[bi] + lo, lib.gbuf[bi] + lo, lib.mbuf[bi] + at,
+                               lib.vbuf[bi] + at, hi - lo, in->lr, in->beta1, in->beta2,
+                               in->eps, wd, bc1, bc2, c);
+            }
+        } else {
+            adamw_step(lib.pbuf[bi] + p->offset, lib.gbuf[bi] + p->offset,
+                       lib.mbuf[bi] + p->offset, lib.vbuf[bi] + p->offset, p->n, in->lr,
+                       in->beta1, in->beta2, in->eps, wd, bc1, bc2, c);
+        }
+    }
+}
+
+void gpt_param_allgather(int buf, int bucket, rt_group *g)
+{
+    const gpt_buffer *b = &gpt.stage->buffers[buf];
+    const gpt_bucket *k = &b->buckets[bucket];
+    rt_allgather(lib.pbuf[buf] + shard_start(b, k), lib.pbuf[buf] + k->start, k->shard, RT_F32,
+                 g);
+}
+
+/* Every rank's share of the aux loss: the objective's term over the replicas and micro-batches. */
+void gpt_aux_allreduce(rt_group *world, gpt_step_out *out)
+{
+    float a = (float)(gpt.moe_aux / ((double)gpt.d.nmb * gpt.prog->dp));
+    float *dev = lib.stat_dev + lib.nparams + 2;
+    rt_memcpy(dev, &a, sizeof a, RT_H2D);
+    rt_allreduce(dev, 1, RT_F32, RT_SUM, world);
+    rt_memcpy(&a, dev, sizeof a, RT_D2H);
+    out->aux_loss = a;
+}
+
+/* The step's mean loss over the global batch: the head stage's tp-rank-0 ranks hold it. */
+void gpt_loss_allreduce(rt_group *world, gpt_step_out *out)
+{
+    float part = 0.0f;
+    int nmb = gpt.d.nmb;
+    if (lib.head && gpt.tp_rank == 0 && gpt.cp_rank == 0) {
+        float *sums = malloc((size_t)nmb * sizeof(float));
+        RT_CHECK(sums, "out of memory");
+        double total = 0.0;
+        rt_memcpy(sums, lib.loss_dev, (size_t)nmb * sizeof(float), RT_D2H);
+        for (int k = 0; k < nmb; k++) total += sums[k];
+        part = (float)(total / (double)gpt.prog->tokens_per_step);
+        free(sums);
+    }
+    float *dev = lib.stat_dev + lib.nparams + 2;
+    rt_memcpy(dev, &part, sizeof part, RT_H2D);
+    rt_allreduce(dev, 1, RT_F32, RT_SUM, world);
+    rt_memcpy(&part, dev, sizeof part, RT_D2H);
+    out->loss = part;
+}
+
+/* -- Resume checkpoint state ---------------------------------------------------------------- */
+
+size_t lib_state_floats(void)
+{
+    size_t n = 0;
+    for (int i = 0; i < gpt.stage->nbuffers; i++)
+        n += gpt.stage->buffers[i].size + 2 * gpt.stage->buffers[i].state;
+    return n;
+}
+
+/* Copy every buffer's parameters and moments to (save) or from 'host', buffer by buffer. */
+void lib_state_io(float *host, int save)
+{
+    for (int i = 0; i < gpt.stage->nbuffers; i++) {
+        const gpt_buffer *b = &gpt.stage->buffers[i];
+        float *dev[3] = { lib.pbuf[i], lib.mbuf[i], lib.vbuf[i] };
+        size_t len[3] = { b->size, b->state, b->state };
+        for (int j = 0; j < 3; j++) {
+            if (save) rt_memcpy(host, dev[j], len[j] * sizeof(float), RT_D2H);
+            else rt_memcpy(dev[j], host, len[j] * sizeof(float), RT_H2D);
+            host += len[j];
+        }
+    }
+}
