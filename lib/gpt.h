@@ -342,8 +342,10 @@ extern gpt_state gpt;
 
 /* -- What generated code calls ------------------------------------------------------------- */
 
-/* main: parse flags, start the runtime, build the groups, set up the rank's stage, train. */
+/* main: parse flags, start the runtime, build the groups, set up the rank's stage, train.
+** The library's main (lib/main.c) calls it with the generated program.c's description. */
 int gpt_main(int argc, char **argv, const gpt_program *prog);
+extern const gpt_program gpt_program_desc;
 
 /* Pipeline message tags: activations forward, gradients backward. */
 enum { GPT_TAG_ACT = 0, GPT_TAG_GRAD = 1 };

@@ -99,7 +99,7 @@ extern lib_state lib;
 
 /* stage.c */
 void lib_stage_setup(void);                  /* buffers, views, activations: the plan */
-void *lib_alloc(gpt_mem_id id, size_t copies);   /* an entry of the plan, counted */
+void lib_layer_acts_alloc(gpt_layer_acts *a);   /* one layer's activations, as planned */
 size_t lib_state_floats(void);               /* resume checkpoint: parameters and moments */
 void lib_state_io(float *host, int save);
 

@@ -55,7 +55,7 @@ static int *host_ints(int n)
     return p;
 }
 
-static void layer_acts_alloc(gpt_layer_acts *a)
+void lib_layer_acts_alloc(gpt_layer_acts *a)
 {
     const gpt_dims *d = &gpt.d;
     a->ln1 = mem(GPT_M_L_LN1, NULL);
@@ -321,7 +321,7 @@ void lib_stage_setup(void)
             a->tokens = ci->embedding ? mem(GPT_M_C_TOKENS, NULL) : NULL;
             a->layer = calloc((size_t)ci->layers, sizeof *a->layer);
             RT_CHECK(a->layer, "out of memory");
-            for (int j = 0; j < ci->layers; j++) layer_acts_alloc(&a->layer[j]);
+            for (int j = 0; j < ci->layers; j++) lib_layer_acts_alloc(&a->layer[j]);
         }
     }
     scratch_alloc();

@@ -83,7 +83,7 @@ function M.run(opts)
         return
     end
 
-    local only_picture = opts.inspect or opts.topology_only
+    local only_picture = opts.inspect or opts.topology_only or opts.check
     local r = M.passes(opts, 6, only_picture)
     local cfg, topo, part, sh, sched = r.config, r.topology, r.partition, r.shards, r.schedule
     if opts.check then return end

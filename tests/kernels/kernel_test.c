@@ -1,9 +1,9 @@
 /*
-** kernel_test.c: every generated kernel (out/<dir>/kernels.c or kernels.cu) against the
-** double-precision reference's single ops (build/ref/libref.a) on random inputs, at sizes that
-** are multiples of nothing, forward and backward. One source, two programs: linked with
-** kernels.c + librt_cpu.a or with kernels.cu + librt_cuda.a (data moves with rt_memcpy, as in
-** the generated programs). Run by tests/kernels/suite.sh; not a benchmark.
+** kernel_test.c: every kernel of the library (lib/kernels.h) against the double-precision
+** reference's single ops (build/ref/libref.a) on random inputs, at sizes that are multiples of
+** nothing, forward and backward. One source, two programs: linked with kernels_cpu.c +
+** librt_cpu.a or with kernels_cuda.cu + librt_cuda.a (data moves with rt_memcpy, as in the
+** library). Run by tests/kernels/suite.sh; not a benchmark.
 **
 **   kernel_test PREFIX [--dump FILE.safetensors] [-v]
 **
@@ -28,7 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"      // defines: the kernel prototypes (embed_fwd, ..., scale_inplace), rt.h
+#include "kernels.h"    // defines: the kernel prototypes (embed_fwd, ..., scale_inplace)
+#include "rt.h"         // defines: rt_malloc, rt_memcpy, rt_init, RT_CHECK
 #include "gpt2_ref.h"   // defines: ref_embed_fwd, ref_layernorm_bwd, ..., ref_adamw_update
 
 #define F32_RTOL 1e-5

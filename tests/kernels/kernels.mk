@@ -1,33 +1,32 @@
 # tests/kernels/kernels.mk: build rules for the kernel test programs (tests/kernels/suite.sh).
-# Read after the top Makefile, whose variables it uses (MPICC, NVCC, CFLAGS_C, RT_CPU_LIBS,
-# RT_CUDA_LIBS, RT_NVCC_FLAGS, HAVE_CUDA), either through an include or as
-#   make -f Makefile -f tests/kernels/kernels.mk KT_GEN=<generated dir> kernel-test[-cuda]
-# KT_GEN is a directory the generator wrote (any model and layout: the kernels take their
-# sizes as arguments); objects and programs go to build/test/kernels/.
+# Read after the top Makefile, whose variables it uses (MPICC, NVCC, CFLAGS_C, GEN_OPT, WARN,
+# RT_CPU_LIBS, RT_CUDA_LIBS, RT_NVCC_FLAGS, HAVE_CUDA), either through an include or as
+#   make -f Makefile -f tests/kernels/kernels.mk KT_SRC=<dir> kernel-test[-cuda]
+# KT_SRC holds kernels_cpu.c, kernels_cuda.cu and kernel_rows.h: the library's own (lib/) or a
+# mutant copy the suite made; objects and programs go to KT_BUILD (build/test/kernels/).
 
 ifndef KERNELS_MK_INCLUDED
 KERNELS_MK_INCLUDED := 1
 
-KT_GEN   ?= build/test/kernels/gen
+KT_SRC   ?= lib
 KT_BUILD ?= build/test/kernels
-KT_FLAGS := -Iruntime -I$(KT_GEN) -Itests/ref
-KT_EXTRA ?=                 # more flags for kernels.c (the suite's mutants: -Wno-error)
+KT_FLAGS := -Iruntime -I$(KT_SRC) -Ilib -Itests/ref
+KT_EXTRA ?=                 # more flags for the kernels (the suite's mutants: -Wno-error)
 
 .PHONY: kernel-test kernel-test-cuda
 kernel-test: $(KT_BUILD)/kernel_test_cpu
 kernel-test-cuda: $(KT_BUILD)/kernel_test_cuda
 
-$(KT_BUILD)/kernel_test.o: tests/kernels/kernel_test.c $(KT_GEN)/model.h
+$(KT_BUILD)/kernel_test.o: tests/kernels/kernel_test.c lib/kernels.h
 	$(E) "MPICC     $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(MPICC) $(CFLAGS_C) $(KT_FLAGS) -c -o $@ $<
 
-# The generated kernels with the generated programs' own flags (build.mk: -Wall -Wextra -Werror)
-# plus ours: a warning here is a generator bug.
-$(KT_BUILD)/kernels.o: $(KT_GEN)/kernels.c $(KT_GEN)/model.h
+# The kernels with the library's own flags (lib/lib.mk: GEN_OPT, warnings are errors).
+$(KT_BUILD)/kernels.o: $(KT_SRC)/kernels_cpu.c $(KT_SRC)/kernel_rows.h lib/kernels.h
 	$(E) "MPICC     $@"
 	$(Q)mkdir -p $(@D)
-	$(Q)$(MPICC) $(CFLAGS_C) $(KT_FLAGS) $(KT_EXTRA) -c -o $@ $<
+	$(Q)$(MPICC) -std=c11 $(GEN_OPT) -g $(WARN) $(KT_FLAGS) $(KT_EXTRA) -c -o $@ $<
 
 $(KT_BUILD)/kernel_test_cpu: $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels.o build/librt_cpu.a \
                              build/ref/libref.a
@@ -35,7 +34,7 @@ $(KT_BUILD)/kernel_test_cpu: $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels.o bui
 	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels.o build/ref/libref.a \
 	    $(RT_CPU_LIBS)
 
-$(KT_BUILD)/kernels_cuda.o: $(KT_GEN)/kernels.cu $(KT_GEN)/model.h
+$(KT_BUILD)/kernels_cuda.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h
 	$(E) "NVCC      $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(NVCC) $(RT_NVCC_FLAGS) $(KT_FLAGS) -c -o $@ $<

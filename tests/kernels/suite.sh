@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/kernels/suite.sh: the generated kernels against the double-precision reference's single
+# tests/kernels/suite.sh: the library's kernels against the double-precision reference's single
 # ops (tests/kernels/kernel_test.c, tolerances stated there), at thread counts 1 and 2 with
 # bit-identical results, a set of deliberately broken kernels that the test must catch, and the
 # CUDA kernels: built (and linked) whenever the CUDA backend is, run and compared with the CPU
@@ -15,20 +15,14 @@ pass() { echo "PASS kernels/$1"; }
 fail() { echo "FAIL kernels/$1: $2"; failed=1; }
 skip() { echo "SKIP kernels/$1: $2"; }
 
-# -- Build: the generator's kernels for any configuration (sizes are arguments) --------------------
-if ! make -s --no-print-directory build/gen build/librt_cpu.a ref build/tools/stcompare \
+# -- Build: the library's kernels (lib/; sizes are arguments) -------------------------------------
+if ! make -s --no-print-directory build/librt_cpu.a ref build/tools/stcompare \
         > $S/build.log 2>&1; then
     sed 's/^/  /' $S/build.log | tail -20
-    fail build "make build/gen librt_cpu.a ref stcompare failed"
+    fail build "make librt_cpu.a ref stcompare failed"
     exit 1
 fi
-rm -rf $S/gen
-if ! build/gen tiny --out $S/gen > $S/gen.log 2>&1; then
-    sed 's/^/  /' $S/gen.log
-    fail build "build/gen tiny failed"
-    exit 1
-fi
-if ! $MK KT_GEN=$S/gen kernel-test > $S/build.log 2>&1; then
+if ! $MK kernel-test > $S/build.log 2>&1; then
     sed 's/^/  /' $S/build.log | tail -20
     fail build "kernel_test_cpu does not compile (warnings are errors)"
     exit 1
@@ -66,17 +60,19 @@ else
 fi
 
 # -- Mutants: each broken kernel must make kernel_test fail --------------------------------------
-# name | sed expression on kernels.c | a line it must produce (proof that the mutation applied)
+# name | sed expression on the kernel sources | a line it must produce (proof that it applied)
 mutate() {
     name=$1 expr=$2 proof=$3
     d=$S/mutant
-    rm -rf $d/gen && mkdir -p $d && cp -r $S/gen $d/gen
-    sed -i "$expr" $d/gen/kernels.c
-    if ! grep -qF "$proof" $d/gen/kernels.c; then
-        fail mutant-$name "the mutation no longer applies (the kernel template changed?)"
+    rm -rf $d && mkdir -p $d/src && cp lib/kernels_cpu.c lib/kernel_rows.h $d/src/
+    sed -i "$expr" $d/src/kernels_cpu.c $d/src/kernel_rows.h
+    if ! cat $d/src/kernels_cpu.c $d/src/kernel_rows.h | grep -qF "$proof"; then
+        fail mutant-$name "the mutation no longer applies (the kernel source changed?)"
         return
     fi
-    if ! $MK KT_GEN=$d/gen KT_BUILD=$d KT_EXTRA=-Wno-error kernel-test > $d/build.log 2>&1; then
+    # -O1: a mutant only has to be caught, not to be fast
+    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA=-Wno-error GEN_OPT=-O1 kernel-test \
+            > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
         fail mutant-$name "the mutant does not compile"
         return
@@ -111,9 +107,9 @@ mutate sumsq-first-skipped 's|size_t n = i1 - i0, i = 0;|size_t n = i1 - i0, i =
 if ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then
     skip cuda-build "CUDA backend not built here (needs nvcc, cuBLAS and NCCL)"
     skip cuda-run "no CUDA backend"
-elif ! $MK KT_GEN=$S/gen build/librt_cuda.a kernel-test-cuda > $S/build-cuda.log 2>&1; then
+elif ! $MK build/librt_cuda.a kernel-test-cuda > $S/build-cuda.log 2>&1; then
     sed 's/^/  /' $S/build-cuda.log | tail -20
-    fail cuda-build "kernels.cu or kernel_test_cuda does not compile and link"
+    fail cuda-build "kernels_cuda.cu or kernel_test_cuda does not compile and link"
     skip cuda-run "the build failed"
 else
     pass cuda-build

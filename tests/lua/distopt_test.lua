@@ -40,7 +40,7 @@ end
 -- Rank 1 holds [896, 1792): c_attn.bias at its start and the first 320 elements of wte;
 -- rank 2 holds [1792, 2688): the remaining 704 elements of wte, then 192 of padding.
 T.test("hand-worked DP 3 layout with a straddling wte", function()
-    local cfg, topo, _, sh = F.build(SMALL, { dp = 3, dist_opt = true })
+    local cfg, topo, _, sh, sched, prog = F.build(SMALL, { dp = 3, dist_opt = true })
     local r0, r1, r2 = inspect.optimizer_shard(cfg, topo, sh, 0),
                        inspect.optimizer_shard(cfg, topo, sh, 1),
                        inspect.optimizer_shard(cfg, topo, sh, 2)
@@ -73,8 +73,8 @@ T.test("hand-worked DP 3 layout with a straddling wte", function()
 end)
 
 T.test("the report prints the ranges and the other owners", function()
-    local cfg, topo, part, sh = F.build(SMALL, { dp = 3, dist_opt = true })
-    local text = inspect.rank(cfg, topo, part, sh, 1)
+    local cfg, topo, part, sh, sched, prog = F.build(SMALL, { dp = 3, dist_opt = true })
+    local text = inspect.rank(cfg, topo, part, sh, sched, prog, 1)
     T.ok(text:find("distributed optimizer: rank 1 is dp-cp rank 1 of 3", 1, true),
          "headline missing")
     T.ok(text:find("this rank: world [896, 1792), local [0, 896), 240 padding", 1, true),
@@ -83,8 +83,8 @@ T.test("the report prints the ranges and the other owners", function()
          "wte row missing")
     T.ok(text:find("straddles: the rest on dp-cp rank 2", 1, true), "straddle note missing")
     -- without DIST_OPT there is no such section
-    local c2, t2, p2, s2 = F.build(SMALL, { dp = 3 })
-    T.ok(not inspect.rank(c2, t2, p2, s2, 1):find("distributed optimizer: rank", 1, true),
+    local c2, t2, p2, s2, q2, g2 = F.build(SMALL, { dp = 3 })
+    T.ok(not inspect.rank(c2, t2, p2, s2, q2, g2, 1):find("distributed optimizer: rank", 1, true),
          "section shown without DIST_OPT")
 end)
 
@@ -146,7 +146,7 @@ local CASES = {
 
 for _, case in ipairs(CASES) do
     T.test("ranges element by element: " .. case[1], function()
-        local cfg, topo, _, sh = F.build(case[2], case[3])
+        local cfg, topo, _, sh, sched, prog = F.build(case[2], case[3])
         local straddles = 0
         for r = 0, cfg.world - 1 do
             local cls = shards.class_of(sh, r)
@@ -183,7 +183,7 @@ end
 -- -- Bytes: seed 002's table ----------------------------------------------------------------------
 
 T.test("bytes saved follow seed 002's table", function()
-    local cfg, topo, part, sh = F.build(SMALL, { dp = 3, dist_opt = true })
+    local cfg, topo, part, sh, sched, prog = F.build(SMALL, { dp = 3, dist_opt = true })
     local cls = shards.class_of(sh, 0)
     local numel = 0
     for _, p in ipairs(cls.params) do numel = numel + p.numel end
@@ -199,7 +199,7 @@ T.test("bytes saved follow seed 002's table", function()
         T.eq({ shards.bytes_of(cls, name, false).total, shards.bytes_of(cls, name, true).total },
              w, name)
     end
-    local text = inspect.rank(cfg, topo, part, sh, 0)
+    local text = inspect.rank(cfg, topo, part, sh, sched, prog, 0)
     T.ok(text:find("4 + 16/d = 9.33", 1, true), "fp16 row")
     T.ok(text:find("6 + 12/d = 10.00", 1, true), "bf16/fp32 row")
     T.ok(text:find("8 + 8/d = 10.67", 1, true), "fp32 row")

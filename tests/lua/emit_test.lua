@@ -14,16 +14,19 @@ local driver = require("driver")
 local emit = require("emit")
 local inspect = require("inspect")
 local partition = require("partition")
+local schedule = require("schedule")
 local shards = require("shards")
 local topology = require("topology")
 
 local SCRATCH = "build/test/lua/emit"
 
+-- cfg, topo, part, sh, sched for a model file and sizes, without the program (the build-time
+-- picture alone, as --topology-only renders it).
 local function build(name, opts)
     local cfg = config.configure(config.load_model(name), opts)
     local topo = topology.build(cfg)
     local part = partition.build(cfg, topo)
-    return cfg, topo, part, shards.build(cfg, topo, part)
+    return cfg, topo, part, shards.build(cfg, topo, part), schedule.build(cfg.pp, cfg.vp, cfg.nmb)
 end
 
 -- Everything driver.run writes to stdout for 'opts'.
@@ -73,7 +76,7 @@ T.test("topology.json: the issue's keys, consistent with the passes", function()
 end)
 
 T.test("shards.json parses and agrees with the pass", function()
-    local cfg, topo, part, sh = build("tiny_moe", { tp = 2, pp = 2, dp = 2, ep = 2, etp = 1,
+    local cfg, topo, part, sh, sched, prog = build("tiny_moe", { tp = 2, pp = 2, dp = 2, ep = 2, etp = 1,
                                                    sp = true })
     local j = T.json(emit.shards_json(cfg, sh))
     T.eq(j.map.format, "shards/1", "format")
@@ -101,8 +104,8 @@ T.test("shards.json parses and agrees with the pass", function()
 end)
 
 T.test("MANIFEST, repeatable rendering, writing", function()
-    local cfg, topo, part, sh = build("tiny", { tp = 2, pp = 2, dp = 2 })
-    local a = emit.render(cfg, topo, part, sh)
+    local cfg, topo, part, sh, sched, prog = build("tiny", { tp = 2, pp = 2, dp = 2 })
+    local a = emit.render(cfg, topo, part, sh, sched, prog)
     local b = emit.render(build("tiny", { tp = 2, pp = 2, dp = 2 }))
     T.eq(#a, 5, "five files (with schedule.svg)")
     for i = 1, #a do T.ok(a[i].text == b[i].text, "%s differs between renders", a[i].name) end
@@ -138,10 +141,10 @@ T.test("reports fit 100 columns", function()
                           last_layers = 3, dist_opt = true } },
     }
     for _, c in ipairs(cases) do
-        local cfg, topo, part, sh = build(c[1], c[2])
-        local texts = { inspect.summary(cfg, topo, part, sh) }
+        local cfg, topo, part, sh, sched, prog = build(c[1], c[2])
+        local texts = { inspect.summary(cfg, topo, part, sh, sched, prog) }
         for _, r in ipairs({ 0, cfg.world // 2 + 1, cfg.world - 1 }) do
-            texts[#texts + 1] = inspect.rank(cfg, topo, part, sh, r)
+            texts[#texts + 1] = inspect.rank(cfg, topo, part, sh, sched, prog, r)
         end
         for _, text in ipairs(texts) do
             for line in text:gmatch("[^\n]*") do
@@ -152,24 +155,24 @@ T.test("reports fit 100 columns", function()
 end)
 
 T.test("summary: one row per rank, or per stage for large worlds", function()
-    local cfg, topo, part, sh = build("tiny", { tp = 2, pp = 2, dp = 2 })
-    local text = inspect.summary(cfg, topo, part, sh)
+    local cfg, topo, part, sh, sched, prog = build("tiny", { tp = 2, pp = 2, dp = 2 })
+    local text = inspect.summary(cfg, topo, part, sh, sched, prog)
     T.ok(text:find("ranks by stage", 1, true), "per-rank table")
     local rows = 0
     for line in text:gmatch("[^\n]+") do
         if line:match("^" .. string.rep("%s+%d+", 8) .. "%s") then rows = rows + 1 end
     end
     T.eq(rows, 8, "a row per rank")
-    cfg, topo, part, sh = build("gpt3_175b", { tp = 8, pp = 8, dp = 1024 })
-    text = inspect.summary(cfg, topo, part, sh)
+    cfg, topo, part, sh, sched, prog = build("gpt3_175b", { tp = 8, pp = 8, dp = 1024 })
+    text = inspect.summary(cfg, topo, part, sh, sched, prog)
     T.ok(text:find("\nstages\n", 1, true), "per-stage table")
     T.ok(text:find("    7  57344-65535 (8192)", 1, true), "rank range of stage 7")
     T.ok(text:find("174,604,259,328 unique", 1, true), "unique count")
 end)
 
 T.test("rank report: coordinates, groups, neighbours, shards, memory", function()
-    local cfg, topo, part, sh = build("gpt3_175b", { tp = 8, pp = 8 })
-    local text = inspect.rank(cfg, topo, part, sh, 37)
+    local cfg, topo, part, sh, sched, prog = build("gpt3_175b", { tp = 8, pp = 8 })
+    local text = inspect.rank(cfg, topo, part, sh, sched, prog, 37)
     for _, want in ipairs({
         "rank 37 of 64", "attention grid  tp 5  cp 0  dp 0  pp 4",
         "expert grid     etp 5  ep 0  edp 0  pp 4", "prev rank 29, next rank 45",

@@ -6,6 +6,8 @@
 
 local config = require("config")
 local partition = require("partition")
+local program = require("program")
+local schedule = require("schedule")
 local shards = require("shards")
 local topology = require("topology")
 local util = require("util")
@@ -47,12 +49,16 @@ function F.config(fields, opts)
     return config.configure(F.model(fields), opts or {})
 end
 
--- cfg, topo, part, sh for a model and sizes.
+-- cfg, topo, part, sh, sched, prog for a model and sizes (prog nil for a layout the training
+-- programs do not support).
 function F.build(fields, opts)
     local cfg = F.config(fields, opts)
     local topo = topology.build(cfg)
     local part = partition.build(cfg, topo)
-    return cfg, topo, part, shards.build(cfg, topo, part)
+    local sh = shards.build(cfg, topo, part)
+    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
+    local prog = program.supported(cfg) and program.build(cfg, topo, part, sh, sched) or nil
+    return cfg, topo, part, sh, sched, prog
 end
 
 -- Groups of kind 'name' as a list of lists.

@@ -83,7 +83,7 @@ T.test("1F1B P=4 M=8: warm-up, steady, cool-down and order of every stage", func
     local s = schedule.build(4, 1, 8)
     T.eq(s.kind, "1f1b", "kind")
     for r = 0, 3 do
-        local st = s.stages[r]
+        local st = s.stages[r + 1]
         T.eq({ st.warmup, st.steady, st.cooldown },
              { DOC_WARMUP["1f1b"][r], DOC_STEADY["1f1b"][r], DOC_WARMUP["1f1b"][r] },
              "counts of r" .. r)
@@ -95,7 +95,7 @@ T.test("interleaved P=4 V=2 M=8: warm-up, steady, cool-down and order of every s
     local s = schedule.build(4, 2, 8)
     T.eq(s.kind, "interleaved", "kind")
     for r = 0, 3 do
-        local st = s.stages[r]
+        local st = s.stages[r + 1]
         T.eq({ st.warmup, st.steady, st.cooldown },
              { DOC_WARMUP.vp2[r], DOC_STEADY.vp2[r], DOC_WARMUP.vp2[r] }, "counts of r" .. r)
         T.eq(schedule.order_string(st, 2), DOC_VP2[r] or (order_interleaved(4, 2, 8, r)),
@@ -114,12 +114,12 @@ end)
 T.test("no pipelining: F and B of each micro-batch in turn", function()
     local s = schedule.build(1, 1, 3)
     T.eq(s.kind, "none", "kind")
-    T.eq(schedule.order_string(s.stages[0], 1), "F0 B0 F1 B1 F2 B2", "order")
+    T.eq(schedule.order_string(s.stages[1], 1), "F0 B0 F1 B1 F2 B2", "order")
 end)
 
 T.test("exchanges: Megatron's posting order and the wrap-around peer", function()
     -- 1F1B r1 of 4, first steady step: send act next + recv grad next, one batch
-    local st = schedule.build(4, 1, 8).stages[1]
+    local st = schedule.build(4, 1, 8).stages[2]
     local seen = {}
     for _, s in ipairs(st.steps) do
         if s.kind == "X" and #s.ops == 2 and s.ops[1].dir == "next" then
@@ -131,7 +131,7 @@ T.test("exchanges: Megatron's posting order and the wrap-around peer", function(
     T.eq({ x.ops[1].send, x.ops[1].what, x.ops[2].send, x.ops[2].what },
          { true, "act", false, "grad" }, "ops of the first combined exchange")
     -- interleaved: stage 3's chunk 0 sends its output "next", to stage 0's chunk 1
-    local last = schedule.build(4, 2, 8).stages[3]
+    local last = schedule.build(4, 2, 8).stages[4]
     local wraps = 0
     for _, s in ipairs(last.steps) do
         for _, op in ipairs(s.ops or {}) do
@@ -205,8 +205,8 @@ T.test("broken: swapped send/recv (both neighbours send first) deadlocks", funct
     local s = copy(schedule.build(4, 1, 8))
     -- stage 1 sends its activations before receiving the gradient; stage 2 sends its
     -- gradient before receiving the activations: each blocks in its send
-    send_first(s.stages[1], find(s.stages[1], combined("next")))
-    send_first(s.stages[2], find(s.stages[2], combined("prev")))
+    send_first(s.stages[2], find(s.stages[2], combined("next")))
+    send_first(s.stages[3], find(s.stages[3], combined("prev")))
     rejects(s, { names = names(4) }, "deadlocks",
             "stage 1 (rank 4) waits at step", "send activations mb 2 (chunk 0) to stage 2 (rank 8)",
             "stage 2 (rank 8) waits at step", "send gradient mb 0 (chunk 0) to stage 1 (rank 4)")
@@ -215,7 +215,7 @@ end)
 T.test("broken: two receives swapped on one stage", function()
     local s = copy(schedule.build(2, 1, 4))
     -- stage 1 receives micro-batch 1 where micro-batch 0 arrives
-    local st = s.stages[1]
+    local st = s.stages[2]
     local a = find(st, function(x) return x.kind == "X" and not x.ops[1].send end)
     local b = find(st, function(x)
         return x.kind == "X" and #x.ops == 2 and not x.ops[2].send and x.ops[2].what == "act"
@@ -228,7 +228,7 @@ end)
 T.test("broken: a missing receive", function()
     local s = copy(schedule.build(4, 1, 8))
     -- stage 2 forgets to receive the gradient of its last cool-down backward
-    local st = s.stages[2]
+    local st = s.stages[3]
     local i
     for j = #st.steps, 1, -1 do
         local x = st.steps[j]
@@ -243,7 +243,7 @@ T.test("broken: a missing receive in a batched exchange hangs the sender", funct
     local s = copy(schedule.build(2, 1, 4))
     -- stage 1 drops the activation receive of its first combined exchange, and (to keep its
     -- own compute consistent) nothing else: the forward finds no input
-    local st = s.stages[1]
+    local st = s.stages[2]
     local i = find(st, combined("prev"))
     local x = st.steps[i]
     x.ops = { x.ops[1].send and x.ops[1] or x.ops[2] }
@@ -254,7 +254,7 @@ end)
 T.test("broken: a send before the compute that produces it", function()
     local s = copy(schedule.build(4, 2, 8))
     -- stage 0 sends mb 0's activations before running the forward of mb 0
-    local st = s.stages[0]
+    local st = s.stages[1]
     local f = find(st, function(x) return x.kind == "F" end)
     local x = find(st, function(y) return y.kind == "X" end)
     st.steps[f], st.steps[x] = st.steps[x], st.steps[f]
@@ -275,7 +275,7 @@ T.test("broken on NCCL only: two kinds of message to one peer posted in another 
     -- first is fine where tags keep them apart (MPI), but NCCL matches the gradient with the
     -- receive of the activations that stage 1 posts first
     local s = copy(schedule.build(2, 2, 4))
-    local st = s.stages[0]
+    local st = s.stages[1]
     local i = find(st, function(x)
         if x.kind ~= "X" then return false end
         local grad, act = false, false
@@ -303,13 +303,13 @@ local function with_collectives(s, swap_group)
     local all = {}
     for r = 0, P - 1 do all[#all + 1] = r end
     for r = 0, P - 1 do
-        local steps = s.stages[r].steps
+        local steps = s.stages[r + 1].steps
         steps[#steps + 1] = { kind = "C", group = "world", members = all,
                               name = "all-reduce of the gradient norm" }
         steps[#steps + 1] = { kind = "C", group = swap_group, members = all,
                               name = "all-reduce of the loss" }
     end
-    local st = s.stages[1].steps
+    local st = s.stages[2].steps
     st[#st], st[#st - 1] = st[#st - 1], st[#st]
     return s
 end
@@ -329,7 +329,7 @@ end)
 
 T.test("broken: a backward dropped", function()
     local s = copy(schedule.build(1, 1, 3))
-    table.remove(s.stages[0].steps)     -- the last B
+    table.remove(s.stages[1].steps)     -- the last B
     rejects(s, { names = names(1) }, "stage 0 (rank 0) never runs the backward of mb 2 (chunk 0)")
 end)
 
@@ -386,7 +386,7 @@ T.test("hundreds of random valid sizes: generated schedules verify", function()
                  why and table.concat(why, " | ") or "")
         end
         for r = 0, P - 1 do
-            local st = s.stages[r]
+            local st = s.stages[r + 1]
             local want, w
             if P == 1 then want, w = nil, 0
             elseif V == 1 then want, w = order_1f1b(P, Mb, r)
@@ -427,11 +427,12 @@ local svg = require("svg")
 -- The sends and receives inspect --rank lists for every rank: per (src, dst, what) the
 -- micro-batches in order, as the sender and as the receiver print them.
 local function listed_messages(opts)
-    local r = driver.passes(opts, 4)
+    local r = driver.passes(opts, 6)
     local cfg = r.config
     local sent, got = {}, {}
     for rank = 0, cfg.world - 1 do
-        local text = inspect.rank(cfg, r.topology, r.partition, r.shards, rank)
+        local text = inspect.rank(cfg, r.topology, r.partition, r.shards, r.schedule, r.program,
+                                  rank)
         for line in text:gmatch("[^\n]+") do
             local dir, what, mb, peer = line:match("(%a+) (%a+) mb (%d+)[%w ]* (%a+ rank %d+)$")
             if dir == "send" or dir == "recv" then
@@ -462,8 +463,8 @@ T.test("inspect --rank: each listed send meets the peer's listed receive, in ord
 end)
 
 T.test("inspect: bubble, in-flight micro-batches and activation bytes (1F1B P=4 M=8)", function()
-    local r = driver.passes({ model = "tiny", pp = 4, nmb = 8, mbs = 1 }, 3)
-    local pl = inspect.pipeline(r.config, r.partition)
+    local r = driver.passes({ model = "tiny", pp = 4, nmb = 8, mbs = 1 }, 6)
+    local pl = inspect.pipeline(r.config, r.schedule, r.program)
     T.eq(pl.bubble, 3 / 8, "bubble (P-1)/M")
     local inflight = {}
     for k = 0, 3 do inflight[k + 1] = pl.stages[k].inflight end
@@ -475,8 +476,8 @@ T.test("inspect: bubble, in-flight micro-batches and activation bytes (1F1B P=4 
     T.eq(pl.stages[1].bytes, { slot }, "bytes per slot, stage 1")
     T.eq(pl.stages[0].bytes, { slot + 4 * 64 }, "bytes per slot, stage 0 (token ids)")
     T.eq(pl.stages[0].peak, 4 * (slot + 256), "peak on stage 0: 4 slots")
-    local text = inspect.summary(r.config, r.topology, r.partition, driver.passes(
-        { model = "tiny", pp = 4, nmb = 8, mbs = 1 }, 4).shards)
+    local text = inspect.summary(r.config, r.topology, r.partition, r.shards, r.schedule,
+                                 r.program)
     T.ok(text:find("bubble     (P-1)/M = 3/8 = 0.375", 1, true), "summary lacks the bubble")
 end)
 
@@ -505,9 +506,10 @@ end)
 -- Stage sources without their banner (the first comment).
 local function stage_bodies(fields, opts)
     local cfg, topo, part, sh = F.build(fields, opts)
-    local prog = program.build(cfg, topo, part, sh)
+    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
+    local prog = program.build(cfg, topo, part, sh, sched)
     local out, shared = {}, {}
-    for _, f in ipairs(emit.render(cfg, topo, part, sh, prog)) do
+    for _, f in ipairs(emit.render(cfg, topo, part, sh, sched, prog)) do
         if f.name:match("^stage%d+%.c$") then
             out[#out + 1] = { name = f.name, body = f.text:gsub("^/%*.-%*/\n", "", 1) }
         elseif f.name:match("%.c$") or f.name:match("%.cu$") then
@@ -526,8 +528,7 @@ T.test("stage sources: one per stage, never two alike; the rest shared by all st
                          { { layers = 8 }, { pp = 4, tp = 2, dp = 2, vp = 2, nmb = 4 } } }) do
         local bodies, shared = stage_bodies(c[1], c[2])
         T.eq(#bodies, c[2].pp, "stage sources")
-        T.eq(shared, { "model.c", "kernels.c", "kernels.cu", "train.c", "groups.c" },
-             "sources compiled once for all stages")
+        T.eq(shared, { "program.c" }, "the one other source (the library has the rest)")
         for i = 1, #bodies do
             for j = i + 1, #bodies do
                 T.ok(bodies[i].body ~= bodies[j].body, "%s and %s are identical: emit one",

@@ -102,7 +102,7 @@ T.test("experts held: global ids match the shards", function()
     for _, opts in ipairs({ { tp = 4, pp = 2, sp = true, etp = 1, ep = 4 },
                             { tp = 2, dp = 4, sp = true, etp = 2, ep = 4 },
                             { dp = 4, ep = 2 }, { tp = 2, sp = true, dp = 2, ep = 2, etp = 2 } }) do
-        local cfg, topo, _, sh = F.build(tiny(), opts)
+        local cfg, topo, _, sh, sched, prog = F.build(tiny(), opts)
         for r = 0, cfg.world - 1 do
             local lo, hi = inspect.moe_experts(cfg, topo, r)
             local ep = topology.coords(topo, r).ep
@@ -120,9 +120,9 @@ T.test("experts held: global ids match the shards", function()
 end)
 
 T.test("report: seed 001 rank 5", function()
-    local cfg, topo, part, sh = F.build(tiny(), { tp = 4, pp = 2, sp = true, etp = 1, ep = 4,
+    local cfg, topo, part, sh, sched, prog = F.build(tiny(), { tp = 4, pp = 2, sp = true, etp = 1, ep = 4,
                                                   mbs = 2, nmb = 2 })
-    local text = inspect.rank(cfg, topo, part, sh, 5)
+    local text = inspect.rank(cfg, topo, part, sh, sched, prog, 5)
     local function has(s) T.ok(text:find(s, 1, true), "report lacks: %s", s) end
     has("  this rank    ep 1 of 4, expt-tp 0 of 1, expt-dp 0 of 1")
     has("  holds        experts 2-3 (global ids) of each of its 2 MoE layers (h.2-3)")
@@ -139,9 +139,9 @@ T.test("report: seed 001 rank 5", function()
 end)
 
 T.test("report: expert-dp reduction, ETP slices, router over dp-cp and tp", function()
-    local cfg, topo, part, sh = F.build(tiny(), { tp = 2, sp = true, dp = 4, ep = 2, etp = 2 })
+    local cfg, topo, part, sh, sched, prog = F.build(tiny(), { tp = 2, sp = true, dp = 4, ep = 2, etp = 2 })
     -- expert grid etp2-ep2-edp2: rank 5 is etp 1, ep 0, edp 1
-    local text = inspect.rank(cfg, topo, part, sh, 5)
+    local text = inspect.rank(cfg, topo, part, sh, sched, prog, 5)
     local function has(s) T.ok(text:find(s, 1, true), "report lacks: %s", s) end
     has("ep 0 of 2, expt-tp 1 of 2, expt-dp 1 of 2")
     has("experts 0-3 (global ids)")
@@ -150,11 +150,11 @@ T.test("report: expert-dp reduction, ETP slices, router over dp-cp and tp", func
     has("expert grads expt-dp [1,5], scaled 1/(DP*CP) = 1/4 (expert buffer)")
     has("grads: dp-cp [1-7 step 2] + tp [4-5]")
     has("over ep [5,7] and expt-tp [4-5]")
-    text = inspect.rank(cfg, topo, part, sh, 0)
+    text = inspect.rank(cfg, topo, part, sh, sched, prog, 0)
     T.ok(not text:find("replicated; grads: not reduced", 1, true), "router reduced")
     -- a dense model has no expert section
-    local c2, t2, p2, s2 = F.build({}, { tp = 2 })
-    T.ok(not inspect.rank(c2, t2, p2, s2, 0):find("\nexperts:", 1, true), "dense model")
+    local c2, t2, p2, s2, q2, g2 = F.build({}, { tp = 2 })
+    T.ok(not inspect.rank(c2, t2, p2, s2, q2, g2, 0):find("\nexperts:", 1, true), "dense model")
 end)
 
 -- -- Parameter counts and memory cover the experts --------------------------------------------
@@ -190,7 +190,7 @@ T.test("parameters and memory per rank include the experts", function()
         { tiny({ bias = true }), { tp = 2, sp = true, dp = 2, ep = 2, etp = 1 } },
         { tiny(), { pp = 2, dp = 2, ep = 2, vp = 2, nmb = 2 } },
     }) do
-        local cfg, topo, part, sh = F.build(case[1], case[2])
+        local cfg, topo, part, sh, sched, prog = F.build(case[1], case[2])
         local expert_sum = 0
         for r = 0, cfg.world - 1 do
             local cls = shards.class_of(sh, r)

@@ -34,10 +34,10 @@ schedule.build = function(P, V, Mb, N)
     local s = real_build(P, V, Mb, N)
     local how = os.getenv("PIPELINE_BREAK") or "swap"
     if how == "swap" then
-        send_first(s.stages[1], combined(s.stages[1], "next"))
-        send_first(s.stages[2], combined(s.stages[2], "prev"))
+        send_first(s.stages[2], combined(s.stages[2], "next"))
+        send_first(s.stages[3], combined(s.stages[3], "prev"))
     elseif how == "missing" then
-        local st = s.stages[2]
+        local st = s.stages[3]
         for j = #st.steps, 1, -1 do
             local x = st.steps[j]
             if x.kind == "X" and #x.ops == 1 and not x.ops[1].send then

@@ -267,33 +267,42 @@ else
     fail regenerate-rewrites-only-changed-files "gen failed: $(head -n 1 "$d.txt")"
 fi
 
-# -- make inspect's activation bytes are what the program allocates ----------------------------
+# -- The memory plan: make inspect's numbers are what the program allocates ---------------------
 
-# A program that links the generated model.c with rt_malloc wrapped counts the bytes of
-# layer_acts_alloc, adds the chunk input and gradient (stage.c's alloc_chunk_acts) and prints
-# the bytes of one slot of a one-layer chunk; inspect.slot_bytes must say the same.
-for case in "tp2-pp4-nmb8-sp|--tp 2 --pp 4 --nmb 8 --sp" "pp2-nmb2|--pp 2 --nmb 2 --mbs 2"; do
-    name=${case%%|*}
-    args=${case#*|}
-    [ -f "$S/$name/model.h" ] || continue
-    obj=$S/obj/$name
-    if ! mpicc -std=c11 -O1 -Iruntime -I"$S/$name" -o "$S/$name.slots" \
-            tests/pipeline/slot_bytes.c "$obj/model.o" "$obj/groups.o" "$obj/kernels.o" \
-            -Wl,--wrap=rt_malloc -Lbuild -lrt_cpu $(pkg-config --libs openblas 2>/dev/null ||
-            echo -lopenblas) -lpthread -lm > "$S/$name.slots.txt" 2>&1; then
-        fail "inspect-slot-bytes/$name" "cannot link the counter: $(head -n 1 "$S/$name.slots.txt")"
-        continue
-    fi
-    got=$("$S/$name.slots" 2>> "$S/$name.slots.txt")
-    # shellcheck disable=SC2086
-    want=$($GEN --lua tests/pipeline/slot_bytes.lua tiny $args 2>> "$S/$name.slots.txt")
-    if [ -n "$got" ] && [ "$got" = "$want" ]; then
-        pass "inspect-slot-bytes/$name"
-    else
-        fail "inspect-slot-bytes/$name" "the program allocates '$got' bytes a slot," \
-             "inspect says '$want'"
-    fi
+# The library allocates every device buffer from the stage's plan (program.lua) and checks at
+# start that the bytes it allocated are the plan's total; inspect prints the same plan. So: the
+# report's per-stage totals are the constants the programs check, and a wrong constant stops
+# the program (the check runs).
+for name in tp2-pp4-nmb8-sp pp2-nmb2; do
+    [ -f "$S/$name/report.txt" ] || continue
+    want=$(sed -n '/^device memory per rank/,$p' "$S/$name/report.txt" |
+           awk 'NR > 2 { print $(NF - 1) "_" $NF }')
+    ok=1
+    k=0
+    for t in $want; do
+        bytes=$(sed -n 's/.*\.mem_bytes = \([0-9]*\),.*/\1/p' "$S/$name/stage$k.c")
+        # the report rounds: compare through the same formatting (util.bytes, 2 decimals)
+        text=$(awk -v b="$bytes" 'BEGIN { split("B KiB MiB GiB TiB", u, " "); i = 1;
+               while (b >= 1024 && i < 5) { b /= 1024; i++ }
+               if (i == 1) printf "%d_%s", b, u[i]; else printf "%.2f_%s", b, u[i] }')
+        [ "$text" = "$t" ] || { ok=0; echo "  stage $k: report $t, stage$k.c $bytes ($text)"; }
+        k=$((k + 1))
+    done
+    if [ $ok = 1 ] && [ $k -gt 0 ]; then pass "memory-plan-report/$name"
+    else fail "memory-plan-report/$name" "make inspect's device totals differ from the stages'"; fi
 done
+if [ -f "$S/pp2-nmb2/stage1.c" ]; then
+    d=$S/plan-tampered
+    rm -rf "$d" && cp -r "$S/pp2-nmb2" "$d"
+    sed -i 's/\(\.mem_bytes = \)\([0-9]*\),/\1\24,/' "$d/stage1.c"
+    if make -s GEN_DIR="$d" GEN_OBJ="$S/obj/plan-tampered" "$d/train" > "$d.txt" 2>&1 &&
+       ! timeout 60 $MPIRUN -np 2 "$d/train" --steps 0 >> "$d.txt" 2>&1 &&
+       grep -q "the generator's plan says" "$d.txt"; then
+        pass memory-plan-checked
+    else
+        fail memory-plan-checked "a stage whose plan is 4 bytes off was not refused: $(tail -n 1 "$d.txt")"
+    fi
+fi
 
 # -- make MODEL=gpt3_175b TP=8 PP=8 ------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 #!/bin/bash
-# tests/regions/suite.sh: every tensor-parallel region of the generated model.c, forward and
-# backward, against the unsplit computation of the double-precision reference (seed 000's
-# worked check, for each region): column- and row-parallel linear, the "f"/"g" and sequence-
+# tests/regions/suite.sh: every tensor-parallel region of the library's model.c, forward and
+# backward, against the unsplit computation of the double-precision reference (a worked
+# check of each region): column- and row-parallel linear, the "f"/"g" and sequence-
 # parallel all-gather / reduce-scatter regions, vocabulary-parallel embedding and cross-entropy,
 # and a whole layer. One program per layout (tests/regions/t_regions.c, built by regions.mk
 # against that layout's generated sources), run under mpirun with TP ranks; it prints
@@ -16,8 +16,9 @@ MPIRUN="mpirun --oversubscribe"
 [ "$(id -u)" = 0 ] && MPIRUN="mpirun --allow-run-as-root --oversubscribe"
 FAILED=0
 
-if ! make -s --no-print-directory build/gen build/librt_cpu.a ref > "$S/make.log" 2>&1; then
-    echo "FAIL regions/setup: make build/gen build/librt_cpu.a ref failed:" \
+if ! make -s --no-print-directory build/gen build/libgpt_cpu.a build/librt_cpu.a ref \
+        > "$S/make.log" 2>&1; then
+    echo "FAIL regions/setup: make build/gen libgpt_cpu.a librt_cpu.a ref failed:" \
          "$(tail -n 1 "$S/make.log")"
     exit 1
 fi

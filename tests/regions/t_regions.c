@@ -1,14 +1,16 @@
 /*
-** t_regions.c: each tensor-parallel region of a generated model.c, forward and backward,
-** against the unsplit computation of the double-precision reference (build/ref/libref.a), in
-** the manner of seed 000's worked check of ColumnParallelLinear. Not a training test: the
+** t_regions.c: each tensor-parallel region of the library's model code (lib/model.c), forward
+** and backward, against the unsplit computation of the double-precision reference
+** (build/ref/libref.a), as one checks a ColumnParallelLinear by hand. Not a training test: the
 ** model is never trained; every rank builds the same global tensors, takes its shards, runs
-** the generated code and compares its shard of each result with the unsplit one.
+** the library's code and compares its shard of each result with the unsplit one.
 ** Compiled by tests/regions/regions.mk against one output directory (a TP > 1, DP 1, PP 1
-** layout): this file #includes that model.c, so its static regions (gather_seq, reduce_seq,
-** matmul_fwd/bwd) are the code under test, and links its kernels.c and groups.c.
+** layout): this file #includes lib/model.c, so its static regions (gather_seq, reduce_seq,
+** matmul_fwd/bwd) are the code under test, and links that layout's tables (program.c and its
+** stage) and the library for the rest (groups, the stage's buffers as the plan sizes them).
 ** Run: mpirun -np TP t_regions TAG; rank 0 prints "PASS regions/TAG/<test>" or "FAIL ...".
 */
+#include "model.h"   // defines: the layout's CFG_ constants, gpt_program_desc
 #include "model.c"   // defines: gather_seq, reduce_seq, matmul_fwd, matmul_bwd, layer_fwd, ...
 
 #include <math.h>
@@ -17,8 +19,6 @@
 #include <string.h>
 
 #include "gpt2_ref.h"   // defines: ref_linear_fwd, ref_embed_fwd, ref_xent_fwd, ...
-
-void groups_create(void);   /* groups.c */
 
 /* -- Sizes of this layout ------------------------------------------------------------------- */
 
@@ -102,10 +102,10 @@ static double *to_batch(const double *sm, int cols)
 }
 
 /* Sum a device vector over the tp group in place (what finalize_grads does for the gradients
-** of sequence-parallel parameters; megatron-semantics.md 4.6). */
+** of sequence-parallel parameters; docs/megatron.md §4.6). */
 static void tp_sum(float *x, size_t n)
 {
-    rt_allreduce(x, n, RT_F32, RT_SUM, grp_tp);
+    rt_allreduce(x, n, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
 }
 
 /* -- Checks and verdicts ----------------------------------------------------------------------- */
@@ -165,7 +165,7 @@ static int verdict(const char *name)
 */
 static int test_column(void)
 {
-    const int t = tp_rank, col = t * FFL;
+    const int t = gpt.tp_rank, col = t * FFL;
     double *X = rnd((size_t)N * C, 11, 0, 1), *W = rnd((size_t)C * FF, 12, 0, 0.1);
     double *b = rnd(FF, 13, 0, 0.1), *dY = rnd((size_t)N * FF, 14, 0, 1);
     double *Y = zeros((size_t)N * FF), *dX = zeros((size_t)N * C);
@@ -185,8 +185,8 @@ static int test_column(void)
 
     float *dy = dev(block(dY, FF, 0, col, N, FFL), (size_t)N * FFL);
     float *dw = dev_zeros((size_t)C * FFL), *dbias = dev_zeros(FFL);
-    matmul_bwd(scratch.full, dw, dbias, dy, h, w, N, C, FFL);
-    const float *dx = reduce_seq(scratch.full);
+    matmul_bwd(lib.s.full, dw, dbias, dy, h, w, N, C, FFL);
+    const float *dx = reduce_seq(lib.s.full);
     check("column.dX", dx, dX + (size_t)r0 * C, (size_t)NSP * C);
     check("column.dW_t", dw, block(dW, FF, 0, col, C, FFL), (size_t)C * FFL);
     check("column.db_t", dbias, db + col, FFL);
@@ -202,7 +202,7 @@ static int test_column(void)
 */
 static int test_row(void)
 {
-    const int t = tp_rank, row = t * FFL;
+    const int t = gpt.tp_rank, row = t * FFL;
     double *X = rnd((size_t)N * FF, 21, 0, 1), *W = rnd((size_t)FF * C, 22, 0, 0.1);
     double *b = rnd(C, 23, 0, 0.1), *dY = rnd((size_t)N * C, 24, 0, 1);
     double *Y = zeros((size_t)N * C), *dX = zeros((size_t)N * FF);
@@ -212,8 +212,8 @@ static int test_row(void)
 
     float *x = dev(block(X, FF, 0, row, N, FFL), (size_t)N * FFL);
     float *w = dev(W + (size_t)row * C, (size_t)FFL * C), *bias = dev(b, C);
-    matmul_fwd(scratch.full, x, w, NULL, N, FFL, C);
-    float *y = reduce_seq(scratch.full);
+    matmul_fwd(lib.s.full, x, w, NULL, N, FFL, C);
+    float *y = reduce_seq(lib.s.full);
     bias_fwd(y, bias, NSP, C);
     check("row.Y", y, Y + (size_t)r0 * C, (size_t)NSP * C);
     int failed = verdict("row-parallel-fwd");
@@ -253,7 +253,7 @@ static void check_reduce(uint64_t seed)
     for (int k = 0; k < TP; k++) {
         double *P = rnd((size_t)N * C, seed + (uint64_t)k, 0, 1);
         for (size_t i = 0; i < (size_t)N * C; i++) sum[i] += P[i];
-        if (k == tp_rank) mine = dev(P, (size_t)N * C);
+        if (k == gpt.tp_rank) mine = dev(P, (size_t)N * C);
         free(P);
     }
     check("reduce_seq", reduce_seq(mine), sum + (size_t)r0 * C, (size_t)NSP * C);
@@ -304,9 +304,9 @@ static int test_embedding(void)
     double *out_sm = to_seq(out, C);
 
     double *wte_local = zeros((size_t)VL * C);   /* this rank's rows, zero padding */
-    for (int i = 0; i < vocab_valid; i++)
-        memcpy(wte_local + (size_t)i * C, wte + (size_t)(vocab_start + i) * C, sizeof(double) * C);
-    embed_params p = { dev(wte_local, (size_t)VL * C), dev(wpe, (size_t)CFG_T_MODEL * C) };
+    for (int i = 0; i < gpt.vocab_valid; i++)
+        memcpy(wte_local + (size_t)i * C, wte + (size_t)(gpt.vocab_start + i) * C, sizeof(double) * C);
+    lib_embed p = { dev(wte_local, (size_t)VL * C), dev(wpe, (size_t)CFG_T_MODEL * C) };
     int *tok_dev = rt_malloc(sizeof(int) * N);
     rt_memcpy(tok_dev, tok, sizeof(int) * N, RT_H2D);
     float *x = dev_zeros((size_t)NSP * C);
@@ -318,10 +318,10 @@ static int test_embedding(void)
     double *dwte = zeros((size_t)V * C), *dwpe = zeros((size_t)CFG_T_MODEL * C);
     ref_embed_bwd(dwte, dwpe, dout, tok_bm, B, T, C);
     double *dwte_local = zeros((size_t)VL * C);
-    for (int i = 0; i < vocab_valid; i++)
-        memcpy(dwte_local + (size_t)i * C, dwte + (size_t)(vocab_start + i) * C,
+    for (int i = 0; i < gpt.vocab_valid; i++)
+        memcpy(dwte_local + (size_t)i * C, dwte + (size_t)(gpt.vocab_start + i) * C,
                sizeof(double) * C);
-    embed_params g = { dev_zeros((size_t)VL * C), dev_zeros((size_t)CFG_T_MODEL * C) };
+    lib_embed g = { dev_zeros((size_t)VL * C), dev_zeros((size_t)CFG_T_MODEL * C) };
     embedding_bwd(&g, dev(dout_sm + (size_t)r0 * C, (size_t)NSP * C), tok_dev);
     check("embedding.dwte_t (padding rows 0)", g.wte, dwte_local, (size_t)VL * C);
     check("embedding.dwpe", g.wpe, dwpe, (size_t)CFG_T_MODEL * C);
@@ -359,14 +359,14 @@ static int test_cross_entropy(void)
     ref_layernorm_bwd(dX, dlw, dlb, dln, X, lw, mean, rstd, N, C);
 
     double *wte_local = zeros((size_t)VL * C), *dwte_local = zeros((size_t)VL * C);
-    for (int i = 0; i < vocab_valid; i++) {
-        memcpy(wte_local + (size_t)i * C, wte + (size_t)(vocab_start + i) * C, sizeof(double) * C);
-        memcpy(dwte_local + (size_t)i * C, dwte + (size_t)(vocab_start + i) * C,
+    for (int i = 0; i < gpt.vocab_valid; i++) {
+        memcpy(wte_local + (size_t)i * C, wte + (size_t)(gpt.vocab_start + i) * C, sizeof(double) * C);
+        memcpy(dwte_local + (size_t)i * C, dwte + (size_t)(gpt.vocab_start + i) * C,
                sizeof(double) * C);
     }
-    head_params p = { dev(lw, C), dev(lb, C), dev(wte_local, (size_t)VL * C) };
-    head_params g = { dev_zeros(C), dev_zeros(C), dev_zeros((size_t)VL * C) };
-    head_acts a = { dev_zeros((size_t)NSP * C), dev_zeros(NSP), dev_zeros(NSP) };
+    lib_head p = { dev(lw, C), dev(lb, C), dev(wte_local, (size_t)VL * C) };
+    lib_head g = { dev_zeros(C), dev_zeros(C), dev_zeros((size_t)VL * C) };
+    lib_head_acts a = { dev_zeros((size_t)NSP * C), dev_zeros(NSP), dev_zeros(NSP) };
     int *tgt_dev = rt_malloc(sizeof(int) * N);
     rt_memcpy(tgt_dev, tgt, sizeof(int) * N, RT_H2D);
     float *loss_dev = dev_zeros(1), *dx = dev_zeros((size_t)NSP * C);
@@ -398,19 +398,19 @@ static double *qkv_cols(const double *m, int rows)
     for (int i = 0; i < rows; i++)
         for (int part = 0; part < 3; part++)
             memcpy(out + (size_t)i * 3 * CL + part * CL,
-                   m + (size_t)i * 3 * C + part * C + tp_rank * CL, sizeof(double) * CL);
+                   m + (size_t)i * 3 * C + part * C + gpt.tp_rank * CL, sizeof(double) * CL);
     return out;
 }
 
-static layer_params layer_shard(const layer_full *f)
+static gpt_layer_params layer_shard(const layer_full *f)
 {
-    layer_params p = {
+    gpt_layer_params p = {
         dev(f->ln1w, C), dev(f->ln1b, C), dev(qkv_cols(f->qkvw, C), (size_t)C * 3 * CL),
-        dev(qkv_cols(f->qkvb, 1), 3 * CL), dev(f->pw + (size_t)tp_rank * CL * C, (size_t)CL * C),
+        dev(qkv_cols(f->qkvb, 1), 3 * CL), dev(f->pw + (size_t)gpt.tp_rank * CL * C, (size_t)CL * C),
         dev(f->pb, C), dev(f->ln2w, C), dev(f->ln2b, C),
-        dev(block(f->fcw, FF, 0, tp_rank * FFL, C, FFL), (size_t)C * FFL),
-        dev(f->fcb + tp_rank * FFL, FFL), dev(f->p2w + (size_t)tp_rank * FFL * C, (size_t)FFL * C),
-        dev(f->p2b, C),
+        dev(block(f->fcw, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL),
+        dev(f->fcb + gpt.tp_rank * FFL, FFL), dev(f->p2w + (size_t)gpt.tp_rank * FFL * C, (size_t)FFL * C),
+        dev(f->p2b, C), { NULL, NULL, NULL, NULL, NULL },
     };
     return p;
 }
@@ -447,9 +447,9 @@ static int test_layer(void)
     ref_linear_fwd(mlp, a, w.p2w, w.p2b, N, FF, C);
     for (size_t i = 0; i < nc; i++) res2[i] = res1[i] + mlp[i];
 
-    layer_params p = layer_shard(&w);
-    layer_acts acts;
-    layer_acts_alloc(&acts);
+    gpt_layer_params p = layer_shard(&w);
+    gpt_layer_acts acts;
+    lib_layer_acts_alloc(&acts);
     float *xin = dev(x_sm + (size_t)r0 * C, (size_t)NSP * C);
     layer_fwd(&p, &acts, xin);
     check("layer.res2", acts.res2, to_seq(res2, C) + (size_t)r0 * C, (size_t)NSP * C);
@@ -471,10 +471,11 @@ static int test_layer(void)
     memcpy(dx, dres1, nc * sizeof(double));
     ref_layernorm_bwd(dx, dw.ln1w, dw.ln1b, dln1, x, w.ln1w, m1, s1, N, C);
 
-    layer_params g = {
+    gpt_layer_params g = {
         dev_zeros(C), dev_zeros(C), dev_zeros((size_t)C * 3 * CL), dev_zeros(3 * CL),
         dev_zeros((size_t)CL * C), dev_zeros(C), dev_zeros(C), dev_zeros(C),
         dev_zeros((size_t)C * FFL), dev_zeros(FFL), dev_zeros((size_t)FFL * C), dev_zeros(C),
+        { NULL, NULL, NULL, NULL, NULL },
     };
     float *d = dev(dres_sm + (size_t)r0 * C, (size_t)NSP * C);
     layer_bwd(&p, &g, &acts, xin, d);
@@ -482,7 +483,7 @@ static int test_layer(void)
         float *sp[] = { g.ln_1_w, g.ln_1_b, g.attn_proj_b, g.ln_2_w, g.ln_2_b, g.mlp_proj_b };
         for (int i = 0; i < 6; i++) tp_sum(sp[i], C);
     }
-    layer_params want = layer_shard(&dw);   /* the unsplit gradients, sharded as the weights */
+    gpt_layer_params want = layer_shard(&dw);   /* the unsplit gradients, sharded as the weights */
     float *got[] = { g.ln_1_w, g.ln_1_b, g.c_attn_w, g.c_attn_b, g.attn_proj_w, g.attn_proj_b,
                      g.ln_2_w, g.ln_2_b, g.c_fc_w, g.c_fc_b, g.mlp_proj_w, g.mlp_proj_b };
     float *exp_[] = { want.ln_1_w, want.ln_1_b, want.c_attn_w, want.c_attn_b, want.attn_proj_w,
@@ -512,14 +513,14 @@ static int test_layer(void)
 /* The column-parallel output compared with the next rank's columns must mismatch. */
 static int test_control(void)
 {
-    const int other = ((tp_rank + 1) % TP) * FFL;
+    const int other = ((gpt.tp_rank + 1) % TP) * FFL;
     double *X = rnd((size_t)N * C, 11, 0, 1), *W = rnd((size_t)C * FF, 12, 0, 0.1);
     double *b = rnd(FF, 13, 0, 0.1), *Y = zeros((size_t)N * FF);
     ref_linear_fwd(Y, X, W, b, N, C, FF);
-    float *w = dev(block(W, FF, 0, tp_rank * FFL, C, FFL), (size_t)C * FFL);
+    float *w = dev(block(W, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL);
     float *y = dev_zeros((size_t)N * FFL), *full = dev_zeros((size_t)N * C);
     matmul_fwd(y, gather_seq(full, dev(X + (size_t)r0 * C, (size_t)NSP * C)), w,
-               dev(b + tp_rank * FFL, FFL), N, C, FFL);
+               dev(b + gpt.tp_rank * FFL, FFL), N, C, FFL);
     quiet = 1;
     check("control", y, block(Y, FF, 0, other, N, FFL), (size_t)N * FFL);
     quiet = 0;
@@ -536,9 +537,13 @@ int main(int argc, char **argv)
     RT_CHECK(CFG_TP > 1 && CFG_DP == 1 && CFG_PP == 1, "t_regions needs a TP > 1, DP 1, PP 1 "
              "layout (built for %s)", CFG_LAYOUT);
     tag = argc > 1 ? argv[1] : CFG_LAYOUT;
-    groups_create();
-    scratch_alloc(1);
-    r0 = SP ? tp_rank * NSP : 0;
+    gpt.prog = &gpt_program_desc;   /* the layout's groups and scratch, as a program sets them up */
+    gpt.d = gpt_program_desc.dims;
+    lib_groups_create(&gpt_program_desc);
+    gpt.stage = gpt_program_desc.stages[gpt.pp_rank];
+    lib_tensors_build(&gpt_program_desc);
+    lib_stage_setup();
+    r0 = SP ? gpt.tp_rank * NSP : 0;
     int failed = test_column() + test_row() + test_seq_regions() + test_embedding() +
                  test_cross_entropy() + test_layer() + test_control();
     rt_finalize();

@@ -434,7 +434,7 @@ WARN="-std=c11 -O2 -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototyp
 warnings() {
     ok=0
     for f in $S/a/*.c; do
-        ${MPICC:-mpicc} $WARN -Iruntime -I$S/a -c -o /dev/null "$f" || ok=1
+        ${MPICC:-mpicc} $WARN -Iruntime -Ilib -I$S/a -c -o /dev/null "$f" || ok=1
     done
     return $ok
 }

@@ -7,13 +7,7 @@
 #ifndef MODEL_H
 #define MODEL_H
 
-#include <stddef.h>
-#include <stdint.h>
-#include "rt.h"   // defines: rt_gemm, rt_allreduce, rt_allgather, rt_reduce_scatter, rt_p2p
-
-#ifdef __cplusplus   /* kernels.cu is C++: these are C symbols */
-extern "C" {
-#endif
+#include "gpt.h"   // defines: gpt_program, gpt_stage, gpt_layer_fwd, rt_p2p, ... (lib/gpt.h)
 
 /* -- Sizes: every number the program uses, with its origin --------------------------------- */
 
@@ -22,7 +16,9 @@ extern "C" {
 #define CFG_TP              1                  /* tensor-parallel size (TP) */
 #define CFG_PP              2                  /* pipeline stages (PP) */
 #define CFG_DP              1                  /* data-parallel size (DP) */
+#define CFG_CP              1                  /* context-parallel size (CP) */
 #define CFG_VP              2                  /* virtual chunks per stage (VP) */
+#define CFG_SP              0                  /* sequence parallelism (SP=1) */
 #define CFG_B               1                  /* micro-batch size (MBS) */
 #define CFG_NMB             4                  /* micro-batches per step (NMB) */
 #define CFG_GBS             4                  /* global batch = MBS*NMB*DP */
@@ -41,6 +37,7 @@ extern "C" {
 #define CFG_V               256                /* vocabulary (model.vocab) */
 #define CFG_V_PADDED        256                /* vocabulary padded to a multiple of 128*TP */
 #define CFG_V_LOCAL         256                /* vocabulary rows per tp rank = V_PADDED/TP */
+#define CFG_LAYERS          8                  /* transformer layers (model.layers) */
 #define CFG_LN_EPS          1e-05f             /* LayerNorm eps (model.norm_eps) */
 #define CFG_ATT_SCALE       0.25f              /* 1/sqrt(head_dim) */
 #define CFG_DLOSS           0.00390625f        /* d(step loss)/d(token loss) = 1/(N*NMB) */
@@ -48,187 +45,9 @@ extern "C" {
 #define CFG_TOKENS_PER_STEP 256                /* GBS*T */
 #define CFG_P2P_N           4096               /* elements of one pipeline message = N_SP*C */
 
-/* -- Parameters (this rank's shards; Hugging Face names, Conv1D orientation [in, out]) ------- */
+/* -- The stage programs (stage<k>.c) ------------------------------------------------------- */
 
-typedef struct {
-    float *ln_1_w;       /* (C)               h.{i}.ln_1.weight           replicated       */
-    float *ln_1_b;       /* (C)               h.{i}.ln_1.bias             replicated       */
-    float *c_attn_w;     /* (C, QKV_LOCAL)    h.{i}.attn.c_attn.weight    column-parallel  */
-    float *c_attn_b;     /* (QKV_LOCAL)       h.{i}.attn.c_attn.bias      column-parallel  */
-    float *attn_proj_w;  /* (C_LOCAL, C)      h.{i}.attn.c_proj.weight    row-parallel     */
-    float *attn_proj_b;  /* (C)               h.{i}.attn.c_proj.bias      replicated       */
-    float *ln_2_w;       /* (C)               h.{i}.ln_2.weight           replicated       */
-    float *ln_2_b;       /* (C)               h.{i}.ln_2.bias             replicated       */
-    float *c_fc_w;       /* (C, FF_LOCAL)     h.{i}.mlp.c_fc.weight       column-parallel  */
-    float *c_fc_b;       /* (FF_LOCAL)        h.{i}.mlp.c_fc.bias         column-parallel  */
-    float *mlp_proj_w;   /* (FF_LOCAL, C)     h.{i}.mlp.c_proj.weight     row-parallel     */
-    float *mlp_proj_b;   /* (C)               h.{i}.mlp.c_proj.bias       replicated       */
-} layer_params;          /* gradients use the same struct, pointing into the grad buffer */
+extern const gpt_stage stage0;   /* stage 0 of 2: embedding, layers 0..1 | layers 4..5 */
+extern const gpt_stage stage1;   /* stage 1 of 2: layers 2..3 | layers 6..7, head + loss */
 
-typedef struct {
-    float *wte;          /* (V_LOCAL, C)      wte.weight                  vocab-parallel   */
-    float *wpe;          /* (T_MODEL, C)      wpe.weight                  replicated       */
-} embed_params;
-
-typedef struct {
-    float *ln_f_w;       /* (C)               ln_f.weight                 replicated       */
-    float *ln_f_b;       /* (C)               ln_f.bias                   replicated       */
-    float *wte;          /* (V_LOCAL, C)      wte.weight (tied output)    vocab-parallel   */
-} head_params;
-
-/* -- Activations of one micro-batch (rows are tokens, sequence-major: row t*B + b) ----------- */
-
-typedef struct {
-    float *ln1;          /* (N_SP, C)         ln_1 output                 */
-    float *ln1_mean;     /* (N_SP)                                        */
-    float *ln1_rstd;     /* (N_SP)                                        */
-    float *ln1_full;     /* (N, C)            ln_1 output, whole sequence (= ln1 without SP) */
-    float *qkv;          /* (N, QKV_LOCAL)    q | k | v of the local heads */
-    float *att;          /* (B, HEADS_LOCAL, T, T) attention probabilities */
-    float *atty;         /* (N, C_LOCAL)      attention output, local heads */
-    float *res1;         /* (N_SP, C)         x + attention                */
-    float *ln2;          /* (N_SP, C)         ln_2 output                  */
-    float *ln2_mean;     /* (N_SP)                                        */
-    float *ln2_rstd;     /* (N_SP)                                        */
-    float *ln2_full;     /* (N, C)            (= ln2 without SP)           */
-    float *fc;           /* (N, FF_LOCAL)     c_fc output, before GELU     */
-    float *gelu;         /* (N, FF_LOCAL)                                 */
-    float *res2;         /* (N_SP, C)         layer output                 */
-} layer_acts;
-
-typedef struct {
-    float *lnf;          /* (N_SP, C)         ln_f output                  */
-    float *lnf_mean;     /* (N_SP)                                        */
-    float *lnf_rstd;     /* (N_SP)                                        */
-} head_acts;
-
-/* Scratch shared by every layer and micro-batch of a stage (nothing lives across calls). */
-typedef struct {
-    float *full;         /* (N, C)            partial sums / gathered rows */
-    float *full_sp;      /* (N_SP, C)         reduce-scatter output (= full without SP) */
-    float *dqkv;         /* (N, QKV_LOCAL)                                */
-    float *datty;        /* (N, C_LOCAL)                                  */
-    float *datt;         /* (B, HEADS_LOCAL, T, T)                        */
-    float *dfc;          /* (N, FF_LOCAL)                                 */
-    float *logits;       /* (N, V_LOCAL)      last stage only             */
-    float *ce;           /* (4 * N)           row max | sum exp | target logit | loss */
-    int   *targets;      /* (N)               last stage only             */
-} scratch_bufs;
-
-/* -- The rank's place in the job (set once by train.c) ------------------------------------- */
-
-extern rt_group *grp_tp;   /* tensor-parallel group: layer collectives (size 1: not created) */
-extern rt_group *grp_dpcp;   /* data-parallel group: gradient reduction (size 1: not created) */
-extern rt_group *grp_pp;   /* pipeline group: neighbours */
-extern rt_group *grp_embd;   /* first and last stage: tied embedding gradients */
-extern rt_group *grp_mp;   /* model-parallel group (tp-pp): gradient norm */
-
-extern int tp_rank, pp_rank, dp_rank, cp_rank;
-extern int ep_rank, etp_rank, edp_rank;       /* coordinates in the expert grid */
-extern int vocab_start, vocab_valid;   /* this TP rank's vocabulary rows [start, start+valid) */
-extern scratch_bufs scratch;
-void groups_create(void);   /* groups.c: create the communicators, set the coordinates */
-
-/* -- Kernels (kernels.c on the CPU, kernels.cu on CUDA; same contracts) --------------------- */
-
-void embed_fwd(float *out, const int *tok, const float *wte, int N, int C, int vstart, int vrows);
-void embed_bwd(float *dwte, const float *dout, const int *tok, int N, int C, int vstart,
-               int vrows);
-void pos_fwd(float *out, const float *wpe, int T, int B, int C, int t0);
-void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0);
-void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                   const float *b, int N, int C, float eps);
-void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                   const float *w, const float *mean, const float *rstd, int N, int C);
-void gelu_fwd(float *out, const float *inp, size_t n);
-void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
-void bias_fwd(float *out, const float *bias, int N, int OC);
-void bias_bwd(float *dbias, const float *dout, int N, int OC);
-void add_fwd(float *out, const float *a, const float *b, size_t n);
-void add_inplace(float *y, const float *x, size_t n);
-void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
-                   float scale);
-void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att,
-                   const float *qkv, int B, int T, int Hl, int hd, float scale);
-void ce_rowmax(float *mx, const float *logits, int N, int Vl, int valid);
-void ce_sums(float *sums, const float *logits, const float *mx, const int *targets, int N,
-             int Vl, int valid, int vstart);
-void ce_loss(float *loss, const float *sums, const float *mx, int N);
-void ce_bwd(float *logits, const float *mx, const float *sums, const int *targets, int N,
-            int Vl, int valid, int vstart, float dloss);
-void sum_rows(float *out, const float *x, int N);
-void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float wd, float bc1, float bc2, float gscale);
-void sumsq(float *out, const float *x, size_t n);
-void scale_inplace(float *x, size_t n, float s);
-
-/* -- The model (model.c) ------------------------------------------------------------------- */
-
-void layer_acts_alloc(layer_acts *a);
-void scratch_alloc(int head);
-void layer_fwd(const layer_params *p, layer_acts *a, const float *x);
-void layer_bwd(const layer_params *p, layer_params *g, const layer_acts *a, const float *x,
-               float *dres);
-void embedding_fwd(const embed_params *p, float *out, const int *tok);
-void embedding_bwd(embed_params *g, const float *dout, const int *tok);
-void head_fwd_bwd(const head_params *p, head_params *g, head_acts *a, const float *x,
-                  const int *targets, float *loss_sum, float *dx);
-
-/* -- Whole-model tensors and this rank's pieces of them (checkpoints, initialisation) ------- */
-
-typedef enum { INIT_NORMAL, INIT_ZERO, INIT_ONE } init_kind;
-
-typedef struct {
-    const char *name;    /* Hugging Face name, e.g. "h.3.attn.c_attn.weight" */
-    int rows, cols;      /* global shape; 1-D tensors have rows = 1 */
-    int ndim;            /* 1 or 2, as saved */
-    init_kind init;
-    float std;           /* for INIT_NORMAL */
-    uint64_t stream;     /* FNV-1a 64 of the name: the random stream of its elements */
-} tensor_info;
-
-/* A rectangle of a global tensor held in a local tensor (docs/PROGRAM.md §4). */
-typedef struct {
-    int tensor;          /* index into model_tensors[] */
-    float **base;        /* the local tensor (set when the stage allocates its buffers) */
-    int ld;              /* local row stride */
-    int lrow, lcol;      /* first local row and column */
-    int grow, gcol;      /* first global row and column */
-    int rows, cols;      /* size of the rectangle */
-    int replicated;      /* the same values on every tp rank: saved by tp rank 0 */
-    int tied_copy;       /* the last stage's copy of wte: loaded and drawn, never saved */
-    int expert;          /* an expert's: saved by expert-dp rank 0 (replicas: expert-tp 0) */
-} piece;
-
-extern const tensor_info model_tensors[];
-extern const int model_ntensors;
-
-/* -- Stage programs (stage<k>.c) ------------------------------------------------------------ */
-
-typedef struct {
-    int step;            /* 0-based optimizer step */
-    float lr, beta1, beta2, eps, wd, clip;
-    const int *inputs;   /* host (NMB, N) token ids of this rank's micro-batches, or NULL */
-    const int *targets;  /* host (NMB, N) next tokens, or NULL */
-} step_in;
-
-typedef struct {
-    double loss;         /* mean loss of the global batch (valid on every rank) */
-    double aux_loss;     /* MoE load-balancing loss term of the objective (0 without MoE) */
-    double grad_norm;    /* before clipping */
-} step_out;
-
-typedef struct {
-    const char *title;                   /* "stage 1 of 2: layers 2..3" */
-    int needs_inputs, needs_targets;     /* does it read token ids / targets? */
-    const piece *(*pieces)(int *n);      /* every piece of every parameter this rank holds */
-    void (*setup)(void);                 /* allocate parameters, gradients, activations */
-    void (*step)(const step_in *in, step_out *out);
-    size_t (*state_floats)(void);        /* resume checkpoint: parameters and moments */
-    void (*state_io)(float *host, int save);
-} stage_program;
-
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -6,302 +6,297 @@
 ** run by ranks 1; interleaved schedule: 2 warm-up, 6 steady, 2 cool-down; 3 in flight
 ** regenerate: make MODEL=tiny TP=1 PP=2 DP=1 VP=2 NMB=4
 */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
 #include "model.h"
 
-#define TAG_ACT  0   /* pipeline messages carrying activations forward */
-#define TAG_GRAD 1   /* pipeline messages carrying gradients backward  */
+/* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
+**    distributed optimizer cuts each bucket into one shard per data-parallel rank (§5.4) ---- */
 
-/* -- Parameters and gradients: one buffer per model chunk, Megatron's DDP layout ------------- */
-
-#define NBUF 2
-static const size_t buf_size[NBUF] = {   /* elements (reverse parameter order, padded) */
-    99968,   /* chunk 0 */
-    116480,   /* chunk 1 */
-};
-/* The data-parallel group each buffer is reduced over (dense: dp-cp, experts: expert-dp; NULL
-** when it has one member) and this rank's index in it. */
-static rt_group **const buf_group[NBUF] = {
-    &grp_dpcp,
-    &grp_dpcp,
-};
-static const int buf_expert[NBUF] = {   /* expert buffer: its norm is reduced apart */
-    0,
-    0,
-};
-static float *pbuf[NBUF];       /* parameters */
-static float *gbuf[NBUF];       /* gradients, same layout */
-static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
-static float *vbuf[NBUF];       /* AdamW second moments */
-
-static layer_params chunk0_params[2], chunk0_grads[2];
-static layer_params chunk1_params[2], chunk1_grads[2];
-static head_params head_p, head_g;
-static head_acts head_a;
-
-/* Every parameter in buffer order: what AdamW decays and what the gradient norm counts. */
-/* NORM_NEVER: the tied copy; NORM_ALWAYS: sharded; NORM_TP0 / NORM_ETP0: replicated over tp /
-** expert-tp, counted on rank 0 of the group (megatron-semantics.md §6) */
-enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0, NORM_ETP0 };
-typedef struct { int buf; size_t offset, n; int decay, norm; } opt_range;
-#define NRANGES 51
-static const opt_range ranges[NRANGES] = {
-    { 0, 0, 64, 0, NORM_TP0 },   /* h.3.mlp.c_proj.bias */
-    { 0, 64, 16384, 1, NORM_ALWAYS },   /* h.3.mlp.c_proj.weight */
-    { 0, 16448, 256, 0, NORM_ALWAYS },   /* h.3.mlp.c_fc.bias */
-    { 0, 16704, 16384, 1, NORM_ALWAYS },   /* h.3.mlp.c_fc.weight */
-    { 0, 33088, 64, 0, NORM_TP0 },   /* h.3.ln_2.bias */
-    { 0, 33152, 64, 0, NORM_TP0 },   /* h.3.ln_2.weight */
-    { 0, 33216, 192, 0, NORM_ALWAYS },   /* h.3.attn.c_attn.bias */
-    { 0, 33408, 12288, 1, NORM_ALWAYS },   /* h.3.attn.c_attn.weight */
-    { 0, 45696, 64, 0, NORM_TP0 },   /* h.3.attn.c_proj.bias */
-    { 0, 45760, 4096, 1, NORM_ALWAYS },   /* h.3.attn.c_proj.weight */
-    { 0, 49856, 64, 0, NORM_TP0 },   /* h.3.ln_1.bias */
-    { 0, 49920, 64, 0, NORM_TP0 },   /* h.3.ln_1.weight */
-    { 0, 49984, 64, 0, NORM_TP0 },   /* h.2.mlp.c_proj.bias */
-    { 0, 50048, 16384, 1, NORM_ALWAYS },   /* h.2.mlp.c_proj.weight */
-    { 0, 66432, 256, 0, NORM_ALWAYS },   /* h.2.mlp.c_fc.bias */
-    { 0, 66688, 16384, 1, NORM_ALWAYS },   /* h.2.mlp.c_fc.weight */
-    { 0, 83072, 64, 0, NORM_TP0 },   /* h.2.ln_2.bias */
-    { 0, 83136, 64, 0, NORM_TP0 },   /* h.2.ln_2.weight */
-    { 0, 83200, 192, 0, NORM_ALWAYS },   /* h.2.attn.c_attn.bias */
-    { 0, 83392, 12288, 1, NORM_ALWAYS },   /* h.2.attn.c_attn.weight */
-    { 0, 95680, 64, 0, NORM_TP0 },   /* h.2.attn.c_proj.bias */
-    { 0, 95744, 4096, 1, NORM_ALWAYS },   /* h.2.attn.c_proj.weight */
-    { 0, 99840, 64, 0, NORM_TP0 },   /* h.2.ln_1.bias */
-    { 0, 99904, 64, 0, NORM_TP0 },   /* h.2.ln_1.weight */
-    { 1, 0, 16384, 1, NORM_NEVER },   /* wte.weight */
-    { 1, 16384, 64, 0, NORM_TP0 },   /* ln_f.bias */
-    { 1, 16448, 64, 0, NORM_TP0 },   /* ln_f.weight */
-    { 1, 16512, 64, 0, NORM_TP0 },   /* h.7.mlp.c_proj.bias */
-    { 1, 16576, 16384, 1, NORM_ALWAYS },   /* h.7.mlp.c_proj.weight */
-    { 1, 32960, 256, 0, NORM_ALWAYS },   /* h.7.mlp.c_fc.bias */
-    { 1, 33216, 16384, 1, NORM_ALWAYS },   /* h.7.mlp.c_fc.weight */
-    { 1, 49600, 64, 0, NORM_TP0 },   /* h.7.ln_2.bias */
-    { 1, 49664, 64, 0, NORM_TP0 },   /* h.7.ln_2.weight */
-    { 1, 49728, 192, 0, NORM_ALWAYS },   /* h.7.attn.c_attn.bias */
-    { 1, 49920, 12288, 1, NORM_ALWAYS },   /* h.7.attn.c_attn.weight */
-    { 1, 62208, 64, 0, NORM_TP0 },   /* h.7.attn.c_proj.bias */
-    { 1, 62272, 4096, 1, NORM_ALWAYS },   /* h.7.attn.c_proj.weight */
-    { 1, 66368, 64, 0, NORM_TP0 },   /* h.7.ln_1.bias */
-    { 1, 66432, 64, 0, NORM_TP0 },   /* h.7.ln_1.weight */
-    { 1, 66496, 64, 0, NORM_TP0 },   /* h.6.mlp.c_proj.bias */
-    { 1, 66560, 16384, 1, NORM_ALWAYS },   /* h.6.mlp.c_proj.weight */
-    { 1, 82944, 256, 0, NORM_ALWAYS },   /* h.6.mlp.c_fc.bias */
-    { 1, 83200, 16384, 1, NORM_ALWAYS },   /* h.6.mlp.c_fc.weight */
-    { 1, 99584, 64, 0, NORM_TP0 },   /* h.6.ln_2.bias */
-    { 1, 99648, 64, 0, NORM_TP0 },   /* h.6.ln_2.weight */
-    { 1, 99712, 192, 0, NORM_ALWAYS },   /* h.6.attn.c_attn.bias */
-    { 1, 99904, 12288, 1, NORM_ALWAYS },   /* h.6.attn.c_attn.weight */
-    { 1, 112192, 64, 0, NORM_TP0 },   /* h.6.attn.c_proj.bias */
-    { 1, 112256, 4096, 1, NORM_ALWAYS },   /* h.6.attn.c_proj.weight */
-    { 1, 116352, 64, 0, NORM_TP0 },   /* h.6.ln_1.bias */
-    { 1, 116416, 64, 0, NORM_TP0 },   /* h.6.ln_1.weight */
+static const gpt_bucket buffer0_buckets[1] = {   /* start, size, shard, base */
+    { 0, 99968, 99968, 0 },
 };
 
-/* -- Activations of in-flight micro-batches -------------------------------------------------- */
+static const gpt_bucket buffer1_buckets[2] = {   /* start, size, shard, base */
+    {     0,  16384,  16384,     0 },
+    { 16384, 100096, 100096, 16384 },
+};
 
-typedef struct {
-    float *x;                                 /* (N_SP, C) chunk input */
-    float *dy;                                /* (N_SP, C) d(output); d(input) after backward */
-    int *tokens;                              /* (N) token ids (embedding chunk only) */
-    layer_acts layer[2];
-} chunk_acts;
+/* chunk, experts, elements, distributed, moment elements, data-parallel group, buckets */
+static const gpt_buffer buffers[2] = {
+    { 0, 0,  99968, 0,  99968, GPT_GRP_DPCP, 1, buffer0_buckets },   /* chunk 0, dense */
+    { 1, 0, 116480, 0, 116480, GPT_GRP_DPCP, 2, buffer1_buckets },   /* chunk 1, dense */
+};
 
-static chunk_acts chunk0_acts[3];   /* chunk 0: at most 3 in flight */
-static chunk_acts chunk1_acts[1];   /* chunk 1: at most 1 in flight */
-static const step_in *cur;      /* the step being run */
-static float *loss_dev;         /* (NMB) loss sums per micro-batch, device */
-static float *stat_dev;         /* (NRANGES + 2) gradient-norm pieces and reductions, device */
-static int pp_prev, pp_next;    /* pipeline neighbours, global ranks */
+/* -- Tensors: where each lives (buffer, offset), how it is treated, which role it plays
+**    (program.c), and the pieces of the whole model it holds; a piece's global start moves
+**    by its step per tp (or expert-tp) coordinate ------------------------------------------ */
 
-/* -- Setup ---------------------------------------------------------------------------------- */
+/* chunk 0: one layer's tensors, every layer alike from its base in each buffer:
+** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
+static const gpt_param chunk0_params[12] = {
+    /* h.2.ln_1.weight */
+    { GPT_P_LN1_W,       -1, 0, GPT_NORM_TP0,                 2,  64, 49920,    64 },
+    /* h.2.ln_1.bias */
+    { GPT_P_LN1_B,       -1, 0, GPT_NORM_TP0,                 3,  64, 49856,    64 },
+    /* h.2.attn.c_proj.weight */
+    { GPT_P_ATTN_PROJ_W, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,  6,  64, 45760,  4096 },
+    /* h.2.attn.c_proj.bias */
+    { GPT_P_ATTN_PROJ_B, -1, 0, GPT_NORM_TP0,                 7,  64, 45696,    64 },
+    /* h.2.attn.c_attn.weight */
+    { GPT_P_QKV_W,       -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,  4, 192, 33408, 12288 },
+    /* h.2.attn.c_attn.bias */
+    { GPT_P_QKV_B,       -1, 0, GPT_NORM_ALWAYS,              5, 192, 33216,   192 },
+    /* h.2.ln_2.weight */
+    { GPT_P_LN2_W,       -1, 0, GPT_NORM_TP0,                 8,  64, 33152,    64 },
+    /* h.2.ln_2.bias */
+    { GPT_P_LN2_B,       -1, 0, GPT_NORM_TP0,                 9,  64, 33088,    64 },
+    /* h.2.mlp.c_fc.weight */
+    { GPT_P_FC_W,        -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 10, 256, 16704, 16384 },
+    /* h.2.mlp.c_fc.bias */
+    { GPT_P_FC_B,        -1, 0, GPT_NORM_ALWAYS,             11, 256, 16448,   256 },
+    /* h.2.mlp.c_proj.weight */
+    { GPT_P_MLP_PROJ_W,  -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 12,  64,    64, 16384 },
+    /* h.2.mlp.c_proj.bias */
+    { GPT_P_MLP_PROJ_B,  -1, 0, GPT_NORM_TP0,                13,  64,     0,    64 },
+};
 
-static void alloc_chunk_acts(chunk_acts *a, int nlayers, int tokens)
-{
-    a->x = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->dy = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->tokens = tokens ? rt_malloc((size_t)CFG_N * sizeof(int)) : NULL;
-    for (int j = 0; j < nlayers; j++) layer_acts_alloc(&a->layer[j]);
-}
+/* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
+** flags */
+static const gpt_piece chunk0_pieces[16] = {
+    /* h.2.ln_1.weight */
+    {  0, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.ln_1.bias */
+    {  1, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.attn.c_proj.weight */
+    {  2, 0,   0, 0,   0,  64,  64, GPT_SPLIT_TP,    64,   0, 0 },
+    /* h.2.attn.c_proj.bias */
+    {  3, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.attn.c_attn.weight */
+    {  4, 0,   0, 0,   0,  64,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.2.attn.c_attn.weight */
+    {  4, 0,  64, 0,  64,  64,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.2.attn.c_attn.weight */
+    {  4, 0, 128, 0, 128,  64,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.2.attn.c_attn.bias */
+    {  5, 0,   0, 0,   0,   1,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.2.attn.c_attn.bias */
+    {  5, 0,  64, 0,  64,   1,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.2.attn.c_attn.bias */
+    {  5, 0, 128, 0, 128,   1,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.2.ln_2.weight */
+    {  6, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.ln_2.bias */
+    {  7, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.mlp.c_fc.weight */
+    {  8, 0,   0, 0,   0,  64, 256, GPT_SPLIT_TP,     0, 256, 0 },
+    /* h.2.mlp.c_fc.bias */
+    {  9, 0,   0, 0,   0,   1, 256, GPT_SPLIT_TP,     0, 256, 0 },
+    /* h.2.mlp.c_proj.weight */
+    { 10, 0,   0, 0,   0, 256,  64, GPT_SPLIT_TP,   256,   0, 0 },
+    /* h.2.mlp.c_proj.bias */
+    { 11, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+};
 
-static void setup(void)
-{
-    for (int i = 0; i < NBUF; i++) {
-        pbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        gbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        mbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        vbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-    }
-    /* parameter and gradient views into the buffers */
-    chunk0_params[0].attn_proj_b = pbuf[0] + 95680;   /* h.2.attn.c_proj.bias [64] */
-    chunk0_grads[0].attn_proj_b = gbuf[0] + 95680;
-    chunk0_params[0].attn_proj_w = pbuf[0] + 95744;   /* h.2.attn.c_proj.weight [64, 64] */
-    chunk0_grads[0].attn_proj_w = gbuf[0] + 95744;
-    chunk0_params[0].c_attn_b = pbuf[0] + 83200;   /* h.2.attn.c_attn.bias [192] */
-    chunk0_grads[0].c_attn_b = gbuf[0] + 83200;
-    chunk0_params[0].c_attn_w = pbuf[0] + 83392;   /* h.2.attn.c_attn.weight [64, 192] */
-    chunk0_grads[0].c_attn_w = gbuf[0] + 83392;
-    chunk0_params[0].c_fc_b = pbuf[0] + 66432;   /* h.2.mlp.c_fc.bias [256] */
-    chunk0_grads[0].c_fc_b = gbuf[0] + 66432;
-    chunk0_params[0].c_fc_w = pbuf[0] + 66688;   /* h.2.mlp.c_fc.weight [64, 256] */
-    chunk0_grads[0].c_fc_w = gbuf[0] + 66688;
-    chunk0_params[0].ln_1_b = pbuf[0] + 99840;   /* h.2.ln_1.bias [64] */
-    chunk0_grads[0].ln_1_b = gbuf[0] + 99840;
-    chunk0_params[0].ln_1_w = pbuf[0] + 99904;   /* h.2.ln_1.weight [64] */
-    chunk0_grads[0].ln_1_w = gbuf[0] + 99904;
-    chunk0_params[0].ln_2_b = pbuf[0] + 83072;   /* h.2.ln_2.bias [64] */
-    chunk0_grads[0].ln_2_b = gbuf[0] + 83072;
-    chunk0_params[0].ln_2_w = pbuf[0] + 83136;   /* h.2.ln_2.weight [64] */
-    chunk0_grads[0].ln_2_w = gbuf[0] + 83136;
-    chunk0_params[0].mlp_proj_b = pbuf[0] + 49984;   /* h.2.mlp.c_proj.bias [64] */
-    chunk0_grads[0].mlp_proj_b = gbuf[0] + 49984;
-    chunk0_params[0].mlp_proj_w = pbuf[0] + 50048;   /* h.2.mlp.c_proj.weight [256, 64] */
-    chunk0_grads[0].mlp_proj_w = gbuf[0] + 50048;
-    chunk0_params[1].attn_proj_b = pbuf[0] + 45696;   /* h.3.attn.c_proj.bias [64] */
-    chunk0_grads[1].attn_proj_b = gbuf[0] + 45696;
-    chunk0_params[1].attn_proj_w = pbuf[0] + 45760;   /* h.3.attn.c_proj.weight [64, 64] */
-    chunk0_grads[1].attn_proj_w = gbuf[0] + 45760;
-    chunk0_params[1].c_attn_b = pbuf[0] + 33216;   /* h.3.attn.c_attn.bias [192] */
-    chunk0_grads[1].c_attn_b = gbuf[0] + 33216;
-    chunk0_params[1].c_attn_w = pbuf[0] + 33408;   /* h.3.attn.c_attn.weight [64, 192] */
-    chunk0_grads[1].c_attn_w = gbuf[0] + 33408;
-    chunk0_params[1].c_fc_b = pbuf[0] + 16448;   /* h.3.mlp.c_fc.bias [256] */
-    chunk0_grads[1].c_fc_b = gbuf[0] + 16448;
-    chunk0_params[1].c_fc_w = pbuf[0] + 16704;   /* h.3.mlp.c_fc.weight [64, 256] */
-    chunk0_grads[1].c_fc_w = gbuf[0] + 16704;
-    chunk0_params[1].ln_1_b = pbuf[0] + 49856;   /* h.3.ln_1.bias [64] */
-    chunk0_grads[1].ln_1_b = gbuf[0] + 49856;
-    chunk0_params[1].ln_1_w = pbuf[0] + 49920;   /* h.3.ln_1.weight [64] */
-    chunk0_grads[1].ln_1_w = gbuf[0] + 49920;
-    chunk0_params[1].ln_2_b = pbuf[0] + 33088;   /* h.3.ln_2.bias [64] */
-    chunk0_grads[1].ln_2_b = gbuf[0] + 33088;
-    chunk0_params[1].ln_2_w = pbuf[0] + 33152;   /* h.3.ln_2.weight [64] */
-    chunk0_grads[1].ln_2_w = gbuf[0] + 33152;
-    chunk0_params[1].mlp_proj_b = pbuf[0] + 0;   /* h.3.mlp.c_proj.bias [64] */
-    chunk0_grads[1].mlp_proj_b = gbuf[0] + 0;
-    chunk0_params[1].mlp_proj_w = pbuf[0] + 64;   /* h.3.mlp.c_proj.weight [256, 64] */
-    chunk0_grads[1].mlp_proj_w = gbuf[0] + 64;
-    chunk1_params[0].attn_proj_b = pbuf[1] + 112192;   /* h.6.attn.c_proj.bias [64] */
-    chunk1_grads[0].attn_proj_b = gbuf[1] + 112192;
-    chunk1_params[0].attn_proj_w = pbuf[1] + 112256;   /* h.6.attn.c_proj.weight [64, 64] */
-    chunk1_grads[0].attn_proj_w = gbuf[1] + 112256;
-    chunk1_params[0].c_attn_b = pbuf[1] + 99712;   /* h.6.attn.c_attn.bias [192] */
-    chunk1_grads[0].c_attn_b = gbuf[1] + 99712;
-    chunk1_params[0].c_attn_w = pbuf[1] + 99904;   /* h.6.attn.c_attn.weight [64, 192] */
-    chunk1_grads[0].c_attn_w = gbuf[1] + 99904;
-    chunk1_params[0].c_fc_b = pbuf[1] + 82944;   /* h.6.mlp.c_fc.bias [256] */
-    chunk1_grads[0].c_fc_b = gbuf[1] + 82944;
-    chunk1_params[0].c_fc_w = pbuf[1] + 83200;   /* h.6.mlp.c_fc.weight [64, 256] */
-    chunk1_grads[0].c_fc_w = gbuf[1] + 83200;
-    chunk1_params[0].ln_1_b = pbuf[1] + 116352;   /* h.6.ln_1.bias [64] */
-    chunk1_grads[0].ln_1_b = gbuf[1] + 116352;
-    chunk1_params[0].ln_1_w = pbuf[1] + 116416;   /* h.6.ln_1.weight [64] */
-    chunk1_grads[0].ln_1_w = gbuf[1] + 116416;
-    chunk1_params[0].ln_2_b = pbuf[1] + 99584;   /* h.6.ln_2.bias [64] */
-    chunk1_grads[0].ln_2_b = gbuf[1] + 99584;
-    chunk1_params[0].ln_2_w = pbuf[1] + 99648;   /* h.6.ln_2.weight [64] */
-    chunk1_grads[0].ln_2_w = gbuf[1] + 99648;
-    chunk1_params[0].mlp_proj_b = pbuf[1] + 66496;   /* h.6.mlp.c_proj.bias [64] */
-    chunk1_grads[0].mlp_proj_b = gbuf[1] + 66496;
-    chunk1_params[0].mlp_proj_w = pbuf[1] + 66560;   /* h.6.mlp.c_proj.weight [256, 64] */
-    chunk1_grads[0].mlp_proj_w = gbuf[1] + 66560;
-    chunk1_params[1].attn_proj_b = pbuf[1] + 62208;   /* h.7.attn.c_proj.bias [64] */
-    chunk1_grads[1].attn_proj_b = gbuf[1] + 62208;
-    chunk1_params[1].attn_proj_w = pbuf[1] + 62272;   /* h.7.attn.c_proj.weight [64, 64] */
-    chunk1_grads[1].attn_proj_w = gbuf[1] + 62272;
-    chunk1_params[1].c_attn_b = pbuf[1] + 49728;   /* h.7.attn.c_attn.bias [192] */
-    chunk1_grads[1].c_attn_b = gbuf[1] + 49728;
-    chunk1_params[1].c_attn_w = pbuf[1] + 49920;   /* h.7.attn.c_attn.weight [64, 192] */
-    chunk1_grads[1].c_attn_w = gbuf[1] + 49920;
-    chunk1_params[1].c_fc_b = pbuf[1] + 32960;   /* h.7.mlp.c_fc.bias [256] */
-    chunk1_grads[1].c_fc_b = gbuf[1] + 32960;
-    chunk1_params[1].c_fc_w = pbuf[1] + 33216;   /* h.7.mlp.c_fc.weight [64, 256] */
-    chunk1_grads[1].c_fc_w = gbuf[1] + 33216;
-    chunk1_params[1].ln_1_b = pbuf[1] + 66368;   /* h.7.ln_1.bias [64] */
-    chunk1_grads[1].ln_1_b = gbuf[1] + 66368;
-    chunk1_params[1].ln_1_w = pbuf[1] + 66432;   /* h.7.ln_1.weight [64] */
-    chunk1_grads[1].ln_1_w = gbuf[1] + 66432;
-    chunk1_params[1].ln_2_b = pbuf[1] + 49600;   /* h.7.ln_2.bias [64] */
-    chunk1_grads[1].ln_2_b = gbuf[1] + 49600;
-    chunk1_params[1].ln_2_w = pbuf[1] + 49664;   /* h.7.ln_2.weight [64] */
-    chunk1_grads[1].ln_2_w = gbuf[1] + 49664;
-    chunk1_params[1].mlp_proj_b = pbuf[1] + 16512;   /* h.7.mlp.c_proj.bias [64] */
-    chunk1_grads[1].mlp_proj_b = gbuf[1] + 16512;
-    chunk1_params[1].mlp_proj_w = pbuf[1] + 16576;   /* h.7.mlp.c_proj.weight [256, 64] */
-    chunk1_grads[1].mlp_proj_w = gbuf[1] + 16576;
-    head_p.ln_f_b = pbuf[1] + 16384;   /* ln_f.bias [64] */
-    head_g.ln_f_b = gbuf[1] + 16384;
-    head_p.ln_f_w = pbuf[1] + 16448;   /* ln_f.weight [64] */
-    head_g.ln_f_w = gbuf[1] + 16448;
-    head_p.wte = pbuf[1] + 0;   /* wte.weight [256, 64] */
-    head_g.wte = gbuf[1] + 0;
-    for (int k = 0; k < 3; k++)
-        alloc_chunk_acts(&chunk0_acts[k], 2, 0);
-    for (int k = 0; k < 1; k++)
-        alloc_chunk_acts(&chunk1_acts[k], 2, 0);
-    head_a.lnf = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    head_a.lnf_mean = rt_malloc((size_t)CFG_N_SP * sizeof(float));
-    head_a.lnf_rstd = rt_malloc((size_t)CFG_N_SP * sizeof(float));
-    scratch_alloc(1);
-    loss_dev = rt_malloc(CFG_NMB * sizeof(float));
-    stat_dev = rt_malloc((NRANGES + 2) * sizeof(float));
-    const int *pp = rt_group_members(grp_pp);
-    pp_prev = pp[(pp_rank + CFG_PP - 1) % CFG_PP];
-    pp_next = pp[(pp_rank + 1) % CFG_PP];
-}
+static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer */
+    49984, 0,   /* layer 2 */
+    0, 0,   /* layer 3 */
+};
 
-/* -- Chunks: forward and backward of one micro-batch ----------------------------------------- */
+/* chunk 1: one layer's tensors, every layer alike from its base in each buffer:
+** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
+static const gpt_param chunk1_params[12] = {
+    /* h.6.ln_1.weight */
+    { GPT_P_LN1_W,       -1, 1, GPT_NORM_TP0,                 2,  64, 49920,    64 },
+    /* h.6.ln_1.bias */
+    { GPT_P_LN1_B,       -1, 1, GPT_NORM_TP0,                 3,  64, 49856,    64 },
+    /* h.6.attn.c_proj.weight */
+    { GPT_P_ATTN_PROJ_W, -1, 1, GPT_DECAY | GPT_NORM_ALWAYS,  6,  64, 45760,  4096 },
+    /* h.6.attn.c_proj.bias */
+    { GPT_P_ATTN_PROJ_B, -1, 1, GPT_NORM_TP0,                 7,  64, 45696,    64 },
+    /* h.6.attn.c_attn.weight */
+    { GPT_P_QKV_W,       -1, 1, GPT_DECAY | GPT_NORM_ALWAYS,  4, 192, 33408, 12288 },
+    /* h.6.attn.c_attn.bias */
+    { GPT_P_QKV_B,       -1, 1, GPT_NORM_ALWAYS,              5, 192, 33216,   192 },
+    /* h.6.ln_2.weight */
+    { GPT_P_LN2_W,       -1, 1, GPT_NORM_TP0,                 8,  64, 33152,    64 },
+    /* h.6.ln_2.bias */
+    { GPT_P_LN2_B,       -1, 1, GPT_NORM_TP0,                 9,  64, 33088,    64 },
+    /* h.6.mlp.c_fc.weight */
+    { GPT_P_FC_W,        -1, 1, GPT_DECAY | GPT_NORM_ALWAYS, 10, 256, 16704, 16384 },
+    /* h.6.mlp.c_fc.bias */
+    { GPT_P_FC_B,        -1, 1, GPT_NORM_ALWAYS,             11, 256, 16448,   256 },
+    /* h.6.mlp.c_proj.weight */
+    { GPT_P_MLP_PROJ_W,  -1, 1, GPT_DECAY | GPT_NORM_ALWAYS, 12,  64,    64, 16384 },
+    /* h.6.mlp.c_proj.bias */
+    { GPT_P_MLP_PROJ_B,  -1, 1, GPT_NORM_TP0,                13,  64,     0,    64 },
+};
+
+/* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
+** flags */
+static const gpt_piece chunk1_pieces[16] = {
+    /* h.6.ln_1.weight */
+    {  0, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.6.ln_1.bias */
+    {  1, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.6.attn.c_proj.weight */
+    {  2, 0,   0, 0,   0,  64,  64, GPT_SPLIT_TP,    64,   0, 0 },
+    /* h.6.attn.c_proj.bias */
+    {  3, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.6.attn.c_attn.weight */
+    {  4, 0,   0, 0,   0,  64,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.6.attn.c_attn.weight */
+    {  4, 0,  64, 0,  64,  64,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.6.attn.c_attn.weight */
+    {  4, 0, 128, 0, 128,  64,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.6.attn.c_attn.bias */
+    {  5, 0,   0, 0,   0,   1,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.6.attn.c_attn.bias */
+    {  5, 0,  64, 0,  64,   1,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.6.attn.c_attn.bias */
+    {  5, 0, 128, 0, 128,   1,  64, GPT_SPLIT_TP,     0,  64, 0 },
+    /* h.6.ln_2.weight */
+    {  6, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.6.ln_2.bias */
+    {  7, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.6.mlp.c_fc.weight */
+    {  8, 0,   0, 0,   0,  64, 256, GPT_SPLIT_TP,     0, 256, 0 },
+    /* h.6.mlp.c_fc.bias */
+    {  9, 0,   0, 0,   0,   1, 256, GPT_SPLIT_TP,     0, 256, 0 },
+    /* h.6.mlp.c_proj.weight */
+    { 10, 0,   0, 0,   0, 256,  64, GPT_SPLIT_TP,   256,   0, 0 },
+    /* h.6.mlp.c_proj.bias */
+    { 11, 0,   0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+};
+
+static const size_t chunk1_bases[4] = {   /* per layer: its base in each buffer */
+    0, 66496,   /* layer 6 */
+    0, 16512,   /* layer 7 */
+};
+
+/* embedding and head: their tensors (offsets from the buffer's start) and pieces */
+static const gpt_param other_params[3] = {
+    /* ln_f.weight */
+    { GPT_P_LN_F_W,   -1, 1, GPT_NORM_TP0,               14, 64, 16448,    64 },
+    /* ln_f.bias */
+    { GPT_P_LN_F_B,   -1, 1, GPT_NORM_TP0,               15, 64, 16384,    64 },
+    /* the head's copy of wte.weight */
+    { GPT_P_HEAD_WTE, -1, 1, GPT_DECAY | GPT_NORM_NEVER,  0, 64,     0, 16384 },
+};
+
+static const gpt_piece other_pieces[3] = {
+    /* ln_f.weight */
+    { 0, 0, 0, 0, 0,   1, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },
+    /* ln_f.bias */
+    { 1, 0, 0, 0, 0,   1, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },
+    /* the head's copy of wte.weight */
+    { 2, 0, 0, 0, 0, 256, 64, GPT_SPLIT_TP,   256, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
+};
+
+/* first layer, layers, activation slots, embedding, head, tables */
+static const gpt_chunk_info chunks[2] = {
+    { 2, 2, 3, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases },
+    { 6, 2, 1, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases },
+};
+
+/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
+**    6520808 bytes in all with the parameters, checked at start. Not used here:
+**    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
+**    ML_AUXG C_TOKENS MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR
+**    MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX
+**    X_SP_PACK
+*/
+static const gpt_mem mem[GPT_NMEMS] = {
+    /* (N_SP, C) ln_1 output, x 8 */
+    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP), x 8 */
+    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,               64 },
+    /* (N_SP), x 8 */
+    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,               64 },
+    /* (N, C) ln_1 output, whole sequence */
+    [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,      0 },
+    /* (N, QKV_LOCAL), x 8 */
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            12288 },
+    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 8 */
+    [GPT_M_L_ATT]      = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (N, C_LOCAL) attention output, x 8 */
+    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP, C) x + attention, x 8 */
+    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP, C) ln_2 output, x 8 */
+    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP), x 8 */
+    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,               64 },
+    /* (N_SP), x 8 */
+    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,               64 },
+    /* (N, C) ln_2 output, whole sequence */
+    [GPT_M_L_LN2_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN2,      0 },
+    /* (N, FF_LOCAL) c_fc output, x 8 */
+    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (N, FF_LOCAL), x 8 */
+    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (N_SP, C) the layer's output, x 8 */
+    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP, C) the chunk's input, x 4 */
+    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP, C) its gradient, x 4 */
+    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP, C) ln_f output */
+    [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP) */
+    [GPT_M_H_LNF_MEAN] = { GPT_MEM_ALLOC, 0,               64 },
+    /* (N_SP) */
+    [GPT_M_H_LNF_RSTD] = { GPT_MEM_ALLOC, 0,               64 },
+    /* (N, C) partial sums / gathered rows */
+    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (N_SP, C) reduce-scatter output */
+    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,     0 },
+    /* (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            12288 },
+    /* (N, C_LOCAL) */
+    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,             4096 },
+    /* (B, HEADS_LOCAL, T, T) */
+    [GPT_M_S_DATT]     = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (N, FF_LOCAL) */
+    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (N, V_LOCAL) */
+    [GPT_M_S_LOGITS]   = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (4N) row max | sum exp | target logit | loss */
+    [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,              256 },
+    /* (N) int */
+    [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,               64 },
+    /* (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,                4 },
+    /* (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,               54 },
+};
+
+/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
 
 /* chunk 0: layers 2..3 */
 static void chunk0_forward(int mb, int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
     (void)mb;
-    /* layer 2 */
-    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);
-    /* layer 3 */
-    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);
+    gpt_layer_fwd(0, 0, slot);   /* layer 2 */
+    gpt_layer_fwd(0, 1, slot);   /* layer 3 */
 }
 
-static void chunk0_backward(int mb, int slot)
+static void chunk0_backward(int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    /* layer 3 */
-    layer_bwd(&chunk0_params[1], &chunk0_grads[1],
-              &a->layer[1], a->layer[0].res2, a->dy);
-    /* layer 2 */
-    layer_bwd(&chunk0_params[0], &chunk0_grads[0],
-              &a->layer[0], a->x, a->dy);
+    gpt_layer_bwd(0, 1, slot);   /* layer 3 */
+    gpt_layer_bwd(0, 0, slot);   /* layer 2 */
 }
 
 /* chunk 1: layers 6..7, head + loss */
 static void chunk1_forward(int mb, int slot)
 {
-    chunk_acts *a = &chunk1_acts[slot];
-    (void)mb;
-    /* layer 6 */
-    layer_fwd(&chunk1_params[0], &a->layer[0], a->x);
-    /* layer 7 */
-    layer_fwd(&chunk1_params[1], &a->layer[1], a->layer[0].res2);
-    rt_memcpy(scratch.targets, cur->targets + (size_t)mb * CFG_N, CFG_N * sizeof(int), RT_H2D);
-    head_fwd_bwd(&head_p, &head_g, &head_a, a->layer[1].res2, scratch.targets,
-                 loss_dev + mb, a->dy);
+    gpt_layer_fwd(1, 0, slot);   /* layer 6 */
+    gpt_layer_fwd(1, 1, slot);   /* layer 7 */
+    gpt_head_fwd_bwd(1, mb, slot);   /* ln_f, head and loss of mb; its gradient -> dy */
 }
 
-static void chunk1_backward(int mb, int slot)
+static void chunk1_backward(int slot)
 {
-    chunk_acts *a = &chunk1_acts[slot];
-    (void)mb;
-    /* layer 7 */
-    layer_bwd(&chunk1_params[1], &chunk1_grads[1],
-              &a->layer[1], a->layer[0].res2, a->dy);
-    /* layer 6 */
-    layer_bwd(&chunk1_params[0], &chunk1_grads[0],
-              &a->layer[0], a->x, a->dy);
+    gpt_layer_bwd(1, 1, slot);   /* layer 7 */
+    gpt_layer_bwd(1, 0, slot);   /* layer 6 */
 }
 
 /* -- The schedule: interleaved 1F1B over 2 chunks, 4 micro-batches -- */
@@ -309,393 +304,176 @@ static void chunk1_backward(int mb, int slot)
 static void run_schedule(void)
 {
     /* -- warm-up: forward passes only -- */
-    {   /* <<< recv activations mb 0 (chunk 0) from stage 0 */
+    {
+        /* <<< recv activations mb 0 (chunk 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 0, chunk0_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
+            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
-    /* forward  mb 0, chunk 0 (slot 0): layers 2..3 */
+    /* forward mb 0, chunk 0 (slot 0): layers 2..3 */
     chunk0_forward(0, 0);
-    {   /* <<< recv activations mb 1 (chunk 0) from stage 0;  >>> send activations mb 0 (chunk 0) to stage 0 */
+    {
+        /* <<< recv activations mb 1 (chunk 0) from stage 0; >>> send activations mb 0 (chunk 0)
+        ** to stage 0 */
         rt_p2p_op ops[] = {
-            { 0, chunk0_acts[1].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 1, chunk0_acts[0].layer[1].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 0, gpt.chunk[0].acts[1].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
-    /* forward  mb 1, chunk 0 (slot 1): layers 2..3 */
+    /* forward mb 1, chunk 0 (slot 1): layers 2..3 */
     chunk0_forward(1, 1);
-    {   /* <<< recv activations mb 0 (chunk 1) from stage 0;  >>> send activations mb 1 (chunk 0) to stage 0 */
+    {
+        /* <<< recv activations mb 0 (chunk 1) from stage 0; >>> send activations mb 1 (chunk 0)
+        ** to stage 0 */
         rt_p2p_op ops[] = {
-            { 0, chunk1_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 1, chunk0_acts[1].layer[1].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
     /* -- steady state: one forward, one backward -- */
-    /* forward  mb 0, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
+    /* forward mb 0, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
     chunk1_forward(0, 0);
     /* backward mb 0, chunk 1 (slot 0): layers 7..6 */
-    chunk1_backward(0, 0);
-    {   /* >>> send gradient mb 0 (chunk 1) to stage 0;  <<< recv activations mb 1 (chunk 1) from stage 0 */
+    chunk1_backward(0);
+    {
+        /* >>> send gradient mb 0 (chunk 1) to stage 0; <<< recv activations mb 1 (chunk 1) from
+        ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk1_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
-    /* forward  mb 1, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
+    /* forward mb 1, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
     chunk1_forward(1, 0);
     /* backward mb 1, chunk 1 (slot 0): layers 7..6 */
-    chunk1_backward(1, 0);
-    {   /* >>> send gradient mb 1 (chunk 1) to stage 0;  <<< recv activations mb 2 (chunk 0) from stage 0;  <<< recv gradient mb 0 (chunk 0) from stage 0 */
+    chunk1_backward(0);
+    {
+        /* >>> send gradient mb 1 (chunk 1) to stage 0; <<< recv activations mb 2 (chunk 0) from
+        ** stage 0; <<< recv gradient mb 0 (chunk 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk0_acts[2].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 0, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[2].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 3);
     }
-    /* forward  mb 2, chunk 0 (slot 2): layers 2..3 */
+    /* forward mb 2, chunk 0 (slot 2): layers 2..3 */
     chunk0_forward(2, 2);
     /* backward mb 0, chunk 0 (slot 0): layers 3..2 */
-    chunk0_backward(0, 0);
-    {   /* >>> send gradient mb 0 (chunk 0) to stage 0;  <<< recv activations mb 3 (chunk 0) from stage 0;  >>> send activations mb 2 (chunk 0) to stage 0;  <<< recv gradient mb 1 (chunk 0) from stage 0 */
+    chunk0_backward(0);
+    {
+        /* >>> send gradient mb 0 (chunk 0) to stage 0; <<< recv activations mb 3 (chunk 0) from
+        ** stage 0; >>> send activations mb 2 (chunk 0) to stage 0; <<< recv gradient mb 1 (chunk
+        ** 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk0_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 1, chunk0_acts[2].layer[1].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
-            { 0, chunk0_acts[1].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 2), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 4);
     }
-    /* forward  mb 3, chunk 0 (slot 0): layers 2..3 */
+    /* forward mb 3, chunk 0 (slot 0): layers 2..3 */
     chunk0_forward(3, 0);
     /* backward mb 1, chunk 0 (slot 1): layers 3..2 */
-    chunk0_backward(1, 1);
-    {   /* >>> send gradient mb 1 (chunk 0) to stage 0;  <<< recv activations mb 2 (chunk 1) from stage 0;  >>> send activations mb 3 (chunk 0) to stage 0 */
+    chunk0_backward(1);
+    {
+        /* >>> send gradient mb 1 (chunk 0) to stage 0; <<< recv activations mb 2 (chunk 1) from
+        ** stage 0; >>> send activations mb 3 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[1].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk1_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 1, chunk0_acts[0].layer[1].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 1, gpt.chunk[0].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 3);
     }
-    /* forward  mb 2, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
+    /* forward mb 2, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
     chunk1_forward(2, 0);
     /* backward mb 2, chunk 1 (slot 0): layers 7..6 */
-    chunk1_backward(2, 0);
-    {   /* >>> send gradient mb 2 (chunk 1) to stage 0;  <<< recv activations mb 3 (chunk 1) from stage 0 */
+    chunk1_backward(0);
+    {
+        /* >>> send gradient mb 2 (chunk 1) to stage 0; <<< recv activations mb 3 (chunk 1) from
+        ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk1_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
-    /* forward  mb 3, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
+    /* forward mb 3, chunk 1 (slot 0): layers 6..7, head + loss (and its backward) */
     chunk1_forward(3, 0);
     /* backward mb 3, chunk 1 (slot 0): layers 7..6 */
-    chunk1_backward(3, 0);
-    {   /* >>> send gradient mb 3 (chunk 1) to stage 0;  <<< recv gradient mb 2 (chunk 0) from stage 0 */
+    chunk1_backward(0);
+    {
+        /* >>> send gradient mb 3 (chunk 1) to stage 0; <<< recv gradient mb 2 (chunk 0) from
+        ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk0_acts[2].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[2].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
     /* -- cool-down: backward passes only -- */
     /* backward mb 2, chunk 0 (slot 2): layers 3..2 */
-    chunk0_backward(2, 2);
-    {   /* >>> send gradient mb 2 (chunk 0) to stage 0;  <<< recv gradient mb 3 (chunk 0) from stage 0 */
+    chunk0_backward(2);
+    {
+        /* >>> send gradient mb 2 (chunk 0) to stage 0; <<< recv gradient mb 3 (chunk 0) from
+        ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[2].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 1, gpt.chunk[0].acts[2].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
     /* backward mb 3, chunk 0 (slot 0): layers 3..2 */
-    chunk0_backward(3, 0);
-    {   /* >>> send gradient mb 3 (chunk 0) to stage 0 */
+    chunk0_backward(0);
+    {
+        /* >>> send gradient mb 3 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
+            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
 }
 
-/* -- After the schedule: reduce gradients, norm, clip, AdamW --------------------------------- */
+/* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
 
-/* Sequence-parallel and tied-embedding reductions, then data-parallel (semantics §5.6). */
-static void finalize_grads(void)
+static void step(const gpt_step_in *in, gpt_step_out *out)
 {
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    **     embedding's and the head's gradients (megatron-semantics.md §7) */
-    /* the head's copy of wte.weight */
-    rt_allreduce(gbuf[1] + 0, 16384, RT_F32, RT_SUM,
-                 grp_embd);
-    /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
-    for (int i = 0; i < NBUF; i++) {
-        rt_group *g = *buf_group[i];
-        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
-        /* >>> all-reduce over the buffer's data-parallel group */
-        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
-    }
-}
-
-/* sqrt of the sum of squares of every gradient counted once (megatron-semantics.md §6). */
-static double grad_norm(void)
-{
-    int np = 0, expert[NRANGES];
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0) ||
-            (r->norm == NORM_ETP0 && etp_rank != 0))
-            continue;
-        expert[np] = buf_expert[r->buf];
-        sumsq(stat_dev + np++, gbuf[r->buf] + r->offset, r->n);
-    }
-    float parts[NRANGES + 2];
-    double sum[2] = { 0.0, 0.0 };   /* dense, experts */
-    rt_memcpy(parts, stat_dev, (size_t)np * sizeof(float), RT_D2H);
-    for (int i = 0; i < np; i++) sum[expert[i]] += parts[i];
-    parts[0] = (float)sum[0];
-    parts[1] = (float)sum[1];
-    rt_memcpy(stat_dev + NRANGES, parts, 2 * sizeof(float), RT_H2D);
-    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
-    rt_allreduce(stat_dev + NRANGES, 1, RT_F32, RT_SUM, grp_mp);
-    rt_memcpy(parts, stat_dev + NRANGES, 2 * sizeof(float), RT_D2H);
-    return sqrt((double)parts[0] + (double)parts[1]);
-}
-
-/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
-static void optimizer_step(const step_in *in, float coef)
-{
-    int t = in->step + 1;
-    float bc1 = (float)(1.0 - pow((double)in->beta1, t));
-    float bc2 = (float)(1.0 - pow((double)in->beta2, t));
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        float wd = r->decay ? in->wd : 0.0f;
-        adamw_step(pbuf[r->buf] + r->offset, gbuf[r->buf] + r->offset, mbuf[r->buf] + r->offset,
-                   vbuf[r->buf] + r->offset, r->n, in->lr, in->beta1, in->beta2, in->eps, wd,
-                   bc1, bc2, coef);
-    }
-}
-
-/* The step's mean loss over the global batch, on every rank (and, with experts, the aux loss
-** term of the objective: every rank's share over the data-parallel replicas and micro-batches). */
-static double step_loss(double *aux)
-{
-    float part = 0.0f;
-    *aux = 0.0;
-    if (tp_rank == 0 && cp_rank == 0) {
-        float sums[CFG_NMB];
-        double total = 0.0;
-        rt_memcpy(sums, loss_dev, sizeof sums, RT_D2H);
-        for (int k = 0; k < CFG_NMB; k++) total += sums[k];
-        part = (float)(total / ((double)CFG_TOKENS_PER_STEP));
-    }
-    /* >>> all-reduce over the world: the last stage's tp-rank-0 ranks hold the loss */
-    rt_memcpy(stat_dev + NRANGES + 1, &part, sizeof(float), RT_H2D);
-    rt_allreduce(stat_dev + NRANGES + 1, 1, RT_F32, RT_SUM, rt_group_world());
-    rt_memcpy(&part, stat_dev + NRANGES + 1, sizeof(float), RT_D2H);
-    return part;
-}
-
-static void step(const step_in *in, step_out *out)
-{
-    cur = in;
-    for (int i = 0; i < NBUF; i++) rt_memset0(gbuf[i], buf_size[i] * sizeof(float));
+    /* zero the gradients */
+    gpt_step_begin(in);
+    /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    finalize_grads();
-    double norm = grad_norm();
-    double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
-    optimizer_step(in, coef < 1.0 ? (float)coef : 1.0f);
-    out->grad_norm = norm;
-    out->loss = step_loss(&out->aux_loss);
+    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
+    ** embedding's and the head's gradients (docs/megatron.md §7) */
+    gpt_grad_allreduce_range(1, 0, 16384, gpt.grp[GPT_GRP_EMBD]);
+    /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
+    ** once */
+    gpt_norm_local();
+    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
+    gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
+    /* the norm: sqrt of the reduced sums */
+    out->grad_norm = gpt_norm(0);
+    /* clip to --clip, then AdamW */
+    gpt_adamw(in, out->grad_norm);
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
+    gpt_loss_allreduce(rt_group_world(), out);
+    out->aux_loss = 0.0;   /* no mixture of experts */
 }
 
-/* -- Checkpoint state and pieces --------------------------------------------------------------- */
-
-static size_t state_floats(void)
-{
-    size_t n = 0;
-    for (int i = 0; i < NBUF; i++)
-        n += 3 * buf_size[i];
-    return n;
-}
-
-static void state_io(float *host, int save)
-{
-    for (int i = 0; i < NBUF; i++) {
-        size_t nm = buf_size[i];
-        float *dev[3] = { pbuf[i], mbuf[i], vbuf[i] };
-        size_t len[3] = { buf_size[i], nm, nm };
-        for (int j = 0; j < 3; j++) {
-            if (save) rt_memcpy(host, dev[j], len[j] * sizeof(float), RT_D2H);
-            else rt_memcpy(dev[j], host, len[j] * sizeof(float), RT_H2D);
-            host += len[j];
-        }
-    }
-}
-
-/* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
-** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
-** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
-static const piece pieces_0[] = {   /* tp 0 */
-    /* h.2.ln_1.weight */
-    { 26, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.bias */
-    { 27, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_proj.weight */
-    { 30, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.2.attn.c_proj.bias */
-    { 31, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[0].c_attn_w, 192, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[0].c_attn_w, 192, 0, 64, 0, 64, 64, 64, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[0].c_attn_w, 192, 0, 128, 0, 128, 64, 64, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[0].c_attn_b, 192, 0, 0, 0, 0, 1, 64, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[0].c_attn_b, 192, 0, 64, 0, 64, 1, 64, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[0].c_attn_b, 192, 0, 128, 0, 128, 1, 64, 0, 0, 0 },
-    /* h.2.ln_2.weight */
-    { 32, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_2.bias */
-    { 33, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.mlp.c_fc.weight */
-    { 34, &chunk0_params[0].c_fc_w, 256, 0, 0, 0, 0, 64, 256, 0, 0, 0 },
-    /* h.2.mlp.c_fc.bias */
-    { 35, &chunk0_params[0].c_fc_b, 256, 0, 0, 0, 0, 1, 256, 0, 0, 0 },
-    /* h.2.mlp.c_proj.weight */
-    { 36, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 256, 64, 0, 0, 0 },
-    /* h.2.mlp.c_proj.bias */
-    { 37, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_1.weight */
-    { 38, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_1.bias */
-    { 39, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.attn.c_proj.weight */
-    { 42, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.3.attn.c_proj.bias */
-    { 43, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[1].c_attn_w, 192, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[1].c_attn_w, 192, 0, 64, 0, 64, 64, 64, 0, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[1].c_attn_w, 192, 0, 128, 0, 128, 64, 64, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[1].c_attn_b, 192, 0, 0, 0, 0, 1, 64, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[1].c_attn_b, 192, 0, 64, 0, 64, 1, 64, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[1].c_attn_b, 192, 0, 128, 0, 128, 1, 64, 0, 0, 0 },
-    /* h.3.ln_2.weight */
-    { 44, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_2.bias */
-    { 45, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.mlp.c_fc.weight */
-    { 46, &chunk0_params[1].c_fc_w, 256, 0, 0, 0, 0, 64, 256, 0, 0, 0 },
-    /* h.3.mlp.c_fc.bias */
-    { 47, &chunk0_params[1].c_fc_b, 256, 0, 0, 0, 0, 1, 256, 0, 0, 0 },
-    /* h.3.mlp.c_proj.weight */
-    { 48, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 256, 64, 0, 0, 0 },
-    /* h.3.mlp.c_proj.bias */
-    { 49, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_1.weight */
-    { 74, &chunk1_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_1.bias */
-    { 75, &chunk1_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.attn.c_proj.weight */
-    { 78, &chunk1_params[0].attn_proj_w, 64, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.6.attn.c_proj.bias */
-    { 79, &chunk1_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk1_params[0].c_attn_w, 192, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk1_params[0].c_attn_w, 192, 0, 64, 0, 64, 64, 64, 0, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk1_params[0].c_attn_w, 192, 0, 128, 0, 128, 64, 64, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk1_params[0].c_attn_b, 192, 0, 0, 0, 0, 1, 64, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk1_params[0].c_attn_b, 192, 0, 64, 0, 64, 1, 64, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk1_params[0].c_attn_b, 192, 0, 128, 0, 128, 1, 64, 0, 0, 0 },
-    /* h.6.ln_2.weight */
-    { 80, &chunk1_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_2.bias */
-    { 81, &chunk1_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.mlp.c_fc.weight */
-    { 82, &chunk1_params[0].c_fc_w, 256, 0, 0, 0, 0, 64, 256, 0, 0, 0 },
-    /* h.6.mlp.c_fc.bias */
-    { 83, &chunk1_params[0].c_fc_b, 256, 0, 0, 0, 0, 1, 256, 0, 0, 0 },
-    /* h.6.mlp.c_proj.weight */
-    { 84, &chunk1_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 256, 64, 0, 0, 0 },
-    /* h.6.mlp.c_proj.bias */
-    { 85, &chunk1_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_1.weight */
-    { 86, &chunk1_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_1.bias */
-    { 87, &chunk1_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.attn.c_proj.weight */
-    { 90, &chunk1_params[1].attn_proj_w, 64, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.7.attn.c_proj.bias */
-    { 91, &chunk1_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk1_params[1].c_attn_w, 192, 0, 0, 0, 0, 64, 64, 0, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk1_params[1].c_attn_w, 192, 0, 64, 0, 64, 64, 64, 0, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk1_params[1].c_attn_w, 192, 0, 128, 0, 128, 64, 64, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk1_params[1].c_attn_b, 192, 0, 0, 0, 0, 1, 64, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk1_params[1].c_attn_b, 192, 0, 64, 0, 64, 1, 64, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk1_params[1].c_attn_b, 192, 0, 128, 0, 128, 1, 64, 0, 0, 0 },
-    /* h.7.ln_2.weight */
-    { 92, &chunk1_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_2.bias */
-    { 93, &chunk1_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.mlp.c_fc.weight */
-    { 94, &chunk1_params[1].c_fc_w, 256, 0, 0, 0, 0, 64, 256, 0, 0, 0 },
-    /* h.7.mlp.c_fc.bias */
-    { 95, &chunk1_params[1].c_fc_b, 256, 0, 0, 0, 0, 1, 256, 0, 0, 0 },
-    /* h.7.mlp.c_proj.weight */
-    { 96, &chunk1_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 256, 64, 0, 0, 0 },
-    /* h.7.mlp.c_proj.bias */
-    { 97, &chunk1_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* ln_f.weight */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* ln_f.bias */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* wte.weight */
-    { 0, &head_p.wte, 64, 0, 0, 0, 0, 256, 64, 0, 1, 0 },
-};
-
-static const piece *pieces(int *n)
-{
-    static const struct { int tp, ep, etp, n; const piece *list; } sets[1] = {
-        { 0, -1, -1, 67, pieces_0 },
-    };
-    for (int i = 0; i < 1; i++)
-        if (sets[i].tp == tp_rank && (sets[i].ep < 0 || sets[i].ep == ep_rank) &&
-            (sets[i].etp < 0 || sets[i].etp == etp_rank)) {   /* -1: any (dense model) */
-            *n = sets[i].n;
-            return sets[i].list;
-        }
-    RT_CHECK(0, "no parameter pieces for tp %d ep %d etp %d", tp_rank, ep_rank, etp_rank);
-    return NULL;
-}
-
-const stage_program stage1_program = {
-    "stage 1 of 2: layers 2..3 | layers 6..7, head + loss", 0, 1, pieces, setup, step,
-    state_floats, state_io,
+const gpt_stage stage1 = {
+    .title = "stage 1 of 2: layers 2..3 | layers 6..7, head + loss",
+    .nbuffers = 2, .buffers = buffers,
+    .nchunks = 2, .chunks = chunks,
+    .nother_params = 3, .other_params = other_params,
+    .nother_pieces = 3, .other_pieces = other_pieces,
+    .mem = mem, .mem_bytes = 6520808,
+    .needs_inputs = 0, .needs_targets = 1,
+    .head_uses_wte = 0,
+    .step = step,
 };

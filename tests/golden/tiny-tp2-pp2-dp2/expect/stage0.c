@@ -6,275 +6,195 @@
 ** run by ranks 0-3; 1f1b schedule: 1 warm-up, 0 steady, 1 cool-down; 1 in flight
 ** regenerate: make MODEL=tiny TP=2 PP=2 DP=2
 */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
 #include "model.h"
 
-#define TAG_ACT  0   /* pipeline messages carrying activations forward */
-#define TAG_GRAD 1   /* pipeline messages carrying gradients backward  */
+/* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
+**    distributed optimizer cuts each bucket into one shard per data-parallel rank (§5.4) ---- */
 
-/* -- Parameters and gradients: one buffer per model chunk, Megatron's DDP layout ------------- */
-
-#define NBUF 1
-static const size_t buf_size[NBUF] = {   /* elements (reverse parameter order, padded) */
-    113152,   /* chunk 0 */
-};
-/* The data-parallel group each buffer is reduced over (dense: dp-cp, experts: expert-dp; NULL
-** when it has one member) and this rank's index in it. */
-static rt_group **const buf_group[NBUF] = {
-    &grp_dpcp,
-};
-static const int buf_expert[NBUF] = {   /* expert buffer: its norm is reduced apart */
-    0,
-};
-static float *pbuf[NBUF];       /* parameters */
-static float *gbuf[NBUF];       /* gradients, same layout */
-static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
-static float *vbuf[NBUF];       /* AdamW second moments */
-
-static layer_params chunk0_params[4], chunk0_grads[4];
-static embed_params embed_p, embed_g;
-
-/* Every parameter in buffer order: what AdamW decays and what the gradient norm counts. */
-/* NORM_NEVER: the tied copy; NORM_ALWAYS: sharded; NORM_TP0 / NORM_ETP0: replicated over tp /
-** expert-tp, counted on rank 0 of the group (megatron-semantics.md §6) */
-enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0, NORM_ETP0 };
-typedef struct { int buf; size_t offset, n; int decay, norm; } opt_range;
-#define NRANGES 50
-static const opt_range ranges[NRANGES] = {
-    { 0, 0, 64, 0, NORM_TP0 },   /* h.3.mlp.c_proj.bias */
-    { 0, 64, 8192, 1, NORM_ALWAYS },   /* h.3.mlp.c_proj.weight */
-    { 0, 8256, 128, 0, NORM_ALWAYS },   /* h.3.mlp.c_fc.bias */
-    { 0, 8384, 8192, 1, NORM_ALWAYS },   /* h.3.mlp.c_fc.weight */
-    { 0, 16576, 64, 0, NORM_TP0 },   /* h.3.ln_2.bias */
-    { 0, 16640, 64, 0, NORM_TP0 },   /* h.3.ln_2.weight */
-    { 0, 16704, 96, 0, NORM_ALWAYS },   /* h.3.attn.c_attn.bias */
-    { 0, 16832, 6144, 1, NORM_ALWAYS },   /* h.3.attn.c_attn.weight */
-    { 0, 22976, 64, 0, NORM_TP0 },   /* h.3.attn.c_proj.bias */
-    { 0, 23040, 2048, 1, NORM_ALWAYS },   /* h.3.attn.c_proj.weight */
-    { 0, 25088, 64, 0, NORM_TP0 },   /* h.3.ln_1.bias */
-    { 0, 25152, 64, 0, NORM_TP0 },   /* h.3.ln_1.weight */
-    { 0, 25216, 64, 0, NORM_TP0 },   /* h.2.mlp.c_proj.bias */
-    { 0, 25280, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.c_proj.weight */
-    { 0, 33472, 128, 0, NORM_ALWAYS },   /* h.2.mlp.c_fc.bias */
-    { 0, 33600, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.c_fc.weight */
-    { 0, 41792, 64, 0, NORM_TP0 },   /* h.2.ln_2.bias */
-    { 0, 41856, 64, 0, NORM_TP0 },   /* h.2.ln_2.weight */
-    { 0, 41920, 96, 0, NORM_ALWAYS },   /* h.2.attn.c_attn.bias */
-    { 0, 42048, 6144, 1, NORM_ALWAYS },   /* h.2.attn.c_attn.weight */
-    { 0, 48192, 64, 0, NORM_TP0 },   /* h.2.attn.c_proj.bias */
-    { 0, 48256, 2048, 1, NORM_ALWAYS },   /* h.2.attn.c_proj.weight */
-    { 0, 50304, 64, 0, NORM_TP0 },   /* h.2.ln_1.bias */
-    { 0, 50368, 64, 0, NORM_TP0 },   /* h.2.ln_1.weight */
-    { 0, 50432, 64, 0, NORM_TP0 },   /* h.1.mlp.c_proj.bias */
-    { 0, 50496, 8192, 1, NORM_ALWAYS },   /* h.1.mlp.c_proj.weight */
-    { 0, 58688, 128, 0, NORM_ALWAYS },   /* h.1.mlp.c_fc.bias */
-    { 0, 58816, 8192, 1, NORM_ALWAYS },   /* h.1.mlp.c_fc.weight */
-    { 0, 67008, 64, 0, NORM_TP0 },   /* h.1.ln_2.bias */
-    { 0, 67072, 64, 0, NORM_TP0 },   /* h.1.ln_2.weight */
-    { 0, 67136, 96, 0, NORM_ALWAYS },   /* h.1.attn.c_attn.bias */
-    { 0, 67264, 6144, 1, NORM_ALWAYS },   /* h.1.attn.c_attn.weight */
-    { 0, 73408, 64, 0, NORM_TP0 },   /* h.1.attn.c_proj.bias */
-    { 0, 73472, 2048, 1, NORM_ALWAYS },   /* h.1.attn.c_proj.weight */
-    { 0, 75520, 64, 0, NORM_TP0 },   /* h.1.ln_1.bias */
-    { 0, 75584, 64, 0, NORM_TP0 },   /* h.1.ln_1.weight */
-    { 0, 75648, 64, 0, NORM_TP0 },   /* h.0.mlp.c_proj.bias */
-    { 0, 75712, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.c_proj.weight */
-    { 0, 83904, 128, 0, NORM_ALWAYS },   /* h.0.mlp.c_fc.bias */
-    { 0, 84032, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.c_fc.weight */
-    { 0, 92224, 64, 0, NORM_TP0 },   /* h.0.ln_2.bias */
-    { 0, 92288, 64, 0, NORM_TP0 },   /* h.0.ln_2.weight */
-    { 0, 92352, 96, 0, NORM_ALWAYS },   /* h.0.attn.c_attn.bias */
-    { 0, 92480, 6144, 1, NORM_ALWAYS },   /* h.0.attn.c_attn.weight */
-    { 0, 98624, 64, 0, NORM_TP0 },   /* h.0.attn.c_proj.bias */
-    { 0, 98688, 2048, 1, NORM_ALWAYS },   /* h.0.attn.c_proj.weight */
-    { 0, 100736, 64, 0, NORM_TP0 },   /* h.0.ln_1.bias */
-    { 0, 100800, 64, 0, NORM_TP0 },   /* h.0.ln_1.weight */
-    { 0, 100864, 4096, 1, NORM_TP0 },   /* wpe.weight */
-    { 0, 104960, 8192, 1, NORM_ALWAYS },   /* wte.weight */
+static const gpt_bucket buffer0_buckets[2] = {   /* start, size, shard, base */
+    {      0, 104960, 52480,     0 },
+    { 104960,   8192,  4096, 52480 },
 };
 
-/* -- Activations of in-flight micro-batches -------------------------------------------------- */
+/* chunk, experts, elements, distributed, moment elements, data-parallel group, buckets */
+static const gpt_buffer buffers[1] = {
+    { 0, 0, 113152, 0, 113152, GPT_GRP_DPCP, 2, buffer0_buckets },   /* chunk 0, dense */
+};
 
-typedef struct {
-    float *x;                                 /* (N_SP, C) chunk input */
-    float *dy;                                /* (N_SP, C) d(output); d(input) after backward */
-    int *tokens;                              /* (N) token ids (embedding chunk only) */
-    layer_acts layer[4];
-} chunk_acts;
+/* -- Tensors: where each lives (buffer, offset), how it is treated, which role it plays
+**    (program.c), and the pieces of the whole model it holds; a piece's global start moves
+**    by its step per tp (or expert-tp) coordinate ------------------------------------------ */
 
-static chunk_acts chunk0_acts[1];   /* chunk 0: at most 1 in flight */
-static const step_in *cur;      /* the step being run */
-static float *loss_dev;         /* (NMB) loss sums per micro-batch, device */
-static float *stat_dev;         /* (NRANGES + 2) gradient-norm pieces and reductions, device */
-static int pp_prev, pp_next;    /* pipeline neighbours, global ranks */
+/* chunk 0: one layer's tensors, every layer alike from its base in each buffer:
+** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
+static const gpt_param chunk0_params[12] = {
+    /* h.0.ln_1.weight */
+    { GPT_P_LN1_W,       -1, 0, GPT_NORM_TP0,                 2,  64, 25152,   64 },
+    /* h.0.ln_1.bias */
+    { GPT_P_LN1_B,       -1, 0, GPT_NORM_TP0,                 3,  64, 25088,   64 },
+    /* h.0.attn.c_proj.weight */
+    { GPT_P_ATTN_PROJ_W, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,  6,  64, 23040, 2048 },
+    /* h.0.attn.c_proj.bias */
+    { GPT_P_ATTN_PROJ_B, -1, 0, GPT_NORM_TP0,                 7,  64, 22976,   64 },
+    /* h.0.attn.c_attn.weight */
+    { GPT_P_QKV_W,       -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,  4,  96, 16832, 6144 },
+    /* h.0.attn.c_attn.bias */
+    { GPT_P_QKV_B,       -1, 0, GPT_NORM_ALWAYS,              5,  96, 16704,   96 },
+    /* h.0.ln_2.weight */
+    { GPT_P_LN2_W,       -1, 0, GPT_NORM_TP0,                 8,  64, 16640,   64 },
+    /* h.0.ln_2.bias */
+    { GPT_P_LN2_B,       -1, 0, GPT_NORM_TP0,                 9,  64, 16576,   64 },
+    /* h.0.mlp.c_fc.weight */
+    { GPT_P_FC_W,        -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 10, 128,  8384, 8192 },
+    /* h.0.mlp.c_fc.bias */
+    { GPT_P_FC_B,        -1, 0, GPT_NORM_ALWAYS,             11, 128,  8256,  128 },
+    /* h.0.mlp.c_proj.weight */
+    { GPT_P_MLP_PROJ_W,  -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 12,  64,    64, 8192 },
+    /* h.0.mlp.c_proj.bias */
+    { GPT_P_MLP_PROJ_B,  -1, 0, GPT_NORM_TP0,                13,  64,     0,   64 },
+};
 
-/* -- Setup ---------------------------------------------------------------------------------- */
+/* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
+** flags */
+static const gpt_piece chunk0_pieces[16] = {
+    /* h.0.ln_1.weight */
+    {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.ln_1.bias */
+    {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.attn.c_proj.weight */
+    {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
+    /* h.0.attn.c_proj.bias */
+    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.attn.c_attn.weight */
+    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.weight */
+    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.weight */
+    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.bias */
+    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.bias */
+    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.bias */
+    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.ln_2.weight */
+    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.ln_2.bias */
+    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.mlp.c_fc.weight */
+    {  8, 0,  0, 0,   0,  64, 128, GPT_SPLIT_TP,     0, 128, 0 },
+    /* h.0.mlp.c_fc.bias */
+    {  9, 0,  0, 0,   0,   1, 128, GPT_SPLIT_TP,     0, 128, 0 },
+    /* h.0.mlp.c_proj.weight */
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_TP,   128,   0, 0 },
+    /* h.0.mlp.c_proj.bias */
+    { 11, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+};
 
-static void alloc_chunk_acts(chunk_acts *a, int nlayers, int tokens)
-{
-    a->x = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->dy = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->tokens = tokens ? rt_malloc((size_t)CFG_N * sizeof(int)) : NULL;
-    for (int j = 0; j < nlayers; j++) layer_acts_alloc(&a->layer[j]);
-}
+static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer */
+    75648,   /* layer 0 */
+    50432,   /* layer 1 */
+    25216,   /* layer 2 */
+    0,   /* layer 3 */
+};
 
-static void setup(void)
-{
-    for (int i = 0; i < NBUF; i++) {
-        pbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        gbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        mbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        vbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-    }
-    /* parameter and gradient views into the buffers */
-    chunk0_params[0].attn_proj_b = pbuf[0] + 98624;   /* h.0.attn.c_proj.bias [64] */
-    chunk0_grads[0].attn_proj_b = gbuf[0] + 98624;
-    chunk0_params[0].attn_proj_w = pbuf[0] + 98688;   /* h.0.attn.c_proj.weight [32, 64] */
-    chunk0_grads[0].attn_proj_w = gbuf[0] + 98688;
-    chunk0_params[0].c_attn_b = pbuf[0] + 92352;   /* h.0.attn.c_attn.bias [96] */
-    chunk0_grads[0].c_attn_b = gbuf[0] + 92352;
-    chunk0_params[0].c_attn_w = pbuf[0] + 92480;   /* h.0.attn.c_attn.weight [64, 96] */
-    chunk0_grads[0].c_attn_w = gbuf[0] + 92480;
-    chunk0_params[0].c_fc_b = pbuf[0] + 83904;   /* h.0.mlp.c_fc.bias [128] */
-    chunk0_grads[0].c_fc_b = gbuf[0] + 83904;
-    chunk0_params[0].c_fc_w = pbuf[0] + 84032;   /* h.0.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[0].c_fc_w = gbuf[0] + 84032;
-    chunk0_params[0].ln_1_b = pbuf[0] + 100736;   /* h.0.ln_1.bias [64] */
-    chunk0_grads[0].ln_1_b = gbuf[0] + 100736;
-    chunk0_params[0].ln_1_w = pbuf[0] + 100800;   /* h.0.ln_1.weight [64] */
-    chunk0_grads[0].ln_1_w = gbuf[0] + 100800;
-    chunk0_params[0].ln_2_b = pbuf[0] + 92224;   /* h.0.ln_2.bias [64] */
-    chunk0_grads[0].ln_2_b = gbuf[0] + 92224;
-    chunk0_params[0].ln_2_w = pbuf[0] + 92288;   /* h.0.ln_2.weight [64] */
-    chunk0_grads[0].ln_2_w = gbuf[0] + 92288;
-    chunk0_params[0].mlp_proj_b = pbuf[0] + 75648;   /* h.0.mlp.c_proj.bias [64] */
-    chunk0_grads[0].mlp_proj_b = gbuf[0] + 75648;
-    chunk0_params[0].mlp_proj_w = pbuf[0] + 75712;   /* h.0.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[0].mlp_proj_w = gbuf[0] + 75712;
-    chunk0_params[1].attn_proj_b = pbuf[0] + 73408;   /* h.1.attn.c_proj.bias [64] */
-    chunk0_grads[1].attn_proj_b = gbuf[0] + 73408;
-    chunk0_params[1].attn_proj_w = pbuf[0] + 73472;   /* h.1.attn.c_proj.weight [32, 64] */
-    chunk0_grads[1].attn_proj_w = gbuf[0] + 73472;
-    chunk0_params[1].c_attn_b = pbuf[0] + 67136;   /* h.1.attn.c_attn.bias [96] */
-    chunk0_grads[1].c_attn_b = gbuf[0] + 67136;
-    chunk0_params[1].c_attn_w = pbuf[0] + 67264;   /* h.1.attn.c_attn.weight [64, 96] */
-    chunk0_grads[1].c_attn_w = gbuf[0] + 67264;
-    chunk0_params[1].c_fc_b = pbuf[0] + 58688;   /* h.1.mlp.c_fc.bias [128] */
-    chunk0_grads[1].c_fc_b = gbuf[0] + 58688;
-    chunk0_params[1].c_fc_w = pbuf[0] + 58816;   /* h.1.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[1].c_fc_w = gbuf[0] + 58816;
-    chunk0_params[1].ln_1_b = pbuf[0] + 75520;   /* h.1.ln_1.bias [64] */
-    chunk0_grads[1].ln_1_b = gbuf[0] + 75520;
-    chunk0_params[1].ln_1_w = pbuf[0] + 75584;   /* h.1.ln_1.weight [64] */
-    chunk0_grads[1].ln_1_w = gbuf[0] + 75584;
-    chunk0_params[1].ln_2_b = pbuf[0] + 67008;   /* h.1.ln_2.bias [64] */
-    chunk0_grads[1].ln_2_b = gbuf[0] + 67008;
-    chunk0_params[1].ln_2_w = pbuf[0] + 67072;   /* h.1.ln_2.weight [64] */
-    chunk0_grads[1].ln_2_w = gbuf[0] + 67072;
-    chunk0_params[1].mlp_proj_b = pbuf[0] + 50432;   /* h.1.mlp.c_proj.bias [64] */
-    chunk0_grads[1].mlp_proj_b = gbuf[0] + 50432;
-    chunk0_params[1].mlp_proj_w = pbuf[0] + 50496;   /* h.1.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[1].mlp_proj_w = gbuf[0] + 50496;
-    chunk0_params[2].attn_proj_b = pbuf[0] + 48192;   /* h.2.attn.c_proj.bias [64] */
-    chunk0_grads[2].attn_proj_b = gbuf[0] + 48192;
-    chunk0_params[2].attn_proj_w = pbuf[0] + 48256;   /* h.2.attn.c_proj.weight [32, 64] */
-    chunk0_grads[2].attn_proj_w = gbuf[0] + 48256;
-    chunk0_params[2].c_attn_b = pbuf[0] + 41920;   /* h.2.attn.c_attn.bias [96] */
-    chunk0_grads[2].c_attn_b = gbuf[0] + 41920;
-    chunk0_params[2].c_attn_w = pbuf[0] + 42048;   /* h.2.attn.c_attn.weight [64, 96] */
-    chunk0_grads[2].c_attn_w = gbuf[0] + 42048;
-    chunk0_params[2].c_fc_b = pbuf[0] + 33472;   /* h.2.mlp.c_fc.bias [128] */
-    chunk0_grads[2].c_fc_b = gbuf[0] + 33472;
-    chunk0_params[2].c_fc_w = pbuf[0] + 33600;   /* h.2.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[2].c_fc_w = gbuf[0] + 33600;
-    chunk0_params[2].ln_1_b = pbuf[0] + 50304;   /* h.2.ln_1.bias [64] */
-    chunk0_grads[2].ln_1_b = gbuf[0] + 50304;
-    chunk0_params[2].ln_1_w = pbuf[0] + 50368;   /* h.2.ln_1.weight [64] */
-    chunk0_grads[2].ln_1_w = gbuf[0] + 50368;
-    chunk0_params[2].ln_2_b = pbuf[0] + 41792;   /* h.2.ln_2.bias [64] */
-    chunk0_grads[2].ln_2_b = gbuf[0] + 41792;
-    chunk0_params[2].ln_2_w = pbuf[0] + 41856;   /* h.2.ln_2.weight [64] */
-    chunk0_grads[2].ln_2_w = gbuf[0] + 41856;
-    chunk0_params[2].mlp_proj_b = pbuf[0] + 25216;   /* h.2.mlp.c_proj.bias [64] */
-    chunk0_grads[2].mlp_proj_b = gbuf[0] + 25216;
-    chunk0_params[2].mlp_proj_w = pbuf[0] + 25280;   /* h.2.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[2].mlp_proj_w = gbuf[0] + 25280;
-    chunk0_params[3].attn_proj_b = pbuf[0] + 22976;   /* h.3.attn.c_proj.bias [64] */
-    chunk0_grads[3].attn_proj_b = gbuf[0] + 22976;
-    chunk0_params[3].attn_proj_w = pbuf[0] + 23040;   /* h.3.attn.c_proj.weight [32, 64] */
-    chunk0_grads[3].attn_proj_w = gbuf[0] + 23040;
-    chunk0_params[3].c_attn_b = pbuf[0] + 16704;   /* h.3.attn.c_attn.bias [96] */
-    chunk0_grads[3].c_attn_b = gbuf[0] + 16704;
-    chunk0_params[3].c_attn_w = pbuf[0] + 16832;   /* h.3.attn.c_attn.weight [64, 96] */
-    chunk0_grads[3].c_attn_w = gbuf[0] + 16832;
-    chunk0_params[3].c_fc_b = pbuf[0] + 8256;   /* h.3.mlp.c_fc.bias [128] */
-    chunk0_grads[3].c_fc_b = gbuf[0] + 8256;
-    chunk0_params[3].c_fc_w = pbuf[0] + 8384;   /* h.3.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[3].c_fc_w = gbuf[0] + 8384;
-    chunk0_params[3].ln_1_b = pbuf[0] + 25088;   /* h.3.ln_1.bias [64] */
-    chunk0_grads[3].ln_1_b = gbuf[0] + 25088;
-    chunk0_params[3].ln_1_w = pbuf[0] + 25152;   /* h.3.ln_1.weight [64] */
-    chunk0_grads[3].ln_1_w = gbuf[0] + 25152;
-    chunk0_params[3].ln_2_b = pbuf[0] + 16576;   /* h.3.ln_2.bias [64] */
-    chunk0_grads[3].ln_2_b = gbuf[0] + 16576;
-    chunk0_params[3].ln_2_w = pbuf[0] + 16640;   /* h.3.ln_2.weight [64] */
-    chunk0_grads[3].ln_2_w = gbuf[0] + 16640;
-    chunk0_params[3].mlp_proj_b = pbuf[0] + 0;   /* h.3.mlp.c_proj.bias [64] */
-    chunk0_grads[3].mlp_proj_b = gbuf[0] + 0;
-    chunk0_params[3].mlp_proj_w = pbuf[0] + 64;   /* h.3.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[3].mlp_proj_w = gbuf[0] + 64;
-    embed_p.wpe = pbuf[0] + 100864;   /* wpe.weight [64, 64] */
-    embed_g.wpe = gbuf[0] + 100864;
-    embed_p.wte = pbuf[0] + 104960;   /* wte.weight [128, 64] */
-    embed_g.wte = gbuf[0] + 104960;
-    for (int k = 0; k < 1; k++)
-        alloc_chunk_acts(&chunk0_acts[k], 4, 1);
-    scratch_alloc(0);
-    loss_dev = rt_malloc(CFG_NMB * sizeof(float));
-    stat_dev = rt_malloc((NRANGES + 2) * sizeof(float));
-    const int *pp = rt_group_members(grp_pp);
-    pp_prev = pp[(pp_rank + CFG_PP - 1) % CFG_PP];
-    pp_next = pp[(pp_rank + 1) % CFG_PP];
-}
+/* embedding and head: their tensors (offsets from the buffer's start) and pieces */
+static const gpt_param other_params[2] = {
+    { GPT_P_WTE, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 0, 64, 104960, 8192 },   /* wte.weight */
+    { GPT_P_WPE, -1, 0, GPT_DECAY | GPT_NORM_TP0,    1, 64, 100864, 4096 },   /* wpe.weight */
+};
 
-/* -- Chunks: forward and backward of one micro-batch ----------------------------------------- */
+static const gpt_piece other_pieces[2] = {
+    { 0, 0, 0, 0, 0, 128, 64, GPT_SPLIT_TP,   128, 0, GPT_VOCAB_ROWS },   /* wte.weight */
+    { 1, 0, 0, 0, 0,  64, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },   /* wpe.weight */
+};
+
+/* first layer, layers, activation slots, embedding, head, tables */
+static const gpt_chunk_info chunks[1] = {
+    { 0, 4, 1, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases },
+};
+
+/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
+**    2748888 bytes in all with the parameters, checked at start. Not used here:
+**    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
+**    ML_AUXG H_LNF H_LNF_MEAN H_LNF_RSTD S_LOGITS S_CE S_TARGETS MS_LOGITS MS_XS MS_PS MS_XR
+**    MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB
+**    MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX X_SP_PACK
+*/
+static const gpt_mem mem[GPT_NMEMS] = {
+    /* (N_SP, C) ln_1 output, x 4 */
+    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N, C) ln_1 output, whole sequence */
+    [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,     0 },
+    /* (N, QKV_LOCAL), x 4 */
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            6144 },
+    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 4 */
+    [GPT_M_L_ATT]      = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, C_LOCAL) attention output, x 4 */
+    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            2048 },
+    /* (N_SP, C) x + attention, x 4 */
+    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) ln_2 output, x 4 */
+    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N, C) ln_2 output, whole sequence */
+    [GPT_M_L_LN2_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN2,     0 },
+    /* (N, FF_LOCAL) c_fc output, x 4 */
+    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, FF_LOCAL), x 4 */
+    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N_SP, C) the layer's output, x 4 */
+    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) the chunk's input */
+    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) its gradient */
+    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N) int token ids */
+    [GPT_M_C_TOKENS]   = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N, C) partial sums / gathered rows */
+    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) reduce-scatter output */
+    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,    0 },
+    /* (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            6144 },
+    /* (N, C_LOCAL) */
+    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,            2048 },
+    /* (B, HEADS_LOCAL, T, T) */
+    [GPT_M_S_DATT]     = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, FF_LOCAL) */
+    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,               1 },
+    /* (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              53 },
+};
+
+/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
 
 /* chunk 0: embedding, layers 0..3 */
 static void chunk0_forward(int mb, int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    rt_memcpy(a->tokens, cur->inputs + (size_t)mb * CFG_N, CFG_N * sizeof(int), RT_H2D);
-    embedding_fwd(&embed_p, a->x, a->tokens);
-    /* layer 0 */
-    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);
-    /* layer 1 */
-    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);
-    /* layer 2 */
-    layer_fwd(&chunk0_params[2], &a->layer[2], a->layer[1].res2);
-    /* layer 3 */
-    layer_fwd(&chunk0_params[3], &a->layer[3], a->layer[2].res2);
+    gpt_embedding_fwd(0, mb, slot);   /* the embedding: tokens of mb -> x */
+    gpt_layer_fwd(0, 0, slot);   /* layer 0 */
+    gpt_layer_fwd(0, 1, slot);   /* layer 1 */
+    gpt_layer_fwd(0, 2, slot);   /* layer 2 */
+    gpt_layer_fwd(0, 3, slot);   /* layer 3 */
 }
 
-static void chunk0_backward(int mb, int slot)
+static void chunk0_backward(int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    /* layer 3 */
-    layer_bwd(&chunk0_params[3], &chunk0_grads[3],
-              &a->layer[3], a->layer[2].res2, a->dy);
-    /* layer 2 */
-    layer_bwd(&chunk0_params[2], &chunk0_grads[2],
-              &a->layer[2], a->layer[1].res2, a->dy);
-    /* layer 1 */
-    layer_bwd(&chunk0_params[1], &chunk0_grads[1],
-              &a->layer[1], a->layer[0].res2, a->dy);
-    /* layer 0 */
-    layer_bwd(&chunk0_params[0], &chunk0_grads[0],
-              &a->layer[0], a->x, a->dy);
-    embedding_bwd(&embed_g, a->dy, a->tokens);
+    gpt_layer_bwd(0, 3, slot);   /* layer 3 */
+    gpt_layer_bwd(0, 2, slot);   /* layer 2 */
+    gpt_layer_bwd(0, 1, slot);   /* layer 1 */
+    gpt_layer_bwd(0, 0, slot);   /* layer 0 */
+    gpt_embedding_bwd(0, slot);   /* the embedding: wte, wpe gradients */
 }
 
 /* -- The schedule: 1F1B, 1 micro-batches -- */
@@ -282,425 +202,66 @@ static void chunk0_backward(int mb, int slot)
 static void run_schedule(void)
 {
     /* -- warm-up: forward passes only -- */
-    /* forward  mb 0, chunk 0 (slot 0): embedding, layers 0..3 */
+    /* forward mb 0, chunk 0 (slot 0): embedding, layers 0..3 */
     chunk0_forward(0, 0);
-    {   /* >>> send activations mb 0 (chunk 0) to stage 1 */
+    {
+        /* >>> send activations mb 0 (chunk 0) to stage 1 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[0].layer[3].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
     /* -- cool-down: backward passes only -- */
-    {   /* <<< recv gradient mb 0 (chunk 0) from stage 1 */
+    {
+        /* <<< recv gradient mb 0 (chunk 0) from stage 1 */
         rt_p2p_op ops[] = {
-            { 0, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
     /* backward mb 0, chunk 0 (slot 0): layers 3..0, embedding */
-    chunk0_backward(0, 0);
+    chunk0_backward(0);
 }
 
-/* -- After the schedule: reduce gradients, norm, clip, AdamW --------------------------------- */
+/* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
 
-/* Sequence-parallel and tied-embedding reductions, then data-parallel (semantics §5.6). */
-static void finalize_grads(void)
+static void step(const gpt_step_in *in, gpt_step_out *out)
 {
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    **     embedding's and the head's gradients (megatron-semantics.md §7) */
-    /* wte.weight */
-    rt_allreduce(gbuf[0] + 104960, 8192, RT_F32, RT_SUM,
-                 grp_embd);
-    /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
-    for (int i = 0; i < NBUF; i++) {
-        rt_group *g = *buf_group[i];
-        /* experts too: their gradients hold the tokens of every replica of the EP group */
-        scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
-        /* >>> all-reduce over the buffer's data-parallel group */
-        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
-    }
-}
-
-/* sqrt of the sum of squares of every gradient counted once (megatron-semantics.md §6). */
-static double grad_norm(void)
-{
-    int np = 0, expert[NRANGES];
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0) ||
-            (r->norm == NORM_ETP0 && etp_rank != 0))
-            continue;
-        expert[np] = buf_expert[r->buf];
-        sumsq(stat_dev + np++, gbuf[r->buf] + r->offset, r->n);
-    }
-    float parts[NRANGES + 2];
-    double sum[2] = { 0.0, 0.0 };   /* dense, experts */
-    rt_memcpy(parts, stat_dev, (size_t)np * sizeof(float), RT_D2H);
-    for (int i = 0; i < np; i++) sum[expert[i]] += parts[i];
-    parts[0] = (float)sum[0];
-    parts[1] = (float)sum[1];
-    rt_memcpy(stat_dev + NRANGES, parts, 2 * sizeof(float), RT_H2D);
-    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
-    rt_allreduce(stat_dev + NRANGES, 1, RT_F32, RT_SUM, grp_mp);
-    rt_memcpy(parts, stat_dev + NRANGES, 2 * sizeof(float), RT_D2H);
-    return sqrt((double)parts[0] + (double)parts[1]);
-}
-
-/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
-static void optimizer_step(const step_in *in, float coef)
-{
-    int t = in->step + 1;
-    float bc1 = (float)(1.0 - pow((double)in->beta1, t));
-    float bc2 = (float)(1.0 - pow((double)in->beta2, t));
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        float wd = r->decay ? in->wd : 0.0f;
-        adamw_step(pbuf[r->buf] + r->offset, gbuf[r->buf] + r->offset, mbuf[r->buf] + r->offset,
-                   vbuf[r->buf] + r->offset, r->n, in->lr, in->beta1, in->beta2, in->eps, wd,
-                   bc1, bc2, coef);
-    }
-}
-
-/* The step's mean loss over the global batch, on every rank (and, with experts, the aux loss
-** term of the objective: every rank's share over the data-parallel replicas and micro-batches). */
-static double step_loss(double *aux)
-{
-    float part = 0.0f;
-    *aux = 0.0;
-    /* >>> all-reduce over the world: the last stage's tp-rank-0 ranks hold the loss */
-    rt_memcpy(stat_dev + NRANGES + 1, &part, sizeof(float), RT_H2D);
-    rt_allreduce(stat_dev + NRANGES + 1, 1, RT_F32, RT_SUM, rt_group_world());
-    rt_memcpy(&part, stat_dev + NRANGES + 1, sizeof(float), RT_D2H);
-    return part;
-}
-
-static void step(const step_in *in, step_out *out)
-{
-    cur = in;
-    for (int i = 0; i < NBUF; i++) rt_memset0(gbuf[i], buf_size[i] * sizeof(float));
+    /* zero the gradients */
+    gpt_step_begin(in);
+    /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    finalize_grads();
-    double norm = grad_norm();
-    double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
-    optimizer_step(in, coef < 1.0 ? (float)coef : 1.0f);
-    out->grad_norm = norm;
-    out->loss = step_loss(&out->aux_loss);
+    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
+    ** embedding's and the head's gradients (docs/megatron.md §7) */
+    gpt_grad_allreduce_range(0, 104960, 8192, gpt.grp[GPT_GRP_EMBD]);
+    /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
+    ** gradients hold the tokens of every replica) */
+    gpt_grad_scale(0, CFG_GRAD_SCALE);
+    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) */
+    gpt_grad_allreduce(0, gpt.grp[GPT_GRP_DPCP]);
+    /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
+    ** once */
+    gpt_norm_local();
+    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
+    gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
+    /* the norm: sqrt of the reduced sums */
+    out->grad_norm = gpt_norm(0);
+    /* clip to --clip, then AdamW */
+    gpt_adamw(in, out->grad_norm);
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
+    gpt_loss_allreduce(rt_group_world(), out);
+    out->aux_loss = 0.0;   /* no mixture of experts */
 }
 
-/* -- Checkpoint state and pieces --------------------------------------------------------------- */
-
-static size_t state_floats(void)
-{
-    size_t n = 0;
-    for (int i = 0; i < NBUF; i++)
-        n += 3 * buf_size[i];
-    return n;
-}
-
-static void state_io(float *host, int save)
-{
-    for (int i = 0; i < NBUF; i++) {
-        size_t nm = buf_size[i];
-        float *dev[3] = { pbuf[i], mbuf[i], vbuf[i] };
-        size_t len[3] = { buf_size[i], nm, nm };
-        for (int j = 0; j < 3; j++) {
-            if (save) rt_memcpy(host, dev[j], len[j] * sizeof(float), RT_D2H);
-            else rt_memcpy(dev[j], host, len[j] * sizeof(float), RT_H2D);
-            host += len[j];
-        }
-    }
-}
-
-/* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
-** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
-** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
-static const piece pieces_0[] = {   /* tp 0 */
-    /* wte.weight */
-    { 0, &embed_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* wpe.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0, 0 },
-    /* h.0.ln_1.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_1.bias */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_proj.weight */
-    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.0.attn.c_proj.bias */
-    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.0.ln_2.weight */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_2.bias */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.mlp.c_fc.weight */
-    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.0.mlp.c_fc.bias */
-    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.0.mlp.c_proj.weight */
-    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.0.mlp.c_proj.bias */
-    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.ln_1.weight */
-    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.ln_1.bias */
-    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.attn.c_proj.weight */
-    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.1.attn.c_proj.bias */
-    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.1.ln_2.weight */
-    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.ln_2.bias */
-    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.mlp.c_fc.weight */
-    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.1.mlp.c_fc.bias */
-    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.1.mlp.c_proj.weight */
-    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.1.mlp.c_proj.bias */
-    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.weight */
-    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.bias */
-    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_proj.weight */
-    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.2.attn.c_proj.bias */
-    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.2.ln_2.weight */
-    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_2.bias */
-    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.mlp.c_fc.weight */
-    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.2.mlp.c_fc.bias */
-    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.2.mlp.c_proj.weight */
-    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.2.mlp.c_proj.bias */
-    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_1.weight */
-    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_1.bias */
-    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.attn.c_proj.weight */
-    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.3.attn.c_proj.bias */
-    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.3.ln_2.weight */
-    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_2.bias */
-    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.mlp.c_fc.weight */
-    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.3.mlp.c_fc.bias */
-    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.3.mlp.c_proj.weight */
-    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.3.mlp.c_proj.bias */
-    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-};
-static const piece pieces_1[] = {   /* tp 1 */
-    /* wte.weight */
-    { 0, &embed_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* wpe.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0, 0 },
-    /* h.0.ln_1.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_1.bias */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_proj.weight */
-    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.0.attn.c_proj.bias */
-    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.0.ln_2.weight */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_2.bias */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.mlp.c_fc.weight */
-    { 10, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.0.mlp.c_fc.bias */
-    { 11, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.0.mlp.c_proj.weight */
-    { 12, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.0.mlp.c_proj.bias */
-    { 13, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.ln_1.weight */
-    { 14, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.ln_1.bias */
-    { 15, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.attn.c_proj.weight */
-    { 18, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.1.attn.c_proj.bias */
-    { 19, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.weight */
-    { 16, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.1.attn.c_attn.bias */
-    { 17, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.1.ln_2.weight */
-    { 20, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.ln_2.bias */
-    { 21, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.1.mlp.c_fc.weight */
-    { 22, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.1.mlp.c_fc.bias */
-    { 23, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.1.mlp.c_proj.weight */
-    { 24, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.1.mlp.c_proj.bias */
-    { 25, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.weight */
-    { 26, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.bias */
-    { 27, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_proj.weight */
-    { 30, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.2.attn.c_proj.bias */
-    { 31, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 28, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 29, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.2.ln_2.weight */
-    { 32, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_2.bias */
-    { 33, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.mlp.c_fc.weight */
-    { 34, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.2.mlp.c_fc.bias */
-    { 35, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.2.mlp.c_proj.weight */
-    { 36, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.2.mlp.c_proj.bias */
-    { 37, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_1.weight */
-    { 38, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_1.bias */
-    { 39, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.attn.c_proj.weight */
-    { 42, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.3.attn.c_proj.bias */
-    { 43, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.weight */
-    { 40, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.3.attn.c_attn.bias */
-    { 41, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.3.ln_2.weight */
-    { 44, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.ln_2.bias */
-    { 45, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.3.mlp.c_fc.weight */
-    { 46, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.3.mlp.c_fc.bias */
-    { 47, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.3.mlp.c_proj.weight */
-    { 48, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.3.mlp.c_proj.bias */
-    { 49, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-};
-
-static const piece *pieces(int *n)
-{
-    static const struct { int tp, ep, etp, n; const piece *list; } sets[2] = {
-        { 0, -1, -1, 66, pieces_0 },
-        { 1, -1, -1, 66, pieces_1 },
-    };
-    for (int i = 0; i < 2; i++)
-        if (sets[i].tp == tp_rank && (sets[i].ep < 0 || sets[i].ep == ep_rank) &&
-            (sets[i].etp < 0 || sets[i].etp == etp_rank)) {   /* -1: any (dense model) */
-            *n = sets[i].n;
-            return sets[i].list;
-        }
-    RT_CHECK(0, "no parameter pieces for tp %d ep %d etp %d", tp_rank, ep_rank, etp_rank);
-    return NULL;
-}
-
-const stage_program stage0_program = {
-    "stage 0 of 2: embedding, layers 0..3", 1, 0, pieces, setup, step,
-    state_floats, state_io,
+const gpt_stage stage0 = {
+    .title = "stage 0 of 2: embedding, layers 0..3",
+    .nbuffers = 1, .buffers = buffers,
+    .nchunks = 1, .chunks = chunks,
+    .nother_params = 2, .other_params = other_params,
+    .nother_pieces = 2, .other_pieces = other_pieces,
+    .mem = mem, .mem_bytes = 2748888,
+    .needs_inputs = 1, .needs_targets = 0,
+    .head_uses_wte = 0,
+    .step = step,
 };

@@ -6,282 +6,212 @@
 ** run by ranks 4-7; 1f1b schedule: 0 warm-up, 1 steady, 0 cool-down; 1 in flight
 ** regenerate: make MODEL=tiny TP=2 PP=2 DP=2
 */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
 #include "model.h"
 
-#define TAG_ACT  0   /* pipeline messages carrying activations forward */
-#define TAG_GRAD 1   /* pipeline messages carrying gradients backward  */
+/* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
+**    distributed optimizer cuts each bucket into one shard per data-parallel rank (§5.4) ---- */
 
-/* -- Parameters and gradients: one buffer per model chunk, Megatron's DDP layout ------------- */
-
-#define NBUF 1
-static const size_t buf_size[NBUF] = {   /* elements (reverse parameter order, padded) */
-    109184,   /* chunk 0 */
-};
-/* The data-parallel group each buffer is reduced over (dense: dp-cp, experts: expert-dp; NULL
-** when it has one member) and this rank's index in it. */
-static rt_group **const buf_group[NBUF] = {
-    &grp_dpcp,
-};
-static const int buf_expert[NBUF] = {   /* expert buffer: its norm is reduced apart */
-    0,
-};
-static float *pbuf[NBUF];       /* parameters */
-static float *gbuf[NBUF];       /* gradients, same layout */
-static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
-static float *vbuf[NBUF];       /* AdamW second moments */
-
-static layer_params chunk0_params[4], chunk0_grads[4];
-static head_params head_p, head_g;
-static head_acts head_a;
-
-/* Every parameter in buffer order: what AdamW decays and what the gradient norm counts. */
-/* NORM_NEVER: the tied copy; NORM_ALWAYS: sharded; NORM_TP0 / NORM_ETP0: replicated over tp /
-** expert-tp, counted on rank 0 of the group (megatron-semantics.md §6) */
-enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0, NORM_ETP0 };
-typedef struct { int buf; size_t offset, n; int decay, norm; } opt_range;
-#define NRANGES 51
-static const opt_range ranges[NRANGES] = {
-    { 0, 0, 8192, 1, NORM_NEVER },   /* wte.weight */
-    { 0, 8192, 64, 0, NORM_TP0 },   /* ln_f.bias */
-    { 0, 8256, 64, 0, NORM_TP0 },   /* ln_f.weight */
-    { 0, 8320, 64, 0, NORM_TP0 },   /* h.7.mlp.c_proj.bias */
-    { 0, 8384, 8192, 1, NORM_ALWAYS },   /* h.7.mlp.c_proj.weight */
-    { 0, 16576, 128, 0, NORM_ALWAYS },   /* h.7.mlp.c_fc.bias */
-    { 0, 16704, 8192, 1, NORM_ALWAYS },   /* h.7.mlp.c_fc.weight */
-    { 0, 24896, 64, 0, NORM_TP0 },   /* h.7.ln_2.bias */
-    { 0, 24960, 64, 0, NORM_TP0 },   /* h.7.ln_2.weight */
-    { 0, 25024, 96, 0, NORM_ALWAYS },   /* h.7.attn.c_attn.bias */
-    { 0, 25152, 6144, 1, NORM_ALWAYS },   /* h.7.attn.c_attn.weight */
-    { 0, 31296, 64, 0, NORM_TP0 },   /* h.7.attn.c_proj.bias */
-    { 0, 31360, 2048, 1, NORM_ALWAYS },   /* h.7.attn.c_proj.weight */
-    { 0, 33408, 64, 0, NORM_TP0 },   /* h.7.ln_1.bias */
-    { 0, 33472, 64, 0, NORM_TP0 },   /* h.7.ln_1.weight */
-    { 0, 33536, 64, 0, NORM_TP0 },   /* h.6.mlp.c_proj.bias */
-    { 0, 33600, 8192, 1, NORM_ALWAYS },   /* h.6.mlp.c_proj.weight */
-    { 0, 41792, 128, 0, NORM_ALWAYS },   /* h.6.mlp.c_fc.bias */
-    { 0, 41920, 8192, 1, NORM_ALWAYS },   /* h.6.mlp.c_fc.weight */
-    { 0, 50112, 64, 0, NORM_TP0 },   /* h.6.ln_2.bias */
-    { 0, 50176, 64, 0, NORM_TP0 },   /* h.6.ln_2.weight */
-    { 0, 50240, 96, 0, NORM_ALWAYS },   /* h.6.attn.c_attn.bias */
-    { 0, 50368, 6144, 1, NORM_ALWAYS },   /* h.6.attn.c_attn.weight */
-    { 0, 56512, 64, 0, NORM_TP0 },   /* h.6.attn.c_proj.bias */
-    { 0, 56576, 2048, 1, NORM_ALWAYS },   /* h.6.attn.c_proj.weight */
-    { 0, 58624, 64, 0, NORM_TP0 },   /* h.6.ln_1.bias */
-    { 0, 58688, 64, 0, NORM_TP0 },   /* h.6.ln_1.weight */
-    { 0, 58752, 64, 0, NORM_TP0 },   /* h.5.mlp.c_proj.bias */
-    { 0, 58816, 8192, 1, NORM_ALWAYS },   /* h.5.mlp.c_proj.weight */
-    { 0, 67008, 128, 0, NORM_ALWAYS },   /* h.5.mlp.c_fc.bias */
-    { 0, 67136, 8192, 1, NORM_ALWAYS },   /* h.5.mlp.c_fc.weight */
-    { 0, 75328, 64, 0, NORM_TP0 },   /* h.5.ln_2.bias */
-    { 0, 75392, 64, 0, NORM_TP0 },   /* h.5.ln_2.weight */
-    { 0, 75456, 96, 0, NORM_ALWAYS },   /* h.5.attn.c_attn.bias */
-    { 0, 75584, 6144, 1, NORM_ALWAYS },   /* h.5.attn.c_attn.weight */
-    { 0, 81728, 64, 0, NORM_TP0 },   /* h.5.attn.c_proj.bias */
-    { 0, 81792, 2048, 1, NORM_ALWAYS },   /* h.5.attn.c_proj.weight */
-    { 0, 83840, 64, 0, NORM_TP0 },   /* h.5.ln_1.bias */
-    { 0, 83904, 64, 0, NORM_TP0 },   /* h.5.ln_1.weight */
-    { 0, 83968, 64, 0, NORM_TP0 },   /* h.4.mlp.c_proj.bias */
-    { 0, 84032, 8192, 1, NORM_ALWAYS },   /* h.4.mlp.c_proj.weight */
-    { 0, 92224, 128, 0, NORM_ALWAYS },   /* h.4.mlp.c_fc.bias */
-    { 0, 92352, 8192, 1, NORM_ALWAYS },   /* h.4.mlp.c_fc.weight */
-    { 0, 100544, 64, 0, NORM_TP0 },   /* h.4.ln_2.bias */
-    { 0, 100608, 64, 0, NORM_TP0 },   /* h.4.ln_2.weight */
-    { 0, 100672, 96, 0, NORM_ALWAYS },   /* h.4.attn.c_attn.bias */
-    { 0, 100800, 6144, 1, NORM_ALWAYS },   /* h.4.attn.c_attn.weight */
-    { 0, 106944, 64, 0, NORM_TP0 },   /* h.4.attn.c_proj.bias */
-    { 0, 107008, 2048, 1, NORM_ALWAYS },   /* h.4.attn.c_proj.weight */
-    { 0, 109056, 64, 0, NORM_TP0 },   /* h.4.ln_1.bias */
-    { 0, 109120, 64, 0, NORM_TP0 },   /* h.4.ln_1.weight */
+static const gpt_bucket buffer0_buckets[2] = {   /* start, size, shard, base */
+    {    0,   8192,  4096,    0 },
+    { 8192, 100992, 50496, 4096 },
 };
 
-/* -- Activations of in-flight micro-batches -------------------------------------------------- */
+/* chunk, experts, elements, distributed, moment elements, data-parallel group, buckets */
+static const gpt_buffer buffers[1] = {
+    { 0, 0, 109184, 0, 109184, GPT_GRP_DPCP, 2, buffer0_buckets },   /* chunk 0, dense */
+};
 
-typedef struct {
-    float *x;                                 /* (N_SP, C) chunk input */
-    float *dy;                                /* (N_SP, C) d(output); d(input) after backward */
-    int *tokens;                              /* (N) token ids (embedding chunk only) */
-    layer_acts layer[4];
-} chunk_acts;
+/* -- Tensors: where each lives (buffer, offset), how it is treated, which role it plays
+**    (program.c), and the pieces of the whole model it holds; a piece's global start moves
+**    by its step per tp (or expert-tp) coordinate ------------------------------------------ */
 
-static chunk_acts chunk0_acts[1];   /* chunk 0: at most 1 in flight */
-static const step_in *cur;      /* the step being run */
-static float *loss_dev;         /* (NMB) loss sums per micro-batch, device */
-static float *stat_dev;         /* (NRANGES + 2) gradient-norm pieces and reductions, device */
-static int pp_prev, pp_next;    /* pipeline neighbours, global ranks */
+/* chunk 0: one layer's tensors, every layer alike from its base in each buffer:
+** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
+static const gpt_param chunk0_params[12] = {
+    /* h.4.ln_1.weight */
+    { GPT_P_LN1_W,       -1, 0, GPT_NORM_TP0,                 2,  64, 25152,   64 },
+    /* h.4.ln_1.bias */
+    { GPT_P_LN1_B,       -1, 0, GPT_NORM_TP0,                 3,  64, 25088,   64 },
+    /* h.4.attn.c_proj.weight */
+    { GPT_P_ATTN_PROJ_W, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,  6,  64, 23040, 2048 },
+    /* h.4.attn.c_proj.bias */
+    { GPT_P_ATTN_PROJ_B, -1, 0, GPT_NORM_TP0,                 7,  64, 22976,   64 },
+    /* h.4.attn.c_attn.weight */
+    { GPT_P_QKV_W,       -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,  4,  96, 16832, 6144 },
+    /* h.4.attn.c_attn.bias */
+    { GPT_P_QKV_B,       -1, 0, GPT_NORM_ALWAYS,              5,  96, 16704,   96 },
+    /* h.4.ln_2.weight */
+    { GPT_P_LN2_W,       -1, 0, GPT_NORM_TP0,                 8,  64, 16640,   64 },
+    /* h.4.ln_2.bias */
+    { GPT_P_LN2_B,       -1, 0, GPT_NORM_TP0,                 9,  64, 16576,   64 },
+    /* h.4.mlp.c_fc.weight */
+    { GPT_P_FC_W,        -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 10, 128,  8384, 8192 },
+    /* h.4.mlp.c_fc.bias */
+    { GPT_P_FC_B,        -1, 0, GPT_NORM_ALWAYS,             11, 128,  8256,  128 },
+    /* h.4.mlp.c_proj.weight */
+    { GPT_P_MLP_PROJ_W,  -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 12,  64,    64, 8192 },
+    /* h.4.mlp.c_proj.bias */
+    { GPT_P_MLP_PROJ_B,  -1, 0, GPT_NORM_TP0,                13,  64,     0,   64 },
+};
 
-/* -- Setup ---------------------------------------------------------------------------------- */
+/* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
+** flags */
+static const gpt_piece chunk0_pieces[16] = {
+    /* h.4.ln_1.weight */
+    {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.4.ln_1.bias */
+    {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.4.attn.c_proj.weight */
+    {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
+    /* h.4.attn.c_proj.bias */
+    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.4.attn.c_attn.weight */
+    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.4.attn.c_attn.weight */
+    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.4.attn.c_attn.weight */
+    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.4.attn.c_attn.bias */
+    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.4.attn.c_attn.bias */
+    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.4.attn.c_attn.bias */
+    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.4.ln_2.weight */
+    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.4.ln_2.bias */
+    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.4.mlp.c_fc.weight */
+    {  8, 0,  0, 0,   0,  64, 128, GPT_SPLIT_TP,     0, 128, 0 },
+    /* h.4.mlp.c_fc.bias */
+    {  9, 0,  0, 0,   0,   1, 128, GPT_SPLIT_TP,     0, 128, 0 },
+    /* h.4.mlp.c_proj.weight */
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_TP,   128,   0, 0 },
+    /* h.4.mlp.c_proj.bias */
+    { 11, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+};
 
-static void alloc_chunk_acts(chunk_acts *a, int nlayers, int tokens)
-{
-    a->x = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->dy = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->tokens = tokens ? rt_malloc((size_t)CFG_N * sizeof(int)) : NULL;
-    for (int j = 0; j < nlayers; j++) layer_acts_alloc(&a->layer[j]);
-}
+static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer */
+    83968,   /* layer 4 */
+    58752,   /* layer 5 */
+    33536,   /* layer 6 */
+    8320,   /* layer 7 */
+};
 
-static void setup(void)
-{
-    for (int i = 0; i < NBUF; i++) {
-        pbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        gbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        mbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        vbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-    }
-    /* parameter and gradient views into the buffers */
-    chunk0_params[0].attn_proj_b = pbuf[0] + 106944;   /* h.4.attn.c_proj.bias [64] */
-    chunk0_grads[0].attn_proj_b = gbuf[0] + 106944;
-    chunk0_params[0].attn_proj_w = pbuf[0] + 107008;   /* h.4.attn.c_proj.weight [32, 64] */
-    chunk0_grads[0].attn_proj_w = gbuf[0] + 107008;
-    chunk0_params[0].c_attn_b = pbuf[0] + 100672;   /* h.4.attn.c_attn.bias [96] */
-    chunk0_grads[0].c_attn_b = gbuf[0] + 100672;
-    chunk0_params[0].c_attn_w = pbuf[0] + 100800;   /* h.4.attn.c_attn.weight [64, 96] */
-    chunk0_grads[0].c_attn_w = gbuf[0] + 100800;
-    chunk0_params[0].c_fc_b = pbuf[0] + 92224;   /* h.4.mlp.c_fc.bias [128] */
-    chunk0_grads[0].c_fc_b = gbuf[0] + 92224;
-    chunk0_params[0].c_fc_w = pbuf[0] + 92352;   /* h.4.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[0].c_fc_w = gbuf[0] + 92352;
-    chunk0_params[0].ln_1_b = pbuf[0] + 109056;   /* h.4.ln_1.bias [64] */
-    chunk0_grads[0].ln_1_b = gbuf[0] + 109056;
-    chunk0_params[0].ln_1_w = pbuf[0] + 109120;   /* h.4.ln_1.weight [64] */
-    chunk0_grads[0].ln_1_w = gbuf[0] + 109120;
-    chunk0_params[0].ln_2_b = pbuf[0] + 100544;   /* h.4.ln_2.bias [64] */
-    chunk0_grads[0].ln_2_b = gbuf[0] + 100544;
-    chunk0_params[0].ln_2_w = pbuf[0] + 100608;   /* h.4.ln_2.weight [64] */
-    chunk0_grads[0].ln_2_w = gbuf[0] + 100608;
-    chunk0_params[0].mlp_proj_b = pbuf[0] + 83968;   /* h.4.mlp.c_proj.bias [64] */
-    chunk0_grads[0].mlp_proj_b = gbuf[0] + 83968;
-    chunk0_params[0].mlp_proj_w = pbuf[0] + 84032;   /* h.4.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[0].mlp_proj_w = gbuf[0] + 84032;
-    chunk0_params[1].attn_proj_b = pbuf[0] + 81728;   /* h.5.attn.c_proj.bias [64] */
-    chunk0_grads[1].attn_proj_b = gbuf[0] + 81728;
-    chunk0_params[1].attn_proj_w = pbuf[0] + 81792;   /* h.5.attn.c_proj.weight [32, 64] */
-    chunk0_grads[1].attn_proj_w = gbuf[0] + 81792;
-    chunk0_params[1].c_attn_b = pbuf[0] + 75456;   /* h.5.attn.c_attn.bias [96] */
-    chunk0_grads[1].c_attn_b = gbuf[0] + 75456;
-    chunk0_params[1].c_attn_w = pbuf[0] + 75584;   /* h.5.attn.c_attn.weight [64, 96] */
-    chunk0_grads[1].c_attn_w = gbuf[0] + 75584;
-    chunk0_params[1].c_fc_b = pbuf[0] + 67008;   /* h.5.mlp.c_fc.bias [128] */
-    chunk0_grads[1].c_fc_b = gbuf[0] + 67008;
-    chunk0_params[1].c_fc_w = pbuf[0] + 67136;   /* h.5.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[1].c_fc_w = gbuf[0] + 67136;
-    chunk0_params[1].ln_1_b = pbuf[0] + 83840;   /* h.5.ln_1.bias [64] */
-    chunk0_grads[1].ln_1_b = gbuf[0] + 83840;
-    chunk0_params[1].ln_1_w = pbuf[0] + 83904;   /* h.5.ln_1.weight [64] */
-    chunk0_grads[1].ln_1_w = gbuf[0] + 83904;
-    chunk0_params[1].ln_2_b = pbuf[0] + 75328;   /* h.5.ln_2.bias [64] */
-    chunk0_grads[1].ln_2_b = gbuf[0] + 75328;
-    chunk0_params[1].ln_2_w = pbuf[0] + 75392;   /* h.5.ln_2.weight [64] */
-    chunk0_grads[1].ln_2_w = gbuf[0] + 75392;
-    chunk0_params[1].mlp_proj_b = pbuf[0] + 58752;   /* h.5.mlp.c_proj.bias [64] */
-    chunk0_grads[1].mlp_proj_b = gbuf[0] + 58752;
-    chunk0_params[1].mlp_proj_w = pbuf[0] + 58816;   /* h.5.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[1].mlp_proj_w = gbuf[0] + 58816;
-    chunk0_params[2].attn_proj_b = pbuf[0] + 56512;   /* h.6.attn.c_proj.bias [64] */
-    chunk0_grads[2].attn_proj_b = gbuf[0] + 56512;
-    chunk0_params[2].attn_proj_w = pbuf[0] + 56576;   /* h.6.attn.c_proj.weight [32, 64] */
-    chunk0_grads[2].attn_proj_w = gbuf[0] + 56576;
-    chunk0_params[2].c_attn_b = pbuf[0] + 50240;   /* h.6.attn.c_attn.bias [96] */
-    chunk0_grads[2].c_attn_b = gbuf[0] + 50240;
-    chunk0_params[2].c_attn_w = pbuf[0] + 50368;   /* h.6.attn.c_attn.weight [64, 96] */
-    chunk0_grads[2].c_attn_w = gbuf[0] + 50368;
-    chunk0_params[2].c_fc_b = pbuf[0] + 41792;   /* h.6.mlp.c_fc.bias [128] */
-    chunk0_grads[2].c_fc_b = gbuf[0] + 41792;
-    chunk0_params[2].c_fc_w = pbuf[0] + 41920;   /* h.6.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[2].c_fc_w = gbuf[0] + 41920;
-    chunk0_params[2].ln_1_b = pbuf[0] + 58624;   /* h.6.ln_1.bias [64] */
-    chunk0_grads[2].ln_1_b = gbuf[0] + 58624;
-    chunk0_params[2].ln_1_w = pbuf[0] + 58688;   /* h.6.ln_1.weight [64] */
-    chunk0_grads[2].ln_1_w = gbuf[0] + 58688;
-    chunk0_params[2].ln_2_b = pbuf[0] + 50112;   /* h.6.ln_2.bias [64] */
-    chunk0_grads[2].ln_2_b = gbuf[0] + 50112;
-    chunk0_params[2].ln_2_w = pbuf[0] + 50176;   /* h.6.ln_2.weight [64] */
-    chunk0_grads[2].ln_2_w = gbuf[0] + 50176;
-    chunk0_params[2].mlp_proj_b = pbuf[0] + 33536;   /* h.6.mlp.c_proj.bias [64] */
-    chunk0_grads[2].mlp_proj_b = gbuf[0] + 33536;
-    chunk0_params[2].mlp_proj_w = pbuf[0] + 33600;   /* h.6.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[2].mlp_proj_w = gbuf[0] + 33600;
-    chunk0_params[3].attn_proj_b = pbuf[0] + 31296;   /* h.7.attn.c_proj.bias [64] */
-    chunk0_grads[3].attn_proj_b = gbuf[0] + 31296;
-    chunk0_params[3].attn_proj_w = pbuf[0] + 31360;   /* h.7.attn.c_proj.weight [32, 64] */
-    chunk0_grads[3].attn_proj_w = gbuf[0] + 31360;
-    chunk0_params[3].c_attn_b = pbuf[0] + 25024;   /* h.7.attn.c_attn.bias [96] */
-    chunk0_grads[3].c_attn_b = gbuf[0] + 25024;
-    chunk0_params[3].c_attn_w = pbuf[0] + 25152;   /* h.7.attn.c_attn.weight [64, 96] */
-    chunk0_grads[3].c_attn_w = gbuf[0] + 25152;
-    chunk0_params[3].c_fc_b = pbuf[0] + 16576;   /* h.7.mlp.c_fc.bias [128] */
-    chunk0_grads[3].c_fc_b = gbuf[0] + 16576;
-    chunk0_params[3].c_fc_w = pbuf[0] + 16704;   /* h.7.mlp.c_fc.weight [64, 128] */
-    chunk0_grads[3].c_fc_w = gbuf[0] + 16704;
-    chunk0_params[3].ln_1_b = pbuf[0] + 33408;   /* h.7.ln_1.bias [64] */
-    chunk0_grads[3].ln_1_b = gbuf[0] + 33408;
-    chunk0_params[3].ln_1_w = pbuf[0] + 33472;   /* h.7.ln_1.weight [64] */
-    chunk0_grads[3].ln_1_w = gbuf[0] + 33472;
-    chunk0_params[3].ln_2_b = pbuf[0] + 24896;   /* h.7.ln_2.bias [64] */
-    chunk0_grads[3].ln_2_b = gbuf[0] + 24896;
-    chunk0_params[3].ln_2_w = pbuf[0] + 24960;   /* h.7.ln_2.weight [64] */
-    chunk0_grads[3].ln_2_w = gbuf[0] + 24960;
-    chunk0_params[3].mlp_proj_b = pbuf[0] + 8320;   /* h.7.mlp.c_proj.bias [64] */
-    chunk0_grads[3].mlp_proj_b = gbuf[0] + 8320;
-    chunk0_params[3].mlp_proj_w = pbuf[0] + 8384;   /* h.7.mlp.c_proj.weight [128, 64] */
-    chunk0_grads[3].mlp_proj_w = gbuf[0] + 8384;
-    head_p.ln_f_b = pbuf[0] + 8192;   /* ln_f.bias [64] */
-    head_g.ln_f_b = gbuf[0] + 8192;
-    head_p.ln_f_w = pbuf[0] + 8256;   /* ln_f.weight [64] */
-    head_g.ln_f_w = gbuf[0] + 8256;
-    head_p.wte = pbuf[0] + 0;   /* wte.weight [128, 64] */
-    head_g.wte = gbuf[0] + 0;
-    for (int k = 0; k < 1; k++)
-        alloc_chunk_acts(&chunk0_acts[k], 4, 0);
-    head_a.lnf = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    head_a.lnf_mean = rt_malloc((size_t)CFG_N_SP * sizeof(float));
-    head_a.lnf_rstd = rt_malloc((size_t)CFG_N_SP * sizeof(float));
-    scratch_alloc(1);
-    loss_dev = rt_malloc(CFG_NMB * sizeof(float));
-    stat_dev = rt_malloc((NRANGES + 2) * sizeof(float));
-    const int *pp = rt_group_members(grp_pp);
-    pp_prev = pp[(pp_rank + CFG_PP - 1) % CFG_PP];
-    pp_next = pp[(pp_rank + 1) % CFG_PP];
-}
+/* embedding and head: their tensors (offsets from the buffer's start) and pieces */
+static const gpt_param other_params[3] = {
+    /* ln_f.weight */
+    { GPT_P_LN_F_W,   -1, 0, GPT_NORM_TP0,               14, 64, 8256,   64 },
+    /* ln_f.bias */
+    { GPT_P_LN_F_B,   -1, 0, GPT_NORM_TP0,               15, 64, 8192,   64 },
+    /* the head's copy of wte.weight */
+    { GPT_P_HEAD_WTE, -1, 0, GPT_DECAY | GPT_NORM_NEVER,  0, 64,    0, 8192 },
+};
 
-/* -- Chunks: forward and backward of one micro-batch ----------------------------------------- */
+static const gpt_piece other_pieces[3] = {
+    /* ln_f.weight */
+    { 0, 0, 0, 0, 0,   1, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },
+    /* ln_f.bias */
+    { 1, 0, 0, 0, 0,   1, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },
+    /* the head's copy of wte.weight */
+    { 2, 0, 0, 0, 0, 128, 64, GPT_SPLIT_TP,   128, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
+};
+
+/* first layer, layers, activation slots, embedding, head, tables */
+static const gpt_chunk_info chunks[1] = {
+    { 4, 4, 1, 0, 1, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases },
+};
+
+/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
+**    2736092 bytes in all with the parameters, checked at start. Not used here:
+**    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
+**    ML_AUXG C_TOKENS MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR
+**    MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX
+**    X_SP_PACK
+*/
+static const gpt_mem mem[GPT_NMEMS] = {
+    /* (N_SP, C) ln_1 output, x 4 */
+    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N, C) ln_1 output, whole sequence */
+    [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,     0 },
+    /* (N, QKV_LOCAL), x 4 */
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            6144 },
+    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 4 */
+    [GPT_M_L_ATT]      = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, C_LOCAL) attention output, x 4 */
+    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            2048 },
+    /* (N_SP, C) x + attention, x 4 */
+    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) ln_2 output, x 4 */
+    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N, C) ln_2 output, whole sequence */
+    [GPT_M_L_LN2_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN2,     0 },
+    /* (N, FF_LOCAL) c_fc output, x 4 */
+    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, FF_LOCAL), x 4 */
+    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N_SP, C) the layer's output, x 4 */
+    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) the chunk's input */
+    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) its gradient */
+    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) ln_f output */
+    [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP) */
+    [GPT_M_H_LNF_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N_SP) */
+    [GPT_M_H_LNF_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
+    /* (N, C) partial sums / gathered rows */
+    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* (N_SP, C) reduce-scatter output */
+    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,    0 },
+    /* (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            6144 },
+    /* (N, C_LOCAL) */
+    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,            2048 },
+    /* (B, HEADS_LOCAL, T, T) */
+    [GPT_M_S_DATT]     = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, FF_LOCAL) */
+    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (N, V_LOCAL) */
+    [GPT_M_S_LOGITS]   = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (4N) row max | sum exp | target logit | loss */
+    [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,             256 },
+    /* (N) int */
+    [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,              64 },
+    /* (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,               1 },
+    /* (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              54 },
+};
+
+/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
 
 /* chunk 0: layers 4..7, head + loss */
 static void chunk0_forward(int mb, int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    /* layer 4 */
-    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);
-    /* layer 5 */
-    layer_fwd(&chunk0_params[1], &a->layer[1], a->layer[0].res2);
-    /* layer 6 */
-    layer_fwd(&chunk0_params[2], &a->layer[2], a->layer[1].res2);
-    /* layer 7 */
-    layer_fwd(&chunk0_params[3], &a->layer[3], a->layer[2].res2);
-    rt_memcpy(scratch.targets, cur->targets + (size_t)mb * CFG_N, CFG_N * sizeof(int), RT_H2D);
-    head_fwd_bwd(&head_p, &head_g, &head_a, a->layer[3].res2, scratch.targets,
-                 loss_dev + mb, a->dy);
+    gpt_layer_fwd(0, 0, slot);   /* layer 4 */
+    gpt_layer_fwd(0, 1, slot);   /* layer 5 */
+    gpt_layer_fwd(0, 2, slot);   /* layer 6 */
+    gpt_layer_fwd(0, 3, slot);   /* layer 7 */
+    gpt_head_fwd_bwd(0, mb, slot);   /* ln_f, head and loss of mb; its gradient -> dy */
 }
 
-static void chunk0_backward(int mb, int slot)
+static void chunk0_backward(int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    /* layer 7 */
-    layer_bwd(&chunk0_params[3], &chunk0_grads[3],
-              &a->layer[3], a->layer[2].res2, a->dy);
-    /* layer 6 */
-    layer_bwd(&chunk0_params[2], &chunk0_grads[2],
-              &a->layer[2], a->layer[1].res2, a->dy);
-    /* layer 5 */
-    layer_bwd(&chunk0_params[1], &chunk0_grads[1],
-              &a->layer[1], a->layer[0].res2, a->dy);
-    /* layer 4 */
-    layer_bwd(&chunk0_params[0], &chunk0_grads[0],
-              &a->layer[0], a->x, a->dy);
+    gpt_layer_bwd(0, 3, slot);   /* layer 7 */
+    gpt_layer_bwd(0, 2, slot);   /* layer 6 */
+    gpt_layer_bwd(0, 1, slot);   /* layer 5 */
+    gpt_layer_bwd(0, 0, slot);   /* layer 4 */
 }
 
 /* -- The schedule: 1F1B, 1 micro-batches -- */
@@ -289,435 +219,65 @@ static void chunk0_backward(int mb, int slot)
 static void run_schedule(void)
 {
     /* -- steady state: one forward, one backward -- */
-    {   /* <<< recv activations mb 0 (chunk 0) from stage 0 */
+    {
+        /* <<< recv activations mb 0 (chunk 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 0, chunk0_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
+            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
-    /* forward  mb 0, chunk 0 (slot 0): layers 4..7, head + loss (and its backward) */
+    /* forward mb 0, chunk 0 (slot 0): layers 4..7, head + loss (and its backward) */
     chunk0_forward(0, 0);
     /* backward mb 0, chunk 0 (slot 0): layers 7..4 */
-    chunk0_backward(0, 0);
-    {   /* >>> send gradient mb 0 (chunk 0) to stage 0 */
+    chunk0_backward(0);
+    {
+        /* >>> send gradient mb 0 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
+            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
 }
 
-/* -- After the schedule: reduce gradients, norm, clip, AdamW --------------------------------- */
+/* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
 
-/* Sequence-parallel and tied-embedding reductions, then data-parallel (semantics §5.6). */
-static void finalize_grads(void)
+static void step(const gpt_step_in *in, gpt_step_out *out)
 {
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    **     embedding's and the head's gradients (megatron-semantics.md §7) */
-    /* the head's copy of wte.weight */
-    rt_allreduce(gbuf[0] + 0, 8192, RT_F32, RT_SUM,
-                 grp_embd);
-    /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
-    for (int i = 0; i < NBUF; i++) {
-        rt_group *g = *buf_group[i];
-        /* experts too: their gradients hold the tokens of every replica of the EP group */
-        scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
-        /* >>> all-reduce over the buffer's data-parallel group */
-        rt_allreduce(gbuf[i], buf_size[i], RT_F32, RT_SUM, g);
-    }
-}
-
-/* sqrt of the sum of squares of every gradient counted once (megatron-semantics.md §6). */
-static double grad_norm(void)
-{
-    int np = 0, expert[NRANGES];
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0) ||
-            (r->norm == NORM_ETP0 && etp_rank != 0))
-            continue;
-        expert[np] = buf_expert[r->buf];
-        sumsq(stat_dev + np++, gbuf[r->buf] + r->offset, r->n);
-    }
-    float parts[NRANGES + 2];
-    double sum[2] = { 0.0, 0.0 };   /* dense, experts */
-    rt_memcpy(parts, stat_dev, (size_t)np * sizeof(float), RT_D2H);
-    for (int i = 0; i < np; i++) sum[expert[i]] += parts[i];
-    parts[0] = (float)sum[0];
-    parts[1] = (float)sum[1];
-    rt_memcpy(stat_dev + NRANGES, parts, 2 * sizeof(float), RT_H2D);
-    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
-    rt_allreduce(stat_dev + NRANGES, 1, RT_F32, RT_SUM, grp_mp);
-    rt_memcpy(parts, stat_dev + NRANGES, 2 * sizeof(float), RT_D2H);
-    return sqrt((double)parts[0] + (double)parts[1]);
-}
-
-/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
-static void optimizer_step(const step_in *in, float coef)
-{
-    int t = in->step + 1;
-    float bc1 = (float)(1.0 - pow((double)in->beta1, t));
-    float bc2 = (float)(1.0 - pow((double)in->beta2, t));
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        float wd = r->decay ? in->wd : 0.0f;
-        adamw_step(pbuf[r->buf] + r->offset, gbuf[r->buf] + r->offset, mbuf[r->buf] + r->offset,
-                   vbuf[r->buf] + r->offset, r->n, in->lr, in->beta1, in->beta2, in->eps, wd,
-                   bc1, bc2, coef);
-    }
-}
-
-/* The step's mean loss over the global batch, on every rank (and, with experts, the aux loss
-** term of the objective: every rank's share over the data-parallel replicas and micro-batches). */
-static double step_loss(double *aux)
-{
-    float part = 0.0f;
-    *aux = 0.0;
-    if (tp_rank == 0 && cp_rank == 0) {
-        float sums[CFG_NMB];
-        double total = 0.0;
-        rt_memcpy(sums, loss_dev, sizeof sums, RT_D2H);
-        for (int k = 0; k < CFG_NMB; k++) total += sums[k];
-        part = (float)(total / ((double)CFG_TOKENS_PER_STEP));
-    }
-    /* >>> all-reduce over the world: the last stage's tp-rank-0 ranks hold the loss */
-    rt_memcpy(stat_dev + NRANGES + 1, &part, sizeof(float), RT_H2D);
-    rt_allreduce(stat_dev + NRANGES + 1, 1, RT_F32, RT_SUM, rt_group_world());
-    rt_memcpy(&part, stat_dev + NRANGES + 1, sizeof(float), RT_D2H);
-    return part;
-}
-
-static void step(const step_in *in, step_out *out)
-{
-    cur = in;
-    for (int i = 0; i < NBUF; i++) rt_memset0(gbuf[i], buf_size[i] * sizeof(float));
+    /* zero the gradients */
+    gpt_step_begin(in);
+    /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    finalize_grads();
-    double norm = grad_norm();
-    double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
-    optimizer_step(in, coef < 1.0 ? (float)coef : 1.0f);
-    out->grad_norm = norm;
-    out->loss = step_loss(&out->aux_loss);
+    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
+    ** embedding's and the head's gradients (docs/megatron.md §7) */
+    gpt_grad_allreduce_range(0, 0, 8192, gpt.grp[GPT_GRP_EMBD]);
+    /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
+    ** gradients hold the tokens of every replica) */
+    gpt_grad_scale(0, CFG_GRAD_SCALE);
+    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) */
+    gpt_grad_allreduce(0, gpt.grp[GPT_GRP_DPCP]);
+    /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
+    ** once */
+    gpt_norm_local();
+    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
+    gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
+    /* the norm: sqrt of the reduced sums */
+    out->grad_norm = gpt_norm(0);
+    /* clip to --clip, then AdamW */
+    gpt_adamw(in, out->grad_norm);
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
+    gpt_loss_allreduce(rt_group_world(), out);
+    out->aux_loss = 0.0;   /* no mixture of experts */
 }
 
-/* -- Checkpoint state and pieces --------------------------------------------------------------- */
-
-static size_t state_floats(void)
-{
-    size_t n = 0;
-    for (int i = 0; i < NBUF; i++)
-        n += 3 * buf_size[i];
-    return n;
-}
-
-static void state_io(float *host, int save)
-{
-    for (int i = 0; i < NBUF; i++) {
-        size_t nm = buf_size[i];
-        float *dev[3] = { pbuf[i], mbuf[i], vbuf[i] };
-        size_t len[3] = { buf_size[i], nm, nm };
-        for (int j = 0; j < 3; j++) {
-            if (save) rt_memcpy(host, dev[j], len[j] * sizeof(float), RT_D2H);
-            else rt_memcpy(dev[j], host, len[j] * sizeof(float), RT_H2D);
-            host += len[j];
-        }
-    }
-}
-
-/* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
-** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
-** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
-static const piece pieces_0[] = {   /* tp 0 */
-    /* h.4.ln_1.weight */
-    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.ln_1.bias */
-    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.attn.c_proj.weight */
-    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.4.attn.c_proj.bias */
-    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.4.ln_2.weight */
-    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.ln_2.bias */
-    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.mlp.c_fc.weight */
-    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.4.mlp.c_fc.bias */
-    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.4.mlp.c_proj.weight */
-    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.4.mlp.c_proj.bias */
-    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.ln_1.weight */
-    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.ln_1.bias */
-    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.attn.c_proj.weight */
-    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.5.attn.c_proj.bias */
-    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.5.ln_2.weight */
-    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.ln_2.bias */
-    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.mlp.c_fc.weight */
-    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.5.mlp.c_fc.bias */
-    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.5.mlp.c_proj.weight */
-    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.5.mlp.c_proj.bias */
-    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_1.weight */
-    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_1.bias */
-    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.attn.c_proj.weight */
-    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.6.attn.c_proj.bias */
-    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.6.ln_2.weight */
-    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_2.bias */
-    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.mlp.c_fc.weight */
-    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.6.mlp.c_fc.bias */
-    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.6.mlp.c_proj.weight */
-    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.6.mlp.c_proj.bias */
-    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_1.weight */
-    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_1.bias */
-    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.attn.c_proj.weight */
-    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.7.attn.c_proj.bias */
-    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.7.ln_2.weight */
-    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_2.bias */
-    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.mlp.c_fc.weight */
-    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 0, 64, 128, 0, 0, 0 },
-    /* h.7.mlp.c_fc.bias */
-    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 0, 1, 128, 0, 0, 0 },
-    /* h.7.mlp.c_proj.weight */
-    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* h.7.mlp.c_proj.bias */
-    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* ln_f.weight */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* ln_f.bias */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* wte.weight */
-    { 0, &head_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 1, 0 },
-};
-static const piece pieces_1[] = {   /* tp 1 */
-    /* h.4.ln_1.weight */
-    { 50, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.ln_1.bias */
-    { 51, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.attn.c_proj.weight */
-    { 54, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.4.attn.c_proj.bias */
-    { 55, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.weight */
-    { 52, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.4.attn.c_attn.bias */
-    { 53, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.4.ln_2.weight */
-    { 56, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.ln_2.bias */
-    { 57, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.4.mlp.c_fc.weight */
-    { 58, &chunk0_params[0].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.4.mlp.c_fc.bias */
-    { 59, &chunk0_params[0].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.4.mlp.c_proj.weight */
-    { 60, &chunk0_params[0].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.4.mlp.c_proj.bias */
-    { 61, &chunk0_params[0].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.ln_1.weight */
-    { 62, &chunk0_params[1].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.ln_1.bias */
-    { 63, &chunk0_params[1].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.attn.c_proj.weight */
-    { 66, &chunk0_params[1].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.5.attn.c_proj.bias */
-    { 67, &chunk0_params[1].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.weight */
-    { 64, &chunk0_params[1].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.5.attn.c_attn.bias */
-    { 65, &chunk0_params[1].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.5.ln_2.weight */
-    { 68, &chunk0_params[1].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.ln_2.bias */
-    { 69, &chunk0_params[1].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.5.mlp.c_fc.weight */
-    { 70, &chunk0_params[1].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.5.mlp.c_fc.bias */
-    { 71, &chunk0_params[1].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.5.mlp.c_proj.weight */
-    { 72, &chunk0_params[1].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.5.mlp.c_proj.bias */
-    { 73, &chunk0_params[1].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_1.weight */
-    { 74, &chunk0_params[2].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_1.bias */
-    { 75, &chunk0_params[2].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.attn.c_proj.weight */
-    { 78, &chunk0_params[2].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.6.attn.c_proj.bias */
-    { 79, &chunk0_params[2].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.weight */
-    { 76, &chunk0_params[2].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.6.attn.c_attn.bias */
-    { 77, &chunk0_params[2].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.6.ln_2.weight */
-    { 80, &chunk0_params[2].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.ln_2.bias */
-    { 81, &chunk0_params[2].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.6.mlp.c_fc.weight */
-    { 82, &chunk0_params[2].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.6.mlp.c_fc.bias */
-    { 83, &chunk0_params[2].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.6.mlp.c_proj.weight */
-    { 84, &chunk0_params[2].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.6.mlp.c_proj.bias */
-    { 85, &chunk0_params[2].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_1.weight */
-    { 86, &chunk0_params[3].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_1.bias */
-    { 87, &chunk0_params[3].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.attn.c_proj.weight */
-    { 90, &chunk0_params[3].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.7.attn.c_proj.bias */
-    { 91, &chunk0_params[3].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.weight */
-    { 88, &chunk0_params[3].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.7.attn.c_attn.bias */
-    { 89, &chunk0_params[3].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.7.ln_2.weight */
-    { 92, &chunk0_params[3].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.ln_2.bias */
-    { 93, &chunk0_params[3].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.7.mlp.c_fc.weight */
-    { 94, &chunk0_params[3].c_fc_w, 128, 0, 0, 0, 128, 64, 128, 0, 0, 0 },
-    /* h.7.mlp.c_fc.bias */
-    { 95, &chunk0_params[3].c_fc_b, 128, 0, 0, 0, 128, 1, 128, 0, 0, 0 },
-    /* h.7.mlp.c_proj.weight */
-    { 96, &chunk0_params[3].mlp_proj_w, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* h.7.mlp.c_proj.bias */
-    { 97, &chunk0_params[3].mlp_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* ln_f.weight */
-    { 98, &head_p.ln_f_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* ln_f.bias */
-    { 99, &head_p.ln_f_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* wte.weight */
-    { 0, &head_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 1, 0 },
-};
-
-static const piece *pieces(int *n)
-{
-    static const struct { int tp, ep, etp, n; const piece *list; } sets[2] = {
-        { 0, -1, -1, 67, pieces_0 },
-        { 1, -1, -1, 67, pieces_1 },
-    };
-    for (int i = 0; i < 2; i++)
-        if (sets[i].tp == tp_rank && (sets[i].ep < 0 || sets[i].ep == ep_rank) &&
-            (sets[i].etp < 0 || sets[i].etp == etp_rank)) {   /* -1: any (dense model) */
-            *n = sets[i].n;
-            return sets[i].list;
-        }
-    RT_CHECK(0, "no parameter pieces for tp %d ep %d etp %d", tp_rank, ep_rank, etp_rank);
-    return NULL;
-}
-
-const stage_program stage1_program = {
-    "stage 1 of 2: layers 4..7, head + loss", 0, 1, pieces, setup, step,
-    state_floats, state_io,
+const gpt_stage stage1 = {
+    .title = "stage 1 of 2: layers 4..7, head + loss",
+    .nbuffers = 1, .buffers = buffers,
+    .nchunks = 1, .chunks = chunks,
+    .nother_params = 3, .other_params = other_params,
+    .nother_pieces = 3, .other_pieces = other_pieces,
+    .mem = mem, .mem_bytes = 2736092,
+    .needs_inputs = 0, .needs_targets = 1,
+    .head_uses_wte = 0,
+    .step = step,
 };

@@ -7,13 +7,7 @@
 #ifndef MODEL_H
 #define MODEL_H
 
-#include <stddef.h>
-#include <stdint.h>
-#include "rt.h"   // defines: rt_gemm, rt_allreduce, rt_allgather, rt_reduce_scatter, rt_p2p
-
-#ifdef __cplusplus   /* kernels.cu is C++: these are C symbols */
-extern "C" {
-#endif
+#include "gpt.h"   // defines: gpt_program, gpt_stage, gpt_layer_fwd, rt_p2p, ... (lib/gpt.h)
 
 /* -- Sizes: every number the program uses, with its origin --------------------------------- */
 
@@ -22,7 +16,9 @@ extern "C" {
 #define CFG_TP              2                  /* tensor-parallel size (TP) */
 #define CFG_PP              2                  /* pipeline stages (PP) */
 #define CFG_DP              2                  /* data-parallel size (DP) */
+#define CFG_CP              1                  /* context-parallel size (CP) */
 #define CFG_VP              2                  /* virtual chunks per stage (VP) */
+#define CFG_SP              1                  /* sequence parallelism (SP=1) */
 #define CFG_B               1                  /* micro-batch size (MBS) */
 #define CFG_NMB             2                  /* micro-batches per step (NMB) */
 #define CFG_GBS             4                  /* global batch = MBS*NMB*DP */
@@ -41,6 +37,7 @@ extern "C" {
 #define CFG_V               256                /* vocabulary (model.vocab) */
 #define CFG_V_PADDED        256                /* vocabulary padded to a multiple of 128*TP */
 #define CFG_V_LOCAL         128                /* vocabulary rows per tp rank = V_PADDED/TP */
+#define CFG_LAYERS          4                  /* transformer layers (model.layers) */
 #define CFG_LN_EPS          1e-05f             /* LayerNorm eps (model.norm_eps) */
 #define CFG_ATT_SCALE       0.25f              /* 1/sqrt(head_dim) */
 #define CFG_DLOSS           0.0078125f         /* d(step loss)/d(token loss) = 1/(N*NMB) */
@@ -55,242 +52,18 @@ extern "C" {
 #define CFG_EFF             128                /* expert MLP width (model.moe.ffn_hidden) */
 #define CFG_EFF_LOCAL       128                /* expert columns per ETP rank */
 #define CFG_PRE_SOFTMAX     0                  /* probabilities: softmax before top-k (1) or over the top k (0) */
+#define CFG_MOE_BIAS        0                  /* expert biases (model.moe.bias) */
 #define CFG_AUX_SCALE       9.765625e-06f      /* aux loss = AUX_SCALE * sum_e (sum of scores) * count_e = coeff*E/(K*N^2) */
 #define CFG_AUX_GRAD        0.5f               /* the aux loss's share of the objective: 1/NMB */
-#define CFG_CAPACITY        128                /* no capacity limit */
+#define CFG_CAPACITY        128                /* no capacity limit: N*TOPK */
 #define CFG_MOE_SEND_MAX    64                 /* rows this rank sends at most = N_SP*TOPK */
 #define CFG_MOE_RECV_MAX    128                /* rows it receives at most = SEND_MAX*EP */
 #define CFG_MOE_ROWS_MAX    128                /* rows at its experts at most = RECV_MAX*ETP */
 #define CFG_MOE_COUNTS      56                 /* ints of count exchanges */
 
-/* -- Parameters (this rank's shards; Hugging Face names, Conv1D orientation [in, out]) ------- */
+/* -- The stage programs (stage<k>.c) ------------------------------------------------------- */
 
-/* A mixture of experts in place of the MLP: the router (replicated) and this rank's experts
-** (EXPERTS_LOCAL contiguous experts of the EP group, each split over the expert-TP group). */
-typedef struct {
-    float *router_w;                     /* (EXPERTS, C)     h.{i}.mlp.router.weight         */
-    float *fc_w[CFG_EXPERTS_LOCAL];      /* (C, EFF_LOCAL)   h.{i}.mlp.experts.{e}.c_fc.weight */
-    float *fc_b[CFG_EXPERTS_LOCAL];      /* (EFF_LOCAL)      .c_fc.bias  (NULL: no biases)  */
-    float *proj_w[CFG_EXPERTS_LOCAL];    /* (EFF_LOCAL, C)   .c_proj.weight                  */
-    float *proj_b[CFG_EXPERTS_LOCAL];    /* (C)              .c_proj.bias (NULL: no biases)  */
-} moe_params;
+extern const gpt_stage stage0;   /* stage 0 of 2: embedding, layer 0 | layer 2 */
+extern const gpt_stage stage1;   /* stage 1 of 2: layer 1 | layer 3, head + loss */
 
-typedef struct {
-    float *ln_1_w;       /* (C)               h.{i}.ln_1.weight           replicated       */
-    float *ln_1_b;       /* (C)               h.{i}.ln_1.bias             replicated       */
-    float *c_attn_w;     /* (C, QKV_LOCAL)    h.{i}.attn.c_attn.weight    column-parallel  */
-    float *c_attn_b;     /* (QKV_LOCAL)       h.{i}.attn.c_attn.bias      column-parallel  */
-    float *attn_proj_w;  /* (C_LOCAL, C)      h.{i}.attn.c_proj.weight    row-parallel     */
-    float *attn_proj_b;  /* (C)               h.{i}.attn.c_proj.bias      replicated       */
-    float *ln_2_w;       /* (C)               h.{i}.ln_2.weight           replicated       */
-    float *ln_2_b;       /* (C)               h.{i}.ln_2.bias             replicated       */
-    moe_params moe;      /* the mixture of experts in place of the MLP */
-} layer_params;          /* gradients use the same struct, pointing into the grad buffer */
-
-typedef struct {
-    float *wte;          /* (V_LOCAL, C)      wte.weight                  vocab-parallel   */
-    float *wpe;          /* (T_MODEL, C)      wpe.weight                  replicated       */
-} embed_params;
-
-typedef struct {
-    float *ln_f_w;       /* (C)               ln_f.weight                 replicated       */
-    float *ln_f_b;       /* (C)               ln_f.bias                   replicated       */
-    float *wte;          /* (V_LOCAL, C)      wte.weight (tied output)    vocab-parallel   */
-} head_params;
-
-/* -- Activations of one micro-batch (rows are tokens, sequence-major: row t*B + b) ----------- */
-
-/* One MoE layer's routing and expert activations for one micro-batch (moe.c). */
-typedef struct {
-    float *scores;       /* (N_SP, EXPERTS)  softmax over all experts (aux loss)   */
-    float *prob;         /* (N_SP, TOPK)     probabilities of the chosen experts   */
-    int *sel, *sel_h;    /* (N_SP, TOPK)     chosen experts, device and host       */
-    int *pos, *pos_h;    /* (N_SP, TOPK)     row of each choice in the send order, -1: dropped */
-    int *send_tok;       /* (SEND_MAX)       token of each row sent                */
-    int *order, *unorder;/* (ROWS_MAX)       expert-major <-> member-major rows    */
-    float *xe, *pe;      /* (ROWS_MAX, C), (ROWS_MAX): expert inputs and probabilities */
-    float *fc, *h;       /* (ROWS_MAX, EFF_LOCAL): c_fc output, gelu of it         */
-    float *auxg;         /* (EXPERTS)        d(aux)/d(score), the same for every token */
-    int nsend, nrows;    /* rows sent; rows at this rank's experts                 */
-    int sendrows[CFG_EP], recvrows[CFG_EP];   /* rows per EP peer                  */
-    int memrows[CFG_ETP];                     /* rows received by each expert-TP member */
-    int erows[CFG_EXPERTS_LOCAL];             /* rows per local expert              */
-} moe_acts;
-
-typedef struct {
-    float *ln1;          /* (N_SP, C)         ln_1 output                 */
-    float *ln1_mean;     /* (N_SP)                                        */
-    float *ln1_rstd;     /* (N_SP)                                        */
-    float *ln1_full;     /* (N, C)            ln_1 output, whole sequence (= ln1 without SP) */
-    float *qkv;          /* (N, QKV_LOCAL)    q | k | v of the local heads */
-    float *att;          /* (B, HEADS_LOCAL, T, T) attention probabilities */
-    float *atty;         /* (N, C_LOCAL)      attention output, local heads */
-    float *res1;         /* (N_SP, C)         x + attention                */
-    float *ln2;          /* (N_SP, C)         ln_2 output                  */
-    float *ln2_mean;     /* (N_SP)                                        */
-    float *ln2_rstd;     /* (N_SP)                                        */
-    float *ln2_full;     /* (N, C)            (= ln2 without SP)           */
-    moe_acts moe;        /* the experts' routing and activations          */
-    float *res2;         /* (N_SP, C)         layer output                 */
-} layer_acts;
-
-typedef struct {
-    float *lnf;          /* (N_SP, C)         ln_f output                  */
-    float *lnf_mean;     /* (N_SP)                                        */
-    float *lnf_rstd;     /* (N_SP)                                        */
-} head_acts;
-
-/* Scratch shared by every layer and micro-batch of a stage (nothing lives across calls). */
-typedef struct {
-    float *full;         /* (N, C)            partial sums / gathered rows */
-    float *full_sp;      /* (N_SP, C)         reduce-scatter output (= full without SP) */
-    float *dqkv;         /* (N, QKV_LOCAL)                                */
-    float *datty;        /* (N, C_LOCAL)                                  */
-    float *datt;         /* (B, HEADS_LOCAL, T, T)                        */
-    float *dfc;          /* (N, FF_LOCAL)                                 */
-    float *logits;       /* (N, V_LOCAL)      last stage only             */
-    float *ce;           /* (4 * N)           row max | sum exp | target logit | loss */
-    int   *targets;      /* (N)               last stage only             */
-} scratch_bufs;
-
-/* -- The rank's place in the job (set once by train.c) ------------------------------------- */
-
-extern rt_group *grp_tp;   /* tensor-parallel group: layer collectives */
-extern rt_group *grp_dpcp;   /* data-parallel group: gradient reduction */
-extern rt_group *grp_pp;   /* pipeline group: neighbours */
-extern rt_group *grp_embd;   /* first and last stage: tied embedding gradients */
-extern rt_group *grp_mp;   /* model-parallel group (tp-pp): gradient norm (size 1: not created) */
-extern rt_group *grp_ep;   /* expert-parallel group: token all-to-all */
-extern rt_group *grp_etp;   /* expert tensor-parallel group: experts' slices (size 1: not created) */
-extern rt_group *grp_edp;   /* expert data-parallel group: expert gradient reduction */
-extern rt_group *grp_tpeppn;   /* expert tp-ep-pp group: gradient norm of the experts (size 1: not created) */
-
-extern int tp_rank, pp_rank, dp_rank, cp_rank;
-extern int ep_rank, etp_rank, edp_rank;       /* coordinates in the expert grid */
-extern int vocab_start, vocab_valid;   /* this TP rank's vocabulary rows [start, start+valid) */
-extern scratch_bufs scratch;
-void groups_create(void);   /* groups.c: create the communicators, set the coordinates */
-
-/* -- Kernels (kernels.c on the CPU, kernels.cu on CUDA; same contracts) --------------------- */
-
-void embed_fwd(float *out, const int *tok, const float *wte, int N, int C, int vstart, int vrows);
-void embed_bwd(float *dwte, const float *dout, const int *tok, int N, int C, int vstart,
-               int vrows);
-void pos_fwd(float *out, const float *wpe, int T, int B, int C, int t0);
-void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0);
-void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                   const float *b, int N, int C, float eps);
-void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                   const float *w, const float *mean, const float *rstd, int N, int C);
-void gelu_fwd(float *out, const float *inp, size_t n);
-void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
-void bias_fwd(float *out, const float *bias, int N, int OC);
-void bias_bwd(float *dbias, const float *dout, int N, int OC);
-void add_fwd(float *out, const float *a, const float *b, size_t n);
-void add_inplace(float *y, const float *x, size_t n);
-void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
-                   float scale);
-void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att,
-                   const float *qkv, int B, int T, int Hl, int hd, float scale);
-void ce_rowmax(float *mx, const float *logits, int N, int Vl, int valid);
-void ce_sums(float *sums, const float *logits, const float *mx, const int *targets, int N,
-             int Vl, int valid, int vstart);
-void ce_loss(float *loss, const float *sums, const float *mx, int N);
-void ce_bwd(float *logits, const float *mx, const float *sums, const int *targets, int N,
-            int Vl, int valid, int vstart, float dloss);
-void sum_rows(float *out, const float *x, int N);
-void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float wd, float bc1, float bc2, float gscale);
-void sumsq(float *out, const float *x, size_t n);
-void scale_inplace(float *x, size_t n, float s);
-void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
-               int pre);
-void moe_route_bwd(float *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre);
-void gather_rows(float *out, const float *src, const int *idx, int n, int C);
-void combine_rows(float *out, const float *src, const int *pos, int N, int k, int C);
-void row_scale(float *y, const float *s, int n, int C);
-void row_dot(float *out, const float *a, const float *b, int n, int C);
-void add_scaled_bias(float *y, const float *s, const float *b, int n, int C);
-void scaled_bias_bwd(float *db, const float *s, const float *dy, int n, int C);
-void sum_blocks(float *out, const float *in, int nblocks, size_t n);
-
-/* -- The model (model.c) ------------------------------------------------------------------- */
-
-void layer_acts_alloc(layer_acts *a);
-void scratch_alloc(int head);
-void layer_fwd(const layer_params *p, layer_acts *a, const float *x);
-void layer_bwd(const layer_params *p, layer_params *g, const layer_acts *a, const float *x,
-               float *dres);
-void embedding_fwd(const embed_params *p, float *out, const int *tok);
-void embedding_bwd(embed_params *g, const float *dout, const int *tok);
-void head_fwd_bwd(const head_params *p, head_params *g, head_acts *a, const float *x,
-                  const int *targets, float *loss_sum, float *dx);
-
-/* -- The mixture of experts (moe.c) -------------------------------------------------------- */
-
-extern double moe_aux;   /* this rank's share of the step's aux loss, summed by moe_fwd */
-void moe_acts_alloc(moe_acts *a);
-void moe_scratch_alloc(void);
-void moe_fwd(const moe_params *p, moe_acts *a, const float *x, float *out, double *aux);
-void moe_bwd(const moe_params *p, moe_params *g, const moe_acts *a, const float *x,
-             const float *dout, float *dx);
-
-/* -- Whole-model tensors and this rank's pieces of them (checkpoints, initialisation) ------- */
-
-typedef enum { INIT_NORMAL, INIT_ZERO, INIT_ONE } init_kind;
-
-typedef struct {
-    const char *name;    /* Hugging Face name, e.g. "h.3.attn.c_attn.weight" */
-    int rows, cols;      /* global shape; 1-D tensors have rows = 1 */
-    int ndim;            /* 1 or 2, as saved */
-    init_kind init;
-    float std;           /* for INIT_NORMAL */
-    uint64_t stream;     /* FNV-1a 64 of the name: the random stream of its elements */
-} tensor_info;
-
-/* A rectangle of a global tensor held in a local tensor (docs/PROGRAM.md §4). */
-typedef struct {
-    int tensor;          /* index into model_tensors[] */
-    float **base;        /* the local tensor (set when the stage allocates its buffers) */
-    int ld;              /* local row stride */
-    int lrow, lcol;      /* first local row and column */
-    int grow, gcol;      /* first global row and column */
-    int rows, cols;      /* size of the rectangle */
-    int replicated;      /* the same values on every tp rank: saved by tp rank 0 */
-    int tied_copy;       /* the last stage's copy of wte: loaded and drawn, never saved */
-    int expert;          /* an expert's: saved by expert-dp rank 0 (replicas: expert-tp 0) */
-} piece;
-
-extern const tensor_info model_tensors[];
-extern const int model_ntensors;
-
-/* -- Stage programs (stage<k>.c) ------------------------------------------------------------ */
-
-typedef struct {
-    int step;            /* 0-based optimizer step */
-    float lr, beta1, beta2, eps, wd, clip;
-    const int *inputs;   /* host (NMB, N) token ids of this rank's micro-batches, or NULL */
-    const int *targets;  /* host (NMB, N) next tokens, or NULL */
-} step_in;
-
-typedef struct {
-    double loss;         /* mean loss of the global batch (valid on every rank) */
-    double aux_loss;     /* MoE load-balancing loss term of the objective (0 without MoE) */
-    double grad_norm;    /* before clipping */
-} step_out;
-
-typedef struct {
-    const char *title;                   /* "stage 1 of 2: layers 2..3" */
-    int needs_inputs, needs_targets;     /* does it read token ids / targets? */
-    const piece *(*pieces)(int *n);      /* every piece of every parameter this rank holds */
-    void (*setup)(void);                 /* allocate parameters, gradients, activations */
-    void (*step)(const step_in *in, step_out *out);
-    size_t (*state_floats)(void);        /* resume checkpoint: parameters and moments */
-    void (*state_io)(float *host, int save);
-} stage_program;
-
-#ifdef __cplusplus
-}
-#endif
 #endif

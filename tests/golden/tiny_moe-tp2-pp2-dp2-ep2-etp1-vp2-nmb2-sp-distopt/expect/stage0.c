@@ -6,308 +6,383 @@
 ** run by ranks 0-3; interleaved schedule: 4 warm-up, 0 steady, 4 cool-down; 4 in flight
 ** regenerate: make MODEL=tiny_moe TP=2 PP=2 DP=2 EP=2 ETP=1 VP=2 NMB=2 SP=1 DIST_OPT=1
 */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
 #include "model.h"
 
-#define TAG_ACT  0   /* pipeline messages carrying activations forward */
-#define TAG_GRAD 1   /* pipeline messages carrying gradients backward  */
+/* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
+**    distributed optimizer cuts each bucket into one shard per data-parallel rank (§5.4) ---- */
 
-/* -- Parameters and gradients: one buffer per model chunk, Megatron's DDP layout ------------- */
-
-#define NBUF 4
-static const size_t buf_size[NBUF] = {   /* elements (reverse parameter order, padded) */
-    21504,   /* chunk 0 */
-    65536,   /* chunk 0 */
-    9216,   /* chunk 1 */
-    65536,   /* chunk 1 */
-};
-/* The data-parallel group each buffer is reduced over (dense: dp-cp, experts: expert-dp; NULL
-** when it has one member) and this rank's index in it. */
-static rt_group **const buf_group[NBUF] = {
-    &grp_dpcp,
-    &grp_edp,
-    &grp_dpcp,
-    &grp_edp,
-};
-static int *const buf_dprank[NBUF] = {
-    &dp_rank,
-    &edp_rank,
-    &dp_rank,
-    &edp_rank,
-};
-static const int buf_expert[NBUF] = {   /* expert buffer: its norm is reduced apart */
-    0,
-    1,
-    0,
-    1,
-};
-static float *pbuf[NBUF];       /* parameters */
-static float *gbuf[NBUF];       /* gradients, same layout */
-static float *mbuf[NBUF];       /* AdamW first moments  (whole buffer, or this rank's shard) */
-static float *vbuf[NBUF];       /* AdamW second moments */
-
-/* Distributed optimizer (megatron-semantics.md §5.4): every bucket is cut into DP equal
-** shards; data-parallel rank d owns shard d of every bucket. */
-typedef struct { size_t start, size, shard, base; } bucket;   /* base: offset in the moments */
-static const int nbuckets[NBUF] = {
-    2,
-    1,
-    1,
-    1,
-};
-static const size_t shard_size[NBUF] = {
-    10752,
-    32768,
-    4608,
-    32768,
-};
-static const bucket buckets[NBUF][2] = {
-    {
-        { 0, 13312, 6656, 0 },
-        { 13312, 8192, 4096, 6656 },
-    },
-    {
-        { 0, 65536, 32768, 0 },
-    },
-    {
-        { 0, 9216, 4608, 0 },
-    },
-    {
-        { 0, 65536, 32768, 0 },
-    },
+static const gpt_bucket buffer0_buckets[2] = {   /* start, size, shard, base */
+    {     0, 13312, 6656,    0 },
+    { 13312,  8192, 4096, 6656 },
 };
 
-static layer_params chunk0_params[1], chunk0_grads[1];
-static layer_params chunk1_params[1], chunk1_grads[1];
-static embed_params embed_p, embed_g;
-
-/* Every parameter in buffer order: what AdamW decays and what the gradient norm counts. */
-/* NORM_NEVER: the tied copy; NORM_ALWAYS: sharded; NORM_TP0 / NORM_ETP0: replicated over tp /
-** expert-tp, counted on rank 0 of the group (megatron-semantics.md §6) */
-enum { NORM_NEVER, NORM_ALWAYS, NORM_TP0, NORM_ETP0 };
-typedef struct { int buf; size_t offset, n; int decay, norm; } opt_range;
-#define NRANGES 36
-static const opt_range ranges[NRANGES] = {
-    { 0, 0, 512, 1, NORM_TP0 },   /* h.0.mlp.router.weight */
-    { 0, 512, 64, 0, NORM_TP0 },   /* h.0.ln_2.bias */
-    { 0, 576, 64, 0, NORM_TP0 },   /* h.0.ln_2.weight */
-    { 0, 640, 96, 0, NORM_ALWAYS },   /* h.0.attn.c_attn.bias */
-    { 0, 768, 6144, 1, NORM_ALWAYS },   /* h.0.attn.c_attn.weight */
-    { 0, 6912, 64, 0, NORM_TP0 },   /* h.0.attn.c_proj.bias */
-    { 0, 6976, 2048, 1, NORM_ALWAYS },   /* h.0.attn.c_proj.weight */
-    { 0, 9024, 64, 0, NORM_TP0 },   /* h.0.ln_1.bias */
-    { 0, 9088, 64, 0, NORM_TP0 },   /* h.0.ln_1.weight */
-    { 0, 9152, 4096, 1, NORM_TP0 },   /* wpe.weight */
-    { 0, 13312, 8192, 1, NORM_ALWAYS },   /* wte.weight */
-    { 1, 0, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.3.c_proj.weight */
-    { 1, 8192, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.3.c_fc.weight */
-    { 1, 16384, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.2.c_proj.weight */
-    { 1, 24576, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.2.c_fc.weight */
-    { 1, 32768, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.1.c_proj.weight */
-    { 1, 40960, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.1.c_fc.weight */
-    { 1, 49152, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.0.c_proj.weight */
-    { 1, 57344, 8192, 1, NORM_ALWAYS },   /* h.0.mlp.experts.0.c_fc.weight */
-    { 2, 0, 512, 1, NORM_TP0 },   /* h.2.mlp.router.weight */
-    { 2, 512, 64, 0, NORM_TP0 },   /* h.2.ln_2.bias */
-    { 2, 576, 64, 0, NORM_TP0 },   /* h.2.ln_2.weight */
-    { 2, 640, 96, 0, NORM_ALWAYS },   /* h.2.attn.c_attn.bias */
-    { 2, 768, 6144, 1, NORM_ALWAYS },   /* h.2.attn.c_attn.weight */
-    { 2, 6912, 64, 0, NORM_TP0 },   /* h.2.attn.c_proj.bias */
-    { 2, 6976, 2048, 1, NORM_ALWAYS },   /* h.2.attn.c_proj.weight */
-    { 2, 9024, 64, 0, NORM_TP0 },   /* h.2.ln_1.bias */
-    { 2, 9088, 64, 0, NORM_TP0 },   /* h.2.ln_1.weight */
-    { 3, 0, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.3.c_proj.weight */
-    { 3, 8192, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.3.c_fc.weight */
-    { 3, 16384, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.2.c_proj.weight */
-    { 3, 24576, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.2.c_fc.weight */
-    { 3, 32768, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.1.c_proj.weight */
-    { 3, 40960, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.1.c_fc.weight */
-    { 3, 49152, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.0.c_proj.weight */
-    { 3, 57344, 8192, 1, NORM_ALWAYS },   /* h.2.mlp.experts.0.c_fc.weight */
+static const gpt_bucket buffer1_buckets[1] = {   /* start, size, shard, base */
+    { 0, 65536, 32768, 0 },
 };
 
-/* Sequence-parallel parameters: each tp rank saw N_SP of the tokens, so their gradients are
-** summed over tp (megatron-semantics.md §4.6). */
-#define NSP 12
-static const opt_range sp_ranges[NSP] = {
-    { 0, 0, 512, 0, 0 },   /* h.0.mlp.router.weight */
-    { 0, 512, 64, 0, 0 },   /* h.0.ln_2.bias */
-    { 0, 576, 64, 0, 0 },   /* h.0.ln_2.weight */
-    { 0, 6912, 64, 0, 0 },   /* h.0.attn.c_proj.bias */
-    { 0, 9024, 64, 0, 0 },   /* h.0.ln_1.bias */
-    { 0, 9088, 64, 0, 0 },   /* h.0.ln_1.weight */
-    { 2, 0, 512, 0, 0 },   /* h.2.mlp.router.weight */
-    { 2, 512, 64, 0, 0 },   /* h.2.ln_2.bias */
-    { 2, 576, 64, 0, 0 },   /* h.2.ln_2.weight */
-    { 2, 6912, 64, 0, 0 },   /* h.2.attn.c_proj.bias */
-    { 2, 9024, 64, 0, 0 },   /* h.2.ln_1.bias */
-    { 2, 9088, 64, 0, 0 },   /* h.2.ln_1.weight */
+static const gpt_bucket buffer2_buckets[1] = {   /* start, size, shard, base */
+    { 0, 9216, 4608, 0 },
 };
-static float *sp_pack;
-static size_t sp_total;
 
-/* -- Activations of in-flight micro-batches -------------------------------------------------- */
+static const gpt_bucket buffer3_buckets[1] = {   /* start, size, shard, base */
+    { 0, 65536, 32768, 0 },
+};
 
-typedef struct {
-    float *x;                                 /* (N_SP, C) chunk input */
-    float *dy;                                /* (N_SP, C) d(output); d(input) after backward */
-    int *tokens;                              /* (N) token ids (embedding chunk only) */
-    layer_acts layer[1];
-} chunk_acts;
+/* chunk, experts, elements, distributed, moment elements, data-parallel group, buckets */
+static const gpt_buffer buffers[4] = {
+    { 0, 0, 21504, 1, 10752, GPT_GRP_DPCP, 2, buffer0_buckets },   /* chunk 0, dense */
+    { 0, 1, 65536, 1, 32768, GPT_GRP_EDP,  1, buffer1_buckets },   /* chunk 0, experts */
+    { 1, 0,  9216, 1,  4608, GPT_GRP_DPCP, 1, buffer2_buckets },   /* chunk 1, dense */
+    { 1, 1, 65536, 1, 32768, GPT_GRP_EDP,  1, buffer3_buckets },   /* chunk 1, experts */
+};
 
-static chunk_acts chunk0_acts[2];   /* chunk 0: at most 2 in flight */
-static chunk_acts chunk1_acts[2];   /* chunk 1: at most 2 in flight */
-static const step_in *cur;      /* the step being run */
-static float *loss_dev;         /* (NMB) loss sums per micro-batch, device */
-static float *stat_dev;         /* (NRANGES + 2) gradient-norm pieces and reductions, device */
-static int pp_prev, pp_next;    /* pipeline neighbours, global ranks */
+/* -- Tensors: where each lives (buffer, offset), how it is treated, which role it plays
+**    (program.c), and the pieces of the whole model it holds; a piece's global start moves
+**    by its step per tp (or expert-tp) coordinate ------------------------------------------ */
 
-/* -- Setup ---------------------------------------------------------------------------------- */
+/* chunk 0: one layer's tensors, every layer alike from its base in each buffer:
+** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
+static const gpt_param chunk0_params[17] = {
+    /* h.0.ln_1.weight */
+    { GPT_P_LN1_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  9088,   64 },
+    /* h.0.ln_1.bias */
+    { GPT_P_LN1_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  9024,   64 },
+    /* h.0.attn.c_proj.weight */
+    { GPT_P_ATTN_PROJ_W,   -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               6,  64,  6976, 2048 },
+    /* h.0.attn.c_proj.bias */
+    { GPT_P_ATTN_PROJ_B,   -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,  6912,   64 },
+    /* h.0.attn.c_attn.weight */
+    { GPT_P_QKV_W,         -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   768, 6144 },
+    /* h.0.attn.c_attn.bias */
+    { GPT_P_QKV_B,         -1, 0, GPT_NORM_ALWAYS,                           5,  96,   640,   96 },
+    /* h.0.ln_2.weight */
+    { GPT_P_LN2_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              8,  64,   576,   64 },
+    /* h.0.ln_2.bias */
+    { GPT_P_LN2_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              9,  64,   512,   64 },
+    /* h.0.mlp.router.weight */
+    { GPT_P_ROUTER_W,      -1, 0, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0, 10,  64,     0,  512 },
+    /* h.0.mlp.experts.0.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 57344, 8192 },
+    /* h.0.mlp.experts.0.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 49152, 8192 },
+    /* h.0.mlp.experts.1.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 40960, 8192 },
+    /* h.0.mlp.experts.1.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 32768, 8192 },
+    /* h.0.mlp.experts.2.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 24576, 8192 },
+    /* h.0.mlp.experts.2.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 16384, 8192 },
+    /* h.0.mlp.experts.3.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128,  8192, 8192 },
+    /* h.0.mlp.experts.3.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64,     0, 8192 },
+};
 
-static void alloc_chunk_acts(chunk_acts *a, int nlayers, int tokens)
-{
-    a->x = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->dy = rt_malloc((size_t)CFG_N_SP * CFG_C * sizeof(float));
-    a->tokens = tokens ? rt_malloc((size_t)CFG_N * sizeof(int)) : NULL;
-    for (int j = 0; j < nlayers; j++) layer_acts_alloc(&a->layer[j]);
-}
+/* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
+** flags */
+static const gpt_piece chunk0_pieces[21] = {
+    /* h.0.ln_1.weight */
+    {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.ln_1.bias */
+    {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.attn.c_proj.weight */
+    {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
+    /* h.0.attn.c_proj.bias */
+    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.attn.c_attn.weight */
+    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.weight */
+    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.weight */
+    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.bias */
+    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.bias */
+    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.attn.c_attn.bias */
+    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.0.ln_2.weight */
+    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.ln_2.bias */
+    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.mlp.router.weight */
+    {  8, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.0.mlp.experts.0.c_fc.weight */
+    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.0.c_proj.weight */
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.1.c_fc.weight */
+    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.1.c_proj.weight */
+    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.2.c_fc.weight */
+    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.2.c_proj.weight */
+    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.3.c_fc.weight */
+    { 15, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.0.mlp.experts.3.c_proj.weight */
+    { 16, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+};
 
-static void setup(void)
-{
-    for (int i = 0; i < NBUF; i++) {
-        pbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        gbuf[i] = rt_malloc(buf_size[i] * sizeof(float));
-        mbuf[i] = rt_malloc(shard_size[i] * sizeof(float));
-        vbuf[i] = rt_malloc(shard_size[i] * sizeof(float));
-    }
-    /* parameter and gradient views into the buffers */
-    chunk0_params[0].attn_proj_b = pbuf[0] + 6912;   /* h.0.attn.c_proj.bias [64] */
-    chunk0_grads[0].attn_proj_b = gbuf[0] + 6912;
-    chunk0_params[0].attn_proj_w = pbuf[0] + 6976;   /* h.0.attn.c_proj.weight [32, 64] */
-    chunk0_grads[0].attn_proj_w = gbuf[0] + 6976;
-    chunk0_params[0].c_attn_b = pbuf[0] + 640;   /* h.0.attn.c_attn.bias [96] */
-    chunk0_grads[0].c_attn_b = gbuf[0] + 640;
-    chunk0_params[0].c_attn_w = pbuf[0] + 768;   /* h.0.attn.c_attn.weight [64, 96] */
-    chunk0_grads[0].c_attn_w = gbuf[0] + 768;
-    chunk0_params[0].ln_1_b = pbuf[0] + 9024;   /* h.0.ln_1.bias [64] */
-    chunk0_grads[0].ln_1_b = gbuf[0] + 9024;
-    chunk0_params[0].ln_1_w = pbuf[0] + 9088;   /* h.0.ln_1.weight [64] */
-    chunk0_grads[0].ln_1_w = gbuf[0] + 9088;
-    chunk0_params[0].ln_2_b = pbuf[0] + 512;   /* h.0.ln_2.bias [64] */
-    chunk0_grads[0].ln_2_b = gbuf[0] + 512;
-    chunk0_params[0].ln_2_w = pbuf[0] + 576;   /* h.0.ln_2.weight [64] */
-    chunk0_grads[0].ln_2_w = gbuf[0] + 576;
-    chunk0_params[0].moe.fc_w[0] = pbuf[1] + 57344;   /* h.0.mlp.experts.0.c_fc.weight [64, 128] */
-    chunk0_grads[0].moe.fc_w[0] = gbuf[1] + 57344;
-    chunk0_params[0].moe.fc_w[1] = pbuf[1] + 40960;   /* h.0.mlp.experts.1.c_fc.weight [64, 128] */
-    chunk0_grads[0].moe.fc_w[1] = gbuf[1] + 40960;
-    chunk0_params[0].moe.fc_w[2] = pbuf[1] + 24576;   /* h.0.mlp.experts.2.c_fc.weight [64, 128] */
-    chunk0_grads[0].moe.fc_w[2] = gbuf[1] + 24576;
-    chunk0_params[0].moe.fc_w[3] = pbuf[1] + 8192;   /* h.0.mlp.experts.3.c_fc.weight [64, 128] */
-    chunk0_grads[0].moe.fc_w[3] = gbuf[1] + 8192;
-    chunk0_params[0].moe.proj_w[0] = pbuf[1] + 49152;   /* h.0.mlp.experts.0.c_proj.weight [128, 64] */
-    chunk0_grads[0].moe.proj_w[0] = gbuf[1] + 49152;
-    chunk0_params[0].moe.proj_w[1] = pbuf[1] + 32768;   /* h.0.mlp.experts.1.c_proj.weight [128, 64] */
-    chunk0_grads[0].moe.proj_w[1] = gbuf[1] + 32768;
-    chunk0_params[0].moe.proj_w[2] = pbuf[1] + 16384;   /* h.0.mlp.experts.2.c_proj.weight [128, 64] */
-    chunk0_grads[0].moe.proj_w[2] = gbuf[1] + 16384;
-    chunk0_params[0].moe.proj_w[3] = pbuf[1] + 0;   /* h.0.mlp.experts.3.c_proj.weight [128, 64] */
-    chunk0_grads[0].moe.proj_w[3] = gbuf[1] + 0;
-    chunk0_params[0].moe.router_w = pbuf[0] + 0;   /* h.0.mlp.router.weight [8, 64] */
-    chunk0_grads[0].moe.router_w = gbuf[0] + 0;
-    chunk1_params[0].attn_proj_b = pbuf[2] + 6912;   /* h.2.attn.c_proj.bias [64] */
-    chunk1_grads[0].attn_proj_b = gbuf[2] + 6912;
-    chunk1_params[0].attn_proj_w = pbuf[2] + 6976;   /* h.2.attn.c_proj.weight [32, 64] */
-    chunk1_grads[0].attn_proj_w = gbuf[2] + 6976;
-    chunk1_params[0].c_attn_b = pbuf[2] + 640;   /* h.2.attn.c_attn.bias [96] */
-    chunk1_grads[0].c_attn_b = gbuf[2] + 640;
-    chunk1_params[0].c_attn_w = pbuf[2] + 768;   /* h.2.attn.c_attn.weight [64, 96] */
-    chunk1_grads[0].c_attn_w = gbuf[2] + 768;
-    chunk1_params[0].ln_1_b = pbuf[2] + 9024;   /* h.2.ln_1.bias [64] */
-    chunk1_grads[0].ln_1_b = gbuf[2] + 9024;
-    chunk1_params[0].ln_1_w = pbuf[2] + 9088;   /* h.2.ln_1.weight [64] */
-    chunk1_grads[0].ln_1_w = gbuf[2] + 9088;
-    chunk1_params[0].ln_2_b = pbuf[2] + 512;   /* h.2.ln_2.bias [64] */
-    chunk1_grads[0].ln_2_b = gbuf[2] + 512;
-    chunk1_params[0].ln_2_w = pbuf[2] + 576;   /* h.2.ln_2.weight [64] */
-    chunk1_grads[0].ln_2_w = gbuf[2] + 576;
-    chunk1_params[0].moe.fc_w[0] = pbuf[3] + 57344;   /* h.2.mlp.experts.0.c_fc.weight [64, 128] */
-    chunk1_grads[0].moe.fc_w[0] = gbuf[3] + 57344;
-    chunk1_params[0].moe.fc_w[1] = pbuf[3] + 40960;   /* h.2.mlp.experts.1.c_fc.weight [64, 128] */
-    chunk1_grads[0].moe.fc_w[1] = gbuf[3] + 40960;
-    chunk1_params[0].moe.fc_w[2] = pbuf[3] + 24576;   /* h.2.mlp.experts.2.c_fc.weight [64, 128] */
-    chunk1_grads[0].moe.fc_w[2] = gbuf[3] + 24576;
-    chunk1_params[0].moe.fc_w[3] = pbuf[3] + 8192;   /* h.2.mlp.experts.3.c_fc.weight [64, 128] */
-    chunk1_grads[0].moe.fc_w[3] = gbuf[3] + 8192;
-    chunk1_params[0].moe.proj_w[0] = pbuf[3] + 49152;   /* h.2.mlp.experts.0.c_proj.weight [128, 64] */
-    chunk1_grads[0].moe.proj_w[0] = gbuf[3] + 49152;
-    chunk1_params[0].moe.proj_w[1] = pbuf[3] + 32768;   /* h.2.mlp.experts.1.c_proj.weight [128, 64] */
-    chunk1_grads[0].moe.proj_w[1] = gbuf[3] + 32768;
-    chunk1_params[0].moe.proj_w[2] = pbuf[3] + 16384;   /* h.2.mlp.experts.2.c_proj.weight [128, 64] */
-    chunk1_grads[0].moe.proj_w[2] = gbuf[3] + 16384;
-    chunk1_params[0].moe.proj_w[3] = pbuf[3] + 0;   /* h.2.mlp.experts.3.c_proj.weight [128, 64] */
-    chunk1_grads[0].moe.proj_w[3] = gbuf[3] + 0;
-    chunk1_params[0].moe.router_w = pbuf[2] + 0;   /* h.2.mlp.router.weight [8, 64] */
-    chunk1_grads[0].moe.router_w = gbuf[2] + 0;
-    embed_p.wpe = pbuf[0] + 9152;   /* wpe.weight [64, 64] */
-    embed_g.wpe = gbuf[0] + 9152;
-    embed_p.wte = pbuf[0] + 13312;   /* wte.weight [128, 64] */
-    embed_g.wte = gbuf[0] + 13312;
-    for (int k = 0; k < 2; k++)
-        alloc_chunk_acts(&chunk0_acts[k], 1, 1);
-    for (int k = 0; k < 2; k++)
-        alloc_chunk_acts(&chunk1_acts[k], 1, 0);
-    for (int i = 0; i < NSP; i++) sp_total += sp_ranges[i].n;
-    sp_pack = rt_malloc(sp_total * sizeof(float));
-    scratch_alloc(0);
-    loss_dev = rt_malloc(CFG_NMB * sizeof(float));
-    stat_dev = rt_malloc((NRANGES + 2) * sizeof(float));
-    const int *pp = rt_group_members(grp_pp);
-    pp_prev = pp[(pp_rank + CFG_PP - 1) % CFG_PP];
-    pp_next = pp[(pp_rank + 1) % CFG_PP];
-}
+static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer */
+    0, 0, 0, 0,   /* layer 0 */
+};
 
-/* -- Chunks: forward and backward of one micro-batch ----------------------------------------- */
+/* chunk 1: one layer's tensors, every layer alike from its base in each buffer:
+** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
+static const gpt_param chunk1_params[17] = {
+    /* h.2.ln_1.weight */
+    { GPT_P_LN1_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  9088,   64 },
+    /* h.2.ln_1.bias */
+    { GPT_P_LN1_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  9024,   64 },
+    /* h.2.attn.c_proj.weight */
+    { GPT_P_ATTN_PROJ_W,   -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               6,  64,  6976, 2048 },
+    /* h.2.attn.c_proj.bias */
+    { GPT_P_ATTN_PROJ_B,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,  6912,   64 },
+    /* h.2.attn.c_attn.weight */
+    { GPT_P_QKV_W,         -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   768, 6144 },
+    /* h.2.attn.c_attn.bias */
+    { GPT_P_QKV_B,         -1, 2, GPT_NORM_ALWAYS,                           5,  96,   640,   96 },
+    /* h.2.ln_2.weight */
+    { GPT_P_LN2_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              8,  64,   576,   64 },
+    /* h.2.ln_2.bias */
+    { GPT_P_LN2_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              9,  64,   512,   64 },
+    /* h.2.mlp.router.weight */
+    { GPT_P_ROUTER_W,      -1, 2, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0, 10,  64,     0,  512 },
+    /* h.2.mlp.experts.0.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 57344, 8192 },
+    /* h.2.mlp.experts.0.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 49152, 8192 },
+    /* h.2.mlp.experts.1.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 40960, 8192 },
+    /* h.2.mlp.experts.1.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 32768, 8192 },
+    /* h.2.mlp.experts.2.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 24576, 8192 },
+    /* h.2.mlp.experts.2.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 16384, 8192 },
+    /* h.2.mlp.experts.3.c_fc.weight */
+    { GPT_P_EXPERT_FC_W,    3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128,  8192, 8192 },
+    /* h.2.mlp.experts.3.c_proj.weight */
+    { GPT_P_EXPERT_PROJ_W,  3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64,     0, 8192 },
+};
+
+/* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
+** flags */
+static const gpt_piece chunk1_pieces[21] = {
+    /* h.2.ln_1.weight */
+    {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.ln_1.bias */
+    {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.attn.c_proj.weight */
+    {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
+    /* h.2.attn.c_proj.bias */
+    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.attn.c_attn.weight */
+    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.2.attn.c_attn.weight */
+    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.2.attn.c_attn.weight */
+    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.2.attn.c_attn.bias */
+    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.2.attn.c_attn.bias */
+    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.2.attn.c_attn.bias */
+    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    /* h.2.ln_2.weight */
+    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.ln_2.bias */
+    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.mlp.router.weight */
+    {  8, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    /* h.2.mlp.experts.0.c_fc.weight */
+    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.0.c_proj.weight */
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.1.c_fc.weight */
+    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.1.c_proj.weight */
+    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.2.c_fc.weight */
+    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.2.c_proj.weight */
+    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.3.c_fc.weight */
+    { 15, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    /* h.2.mlp.experts.3.c_proj.weight */
+    { 16, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+};
+
+static const size_t chunk1_bases[4] = {   /* per layer: its base in each buffer */
+    0, 0, 0, 0,   /* layer 2 */
+};
+
+/* embedding and head: their tensors (offsets from the buffer's start) and pieces */
+static const gpt_param other_params[2] = {
+    { GPT_P_WTE, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 0, 64, 13312, 8192 },   /* wte.weight */
+    { GPT_P_WPE, -1, 0, GPT_DECAY | GPT_NORM_TP0,    1, 64,  9152, 4096 },   /* wpe.weight */
+};
+
+static const gpt_piece other_pieces[2] = {
+    { 0, 0, 0, 0, 0, 128, 64, GPT_SPLIT_TP,   128, 0, GPT_VOCAB_ROWS },   /* wte.weight */
+    { 1, 0, 0, 0, 0,  64, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },   /* wpe.weight */
+};
+
+/* first layer, layers, activation slots, embedding, head, tables */
+static const gpt_chunk_info chunks[2] = {
+    { 0, 1, 2, 1, 0, 17, chunk0_params, 21, chunk0_pieces, chunk0_bases },
+    { 2, 1, 2, 0, 0, 17, chunk1_params, 21, chunk1_pieces, chunk1_bases },
+};
+
+/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
+**    3568676 bytes in all with the parameters, checked at start. Not used here:
+**    L_FC L_GELU H_LNF H_LNF_MEAN H_LNF_RSTD S_DFC S_LOGITS S_CE S_TARGETS
+*/
+static const gpt_mem mem[GPT_NMEMS] = {
+    /* (N_SP, C) ln_1 output, x 4 */
+    [GPT_M_L_LN1]       = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN1_MEAN]  = { GPT_MEM_ALLOC, 0,    32 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN1_RSTD]  = { GPT_MEM_ALLOC, 0,    32 },
+    /* (N, C) ln_1 output, whole sequence, x 4 */
+    [GPT_M_L_LN1_FULL]  = { GPT_MEM_ALLOC, 0,  4096 },
+    /* (N, QKV_LOCAL), x 4 */
+    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  6144 },
+    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 4 */
+    [GPT_M_L_ATT]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (N, C_LOCAL) attention output, x 4 */
+    [GPT_M_L_ATTY]      = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N_SP, C) x + attention, x 4 */
+    [GPT_M_L_RES1]      = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N_SP, C) ln_2 output, x 4 */
+    [GPT_M_L_LN2]       = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN2_MEAN]  = { GPT_MEM_ALLOC, 0,    32 },
+    /* (N_SP), x 4 */
+    [GPT_M_L_LN2_RSTD]  = { GPT_MEM_ALLOC, 0,    32 },
+    /* (N, C) ln_2 output, whole sequence, x 4 */
+    [GPT_M_L_LN2_FULL]  = { GPT_MEM_ALLOC, 0,  4096 },
+    /* (N_SP, C) the layer's output, x 4 */
+    [GPT_M_L_RES2]      = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N_SP, EXPERTS) softmax over all experts, x 4 */
+    [GPT_M_ML_SCORES]   = { GPT_MEM_ALLOC, 0,   256 },
+    /* (N_SP, TOPK) chosen probabilities, x 4 */
+    [GPT_M_ML_PROB]     = { GPT_MEM_ALLOC, 0,    64 },
+    /* (N_SP, TOPK) int, x 4 */
+    [GPT_M_ML_SEL]      = { GPT_MEM_ALLOC, 0,    64 },
+    /* (N_SP, TOPK) int, x 4 */
+    [GPT_M_ML_POS]      = { GPT_MEM_ALLOC, 0,    64 },
+    /* (SEND_MAX) int, x 4 */
+    [GPT_M_ML_SEND_TOK] = { GPT_MEM_ALLOC, 0,    64 },
+    /* (ROWS_MAX) int, x 4 */
+    [GPT_M_ML_ORDER]    = { GPT_MEM_ALLOC, 0,   128 },
+    /* (ROWS_MAX) int, x 4 */
+    [GPT_M_ML_UNORDER]  = { GPT_MEM_ALLOC, 0,   128 },
+    /* (ROWS_MAX, C) expert inputs, x 4 */
+    [GPT_M_ML_XE]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (ROWS_MAX), x 4 */
+    [GPT_M_ML_PE]       = { GPT_MEM_ALLOC, 0,   128 },
+    /* (ROWS_MAX, EFF_LOCAL), x 4 */
+    [GPT_M_ML_FC]       = { GPT_MEM_ALLOC, 0, 16384 },
+    /* (ROWS_MAX, EFF_LOCAL), x 4 */
+    [GPT_M_ML_H]        = { GPT_MEM_ALLOC, 0, 16384 },
+    /* (EXPERTS), x 4 */
+    [GPT_M_ML_AUXG]     = { GPT_MEM_ALLOC, 0,     8 },
+    /* (N_SP, C) the chunk's input, x 4 */
+    [GPT_M_C_X]         = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N_SP, C) its gradient, x 4 */
+    [GPT_M_C_DY]        = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N) int token ids, x 2 */
+    [GPT_M_C_TOKENS]    = { GPT_MEM_ALLOC, 0,    64 },
+    /* (N, C) partial sums / gathered rows */
+    [GPT_M_S_FULL]      = { GPT_MEM_ALLOC, 0,  4096 },
+    /* (N_SP, C) reduce-scatter output */
+    [GPT_M_S_FULL_SP]   = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  6144 },
+    /* (N, C_LOCAL) */
+    [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,  2048 },
+    /* (B, HEADS_LOCAL, T, T) */
+    [GPT_M_S_DATT]      = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (N_SP, EXPERTS) */
+    [GPT_M_MS_LOGITS]   = { GPT_MEM_ALLOC, 0,   256 },
+    /* (SEND_MAX, C) */
+    [GPT_M_MS_XS]       = { GPT_MEM_ALLOC, 0,  4096 },
+    /* (SEND_MAX) */
+    [GPT_M_MS_PS]       = { GPT_MEM_ALLOC, 0,    64 },
+    /* (RECV_MAX, C) */
+    [GPT_M_MS_XR]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (RECV_MAX) */
+    [GPT_M_MS_PR]       = { GPT_MEM_ALLOC, 0,   128 },
+    /* (ROWS_MAX, C) */
+    [GPT_M_MS_XG]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (ROWS_MAX) */
+    [GPT_M_MS_PG]       = { GPT_MEM_ALLOC, 0,   128 },
+    /* (ROWS_MAX, EFF_LOCAL) */
+    [GPT_M_MS_ACT]      = { GPT_MEM_ALLOC, 0, 16384 },
+    /* (ROWS_MAX, C) */
+    [GPT_M_MS_YE]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (ROWS_MAX, C) */
+    [GPT_M_MS_YG]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (RECV_MAX, C) */
+    [GPT_M_MS_YR]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (SEND_MAX, C) */
+    [GPT_M_MS_YS]       = { GPT_MEM_ALLOC, 0,  4096 },
+    /* (ROWS_MAX) */
+    [GPT_M_MS_DPE]      = { GPT_MEM_ALLOC, 0,   128 },
+    /* (ROWS_MAX) */
+    [GPT_M_MS_DPG]      = { GPT_MEM_ALLOC, 0,   128 },
+    /* (RECV_MAX) */
+    [GPT_M_MS_DPR]      = { GPT_MEM_ALLOC, 0,   128 },
+    /* (SEND_MAX) */
+    [GPT_M_MS_DPS]      = { GPT_MEM_ALLOC, 0,    64 },
+    /* (N_SP, TOPK) */
+    [GPT_M_MS_DPROB]    = { GPT_MEM_ALLOC, 0,    64 },
+    /* (N_SP, EXPERTS) */
+    [GPT_M_MS_DLOGITS]  = { GPT_MEM_ALLOC, 0,   256 },
+    /* (EXPERTS) */
+    [GPT_M_MS_COLSUM]   = { GPT_MEM_ALLOC, 0,     8 },
+    /* (MOE_COUNTS) int */
+    [GPT_M_MS_COUNTS]   = { GPT_MEM_ALLOC, 0,    56 },
+    /* (SEND_MAX) int */
+    [GPT_M_MS_PIDX]     = { GPT_MEM_ALLOC, 0,    64 },
+    /* (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]      = { GPT_MEM_ALLOC, 0,     2 },
+    /* (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,    39 },
+    /* packed sequence-parallel gradients */
+    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  1664 },
+};
+
+/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
 
 /* chunk 0: embedding, layer 0 */
 static void chunk0_forward(int mb, int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    rt_memcpy(a->tokens, cur->inputs + (size_t)mb * CFG_N, CFG_N * sizeof(int), RT_H2D);
-    embedding_fwd(&embed_p, a->x, a->tokens);
-    /* layer 0 */
-    layer_fwd(&chunk0_params[0], &a->layer[0], a->x);
+    gpt_embedding_fwd(0, mb, slot);   /* the embedding: tokens of mb -> x */
+    gpt_layer_fwd(0, 0, slot);   /* layer 0 */
 }
 
-static void chunk0_backward(int mb, int slot)
+static void chunk0_backward(int slot)
 {
-    chunk_acts *a = &chunk0_acts[slot];
-    (void)mb;
-    /* layer 0 */
-    layer_bwd(&chunk0_params[0], &chunk0_grads[0],
-              &a->layer[0], a->x, a->dy);
-    embedding_bwd(&embed_g, a->dy, a->tokens);
+    gpt_layer_bwd(0, 0, slot);   /* layer 0 */
+    gpt_embedding_bwd(0, slot);   /* the embedding: wte, wpe gradients */
 }
 
 /* chunk 1: layer 2 */
 static void chunk1_forward(int mb, int slot)
 {
-    chunk_acts *a = &chunk1_acts[slot];
     (void)mb;
-    /* layer 2 */
-    layer_fwd(&chunk1_params[0], &a->layer[0], a->x);
+    gpt_layer_fwd(1, 0, slot);   /* layer 2 */
 }
 
-static void chunk1_backward(int mb, int slot)
+static void chunk1_backward(int slot)
 {
-    chunk_acts *a = &chunk1_acts[slot];
-    (void)mb;
-    /* layer 2 */
-    layer_bwd(&chunk1_params[0], &chunk1_grads[0],
-              &a->layer[0], a->x, a->dy);
+    gpt_layer_bwd(1, 0, slot);   /* layer 2 */
 }
 
 /* -- The schedule: interleaved 1F1B over 2 chunks, 2 micro-batches -- */
@@ -315,444 +390,164 @@ static void chunk1_backward(int mb, int slot)
 static void run_schedule(void)
 {
     /* -- warm-up: forward passes only -- */
-    /* forward  mb 0, chunk 0 (slot 0): embedding, layer 0 */
+    /* forward mb 0, chunk 0 (slot 0): embedding, layer 0 */
     chunk0_forward(0, 0);
-    {   /* >>> send activations mb 0 (chunk 0) to stage 1 */
+    {
+        /* >>> send activations mb 0 (chunk 0) to stage 1 */
         rt_p2p_op ops[] = {
-            { 1, chunk0_acts[0].layer[0].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
-    /* forward  mb 1, chunk 0 (slot 1): embedding, layer 0 */
+    /* forward mb 1, chunk 0 (slot 1): embedding, layer 0 */
     chunk0_forward(1, 1);
-    {   /* <<< recv activations mb 0 (chunk 1) from stage 1;  >>> send activations mb 1 (chunk 0) to stage 1 */
+    {
+        /* <<< recv activations mb 0 (chunk 1) from stage 1; >>> send activations mb 1 (chunk 0)
+        ** to stage 1 */
         rt_p2p_op ops[] = {
-            { 0, chunk1_acts[0].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 1, chunk0_acts[1].layer[0].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
-    /* forward  mb 0, chunk 1 (slot 0): layer 2 */
+    /* forward mb 0, chunk 1 (slot 0): layer 2 */
     chunk1_forward(0, 0);
-    {   /* <<< recv activations mb 1 (chunk 1) from stage 1;  >>> send activations mb 0 (chunk 1) to stage 1 */
+    {
+        /* <<< recv activations mb 1 (chunk 1) from stage 1; >>> send activations mb 0 (chunk 1)
+        ** to stage 1 */
         rt_p2p_op ops[] = {
-            { 0, chunk1_acts[1].x, CFG_P2P_N, RT_F32, pp_prev, TAG_ACT },
-            { 1, chunk1_acts[0].layer[0].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 0, gpt.chunk[1].acts[1].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(1, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
-    /* forward  mb 1, chunk 1 (slot 1): layer 2 */
+    /* forward mb 1, chunk 1 (slot 1): layer 2 */
     chunk1_forward(1, 1);
-    {   /* >>> send activations mb 1 (chunk 1) to stage 1 */
+    {
+        /* >>> send activations mb 1 (chunk 1) to stage 1 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[1].layer[0].res2, CFG_P2P_N, RT_F32, pp_next, TAG_ACT },
+            { 1, gpt_chunk_output(1, 1), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
     /* -- cool-down: backward passes only -- */
-    {   /* <<< recv gradient mb 0 (chunk 1) from stage 1 */
+    {
+        /* <<< recv gradient mb 0 (chunk 1) from stage 1 */
         rt_p2p_op ops[] = {
-            { 0, chunk1_acts[0].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
     /* backward mb 0, chunk 1 (slot 0): layer 2 */
-    chunk1_backward(0, 0);
-    {   /* >>> send gradient mb 0 (chunk 1) to stage 1;  <<< recv gradient mb 1 (chunk 1) from stage 1 */
+    chunk1_backward(0);
+    {
+        /* >>> send gradient mb 0 (chunk 1) to stage 1; <<< recv gradient mb 1 (chunk 1) from
+        ** stage 1 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[0].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk1_acts[1].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
     /* backward mb 1, chunk 1 (slot 1): layer 2 */
-    chunk1_backward(1, 1);
-    {   /* >>> send gradient mb 1 (chunk 1) to stage 1;  <<< recv gradient mb 0 (chunk 0) from stage 1 */
+    chunk1_backward(1);
+    {
+        /* >>> send gradient mb 1 (chunk 1) to stage 1; <<< recv gradient mb 0 (chunk 0) from
+        ** stage 1 */
         rt_p2p_op ops[] = {
-            { 1, chunk1_acts[1].dy, CFG_P2P_N, RT_F32, pp_prev, TAG_GRAD },
-            { 0, chunk0_acts[0].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 1, gpt.chunk[1].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
     /* backward mb 0, chunk 0 (slot 0): layer 0, embedding */
-    chunk0_backward(0, 0);
-    {   /* <<< recv gradient mb 1 (chunk 0) from stage 1 */
+    chunk0_backward(0);
+    {
+        /* <<< recv gradient mb 1 (chunk 0) from stage 1 */
         rt_p2p_op ops[] = {
-            { 0, chunk0_acts[1].dy, CFG_P2P_N, RT_F32, pp_next, TAG_GRAD },
+            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
     /* backward mb 1, chunk 0 (slot 1): layer 0, embedding */
-    chunk0_backward(1, 1);
+    chunk0_backward(1);
 }
 
-/* -- After the schedule: reduce gradients, norm, clip, AdamW --------------------------------- */
+/* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
 
-/* Sequence-parallel and tied-embedding reductions, then data-parallel (semantics §5.6). */
-static void finalize_grads(void)
+static void step(const gpt_step_in *in, gpt_step_out *out)
 {
-    /* >>> all-reduce over tp: gradients of the sequence-parallel parameters */
-    size_t at = 0;
-    for (int i = 0; i < NSP; i++) {
-        rt_memcpy(sp_pack + at, gbuf[sp_ranges[i].buf] + sp_ranges[i].offset,
-                  sp_ranges[i].n * sizeof(float), RT_D2D);
-        at += sp_ranges[i].n;
-    }
-    rt_allreduce(sp_pack, sp_total, RT_F32, RT_SUM, grp_tp);
-    at = 0;
-    for (int i = 0; i < NSP; i++) {
-        rt_memcpy(gbuf[sp_ranges[i].buf] + sp_ranges[i].offset, sp_pack + at,
-                  sp_ranges[i].n * sizeof(float), RT_D2D);
-        at += sp_ranges[i].n;
-    }
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    **     embedding's and the head's gradients (megatron-semantics.md §7) */
-    /* wte.weight */
-    rt_allreduce(gbuf[0] + 13312, 8192, RT_F32, RT_SUM,
-                 grp_embd);
-    /* average over the data-parallel group of each buffer: scale by 1/(DP*CP), then sum (§5.3) */
-    for (int i = 0; i < NBUF; i++) {
-        rt_group *g = *buf_group[i];
-        /* experts too: their gradients hold the tokens of every replica of the EP group */
-        scale_inplace(gbuf[i], buf_size[i], CFG_GRAD_SCALE);
-        if (!g) continue;   /* one data-parallel rank: the shard is the buffer */
-        /* >>> reduce-scatter over the buffer's data-parallel group, in place: this rank's shard
-        **     of every bucket holds the sum (the rest of the buffer is stale) */
-        for (int k = 0; k < nbuckets[i]; k++) {
-            const bucket *b = &buckets[i][k];
-            rt_reduce_scatter(gbuf[i] + b->start, gbuf[i] + b->start + (size_t)*buf_dprank[i] *
-                              b->shard, b->shard, RT_F32, g);
-        }
-    }
-}
-
-/* The part of range r inside this rank's shard of bucket k: buffer offsets [lo, hi) and the
-** matching offset in the moments. Returns 0 when they do not meet. */
-static int shard_part(const opt_range *r, int k, size_t *lo, size_t *hi, size_t *at)
-{
-    const bucket *b = &buckets[r->buf][k];
-    size_t s0 = b->start + (size_t)*buf_dprank[r->buf] * b->shard, s1 = s0 + b->shard;
-    *lo = r->offset > s0 ? r->offset : s0;
-    *hi = r->offset + r->n < s1 ? r->offset + r->n : s1;
-    *at = b->base + (*lo - s0);
-    return *lo < *hi;
-}
-
-/* sqrt of the sum of squares of every gradient counted once (megatron-semantics.md §6). */
-static double grad_norm(void)
-{
-    int np = 0, expert[NRANGES];
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        if (r->norm == NORM_NEVER || (r->norm == NORM_TP0 && tp_rank != 0) ||
-            (r->norm == NORM_ETP0 && etp_rank != 0))
-            continue;
-        for (int k = 0; k < nbuckets[r->buf]; k++) {
-            size_t lo, hi, at;   /* a parameter lies in one bucket: one piece at most */
-            if (shard_part(r, k, &lo, &hi, &at)) {
-                expert[np] = buf_expert[r->buf];
-                sumsq(stat_dev + np++, gbuf[r->buf] + lo, hi - lo);
-            }
-        }
-    }
-    float parts[NRANGES + 2];
-    double sum[2] = { 0.0, 0.0 };   /* dense, experts */
-    rt_memcpy(parts, stat_dev, (size_t)np * sizeof(float), RT_D2H);
-    for (int i = 0; i < np; i++) sum[expert[i]] += parts[i];
-    /* >>> all-reduce over the world: every rank holds a distinct shard */
-    parts[0] = (float)(sum[0] + sum[1]);
-    rt_memcpy(stat_dev + NRANGES, parts, sizeof(float), RT_H2D);
-    rt_allreduce(stat_dev + NRANGES, 1, RT_F32, RT_SUM, rt_group_world());
-    rt_memcpy(parts, stat_dev + NRANGES, sizeof(float), RT_D2H);
-    return sqrt((double)parts[0]);
-}
-
-/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
-static void optimizer_step(const step_in *in, float coef)
-{
-    int t = in->step + 1;
-    float bc1 = (float)(1.0 - pow((double)in->beta1, t));
-    float bc2 = (float)(1.0 - pow((double)in->beta2, t));
-    for (int i = 0; i < NRANGES; i++) {
-        const opt_range *r = &ranges[i];
-        float wd = r->decay ? in->wd : 0.0f;
-        for (int k = 0; k < nbuckets[r->buf]; k++) {
-            size_t lo, hi, at;
-            if (shard_part(r, k, &lo, &hi, &at))
-                adamw_step(pbuf[r->buf] + lo, gbuf[r->buf] + lo, mbuf[r->buf] + at,
-                           vbuf[r->buf] + at, hi - lo, in->lr, in->beta1, in->beta2, in->eps, wd,
-                           bc1, bc2, coef);
-        }
-    }
-    /* >>> all-gather over each buffer's data-parallel group: the updated shards of the others */
-    for (int i = 0; i < NBUF; i++) {
-        rt_group *g = *buf_group[i];
-        if (!g) continue;
-        for (int k = 0; k < nbuckets[i]; k++) {
-            const bucket *b = &buckets[i][k];
-            rt_allgather(pbuf[i] + b->start + (size_t)*buf_dprank[i] * b->shard,
-                         pbuf[i] + b->start, b->shard, RT_F32, g);
-        }
-    }
-}
-
-/* The step's mean loss over the global batch, on every rank (and, with experts, the aux loss
-** term of the objective: every rank's share over the data-parallel replicas and micro-batches). */
-static double step_loss(double *aux)
-{
-    float part = 0.0f;
-    float a = (float)(moe_aux / ((double)CFG_NMB * CFG_DP));
-    /* >>> all-reduce over the world: every rank's share of the aux loss */
-    rt_memcpy(stat_dev + NRANGES + 1, &a, sizeof(float), RT_H2D);
-    rt_allreduce(stat_dev + NRANGES + 1, 1, RT_F32, RT_SUM, rt_group_world());
-    rt_memcpy(&a, stat_dev + NRANGES + 1, sizeof(float), RT_D2H);
-    *aux = a;
-    /* >>> all-reduce over the world: the last stage's tp-rank-0 ranks hold the loss */
-    rt_memcpy(stat_dev + NRANGES + 1, &part, sizeof(float), RT_H2D);
-    rt_allreduce(stat_dev + NRANGES + 1, 1, RT_F32, RT_SUM, rt_group_world());
-    rt_memcpy(&part, stat_dev + NRANGES + 1, sizeof(float), RT_D2H);
-    return part;
-}
-
-static void step(const step_in *in, step_out *out)
-{
-    cur = in;
-    for (int i = 0; i < NBUF; i++) rt_memset0(gbuf[i], buf_size[i] * sizeof(float));
-    moe_aux = 0.0;
+    /* zero the gradients */
+    gpt_step_begin(in);
+    /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    finalize_grads();
-    double norm = grad_norm();
-    double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
-    optimizer_step(in, coef < 1.0 ? (float)coef : 1.0f);
-    out->grad_norm = norm;
-    out->loss = step_loss(&out->aux_loss);
+    /* >>> all-reduce over tp: the gradients of the 12 sequence-parallel tensors, packed (1,664
+    ** elements; docs/megatron.md §4.6) */
+    gpt_sp_allreduce(gpt.grp[GPT_GRP_TP]);
+    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
+    ** embedding's and the head's gradients (docs/megatron.md §7) */
+    gpt_grad_allreduce_range(0, 13312, 8192, gpt.grp[GPT_GRP_EMBD]);
+    /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
+    ** gradients hold the tokens of every replica) */
+    gpt_grad_scale(0, CFG_GRAD_SCALE);
+    /* >>> reduce-scatter over dp-cp, in place: buffer 0 (chunk 0, dense), bucket 0; this rank's
+    ** shard holds the sum */
+    gpt_grad_reduce_scatter(0, 0, gpt.grp[GPT_GRP_DPCP]);
+    /* >>> reduce-scatter over dp-cp, in place: buffer 0 (chunk 0, dense), bucket 1; this rank's
+    ** shard holds the sum */
+    gpt_grad_reduce_scatter(0, 1, gpt.grp[GPT_GRP_DPCP]);
+    /* buffer 1 (chunk 0, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
+    ** their gradients hold the tokens of every replica) */
+    gpt_grad_scale(1, CFG_GRAD_SCALE);
+    /* >>> reduce-scatter over expt-dp, in place: buffer 1 (chunk 0, experts), bucket 0; this
+    ** rank's shard holds the sum */
+    gpt_grad_reduce_scatter(1, 0, gpt.grp[GPT_GRP_EDP]);
+    /* buffer 2 (chunk 1, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
+    ** gradients hold the tokens of every replica) */
+    gpt_grad_scale(2, CFG_GRAD_SCALE);
+    /* >>> reduce-scatter over dp-cp, in place: buffer 2 (chunk 1, dense), bucket 0; this rank's
+    ** shard holds the sum */
+    gpt_grad_reduce_scatter(2, 0, gpt.grp[GPT_GRP_DPCP]);
+    /* buffer 3 (chunk 1, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
+    ** their gradients hold the tokens of every replica) */
+    gpt_grad_scale(3, CFG_GRAD_SCALE);
+    /* >>> reduce-scatter over expt-dp, in place: buffer 3 (chunk 1, experts), bucket 0; this
+    ** rank's shard holds the sum */
+    gpt_grad_reduce_scatter(3, 0, gpt.grp[GPT_GRP_EDP]);
+    /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
+    ** once */
+    gpt_norm_local();
+    /* >>> all-reduce over the world: every rank holds a distinct shard */
+    gpt_norm_allreduce(2, rt_group_world());
+    /* the norm: sqrt of the reduced sums */
+    out->grad_norm = gpt_norm(1);
+    /* clip to --clip, then AdamW on this rank's shards */
+    gpt_adamw(in, out->grad_norm);
+    /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others */
+    gpt_param_allgather(0, 0, gpt.grp[GPT_GRP_DPCP]);
+    /* >>> all-gather over dp-cp: buffer 0, bucket 1: the updated shards of the others */
+    gpt_param_allgather(0, 1, gpt.grp[GPT_GRP_DPCP]);
+    /* >>> all-gather over expt-dp: buffer 1, bucket 0: the updated shards of the others */
+    gpt_param_allgather(1, 0, gpt.grp[GPT_GRP_EDP]);
+    /* >>> all-gather over dp-cp: buffer 2, bucket 0: the updated shards of the others */
+    gpt_param_allgather(2, 0, gpt.grp[GPT_GRP_DPCP]);
+    /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others */
+    gpt_param_allgather(3, 0, gpt.grp[GPT_GRP_EDP]);
+    /* >>> all-reduce over the world: every rank's share of the aux loss */
+    gpt_aux_allreduce(rt_group_world(), out);
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
+    gpt_loss_allreduce(rt_group_world(), out);
 }
 
-/* -- Checkpoint state and pieces --------------------------------------------------------------- */
-
-static size_t state_floats(void)
-{
-    size_t n = 0;
-    for (int i = 0; i < NBUF; i++)
-        n += buf_size[i] + 2 * shard_size[i];
-    return n;
-}
-
-static void state_io(float *host, int save)
-{
-    for (int i = 0; i < NBUF; i++) {
-        size_t nm = shard_size[i];
-        float *dev[3] = { pbuf[i], mbuf[i], vbuf[i] };
-        size_t len[3] = { buf_size[i], nm, nm };
-        for (int j = 0; j < 3; j++) {
-            if (save) rt_memcpy(host, dev[j], len[j] * sizeof(float), RT_D2H);
-            else rt_memcpy(dev[j], host, len[j] * sizeof(float), RT_H2D);
-            host += len[j];
-        }
-    }
-}
-
-/* This stage's pieces of the model's tensors, per tp rank (and ep / expert-tp rank): the same
-** local layout, different global ranges. Fields: tensor, local tensor, ld, local row/col,
-** global row/col, rows, cols, replicated over (expert-)tp, tied copy, expert. */
-static const piece pieces_0[] = {   /* tp 0, ep 0, etp 0 */
-    /* wte.weight */
-    { 0, &embed_p.wte, 64, 0, 0, 0, 0, 128, 64, 0, 0, 0 },
-    /* wpe.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0, 0 },
-    /* h.0.ln_1.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_1.bias */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_proj.weight */
-    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.0.attn.c_proj.bias */
-    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.0.ln_2.weight */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_2.bias */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.mlp.router.weight */
-    { 10, &chunk0_params[0].moe.router_w, 64, 0, 0, 0, 0, 8, 64, 1, 0, 0 },
-    /* h.0.mlp.experts.0.c_fc.weight */
-    { 11, &chunk0_params[0].moe.fc_w[0], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.0.c_proj.weight */
-    { 12, &chunk0_params[0].moe.proj_w[0], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.0.mlp.experts.1.c_fc.weight */
-    { 13, &chunk0_params[0].moe.fc_w[1], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.1.c_proj.weight */
-    { 14, &chunk0_params[0].moe.proj_w[1], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.0.mlp.experts.2.c_fc.weight */
-    { 15, &chunk0_params[0].moe.fc_w[2], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.2.c_proj.weight */
-    { 16, &chunk0_params[0].moe.proj_w[2], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.0.mlp.experts.3.c_fc.weight */
-    { 17, &chunk0_params[0].moe.fc_w[3], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.3.c_proj.weight */
-    { 18, &chunk0_params[0].moe.proj_w[3], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.ln_1.weight */
-    { 52, &chunk1_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.bias */
-    { 53, &chunk1_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_proj.weight */
-    { 56, &chunk1_params[0].attn_proj_w, 64, 0, 0, 0, 0, 32, 64, 0, 0, 0 },
-    /* h.2.attn.c_proj.bias */
-    { 57, &chunk1_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 54, &chunk1_params[0].c_attn_w, 96, 0, 0, 0, 0, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 54, &chunk1_params[0].c_attn_w, 96, 0, 32, 0, 64, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 54, &chunk1_params[0].c_attn_w, 96, 0, 64, 0, 128, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 55, &chunk1_params[0].c_attn_b, 96, 0, 0, 0, 0, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 55, &chunk1_params[0].c_attn_b, 96, 0, 32, 0, 64, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 55, &chunk1_params[0].c_attn_b, 96, 0, 64, 0, 128, 1, 32, 0, 0, 0 },
-    /* h.2.ln_2.weight */
-    { 58, &chunk1_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_2.bias */
-    { 59, &chunk1_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.mlp.router.weight */
-    { 60, &chunk1_params[0].moe.router_w, 64, 0, 0, 0, 0, 8, 64, 1, 0, 0 },
-    /* h.2.mlp.experts.0.c_fc.weight */
-    { 61, &chunk1_params[0].moe.fc_w[0], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.0.c_proj.weight */
-    { 62, &chunk1_params[0].moe.proj_w[0], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.mlp.experts.1.c_fc.weight */
-    { 63, &chunk1_params[0].moe.fc_w[1], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.1.c_proj.weight */
-    { 64, &chunk1_params[0].moe.proj_w[1], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.mlp.experts.2.c_fc.weight */
-    { 65, &chunk1_params[0].moe.fc_w[2], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.2.c_proj.weight */
-    { 66, &chunk1_params[0].moe.proj_w[2], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.mlp.experts.3.c_fc.weight */
-    { 67, &chunk1_params[0].moe.fc_w[3], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.3.c_proj.weight */
-    { 68, &chunk1_params[0].moe.proj_w[3], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-};
-static const piece pieces_1[] = {   /* tp 1, ep 1, etp 0 */
-    /* wte.weight */
-    { 0, &embed_p.wte, 64, 0, 0, 128, 0, 128, 64, 0, 0, 0 },
-    /* wpe.weight */
-    { 1, &embed_p.wpe, 64, 0, 0, 0, 0, 64, 64, 1, 0, 0 },
-    /* h.0.ln_1.weight */
-    { 2, &chunk0_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_1.bias */
-    { 3, &chunk0_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_proj.weight */
-    { 6, &chunk0_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.0.attn.c_proj.bias */
-    { 7, &chunk0_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.weight */
-    { 4, &chunk0_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.0.attn.c_attn.bias */
-    { 5, &chunk0_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.0.ln_2.weight */
-    { 8, &chunk0_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.ln_2.bias */
-    { 9, &chunk0_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.0.mlp.router.weight */
-    { 10, &chunk0_params[0].moe.router_w, 64, 0, 0, 0, 0, 8, 64, 1, 0, 0 },
-    /* h.0.mlp.experts.4.c_fc.weight */
-    { 19, &chunk0_params[0].moe.fc_w[0], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.4.c_proj.weight */
-    { 20, &chunk0_params[0].moe.proj_w[0], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.0.mlp.experts.5.c_fc.weight */
-    { 21, &chunk0_params[0].moe.fc_w[1], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.5.c_proj.weight */
-    { 22, &chunk0_params[0].moe.proj_w[1], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.0.mlp.experts.6.c_fc.weight */
-    { 23, &chunk0_params[0].moe.fc_w[2], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.6.c_proj.weight */
-    { 24, &chunk0_params[0].moe.proj_w[2], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.0.mlp.experts.7.c_fc.weight */
-    { 25, &chunk0_params[0].moe.fc_w[3], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.0.mlp.experts.7.c_proj.weight */
-    { 26, &chunk0_params[0].moe.proj_w[3], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.ln_1.weight */
-    { 52, &chunk1_params[0].ln_1_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_1.bias */
-    { 53, &chunk1_params[0].ln_1_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_proj.weight */
-    { 56, &chunk1_params[0].attn_proj_w, 64, 0, 0, 32, 0, 32, 64, 0, 0, 0 },
-    /* h.2.attn.c_proj.bias */
-    { 57, &chunk1_params[0].attn_proj_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 54, &chunk1_params[0].c_attn_w, 96, 0, 0, 0, 32, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 54, &chunk1_params[0].c_attn_w, 96, 0, 32, 0, 96, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.weight */
-    { 54, &chunk1_params[0].c_attn_w, 96, 0, 64, 0, 160, 64, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 55, &chunk1_params[0].c_attn_b, 96, 0, 0, 0, 32, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 55, &chunk1_params[0].c_attn_b, 96, 0, 32, 0, 96, 1, 32, 0, 0, 0 },
-    /* h.2.attn.c_attn.bias */
-    { 55, &chunk1_params[0].c_attn_b, 96, 0, 64, 0, 160, 1, 32, 0, 0, 0 },
-    /* h.2.ln_2.weight */
-    { 58, &chunk1_params[0].ln_2_w, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.ln_2.bias */
-    { 59, &chunk1_params[0].ln_2_b, 64, 0, 0, 0, 0, 1, 64, 1, 0, 0 },
-    /* h.2.mlp.router.weight */
-    { 60, &chunk1_params[0].moe.router_w, 64, 0, 0, 0, 0, 8, 64, 1, 0, 0 },
-    /* h.2.mlp.experts.4.c_fc.weight */
-    { 69, &chunk1_params[0].moe.fc_w[0], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.4.c_proj.weight */
-    { 70, &chunk1_params[0].moe.proj_w[0], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.mlp.experts.5.c_fc.weight */
-    { 71, &chunk1_params[0].moe.fc_w[1], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.5.c_proj.weight */
-    { 72, &chunk1_params[0].moe.proj_w[1], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.mlp.experts.6.c_fc.weight */
-    { 73, &chunk1_params[0].moe.fc_w[2], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.6.c_proj.weight */
-    { 74, &chunk1_params[0].moe.proj_w[2], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-    /* h.2.mlp.experts.7.c_fc.weight */
-    { 75, &chunk1_params[0].moe.fc_w[3], 128, 0, 0, 0, 0, 64, 128, 0, 0, 1 },
-    /* h.2.mlp.experts.7.c_proj.weight */
-    { 76, &chunk1_params[0].moe.proj_w[3], 64, 0, 0, 0, 0, 128, 64, 0, 0, 1 },
-};
-
-static const piece *pieces(int *n)
-{
-    static const struct { int tp, ep, etp, n; const piece *list; } sets[2] = {
-        { 0, 0, 0, 44, pieces_0 },
-        { 1, 1, 0, 44, pieces_1 },
-    };
-    for (int i = 0; i < 2; i++)
-        if (sets[i].tp == tp_rank && (sets[i].ep < 0 || sets[i].ep == ep_rank) &&
-            (sets[i].etp < 0 || sets[i].etp == etp_rank)) {   /* -1: any (dense model) */
-            *n = sets[i].n;
-            return sets[i].list;
-        }
-    RT_CHECK(0, "no parameter pieces for tp %d ep %d etp %d", tp_rank, ep_rank, etp_rank);
-    return NULL;
-}
-
-const stage_program stage0_program = {
-    "stage 0 of 2: embedding, layer 0 | layer 2", 1, 0, pieces, setup, step,
-    state_floats, state_io,
+const gpt_stage stage0 = {
+    .title = "stage 0 of 2: embedding, layer 0 | layer 2",
+    .nbuffers = 4, .buffers = buffers,
+    .nchunks = 2, .chunks = chunks,
+    .nother_params = 2, .other_params = other_params,
+    .nother_pieces = 2, .other_pieces = other_pieces,
+    .mem = mem, .mem_bytes = 3568676,
+    .needs_inputs = 1, .needs_targets = 0,
+    .head_uses_wte = 0,
+    .step = step,
 };
