@@ -1,0 +1,334 @@
+-- tests/lua/program_test.lua: program.build, the pass that decides the generated code
+-- (gen/lua/program.lua). Checked against shards.lua's independent per-class records, against
+-- hand-worked sizes, and against deliberately broken programs the verifier must refuse:
+--   * the tensor tables (one layer's rows + each layer's bases, the other rows) place every
+--     parameter of every rank class where shards.lua's buffer layout puts it;
+--   * the pieces, expanded for each class's tp / expert-tp / ep coordinate as lib/stage.c
+--     expands them, are exactly that class's pieces (vocabulary padding cut);
+--   * the memory plan: a layer's bytes by hand for tiny, aliases without SP, MoE entries only
+--     for MoE models, the total = parameters + every planned buffer;
+--   * the communication of the library's calls and of the step's tail, per layout;
+--   * the verifier consumes that list: a stage that drops or reorders a collective of a group
+--     spanning stages is refused; the program and its JSON dump are deterministic.
+-- Run: build/gen --lua tests/lua/program_test.lua (tests/lua/suite.sh).
+
+local host = require("host")
+package.path = host.root() .. "/tests/lua/?.lua;" .. package.path
+require("strict")
+local F = require("fixtures")
+local T = require("harness")("program")
+local json = require("json")
+local program = require("program")
+local schedule = require("schedule")
+
+-- Layouts (model fields, sizes) covering TP/SP, PP/VP, uneven stages, DP with and without the
+-- distributed optimizer, MoE folding, EP, ETP, vocabulary padding.
+local LAYOUTS = {
+    { {}, {} },
+    { { layers = 8 }, { tp = 2, pp = 2, dp = 2 } },
+    { { layers = 8 }, { tp = 2, pp = 2, dp = 2, sp = true, dist_opt = true, vp = 2, nmb = 4 } },
+    { { layers = 6 }, { pp = 3, first_layers = 1, last_layers = 1, nmb = 3 } },
+    { { vocab = 97, hidden = 35, heads = 5, seq_len = 30, layers = 2 },
+      { tp = 5, sp = true, dp = 2, dist_opt = true } },
+    { { moe = { experts = 8, top_k = 2, bias = false } }, { tp = 2, dp = 2, ep = 2, sp = true } },
+    { { layers = 8, moe = { experts = 8, top_k = 2, bias = false } },
+      { tp = 2, pp = 2, dp = 2, ep = 2, etp = 1, vp = 2, nmb = 2, sp = true, dist_opt = true } },
+    { { moe = { experts = 4, top_k = 1, pre_softmax = true, bias = false } },
+      { tp = 2, dp = 2, ep = 2, etp = 2, sp = true } },
+}
+
+local function each_layout(fn)
+    for _, l in ipairs(LAYOUTS) do
+        local cfg, topo, part, sh, sched, prog = F.build(l[1], l[2])
+        fn(cfg, topo, part, sh, sched, prog)
+    end
+end
+
+local function label(cfg)
+    return string.format("%s tp%d pp%d dp%d ep%d etp%d vp%d%s%s", cfg.model.name, cfg.tp, cfg.pp,
+                         cfg.dp, cfg.ep, cfg.etp, cfg.vp, cfg.sp and " sp" or "",
+                         cfg.dist_opt and " distopt" or "")
+end
+
+-- Every buffer slot of a class, by tensor name: buffer (0-based) and offset.
+local function slots_of(cls)
+    local at = {}
+    for bi, b in ipairs(cls.buffers) do
+        for _, bk in ipairs(b.buckets) do
+            for _, s in ipairs(bk.slots) do at[s.name] = { bi - 1, s.offset, s.numel } end
+        end
+    end
+    return at
+end
+
+-- The tensors a stage's tables describe, as lib/stage.c expands them for one class: a list of
+-- {layer (global or nil), role, expert (global or nil), buf, offset, n, param, table} in table
+-- order, with the pieces for the class's coordinates.
+local function expand(prog, cfg, sp, cls)
+    local nl = cfg.model.moe and cfg.model.moe.experts // cfg.ep or 0
+    local out, pieces = {}, {}
+    local function add_pieces(list, first)
+        for _, pc in ipairs(list) do
+            local coord = pc.split == "TP" and cls.tp or pc.split == "ETP" and cls.etp or 0
+            local grow = pc.grow + pc.step_row * coord
+            local gcol = pc.gcol + pc.step_col * coord
+            local rows = pc.rows
+            if pc.vocab then rows = math.min(rows, cfg.model.vocab - grow) end
+            if rows > 0 then
+                pieces[#pieces + 1] = { param = first + pc.param, grow = grow, gcol = gcol,
+                                        rows = rows, cols = pc.cols, lrow = pc.lrow,
+                                        lcol = pc.lcol }
+            end
+        end
+    end
+    for ci, ch in ipairs(sp.chunks) do
+        for j = 0, ch.layers - 1 do
+            local first = #out
+            for _, p in ipairs(sp.layer_params[ci]) do
+                out[#out + 1] = {
+                    layer = ch.first + j, role = prog.roles[p.role + 1].name,
+                    expert = p.expert >= 0 and p.expert + cls.ep * nl or nil, buf = p.buf,
+                    offset = ch.bases[j + 1][p.buf + 1] + p.offset, n = p.n, field = p.field,
+                }
+            end
+            add_pieces(sp.layer_pieces[ci], first)
+        end
+    end
+    local first = #out
+    for _, p in ipairs(sp.other_params) do
+        out[#out + 1] = { role = prog.roles[p.role + 1].name, buf = p.buf, offset = p.offset,
+                          n = p.n, field = p.field }
+    end
+    add_pieces(sp.other_pieces, first)
+    return out, pieces
+end
+
+-- A tensor's name from its role pattern, layer and expert (as lib/train.c names it).
+local function name_of(t)
+    local n = t.role
+    if t.layer then n = n:gsub("%%d", tostring(t.layer), 1) end
+    if t.expert then n = n:gsub("%%d", tostring(t.expert), 1) end
+    return n
+end
+
+T.test("the tensor tables place every parameter of every rank class", function()
+    each_layout(function(cfg, _, _, sh, _, prog)
+        for _, cls in ipairs(sh.classes) do
+            local sp = prog.stages[cls.pp + 1]
+            local at = slots_of(cls)
+            local tensors = expand(prog, cfg, sp, cls)
+            T.eq(#tensors, #cls.params, label(cfg) .. ": tensors of class " .. cls.id)
+            T.eq(sp.nparams, #cls.params, label(cfg) .. ": nparams")
+            local seen = {}
+            for _, t in ipairs(tensors) do
+                local name = t.field == "HEAD_WTE" and "wte.weight" or name_of(t)
+                local want = at[name]
+                T.ok(want, "%s: %s is in no buffer of class %d", label(cfg), name, cls.id)
+                T.eq({ t.buf, t.offset, t.n }, want, label(cfg) .. ": place of " .. name)
+                T.ok(not seen[name .. t.field], "%s: %s twice", label(cfg), name)
+                seen[name .. t.field] = true
+            end
+        end
+    end)
+end)
+
+T.test("the pieces, expanded per class, are the class's pieces (padding cut)", function()
+    each_layout(function(cfg, _, _, sh, _, prog)
+        for _, cls in ipairs(sh.classes) do
+            local sp = prog.stages[cls.pp + 1]
+            local tensors, pieces = expand(prog, cfg, sp, cls)
+            local by_name = {}
+            for _, p in ipairs(cls.params) do
+                by_name[(p.tied and "tied:" or "") .. p.name] = p
+            end
+            local got, want = {}, {}
+            for _, pc in ipairs(pieces) do
+                local t = tensors[pc.param + 1]
+                local key = t.field == "HEAD_WTE" and "tied:wte.weight" or name_of(t)
+                got[#got + 1] = string.format("%s %d,%d %dx%d @%d,%d", key, pc.grow, pc.gcol,
+                                              pc.rows, pc.cols, pc.lrow, pc.lcol)
+            end
+            for _, t in ipairs(tensors) do
+                local key = t.field == "HEAD_WTE" and "tied:wte.weight" or name_of(t)
+                local p = by_name[key]
+                for _, pc in ipairs(p.pieces) do
+                    local two = #p.shape == 2
+                    want[#want + 1] = string.format("%s %d,%d %dx%d @%d,%d", key,
+                        two and pc.start[1] or 0, pc.start[#pc.start], two and pc.size[1] or 1,
+                        pc.size[#pc.size], two and pc.at[1] or 0, pc.at[#pc.at])
+                end
+            end
+            table.sort(got)
+            table.sort(want)
+            T.eq(got, want, label(cfg) .. ": pieces of class " .. cls.id)
+        end
+    end)
+end)
+
+-- The plan entry 'id' of a stage.
+local function mem(sp, id)
+    for _, m in ipairs(sp.mem) do
+        if m.id == id then return m end
+    end
+    error("no plan entry " .. id)
+end
+
+T.test("the memory plan: a layer by hand, aliases, MoE entries, the total", function()
+    -- tiny, T=64, B=1, C=64, 4 heads, FF 256, TP 1: floats per layer and slot
+    local _, _, _, _, _, prog = F.build({ layers = 2 }, {})
+    local sp = prog.stages[1]
+    local layer = 0
+    for _, m in ipairs(sp.mem) do
+        if m.id:match("^L_") and m.how == "ALLOC" then layer = layer + m.elems end
+    end
+    T.eq(layer, 4 * 4096 + 4 * 64 + 12288 + 4 * 64 * 64 + 4096 + 2 * 64 * 256, "one layer")
+    T.eq({ mem(sp, "L_LN1_FULL").how, mem(sp, "L_LN1_FULL").alias }, { "ALIAS", "L_LN1" },
+         "without SP the gathered rows are the rows")
+    T.eq(mem(sp, "ML_SCORES").how, "NONE", "no MoE buffers in a dense model")
+    T.eq(mem(sp, "S_LOGITS").elems, 64 * 256, "logits (N, V_LOCAL) on the head stage")
+    local total = sp.param_bytes
+    for _, m in ipairs(sp.mem) do total = total + m.bytes end
+    T.eq(sp.mem_bytes, total, "total = parameters + every planned buffer")
+    T.eq(sp.param_bytes, 16 * prog.stages[1].buffers[1].size, "f32 p, g, m, v")
+
+    local _, _, _, _, _, p2 = F.build({ layers = 4 }, { tp = 2, sp = true, pp = 2, nmb = 2 })
+    T.eq(mem(p2.stages[1], "L_LN1_FULL").elems, 64 * 64, "under SP the gathered rows")
+    T.eq(mem(p2.stages[1], "S_LOGITS").how, "NONE", "no logits before the last stage")
+    T.eq(mem(p2.stages[1], "C_TOKENS").count, p2.stages[1].chunks[1].slots, "token ids per slot")
+    T.eq(mem(p2.stages[2], "C_TOKENS").how, "NONE", "no token ids after the first stage")
+
+    local _, _, _, _, _, p3 = F.build({ moe = { experts = 4, top_k = 2 } }, { dp = 2, ep = 2 })
+    local s3 = p3.stages[1]
+    T.eq(mem(s3, "ML_XE").elems, 64 * 2 * 2 * 64, "expert inputs: N_SP*K*EP rows of C")
+    T.eq(mem(s3, "L_FC").how, "NONE", "no dense MLP activations in a MoE model")
+    T.eq(mem(s3, "X_STAT").elems, s3.nparams + 3, "norm pieces + 3")
+end)
+
+-- The collectives of a stage's ops, as "op group n" strings.
+local function comm_text(ops)
+    local out = {}
+    for _, o in ipairs(ops) do
+        for _, c in ipairs(o.comm) do
+            out[#out + 1] = c.op .. " " .. c.group .. (c.n and (" " .. c.n) or "")
+        end
+    end
+    return out
+end
+
+local function first_op(sp, kind)
+    for _, o in ipairs(sp.schedule) do
+        if o.kind == kind then return o end
+    end
+end
+
+T.test("communication: the layers' regions by TP and SP, the step's tail by layout", function()
+    local nc, nspc = 64 * 64, 32 * 64
+    local function layer_comm(opts)
+        local _, _, _, _, _, prog = F.build({ layers = 2 }, opts)
+        for _, c in ipairs(first_op(prog.stages[1], "F").calls) do
+            if c.op == "layer_fwd" then return comm_text({ c }) end
+        end
+    end
+    T.eq(layer_comm({}), {}, "TP 1: no collective in a layer")
+    T.eq(layer_comm({ tp = 2 }), { "allreduce tp " .. nc, "allreduce tp " .. nc },
+         "TP 2: the row-parallel outputs all-reduced")
+    T.eq(layer_comm({ tp = 2, sp = true }),
+         { "allgather tp " .. nspc, "reduce_scatter tp " .. nspc, "allgather tp " .. nspc,
+           "reduce_scatter tp " .. nspc }, "TP 2 + SP: gathered in, reduce-scattered out")
+
+    local _, _, _, _, _, prog = F.build({ layers = 8 }, { tp = 2, pp = 2, dp = 2 })
+    T.eq(comm_text(prog.stages[1].tail), { "allreduce embd 8192", "allreduce dp-cp 113152",
+         "allreduce mp 1", "allreduce world 1" }, "stage 0: wte, dp, norm over mp, loss")
+    _, _, _, _, _, prog = F.build({ layers = 4 }, { dp = 2, dist_opt = true, sp = true, tp = 2 })
+    local tail = comm_text(prog.stages[1].tail)
+    -- per layer ln_1, ln_2 (weight, bias), both row-parallel biases; then ln_f: (4*6 + 2) * 64
+    T.eq(tail[1], "allreduce tp " .. (4 * 6 + 2) * 64, "SP: the sequence-parallel gradients")
+    local rs, ag = 0, 0
+    for _, t in ipairs(tail) do
+        if t:match("^reduce_scatter dp%-cp") then rs = rs + 1 end
+        if t:match("^allgather dp%-cp") then ag = ag + 1 end
+    end
+    T.ok(rs > 0 and rs == ag, "distributed optimizer: a reduce-scatter and an all-gather per " ..
+         "bucket (%d, %d)", rs, ag)
+    local world, mp = 0, 0
+    for _, t in ipairs(tail) do
+        if t == "allreduce world 1" then world = world + 1 end
+        if t:match(" mp ") then mp = mp + 1 end
+    end
+    T.eq({ world, mp }, { 2, 0 }, "distributed optimizer: the norm over the world, not mp")
+    _, _, _, _, _, prog = F.build({ moe = { experts = 4, top_k = 2 } }, { dp = 2, ep = 2 })
+    tail = comm_text(prog.stages[1].tail)
+    T.eq({ tail[#tail - 1], tail[#tail] }, { "allreduce world 1", "allreduce world 1" },
+         "MoE: the aux loss, then the loss")
+    local moe_fwd
+    for _, c in ipairs(first_op(prog.stages[1], "F").calls) do
+        if c.op == "layer_fwd" then moe_fwd = comm_text({ c }) end
+    end
+    T.eq(moe_fwd, { "alltoallv ep", "alltoallv ep", "alltoallv ep", "alltoallv ep" },
+         "EP 2: counts, rows, probabilities out; outputs back")
+end)
+
+-- A program whose stage k's tail lost (or had swapped) a collective of a group that spans
+-- the stages must be refused with a counterexample.
+local function tamper(opts, k, fn)
+    local cfg, topo, _, _, _, prog = F.build({ layers = 4 }, opts)
+    fn(prog.stages[k + 1].tail)
+    return function() program.check(prog, cfg, topo) end
+end
+
+T.test("the verifier reads the program's communication: a dropped collective hangs", function()
+    local check = tamper({ tp = 2, pp = 2, nmb = 2 }, 1, function(tail)
+        for i, o in ipairs(tail) do
+            if o.kind == "NORM_ALLREDUCE" then table.remove(tail, i); return end
+        end
+        error("no norm all-reduce")
+    end)
+    local lines = T.raises("failed verification", check)
+    T.ok(table.concat(lines, "\n"):find("all-reduce on mp", 1, true) or
+         table.concat(lines, "\n"):find("allreduce on", 1, true), "counterexample names the " ..
+         "collective: %s", table.concat(lines, " | "))
+end)
+
+T.test("the verifier reads the program's communication: two collectives swapped", function()
+    local check = tamper({ tp = 2, pp = 2, nmb = 2 }, 0, function(tail)
+        local a, b
+        for i, o in ipairs(tail) do
+            if o.kind == "NORM_ALLREDUCE" then a = i end
+            if o.kind == "LOSS_ALLREDUCE" then b = i end
+        end
+        tail[a], tail[b] = tail[b], tail[a]
+    end)
+    T.raises("failed verification", check)
+end)
+
+T.test("deterministic: two builds give the same program and the same JSON", function()
+    local function dump()
+        local _, _, _, _, _, prog = F.build({ layers = 8, moe = { experts = 8, top_k = 2,
+                                                                  bias = false } },
+                                            { tp = 2, pp = 2, dp = 2, ep = 2, sp = true,
+                                              vp = 2, nmb = 2, dist_opt = true })
+        return json.encode(prog)
+    end
+    local a = dump()
+    T.eq(dump(), a, "JSON of the program")
+    T.ok(#a > 1000 and a:find('"schedule_kind"', 1, true), "the dump holds the program")
+end)
+
+T.test("the schedule is the one given: slots and counts agree with schedule.lua", function()
+    each_layout(function(cfg, _, _, _, sched, prog)
+        for r = 0, cfg.pp - 1 do
+            local st, sp = sched.stages[r + 1], prog.stages[r + 1]
+            T.eq({ sp.warmup, sp.steady, sp.cooldown }, { st.warmup, st.steady, st.cooldown },
+                 label(cfg) .. ": phases of stage " .. r)
+            local slots = schedule.assign_slots(st, cfg.vp)
+            T.eq(sp.inflight, slots.inflight, label(cfg) .. ": in flight")
+            local n = 0
+            for _, o in ipairs(sp.schedule) do
+                if o.kind == "F" or o.kind == "B" then n = n + 1 end
+            end
+            T.eq(n, 2 * cfg.nmb * cfg.vp, label(cfg) .. ": F and B of every micro-batch")
+        end
+    end)
+end)
+
+T.done()
