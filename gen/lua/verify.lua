@@ -1,13 +1,16 @@
--- verify.lua: prove a pipeline schedule cannot hang before any code is emitted.
+-- verify.lua: prove a program's communication cannot hang before any code is emitted.
 --
--- A pure pass. verify.check(sched, opts) simulates every stage's unrolled program (from
--- schedule.build, possibly with collective steps appended) against the blocking semantics of the
--- transport: an exchange posts all its sends and receives together and completes when every one
--- of them has met its partner; a lone send waits for its receive (no eager buffering is
--- assumed). Messages match in posting order per (source, destination, tag) as MPI matches
--- them (activations and gradients travel under different tags), or, for NCCL, which has no
--- tags, per (source, destination) with each exchange posted sorted by (peer, tag) as the
--- runtime posts it; program.lua checks both.
+-- A pure pass. verify.check(sched, opts) simulates every stage's straight-line program: the
+-- schedule's forward (F), backward (B) and exchange (X) steps with every collective (C) the
+-- stage performs, in order -- program.events builds that list from the program record: the
+-- collectives inside each library call and those of the step's tail, so a collective the
+-- program runs cannot escape the check. The transport's blocking semantics: an exchange posts
+-- all its sends and receives together and completes when every one of them has met its
+-- partner; a lone send waits for its receive (no eager buffering is assumed); a collective
+-- completes once every member stage entered it. Messages match in posting order per (source,
+-- destination, tag) as MPI matches them (activations and gradients travel under different
+-- tags), or, for NCCL, which has no tags, per (source, destination) with each exchange posted
+-- sorted by (peer, tag) as the runtime posts it; program.lua checks both.
 -- It checks that every send meets a receive of the same kind, shape, micro-batch and chunk, that
 -- a tensor is sent only after the forward (backward) that computes it, that a forward
 -- (backward) only runs after its input (output gradient) arrived, that every collective is

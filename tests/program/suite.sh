@@ -1,0 +1,74 @@
+#!/bin/sh
+# tests/program/suite.sh: the generated program against the generator's own records.
+#   groups/<layout>   the groups every rank builds at start-up from the grid description
+#                     (train --show-groups) are topology.json's, member for member, in order
+#   dump/<pass>       build/gen --dump schedule and --dump program print the records as JSON
+# Scratch: build/test/program/. Run: tests/run.sh program
+cd "$(dirname "$0")/../.." || exit 2
+pass() { echo "PASS program/$1"; }
+fail() { echo "FAIL program/$1: $2"; FAILED=1; }
+MPIRUN="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+S=build/test/program
+rm -rf "$S"
+mkdir -p "$S"
+FAILED=0
+
+if ! make -s --no-print-directory build/gen build/libgpt_cpu.a build/librt_cpu.a \
+        > "$S/make.log" 2>&1; then
+    fail setup "make build/gen libgpt_cpu.a librt_cpu.a failed: $(tail -n 1 "$S/make.log")"
+    exit 1
+fi
+
+# name | world | gen arguments: dense and MoE grids, a rank order other than the default
+while IFS='|' read -r name world args; do
+    [ -z "$name" ] && continue
+    d=$S/$name
+    # shellcheck disable=SC2086 # the generator arguments are words without spaces
+    if ! build/gen $args --out "$d" > "$d.gen.txt" 2>&1 ||
+       ! make -s --no-print-directory GEN_DIR="$d" GEN_OBJ="$S/obj/$name" "$d/train" \
+            > "$d.build.txt" 2>&1; then
+        fail "groups/$name" "generate/build failed: $(cat "$d.gen.txt" "$d.build.txt" | head -n 1)"
+        continue
+    fi
+    if ! timeout 60 $MPIRUN -np "$world" "$d/train" --show-groups > "$d.groups.txt" 2>&1 \
+            < /dev/null; then
+        fail "groups/$name" "train --show-groups failed: $(tail -n 1 "$d.groups.txt")"
+    elif why=$(build/gen --lua tests/program/groups_check.lua "$d/topology.json" \
+                   "$d.groups.txt" 2>&1); then
+        pass "groups/$name"
+    else
+        fail "groups/$name" "$(echo "$why" | head -n 1)"
+    fi
+done <<'LAYOUTS'
+tiny-tp2-pp2-dp2|8|tiny --tp 2 --pp 2 --dp 2
+tiny-order-tp-pp-dp|8|tiny --tp 2 --pp 2 --dp 2 --order tp-pp-dp
+tiny_moe-tp2-dp2-ep2|4|tiny_moe --tp 2 --dp 2 --ep 2 --sp
+tiny_moe-tp2-pp2-etp1-ep2|8|tiny_moe --tp 2 --pp 2 --dp 2 --ep 2 --etp 1 --sp
+LAYOUTS
+
+# control: a group listed in another order (group ranks swapped) is caught
+d=$S/tiny-tp2-pp2-dp2
+if [ -f "$d.groups.txt" ]; then
+    sed 's/^rank 0: tp 0,1$/rank 0: tp 1,0/' "$d.groups.txt" > "$d.control.txt"
+    if grep -q '^rank 0: tp 1,0$' "$d.control.txt" &&
+       ! build/gen --lua tests/program/groups_check.lua "$d/topology.json" "$d.control.txt" \
+            > /dev/null 2>&1; then
+        pass groups/control-swapped-members-caught
+    else
+        fail groups/control-swapped-members-caught "a wrong member order went unnoticed"
+    fi
+fi
+
+# --dump schedule / program: JSON (the generator's own encoder; checked well formed by the
+# harness's reader) holding the records
+for pass_ in schedule program; do
+    if build/gen tiny --tp 2 --pp 2 --nmb 2 --dump $pass_ > "$S/dump-$pass_.json" 2>&1 &&
+       build/gen --lua tests/program/json_check.lua "$S/dump-$pass_.json" $pass_ \
+            > "$S/dump-$pass_.txt" 2>&1; then
+        pass "dump/$pass_"
+    else
+        fail "dump/$pass_" "$(head -n 1 "$S/dump-$pass_.txt" "$S/dump-$pass_.json" | head -n 2)"
+    fi
+done
+exit $FAILED
