@@ -2,7 +2,7 @@
 ** moe_a2a_count.c: an MPI profiling (PMPI) shim for bench/moe_bench.sh. Loaded with LD_PRELOAD
 ** into a generated MoE training program, it counts the MPI_Alltoallv calls the program issues
 ** (the CPU runtime's rt_alltoallv: the EP token exchanges and, with ETP > 1, the expert-TP
-** gathers and reduce-scatters of templates/program/moe.c.tmpl), per communicator and datatype,
+** gathers and reduce-scatters of lib/moe.c), per communicator and datatype,
 ** and at MPI_Finalize writes them to $MOE_A2A_OUT.<world rank>, one line each:
 **     a2a <members as world ranks, comma-separated> <f32|i32|other> <calls> <bytes> <off-rank>
 ** bytes: sum of the send counts times the type size (the blocks a rank sends itself included);

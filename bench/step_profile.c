@@ -1,9 +1,9 @@
 /*
 ** step_profile.c: where a generated CPU training program's step goes, per kernel family.
 ** Linked into a copy of out/<dir>/train by bench/train_bench.sh with -Wl,--wrap=<launcher>
-** for every kernel launcher of model.h, rt_gemm and rt_memset0: each wrapper times its call
+** for every kernel of lib/kernels.h, rt_gemm and rt_memset0: each wrapper times its call
 ** (wall clock, the caller's view: the pool's other threads work inside it). Not part of the
-** generated program and never built by the tests; the generated code is unchanged.
+** program and never built by the tests; the program and the library are unchanged.
 **
 ** Steps are delimited at the first sumsq of each step (the gradient norm, after the
 ** backward); the first PROFILE_WARMUP (default 2) steps are skipped, and at exit the mean
@@ -22,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "model.h"      // defines: the kernel prototypes, rt.h (rt_now, rt_gemm, rt_memset0)
+#include "kernels.h"    // defines: the kernel prototypes
+#include "rt.h"         // defines: rt_now, rt_gemm, rt_memset0
 
 /* ORDER FAMILY: family_name[] */
 enum { F_GEMM, F_ATTENTION, F_GELU, F_LAYERNORM, F_BIAS, F_RESIDUAL, F_EMBED,

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 
 #include "internal.h"
-rt_group *rt_group_create(const char *name, const int *members, int n);   /* TEMPORARY */
 
 static const char *const group_names[GPT_NGROUPS] = {
 #define GPT_GRP_NAME(id, name) name,

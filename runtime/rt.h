@@ -1,27 +1,23 @@
 /*
-** rt.h: the thin runtime under generated training programs. One header, two backends chosen
-** at link time: build/librt_cpu.a (host memory, OpenBLAS, MPI) or build/librt_cuda.a (CUDA
-** memory, cuBLAS, NCCL or MPI transport, MPI bootstrap). Generated code includes only this
-** header and never asks which backend it runs on. The runtime knows nothing about models.
+** rt.h: the thin runtime under the training library and the generated programs. One header,
+** two backends chosen at link time: build/librt_cpu.a (host memory, OpenBLAS, MPI) or
+** build/librt_cuda.a (CUDA memory, cuBLAS, NCCL or MPI transport, MPI bootstrap). Callers
+** include only this header and never ask which backend they run on. The runtime knows nothing
+** about models. Layers, each calling only the ones below it: rt_common.c (log, failure text,
+** watchdog, thread pool, scratch, trace; no MPI, no device) <- rt_mpi.c (MPI: start-up, groups,
+** host collectives and p2p, ending the job) <- rt_cpu.c / rt_cuda.cu (memory, GEMM, collectives
+** on device buffers, random numbers). What only the runtime's own tests need is in
+** rt_internal.h.
 **
 ** Linking (make variables from runtime/runtime.mk; compile with -Iruntime):
 **   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)     = -Lbuild -lrt_cpu <openblas> -lpthread -lm
 **   CUDA: $(MPICC) prog.o kernels.o $(RT_CUDA_LIBS)   (cudart, cublasLt, cublas, nccl, stdc++)
 **
 ** Threads: every rt_ function is called from the main thread, except rt_gemm (CPU backend),
-** rt_parallel_for, rt_log, rt_now, rt_fail, RT_CHECK and the rt_dtype_* / rt_fnv1a64 helpers,
-** which may also be called from inside an rt_parallel_for body. The runtime itself runs a
-** watchdog thread and the pool's workers (MPI is initialised with MPI_THREAD_MULTIPLE so the
-** watchdog may call MPI_Abort).
-**
-** Changes from the first draft (docs/DESIGN.md §5), each a refinement of the same shape:
-**  - rt_group_world() added; a NULL group is an error for every call but rt_barrier (world).
-**  - rt_group_table rows may list members in any order: position in the row = group rank.
-**  - rt_parallel_for() and rt_threads(): the one CPU thread pool (see "CPU threads" below).
-**  - rt_fail_status() + RT_MPI / RT_CUDA / RT_CUBLAS / RT_NCCL live here (were only in the doc).
-**  - rt_timeout() reads the watchdog setting back.
-**  - contracts made precise: reduce-scatter/alltoallv layouts, n = 0, bf16 rounding, the exact
-**    Philox mapping, zero-filled rt_host_malloc, arena rules.
+** rt_parallel_for, rt_log, rt_now, rt_fail, RT_CHECK and the rt_dtype_size / rt_fnv1a64
+** helpers, which may also be called from inside an rt_parallel_for body. The runtime itself
+** runs a watchdog thread and the pool's workers (MPI is initialised with MPI_THREAD_MULTIPLE so
+** the watchdog may call MPI_Abort).
 */
 #ifndef RT_H
 #define RT_H
@@ -44,25 +40,12 @@ typedef enum {
     RT_NDTYPES
 } rt_dtype;
 
-size_t      rt_dtype_size(rt_dtype t);
-const char *rt_dtype_name(rt_dtype t);
+size_t      rt_dtype_size(rt_dtype t);      /* bytes; an invalid value aborts */
 
 typedef enum { RT_SUM, RT_MAX } rt_op;
 
 /* A communicator over some ranks (tp, dp, pp, ...). Opaque. */
 typedef struct rt_group rt_group;
-
-/* All groups of one kind, as the generator computed them (§1 of megatron-semantics.md).
-** Groups of one kind have equal size. 'ranks' holds ngroups rows of 'size' global ranks; the
-** position of a rank in its row is its group rank (the generator lists rows ascending, except
-** where a kind needs another order). A rank appears in at most one row; it may be in none
-** (embd on middle stages). */
-typedef struct {
-    const char *name;       /* "tp", "dp", "embd", ... (used in watchdog and error messages) */
-    int         ngroups;
-    int         size;       /* members per group */
-    const int  *ranks;      /* ngroups * size global ranks, row-major */
-} rt_group_table;
 
 /* -- Launch and identity ------------------------------------------------------------------ */
 
@@ -75,7 +58,7 @@ typedef struct {
 ** NCCL, or MPI through pinned host staging when RT_TRANSPORT=mpi or when two ranks drive
 ** the same GPU (same device UUID; NCCL refuses that). Environment: RT_TIMEOUT (watchdog
 ** seconds, default 300, 0 = off), RT_THREADS (CPU pool size, see rt_threads),
-** RT_TRANSPORT=nccl|mpi (CUDA only).
+** RT_TRANSPORT=nccl|mpi (CUDA only), RT_TRACE (a directory: see "Trace" below).
 ** A process that exits after rt_init without rt_finalize (exit(), return from main) aborts
 ** the whole job with "[rank r/w] exited without rt_finalize". */
 void        rt_init(int *argc, char ***argv, int expected_world, const char *layout);
@@ -88,16 +71,20 @@ const char *rt_backend(void);                /* "cpu", "cuda-nccl" or "cuda-mpi"
 
 /* -- Groups ------------------------------------------------------------------------------- */
 
-/* Collective over the whole world: every rank calls with an equal table (checked: a table
-** that differs between ranks, a rank listed twice or out of range aborts naming the table).
-** Returns this rank's group, or NULL if it is in none. Call once per kind at start. */
-rt_group   *rt_group_from_table(const rt_group_table *t);
+/* A communicator of one kind (tp, dp-cp, pp, ...). Collective over the whole world: every rank
+** calls it once per kind, in the same order, with the members (global ranks, in group-rank
+** order) of its own group of that kind, or n = 0 when it is in no group of that kind (embd on
+** a middle stage; members may then be NULL), and gets its group, or NULL. Scale-free: a rank
+** passes its own group only. Checked: every listed rank is in the world, none twice, the
+** caller among them; every member passed the same list (else all abort, naming the group and
+** the caller's list). 'name' is copied (messages, watchdog, trace). n = 1 gives a valid group
+** of one member. Call it for each kind at start; groups live until rt_finalize. */
+rt_group   *rt_group_create(const char *name, const int *members, int n);
 rt_group   *rt_group_world(void);                            /* all ranks, name "world" */
 int         rt_group_rank(const rt_group *g);                /* position inside the group */
 int         rt_group_size(const rt_group *g);
 const char *rt_group_name(const rt_group *g);
 const int  *rt_group_members(const rt_group *g);             /* global ranks, by group rank */
-void        rt_group_free(rt_group *g);   /* collective over the members; world: no-op */
 
 /* -- Collectives -------------------------------------------------------------------------- */
 
@@ -124,7 +111,6 @@ void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_gr
 void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
                   void *recv, const size_t *rcounts, const size_t *rdispls,
                   rt_dtype t, rt_group *g);
-void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);  /* root: group rank */
 void rt_barrier(rt_group *g);                                                /* NULL: world */
 
 /* -- Point-to-point: all ops posted together and completed together ----------------------- */
@@ -189,14 +175,6 @@ void *rt_malloc(size_t bytes);
 void  rt_free(void *p);              /* NULL: no-op */
 void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
 void  rt_memset0(void *p, size_t bytes);
-void *rt_host_malloc(size_t bytes);  /* zero-filled; pinned on CUDA; aborts on OOM */
-void  rt_host_free(void *p);
-
-/* One device allocation for the whole program (rt_arena_init once, zero-filled), carved out
-** in order with 256-byte alignment and never freed (rt_finalize releases it). */
-void   rt_arena_init(size_t bytes);
-void  *rt_arena_alloc(size_t bytes, const char *what);   /* aborts naming 'what' when full */
-size_t rt_arena_used(void);
 
 /* -- Randomness (Philox-4x32-10, counter based) ------------------------------------------- */
 
@@ -267,9 +245,21 @@ void rt_fail_status(const char *file, int line, rt_err_kind kind, int status,
 ** RT_TIMEOUT, read by rt_init; this call overrides both; 0 = off. A rank that dies makes its
 ** peers' pending calls expire (mpirun usually ends the job sooner). */
 void   rt_set_timeout(double seconds);
-double rt_timeout(void);
 void   rt_log(const char *fmt, ...) RT_PRINTF(1, 2);   /* "[rank r/w] msg\n" on stderr */
 double rt_now(void);                     /* monotonic seconds */
+
+/* Trace: when RT_TRACE names a directory at rt_init, every rank writes
+** RT_TRACE/rank_<r>.trace (r zero-padded to 5 digits), one line per communication call, in
+** call order, on both backends alike (dtype: f32 bf16 i32 i64; group: its name, "world"):
+**   allreduce <group> <n> <dtype> <sum|max>
+**   allgather <group> <n> <dtype>            (n: elements per member)
+**   reduce_scatter <group> <n> <dtype>       (n: elements per member)
+**   alltoallv <group> <dtype>                (the counts vary with the data)
+**   barrier <group>
+**   p2p send|recv <peer> <n> <dtype> <tag> ...   (every op of the call, in the order given)
+** The file is written whole by rt_finalize and flushed by an abort; the generator's tests
+** compare it with the collectives the program declares (build/gen --dump program). Unset, the
+** trace costs one branch per call. */
 
 #ifdef __cplusplus
 }

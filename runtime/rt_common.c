@@ -1,9 +1,9 @@
 /*
-** rt_common.c: the backend-neutral part of the runtime: dtypes, logging, failure and abort,
-** time, the polling back-off of the wait loops, the watchdog thread, the CPU thread pool
-** (rt_parallel_for), per-thread scratch, bf16 bulk conversion, GEMM argument checks, FNV-1a
-** and the arena. Linked into both librt_cpu.a and librt_cuda.a; it knows nothing about
-** devices (rt_malloc comes from the backend) and nothing about models.
+** rt_common.c: the bottom layer of the runtime, for both backends: dtypes, logging, failure
+** messages, time, the polling back-off of the wait loops, the watchdog thread, the CPU thread
+** pool (rt_parallel_for), per-thread scratch, bf16 bulk conversion, GEMM argument checks,
+** FNV-1a and the communication trace. It calls nothing above it: no MPI (ending the job is the
+** MPI layer's, reached through rt__end_job), no device memory, nothing about models.
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt__state, rt__poll, rt__scratch, rt__bf16_to_f32, ...
@@ -21,9 +21,8 @@
 #include <unistd.h>
 
 rt__state rt__st = { -1, 0, 0, 1, 0, 0, 0, 300.0 };
-void (*rt__abort_hook)(void) = NULL;
+void (*rt__end_job)(void) = NULL;
 
-static _Thread_local int tl_aborter;     /* this thread started the abort */
 static _Thread_local int tl_in_parallel; /* inside an rt_parallel_for body */
 
 /* -- Dtypes -------------------------------------------------------------------------------- */
@@ -105,30 +104,12 @@ void rt_log(const char *fmt, ...)
     va_end(ap);
 }
 
-/*
-** Abort the whole job: the backend hook (ncclCommAbort), then MPI_Abort, or exit(1) when MPI
-** is not running. The first caller wins; a failure in another thread during the abort parks
-** that thread until the process is killed; a failure inside the hook goes straight on.
-*/
-void rt_abort(void)
+/* End the job after a failure: the MPI layer's rt_abort once it runs, else this process. */
+static void end_job(void) RT_NORETURN;
+static void end_job(void)
 {
-    if (__atomic_exchange_n(&rt__st.aborting, 1, __ATOMIC_SEQ_CST)) {
-        if (!tl_aborter)
-            for (;;)
-                pause();
-    } else {
-        tl_aborter = 1;
-        if (rt__abort_hook) {
-            void (*hook)(void) = rt__abort_hook;
-            rt__abort_hook = NULL;
-            hook();
-        }
-    }
-    int up = 0, down = 0;
-    MPI_Initialized(&up);
-    MPI_Finalized(&down);
-    if (up && !down)
-        MPI_Abort(MPI_COMM_WORLD, 1);
+    if (rt__end_job)
+        rt__end_job();
     _exit(1);
 }
 
@@ -143,7 +124,7 @@ void rt_fail(const char *file, int line, const char *fmt, ...)
     va_start(ap, fmt);
     emit_line(head, fmt, ap);
     va_end(ap);
-    rt_abort();
+    end_job();
 }
 
 void rt__die(const char *fmt, ...)
@@ -152,32 +133,7 @@ void rt__die(const char *fmt, ...)
     va_start(ap, fmt);
     emit_line(NULL, fmt, ap);
     va_end(ap);
-    rt_abort();
-}
-
-static const char *const err_kind_name[] = {
-#define RT_ERR_NAME(name, str) str,
-    RT_ERR_KINDS(RT_ERR_NAME)
-#undef RT_ERR_NAME
-};
-
-/*
-** Behind RT_MPI / RT_CUDA / RT_CUBLAS / RT_NCCL: print "[rank r/w] file:line: NCCL error:
-** <text> (ncclAllReduce)" -- the called function's name is 'expr' up to its '(' -- and abort.
-*/
-void rt_fail_status(const char *file, int line, rt_err_kind kind, int status, const char *expr)
-{
-    char text[512] = "";
-    if (kind == RT_ERR_MPI) {
-        int len = 0;
-        if (MPI_Error_string(status, text, &len) != MPI_SUCCESS)
-            snprintf(text, sizeof text, "error %d", status);
-    } else {
-        rt__status_text(kind, status, text, sizeof text);
-    }
-    int fn = (int)strcspn(expr, "(");
-    rt_fail(file, line, "%s error: %s (%.*s)",
-            (unsigned)kind < RT_NERR_KINDS ? err_kind_name[kind] : "runtime", text, fn, expr);
+    end_job();
 }
 
 /*
@@ -557,7 +513,7 @@ void rt__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
         dst[i] = rt__f32_to_bf16(src[i]);
 }
 
-/* -- FNV-1a, arena ------------------------------------------------------------------------- */
+/* -- FNV-1a --------------------------------------------------------------------------------- */
 
 uint64_t rt_fnv1a64(const char *s)
 {
@@ -569,44 +525,64 @@ uint64_t rt_fnv1a64(const char *s)
     return h;
 }
 
-static struct { char *base; size_t size, used; } arena;
+/* -- Trace ------------------------------------------------------------------------------------ */
+
+int rt__tracing;
+static FILE *trace_file;
 
 /*
-** Allocate the program's one arena ('bytes' of zero-filled device memory). Once only.
+** Open DIR/rank_<r>.trace for this rank's trace (rt.h "Trace"); a failure aborts naming it.
 */
-void rt_arena_init(size_t bytes)
+void rt__trace_open(const char *dir, int rank)
 {
-    RT_CHECK(!arena.base, "rt_arena_init called twice (arena of %zu bytes exists)", arena.size);
-    arena.base = rt_malloc(bytes ? bytes : 1);
-    arena.size = bytes;
-    arena.used = 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank_%05d.trace", dir, rank);
+    trace_file = fopen(path, "w");
+    if (!trace_file)
+        rt__die("RT_TRACE: cannot create %s: %s", path, strerror(errno));
+    rt__tracing = 1;
 }
 
-/*
-** Carve 'bytes' at the next 256-byte boundary; aborts naming 'what' when the arena is full.
-*/
-void *rt_arena_alloc(size_t bytes, const char *what)
+void rt__trace(const char *fmt, ...)
 {
-    if (!arena.base)
-        rt__die("rt_arena_alloc('%s'): call rt_arena_init first", what ? what : "?");
-    size_t off = (arena.used + 255) & ~(size_t)255;
-    if (off > arena.size || bytes > arena.size - off)
-        rt__die("arena full: '%s' needs %zu bytes at offset %zu, arena holds %zu",
-                what ? what : "?", bytes, off, arena.size);
-    arena.used = off + bytes;
-    return arena.base + off;
+    if (!trace_file)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(trace_file, fmt, ap);
+    va_end(ap);
+    fputc('\n', trace_file);
 }
 
-size_t rt_arena_used(void)
+/* "<op> <group> [<n>] <dtype> [<red>]" for one collective. */
+void rt__trace_coll(const char *op, const rt_group *g, size_t n, rt_dtype t, int has_n,
+                    const char *red)
 {
-    return arena.used;
+    const char *name = g ? g->name : "world";
+    if (has_n && red)
+        rt__trace("%s %s %zu %s %s", op, name, n, rt_dtype_name(t), red);
+    else if (has_n)
+        rt__trace("%s %s %zu %s", op, name, n, rt_dtype_name(t));
+    else
+        rt__trace("%s %s %s", op, name, rt_dtype_name(t));
 }
 
-/* Release the arena (rt_finalize). */
-void rt__arena_release(void)
+/* "p2p" and every op of one call, in the order given. */
+void rt__trace_p2p(const rt_p2p_op *ops, int nops)
 {
-    if (arena.base)
-        rt_free(arena.base);
-    arena.base = NULL;
-    arena.size = arena.used = 0;
+    if (!trace_file)
+        return;
+    fputs("p2p", trace_file);
+    for (int i = 0; i < nops; i++)
+        fprintf(trace_file, " %s %d %zu %s %d", ops[i].send ? "send" : "recv", ops[i].peer,
+                ops[i].n, rt_dtype_name(ops[i].t), ops[i].tag);
+    fputc('\n', trace_file);
+}
+
+void rt__trace_close(void)
+{
+    if (trace_file)
+        fclose(trace_file);
+    trace_file = NULL;
+    rt__tracing = 0;
 }

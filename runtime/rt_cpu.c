@@ -1,8 +1,8 @@
 /*
 ** rt_cpu.c: the CPU backend (build/librt_cpu.a): host memory, GEMM on single-threaded
 ** OpenBLAS calls split over the runtime's one thread pool, Philox normals, and the rt_
-** communication entry points mapped onto the MPI layer (rt_mpi.c). Generated CPU programs
-** link it; they never call OpenBLAS or MPI themselves.
+** communication entry points mapped onto the MPI layer (rt_mpi.c). CPU programs link it; they
+** never call OpenBLAS or MPI themselves.
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt__h_*, rt__pool_*, rt__scratch, rt__bf16_to_f32_n, ...
@@ -15,11 +15,6 @@
 const char *rt_backend(void)
 {
     return "cpu";
-}
-
-void rt__status_text(rt_err_kind kind, int status, char *buf, size_t len)
-{
-    snprintf(buf, len, "status %d (the CPU backend has no text for kind %d)", status, (int)kind);
 }
 
 /* -- Launch -------------------------------------------------------------------------------- */
@@ -36,20 +31,19 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 }
 
 /*
-** Guarded barrier over the world, release the arena and the pool, end MPI.
+** Guarded barrier over the world, end MPI, stop the pool.
 */
 void rt_finalize(void)
 {
     rt__mpi_finalize();
-    rt__arena_release();
     rt__pool_shutdown();
 }
 
 /* -- Groups and communication: host buffers, straight to the MPI layer --------------------- */
 
-rt_group *rt_group_from_table(const rt_group_table *t)
+rt_group *rt_group_create(const char *name, const int *members, int n)
 {
-    return rt__group_create(t);
+    return rt__group_create(name, members, n);
 }
 
 void rt_group_free(rt_group *g)
@@ -59,16 +53,19 @@ void rt_group_free(rt_group *g)
 
 void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
+    RT_TRACE_COLL("allreduce", g, n, t, 1, op == RT_MAX ? "max" : "sum");
     rt__h_allreduce(buf, n, t, op, g);
 }
 
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
+    RT_TRACE_COLL("allgather", g, n, t, 1, NULL);
     rt__h_allgather(send, recv, n, t, g);
 }
 
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
+    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL);
     rt__h_reduce_scatter(send, recv, n, t, g);
 }
 
@@ -76,21 +73,27 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
                   void *recv, const size_t *rcounts, const size_t *rdispls,
                   rt_dtype t, rt_group *g)
 {
+    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL);
     rt__h_alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, g);
 }
 
 void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
 {
+    RT_TRACE_COLL("broadcast", g, n, t, 1, NULL);
     rt__h_broadcast(buf, n, t, root, g);
 }
 
 void rt_barrier(rt_group *g)
 {
+    if (rt__tracing)
+        rt__trace("barrier %s", g ? g->name : "world");
     rt__h_barrier(g ? g : rt__world, "barrier");
 }
 
 void rt_p2p(const rt_p2p_op *ops, int nops)
 {
+    if (rt__tracing)
+        rt__trace_p2p(ops, nops);
     rt__h_p2p(ops, nops);
 }
 

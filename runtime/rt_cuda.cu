@@ -30,7 +30,8 @@ static struct {
 
 /* -- Errors ---------------------------------------------------------------------------------- */
 
-void rt__status_text(rt_err_kind kind, int status, char *buf, size_t len)
+/* The MPI layer's rt__status_hook: the text of a failed CUDA, cuBLAS or NCCL status. */
+static void status_text(rt_err_kind kind, int status, char *buf, size_t len)
 {
     switch (kind) {
     case RT_ERR_CUDA:
@@ -152,6 +153,7 @@ static void nccl_setup(rt_group *g)
 */
 void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
+    rt__status_hook = status_text;
     rt__mpi_init(argc, argv, expected_world, layout);
     cudaError_t e = cudaGetDeviceCount(&cu.ndev);
     if (e != cudaSuccess || cu.ndev < 1)
@@ -204,7 +206,6 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 void rt_finalize(void)
 {
     RT_CUDA(cudaDeviceSynchronize());
-    rt__arena_release();
     rt__abort_hook = NULL;
     for (int i = 0; i < cu.ncomms; i++)         /* the world's and any group not freed */
         ncclCommDestroy(cu.comms[i]);
@@ -221,9 +222,9 @@ void rt_finalize(void)
 
 /* -- Groups ---------------------------------------------------------------------------------- */
 
-rt_group *rt_group_from_table(const rt_group_table *t)
+rt_group *rt_group_create(const char *name, const int *members, int n)
 {
-    rt_group *g = rt__group_create(t);
+    rt_group *g = rt__group_create(name, members, n);
     if (g)
         nccl_setup(g);
     return g;
@@ -276,6 +277,7 @@ static void d2d(void *d, const void *s, size_t bytes)
 
 void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
+    RT_TRACE_COLL("allreduce", g, n, t, 1, op == RT_MAX ? "max" : "sum");
     rt__group_check(g, "allreduce");
     RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
     size_t bytes = n * rt_dtype_size(t);
@@ -297,6 +299,7 @@ void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
+    RT_TRACE_COLL("allgather", g, n, t, 1, NULL);
     rt__group_check(g, "allgather");
     size_t bytes = n * rt_dtype_size(t);
     if (n == 0)
@@ -321,6 +324,7 @@ void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *
 
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
+    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL);
     rt__group_check(g, "reduce-scatter");
     size_t bytes = n * rt_dtype_size(t);
     if (n == 0)
@@ -347,6 +351,7 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
                   void *recv, const size_t *rcounts, const size_t *rdispls,
                   rt_dtype t, rt_group *g)
 {
+    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL);
     rt__group_check(g, "alltoallv");
     RT_CHECK(scounts && sdispls && rcounts && rdispls, "alltoallv: NULL count array");
     size_t es = rt_dtype_size(t);
@@ -399,6 +404,7 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
 
 void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
 {
+    RT_TRACE_COLL("broadcast", g, n, t, 1, NULL);
     rt__group_check(g, "broadcast");
     RT_CHECK(root >= 0 && root < g->size, "broadcast on %s: root %d is not a group rank",
              g->desc, root);
@@ -423,6 +429,8 @@ void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
 
 void rt_barrier(rt_group *g)
 {
+    if (rt__tracing)
+        rt__trace("barrier %s", g ? g->name : "world");
     RT_CUDA(cudaDeviceSynchronize());
     rt__h_barrier(g ? g : rt__world, "barrier");
 }
@@ -434,6 +442,8 @@ void rt_barrier(rt_group *g)
 */
 void rt_p2p(const rt_p2p_op *ops, int nops)
 {
+    if (rt__tracing)
+        rt__trace_p2p(ops, nops);
     if (nops <= 0)
         return;
     RT_CHECK(ops, "rt_p2p: NULL ops");

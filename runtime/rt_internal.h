@@ -1,8 +1,9 @@
 /*
-** rt_internal.h: what the runtime's own files share and generated code never sees: process
-** state, the group record, the MPI layer (host-buffer collectives with the polling watchdog,
-** rt_mpi.c), the thread pool and scratch buffers (rt_common.c), bf16 conversion, and the few
-** hooks each backend (rt_cpu.c, rt_cuda.cu) must define. Included by C11 and by nvcc (C++).
+** rt_internal.h: what the runtime's own files share and its callers never see: process state,
+** the group record, the MPI layer (host-buffer collectives with the polling watchdog,
+** rt_mpi.c), the thread pool, scratch buffers and trace (rt_common.c), bf16 conversion, the
+** hooks that let a lower layer reach a higher one without naming it, and the entry points only
+** the runtime's tests use. Included by C11 and by nvcc (C++).
 */
 #ifndef RT_INTERNAL_H
 #define RT_INTERNAL_H
@@ -32,11 +33,14 @@ typedef struct {
 
 extern rt__state rt__st;
 
-/* Called by rt_abort before MPI_Abort (CUDA: ncclCommAbort everything). May be NULL. */
+/* Hooks, so that each layer calls only the layers below it:
+** rt__end_job: how rt_fail and the watchdog end the job; the MPI layer sets it to rt_abort at
+**   start (before that, a failure exits the process with status 1).
+** rt__abort_hook: called by rt_abort before MPI_Abort (CUDA: ncclCommAbort everything).
+** rt__status_hook: the text of a failed status of a CUDA-side library (the CUDA backend's). */
+extern void (*rt__end_job)(void);
 extern void (*rt__abort_hook)(void);
-
-/* Text for a failed status of a CUDA-side library: defined by each backend. */
-void rt__status_text(rt_err_kind kind, int status, char *buf, size_t len);
+extern void (*rt__status_hook)(rt_err_kind kind, int status, char *buf, size_t len);
 
 /* Format "[rank r/w] " into buf (returns its length). */
 int  rt__prefix(char *buf, size_t len);
@@ -66,7 +70,7 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
 void rt__mpi_finalize(void);
 extern rt_group *rt__world;      /* the world group (communicator: a dup of MPI_COMM_WORLD) */
 
-rt_group *rt__group_create(const rt_group_table *t);   /* NULL if this rank is in none */
+rt_group *rt__group_create(const char *name, const int *members, int n);   /* rt.h contract */
 void      rt__group_destroy(rt_group *g);
 rt_group *rt__group_check(rt_group *g, const char *op); /* fails on NULL */
 
@@ -142,10 +146,31 @@ static inline uint16_t rt__f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-void rt__arena_release(void);  /* rt_finalize: free the arena */
-
 void rt__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 void rt__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
+
+/* -- Trace (rt_common.c; see rt.h) ------------------------------------------------------- */
+
+extern int rt__tracing;                          /* RT_TRACE was set: trace every call */
+void rt__trace_open(const char *dir, int rank);  /* rt__mpi_init */
+void rt__trace(const char *fmt, ...) RT_PRINTF(1, 2);   /* one line */
+void rt__trace_coll(const char *op, const rt_group *g, size_t n, rt_dtype t, int has_n,
+                    const char *red);
+void rt__trace_p2p(const rt_p2p_op *ops, int nops);
+void rt__trace_close(void);                      /* rt_finalize, rt_abort */
+#define RT_TRACE_COLL(op, g, n, t, has_n, red) \
+    do { if (rt__tracing) rt__trace_coll(op, g, n, t, has_n, red); } while (0)
+
+/* -- For the runtime's tests only (not part of rt.h's interface) ---------------------------- */
+
+const char *rt_dtype_name(rt_dtype t);           /* "f32"; "?" for an invalid value */
+double rt_timeout(void);                         /* the watchdog's seconds (0: off) */
+void   rt_group_free(rt_group *g);               /* collective over the members; world: no-op */
+/* Broadcast n elements from group rank 'root' (blocking, watchdog-guarded; device buffers on
+** CUDA). */
+void   rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
+void  *rt_host_malloc(size_t bytes);             /* zero-filled; pinned on CUDA; aborts on OOM */
+void   rt_host_free(void *p);
 
 #ifdef __cplusplus
 }

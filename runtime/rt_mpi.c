@@ -1,7 +1,7 @@
 /*
 ** rt_mpi.c: the MPI layer shared by both backends: start-up and the world-size check, local
-** rank, groups from generated tables, and every collective and point-to-point transfer on
-** host buffers. Collectives are blocking MPI calls armed on the watchdog thread; p2p and
+** rank, groups, ending the job (rt_abort: MPI_Abort) and MPI's error text, and every
+** collective and point-to-point transfer on host buffers. Collectives are blocking MPI calls armed on the watchdog thread; p2p and
 ** barriers are nonblocking calls completed by a polling loop that checks the deadline itself.
 ** The CPU backend calls it directly; the CUDA backend calls it for bootstrap and for its MPI
 ** transport (device buffers staged through pinned host memory).
@@ -12,9 +12,14 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 rt_group *rt__world;
 static MPI_Comm p2p_comm = MPI_COMM_NULL;
+void (*rt__abort_hook)(void) = NULL;
+void (*rt__status_hook)(rt_err_kind kind, int status, char *buf, size_t len) = NULL;
+
+static _Thread_local int tl_aborter;     /* this thread started the abort */
 
 /* Largest element count per MPI message (allreduce, broadcast and p2p are split into pieces
 ** of at most this many elements; MPI counts are int). bf16 reductions go through an f32
@@ -100,6 +105,66 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
     return na && nb && pa < pb + nb && pb < pa + na;
 }
 
+/* -- Ending the job ------------------------------------------------------------------------ */
+
+/*
+** Abort the whole job: the backend hook (ncclCommAbort), then MPI_Abort, or exit(1) when MPI
+** is not running. The first caller wins; a failure in another thread during the abort parks
+** that thread until the process is killed; a failure inside the hook goes straight on. The
+** trace (RT_TRACE) is flushed first.
+*/
+void rt_abort(void)
+{
+    if (__atomic_exchange_n(&rt__st.aborting, 1, __ATOMIC_SEQ_CST)) {
+        if (!tl_aborter)
+            for (;;)
+                pause();
+    } else {
+        tl_aborter = 1;
+        rt__trace_close();
+        if (rt__abort_hook) {
+            void (*hook)(void) = rt__abort_hook;
+            rt__abort_hook = NULL;
+            hook();
+        }
+    }
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    _exit(1);
+}
+
+static const char *const err_kind_name[] = {
+#define RT_ERR_NAME(name, str) str,
+    RT_ERR_KINDS(RT_ERR_NAME)
+#undef RT_ERR_NAME
+};
+
+/*
+** Behind RT_MPI / RT_CUDA / RT_CUBLAS / RT_NCCL: print "[rank r/w] file:line: NCCL error:
+** <text> (ncclAllReduce)" -- the called function's name is 'expr' up to its '(' -- and abort.
+** MPI's text from MPI_Error_string; the CUDA libraries' from the backend's rt__status_hook
+** (without it, the number).
+*/
+void rt_fail_status(const char *file, int line, rt_err_kind kind, int status, const char *expr)
+{
+    char text[512] = "";
+    if (kind == RT_ERR_MPI) {
+        int len = 0;
+        if (MPI_Error_string(status, text, &len) != MPI_SUCCESS)
+            snprintf(text, sizeof text, "error %d", status);
+    } else if (rt__status_hook) {
+        rt__status_hook(kind, status, text, sizeof text);
+    } else {
+        snprintf(text, sizeof text, "error %d", status);
+    }
+    int fn = (int)strcspn(expr, "(");
+    rt_fail(file, line, "%s error: %s (%.*s)",
+            (unsigned)kind < RT_NERR_KINDS ? err_kind_name[kind] : "runtime", text, fn, expr);
+}
+
 /* -- Start-up ------------------------------------------------------------------------------ */
 
 static void exit_guard(void)
@@ -152,6 +217,7 @@ static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, 
 void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
     RT_CHECK(!rt__st.inited, "rt_init called twice");
+    rt__end_job = rt_abort;
     int up = 0, provided = 0;
     MPI_Initialized(&up);
     if (!up && MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
@@ -213,6 +279,9 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
     RT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm));
     RT_MPI(MPI_Comm_set_errhandler(p2p_comm, MPI_ERRORS_RETURN));
 
+    const char *trace = getenv("RT_TRACE");
+    if (trace && *trace)
+        rt__trace_open(trace, rt__st.rank);
     rt__wd_start();
     rt__st.inited = 1;
     atexit(exit_guard);
@@ -234,6 +303,7 @@ void rt__mpi_finalize(void)
     free(rt__world);
     rt__world = NULL;
     rt__st.finalized = 1;
+    rt__trace_close();
     MPI_Finalize();
 }
 
@@ -269,75 +339,84 @@ const int *rt_group_members(const rt_group *g)
     return rt__group_check((rt_group *)g, "rt_group_members")->members;
 }
 
-static uint64_t table_hash(const rt_group_table *t)
+static int int_cmp(const void *a, const void *b)
 {
-    uint64_t h = rt_fnv1a64(t->name);
-    int head[2] = { t->ngroups, t->size };
-    const unsigned char *p = (const unsigned char *)head;
-    for (size_t i = 0; i < sizeof head; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    p = (const unsigned char *)t->ranks;
-    for (size_t i = 0; i < (size_t)t->ngroups * (size_t)t->size * sizeof(int); i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
 }
 
 /*
-** Build this rank's communicator for table 't' (collective over the world; see rt.h).
-** Validates the table, checks with a guarded allreduce that every rank passed the same one,
-** then MPI_Comm_split (MPI_UNDEFINED for ranks in no group) and checks the resulting size.
+** Build this rank's communicator of kind 'name' from the members of its own group (see rt.h
+** rt_group_create; collective over the world). Checks the list locally (ranks in range, no
+** rank twice, the caller in it), splits the world by the group's smallest member (key: the
+** caller's position), then checks inside the new communicator that it has n members and that
+** every member passed the same list (a hash reduced with MAX, and of its complement).
 */
-rt_group *rt__group_create(const rt_group_table *t)
+rt_group *rt__group_create(const char *name, const int *members, int n)
 {
-    RT_CHECK(rt__st.inited, "rt_group_from_table before rt_init");
-    RT_CHECK(t && t->name, "rt_group_from_table: NULL table or table without a name");
-    const char *nm = t->name;
-    if (t->ngroups < 0 || t->size < 1 || (t->ngroups > 0 && !t->ranks))
-        rt__die("group table '%s': bad shape (ngroups %d, size %d, ranks %s)", nm, t->ngroups,
-                t->size, t->ranks ? "set" : "NULL");
-    if ((long)t->ngroups * t->size > rt__st.world)
-        rt__die("group table '%s': %d groups of %d ranks exceed the world of %d", nm,
-                t->ngroups, t->size, rt__st.world);
-    int row = -1, col = -1;
-    char *seen = calloc((size_t)rt__st.world, 1);
-    RT_CHECK(seen, "out of memory");
-    for (int i = 0; i < t->ngroups * t->size; i++) {
-        int r = t->ranks[i];
-        if (r < 0 || r >= rt__st.world)
-            rt__die("group table '%s': rank %d (group %d) out of range for world %d", nm, r,
-                    i / t->size, rt__st.world);
-        if (seen[r])
-            rt__die("group table '%s': rank %d listed twice", nm, r);
-        seen[r] = 1;
-        if (r == rt__st.rank) {
-            row = i / t->size;
-            col = i % t->size;
+    RT_CHECK(rt__st.inited, "rt_group_create before rt_init");
+    RT_CHECK(name, "rt_group_create: a group needs a name");
+    if (n < 0 || n > rt__st.world || (n > 0 && !members))
+        rt__die("rt_group_create: group %s: bad member list (%d ranks, %s)", name, n,
+                members ? "set" : "NULL");
+    int pos = -1, color = MPI_UNDEFINED;
+    if (n > 0) {
+        int *sorted = malloc((size_t)n * sizeof *sorted);
+        RT_CHECK(sorted, "out of memory");
+        for (int i = 0; i < n; i++) {
+            int r = members[i];
+            if (r < 0 || r >= rt__st.world)
+                rt__die("rt_group_create: group %s lists rank %d, outside the world of %d",
+                        name, r, rt__st.world);
+            if (r == rt__st.rank)
+                pos = i;
+            sorted[i] = r;
         }
+        qsort(sorted, (size_t)n, sizeof *sorted, int_cmp);
+        for (int i = 1; i < n; i++)
+            if (sorted[i] == sorted[i - 1])
+                rt__die("rt_group_create: group %s lists rank %d twice", name, sorted[i]);
+        color = sorted[0];
+        free(sorted);
+        if (pos < 0)
+            rt__die("rt_group_create: group %s: rank %d passed a group it is not in", name,
+                    rt__st.rank);
     }
-    free(seen);
-
-    uint64_t h = table_hash(t), v[2] = { h, ~h };
-    MPI_Request req;
-    CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, rt__world->comm, &req),
-              "group creation", rt__world);
-    wait_coll(&req, 1, "group creation", rt__world);
-    if (v[0] != h || ~v[1] != h)
-        rt__die("group table '%s' differs between ranks (every rank must pass the same table)",
-                nm);
 
     MPI_Comm comm;
-    COLL(MPI_Comm_split(rt__world->comm, row >= 0 ? row : MPI_UNDEFINED, col, &comm),
-         "group creation", rt__world);
-    if (row < 0)
+    COLL(MPI_Comm_split(rt__world->comm, color, pos < 0 ? 0 : pos, &comm), "group creation",
+         rt__world);
+    if (n == 0)
         return NULL;
     int size = 0;
     CHECK_MPI(MPI_Comm_size(comm, &size), "group creation", rt__world);
-    if (size != t->size)
-        rt__die("group table '%s': communicator of group %d has %d ranks, table says %d", nm,
-                row, size, t->size);
-    rt_group *g = group_new(comm, nm, t->ranks + (size_t)row * (size_t)t->size, t->size);
-    RT_CHECK(g->rank == col, "group '%s': MPI placed rank %d at %d, table at %d", nm,
-             rt__st.rank, g->rank, col);
+    uint64_t h = rt_fnv1a64(name);
+    for (int i = 0; i < n; i++) {
+        const unsigned char *q = (const unsigned char *)&members[i];
+        for (size_t k = 0; k < sizeof(int); k++)
+            h = (h ^ q[k]) * 0x100000001b3ull;
+    }
+    uint64_t v[2] = { h, ~h };
+    MPI_Request req;
+    rt_group probe = { .comm = comm, .size = size };
+    snprintf(probe.name, sizeof probe.name, "%s", name);
+    snprintf(probe.desc, sizeof probe.desc, "group %s (being created)", name);
+    CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, comm, &req),
+              "group creation", &probe);
+    wait_coll(&req, 1, "group creation", &probe);
+    if (size != n || v[0] != h || ~v[1] != h) {
+        char list[160];
+        int len = 0;
+        for (int i = 0; i < n && len < (int)sizeof list - 16; i++)
+            len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? "," : "",
+                            members[i]);
+        rt__die("rt_group_create: group %s: ranks disagree on the members (rank %d lists %s%s;"
+                " %d ranks joined)", name, rt__st.rank, list, len >= (int)sizeof list - 16 ?
+                ",..." : "", size);
+    }
+    rt_group *g = group_new(comm, name, members, n);
+    RT_CHECK(g->rank == pos, "group %s: MPI placed rank %d at %d, its list at %d", name,
+             rt__st.rank, g->rank, pos);
     return g;
 }
 

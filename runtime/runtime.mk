@@ -59,7 +59,7 @@ endif
 # *_cuda against librt_cuda.a (same source: tests move data with rt_memcpy, as programs do).
 
 RT_TEST_DIR   := $(RT_BUILD)/test
-RT_TESTS      := coll gemm rng fault groups
+RT_TESTS      := coll gemm rng fault groups trace
 RT_TEST_CPU   := $(patsubst %,$(RT_TEST_DIR)/t_%_cpu,$(RT_TESTS))
 RT_TEST_CUDA  := $(patsubst %,$(RT_TEST_DIR)/t_%_cuda,$(RT_TESTS))
 

@@ -2,6 +2,9 @@
 # tests/program/suite.sh: the generated program against the generator's own records.
 #   groups/<layout>   the groups every rank builds at start-up from the grid description
 #                     (train --show-groups) are topology.json's, member for member, in order
+#   trace/<layout>    what every rank communicates (the runtime's RT_TRACE) is what the generator
+#                     declared (--dump program: every collective of every call and of the step's
+#                     tail, every pipeline message), in order, for two steps
 #   dump/<pass>       build/gen --dump schedule and --dump program print the records as JSON
 # Scratch: build/test/program/. Run: tests/run.sh program
 cd "$(dirname "$0")/../.." || exit 2
@@ -15,10 +18,16 @@ mkdir -p "$S"
 FAILED=0
 
 if ! make -s --no-print-directory build/gen build/libgpt_cpu.a build/librt_cpu.a \
-        > "$S/make.log" 2>&1; then
-    fail setup "make build/gen libgpt_cpu.a librt_cpu.a failed: $(tail -n 1 "$S/make.log")"
+        build/tools/tokenize > "$S/make.log" 2>&1; then
+    fail setup "make build/gen libgpt_cpu.a librt_cpu.a tokenize failed: $(tail -n 1 "$S/make.log")"
     exit 1
 fi
+# a token file for tiny's vocabulary of 256 (byte tokens of the sources here)
+TOKENS=$S/tokens.bin
+build/tools/tokenize -o "$TOKENS" README.md docs/*.md > /dev/null 2>&1 || {
+    fail setup "cannot make a token file"
+    exit 1
+}
 
 # name | world | gen arguments: dense and MoE grids, a rank order other than the default
 while IFS='|' read -r name world args; do
@@ -46,6 +55,51 @@ tiny-order-tp-pp-dp|8|tiny --tp 2 --pp 2 --dp 2 --order tp-pp-dp
 tiny_moe-tp2-dp2-ep2|4|tiny_moe --tp 2 --dp 2 --ep 2 --sp
 tiny_moe-tp2-pp2-etp1-ep2|8|tiny_moe --tp 2 --pp 2 --dp 2 --ep 2 --etp 1 --sp
 LAYOUTS
+
+# trace/<layout>: what each rank communicates (RT_TRACE) is what --dump program declares, for
+# two steps: dense TP/SP/PP/DP with the distributed optimizer, interleaved, and MoE with EP
+while IFS='|' read -r name world args; do
+    [ -z "$name" ] && continue
+    d=$S/trace-$name
+    mkdir -p "$d/trace"
+    # shellcheck disable=SC2086
+    if ! build/gen $args --out "$d/out" > "$d.gen.txt" 2>&1 ||
+       ! build/gen $args --dump program > "$d/program.json" 2>> "$d.gen.txt" ||
+       ! make -s --no-print-directory GEN_DIR="$d/out" GEN_OBJ="$S/obj/trace-$name" \
+            "$d/out/train" > "$d.build.txt" 2>&1; then
+        fail "trace/$name" "generate/build failed: $(cat "$d.gen.txt" "$d.build.txt" | head -n 1)"
+        continue
+    fi
+    if ! RT_TRACE=$d/trace timeout 120 $MPIRUN -np "$world" "$d/out/train" --data "$TOKENS" \
+            --steps 2 --quiet > "$d.run.txt" 2>&1 < /dev/null; then
+        fail "trace/$name" "training failed: $(grep -m1 -i 'error\|rank' "$d.run.txt")"
+    elif why=$(build/gen --lua tests/program/trace_check.lua "$d/program.json" "$d/trace" \
+                   "$world" 2 2>&1); then
+        pass "trace/$name"
+    else
+        fail "trace/$name" "$(echo "$why" | head -n 1)"
+    fi
+done <<'LAYOUTS'
+tiny-tp2-pp2-dp2-sp-distopt|8|tiny --tp 2 --pp 2 --dp 2 --sp --dist-opt --nmb 2
+tiny-pp2-vp2-dp2|4|tiny --pp 2 --vp 2 --dp 2 --nmb 4
+tiny_moe-tp2-dp2-ep2-sp|4|tiny_moe --tp 2 --dp 2 --ep 2 --sp
+tiny_moe-tp2-pp2-etp1-ep2|8|tiny_moe --tp 2 --pp 2 --dp 2 --ep 2 --etp 1 --sp --vp 2 --nmb 2
+LAYOUTS
+
+# control: a trace with one collective missing (the first reduce-scatter) is caught
+d=$S/trace-tiny-tp2-pp2-dp2-sp-distopt
+if [ -f "$d/trace/rank_00003.trace" ]; then
+    mkdir -p "$d/control"
+    cp "$d"/trace/*.trace "$d/control/"
+    sed -i '0,/^reduce_scatter dp-cp/{/^reduce_scatter dp-cp/d}' "$d/control/rank_00003.trace"
+    if ! cmp -s "$d/trace/rank_00003.trace" "$d/control/rank_00003.trace" &&
+       ! build/gen --lua tests/program/trace_check.lua "$d/program.json" "$d/control" 8 2 \
+            > /dev/null 2>&1; then
+        pass trace/control-missing-collective-caught
+    else
+        fail trace/control-missing-collective-caught "a missing collective went unnoticed"
+    fi
+fi
 
 # control: a group listed in another order (group ranks swapped) is caught
 d=$S/tiny-tp2-pp2-dp2

@@ -212,11 +212,33 @@ RT_TIMEOUT=3 fault fault-recv-without-send 20 \
 RT_TIMEOUT=3 fault fault-stuck-allreduce 20 \
     '^\[rank 0/2\] watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 3 s$' \
     $MPIRUN -np 2 $F stuck
-fault fault-arena-full 30 "arena full: 'wpe' needs 600 bytes at offset 768, arena holds 1000" \
-    $MPIRUN -np 2 $F arena
+fault fault-group-not-member 30 "group embd: rank 1 passed a group it is not in" \
+    $MPIRUN -np 2 $F notmember
 fault fault-null-group 30 '^\[rank 1/2\] allreduce on a NULL group' $MPIRUN -np 2 $F nullgroup
-fault fault-table-mismatch 30 "group table 'tp' differs between ranks" $MPIRUN -np 2 $F badtable
+fault fault-group-mismatch 30 "group tp: ranks disagree on the members" $MPIRUN -np 2 $F badtable
 RT_TIMEOUT=abc fault fault-bad-timeout 30 "RT_TIMEOUT='abc': expected seconds" $F ok
+# -- Trace (RT_TRACE): every call kind, each rank's file exactly -----------------------------
+trace_check() {   # prog tag
+    d=$S/trace-$2
+    rm -rf "$d" && mkdir -p "$d"
+    if ! RT_TRACE=$d timeout 60 $MPIRUN -np 2 "$1" > "$d.log" 2>&1 < /dev/null; then
+        fail "trace-$2" "t_trace failed: $(head -n 1 "$d.log")"
+        return
+    fi
+    for r in 0 1; do
+        p=$((1 - r))
+        printf '%s\n' "allreduce tp 3 f32 sum" "allreduce world 2 i32 max" \
+            "allgather tp 4 f32" "reduce_scatter tp 5 f32" "alltoallv tp f32" \
+            "barrier world" "p2p send $p 6 f32 0 recv $p 6 f32 0" > "$d/want_$r"
+        if ! diff "$d/want_$r" "$d/rank_0000$r.trace" > "$d/diff_$r" 2>&1; then
+            fail "trace-$2" "rank $r's trace differs: $(grep -m1 '^[<>]' "$d/diff_$r")"
+            return
+        fi
+    done
+    pass "trace-$2"
+}
+trace_check "$B/t_trace_cpu" cpu
+
 # the control: the same program without a fault exits 0 and prints nothing
 timeout 60 $MPIRUN -np 2 $F ok > "$S/fault-control.log" 2>&1 < /dev/null
 rc=$?

@@ -382,9 +382,9 @@ static void test_p2p(rt_dtype t, size_t n)
 
 /* -- Groups ---------------------------------------------------------------------------------- */
 
-static rt_group_table table_of(const char *name, int ngroups, int size, int *ranks)
+static t_table table_of(const char *name, int ngroups, int size, int *ranks)
 {
-    rt_group_table t = { name, ngroups, size, ranks };
+    t_table t = { name, ngroups, size, ranks };
     return t;
 }
 
@@ -433,7 +433,7 @@ int main(int argc, char **argv)
         rev[i] = w - 1 - i;
         parity[i] = i < (w + 1) / 2 ? 2 * i : 2 * (i - (w + 1) / 2) + 1;
     }
-    rt_group_table tabs[4] = {
+    t_table tabs[4] = {
         table_of("pairs", w / 2, 2, pairs),                /* odd world: last rank in none */
         table_of("parity", w % 2 ? 1 : 2, w % 2 ? (w + 1) / 2 : w / 2, parity),
         table_of("solo", w, 1, solo),
@@ -441,7 +441,7 @@ int main(int argc, char **argv)
     };
     rt_group *groups[5] = { rt_group_world() };
     for (int k = 0; k < 4; k++) {
-        groups[k + 1] = rt_group_from_table(&tabs[k]);
+        groups[k + 1] = t_group_from_table(&tabs[k]);
         int listed = 0;
         for (int i = 0; i < tabs[k].ngroups * tabs[k].size; i++)
             listed |= tabs[k].ranks[i] == r;

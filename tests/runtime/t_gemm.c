@@ -3,7 +3,7 @@
 ** loop (all transpose combinations, odd sizes, padded leading dimensions, strided and shared
 ** batches, alpha/beta, f32 and bf16 inputs, zero sizes, beta = 0 over NaN, GPT-2 shapes that
 ** take the threaded path, and rt_gemm called inside rt_parallel_for), rt_parallel_for
-** coverage, rt_malloc / rt_memcpy / rt_memset0 / arena. Either backend.
+** coverage, rt_malloc / rt_memcpy / rt_memset0. Either backend.
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
@@ -278,19 +278,6 @@ static void test_memory(void)
     rt_free(NULL);
     free(h);
     free(h2);
-
-    rt_arena_init(4096);
-    char *a = rt_arena_alloc(10, "a"), *b = rt_arena_alloc(300, "b"), *c = rt_arena_alloc(0, "c");
-    char *e = rt_arena_alloc(3000, "e");
-    T_EXPECT(b - a == 256 && c - a == 768 && e - a == 768 && rt_arena_used() == 3768,
-             "arena offsets %td %td %td, used %zu", b - a, c - a, e - a, rt_arena_used());
-    T_EXPECT(((uintptr_t)a & 255) == 0, "arena base not 256-aligned");
-    unsigned char z[4096];
-    t_to_host(z, a, 4096);
-    nz = 0;
-    for (int i = 0; i < 4096; i++)
-        nz += z[i] != 0;
-    T_EXPECT(nz == 0, "arena not zero-filled (%zu bytes)", nz);
 }
 
 int main(int argc, char **argv)

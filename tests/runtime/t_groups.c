@@ -1,6 +1,7 @@
 /*
-** t_groups.c: groups built from tables (t_configs: hand-written in tables.c, or converted
-** from the generator's topology.json). For every configuration whose world matches the
+** t_groups.c: groups built with rt_group_create from tables (t_configs: hand-written in
+** tables.c, or converted from the generator's topology.json): each rank passes its own row.
+** For every configuration whose world matches the
 ** launch and every group kind, checks that each collective touches exactly the right ranks:
 ** allreduce sum / max of a one-hot of the global rank gives the member set, allgather gives
 ** the members in group order, broadcast from every root, reduce-scatter and alltoallv route
@@ -10,10 +11,10 @@
 #include "t_tables.h"   // defines: t_config, t_configs, t_nconfigs
 #include "t_util.h"     // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, ...
 
-static void check_kind(const t_config *c, const rt_group_table *t)
+static void check_kind(const t_config *c, const t_table *t)
 {
     int w = rt_world(), me = rt_rank();
-    rt_group *g = rt_group_from_table(t);
+    rt_group *g = t_group_from_table(t);
     int row = -1, col = -1;
     for (int i = 0; i < t->ngroups * t->size; i++)
         if (t->ranks[i] == me) {

@@ -7,7 +7,7 @@
 #ifndef T_UTIL_H
 #define T_UTIL_H
 
-#include "rt.h"     // defines: rt_log, rt_malloc, rt_memcpy, rt_allreduce, rt_group_world
+#include "rt_internal.h"   // defines: rt.h's interface and the test-only entry points
 
 #include <math.h>
 #include <stdint.h>
@@ -34,6 +34,24 @@ static inline int t_finish(const char *what)
             printf("ok %s: %lld checks on %d ranks\n", what, (long long)v[1], rt_world());
     }
     return v[0] != 0;
+}
+
+/* All groups of one kind as a table (test fixtures: hand-written, or converted from the
+** generator's topology.json): ngroups rows of 'size' global ranks; a rank's position in its
+** row is its group rank; a rank may be in no row. */
+typedef struct {
+    const char *name;
+    int         ngroups, size;
+    const int  *ranks;
+} t_table;
+
+/* This rank's group of the table's kind: rt_group_create with its own row (or none). */
+static inline rt_group *t_group_from_table(const t_table *t)
+{
+    for (int i = 0; i < t->ngroups * t->size; i++)
+        if (t->ranks[i] == rt_rank())
+            return rt_group_create(t->name, t->ranks + (size_t)(i / t->size) * t->size, t->size);
+    return rt_group_create(t->name, NULL, 0);
 }
 
 /* Device copy of a host buffer (rt_malloc + H2D) and back. */

@@ -1,6 +1,6 @@
 /*
 ** tables.c: hand-written group tables for t_groups, worked out on paper from the rank
-** order tp-cp-ep-dp-pp (rank = tp + TP * (dp + DP * pp)) of megatron-semantics.md §1, plus
+** order tp-cp-ep-dp-pp (rank = tp + TP * (dp + DP * pp)) (docs/megatron.md §1), plus
 ** kinds that exercise the corners: ranks in no group (embd on middle stages), size-1
 ** groups, a row listed out of ascending order.
 */
@@ -12,7 +12,7 @@ static const int a_dp[] = { 0, 2, 1, 3, 4, 6, 5, 7 };
 static const int a_pp[] = { 0, 4, 1, 5, 2, 6, 3, 7 };
 static const int a_mp[] = { 0, 1, 4, 5, 2, 3, 6, 7 };
 static const int a_tpdp[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
-static const rt_group_table a_tables[] = {
+static const t_table a_tables[] = {
     { "tp", 4, 2, a_tp }, { "dp", 4, 2, a_dp }, { "pp", 4, 2, a_pp },
     { "embd", 4, 2, a_pp }, { "mp", 2, 4, a_mp }, { "tp-dp", 2, 4, a_tpdp },
 };
@@ -22,7 +22,7 @@ static const int b_tp[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 static const int b_pp[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 static const int b_embd[] = { 0, 7 };
 static const int b_pos[] = { 0 };
-static const rt_group_table b_tables[] = {
+static const t_table b_tables[] = {
     { "tp", 8, 1, b_tp }, { "dp", 8, 1, b_tp }, { "pp", 1, 8, b_pp },
     { "embd", 1, 2, b_embd }, { "pos-embd", 1, 1, b_pos },
 };
@@ -32,7 +32,7 @@ static const int c_tp[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 static const int c_pp[] = { 0, 4, 1, 5, 2, 6, 3, 7 };
 static const int c_dp[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 static const int c_last[] = { 4, 5, 6, 7 };
-static const rt_group_table c_tables[] = {
+static const t_table c_tables[] = {
     { "tp", 2, 4, c_tp }, { "pp", 4, 2, c_pp }, { "dp", 8, 1, c_dp },
     { "last-stage-tp", 1, 4, c_last },
 };
@@ -41,7 +41,7 @@ static const rt_group_table c_tables[] = {
 static const int d_dp[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 static const int d_rev[] = { 7, 6, 5, 4, 3, 2, 1, 0 };
 static const int d_odd[] = { 1, 3, 5, 7 };
-static const rt_group_table d_tables[] = {
+static const t_table d_tables[] = {
     { "dp", 1, 8, d_dp }, { "ring-rev", 1, 8, d_rev }, { "odd", 1, 4, d_odd },
 };
 
@@ -49,7 +49,7 @@ static const rt_group_table d_tables[] = {
 static const int e_tp[] = { 0, 1, 2, 3 };
 static const int e_dp[] = { 0, 2, 1, 3 };
 static const int e_rev[] = { 3, 1, 2, 0 };
-static const rt_group_table e_tables[] = {
+static const t_table e_tables[] = {
     { "tp", 2, 2, e_tp }, { "dp", 2, 2, e_dp }, { "shuffled", 1, 4, e_rev },
 };
 
@@ -57,16 +57,16 @@ static const rt_group_table e_tables[] = {
 static const int f_pp[] = { 0, 1, 2 };
 static const int f_embd[] = { 0, 2 };
 static const int f_dp[] = { 0, 1, 2 };
-static const rt_group_table f_tables[] = {
+static const t_table f_tables[] = {
     { "pp", 1, 3, f_pp }, { "embd", 1, 2, f_embd }, { "dp", 3, 1, f_dp },
 };
 
 /* -- world 2: dp2, world 1 --------------------------------------------------------------------- */
 static const int g_dp[] = { 0, 1 };
 static const int g_tp[] = { 0, 1 };
-static const rt_group_table g_tables[] = { { "dp", 1, 2, g_dp }, { "tp", 2, 1, g_tp } };
+static const t_table g_tables[] = { { "dp", 1, 2, g_dp }, { "tp", 2, 1, g_tp } };
 static const int h_all[] = { 0 };
-static const rt_group_table h_tables[] = { { "tp", 1, 1, h_all }, { "dp", 1, 1, h_all } };
+static const t_table h_tables[] = { { "tp", 1, 1, h_all }, { "dp", 1, 1, h_all } };
 
 #define N(a) ((int)(sizeof a / sizeof a[0]))
 const t_config t_configs[] = {

@@ -181,7 +181,7 @@ for ki, kind in ipairs(kinds) do
         entries[#entries + 1] = string.format('    { "%s", 0, 1, NULL },', kind)
     end
 end
-out[#out + 1] = "static const rt_group_table tables[] = {"
+out[#out + 1] = "static const t_table tables[] = {"
 for _, e in ipairs(entries) do out[#out + 1] = e end
 out[#out + 1] = "};"
 out[#out + 1] = string.format('const t_config t_configs[] = { { "%s", %d, %d, tables } };',

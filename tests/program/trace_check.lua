@@ -1,0 +1,80 @@
+-- tests/program/trace_check.lua: what a program really communicates (the runtime's trace,
+-- RT_TRACE) is what the generator declared (build/gen --dump program): every collective of
+-- every library call and of the step's tail, and every pipeline message, in order, with the
+-- same group, count and type, for every step, on every rank.
+-- Run: build/gen --lua tests/program/trace_check.lua PROGRAM.json TRACE_DIR WORLD STEPS
+-- The trace of a rank is the data check's all-reduce (train.c, before the first step), then
+-- STEPS times the step's list. Prints "ok <lines compared>" or the first difference (exit 1).
+local host = require("host")
+package.path = host.root() .. "/tests/lua/?.lua;" .. package.path
+local T = require("harness")("trace")
+
+local f = assert(io.open(arg[1], "rb"))
+local prog = T.json(f:read("a"))
+f:close()
+local dir, world, steps = arg[2], tonumber(arg[3]), tonumber(arg[4])
+
+local function get(obj, key) return obj.map[key] end
+
+-- pp axis of the dense grid (ORDER GPT_AXIS: tp cp ep dp pp)
+local dense = get(prog, "dense")
+local pp_size, pp_stride = get(dense, "size")[5], get(dense, "stride")[5]
+
+local function coll_line(c)
+    local op, group, n, dtype, red = get(c, "op"), get(c, "group"), get(c, "n"), get(c, "dtype"),
+                                     get(c, "red")
+    if op == "alltoallv" then return string.format("alltoallv %s %s", group, dtype) end
+    if red then return string.format("%s %s %d %s %s", op, group, n, dtype, red) end
+    return string.format("%s %s %d %s", op, group, n, dtype)
+end
+
+-- The lines one step of 'rank' must trace.
+local function expected(rank)
+    local k = (rank // pp_stride) % pp_size
+    local sp = get(prog, "stages")[k + 1]
+    local out = {}
+    local function colls(op)
+        for _, c in ipairs(get(op, "comm")) do out[#out + 1] = coll_line(c) end
+    end
+    for _, op in ipairs(get(sp, "schedule")) do
+        local kind = get(op, "kind")
+        if kind == "F" or kind == "B" then
+            colls(op)
+        elseif kind == "X" then
+            local parts = { "p2p" }
+            for _, m in ipairs(get(op, "p2p")) do
+                local peer_stage = get(m, "peer")
+                local peer = rank + (peer_stage - k) * pp_stride
+                parts[#parts + 1] = string.format("%s %d %d f32 %d", get(m, "send") and "send" or
+                                                  "recv", peer, get(m, "n"),
+                                                  get(m, "tag") == "ACT" and 0 or 1)
+            end
+            out[#out + 1] = table.concat(parts, " ")
+        end
+    end
+    for _, op in ipairs(get(sp, "tail")) do colls(op) end
+    return out
+end
+
+local compared, bad = 0, 0
+for rank = 0, world - 1 do
+    local path = string.format("%s/rank_%05d.trace", dir, rank)
+    local lines = {}
+    for l in io.lines(path) do lines[#lines + 1] = l end
+    local want = { "allreduce world 1 i64 max" }
+    local step = expected(rank)
+    for _ = 1, steps do
+        for _, l in ipairs(step) do want[#want + 1] = l end
+    end
+    for i = 1, math.max(#want, #lines) do
+        compared = compared + 1
+        if want[i] ~= lines[i] then
+            print(string.format("rank %d, line %d: traced '%s', declared '%s'", rank, i,
+                                lines[i] or "(nothing)", want[i] or "(nothing)"))
+            bad = bad + 1
+            break
+        end
+    end
+end
+if bad > 0 then os.exit(1) end
+print("ok " .. compared)
