@@ -1,10 +1,11 @@
 -- emit.lua: render the output files in memory, then write them: the only module that writes.
--- emit.render(cfg, topo, part, sh) -> File list (topology.json, shards.json, report.txt,
--- schedule.svg, MANIFEST); emit.write(outdir, files) writes every file to a temporary name
--- first and renames them only when all were written, so a failed run leaves out/ as it was;
--- files whose text is already there are left alone, so make rebuilds only what changed.
+-- emit.render(cfg, topo, part, sh, sched, prog) -> File list (topology.json and shards.json
+-- from reports.lua, report.txt from inspect.lua, schedule.svg, the program's sources from
+-- templates/program/, MANIFEST); emit.write(outdir, files) writes every file to a temporary
+-- name first and renames them only when all were written, so a failed run leaves out/ as it
+-- was; files whose text is already there are left alone, so make rebuilds only what changed.
 -- Output depends only on the inputs: no timestamps, no absolute paths, no pairs() order.
--- Formats: topology.json as issue 2 gives it; shards.json as described above shards_json.
+-- Printing only: every decision is in the records it is given.
 
 local diag = require("diag")
 local host = require("host")
@@ -13,123 +14,9 @@ local util = require("util")
 local inspect = require("inspect")
 local svg = require("svg")
 local ir = require("ir")
-local json = require("json")
+local reports = require("reports")
 
 local M = {}
-
-M.SHARDS_FORMAT = "shards/1"
-
-local function bool(b) return b and "true" or "false" end
-
--- -- topology.json -------------------------------------------------------------------------------
-
-function M.topology_json(cfg, topo, part)
-    local out = {}
-    local s = topo.sizes
-    out[#out + 1] = string.format('{"model": %s, "world": %d, "order": %s,\n',
-                                  json.str(cfg.model.name), topo.world, json.str(cfg.order))
-    out[#out + 1] = string.format(' "sizes": {"tp": %d, "cp": %d, "dp": %d, "pp": %d, "ep": %d, ' ..
-                                  '"etp": %d, "edp": %d, "vp": %d},\n',
-                                  s.tp, s.cp, s.dp, s.pp, s.ep, s.etp, s.edp, s.vp)
-    out[#out + 1] = ' "groups": {\n'
-    for i, kind in ipairs(topo.kinds) do
-        local m, n, groups = kind.members, kind.size, { "  " .. json.str(kind.name) .. ": [" }
-        for g = 0, kind.count - 1 do
-            groups[#groups + 1] = (g > 0 and ",[" or "[")
-                                  .. table.concat(m, ",", g * n + 1, g * n + n) .. "]"
-        end
-        groups[#groups + 1] = i < #topo.kinds and "],\n" or "]\n"
-        out[#out + 1] = table.concat(groups)
-    end
-    out[#out + 1] = ' },\n "ranks": [\n'
-
-    -- Per stage: the chunks text and duties; per axis: stride and size.
-    local stage_text = {}
-    for _, st in ipairs(part.stages) do
-        local chunks, emb, head = {}, false, false
-        for i, c in ipairs(st.chunks) do
-            local layers = {}
-            for l = c.first, c.first + c.count - 1 do layers[#layers + 1] = l end
-            chunks[i] = string.format('{"vp": %d, "layers": [%s]}', c.vp,
-                                      table.concat(layers, ", "))
-            emb, head = emb or c.embedding, head or c.head
-        end
-        stage_text[st.stage] = string.format('"chunks": [%s], "embedding": %s, "head": %s}',
-                                             table.concat(chunks, ", "), bool(emb), bool(head))
-    end
-    local function axis(grid, name)
-        for i, a in ipairs(grid.axes) do
-            if a == name then return grid.strides[i], grid.sizes[i] end
-        end
-    end
-    local d, e = topo.dense, topo.expert
-    local s_tp, n_tp = axis(d, "tp")
-    local s_cp, n_cp = axis(d, "cp")
-    local s_dp, n_dp = axis(d, "dp")
-    local s_pp, n_pp = axis(d, "pp")
-    local s_ep, n_ep = axis(e, "ep")
-    local s_et, n_et = axis(e, "tp")
-    local s_ed, n_ed = axis(e, "dp")
-    local fmt = '  {"rank": %d, "tp": %d, "cp": %d, "dp": %d, "pp": %d, "ep": %d, "etp": %d, ' ..
-                '"edp": %d, %s%s\n'
-    local W, batch = topo.world, {}
-    for r = 0, W - 1 do
-        batch[#batch + 1] = string.format(fmt, r, (r // s_tp) % n_tp, (r // s_cp) % n_cp,
-                                          (r // s_dp) % n_dp, (r // s_pp) % n_pp,
-                                          (r // s_ep) % n_ep, (r // s_et) % n_et,
-                                          (r // s_ed) % n_ed, stage_text[(r // s_pp) % n_pp],
-                                          r < W - 1 and "," or "")
-        if #batch == 1024 or r == W - 1 then   -- fewer live strings for large worlds
-            out[#out + 1] = table.concat(batch)
-            batch = {}
-        end
-    end
-    out[#out + 1] = " ]}\n"
-    return table.concat(out)
-end
-
--- -- shards.json ---------------------------------------------------------------------------------
-
--- shards.json, format "shards/1": the Shards record (ir.lua), one param, buffer or bytes
--- record per line, fields in their ir.lua order and with their ir.lua meanings:
---   {"format": "shards/1", "model": NAME, "world": W,
---    "dtypes": [Dtype, ...],
---    "unique": N, "unique_dense": N, "unique_expert": N, "held": N,
---    "rank_class": [class id of rank 0, of rank 1, ...],
---    "classes": [
---     {"id", "pp", "tp", "ep", "etp", "ranks", "first", "numel",
---      "params": [Param, ...],   pieces last: {"start": [..], "size": [..], "at": [..]}
---      "buffers": [Buffer, ...], with their Buckets and Slots
---      "bytes": [Bytes, ...]}, ...]}
-function M.shards_json(cfg, sh)
-    local out = {}
-    local function list(records, indent)
-        for i, rec in ipairs(records) do
-            out[#out + 1] = indent .. json.line(rec) .. (i < #records and ",\n" or "\n")
-        end
-    end
-    out[#out + 1] = string.format('{"format": %s, "model": %s, "world": %d,\n "dtypes": [\n',
-                                  json.str(M.SHARDS_FORMAT), json.str(cfg.model.name), cfg.world)
-    list(sh.dtypes, "  ")
-    out[#out + 1] = string.format(' ],\n "unique": %d, "unique_dense": %d, "unique_expert": %d, ' ..
-                                  '"held": %d,\n', sh.unique, sh.unique_dense, sh.unique_expert,
-                                  sh.held)
-    out[#out + 1] = ' "rank_class": [' .. table.concat(sh.rank_class, ",") .. '],\n'
-    out[#out + 1] = ' "classes": [\n'
-    for ci, c in ipairs(sh.classes) do
-        out[#out + 1] = string.format('  {"id": %d, "pp": %d, "tp": %d, "ep": %d, "etp": %d, ' ..
-                                      '"ranks": %d, "first": %d, "numel": %d,\n   "params": [\n',
-                                      c.id, c.pp, c.tp, c.ep, c.etp, c.ranks, c.first, c.numel)
-        list(c.params, "    ")
-        out[#out + 1] = '   ],\n   "buffers": [\n'
-        list(c.buffers, "    ")
-        out[#out + 1] = '   ],\n   "bytes": [\n'
-        list(c.bytes, "    ")
-        out[#out + 1] = "   ]}" .. (ci < #sh.classes and ",\n" or "\n")
-    end
-    out[#out + 1] = " ]}\n"
-    return table.concat(out)
-end
 
 -- -- MANIFEST ------------------------------------------------------------------------------------
 
@@ -326,11 +213,7 @@ end
 
 -- Ranks that run stage 'k', compactly ("4-7", "1,3,5,7").
 local function stage_ranks(topo, k)
-    local pp = require("topology").kind(topo, "pp")
-    local list = {}
-    for g = 0, pp.count - 1 do list[#list + 1] = pp.members[g * pp.size + k + 1] end
-    table.sort(list)
-    return util.ranks(list)
+    return require("topology").stage_ranks_text(topo, k)
 end
 
 -- schedule.svg: the schedule (program.build verifies the same one) on svg.lua's time model.
@@ -533,10 +416,10 @@ end
 -- program.build) adds the training program's sources; without it only the build-time picture.
 function M.render(cfg, topo, part, sh, sched, prog, opts)
     local files = {
-        ir.File { name = "topology.json", text = M.topology_json(cfg, topo, part),
-                  what = "rank groups of every kind; coordinates, layers, duties of every rank" },
-        ir.File { name = "shards.json", text = M.shards_json(cfg, sh),
-                  what = "parameter pieces per rank class, rank -> class, buffer layout, bytes" },
+        ir.File { name = "topology.json", text = reports.topology_json(cfg, topo, part),
+                  what = "the grids and every group kind; the groups and ranks of small worlds" },
+        ir.File { name = "shards.json", text = reports.shards_json(cfg, sh),
+                  what = "parameter pieces per rank class, buffer layout, bytes" },
         ir.File { name = "report.txt", text = inspect.summary(cfg, topo, part, sh, sched, prog),
                   what = "all ranks by stage, parameter counts, memory per rank (make inspect)" },
         ir.File { name = "schedule.svg", text = schedule_svg(cfg, topo, sched),
@@ -558,7 +441,8 @@ function M.write(outdir, files)
         -- a file already there with this text stays untouched (its time too), so make
         -- recompiles only what changed after a regeneration
         local old = io.open(outdir .. "/" .. f.name, "rb")
-        local same = old and old:read("a") == f.text
+        local same = old and old:seek("end") == #f.text and old:seek("set") and
+                     old:read("a") == f.text     -- (a file of another size is not read)
         if old then old:close() end
         if same then goto next_file end
         local tmp = outdir .. "/." .. f.name .. ".tmp"

@@ -92,11 +92,12 @@ function M.summary(cfg, topo, part, sh, sched, prog)
                                   util.thousands(sh.held))
     out[#out + 1] = ""
     local P = cfg.pp
-    local pp_kind = topology.kind(topo, "pp")
-    local function stage_ranks(p)
+    local s_pp = topology.axis_stride(topo.dense, "pp")
+    local function stage_ranks(p)      -- ascending (small worlds only)
         local ranks = {}
-        for g = 0, pp_kind.count - 1 do ranks[#ranks + 1] = pp_kind.members[g * P + p + 1] end
-        table.sort(ranks)
+        for r = 0, cfg.world - 1 do
+            if (r // s_pp) % P == p then ranks[#ranks + 1] = r end
+        end
         return ranks
     end
     if cfg.world <= M.ROWS_MAX then
@@ -119,10 +120,10 @@ function M.summary(cfg, topo, part, sh, sched, prog)
         local rows = { { "stage", "ranks", "layers", "duties", "params/rank" } }
         local first = stage_class(sh)
         for p = 0, P - 1 do
-            local st, ranks = part.stages[p + 1], stage_ranks(p)
-            rows[#rows + 1] = { tostring(p), util.ranks(ranks, 1, #ranks, 36) ..
-                                string.format(" (%d)", #ranks), chunks_text(st), duties(st, P),
-                                util.thousands(first[p].numel) }
+            local st = part.stages[p + 1]
+            rows[#rows + 1] = { tostring(p), topology.stage_ranks_text(topo, p, 36) ..
+                                string.format(" (%d)", topology.stage_size(topo)),
+                                chunks_text(st), duties(st, P), util.thousands(first[p].numel) }
         end
         for _, line in ipairs(util.columns(rows, "rlllr")) do out[#out + 1] = line end
     end
@@ -203,9 +204,8 @@ function M.rank(cfg, topo, part, sh, sched, prog, r)
     for _, kind in ipairs(topo.kinds) do
         local g, pos = topology.group_of(topo, kind.name, r)
         if g then
-            local base = g * kind.size
             rows[#rows + 1] = { kind.name, tostring(kind.size), tostring(g), tostring(pos),
-                                util.ranks(kind.members, base + 1, base + kind.size, 60) }
+                                util.ranks(topology.members(kind, g), 1, kind.size, 60) }
         else
             rows[#rows + 1] = { kind.name, "-", "-", "-", "not a member (" ..
                                 (kind.name == "embd" and "not the first or last stage"
@@ -444,8 +444,8 @@ local OP_TEXT = { allreduce = "all-reduce", allgather = "all-gather",
 local function group_text(topo, kind_name, r)
     local g = topology.group_of(topo, kind_name, r)
     local kind = topology.kind(topo, kind_name)
-    return string.format("%s [%s]", kind_name,
-                         util.ranks(kind.members, g * kind.size + 1, (g + 1) * kind.size, 40))
+    return string.format("%s [%s]", kind_name, util.ranks(topology.members(kind, g), 1,
+                                                          kind.size, 40))
 end
 
 -- Append the rank's program to 'out': its stage source and its unrolled schedule.
@@ -455,14 +455,10 @@ function M.pipeline_rank(cfg, topo, part, sched, prog, r, out)
     local k = c.pp
     local st, rec = part.stages[k + 1], pl.stages[k]
     local prev, nxt = topology.neighbours(topo, r)
-    local ppk = topology.kind(topo, "pp")
-    local stage_ranks = {}
-    for g = 0, ppk.count - 1 do stage_ranks[#stage_ranks + 1] = ppk.members[g * cfg.pp + k + 1] end
-    table.sort(stage_ranks)
     out[#out + 1] = ""
     out[#out + 1] = string.format("program: stage%d.c (stage %d of %d: %s)", k, k, cfg.pp,
                                   require("program").stage_title(st))
-    out[#out + 1] = "  run by     ranks " .. util.ranks(stage_ranks, 1, #stage_ranks, 80)
+    out[#out + 1] = "  run by     ranks " .. topology.stage_ranks_text(topo, k, 80)
     out[#out + 1] = "  schedule   " .. M.schedule_text(cfg, pl.kind)
     out[#out + 1] = string.format("             %d warm-up, %d steady, %d cool-down steps; " ..
                                   "%d micro-batches in flight at most", rec.warmup, rec.steady,
@@ -720,8 +716,8 @@ function M.moe_rank(cfg, topo, part, sh, r, out)
     local function group_text(name, width)
         local g = topology.group_of(topo, name, r)
         local kind = topology.kind(topo, name)
-        return string.format("%s [%s]", name, util.ranks(kind.members, g * kind.size + 1,
-                                                        (g + 1) * kind.size, width or 24))
+        return string.format("%s [%s]", name, util.ranks(topology.members(kind, g), 1,
+                                                        kind.size, width or 24))
     end
     local function label(name) return "  " .. name .. string.rep(" ", 13 - #name) end
     local lo, hi = M.moe_experts(cfg, topo, r)

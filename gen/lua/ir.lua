@@ -156,7 +156,10 @@ record("GroupKind", {
     { "mask",    "array", "per grid axis: true if it varies inside a group (embd kinds: {})" },
     { "size",    "int",   "ranks per group" },
     { "count",   "int",   "number of groups" },
-    { "members", "array", "flat: group g (0-based) is members[g*size+1 .. (g+1)*size]" },
+    { "msizes",  "array", "sizes of the axes that vary inside a group, fastest first" },
+    { "mstrides", "array", "their rank strides (member j = base + mixed radix of j)" },
+    { "usizes",  "array", "sizes of the axes that number the groups, fastest first" },
+    { "ustrides", "array", "their rank strides (base of group g = mixed radix of g)" },
 })
 
 record("Topology", {
@@ -277,7 +280,9 @@ record("Class", {
 
 record("Shards", {
     { "classes",       "array", "Class list, numbered in order of their lowest rank" },
-    { "rank_class",    "array", "rank_class[r+1] = class id of rank r" },
+    { "keys",          "map",   "'pp,tp,ep,etp' coordinates -> class id (shards.class_of)" },
+    { "key_axes",      "array", "stride, size of dense pp and tp, expert ep and tp" },
+    { "has_moe",       "bool",  "expert coordinates are part of the key" },
     { "dtypes",        "array", "Dtype list (seed 002's table)" },
     { "unique",        "int",   "unique parameters of the model (no padding, no tied copy)" },
     { "unique_dense",  "int",   "of which not in experts" },

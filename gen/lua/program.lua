@@ -838,11 +838,7 @@ end
 
 -- Ranks that run stage 'k', compactly ("4-7", "1,3,5,7").
 local function stage_ranks(topo, k)
-    local pp = topology.kind(topo, "pp")
-    local list = {}
-    for g = 0, pp.count - 1 do list[#list + 1] = pp.members[g * pp.size + k + 1] end
-    table.sort(list)
-    return util.ranks(list)
+    return topology.stage_ranks_text(topo, k)
 end
 
 local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_id, r)
@@ -970,10 +966,10 @@ function M.events(prog, cfg)
 end
 
 function M.check(prog, cfg, topo)
-    local pp = topology.kind(topo, "pp")
+    local pp = topology.members(topology.kind(topo, "pp"), 0)
     local names = {}
     for r = 0, cfg.pp - 1 do
-        names[r] = string.format("stage %d (rank %d)", r, pp.members[r + 1])
+        names[r] = string.format("stage %d (rank %d)", r, pp[r + 1])
     end
     local ev = M.events(prog, cfg)
     -- the same stage sources run over MPI (messages matched per tag) and NCCL (no tags)

@@ -1,7 +1,7 @@
 -- shards.lua: which piece of which parameter every rank holds, and what it costs.
 -- shards.build(cfg, topo, part) -> Shards. Ranks that hold the same pieces (same pp stage, tp
--- rank and, for MoE, ep/etp rank) form a class; params are computed once per class and ranks
--- map to classes, so a 65536-rank world has as many param lists as distinct classes.
+-- rank and, for MoE, ep/etp rank) form a class; params are computed once per class and a rank's
+-- class follows from its coordinates (shards.class_of), so the cost does not grow with DP.
 -- Names are Hugging Face GPT-2's; weights are in HF's Conv1D layout [in, out]. Splits follow
 -- Megatron's tensor parallelism (megatron-semantics.md 4, 7, 8); byte counts follow seed 002
 -- and the distributed-optimizer buffer layout (5.1). Pure; called by driver.lua and tests.
@@ -265,21 +265,47 @@ function M.build(cfg, topo, part)
     local sep, nep = axis(e, "ep")
     local set, net = axis(e, "tp")
 
-    -- Ranks -> classes, numbered in order of their lowest rank.
-    local rank_class, classes, lookup = {}, {}, {}
-    for r = 0, W - 1 do
-        local pp, t = (r // spp) % npp, (r // stp) % ntp
+    -- Classes: the (pp, tp, ep, etp) coordinates that occur, numbered in order of their
+    -- lowest rank, with how many ranks each has -- from the grids' structure, without
+    -- visiting every rank: the (tp, ep, etp) part of a rank's key repeats every L ranks (L =
+    -- lcm of those axes' stride * size); when pp's stride is a multiple of L (pp last in the
+    -- order, as usual) pp is independent of it, so one period of L ranks gives every class of
+    -- every stage; otherwise one period of lcm(L, pp stride * PP) is enumerated.
+    local axes = { spp, npp, stp, ntp, sep, nep, set, net }
+    local L = stp * ntp
+    if has_moe then L = util.lcm(util.lcm(L, sep * nep), set * net) end
+    local function key(r)
         local x, y = 0, 0
         if has_moe then x, y = (r // sep) % nep, (r // set) % net end
-        local key = ((pp * ntp + t) * nep + x) * net + y
-        local id = lookup[key]
-        if not id then
-            id = #classes
-            lookup[key] = id
-            classes[id + 1] = { id = id, pp = pp, tp = t, ep = x, etp = y, ranks = 0, first = r }
+        return (r // spp) % npp, (r // stp) % ntp, x, y
+    end
+    local found = {}        -- key text -> {pp, tp, ep, etp, ranks, first}
+    local function count(r, per)
+        local pp, t, x, y = key(r)
+        local k = pp .. "," .. t .. "," .. x .. "," .. y
+        local c = found[k]
+        if not c then
+            c = { pp = pp, tp = t, ep = x, etp = y, ranks = 0, first = r }
+            found[k] = c
         end
-        classes[id + 1].ranks = classes[id + 1].ranks + 1
-        rank_class[r + 1] = id
+        c.ranks = c.ranks + per
+        if r < c.first then c.first = r end
+    end
+    if spp % L == 0 then
+        local per = W // (L * npp)
+        for pp = 0, npp - 1 do
+            for rho = 0, L - 1 do count(pp * spp + rho, per) end
+        end
+    else
+        local period = util.lcm(L, spp * npp)
+        for r = 0, period - 1 do count(r, W // period) end
+    end
+    local classes, keys = {}, {}
+    for _, c in util.sortedpairs(found) do classes[#classes + 1] = c end
+    table.sort(classes, function(a, b) return a.first < b.first end)
+    for i, c in ipairs(classes) do
+        c.id = i - 1
+        keys[c.pp .. "," .. c.tp .. "," .. c.ep .. "," .. c.etp] = i - 1
     end
 
     local dtypes = {}
@@ -304,14 +330,18 @@ function M.build(cfg, topo, part)
         unique = unique + p.numel
         if p.expert then unique_expert = unique_expert + p.numel end
     end
-    return ir.Shards { classes = classes, rank_class = rank_class, dtypes = dtypes,
-                       unique = unique, unique_dense = unique - unique_expert,
+    return ir.Shards { classes = classes, keys = keys, key_axes = axes, has_moe = has_moe,
+                       dtypes = dtypes, unique = unique, unique_dense = unique - unique_expert,
                        unique_expert = unique_expert, held = held }
 end
 
--- The class record of rank 'r'.
+-- The class record of rank 'r': the one with r's (pp, tp, ep, etp) coordinates.
 function M.class_of(sh, r)
-    return sh.classes[sh.rank_class[r + 1] + 1]
+    local a = sh.key_axes
+    local x, y = 0, 0
+    if sh.has_moe then x, y = (r // a[5]) % a[6], (r // a[7]) % a[8] end
+    local k = (r // a[1]) % a[2] .. "," .. (r // a[3]) % a[4] .. "," .. x .. "," .. y
+    return sh.classes[sh.keys[k] + 1]
 end
 
 -- The Bytes record of a class for dtype 'name' with or without the distributed optimizer.

@@ -1,9 +1,12 @@
--- topology.lua: Megatron-LM's rank groups, exactly (megatron-semantics.md 1).
+-- topology.lua: Megatron-LM's rank groups, exactly (docs/megatron.md §1).
 -- topology.build(cfg) -> Topology: the dense grid (tp-cp-dp-pp) and the expert grid
 -- (etp-ep-edp-pp) laid out in ORDER, every group kind as Megatron's
 -- generate_masked_orthogonal_rank_groups makes it, plus the embedding and position-embedding
--- groups. Groups are flat integer arrays (memory linear in the world, no per-rank tables), so
--- a 65536-rank world takes well under a second. Pure; called by driver.lua and the tests.
+-- groups. Scale-free: a kind is held in closed form (the sizes and strides of the axes that
+-- vary inside a group and of those that number the groups), never as member lists, so the
+-- cost does not grow with the world; topology.members gives one group's members,
+-- topology.group_of a rank's group, topology.stage_ranks_text a stage's ranks, each in time
+-- proportional to what it returns. Pure; called by driver.lua and the tests.
 
 local ir = require("ir")
 local util = require("util")
@@ -41,7 +44,8 @@ function M.grid(name, axes, by_name)
 end
 
 -- generate_masked_orthogonal_rank_groups: the axes named in 'token' vary inside a group
--- (first one fastest); the others enumerate the groups (first one fastest).
+-- (first one fastest); the others enumerate the groups (first one fastest). Held in closed form:
+-- msizes/mstrides of the varying axes, usizes/ustrides of the others.
 function M.masked_groups(world, grid, token, name)
     local want = {}
     for part in token:gmatch("[^-]+") do want[part] = true end
@@ -55,43 +59,29 @@ function M.masked_groups(world, grid, token, name)
         end
     end
     local size = util.product(msz)
-    local count = world // size
-    local offsets = {}
-    for j = 0, size - 1 do
-        local rem, off = j, 0
-        for k = 1, #msz do
-            off = off + (rem % msz[k]) * mst[k]
-            rem = rem // msz[k]
-        end
-        offsets[j + 1] = off
-    end
-    local members, n = {}, 0
-    for g = 0, count - 1 do
-        local rem, base = g, 0
-        for k = 1, #usz do
-            base = base + (rem % usz[k]) * ust[k]
-            rem = rem // usz[k]
-        end
-        for j = 1, size do
-            n = n + 1
-            members[n] = base + offsets[j]
-        end
-    end
     return ir.GroupKind { name = name, grid = grid.name, token = token, mask = mask,
-                          size = size, count = count, members = members }
+                          size = size, count = world // size, msizes = msz, mstrides = mst,
+                          usizes = usz, ustrides = ust }
 end
 
 -- Embedding groups (first and last stage of each pipeline group; the first alone when P is 1)
 -- and position-embedding groups (first stage), one per pipeline group, in pp-group order.
 local function embedding_groups(pp, name, both_ends)
-    local P, members = pp.size, {}
+    local P = pp.size
     local size = (both_ends and P > 1) and 2 or 1
-    for g = 0, pp.count - 1 do
-        members[#members + 1] = pp.members[g * P + 1]
-        if size == 2 then members[#members + 1] = pp.members[g * P + P] end
-    end
     return ir.GroupKind { name = name, grid = "pp", token = "", mask = {}, size = size,
-                          count = pp.count, members = members }
+                          count = pp.count, msizes = pp.msizes, mstrides = pp.mstrides,
+                          usizes = pp.usizes, ustrides = pp.ustrides }
+end
+
+-- Rank at mixed-radix index 'x' over (sizes, strides), first axis fastest.
+local function radix(x, sizes, strides)
+    local r = 0
+    for k = 1, #sizes do
+        r = r + (x % sizes[k]) * strides[k]
+        x = x // sizes[k]
+    end
+    return r
 end
 
 function M.build(cfg)
@@ -176,17 +166,78 @@ function M.group_of(topo, name, r)
     return g, pos
 end
 
--- Members of group 'g' (0-based) of 'kind', as a new array.
+-- Members of group 'g' (0-based) of 'kind', in group-rank order, as a new array.
 function M.members(kind, g)
-    return table.move(kind.members, g * kind.size + 1, (g + 1) * kind.size, 1, {})
+    local base = radix(g, kind.usizes, kind.ustrides)
+    if kind.grid == "pp" then     -- embd, pos-embd: ends of the pipeline group g
+        local P, s = kind.msizes[1] or 1, kind.mstrides[1] or 1
+        if kind.size == 2 then return { base, base + (P - 1) * s } end
+        return { base }
+    end
+    local out = {}
+    for j = 0, kind.size - 1 do out[j + 1] = base + radix(j, kind.msizes, kind.mstrides) end
+    return out
+end
+
+-- Every group's members, group-major (small worlds: tests, explicit reports).
+function M.all_members(kind)
+    local out = {}
+    for g = 0, kind.count - 1 do
+        for _, r in ipairs(M.members(kind, g)) do out[#out + 1] = r end
+    end
+    return out
 end
 
 -- Pipeline neighbours of rank 'r' (Megatron wraps around): prev, next.
 function M.neighbours(topo, r)
-    local pp = M.kind(topo, "pp")
-    local g, p = M.group_of(topo, "pp", r)
-    local P = pp.size
-    return pp.members[g * P + (p - 1) % P + 1], pp.members[g * P + (p + 1) % P + 1]
+    local P = topo.sizes.pp
+    local s = M.axis_stride(topo.dense, "pp")
+    local p = M.coord(topo.dense, r, "pp")
+    return r + ((p - 1) % P - p) * s, r + ((p + 1) % P - p) * s
+end
+
+-- Rank stride of 'axis' in 'grid'.
+function M.axis_stride(grid, axis)
+    for i, a in ipairs(grid.axes) do
+        if a == axis then return grid.strides[i] end
+    end
+    error("topology: no axis " .. tostring(axis), 2)
+end
+
+M.LIST_MAX = 4096       -- up to this many ranks, stage rank lists are built and compressed
+
+-- The ranks that run pipeline stage 'k', as util.ranks writes their sorted list ("0-3",
+-- "1,3,5,7", "0-7,64-71,...,1984-1991"): the ranks whose pp coordinate is k, blocks of
+-- 'stride' ranks every stride*P ranks. Above LIST_MAX ranks the text is computed from that
+-- structure without building the list.
+function M.stage_ranks_text(topo, k, width)
+    local P, W = topo.sizes.pp, topo.world
+    local s = M.axis_stride(topo.dense, "pp")
+    if W <= M.LIST_MAX then
+        local list = {}
+        for r = 0, W - 1 do
+            if (r // s) % P == k then list[#list + 1] = r end
+        end
+        return util.ranks(list, 1, #list, width)
+    end
+    local blocks, period = W // (s * P), s * P
+    local function block(b)
+        local a = k * s + b * period
+        return s == 1 and string.format("%d", a) or string.format("%d-%d", a, a + s - 1)
+    end
+    if blocks == 1 then return block(0) end
+    if s == 1 then
+        return string.format("%d-%d step %d", k, k + (blocks - 1) * period, period)
+    end
+    if blocks >= 4 then return block(0) .. "," .. block(1) .. ",...," .. block(blocks - 1) end
+    local out = {}
+    for b = 0, blocks - 1 do out[#out + 1] = block(b) end
+    return table.concat(out, ",")
+end
+
+-- The number of ranks that run stage k: world / PP.
+function M.stage_size(topo)
+    return topo.world // topo.sizes.pp
 end
 
 return M

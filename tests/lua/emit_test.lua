@@ -14,6 +14,7 @@ local driver = require("driver")
 local emit = require("emit")
 local inspect = require("inspect")
 local partition = require("partition")
+local reports = require("reports")
 local schedule = require("schedule")
 local shards = require("shards")
 local topology = require("topology")
@@ -44,8 +45,19 @@ end
 T.test("topology.json: the issue's keys, consistent with the passes", function()
     local cfg, topo, part = build("tiny_moe", { tp = 2, pp = 2, dp = 2, ep = 2, etp = 1, vp = 2,
                                                 nmb = 2, sp = true })
-    local j = T.json(emit.topology_json(cfg, topo, part))
-    T.eq(j.keys, { "model", "world", "order", "sizes", "groups", "ranks" }, "top-level keys")
+    local j = T.json(reports.topology_json(cfg, topo, part))
+    T.eq(j.keys, { "model", "world", "order", "format", "sizes", "grids", "kinds", "listed",
+                   "groups", "ranks" }, "top-level keys")
+    T.eq(j.map.format, "topology/2", "format")
+    T.eq(j.map.listed, true, "a small world lists its groups")
+    for i, kind in ipairs(topo.kinds) do
+        local jk = j.map.kinds[i].map
+        T.eq({ jk.name, jk.grid, jk.size, jk.count }, { kind.name, kind.grid, kind.size,
+             kind.count }, "kind " .. kind.name)
+    end
+    local jd = j.map.grids.map.dense.map
+    T.eq({ jd.axes, jd.sizes, jd.strides }, { topo.dense.axes, topo.dense.sizes,
+         topo.dense.strides }, "dense grid")
     T.eq({ j.map.model, j.map.world, j.map.order }, { "tiny_moe", 8, "tp-cp-ep-dp-pp" }, "header")
     T.eq(j.map.sizes.keys, { "tp", "cp", "dp", "pp", "ep", "etp", "edp", "vp" }, "sizes keys")
     T.eq(j.map.sizes.map, { tp = 2, cp = 1, dp = 2, pp = 2, ep = 2, etp = 1, edp = 2, vp = 2 },
@@ -78,9 +90,9 @@ end)
 T.test("shards.json parses and agrees with the pass", function()
     local cfg, topo, part, sh, sched, prog = build("tiny_moe", { tp = 2, pp = 2, dp = 2, ep = 2, etp = 1,
                                                    sp = true })
-    local j = T.json(emit.shards_json(cfg, sh))
-    T.eq(j.map.format, "shards/1", "format")
-    T.eq(j.map.rank_class, sh.rank_class, "rank_class")
+    local j = T.json(reports.shards_json(cfg, sh))
+    T.eq(j.map.format, "shards/2", "format")
+    T.eq(j.map.class_of_rank.map.key, { "pp", "tp", "ep", "etp" }, "a rank's class key")
     T.eq({ j.map.unique, j.map.unique_expert }, { sh.unique, sh.unique_expert }, "counts")
     T.eq(#j.map.classes, #sh.classes, "classes")
     for i, c in ipairs(sh.classes) do
@@ -183,6 +195,31 @@ T.test("rank report: coordinates, groups, neighbours, shards, memory", function(
         T.ok(text:find(want, 1, true), "missing %q", want)
     end
     local _ = cfg
+end)
+
+T.test("524,288 ranks: compact reports, any rank's report exact, nothing per rank", function()
+    -- gpt3_175b TP8 PP8 DP8192 (tp fastest, then dp, then pp: rank = tp + 8 dp + 65536 pp)
+    local cfg, topo, part, sh, sched = build("gpt3_175b", { tp = 8, pp = 8, dp = 8192 })
+    T.eq(cfg.world, 524288, "world")
+    local j = T.json(reports.topology_json(cfg, topo, part))
+    T.eq(j.map.listed, false, "groups are not listed")
+    T.ok(j.map.groups == nil and j.map.ranks == nil, "no per-rank lists")
+    T.eq(#sh.classes, 64, "classes: pp x tp")
+    local r = 300000
+    local text = inspect.rank(cfg, topo, part, sh, sched, nil, r)
+    local tp, dp, pp = r % 8, (r // 8) % 8192, r // 65536
+    for _, want in ipairs({   -- kind, size, group, index, members (patterns, spaces free)
+        string.format("rank %d of 524288", r),
+        string.format("attention grid  tp %d  cp 0  dp %d  pp %d", tp, dp, pp),
+        string.format("tp +8 +%d +%d +%d%%-%d\n", r // 8, tp, r - tp, r - tp + 7),
+        string.format("dp +8192 +%d +%d +%d%%-%d step 8\n", pp * 8 + tp, dp, pp * 65536 + tp,
+                      pp * 65536 + tp + 8 * 8191),
+        string.format("prev rank %d, next rank %d", r - 65536, r + 65536),
+    }) do
+        T.ok(text:find(want), "missing %q", want)
+    end
+    local summary = inspect.summary(cfg, topo, part, sh, sched, nil)
+    T.ok(summary:find("    4  262144-327679 (65536)", 1, true), "stage 4's ranks")
 end)
 
 T.test("driver modes: --dump, --print-out, --check, --inspect", function()

@@ -243,8 +243,8 @@ local function check(cfg, topo, sh)
         local kind, done = topology.kind(topo, kind_name), {}
         for g = 0, kind.count - 1 do
             local classes = {}
-            for j = 1, kind.size do
-                classes[j] = sh.rank_class[kind.members[g * kind.size + j] + 1]
+            for j, r in ipairs(topology.members(kind, g)) do
+                classes[j] = shards.class_of(sh, r).id
             end
             local key = table.concat(classes, ",")
             if not done[key] then
@@ -279,16 +279,20 @@ local function check(cfg, topo, sh)
     end
     across("tp", false)
     across("tp-ep", true)
-    -- class bookkeeping
-    local count = {}
+    -- class bookkeeping, against every rank (the pass counts them from the grids' structure)
+    local count, first = {}, {}
     for r = 0, cfg.world - 1 do
-        local id = sh.rank_class[r + 1]
-        count[id] = (count[id] or 0) + 1
-        local c, co = sh.classes[id + 1], topology.coords(topo, r)
+        local c, co = shards.class_of(sh, r), topology.coords(topo, r)
+        count[c.id] = (count[c.id] or 0) + 1
+        first[c.id] = first[c.id] or r
         T.ok(c.pp == co.pp and c.tp == co.tp, "class of rank %d", r)
         if cfg.model.moe then T.ok(c.ep == co.ep and c.etp == co.etp, "expert class of %d", r) end
     end
-    for _, c in ipairs(sh.classes) do T.eq(count[c.id], c.ranks, "ranks in class") end
+    for i, c in ipairs(sh.classes) do
+        T.eq({ count[c.id], first[c.id] }, { c.ranks, c.first }, "ranks and lowest rank in class")
+        T.eq(c.id, i - 1, "ids in class order")
+        if i > 1 then T.ok(c.first > sh.classes[i - 1].first, "classes by lowest rank") end
+    end
 end
 
 T.test("random configurations: pieces tile every tensor", function()
@@ -326,7 +330,7 @@ end)
 T.test("gpt3_175b at 8192 ranks: 64 classes", function()
     local cfg, topo, _, sh = build(config.load_model("gpt3_175b"), { tp = 8, pp = 8, dp = 128 })
     T.eq(#sh.classes, 64, "classes = pp x tp")
-    T.eq(#sh.rank_class, 8192, "rank_class")
+    T.eq(sh.classes[64].ranks, 128, "ranks per class = dp")
     check(cfg, topo, sh)
 end)
 

@@ -32,7 +32,18 @@ if P < 2 then die("PP = 1: no tied copy to check") end
 
 -- The wte of 'rank' from its checkpoint file: {floats = string, rows =, cols =, tied =}.
 local function wte_of(rank)
-    local cls = shards.map.classes[shards.map.rank_class[rank + 1] + 1].map
+    -- the rank's class: the one with its (pp, tp, ep, etp) coordinates (topology.json; a
+    -- dense model's classes have ep = etp = 0)
+    local co = topo.map.ranks[rank + 1].map
+    local dense = shards.map.unique_expert == 0
+    local cls
+    for _, c in ipairs(shards.map.classes) do
+        local m = c.map
+        if m.pp == co.pp and m.tp == co.tp and (dense or m.ep == co.ep and m.etp == co.etp) then
+            cls = m
+        end
+    end
+    if not cls then die("rank %d: no class with its coordinates", rank) end
     local data = slurp(string.format("%s/rank_%05d.bin", ckpt, rank))
     local nfloats = string.unpack("<I8", data, 33)      -- magic, world, stage, step, nfloats
     -- the moments are whole buffers, or dp shards with the distributed optimizer

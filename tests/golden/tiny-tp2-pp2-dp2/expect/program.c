@@ -55,7 +55,8 @@ static const gpt_stage *const stages[CFG_PP] = {
     &stage1,
 };
 
-static const gpt_program program = {
+/* The program, for the library's main (lib/main.c -> gpt_main in lib/train.c). */
+const gpt_program gpt_program_desc = {
     .model = "models/tiny.lua",
     .layout = CFG_LAYOUT,
     .run_hint = "under mpirun -np 8",
@@ -75,8 +76,3 @@ static const gpt_program program = {
     .nkinds = 9, .kinds = kinds,
     .nstages = CFG_PP, .stages = stages,
 };
-
-int main(int argc, char **argv)
-{
-    return gpt_main(argc, argv, &program);
-}
