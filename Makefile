@@ -6,6 +6,7 @@
 #   make MODEL=gpt3_175b TP=8 PP=8             generate out/gpt3_175b-tp8-pp8-dp1 and build it
 #   make inspect MODEL=gpt3_175b TP=8 PP=8 RANK=37
 #   make test                                  every test; ends with "N passed, N failed, N skipped"
+#   make check                                 the fast tier: templates, Lua passes, goldens, errors
 #   make help                                  all targets and variables
 
 # -- User settings ------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ ALL_TARGETS :=
 CLEAN_FILES :=
 
 .DEFAULT_GOAL := default
-.PHONY: default all deps test help echo clean golden-update bench-gen
+.PHONY: default all deps test check help echo clean golden-update bench-gen
 
 include $(wildcard gen/gen.mk runtime/runtime.mk lib/lib.mk tools/tools.mk tests/tests.mk \
     bench/bench.mk)
@@ -160,6 +161,11 @@ deps:
 test: all
 	$(Q)tests/run.sh $(SUITE)
 
+# The fast tier for the edit-compile loop: the generator alone (no MPI runs, no C of a model).
+CHECK_SUITES := tmpl lua golden errors
+check: build/gen
+	$(Q)tests/run.sh $(CHECK_SUITES)
+
 # Rewrite the golden outputs after an intended change; review the diff before committing.
 golden-update: build/gen
 	$(Q)tests/golden/suite.sh --update
@@ -177,6 +183,7 @@ help:
 	@echo "make print-out MODEL=m ...    print the output directory"
 	@echo "make data                     build data/corpus.bin from Debian's fortunes"
 	@echo "make test [SUITE=name]        run the tests; ends with 'N passed, N failed, N skipped'"
+	@echo "make check                    the fast tier: $(CHECK_SUITES) (seconds)"
 	@echo "make golden-update            rewrite the golden outputs (review the diff)"
 	@echo "make clean                    remove build/ and out/"
 	@echo "variables: MODEL TP PP DP CP EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS NMB SEQ"

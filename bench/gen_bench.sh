@@ -3,7 +3,8 @@
 # generate gpt3_175b at TP=8 PP=8 for growing data-parallel sizes (DP 16 .. 8192: 1,024 to
 # 524,288 ranks). Generation is scale-free: nothing in it grows with DP. Writes into
 # build/bench/ and prints one row per configuration, then the size of every file of the
-# largest. Not part of make test (docs/DESIGN.md 3).
+# largest; then how long a layout takes to generate and build once the library is built.
+# Not part of make test (docs/DESIGN.md 3).
 # Each run is a fresh build/gen process running a small Lua driver (written below into
 # build/bench/) that times driver.run with host.clock() and reads the process's peak RSS with
 # host.peak_rss_kb(), so GNU time is not needed.
@@ -48,3 +49,24 @@ echo
 echo "files of ${last#"$dir"/}:"
 wc -c "$last"/* | grep -v ' total$' | sort -n | awk '{ printf "  %10d  %s\n", $1, $2 }' |
     sed "s|$last/||"
+
+# Building a layout once the library is built: generate tiny at TP 2, PP 2, DP 2 and compile
+# and link its programs (train, and train_cuda when the CUDA backend is built), timed with
+# make -j2 and serially (-j1). Target (docs/DESIGN.md 4.5): well under 1.5 s with nvcc.
+echo
+make -s --no-print-directory all > /dev/null 2>&1 || { echo "bench: make all failed" >&2; exit 1; }
+targets=train
+make -s --no-print-directory echo 2> /dev/null | grep -q 'cuda backend enabled' &&
+    targets="train train_cuda"
+for j in 2 1; do
+    out=$dir/tiny-build-j$j
+    rm -rf "$out" "$out.obj"
+    t0=$(date +%s.%N)
+    "$gen" tiny --tp 2 --pp 2 --dp 2 --out "$out" > /dev/null &&
+        make -s --no-print-directory -j$j GEN_DIR="$out" GEN_OBJ="$out.obj" \
+            $(for t in $targets; do echo "$out/$t"; done) > /dev/null ||
+        { echo "bench: building $out failed" >&2; exit 1; }
+    t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" -v j="$j" -v t="$targets" 'BEGIN {
+        printf "tiny tp2 pp2 dp2, generate + build %s (make -j%d): %.2f s\n", t, j, b - a }'
+done

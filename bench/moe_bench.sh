@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/moe_bench.sh: expert parallelism on the CPU backend (issue 7; not part of make test).
+# bench/moe_bench.sh: expert parallelism on the CPU backend (not part of make test).
 #   all-to-all bytes  every MPI_Alltoallv the generated program issues, counted per
 #                     communicator and datatype by an MPI profiling shim (bench/moe_a2a_count.c,
 #                     LD_PRELOAD; the CPU runtime's rt_alltoallv is one MPI_Alltoallv), summed

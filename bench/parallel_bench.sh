@@ -1,6 +1,6 @@
 #!/bin/bash
 # bench/parallel_bench.sh: tensor / data parallelism and the distributed optimizer on the CPU
-# backend (issue 5; not part of make test). For a fixed global batch at world 1, 2 and 4:
+# backend (not part of make test). For a fixed global batch at world 1, 2 and 4:
 #   tokens/s    median over the steps after the first, from the program's --log, best of
 #               BENCH_REPEAT runs (tiny 3, gpt2 1);
 #   bytes       every collective the program issues, counted per communicator by an MPI
@@ -8,9 +8,10 @@
 #               subtracted so only whole steps count), as bytes moved per rank per step with the
 #               ring formulas (all-reduce of N bytes over n ranks: 2N(n-1)/n; reduce-scatter,
 #               all-gather: N(n-1)/n), against the analytic count from Megatron's regions
-#               (megatron-semantics.md 4-6) worked out below;
+#               (docs/megatron.md §4-6) worked out below;
 #   memory      each rank's peak resident set (VmHWM) with and without DIST_OPT, its
-#               difference against what the optimizer state should save, and seed 002's table.
+#               difference against what the optimizer state should save, and the byte
+#               table of docs/megatron.md §5.7.
 # Each rank runs one thread (RT_THREADS=1; BENCH_THREADS=n to change): world 1 uses one core,
 # world 2 both cores of the dev VM, world 4 oversubscribes them 2x. (On a shared machine a
 # 2-thread pool per rank loses badly to other load: its workers wait for each other.)
@@ -192,13 +193,14 @@ print_tables() {
     cat "$B/bytes.txt"
     echo
     echo "== $1: memory per rank with and without DIST_OPT (peak rt_malloc bytes, max over ranks;"
-    echo "   S = gradient-buffer elements per rank; seed 002's fp32 row saves 16S - (8 + 8/d)S,"
+    echo "   S = gradient-buffer elements per rank; the fp32 row of docs/megatron.md §5.7"
+    echo "   saves 16S - (8 + 8/d)S,"
     echo "   as the program's buffers do: f32 params + grads on S (gradients reduce-scattered in"
     echo "   place) and m + v on S/d; the runtime packs that in-place reduce-scatter through a"
-    echo "   scratch buffer of min(4S, 8 MiB) bytes (+25 % growth room), so predicted = seed 002 -"
+    echo "   scratch buffer of min(4S, 8 MiB) bytes (+25 % growth room), so predicted = §5.7 -"
     echo "   scratch: a fixed cost that small models see and large ones do not)"
     printf "%-24s %2s %11s %10s %10s %10s %10s %10s %10s\n" "layout" d S "off" "on" "saved" \
-        "seed 002" "scratch" "predicted"
+        "§5.7" "scratch" "predicted"
     awk '{ peak[$1] = $3; S[$1] = $4; dp[$1] = $6; dop[$1] = $8; names[NR] = $1 }
         END { for (i = 1; i <= NR; i++) { n = names[i]; if (dop[n] != 1) continue
                   base = n; sub(/-distopt$/, "", base); if (!(base in peak)) continue

@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/pipeline_bench.sh: what pipeline parallelism costs at build time and buys at run time
-# (issue 6). Not part of make test; prints a report, writes scratch under build/bench/pipeline/.
+# Not part of make test; prints a report, writes scratch under build/bench/pipeline/.
 #  1. make MODEL=gpt3_175b TP=8 PP=8: from scratch (generate + compile train and, with CUDA,
 #     train_cuda), from scratch with make -j, and again with nothing changed (warm);
 #  2. the CPU pipeline's tokens/s for PP=2 and PP=4 (1F1B and interleaved) over several
@@ -31,7 +31,7 @@ clean_g3() { rm -rf "$G3" "build/$G3"; }
 clean_g3
 t=$(now); build/gen gpt3_175b --tp 8 --pp 8 > "$B/g3_gen.txt" 2>&1 || exit 1
 echo "generate only (build/gen)            $(since "$t") s   $(ls "$G3" | wc -l) files," \
-     "$(cat "$G3"/*.c "$G3"/*.cu "$G3"/*.h | wc -l) lines of C/CUDA"
+     "$(cat "$G3"/*.c "$G3"/*.h | wc -l) lines of C"
 clean_g3
 t=$(now); make MODEL=gpt3_175b TP=8 PP=8 > "$B/g3_scratch.txt" 2>&1 || exit 1
 echo "from scratch, make                   $(since "$t") s"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/train_bench.sh: our generated CPU training program against PyTorch (eager, CPU) on the
-# same model and batch, in one run (issue 4's benchmark; never part of make test). Per model
+# same model and batch, in one run (never part of make test). Per model
 # and thread count it prints ms/step and tokens/s of both and their ratio, our step's GFLOP/s
 # (GEMMs + attention, counted analytically) against OpenBLAS's sgemm peak measured here, and,
 # per model, where our step goes (bench/step_profile.c).

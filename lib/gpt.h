@@ -178,7 +178,8 @@ typedef struct {
     int rows, cols;
     int split;                /* GPT_SPLIT_*: which coordinate moves it */
     int step_row, step_col;
-    int flags;                /* GPT_REPLICATED | GPT_TIED_COPY | GPT_EXPERT_PIECE | GPT_VOCAB_ROWS */
+    int flags;                /* GPT_REPLICATED | GPT_TIED_COPY | GPT_EXPERT_PIECE |
+                                 GPT_VOCAB_ROWS */
 } gpt_piece;
 
 /* A model chunk of the stage: its layers, activation slots and duties, and the tables of its

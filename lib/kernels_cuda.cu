@@ -479,7 +479,8 @@ static __global__ void moe_route_bwd_kernel(float *dlogits, const float *dprob, 
                       scores + (size_t)n * E, sel + (size_t)n * k, auxg, E, k, pre);
 }
 
-static __global__ void gather_rows_kernel(float *out, const float *src, const int *idx, int n, int C)
+static __global__ void gather_rows_kernel(float *out, const float *src, const int *idx, int n,
+                                          int C)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)n * C) {
@@ -488,8 +489,8 @@ static __global__ void gather_rows_kernel(float *out, const float *src, const in
     }
 }
 
-static __global__ void combine_rows_kernel(float *out, const float *src, const int *pos, int N, int k,
-                                      int C)
+static __global__ void combine_rows_kernel(float *out, const float *src, const int *pos, int N,
+                                           int k, int C)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N) combine_row(out + (size_t)n * C, src, pos + (size_t)n * k, k, C);
@@ -511,13 +512,15 @@ static __global__ void row_dot_kernel(float *out, const float *a, const float *b
     }
 }
 
-static __global__ void add_scaled_bias_kernel(float *y, const float *s, const float *b, int n, int C)
+static __global__ void add_scaled_bias_kernel(float *y, const float *s, const float *b, int n,
+                                              int C)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)n * C) y[i] += s[i / C] * b[i % C];
 }
 
-static __global__ void scaled_bias_bwd_kernel(float *db, const float *s, const float *dy, int n, int C)
+static __global__ void scaled_bias_bwd_kernel(float *db, const float *s, const float *dy, int n,
+                                              int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < C) {

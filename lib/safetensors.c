@@ -175,18 +175,22 @@ static int tensor_entry(json *j, st_tensor *t)
     t->dtype = ST_UNKNOWN;
     t->dtype_name[0] = 0;
     t->ndim = 0;
+    memset(t->keys, 0, sizeof t->keys);
     if (!j_eat(j, '{')) return j_fail(j, "expected a tensor entry");
     if (j_eat(j, '}')) return 1;
     do {
         if (!j_str(j, key, sizeof key) || !j_eat(j, ':')) return j_fail(j, "expected a key");
-        if (!strcmp(key, "dtype")) {
+        int k = !strcmp(key, "dtype") ? ST_KEY_DTYPE : !strcmp(key, "shape") ? ST_KEY_SHAPE :
+                !strcmp(key, "data_offsets") ? ST_KEY_OFFSETS : ST_KEY_OTHER;
+        if (t->keys[k] < 255) t->keys[k]++;
+        if (k == ST_KEY_DTYPE) {
             if (!j_str(j, t->dtype_name, sizeof t->dtype_name)) return j_fail(j, "bad dtype");
             for (int d = 0; d < ST_UNKNOWN; d++)
                 if (!strcmp(dtypes[d].name, t->dtype_name)) t->dtype = (st_dtype)d;
-        } else if (!strcmp(key, "shape")) {
+        } else if (k == ST_KEY_SHAPE) {
             if (!j_ints(j, t->shape, ST_MAX_DIMS, &n)) return j_fail(j, "bad shape");
             t->ndim = n <= ST_MAX_DIMS ? n : ST_MAX_DIMS + 1;
-        } else if (!strcmp(key, "data_offsets")) {
+        } else if (k == ST_KEY_OFFSETS) {
             if (!j_ints(j, off, 2, &n) || n != 2) return j_fail(j, "bad data_offsets");
         } else if (!j_skip(j, 0)) {
             return j_fail(j, "bad value");

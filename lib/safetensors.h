@@ -28,6 +28,9 @@ typedef enum {
     ST_UNKNOWN              /* a dtype name this module does not know (kept in dtype_name) */
 } st_dtype;
 
+/* The keys of a tensor entry, counted by the reader (ST_KEY_OTHER: any other key). */
+enum { ST_KEY_DTYPE, ST_KEY_SHAPE, ST_KEY_OFFSETS, ST_KEY_OTHER, ST_KEYS };
+
 #define ST_MAX_DIMS   8
 #define ST_NAME_MAX   256
 #define ST_HEADER_MAX (1ll << 30)   /* larger headers are refused (a corrupt length) */
@@ -39,6 +42,7 @@ typedef struct {
     int       ndim;                 /* ST_MAX_DIMS + 1: more dimensions than kept */
     long long shape[ST_MAX_DIMS];
     long long begin, end;           /* data_offsets as written (-1: absent) */
+    unsigned char keys[ST_KEYS];    /* how often each key appeared (a strict check wants 1 1 1 0) */
 } st_tensor;
 
 typedef struct {

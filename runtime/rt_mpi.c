@@ -1,8 +1,9 @@
 /*
 ** rt_mpi.c: the MPI layer shared by both backends: start-up and the world-size check, local
 ** rank, groups, ending the job (rt_abort: MPI_Abort) and MPI's error text, and every
-** collective and point-to-point transfer on host buffers. Collectives are blocking MPI calls armed on the watchdog thread; p2p and
-** barriers are nonblocking calls completed by a polling loop that checks the deadline itself.
+** collective and point-to-point transfer on host buffers. Collectives are blocking MPI calls
+** armed on the watchdog thread; p2p and barriers are nonblocking calls completed by a polling
+** loop that checks the deadline itself.
 ** The CPU backend calls it directly; the CUDA backend calls it for bootstrap and for its MPI
 ** transport (device buffers staged through pinned host memory).
 */

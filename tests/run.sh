@@ -1,6 +1,7 @@
 #!/bin/sh
 # tests/run.sh: run every test suite (tests/*/suite.sh) and tally the results.
-# Each suite prints "PASS name", "FAIL name: why" or "SKIP name: why" per test (docs/DESIGN.md §3).
+# Each suite prints "PASS name", "FAIL name: why" or "SKIP name: why" per test (tests/lib.sh has
+# the verdicts and the helpers every suite shares; docs/DESIGN.md §3 the layout of the tests).
 # Usage: tests/run.sh [suite ...]   Ends with "N passed, N failed, N skipped"; exit 1 on failure.
 cd "$(dirname "$0")/.." || exit 2
 if [ $# -gt 0 ]; then

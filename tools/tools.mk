@@ -20,7 +20,10 @@ data/corpus.bin: build/tools/tokenize
 	$(Q)mkdir -p data
 	$(Q)build/tools/tokenize -o $@ $$(LC_ALL=C ls -d $(FORTUNES_DIR)/* | grep -v -E '\.(dat|u8)$$' | while read f; do test -f "$$f" && echo "$$f"; done)
 
-# stcompare: compare / list / check safetensors files (tools/stcompare.c; needs libm).
+# stcompare: compare / list / check safetensors files; reads them with the library's reader.
 TOOLS += build/tools/stcompare
 ALL_TARGETS += build/tools/stcompare
-build/tools/stcompare: LDFLAGS_TOOLS += -lm
+build/tools/stcompare: tools/stcompare.c lib/safetensors.c lib/safetensors.h
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS_C) -Ilib -o $@ tools/stcompare.c lib/safetensors.c -lm

@@ -1,6 +1,6 @@
 -- config.lua: load a model description (sandboxed) and validate it with the parallel sizes.
 -- config.load(opts) -> Config (ir.lua). Every rule Megatron-LM enforces on these sizes is
--- checked here (megatron-semantics.md 1.3, 2), plus the ones it forgets; problems are collected
+-- checked here (docs/megatron.md §1.3, §2), plus the ones it forgets; problems are collected
 -- and raised together (diag.collect). Errors about a model value point at the line of its
 -- key in the model file; errors about sizes alone read "gen: error: ...".
 -- Reads the model file; otherwise pure. Called by driver.lua and the tests.
@@ -583,7 +583,7 @@ function M.configure(model, opts)
                  opts.seq and "SEQ" or "seq_len", seq // C, T)
     end
 
-    -- Layer placement (megatron-semantics 2).
+    -- Layer placement (docs/megatron.md §2).
     local L, lat = model.layers, model_at("layers")
     if (f or l) and P == 1 then
         errs.add(nil, "%s needs PP > 1 (an uneven first/last stage needs several stages)",
@@ -626,7 +626,7 @@ function M.configure(model, opts)
         end
     end
 
-    -- Interleaved schedule (megatron-semantics 3.2): N = P microbatches per group.
+    -- Interleaved schedule (docs/megatron.md §3.2): N = P microbatches per group.
     if V > 1 and P > 1 and nmb % P ~= 0 then
         errs.add(nil, "with VP > 1, NMB (%d) must be a multiple of PP (%d): the interleaved " ..
                  "schedule runs micro-batches in groups of PP", nmb, P)

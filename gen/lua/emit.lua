@@ -362,7 +362,9 @@ local function render_program(cfg, topo, part, prog, files, opts)
     end
     local T = "templates/program/"
     local stages = {}
-    for i, sp in ipairs(prog.stages) do stages[i] = { cname = "stage" .. sp.stage, title = sp.title } end
+    for i, sp in ipairs(prog.stages) do
+        stages[i] = { cname = "stage" .. sp.stage, title = sp.title }
+    end
     add("model.h", T .. "model.h.tmpl",
         { banner = banner(cfg, T .. "model.h.tmpl"), consts = const_view(prog.consts),
           stages = stages }, "every size of the layout as a named constant; the stages")

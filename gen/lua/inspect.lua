@@ -36,7 +36,9 @@ local function header(cfg)
                                       cfg.sp and "on" or "off", cfg.dist_opt and "on" or "off")
     local uneven = {}
     if cfg.first_layers then uneven[1] = string.format("first stage %d", cfg.first_layers) end
-    if cfg.last_layers then uneven[#uneven + 1] = string.format("last stage %d", cfg.last_layers) end
+    if cfg.last_layers then
+        uneven[#uneven + 1] = string.format("last stage %d", cfg.last_layers)
+    end
     if #uneven > 0 then
         lines[#lines + 1] = "uneven    layers on the " .. table.concat(uneven, ", ")
     end
@@ -281,9 +283,9 @@ function M.rank(cfg, topo, part, sh, sched, prog, r)
     return table.concat(out, "\n")
 end
 
--- -- Pipeline (issue 6): schedule, in-flight micro-batches, activation memory, bubble ---------
+-- -- Pipeline: schedule, in-flight micro-batches, activation memory, bubble ---------
 
--- The bubble fraction the schedule predicts (megatron-semantics.md 3): value and text.
+-- The bubble fraction the schedule predicts (docs/megatron.md §3): value and text.
 function M.pipeline_bubble(cfg)
     local P, V, Mb = cfg.pp, cfg.vp, cfg.nmb
     if P == 1 then return 0.0, "none (one stage)" end
@@ -490,12 +492,12 @@ function M.pipeline_rank(cfg, topo, part, sched, prog, r, out)
     end
 end
 
--- -- Distributed optimizer (issue 5): the rank's shard, seed 002's ranges, bytes saved ------------
+-- -- Distributed optimizer: the rank's shard, its three ranges, bytes saved -----------------------
 
--- The rank's pieces of the distributed optimizer's shards (megatron-semantics.md 5.3-5.4):
+-- The rank's pieces of the distributed optimizer's shards (docs/megatron.md §5.3-5.4):
 -- the rank at position d of a buffer's reduce group (dp-cp; expt-dp for expert buffers) owns
 -- elements [start + d*shard, start + (d+1)*shard) of every bucket. For each parameter piece in
--- them, seed 002's three ranges, half-open, in elements:
+-- them, the three ranges of docs/megatron.md §5.7, half-open, in elements:
 --   world  offsets in the gradient buffer (the whole padded buffer, all buckets),
 --   loc    offsets in this rank's shard of the buffer (the program's AdamW m and v: the bucket
 --          shards one after another; the reduced gradients stay in place in the buffer),
@@ -540,7 +542,8 @@ function M.optimizer_shard(cfg, topo, sh, r)
     return out
 end
 
--- Seed 002's bytes per parameter with the distributed optimizer: param + grad + optim/d.
+-- Bytes per parameter with the distributed optimizer (docs/megatron.md §5.7):
+-- param + grad + optim/d.
 local function per_param_text(d, dt)
     return string.format("%d + %d/d", dt.param + dt.grad, dt.optim)
 end
@@ -554,8 +557,8 @@ function M.distopt_rank(cfg, topo, sh, prog, r, out)
     out[#out + 1] = string.format("distributed optimizer: rank %d is %s rank %d of %d and owns " ..
                                   "shard %d of every bucket", r, os_.group, os_.pos, os_.shards,
                                   os_.pos)
-    out[#out + 1] = "  (seed 002's ranges, [start, end) in elements: world = in the gradient " ..
-                    "buffer, local = in this"
+    out[#out + 1] = "  (docs/megatron.md §5.7, [start, end) in elements: world = in the " ..
+                    "gradient buffer, local = in this"
     out[#out + 1] = "   rank's shard (AdamW m and v), param = inside the " ..
                     "parameter's local tensor, flattened)"
     for _, b in ipairs(os_.buffers) do
@@ -608,10 +611,11 @@ function M.distopt_rank(cfg, topo, sh, prog, r, out)
             end
         end
     end
-    -- seed 002's table for this rank's parameters, then what this program allocates
+    -- the byte table (docs/megatron.md §5.7) for this rank's parameters, then what this
+    -- program allocates
     local d = os_.shards
-    out[#out + 1] = string.format("  memory it saves (seed 002: bytes per parameter without -> " ..
-                                  "with, d = %d; this rank's totals)", d)
+    out[#out + 1] = string.format("  memory it saves (bytes per parameter: " ..
+                                  "docs/megatron.md §5.7; d = %d; this rank's totals)", d)
     local rows = { { "", "B/param", "with dist-opt", "without", "with", "saved" } }
     for _, dt in ipairs(sh.dtypes) do
         local without = shards.bytes_of(cls, dt.name, false)
@@ -636,7 +640,7 @@ function M.distopt_rank(cfg, topo, sh, prog, r, out)
     for _, line in ipairs(util.columns(rows, "lrlrrr")) do out[#out + 1] = "    " .. line end
 end
 
--- -- Mixture of experts (issue 7): the rank's experts, their groups, the token traffic ----------
+-- -- Mixture of experts: the rank's experts, their groups, the token traffic ----------
 
 -- A count for the report: integers with thousands separators, other values with 1 decimal.
 local function count_text(x)

@@ -261,7 +261,7 @@ record("Dtype", {
     { "label", "str", "what it means" },
     { "param", "int", "bytes per parameter" },
     { "grad",  "int", "bytes per gradient" },
-    { "optim", "int", "bytes of optimizer state per parameter (seed 002)" },
+    { "optim", "int", "bytes of optimizer state per parameter (docs/megatron.md §5.7)" },
 })
 
 record("Class", {
@@ -283,7 +283,7 @@ record("Shards", {
     { "keys",          "map",   "'pp,tp,ep,etp' coordinates -> class id (shards.class_of)" },
     { "key_axes",      "array", "stride, size of dense pp and tp, expert ep and tp" },
     { "has_moe",       "bool",  "expert coordinates are part of the key" },
-    { "dtypes",        "array", "Dtype list (seed 002's table)" },
+    { "dtypes",        "array", "Dtype list (docs/megatron.md §5.7)" },
     { "unique",        "int",   "unique parameters of the model (no padding, no tied copy)" },
     { "unique_dense",  "int",   "of which not in experts" },
     { "unique_expert", "int",   "of which in experts" },

@@ -1,5 +1,5 @@
 -- partition.lua: which layers each pipeline stage and virtual chunk builds
--- (megatron-semantics.md 2: get_num_layers_to_build / get_transformer_layer_offset).
+-- (docs/megatron.md §2: get_num_layers_to_build / get_transformer_layer_offset).
 -- partition.build(cfg, topo) -> Partition. Even split, uneven first/last stage, and interleaved
 -- chunks; the embedding sits on (stage 0, chunk 0), ln_f + head + loss on (last stage, last
 -- chunk). Sizes were validated by config.lua; here a violated rule is a generator bug. Pure.

@@ -120,10 +120,10 @@ local function consts(cfg, s, layout)
         int("CFG_EFF", moe.ffn_hidden, "expert MLP width (model.moe.ffn_hidden)")
         int("CFG_EFF_LOCAL", s.eff_local, "expert columns per ETP rank")
         int("CFG_PRE_SOFTMAX", moe.pre_softmax and 1 or 0,
-            "probabilities: softmax before top-k (1) or over the top k (0)")
+            "1: softmax over all, then top-k; 0: softmax of the k")
         int("CFG_MOE_BIAS", moe.bias and 1 or 0, "expert biases (model.moe.bias)")
         float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * s.N * s.N),
-              "aux loss = AUX_SCALE * sum_e (sum of scores) * count_e = coeff*E/(K*N^2)")
+              "coeff*E/(K*N^2): aux = this * sum_e scores_e * count_e")
         float("CFG_AUX_GRAD", 1 / cfg.nmb, "the aux loss's share of the objective: 1/NMB")
         int("CFG_CAPACITY", s.capacity, moe.capacity_factor and
             "assignments an expert keeps per micro-batch = ceil(N*K/EXPERTS * capacity_factor)"
@@ -136,7 +136,7 @@ local function consts(cfg, s, layout)
     return out
 end
 
--- -- The model's tensors ---------------------------------------------------------------------------
+-- -- The model's tensors --------------------------------------------------------------------------
 
 -- Hugging Face's order inside a block (module order): c_attn before c_proj. Megatron's
 -- named_parameters order (shards.lua) has linear_proj first.
@@ -433,7 +433,8 @@ local function check_pieces(cfg, classes, pieces_of)
             assert(p.role == ref.role and util.shape(p.local_shape) == util.shape(ref.local_shape),
                    "program: class tensors differ at " .. p.name)
             if p.expert_id then
-                assert(p.expert_id == ref.expert_id + c.ep * nl, "program: expert ids of " .. p.name)
+                assert(p.expert_id == ref.expert_id + c.ep * nl,
+                       "program: expert ids of " .. p.name)
             end
             local want = {}
             for _, pr in ipairs(pieces_of[i] or {}) do

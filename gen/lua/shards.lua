@@ -3,15 +3,15 @@
 -- rank and, for MoE, ep/etp rank) form a class; params are computed once per class and a rank's
 -- class follows from its coordinates (shards.class_of), so the cost does not grow with DP.
 -- Names are Hugging Face GPT-2's; weights are in HF's Conv1D layout [in, out]. Splits follow
--- Megatron's tensor parallelism (megatron-semantics.md 4, 7, 8); byte counts follow seed 002
--- and the distributed-optimizer buffer layout (5.1). Pure; called by driver.lua and tests.
+-- Megatron's tensor parallelism (docs/megatron.md §4, §7, §8); byte counts follow §5.7
+-- and the distributed-optimizer buffer layout (§5.1). Pure; called by driver.lua and tests.
 
 local ir = require("ir")
 local util = require("util")
 
 local M = {}
 
--- ORDER DTYPES: seed 002's table, bytes per parameter. Optimizer state: fp32 main params
+-- ORDER DTYPES: bytes per parameter (docs/megatron.md §5.7). Optimizer state: fp32 main params
 -- (unless params are fp32), fp32 main grads (only when grads are fp16/bf16), Adam m and v.
 M.DTYPES = {
     { "fp16",      "fp16/bf16 params + grads", 2, 2, 16 },
@@ -177,7 +177,7 @@ function M.class_params(cfg, part, cls)
     return out
 end
 
--- The distributed optimizer's layout of one grad buffer (megatron-semantics 5.1): params in
+-- The distributed optimizer's layout of one grad buffer (docs/megatron.md §5.1): params in
 -- reverse order, each start rounded up to 64 elements, the shared embedding in a bucket of
 -- its own, every bucket padded to a multiple of lcm(dp_shards, 128). One bucket otherwise
 -- (overlap_grad_reduce off: no size-based bucketing).

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # tests/errors/suite.sh: bad input must be refused with the exact first error line, the right
 # exit status, and nothing written.
 # A case is tests/errors/<case>.cmd (the gen arguments on one line; model cases name their
@@ -7,28 +7,24 @@
 # --out build/test/errors/<case>/out, which must not exist afterwards unless the status is 0.
 # sandbox_bytecode.src.lua is compiled here with luac5.4 (shipped with lua5.4) into the
 # precompiled chunk that case must refuse.
-cd "$(dirname "$0")/../.." || exit 2
+. "$(dirname "$0")/../lib.sh" errors
 gen=build/gen
-scratch=build/test/errors
+scratch=$S
 if [ ! -x "$gen" ]; then
-    echo "FAIL errors/suite: $gen is missing (make build/gen)"
-    exit 1
+    fail suite "$gen is missing (make build/gen)"
+    finish
 fi
-rm -rf "$scratch"
-mkdir -p "$scratch"
 have_luac=1
 luac5.4 -o "$scratch/sandbox_bytecode.lua" tests/errors/sandbox_bytecode.src.lua 2>/dev/null \
     || have_luac=0
-status=0
 for cmd in tests/errors/*.cmd; do
     case=$(basename "$cmd" .cmd)
     if [ "$case" = sandbox_bytecode ] && [ $have_luac = 0 ]; then
-        echo "SKIP errors/$case: luac5.4 not found (make deps)"
+        skip "$case" "luac5.4 not found (make deps)"
         continue
     fi
     if [ ! -f "tests/errors/$case.err" ]; then
-        echo "FAIL errors/$case: tests/errors/$case.err is missing"
-        status=1
+        fail "$case" "tests/errors/$case.err is missing"
         continue
     fi
     want=$(cat "tests/errors/$case.err")
@@ -40,21 +36,17 @@ for cmd in tests/errors/*.cmd; do
     rc=$?
     got=$(head -n 1 "$scratch/$case.stderr")
     if [ "$rc" != "$want_rc" ]; then
-        echo "FAIL errors/$case: exit status $rc, want $want_rc (stderr: $got)"
-        status=1
+        fail "$case" "exit status $rc, want $want_rc (stderr: $got)"
     elif [ "$got" != "$want" ]; then
-        echo "FAIL errors/$case: first stderr line differs"
+        fail "$case" "first stderr line differs"
         echo "    got:  $got"
         echo "    want: $want"
-        status=1
     elif [ "$rc" != 0 ] && ! tail -n 1 "$scratch/$case.stderr" | grep -q 'no output written'; then
-        echo "FAIL errors/$case: stderr does not end with 'no output written'"
-        status=1
+        fail "$case" "stderr does not end with 'no output written'"
     elif [ "$rc" != 0 ] && [ -e "$scratch/$case/out" ]; then
-        echo "FAIL errors/$case: $scratch/$case/out was written despite the error"
-        status=1
+        fail "$case" "$scratch/$case/out was written despite the error"
     else
-        echo "PASS errors/$case"
+        pass "$case"
     fi
 done
-exit $status
+finish

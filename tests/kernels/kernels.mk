@@ -2,8 +2,9 @@
 # Read after the top Makefile, whose variables it uses (MPICC, NVCC, CFLAGS_C, GEN_OPT, WARN,
 # RT_CPU_LIBS, RT_CUDA_LIBS, RT_NVCC_FLAGS, HAVE_CUDA), either through an include or as
 #   make -f Makefile -f tests/kernels/kernels.mk KT_SRC=<dir> kernel-test[-cuda]
-# KT_SRC holds kernels_cpu.c, kernels_cuda.cu and kernel_rows.h: the library's own (lib/) or a
-# mutant copy the suite made; objects and programs go to KT_BUILD (build/test/kernels/).
+# KT_SRC holds kernels_cpu.c, kernels_cuda.cu and kernel_rows.h: the library's own (lib/: the
+# test links the library's objects, build/lib/kernels_*.o) or a mutant copy the suite made
+# (compiled here); objects and programs go to KT_BUILD (build/test/kernels/).
 
 ifndef KERNELS_MK_INCLUDED
 KERNELS_MK_INCLUDED := 1
@@ -12,6 +13,13 @@ KT_SRC   ?= lib
 KT_BUILD ?= build/test/kernels
 KT_FLAGS := -Iruntime -I$(KT_SRC) -Ilib -Itests/ref
 KT_EXTRA ?=                 # more flags for the kernels (the suite's mutants: -Wno-error)
+ifeq ($(KT_SRC),lib)
+KT_CPU   := build/lib/kernels_cpu.o
+KT_CUDA  := build/lib/kernels_cuda.o
+else
+KT_CPU   := $(KT_BUILD)/kernels.o
+KT_CUDA  := $(KT_BUILD)/kernels_cuda.o
+endif
 
 .PHONY: kernel-test kernel-test-cuda
 kernel-test: $(KT_BUILD)/kernel_test_cpu
@@ -28,21 +36,19 @@ $(KT_BUILD)/kernels.o: $(KT_SRC)/kernels_cpu.c $(KT_SRC)/kernel_rows.h lib/kerne
 	$(Q)mkdir -p $(@D)
 	$(Q)$(MPICC) -std=c11 $(GEN_OPT) -g $(WARN) $(KT_FLAGS) $(KT_EXTRA) -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_cpu: $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels.o build/librt_cpu.a \
+$(KT_BUILD)/kernel_test_cpu: $(KT_BUILD)/kernel_test.o $(KT_CPU) build/librt_cpu.a \
                              build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels.o build/ref/libref.a \
-	    $(RT_CPU_LIBS)
+	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_CPU) build/ref/libref.a $(RT_CPU_LIBS)
 
 $(KT_BUILD)/kernels_cuda.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h
 	$(E) "NVCC      $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(NVCC) $(RT_NVCC_FLAGS) $(KT_FLAGS) -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_cuda: $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels_cuda.o \
-                              build/librt_cuda.a build/ref/libref.a
+$(KT_BUILD)/kernel_test_cuda: $(KT_BUILD)/kernel_test.o $(KT_CUDA) build/librt_cuda.a \
+                              build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_BUILD)/kernels_cuda.o \
-	    build/ref/libref.a $(RT_CUDA_LIBS)
+	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_CUDA) build/ref/libref.a $(RT_CUDA_LIBS)
 
 endif

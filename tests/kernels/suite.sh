@@ -1,31 +1,24 @@
-#!/bin/sh
+#!/bin/bash
 # tests/kernels/suite.sh: the library's kernels against the double-precision reference's single
 # ops (tests/kernels/kernel_test.c, tolerances stated there), at thread counts 1 and 2 with
 # bit-identical results, a set of deliberately broken kernels that the test must catch, and the
 # CUDA kernels: built (and linked) whenever the CUDA backend is, run and compared with the CPU
 # results only where a GPU is present. Scratch: build/test/kernels/. Run from the repository
 # root by tests/run.sh (docs/DESIGN.md §3).
-cd "$(dirname "$0")/../.." || exit 2
-S=build/test/kernels
+. "$(dirname "$0")/../lib.sh" kernels
 MK="make -s --no-print-directory -f Makefile -f tests/kernels/kernels.mk"
-mkdir -p $S
-failed=0
-
-pass() { echo "PASS kernels/$1"; }
-fail() { echo "FAIL kernels/$1: $2"; failed=1; }
-skip() { echo "SKIP kernels/$1: $2"; }
 
 # -- Build: the library's kernels (lib/; sizes are arguments) -------------------------------------
 if ! make -s --no-print-directory build/librt_cpu.a ref build/tools/stcompare \
         > $S/build.log 2>&1; then
     sed 's/^/  /' $S/build.log | tail -20
     fail build "make librt_cpu.a ref stcompare failed"
-    exit 1
+    finish
 fi
 if ! $MK kernel-test > $S/build.log 2>&1; then
     sed 's/^/  /' $S/build.log | tail -20
     fail build "kernel_test_cpu does not compile (warnings are errors)"
-    exit 1
+    finish
 fi
 pass build
 
@@ -44,7 +37,7 @@ run_cpu() {     # threads
 ok1=0; ok2=0
 run_cpu 1 && ok1=1
 run_cpu 2 && ok2=1
-failed=$(( failed | ! (ok1 & ok2) ))
+FAILED=$(( FAILED | ! (ok1 & ok2) ))
 
 # Every CPU kernel partitions rows or columns, each element summed in a fixed order: the
 # results must not depend on the thread count, bit for bit.
@@ -149,4 +142,4 @@ else
         fi
     fi
 fi
-exit $failed
+finish

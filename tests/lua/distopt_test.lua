@@ -1,9 +1,9 @@
 -- tests/lua/distopt_test.lua: the distributed optimizer's per-rank shards as `make inspect
--- RANK=r` reports them (inspect.optimizer_shard, inspect.distopt_rank): seed 002's three
+-- RANK=r` reports them (inspect.optimizer_shard, inspect.distopt_rank): the three
 -- index ranges (world, local, param) on a hand-worked layout with a parameter that straddles
 -- two shards; the same ranges recomputed element by element (owner of every buffer element)
 -- for several layouts, padding and buckets included; and the bytes the report says the
--- distributed optimizer saves, against seed 002's table.
+-- distributed optimizer saves, against the byte table (docs/megatron.md §5.7).
 -- Run: build/gen --lua tests/lua/distopt_test.lua
 
 local host = require("host")
@@ -180,9 +180,9 @@ for _, case in ipairs(CASES) do
     end)
 end
 
--- -- Bytes: seed 002's table ----------------------------------------------------------------------
+-- -- Bytes: the table of §5.7 ----------------------------------------------------------------------
 
-T.test("bytes saved follow seed 002's table", function()
+T.test("bytes saved follow the table of docs/megatron.md 5.7", function()
     local cfg, topo, part, sh, sched, prog = F.build(SMALL, { dp = 3, dist_opt = true })
     local cls = shards.class_of(sh, 0)
     local numel = 0

@@ -1,5 +1,5 @@
--- tests/lua/partition_test.lua: layer placement (megatron-semantics.md 2), layer for layer:
--- the worked examples of 2(a)/(b), seed 003's interleaved example, embedding/head duties, and
+-- tests/lua/partition_test.lua: layer placement (docs/megatron.md §2), layer for layer:
+-- the worked examples of §2 (even, interleaved, uneven), embedding/head duties, and
 -- over random valid layouts: every layer placed exactly once, chunks in Megatron's order.
 -- Run: build/gen --lua tests/lua/partition_test.lua
 
@@ -52,7 +52,7 @@ T.test("2(a) L=14 P=4 V=2 embedding and loss accounted", function()
          "layers")
 end)
 
-T.test("seed 003: 8 layers, 2 stages, 2 chunks; and 4 chunks", function()
+T.test("8 layers, 2 stages, 2 chunks; and 4 chunks", function()
     T.eq(table_of(partition.split(8, 2, 2)), { { "0..1", "4..5" }, { "2..3", "6..7" } }, "V=2")
     T.eq(table_of(partition.split(8, 2, 4)), { { "0", "2", "4", "6" }, { "1", "3", "5", "7" } },
          "V=4")

@@ -1,6 +1,6 @@
 -- tests/lua/schedule_test.lua: the pipeline schedules and their checker.
 --  * warm-up counts and compute order of every stage for P=4, M=8 (1F1B and VP=2) equal the
---    tables of megatron-semantics.md 3.1/3.2 (r0 and r3 printed there; r1 and r2 derived here
+--    tables of docs/megatron.md §3.1/3.2 (r0 and r3 printed there; r1 and r2 derived here
 --    from the formulas, by code independent of schedule.lua);
 --  * verify.check rejects broken schedules (swapped send/recv, receives out of order, a
 --    missing receive, a send before its compute, a shape mismatch, collectives in different
@@ -54,7 +54,7 @@ local function order_interleaved(P, V, Mb, r)
     return table.concat(out, " "), w
 end
 
--- The tables printed in megatron-semantics.md (bars and ellipses removed).
+-- The tables printed in docs/megatron.md §3 (bars and ellipses removed).
 local DOC_1F1B = {
     [0] = "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7",
     [3] = "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7",
@@ -103,7 +103,7 @@ T.test("interleaved P=4 V=2 M=8: warm-up, steady, cool-down and order of every s
     end
 end)
 
-T.test("the seed's table: P=2 N=3 M=5 V=2", function()
+T.test("Megatron's example table (docs/megatron.md 3.2): P=2 N=3 M=5 V=2", function()
     local t = schedule.schedule_table(5, 2, 3)
     local mbs, chunks = {}, {}
     for i, e in ipairs(t) do mbs[i], chunks[i] = e.mb, e.chunk end

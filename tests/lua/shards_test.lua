@@ -3,7 +3,7 @@
 -- Megatron's TP splits on examples; tiling (the pieces of every parameter cover it exactly
 -- once across each TP group, and each expert once across each expert tp-ep group) over random
 -- configurations; reduce groups; the distributed-optimizer layout on a hand-worked example;
--- bytes against seed 002's table.
+-- bytes against the byte table of docs/megatron.md §5.7.
 -- Run: build/gen --lua tests/lua/shards_test.lua
 
 local host = require("host")
@@ -378,7 +378,7 @@ T.test("dist-opt: the tied embedding gets a bucket of its own", function()
     end
 end)
 
-T.test("bytes per parameter: seed 002's table", function()
+T.test("bytes per parameter: the table of docs/megatron.md 5.7", function()
     local model = config.load_model("gpt3_175b")
     for _, d in ipairs({ 1, 8, 64 }) do
         local _, _, _, sh = build(model, { tp = 8, pp = 8, dp = d })

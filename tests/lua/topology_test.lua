@@ -1,5 +1,5 @@
--- tests/lua/topology_test.lua: Megatron's rank groups. The worked examples of seeds 001 and
--- 004 and of megatron-semantics.md 1.6, group for group; then structural properties over
+-- tests/lua/topology_test.lua: Megatron's rank groups. The worked examples of
+-- docs/megatron.md §1.6, group for group; then structural properties over
 -- random valid configurations (world up to 4096, random orders Megatron accepts).
 -- Run: build/gen --lua tests/lua/topology_test.lua
 
@@ -31,7 +31,7 @@ local MOE = { layers = 8, hidden = 64, heads = 8, moe = { experts = 8, top_k = 2
 
 -- -- Worked examples -----------------------------------------------------------------------------
 
-T.test("seed 001 dense TP4-PP2-DP2", function()
+T.test("example B: dense TP4-PP2-DP2", function()
     local _, topo = F.build(DENSE, { tp = 4, pp = 2, dp = 2 })
     T.eq(G(topo, "tp"), { range(0, 3), range(4, 7), range(8, 11), range(12, 15) }, "tp")
     T.eq(G(topo, "dp"), { { 0, 4 }, { 1, 5 }, { 2, 6 }, { 3, 7 }, { 8, 12 }, { 9, 13 },
@@ -45,7 +45,7 @@ T.test("seed 001 dense TP4-PP2-DP2", function()
     end
 end)
 
-T.test("seed 001 MoE ETP1-PP2-EP4-EDP2", function()
+T.test("example C: MoE folding ETP1-PP2-EP4-EDP2", function()
     local cfg, topo = F.build(MOE, { tp = 4, pp = 2, dp = 2, ep = 4, etp = 1, sp = true })
     T.eq(cfg.edp, 2, "edp")
     T.eq(G(topo, "ep"), { range(0, 3), range(4, 7), range(8, 11), range(12, 15) }, "ep")
@@ -61,7 +61,7 @@ T.test("seed 001 MoE ETP1-PP2-EP4-EDP2", function()
     end
 end)
 
-T.test("seed 004 and example A: TP2 PP4 on 16", function()
+T.test("example A: TP2 PP4 on 16", function()
     local _, topo = F.build(DENSE, { tp = 2, pp = 4, dp = 2 })
     T.eq(G(topo, "tp"), { { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 }, { 8, 9 }, { 10, 11 },
                           { 12, 13 }, { 14, 15 } }, "tp")
@@ -85,7 +85,7 @@ T.test("seed 004 and example A: TP2 PP4 on 16", function()
     T.eq(G(topo, "tp-ep-pp"), mp, "tp-ep-pp")
     T.eq(G(topo, "embd"), { { 0, 12 }, { 1, 13 }, { 2, 14 }, { 3, 15 } }, "embd")
     T.eq(G(topo, "pos-embd"), { { 0 }, { 1 }, { 2 }, { 3 } }, "pos-embd")
-    -- seed 004: the pipeline of rank 2 is [2, 6, 10, 14]; neighbours wrap around.
+    -- example A: the pipeline of rank 2 is [2, 6, 10, 14]; neighbours wrap around.
     local prev, nxt = topology.neighbours(topo, 2)
     T.eq({ prev, nxt }, { 14, 6 }, "neighbours of 2")
     prev, nxt = topology.neighbours(topo, 14)
@@ -151,7 +151,7 @@ T.test("bonus: TP2 CP2 PP2, then EP4 ETP1", function()
                                       sp = true })
     T.eq(G(topo2, "ep"), { range(0, 3), range(4, 7), range(8, 11), range(12, 15) },
          "ep folded over TP x CP")
-    -- rank = t + T*c + T*C*d + T*C*D*p (megatron-semantics 1.3)
+    -- rank = t + T*c + T*C*d + T*C*D*p (docs/megatron.md §1.3)
     for r = 0, 15 do
         local c = topology.coords(topo, r)
         T.eq(c.tp + 2 * c.cp + 4 * c.dp + 8 * c.pp, r, "dense rank formula")

@@ -33,7 +33,7 @@ end
 -- A row is 64 f32 channels, plus its probability on the way out: 16 * 65 * 4 = 4,160 bytes per
 -- peer, 3 peers off-rank = 12,480; outputs back 16 * 64 * 4 = 4,096 (12,288). The backward
 -- mirrors it. Per layer and micro-batch 24,768 bytes each way off-rank; 66,048 sent in all.
-T.test("traffic: seed 001 (tp4 pp2 sp, etp1 ep4)", function()
+T.test("traffic: the folding example (tp4 pp2 sp, etp1 ep4)", function()
     local cfg = F.config(tiny(), { tp = 4, pp = 2, sp = true, etp = 1, ep = 4, mbs = 2,
                                    nmb = 2 })
     local t = inspect.moe_traffic(cfg)
@@ -119,7 +119,7 @@ T.test("experts held: global ids match the shards", function()
     end
 end)
 
-T.test("report: seed 001 rank 5", function()
+T.test("report: the folding example, rank 5", function()
     local cfg, topo, part, sh, sched, prog = F.build(tiny(), { tp = 4, pp = 2, sp = true, etp = 1, ep = 4,
                                                   mbs = 2, nmb = 2 })
     local text = inspect.rank(cfg, topo, part, sh, sched, prog, 5)
@@ -195,7 +195,7 @@ T.test("parameters and memory per rank include the experts", function()
         for r = 0, cfg.world - 1 do
             local cls = shards.class_of(sh, r)
             T.eq(cls.numel, rank_numel(cfg, topo, part, r), "elements of rank " .. r)
-            -- seed 002: without the distributed optimizer, per element 4+4+8 (fp32), 2+2+16
+            -- docs/megatron.md §5.7: without the distributed optimizer, per element 4+4+8 (fp32), 2+2+16
             -- (fp16/bf16 with fp32 master and moments) bytes
             T.eq(shards.bytes_of(cls, "fp32", false).total, 16 * cls.numel, "fp32 bytes")
             T.eq(shards.bytes_of(cls, "fp16", false).total, 20 * cls.numel, "fp16 bytes")

@@ -1,5 +1,5 @@
--- tests/pipeline/tied.lua: the two copies of the tied embedding after training (megatron
--- semantics 7): on every pipeline group the last stage's wte (the head's copy) must equal the
+-- tests/pipeline/tied.lua: the two copies of the tied embedding after training (docs/megatron.md
+-- §7): on every pipeline group the last stage's wte (the head's copy) must equal the
 -- first stage's bit for bit, and the first stage's must be what --save wrote.
 -- Run: build/gen --lua tests/pipeline/tied.lua OUTDIR CKPT_STEP_DIR SAVED.safetensors
 --   OUTDIR         the generated directory (shards.json, topology.json: buffer layout, ranks)

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # tests/program/suite.sh: the generated program against the generator's own records.
 #   groups/<layout>   the groups every rank builds at start-up from the grid description
 #                     (train --show-groups) are topology.json's, member for member, in order
@@ -7,26 +7,18 @@
 #                     tail, every pipeline message), in order, for two steps
 #   dump/<pass>       build/gen --dump schedule and --dump program print the records as JSON
 # Scratch: build/test/program/. Run: tests/run.sh program
-cd "$(dirname "$0")/../.." || exit 2
-pass() { echo "PASS program/$1"; }
-fail() { echo "FAIL program/$1: $2"; FAILED=1; }
-MPIRUN="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-S=build/test/program
-rm -rf "$S"
-mkdir -p "$S"
-FAILED=0
+. "$(dirname "$0")/../lib.sh" program
 
 if ! make -s --no-print-directory build/gen build/libgpt_cpu.a build/librt_cpu.a \
         build/tools/tokenize > "$S/make.log" 2>&1; then
     fail setup "make build/gen libgpt_cpu.a librt_cpu.a tokenize failed: $(tail -n 1 "$S/make.log")"
-    exit 1
+    finish
 fi
 # a token file for tiny's vocabulary of 256 (byte tokens of the sources here)
 TOKENS=$S/tokens.bin
 build/tools/tokenize -o "$TOKENS" README.md docs/*.md > /dev/null 2>&1 || {
     fail setup "cannot make a token file"
-    exit 1
+    finish
 }
 
 # name | world | gen arguments: dense and MoE grids, a rank order other than the default
@@ -34,14 +26,11 @@ while IFS='|' read -r name world args; do
     [ -z "$name" ] && continue
     d=$S/$name
     # shellcheck disable=SC2086 # the generator arguments are words without spaces
-    if ! build/gen $args --out "$d" > "$d.gen.txt" 2>&1 ||
-       ! make -s --no-print-directory GEN_DIR="$d" GEN_OBJ="$S/obj/$name" "$d/train" \
-            > "$d.build.txt" 2>&1; then
-        fail "groups/$name" "generate/build failed: $(cat "$d.gen.txt" "$d.build.txt" | head -n 1)"
+    if ! gen_build "$d" $args; then
+        fail "groups/$name" "$WHY"
         continue
     fi
-    if ! timeout 60 $MPIRUN -np "$world" "$d/train" --show-groups > "$d.groups.txt" 2>&1 \
-            < /dev/null; then
+    if ! RUN_TIMEOUT=60 run_prog "$d/train" "$world" "$d.groups.txt" --show-groups; then
         fail "groups/$name" "train --show-groups failed: $(tail -n 1 "$d.groups.txt")"
     elif why=$(build/gen --lua tests/program/groups_check.lua "$d/topology.json" \
                    "$d.groups.txt" 2>&1); then
@@ -63,15 +52,16 @@ while IFS='|' read -r name world args; do
     d=$S/trace-$name
     mkdir -p "$d/trace"
     # shellcheck disable=SC2086
-    if ! build/gen $args --out "$d/out" > "$d.gen.txt" 2>&1 ||
-       ! build/gen $args --dump program > "$d/program.json" 2>> "$d.gen.txt" ||
-       ! make -s --no-print-directory GEN_DIR="$d/out" GEN_OBJ="$S/obj/trace-$name" \
-            "$d/out/train" > "$d.build.txt" 2>&1; then
-        fail "trace/$name" "generate/build failed: $(cat "$d.gen.txt" "$d.build.txt" | head -n 1)"
+    if ! gen_build "$d/out" $args; then
+        fail "trace/$name" "$WHY"
         continue
     fi
-    if ! RT_TRACE=$d/trace timeout 120 $MPIRUN -np "$world" "$d/out/train" --data "$TOKENS" \
-            --steps 2 --quiet > "$d.run.txt" 2>&1 < /dev/null; then
+    if ! build/gen $args --dump program > "$d/program.json" 2> "$d.dump.txt"; then
+        fail "trace/$name" "--dump program failed: $(head -n 1 "$d.dump.txt")"
+        continue
+    fi
+    if ! RT_TRACE=$d/trace RUN_TIMEOUT=120 run_prog "$d/out/train" "$world" "$d.run.txt" \
+            --data "$TOKENS" --steps 2 --quiet; then
         fail "trace/$name" "training failed: $(grep -m1 -i 'error\|rank' "$d.run.txt")"
     elif why=$(build/gen --lua tests/program/trace_check.lua "$d/program.json" "$d/trace" \
                    "$world" 2 2>&1); then
@@ -125,4 +115,4 @@ for pass_ in schedule program; do
         fail "dump/$pass_" "$(head -n 1 "$S/dump-$pass_.txt" "$S/dump-$pass_.json" | head -n 2)"
     fi
 done
-exit $FAILED
+finish

@@ -655,7 +655,7 @@ void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int 
         }
 }
 
-/* -- Mixture of experts (issue 7) ------------------------------------------------------------- */
+/* -- Mixture of experts --------------------------------------------------------------------- */
 /*
 ** Megatron's TopKRouter and experts, written out (README.md, "Mixture of experts"), over
 ** N = B*T tokens, row n = b*T + t:
@@ -1029,7 +1029,7 @@ static void zero(double *p, size_t n)
     memset(p, 0, n * sizeof(double));
 }
 
-/* -- Feed-forward block (the part issue 7 swaps for a mixture of experts) ---------------------- */
+/* -- Feed-forward block (what a mixture of experts replaces) ---------------------- */
 
 /* out (N,C) = c_proj(gelu(c_fc(in))); keeps the c_fc output and the GELU output. */
 static void mlp_fwd(double *out, ref_mlp_acts *ma, const ref_layer *w, const double *in,

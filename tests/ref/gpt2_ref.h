@@ -15,7 +15,7 @@
 
 /* -- Configuration ---------------------------------------------------------------------------- */
 
-/* The mixture of experts that replaces every layer's MLP (issue 7); experts = 0: dense MLP.
+/* The mixture of experts that replaces every layer's MLP (docs/megatron.md §8); experts = 0: dense MLP.
 ** Semantics (routing, ties, capacity, aux loss): tests/ref/README.md, "Mixture of experts". */
 typedef struct ref_moe_config {
     int experts;        /* E: experts per layer; 0 = no MoE (the dense MLP of width ffn) */
@@ -39,7 +39,7 @@ typedef struct ref_config {
     ref_moe_config moe; /* all zero: a dense model */
 } ref_config;
 
-/* How a tensor is initialised by ref_model_init_random (issue 4, "Initialisation"). */
+/* How a tensor is initialised by ref_model_init_random (tests/ref/README.md). */
 typedef enum {
     REF_INIT_NORMAL,    /* N(0, 0.02)                                   */
     REF_INIT_OUT_PROJ,  /* N(0, 0.02 / sqrt(2 * layers)): attn, mlp and expert c_proj weights */
@@ -243,7 +243,7 @@ void ref_xent_fwd(double *probs, double *losses, const double *logits, const int
 void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int N, int V,
                   double scale);
 
-/* -- Mixture of experts (issue 7) ------------------------------------------------------------- */
+/* -- Mixture of experts --------------------------------------------------------------------- */
 
 int ref_moe_capacity(int ntokens, const ref_moe_config *moe);
 void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C);

@@ -1,7 +1,7 @@
 /*
 ** main.c: the command line of build/ref/gpt2_ref, the double-precision reference trainer.
 ** Parses and checks flags, builds the model (--init or --random-init; dense, or a mixture of
-** experts with --experts), trains on --data with issue 4's batching, and writes the log and
+** experts with --experts), trains on --data with the fixed batching (tests/ref/README.md), and writes the log and
 ** checkpoints. All math is in gpt2_ref.c, all file
 ** formats in ref_io.c. Exit codes: 0 ok, 1 bad input file or I/O error, 2 usage error.
 */
@@ -28,7 +28,7 @@ static const char usage_text[] =
     "\n"
     "Double-precision reference GPT-2 trainer (the oracle for generated programs).\n"
     "  --ffn F            MLP width (default 4*C)\n"
-    "  --experts E        every MLP is a mixture of E experts (Megatron MoE, issue 7), with\n"
+    "  --experts E        every MLP is a mixture of E experts (Megatron's MoE), with\n"
     "    --top-k K          experts per token (1..E), router softmax over the top-k logits\n"
     "    --expert-ffn F     width of each expert's MLP (default --ffn)\n"
     "    --expert-bias      experts' c_fc and c_proj have biases (default: none)\n"

@@ -1,7 +1,7 @@
 /*
 ** ref_io.c: the reference's file I/O -- safetensors (a small JSON header parser, F32/BF16/F16/F64
 ** reading, F32 writing through a temporary file and rename), whole-model load/save in Hugging Face
-** GPT-2 names, and token data files with issue 4's batching. No model math here (gpt2_ref.c).
+** GPT-2 names, and token data files with the fixed batching of tests/ref/README.md. No model math here (gpt2_ref.c).
 ** Every error is printed as "path: error: message" and reported by returning -1.
 */
 #include "ref_io.h"

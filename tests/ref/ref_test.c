@@ -773,10 +773,10 @@ static int test_batch(const char *dir)
     }
     free(praw);
     free(pshard);
-    return bad ? fail("batching differs from issue 4's rule") : 0;
+    return bad ? fail("batching differs from the rule of tests/ref/README.md") : 0;
 }
 
-/* -- Mixture of experts (issue 7) ------------------------------------------------------------- */
+/* -- Mixture of experts --------------------------------------------------------------------- */
 
 /* The MoE model of the gradient checks: 2 layers, C=8, 2 heads, T=5, V=11, E experts of width 6. */
 static ref_config moe_config(int E, int k, int bias, int pre_softmax, double aux, double cap)
@@ -1356,7 +1356,7 @@ static int test_moe_dense(void)
 }
 
 /*
-** moe-layout: the tensor table of a mixture of experts (issue 7's checkpoint layout): after
+** moe-layout: the tensor table of a mixture of experts (the checkpoint layout): after
 ** ln_2 each layer holds mlp.router.weight [E,C] and, per expert, c_fc.weight [C,Fe],
 ** c_fc.bias [Fe], c_proj.weight [Fe,C], c_proj.bias [C] (biases only with moe.bias); weight
 ** decay on the router and expert weights only; init N(0,0.02) for the router and c_fc,

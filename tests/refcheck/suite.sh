@@ -1,29 +1,19 @@
-#!/bin/sh
+#!/bin/bash
 # tests/refcheck/suite.sh: the reference's own tests (tests/ref, build/ref/gpt2_ref), so that the
 # oracle the generated programs are judged by is itself right: gradients against finite
 # differences, AdamW/LR/clipping against hand-computed values, file formats, batching, error
 # messages, and (when PyTorch is installed) whole training runs against torch in float64.
-# Protocol: docs/DESIGN.md section 3. Run: tests/run.sh refcheck (from the repository root).
-
-D=build/test/refcheck
+# Protocol: tests/lib.sh. Run: make test SUITE=refcheck.
+. "$(dirname "$0")/../lib.sh" refcheck
+D=$S
 REF=build/ref/gpt2_ref
 TOK=build/ref/make_tokens
 UNIT=build/ref/ref_test
-mkdir -p "$D" || exit 2
 
-pass() { echo "PASS refcheck/$1"; }
-fail() { echo "FAIL refcheck/$1: $2"; }
-
-# Build the reference. Until tests/tests.mk includes tests/ref/ref.mk, name the fragment here.
-if grep -qs 'tests/ref/ref.mk' tests/tests.mk; then
-    make -s ref > "$D/build.txt" 2>&1
-else
-    make -s -f Makefile -f tests/ref/ref.mk ref > "$D/build.txt" 2>&1
-fi
-if [ $? -ne 0 ]; then
+if ! make -s ref > "$D/build.txt" 2>&1; then
     head -n 20 "$D/build.txt"
     fail build "make ref failed"
-    exit 1
+    finish
 fi
 pass build
 
@@ -152,7 +142,7 @@ else
     fail log-format "$D/falls.jsonl: not 30 lines of {\"step\":t,\"loss\":..,\"lr\":..,..}"
 fi
 
-# -- Mixture of experts (issue 7) ------------------------------------------------------------
+# -- Mixture of experts --------------------------------------------------------------------
 
 MOE="$TINY --experts 4 --top-k 2 --expert-ffn 64"
 
@@ -220,7 +210,7 @@ if [ $moe_acc_ok -eq 1 ]; then
     fi
 fi
 
-# Checkpoints of a mixture of experts (issue 7's names, expert biases included) round-trip, and
+# Checkpoints of a mixture of experts (the checkpoint names, expert biases included) round-trip, and
 # a run from --init of --save-init equals the --random-init run.
 MOEB="$MOE --expert-bias --aux-coeff 0.01"
 if run_ok moe-save-roundtrip $REF $MOEB --random-init 9 --save-init "$D/moe_a.safetensors" &&
@@ -471,4 +461,4 @@ elif [ -s "$D/tm_b.jsonl" ]; then
         fail torch-moe "$(tail -n 1 "$D/torch_moe.txt")"
     fi
 fi
-exit 0
+finish

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/refcheck/torch_moe_check.py: cross-checks the reference's mixture of experts (issue 7)
+"""tests/refcheck/torch_moe_check.py: cross-checks the reference's mixture of experts
 against PyTorch (float64) autograd.
 
 Trains the same MoE GPT from the same --init on the same data with torch.optim.AdamW and

@@ -8,19 +8,12 @@
 # PASS/FAIL regions/<layout>/<region>-<fwd|bwd>. Layouts: TP 2 with and without SP, TP 4
 # (two ranks hold only vocabulary padding) and the odd-sized model at TP 5 with SP.
 # Scratch: build/test/regions/.
-cd "$(dirname "$0")/../.." || exit 2
-S=build/test/regions
-rm -rf "$S"
-mkdir -p "$S"
-MPIRUN="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPIRUN="mpirun --allow-run-as-root --oversubscribe"
-FAILED=0
+. "$(dirname "$0")/../lib.sh" regions
 
 if ! make -s --no-print-directory build/gen build/libgpt_cpu.a build/librt_cpu.a ref \
         > "$S/make.log" 2>&1; then
-    echo "FAIL regions/setup: make build/gen libgpt_cpu.a librt_cpu.a ref failed:" \
-         "$(tail -n 1 "$S/make.log")"
-    exit 1
+    fail setup "make build/gen libgpt_cpu.a librt_cpu.a ref failed: $(tail -n 1 "$S/make.log")"
+    finish
 fi
 
 # name, ranks, generator arguments (TP > 1, DP 1, PP 1; MBS 2)
@@ -32,23 +25,20 @@ while read -r name np args; do
        ! make -s --no-print-directory -f Makefile -f tests/regions/regions.mk \
             REGIONS_OUT="$out" REGIONS_BIN="$S/$name" "$S/$name" > "$S/$name.build.log" 2>&1
     then
-        echo "FAIL regions/$name: generate/build failed: $(cat "$S/$name.gen.log" \
-              "$S/$name.build.log" | grep -m1 -E 'error|Error' | cut -c1-160)"
-        FAILED=1
+        fail "$name" "generate/build failed: $(cat "$S/$name.gen.log" "$S/$name.build.log" |
+                                               grep -m1 -E 'error|Error' | cut -c1-160)"
         continue
     fi
-    timeout 120 $MPIRUN -np "$np" "$S/$name" "$name" > "$S/$name.log" 2> "$S/$name.err" < /dev/null
+    RUN_TIMEOUT=120 run_prog "$S/$name" "$np" "$S/$name.log" "$name"
     rc=$?
     grep -E '^(PASS|FAIL) ' "$S/$name.log"
     if [ $rc != 0 ]; then
         FAILED=1
         grep -q '^FAIL ' "$S/$name.log" ||
-            echo "FAIL regions/$name: exit $rc:" \
-                 "$(grep -m1 -E 'rank|error' "$S/$name.err" | cut -c1-160)"
-        grep '^\[rank' "$S/$name.err" | head -n 10 | sed 's/^/    /'
+            fail "$name" "exit $rc: $(grep -m1 -E 'rank|error' "$S/$name.log" | cut -c1-160)"
+        grep '^\[rank' "$S/$name.log" | head -n 10 | sed 's/^/    /'
     elif [ "$(grep -c '^PASS ' "$S/$name.log")" -lt 15 ]; then
-        echo "FAIL regions/$name: only $(grep -c '^PASS ' "$S/$name.log") of 15 tests reported"
-        FAILED=1
+        fail "$name" "only $(grep -c '^PASS ' "$S/$name.log") of 15 tests reported"
     fi
 done <<'EOF'
 tiny-tp2 2 tiny --tp 2
@@ -56,4 +46,4 @@ tiny-tp2-sp 2 tiny --tp 2 --sp
 tiny-tp4 4 tiny --tp 4
 odd-tp5-sp 5 tests/models/odd.lua --tp 5 --sp
 EOF
-exit $FAILED
+finish

@@ -2,12 +2,11 @@
 -- tests/runtime/t_groups.c (the t_config of tests/runtime/t_tables.h). Test tooling only.
 --   build/gen --lua tests/runtime/topo2c.lua TOPOLOGY.json OUT.c [NAME]
 --   lua5.4 tests/runtime/topo2c.lua TOPOLOGY.json OUT.c [NAME]     (same, without the generator)
--- Reads {"world": W, "groups": {"tp": [[0,1],[2,3]], ...}, ...} (the generator's topology.json;
--- a group may also be an object with a "ranks" array) or the `build/gen ... --dump topology`
--- form {"world": W, "kinds": [{"name": "tp", "size": 2, "count": 4, "members": [...]}, ...]}
--- (members group-major), which the generator prints also for layouts it cannot yet train. Uses gen/lua/json.lua (json.decode) when it can be required, else the
--- small decoder below. Kinds are emitted in sorted order; the row order inside a group is kept
--- (it defines the group rank).
+-- Reads the generator's topology.json (format topology/2, written for every layout by
+-- `build/gen ... --topology-only`): {"world": W, "groups": {"tp": [[0,1],[2,3]], ...}, ...}, the
+-- groups listed up to 4,096 ranks. Uses gen/lua/json.lua (json.decode) when it can be required,
+-- else the small decoder below. Kinds are emitted in sorted order; the row order inside a group
+-- is kept (it defines the group rank).
 local args = arg or { ... }
 local inpath, outpath, name = args[1], args[2], args[3]
 if not inpath or not outpath then
@@ -126,25 +125,7 @@ end
 
 local world = math.tointeger(topo.world) or die("no integer 'world'")
 local groups = topo.groups
-if type(groups) ~= "table" and type(topo.kinds) == "table" then
-    groups = {}
-    for _, k in ipairs(topo.kinds) do
-        local size, count = math.tointeger(k.size), math.tointeger(k.count)
-        if not (k.name and size and count and type(k.members) == "table") then
-            die("a kind without name, size, count and members")
-        end
-        if #k.members ~= size * count then
-            die(string.format("kind %s: %d members for %d groups of %d", k.name, #k.members,
-                              count, size))
-        end
-        local rows = {}
-        for g = 0, count - 1 do
-            rows[#rows + 1] = table.move(k.members, g * size + 1, (g + 1) * size, 1, {})
-        end
-        groups[k.name] = rows
-    end
-end
-if type(groups) ~= "table" then die("no 'groups' object or 'kinds' array") end
+if type(groups) ~= "table" then die("no 'groups' object (more than 4,096 ranks?)") end
 local kinds = {}
 for k in pairs(groups) do kinds[#kinds + 1] = k end
 table.sort(kinds)

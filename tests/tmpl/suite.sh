@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # tests/tmpl/suite.sh: the template engine (gen/tmpl.c, gen/tmpl_lex.re) and the generator's
 # C host (gen/main.c, gen/host.c): command line, error reporting, module `host`.
 # Protocol: DESIGN.md 3 (one PASS/FAIL/SKIP line per test). Scratch files: build/test/tmpl/.
@@ -7,20 +7,14 @@
 #                  status as in <case>.err ("exit N" on its second line); whole stderr when
 #                  <case>.stderr exists
 #   cli/<name>     build/gen arguments, scripts in tests/tmpl/cli/
-cd "$(dirname "$0")/../.." || exit 2
-S=build/test/tmpl
+. "$(dirname "$0")/../lib.sh" tmpl
 C=tests/tmpl/cases
 G=build/gen
-mkdir -p "$S"
 if ! make -s build/gen > "$S/make.log" 2>&1; then
-    echo "FAIL tmpl/build: make build/gen failed:"
+    fail build "make build/gen failed:"
     tail -n 20 "$S/make.log"
-    exit 1
+    finish
 fi
-
-failed=0
-pass() { printf 'PASS tmpl/%s\n' "$1"; }
-fail() { printf 'FAIL tmpl/%s: %s\n' "$1" "$2"; failed=1; }
 
 # run NAME CMD...: stdout -> $out, stderr -> $err, status -> $rc
 run() {
@@ -275,4 +269,4 @@ tests/tmpl/cases/err_needs.tmpl:2: warning: 'unused_b' declared in needs: but ne
 then pass lua/needs-once
 else fail lua/needs-once "exit $rc, stderr: $(cat "$err" | tr '\n' '|')"; fi
 
-exit "$failed"
+finish

@@ -14,8 +14,6 @@
 --   lua5.4 fixtures.lua unaligned IN OUT          header padded to 8k + 1 bytes
 --   lua5.4 fixtures.lua gap IN OUT                4 unused bytes after the first tensor
 --   lua5.4 fixtures.lua decode IN OUT             uint16 tokens (bare or llm.c shard) to bytes
---   lua5.4 fixtures.lua logcmp A B KEY=TOL...     JSONL logs, step by step: |a - b| <= TOL*|b|
---                                                 per key (TOL "exact": the same text)
 --   lua5.4 fixtures.lua logkeys FILE N            N lines, steps 1..N, keys exactly step, loss,
 --                                                 lr, grad_norm, ms, tok_s with number values
 
@@ -170,44 +168,6 @@ elseif cmd == "decode" then
         out[#out + 1] = string.char(v)
     end
     spit(arg[3], table.concat(out))
-elseif cmd == "logcmp" then
-    -- every line of a log as { step = "1", loss = "5.5", ... } (values kept as text), in order
-    local function lines(path)
-        local out = {}
-        for line in io.lines(path) do
-            local rec, keys = {}, {}
-            for k, v in line:gmatch('"([%w_]+)":([^,}]+)') do rec[k] = v; keys[#keys + 1] = k end
-            rec.keys = keys
-            out[#out + 1] = rec
-        end
-        return out
-    end
-    local a, b = lines(arg[2]), lines(arg[3])
-    if #a ~= #b then die("%s has %d lines, %s has %d", arg[2], #a, arg[3], #b) end
-    local bad = 0
-    for i = 4, #arg do
-        local key, tol = arg[i]:match("^([%w_]+)=(.+)$")
-        local worst, exact = 0, tol == "exact"
-        tol = tonumber(tol)
-        for n = 1, #a do
-            local x, y = a[n][key], b[n][key]
-            if not x or not y then die("line %d has no '%s'", n, key) end
-            local d = math.abs(tonumber(x) - tonumber(y))
-            local rel = d / math.max(math.abs(tonumber(y)), 1e-300)
-            if tonumber(x) == tonumber(y) then rel = 0 end
-            worst = math.max(worst, rel)
-            if (exact and x ~= y) or (not exact and not (rel <= tol)) then
-                bad = bad + 1
-                if bad <= 5 then
-                    print(string.format("  step %s %s: %s vs %s (rel %.3g)", a[n].step, key,
-                                        x, y, rel))
-                end
-            end
-        end
-        print(string.format("  %s: max rel %.3g (%s)", key, worst,
-                            exact and "exact" or "tol " .. tol))
-    end
-    os.exit(bad == 0 and 0 or 1)
 elseif cmd == "logkeys" then
     local want, n = "step,loss,lr,grad_norm,ms,tok_s", 0
     for line in io.lines(arg[2]) do

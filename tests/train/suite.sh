@@ -1,10 +1,10 @@
-#!/bin/sh
+#!/bin/bash
 # tests/train/suite.sh: the generated single-rank training program (models/tiny.lua) end to end:
 # against the double-precision reference (losses, final weights), gradient accumulation,
 # safetensors round trips and dtypes, bit-exact --resume, every bad-input message, llm.c shards,
 # the tokenizer and `make data`, the log format, generator determinism and warnings, and the
-# GPT-2 124M CPU + CUDA builds. Prints PASS/FAIL/SKIP train/<name> (docs/DESIGN.md §3); scratch
-# in build/test/train/. Helpers: tests/train/fixtures.lua (file surgery, log comparison).
+# GPT-2 124M CPU + CUDA builds. Prints PASS/FAIL/SKIP train/<name> (tests/lib.sh); scratch in
+# build/test/train/. Helpers: tests/train/fixtures.lua (file surgery), tests/logcmp.lua.
 #
 # Tolerances (the reasons, in short; numbers observed are in the FAIL/verbose output):
 #   vs reference, losses: 1e-5 relative (observed ~3e-7). Both runs start from the same F32
@@ -21,18 +21,11 @@
 #   (MBS=4, NMB=1) vs (MBS=1, NMB=4): 1e-5 relative on loss and grad_norm (observed 5e-7):
 #     only the f32 summation order of the gradients differs.
 #   --resume, shards vs .bin, round trips: exact (same program, same inputs, same order).
-cd "$(dirname "$0")/../.." || exit 2
-S=build/test/train
+. "$(dirname "$0")/../lib.sh" train
 FIX="lua5.4 tests/train/fixtures.lua"
-STC=build/tools/stcompare
+STC=$STCOMPARE
 REF=build/ref/gpt2_ref
-failed=0
-rm -rf $S
-mkdir -p $S
 
-pass() { echo "PASS train/$1"; }
-fail() { echo "FAIL train/$1: $2"; failed=1; }
-skip() { echo "SKIP train/$1: $2"; }
 show() { sed 's/^/  /' "$1" | head -n "${2:-20}"; }     # a log, indented, for a FAIL
 
 # -- Setup --------------------------------------------------------------------------------------
@@ -40,11 +33,11 @@ if ! make -s --no-print-directory build/gen build/librt_cpu.a ref build/tools/st
         build/tools/tokenize > $S/make.log 2>&1; then
     show $S/make.log
     fail setup "make build/gen librt_cpu.a ref stcompare tokenize failed"
-    exit 1
+    finish
 fi
 if ! command -v lua5.4 > /dev/null; then
     fail setup "lua5.4 not found (make deps)"
-    exit 1
+    finish
 fi
 
 # verdict NAME WHY LOG CHECK...: PASS NAME if the shell function or command CHECK succeeds
@@ -63,7 +56,7 @@ L=$(get layers) C=$(get hidden) H=$(get heads) T=$(get seq_len) V=$(get vocab)
 if [ -z "$L" ] || [ -z "$C" ] || [ -z "$H" ] || [ -z "$T" ] || [ -z "$V" ]; then
     show $S/config.json
     fail setup "cannot read the sizes of models/tiny.lua from build/gen --dump config"
-    exit 1
+    finish
 fi
 REFM="--layers $L --hidden $C --heads $H --seq $T --vocab $V"
 NTENSORS=$((4 + 12 * L))
@@ -77,7 +70,7 @@ build() {
             > $S/$name.make.log 2>&1; then
         cat $S/$name.gen.log $S/$name.make.log | sed 's/^/  /' | head -n 20
         fail setup "tiny $* does not generate or build"
-        exit 1
+        finish
     fi
 }
 build a --mbs 4 --nmb 2
@@ -92,7 +85,7 @@ if ! build/ref/make_tokens --vocab "$V" --tokens 20000 $S/tok.bin > $S/data.log 
    ! $REF $REFM --random-init 7 --save-init $S/init.safetensors > $S/init.log 2>&1; then
     cat $S/data.log $S/init.log | sed 's/^/  /' | head -n 20
     fail setup "cannot make the token or init files"
-    exit 1
+    finish
 fi
 INIT=$S/init.safetensors
 
@@ -110,7 +103,7 @@ if ! $REF $REFM --init $INIT --data $S/tok.bin --mbs 4 --nmb 2 $HP --log $S/ref-
         --save $S/ref-a.safetensors > $S/ref-a.log 2>&1; then
     show $S/ref-a.log
     fail setup "gpt2_ref failed"
-    exit 1
+    finish
 fi
 $A --init $INIT --data $S/tok.bin $HP --log $S/a.jsonl --save $S/a.safetensors \
     > $S/a.stdout 2> $S/a.stderr
@@ -132,7 +125,7 @@ if [ $rc -ne 0 ]; then
     fail vs-ref-losses "train exited with status $rc"
 else
     verdict vs-ref-losses "losses, lr or grad norms differ from the reference" $S/cmp-a.log \
-        $FIX logcmp $S/a.jsonl $S/ref-a.jsonl $TOL
+        $LOGCMP $S/a.jsonl $S/ref-a.jsonl $TOL
     verdict vs-ref-weights "final weights differ from the reference's" $S/cmp-aw.log \
         $STC -q $WTOL $S/a.safetensors $S/ref-a.safetensors
 fi
@@ -156,8 +149,8 @@ accumulation() {
         --save $S/b41.safetensors --quiet &&
     $S/b14/train --init $INIT --data $S/tok.bin $HP --log $S/b14.jsonl \
         --save $S/b14.safetensors --quiet &&
-    $FIX logcmp $S/b14.jsonl $S/b41.jsonl loss=1e-5 lr=exact grad_norm=1e-5 &&
-    $FIX logcmp $S/b41.jsonl $S/ref-b.jsonl $TOL &&
+    $LOGCMP $S/b14.jsonl $S/b41.jsonl loss=1e-5 lr=exact grad_norm=1e-5 &&
+    $LOGCMP $S/b41.jsonl $S/ref-b.jsonl $TOL &&
     $STC -q $WTOL $S/b14.safetensors $S/b41.safetensors
 }
 verdict accumulation "(MBS=4, NMB=1) and (MBS=1, NMB=4) differ beyond rounding (or failed)" \
@@ -256,7 +249,7 @@ resume() {
     grep "^resumed from $S/ck-part/step_00000006$" $S/resume.out ||
         { echo "did not resume from step 6, the newest complete checkpoint"; return 1; }
     # the log keeps steps 1-6 of the first part and appends 7-10: the uninterrupted log
-    $FIX logcmp $S/part.jsonl $S/full.jsonl $SAME &&
+    $LOGCMP $S/part.jsonl $S/full.jsonl $SAME &&
     cmp $S/part.safetensors $S/full.safetensors &&
     cmp $S/ck-part/step_00000009/rank_00000.bin $S/ck-full/step_00000009/rank_00000.bin
 }
@@ -274,7 +267,7 @@ verdict resume-nothing-yet "--resume without a checkpoint should say so and star
 shard_same() {
     tail -c +1025 $S/tok_shard.bin | cmp - $S/tok.bin &&
     $A --init $INIT --data $S/tok_shard.bin $HP --log $S/shard.jsonl --quiet &&
-    $FIX logcmp $S/shard.jsonl $S/a.jsonl $SAME
+    $LOGCMP $S/shard.jsonl $S/a.jsonl $SAME
 }
 verdict shard-same-as-bin "the llm.c shard and the .bin of the same tokens give different runs" \
     $S/shard.log shard_same
@@ -460,7 +453,7 @@ cuda_vs_ref() {
     make -s --no-print-directory GEN_DIR=$S/a GEN_OBJ=$S/obj/a $S/a/train_cuda &&
     $S/a/train_cuda --init $INIT --data $S/tok.bin $HP --log $S/a-cuda.jsonl \
         --save $S/a-cuda.safetensors --quiet &&
-    $FIX logcmp $S/a-cuda.jsonl $S/ref-a.jsonl $TOL &&
+    $LOGCMP $S/a-cuda.jsonl $S/ref-a.jsonl $TOL &&
     $STC -q $WTOL $S/a-cuda.safetensors $S/ref-a.safetensors
 }
 if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -470,4 +463,4 @@ else
         $S/a-cuda.log cuda_vs_ref
 fi
 
-exit $failed
+finish

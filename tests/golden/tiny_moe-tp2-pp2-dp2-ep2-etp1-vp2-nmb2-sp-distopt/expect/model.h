@@ -51,9 +51,9 @@
 #define CFG_EXPERTS_LOCAL   4                  /* experts per EP rank = EXPERTS/EP */
 #define CFG_EFF             128                /* expert MLP width (model.moe.ffn_hidden) */
 #define CFG_EFF_LOCAL       128                /* expert columns per ETP rank */
-#define CFG_PRE_SOFTMAX     0                  /* probabilities: softmax before top-k (1) or over the top k (0) */
+#define CFG_PRE_SOFTMAX     0                  /* 1: softmax over all, then top-k; 0: softmax of the k */
 #define CFG_MOE_BIAS        0                  /* expert biases (model.moe.bias) */
-#define CFG_AUX_SCALE       9.765625e-06f      /* aux loss = AUX_SCALE * sum_e (sum of scores) * count_e = coeff*E/(K*N^2) */
+#define CFG_AUX_SCALE       9.765625e-06f      /* coeff*E/(K*N^2): aux = this * sum_e scores_e * count_e */
 #define CFG_AUX_GRAD        0.5f               /* the aux loss's share of the objective: 1/NMB */
 #define CFG_CAPACITY        128                /* no capacity limit: N*TOPK */
 #define CFG_MOE_SEND_MAX    64                 /* rows this rank sends at most = N_SP*TOPK */

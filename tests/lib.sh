@@ -1,0 +1,286 @@
+# tests/lib.sh: what every test suite shares (docs/DESIGN.md §3). A suite is a bash script,
+# tests/<suite>/suite.sh, that starts with
+#
+#     . "$(dirname "$0")/../lib.sh" <suite>
+#
+# which moves to the repository root and empties its scratch directory $S (build/test/<suite>,
+# or $TEST_SCRATCH/<suite> to run beside another make test). Then:
+#
+#   pass T / fail T WHY / skip T WHY   print "PASS <suite>/T", "FAIL <suite>/T: WHY", "SKIP ..."
+#   finish                             exit 1 if anything failed, else 0
+#   first_error LOG                    the first line of LOG that looks like an error
+#   MPIRUN                             mpirun for root or not, oversubscribed, shared memory
+#   run_prog PROG WORLD LOG ARGS...    PROG on WORLD ranks (directly when 1), bounded in time
+#   gen_build DIR GEN-ARGS...          generate into DIR and build DIR/train ($TARGET)
+#   world_of DIR                       the world size in DIR/topology.json
+#   cuda_backend, have_gpu             whether train_cuda builds here; whether a GPU is present
+#   equiv TABLE [--cuda]               the equivalence runner (below)
+#
+# STCOMPARE (tools/stcompare) and LOGCMP (tests/logcmp.lua) are the one weight comparer and the
+# one log comparer every suite uses.
+
+SUITE=$1
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+S=${TEST_SCRATCH:-build/test}/$SUITE
+rm -rf "$S"
+mkdir -p "$S"
+FAILED=0
+STCOMPARE=build/tools/stcompare
+LOGCMP="lua5.4 tests/logcmp.lua"
+
+pass() { echo "PASS $SUITE/$1"; }
+fail() { echo "FAIL $SUITE/$1: $2"; FAILED=1; }
+skip() { echo "SKIP $SUITE/$1: $2"; }
+finish() { exit $FAILED; }
+
+first_error() {
+    grep -m1 -E 'error|Error|FAIL|abort|^\[rank' "$1" 2> /dev/null | cut -c1-200
+}
+
+# Every rank of a test job is on this machine: shared memory between ranks, no network
+# transports to probe (they cost a second at every start of 8 ranks).
+MPIRUN="mpirun --oversubscribe --mca pml ob1 --mca btl self,vader"
+[ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+have_mpi() { command -v mpirun > /dev/null 2>&1; }
+
+# run_prog PROG WORLD LOG ARGS...: PROG under mpirun on WORLD ranks (directly when 1), stdin
+# closed, output in LOG, stopped after RUN_TIMEOUT seconds (default 300).
+run_prog() {
+    local prog=$1 world=$2 log=$3
+    shift 3
+    if [ "$world" = 1 ]; then
+        timeout "${RUN_TIMEOUT:-300}" "$prog" "$@" > "$log" 2>&1 < /dev/null
+    else
+        timeout "${RUN_TIMEOUT:-300}" $MPIRUN -np "$world" "$prog" "$@" > "$log" 2>&1 < /dev/null
+    fi
+}
+
+# gen_build DIR GEN-ARGS...: build/gen GEN-ARGS into DIR, then make DIR/$TARGET (default train;
+# objects in DIR.obj). Logs: DIR.gen.log, DIR.build.log. On failure WHY says what went wrong.
+gen_build() {
+    local dir=$1
+    shift
+    if [ ! -f "$dir/topology.json" ] &&
+       ! build/gen "$@" --out "$dir" > "$dir.gen.log" 2>&1 < /dev/null; then
+        WHY="build/gen $*: $(first_error "$dir.gen.log")"
+        return 1
+    fi
+    if ! make -s --no-print-directory -j2 GEN_DIR="$dir" GEN_OBJ="$dir.obj" \
+            "$dir/${TARGET:-train}" > "$dir.build.log" 2>&1 < /dev/null; then
+        WHY="building $dir/${TARGET:-train}: $(first_error "$dir.build.log")"
+        return 1
+    fi
+}
+
+world_of() {
+    sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' "$1/topology.json"
+}
+
+cuda_backend() {
+    make -s --no-print-directory echo 2> /dev/null | grep -q 'cuda backend enabled'
+}
+have_gpu() {
+    command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'
+}
+
+# -- The equivalence runner ---------------------------------------------------------------------
+#
+# equiv TABLE [--cuda] reads a table of runs, one per line:
+#
+#     name | gen args | world | reference | tolerances [| train flags]
+#
+# * gen args: build/gen's arguments (the program is built once per distinct gen args, into
+#   $S/out/<name>), or "gpt2_ref ARGS": the double-precision reference program with ARGS.
+# * world: the ranks; must be the world of topology.json (1 for the reference program).
+# * reference: "-" (a baseline: run, compared with nothing), or the names of earlier rows this
+#   run must match; "!name": a control that must NOT match name (both the log and the weight
+#   comparisons must see the difference).
+# * tolerances: the name of a set declared by "@tol NAME KEY=TOL... weights=SPEC": log keys
+#   compared by tests/logcmp.lua (TOL relative, or exact); weights by tools/stcompare, SPEC
+#   "exact" or "ATOL,RTOL" or "ATOL,RTOL,OUTLIERS,HARD" (stcompare --help).
+# * train flags: added to the flags of the last "@train FLAGS" line; later flags win.
+# $S and $NAME in gen args and flags stand for the scratch directory and the row's name. A line
+# ending in a backslash continues on the next; "#" starts a comment.
+# Each row's run leaves $S/run/<name>.{log,jsonl,safetensors}; a row that fails to build or
+# run, or differs, prints FAIL; a compared row that matches prints PASS; a baseline that runs
+# prints nothing. Every comparison's numbers go to $S/summary.txt. Afterwards DIR[name] holds
+# a row's program directory and WORLD[name] its world, for the suite's own checks.
+#
+# With --cuda each row's train_cuda is built (cuda-build-<name>) and, on a machine with a GPU,
+# run and compared as above (cuda-run-<name>; runs in $S/run/cuda.<name>.*); without a GPU the
+# rows are built only, and without the CUDA backend the table is skipped.
+
+declare -A DIR WORLD TOL BUILT RAN REFPROG
+
+# equiv_compare NAME TAG REF RTAG TOLSET: compare run TAG with run RTAG (row REF) under the
+# tolerance set; 0 when they match. WHY says how they differ; CAUGHT is 1 when every comparison
+# the set asks for saw a difference (what a control needs).
+equiv_compare() {
+    local name=$1 tag=$2 ref=$3 rtag=$4 spec keys="" w="" out a r o h bad=0 lw="" ww=""
+    for spec in ${TOL[$5]}; do
+        case $spec in
+        weights=exact) w="--exact" ;;
+        weights=*)
+            IFS=, read -r a r o h <<< "${spec#weights=}"
+            w="--atol $a --rtol $r"
+            [ -n "$o" ] && w="$w --outliers $o --hard $h" ;;
+        *) keys="$keys $spec" ;;
+        esac
+    done
+    CAUGHT=1
+    if [ -n "$keys" ]; then
+        # shellcheck disable=SC2086 # the keys are words
+        if out=$($LOGCMP "$S/run/$tag.jsonl" "$S/run/$rtag.jsonl" $keys 2>&1); then
+            CAUGHT=0
+        else
+            bad=1
+        fi
+        lw=$(echo "$out" | tail -n 1)
+        echo "$name vs $ref: logs: $lw" >> "$S/summary.txt"
+    fi
+    if [ -n "$w" ]; then
+        # shellcheck disable=SC2086 # the options are words
+        if out=$($STCOMPARE -q $w "$S/run/$tag.safetensors" "$S/run/$rtag.safetensors" 2>&1)
+        then
+            CAUGHT=0
+        else
+            bad=$((bad | 2))
+        fi
+        ww=$(echo "$out" | tail -n 1)
+        echo "$name vs $ref: weights: $ww" >> "$S/summary.txt"
+    fi
+    case $bad in
+    0) WHY="logs ($lw) and weights ($ww) match $ref" ;;
+    1) WHY="logs differ from $ref: $lw" ;;
+    2) WHY="weights differ from $ref: $ww" ;;
+    3) WHY="logs and weights differ from $ref: $lw" ;;
+    esac
+    return $bad
+}
+
+equiv() {
+    local table=$1 cuda=0 line n=0 flags="" prefix="" vname
+    local -A seen
+    [ "$2" = --cuda ] && cuda=1
+    if [ $cuda = 1 ]; then
+        if ! cuda_backend; then
+            skip "cuda-$(basename "$table" .txt)" "the CUDA backend is not built (make echo)"
+            return
+        fi
+        prefix=cuda.
+        have_gpu ||
+            skip "cuda-run-$(basename "$table" .txt)" "no GPU (nvidia-smi lists none): built only"
+    fi
+    mkdir -p "$S/run" "$S/out"
+    while IFS= read -r line || [ -n "$line" ]; do
+        n=$((n + 1))
+        while [ "${line%\\}" != "$line" ] && IFS= read -r more; do   # continued lines
+            n=$((n + 1))
+            line="${line%\\} $more"
+        done
+        line=${line%%#*}
+        [ -z "${line// /}" ] && continue
+        case $line in
+        @train*) flags=${line#@train}; continue ;;
+        @tol*)
+            local tname tspec
+            read -r _ tname tspec <<< "$line"
+            TOL[$tname]=$tspec
+            continue ;;
+        esac
+        local name args world refs tol extra
+        IFS='|' read -r name args world refs tol extra <<< "$line"
+        read -r name <<< "$name"
+        read -r world <<< "$world"
+        read -r refs <<< "$refs"
+        read -r tol <<< "$tol"
+        read -r args <<< "$args"
+        if [ -z "$name" ] || [ -z "$args" ] || [ -z "$world" ] || [ -z "$refs" ]; then
+            fail table "$table:$n: want 'name | gen args | world | reference | tolerances'"
+            continue
+        fi
+        if [ -n "${seen[$name]}" ]; then
+            fail table "$table:$n: '$name' appears twice"
+            continue
+        fi
+        if [ "$refs" != - ] && [ -z "${TOL[$tol]}" ]; then
+            fail table "$table:$n: no '@tol $tol' line before this row"
+            continue
+        fi
+        seen[$name]=1
+        WORLD[$name]=$world
+        args=${args//\$S/$S}
+        args=${args//\$NAME/$name}
+        local f="$flags $extra" prog tag=$prefix$name
+        f=${f//\$S/$S}
+        f=${f//\$NAME/$tag}
+        vname=$name
+        [ $cuda = 1 ] && vname=cuda-run-$name
+        # the program: the reference, or the layout's (built once per distinct gen args)
+        case $args in
+        gpt2_ref\ *)
+            prog=build/ref/gpt2_ref
+            # shellcheck disable=SC2086 # the arguments are words
+            set -- ${args#gpt2_ref }
+            tag=$name
+            REFPROG[$name]=1 ;;
+        *)
+            if [ "$world" != 1 ] && ! have_mpi; then
+                skip "$vname" "mpirun not found (make deps)"
+                continue
+            fi
+            local dir=${BUILT[$args]:-$S/out/$name} target=train
+            [ $cuda = 1 ] && target=train_cuda
+            # shellcheck disable=SC2086 # the arguments are words
+            if ! TARGET=$target gen_build "$dir" $args; then
+                fail "$([ $cuda = 1 ] && echo cuda-build-)$name" "$WHY"
+                continue
+            fi
+            BUILT[$args]=$dir
+            DIR[$name]=$dir
+            if [ "$(world_of "$dir")" != "$world" ]; then
+                fail table "$table:$n: '$name' has world $(world_of "$dir"), not $world"
+                continue
+            fi
+            if [ $cuda = 1 ]; then
+                pass "cuda-build-$name"
+                have_gpu || continue
+            fi
+            prog=$dir/$target
+            set -- --quiet ;;
+        esac
+        # run it (a reference program's run is shared by every table of the suite)
+        if [ -z "${RAN[$tag]}" ]; then
+            # shellcheck disable=SC2086 # the flags are words
+            if ! run_prog "$prog" "$world" "$S/run/$tag.log" "$@" $f --log "$S/run/$tag.jsonl" \
+                    --save "$S/run/$tag.safetensors"; then
+                fail "$vname" "training failed: $(first_error "$S/run/$tag.log")"
+                continue
+            fi
+            RAN[$tag]=1
+        fi
+        [ "$refs" = - ] && continue
+        # compare it with every reference
+        local r rtag bad=""
+        for r in $refs; do
+            local control=0
+            case $r in !*) control=1; r=${r#!} ;; esac
+            rtag=$prefix$r
+            [ -n "${REFPROG[$r]}" ] && rtag=$r
+            if [ -z "${RAN[$rtag]}" ]; then
+                bad="no run of $r to compare with"
+                break
+            fi
+            if [ $control = 0 ]; then
+                equiv_compare "$name" "$tag" "$r" "$rtag" "$tol" || { bad=$WHY; break; }
+            else
+                equiv_compare "$name" "$tag" "$r" "$rtag" "$tol"
+                if [ "$CAUGHT" != 1 ]; then
+                    bad="a control went unnoticed: $WHY"
+                    break
+                fi
+            fi
+        done
+        if [ -n "$bad" ]; then fail "$vname" "$bad"; else pass "$vname"; fi
+    done < "$table"
+}
