@@ -11,6 +11,10 @@ else
     suites=$(ls tests/*/suite.sh 2>/dev/null | sort)
 fi
 mkdir -p build/test
+# the MPI options every suite's mpirun gets (tests/lib.sh), found once
+TEST_MCA=""
+ompi_info 2> /dev/null | grep -q 'MCA btl: vader' && TEST_MCA="--mca pml ob1 --mca btl self,vader"
+export TEST_MCA
 log=build/test/results.txt
 : > "$log"
 for s in $suites; do

@@ -58,6 +58,39 @@ else
     finish
 fi
 
+# -- Layering: each object calls only what the layers below it define --------------------------
+# rt_common.o (threads, watchdog, trace, messages) <- rt_mpi.o (MPI: groups, host collectives,
+# abort) <- rt_cpu.o | rt_cuda.o (the backends). An upward call (rt_common reaching into MPI or
+# a backend, rt_mpi into a backend) is the cycle this layout removed; the symbol tables say.
+defined() { nm "$@" 2> /dev/null | awk '$2 ~ /^[TDBR]$/ { print $3 }' | sort -u; }
+undefined() { nm -u "$1" 2> /dev/null | awk '{ print $2 }' | sort -u; }
+layer_ok=1
+O=build/runtime
+below=""
+for obj in rt_common rt_mpi rt_cpu rt_cuda; do
+    [ -f "$O/$obj.o" ] || continue
+    # shellcheck disable=SC2086 # below is a list of files
+    own=$(defined "$O/$obj.o" $below)
+    up=$(undefined "$O/$obj.o" | grep -E '^rt_' | grep -vxF "$own")
+    case $obj in
+    rt_common) ext=$(undefined "$O/$obj.o" | grep -E '^(MPI_|ompi_|cuda|cublas|nccl|cblas_)') ;;
+    rt_mpi) ext=$(undefined "$O/$obj.o" | grep -E '^(cuda|cublas|nccl|cblas_)') ;;
+    *) ext="" ;;
+    esac
+    if [ -n "$up$ext" ]; then
+        layer_ok=0
+        echo "  $obj.o calls upward: $(echo $up $ext | cut -c1-160)"
+    fi
+    [ "$obj" = rt_cpu ] || below="$below $O/$obj.o"
+done
+if [ ! -f "$O/rt_common.o" ] || [ ! -f "$O/rt_mpi.o" ]; then
+    fail layering "build/runtime/rt_common.o or rt_mpi.o is missing"
+elif [ $layer_ok = 1 ]; then
+    pass layering
+else
+    fail layering "a runtime layer calls a layer above it (symbols listed above)"
+fi
+
 # -- Communication: every primitive, group kind and dtype, 1-8 ranks ---------------------------
 SIZES="0 1 2 3 7 31 257 4099"
 for np in 1 2 3 4 8; do
