@@ -53,10 +53,17 @@ else
 fi
 
 # -- Mutants: each broken kernel must make kernel_test fail --------------------------------------
-# name | sed expression on the kernel sources | a line it must produce (proof that it applied)
+# name | sed expression on the kernel sources | a line it must produce (proof that it applied).
+# Two mutants are built and run at a time (each in its own directory); verdicts in order.
+MUTANTS=""
 mutate() {
+    MUTANTS="$MUTANTS $1"
+    (mutate_one "$@" > "$S/mutant-$1.verdict" 2>&1) &
+    [ $(( $(echo $MUTANTS | wc -w) % 2 )) = 0 ] && wait
+}
+mutate_one() {
     name=$1 expr=$2 proof=$3
-    d=$S/mutant
+    d=$S/mutant-$name
     rm -rf $d && mkdir -p $d/src && cp lib/kernels_cpu.c lib/kernel_rows.h $d/src/
     sed -i "$expr" $d/src/kernels_cpu.c $d/src/kernel_rows.h
     if ! cat $d/src/kernels_cpu.c $d/src/kernel_rows.h | grep -qF "$proof"; then
@@ -95,6 +102,11 @@ mutate embed-bwd-unowned 's|if (v < 0 \|\| v >= vrows) continue;|if (v < 0) cont
     'if (v < 0) continue;'
 mutate sumsq-first-skipped 's|size_t n = i1 - i0, i = 0;|size_t n = i1 - i0, i = 1;|' \
     'size_t n = i1 - i0, i = 1;'
+wait
+for name in $MUTANTS; do
+    cat "$S/mutant-$name.verdict"
+    grep -q '^FAIL ' "$S/mutant-$name.verdict" && FAILED=1
+done
 
 # -- CUDA: build whenever the backend is built; run only on a GPU -------------------------------
 if ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then
