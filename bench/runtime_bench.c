@@ -162,7 +162,7 @@ static double gflops(const shape *s, int impl, int threads, float *A, float *B, 
     do {
         if (impl == 0)
             rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, sa, B, ldb, sb, s->beta, C,
-                    s->n, sc, s->batch, RT_F32);
+                    s->n, sc, s->batch, RT_F32, RT_F32);
         else
             for (int b = 0; b < s->batch; b++)
                 cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
@@ -258,10 +258,10 @@ static double layer_seq(int design, float *X, float *W1, float *H, float *W2, fl
     for (int it = 0; it < 10; it++) {
         if (design == 0) {          /* rt: one pool, OpenBLAS held to 1 thread */
             rt_gemm(0, 1, 256, 3072, 768, 1.0f, X, 768, 0, W1, 768, 0, 0.0f, H, 3072, 0, 1,
-                    RT_F32);
+                    RT_F32, RT_F32);
             rt_parallel_for(256, gelu_rows, &c);
             rt_gemm(0, 1, 256, 768, 3072, 1.0f, H, 3072, 0, W2, 3072, 0, 0.0f, Y, 768, 0, 1,
-                    RT_F32);
+                    RT_F32, RT_F32);
         } else {                    /* OpenBLAS threads for GEMMs, elementwise on the pool */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 256, 3072, 768, 1.0f, X, 768,
                         W1, 768, 0.0f, H, 3072);

@@ -30,14 +30,14 @@ static double tflops(const shape *s, rt_dtype ab, void *A, void *B, float *C)
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
     for (int w = 0; w < 3; w++)
         rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, 0, B, ldb, 0, s->beta, C, s->n,
-                0, 1, ab);
+                0, 1, ab, RT_F32);
     rt_sync();
     int iters = 0;
     double t0 = rt_now(), el;
     do {
         for (int i = 0; i < 10; i++)
             rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, 0, B, ldb, 0, s->beta, C,
-                    s->n, 0, 1, ab);
+                    s->n, 0, 1, ab, RT_F32);
         rt_sync();
         iters += 10;
         el = rt_now() - t0;

@@ -173,19 +173,19 @@ WRAP(void, attention_bwd, (float *dqkv, float *datt, const float *dout, const fl
 
 void __real_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
                     long sA, const void *B, int ldb, long sB, float beta, float *C, int ldc,
-                    long sC, int batch, rt_dtype ab);
+                    long sC, int batch, rt_dtype ab, RT_F32);
 void __wrap_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
                     long sA, const void *B, int ldb, long sB, float beta, float *C, int ldc,
-                    long sC, int batch, rt_dtype ab);
+                    long sC, int batch, rt_dtype ab, RT_F32);
 void __wrap_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
                     long sA, const void *B, int ldb, long sB, float beta, float *C, int ldc,
-                    long sC, int batch, rt_dtype ab)
+                    long sC, int batch, rt_dtype ab, RT_F32)
 {
     if (in_attention) {
         __real_rt_gemm(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
-                       ab);
+                       ab, RT_F32);
         return;
     }
     TIMED(F_GEMM, __real_rt_gemm(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc,
-                                 sC, batch, ab));
+                                 sC, batch, ab, RT_F32));
 }

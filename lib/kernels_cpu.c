@@ -269,10 +269,10 @@ static void attention_fwd_heads(void *ctx, int lo, int hi)
         float *p = a->att + (size_t)bh * T * T;
         softmax_args rows = { p, NULL, T };
         rt_gemm(0, 1, T, T, hd, a->scale, q, a->ldqkv, 0, k, a->ldqkv, 0, 0.0f, p, T, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         rt_parallel_for(T, softmax_fwd_rows, &rows);
         rt_gemm(0, 0, T, hd, T, 1.0f, p, T, 0, v, a->ldqkv, 0, 0.0f,
-                a->out + (size_t)b * a->C + (size_t)h * hd, a->ldout, 0, 1, RT_F32);
+                a->out + (size_t)b * a->C + (size_t)h * hd, a->ldout, 0, 1, RT_F32, RT_F32);
     }
 }
 
@@ -292,14 +292,14 @@ static void attention_bwd_heads(void *ctx, int lo, int hi)
         /* dp = dout v^T, then ds = softmax backward; dq = scale ds k, dk = scale ds^T q,
         ** dv = p^T dout */
         rt_gemm(0, 1, T, T, hd, 1.0f, dob, a->ldout, 0, v, a->ldqkv, 0, 0.0f, ds, T, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         rt_parallel_for(T, softmax_bwd_rows, &rows);
         rt_gemm(0, 0, T, hd, T, a->scale, ds, T, 0, k, a->ldqkv, 0, 0.0f, dq, a->ldqkv, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         rt_gemm(1, 0, T, hd, T, a->scale, ds, T, 0, q, a->ldqkv, 0, 0.0f, dk, a->ldqkv, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         rt_gemm(1, 0, T, hd, T, 1.0f, p, T, 0, dob, a->ldout, 0, 0.0f, dv, a->ldqkv, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
     }
 }
 

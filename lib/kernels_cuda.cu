@@ -257,14 +257,14 @@ void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int H
     for (int b = 0; b < B; b++) {
         const float *q = qkv + (size_t)b * 3 * C, *k = q + C;
         float *a = att + (size_t)b * Hl * tt;
-        rt_gemm(0, 1, T, T, hd, scale, q, ldqkv, hd, k, ldqkv, hd, 0.0f, a, T, tt, Hl, RT_F32);
+        rt_gemm(0, 1, T, T, hd, scale, q, ldqkv, hd, k, ldqkv, hd, 0.0f, a, T, tt, Hl, RT_F32, RT_F32);
     }
     softmax_fwd(att, B * Hl * T, T);
     for (int b = 0; b < B; b++) {
         const float *v = qkv + (size_t)b * 3 * C + 2 * C;
         const float *a = att + (size_t)b * Hl * tt;
         rt_gemm(0, 0, T, hd, T, 1.0f, a, T, tt, v, ldqkv, hd, 0.0f, out + (size_t)b * C, ldout,
-                hd, Hl, RT_F32);
+                hd, Hl, RT_F32, RT_F32);
     }
 }
 
@@ -281,7 +281,7 @@ void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att
         const float *v = qkv + (size_t)b * 3 * C + 2 * C, *dob = dout + (size_t)b * C;
         float *da = datt + (size_t)b * Hl * tt;
         /* dp = dout v^T */
-        rt_gemm(0, 1, T, T, hd, 1.0f, dob, ldout, hd, v, ldqkv, hd, 0.0f, da, T, tt, Hl, RT_F32);
+        rt_gemm(0, 1, T, T, hd, 1.0f, dob, ldout, hd, v, ldqkv, hd, 0.0f, da, T, tt, Hl, RT_F32, RT_F32);
     }
     softmax_bwd(datt, att, B * Hl * T, T);
     for (int b = 0; b < B; b++) {
@@ -289,9 +289,9 @@ void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att
         const float *da = datt + (size_t)b * Hl * tt, *a = att + (size_t)b * Hl * tt;
         float *dq = dqkv + (size_t)b * 3 * C, *dk = dq + C, *dv = dq + 2 * C;
         /* dq = scale ds k, dk = scale ds^T q, dv = p^T dout */
-        rt_gemm(0, 0, T, hd, T, scale, da, T, tt, k, ldqkv, hd, 0.0f, dq, ldqkv, hd, Hl, RT_F32);
-        rt_gemm(1, 0, T, hd, T, scale, da, T, tt, q, ldqkv, hd, 0.0f, dk, ldqkv, hd, Hl, RT_F32);
-        rt_gemm(1, 0, T, hd, T, 1.0f, a, T, tt, dob, ldout, hd, 0.0f, dv, ldqkv, hd, Hl, RT_F32);
+        rt_gemm(0, 0, T, hd, T, scale, da, T, tt, k, ldqkv, hd, 0.0f, dq, ldqkv, hd, Hl, RT_F32, RT_F32);
+        rt_gemm(1, 0, T, hd, T, scale, da, T, tt, q, ldqkv, hd, 0.0f, dk, ldqkv, hd, Hl, RT_F32, RT_F32);
+        rt_gemm(1, 0, T, hd, T, 1.0f, a, T, tt, dob, ldout, hd, 0.0f, dv, ldqkv, hd, Hl, RT_F32, RT_F32);
     }
 }
 

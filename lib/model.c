@@ -51,7 +51,7 @@ static float *reduce_seq(float *partial)
 static void matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
                        int IC, int OC)
 {
-    rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, RT_F32);
+    rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, RT_F32, RT_F32);
     if (bias) bias_fwd(out, bias, N, OC);
 }
 
@@ -59,8 +59,8 @@ static void matmul_fwd(float *out, const float *inp, const float *w, const float
 static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                        const float *inp, const float *w, int N, int IC, int OC)
 {
-    rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, RT_F32);
-    rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, RT_F32);
+    rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, RT_F32, RT_F32);
+    rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, RT_F32, RT_F32);
     if (dbias) bias_bwd(dbias, dout, N, OC);
 }
 
@@ -191,7 +191,7 @@ static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const
     layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->ln_f_w, p->ln_f_b, d->n_sp, C,
                   d->ln_eps);
     const float *h = gather_seq(lib.s.full, a->lnf);
-    rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, RT_F32);
+    rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, RT_F32, RT_F32);
     ce_rowmax(mx, lib.s.logits, N, Vl, gpt.vocab_valid);
     if (d->tp > 1)   /* >>> all-reduce MAX over tp: the row maxima over the whole vocabulary */
         rt_allreduce(mx, (size_t)N, RT_F32, RT_MAX, gpt.grp[GPT_GRP_TP]);
@@ -203,9 +203,9 @@ static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const
 
     /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication (§4.5) */
     ce_bwd(lib.s.logits, mx, sums, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, d->dloss);
-    rt_gemm(1, 0, Vl, C, N, 1.0f, lib.s.logits, Vl, 0, h, C, 0, 1.0f, g->wte, C, 0, 1, RT_F32);
+    rt_gemm(1, 0, Vl, C, N, 1.0f, lib.s.logits, Vl, 0, h, C, 0, 1.0f, g->wte, C, 0, 1, RT_F32, RT_F32);
     rt_gemm(0, 0, N, C, Vl, 1.0f, lib.s.logits, Vl, 0, p->wte, C, 0, 0.0f, lib.s.full, C, 0, 1,
-            RT_F32);
+            RT_F32, RT_F32);
     const float *dh = reduce_seq(lib.s.full);
     rt_memset0(dx, (size_t)d->n_sp * C * sizeof(float));
     layernorm_bwd(dx, g->ln_f_w, g->ln_f_b, dh, x, p->ln_f_w, a->lnf_mean, a->lnf_rstd,

@@ -87,7 +87,7 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
 
     /* router: logits = x . router_w^T, then top-k and probabilities (ties: lower expert) */
     rt_gemm(0, 1, NSP, E, C, 1.0f, x, C, 0, p->router_w, C, 0, 0.0f, MS.logits, E, 0, 1,
-            RT_F32);
+            RT_F32, RT_F32);
     moe_route(a->sel, a->prob, a->scores, MS.logits, NSP, E, K, d->pre_softmax);
     rt_memcpy(a->sel_h, a->sel, (size_t)NSP * K * sizeof(int), RT_D2H);
 
@@ -247,13 +247,13 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
         float *fc = a->fc + (size_t)off * EFF, *h = a->h + (size_t)off * EFF;
         float *act = MS.act + (size_t)off * EFF, *y = MS.ye + (size_t)off * C;
         rt_gemm(0, 0, r, EFF, C, 1.0f, a->xe + (size_t)off * C, C, 0, p->fc_w[l], EFF, 0, 0.0f,
-                fc, EFF, 0, 1, RT_F32);
+                fc, EFF, 0, 1, RT_F32, RT_F32);
         if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF);
         gelu_fwd(h, fc, (size_t)r * EFF);
         rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
         row_scale(act, a->pe + off, r, EFF);
         rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], C, 0, 0.0f, y, C, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C);
     }
 
@@ -318,22 +318,22 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
         rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
         row_scale(act, pe, r, EFF);
         rt_gemm(1, 0, EFF, C, r, 1.0f, act, EFF, 0, dy, C, 0, 1.0f, g->proj_w[l], C, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         rt_gemm(0, 1, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], C, 0, 0.0f, act, EFF, 0, 1,
-                RT_F32);                                                  /* act := d(act) */
+                RT_F32, RT_F32);                                                  /* act := d(act) */
         row_dot(dpe, act, h, r, EFF);                                     /* d(prob), partial */
         if (d->bias) {
             scaled_bias_bwd(g->proj_b[l], pe, dy, r, C);
             rt_gemm(0, 0, r, 1, C, 1.0f, dy, C, 0, p->proj_b[l], 1, 0, 1.0f, dpe, 1, 0, 1,
-                    RT_F32);                                              /* + dy . b_proj */
+                    RT_F32, RT_F32);                                              /* + dy . b_proj */
         }
         row_scale(act, pe, r, EFF);                                       /* d(h) */
         gelu_bwd(act, fc, act, (size_t)r * EFF);                          /* d(fc) */
         if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF);
         rt_gemm(1, 0, C, EFF, r, 1.0f, xe, C, 0, act, EFF, 0, 1.0f, g->fc_w[l], EFF, 0, 1,
-                RT_F32);
+                RT_F32, RT_F32);
         rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->fc_w[l], EFF, 0, 0.0f, dxe, C, 0, 1,
-                RT_F32);                                                  /* d(x), partial */
+                RT_F32, RT_F32);                                                  /* d(x), partial */
     }
 
     /* back to member-major order, summed over expt-tp, over ep to the tokens' ranks */
@@ -362,7 +362,7 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
     moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->sel, a->auxg, NSP, E, K,
                   d->pre_softmax);
     rt_gemm(1, 0, E, C, NSP, 1.0f, MS.dlogits, E, 0, x, C, 0, 1.0f, g->router_w, C, 0, 1,
-            RT_F32);
+            RT_F32, RT_F32);
     rt_gemm(0, 0, NSP, C, E, 1.0f, MS.dlogits, E, 0, p->router_w, C, 0, 1.0f, dx, C, 0, 1,
-            RT_F32);
+            RT_F32, RT_F32);
 }

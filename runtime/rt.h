@@ -139,13 +139,14 @@ void rt_p2p(const rt_p2p_op *ops, int nops);
 ** strides sA, sB, sC (elements; batch item b uses A + b*sA, ...). ta/tb: 0 = as stored,
 ** 1 = transposed. Storage: ta=0: A is m x k with row stride lda >= k; ta=1: A is k x m,
 ** lda >= m. tb=0: B is k x n, ldb >= n; tb=1: B is n x k, ldb >= k. C is m x n, ldc >= n.
-** A and B have dtype 'ab' (RT_F32 or RT_BF16), C is f32; accumulation in f32 (bf16 inputs are
-** widened exactly; cuBLAS f32 uses no TF32). beta = 0 ignores C's old contents (NaN too).
+** A and B have dtype 'ab' (RT_F32 or RT_BF16), C dtype 'c' (RT_F32 or RT_BF16); accumulation
+** in f32 (bf16 inputs are widened exactly; cuBLAS f32 uses no TF32), the result rounded once
+** to c (round to nearest even). beta = 0 ignores C's old contents (NaN too).
 ** m, n, k, batch = 0 are allowed (k = 0 scales C by beta). CPU: large GEMMs are split over the
 ** rt_threads() pool; called inside an rt_parallel_for body it runs single-threaded. */
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
-             float beta, float *C, int ldc, long sC, int batch, rt_dtype ab);
+             float beta, void *C, int ldc, long sC, int batch, rt_dtype ab, rt_dtype c);
 void rt_sync(void);                  /* wait for the device (cudaDeviceSynchronize); CPU: no-op */
 
 /* -- CPU threads -------------------------------------------------------------------------- */

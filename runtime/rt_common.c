@@ -464,10 +464,12 @@ void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx)
 /* -- GEMM arguments ------------------------------------------------------------------------ */
 
 int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
-                   const void *B, int ldb, const float *C, int ldc, int batch, rt_dtype ab)
+                   const void *B, int ldb, const void *C, int ldc, int batch, rt_dtype ab,
+                   rt_dtype c)
 {
     RT_CHECK(ab == RT_F32 || ab == RT_BF16, "rt_gemm: inputs must be f32 or bf16, not %s",
              rt_dtype_name(ab));
+    RT_CHECK(c == RT_F32, "rt_gemm: output must be f32, not %s", rt_dtype_name(c));
     RT_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
              "rt_gemm: negative size (m %d, n %d, k %d, batch %d)", m, n, k, batch);
     if (m == 0 || n == 0 || batch == 0)

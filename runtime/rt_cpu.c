@@ -265,9 +265,9 @@ static void scale_c(float *C, int m, int n, int ldc, long sC, int batch, float b
 */
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
-             float beta, float *C, int ldc, long sC, int batch, rt_dtype ab)
+             float beta, void *C, int ldc, long sC, int batch, rt_dtype ab, rt_dtype c)
 {
-    int what = rt__gemm_check(ta, tb, m, n, k, alpha, A, lda, B, ldb, C, ldc, batch, ab);
+    int what = rt__gemm_check(ta, tb, m, n, k, alpha, A, lda, B, ldb, C, ldc, batch, ab, c);
     if (what == RT__GEMM_NONE)
         return;
     if (what == RT__GEMM_SCALE) {

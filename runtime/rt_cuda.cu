@@ -602,15 +602,15 @@ __global__ void scale_kernel(float *C, int m, int n, int ldc, long sC, int batch
 */
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
-             float beta, float *C, int ldc, long sC, int batch, rt_dtype ab)
+             float beta, void *C, int ldc, long sC, int batch, rt_dtype ab, rt_dtype c)
 {
-    int what = rt__gemm_check(ta, tb, m, n, k, alpha, A, lda, B, ldb, C, ldc, batch, ab);
+    int what = rt__gemm_check(ta, tb, m, n, k, alpha, A, lda, B, ldb, C, ldc, batch, ab, c);
     if (what == RT__GEMM_NONE)
         return;
     if (what == RT__GEMM_SCALE) {
         long total = (long)m * n * batch;
         int blocks = (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-        scale_kernel<<<blocks, 256>>>(C, m, n, ldc, sC, batch, beta);
+        scale_kernel<<<blocks, 256>>>((float *)C, m, n, ldc, sC, batch, beta);
         RT_CUDA(cudaGetLastError());
         return;
     }

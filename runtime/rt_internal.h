@@ -123,7 +123,8 @@ void *rt__scratch(int slot, size_t bytes);
 ** alpha == 0), 2 for a full GEMM. */
 enum { RT__GEMM_NONE, RT__GEMM_SCALE, RT__GEMM_FULL };
 int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
-                   const void *B, int ldb, const float *C, int ldc, int batch, rt_dtype ab);
+                   const void *B, int ldb, const void *C, int ldc, int batch, rt_dtype ab,
+                   rt_dtype c);
 
 /* -- bf16 ---------------------------------------------------------------------------------- */
 

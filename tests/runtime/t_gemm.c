@@ -60,13 +60,13 @@ static void run_case(const gcase *c, uint32_t seed, int nested)
     float *dC = t_to_dev(C0, nc * 4);
     if (!nested) {
         rt_gemm(c->ta, c->tb, c->m, c->n, c->k, c->alpha, dA, c->lda, c->sA, dB, c->ldb, c->sB,
-                c->beta, dC, c->ldc, c->sC, c->batch, c->ab);
+                c->beta, dC, c->ldc, c->sC, c->batch, c->ab, RT_F32);
     } else {
         /* one rt_gemm per batch item from inside rt_parallel_for (single-threaded there) */
         for (int b = 0; b < c->batch; b++)
             rt_gemm(c->ta, c->tb, c->m, c->n, c->k, c->alpha, (char *)dA + (size_t)b * c->sA * es,
                     c->lda, 0, (char *)dB + (size_t)b * c->sB * es, c->ldb, 0, c->beta,
-                    dC + (size_t)b * c->sC, c->ldc, 0, 1, c->ab);
+                    dC + (size_t)b * c->sC, c->ldc, 0, 1, c->ab, RT_F32);
     }
     t_to_host(C, dC, nc * 4);
     int bad = 0;
@@ -209,7 +209,7 @@ static void pg_body(void *ctx, int lo, int hi)
     for (int b = lo; b < hi; b++)
         rt_gemm(c->ta, c->tb, c->m, c->n, c->k, 1.0f, c->A + (size_t)b * c->m * c->k,
                 c->ta ? c->m : c->k, 0, c->B + (size_t)b * c->k * c->n, c->tb ? c->k : c->n, 0,
-                0.0f, c->C + (size_t)b * c->m * c->n, c->n, 0, 1, RT_F32);
+                0.0f, c->C + (size_t)b * c->m * c->n, c->n, 0, 1, RT_F32, RT_F32);
 }
 
 static void test_gemm_in_parallel_for(void)
@@ -228,7 +228,7 @@ static void test_gemm_in_parallel_for(void)
     pg_ctx c = { 0, 1, m, n, k, A, B, C };
     rt_parallel_for(nb, pg_body, &c);
     rt_gemm(0, 1, m, n, k, 1.0f, A, k, (long)m * k, B, k, (long)k * n, 0.0f, R, n, (long)m * n,
-            nb, RT_F32);
+            nb, RT_F32, RT_F32);
     int bad = 0;
     for (int i = 0; i < nb * m * n; i++)
         bad += fabsf(C[i] - R[i]) > 1e-4f;
