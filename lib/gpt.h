@@ -200,13 +200,13 @@ typedef struct {
 ** L_: per layer and activation slot; C_: per chunk slot; H_: head; S_: stage scratch; ML_/MS_:
 ** mixture-of-experts layer activations / scratch; X_: misc. (i): int elements, else f32. */
 #define GPT_MEMS(_) \
-    _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_LN1_FULL) _(L_QKV) _(L_ATT) _(L_ATTY) _(L_RES1) \
+    _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_LN1_FULL) _(L_QKV) _(L_LSE) _(L_ATTY) _(L_RES1) \
     _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_LN2_FULL) _(L_FC) _(L_GELU) _(L_RES2) \
     _(ML_SCORES) _(ML_PROB) _(ML_SEL) _(ML_POS) _(ML_SEND_TOK) _(ML_ORDER) _(ML_UNORDER) \
     _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) \
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
-    _(S_FULL) _(S_FULL_SP) _(S_DQKV) _(S_DATTY) _(S_DATT) _(S_DFC) _(S_LOGITS) _(S_CE) \
+    _(S_FULL) _(S_FULL_SP) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_LOGITS) _(S_CE) \
     _(S_TARGETS) \
     _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_YE) \
     _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
@@ -306,7 +306,7 @@ typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;      /* (N_SP, C), (N_SP), (N_SP)                     */
     float *ln1_full;                       /* (N, C) gathered under SP, else = ln1          */
     float *qkv;                            /* (N, QKV_LOCAL)                                */
-    float *att;                            /* (B, HEADS_LOCAL, T, T) probabilities          */
+    float *lse;                            /* (B, HEADS_LOCAL, T) attention log-sum-exp     */
     float *atty;                           /* (N, C_LOCAL)                                  */
     float *res1;                           /* (N_SP, C)                                     */
     float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;

@@ -16,7 +16,7 @@ typedef struct {
     float *full_sp;       /* (N_SP, C)         reduce-scatter output (= full without SP)      */
     float *dqkv;          /* (N, QKV_LOCAL)                                                  */
     float *datty;         /* (N, C_LOCAL)                                                    */
-    float *datt;          /* (B, HEADS_LOCAL, T, T)                                          */
+    float *dsum;          /* (B, HEADS_LOCAL, T)   attention rowsum(dout * out)              */
     float *dfc;           /* (N, FF_LOCAL)     dense MLP only                                */
     float *logits;        /* (N, V_LOCAL)      head stage only                               */
     float *ce;            /* (4 * N)           row max | sum exp | target logit | loss       */

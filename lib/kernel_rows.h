@@ -1,8 +1,17 @@
 /*
-** kernel_rows.h: the arithmetic of one row (or one column block) of every kernel, shared by
-** both backends: kernels_cpu.c runs these functions in loops on the runtime's thread pool,
-** kernels_cuda.cu in device threads, so the two compute the same formulas in the same order.
-** Not an interface: included only by the two kernel files (each defines nothing else first).
+** kernel_rows.h: the arithmetic of every kernel over a range of rows, columns or elements,
+** shared by both backends: kernels_cpu.c runs these functions on ranges of the runtime's thread
+** pool, kernels_cuda.cu on one row, column or element per device thread, so the two compute
+** the same formulas in the same order. Not an interface: included only by the two kernel files
+** (each defines nothing else first) and bench/specialize.c.
+**
+** Storage types. The functions that read or write activations and parameters are written once,
+** in the second half of this file, over a storage type KR_T, and instantiated twice by this
+** file including itself: KR_T = float (loads and stores are plain) and KR_T = uint16_t (bf16:
+** loads widen exactly, stores round to nearest even). In C they are named with a suffix
+** (layernorm_fwd_rows_f32, layernorm_fwd_rows_bf16); in C++ (CUDA) both are overloads of one
+** name, so a kernel template over its storage type calls the right one. Everything is computed
+** in f32; with KR_T = float the expressions are exactly the f32 code's.
 */
 #ifndef GPT_KERNEL_ROWS_H
 #define GPT_KERNEL_ROWS_H
@@ -31,13 +40,14 @@
 #define EXP_ROUND_BITS 0x4B400000u   /* its bit pattern: the integer sits in the low bits */
 
 /*
-** exp(x) for softmax, cross-entropy and GELU, written for the CPU vectoriser (libm's expf is
-** one call per element) and used on the device too, so both backends clamp alike: x = k ln2 + r
-** with |r| <= ln2/2, exp(r) by its Taylor series to r^7, times 2^k added into the exponent
-** bits. Relative error <= 1.1e-7 (2 ulp). x is clamped to [EXP_MIN, EXP_MAX] (exp(-87) =
-** 1.6e-38 stands for 0 in the sums that use it; GELU's backward at x < -10 then stays finite);
-** NaN stays NaN. Vector and scalar code give the same bits (no FMA contraction under -std=c11),
-** so results never depend on how rows are split.
+** exp(x) for softmax, attention, cross-entropy and GELU, written for the CPU vectoriser (libm's
+** expf is one call per element) and used on the device too, so both backends clamp alike:
+** x = k ln2 + r with |r| <= ln2/2, exp(r) by its Taylor series to r^7, times 2^k added into the
+** exponent bits. Relative error <= 1.1e-7 (2 ulp). x is clamped to [EXP_MIN, EXP_MAX]
+** (exp(-87) = 1.6e-38 stands for 0 in the sums that use it; exp(88) = 1.7e38 is finite, so
+** GELU's backward stays finite for every finite x); NaN stays NaN. Vector and scalar code give
+** the same bits (no FMA contraction under -std=c11), so results never depend on how rows are
+** split.
 */
 ROW_FN
 float vexpf(float x)
@@ -68,145 +78,33 @@ float lanes_total(const float *acc)
     return s;
 }
 
-/* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
+/* -- bf16 storage ------------------------------------------------------------------------------ */
 /*
-** Activations are sequence-major: row t*B + b holds token b of position t. A rank owns the
-** vocabulary rows [vstart, vstart + vrows); other token ids give zero rows (the TP all-reduce
-** that follows adds the owner's row). Backward sums in token order: deterministic.
+** bf16 is the upper half of an IEEE f32: widening is exact. Narrowing rounds to nearest, ties
+** to even; a NaN stays a (quiet) NaN; overflow rounds to infinity. The same bits as the
+** runtime's conversion (its collectives and GEMM), written branch-free for the vectoriser.
 */
 
-/* out[n, :] = wte[tok[n] - vstart, :] if this rank owns tok[n], else 0. */
 ROW_FN
-void embed_row_fwd(float *out, const float *wte, int tok, int C, int vstart, int vrows)
+float bf16_to_f32(uint16_t h)
 {
-    int v = tok - vstart;
-    if (v >= 0 && v < vrows) {
-        const float *w = wte + (size_t)v * C;
-        for (int i = 0; i < C; i++) out[i] = w[i];
-    } else {
-        for (int i = 0; i < C; i++) out[i] = 0.0f;
-    }
-}
-
-/* Columns [i0, i1) of dwte: every owned token's gradient row added in token order. */
-ROW_FN
-void embed_cols_bwd(float *dwte, const float *dout, const int *tok, int N, int C,
-                    int vstart, int vrows, int i0, int i1)
-{
-    for (int n = 0; n < N; n++) {
-        int v = tok[n] - vstart;
-        if (v < 0 || v >= vrows) continue;
-        float *dw = dwte + (size_t)v * C;
-        const float *d = dout + (size_t)n * C;
-        for (int i = i0; i < i1; i++) dw[i] += d[i];
-    }
-}
-
-/* Position t (local) of a (T*B, C) block: rows t*B .. t*B+B-1 get wpe row t0 + t added. */
-ROW_FN
-void pos_row_fwd(float *out, const float *wpe, int t, int B, int C, int t0)
-{
-    const float *p = wpe + (size_t)(t0 + t) * C;
-    for (int b = 0; b < B; b++) {
-        float *o = out + ((size_t)t * B + b) * C;
-        for (int i = 0; i < C; i++) o[i] += p[i];
-    }
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 ROW_FN
-void pos_row_bwd(float *dwpe, const float *dout, int t, int B, int C, int t0)
+uint16_t f32_to_bf16(float f)
 {
-    float *dp = dwpe + (size_t)(t0 + t) * C;
-    for (int b = 0; b < B; b++) {
-        const float *d = dout + ((size_t)t * B + b) * C;
-        for (int i = 0; i < C; i++) dp[i] += d[i];
-    }
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t nan = (u >> 16) | 0x0040u;
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
-/* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
-/*
-** Statistics in f32 with a two-pass mean/variance; backward accumulates into dinp, dw, db
-** (the residual stream and micro-batch accumulation both add). Every output element is summed
-** in a fixed order.
-*/
-
-/* One row: out = (inp - mean) * rstd * w + b; returns mean and rstd for the backward. */
-ROW_FN
-void layernorm_row_fwd(float *out, float *mean, float *rstd, const float *inp,
-                       const float *w, const float *b, int C, float eps)
-{
-    float acc[LANES] = { 0.0f };
-    int i = 0;
-    for (; i + LANES <= C; i += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += inp[i + l];
-    float m = lanes_total(acc);
-    for (; i < C; i++) m += inp[i];
-    m /= (float)C;
-    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
-    for (i = 0; i + LANES <= C; i += LANES)
-        for (int l = 0; l < LANES; l++) {
-            float d = inp[i + l] - m;
-            acc[l] += d * d;
-        }
-    float v = lanes_total(acc);
-    for (; i < C; i++) {
-        float d = inp[i] - m;
-        v += d * d;
-    }
-    v /= (float)C;
-    float s = 1.0f / sqrtf(v + eps);
-    for (i = 0; i < C; i++) out[i] = (inp[i] - m) * s * w[i] + b[i];
-    *mean = m;
-    *rstd = s;
-}
-
-/* One row of the input gradient: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)),
-** with dn = dout * w and xhat the normalised input. */
-ROW_FN
-void layernorm_row_bwd(float *dinp, const float *dout, const float *inp,
-                       const float *w, float mean, float rstd, int C)
-{
-    float acc_dn[LANES] = { 0.0f }, acc_dnx[LANES] = { 0.0f };
-    int i = 0;
-    for (; i + LANES <= C; i += LANES)
-        for (int l = 0; l < LANES; l++) {
-            float xhat = (inp[i + l] - mean) * rstd;
-            float dn = dout[i + l] * w[i + l];
-            acc_dn[l] += dn;
-            acc_dnx[l] += dn * xhat;
-        }
-    float dn_mean = lanes_total(acc_dn), dn_xhat_mean = lanes_total(acc_dnx);
-    for (; i < C; i++) {
-        float xhat = (inp[i] - mean) * rstd;
-        float dn = dout[i] * w[i];
-        dn_mean += dn;
-        dn_xhat_mean += dn * xhat;
-    }
-    dn_mean /= (float)C;
-    dn_xhat_mean /= (float)C;
-    for (i = 0; i < C; i++) {
-        float xhat = (inp[i] - mean) * rstd;
-        float dn = dout[i] * w[i];
-        dinp[i] += rstd * (dn - dn_mean - xhat * dn_xhat_mean);
-    }
-}
-
-/* Columns [i0, i1) of the parameter gradients, accumulated over the rows in order. */
-ROW_FN
-void layernorm_cols_bwd(float *dw, float *db, const float *dout, const float *inp,
-                        const float *mean, const float *rstd, int N, int C,
-                        int i0, int i1)
-{
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
-        for (int i = i0; i < i1; i++) {
-            dw[i] += d[i] * ((x[i] - mean[n]) * rstd[n]);
-            db[i] += d[i];
-        }
-    }
-}
-
-/* -- GELU (tanh approximation), bias, residual adds -------------------------------------------- */
+/* -- GELU (tanh approximation), AdamW: f32 element arithmetic ---------------------------------- */
 /*
 ** GELU as GPT-2 and Hugging Face's "gelu_new": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 */
@@ -224,7 +122,8 @@ float gelu1(float x)
 }
 
 /* d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) du with t = tanh(u); 0.5 (1 + t) = s and
-** 1 - t^2 = 4 s (1 - s) = 4 s^2 e, so the derivative is s + 2 x s^2 e du. */
+** 1 - t^2 = 4 s (1 - s) = 4 s^2 e, so the derivative is s + 2 x s^2 e du. e <= exp(88) is
+** finite, and for x < -10 the product underflows to 0 before it meets e: finite for all x. */
 ROW_FN
 float gelu1_grad(float x)
 {
@@ -235,121 +134,10 @@ float gelu1_grad(float x)
     return s + 2.0f * x * s * s * e * du;
 }
 
-/* Columns [i0, i1) of a bias gradient: column sums of dout over the rows, in row order. */
-ROW_FN
-void bias_cols_bwd(float *dbias, const float *dout, int N, int OC, int i0, int i1)
-{
-    for (int n = 0; n < N; n++) {
-        const float *d = dout + (size_t)n * OC;
-        for (int i = i0; i < i1; i++) dbias[i] += d[i];
-    }
-}
-
-/* -- Causal multi-head self-attention over the local heads ------------------------------------- */
 /*
-** qkv rows are tokens in sequence-major order (row t*B + b), each [q | k | v] with Hl heads of
-** hd channels. Scores are scaled by 1/sqrt(hd) in the GEMM (Megatron's baddbmm alpha), then a
-** causal softmax; att (B, Hl, T, T) keeps the probabilities (zeros above the diagonal).
+** AdamW in torch's order: p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) /
+** sqrt(bc2) + eps), with g = grad * gscale (the clipping coefficient, 1 when not clipping).
 */
-
-/* Row t of a (T, T) score block, in place: causal softmax over columns 0..t. */
-ROW_FN
-void softmax_row_fwd(float *row, int t, int T)
-{
-    int n = t + 1, j;
-    float acc[LANES];
-    for (int l = 0; l < LANES; l++) acc[l] = row[0];
-    for (j = 0; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] = row[j + l] > acc[l] ? row[j + l] : acc[l];
-    float mx = acc[0];
-    for (int l = 1; l < LANES; l++) mx = acc[l] > mx ? acc[l] : mx;
-    for (; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
-    for (j = 0; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            row[j + l] = vexpf(row[j + l] - mx);
-            acc[l] += row[j + l];
-        }
-    float sum = lanes_total(acc);
-    for (; j < n; j++) {
-        row[j] = vexpf(row[j] - mx);
-        sum += row[j];
-    }
-    float inv = 1.0f / sum;
-    for (j = 0; j < n; j++) row[j] *= inv;
-    for (j = n; j < T; j++) row[j] = 0.0f;
-}
-
-/* Row t: ds = p * (dp - sum_j p_j dp_j), written over dp. */
-ROW_FN
-void softmax_row_bwd(float *dp, const float *p, int t, int T)
-{
-    int n = t + 1, j;
-    float acc[LANES] = { 0.0f };
-    for (j = 0; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += p[j + l] * dp[j + l];
-    float dot = lanes_total(acc);
-    for (; j < n; j++) dot += p[j] * dp[j];
-    for (j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dot);
-    for (j = n; j < T; j++) dp[j] = 0.0f;
-}
-
-/* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
-/*
-** logits (N, Vl) hold this rank's vocabulary columns [vstart, vstart + valid); columns past
-** 'valid' are padding and never count. The caller reduces between the pieces: all-reduce MAX
-** of the row maxima, then all-reduce SUM of [sum exp | target logit].
-*/
-
-ROW_FN
-void ce_row_max(float *mx, const float *row, int valid)
-{
-    float acc[LANES], m = -INFINITY;
-    int j = 0;
-    for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
-    for (; j + LANES <= valid; j += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] = row[j + l] > acc[l] ? row[j + l] : acc[l];
-    for (int l = 0; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
-    for (; j < valid; j++) m = row[j] > m ? row[j] : m;
-    *mx = m;
-}
-
-/* sums[n] = sum_j exp(logit - max), sums[N + n] = the target's logit if this rank owns it. */
-ROW_FN
-void ce_row_sums(float *sumexp, float *target_logit, const float *row, float mx,
-                 int target, int valid, int vstart)
-{
-    float acc[LANES] = { 0.0f };
-    int j = 0;
-    for (; j + LANES <= valid; j += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += vexpf(row[j + l] - mx);
-    float s = lanes_total(acc);
-    for (; j < valid; j++) s += vexpf(row[j] - mx);
-    *sumexp = s;
-    int t = target - vstart;
-    *target_logit = (t >= 0 && t < valid) ? row[t] : 0.0f;
-}
-
-/* dlogits = (softmax - onehot(target)) * dloss, over this rank's columns; padding gets 0. */
-ROW_FN
-void ce_row_bwd(float *row, float mx, float sumexp, int target, int Vl, int valid,
-                int vstart, float dloss)
-{
-    float inv = 1.0f / sumexp;
-    int t = target - vstart;
-    for (int j = 0; j < valid; j++) {
-        float p = vexpf(row[j] - mx) * inv;
-        row[j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
-    }
-    for (int j = valid; j < Vl; j++) row[j] = 0.0f;
-}
-
-/* -- AdamW (torch.optim.AdamW), gradient-norm pieces, scaling ---------------------------------- */
-/*
-** torch's order: p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),
-** with g = grad * gscale (the clipping coefficient, 1 when not clipping).
-*/
-
 ROW_FN
 void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float beta2,
             float eps, float wd, float step_size, float bc2_sqrt)
@@ -360,15 +148,36 @@ void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float 
     *p -= step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
 }
 
-/* -- Mixture of experts: routing and row movements --------------------------------------------- */
+/* -- Causal attention: the formulas both backends share --------------------------------------- */
+/*
+** The backends tile the (T, T) scores differently (the CPU in cache-sized f32 tiles and
+** register blocks, CUDA in shared memory) but compute each row with these: the online softmax
+** keeps a running maximum m and sum l of exp(s - m) over the key tiles seen so far; a new
+** tile's maximum rescales l and the output accumulated so far by exp(m_old - m_new). The
+** log-sum-exp m + log(l) is saved; the backward recomputes p = exp(s - lse).
+*/
+
+ROW_FN float att_rescale(float m_old, float m_new) { return vexpf(m_old - m_new); }
+ROW_FN float att_lse(float m, float l) { return m + logf(l); }
+ROW_FN float att_prob(float s, float lse) { return vexpf(s - lse); }
+/* dscore = p (dp - sum_j p_j dp_j), with sum_j p_j dp_j = rowsum(dout * out) = dsum */
+ROW_FN float att_dscore(float p, float dp, float dsum) { return p * (dp - dsum); }
+
+/* -- Mixture of experts: routing (f32) --------------------------------------------------------- */
 /*
 ** Top-k with ties to the lower expert, its probabilities, the softmax over all experts for the
 ** aux loss, and its backward; the row movements between token and expert order are gathers
 ** (no scatter, no atomics): deterministic.
 */
 
-ROW_FN void route_row(int *sel, float *prob, float *score, const float *logit, int E, int k,
-                        int pre_softmax)
+/*
+** One token: score = softmax(logit) over all E experts; sel = the k largest logits in
+** descending order (a tie goes to the lower expert); prob = softmax over the k selected logits,
+** or, with pre_softmax, the scores of the selected experts (not renormalised).
+*/
+ROW_FN
+void route_row(int *sel, float *prob, float *score, const float *logit, int E, int k,
+               int pre_softmax)
 {
     float mx = logit[0], sum = 0.0f;
     for (int e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
@@ -398,37 +207,508 @@ ROW_FN void route_row(int *sel, float *prob, float *score, const float *logit, i
     for (int j = 0; j < k; j++) prob[j] /= s;
 }
 
-ROW_FN void route_row_bwd(float *dlogit, const float *dprob, const float *prob,
-                            const float *score, const int *sel, const float *auxg, int E, int k,
-                            int pre_softmax)
+/* The gradient reaching score e of one token: the aux loss's auxg[e], plus with pre_softmax
+** d(prob) of the choices that selected e (in choice order). */
+ROW_FN
+float route_dscore(int e, const float *dprob, const int *sel, const float *auxg, int k,
+                   int pre_softmax)
 {
-    /* through the softmax over all experts: ds = auxg (+ dprob at the selected experts when
-    ** the probabilities are scores), dz = s * (ds - sum(s * ds)) */
-    float dot = 0.0f;
-    for (int e = 0; e < E; e++) {
-        float ds = auxg[e];
-        if (pre_softmax)
-            for (int j = 0; j < k; j++) ds += sel[j] == e ? dprob[j] : 0.0f;
-        dlogit[e] = ds;
-        dot += score[e] * ds;
-    }
-    for (int e = 0; e < E; e++) dlogit[e] = score[e] * (dlogit[e] - dot);
-    if (pre_softmax) return;
-    /* through the softmax over the selected logits */
-    float pd = 0.0f;
-    for (int j = 0; j < k; j++) pd += prob[j] * dprob[j];
-    for (int j = 0; j < k; j++) dlogit[sel[j]] += prob[j] * (dprob[j] - pd);
+    float ds = auxg[e];
+    if (pre_softmax)
+        for (int j = 0; j < k; j++) ds += sel[j] == e ? dprob[j] : 0.0f;
+    return ds;
 }
 
-/* Row i of out: the k rows of src at pos[t*k + j] summed in j order (pos < 0: dropped). */
-ROW_FN void combine_row(float *out, const float *src, const int *pos, int k, int C)
-{
-    for (int c = 0; c < C; c++) out[c] = 0.0f;
-    for (int j = 0; j < k; j++) {
-        if (pos[j] < 0) continue;
-        const float *s = src + (size_t)pos[j] * C;
-        for (int c = 0; c < C; c++) out[c] += s[c];
-    }
-}
+/* -- The typed half: instantiated for each storage type ---------------------------------------- */
 
+#ifdef __cplusplus
+#define KR_FN(name) name               /* C++: overloads on the storage type */
+#define KR_F32(name) name
+#define KR_BF16(name) name
+#else
+#define KR_F32(name) name##_f32
+#define KR_BF16(name) name##_bf16
 #endif
+
+#define KR_T float
+#define KR_LD(x) (x)
+#define KR_ST(f) (f)
+#ifndef __cplusplus
+#define KR_FN KR_F32
+#endif
+#include "kernel_rows.h"
+#undef KR_T
+#undef KR_LD
+#undef KR_ST
+#ifndef __cplusplus
+#undef KR_FN
+#endif
+
+#define KR_T uint16_t
+#define KR_LD(x) bf16_to_f32(x)
+#define KR_ST(f) f32_to_bf16(f)
+#ifndef __cplusplus
+#define KR_FN KR_BF16
+#endif
+#include "kernel_rows.h"
+#undef KR_T
+#undef KR_LD
+#undef KR_ST
+#undef KR_FN
+
+#endif /* GPT_KERNEL_ROWS_H */
+
+/* ============================================================================================== */
+/* Typed half: KR_T, KR_LD(x) (KR_T -> f32), KR_ST(f) (f32 -> KR_T), KR_FN(name) are set.        */
+#if defined(KR_T) && defined(GPT_KERNEL_ROWS_H)
+
+/* -- Element access, copies, conversions ------------------------------------------------------- */
+
+ROW_FN float KR_FN(kr_load)(const KR_T *p) { return KR_LD(*p); }
+ROW_FN void KR_FN(kr_store)(KR_T *p, float f) { *p = KR_ST(f); }
+
+/* dst[i] = src[i] rounded, i in [i0, i1) */
+ROW_FN
+void KR_FN(narrow_span)(KR_T *dst, const float *src, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) dst[i] = KR_ST(src[i]);
+}
+
+/* dst[i] = src[i] widened, i in [i0, i1) */
+ROW_FN
+void KR_FN(widen_span)(float *dst, const KR_T *src, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) dst[i] = KR_LD(src[i]);
+}
+
+/* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
+/*
+** Activations are sequence-major: row t*B + b holds token b of position t. A rank owns the
+** vocabulary rows [vstart, vstart + vrows); other token ids give zero rows (the TP all-reduce
+** that follows adds the owner's row). Backward sums in token order: deterministic.
+*/
+
+/* Rows [lo, hi) of out: out[n, :] = wte[tok[n] - vstart, :] if this rank owns tok[n], else 0
+** (copies: no rounding). */
+ROW_FN
+void KR_FN(embed_fwd_rows)(KR_T *out, const int *tok, const KR_T *wte, int C, int vstart,
+                           int vrows, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        KR_T *o = out + (size_t)n * C;
+        int v = tok[n] - vstart;
+        if (v >= 0 && v < vrows) {
+            const KR_T *w = wte + (size_t)v * C;
+            for (int i = 0; i < C; i++) o[i] = w[i];
+        } else {
+            for (int i = 0; i < C; i++) o[i] = KR_ST(0.0f);
+        }
+    }
+}
+
+/* Columns [i0, i1) of dwte: every owned token's gradient row added in token order. */
+ROW_FN
+void KR_FN(embed_bwd_cols)(float *dwte, const KR_T *dout, const int *tok, int N, int C,
+                           int vstart, int vrows, int i0, int i1)
+{
+    for (int n = 0; n < N; n++) {
+        int v = tok[n] - vstart;
+        if (v < 0 || v >= vrows) continue;
+        float *dw = dwte + (size_t)v * C;
+        const KR_T *d = dout + (size_t)n * C;
+        for (int i = i0; i < i1; i++) dw[i] += KR_LD(d[i]);
+    }
+}
+
+/* Positions [lo, hi) (local) of a (T*B, C) block: rows t*B .. t*B+B-1 get wpe row t0 + t. */
+ROW_FN
+void KR_FN(pos_fwd_rows)(KR_T *out, const KR_T *wpe, int B, int C, int t0, int lo, int hi)
+{
+    for (int t = lo; t < hi; t++) {
+        const KR_T *p = wpe + (size_t)(t0 + t) * C;
+        for (int b = 0; b < B; b++) {
+            KR_T *o = out + ((size_t)t * B + b) * C;
+            for (int i = 0; i < C; i++) o[i] = KR_ST(KR_LD(o[i]) + KR_LD(p[i]));
+        }
+    }
+}
+
+ROW_FN
+void KR_FN(pos_bwd_rows)(float *dwpe, const KR_T *dout, int B, int C, int t0, int lo, int hi)
+{
+    for (int t = lo; t < hi; t++) {
+        float *dp = dwpe + (size_t)(t0 + t) * C;
+        for (int b = 0; b < B; b++) {
+            const KR_T *d = dout + ((size_t)t * B + b) * C;
+            for (int i = 0; i < C; i++) dp[i] += KR_LD(d[i]);
+        }
+    }
+}
+
+/* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
+/*
+** Statistics in f32 with a two-pass mean/variance; backward accumulates into dinp, dw, db
+** (the residual stream and micro-batch accumulation both add). Every output element is summed
+** in a fixed order.
+*/
+
+/* Rows [lo, hi): out = (inp - mean) * rstd * w + b; mean and rstd kept for the backward. */
+ROW_FN
+void KR_FN(layernorm_fwd_rows)(KR_T *out, float *mean, float *rstd, const KR_T *inp,
+                               const KR_T *w, const KR_T *b, int C, float eps, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *x = inp + (size_t)n * C;
+        KR_T *o = out + (size_t)n * C;
+        float acc[LANES] = { 0.0f };
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += KR_LD(x[i + l]);
+        float m = lanes_total(acc);
+        for (; i < C; i++) m += KR_LD(x[i]);
+        m /= (float)C;
+        for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+        for (i = 0; i + LANES <= C; i += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float d = KR_LD(x[i + l]) - m;
+                acc[l] += d * d;
+            }
+        float v = lanes_total(acc);
+        for (; i < C; i++) {
+            float d = KR_LD(x[i]) - m;
+            v += d * d;
+        }
+        v /= (float)C;
+        float s = 1.0f / sqrtf(v + eps);
+        for (i = 0; i < C; i++) o[i] = KR_ST((KR_LD(x[i]) - m) * s * KR_LD(w[i]) + KR_LD(b[i]));
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+/* Rows [lo, hi) of the input gradient: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)),
+** with dn = dout * w and xhat the normalised input. */
+ROW_FN
+void KR_FN(layernorm_bwd_rows)(KR_T *dinp, const KR_T *dout, const KR_T *inp, const KR_T *w,
+                               const float *mean, const float *rstd, int C, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        KR_T *dx = dinp + (size_t)n * C;
+        float mu = mean[n], rs = rstd[n];
+        float acc_dn[LANES] = { 0.0f }, acc_dnx[LANES] = { 0.0f };
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float xhat = (KR_LD(x[i + l]) - mu) * rs;
+                float dn = KR_LD(d[i + l]) * KR_LD(w[i + l]);
+                acc_dn[l] += dn;
+                acc_dnx[l] += dn * xhat;
+            }
+        float dn_mean = lanes_total(acc_dn), dn_xhat_mean = lanes_total(acc_dnx);
+        for (; i < C; i++) {
+            float xhat = (KR_LD(x[i]) - mu) * rs;
+            float dn = KR_LD(d[i]) * KR_LD(w[i]);
+            dn_mean += dn;
+            dn_xhat_mean += dn * xhat;
+        }
+        dn_mean /= (float)C;
+        dn_xhat_mean /= (float)C;
+        for (i = 0; i < C; i++) {
+            float xhat = (KR_LD(x[i]) - mu) * rs;
+            float dn = KR_LD(d[i]) * KR_LD(w[i]);
+            dx[i] = KR_ST(KR_LD(dx[i]) + rs * (dn - dn_mean - xhat * dn_xhat_mean));
+        }
+    }
+}
+
+/* Columns [i0, i1) of the parameter gradients, accumulated over the rows in order. */
+ROW_FN
+void KR_FN(layernorm_bwd_cols)(float *dw, float *db, const KR_T *dout, const KR_T *inp,
+                               const float *mean, const float *rstd, int N, int C, int i0,
+                               int i1)
+{
+    for (int n = 0; n < N; n++) {
+        const KR_T *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        for (int i = i0; i < i1; i++) {
+            dw[i] += KR_LD(d[i]) * ((KR_LD(x[i]) - mean[n]) * rstd[n]);
+            db[i] += KR_LD(d[i]);
+        }
+    }
+}
+
+/* -- GELU, bias, residual adds ----------------------------------------------------------------- */
+
+ROW_FN
+void KR_FN(gelu_fwd_span)(KR_T *out, const KR_T *inp, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) out[i] = KR_ST(gelu1(KR_LD(inp[i])));
+}
+
+/* dinp may be dout (in place): each element is read before it is written. */
+ROW_FN
+void KR_FN(gelu_bwd_span)(KR_T *dinp, const KR_T *inp, const KR_T *dout, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) dinp[i] = KR_ST(KR_LD(dout[i]) * gelu1_grad(KR_LD(inp[i])));
+}
+
+/* Rows [lo, hi), columns [c0, c1) of out (N, OC) += bias. */
+ROW_FN
+void KR_FN(bias_fwd_block)(KR_T *out, const KR_T *bias, int OC, int lo, int hi, int c0, int c1)
+{
+    for (int n = lo; n < hi; n++) {
+        KR_T *o = out + (size_t)n * OC;
+        for (int i = c0; i < c1; i++) o[i] = KR_ST(KR_LD(o[i]) + KR_LD(bias[i]));
+    }
+}
+
+/* Columns [i0, i1) of a bias gradient: column sums of dout over the rows, in row order. */
+ROW_FN
+void KR_FN(bias_bwd_cols)(float *dbias, const KR_T *dout, int N, int OC, int i0, int i1)
+{
+    for (int n = 0; n < N; n++) {
+        const KR_T *d = dout + (size_t)n * OC;
+        for (int i = i0; i < i1; i++) dbias[i] += KR_LD(d[i]);
+    }
+}
+
+/* out = a + b on [i0, i1); out may be a (add_inplace). */
+ROW_FN
+void KR_FN(add_span)(KR_T *out, const KR_T *a, const KR_T *b, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) out[i] = KR_ST(KR_LD(a[i]) + KR_LD(b[i]));
+}
+
+/* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
+/*
+** logits (N, Vl) hold this rank's vocabulary columns [vstart, vstart + valid); columns past
+** 'valid' are padding and never count. The caller reduces between the pieces: all-reduce MAX
+** of the row maxima, then all-reduce SUM of [sum exp | target logit].
+*/
+
+ROW_FN
+void KR_FN(ce_max_rows)(float *mx, const KR_T *logits, int Vl, int valid, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *row = logits + (size_t)n * Vl;
+        float acc[LANES], m = -INFINITY;
+        int j = 0;
+        for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
+        for (; j + LANES <= valid; j += LANES)
+            for (int l = 0; l < LANES; l++)
+                acc[l] = KR_LD(row[j + l]) > acc[l] ? KR_LD(row[j + l]) : acc[l];
+        for (int l = 0; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+        for (; j < valid; j++) m = KR_LD(row[j]) > m ? KR_LD(row[j]) : m;
+        mx[n] = m;
+    }
+}
+
+/* sums[n] = sum_j exp(logit - max), sums[N + n] = the target's logit if this rank owns it. */
+ROW_FN
+void KR_FN(ce_sums_rows)(float *sums, const KR_T *logits, const float *mx, const int *targets,
+                         int N, int Vl, int valid, int vstart, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *row = logits + (size_t)n * Vl;
+        float acc[LANES] = { 0.0f }, m = mx[n];
+        int j = 0;
+        for (; j + LANES <= valid; j += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += vexpf(KR_LD(row[j + l]) - m);
+        float s = lanes_total(acc);
+        for (; j < valid; j++) s += vexpf(KR_LD(row[j]) - m);
+        sums[n] = s;
+        int t = targets[n] - vstart;
+        sums[N + n] = (t >= 0 && t < valid) ? KR_LD(row[t]) : 0.0f;
+    }
+}
+
+/* dlogits = (softmax - onehot(target)) * dloss over this rank's columns, in place; padding 0. */
+ROW_FN
+void KR_FN(ce_bwd_rows)(KR_T *logits, const float *mx, const float *sums, const int *targets,
+                        int Vl, int valid, int vstart, float dloss, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        KR_T *row = logits + (size_t)n * Vl;
+        float inv = 1.0f / sums[n], m = mx[n];
+        int t = targets[n] - vstart;
+        for (int j = 0; j < valid; j++) {
+            float p = vexpf(KR_LD(row[j]) - m) * inv;
+            row[j] = KR_ST((p - (j == t ? 1.0f : 0.0f)) * dloss);
+        }
+        for (int j = valid; j < Vl; j++) row[j] = KR_ST(0.0f);
+    }
+}
+
+/* -- AdamW on the f32 main parameters, with the model's copy ----------------------------------- */
+
+/* Elements [i0, i1); copy (NULL: none) receives the updated parameters rounded. */
+ROW_FN
+void KR_FN(adamw_span)(float *p, const float *g, float *m, float *v, KR_T *copy, float lr,
+                       float beta1, float beta2, float eps, float wd, float step_size,
+                       float bc2_sqrt, float gscale, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++)
+        adamw1(p + i, g[i] * gscale, m + i, v + i, lr, beta1, beta2, eps, wd, step_size,
+               bc2_sqrt);
+    if (copy)
+        for (size_t i = i0; i < i1; i++) copy[i] = KR_ST(p[i]);
+}
+
+/* -- Mixture of experts: routing backward and row movements ------------------------------------ */
+
+/*
+** Tokens [lo, hi): dlogit (E) from d(prob) (k) and the aux loss's gradient with respect to the
+** scores, auxg (E, the same for every token of the micro-batch). Through the softmax over all
+** experts: dz = s * (ds - sum(s * ds)); without pre_softmax also through the softmax over the
+** selected logits. Each element is summed in f32 and rounded once.
+*/
+ROW_FN
+void KR_FN(route_bwd_rows)(KR_T *dlogits, const float *dprob, const float *prob,
+                           const float *scores, const int *sel, const float *auxg, int E,
+                           int k, int pre_softmax, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const float *dp = dprob + (size_t)n * k, *pr = prob + (size_t)n * k;
+        const float *score = scores + (size_t)n * E;
+        const int *s = sel + (size_t)n * k;
+        KR_T *dl = dlogits + (size_t)n * E;
+        float dot = 0.0f, pd = 0.0f;
+        for (int e = 0; e < E; e++)
+            dot += score[e] * route_dscore(e, dp, s, auxg, k, pre_softmax);
+        if (!pre_softmax)
+            for (int j = 0; j < k; j++) pd += pr[j] * dp[j];
+        for (int e = 0; e < E; e++) {
+            float g = score[e] * (route_dscore(e, dp, s, auxg, k, pre_softmax) - dot);
+            if (!pre_softmax)
+                for (int j = 0; j < k; j++)
+                    if (s[j] == e) g += pr[j] * (dp[j] - pd);
+            dl[e] = KR_ST(g);
+        }
+    }
+}
+
+#define KR_COMBINE 64    /* columns summed at a time in f32 */
+
+/* Tokens [lo, hi): out[t] = the k rows of src at pos[t*k + j], summed in j order (pos < 0:
+** dropped). */
+ROW_FN
+void KR_FN(combine_out_rows)(KR_T *out, const KR_T *src, const int *pos, int k, int C, int lo,
+                             int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const int *pn = pos + (size_t)n * k;
+        KR_T *o = out + (size_t)n * C;
+        for (int c0 = 0; c0 < C; c0 += KR_COMBINE) {
+            int w = MIN(KR_COMBINE, C - c0);
+            float acc[KR_COMBINE];
+            for (int c = 0; c < w; c++) acc[c] = 0.0f;
+            for (int j = 0; j < k; j++) {
+                if (pn[j] < 0) continue;
+                const KR_T *s = src + (size_t)pn[j] * C + c0;
+                for (int c = 0; c < w; c++) acc[c] += KR_LD(s[c]);
+            }
+            for (int c = 0; c < w; c++) o[c0 + c] = KR_ST(acc[c]);
+        }
+    }
+}
+
+/* Rows [lo, hi), columns [c0, c1): y[i] *= s[i]. */
+ROW_FN
+void KR_FN(row_scale_block)(KR_T *y, const float *s, int C, int lo, int hi, int c0, int c1)
+{
+    for (int i = lo; i < hi; i++)
+        for (int c = c0; c < c1; c++)
+            y[(size_t)i * C + c] = KR_ST(KR_LD(y[(size_t)i * C + c]) * s[i]);
+}
+
+/* Rows [lo, hi): out[i] = a[i] . b[i], summed in column order. */
+ROW_FN
+void KR_FN(row_dot_rows)(float *out, const KR_T *a, const KR_T *b, int C, int lo, int hi)
+{
+    for (int i = lo; i < hi; i++) {
+        float s = 0.0f;
+        for (int c = 0; c < C; c++)
+            s += KR_LD(a[(size_t)i * C + c]) * KR_LD(b[(size_t)i * C + c]);
+        out[i] = s;
+    }
+}
+
+/* Rows [lo, hi), columns [c0, c1): y[i] += s[i] b. */
+ROW_FN
+void KR_FN(add_scaled_bias_block)(KR_T *y, const float *s, const KR_T *b, int C, int lo, int hi,
+                                  int c0, int c1)
+{
+    for (int i = lo; i < hi; i++)
+        for (int c = c0; c < c1; c++)
+            y[(size_t)i * C + c] = KR_ST(KR_LD(y[(size_t)i * C + c]) + s[i] * KR_LD(b[c]));
+}
+
+/* Columns [c0, c1): db[c] += s[i] dy[i, c] for the rows in order. */
+ROW_FN
+void KR_FN(scaled_bias_bwd_cols)(float *db, const float *s, const KR_T *dy, int n, int C, int c0,
+                                 int c1)
+{
+    for (int i = 0; i < n; i++)
+        for (int c = c0; c < c1; c++) db[c] += s[i] * KR_LD(dy[(size_t)i * C + c]);
+}
+
+/* Elements [i0, i1) of out (n) = the sum of the nblocks blocks of 'in', in block order. */
+ROW_FN
+void KR_FN(sum_blocks_span)(KR_T *out, const KR_T *in, int nblocks, size_t n, size_t i0,
+                            size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) {
+        float s = 0.0f;
+        for (int m = 0; m < nblocks; m++) s += KR_LD(in[(size_t)m * n + i]);
+        out[i] = KR_ST(s);
+    }
+}
+
+/* -- Attention: tiles in and out of storage ---------------------------------------------------- */
+
+/* Rows [lo, hi) of dsum = rowsum(dout * out) over hd channels (rows of stride ld), in order. */
+ROW_FN
+void KR_FN(att_dsum_rows)(float *dsum, const KR_T *dout, const KR_T *out, size_t ld, int hd,
+                          int lo, int hi)
+{
+    for (int i = lo; i < hi; i++) {
+        float s = 0.0f;
+        for (int d = 0; d < hd; d++) s += KR_LD(dout[i * ld + d]) * KR_LD(out[i * ld + d]);
+        dsum[i] = s;
+    }
+}
+
+/*
+** An f32 tile of 'rows' rows and 'cols' channels from storage rows of stride ld, times mul;
+** rows past nr and channels past hd are zero (padding). trans = 0: dst[r * dld + d];
+** trans = 1: transposed, dst[d * dld + r].
+*/
+ROW_FN
+void KR_FN(att_load_tile)(float *dst, int dld, int trans, const KR_T *src, size_t ld, int nr,
+                          int rows, int hd, int cols, float mul)
+{
+    for (int r = 0; r < rows; r++) {
+        const KR_T *s = src + (r < nr ? r : 0) * ld;
+        int n = r < nr ? hd : 0;
+        if (trans) {
+            for (int d = 0; d < n; d++) dst[(size_t)d * dld + r] = KR_LD(s[d]) * mul;
+            for (int d = n; d < cols; d++) dst[(size_t)d * dld + r] = 0.0f;
+        } else {
+            float *o = dst + (size_t)r * dld;
+            for (int d = 0; d < n; d++) o[d] = KR_LD(s[d]) * mul;
+            for (int d = n; d < cols; d++) o[d] = 0.0f;
+        }
+    }
+}
+
+/* nr rows of hd channels of an f32 tile (rows of stride sld) times mul, rounded into storage
+** rows of stride ld. */
+ROW_FN
+void KR_FN(att_store_tile)(KR_T *dst, size_t ld, const float *src, int sld, int nr, int hd,
+                           float mul)
+{
+    for (int r = 0; r < nr; r++)
+        for (int d = 0; d < hd; d++) dst[r * ld + d] = KR_ST(src[(size_t)r * sld + d] * mul);
+}
+
+#endif /* the typed half */

@@ -5,11 +5,22 @@
 ** compiled once per backend and serves every model and layout. Every kernel is deterministic:
 ** each output element is computed, and each sum taken, in a fixed order independent of threads.
 ** Called by the library's model code (model.c, moe.c, stage.c) and the kernel tests.
+**
+** Storage dtype. Activations and parameters are stored in one dtype t, the last argument:
+** RT_F32, or RT_BF16 (uint16_t bits, the upper half of an IEEE f32). They are passed as void *.
+** Every kernel loads them widened exactly to f32, computes in f32 and rounds each output
+** element once to t (round to nearest even; NaN stays NaN); an accumulation into a t buffer
+** (+=) loads, adds in f32 and rounds once. With t = RT_F32 the arithmetic is plain f32.
+** Parameter gradients (float *: the f32 main gradients) and statistics (LayerNorm mean and
+** rstd, the attention log-sum-exp, cross-entropy sums and losses, MoE probabilities, scores,
+** logits) are always f32.
 */
 #ifndef GPT_KERNELS_H
 #define GPT_KERNELS_H
 
 #include <stddef.h>
+
+#include "rt.h"       // defines: rt_dtype (RT_F32, RT_BF16)
 
 #ifdef __cplusplus   /* kernels_cuda.cu is C++: these are C symbols */
 extern "C" {
@@ -18,60 +29,73 @@ extern "C" {
 /* -- Embedding (rows are tokens, sequence-major: row t*B + b) ------------------------------- */
 
 /* out (N, C) = wte[tok - vstart] for tokens this rank owns ([vstart, vstart + vrows)), else 0. */
-void embed_fwd(float *out, const int *tok, const float *wte, int N, int C, int vstart, int vrows);
+void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vstart, int vrows,
+               rt_dtype t);
 /* dwte (vrows, C) += every owned token's gradient row, in token order. */
-void embed_bwd(float *dwte, const float *dout, const int *tok, int N, int C, int vstart,
-               int vrows);
+void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
+               int vrows, rt_dtype t);
 /* out (T*B, C) += wpe[t0 + t] on every row of position t. */
-void pos_fwd(float *out, const float *wpe, int T, int B, int C, int t0);
-void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0);
+void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t);
+void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t);
 
 /* -- LayerNorm ---------------------------------------------------------------------------- */
 
-void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                   const float *b, int N, int C, float eps);
+void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                   const void *b, int N, int C, float eps, rt_dtype t);
 /* dinp, dw, db accumulate (+=). */
-void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                   const float *w, const float *mean, const float *rstd, int N, int C);
+void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                   const void *w, const float *mean, const float *rstd, int N, int C,
+                   rt_dtype t);
 
 /* -- Pointwise ---------------------------------------------------------------------------- */
 
-void gelu_fwd(float *out, const float *inp, size_t n);
-void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);  /* may be in place */
-void bias_fwd(float *out, const float *bias, int N, int OC);                /* out += bias */
-void bias_bwd(float *dbias, const float *dout, int N, int OC);     /* dbias += column sums */
-void add_fwd(float *out, const float *a, const float *b, size_t n);
-void add_inplace(float *y, const float *x, size_t n);
+void gelu_fwd(void *out, const void *inp, size_t n, rt_dtype t);
+/* dinp may be dout (in place) */
+void gelu_bwd(void *dinp, const void *inp, const void *dout, size_t n, rt_dtype t);
+void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t);       /* out += bias */
+void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t);   /* += column sums */
+void add_fwd(void *out, const void *a, const void *b, size_t n, rt_dtype t);
+void add_inplace(void *y, const void *x, size_t n, rt_dtype t);
+
+/* dst (n, dtype dt) = src (n, dtype st): f32 <-> bf16 (round to nearest even), a copy when
+** dt == st. Other dtypes abort. */
+void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n);
 
 /* -- Attention (qkv rows: [q | k | v] of Hl local heads of hd channels) --------------------- */
 
-/* out (N, Hl*hd); att (B, Hl, T, T) keeps the probabilities for the backward. */
-void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
-                   float scale);
-/* dqkv (N, 3*Hl*hd) = the gradient; datt (B, Hl, T, T) is scratch. */
-void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att,
-                   const float *qkv, int B, int T, int Hl, int hd, float scale);
+/* Causal softmax(scale q k^T) v per batch element and head, without the (T, T) matrix.
+** out (N, Hl*hd); lse (B, Hl, T) f32 receives each query row's log-sum-exp of its scaled,
+** masked scores, which is all the backward needs besides qkv and out. */
+void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
+                   float scale, rt_dtype t);
+/* dqkv (N, 3*Hl*hd) = the gradient (written, not accumulated), recomputing the probabilities
+** from qkv and lse; dsum (B, Hl, T) f32 is scratch (it receives rowsum(dout * out)). */
+void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
+                   const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t);
 
 /* -- Vocabulary-parallel cross-entropy ---------------------------------------------------- */
 
 /* mx (N): the row maxima over this rank's 'valid' columns. */
-void ce_rowmax(float *mx, const float *logits, int N, int Vl, int valid);
+void ce_rowmax(float *mx, const void *logits, int N, int Vl, int valid, rt_dtype t);
 /* sums (2N): [sum of exp(logit - mx) | the target's logit where this rank owns the target]. */
-void ce_sums(float *sums, const float *logits, const float *mx, const int *targets, int N,
-             int Vl, int valid, int vstart);
+void ce_sums(float *sums, const void *logits, const float *mx, const int *targets, int N,
+             int Vl, int valid, int vstart, rt_dtype t);
 /* loss (N) = log(sum exp) + mx - target logit, from the reduced sums. */
 void ce_loss(float *loss, const float *sums, const float *mx, int N);
-/* logits := (softmax - onehot(target)) * dloss, in place; padding columns 0. */
-void ce_bwd(float *logits, const float *mx, const float *sums, const int *targets, int N,
-            int Vl, int valid, int vstart, float dloss);
+/* logits := (softmax - onehot(target)) * dloss, in place (rounded to t); padding columns 0. */
+void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets, int N,
+            int Vl, int valid, int vstart, float dloss, rt_dtype t);
 /* out[0] = sum of x[0..N), in order (device memory). */
 void sum_rows(float *out, const float *x, int N);
 
 /* -- Optimizer ---------------------------------------------------------------------------- */
 
-/* AdamW on n elements with g = grad * gscale; bc1, bc2: bias corrections 1 - beta^t. */
+/* AdamW on n elements of the f32 (main) parameters p with g = grad * gscale; bc1, bc2: bias
+** corrections 1 - beta^t. copy: NULL, or n elements where the updated parameters are also
+** written rounded to t (the model's bf16 parameters). */
 void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float wd, float bc1, float bc2, float gscale);
+                float beta2, float eps, float wd, float bc1, float bc2, float gscale, void *copy,
+                rt_dtype t);
 /* out[0] = sum of squares of x[0..n) (device memory; fixed summation order). */
 void sumsq(float *out, const float *x, size_t n);
 void scale_inplace(float *x, size_t n, float s);
@@ -79,21 +103,25 @@ void scale_inplace(float *x, size_t n, float s);
 /* -- Mixture of experts ------------------------------------------------------------------- */
 
 /* Top-k per row (ties to the lower expert), the chosen probabilities (softmax over the k, or
-** with 'pre' the softmax over all E, not renormalised) and every row's softmax over all E. */
+** with 'pre' the softmax over all E, not renormalised) and every row's softmax over all E.
+** All f32. */
 void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
                int pre);
-void moe_route_bwd(float *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre);
+/* dlogits (N, E) written in t from the f32 routing state and gradients. */
+void moe_route_bwd(void *dlogits, const float *dprob, const float *prob, const float *scores,
+                   const int *sel, const float *auxg, int N, int E, int k, int pre, rt_dtype t);
 /* out[i] = src[idx[i]] (rows of C); idx[i] < 0 gives a zero row. */
-void gather_rows(float *out, const float *src, const int *idx, int n, int C);
-/* out[t] = sum over the k choices of token t of src[pos[t*k + j]] (pos < 0: dropped). */
-void combine_rows(float *out, const float *src, const int *pos, int N, int k, int C);
-void row_scale(float *y, const float *s, int n, int C);              /* y[i] *= s[i] */
-void row_dot(float *out, const float *a, const float *b, int n, int C);   /* out[i] = a[i].b[i] */
-void add_scaled_bias(float *y, const float *s, const float *b, int n, int C); /* y[i] += s[i] b */
-void scaled_bias_bwd(float *db, const float *s, const float *dy, int n, int C);
+void gather_rows(void *out, const void *src, const int *idx, int n, int C, rt_dtype t);
+/* out[t] = sum over the k choices of token t of src[pos[t*k + j]] (pos < 0: dropped), summed
+** in f32 in j order and rounded once. */
+void combine_rows(void *out, const void *src, const int *pos, int N, int k, int C, rt_dtype t);
+void row_scale(void *y, const float *s, int n, int C, rt_dtype t);          /* y[i] *= s[i] */
+void row_dot(float *out, const void *a, const void *b, int n, int C, rt_dtype t); /* a[i].b[i] */
+void add_scaled_bias(void *y, const float *s, const void *b, int n, int C, rt_dtype t);
+                                                                            /* y[i] += s[i] b */
+void scaled_bias_bwd(float *db, const float *s, const void *dy, int n, int C, rt_dtype t);
 /* out (n) = sum of the nblocks blocks of n elements of 'in', in block order. */
-void sum_blocks(float *out, const float *in, int nblocks, size_t n);
+void sum_blocks(void *out, const void *in, int nblocks, size_t n, rt_dtype t);
 
 #ifdef __cplusplus
 }

@@ -1,147 +1,167 @@
 /*
 ** kernels_cpu.c: the kernels of kernels.h on the CPU: host pointers, each kernel split into
 ** tasks on the runtime's thread pool (rt_parallel_for) over rows, column blocks or element
-** blocks, each task running the shared row arithmetic of kernel_rows.h. Results do not depend
-** on the number of threads. Part of the training library (build/libgpt_cpu.a).
+** blocks, each task running the shared arithmetic of kernel_rows.h for the storage type of the
+** call (BY_TYPE picks the _f32 or _bf16 instance once per task, outside the loops). Results do
+** not depend on the number of threads. Part of the training library (build/libgpt_cpu.a).
 */
+#include <stdlib.h>
+
 #include "kernel_rows.h"
 #include "kernels.h"
-#include "rt.h"       // defines: rt_parallel_for, rt_gemm, rt_threads
+#include "rt.h"       // defines: rt_parallel_for, rt_threads, rt_dtype_size, RT_CHECK
 
 #define COLS  64       /* columns per task in column reductions (deterministic order) */
 
+/* fn##_bf16(...) or fn##_f32(...) for storage type t: one branch per task, not per element. */
+#define BY_TYPE(t, fn, ...)                                                                  \
+    do {                                                                                     \
+        if ((t) == RT_BF16) fn##_bf16(__VA_ARGS__);                                          \
+        else fn##_f32(__VA_ARGS__);                                                          \
+    } while (0)
+
+/* The storage type of a call: f32 or bf16, anything else is a caller's bug. */
+static rt_dtype storage(rt_dtype t)
+{
+    RT_CHECK(t == RT_F32 || t == RT_BF16, "kernels: storage dtype %d is neither f32 nor bf16",
+             (int)t);
+    return t;
+}
+
+/* Element i of an array of dtype t (byte arithmetic on an untyped pointer). */
+static void *elem(void *p, size_t i, rt_dtype t) { return (char *)p + i * rt_dtype_size(t); }
+static const void *celem(const void *p, size_t i, rt_dtype t)
+{
+    return (const char *)p + i * rt_dtype_size(t);
+}
+
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
-/*
-** Activations are sequence-major: row t*B + b holds token b of position t. A rank owns the
-** vocabulary rows [vstart, vstart + vrows); other token ids give zero rows (the TP all-reduce
-** that follows adds the owner's row). Backward sums in token order: deterministic.
-*/
 
 typedef struct {
-    float *out;
-    const float *table, *dout;
+    void *out;
+    float *grad;
+    const void *table, *dout;
     const int *tok;
     int N, T, B, C, vstart, vrows, t0;
+    rt_dtype t;
 } encoder_args;
 
-static void embed_fwd_rows(void *p, int lo, int hi)
+static void embed_fwd_task(void *p, int lo, int hi)
 {
     const encoder_args *a = p;
-    for (int n = lo; n < hi; n++)
-        embed_row_fwd(a->out + (size_t)n * a->C, a->table, a->tok[n], a->C, a->vstart, a->vrows);
+    BY_TYPE(a->t, embed_fwd_rows, a->out, a->tok, a->table, a->C, a->vstart, a->vrows, lo, hi);
 }
 
-static void embed_bwd_cols(void *p, int lo, int hi)      /* lo, hi: blocks of COLS */
+static void embed_bwd_task(void *p, int lo, int hi)      /* lo, hi: blocks of COLS */
 {
     const encoder_args *a = p;
-    embed_cols_bwd(a->out, a->dout, a->tok, a->N, a->C, a->vstart, a->vrows, lo * COLS,
-                   MIN(hi * COLS, a->C));
+    BY_TYPE(a->t, embed_bwd_cols, a->grad, a->dout, a->tok, a->N, a->C, a->vstart, a->vrows,
+            lo * COLS, MIN(hi * COLS, a->C));
 }
 
-static void pos_fwd_rows(void *p, int lo, int hi)
+static void pos_fwd_task(void *p, int lo, int hi)
 {
     const encoder_args *a = p;
-    for (int t = lo; t < hi; t++) pos_row_fwd(a->out, a->table, t, a->B, a->C, a->t0);
+    BY_TYPE(a->t, pos_fwd_rows, a->out, a->table, a->B, a->C, a->t0, lo, hi);
 }
 
-static void pos_bwd_rows(void *p, int lo, int hi)
+static void pos_bwd_task(void *p, int lo, int hi)
 {
     const encoder_args *a = p;
-    for (int t = lo; t < hi; t++) pos_row_bwd(a->out, a->dout, t, a->B, a->C, a->t0);
+    BY_TYPE(a->t, pos_bwd_rows, a->grad, a->dout, a->B, a->C, a->t0, lo, hi);
 }
 
-void embed_fwd(float *out, const int *tok, const float *wte, int N, int C, int vstart,
-               int vrows)
+void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vstart, int vrows,
+               rt_dtype t)
 {
     encoder_args a = { .out = out, .table = wte, .tok = tok, .N = N, .C = C, .vstart = vstart,
-                       .vrows = vrows };
-    rt_parallel_for(N, embed_fwd_rows, &a);
+                       .vrows = vrows, .t = storage(t) };
+    rt_parallel_for(N, embed_fwd_task, &a);
 }
 
-void embed_bwd(float *dwte, const float *dout, const int *tok, int N, int C, int vstart,
-               int vrows)
+void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
+               int vrows, rt_dtype t)
 {
-    encoder_args a = { .out = dwte, .dout = dout, .tok = tok, .N = N, .C = C, .vstart = vstart,
-                       .vrows = vrows };
-    rt_parallel_for(CEIL_DIV(C, COLS), embed_bwd_cols, &a);
+    encoder_args a = { .grad = dwte, .dout = dout, .tok = tok, .N = N, .C = C, .vstart = vstart,
+                       .vrows = vrows, .t = storage(t) };
+    rt_parallel_for(CEIL_DIV(C, COLS), embed_bwd_task, &a);
 }
 
-void pos_fwd(float *out, const float *wpe, int T, int B, int C, int t0)
+void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
 {
-    encoder_args a = { .out = out, .table = wpe, .T = T, .B = B, .C = C, .t0 = t0 };
-    rt_parallel_for(T, pos_fwd_rows, &a);
+    encoder_args a = { .out = out, .table = wpe, .T = T, .B = B, .C = C, .t0 = t0,
+                       .t = storage(t) };
+    rt_parallel_for(T, pos_fwd_task, &a);
 }
 
-void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0)
+void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t)
 {
-    encoder_args a = { .out = dwpe, .dout = dout, .T = T, .B = B, .C = C, .t0 = t0 };
-    rt_parallel_for(T, pos_bwd_rows, &a);
+    encoder_args a = { .grad = dwpe, .dout = dout, .T = T, .B = B, .C = C, .t0 = t0,
+                       .t = storage(t) };
+    rt_parallel_for(T, pos_bwd_task, &a);
 }
 
 /* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
-/*
-** Statistics in f32 with a two-pass mean/variance; backward accumulates into dinp, dw, db
-** (the residual stream and micro-batch accumulation both add). Every output element is summed
-** in a fixed order.
-*/
 
 typedef struct {
-    float *out, *mean, *rstd, *dinp, *dw, *db;
-    const float *inp, *w, *b, *dout, *cmean, *crstd;
+    void *out, *dinp;
+    float *mean, *rstd, *dw, *db;
+    const void *inp, *w, *b, *dout;
+    const float *cmean, *crstd;
     int N, C;
     float eps;
+    rt_dtype t;
 } layernorm_args;
 
-static void layernorm_fwd_rows(void *p, int lo, int hi)
+static void layernorm_fwd_task(void *p, int lo, int hi)
 {
     const layernorm_args *a = p;
-    for (int n = lo; n < hi; n++)
-        layernorm_row_fwd(a->out + (size_t)n * a->C, a->mean + n, a->rstd + n,
-                          a->inp + (size_t)n * a->C, a->w, a->b, a->C, a->eps);
+    BY_TYPE(a->t, layernorm_fwd_rows, a->out, a->mean, a->rstd, a->inp, a->w, a->b, a->C,
+            a->eps, lo, hi);
 }
 
-static void layernorm_bwd_rows(void *p, int lo, int hi)
+static void layernorm_bwd_task(void *p, int lo, int hi)
 {
     const layernorm_args *a = p;
-    for (int n = lo; n < hi; n++)
-        layernorm_row_bwd(a->dinp + (size_t)n * a->C, a->dout + (size_t)n * a->C,
-                          a->inp + (size_t)n * a->C, a->w, a->cmean[n], a->crstd[n], a->C);
+    BY_TYPE(a->t, layernorm_bwd_rows, a->dinp, a->dout, a->inp, a->w, a->cmean, a->crstd, a->C,
+            lo, hi);
 }
 
-static void layernorm_bwd_cols(void *p, int lo, int hi)   /* lo, hi: blocks of COLS */
+static void layernorm_bwd_cols_task(void *p, int lo, int hi)   /* lo, hi: blocks of COLS */
 {
     const layernorm_args *a = p;
-    layernorm_cols_bwd(a->dw, a->db, a->dout, a->inp, a->cmean, a->crstd, a->N, a->C,
-                       lo * COLS, MIN(hi * COLS, a->C));
+    BY_TYPE(a->t, layernorm_bwd_cols, a->dw, a->db, a->dout, a->inp, a->cmean, a->crstd, a->N,
+            a->C, lo * COLS, MIN(hi * COLS, a->C));
 }
 
-void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                   const float *b, int N, int C, float eps)
+void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                   const void *b, int N, int C, float eps, rt_dtype t)
 {
     layernorm_args a = { .out = out, .mean = mean, .rstd = rstd, .inp = inp, .w = w, .b = b,
-                         .N = N, .C = C, .eps = eps };
-    rt_parallel_for(N, layernorm_fwd_rows, &a);
+                         .N = N, .C = C, .eps = eps, .t = storage(t) };
+    rt_parallel_for(N, layernorm_fwd_task, &a);
 }
 
-void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                   const float *w, const float *mean, const float *rstd, int N, int C)
+void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                   const void *w, const float *mean, const float *rstd, int N, int C,
+                   rt_dtype t)
 {
     layernorm_args a = { .dinp = dinp, .dw = dw, .db = db, .dout = dout, .inp = inp, .w = w,
-                         .cmean = mean, .crstd = rstd, .N = N, .C = C };
-    rt_parallel_for(N, layernorm_bwd_rows, &a);
-    rt_parallel_for(CEIL_DIV(C, COLS), layernorm_bwd_cols, &a);
+                         .cmean = mean, .crstd = rstd, .N = N, .C = C, .t = storage(t) };
+    rt_parallel_for(N, layernorm_bwd_task, &a);
+    rt_parallel_for(CEIL_DIV(C, COLS), layernorm_bwd_cols_task, &a);
 }
 
-/* -- GELU (tanh approximation), bias, residual adds -------------------------------------------- */
-/*
-** GELU as GPT-2 and Hugging Face's "gelu_new": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-*/
+/* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
 
 typedef struct {
-    float *out;
-    const float *a, *b;
+    void *out;
+    float *grad;
+    const void *a, *b;
+    const float *fsrc;
     size_t n;
     int N, OC;
+    rt_dtype t, st;
 } pointwise_args;
 
 /* Element ranges: the pool gets blocks of ELEMS elements. */
@@ -149,242 +169,433 @@ typedef struct {
 #define BLOCK_RANGE(a, lo, hi, i0, i1)                                            \
     size_t i0 = (size_t)(lo) * ELEMS, i1 = MIN((size_t)(hi) * ELEMS, (a)->n)
 
-static void gelu_fwd_part(void *p, int lo, int hi)
+static void gelu_fwd_task(void *p, int lo, int hi)
 {
     const pointwise_args *a = p;
     BLOCK_RANGE(a, lo, hi, i0, i1);
-    for (size_t i = i0; i < i1; i++) a->out[i] = gelu1(a->a[i]);
+    BY_TYPE(a->t, gelu_fwd_span, a->out, a->a, i0, i1);
 }
 
-static void gelu_bwd_part(void *p, int lo, int hi)      /* a: input, b: dout */
+static void gelu_bwd_task(void *p, int lo, int hi)      /* a: input, b: dout */
 {
     const pointwise_args *a = p;
     BLOCK_RANGE(a, lo, hi, i0, i1);
-    for (size_t i = i0; i < i1; i++) a->out[i] = a->b[i] * gelu1_grad(a->a[i]);
+    BY_TYPE(a->t, gelu_bwd_span, a->out, a->a, a->b, i0, i1);
 }
 
-static void add_fwd_part(void *p, int lo, int hi)
+static void add_task(void *p, int lo, int hi)
 {
     const pointwise_args *a = p;
     BLOCK_RANGE(a, lo, hi, i0, i1);
-    for (size_t i = i0; i < i1; i++) a->out[i] = a->a[i] + a->b[i];
+    BY_TYPE(a->t, add_span, a->out, a->a, a->b, i0, i1);
 }
 
-static void bias_fwd_rows(void *p, int lo, int hi)
+static void bias_fwd_task(void *p, int lo, int hi)
 {
     const pointwise_args *a = p;
-    for (int n = lo; n < hi; n++) {
-        float *o = a->out + (size_t)n * a->OC;
-        for (int i = 0; i < a->OC; i++) o[i] += a->a[i];
-    }
+    BY_TYPE(a->t, bias_fwd_block, a->out, a->a, a->OC, lo, hi, 0, a->OC);
 }
 
-static void bias_bwd_cols(void *p, int lo, int hi)      /* lo, hi: blocks of COLS */
+static void bias_bwd_task(void *p, int lo, int hi)      /* lo, hi: blocks of COLS */
 {
     const pointwise_args *a = p;
-    bias_cols_bwd(a->out, a->a, a->N, a->OC, lo * COLS, MIN(hi * COLS, a->OC));
+    BY_TYPE(a->t, bias_bwd_cols, a->grad, a->a, a->N, a->OC, lo * COLS, MIN(hi * COLS, a->OC));
+}
+
+static void narrow_task(void *p, int lo, int hi)       /* f32 fsrc -> out in t */
+{
+    const pointwise_args *a = p;
+    BLOCK_RANGE(a, lo, hi, i0, i1);
+    BY_TYPE(a->t, narrow_span, a->out, a->fsrc, i0, i1);
+}
+
+static void widen_task(void *p, int lo, int hi)        /* a in st -> f32 out */
+{
+    const pointwise_args *a = p;
+    BLOCK_RANGE(a, lo, hi, i0, i1);
+    BY_TYPE(a->st, widen_span, a->out, a->a, i0, i1);
 }
 
 static int blocks(size_t n) { return (int)CEIL_DIV(n, (size_t)ELEMS); }
 
-void gelu_fwd(float *out, const float *inp, size_t n)
+void gelu_fwd(void *out, const void *inp, size_t n, rt_dtype t)
 {
-    pointwise_args a = { .out = out, .a = inp, .n = n };
-    rt_parallel_for(blocks(n), gelu_fwd_part, &a);
+    pointwise_args a = { .out = out, .a = inp, .n = n, .t = storage(t) };
+    rt_parallel_for(blocks(n), gelu_fwd_task, &a);
 }
 
-void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+void gelu_bwd(void *dinp, const void *inp, const void *dout, size_t n, rt_dtype t)
 {
-    pointwise_args a = { .out = dinp, .a = inp, .b = dout, .n = n };
-    rt_parallel_for(blocks(n), gelu_bwd_part, &a);
+    pointwise_args a = { .out = dinp, .a = inp, .b = dout, .n = n, .t = storage(t) };
+    rt_parallel_for(blocks(n), gelu_bwd_task, &a);
 }
 
-void bias_fwd(float *out, const float *bias, int N, int OC)
+void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t)
 {
-    pointwise_args a = { .out = out, .a = bias, .N = N, .OC = OC };
-    rt_parallel_for(N, bias_fwd_rows, &a);
+    pointwise_args a = { .out = out, .a = bias, .N = N, .OC = OC, .t = storage(t) };
+    rt_parallel_for(N, bias_fwd_task, &a);
 }
 
-void bias_bwd(float *dbias, const float *dout, int N, int OC)
+void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
 {
-    pointwise_args a = { .out = dbias, .a = dout, .N = N, .OC = OC };
-    rt_parallel_for(CEIL_DIV(OC, COLS), bias_bwd_cols, &a);
+    pointwise_args a = { .grad = dbias, .a = dout, .N = N, .OC = OC, .t = storage(t) };
+    rt_parallel_for(CEIL_DIV(OC, COLS), bias_bwd_task, &a);
 }
 
-void add_fwd(float *out, const float *a_, const float *b_, size_t n)
+void add_fwd(void *out, const void *a_, const void *b_, size_t n, rt_dtype t)
 {
-    pointwise_args a = { .out = out, .a = a_, .b = b_, .n = n };
-    rt_parallel_for(blocks(n), add_fwd_part, &a);
+    pointwise_args a = { .out = out, .a = a_, .b = b_, .n = n, .t = storage(t) };
+    rt_parallel_for(blocks(n), add_task, &a);
 }
 
-void add_inplace(float *y, const float *x, size_t n)
+void add_inplace(void *y, const void *x, size_t n, rt_dtype t)
 {
-    pointwise_args a = { .out = y, .a = y, .b = x, .n = n };
-    rt_parallel_for(blocks(n), add_fwd_part, &a);
+    pointwise_args a = { .out = y, .a = y, .b = x, .n = n, .t = storage(t) };
+    rt_parallel_for(blocks(n), add_task, &a);
 }
 
-/* -- Causal multi-head self-attention over the local heads ------------------------------------- */
+void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n)
+{
+    if (dt == st) {
+        if (n && dst != src) memcpy(dst, src, n * rt_dtype_size(dt));
+        return;
+    }
+    RT_CHECK((dt == RT_F32 && st == RT_BF16) || (dt == RT_BF16 && st == RT_F32),
+             "convert: no conversion from dtype %d to %d", (int)st, (int)dt);
+    pointwise_args a = { .out = dst, .a = src, .fsrc = src, .n = n, .t = dt, .st = st };
+    rt_parallel_for(blocks(n), dt == RT_BF16 ? narrow_task : widen_task, &a);
+}
+
+/* -- Causal attention without the (T, T) matrix ------------------------------------------------ */
 /*
-** qkv rows are tokens in sequence-major order (row t*B + b), each [q | k | v] with Hl heads of
-** hd channels. Scores are scaled by 1/sqrt(hd) in the GEMM (Megatron's baddbmm alpha), then a
-** causal softmax; att (B, Hl, T, T) keeps the probabilities (zeros above the diagonal).
+** Per batch element b and head h the queries and keys are cut into nt = T/AT tiles of AT rows.
+** Query tile qi and key tile kj give a tile of scores S = scale q k^T: computed when kj < qi,
+** computed and masked (key > query) when kj = qi, never touched when kj > qi (entirely above
+** the causal diagonal): nt (nt + 1) / 2 of the nt^2 tiles are computed (136 of 256 at T 1024),
+** so the FLOPs below are those the causal product needs plus the masked half of the diagonal
+** tiles.
+**
+** Forward, one task per (b, h, query tile): the query tile's q (times scale) and an output
+** accumulator stay in f32 while the key tiles pass in order; for each, S, its row maxima,
+** p = exp(S - running max), the running sum l and the output are rescaled (online softmax,
+** kernel_rows.h), then out += p v. At the end out /= l and lse = max + log(l) per query row.
+** Saved: out and lse (B, Hl, T); the caller keeps qkv. 4 T^2/2 hd FLOPs per (b, h). A task
+** range widens each (b, h)'s k and v once (for the tiles it needs) and keeps them while its
+** query tiles pass.
+**
+** Backward, one task per (b, h), so that each dk and dv row is summed by one task: dsum =
+** rowsum(dout * out) first; then per query tile, per key tile up to the diagonal, p = exp(S -
+** lse) is recomputed from q, k and the saved lse, dp = dout v^T, ds = p (dp - dsum), and
+** dv += p^T dout, dk += ds^T q scale, dq += ds k scale. dq of a query tile is complete after its
+** key tiles; dk and dv of a key tile after every query tile below it (summed in query-tile
+** order). 10 T^2/2 hd FLOPs per (b, h). Recomputing S costs 2 T^2/2 hd of them and saves storing
+** B Hl T^2 probabilities.
+**
+** The tiles are f32 (bf16 q, k, v, dout, out are widened as they are loaded; out, dq, dk, dv
+** rounded once when stored). Every product is c += a b in register blocks of MR x NR (mm):
+** each element summed over its reduction index in order with one fmaf per step, so the results
+** do not depend on threads. AT = 64: a query tile, a key tile and the score tiles of one step
+** (4 x 16 KB at hd 64) stay in the L1/L2 caches; NR = 32 columns (two AVX-512 registers) by
+** MR = 8 rows keeps 16 accumulators in registers (bench/attention_bench.sh).
 */
 
-typedef struct { float *d; const float *p; int T; } softmax_args;
+#define AT 64          /* queries and keys per tile */
+#define MR 8           /* rows of a register block (AT is a multiple) */
+#define NR 32          /* columns of a register block; head channels are padded to a multiple */
 
-/* Rows [lo, hi) of a (T, T) block; row r is query r % T. */
-static void softmax_fwd_rows(void *ctx, int lo, int hi)
+/*
+** c (M x N, rows of stride ldc) = a (M x K) b (K x N), plus c's old contents when add: a's
+** element (m, k) is a[m*sam + k*sak] (either orientation), b's rows have stride ldb. M is a
+** multiple of MR, N of NR.
+*/
+static void mm(int add, float *restrict c, int ldc, const float *restrict a, int sam, int sak,
+               const float *restrict b, int ldb, int M, int N, int K)
 {
-    const softmax_args *a = ctx;
-    for (int r = lo; r < hi; r++) softmax_row_fwd(a->d + (size_t)r * a->T, r % a->T, a->T);
+    for (int m0 = 0; m0 < M; m0 += MR)
+        for (int n0 = 0; n0 < N; n0 += NR) {
+            float acc[MR][NR];
+            float *cb = c + (size_t)m0 * ldc + n0;
+            const float *ab = a + (size_t)m0 * sam;
+            for (int r = 0; r < MR; r++)
+                for (int n = 0; n < NR; n++) acc[r][n] = add ? cb[(size_t)r * ldc + n] : 0.0f;
+            for (int k = 0; k < K; k++) {
+                const float *bk = b + (size_t)k * ldb + n0;
+                for (int r = 0; r < MR; r++) {
+                    float ar = ab[(size_t)r * sam + (size_t)k * sak];
+                    for (int n = 0; n < NR; n++) acc[r][n] = fmaf(ar, bk[n], acc[r][n]);
+                }
+            }
+            for (int r = 0; r < MR; r++)
+                for (int n = 0; n < NR; n++) cb[(size_t)r * ldc + n] = acc[r][n];
+        }
 }
 
-static void softmax_bwd_rows(void *ctx, int lo, int hi)
-{
-    const softmax_args *a = ctx;
-    for (int r = lo; r < hi; r++)
-        softmax_row_bwd(a->d + (size_t)r * a->T, a->p + (size_t)r * a->T, r % a->T, a->T);
-}
-
-/* The CPU runs one pool task per (batch element, head): its GEMMs (single-threaded inside
-** the pool) and softmax rows back to back while its (T, T) block is in cache, one dispatch
-** per call. With fewer heads than threads the heads run in turn on the calling thread, and
-** each head's GEMMs and softmax rows use the whole pool (rt_gemm splits, rt_parallel_for
-** runs inline when nested). Each element comes out the same either way. */
 typedef struct {
-    float *out, *att, *dqkv, *datt;
-    const float *qkv, *dout, *catt;
-    int Hl, T, hd, C, ldqkv, ldout;
+    void *out, *dqkv;
+    float *lse, *dsum;
+    const void *qkv, *dout, *cout;
+    const float *clse;
+    int B, T, Hl, hd, hdp, nt;
     float scale;
+    rt_dtype t;
 } attention_args;
 
-static void attention_fwd_heads(void *ctx, int lo, int hi)
+/* f32 scratch of n floats, 64-byte aligned (freed with free). */
+static float *scratch(size_t n)
 {
-    const attention_args *a = ctx;
-    int T = a->T, hd = a->hd;
-    for (int bh = lo; bh < hi; bh++) {
-        int b = bh / a->Hl, h = bh % a->Hl;
-        const float *q = a->qkv + (size_t)b * 3 * a->C + (size_t)h * hd;
-        const float *k = q + a->C, *v = q + 2 * a->C;
-        float *p = a->att + (size_t)bh * T * T;
-        softmax_args rows = { p, NULL, T };
-        rt_gemm(0, 1, T, T, hd, a->scale, q, a->ldqkv, 0, k, a->ldqkv, 0, 0.0f, p, T, 0, 1,
-                RT_F32, RT_F32);
-        rt_parallel_for(T, softmax_fwd_rows, &rows);
-        rt_gemm(0, 0, T, hd, T, 1.0f, p, T, 0, v, a->ldqkv, 0, 0.0f,
-                a->out + (size_t)b * a->C + (size_t)h * hd, a->ldout, 0, 1, RT_F32, RT_F32);
+    size_t bytes = CEIL_DIV(n * sizeof(float), (size_t)64) * 64;
+    float *p = aligned_alloc(64, bytes ? bytes : 64);
+    RT_CHECK(p, "attention: out of memory (%zu bytes of scratch)", bytes);
+    return p;
+}
+
+/* The pointers of head h of batch element b: q (k, v follow at C, 2C) and out / dout. */
+#define HEAD_ROWS(a, bh, q, o)                                                          \
+    int b_ = (bh) / (a)->Hl, h_ = (bh) % (a)->Hl, C_ = (a)->Hl * (a)->hd;                \
+    size_t ld = (size_t)(a)->B * 3 * C_, ldo = (size_t)(a)->B * C_;                      \
+    size_t q = (size_t)b_ * 3 * C_ + (size_t)h_ * (a)->hd;                               \
+    size_t o = (size_t)b_ * C_ + (size_t)h_ * (a)->hd
+
+/*
+** The online softmax over one tile of scores st[c][i] (key c, query i; rows of AT): the new
+** running maxima tm = max(tm, st) over the nk keys, masked on the diagonal tile (query i sees
+** key c only when i >= c: both count from the same tile start there).
+*/
+static void tile_max(float *restrict tm, const float *restrict st, int nk, int diag)
+{
+    for (int c = 0; c < nk; c++) {
+        const int cmask_fwd = diag ? c : 0;
+        for (int i = 0; i < AT; i++) {
+            float s = st[c * AT + i], t = tm[i];
+            s = i < cmask_fwd ? -INFINITY : s;
+            tm[i] = s > t ? s : t;
+        }
     }
 }
 
-static void attention_bwd_heads(void *ctx, int lo, int hi)
+/* The output and sums so far rescaled to the new maxima tm, which become the maxima mx. */
+static void tile_rescale(float *restrict on, int hdp, float *restrict mx, float *restrict l,
+                         const float *restrict tm)
 {
-    const attention_args *a = ctx;
-    int T = a->T, hd = a->hd;
-    for (int bh = lo; bh < hi; bh++) {
-        int b = bh / a->Hl, h = bh % a->Hl;
-        size_t col = (size_t)b * 3 * a->C + (size_t)h * hd;
-        const float *q = a->qkv + col, *k = q + a->C, *v = q + 2 * a->C;
-        const float *dob = a->dout + (size_t)b * a->C + (size_t)h * hd;
-        const float *p = a->catt + (size_t)bh * T * T;
-        float *ds = a->datt + (size_t)bh * T * T;
-        float *dq = a->dqkv + col, *dk = dq + a->C, *dv = dq + 2 * a->C;
-        softmax_args rows = { ds, p, T };
-        /* dp = dout v^T, then ds = softmax backward; dq = scale ds k, dk = scale ds^T q,
-        ** dv = p^T dout */
-        rt_gemm(0, 1, T, T, hd, 1.0f, dob, a->ldout, 0, v, a->ldqkv, 0, 0.0f, ds, T, 0, 1,
-                RT_F32, RT_F32);
-        rt_parallel_for(T, softmax_bwd_rows, &rows);
-        rt_gemm(0, 0, T, hd, T, a->scale, ds, T, 0, k, a->ldqkv, 0, 0.0f, dq, a->ldqkv, 0, 1,
-                RT_F32, RT_F32);
-        rt_gemm(1, 0, T, hd, T, a->scale, ds, T, 0, q, a->ldqkv, 0, 0.0f, dk, a->ldqkv, 0, 1,
-                RT_F32, RT_F32);
-        rt_gemm(1, 0, T, hd, T, 1.0f, p, T, 0, dob, a->ldout, 0, 0.0f, dv, a->ldqkv, 0, 1,
-                RT_F32, RT_F32);
+    for (int i = 0; i < AT; i++) {
+        float alpha = att_rescale(mx[i], tm[i]);
+        mx[i] = tm[i];
+        l[i] *= alpha;
+        for (int d = 0; d < hdp; d++) on[i * hdp + d] *= alpha;
     }
 }
 
-/*
-** out (T*B, Hl*hd) = softmax(scale * q k^T) v per batch element and head; att (B, Hl, T, T)
-** receives the probabilities. Row strides: qkv B*3*Hl*hd, out B*Hl*hd.
-*/
-void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
-                   float scale)
+/* st := p = exp(st - mx) (0 where masked), and l += the keys' p in key order. */
+static void tile_exp(float *restrict st, float *restrict l, const float *restrict mx, int nk,
+                     int diag)
 {
-    attention_args a = { .out = out, .att = att, .qkv = qkv, .Hl = Hl, .T = T, .hd = hd,
-                         .C = Hl * hd, .ldqkv = B * 3 * Hl * hd, .ldout = B * Hl * hd,
-                         .scale = scale };
-    if (B * Hl >= rt_threads())
-        rt_parallel_for(B * Hl, attention_fwd_heads, &a);
-    else
-        attention_fwd_heads(&a, 0, B * Hl);
+    for (int c = 0; c < nk; c++) {
+        const int cmask_fwd = diag ? c : 0;
+        for (int i = 0; i < AT; i++) {
+            float p = vexpf(st[c * AT + i] - mx[i]);
+            p = i < cmask_fwd ? 0.0f : p;
+            st[c * AT + i] = p;
+            l[i] += p;
+        }
+    }
 }
 
-/*
-** dqkv (overwritten) from dout (T*B, Hl*hd), the saved probabilities and qkv. datt is
-** (B, Hl, T, T) scratch.
-*/
-void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att,
-                   const float *qkv, int B, int T, int Hl, int hd, float scale)
+/* The backward's tile: pt := p = exp(s - lse) (0 where masked), dst := ds = p (dp - dsum). */
+static void tile_prob_ds(float *restrict pt, float *restrict dst, const float *restrict lse,
+                         const float *restrict dsum, int diag)
 {
-    attention_args a = { .dqkv = dqkv, .datt = datt, .qkv = qkv, .dout = dout, .catt = att,
-                         .Hl = Hl, .T = T, .hd = hd, .C = Hl * hd, .ldqkv = B * 3 * Hl * hd,
-                         .ldout = B * Hl * hd, .scale = scale };
-    if (B * Hl >= rt_threads())
-        rt_parallel_for(B * Hl, attention_bwd_heads, &a);
-    else
-        attention_bwd_heads(&a, 0, B * Hl);
+    for (int c = 0; c < AT; c++) {
+        const int cmask = diag ? c : 0;
+        for (int i = 0; i < AT; i++) {
+            float p = att_prob(pt[c * AT + i], lse[i]);
+            p = i < cmask ? 0.0f : p;
+            pt[c * AT + i] = p;
+            dst[c * AT + i] = att_dscore(p, dst[c * AT + i], dsum[i]);
+        }
+    }
+}
+
+static void attention_fwd_task(void *ctx, int lo, int hi)
+{
+    const attention_args *a = ctx;
+    int T = a->T, hd = a->hd, hdp = a->hdp, nt = a->nt;
+    size_t Tp = (size_t)nt * AT, tile = (size_t)AT * hdp;
+    float *buf = scratch(2 * Tp * hdp + 2 * tile + (size_t)AT * AT + 3 * AT);
+    float *kall = buf, *vall = kall + Tp * hdp, *qt = vall + Tp * hdp, *on = qt + tile;
+    float *st = on + tile, *mx = st + AT * AT, *l = mx + AT, *tm = l + AT;
+    int cached = -1, loaded = 0;    /* the (b, h) whose k, v rows [0, loaded) are in kall, vall */
+    for (int task = lo; task < hi; task++) {
+        /* query tiles in the order 0, nt-1, 1, nt-2, ...: contiguous ranges of tasks get
+        ** equal work although tile qi costs qi + 1 key tiles */
+        int bh = task / nt, j = task % nt, qi = j % 2 ? nt - 1 - j / 2 : j / 2;
+        HEAD_ROWS(a, bh, q, o);
+        int q0 = qi * AT, nq = MIN(AT, T - q0), need = q0 + AT;
+        if (bh != cached) {
+            cached = bh;
+            loaded = 0;
+        }
+        if (need > loaded) {        /* the keys and values up to this tile, widened once */
+            size_t k = q + C_ + (size_t)loaded * ld, v = k + C_;
+            BY_TYPE(a->t, att_load_tile, kall + (size_t)loaded * hdp, hdp, 0,
+                    celem(a->qkv, k, a->t), ld, MIN(T, need) - loaded, need - loaded, hd, hdp,
+                    1.0f);
+            BY_TYPE(a->t, att_load_tile, vall + (size_t)loaded * hdp, hdp, 0,
+                    celem(a->qkv, v, a->t), ld, MIN(T, need) - loaded, need - loaded, hd, hdp,
+                    1.0f);
+            loaded = need;
+        }
+        const void *qsrc = celem(a->qkv, q + (size_t)q0 * ld, a->t);
+        BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ld, nq, AT, hd, hd, a->scale);
+        for (int i = 0; i < AT; i++) {
+            mx[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+        memset(on, 0, tile * sizeof(float));
+        for (int kj = 0; kj <= qi; kj++) {          /* key tiles up to the diagonal */
+            int k0 = kj * AT, nk = MIN(AT, T - k0), diag = kj == qi;
+            const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
+            /* st[c][i] = score of key c, query i (q already scaled) */
+            mm(0, st, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
+            memcpy(tm, mx, AT * sizeof(float));
+            tile_max(tm, st, nk, diag);
+            tile_rescale(on, hdp, mx, l, tm);
+            tile_exp(st, l, mx, nk, diag);
+            /* on[i][d] += sum_c p[c][i] v[c][d] */
+            mm(1, on, hdp, st, 1, AT, vn, hdp, AT, hdp, nk);
+        }
+        float *lse = a->lse + (size_t)bh * T + q0;
+        for (int i = 0; i < nq; i++) {
+            float inv = 1.0f / l[i];
+            lse[i] = att_lse(mx[i], l[i]);
+            for (int d = 0; d < hd; d++) on[i * hdp + d] *= inv;
+        }
+        BY_TYPE(a->t, att_store_tile, elem(a->out, o + (size_t)q0 * ldo, a->t), ldo, on, hdp, nq,
+                hd, 1.0f);
+    }
+    free(buf);
+}
+
+static void attention_bwd_task(void *ctx, int lo, int hi)
+{
+    const attention_args *a = ctx;
+    int T = a->T, hd = a->hd, hdp = a->hdp, nt = a->nt;
+    size_t Tp = (size_t)nt * AT, tile = (size_t)AT * hdp;
+    float *buf = scratch(4 * Tp * hdp + 5 * tile + 2 * (size_t)AT * AT + 2 * AT);
+    float *kall = buf, *vall = kall + Tp * hdp, *dkall = vall + Tp * hdp;
+    float *dvall = dkall + Tp * hdp, *qt = dvall + Tp * hdp, *dot = qt + tile;
+    float *qn = dot + tile, *don = qn + tile, *dq = don + tile, *pt = dq + tile;
+    float *dst = pt + AT * AT, *lse = dst + AT * AT, *dsum = lse + AT;
+    for (int bh = lo; bh < hi; bh++) {
+        HEAD_ROWS(a, bh, q, o);
+        const void *dout = celem(a->dout, o, a->t);
+        BY_TYPE(a->t, att_dsum_rows, a->dsum + (size_t)bh * T, dout, celem(a->cout, o, a->t),
+                ldo, hd, 0, T);
+        BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->qkv, q + C_, a->t), ld, T, (int)Tp,
+                hd, hdp, 1.0f);
+        BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->qkv, q + 2 * (size_t)C_, a->t), ld,
+                T, (int)Tp, hd, hdp, 1.0f);
+        memset(dkall, 0, 2 * Tp * hdp * sizeof(float));
+        for (int qi = 0; qi < nt; qi++) {
+            int q0 = qi * AT, nq = MIN(AT, T - q0);
+            const void *qsrc = celem(a->qkv, q + (size_t)q0 * ld, a->t);
+            const void *dsrc = celem(a->dout, o + (size_t)q0 * ldo, a->t);
+            BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ld, nq, AT, hd, hd, a->scale);
+            BY_TYPE(a->t, att_load_tile, qn, hdp, 0, qsrc, ld, nq, AT, hd, hdp, a->scale);
+            BY_TYPE(a->t, att_load_tile, dot, AT, 1, dsrc, ldo, nq, AT, hd, hd, 1.0f);
+            BY_TYPE(a->t, att_load_tile, don, hdp, 0, dsrc, ldo, nq, AT, hd, hdp, 1.0f);
+            for (int i = 0; i < AT; i++) {     /* padding rows: finite, and never summed */
+                lse[i] = i < nq ? a->clse[(size_t)bh * T + q0 + i] : 0.0f;
+                dsum[i] = i < nq ? a->dsum[(size_t)bh * T + q0 + i] : 0.0f;
+            }
+            memset(dq, 0, tile * sizeof(float));
+            for (int kj = 0; kj <= qi; kj++) {      /* key tiles up to the diagonal */
+                int k0 = kj * AT, nk = MIN(AT, T - k0);
+                const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
+                /* pt[c][i] = p of key c, query i, recomputed; dst = ds */
+                mm(0, pt, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
+                mm(0, dst, AT, vn, hdp, 1, dot, AT, AT, AT, hd);
+                tile_prob_ds(pt, dst, lse, dsum, kj == qi);
+                /* this query tile's share of key tile kj: dv += p^T dout, dk += ds^T q */
+                mm(1, dvall + (size_t)k0 * hdp, hdp, pt, AT, 1, don, hdp, AT, hdp, nq);
+                mm(1, dkall + (size_t)k0 * hdp, hdp, dst, AT, 1, qn, hdp, AT, hdp, nq);
+                /* dq += ds k */
+                mm(1, dq, hdp, dst, 1, AT, kn, hdp, AT, hdp, nk);
+            }
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + (size_t)q0 * ld, a->t), ld, dq, hdp,
+                    nq, hd, a->scale);
+        }
+        BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + C_, a->t), ld, dkall, hdp, T, hd, 1.0f);
+        BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + 2 * (size_t)C_, a->t), ld, dvall, hdp, T,
+                hd, 1.0f);
+    }
+    free(buf);
+}
+
+void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
+                   float scale, rt_dtype t)
+{
+    attention_args a = { .out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .Hl = Hl, .hd = hd,
+                         .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(T, AT), .scale = scale,
+                         .t = storage(t) };
+    rt_parallel_for(B * Hl * a.nt, attention_fwd_task, &a);
+}
+
+void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
+                   const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
+{
+    attention_args a = { .dqkv = dqkv, .dsum = dsum, .dout = dout, .cout = out, .clse = lse,
+                         .qkv = qkv, .B = B, .T = T, .Hl = Hl, .hd = hd,
+                         .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(T, AT), .scale = scale,
+                         .t = storage(t) };
+    rt_parallel_for(B * Hl, attention_bwd_task, &a);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
-/*
-** logits (N, Vl) hold this rank's vocabulary columns [vstart, vstart + valid); columns past
-** 'valid' are padding and never count. The caller reduces between the pieces: all-reduce MAX
-** of the row maxima, then all-reduce SUM of [sum exp | target logit].
-*/
 
 typedef struct {
-    float *dlogits, *mx_out, *sums_out;      /* written */
-    const float *logits, *mx, *sums;         /* read */
+    void *dlogits;                           /* written in place */
+    float *mx_out, *sums_out;                /* written */
+    const void *logits;
+    const float *mx, *sums;                  /* read */
     const int *targets;
     int N, Vl, valid, vstart;
     float dloss;
+    rt_dtype t;
 } ce_args;
 
-static void ce_rowmax_rows(void *p, int lo, int hi)
+static void ce_rowmax_task(void *p, int lo, int hi)
 {
     const ce_args *a = p;
-    for (int n = lo; n < hi; n++)
-        ce_row_max(a->mx_out + n, a->logits + (size_t)n * a->Vl, a->valid);
+    BY_TYPE(a->t, ce_max_rows, a->mx_out, a->logits, a->Vl, a->valid, lo, hi);
 }
 
-static void ce_sums_rows(void *p, int lo, int hi)
+static void ce_sums_task(void *p, int lo, int hi)
 {
     const ce_args *a = p;
-    for (int n = lo; n < hi; n++)
-        ce_row_sums(a->sums_out + n, a->sums_out + a->N + n, a->logits + (size_t)n * a->Vl,
-                    a->mx[n], a->targets[n], a->valid, a->vstart);
+    BY_TYPE(a->t, ce_sums_rows, a->sums_out, a->logits, a->mx, a->targets, a->N, a->Vl,
+            a->valid, a->vstart, lo, hi);
 }
 
-static void ce_bwd_rows(void *p, int lo, int hi)
+static void ce_bwd_task(void *p, int lo, int hi)
 {
     const ce_args *a = p;
-    for (int n = lo; n < hi; n++)
-        ce_row_bwd(a->dlogits + (size_t)n * a->Vl, a->mx[n], a->sums[n], a->targets[n], a->Vl,
-                   a->valid, a->vstart, a->dloss);
+    BY_TYPE(a->t, ce_bwd_rows, a->dlogits, a->mx, a->sums, a->targets, a->Vl, a->valid,
+            a->vstart, a->dloss, lo, hi);
 }
 
-void ce_rowmax(float *mx, const float *logits, int N, int Vl, int valid)
+void ce_rowmax(float *mx, const void *logits, int N, int Vl, int valid, rt_dtype t)
 {
-    ce_args a = { .logits = logits, .mx_out = mx, .N = N, .Vl = Vl, .valid = valid };
-    rt_parallel_for(N, ce_rowmax_rows, &a);
+    ce_args a = { .logits = logits, .mx_out = mx, .N = N, .Vl = Vl, .valid = valid,
+                  .t = storage(t) };
+    rt_parallel_for(N, ce_rowmax_task, &a);
 }
 
-void ce_sums(float *sums, const float *logits, const float *mx, const int *targets, int N,
-             int Vl, int valid, int vstart)
+void ce_sums(float *sums, const void *logits, const float *mx, const int *targets, int N,
+             int Vl, int valid, int vstart, rt_dtype t)
 {
     ce_args a = { .logits = logits, .mx = mx, .sums_out = sums, .targets = targets, .N = N,
-                  .Vl = Vl, .valid = valid, .vstart = vstart };
-    rt_parallel_for(N, ce_sums_rows, &a);
+                  .Vl = Vl, .valid = valid, .vstart = vstart, .t = storage(t) };
+    rt_parallel_for(N, ce_sums_task, &a);
 }
 
 void ce_loss(float *loss, const float *sums, const float *mx, int N)
@@ -392,12 +603,12 @@ void ce_loss(float *loss, const float *sums, const float *mx, int N)
     for (int n = 0; n < N; n++) loss[n] = logf(sums[n]) + mx[n] - sums[N + n];
 }
 
-void ce_bwd(float *logits, const float *mx, const float *sums, const int *targets, int N,
-            int Vl, int valid, int vstart, float dloss)
+void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets, int N,
+            int Vl, int valid, int vstart, float dloss, rt_dtype t)
 {
     ce_args a = { .dlogits = logits, .mx = mx, .sums = sums, .targets = targets, .N = N,
-                  .Vl = Vl, .valid = valid, .vstart = vstart, .dloss = dloss };
-    rt_parallel_for(N, ce_bwd_rows, &a);
+                  .Vl = Vl, .valid = valid, .vstart = vstart, .dloss = dloss, .t = storage(t) };
+    rt_parallel_for(N, ce_bwd_task, &a);
 }
 
 void sum_rows(float *out, const float *x, int N)
@@ -408,34 +619,33 @@ void sum_rows(float *out, const float *x, int N)
 }
 
 /* -- AdamW (torch.optim.AdamW), gradient-norm pieces, scaling ---------------------------------- */
-/*
-** torch's order: p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),
-** with g = grad * gscale (the clipping coefficient, 1 when not clipping).
-*/
 
 typedef struct {
     float *p, *m, *v;
     const float *g;
+    void *copy;
     size_t n;
     float lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, gscale;
+    rt_dtype t;
 } adamw_args;
 
 #define ADAM_ELEMS 16384   /* elements per task */
 
-static void adamw_part(void *ctx, int lo, int hi)
+static void adamw_task(void *ctx, int lo, int hi)
 {
     const adamw_args *a = ctx;
     size_t i0 = (size_t)lo * ADAM_ELEMS, i1 = MIN((size_t)hi * ADAM_ELEMS, a->n);
-    for (size_t i = i0; i < i1; i++)
-        adamw1(a->p + i, a->g[i] * a->gscale, a->m + i, a->v + i, a->lr, a->beta1, a->beta2,
-               a->eps, a->wd, a->step_size, a->bc2_sqrt);
+    BY_TYPE(a->t, adamw_span, a->p, a->g, a->m, a->v, a->copy, a->lr, a->beta1, a->beta2,
+            a->eps, a->wd, a->step_size, a->bc2_sqrt, a->gscale, i0, i1);
 }
 
 void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float wd, float bc1, float bc2, float gscale)
+                float beta2, float eps, float wd, float bc1, float bc2, float gscale, void *copy,
+                rt_dtype t)
 {
-    adamw_args a = { p, m, v, g, n, lr, beta1, beta2, eps, wd, lr / bc1, sqrtf(bc2), gscale };
-    rt_parallel_for((int)CEIL_DIV(n, (size_t)ADAM_ELEMS), adamw_part, &a);
+    adamw_args a = { p, m, v, g, copy, n, lr, beta1, beta2, eps, wd, lr / bc1, sqrtf(bc2),
+                     gscale, copy ? storage(t) : RT_F32 };
+    rt_parallel_for((int)CEIL_DIV(n, (size_t)ADAM_ELEMS), adamw_task, &a);
 }
 
 /* A sum of squares is split into parts fixed by n alone (at least SUMSQ_ELEMS elements each,
@@ -490,155 +700,134 @@ void scale_inplace(float *x, size_t n, float s)
 
 /* -- Mixture of experts: routing and row movements --------------------------------------------- */
 /*
-** Top-k with ties to the lower expert, its probabilities, the softmax over all experts for the
-** aux loss, and its backward; the row movements between token and expert order are gathers
-** (no scatter, no atomics): deterministic.
-*/
-
-/*
-** One token: score = softmax(logit) over all E experts; sel = the k largest logits in
-** descending order (a tie goes to the lower expert); prob = softmax over the k selected logits,
-** or, with pre_softmax, the scores of the selected experts (not renormalised).
-*/
-
-/*
-** Backward of route_row for one token: dlogit (E) from d(prob) (k) and the aux loss's
-** gradient with respect to the scores, auxg (E, the same for every token of the micro-batch).
+** Routing runs in f32 (kernel_rows.h route_row); its backward writes the logits' gradient in
+** the storage type. The row movements between token and expert order are gathers (no
+** scatter, no atomics): deterministic.
 */
 
 typedef struct {
-    float *out, *fout;
+    void *out;
+    float *fout, *fout2;
     int *sel;
-    const float *src, *a, *b, *s, *auxg;
+    const void *src, *a, *b;
+    const float *flog, *fa, *fb, *s, *auxg;
     const int *idx, *isel;
     int N, E, k, C, pre, nblocks;
     size_t n;
+    rt_dtype t;
 } moe_args;
 
-static void moe_route_rows(void *p, int lo, int hi)
+static void moe_route_task(void *p, int lo, int hi)
 {
-    const moe_args *a = p;
+    const moe_args *a = p;   /* fout: prob, fout2: scores */
     for (int n = lo; n < hi; n++)
         route_row(a->sel + (size_t)n * a->k, a->fout + (size_t)n * a->k,
-                  a->out + (size_t)n * a->E, a->src + (size_t)n * a->E, a->E, a->k, a->pre);
+                  a->fout2 + (size_t)n * a->E, a->flog + (size_t)n * a->E, a->E, a->k, a->pre);
 }
 
-static void moe_route_bwd_rows(void *p, int lo, int hi)
+static void moe_route_bwd_task(void *p, int lo, int hi)
 {
-    const moe_args *a = p;   /* out: dlogits, a: dprob, b: prob, s: scores */
-    for (int n = lo; n < hi; n++)
-        route_row_bwd(a->out + (size_t)n * a->E, a->a + (size_t)n * a->k, a->b + (size_t)n * a->k,
-                      a->s + (size_t)n * a->E, a->isel + (size_t)n * a->k, a->auxg, a->E, a->k,
-                      a->pre);
+    const moe_args *a = p;   /* fa: dprob, fb: prob, s: scores */
+    BY_TYPE(a->t, route_bwd_rows, a->out, a->fa, a->fb, a->s, a->isel, a->auxg, a->E, a->k,
+            a->pre, lo, hi);
 }
 
-static void gather_rows_part(void *p, int lo, int hi)
+static void gather_rows_task(void *p, int lo, int hi)
 {
     const moe_args *a = p;
+    size_t row = (size_t)a->C * rt_dtype_size(a->t);
     for (int i = lo; i < hi; i++) {
-        float *o = a->out + (size_t)i * a->C;
-        if (a->idx[i] < 0) memset(o, 0, (size_t)a->C * sizeof(float));
-        else memcpy(o, a->src + (size_t)a->idx[i] * a->C, (size_t)a->C * sizeof(float));
+        void *o = elem(a->out, (size_t)i * a->C, a->t);
+        if (a->idx[i] < 0) memset(o, 0, row);
+        else memcpy(o, celem(a->src, (size_t)a->idx[i] * a->C, a->t), row);
     }
 }
 
-static void combine_rows_part(void *p, int lo, int hi)
+static void combine_rows_task(void *p, int lo, int hi)
 {
     const moe_args *a = p;
-    for (int n = lo; n < hi; n++)
-        combine_row(a->out + (size_t)n * a->C, a->src, a->idx + (size_t)n * a->k, a->k, a->C);
+    BY_TYPE(a->t, combine_out_rows, a->out, a->src, a->idx, a->k, a->C, lo, hi);
 }
 
-static void row_scale_part(void *p, int lo, int hi)
+static void row_scale_task(void *p, int lo, int hi)
 {
     const moe_args *a = p;
-    for (int i = lo; i < hi; i++)
-        for (int c = 0; c < a->C; c++) a->out[(size_t)i * a->C + c] *= a->s[i];
+    BY_TYPE(a->t, row_scale_block, a->out, a->s, a->C, lo, hi, 0, a->C);
 }
 
-static void row_dot_part(void *p, int lo, int hi)
+static void row_dot_task(void *p, int lo, int hi)
 {
     const moe_args *a = p;
-    for (int i = lo; i < hi; i++) {
-        float s = 0.0f;
-        for (int c = 0; c < a->C; c++) s += a->a[(size_t)i * a->C + c] * a->b[(size_t)i * a->C + c];
-        a->out[i] = s;
-    }
+    BY_TYPE(a->t, row_dot_rows, a->fout, a->a, a->b, a->C, lo, hi);
 }
 
-static void add_scaled_bias_part(void *p, int lo, int hi)
+static void add_scaled_bias_task(void *p, int lo, int hi)
 {
     const moe_args *a = p;
-    for (int i = lo; i < hi; i++)
-        for (int c = 0; c < a->C; c++) a->out[(size_t)i * a->C + c] += a->s[i] * a->b[c];
+    BY_TYPE(a->t, add_scaled_bias_block, a->out, a->s, a->b, a->C, lo, hi, 0, a->C);
 }
 
-static void sum_blocks_part(void *p, int lo, int hi)   /* lo, hi: blocks of COLS elements */
+static void sum_blocks_task(void *p, int lo, int hi)   /* lo, hi: blocks of COLS elements */
 {
     const moe_args *a = p;
-    size_t i1 = MIN((size_t)hi * COLS, a->n);
-    for (size_t i = (size_t)lo * COLS; i < i1; i++) {
-        float s = 0.0f;
-        for (int m = 0; m < a->nblocks; m++) s += a->src[(size_t)m * a->n + i];
-        a->out[i] = s;
-    }
+    BY_TYPE(a->t, sum_blocks_span, a->out, a->src, a->nblocks, a->n, (size_t)lo * COLS,
+            MIN((size_t)hi * COLS, a->n));
 }
 
 void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
                int pre)
 {
-    moe_args a = { .out = scores, .fout = prob, .sel = sel, .src = logits, .N = N, .E = E,
+    moe_args a = { .fout = prob, .fout2 = scores, .sel = sel, .flog = logits, .N = N, .E = E,
                    .k = k, .pre = pre };
-    rt_parallel_for(N, moe_route_rows, &a);
+    rt_parallel_for(N, moe_route_task, &a);
 }
 
-void moe_route_bwd(float *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre)
+void moe_route_bwd(void *dlogits, const float *dprob, const float *prob, const float *scores,
+                   const int *sel, const float *auxg, int N, int E, int k, int pre, rt_dtype t)
 {
-    moe_args a = { .out = dlogits, .a = dprob, .b = prob, .s = scores, .isel = sel,
-                   .auxg = auxg, .N = N, .E = E, .k = k, .pre = pre };
-    rt_parallel_for(N, moe_route_bwd_rows, &a);
+    moe_args a = { .out = dlogits, .fa = dprob, .fb = prob, .s = scores, .isel = sel,
+                   .auxg = auxg, .N = N, .E = E, .k = k, .pre = pre, .t = storage(t) };
+    rt_parallel_for(N, moe_route_bwd_task, &a);
 }
 
-void gather_rows(float *out, const float *src, const int *idx, int n, int C)
+void gather_rows(void *out, const void *src, const int *idx, int n, int C, rt_dtype t)
 {
-    moe_args a = { .out = out, .src = src, .idx = idx, .C = C };
-    rt_parallel_for(n, gather_rows_part, &a);
+    moe_args a = { .out = out, .src = src, .idx = idx, .C = C, .t = storage(t) };
+    rt_parallel_for(n, gather_rows_task, &a);
 }
 
-void combine_rows(float *out, const float *src, const int *pos, int N, int k, int C)
+void combine_rows(void *out, const void *src, const int *pos, int N, int k, int C, rt_dtype t)
 {
-    moe_args a = { .out = out, .src = src, .idx = pos, .N = N, .k = k, .C = C };
-    rt_parallel_for(N, combine_rows_part, &a);
+    moe_args a = { .out = out, .src = src, .idx = pos, .N = N, .k = k, .C = C, .t = storage(t) };
+    rt_parallel_for(N, combine_rows_task, &a);
 }
 
-void row_scale(float *y, const float *s, int n, int C)
+void row_scale(void *y, const float *s, int n, int C, rt_dtype t)
 {
-    moe_args a = { .out = y, .s = s, .C = C };
-    rt_parallel_for(n, row_scale_part, &a);
+    moe_args a = { .out = y, .s = s, .C = C, .t = storage(t) };
+    rt_parallel_for(n, row_scale_task, &a);
 }
 
-void row_dot(float *out, const float *x, const float *y, int n, int C)
+void row_dot(float *out, const void *x, const void *y, int n, int C, rt_dtype t)
 {
-    moe_args a = { .out = out, .a = x, .b = y, .C = C };
-    rt_parallel_for(n, row_dot_part, &a);
+    moe_args a = { .fout = out, .a = x, .b = y, .C = C, .t = storage(t) };
+    rt_parallel_for(n, row_dot_task, &a);
 }
 
-void add_scaled_bias(float *y, const float *s, const float *b, int n, int C)
+void add_scaled_bias(void *y, const float *s, const void *b, int n, int C, rt_dtype t)
 {
-    moe_args a = { .out = y, .s = s, .b = b, .C = C };
-    rt_parallel_for(n, add_scaled_bias_part, &a);
+    moe_args a = { .out = y, .s = s, .b = b, .C = C, .t = storage(t) };
+    rt_parallel_for(n, add_scaled_bias_task, &a);
 }
 
 /* db[c] += sum_i s[i] dy[i, c], rows in order: one pass, deterministic. */
-void scaled_bias_bwd(float *db, const float *s, const float *dy, int n, int C)
+void scaled_bias_bwd(float *db, const float *s, const void *dy, int n, int C, rt_dtype t)
 {
-    for (int i = 0; i < n; i++)
-        for (int c = 0; c < C; c++) db[c] += s[i] * dy[(size_t)i * C + c];
+    BY_TYPE(storage(t), scaled_bias_bwd_cols, db, s, dy, n, C, 0, C);
 }
 
-void sum_blocks(float *out, const float *in, int nblocks, size_t n)
+void sum_blocks(void *out, const void *in, int nblocks, size_t n, rt_dtype t)
 {
-    moe_args a = { .out = out, .src = in, .nblocks = nblocks, .n = n };
-    rt_parallel_for((int)CEIL_DIV(n, (size_t)COLS), sum_blocks_part, &a);
+    moe_args a = { .out = out, .src = in, .nblocks = nblocks, .n = n, .t = storage(t) };
+    rt_parallel_for((int)CEIL_DIV(n, (size_t)COLS), sum_blocks_task, &a);
 }

@@ -1,322 +1,571 @@
 /*
 ** kernels_cuda.cu: the kernels of kernels.h on CUDA: device pointers, every kernel launched on
 ** the legacy default stream (the runtime's), one thread per row, column or element running the
-** shared row arithmetic of kernel_rows.h, so the results match the CPU backend's formulas.
-** Part of the training library (build/libgpt_cuda.a).
+** shared arithmetic of kernel_rows.h, so the results match the CPU backend's formulas. Each
+** kernel is a template over the storage type S (float or uint16_t for bf16), which picks the
+** matching overload of kernel_rows.h; the launchers choose S from the call's rt_dtype.
+** Attention has its own tiled kernels (shared memory, f32). Part of the training library
+** (build/libgpt_cuda.a).
 */
 #include <cuda_runtime.h>
 #include "kernel_rows.h"
 #include "kernels.h"
-#include "rt.h"       // defines: rt_gemm, RT_CUDA
+#include "rt.h"       // defines: rt_memcpy, rt_dtype_size, RT_CUDA, RT_CHECK
 
 #define BLOCK 256      /* threads per block */
 
-/* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
-/*
-** Activations are sequence-major: row t*B + b holds token b of position t. A rank owns the
-** vocabulary rows [vstart, vstart + vrows); other token ids give zero rows (the TP all-reduce
-** that follows adds the owner's row). Backward sums in token order: deterministic.
-*/
+/* The storage type of a call: f32 or bf16, anything else is a caller's bug. */
+static rt_dtype storage(rt_dtype t)
+{
+    RT_CHECK(t == RT_F32 || t == RT_BF16, "kernels: storage dtype %d is neither f32 nor bf16",
+             (int)t);
+    return t;
+}
 
-static __global__
-void embed_fwd_kernel(float *out, const int *tok, const float *wte, int N, int C,
-                      int vstart, int vrows)
+/* kernel<uint16_t> (bf16) or kernel<float> for storage type t, on 'grid' blocks of BLOCK. */
+#define LAUNCH(t, kernel, grid, ...)                                                         \
+    do {                                                                                     \
+        if (storage(t) == RT_BF16) kernel<uint16_t><<<(grid), BLOCK>>>(__VA_ARGS__);         \
+        else kernel<float><<<(grid), BLOCK>>>(__VA_ARGS__);                                  \
+        RT_CUDA(cudaGetLastError());                                                         \
+    } while (0)
+
+/* Blocks of BLOCK threads for n items (at least one: a grid of 0 is a launch error). */
+static unsigned grid_for(size_t n) { return n ? (unsigned)CEIL_DIV(n, (size_t)BLOCK) : 1; }
+
+template <class S> static __device__ S *as(void *p) { return static_cast<S *>(p); }
+template <class S> static __device__ const S *as(const void *p)
+{
+    return static_cast<const S *>(p);
+}
+
+/* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
+
+template <class S> static __global__
+void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, int vstart,
+                      int vrows)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) embed_row_fwd(out + (size_t)n * C, wte, tok[n], C, vstart, vrows);
+    if (n < N) embed_fwd_rows(as<S>(out), tok, as<S>(wte), C, vstart, vrows, n, n + 1);
 }
 
-static __global__
-void embed_bwd_kernel(float *dwte, const float *dout, const int *tok, int N, int C,
-                      int vstart, int vrows)
+template <class S> static __global__
+void embed_bwd_kernel(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
+                      int vrows)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) embed_cols_bwd(dwte, dout, tok, N, C, vstart, vrows, i, i + 1);
+    if (i < C) embed_bwd_cols(dwte, as<S>(dout), tok, N, C, vstart, vrows, i, i + 1);
 }
 
-static __global__
-void pos_fwd_kernel(float *out, const float *wpe, int T, int B, int C, int t0)
+template <class S> static __global__
+void pos_fwd_kernel(void *out, const void *wpe, int T, int B, int C, int t0)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < T) pos_row_fwd(out, wpe, t, B, C, t0);
+    if (t < T) pos_fwd_rows(as<S>(out), as<S>(wpe), B, C, t0, t, t + 1);
 }
 
-static __global__
-void pos_bwd_kernel(float *dwpe, const float *dout, int T, int B, int C, int t0)
+template <class S> static __global__
+void pos_bwd_kernel(float *dwpe, const void *dout, int T, int B, int C, int t0)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < T) pos_row_bwd(dwpe, dout, t, B, C, t0);
+    if (t < T) pos_bwd_rows(dwpe, as<S>(dout), B, C, t0, t, t + 1);
 }
 
-void embed_fwd(float *out, const int *tok, const float *wte, int N, int C, int vstart,
-               int vrows)
+void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vstart, int vrows,
+               rt_dtype t)
 {
-    embed_fwd_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(out, tok, wte, N, C, vstart, vrows);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, embed_fwd_kernel, grid_for(N), out, tok, wte, N, C, vstart, vrows);
 }
 
-void embed_bwd(float *dwte, const float *dout, const int *tok, int N, int C, int vstart,
-               int vrows)
+void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
+               int vrows, rt_dtype t)
 {
-    embed_bwd_kernel<<<CEIL_DIV(C, BLOCK), BLOCK>>>(dwte, dout, tok, N, C, vstart, vrows);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, embed_bwd_kernel, grid_for(C), dwte, dout, tok, N, C, vstart, vrows);
 }
 
-void pos_fwd(float *out, const float *wpe, int T, int B, int C, int t0)
+void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
 {
-    pos_fwd_kernel<<<CEIL_DIV(T, BLOCK), BLOCK>>>(out, wpe, T, B, C, t0);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, pos_fwd_kernel, grid_for(T), out, wpe, T, B, C, t0);
 }
 
-void pos_bwd(float *dwpe, const float *dout, int T, int B, int C, int t0)
+void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t)
 {
-    pos_bwd_kernel<<<CEIL_DIV(T, BLOCK), BLOCK>>>(dwpe, dout, T, B, C, t0);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, pos_bwd_kernel, grid_for(T), dwpe, dout, T, B, C, t0);
 }
 
 /* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
-/*
-** Statistics in f32 with a two-pass mean/variance; backward accumulates into dinp, dw, db
-** (the residual stream and micro-batch accumulation both add). Every output element is summed
-** in a fixed order.
-*/
 
-static __global__
-void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *inp,
-                          const float *w, const float *b, int N, int C, float eps)
+template <class S> static __global__
+void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                          const void *b, int N, int C, float eps)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
-        layernorm_row_fwd(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b,
-                          C, eps);
+        layernorm_fwd_rows(as<S>(out), mean, rstd, as<S>(inp), as<S>(w), as<S>(b), C, eps, n,
+                           n + 1);
 }
 
-static __global__
-void layernorm_bwd_rows_kernel(float *dinp, const float *dout, const float *inp,
-                               const float *w, const float *mean,
-                               const float *rstd, int N, int C)
+template <class S> static __global__
+void layernorm_bwd_rows_kernel(void *dinp, const void *dout, const void *inp, const void *w,
+                               const float *mean, const float *rstd, int N, int C)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
-        layernorm_row_bwd(dinp + (size_t)n * C, dout + (size_t)n * C, inp + (size_t)n * C, w,
-                          mean[n], rstd[n], C);
+        layernorm_bwd_rows(as<S>(dinp), as<S>(dout), as<S>(inp), as<S>(w), mean, rstd, C, n,
+                           n + 1);
 }
 
-static __global__
-void layernorm_bwd_cols_kernel(float *dw, float *db, const float *dout,
-                               const float *inp, const float *mean,
-                               const float *rstd, int N, int C)
+template <class S> static __global__
+void layernorm_bwd_cols_kernel(float *dw, float *db, const void *dout, const void *inp,
+                               const float *mean, const float *rstd, int N, int C)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) layernorm_cols_bwd(dw, db, dout, inp, mean, rstd, N, C, i, i + 1);
+    if (i < C) layernorm_bwd_cols(dw, db, as<S>(dout), as<S>(inp), mean, rstd, N, C, i, i + 1);
 }
 
-void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                   const float *b, int N, int C, float eps)
+void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                   const void *b, int N, int C, float eps, rt_dtype t)
 {
-    layernorm_fwd_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(out, mean, rstd, inp, w, b, N, C, eps);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, layernorm_fwd_kernel, grid_for(N), out, mean, rstd, inp, w, b, N, C, eps);
 }
 
-void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                   const float *w, const float *mean, const float *rstd, int N, int C)
+void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                   const void *w, const float *mean, const float *rstd, int N, int C,
+                   rt_dtype t)
 {
-    layernorm_bwd_rows_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(dinp, dout, inp, w, mean, rstd,
-                                                             N, C);
-    layernorm_bwd_cols_kernel<<<CEIL_DIV(C, BLOCK), BLOCK>>>(dw, db, dout, inp, mean, rstd,
-                                                             N, C);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, layernorm_bwd_rows_kernel, grid_for(N), dinp, dout, inp, w, mean, rstd, N, C);
+    LAUNCH(t, layernorm_bwd_cols_kernel, grid_for(C), dw, db, dout, inp, mean, rstd, N, C);
 }
 
-/* -- GELU (tanh approximation), bias, residual adds -------------------------------------------- */
-/*
-** GELU as GPT-2 and Hugging Face's "gelu_new": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-*/
+/* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
 
-static __global__
-void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+template <class S> static __global__
+void gelu_fwd_kernel(void *out, const void *inp, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = gelu1(inp[i]);
+    if (i < n) gelu_fwd_span(as<S>(out), as<S>(inp), i, i + 1);
 }
 
-static __global__
-void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+template <class S> static __global__
+void gelu_bwd_kernel(void *dinp, const void *inp, const void *dout, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dinp[i] = dout[i] * gelu1_grad(inp[i]);
+    if (i < n) gelu_bwd_span(as<S>(dinp), as<S>(inp), as<S>(dout), i, i + 1);
 }
 
-static __global__
-void bias_fwd_kernel(float *out, const float *bias, size_t n, int OC)
+template <class S> static __global__
+void bias_fwd_kernel(void *out, const void *bias, size_t n, int OC)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] += bias[i % OC];
+    if (i < n) {
+        int row = (int)(i / OC), col = (int)(i % OC);
+        bias_fwd_block(as<S>(out), as<S>(bias), OC, row, row + 1, col, col + 1);
+    }
 }
 
-static __global__
-void bias_bwd_kernel(float *dbias, const float *dout, int N, int OC)
+template <class S> static __global__
+void bias_bwd_kernel(float *dbias, const void *dout, int N, int OC)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < OC) bias_cols_bwd(dbias, dout, N, OC, i, i + 1);
+    if (i < OC) bias_bwd_cols(dbias, as<S>(dout), N, OC, i, i + 1);
 }
 
-static __global__
-void add_fwd_kernel(float *out, const float *a, const float *b, size_t n)
+template <class S> static __global__
+void add_kernel(void *out, const void *a, const void *b, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
+    if (i < n) add_span(as<S>(out), as<S>(a), as<S>(b), i, i + 1);
 }
 
-static __global__
-void add_inplace_kernel(float *y, const float *x, size_t n)
+template <class S> static __global__
+void narrow_kernel(void *dst, const float *src, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] += x[i];
+    if (i < n) narrow_span(as<S>(dst), src, i, i + 1);
 }
 
-void gelu_fwd(float *out, const float *inp, size_t n)
+template <class S> static __global__
+void widen_kernel(float *dst, const void *src, size_t n)
 {
-    gelu_fwd_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(out, inp, n);
-    RT_CUDA(cudaGetLastError());
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) widen_span(dst, as<S>(src), i, i + 1);
 }
 
-void gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+void gelu_fwd(void *out, const void *inp, size_t n, rt_dtype t)
 {
-    gelu_bwd_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(dinp, inp, dout, n);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, gelu_fwd_kernel, grid_for(n), out, inp, n);
 }
 
-void bias_fwd(float *out, const float *bias, int N, int OC)
+void gelu_bwd(void *dinp, const void *inp, const void *dout, size_t n, rt_dtype t)
+{
+    LAUNCH(t, gelu_bwd_kernel, grid_for(n), dinp, inp, dout, n);
+}
+
+void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t)
 {
     size_t n = (size_t)N * OC;
-    bias_fwd_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(out, bias, n, OC);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, bias_fwd_kernel, grid_for(n), out, bias, n, OC);
 }
 
-void bias_bwd(float *dbias, const float *dout, int N, int OC)
+void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
 {
-    bias_bwd_kernel<<<CEIL_DIV(OC, BLOCK), BLOCK>>>(dbias, dout, N, OC);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, bias_bwd_kernel, grid_for(OC), dbias, dout, N, OC);
 }
 
-void add_fwd(float *out, const float *a, const float *b, size_t n)
+void add_fwd(void *out, const void *a, const void *b, size_t n, rt_dtype t)
 {
-    add_fwd_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(out, a, b, n);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, add_kernel, grid_for(n), out, a, b, n);
 }
 
-void add_inplace(float *y, const float *x, size_t n)
+void add_inplace(void *y, const void *x, size_t n, rt_dtype t)
 {
-    add_inplace_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(y, x, n);
+    LAUNCH(t, add_kernel, grid_for(n), y, y, x, n);
+}
+
+void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n)
+{
+    if (dt == st) {
+        if (n && dst != src) rt_memcpy(dst, src, n * rt_dtype_size(dt), RT_D2D);
+        return;
+    }
+    RT_CHECK((dt == RT_F32 && st == RT_BF16) || (dt == RT_BF16 && st == RT_F32),
+             "convert: no conversion from dtype %d to %d", (int)st, (int)dt);
+    if (dt == RT_BF16) {
+        narrow_kernel<uint16_t><<<grid_for(n), BLOCK>>>(dst, static_cast<const float *>(src), n);
+    } else {
+        widen_kernel<uint16_t><<<grid_for(n), BLOCK>>>(static_cast<float *>(dst), src, n);
+    }
     RT_CUDA(cudaGetLastError());
 }
 
-/* -- Causal multi-head self-attention over the local heads ------------------------------------- */
+/* -- Causal attention without the (T, T) matrix ------------------------------------------------ */
 /*
-** qkv rows are tokens in sequence-major order (row t*B + b), each [q | k | v] with Hl heads of
-** hd channels. Scores are scaled by 1/sqrt(hd) in the GEMM (Megatron's baddbmm alpha), then a
-** causal softmax; att (B, Hl, T, T) keeps the probabilities (zeros above the diagonal).
+** Tiles of ATT_BQ queries and ATT_BK keys (equal, so a key tile starting at or before a query
+** tile's start holds, for every query row, at least one key it may see), f32 in shared memory,
+** one block of ATT_THREADS threads per tile, each output element computed by one thread in a
+** fixed order: deterministic, no atomics. Key tiles entirely above the causal diagonal are
+** never loaded; the diagonal tile masks key > query.
+**
+** Forward, one block per (query tile, b, head): q (times scale) and the output accumulator stay
+** in shared memory while the key tiles pass; per tile, scores, then one thread per query row
+** runs the online softmax (kernel_rows.h) and rescales, then out += p v. Saved: out, lse.
+** Backward: dsum = rowsum(dout * out) (one thread per row); then one block per (key tile, b,
+** head) sums dk and dv over the query tiles at or below it, and one block per (query tile, b,
+** head) sums dq over the key tiles up to it; both recompute p = exp(s - lse) and ds = p (dp -
+** dsum) with the same device function. Not tuned (no tensor cores, one product per element).
 */
 
-static __global__
-void softmax_fwd_kernel(float *att, int rows, int T)
+#define ATT_BQ 32
+#define ATT_BK 32
+#define ATT_SLD (ATT_BK + 1)    /* row stride of the score tiles: no bank conflicts */
+#define ATT_THREADS 128
+
+/* rows [0, rows) of hd channels from storage rows of stride ld (nr valid, the rest 0), times
+** mul, into a shared f32 tile of rows of hd */
+template <class S> static __device__
+void att_tile_in(float *dst, const S *src, size_t ld, int nr, int rows, int hd, float mul)
 {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < rows) softmax_row_fwd(att + (size_t)r * T, r % T, T);
+    for (int x = threadIdx.x; x < rows * hd; x += blockDim.x) {
+        int r = x / hd, d = x % hd;
+        dst[x] = r < nr ? kr_load(src + r * ld + d) * mul : 0.0f;
+    }
 }
 
-static __global__
-void softmax_bwd_kernel(float *datt, const float *att, int rows, int T)
+template <class S> static __device__
+void att_tile_out(S *dst, size_t ld, const float *src, int nr, int hd, float mul)
 {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < rows) softmax_row_bwd(datt + (size_t)r * T, att + (size_t)r * T, r % T, T);
+    for (int x = threadIdx.x; x < nr * hd; x += blockDim.x) {
+        int r = x / hd, d = x % hd;
+        kr_store(dst + r * ld + d, src[x] * mul);
+    }
 }
 
-static void softmax_fwd(float *att, int rows, int T)
+/* dot product of two shared rows of hd channels, in order */
+static __device__ float att_dot(const float *a, const float *b, int hd)
 {
-    softmax_fwd_kernel<<<CEIL_DIV(rows, BLOCK), BLOCK>>>(att, rows, T);
+    float s = 0.0f;
+    for (int d = 0; d < hd; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* May query q0 + r see key k0 + c (causal, both inside the sequence)? */
+static __device__ bool att_visible(int q0, int r, int nq, int k0, int c, int nk)
+{
+    return r < nq && c < nk && k0 + c <= q0 + r;
+}
+
+/* The shared memory of each kernel, in floats. */
+static size_t att_fwd_smem(int hd)      /* q, k, v, out; scores; max, sum, rescale rows */
+{
+    return (size_t)(2 * ATT_BQ + 2 * ATT_BK) * hd + ATT_BQ * ATT_SLD + 3 * ATT_BQ;
+}
+
+static size_t att_bwd_smem(int hd)      /* q, dout, k, v, dk, dv (dq); p, ds; lse, dsum rows */
+{
+    return (size_t)(2 * ATT_BQ + 4 * ATT_BK) * hd + 2 * ATT_BQ * ATT_SLD + 2 * ATT_BQ;
+}
+
+template <class S> static __global__
+void attention_fwd_kernel(void *out_, float *lse, const void *qkv_, int B, int T, int Hl, int hd,
+                          float scale)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *ks = qs + ATT_BQ * hd, *vs = ks + ATT_BK * hd, *os = vs + ATT_BK * hd;
+    float *ss = os + ATT_BQ * hd, *mrow = ss + ATT_BQ * ATT_SLD, *lrow = mrow + ATT_BQ;
+    float *alpha = lrow + ATT_BQ;
+    int bh = blockIdx.y, b = bh / Hl, h = bh % Hl, C = Hl * hd;
+    size_t ld = (size_t)B * 3 * C, ldo = (size_t)B * C;
+    const S *q = as<S>(qkv_) + (size_t)b * 3 * C + (size_t)h * hd;
+    const S *k = q + C, *v = q + 2 * C;
+    S *out = as<S>(out_) + (size_t)b * C + (size_t)h * hd;
+    int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, T - q0);
+
+    att_tile_in(qs, q + q0 * ld, ld, nq, ATT_BQ, hd, scale);
+    for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) os[x] = 0.0f;
+    if (threadIdx.x < ATT_BQ) {
+        mrow[threadIdx.x] = -INFINITY;
+        lrow[threadIdx.x] = 0.0f;
+    }
+    for (int k0 = 0; k0 < q0 + nq; k0 += ATT_BK) {     /* key tiles up to the diagonal */
+        int nk = MIN(ATT_BK, T - k0);
+        __syncthreads();                                 /* the previous tile is consumed */
+        att_tile_in(ks, k + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+        att_tile_in(vs, v + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+        __syncthreads();
+        for (int x = threadIdx.x; x < ATT_BQ * ATT_BK; x += blockDim.x) {
+            int r = x / ATT_BK, c = x % ATT_BK;
+            bool see = att_visible(q0, r, ATT_BQ, k0, c, nk);
+            ss[r * ATT_SLD + c] = see ? att_dot(qs + r * hd, ks + c * hd, hd) : -INFINITY;
+        }
+        __syncthreads();
+        if (threadIdx.x < ATT_BQ) {                      /* online softmax, one row a thread */
+            int r = threadIdx.x;
+            float *s = ss + r * ATT_SLD, mt = mrow[r];
+            for (int c = 0; c < ATT_BK; c++) mt = s[c] > mt ? s[c] : mt;
+            float a = att_rescale(mrow[r], mt), l = lrow[r] * a;
+            for (int c = 0; c < ATT_BK; c++) {
+                float p = att_visible(q0, r, ATT_BQ, k0, c, nk) ? vexpf(s[c] - mt) : 0.0f;
+                s[c] = p;
+                l += p;
+            }
+            mrow[r] = mt;
+            lrow[r] = l;
+            alpha[r] = a;
+        }
+        __syncthreads();
+        for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) {
+            int r = x / hd, d = x % hd;
+            float acc = os[x] * alpha[r];
+            for (int c = 0; c < nk; c++) acc += ss[r * ATT_SLD + c] * vs[c * hd + d];
+            os[x] = acc;
+        }
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < nq * hd; x += blockDim.x) os[x] /= lrow[x / hd];
+    if ((int)threadIdx.x < nq)
+        lse[(size_t)bh * T + q0 + threadIdx.x] = att_lse(mrow[threadIdx.x], lrow[threadIdx.x]);
+    __syncthreads();
+    att_tile_out(out + q0 * ldo, ldo, os, nq, hd, 1.0f);
+}
+
+/* dsum[bh, i] = rowsum(dout * out) of row i of head h of batch element b, one thread a row. */
+template <class S> static __global__
+void attention_dsum_kernel(float *dsum, const void *dout, const void *out, int B, int T, int Hl,
+                           int hd)
+{
+    size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= (size_t)B * Hl * T) return;
+    int bh = (int)(x / T), i = (int)(x % T), b = bh / Hl, h = bh % Hl, C = Hl * hd;
+    size_t o = (size_t)b * C + (size_t)h * hd;
+    att_dsum_rows(dsum + (size_t)bh * T, as<S>(dout) + o, as<S>(out) + o, (size_t)B * C, hd, i,
+                  i + 1);
+}
+
+/* Probabilities p and score gradients ds (ATT_BQ x ATT_BK, rows of ATT_SLD) of query tile q0
+** and key tile k0, recomputed from the shared tiles qs (scaled), ks, vs, dos and the rows'
+** lse and dsum; zero where the key is not visible. */
+static __device__
+void att_tile_pds(float *ps, float *dss, const float *qs, const float *ks, const float *vs,
+                  const float *dos, const float *lse, const float *dsum, int q0, int nq, int k0,
+                  int nk, int hd)
+{
+    for (int x = threadIdx.x; x < ATT_BQ * ATT_BK; x += blockDim.x) {
+        int r = x / ATT_BK, c = x % ATT_BK;
+        float p = 0.0f, ds = 0.0f;
+        if (att_visible(q0, r, nq, k0, c, nk)) {
+            p = att_prob(att_dot(qs + r * hd, ks + c * hd, hd), lse[r]);
+            ds = att_dscore(p, att_dot(dos + r * hd, vs + c * hd, hd), dsum[r]);
+        }
+        ps[r * ATT_SLD + c] = p;
+        dss[r * ATT_SLD + c] = ds;
+    }
+}
+
+/* Rows [0, ATT_BQ) of lse and dsum of query tile q0 (0 past the sequence) into shared rows. */
+static __device__ void att_rows_in(float *ls, float *ds, const float *lse, const float *dsum,
+                                   int nq)
+{
+    if ((int)threadIdx.x < ATT_BQ) {
+        ls[threadIdx.x] = (int)threadIdx.x < nq ? lse[threadIdx.x] : 0.0f;
+        ds[threadIdx.x] = (int)threadIdx.x < nq ? dsum[threadIdx.x] : 0.0f;
+    }
+}
+
+/* dk and dv of one key tile: blockIdx.x = key tile, blockIdx.y = b * Hl + h. */
+template <class S> static __global__
+void attention_dkdv_kernel(void *dqkv_, const void *dout_, const float *lse, const float *dsum,
+                           const void *qkv_, int B, int T, int Hl, int hd, float scale)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
+    float *dks = vs + ATT_BK * hd, *dvs = dks + ATT_BK * hd, *ps = dvs + ATT_BK * hd;
+    float *dss = ps + ATT_BQ * ATT_SLD, *ls = dss + ATT_BQ * ATT_SLD, *dsr = ls + ATT_BQ;
+    int bh = blockIdx.y, b = bh / Hl, h = bh % Hl, C = Hl * hd;
+    size_t ld = (size_t)B * 3 * C, ldo = (size_t)B * C, col = (size_t)b * 3 * C + (size_t)h * hd;
+    const S *q = as<S>(qkv_) + col, *k = q + C, *v = q + 2 * C;
+    const S *dout = as<S>(dout_) + (size_t)b * C + (size_t)h * hd;
+    S *dk = as<S>(dqkv_) + col + C, *dv = dk + C;
+    int k0 = blockIdx.x * ATT_BK, nk = MIN(ATT_BK, T - k0);
+
+    att_tile_in(ks, k + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+    att_tile_in(vs, v + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+    for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) dks[x] = dvs[x] = 0.0f;
+    for (int q0 = k0; q0 < T; q0 += ATT_BQ) {       /* query tiles at or below the diagonal */
+        int nq = MIN(ATT_BQ, T - q0);
+        __syncthreads();
+        att_tile_in(qs, q + q0 * ld, ld, nq, ATT_BQ, hd, scale);
+        att_tile_in(dos, dout + q0 * ldo, ldo, nq, ATT_BQ, hd, 1.0f);
+        att_rows_in(ls, dsr, lse + (size_t)bh * T + q0, dsum + (size_t)bh * T + q0, nq);
+        __syncthreads();
+        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, q0, nq, k0, nk, hd);
+        __syncthreads();
+        for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) {
+            int c = x / hd, d = x % hd;
+            float gv = dvs[x], gk = dks[x];
+            for (int r = 0; r < nq; r++) {
+                gv += ps[r * ATT_SLD + c] * dos[r * hd + d];
+                gk += dss[r * ATT_SLD + c] * qs[r * hd + d];   /* q scaled: dk = scale ds^T q */
+            }
+            dvs[x] = gv;
+            dks[x] = gk;
+        }
+    }
+    __syncthreads();
+    att_tile_out(dk + k0 * ld, ld, dks, nk, hd, 1.0f);
+    att_tile_out(dv + k0 * ld, ld, dvs, nk, hd, 1.0f);
+}
+
+/* dq of one query tile: blockIdx.x = query tile, blockIdx.y = b * Hl + h. */
+template <class S> static __global__
+void attention_dq_kernel(void *dqkv_, const void *dout_, const float *lse, const float *dsum,
+                         const void *qkv_, int B, int T, int Hl, int hd, float scale)
+{
+    extern __shared__ float sm[];
+    float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
+    float *dqs = vs + ATT_BK * hd, *ps = dqs + ATT_BQ * hd;
+    float *dss = ps + ATT_BQ * ATT_SLD, *ls = dss + ATT_BQ * ATT_SLD, *dsr = ls + ATT_BQ;
+    int bh = blockIdx.y, b = bh / Hl, h = bh % Hl, C = Hl * hd;
+    size_t ld = (size_t)B * 3 * C, ldo = (size_t)B * C, col = (size_t)b * 3 * C + (size_t)h * hd;
+    const S *q = as<S>(qkv_) + col, *k = q + C, *v = q + 2 * C;
+    const S *dout = as<S>(dout_) + (size_t)b * C + (size_t)h * hd;
+    S *dq = as<S>(dqkv_) + col;
+    int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, T - q0);
+
+    att_tile_in(qs, q + q0 * ld, ld, nq, ATT_BQ, hd, scale);
+    att_tile_in(dos, dout + q0 * ldo, ldo, nq, ATT_BQ, hd, 1.0f);
+    att_rows_in(ls, dsr, lse + (size_t)bh * T + q0, dsum + (size_t)bh * T + q0, nq);
+    for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) dqs[x] = 0.0f;
+    for (int k0 = 0; k0 < q0 + nq; k0 += ATT_BK) {     /* key tiles up to the diagonal */
+        int nk = MIN(ATT_BK, T - k0);
+        __syncthreads();
+        att_tile_in(ks, k + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+        att_tile_in(vs, v + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+        __syncthreads();
+        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, q0, nq, k0, nk, hd);
+        __syncthreads();
+        for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) {
+            int r = x / hd, d = x % hd;
+            float g = dqs[x];
+            for (int c = 0; c < nk; c++) g += dss[r * ATT_SLD + c] * ks[c * hd + d];
+            dqs[x] = g;
+        }
+    }
+    __syncthreads();
+    att_tile_out(dq + q0 * ld, ld, dqs, nq, hd, scale);
+}
+
+/* Shared memory above the default 48 KB must be asked for, per kernel. */
+template <class K> static void att_smem(K kernel, size_t bytes)
+{
+    if (bytes > 48 * 1024)
+        RT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)bytes));
+}
+
+template <class S>
+static void attention_fwd_t(void *out, float *lse, const void *qkv, int B, int T, int Hl,
+                            int hd, float scale)
+{
+    size_t bytes = att_fwd_smem(hd) * sizeof(float);
+    att_smem(attention_fwd_kernel<S>, bytes);
+    dim3 grid(CEIL_DIV(T, ATT_BQ), B * Hl);
+    attention_fwd_kernel<S><<<grid, ATT_THREADS, bytes>>>(out, lse, qkv, B, T, Hl, hd, scale);
     RT_CUDA(cudaGetLastError());
 }
 
-static void softmax_bwd(float *datt, const float *att, int rows, int T)
+template <class S>
+static void attention_bwd_t(void *dqkv, float *dsum, const void *dout, const void *out,
+                            const float *lse, const void *qkv, int B, int T, int Hl, int hd,
+                            float scale)
 {
-    softmax_bwd_kernel<<<CEIL_DIV(rows, BLOCK), BLOCK>>>(datt, att, rows, T);
+    size_t bytes = att_bwd_smem(hd) * sizeof(float);
+    attention_dsum_kernel<S><<<grid_for((size_t)B * Hl * T), BLOCK>>>(dsum, dout, out, B, T, Hl,
+                                                                      hd);
+    RT_CUDA(cudaGetLastError());
+    att_smem(attention_dkdv_kernel<S>, bytes);
+    att_smem(attention_dq_kernel<S>, bytes);
+    dim3 gk(CEIL_DIV(T, ATT_BK), B * Hl), gq(CEIL_DIV(T, ATT_BQ), B * Hl);
+    attention_dkdv_kernel<S><<<gk, ATT_THREADS, bytes>>>(dqkv, dout, lse, dsum, qkv, B, T, Hl,
+                                                         hd, scale);
+    RT_CUDA(cudaGetLastError());
+    attention_dq_kernel<S><<<gq, ATT_THREADS, bytes>>>(dqkv, dout, lse, dsum, qkv, B, T, Hl, hd,
+                                                       scale);
     RT_CUDA(cudaGetLastError());
 }
 
-/*
-** out (T*B, Hl*hd) = softmax(scale * q k^T) v per batch element and head; att (B, Hl, T, T)
-** receives the probabilities. Row strides: qkv B*3*Hl*hd, out B*Hl*hd.
-*/
-void attention_fwd(float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
-                   float scale)
+void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
+                   float scale, rt_dtype t)
 {
-    int C = Hl * hd, ldqkv = B * 3 * C, ldout = B * C;
-    long tt = (long)T * T;
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * 3 * C, *k = q + C;
-        float *a = att + (size_t)b * Hl * tt;
-        rt_gemm(0, 1, T, T, hd, scale, q, ldqkv, hd, k, ldqkv, hd, 0.0f, a, T, tt, Hl, RT_F32, RT_F32);
-    }
-    softmax_fwd(att, B * Hl * T, T);
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * 3 * C + 2 * C;
-        const float *a = att + (size_t)b * Hl * tt;
-        rt_gemm(0, 0, T, hd, T, 1.0f, a, T, tt, v, ldqkv, hd, 0.0f, out + (size_t)b * C, ldout,
-                hd, Hl, RT_F32, RT_F32);
-    }
+    if (B * Hl * T == 0) return;
+    if (storage(t) == RT_BF16) attention_fwd_t<uint16_t>(out, lse, qkv, B, T, Hl, hd, scale);
+    else attention_fwd_t<float>(out, lse, qkv, B, T, Hl, hd, scale);
 }
 
-/*
-** dqkv (overwritten) from dout (T*B, Hl*hd), the saved probabilities and qkv. datt is
-** (B, Hl, T, T) scratch.
-*/
-void attention_bwd(float *dqkv, float *datt, const float *dout, const float *att,
-                   const float *qkv, int B, int T, int Hl, int hd, float scale)
+void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
+                   const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
 {
-    int C = Hl * hd, ldqkv = B * 3 * C, ldout = B * C;
-    long tt = (long)T * T;
-    for (int b = 0; b < B; b++) {
-        const float *v = qkv + (size_t)b * 3 * C + 2 * C, *dob = dout + (size_t)b * C;
-        float *da = datt + (size_t)b * Hl * tt;
-        /* dp = dout v^T */
-        rt_gemm(0, 1, T, T, hd, 1.0f, dob, ldout, hd, v, ldqkv, hd, 0.0f, da, T, tt, Hl, RT_F32, RT_F32);
-    }
-    softmax_bwd(datt, att, B * Hl * T, T);
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * 3 * C, *k = q + C, *dob = dout + (size_t)b * C;
-        const float *da = datt + (size_t)b * Hl * tt, *a = att + (size_t)b * Hl * tt;
-        float *dq = dqkv + (size_t)b * 3 * C, *dk = dq + C, *dv = dq + 2 * C;
-        /* dq = scale ds k, dk = scale ds^T q, dv = p^T dout */
-        rt_gemm(0, 0, T, hd, T, scale, da, T, tt, k, ldqkv, hd, 0.0f, dq, ldqkv, hd, Hl, RT_F32, RT_F32);
-        rt_gemm(1, 0, T, hd, T, scale, da, T, tt, q, ldqkv, hd, 0.0f, dk, ldqkv, hd, Hl, RT_F32, RT_F32);
-        rt_gemm(1, 0, T, hd, T, 1.0f, a, T, tt, dob, ldout, hd, 0.0f, dv, ldqkv, hd, Hl, RT_F32, RT_F32);
-    }
+    if (B * Hl * T == 0) return;
+    if (storage(t) == RT_BF16)
+        attention_bwd_t<uint16_t>(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale);
+    else
+        attention_bwd_t<float>(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
-/*
-** logits (N, Vl) hold this rank's vocabulary columns [vstart, vstart + valid); columns past
-** 'valid' are padding and never count. The caller reduces between the pieces: all-reduce MAX
-** of the row maxima, then all-reduce SUM of [sum exp | target logit].
-*/
 
-static __global__
-void ce_rowmax_kernel(float *mx, const float *logits, int N, int Vl, int valid)
+template <class S> static __global__
+void ce_rowmax_kernel(float *mx, const void *logits, int N, int Vl, int valid)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) ce_row_max(mx + n, logits + (size_t)n * Vl, valid);
+    if (n < N) ce_max_rows(mx, as<S>(logits), Vl, valid, n, n + 1);
 }
 
-static __global__
-void ce_sums_kernel(float *sums, const float *logits, const float *mx,
-                    const int *targets, int N, int Vl, int valid, int vstart)
+template <class S> static __global__
+void ce_sums_kernel(float *sums, const void *logits, const float *mx, const int *targets, int N,
+                    int Vl, int valid, int vstart)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N)
-        ce_row_sums(sums + n, sums + N + n, logits + (size_t)n * Vl, mx[n], targets[n], valid,
-                    vstart);
+    if (n < N) ce_sums_rows(sums, as<S>(logits), mx, targets, N, Vl, valid, vstart, n, n + 1);
 }
 
 static __global__
@@ -326,15 +575,12 @@ void ce_loss_kernel(float *loss, const float *sums, const float *mx, int N)
     if (n < N) loss[n] = logf(sums[n]) + mx[n] - sums[N + n];
 }
 
-static __global__
-void ce_bwd_kernel(float *logits, const float *mx, const float *sums,
-                   const int *targets, int N, int Vl, int valid, int vstart,
-                   float dloss)
+template <class S> static __global__
+void ce_bwd_kernel(void *logits, const float *mx, const float *sums, const int *targets, int N,
+                   int Vl, int valid, int vstart, float dloss)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N)
-        ce_row_bwd(logits + (size_t)n * Vl, mx[n], sums[n], targets[n], Vl, valid, vstart,
-                   dloss);
+    if (n < N) ce_bwd_rows(as<S>(logits), mx, sums, targets, Vl, valid, vstart, dloss, n, n + 1);
 }
 
 /* One thread sums in order: the loss sum is deterministic (N is tokens per micro-batch). */
@@ -348,32 +594,28 @@ void sum_rows_kernel(float *out, const float *x, int N)
     }
 }
 
-void ce_rowmax(float *mx, const float *logits, int N, int Vl, int valid)
+void ce_rowmax(float *mx, const void *logits, int N, int Vl, int valid, rt_dtype t)
 {
-    ce_rowmax_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(mx, logits, N, Vl, valid);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, ce_rowmax_kernel, grid_for(N), mx, logits, N, Vl, valid);
 }
 
-void ce_sums(float *sums, const float *logits, const float *mx, const int *targets, int N,
-             int Vl, int valid, int vstart)
+void ce_sums(float *sums, const void *logits, const float *mx, const int *targets, int N,
+             int Vl, int valid, int vstart, rt_dtype t)
 {
-    ce_sums_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(sums, logits, mx, targets, N, Vl, valid,
-                                                  vstart);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, ce_sums_kernel, grid_for(N), sums, logits, mx, targets, N, Vl, valid, vstart);
 }
 
 void ce_loss(float *loss, const float *sums, const float *mx, int N)
 {
-    ce_loss_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(loss, sums, mx, N);
+    ce_loss_kernel<<<grid_for(N), BLOCK>>>(loss, sums, mx, N);
     RT_CUDA(cudaGetLastError());
 }
 
-void ce_bwd(float *logits, const float *mx, const float *sums, const int *targets, int N,
-            int Vl, int valid, int vstart, float dloss)
+void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets, int N,
+            int Vl, int valid, int vstart, float dloss, rt_dtype t)
 {
-    ce_bwd_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(logits, mx, sums, targets, N, Vl, valid,
-                                                 vstart, dloss);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, ce_bwd_kernel, grid_for(N), logits, mx, sums, targets, N, Vl, valid, vstart,
+           dloss);
 }
 
 void sum_rows(float *out, const float *x, int N)
@@ -383,20 +625,16 @@ void sum_rows(float *out, const float *x, int N)
 }
 
 /* -- AdamW (torch.optim.AdamW), gradient-norm pieces, scaling ---------------------------------- */
-/*
-** torch's order: p *= 1 - lr*wd; m, v updated; p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),
-** with g = grad * gscale (the clipping coefficient, 1 when not clipping).
-*/
 
-static __global__
-void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float wd, float step_size,
-                  float bc2_sqrt, float gscale)
+template <class S> static __global__
+void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float step_size, float bc2_sqrt,
+                  float gscale)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
-        adamw1(p + i, g[i] * gscale, m + i, v + i, lr, beta1, beta2, eps, wd, step_size,
-               bc2_sqrt);
+        adamw_span(p, g, m, v, as<S>(copy), lr, beta1, beta2, eps, wd, step_size, bc2_sqrt,
+                   gscale, i, i + 1);
 }
 
 /* One block per call, a fixed tree: deterministic. */
@@ -423,11 +661,11 @@ void scale_kernel(float *x, size_t n, float s)
 }
 
 void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                float beta2, float eps, float wd, float bc1, float bc2, float gscale)
+                float beta2, float eps, float wd, float bc1, float bc2, float gscale, void *copy,
+                rt_dtype t)
 {
-    adamw_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(p, g, m, v, n, lr, beta1, beta2, eps, wd,
-                                                lr / bc1, sqrtf(bc2), gscale);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(copy ? t : RT_F32, adamw_kernel, grid_for(n), p, g, m, v, copy, n, lr, beta1, beta2,
+           eps, wd, lr / bc1, sqrtf(bc2), gscale);
 }
 
 void sumsq(float *out, const float *x, size_t n)
@@ -438,30 +676,14 @@ void sumsq(float *out, const float *x, size_t n)
 
 void scale_inplace(float *x, size_t n, float s)
 {
-    scale_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(x, n, s);
+    scale_kernel<<<grid_for(n), BLOCK>>>(x, n, s);
     RT_CUDA(cudaGetLastError());
 }
 
 /* -- Mixture of experts: routing and row movements --------------------------------------------- */
-/*
-** Top-k with ties to the lower expert, its probabilities, the softmax over all experts for the
-** aux loss, and its backward; the row movements between token and expert order are gathers
-** (no scatter, no atomics): deterministic.
-*/
-
-/*
-** One token: score = softmax(logit) over all E experts; sel = the k largest logits in
-** descending order (a tie goes to the lower expert); prob = softmax over the k selected logits,
-** or, with pre_softmax, the scores of the selected experts (not renormalised).
-*/
-
-/*
-** Backward of route_row for one token: dlogit (E) from d(prob) (k) and the aux loss's
-** gradient with respect to the scores, auxg (E, the same for every token of the micro-batch).
-*/
 
 static __global__ void moe_route_kernel(int *sel, float *prob, float *score, const float *logits,
-                                   int N, int E, int k, int pre)
+                                        int N, int E, int k, int pre)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
@@ -469,138 +691,128 @@ static __global__ void moe_route_kernel(int *sel, float *prob, float *score, con
                   logits + (size_t)n * E, E, k, pre);
 }
 
-static __global__ void moe_route_bwd_kernel(float *dlogits, const float *dprob, const float *prob,
-                                       const float *scores, const int *sel, const float *auxg,
-                                       int N, int E, int k, int pre)
+template <class S> static __global__
+void moe_route_bwd_kernel(void *dlogits, const float *dprob, const float *prob,
+                          const float *scores, const int *sel, const float *auxg, int N, int E,
+                          int k, int pre)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
-        route_row_bwd(dlogits + (size_t)n * E, dprob + (size_t)n * k, prob + (size_t)n * k,
-                      scores + (size_t)n * E, sel + (size_t)n * k, auxg, E, k, pre);
+        route_bwd_rows(as<S>(dlogits), dprob, prob, scores, sel, auxg, E, k, pre, n, n + 1);
 }
 
-static __global__ void gather_rows_kernel(float *out, const float *src, const int *idx, int n,
-                                          int C)
+/* A copy: element i of out is element i % C of src row idx[i / C], or 0. */
+template <class S> static __global__
+void gather_rows_kernel(void *out, const void *src, const int *idx, int n, int C)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)n * C) {
         int r = idx[i / C];
-        out[i] = r < 0 ? 0.0f : src[(size_t)r * C + i % C];
+        as<S>(out)[i] = r < 0 ? S() : as<S>(src)[(size_t)r * C + i % C];
     }
 }
 
-static __global__ void combine_rows_kernel(float *out, const float *src, const int *pos, int N,
-                                           int k, int C)
+template <class S> static __global__
+void combine_rows_kernel(void *out, const void *src, const int *pos, int N, int k, int C)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) combine_row(out + (size_t)n * C, src, pos + (size_t)n * k, k, C);
+    if (n < N) combine_out_rows(as<S>(out), as<S>(src), pos, k, C, n, n + 1);
 }
 
-static __global__ void row_scale_kernel(float *y, const float *s, int n, int C)
+template <class S> static __global__
+void row_scale_kernel(void *y, const float *s, int n, int C)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)n * C) y[i] *= s[i / C];
+    if (i < (size_t)n * C) {
+        int row = (int)(i / C), col = (int)(i % C);
+        row_scale_block(as<S>(y), s, C, row, row + 1, col, col + 1);
+    }
 }
 
-static __global__ void row_dot_kernel(float *out, const float *a, const float *b, int n, int C)
+template <class S> static __global__
+void row_dot_kernel(float *out, const void *a, const void *b, int n, int C)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float s = 0.0f;
-        for (int c = 0; c < C; c++) s += a[(size_t)i * C + c] * b[(size_t)i * C + c];
-        out[i] = s;
+    if (i < n) row_dot_rows(out, as<S>(a), as<S>(b), C, i, i + 1);
+}
+
+template <class S> static __global__
+void add_scaled_bias_kernel(void *y, const float *s, const void *b, int n, int C)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)n * C) {
+        int row = (int)(i / C), col = (int)(i % C);
+        add_scaled_bias_block(as<S>(y), s, as<S>(b), C, row, row + 1, col, col + 1);
     }
 }
 
-static __global__ void add_scaled_bias_kernel(float *y, const float *s, const float *b, int n,
-                                              int C)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)n * C) y[i] += s[i / C] * b[i % C];
-}
-
-static __global__ void scaled_bias_bwd_kernel(float *db, const float *s, const float *dy, int n,
-                                              int C)
+template <class S> static __global__
+void scaled_bias_bwd_kernel(float *db, const float *s, const void *dy, int n, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) {
-        float acc = 0.0f;
-        for (int i = 0; i < n; i++) acc += s[i] * dy[(size_t)i * C + c];
-        db[c] += acc;
-    }
+    if (c < C) scaled_bias_bwd_cols(db, s, as<S>(dy), n, C, c, c + 1);
 }
 
-static __global__ void sum_blocks_kernel(float *out, const float *in, int nblocks, size_t n)
+template <class S> static __global__
+void sum_blocks_kernel(void *out, const void *in, int nblocks, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float s = 0.0f;
-        for (int m = 0; m < nblocks; m++) s += in[(size_t)m * n + i];
-        out[i] = s;
-    }
+    if (i < n) sum_blocks_span(as<S>(out), as<S>(in), nblocks, n, i, i + 1);
 }
 
 void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
                int pre)
 {
-    moe_route_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(sel, prob, scores, logits, N, E, k, pre);
+    moe_route_kernel<<<grid_for(N), BLOCK>>>(sel, prob, scores, logits, N, E, k, pre);
     RT_CUDA(cudaGetLastError());
 }
 
-void moe_route_bwd(float *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre)
+void moe_route_bwd(void *dlogits, const float *dprob, const float *prob, const float *scores,
+                   const int *sel, const float *auxg, int N, int E, int k, int pre, rt_dtype t)
 {
-    moe_route_bwd_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(dlogits, dprob, prob, scores, sel, auxg,
-                                                        N, E, k, pre);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, moe_route_bwd_kernel, grid_for(N), dlogits, dprob, prob, scores, sel, auxg, N, E,
+           k, pre);
 }
 
-void gather_rows(float *out, const float *src, const int *idx, int n, int C)
-{
-    size_t total = (size_t)n * C;
-    if (total == 0) return;
-    gather_rows_kernel<<<CEIL_DIV(total, BLOCK), BLOCK>>>(out, src, idx, n, C);
-    RT_CUDA(cudaGetLastError());
-}
-
-void combine_rows(float *out, const float *src, const int *pos, int N, int k, int C)
-{
-    combine_rows_kernel<<<CEIL_DIV(N, BLOCK), BLOCK>>>(out, src, pos, N, k, C);
-    RT_CUDA(cudaGetLastError());
-}
-
-void row_scale(float *y, const float *s, int n, int C)
+void gather_rows(void *out, const void *src, const int *idx, int n, int C, rt_dtype t)
 {
     size_t total = (size_t)n * C;
     if (total == 0) return;
-    row_scale_kernel<<<CEIL_DIV(total, BLOCK), BLOCK>>>(y, s, n, C);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, gather_rows_kernel, grid_for(total), out, src, idx, n, C);
 }
 
-void row_dot(float *out, const float *a, const float *b, int n, int C)
+void combine_rows(void *out, const void *src, const int *pos, int N, int k, int C, rt_dtype t)
+{
+    LAUNCH(t, combine_rows_kernel, grid_for(N), out, src, pos, N, k, C);
+}
+
+void row_scale(void *y, const float *s, int n, int C, rt_dtype t)
+{
+    size_t total = (size_t)n * C;
+    if (total == 0) return;
+    LAUNCH(t, row_scale_kernel, grid_for(total), y, s, n, C);
+}
+
+void row_dot(float *out, const void *a, const void *b, int n, int C, rt_dtype t)
 {
     if (n == 0) return;
-    row_dot_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(out, a, b, n, C);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, row_dot_kernel, grid_for(n), out, a, b, n, C);
 }
 
-void add_scaled_bias(float *y, const float *s, const float *b, int n, int C)
+void add_scaled_bias(void *y, const float *s, const void *b, int n, int C, rt_dtype t)
 {
     size_t total = (size_t)n * C;
     if (total == 0) return;
-    add_scaled_bias_kernel<<<CEIL_DIV(total, BLOCK), BLOCK>>>(y, s, b, n, C);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, add_scaled_bias_kernel, grid_for(total), y, s, b, n, C);
 }
 
-void scaled_bias_bwd(float *db, const float *s, const float *dy, int n, int C)
+void scaled_bias_bwd(float *db, const float *s, const void *dy, int n, int C, rt_dtype t)
 {
-    scaled_bias_bwd_kernel<<<CEIL_DIV(C, BLOCK), BLOCK>>>(db, s, dy, n, C);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, scaled_bias_bwd_kernel, grid_for(C), db, s, dy, n, C);
 }
 
-void sum_blocks(float *out, const float *in, int nblocks, size_t n)
+void sum_blocks(void *out, const void *in, int nblocks, size_t n, rt_dtype t)
 {
     if (n == 0) return;
-    sum_blocks_kernel<<<CEIL_DIV(n, BLOCK), BLOCK>>>(out, in, nblocks, n);
-    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, sum_blocks_kernel, grid_for(n), out, in, nblocks, n);
 }

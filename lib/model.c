@@ -52,7 +52,7 @@ static void matmul_fwd(float *out, const float *inp, const float *w, const float
                        int IC, int OC)
 {
     rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, RT_F32, RT_F32);
-    if (bias) bias_fwd(out, bias, N, OC);
+    if (bias) bias_fwd(out, bias, N, OC, RT_F32);
 }
 
 /* dinp (N, IC) = dout . w^T;  dw (IC, OC) += inp^T . dout;  dbias += column sums of dout */
@@ -61,7 +61,7 @@ static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
 {
     rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, RT_F32, RT_F32);
     rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, RT_F32, RT_F32);
-    if (dbias) bias_bwd(dbias, dout, N, OC);
+    if (dbias) bias_bwd(dbias, dout, N, OC, RT_F32);
 }
 
 /* -- Transformer layer ---------------------------------------------------------------------- */
@@ -76,32 +76,32 @@ static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const float 
     size_t rows = (size_t)d->n_sp * d->C;
     /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
     layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln_1_w, p->ln_1_b, d->n_sp, d->C,
-                  d->ln_eps);
+                  d->ln_eps, RT_F32);
     const float *h = gather_seq(a->ln1_full, a->ln1);
     matmul_fwd(a->qkv, h, p->c_attn_w, p->c_attn_b, d->N, d->C, d->qkv_local);
-    attention_fwd(a->atty, a->att, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
-                  d->att_scale);
+    attention_fwd(a->atty, a->lse, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
+                  d->att_scale, RT_F32);
     matmul_fwd(lib.s.full, a->atty, p->attn_proj_w, NULL, d->N, d->c_local, d->C);
     float *proj = reduce_seq(lib.s.full);
-    bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C);          /* row-parallel bias: after the sum */
-    add_fwd(a->res1, x, proj, rows);
+    bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C, RT_F32);  /* row-parallel bias: after the sum */
+    add_fwd(a->res1, x, proj, rows, RT_F32);
 
     layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, p->ln_2_w, p->ln_2_b, d->n_sp,
-                  d->C, d->ln_eps);
+                  d->C, d->ln_eps, RT_F32);
     if (d->moe) {
         /* mixture of experts: res2 = res1 + moe(ln_2(res1)), on this rank's tokens */
         lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &gpt.moe_aux);
-        add_fwd(a->res2, a->res1, lib.s.full_sp, rows);
+        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, RT_F32);
         return;
     }
     /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
     h = gather_seq(a->ln2_full, a->ln2);
     matmul_fwd(a->fc, h, p->c_fc_w, p->c_fc_b, d->N, d->C, d->ff_local);
-    gelu_fwd(a->gelu, a->fc, (size_t)d->N * d->ff_local);
+    gelu_fwd(a->gelu, a->fc, (size_t)d->N * d->ff_local, RT_F32);
     matmul_fwd(lib.s.full, a->gelu, p->mlp_proj_w, NULL, d->N, d->ff_local, d->C);
     proj = reduce_seq(lib.s.full);
-    bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C);
-    add_fwd(a->res2, a->res1, proj, rows);
+    bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, RT_F32);
+    add_fwd(a->res2, a->res1, proj, rows, RT_F32);
 }
 
 /*
@@ -117,33 +117,33 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
         /* mixture-of-experts branch */
         lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
         layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, lib.s.full_sp, a->res1, p->ln_2_w,
-                      a->ln2_mean, a->ln2_rstd, d->n_sp, d->C);
+                      a->ln2_mean, a->ln2_rstd, d->n_sp, d->C, RT_F32);
     } else {
         /* MLP branch */
-        bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C);
+        bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C, RT_F32);
         dd = gather_seq(lib.s.full, dres);
         matmul_bwd(lib.s.dfc, g->mlp_proj_w, NULL, dd, a->gelu, p->mlp_proj_w, d->N,
                    d->ff_local, d->C);
-        gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local);
+        gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local, RT_F32);
         matmul_bwd(lib.s.full, g->c_fc_w, g->c_fc_b, lib.s.dfc, a->ln2_full, p->c_fc_w, d->N,
                    d->C, d->ff_local);
         dd = reduce_seq(lib.s.full);
         layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, dd, a->res1, p->ln_2_w, a->ln2_mean,
-                      a->ln2_rstd, d->n_sp, d->C);
+                      a->ln2_rstd, d->n_sp, d->C, RT_F32);
     }
 
     /* attention branch */
-    bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C);
+    bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C, RT_F32);
     dd = gather_seq(lib.s.full, dres);
     matmul_bwd(lib.s.datty, g->attn_proj_w, NULL, dd, a->atty, p->attn_proj_w, d->N,
                d->c_local, d->C);
-    attention_bwd(lib.s.dqkv, lib.s.datt, lib.s.datty, a->att, a->qkv, d->B, d->T,
-                  d->heads_local, d->head_dim, d->att_scale);
+    attention_bwd(lib.s.dqkv, lib.s.dsum, lib.s.datty, a->atty, a->lse, a->qkv, d->B, d->T,
+                  d->heads_local, d->head_dim, d->att_scale, RT_F32);
     matmul_bwd(lib.s.full, g->c_attn_w, g->c_attn_b, lib.s.dqkv, a->ln1_full, p->c_attn_w,
                d->N, d->C, d->qkv_local);
     dd = reduce_seq(lib.s.full);
     layernorm_bwd(dres, g->ln_1_w, g->ln_1_b, dd, x, p->ln_1_w, a->ln1_mean, a->ln1_rstd,
-                  d->n_sp, d->C);
+                  d->n_sp, d->C, RT_F32);
 }
 
 /* -- Embedding (first stage, chunk 0) ------------------------------------------------------- */
@@ -156,10 +156,10 @@ static void embedding_fwd(const lib_embed *p, float *out, const int *tok)
 {
     const gpt_dims *d = &gpt.d;
     float *full = d->sp ? lib.s.full : out;
-    embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local);
+    embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local, RT_F32);
     if (d->tp > 1)   /* >>> all-reduce over tp: each rank looked up its vocabulary's tokens */
         rt_allreduce(full, (size_t)d->N * d->C, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
-    pos_fwd(full, p->wpe, d->T, d->B, d->C, 0);
+    pos_fwd(full, p->wpe, d->T, d->B, d->C, 0, RT_F32);
     if (d->sp)   /* scatter to the sequence-parallel region: keep this rank's rows */
         rt_memcpy(out, full + (size_t)gpt.tp_rank * d->n_sp * d->C,
                   (size_t)d->n_sp * d->C * sizeof(float), RT_D2D);
@@ -170,8 +170,8 @@ static void embedding_bwd(lib_embed *g, const float *dout, const int *tok)
 {
     const gpt_dims *d = &gpt.d;
     const float *dd = gather_seq(lib.s.full, dout);
-    embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local);
-    pos_bwd(g->wpe, dd, d->T, d->B, d->C, 0);
+    embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local, RT_F32);
+    pos_bwd(g->wpe, dd, d->T, d->B, d->C, 0, RT_F32);
 }
 
 /* -- Head and loss (last stage, last chunk) -------------------------------------------------- */
@@ -189,27 +189,28 @@ static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const
     int N = d->N, C = d->C, Vl = d->v_local;
     float *mx = lib.s.ce, *sums = lib.s.ce + N, *loss = lib.s.ce + 3 * (size_t)N;
     layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->ln_f_w, p->ln_f_b, d->n_sp, C,
-                  d->ln_eps);
+                  d->ln_eps, RT_F32);
     const float *h = gather_seq(lib.s.full, a->lnf);
     rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, RT_F32, RT_F32);
-    ce_rowmax(mx, lib.s.logits, N, Vl, gpt.vocab_valid);
+    ce_rowmax(mx, lib.s.logits, N, Vl, gpt.vocab_valid, RT_F32);
     if (d->tp > 1)   /* >>> all-reduce MAX over tp: the row maxima over the whole vocabulary */
         rt_allreduce(mx, (size_t)N, RT_F32, RT_MAX, gpt.grp[GPT_GRP_TP]);
-    ce_sums(sums, lib.s.logits, mx, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start);
+    ce_sums(sums, lib.s.logits, mx, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, RT_F32);
     if (d->tp > 1)   /* >>> all-reduce SUM over tp: [sum of exp | target logit] (its owner's) */
         rt_allreduce(sums, 2 * (size_t)N, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
     ce_loss(loss, sums, mx, N);
     sum_rows(loss_sum, loss, N);
 
     /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication (§4.5) */
-    ce_bwd(lib.s.logits, mx, sums, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, d->dloss);
+    ce_bwd(lib.s.logits, mx, sums, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, d->dloss,
+           RT_F32);
     rt_gemm(1, 0, Vl, C, N, 1.0f, lib.s.logits, Vl, 0, h, C, 0, 1.0f, g->wte, C, 0, 1, RT_F32, RT_F32);
     rt_gemm(0, 0, N, C, Vl, 1.0f, lib.s.logits, Vl, 0, p->wte, C, 0, 0.0f, lib.s.full, C, 0, 1,
             RT_F32, RT_F32);
     const float *dh = reduce_seq(lib.s.full);
     rt_memset0(dx, (size_t)d->n_sp * C * sizeof(float));
     layernorm_bwd(dx, g->ln_f_w, g->ln_f_b, dh, x, p->ln_f_w, a->lnf_mean, a->lnf_rstd,
-                  d->n_sp, C);
+                  d->n_sp, C, RT_F32);
 }
 
 /* -- What the generated chunks call ----------------------------------------------------------- */

@@ -68,7 +68,7 @@ static void etp_reduce(const float *send, const int *rows, float *tmp, float *ou
     for (int m = 0; m < ETP; m++) each[m] = mine;
     layout(rc, rd, each, ETP, w);
     rt_alltoallv(send, sc, sd, tmp, rc, rd, RT_F32, gpt.grp[GPT_GRP_ETP]);
-    sum_blocks(out, tmp, ETP, (size_t)mine * w);
+    sum_blocks(out, tmp, ETP, (size_t)mine * w, RT_F32);
 }
 
 /* -- Forward ---------------------------------------------------------------------------------- */
@@ -118,7 +118,7 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
     ** with respect to score[n, e] is AUX_SCALE * total[e], times 1/NMB (the objective's share) */
     float g[E], colsum[E];
     rt_memset0(MS.colsum, (size_t)E * sizeof(float));
-    bias_bwd(MS.colsum, a->scores, NSP, E);
+    bias_bwd(MS.colsum, a->scores, NSP, E, RT_F32);
     rt_memcpy(colsum, MS.colsum, sizeof colsum, RT_D2H);
     double layer_aux = 0.0;
     for (int e = 0; e < E; e++) {
@@ -154,8 +154,8 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
     rt_memcpy(a->pos, a->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
     rt_memcpy(a->send_tok, send_tok, (size_t)nsend * sizeof(int), RT_H2D);
     rt_memcpy(MS.pidx, send_pidx, (size_t)nsend * sizeof(int), RT_H2D);
-    gather_rows(MS.xs, x, a->send_tok, nsend, C);
-    gather_rows(MS.ps, a->prob, MS.pidx, nsend, 1);
+    gather_rows(MS.xs, x, a->send_tok, nsend, C, RT_F32);
+    gather_rows(MS.ps, a->prob, MS.pidx, nsend, 1, RT_F32);
     free(send_tok);
     free(send_pidx);
     for (int q = 0; q < EP; q++) {
@@ -237,8 +237,8 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
     rt_memcpy(a->unorder, unorder, (size_t)nrows * sizeof(int), RT_H2D);
     free(order);
     free(unorder);
-    gather_rows(a->xe, xg, a->order, nrows, C);
-    gather_rows(a->pe, pg, a->order, nrows, 1);
+    gather_rows(a->xe, xg, a->order, nrows, C, RT_F32);
+    gather_rows(a->pe, pg, a->order, nrows, 1, RT_F32);
 
     /* the experts: y = (prob * gelu(x . c_fc + b_fc)) . c_proj + prob * b_proj */
     for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
@@ -248,18 +248,18 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
         float *act = MS.act + (size_t)off * EFF, *y = MS.ye + (size_t)off * C;
         rt_gemm(0, 0, r, EFF, C, 1.0f, a->xe + (size_t)off * C, C, 0, p->fc_w[l], EFF, 0, 0.0f,
                 fc, EFF, 0, 1, RT_F32, RT_F32);
-        if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF);
-        gelu_fwd(h, fc, (size_t)r * EFF);
+        if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF, RT_F32);
+        gelu_fwd(h, fc, (size_t)r * EFF, RT_F32);
         rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
-        row_scale(act, a->pe + off, r, EFF);
+        row_scale(act, a->pe + off, r, EFF, RT_F32);
         rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], C, 0, 0.0f, y, C, 0, 1,
                 RT_F32, RT_F32);
-        if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C);
+        if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C, RT_F32);
     }
 
     /* back: member-major rows, the sum over expt-tp, the way they came over ep, then the sum
     ** of each token's expert outputs */
-    gather_rows(MS.yg, MS.ye, a->unorder, nrows, C);
+    gather_rows(MS.yg, MS.ye, a->unorder, nrows, C, RT_F32);
     const float *yr = MS.yg;
     if (d->etp > 1) {
         /* >>> reduce-scatter over expt-tp: each member's rows get every member's partials */
@@ -269,9 +269,9 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
     if (d->ep > 1) {
         /* >>> all-to-all over ep: the outputs back to the tokens' ranks */
         ep_exchange(yr, a->recvrows, MS.ys, a->sendrows, C);
-        combine_rows(out, MS.ys, a->pos, NSP, K, C);
+        combine_rows(out, MS.ys, a->pos, NSP, K, C, RT_F32);
     } else {
-        combine_rows(out, yr, a->pos, NSP, K, C);
+        combine_rows(out, yr, a->pos, NSP, K, C, RT_F32);
     }
 }
 
@@ -291,7 +291,7 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
     for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
 
     /* every kept assignment's output gradient is its token's, sent the way the token went */
-    gather_rows(MS.ys, dout, a->send_tok, nsend, C);
+    gather_rows(MS.ys, dout, a->send_tok, nsend, C, RT_F32);
     const float *dyr = MS.ys;
     if (d->ep > 1) {
         /* >>> all-to-all over ep */
@@ -304,7 +304,7 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
         etp_gather(dyr, nrecv, MS.yg, a->memrows, C);
         dyg = MS.yg;
     }
-    gather_rows(MS.ye, dyg, a->order, nrows, C);
+    gather_rows(MS.ye, dyg, a->order, nrows, C, RT_F32);
 
     for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
         int r = a->erows[l];
@@ -316,20 +316,20 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
         float *dxe = MS.xg + (size_t)off * C;
         /* y = act . c_proj (+ prob * b_proj), act = prob * h */
         rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
-        row_scale(act, pe, r, EFF);
+        row_scale(act, pe, r, EFF, RT_F32);
         rt_gemm(1, 0, EFF, C, r, 1.0f, act, EFF, 0, dy, C, 0, 1.0f, g->proj_w[l], C, 0, 1,
                 RT_F32, RT_F32);
         rt_gemm(0, 1, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], C, 0, 0.0f, act, EFF, 0, 1,
                 RT_F32, RT_F32);                                                  /* act := d(act) */
-        row_dot(dpe, act, h, r, EFF);                                     /* d(prob), partial */
+        row_dot(dpe, act, h, r, EFF, RT_F32);                         /* d(prob), partial */
         if (d->bias) {
-            scaled_bias_bwd(g->proj_b[l], pe, dy, r, C);
+            scaled_bias_bwd(g->proj_b[l], pe, dy, r, C, RT_F32);
             rt_gemm(0, 0, r, 1, C, 1.0f, dy, C, 0, p->proj_b[l], 1, 0, 1.0f, dpe, 1, 0, 1,
                     RT_F32, RT_F32);                                              /* + dy . b_proj */
         }
-        row_scale(act, pe, r, EFF);                                       /* d(h) */
-        gelu_bwd(act, fc, act, (size_t)r * EFF);                          /* d(fc) */
-        if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF);
+        row_scale(act, pe, r, EFF, RT_F32);                                       /* d(h) */
+        gelu_bwd(act, fc, act, (size_t)r * EFF, RT_F32);                          /* d(fc) */
+        if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF, RT_F32);
         rt_gemm(1, 0, C, EFF, r, 1.0f, xe, C, 0, act, EFF, 0, 1.0f, g->fc_w[l], EFF, 0, 1,
                 RT_F32, RT_F32);
         rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->fc_w[l], EFF, 0, 0.0f, dxe, C, 0, 1,
@@ -337,8 +337,8 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
     }
 
     /* back to member-major order, summed over expt-tp, over ep to the tokens' ranks */
-    gather_rows(MS.yg, MS.xg, a->unorder, nrows, C);
-    gather_rows(MS.dpg, MS.dpe, a->unorder, nrows, 1);
+    gather_rows(MS.yg, MS.xg, a->unorder, nrows, C, RT_F32);
+    gather_rows(MS.dpg, MS.dpe, a->unorder, nrows, 1, RT_F32);
     const float *dxr = MS.yg, *dpr = MS.dpg;
     if (d->etp > 1) {
         /* >>> reduce-scatter over expt-tp: d(x) and d(prob) partials of every member's rows */
@@ -355,12 +355,12 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
         dxs = MS.ys;
         dps = MS.dps;
     }
-    combine_rows(dx, dxs, a->pos, NSP, K, C);
-    gather_rows(MS.dprob, dps, a->pos, NSP * K, 1);                      /* dropped: 0 */
+    combine_rows(dx, dxs, a->pos, NSP, K, C, RT_F32);
+    gather_rows(MS.dprob, dps, a->pos, NSP * K, 1, RT_F32);              /* dropped: 0 */
 
     /* router: through the top-k softmax and the aux loss, then logits = x . router_w^T */
     moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->sel, a->auxg, NSP, E, K,
-                  d->pre_softmax);
+                  d->pre_softmax, RT_F32);
     rt_gemm(1, 0, E, C, NSP, 1.0f, MS.dlogits, E, 0, x, C, 0, 1.0f, g->router_w, C, 0, 1,
             RT_F32, RT_F32);
     rt_gemm(0, 0, NSP, C, E, 1.0f, MS.dlogits, E, 0, p->router_w, C, 0, 1.0f, dx, C, 0, 1,

@@ -63,7 +63,7 @@ void lib_layer_acts_alloc(gpt_layer_acts *a)
     a->ln1_rstd = mem(GPT_M_L_LN1_RSTD, NULL);
     a->ln1_full = mem(GPT_M_L_LN1_FULL, a->ln1);
     a->qkv = mem(GPT_M_L_QKV, NULL);
-    a->att = mem(GPT_M_L_ATT, NULL);
+    a->lse = mem(GPT_M_L_LSE, NULL);
     a->atty = mem(GPT_M_L_ATTY, NULL);
     a->res1 = mem(GPT_M_L_RES1, NULL);
     a->ln2 = mem(GPT_M_L_LN2, NULL);
@@ -103,7 +103,7 @@ static void scratch_alloc(void)
     s->full_sp = mem(GPT_M_S_FULL_SP, s->full);
     s->dqkv = mem(GPT_M_S_DQKV, NULL);
     s->datty = mem(GPT_M_S_DATTY, NULL);
-    s->datt = mem(GPT_M_S_DATT, NULL);
+    s->dsum = mem(GPT_M_S_DSUM, NULL);
     s->dfc = mem(GPT_M_S_DFC, NULL);
     s->logits = mem(GPT_M_S_LOGITS, NULL);
     s->ce = mem(GPT_M_S_CE, NULL);
@@ -491,12 +491,12 @@ void gpt_adamw(const gpt_step_in *in, double norm)
                 if (shard_part(p, k, &lo, &hi, &at))
                     adamw_step(lib.pbuf[bi] + lo, lib.gbuf[bi] + lo, lib.mbuf[bi] + at,
                                lib.vbuf[bi] + at, hi - lo, in->lr, in->beta1, in->beta2,
-                               in->eps, wd, bc1, bc2, c);
+                               in->eps, wd, bc1, bc2, c, NULL, RT_F32);
             }
         } else {
             adamw_step(lib.pbuf[bi] + p->offset, lib.gbuf[bi] + p->offset,
                        lib.mbuf[bi] + p->offset, lib.vbuf[bi] + p->offset, p->n, in->lr,
-                       in->beta1, in->beta2, in->eps, wd, bc1, bc2, c);
+                       in->beta1, in->beta2, in->eps, wd, bc1, bc2, c, NULL, RT_F32);
         }
     }
 }

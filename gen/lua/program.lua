@@ -556,7 +556,7 @@ end
 local MEMS = {
     { "L_LN1", "(N_SP, C) ln_1 output" }, { "L_LN1_MEAN", "(N_SP)" }, { "L_LN1_RSTD", "(N_SP)" },
     { "L_LN1_FULL", "(N, C) ln_1 output, whole sequence" }, { "L_QKV", "(N, QKV_LOCAL)" },
-    { "L_ATT", "(B, HEADS_LOCAL, T, T) attention probabilities" },
+    { "L_LSE", "(B, HEADS_LOCAL, T) attention log-sum-exp" },
     { "L_ATTY", "(N, C_LOCAL) attention output" }, { "L_RES1", "(N_SP, C) x + attention" },
     { "L_LN2", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "(N_SP)" }, { "L_LN2_RSTD", "(N_SP)" },
     { "L_LN2_FULL", "(N, C) ln_2 output, whole sequence" },
@@ -574,7 +574,7 @@ local MEMS = {
     { "H_LNF", "(N_SP, C) ln_f output" }, { "H_LNF_MEAN", "(N_SP)" }, { "H_LNF_RSTD", "(N_SP)" },
     { "S_FULL", "(N, C) partial sums / gathered rows" },
     { "S_FULL_SP", "(N_SP, C) reduce-scatter output" }, { "S_DQKV", "(N, QKV_LOCAL)" },
-    { "S_DATTY", "(N, C_LOCAL)" }, { "S_DATT", "(B, HEADS_LOCAL, T, T)" },
+    { "S_DATTY", "(N, C_LOCAL)" }, { "S_DSUM", "(B, HEADS_LOCAL, T)" },
     { "S_DFC", "(N, FF_LOCAL)" }, { "S_LOGITS", "(N, V_LOCAL)" },
     { "S_CE", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "(N) int" },
     { "MS_LOGITS", "(N_SP, EXPERTS)" }, { "MS_XS", "(SEND_MAX, C)" }, { "MS_PS", "(SEND_MAX)" },
@@ -597,11 +597,11 @@ M.MEMS = MEMS
 local function memory_plan(cfg, s, chunks, head, nparams, sp_total, param_bytes)
     local moe = cfg.model.moe ~= nil
     local embedding = chunks[1].embedding
-    local att = s.B * s.heads_local * s.T * s.T
+    local lse = s.B * s.heads_local * s.T
     local function m1(x) return math.max(x, 1) end     -- moe.c allocates at least one
     local size = {
         L_LN1 = s.n_sp * s.C, L_LN1_MEAN = s.n_sp, L_LN1_RSTD = s.n_sp,
-        L_LN1_FULL = cfg.sp and s.N * s.C or "L_LN1", L_QKV = s.N * s.qkv_local, L_ATT = att,
+        L_LN1_FULL = cfg.sp and s.N * s.C or "L_LN1", L_QKV = s.N * s.qkv_local, L_LSE = lse,
         L_ATTY = s.N * s.c_local, L_RES1 = s.n_sp * s.C, L_LN2 = s.n_sp * s.C,
         L_LN2_MEAN = s.n_sp, L_LN2_RSTD = s.n_sp, L_LN2_FULL = cfg.sp and s.N * s.C or "L_LN2",
         L_FC = not moe and s.N * s.ff_local, L_GELU = not moe and s.N * s.ff_local,
@@ -609,7 +609,7 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, param_bytes)
         C_X = s.n_sp * s.C, C_DY = s.n_sp * s.C, C_TOKENS = embedding and s.N,
         H_LNF = head and s.n_sp * s.C, H_LNF_MEAN = head and s.n_sp, H_LNF_RSTD = head and s.n_sp,
         S_FULL = s.N * s.C, S_FULL_SP = cfg.sp and s.n_sp * s.C or "S_FULL",
-        S_DQKV = s.N * s.qkv_local, S_DATTY = s.N * s.c_local, S_DATT = att,
+        S_DQKV = s.N * s.qkv_local, S_DATTY = s.N * s.c_local, S_DSUM = lse,
         S_DFC = not moe and s.N * s.ff_local, S_LOGITS = head and s.N * s.v_local,
         S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,

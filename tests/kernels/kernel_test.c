@@ -1,24 +1,39 @@
 /*
 ** kernel_test.c: every kernel of the library (lib/kernels.h) against the double-precision
-** reference's single ops (build/ref/libref.a) on random inputs, at sizes that are multiples of
-** nothing, forward and backward. One source, two programs: linked with kernels_cpu.c +
+** reference's single ops (build/ref/libref.a; where the reference has no such op -- the
+** mixture of experts' row movements and routing, the attention log-sum-exp -- the formula in
+** double here) on random inputs, at sizes that are multiples of nothing, forward and backward,
+** in both storage dtypes (f32, then bf16). One source, two programs: linked with kernels_cpu.c +
 ** librt_cpu.a or with kernels_cuda.cu + librt_cuda.a (data moves with rt_memcpy, as in the
 ** library). Run by tests/kernels/suite.sh; not a benchmark.
 **
-**   kernel_test PREFIX [--dump FILE.safetensors] [-v]
+**   kernel_test PREFIX [--dump FILE.safetensors] [--dump-bf16 FILE.safetensors] [-v]
 **
-** Prints "PASS PREFIX/<op>" or "FAIL PREFIX/<op>: why" per op, the first mismatches and the
-** max errors of a failing check, and with -v the max errors of every check. --dump writes
-** every kernel output (F32) so that runs can be compared: thread counts, CPU against CUDA.
+** Prints "PASS PREFIX/<op>-<dtype>" or "FAIL PREFIX/<op>-<dtype>: why" per op, the first
+** mismatches and the max errors of a failing check, and with -v the max errors of every check.
+** --dump writes every output of the f32 pass (F32), --dump-bf16 those of the bf16 pass (the
+** bf16 values widened), so that runs can be compared: thread counts, CPU against CUDA.
+**
+** bf16 inputs are random f32 values rounded to bf16 first (here, by an independent rounding:
+** the nearer of the two neighbours, computed in double, ties to even); the reference gets those
+** values, widened exactly, so a bf16 kernel differs from the reference by its f32 arithmetic and
+** by the rounding of its outputs alone.
 **
 ** Tolerances (|got - ref| <= atol + rtol*|ref|, stated per check below):
-**   exact    copies, one add, one multiply: the kernel does one f32 operation per element, so
-**            the result must equal that operation done here in f32, bit for bit.
-**   F32_RTOL 1e-5 with atol = 1e-5 * max|ref| of the tensor: the inputs are f32 values, which
-**            the reference widens exactly, so every difference is f32 rounding inside the
-**            kernel. Its outputs are sums of at most ~300 products (u = 6e-8; typical error
-**            sqrt(K)*u*scale ~ 1e-6, observed <= 1.5e-6 of the scale), while any logic error
-**            (a wrong index, a missing term, the wrong mask) is O(1) of the scale.
+**   exact    copies, one add, one multiply: the kernel does one f32 operation per element (and
+**            in bf16 one rounding), so the result must equal that operation done here, bit for
+**            bit.
+**   F32_RTOL 1e-5 with atol = 1e-5 * max|ref| of the tensor: the inputs are f32 (or bf16)
+**            values, which the reference widens exactly, so every difference is f32 rounding
+**            inside the kernel. Its outputs are sums of at most ~1000 products (u = 6e-8;
+**            typical error sqrt(K)*u*scale ~ 2e-6), while any logic error (a wrong index, a
+**            missing term, the wrong mask) is O(1) of the scale.
+**   BF16_REL 2^-8 of the value, added for every output stored in bf16: rounding an f32 value v
+**            to the nearest bf16 (8 significant bits) moves it by at most half an ulp, 2^-9 of
+**            the power of two below |v|, so <= 2^-8 |v| (the f32 term above stays as it is;
+**            atol grows by the same factor). Statistics and f32 gradients keep F32_RTOL.
+**            The attention backward reads the bf16 output of the forward, whose rounding enters
+**            dsum = rowsum(dout * out): its own bound, at that check.
 **   1e-6     sumsq: accumulated in double, rounded once to f32 (one ulp is 6e-8).
 */
 #include <math.h>
@@ -28,11 +43,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"    // defines: the kernel prototypes (embed_fwd, ..., scale_inplace)
-#include "rt.h"         // defines: rt_malloc, rt_memcpy, rt_init, RT_CHECK
+#include "kernels.h"    // defines: the kernel prototypes (embed_fwd, ..., sum_blocks)
+#include "rt.h"         // defines: rt_malloc, rt_memcpy, rt_init, rt_dtype_size, RT_CHECK
 #include "gpt2_ref.h"   // defines: ref_embed_fwd, ref_layernorm_bwd, ..., ref_adamw_update
 
 #define F32_RTOL 1e-5
+#define BF16_REL 0x1p-8 /* one rounding to bf16, relative to the value */
 #define SHOW     5      /* mismatches printed per failing check */
 
 /* -- Results of the current op ------------------------------------------------------------- */
@@ -42,6 +58,9 @@ static int verbose;
 static int op_failed;           /* the current op has a failing check */
 static char op_why[200];        /* its first failure, for the FAIL line */
 static int any_failed;
+static rt_dtype dt;             /* the storage dtype of this pass: RT_F32, then RT_BF16 */
+
+static const char *dt_name(void) { return dt == RT_BF16 ? "bf16" : "f32"; }
 
 static void op_begin(void)
 {
@@ -49,10 +68,13 @@ static void op_begin(void)
     op_why[0] = 0;
 }
 
-static void op_end(const char *op)
+/* op: the name; typed: the op ran in this pass's storage dtype (its name gets "-f32"/"-bf16") */
+static void op_end(const char *op, int typed)
 {
-    if (op_failed) printf("FAIL %s/%s: %s\n", prefix, op, op_why);
-    else printf("PASS %s/%s\n", prefix, op);
+    char name[64];
+    snprintf(name, sizeof name, typed ? "%s-%s" : "%s", op, dt_name());
+    if (op_failed) printf("FAIL %s/%s: %s\n", prefix, name, op_why);
+    else printf("PASS %s/%s\n", prefix, name);
     fflush(stdout);
     any_failed |= op_failed;
 }
@@ -71,22 +93,24 @@ static void fail(const char *fmt, ...)
 
 /*
 ** Compare got[n] (f32) with want[n] (double): mismatches are |got - want| > atol + rtol*|want|
-** (atol = rtol * max|want| when atol < 0). NaN never matches. On failure prints the first
-** SHOW mismatches and the max errors; -v prints the max errors always.
+** + extra[i] (atol = rtol * max|want| when atol < 0; extra may be NULL). NaN never matches. On
+** failure prints the first SHOW mismatches and the max errors; -v prints the max errors always.
 */
-static void check(const char *what, const float *got, const double *want, size_t n, double atol,
-                  double rtol)
+static void check_bound(const char *what, const float *got, const double *want, size_t n,
+                        double atol, double rtol, const double *extra)
 {
-    double scale = 0, max_abs = 0, max_rel = 0;
+    double scale = 0, max_abs = 0, max_rel = 0, max_used = 0;
     for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
     if (atol < 0) atol = rtol * scale;
     long long bad = 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)got[i] - want[i]);
         double r = want[i] != 0 ? d / fabs(want[i]) : d;
+        double tol = atol + rtol * fabs(want[i]) + (extra ? extra[i] : 0.0);
         if (!(d <= max_abs)) max_abs = d;
         if (!(r <= max_rel)) max_rel = r;
-        if (!(d <= atol + rtol * fabs(want[i]))) {
+        if (tol > 0 && !(d / tol <= max_used)) max_used = d / tol;
+        if (!(d <= tol)) {
             if (bad < SHOW) {
                 if (bad == 0) printf("  %s: first mismatches (got vs reference)\n", what);
                 printf("    [%zu] %.9g vs %.9g  (abs %.3g)\n", i, got[i], want[i], d);
@@ -95,12 +119,33 @@ static void check(const char *what, const float *got, const double *want, size_t
         }
     }
     if (bad || verbose)
-        printf("  %s: n %zu, max abs %.3g (atol %.3g), max rel %.3g, scale %.3g%s\n", what, n,
-               max_abs, atol, max_rel, scale, bad ? "  MISMATCH" : "");
+        printf("  %s: n %zu, max abs %.3g (atol %.3g), max rel %.3g, scale %.3g, %.2f of the "
+               "tolerance%s\n", what, n, max_abs, atol, max_rel, scale, max_used,
+               bad ? "  MISMATCH" : "");
     if (bad) fail("%s: %lld of %zu values out of tolerance (max abs %.3g)", what, bad, n, max_abs);
 }
 
-/* Bit-for-bit equality with an f32 computation done here. */
+/* An f32 result (statistics, gradients) against the reference. */
+static void check(const char *what, const float *got, const double *want, size_t n, double atol,
+                  double rtol)
+{
+    check_bound(what, got, want, n, atol, rtol, NULL);
+}
+
+/* A result stored in this pass's dtype: in bf16 one rounding more (BF16_REL). */
+static void check_st(const char *what, const float *got, const double *want, size_t n,
+                     double atol, double rtol)
+{
+    if (dt == RT_BF16) {
+        double scale = 0;
+        for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+        atol = (atol < 0 ? rtol * scale : atol) * (1 + BF16_REL);
+        rtol += BF16_REL;
+    }
+    check_bound(what, got, want, n, atol, rtol, NULL);
+}
+
+/* Bit-for-bit equality with a computation done here. */
 static void check_exact(const char *what, const float *got, const float *want, size_t n)
 {
     long long bad = 0;
@@ -115,20 +160,31 @@ static void check_exact(const char *what, const float *got, const float *want, s
     if (bad) fail("%s: %lld of %zu values differ (exact)", what, bad, n);
 }
 
+static void check_finite(const char *what, const float *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(got[i])) {
+            printf("  %s: [%zu] is %g\n", what, i, got[i]);
+            fail("%s: a value is not finite", what);
+            return;
+        }
+}
+
 /* -- Outputs kept for --dump ----------------------------------------------------------------- */
 
 typedef struct { char name[160]; float *v; size_t n; } dumped;
-static dumped *dumps;
-static int ndumps, dumps_cap;
+typedef struct { dumped *d; int n, cap; } dump_list;
+static dump_list dumps[2];      /* [0]: f32 pass, [1]: bf16 pass */
 
 static void keep(const char *name, const float *v, size_t n)
 {
-    if (ndumps == dumps_cap) {
-        dumps_cap = dumps_cap ? 2 * dumps_cap : 64;
-        dumps = realloc(dumps, sizeof(dumped) * (size_t)dumps_cap);
-        if (!dumps) { fprintf(stderr, "kernel_test: out of memory\n"); exit(2); }
+    dump_list *l = &dumps[dt == RT_BF16];
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->d = realloc(l->d, sizeof(dumped) * (size_t)l->cap);
+        if (!l->d) { fprintf(stderr, "kernel_test: out of memory\n"); exit(2); }
     }
-    dumped *d = &dumps[ndumps++];
+    dumped *d = &l->d[l->n++];
     snprintf(d->name, sizeof d->name, "%s", name);
     d->v = malloc((n ? n : 1) * sizeof(float));
     if (!d->v) { fprintf(stderr, "kernel_test: out of memory\n"); exit(2); }
@@ -137,17 +193,17 @@ static void keep(const char *name, const float *v, size_t n)
 }
 
 /* A safetensors file of 1-D F32 tensors, in the order kept (header padded to 8 bytes). */
-static int write_dump(const char *path)
+static int write_dump(const dump_list *l, const char *path)
 {
-    size_t cap = 64 + (size_t)ndumps * 256, len = 0, off = 0;
+    size_t cap = 64 + (size_t)l->n * 256, len = 0, off = 0;
     char *h = malloc(cap);
     if (!h) return -1;
     len += (size_t)snprintf(h, cap, "{");
-    for (int i = 0; i < ndumps; i++) {
+    for (int i = 0; i < l->n; i++) {
         len += (size_t)snprintf(h + len, cap - len, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu],"
-                                "\"data_offsets\":[%zu,%zu]}", i ? "," : "", dumps[i].name,
-                                dumps[i].n, off, off + 4 * dumps[i].n);
-        off += 4 * dumps[i].n;
+                                "\"data_offsets\":[%zu,%zu]}", i ? "," : "", l->d[i].name,
+                                l->d[i].n, off, off + 4 * l->d[i].n);
+        off += 4 * l->d[i].n;
     }
     len += (size_t)snprintf(h + len, cap - len, "}");
     while (len % 8) h[len++] = ' ';
@@ -156,8 +212,8 @@ static int write_dump(const char *path)
     unsigned char l8[8];
     for (int i = 0; i < 8; i++) l8[i] = (unsigned char)((uint64_t)len >> (8 * i));
     int ok = fwrite(l8, 8, 1, f) == 1 && fwrite(h, 1, len, f) == len;
-    for (int i = 0; i < ndumps && ok; i++)            /* little-endian hosts only (x86, arm) */
-        ok = fwrite(dumps[i].v, sizeof(float), dumps[i].n, f) == dumps[i].n;
+    for (int i = 0; i < l->n && ok; i++)            /* little-endian hosts only (x86, arm) */
+        ok = fwrite(l->d[i].v, sizeof(float), l->d[i].n, f) == l->d[i].n;
     ok = fclose(f) == 0 && ok;
     free(h);
     return ok ? 0 : -1;
@@ -187,10 +243,57 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
+/* x rounded to bf16, chosen independently of the kernels' bit arithmetic: the nearer of the two
+** bf16 neighbours (truncation toward zero and the next one out), compared in double; a tie
+** goes to the even one; past the largest bf16, half an ulp rounds to infinity; NaN stays. */
+static float bf16_round(float x)
+{
+    if (isnan(x)) return x;
+    uint32_t u, uhi;
+    memcpy(&u, &x, 4);
+    uint32_t ulo = u & 0xffff0000u;
+    uhi = ulo + 0x10000u;
+    float lo, hi;
+    memcpy(&lo, &ulo, 4);
+    memcpy(&hi, &uhi, 4);
+    if (ulo == u) return x;
+    double dhi = isinf(hi) ? copysign(ldexp(1.0, 128), x) : (double)hi;
+    double elo = fabs((double)x - (double)lo), ehi = fabs(dhi - (double)x);
+    if (elo < ehi) return lo;
+    if (ehi < elo) return hi;
+    return (ulo >> 16) & 1 ? hi : lo;
+}
+
+static uint16_t bf16_bits(float x)      /* x must be a bf16 value (or NaN) */
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_value(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* x as this pass stores it: itself (f32) or rounded to bf16 */
+static float st_round(float x) { return dt == RT_BF16 ? bf16_round(x) : x; }
+
 static float *frand(size_t n, float lo, float hi)
 {
     float *x = xmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) x[i] = uniform(lo, hi);
+    return x;
+}
+
+/* random values representable in this pass's dtype */
+static float *frand_st(size_t n, float lo, float hi)
+{
+    float *x = frand(n, lo, hi);
+    for (size_t i = 0; i < n; i++) x[i] = st_round(x[i]);
     return x;
 }
 
@@ -215,11 +318,42 @@ static void *dev_copy(const void *host, size_t bytes)
     return d;
 }
 
-static float *down(const float *dev, size_t n)   /* a new host copy of a device buffer */
+static float *down(const float *dev, size_t n)   /* a new host copy of a device f32 buffer */
 {
     float *h = xmalloc(n * sizeof(float));
     if (n) rt_memcpy(h, dev, n * sizeof(float), RT_D2H);
     return h;
+}
+
+/* A device buffer of this pass's dtype holding x (values already representable). */
+static void *dev_st(const float *x, size_t n)
+{
+    if (dt == RT_F32) return dev_copy(x, n * sizeof(float));
+    uint16_t *h = xmalloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(bf16_round(x[i]));
+    void *d = dev_copy(h, n * sizeof(uint16_t));
+    free(h);
+    return d;
+}
+
+static void *dev_st_nan(size_t n)
+{
+    float *nan = fconst(n, NAN);
+    void *d = dev_st(nan, n);
+    free(nan);
+    return d;
+}
+
+/* A new host f32 copy of a device buffer of this pass's dtype (bf16 widened). */
+static float *down_st(const void *dev, size_t n)
+{
+    if (dt == RT_F32) return down(dev, n);
+    uint16_t *h = xmalloc(n * sizeof(uint16_t));
+    if (n) rt_memcpy(h, dev, n * sizeof(uint16_t), RT_D2H);
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = bf16_value(h[i]);
+    free(h);
+    return x;
 }
 
 /* Sequence-major (row t*B + b, ours) <-> batch-major (row b*T + t, the reference's). */
@@ -262,23 +396,21 @@ static void test_embed_case(int T, int B, int C, int V, int vstart, int vrows, i
     int N = T * B, Tw = t0 + T + 2;
     int *tok = xmalloc((size_t)N * sizeof(int));
     for (int n = 0; n < N; n++) tok[n] = (int)(rng_next() % (uint64_t)V);
-    float *wte = frand((size_t)V * C, -1, 1), *wpe = frand((size_t)Tw * C, -1, 1);
-    float *dout = frand((size_t)N * C, -1, 1);
+    float *wte = frand_st((size_t)V * C, -1, 1), *wpe = frand_st((size_t)Tw * C, -1, 1);
+    float *dout = frand_st((size_t)N * C, -1, 1);
     /* dwte gets V rows: those past vrows are a guard that must stay untouched */
     float *dwte0 = frand((size_t)V * C, -1, 1), *dwpe0 = frand((size_t)Tw * C, -1, 1);
 
     int *d_tok = dev_copy(tok, (size_t)N * sizeof(int));
-    float *d_wte = dev_copy(wte + (size_t)vstart * C, (size_t)vrows * C * sizeof(float));
-    float *d_wpe = dev_copy(wpe, (size_t)Tw * C * sizeof(float));
-    float *nan = fconst((size_t)N * C, NAN);
-    float *d_out = dev_copy(nan, (size_t)N * C * sizeof(float));
-    float *d_dout = dev_copy(dout, (size_t)N * C * sizeof(float));
+    void *d_wte = dev_st(wte + (size_t)vstart * C, (size_t)vrows * C);
+    void *d_wpe = dev_st(wpe, (size_t)Tw * C);
+    void *d_out = dev_st_nan((size_t)N * C), *d_dout = dev_st(dout, (size_t)N * C);
     float *d_dwte = dev_copy(dwte0, (size_t)V * C * sizeof(float));
     float *d_dwpe = dev_copy(dwpe0, (size_t)Tw * C * sizeof(float));
 
     /* embed_fwd overwrites with a copy (or zeros): exact */
-    embed_fwd(d_out, d_tok, d_wte, N, C, vstart, vrows);
-    float *got = down(d_out, (size_t)N * C), *want = xmalloc((size_t)N * C * sizeof(float));
+    embed_fwd(d_out, d_tok, d_wte, N, C, vstart, vrows, dt);
+    float *got = down_st(d_out, (size_t)N * C), *want = xmalloc((size_t)N * C * sizeof(float));
     for (int n = 0; n < N; n++) {
         int v = tok[n] - vstart, own = v >= 0 && v < vrows;
         for (int c = 0; c < C; c++) want[(size_t)n * C + c] = own ? wte[(size_t)tok[n] * C + c] : 0;
@@ -286,14 +418,14 @@ static void test_embed_case(int T, int B, int C, int V, int vstart, int vrows, i
     check_exact(label("embed_fwd", "out", size), got, want, (size_t)N * C);
     keep(label("embed_fwd", "out", size), got, (size_t)N * C);
 
-    /* pos_fwd adds wpe[t0 + t]: one f32 add, exact */
-    pos_fwd(d_out, d_wpe, T, B, C, t0);
-    float *got2 = down(d_out, (size_t)N * C);
+    /* pos_fwd adds wpe[t0 + t]: one f32 add (and one rounding), exact */
+    pos_fwd(d_out, d_wpe, T, B, C, t0, dt);
+    float *got2 = down_st(d_out, (size_t)N * C);
     for (int t = 0; t < T; t++)
         for (int b = 0; b < B; b++)
             for (int c = 0; c < C; c++) {
                 size_t i = ((size_t)t * B + b) * C + c;
-                want[i] = want[i] + wpe[(size_t)(t0 + t) * C + c];
+                want[i] = st_round(want[i] + wpe[(size_t)(t0 + t) * C + c]);
             }
     check_exact(label("pos_fwd", "out", size), got2, want, (size_t)N * C);
     keep(label("pos_fwd", "out", size), got2, (size_t)N * C);
@@ -308,13 +440,13 @@ static void test_embed_case(int T, int B, int C, int V, int vstart, int vrows, i
         double *rout = xmalloc((size_t)N * C * sizeof(double));
         ref_embed_fwd(rout, tok_bm, rwte, rwpe, B, T, C);
         double *rs = to_seq_major(rout, T, B, C);
-        check(label("embed+pos", "ref", size), got2, rs, (size_t)N * C, 0, 1e-7);
+        check_st(label("embed+pos", "ref", size), got2, rs, (size_t)N * C, 0, 1e-7);
         free(tok_bm); free(rwte); free(rwpe); free(rout); free(rs);
     }
 
     /* backward: dwte rows of owned tokens += dout rows (token order), dwpe[t0 + t] += sum_b */
-    embed_bwd(d_dwte, d_dout, d_tok, N, C, vstart, vrows);
-    pos_bwd(d_dwpe, d_dout, T, B, C, t0);
+    embed_bwd(d_dwte, d_dout, d_tok, N, C, vstart, vrows, dt);
+    pos_bwd(d_dwpe, d_dout, T, B, C, t0, dt);
     float *gdwte = down(d_dwte, (size_t)V * C), *gdwpe = down(d_dwpe, (size_t)Tw * C);
     double *rdwte = xmalloc((size_t)V * C * sizeof(double));
     double *rdwpe = xmalloc((size_t)T * C * sizeof(double));
@@ -347,7 +479,7 @@ static void test_embed_case(int T, int B, int C, int V, int vstart, int vrows, i
             }
     check_exact(label("pos_bwd", "untouched", size), rest, rest_want, nrest);
 
-    free(tok); free(wte); free(wpe); free(dout); free(dwte0); free(dwpe0); free(nan);
+    free(tok); free(wte); free(wpe); free(dout); free(dwte0); free(dwpe0);
     free(got); free(got2); free(want); free(gdwte); free(gdwpe); free(rdwte); free(rdwpe);
     free(tok_bm); free(rdout); free(rdout_bm); free(rest); free(rest_want);
     rt_free(d_tok); rt_free(d_wte); rt_free(d_wpe); rt_free(d_out); rt_free(d_dout);
@@ -361,48 +493,56 @@ static void test_embed(void)
     test_embed_case(7, 3, 37, 11, 4, 5, 3);        /* vocab-parallel rank, offset positions */
     test_embed_case(20, 15, 150, 50, 0, 50, 0);    /* > one block of columns / threads */
     test_embed_case(20, 15, 150, 50, 13, 29, 5);
-    op_end("embed_pos");
+    op_end("embed_pos", 1);
 }
 
 /* -- LayerNorm ------------------------------------------------------------------------------- */
 
-static void test_layernorm_case(int N, int C)
+/* nconst: the first rows are constant (variance 0: rstd = 1/sqrt(eps), out = b). Their values
+** are dyadic so that the f32 mean is exact, as in the reference: x - mean is then 0, not a
+** rounding error times 316. */
+static void test_layernorm_case(int N, int C, int nconst)
 {
     char size[32];
     snprintf(size, sizeof size, "N%dC%d", N, C);
     size_t nc = (size_t)N * C;
-    float *x = frand(nc, -1, 1), *w = frand((size_t)C, 0.5f, 1.5f), *b = frand((size_t)C, -1, 1);
-    for (size_t i = 0; i < nc; i++) x[i] += 3.0f;           /* a mean far from 0 */
-    float *dout = frand(nc, -1, 1), *dx0 = frand(nc, -1, 1);
+    float *x = frand(nc, -1, 1), *w = frand_st((size_t)C, 0.5f, 1.5f);
+    float *b = frand_st((size_t)C, -1, 1);
+    for (size_t i = 0; i < nc; i++) x[i] = st_round(x[i] + 3.0f);   /* a mean far from 0 */
+    const float consts[3] = { 1.25f, -3.0f, 0.0f };
+    for (int n = 0; n < nconst && n < N; n++)
+        for (int c = 0; c < C; c++) x[(size_t)n * C + c] = consts[n % 3];
+    float *dout = frand_st(nc, -1, 1), *dx0 = frand_st(nc, -1, 1);
     float *dw0 = frand((size_t)C, -1, 1), *db0 = frand((size_t)C, -1, 1);
     float *nan = fconst(nc, NAN);
-    float *d_x = dev_copy(x, nc * 4), *d_w = dev_copy(w, (size_t)C * 4);
-    float *d_b = dev_copy(b, (size_t)C * 4);
-    float *d_out = dev_copy(nan, nc * 4), *d_mean = dev_copy(nan, (size_t)N * 4);
-    float *d_rstd = dev_copy(nan, (size_t)N * 4), *d_dout = dev_copy(dout, nc * 4);
-    float *d_dx = dev_copy(dx0, nc * 4), *d_dw = dev_copy(dw0, (size_t)C * 4);
-    float *d_db = dev_copy(db0, (size_t)C * 4);
+    void *d_x = dev_st(x, nc), *d_w = dev_st(w, (size_t)C), *d_b = dev_st(b, (size_t)C);
+    void *d_out = dev_st_nan(nc);
+    float *d_mean = dev_copy(nan, (size_t)N * 4), *d_rstd = dev_copy(nan, (size_t)N * 4);
+    void *d_dout = dev_st(dout, nc), *d_dx = dev_st(dx0, nc);
+    float *d_dw = dev_copy(dw0, (size_t)C * 4), *d_db = dev_copy(db0, (size_t)C * 4);
 
-    layernorm_fwd(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 1e-5f);
-    float *out = down(d_out, nc), *mean = down(d_mean, (size_t)N), *rstd = down(d_rstd, (size_t)N);
+    layernorm_fwd(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 1e-5f, dt);
+    float *out = down_st(d_out, nc), *mean = down(d_mean, (size_t)N);
+    float *rstd = down(d_rstd, (size_t)N);
     double *rx = widen(x, nc), *rw = widen(w, (size_t)C), *rb = widen(b, (size_t)C);
     double *rout = xmalloc(nc * 8), *rmean = xmalloc((size_t)N * 8);
     double *rrstd = xmalloc((size_t)N * 8);
     ref_layernorm_fwd(rout, rmean, rrstd, rx, rw, rb, N, C, 1e-5);
-    check(label("layernorm_fwd", "out", size), out, rout, nc, -1, F32_RTOL);
+    check_st(label("layernorm_fwd", "out", size), out, rout, nc, -1, F32_RTOL);
     check(label("layernorm_fwd", "mean", size), mean, rmean, (size_t)N, -1, F32_RTOL);
     check(label("layernorm_fwd", "rstd", size), rstd, rrstd, (size_t)N, -1, F32_RTOL);
+    check_finite(label("layernorm_fwd", "out", size), out, nc);
     keep(label("layernorm_fwd", "out", size), out, nc);
     keep(label("layernorm_fwd", "mean", size), mean, (size_t)N);
     keep(label("layernorm_fwd", "rstd", size), rstd, (size_t)N);
 
     /* backward from the kernel's own mean/rstd; every gradient accumulates */
-    layernorm_bwd(d_dx, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-    float *dx = down(d_dx, nc), *dw = down(d_dw, (size_t)C), *db = down(d_db, (size_t)C);
+    layernorm_bwd(d_dx, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C, dt);
+    float *dx = down_st(d_dx, nc), *dw = down(d_dw, (size_t)C), *db = down(d_db, (size_t)C);
     double *rdx = widen(dx0, nc), *rdw = widen(dw0, (size_t)C), *rdb = widen(db0, (size_t)C);
     double *rdout = widen(dout, nc);
     ref_layernorm_bwd(rdx, rdw, rdb, rdout, rx, rw, rmean, rrstd, N, C);
-    check(label("layernorm_bwd", "dinp", size), dx, rdx, nc, -1, F32_RTOL);
+    check_st(label("layernorm_bwd", "dinp", size), dx, rdx, nc, -1, F32_RTOL);
     check(label("layernorm_bwd", "dw", size), dw, rdw, (size_t)C, -1, F32_RTOL);
     check(label("layernorm_bwd", "db", size), db, rdb, (size_t)C, -1, F32_RTOL);
     keep(label("layernorm_bwd", "dinp", size), dx, nc);
@@ -419,47 +559,55 @@ static void test_layernorm_case(int N, int C)
 static void test_layernorm(void)
 {
     op_begin();
-    test_layernorm_case(23, 37);
-    test_layernorm_case(1, 5);
-    test_layernorm_case(301, 150);
-    op_end("layernorm");
+    test_layernorm_case(23, 37, 0);
+    test_layernorm_case(1, 5, 0);
+    test_layernorm_case(301, 150, 0);
+    test_layernorm_case(7, 37, 3);                  /* constant rows */
+    op_end("layernorm", 1);
 }
 
-/* -- GELU, bias, add, scale ------------------------------------------------------------------ */
+/* -- GELU, bias, add, scale, conversions ------------------------------------------------------ */
 
-static void test_gelu_case(size_t n)
+/* n inputs in [lo, hi], the first ones the edges and a few exact points */
+static void test_gelu_case(size_t n, float lo, float hi)
 {
-    char size[32];
-    snprintf(size, sizeof size, "n%zu", n);
-    float *x = frand(n, -6, 6), *dout = frand(n, -1, 1), *nan = fconst(n, NAN);
-    float *d_x = dev_copy(x, n * 4), *d_out = dev_copy(nan, n * 4), *d_dout = dev_copy(dout, n * 4);
-    float *d_dx = dev_copy(nan, n * 4);
-    gelu_fwd(d_out, d_x, n);
-    gelu_bwd(d_dx, d_x, d_dout, n);                 /* overwrites */
-    float *out = down(d_out, n), *dx = down(d_dx, n);
+    char size[48];
+    snprintf(size, sizeof size, "n%zu_%g_%g", n, lo, hi);
+    float *x = frand_st(n, lo, hi), *dout = frand_st(n, -1, 1);
+    const float edges[] = { lo, hi, 0.0f, -10.0f, -11.0f, -8.5f, 10.0f };
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0] && i < n; i++)
+        if (edges[i] >= lo && edges[i] <= hi) x[i] = st_round(edges[i]);
+    void *d_x = dev_st(x, n), *d_out = dev_st_nan(n), *d_dout = dev_st(dout, n);
+    void *d_dx = dev_st_nan(n);
+    gelu_fwd(d_out, d_x, n, dt);
+    gelu_bwd(d_dx, d_x, d_dout, n, dt);             /* overwrites */
+    float *out = down_st(d_out, n), *dx = down_st(d_dx, n);
     double *rx = widen(x, n), *rdout = widen(dout, n);
     double *rout = xmalloc(n * 8), *rdx = xmalloc(n * 8);
     ref_gelu_fwd(rout, rx, n);
     ref_gelu_bwd(rdx, rdout, rx, n);                /* adds into zeros */
-    check(label("gelu_fwd", "out", size), out, rout, n, -1, F32_RTOL);
-    check(label("gelu_bwd", "dinp", size), dx, rdx, n, -1, F32_RTOL);
+    check_st(label("gelu_fwd", "out", size), out, rout, n, -1, F32_RTOL);
+    check_st(label("gelu_bwd", "dinp", size), dx, rdx, n, -1, F32_RTOL);
+    check_finite(label("gelu_fwd", "out", size), out, n);
+    check_finite(label("gelu_bwd", "dinp", size), dx, n);
     keep(label("gelu_fwd", "out", size), out, n);
     keep(label("gelu_bwd", "dinp", size), dx, n);
     /* in place, as the model calls it: gelu_bwd(d, inp, d) */
-    gelu_bwd(d_dout, d_x, d_dout, n);
-    float *dx2 = down(d_dout, n);
+    gelu_bwd(d_dout, d_x, d_dout, n, dt);
+    float *dx2 = down_st(d_dout, n);
     check_exact(label("gelu_bwd", "in-place", size), dx2, dx, n);
-    free(x); free(dout); free(nan); free(out); free(dx); free(rx); free(rdout); free(rout);
-    free(rdx); free(dx2);
+    free(x); free(dout); free(out); free(dx); free(rx); free(rdout); free(rout); free(rdx);
+    free(dx2);
     rt_free(d_x); rt_free(d_out); rt_free(d_dout); rt_free(d_dx);
 }
 
 static void test_gelu(void)
 {
     op_begin();
-    test_gelu_case(37);
-    test_gelu_case(3 * 4096 + 37);                  /* several CPU blocks and CUDA blocks */
-    op_end("gelu");
+    test_gelu_case(37, -6, 6);
+    test_gelu_case(3 * 4096 + 37, -6, 6);           /* several CPU blocks and CUDA blocks */
+    test_gelu_case(4099, -30, 30);                  /* the tails: exp clamped, still finite */
+    op_end("gelu", 1);
 }
 
 static void test_bias_case(int N, int OC)
@@ -467,14 +615,14 @@ static void test_bias_case(int N, int OC)
     char size[32];
     snprintf(size, sizeof size, "N%dOC%d", N, OC);
     size_t n = (size_t)N * OC;
-    float *out0 = frand(n, -1, 1), *bias = frand((size_t)OC, -1, 1), *dout = frand(n, -1, 1);
-    float *db0 = frand((size_t)OC, -1, 1);
-    float *d_out = dev_copy(out0, n * 4), *d_bias = dev_copy(bias, (size_t)OC * 4);
-    float *d_dout = dev_copy(dout, n * 4), *d_db = dev_copy(db0, (size_t)OC * 4);
-    bias_fwd(d_out, d_bias, N, OC);
-    bias_bwd(d_db, d_dout, N, OC);
-    float *out = down(d_out, n), *db = down(d_db, (size_t)OC), *want = xmalloc(n * 4);
-    for (size_t i = 0; i < n; i++) want[i] = out0[i] + bias[i % (size_t)OC];
+    float *out0 = frand_st(n, -1, 1), *bias = frand_st((size_t)OC, -1, 1);
+    float *dout = frand_st(n, -1, 1), *db0 = frand((size_t)OC, -1, 1);
+    void *d_out = dev_st(out0, n), *d_bias = dev_st(bias, (size_t)OC), *d_dout = dev_st(dout, n);
+    float *d_db = dev_copy(db0, (size_t)OC * 4);
+    bias_fwd(d_out, d_bias, N, OC, dt);
+    bias_bwd(d_db, d_dout, N, OC, dt);
+    float *out = down_st(d_out, n), *db = down(d_db, (size_t)OC), *want = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) want[i] = st_round(out0[i] + bias[i % (size_t)OC]);
     check_exact(label("bias_fwd", "out", size), out, want, n);
     keep(label("bias_fwd", "out", size), out, n);
     /* the reference's linear backward with IN = 1 gives db = column sums of dout */
@@ -494,7 +642,7 @@ static void test_bias(void)
     op_begin();
     test_bias_case(23, 37);
     test_bias_case(301, 150);                       /* > one column block (64) and one CUDA block */
-    op_end("bias");
+    op_end("bias", 1);
 }
 
 static void test_add(void)
@@ -505,23 +653,23 @@ static void test_add(void)
         size_t n = sizes[k];
         char size[32];
         snprintf(size, sizeof size, "n%zu", n);
-        float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *nan = fconst(n, NAN);
+        float *a = frand_st(n, -1, 1), *b = frand_st(n, -1, 1);
         float *want = xmalloc(n * 4);
-        for (size_t i = 0; i < n; i++) want[i] = a[i] + b[i];
-        float *d_a = dev_copy(a, n * 4), *d_b = dev_copy(b, n * 4), *d_out = dev_copy(nan, n * 4);
-        add_fwd(d_out, d_a, d_b, n);
-        add_inplace(d_a, d_b, n);
-        float *out = down(d_out, n), *inpl = down(d_a, n);
+        for (size_t i = 0; i < n; i++) want[i] = st_round(a[i] + b[i]);
+        void *d_a = dev_st(a, n), *d_b = dev_st(b, n), *d_out = dev_st_nan(n);
+        add_fwd(d_out, d_a, d_b, n, dt);
+        add_inplace(d_a, d_b, n, dt);
+        float *out = down_st(d_out, n), *inpl = down_st(d_a, n);
         check_exact(label("add_fwd", "out", size), out, want, n);
         check_exact(label("add_inplace", "y", size), inpl, want, n);
         keep(label("add_fwd", "out", size), out, n);
-        free(a); free(b); free(nan); free(want); free(out); free(inpl);
+        free(a); free(b); free(want); free(out); free(inpl);
         rt_free(d_a); rt_free(d_b); rt_free(d_out);
     }
-    op_end("add");
+    op_end("add", 1);
 }
 
-static void test_scale(void)
+static void test_scale(void)                        /* f32 only */
 {
     op_begin();
     size_t sizes[2] = { 5, 2 * 16384 + 37 };
@@ -539,50 +687,180 @@ static void test_scale(void)
         free(x); free(want); free(got);
         rt_free(d_x);
     }
-    op_end("scale_inplace");
+    op_end("scale_inplace", 0);
+}
+
+/*
+** f32 -> bf16 against bf16_round (random values of every magnitude, ties both ways, the edges:
+** signed zeros, subnormals, the largest bf16 and the values that round past it, infinities,
+** NaN), bf16 -> f32 exactly, and the copies of dt == st. dtype-free: run once.
+*/
+static void test_convert(void)
+{
+    op_begin();
+    size_t n = 3 * 4096 + 77;
+    float *x = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)rng_next();
+        if (i % 3 == 0) u = (u & 0xffff0000u) | 0x8000u;         /* a tie */
+        memcpy(&x[i], &u, 4);
+        if (isnan(x[i]) && i % 2) x[i] = uniform(-1, 1);
+    }
+    const uint32_t edges[] = { 0x00000000u, 0x80000000u, 0x00000001u, 0x00008000u, 0x00018000u,
+                               0x007fffffu, 0x7f7f0000u, 0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu,
+                               0xff7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u,
+                               0x7f800001u, 0x3f808000u, 0x3f818000u };
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) memcpy(&x[i], &edges[i], 4);
+    float *want = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) want[i] = bf16_round(x[i]);
+    float *d_x = dev_copy(x, n * 4), *d_f = dev_copy(x, n * 4);
+    uint16_t *h = xmalloc(n * 2);
+    void *d_h = dev_copy(h, n * 2), *d_h2 = dev_copy(h, n * 2);
+    convert(d_h, RT_BF16, d_x, RT_F32, n);
+    rt_memcpy(h, d_h, n * 2, RT_D2H);
+    float *got = xmalloc(n * 4);
+    long long bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        got[i] = bf16_value(h[i]);
+        if (isnan(want[i]) != isnan(got[i]) || (!isnan(want[i]) && got[i] != want[i]) ||
+            (!isnan(want[i]) && signbit(got[i]) != signbit(want[i]))) {
+            if (bad++ < SHOW)
+                printf("  convert f32->bf16: [%zu] %a gives %a, not %a\n", i, x[i], got[i],
+                       want[i]);
+        }
+    }
+    if (bad) fail("convert f32->bf16: %lld of %zu values rounded wrongly", bad, n);
+    keep("convert.f32-bf16", got, n);
+    /* back: exact; then a bf16 copy and an f32 copy */
+    convert(d_f, RT_F32, d_h, RT_BF16, n);
+    convert(d_h2, RT_BF16, d_h, RT_BF16, n);
+    float *back = down(d_f, n);
+    check_exact("convert.bf16-f32", back, got, n);
+    uint16_t *h2 = xmalloc(n * 2);
+    rt_memcpy(h2, d_h2, n * 2, RT_D2H);
+    if (memcmp(h, h2, n * 2)) fail("convert bf16->bf16 is not a copy");
+    float *d_c = dev_copy(want, n * 4);
+    convert(d_c, RT_F32, d_x, RT_F32, n);
+    float *copy = down(d_c, n);
+    if (memcmp(copy, x, n * 4)) fail("convert f32->f32 is not a copy");
+    free(x); free(want); free(h); free(got); free(back); free(h2); free(copy);
+    rt_free(d_x); rt_free(d_f); rt_free(d_h); rt_free(d_h2); rt_free(d_c);
+    op_end("convert", 0);
 }
 
 /* -- Attention ------------------------------------------------------------------------------- */
 
+/*
+** Causal attention against ref_attention_fwd / ref_attention_bwd (batch-major rows, the
+** (B, H, T, T) probabilities), and the log-sum-exp of the scaled masked scores in double here.
+** Sizes cross the CPU's 64-row tiles and the CUDA 32-row tiles at non-multiples.
+*/
 static void test_attention_case(int B, int T, int H, int hd)
 {
     char size[48];
     snprintf(size, sizeof size, "B%dT%dH%dhd%d", B, T, H, hd);
     int C = H * hd, N = T * B;
-    size_t nq = (size_t)N * 3 * C, ny = (size_t)N * C, na = (size_t)B * H * T * T;
+    size_t nq = (size_t)N * 3 * C, ny = (size_t)N * C, nl = (size_t)B * H * T;
+    size_t na = nl * T;
     float scale = 1.0f / sqrtf((float)hd);
-    float *qkv = frand(nq, -1.5f, 1.5f), *dout = frand(ny, -1, 1);
-    float *nanq = fconst(nq, NAN);
-    float *nana = fconst(na, NAN);
-    float *d_qkv = dev_copy(qkv, nq * 4), *d_out = dev_copy(nanq, ny * 4);
-    float *d_att = dev_copy(nana, na * 4), *d_datt = dev_copy(nana, na * 4);
-    float *d_dout = dev_copy(dout, ny * 4), *d_dqkv = dev_copy(nanq, nq * 4);
+    float *qkv = frand_st(nq, -1.5f, 1.5f), *dout = frand_st(ny, -1, 1);
+    float *nan = fconst(nl, NAN);
+    void *d_qkv = dev_st(qkv, nq), *d_out = dev_st_nan(ny), *d_dout = dev_st(dout, ny);
+    void *d_dqkv = dev_st_nan(nq);
+    float *d_lse = dev_copy(nan, nl * 4), *d_dsum = dev_copy(nan, nl * 4);
 
-    attention_fwd(d_out, d_att, d_qkv, B, T, H, hd, scale);
-    float *out = down(d_out, ny), *att = down(d_att, na);
+    attention_fwd(d_out, d_lse, d_qkv, B, T, H, hd, scale, dt);
+    float *out = down_st(d_out, ny), *lse = down(d_lse, nl);
     double *rqkv = widen(qkv, nq), *rqkv_bm = to_batch_major(rqkv, T, B, 3 * C);
-    double *rout = xmalloc(ny * 8), *ratt = xmalloc(na * 8);
+    double *rout = xmalloc(ny * 8), *ratt = xmalloc(na * 8), *rlse = xmalloc(nl * 8);
     ref_attention_fwd(rout, ratt, rqkv_bm, B, T, C, H);
     double *rout_sm = to_seq_major(rout, T, B, C);
-    check(label("attention_fwd", "out", size), out, rout_sm, ny, -1, F32_RTOL);
-    check(label("attention_fwd", "att", size), att, ratt, na, -1, F32_RTOL);
+    /* lse[b, h, t] = log sum_{s <= t} exp(scale q_t . k_s), in double */
+    double dscale = 1.0 / sqrt((double)hd), *sc = xmalloc((size_t)T * 8);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = rqkv_bm + ((size_t)b * T + t) * 3 * C + (size_t)h * hd;
+                double m = -INFINITY, s = 0;
+                for (int u = 0; u <= t; u++) {
+                    const double *k = rqkv_bm + ((size_t)b * T + u) * 3 * C + C + (size_t)h * hd;
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++) dot += q[d] * k[d];
+                    sc[u] = dot * dscale;
+                    m = fmax(m, sc[u]);
+                }
+                for (int u = 0; u <= t; u++) s += exp(sc[u] - m);
+                rlse[((size_t)b * H + h) * T + t] = m + log(s);
+            }
+    check_st(label("attention_fwd", "out", size), out, rout_sm, ny, -1, F32_RTOL);
+    check(label("attention_fwd", "lse", size), lse, rlse, nl, -1, F32_RTOL);
     keep(label("attention_fwd", "out", size), out, ny);
-    keep(label("attention_fwd", "att", size), att, na);
+    keep(label("attention_fwd", "lse", size), lse, nl);
 
-    attention_bwd(d_dqkv, d_datt, d_dout, d_att, d_qkv, B, T, H, hd, scale);
-    float *dqkv = down(d_dqkv, nq);
+    attention_bwd(d_dqkv, d_dsum, d_dout, d_out, d_lse, d_qkv, B, T, H, hd, scale, dt);
+    float *dqkv = down_st(d_dqkv, nq), *dsum = down(d_dsum, nl);
     double *rdout = widen(dout, ny), *rdout_bm = to_batch_major(rdout, T, B, C);
-    double *rdqkv = xmalloc(nq * 8);
+    double *rdqkv = xmalloc(nq * 8), *rdsum = xmalloc(nl * 8);
     ref_attention_bwd(rdqkv, rdout_bm, rqkv_bm, ratt, B, T, C, H);
     double *rdqkv_sm = to_seq_major(rdqkv, T, B, 3 * C);
-    check(label("attention_bwd", "dqkv", size), dqkv, rdqkv_sm, nq, -1, F32_RTOL);
+    /* dsum: rowsum(dout * out) of the kernel's own (stored) out, in double */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                size_t r = ((size_t)t * B + b) * C + (size_t)h * hd;
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)dout[r + d] * out[r + d];
+                rdsum[((size_t)b * H + h) * T + t] = s;
+            }
+    check(label("attention_bwd", "dsum", size), dsum, rdsum, nl, -1, F32_RTOL);
+    /*
+    ** bf16: the backward's dsum_i = dout_i . out_i reads the stored out, each element within
+    ** 2^-8 of the exact one, so dsum is off by up to e_i = 2^-8 sum_d |dout_id out_id|. Through
+    ** ds_ij = p_ij (dp_ij - dsum_i) that moves dq_i by at most scale e_i sum_j p_ij |k_j| and
+    ** dk_j by at most scale sum_i p_ij e_i |q_i| (dv does not use dsum): per-element bounds,
+    ** computed here in double from the reference's p and out, added to the tolerance.
+    */
+    double *extra = NULL;
+    if (dt == RT_BF16) {
+        extra = xmalloc(nq * 8);
+        double *e = xmalloc((size_t)T * 8);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                for (int t = 0; t < T; t++) {
+                    size_t r = ((size_t)b * T + t) * C + (size_t)h * hd;
+                    e[t] = 0;
+                    for (int d = 0; d < hd; d++) e[t] += fabs(rdout_bm[r + d] * rout[r + d]);
+                    e[t] *= BF16_REL;
+                }
+                const double *p = ratt + ((size_t)b * H + h) * T * T;
+                for (int t = 0; t < T; t++)
+                    for (int u = 0; u <= t; u++) {
+                        double w = dscale * p[(size_t)t * T + u];
+                        size_t rt = ((size_t)t * B + b) * 3 * C + (size_t)h * hd;
+                        size_t ru = ((size_t)u * B + b) * 3 * C + (size_t)h * hd;
+                        for (int d = 0; d < hd; d++) {
+                            extra[rt + d] += w * e[t] * fabs(rqkv[ru + C + d]);     /* dq */
+                            extra[ru + C + d] += w * e[t] * fabs(rqkv[rt + d]);     /* dk */
+                        }
+                    }
+            }
+        free(e);
+    }
+    double atol = -1, rtol = F32_RTOL;
+    if (dt == RT_BF16) {
+        double s = 0;
+        for (size_t i = 0; i < nq; i++) s = fmax(s, fabs(rdqkv_sm[i]));
+        atol = F32_RTOL * s * (1 + BF16_REL);
+        rtol += BF16_REL;
+    }
+    check_bound(label("attention_bwd", "dqkv", size), dqkv, rdqkv_sm, nq, atol, rtol, extra);
     keep(label("attention_bwd", "dqkv", size), dqkv, nq);
 
-    free(qkv); free(dout); free(nanq); free(nana); free(out); free(att); free(rqkv); free(rqkv_bm);
-    free(rout); free(ratt); free(rout_sm); free(dqkv); free(rdout); free(rdout_bm); free(rdqkv);
-    free(rdqkv_sm);
-    rt_free(d_qkv); rt_free(d_out); rt_free(d_att); rt_free(d_datt); rt_free(d_dout);
-    rt_free(d_dqkv);
+    free(qkv); free(dout); free(nan); free(out); free(lse); free(rqkv); free(rqkv_bm);
+    free(rout); free(ratt); free(rlse); free(rout_sm); free(sc); free(dqkv); free(dsum);
+    free(rdout); free(rdout_bm); free(rdqkv); free(rdsum); free(rdqkv_sm); free(extra);
+    rt_free(d_qkv); rt_free(d_out); rt_free(d_dout); rt_free(d_dqkv); rt_free(d_lse);
+    rt_free(d_dsum);
 }
 
 static void test_attention(void)
@@ -590,9 +868,11 @@ static void test_attention(void)
     op_begin();
     test_attention_case(3, 7, 5, 3);
     test_attention_case(1, 1, 1, 1);
-    test_attention_case(2, 33, 3, 8);
-    test_attention_case(1, 70, 4, 5);           /* 280 softmax rows: > one CUDA block */
-    op_end("attention");
+    test_attention_case(2, 67, 3, 64);          /* two tiles, the second of 3 rows */
+    test_attention_case(2, 200, 2, 13);         /* 4 tiles; odd head size, padded */
+    test_attention_case(2, 130, 3, 67);         /* head size past one register block */
+    test_attention_case(1, 1024, 2, 64);        /* 16 x 16 tiles, 136 computed */
+    op_end("attention", 1);
 }
 
 /* -- Cross-entropy, vocabulary-parallel -------------------------------------------------------- */
@@ -602,29 +882,37 @@ static void test_attention(void)
 ** model does it (model.c head_fwd_bwd): ce_rowmax per rank, max over ranks, ce_sums per rank
 ** with the global max, sums over ranks, ce_loss, ce_bwd per rank. Padding columns hold
 ** garbage that must not matter; a rank may own no valid column; targets are spread over all
-** ranks (so most are outside any one rank's range).
+** ranks (so most are outside any one rank's range). Logits in [-amp, amp]; with 'peaked' every
+** third row is -amp everywhere but one column (0): a one-hot softmax.
 */
-static void test_ce_case(int N, int V, int TP, int Vl, float dloss)
+static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, int peaked)
 {
-    char size[48];
-    snprintf(size, sizeof size, "N%dV%dtp%dVl%d", N, V, TP, Vl);
+    char size[64];
+    snprintf(size, sizeof size, "N%dV%dtp%dVl%d_a%g%s", N, V, TP, Vl, amp, peaked ? "p" : "");
     int *tgt = xmalloc((size_t)N * sizeof(int));
     for (int n = 0; n < N; n++) tgt[n] = (int)(rng_next() % (uint64_t)V);
     tgt[0] = V - 1;                                 /* the last valid column */
-    float *logits = frand((size_t)N * V, -4, 4);
+    float *logits = frand_st((size_t)N * V, -amp, amp);
+    if (peaked)
+        for (int n = 0; n < N; n += 3) {
+            int hot = (int)(rng_next() % (uint64_t)V);
+            for (int v = 0; v < V; v++)
+                logits[(size_t)n * V + v] = v == hot ? 0.0f : st_round(-amp);
+        }
     int *d_tgt = dev_copy(tgt, (size_t)N * sizeof(int));
     float *gmx = fconst((size_t)N, -INFINITY), *gsums = fconst(2 * (size_t)N, 0);
-    float *d_logit[16], *d_ce[16];
+    void *d_logit[16];
+    float *d_ce[16];
     float *nan = fconst(4 * (size_t)N, NAN);
     for (int r = 0; r < TP; r++) {
         int vstart = r * Vl, valid = V - vstart < 0 ? 0 : V - vstart > Vl ? Vl : V - vstart;
-        float *part = frand((size_t)N * Vl, 50, 60);   /* padding: large, would dominate */
+        float *part = frand_st((size_t)N * Vl, 2 * amp + 50, 2 * amp + 60);  /* padding: max */
         for (int n = 0; n < N; n++)
             for (int j = 0; j < valid; j++)
                 part[(size_t)n * Vl + j] = logits[(size_t)n * V + vstart + j];
-        d_logit[r] = dev_copy(part, (size_t)N * Vl * 4);
+        d_logit[r] = dev_st(part, (size_t)N * Vl);
         d_ce[r] = dev_copy(nan, 4 * (size_t)N * 4);
-        ce_rowmax(d_ce[r], d_logit[r], N, Vl, valid);
+        ce_rowmax(d_ce[r], d_logit[r], N, Vl, valid, dt);
         float *mx = down(d_ce[r], (size_t)N);
         for (int n = 0; n < N; n++) gmx[n] = fmaxf(gmx[n], mx[n]);
         free(part); free(mx);
@@ -646,7 +934,7 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss)
     float *d_gmx = dev_copy(gmx, (size_t)N * 4);
     for (int r = 0; r < TP; r++) {
         int vstart = r * Vl, valid = V - vstart < 0 ? 0 : V - vstart > Vl ? Vl : V - vstart;
-        ce_sums(d_ce[r] + N, d_logit[r], d_gmx, d_tgt, N, Vl, valid, vstart);
+        ce_sums(d_ce[r] + N, d_logit[r], d_gmx, d_tgt, N, Vl, valid, vstart, dt);
         float *s = down(d_ce[r] + N, 2 * (size_t)N);
         for (int n = 0; n < N; n++) {
             int t = tgt[n] - vstart;
@@ -676,6 +964,7 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss)
     for (int n = 0; n < N; n++) rlsum += rloss[n];
     check(label("ce_loss", "loss", size), loss, rloss, (size_t)N, -1, F32_RTOL);
     check(label("sum_rows", "sum", size), lsum, &rlsum, 1, -1, F32_RTOL);
+    check_finite(label("ce_loss", "loss", size), loss, (size_t)N);
     keep(label("ce_loss", "loss", size), loss, (size_t)N);
     keep(label("sum_rows", "sum", size), lsum, 1);
 
@@ -684,15 +973,15 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss)
     ref_xent_bwd(rdl, rprobs, tgt, N, V, dloss);
     for (int r = 0; r < TP; r++) {
         int vstart = r * Vl, valid = V - vstart < 0 ? 0 : V - vstart > Vl ? Vl : V - vstart;
-        ce_bwd(d_logit[r], d_gmx, d_gsums, d_tgt, N, Vl, valid, vstart, dloss);
-        float *dl = down(d_logit[r], (size_t)N * Vl);
+        ce_bwd(d_logit[r], d_gmx, d_gsums, d_tgt, N, Vl, valid, vstart, dloss, dt);
+        float *dl = down_st(d_logit[r], (size_t)N * Vl);
         double *want = xmalloc((size_t)N * Vl * 8);
         for (int n = 0; n < N; n++)
             for (int j = 0; j < valid; j++)
                 want[(size_t)n * Vl + j] = rdl[(size_t)n * V + vstart + j];
         char what[64];
         snprintf(what, sizeof what, "dlogits-rank%d", r);
-        check(label("ce_bwd", what, size), dl, want, (size_t)N * Vl, -1, F32_RTOL);
+        check_st(label("ce_bwd", what, size), dl, want, (size_t)N * Vl, -1, F32_RTOL);
         keep(label("ce_bwd", what, size), dl, (size_t)N * Vl);
         free(dl); free(want);
         rt_free(d_logit[r]); rt_free(d_ce[r]);
@@ -705,21 +994,26 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss)
 static void test_ce(void)
 {
     op_begin();
-    test_ce_case(23, 37, 1, 48, 1.0f / 23);         /* one rank, 11 padding columns */
-    test_ce_case(23, 37, 4, 16, 0.125f);            /* 16 | 16 | 5 valid + 11 pad | 0 valid */
-    test_ce_case(301, 200, 3, 67, 1.0f / 600);      /* > one CUDA block of rows */
-    op_end("crossentropy");
+    test_ce_case(23, 37, 1, 48, 1.0f / 23, 4, 0);     /* one rank, 11 padding columns */
+    test_ce_case(23, 37, 4, 16, 0.125f, 4, 0);        /* 16 | 16 | 5 valid + 11 pad | 0 valid */
+    test_ce_case(301, 200, 3, 67, 1.0f / 600, 4, 0);  /* > one CUDA block of rows */
+    test_ce_case(41, 90, 2, 48, 1.0f / 41, 1e4f, 0);  /* |logit| ~ 1e4 */
+    test_ce_case(41, 90, 2, 48, 1.0f / 41, 1e4f, 1);  /* and rows that are one-hot */
+    op_end("crossentropy", 1);
 }
 
 /* -- AdamW, sum of squares ------------------------------------------------------------------- */
 
-static void test_adamw_case(size_t n, float wd)
+/* with_copy: the updated parameters are also written in this pass's dtype: they must be the
+** kernel's own f32 parameters, rounded. */
+static void test_adamw_case(size_t n, float wd, int with_copy)
 {
     char size[32];
-    snprintf(size, sizeof size, "n%zu_wd%g", n, wd);
+    snprintf(size, sizeof size, "n%zu_wd%g%s", n, wd, with_copy ? "_copy" : "");
     float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
     float *p = frand(n, -1, 1), *m = fconst(n, 0), *v = fconst(n, 0);
     float *d_p = dev_copy(p, n * 4), *d_m = dev_copy(m, n * 4), *d_v = dev_copy(v, n * 4);
+    void *d_copy = with_copy ? dev_st_nan(n) : NULL;
     double *rp = widen(p, n), *rm = xmalloc(n * 8), *rv = xmalloc(n * 8), *rg = xmalloc(n * 8);
     for (int t = 1; t <= 3; t++) {
         float *g = frand(n, -0.5f, 0.5f), gscale = t == 2 ? 0.7f : 1.0f;
@@ -728,7 +1022,8 @@ static void test_adamw_case(size_t n, float wd)
         float *d_g = dev_copy(g, n * 4);
         float bc1 = (float)(1.0 - pow((double)beta1, t));     /* as the stage computes them */
         float bc2 = (float)(1.0 - pow((double)beta2, t));
-        adamw_step(d_p, d_g, d_m, d_v, n, lr, beta1, beta2, eps, wd, bc1, bc2, gscale);
+        adamw_step(d_p, d_g, d_m, d_v, n, lr, beta1, beta2, eps, wd, bc1, bc2, gscale, d_copy,
+                   dt);
         for (size_t i = 0; i < n; i++) rg[i] = (double)(g[i] * gscale);
         ref_adamw_update(rp, rg, rm, rv, n, lr, beta1, beta2, eps, wd, t);
         free(g);
@@ -742,20 +1037,26 @@ static void test_adamw_case(size_t n, float wd)
     keep(label("adamw_step", "p", size), gp, n);
     keep(label("adamw_step", "m", size), gm, n);
     keep(label("adamw_step", "v", size), gv, n);
+    if (with_copy) {
+        float *copy = down_st(d_copy, n), *want = xmalloc(n * 4);
+        for (size_t i = 0; i < n; i++) want[i] = st_round(gp[i]);
+        check_exact(label("adamw_step", "copy", size), copy, want, n);
+        free(copy); free(want);
+    }
     free(p); free(m); free(v); free(rp); free(rm); free(rv); free(rg); free(gp); free(gm); free(gv);
-    rt_free(d_p); rt_free(d_m); rt_free(d_v);
+    rt_free(d_p); rt_free(d_m); rt_free(d_v); rt_free(d_copy);
 }
 
 static void test_adamw(void)
 {
     op_begin();
-    test_adamw_case(5, 0.1f);
-    test_adamw_case(2 * 16384 + 37, 0.1f);          /* several CPU tasks, many CUDA blocks */
-    test_adamw_case(301, 0.0f);                     /* no decay (biases, LayerNorm) */
-    op_end("adamw");
+    test_adamw_case(5, 0.1f, 1);
+    test_adamw_case(2 * 16384 + 37, 0.1f, 1);       /* several CPU tasks, many CUDA blocks */
+    test_adamw_case(301, 0.0f, 0);                  /* no decay (biases, LayerNorm), no copy */
+    op_end("adamw", 1);
 }
 
-static void test_sumsq(void)
+static void test_sumsq(void)                        /* f32 only */
 {
     op_begin();
     size_t sizes[3] = { 1, 37, 100003 };
@@ -774,7 +1075,194 @@ static void test_sumsq(void)
         free(x); free(nan); free(got);
         rt_free(d_x); rt_free(d_out);
     }
-    op_end("sumsq");
+    op_end("sumsq", 0);
+}
+
+/* -- Mixture of experts ---------------------------------------------------------------------- */
+/*
+** The reference has the whole MoE block only (ref_moe_fwd/bwd; the moe suite compares the model
+** with it); here each kernel against its formula in double (tests/ref/README.md, "Mixture of
+** experts": top-k of the logits with ties to the lower expert, softmax over the k or, with
+** pre_softmax, the scores).
+*/
+
+/* moe_route (f32 in and out): E experts, top k, some rows with tied logits. */
+static void test_route_case(int N, int E, int k, int pre)
+{
+    char size[48];
+    snprintf(size, sizeof size, "N%dE%dk%d%s", N, E, k, pre ? "_pre" : "");
+    float *logits = frand((size_t)N * E, -2, 2);
+    for (int n = 0; n < N; n += 4) logits[(size_t)n * E + E - 1] = logits[(size_t)n * E];
+    float *d_logits = dev_copy(logits, (size_t)N * E * 4);
+    int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
+    float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
+    moe_route(d_sel, d_prob, d_scores, d_logits, N, E, k, pre);
+    int *sel = xmalloc((size_t)N * k * sizeof(int));
+    rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
+    float *prob = down(d_prob, (size_t)N * k), *scores = down(d_scores, (size_t)N * E);
+    double *rprob = xmalloc((size_t)N * k * 8), *rscores = xmalloc((size_t)N * E * 8);
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * E;
+        double m = -INFINITY, s = 0;
+        for (int e = 0; e < E; e++) m = fmax(m, z[e]);
+        for (int e = 0; e < E; e++) s += exp(z[e] - m);
+        for (int e = 0; e < E; e++) rscores[(size_t)n * E + e] = exp(z[e] - m) / s;
+        int rsel[16];
+        for (int j = 0; j < k; j++) {        /* the largest not taken; ties: the lower expert */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= rsel[i] == e;
+                if (!taken && (best < 0 || z[e] > z[best])) best = e;
+            }
+            rsel[j] = best;
+            if (sel[(size_t)n * k + j] != best) {
+                printf("  moe_route.%s: row %d choice %d is expert %d, not %d\n", size, n, j,
+                       sel[(size_t)n * k + j], best);
+                fail("moe_route.%s: wrong experts selected", size);
+            }
+        }
+        double ps = 0;
+        for (int j = 0; j < k; j++) ps += exp(z[rsel[j]] - z[rsel[0]]);
+        for (int j = 0; j < k; j++)
+            rprob[(size_t)n * k + j] = pre ? rscores[(size_t)n * E + rsel[j]]
+                                           : exp(z[rsel[j]] - z[rsel[0]]) / ps;
+    }
+    check(label("moe_route", "prob", size), prob, rprob, (size_t)N * k, -1, F32_RTOL);
+    check(label("moe_route", "scores", size), scores, rscores, (size_t)N * E, -1, F32_RTOL);
+    keep(label("moe_route", "prob", size), prob, (size_t)N * k);
+    keep(label("moe_route", "scores", size), scores, (size_t)N * E);
+
+    /* the backward in this pass's dtype, from the kernel's own f32 routing state */
+    float *dprob = frand((size_t)N * k, -1, 1), *auxg = frand((size_t)E, -0.1f, 0.1f);
+    float *d_dprob = dev_copy(dprob, (size_t)N * k * 4), *d_auxg = dev_copy(auxg, (size_t)E * 4);
+    void *d_dl = dev_st_nan((size_t)N * E);
+    moe_route_bwd(d_dl, d_dprob, d_prob, d_scores, d_sel, d_auxg, N, E, k, pre, dt);
+    float *dl = down_st(d_dl, (size_t)N * E);
+    double *rdl = xmalloc((size_t)N * E * 8), *ds = xmalloc((size_t)E * 8);
+    for (int n = 0; n < N; n++) {
+        const float *s = scores + (size_t)n * E, *p = prob + (size_t)n * k;
+        const float *dp = dprob + (size_t)n * k;
+        const int *se = sel + (size_t)n * k;
+        double dot = 0, pd = 0;
+        for (int e = 0; e < E; e++) {
+            ds[e] = auxg[e];
+            for (int j = 0; j < k && pre; j++) ds[e] += se[j] == e ? dp[j] : 0;
+            dot += s[e] * ds[e];
+        }
+        for (int j = 0; j < k; j++) pd += (double)p[j] * dp[j];
+        for (int e = 0; e < E; e++) rdl[(size_t)n * E + e] = s[e] * (ds[e] - dot);
+        for (int j = 0; j < k && !pre; j++) rdl[(size_t)n * E + se[j]] += p[j] * (dp[j] - pd);
+    }
+    check_st(label("moe_route_bwd", "dlogits", size), dl, rdl, (size_t)N * E, -1, F32_RTOL);
+    keep(label("moe_route_bwd", "dlogits", size), dl, (size_t)N * E);
+    free(logits); free(sel); free(prob); free(scores); free(rprob); free(rscores); free(dprob);
+    free(auxg); free(dl); free(rdl); free(ds);
+    rt_free(d_logits); rt_free(d_sel); rt_free(d_prob); rt_free(d_scores); rt_free(d_dprob);
+    rt_free(d_auxg); rt_free(d_dl);
+}
+
+/* The row movements and row arithmetic of the experts: n rows of C in this pass's dtype. */
+static void test_moe_rows_case(int n, int C, int k)
+{
+    char size[48];
+    snprintf(size, sizeof size, "n%dC%dk%d", n, C, k);
+    size_t nc = (size_t)n * C;
+    int nsrc = 3 * n + 2, N = n, nb = 3;      /* sum_blocks reads nb blocks of n rows */
+    float *src = frand_st((size_t)nsrc * C, -1, 1), *y = frand_st(nc, -1, 1);
+    float *b = frand_st((size_t)C, -1, 1), *s = frand((size_t)n, -2, 2);
+    int *idx = xmalloc((size_t)n * sizeof(int)), *pos = xmalloc((size_t)N * k * sizeof(int));
+    for (int i = 0; i < n; i++) idx[i] = i % 5 == 4 ? -1 : (int)(rng_next() % (uint64_t)nsrc);
+    for (int i = 0; i < N * k; i++) pos[i] = i % 7 == 3 ? -1 : (int)(rng_next() % (uint64_t)nsrc);
+    void *d_src = dev_st(src, (size_t)nsrc * C), *d_out = dev_st_nan(nc);
+    int *d_idx = dev_copy(idx, (size_t)n * sizeof(int));
+    int *d_pos = dev_copy(pos, (size_t)N * k * sizeof(int));
+
+    /* gather: copies and zero rows, exact */
+    gather_rows(d_out, d_src, d_idx, n, C, dt);
+    float *got = down_st(d_out, nc), *want = xmalloc(nc * 4);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++)
+            want[(size_t)i * C + c] = idx[i] < 0 ? 0.0f : src[(size_t)idx[i] * C + c];
+    check_exact(label("gather_rows", "out", size), got, want, nc);
+    keep(label("gather_rows", "out", size), got, nc);
+
+    /* combine: the k chosen rows summed in f32, rounded once */
+    combine_rows(d_out, d_src, d_pos, N, k, C, dt);
+    float *comb = down_st(d_out, nc);
+    double *rcomb = xmalloc(nc * 8);
+    for (int t = 0; t < N; t++)
+        for (int c = 0; c < C; c++) {
+            double a = 0;
+            for (int j = 0; j < k; j++)
+                if (pos[t * k + j] >= 0) a += src[(size_t)pos[t * k + j] * C + c];
+            rcomb[(size_t)t * C + c] = a;
+        }
+    check_st(label("combine_rows", "out", size), comb, rcomb, nc, -1, F32_RTOL);
+    keep(label("combine_rows", "out", size), comb, nc);
+
+    /* row_scale: one multiply, exact; row_dot, add_scaled_bias, scaled_bias_bwd: sums */
+    float *d_s = dev_copy(s, (size_t)n * 4), *nan = fconst((size_t)n, NAN);
+    void *d_y = dev_st(y, nc), *d_b = dev_st(b, (size_t)C), *d_y2 = dev_st(y, nc);
+    row_scale(d_y, d_s, n, C, dt);
+    float *ys = down_st(d_y, nc);
+    for (size_t i = 0; i < nc; i++) want[i] = st_round(y[i] * s[i / (size_t)C]);
+    check_exact(label("row_scale", "y", size), ys, want, nc);
+    keep(label("row_scale", "y", size), ys, nc);
+    float *d_dot = dev_copy(nan, (size_t)n * 4);
+    row_dot(d_dot, d_src, d_y2, n, C, dt);
+    float *dot = down(d_dot, (size_t)n);
+    double *rdot = xmalloc((size_t)n * 8);
+    for (int i = 0; i < n; i++) {
+        rdot[i] = 0;
+        for (int c = 0; c < C; c++)
+            rdot[i] += (double)src[(size_t)i * C + c] * y[(size_t)i * C + c];
+    }
+    check(label("row_dot", "out", size), dot, rdot, (size_t)n, -1, F32_RTOL);
+    keep(label("row_dot", "out", size), dot, (size_t)n);
+    add_scaled_bias(d_y2, d_s, d_b, n, C, dt);
+    float *yb = down_st(d_y2, nc);
+    double *ryb = xmalloc(nc * 8);
+    for (size_t i = 0; i < nc; i++) ryb[i] = y[i] + (double)s[i / (size_t)C] * b[i % (size_t)C];
+    check_st(label("add_scaled_bias", "y", size), yb, ryb, nc, -1, F32_RTOL);
+    keep(label("add_scaled_bias", "y", size), yb, nc);
+    float *db0 = frand((size_t)C, -1, 1), *d_db = dev_copy(db0, (size_t)C * 4);
+    scaled_bias_bwd(d_db, d_s, d_src, n, C, dt);
+    float *db = down(d_db, (size_t)C);
+    double *rdb = widen(db0, (size_t)C);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++) rdb[c] += (double)s[i] * src[(size_t)i * C + c];
+    check(label("scaled_bias_bwd", "db", size), db, rdb, (size_t)C, -1, F32_RTOL);
+    keep(label("scaled_bias_bwd", "db", size), db, (size_t)C);
+
+    /* sum_blocks: nb blocks of n*C elements summed in block order, rounded once */
+    sum_blocks(d_out, d_src, nb, nc, dt);
+    float *sb = down_st(d_out, nc);
+    double *rsb = xmalloc(nc * 8);
+    for (size_t i = 0; i < nc; i++) {
+        rsb[i] = 0;
+        for (int m = 0; m < nb; m++) rsb[i] += src[(size_t)m * nc + i];
+    }
+    check_st(label("sum_blocks", "out", size), sb, rsb, nc, -1, F32_RTOL);
+    keep(label("sum_blocks", "out", size), sb, nc);
+
+    free(src); free(y); free(b); free(s); free(idx); free(pos); free(got); free(want);
+    free(comb); free(rcomb); free(nan); free(ys); free(dot); free(rdot); free(yb); free(ryb);
+    free(db0); free(db); free(rdb); free(sb); free(rsb);
+    rt_free(d_src); rt_free(d_out); rt_free(d_idx); rt_free(d_pos); rt_free(d_s); rt_free(d_y);
+    rt_free(d_b); rt_free(d_y2); rt_free(d_dot); rt_free(d_db);
+}
+
+static void test_moe(void)
+{
+    op_begin();
+    test_route_case(37, 8, 2, 0);
+    test_route_case(37, 8, 2, 1);
+    test_route_case(300, 5, 3, 0);                  /* > one CUDA block of rows */
+    test_moe_rows_case(37, 23, 2);
+    test_moe_rows_case(301, 70, 3);                 /* > one combine block of columns */
+    test_moe_rows_case(5, 1, 2);                    /* single values (the probabilities) */
+    op_end("moe", 1);
 }
 
 /* -- Main ------------------------------------------------------------------------------------ */
@@ -782,33 +1270,43 @@ static void test_sumsq(void)
 int main(int argc, char **argv)
 {
     rt_init(&argc, &argv, 1, "kernel test");
-    const char *dump = NULL;
+    const char *dump[2] = { NULL, NULL };
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump = argv[++i];
+        if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump[0] = argv[++i];
+        else if (!strcmp(argv[i], "--dump-bf16") && i + 1 < argc) dump[1] = argv[++i];
         else if (!strcmp(argv[i], "-v")) verbose = 1;
         else if (!prefix && argv[i][0] != '-') prefix = argv[i];
         else {
-            fprintf(stderr, "usage: kernel_test PREFIX [--dump FILE.safetensors] [-v]\n");
+            fprintf(stderr, "usage: kernel_test PREFIX [--dump FILE.safetensors] "
+                    "[--dump-bf16 FILE.safetensors] [-v]\n");
             rt_finalize();
             return 2;
         }
     }
     if (!prefix) prefix = "kernels";
     rng_state = 20240520;
-    test_embed();
-    test_layernorm();
-    test_gelu();
-    test_bias();
-    test_add();
-    test_scale();
-    test_attention();
-    test_ce();
-    test_adamw();
-    test_sumsq();
-    if (dump && write_dump(dump)) {
-        printf("FAIL %s/dump: cannot write %s\n", prefix, dump);
-        any_failed = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        dt = pass ? RT_BF16 : RT_F32;
+        test_embed();
+        test_layernorm();
+        test_gelu();
+        test_bias();
+        test_add();
+        test_attention();
+        test_ce();
+        test_adamw();
+        test_moe();
+        if (dt == RT_F32) {                         /* the ops without a storage dtype */
+            test_scale();
+            test_sumsq();
+            test_convert();
+        }
     }
+    for (int k = 0; k < 2; k++)
+        if (dump[k] && write_dump(&dumps[k], dump[k])) {
+            printf("FAIL %s/dump: cannot write %s\n", prefix, dump[k]);
+            any_failed = 1;
+        }
     rt_finalize();
     return any_failed;
 }

@@ -181,7 +181,7 @@ T.test("the memory plan: a layer by hand, aliases, MoE entries, the total", func
     for _, m in ipairs(sp.mem) do
         if m.id:match("^L_") and m.how == "ALLOC" then layer = layer + m.elems end
     end
-    T.eq(layer, 4 * 4096 + 4 * 64 + 12288 + 4 * 64 * 64 + 4096 + 2 * 64 * 256, "one layer")
+    T.eq(layer, 4 * 4096 + 4 * 64 + 12288 + 4 * 64 + 4096 + 2 * 64 * 256, "one layer")
     T.eq({ mem(sp, "L_LN1_FULL").how, mem(sp, "L_LN1_FULL").alias }, { "ALIAS", "L_LN1" },
          "without SP the gathered rows are the rows")
     T.eq(mem(sp, "ML_SCORES").how, "NONE", "no MoE buffers in a dense model")

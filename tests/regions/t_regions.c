@@ -214,13 +214,13 @@ static int test_row(void)
     float *w = dev(W + (size_t)row * C, (size_t)FFL * C), *bias = dev(b, C);
     matmul_fwd(lib.s.full, x, w, NULL, N, FFL, C);
     float *y = reduce_seq(lib.s.full);
-    bias_fwd(y, bias, NSP, C);
+    bias_fwd(y, bias, NSP, C, RT_F32);
     check("row.Y", y, Y + (size_t)r0 * C, (size_t)NSP * C);
     int failed = verdict("row-parallel-fwd");
 
     float *dy = dev(dY + (size_t)r0 * C, (size_t)NSP * C), *full = dev_zeros((size_t)N * C);
     float *dbias = dev_zeros(C), *dw = dev_zeros((size_t)FFL * C), *dx = dev_zeros((size_t)N * FFL);
-    bias_bwd(dbias, dy, NSP, C);
+    bias_bwd(dbias, dy, NSP, C, RT_F32);
     if (SP) tp_sum(dbias, C);
     const float *d = gather_seq(full, dy);
     matmul_bwd(dx, dw, NULL, d, x, w, N, FFL, C);

@@ -190,7 +190,7 @@ static const gpt_chunk_info chunks[2] = {
 };
 
 /* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    7881956 bytes in all with the parameters, checked at start. Not used here:
+**    7043300 bytes in all with the parameters, checked at start. Not used here:
 **    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
 **    ML_AUXG H_LNF H_LNF_MEAN H_LNF_RSTD S_LOGITS S_CE S_TARGETS MS_LOGITS MS_XS MS_PS MS_XR
 **    MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB
@@ -207,8 +207,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,      0 },
     /* (N, QKV_LOCAL), x 12 */
     [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            12288 },
-    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 12 */
-    [GPT_M_L_ATT]      = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 12 */
+    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,              256 },
     /* (N, C_LOCAL) attention output, x 12 */
     [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,             4096 },
     /* (N_SP, C) x + attention, x 12 */
@@ -241,8 +241,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            12288 },
     /* (N, C_LOCAL) */
     [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (B, HEADS_LOCAL, T, T) */
-    [GPT_M_S_DATT]     = { GPT_MEM_ALLOC, 0,            16384 },
+    /* (B, HEADS_LOCAL, T) */
+    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,              256 },
     /* (N, FF_LOCAL) */
     [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            16384 },
     /* (NMB) loss sums per micro-batch */
@@ -455,7 +455,7 @@ const gpt_stage stage0 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 7881956,
+    .mem = mem, .mem_bytes = 7043300,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,

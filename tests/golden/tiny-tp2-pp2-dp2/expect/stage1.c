@@ -123,7 +123,7 @@ static const gpt_chunk_info chunks[1] = {
 };
 
 /* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    2736092 bytes in all with the parameters, checked at start. Not used here:
+**    2574812 bytes in all with the parameters, checked at start. Not used here:
 **    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
 **    ML_AUXG C_TOKENS MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR
 **    MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX
@@ -140,8 +140,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,     0 },
     /* (N, QKV_LOCAL), x 4 */
     [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            6144 },
-    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 4 */
-    [GPT_M_L_ATT]      = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
+    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,             128 },
     /* (N, C_LOCAL) attention output, x 4 */
     [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            2048 },
     /* (N_SP, C) x + attention, x 4 */
@@ -178,8 +178,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            6144 },
     /* (N, C_LOCAL) */
     [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,            2048 },
-    /* (B, HEADS_LOCAL, T, T) */
-    [GPT_M_S_DATT]     = { GPT_MEM_ALLOC, 0,            8192 },
+    /* (B, HEADS_LOCAL, T) */
+    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,             128 },
     /* (N, FF_LOCAL) */
     [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            8192 },
     /* (N, V_LOCAL) */
@@ -276,7 +276,7 @@ const gpt_stage stage1 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 2736092,
+    .mem = mem, .mem_bytes = 2574812,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

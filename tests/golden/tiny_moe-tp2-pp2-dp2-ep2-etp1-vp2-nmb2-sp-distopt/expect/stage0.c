@@ -238,7 +238,7 @@ static const gpt_chunk_info chunks[2] = {
 };
 
 /* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    3568676 bytes in all with the parameters, checked at start. Not used here:
+**    3407396 bytes in all with the parameters, checked at start. Not used here:
 **    L_FC L_GELU H_LNF H_LNF_MEAN H_LNF_RSTD S_DFC S_LOGITS S_CE S_TARGETS
 */
 static const gpt_mem mem[GPT_NMEMS] = {
@@ -252,8 +252,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_L_LN1_FULL]  = { GPT_MEM_ALLOC, 0,  4096 },
     /* (N, QKV_LOCAL), x 4 */
     [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  6144 },
-    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 4 */
-    [GPT_M_L_ATT]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
+    [GPT_M_L_LSE]       = { GPT_MEM_ALLOC, 0,   128 },
     /* (N, C_LOCAL) attention output, x 4 */
     [GPT_M_L_ATTY]      = { GPT_MEM_ALLOC, 0,  2048 },
     /* (N_SP, C) x + attention, x 4 */
@@ -306,8 +306,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  6144 },
     /* (N, C_LOCAL) */
     [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (B, HEADS_LOCAL, T, T) */
-    [GPT_M_S_DATT]      = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (B, HEADS_LOCAL, T) */
+    [GPT_M_S_DSUM]      = { GPT_MEM_ALLOC, 0,   128 },
     /* (N_SP, EXPERTS) */
     [GPT_M_MS_LOGITS]   = { GPT_MEM_ALLOC, 0,   256 },
     /* (SEND_MAX, C) */
@@ -546,7 +546,7 @@ const gpt_stage stage0 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 3568676,
+    .mem = mem, .mem_bytes = 3407396,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,

@@ -246,7 +246,7 @@ static const gpt_chunk_info chunks[2] = {
 };
 
 /* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    3248136 bytes in all with the parameters, checked at start. Not used here:
+**    3119112 bytes in all with the parameters, checked at start. Not used here:
 **    L_FC L_GELU C_TOKENS S_DFC
 */
 static const gpt_mem mem[GPT_NMEMS] = {
@@ -260,8 +260,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_L_LN1_FULL]  = { GPT_MEM_ALLOC, 0,  4096 },
     /* (N, QKV_LOCAL), x 3 */
     [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  6144 },
-    /* (B, HEADS_LOCAL, T, T) attention probabilities, x 3 */
-    [GPT_M_L_ATT]       = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 3 */
+    [GPT_M_L_LSE]       = { GPT_MEM_ALLOC, 0,   128 },
     /* (N, C_LOCAL) attention output, x 3 */
     [GPT_M_L_ATTY]      = { GPT_MEM_ALLOC, 0,  2048 },
     /* (N_SP, C) x + attention, x 3 */
@@ -318,8 +318,8 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  6144 },
     /* (N, C_LOCAL) */
     [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (B, HEADS_LOCAL, T, T) */
-    [GPT_M_S_DATT]      = { GPT_MEM_ALLOC, 0,  8192 },
+    /* (B, HEADS_LOCAL, T) */
+    [GPT_M_S_DSUM]      = { GPT_MEM_ALLOC, 0,   128 },
     /* (N, V_LOCAL) */
     [GPT_M_S_LOGITS]    = { GPT_MEM_ALLOC, 0,  8192 },
     /* (4N) row max | sum exp | target logit | loss */
@@ -559,7 +559,7 @@ const gpt_stage stage1 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 3248136,
+    .mem = mem, .mem_bytes = 3119112,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,
