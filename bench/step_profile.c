@@ -110,45 +110,49 @@ __attribute__((destructor)) static void report(void)
         in_attention = 0;                                                       \
     }
 
-WRAP(void, embed_fwd, (float *out, const int *tok, const float *wte, int N, int C, int vstart,
-                       int vrows), (out, tok, wte, N, C, vstart, vrows), F_EMBED)
-WRAP(void, embed_bwd, (float *dwte, const float *dout, const int *tok, int N, int C,
-                       int vstart, int vrows), (dwte, dout, tok, N, C, vstart, vrows), F_EMBED)
-WRAP(void, pos_fwd, (float *out, const float *wpe, int T, int B, int C, int t0),
-     (out, wpe, T, B, C, t0), F_EMBED)
-WRAP(void, pos_bwd, (float *dwpe, const float *dout, int T, int B, int C, int t0),
-     (dwpe, dout, T, B, C, t0), F_EMBED)
-WRAP(void, layernorm_fwd, (float *out, float *mean, float *rstd, const float *inp,
-                           const float *w, const float *b, int N, int C, float eps),
-     (out, mean, rstd, inp, w, b, N, C, eps), F_LAYERNORM)
-WRAP(void, layernorm_bwd, (float *dinp, float *dw, float *db, const float *dout,
-                           const float *inp, const float *w, const float *mean,
-                           const float *rstd, int N, int C),
-     (dinp, dw, db, dout, inp, w, mean, rstd, N, C), F_LAYERNORM)
-WRAP(void, gelu_fwd, (float *out, const float *inp, size_t n), (out, inp, n), F_GELU)
-WRAP(void, gelu_bwd, (float *dinp, const float *inp, const float *dout, size_t n),
-     (dinp, inp, dout, n), F_GELU)
-WRAP(void, bias_fwd, (float *out, const float *bias, int N, int OC), (out, bias, N, OC), F_BIAS)
-WRAP(void, bias_bwd, (float *dbias, const float *dout, int N, int OC), (dbias, dout, N, OC),
-     F_BIAS)
-WRAP(void, add_fwd, (float *out, const float *a, const float *b, size_t n), (out, a, b, n),
+WRAP(void, embed_fwd, (void *out, const int *tok, const void *wte, int N, int C, int vstart,
+                       int vrows, rt_dtype t), (out, tok, wte, N, C, vstart, vrows, t), F_EMBED)
+WRAP(void, embed_bwd, (float *dwte, const void *dout, const int *tok, int N, int C,
+                       int vstart, int vrows, rt_dtype t),
+     (dwte, dout, tok, N, C, vstart, vrows, t), F_EMBED)
+WRAP(void, pos_fwd, (void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t),
+     (out, wpe, T, B, C, t0, t), F_EMBED)
+WRAP(void, pos_bwd, (float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t),
+     (dwpe, dout, T, B, C, t0, t), F_EMBED)
+WRAP(void, layernorm_fwd, (void *out, float *mean, float *rstd, const void *inp,
+                           const void *w, const void *b, int N, int C, float eps, rt_dtype t),
+     (out, mean, rstd, inp, w, b, N, C, eps, t), F_LAYERNORM)
+WRAP(void, layernorm_bwd, (void *dinp, float *dw, float *db, const void *dout,
+                           const void *inp, const void *w, const float *mean,
+                           const float *rstd, int N, int C, rt_dtype t),
+     (dinp, dw, db, dout, inp, w, mean, rstd, N, C, t), F_LAYERNORM)
+WRAP(void, gelu_fwd, (void *out, const void *inp, size_t n, rt_dtype t), (out, inp, n, t),
+     F_GELU)
+WRAP(void, gelu_bwd, (void *dinp, const void *inp, const void *dout, size_t n, rt_dtype t),
+     (dinp, inp, dout, n, t), F_GELU)
+WRAP(void, bias_fwd, (void *out, const void *bias, int N, int OC, rt_dtype t),
+     (out, bias, N, OC, t), F_BIAS)
+WRAP(void, bias_bwd, (float *dbias, const void *dout, int N, int OC, rt_dtype t),
+     (dbias, dout, N, OC, t), F_BIAS)
+WRAP(void, add_fwd, (void *out, const void *a, const void *b, size_t n, rt_dtype t),
+     (out, a, b, n, t), F_RESIDUAL)
+WRAP(void, add_inplace, (void *y, const void *x, size_t n, rt_dtype t), (y, x, n, t),
      F_RESIDUAL)
-WRAP(void, add_inplace, (float *y, const float *x, size_t n), (y, x, n), F_RESIDUAL)
-WRAP(void, ce_rowmax, (float *mx, const float *logits, int N, int Vl, int valid),
-     (mx, logits, N, Vl, valid), F_CE)
-WRAP(void, ce_sums, (float *sums, const float *logits, const float *mx, const int *targets,
-                     int N, int Vl, int valid, int vstart),
-     (sums, logits, mx, targets, N, Vl, valid, vstart), F_CE)
+WRAP(void, ce_rowmax, (float *mx, const void *logits, int N, int Vl, int valid, rt_dtype t),
+     (mx, logits, N, Vl, valid, t), F_CE)
+WRAP(void, ce_sums, (float *sums, const void *logits, const float *mx, const int *targets,
+                     int N, int Vl, int valid, int vstart, rt_dtype t),
+     (sums, logits, mx, targets, N, Vl, valid, vstart, t), F_CE)
 WRAP(void, ce_loss, (float *loss, const float *sums, const float *mx, int N),
      (loss, sums, mx, N), F_CE)
-WRAP(void, ce_bwd, (float *logits, const float *mx, const float *sums, const int *targets,
-                    int N, int Vl, int valid, int vstart, float dloss),
-     (logits, mx, sums, targets, N, Vl, valid, vstart, dloss), F_CE)
+WRAP(void, ce_bwd, (void *logits, const float *mx, const float *sums, const int *targets,
+                    int N, int Vl, int valid, int vstart, float dloss, rt_dtype t),
+     (logits, mx, sums, targets, N, Vl, valid, vstart, dloss, t), F_CE)
 WRAP(void, sum_rows, (float *out, const float *x, int N), (out, x, N), F_CE)
 WRAP(void, adamw_step, (float *p, const float *g, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float bc1, float bc2,
-                        float gscale),
-     (p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, gscale), F_ADAMW)
+                        float gscale, void *copy, rt_dtype t),
+     (p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, gscale, copy, t), F_ADAMW)
 WRAP(void, scale_inplace, (float *x, size_t n, float s), (x, n, s), F_GRADNORM)
 WRAP(void, rt_memset0, (void *p, size_t bytes), (p, bytes), F_ZERO)
 
@@ -164,28 +168,31 @@ void __wrap_sumsq(float *out, const float *x, size_t n)
     last_was_sumsq = 1;
 }
 
-/* Attention: its own GEMMs (rt_gemm from inside) count as attention, untimed on their own. */
-WRAP(void, attention_fwd, (float *out, float *att, const float *qkv, int B, int T, int Hl, int hd,
-                           float scale), (out, att, qkv, B, T, Hl, hd, scale), F_ATTENTION)
-WRAP(void, attention_bwd, (float *dqkv, float *datt, const float *dout, const float *att,
-                           const float *qkv, int B, int T, int Hl, int hd, float scale),
-     (dqkv, datt, dout, att, qkv, B, T, Hl, hd, scale), F_ATTENTION)
+/* Attention: its own GEMMs (rt_gemm from inside, if any) count as attention, untimed on their
+** own. */
+WRAP(void, attention_fwd, (void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
+                           float scale, rt_dtype t), (out, lse, qkv, B, T, Hl, hd, scale, t),
+     F_ATTENTION)
+WRAP(void, attention_bwd, (void *dqkv, float *dsum, const void *dout, const void *out,
+                           const float *lse, const void *qkv, int B, int T, int Hl, int hd,
+                           float scale, rt_dtype t),
+     (dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale, t), F_ATTENTION)
 
 void __real_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
-                    long sA, const void *B, int ldb, long sB, float beta, float *C, int ldc,
-                    long sC, int batch, rt_dtype ab, RT_F32);
+                    long sA, const void *B, int ldb, long sB, float beta, void *C, int ldc,
+                    long sC, int batch, rt_dtype ab, rt_dtype c);
 void __wrap_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
-                    long sA, const void *B, int ldb, long sB, float beta, float *C, int ldc,
-                    long sC, int batch, rt_dtype ab, RT_F32);
+                    long sA, const void *B, int ldb, long sB, float beta, void *C, int ldc,
+                    long sC, int batch, rt_dtype ab, rt_dtype c);
 void __wrap_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
-                    long sA, const void *B, int ldb, long sB, float beta, float *C, int ldc,
-                    long sC, int batch, rt_dtype ab, RT_F32)
+                    long sA, const void *B, int ldb, long sB, float beta, void *C, int ldc,
+                    long sC, int batch, rt_dtype ab, rt_dtype c)
 {
     if (in_attention) {
         __real_rt_gemm(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc, sC, batch,
-                       ab, RT_F32);
+                       ab, c);
         return;
     }
     TIMED(F_GEMM, __real_rt_gemm(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta, C, ldc,
-                                 sC, batch, ab, RT_F32));
+                                 sC, batch, ab, c));
 }
