@@ -283,10 +283,12 @@ static struct {
     int        nthreads;
     pthread_t *tid;
     int        gen, pending, sleepers, caller_sleeps, stop, busy;
+    int        start_gen;       /* 'gen' when the workers were started (a restarted pool's
+                                ** workers must not take the last job of the previous ones) */
     void     (*fn)(void *, int, int);
     void      *ctx;
     int        n;
-} pool = { 1, NULL, 0, 0, 0, 0, 0, 0, NULL, NULL, 0 };
+} pool = { 1, NULL, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0 };
 
 static void futex_wait(int *addr, int val)
 {
@@ -308,7 +310,7 @@ static void run_range(int i)
 
 static void *worker(void *arg)
 {
-    int id = (int)(intptr_t)arg, seen = 0;
+    int id = (int)(intptr_t)arg, seen = pool.start_gen;
     tl_in_parallel = 1;
     for (;;) {
         double t0 = 0;
@@ -340,8 +342,9 @@ static void *worker(void *arg)
 }
 
 /*
-** Start the pool with 'nthreads' threads in all (the caller counts as one). Called once by
-** rt_init; later calls are ignored.
+** Start the pool with 'nthreads' threads in all (the caller counts as one). Called by rt_init,
+** and by tests and benchmarks after rt__pool_shutdown to change the size; ignored while a pool
+** runs.
 */
 void rt__pool_init(int nthreads)
 {
@@ -350,6 +353,7 @@ void rt__pool_init(int nthreads)
     pool.tid = calloc((size_t)nthreads, sizeof *pool.tid);
     RT_CHECK(pool.tid, "out of memory");
     pool.nthreads = nthreads;
+    pool.start_gen = pool.gen;      /* written before the workers start: they see it */
     for (int i = 1; i < nthreads; i++) {
         int rc = pthread_create(&pool.tid[i], NULL, worker, (void *)(intptr_t)i);
         RT_CHECK(rc == 0, "cannot start pool thread %d of %d: %s", i, nthreads, strerror(rc));
