@@ -171,9 +171,26 @@ void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx);
 
 typedef enum { RT_H2D, RT_D2H, RT_D2D, RT_H2H } rt_copy;
 
-/* Device memory (host on CPU), zero-filled, 256-byte aligned; aborts naming the size on OOM. */
+/* Device memory (host on CPU), zero-filled, 256-byte aligned; aborts naming the size on OOM.
+** rt_free of a pointer rt_malloc did not return (or returned and was freed) aborts. */
 void *rt_malloc(size_t bytes);
 void  rt_free(void *p);              /* NULL: no-op */
+/* Device bytes held now and the most held at once since rt_init: the bytes requested from
+** rt_malloc (exactly those: alignment padding and the 256 bytes a 0-byte request gets are not
+** counted, so a memory plan can predict the numbers) plus the runtime's own device
+** workspaces, allocated at rt_init and counted the same way:
+**   CUDA: RT_CUDA_WORKSPACE_BYTES, cuBLAS's workspace, installed with cublasSetWorkspace so
+**         cuBLAS never allocates device memory of its own.
+**   CPU:  none. Its host scratch, per thread and reused, is ordinary host memory outside the
+**         plan: MPI staging (bf16 allreduce in f32: up to 64 MiB; reduce-scatter in place or
+**         bf16: 8 MiB; an allgather whose send overlaps recv: the send buffer) and GEMM
+**         scratch (bf16 operands widened to f32).
+** Not counted on CUDA: the CUDA context, and NCCL's buffers, which NCCL allocates itself:
+** per communicator about channels x peers x NCCL_BUFFSIZE (4 MiB by default) for its simple
+** protocol plus smaller LL and LL128 buffers (a ring allreduce on 8 GPUs with 2 channels: 2 x 2
+** neighbours x 4 MiB = 16 MiB), and NCCL's own state. Callable from the main thread. */
+void  rt_mem_stats(size_t *live, size_t *peak);
+#define RT_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)   /* cuBLAS's recommendation for Hopper */
 void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
 void  rt_memset0(void *p, size_t bytes);
 

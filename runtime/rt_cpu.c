@@ -1,5 +1,6 @@
 /*
-** rt_cpu.c: the CPU backend (build/librt_cpu.a): host memory, GEMM on single-threaded
+** rt_cpu.c: the CPU backend (build/librt_cpu.a): host memory (counted for rt_mem_stats), GEMM
+** on single-threaded
 ** OpenBLAS calls split over the runtime's one thread pool, Philox normals, and the rt_
 ** communication entry points mapped onto the MPI layer (rt_mpi.c). CPU programs link it; they
 ** never call OpenBLAS or MPI themselves.
@@ -103,22 +104,33 @@ void rt_sync(void)
 
 /* -- Memory -------------------------------------------------------------------------------- */
 
-/*
-** Zero-filled host memory aligned to 256 bytes (as cudaMalloc's); aborts naming the size when
-** out of memory.
-*/
-void *rt_malloc(size_t bytes)
+/* Zero-filled host memory aligned to 256 bytes (as cudaMalloc's). */
+static void *host_alloc(size_t bytes, const char *op)
 {
     size_t sz = (bytes + 255) & ~(size_t)255;
     void *p = aligned_alloc(256, sz ? sz : 256);
     if (!p)
-        rt__die("out of memory: rt_malloc(%zu)", bytes);
-    memset(p, 0, sz);
+        rt__die("out of memory: %s(%zu)", op, bytes);
+    memset(p, 0, sz ? sz : 256);
+    return p;
+}
+
+/*
+** rt.h's device memory, which is host memory here; counted (the bytes requested) for
+** rt_mem_stats. Aborts naming the size when out of memory.
+*/
+void *rt_malloc(size_t bytes)
+{
+    void *p = host_alloc(bytes, "rt_malloc");
+    rt__mem_add(p, bytes);
     return p;
 }
 
 void rt_free(void *p)
 {
+    if (!p)
+        return;
+    rt__mem_remove(p, "rt_free");
     free(p);
 }
 
@@ -137,7 +149,7 @@ void rt_memset0(void *p, size_t bytes)
 
 void *rt_host_malloc(size_t bytes)
 {
-    return rt_malloc(bytes);
+    return host_alloc(bytes, "rt_host_malloc");
 }
 
 void rt_host_free(void *p)

@@ -1,6 +1,7 @@
 /*
 ** rt_cuda.cu: the CUDA backend (build/librt_cuda.a): one device per rank (local rank modulo
-** device count), device memory, cuBLAS GEMM (f32 without TF32, bf16 in / f32 out), the
+** device count), device memory (counted for rt_mem_stats, cuBLAS's workspace included), cuBLAS
+** GEMM (f32 without TF32, bf16 in / f32 out), the
 ** Philox kernel, and communication over NCCL (one communicator per group, ids broadcast over
 ** the group's MPI communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI
 ** through pinned host staging. Everything runs on the legacy default stream; generated
@@ -26,6 +27,7 @@ static struct {
     int             ncomms, capcomms;
     void           *stage[2];        /* pinned staging buffers (MPI transport) */
     size_t          stagecap[2];
+    void           *workspace;       /* cuBLAS's, RT_CUDA_WORKSPACE_BYTES (counted) */
 } cu;
 
 /* -- Errors ---------------------------------------------------------------------------------- */
@@ -192,6 +194,10 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
     RT_CUBLAS(cublasCreate(&cu.blas));
     RT_CUBLAS(cublasSetMathMode(cu.blas, CUBLAS_DEFAULT_MATH));
     RT_CUBLAS(cublasSetStream(cu.blas, 0));
+    /* after cublasSetStream, which resets the workspace to cuBLAS's own pool: from here on
+    ** cuBLAS allocates no device memory behind rt_mem_stats */
+    cu.workspace = rt_malloc(RT_CUDA_WORKSPACE_BYTES);
+    RT_CUBLAS(cublasSetWorkspace(cu.blas, cu.workspace, RT_CUDA_WORKSPACE_BYTES));
 
     rt__abort_hook = abort_nccl;
     cu.inited = 1;
@@ -216,6 +222,8 @@ void rt_finalize(void)
         if (cu.stage[i])
             cudaFreeHost(cu.stage[i]);
     cublasDestroy(cu.blas);
+    rt_free(cu.workspace);
+    cu.workspace = NULL;
     rt__mpi_finalize();
     rt__pool_shutdown();
 }
@@ -529,6 +537,10 @@ void rt_sync(void)
 
 /* -- Memory ---------------------------------------------------------------------------------- */
 
+/*
+** Zero-filled device memory (cudaMalloc: 256-byte aligned), counted for rt_mem_stats by the
+** bytes requested; aborts naming the size and the GPU when out of memory.
+*/
 void *rt_malloc(size_t bytes)
 {
     void *p = NULL;
@@ -537,13 +549,16 @@ void *rt_malloc(size_t bytes)
         rt__die("out of device memory: rt_malloc(%zu) on GPU %d: %s", bytes, cu.device,
                 cudaGetErrorString(e));
     RT_CUDA(cudaMemset(p, 0, bytes ? bytes : 256));
+    rt__mem_add(p, bytes);
     return p;
 }
 
 void rt_free(void *p)
 {
-    if (p)
-        RT_CUDA(cudaFree(p));
+    if (!p)
+        return;
+    rt__mem_remove(p, "rt_free");
+    RT_CUDA(cudaFree(p));
 }
 
 void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)

@@ -116,6 +116,13 @@ int  rt__in_parallel(void);      /* inside an rt_parallel_for body (nested: run 
 ** with the same slot on the same thread. */
 void *rt__scratch(int slot, size_t bytes);
 
+/* -- Device memory accounting (rt_common.c; rt.h's rt_mem_stats) ------------------------------ */
+
+/* The backends' rt_malloc records each block with the bytes requested, rt_free forgets it and
+** gets them back (aborting, named after 'op', for a pointer that is not recorded). */
+void   rt__mem_add(void *p, size_t bytes);
+size_t rt__mem_remove(void *p, const char *op);
+
 /* -- GEMM arguments (rt_common.c) -------------------------------------------------------- */
 
 /* Validate rt_gemm's arguments (aborts with the offending value). Returns 0 when there is

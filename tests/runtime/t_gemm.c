@@ -3,7 +3,7 @@
 ** loop (all transpose combinations, odd sizes, padded leading dimensions, strided and shared
 ** batches, alpha/beta, f32 and bf16 inputs, zero sizes, beta = 0 over NaN, GPT-2 shapes that
 ** take the threaded path, and rt_gemm called inside rt_parallel_for), rt_parallel_for
-** coverage, rt_malloc / rt_memcpy / rt_memset0. Either backend.
+** coverage, rt_malloc / rt_memcpy / rt_memset0 and rt_mem_stats. Either backend.
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
@@ -280,9 +280,66 @@ static void test_memory(void)
     free(h2);
 }
 
+/* -- rt_mem_stats ---------------------------------------------------------------------------- */
+
+/* The runtime's own device bytes right after rt_init (rt.h). */
+static size_t runtime_bytes(void)
+{
+    return strcmp(rt_backend(), "cpu") == 0 ? 0 : RT_CUDA_WORKSPACE_BYTES;
+}
+
+/* Exactly the requested bytes, live and peak, through growth of the runtime's table and frees
+** in another order than the allocations; rt_free(NULL) changes nothing. */
+static void test_mem_stats(void)
+{
+    size_t live0, peak0, live, peak;
+    rt_mem_stats(&live0, &peak0);
+    void *a = rt_malloc(1000003), *z = rt_malloc(0);
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 + 1000003 && peak == (peak0 > live ? peak0 : live),
+             "rt_mem_stats after rt_malloc(1000003) and rt_malloc(0): live %zu peak %zu, "
+             "want live %zu", live, peak, live0 + 1000003);
+    rt_free(a);
+    rt_free(z);
+    rt_free(NULL);
+    size_t top = peak;
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 && peak == top, "rt_mem_stats after rt_free: live %zu peak %zu, "
+             "want %zu and %zu", live, peak, live0, top);
+    enum { NB = 3000 };
+    void **p = t_alloc(NB * sizeof *p);
+    size_t sum = 0;
+    for (int i = 0; i < NB; i++) {
+        p[i] = rt_malloc((size_t)i * 7 + 1);
+        sum += (size_t)i * 7 + 1;
+    }
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 + sum, "rt_mem_stats with %d blocks: live %zu, want %zu", NB, live,
+             live0 + sum);
+    uint32_t s = 17;
+    for (int i = NB - 1; i > 0; i--) {          /* free in a shuffled order */
+        s = s * 1664525u + 1013904223u;
+        int j = (int)((s >> 8) % (uint32_t)(i + 1));
+        void *t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    for (int i = 0; i < NB; i++)
+        rt_free(p[i]);
+    size_t want_peak = live0 + sum > top ? live0 + sum : top;
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 && peak == want_peak, "rt_mem_stats after freeing %d blocks: live "
+             "%zu peak %zu, want %zu and %zu", NB, live, peak, live0, want_peak);
+    free(p);
+}
+
 int main(int argc, char **argv)
 {
     rt_init(&argc, &argv, 1, "tp1 pp1 dp1");
+    size_t live0, peak0;
+    rt_mem_stats(&live0, &peak0);
+    T_EXPECT(live0 == runtime_bytes() && peak0 == live0, "rt_mem_stats after rt_init: live %zu "
+             "peak %zu, want %zu (the runtime's own workspaces)", live0, peak0, runtime_bytes());
     rt_dtype abs[2] = { RT_F32, RT_BF16 };
     static const int dims[][3] = {
         { 1, 1, 1 }, { 3, 5, 7 }, { 17, 33, 9 }, { 64, 64, 64 }, { 129, 67, 250 },
@@ -317,6 +374,11 @@ int main(int argc, char **argv)
     test_parallel_for();
     test_gemm_in_parallel_for();
     test_memory();
+    test_mem_stats();
+    size_t live, peak;
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0, "rt_mem_stats at the end: live %zu, want %zu (a block not freed)",
+             live, live0);
     int bad = t_finish("compute");
     rt_finalize();
     return bad;
