@@ -474,7 +474,8 @@ int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void 
 {
     RT_CHECK(ab == RT_F32 || ab == RT_BF16, "rt_gemm: inputs must be f32 or bf16, not %s",
              rt_dtype_name(ab));
-    RT_CHECK(c == RT_F32, "rt_gemm: output must be f32, not %s", rt_dtype_name(c));
+    RT_CHECK(c == RT_F32 || c == RT_BF16, "rt_gemm: output must be f32 or bf16, not %s",
+             rt_dtype_name(c));
     RT_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
              "rt_gemm: negative size (m %d, n %d, k %d, batch %d)", m, n, k, batch);
     if (m == 0 || n == 0 || batch == 0)
@@ -492,7 +493,7 @@ int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void 
 
 /* -- Scratch and bf16 ---------------------------------------------------------------------- */
 
-static _Thread_local struct { void *p; size_t cap; } scratch[4];
+static _Thread_local struct { void *p; size_t cap; } scratch[RT__SCRATCH_SLOTS];
 
 void *rt__scratch(int slot, size_t bytes)
 {
