@@ -65,6 +65,11 @@ LUA_CFLAGS  = $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null)
 LUA_LIBS    = $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
 BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null)
+# oneDNN (Debian's libdnnl-dev has no pkg-config module; C API oneapi/dnnl/dnnl.h) is built
+# with OpenMP, whose runtime (libgomp) the CPU runtime calls too. HAVE_DNNL: its header is found.
+DNNL_LIBS   = -ldnnl -lgomp
+HAVE_DNNL   = $(shell $(CC) -E -include oneapi/dnnl/dnnl.h -x c /dev/null >/dev/null 2>&1 \
+                && echo 1)
 
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS_C := -std=c11 $(OPT) -g $(WARN) -MMD -MP
@@ -150,7 +155,7 @@ topology: need-model build/gen
 	$(Q)build/gen --topology-only $(GENFLAGS)
 
 DEBS := gcc make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
-        libopenblas-dev fortunes
+        libopenblas-dev libdnnl-dev fortunes
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -52,6 +52,7 @@ fi
 # -- Build: generator, runtime, corpus, the programs, the profiler, the peak probe ------------
 make -s --no-print-directory build/gen build/librt_cpu.a data/corpus.bin || exit 1
 BLAS_CFLAGS=$(pkg-config --cflags openblas) BLAS_LIBS=$(pkg-config --libs openblas)
+DNNL_LIBS="-ldnnl -lgomp"
 gcc -std=c11 -O2 -Wall -Wextra -Werror $BLAS_CFLAGS -o $B/sgemm_peak bench/sgemm_peak.c \
     $BLAS_LIBS || exit 1
 WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd layernorm_bwd gelu_fwd gelu_bwd
@@ -75,7 +76,7 @@ build() {
     # the library's calls into its kernels are wrapped too (they cross archive members)
     # shellcheck disable=SC2086
     mpicc -o "$dir/train_prof" $objs "$obj/step_profile.o" $wraps \
-        -Lbuild -lgpt_cpu -lrt_cpu $BLAS_LIBS -lpthread -lm || exit 1
+        -Lbuild -lgpt_cpu -lrt_cpu $BLAS_LIBS $DNNL_LIBS -lpthread -lm || exit 1
 }
 
 # stats: "median min max" of the numbers on stdin, one a line

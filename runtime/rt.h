@@ -1,6 +1,6 @@
 /*
 ** rt.h: the thin runtime under the training library and the generated programs. One header,
-** two backends chosen at link time: build/librt_cpu.a (host memory, OpenBLAS, MPI) or
+** two backends chosen at link time: build/librt_cpu.a (host memory, oneDNN and OpenBLAS, MPI) or
 ** build/librt_cuda.a (CUDA memory, cuBLAS, NCCL or MPI transport, MPI bootstrap). Callers
 ** include only this header and never ask which backend they run on. The runtime knows nothing
 ** about models. Layers, each calling only the ones below it: rt_common.c (log, failure text,
@@ -10,7 +10,7 @@
 ** rt_internal.h.
 **
 ** Linking (make variables from runtime/runtime.mk; compile with -Iruntime):
-**   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)     = -Lbuild -lrt_cpu <openblas> -lpthread -lm
+**   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)     = -Lbuild -lrt_cpu <openblas> -ldnnl -lgomp ...
 **   CUDA: $(MPICC) prog.o kernels.o $(RT_CUDA_LIBS)   (cudart, cublasLt, cublas, nccl, stdc++)
 **
 ** Threads: every rt_ function is called from the main thread, except rt_gemm (CPU backend),
@@ -136,14 +136,27 @@ void rt_p2p(const rt_p2p_op *ops, int nops);
 /* -- Compute ------------------------------------------------------------------------------ */
 
 /* Row-major: C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, for 'batch' matrices at
-** strides sA, sB, sC (elements; batch item b uses A + b*sA, ...). ta/tb: 0 = as stored,
-** 1 = transposed. Storage: ta=0: A is m x k with row stride lda >= k; ta=1: A is k x m,
-** lda >= m. tb=0: B is k x n, ldb >= n; tb=1: B is n x k, ldb >= k. C is m x n, ldc >= n.
-** A and B have dtype 'ab' (RT_F32 or RT_BF16), C dtype 'c' (RT_F32 or RT_BF16); accumulation
-** in f32 (bf16 inputs are widened exactly; cuBLAS f32 uses no TF32), the result rounded once
-** to c (round to nearest even). beta = 0 ignores C's old contents (NaN too).
-** m, n, k, batch = 0 are allowed (k = 0 scales C by beta). CPU: large GEMMs are split over the
-** rt_threads() pool; called inside an rt_parallel_for body it runs single-threaded. */
+** strides sA, sB, sC (elements; batch item b uses A + b*sA, ...; a stride may be 0: a shared
+** operand). ta/tb: 0 = as stored, 1 = transposed. Storage: ta=0: A is m x k with row stride
+** lda >= k; ta=1: A is k x m, lda >= m. tb=0: B is k x n, ldb >= n; tb=1: B is n x k,
+** ldb >= k. C is m x n, ldc >= n. A and B have dtype 'ab' (RT_F32 or RT_BF16), C dtype 'c'
+** (RT_F32 or RT_BF16), any of the four pairs. Accumulation in f32 (bf16 inputs widened
+** exactly; cuBLAS f32 uses no TF32); the old C is read in its dtype (bf16 widened exactly);
+** alpha * sum + beta * C_old is formed in f32 and rounded once to c (bf16: round to nearest
+** even, NaN stays NaN, overflow gives infinity). beta = 0 ignores C's old contents (NaN too).
+** m, n, k, batch = 0 are allowed (k = 0 or alpha = 0: C = beta * C, rounded as above).
+** Exception: with bf16 inputs, the CPU backend on CPUs with AVX512_BF16 (oneDNN uses its
+** dot-product instructions) treats subnormal inputs (|x| < 2^-126) as zero and flushes
+** subnormal products and sums to zero (measured); f32 inputs keep subnormals.
+** CPU: oneDNN matmul (OpenBLAS for f32 parts under 1.5 MFLOP, where it is faster),
+** split into parts (batch items x blocks of 128 rows, or of 256 columns when m is small) that
+** depend on the shape alone and run on the rt_threads() pool; called inside an
+** rt_parallel_for body the parts run in turn on the calling thread. Every element of a part is
+** computed the same way wherever the part runs, so the result is bit-identical for any
+** RT_THREADS and whether or not the call is nested (tests/runtime checks 1, 2 and 3 threads).
+** Calls with different shapes may round differently (a row's values may differ in the last
+** bit between a 100-row and a 300-row call). CUDA: one cuBLAS call (f32 inputs with a bf16
+** C go through f32 staging, RT_CUDA_STAGE_BYTES at a time). */
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
              float beta, void *C, int ldc, long sC, int batch, rt_dtype ab, rt_dtype c);
@@ -151,9 +164,12 @@ void rt_sync(void);                  /* wait for the device (cudaDeviceSynchroni
 
 /* -- CPU threads -------------------------------------------------------------------------- */
 
-/* One pool owns this rank's cores; OpenBLAS itself is held to one thread and never spins
-** beside it (rt_gemm splits large GEMMs into single-threaded OpenBLAS calls on the pool: as
-** fast as OpenBLAS's own threading at GPT-2 shapes, faster for batched ones; see bench/).
+/* One pool owns this rank's cores; oneDNN and OpenBLAS are each held to one thread per
+** calling thread and never spin beside it (rt_gemm runs its parts as single-threaded library
+** calls on the pool: as fast as oneDNN's own OpenMP threads at GPT-2 shapes, and nothing else
+** spins while the pool runs elementwise loops; see runtime/rt_cpu.c and bench/). The CPU
+** runtime sets OpenMP's thread count to 1 on every thread that calls rt_gemm (OpenMP is
+** oneDNN's threading runtime): generated code does not use OpenMP.
 ** Size: RT_THREADS if set, else the CPUs in this process's affinity mask (when the launcher
 ** bound it), else the online CPUs divided by the ranks on this node; at least 1. Note that
 ** OpenMPI's mpirun binds each rank to one core by default when np <= 2: give a rank several
@@ -171,9 +187,29 @@ void rt_parallel_for(int n, void (*fn)(void *ctx, int lo, int hi), void *ctx);
 
 typedef enum { RT_H2D, RT_D2H, RT_D2D, RT_H2H } rt_copy;
 
-/* Device memory (host on CPU), zero-filled, 256-byte aligned; aborts naming the size on OOM. */
+/* Device memory (host on CPU), zero-filled, 256-byte aligned; aborts naming the size on OOM.
+** rt_free of a pointer rt_malloc did not return (or returned and was freed) aborts. */
 void *rt_malloc(size_t bytes);
 void  rt_free(void *p);              /* NULL: no-op */
+/* Device bytes held now and the most held at once since rt_init: the bytes requested from
+** rt_malloc (exactly those: alignment padding and the 256 bytes a 0-byte request gets are not
+** counted, so a memory plan can predict the numbers) plus the runtime's own device
+** workspaces, allocated at rt_init and counted the same way:
+**   CUDA: RT_CUDA_WORKSPACE_BYTES, cuBLAS's workspace, installed with cublasSetWorkspace so
+**         cuBLAS never allocates device memory of its own, and RT_CUDA_STAGE_BYTES, the f32
+**         staging of GEMMs with f32 inputs and a bf16 C (cuBLAS has no such GEMM).
+**   CPU:  none. Its host scratch, per thread and reused, is ordinary host memory outside the
+**         plan: MPI staging (bf16 allreduce in f32: up to 64 MiB; reduce-scatter in place or
+**         bf16: 8 MiB; an allgather whose send overlaps recv: the send buffer) and GEMM
+**         scratch (oneDNN's scratchpad, under 1 MiB at GPT-2 shapes; for f32 inputs with a
+**         bf16 C, one part of C in f32: up to 128 rows, or 256 columns).
+** Not counted on CUDA: the CUDA context, and NCCL's buffers, which NCCL allocates itself:
+** per communicator about channels x peers x NCCL_BUFFSIZE (4 MiB by default) for its simple
+** protocol plus smaller LL and LL128 buffers (a ring allreduce on 8 GPUs with 2 channels: 2 x 2
+** neighbours x 4 MiB = 16 MiB), and NCCL's own state. Callable from the main thread. */
+void  rt_mem_stats(size_t *live, size_t *peak);
+#define RT_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)   /* cuBLAS's recommendation for Hopper */
+#define RT_CUDA_STAGE_BYTES     ((size_t)4 << 20)
 void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
 void  rt_memset0(void *p, size_t bytes);
 

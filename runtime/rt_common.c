@@ -2,8 +2,9 @@
 ** rt_common.c: the bottom layer of the runtime, for both backends: dtypes, logging, failure
 ** messages, time, the polling back-off of the wait loops, the watchdog thread, the CPU thread
 ** pool (rt_parallel_for), per-thread scratch, bf16 bulk conversion, GEMM argument checks,
-** FNV-1a and the communication trace. It calls nothing above it: no MPI (ending the job is the
-** MPI layer's, reached through rt__end_job), no device memory, nothing about models.
+** device memory accounting (rt_mem_stats), FNV-1a and the communication trace. It calls
+** nothing above it: no MPI (ending the job is the MPI layer's, reached through rt__end_job),
+** no device memory (it only counts the backends' blocks), nothing about models.
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt__state, rt__poll, rt__scratch, rt__bf16_to_f32, ...
@@ -283,10 +284,12 @@ static struct {
     int        nthreads;
     pthread_t *tid;
     int        gen, pending, sleepers, caller_sleeps, stop, busy;
+    int        start_gen;       /* 'gen' when the workers were started (a restarted pool's
+                                ** workers must not take the last job of the previous ones) */
     void     (*fn)(void *, int, int);
     void      *ctx;
     int        n;
-} pool = { 1, NULL, 0, 0, 0, 0, 0, 0, NULL, NULL, 0 };
+} pool = { 1, NULL, 0, 0, 0, 0, 0, 0, 0, NULL, NULL, 0 };
 
 static void futex_wait(int *addr, int val)
 {
@@ -308,7 +311,7 @@ static void run_range(int i)
 
 static void *worker(void *arg)
 {
-    int id = (int)(intptr_t)arg, seen = 0;
+    int id = (int)(intptr_t)arg, seen = pool.start_gen;
     tl_in_parallel = 1;
     for (;;) {
         double t0 = 0;
@@ -340,8 +343,9 @@ static void *worker(void *arg)
 }
 
 /*
-** Start the pool with 'nthreads' threads in all (the caller counts as one). Called once by
-** rt_init; later calls are ignored.
+** Start the pool with 'nthreads' threads in all (the caller counts as one). Called by rt_init,
+** and by tests and benchmarks after rt__pool_shutdown to change the size; ignored while a pool
+** runs.
 */
 void rt__pool_init(int nthreads)
 {
@@ -350,6 +354,7 @@ void rt__pool_init(int nthreads)
     pool.tid = calloc((size_t)nthreads, sizeof *pool.tid);
     RT_CHECK(pool.tid, "out of memory");
     pool.nthreads = nthreads;
+    pool.start_gen = pool.gen;      /* written before the workers start: they see it */
     for (int i = 1; i < nthreads; i++) {
         int rc = pthread_create(&pool.tid[i], NULL, worker, (void *)(intptr_t)i);
         RT_CHECK(rc == 0, "cannot start pool thread %d of %d: %s", i, nthreads, strerror(rc));
@@ -469,7 +474,8 @@ int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void 
 {
     RT_CHECK(ab == RT_F32 || ab == RT_BF16, "rt_gemm: inputs must be f32 or bf16, not %s",
              rt_dtype_name(ab));
-    RT_CHECK(c == RT_F32, "rt_gemm: output must be f32, not %s", rt_dtype_name(c));
+    RT_CHECK(c == RT_F32 || c == RT_BF16, "rt_gemm: output must be f32 or bf16, not %s",
+             rt_dtype_name(c));
     RT_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
              "rt_gemm: negative size (m %d, n %d, k %d, batch %d)", m, n, k, batch);
     if (m == 0 || n == 0 || batch == 0)
@@ -487,7 +493,7 @@ int rt__gemm_check(int ta, int tb, int m, int n, int k, float alpha, const void 
 
 /* -- Scratch and bf16 ---------------------------------------------------------------------- */
 
-static _Thread_local struct { void *p; size_t cap; } scratch[4];
+static _Thread_local struct { void *p; size_t cap; } scratch[RT__SCRATCH_SLOTS];
 
 void *rt__scratch(int slot, size_t bytes)
 {
@@ -513,6 +519,101 @@ void rt__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         dst[i] = rt__f32_to_bf16(src[i]);
+}
+
+/* -- Device memory accounting ------------------------------------------------------------- */
+
+/* Live blocks in an open-addressing table (linear probing, deletion by backward shift) from
+** address to requested bytes: rt_free needs the size, and the device memory cannot carry a
+** header. The table grows by doubling at half load. */
+static struct {
+    pthread_mutex_t mu;
+    uintptr_t      *key;         /* 0: empty slot */
+    size_t         *bytes;
+    size_t          cap, n;      /* cap: a power of two (or 0) */
+    size_t          live, peak;
+} mem = { PTHREAD_MUTEX_INITIALIZER, NULL, NULL, 0, 0, 0, 0 };
+
+static size_t mem_home(uintptr_t p)
+{
+    return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 32) & (mem.cap - 1);
+}
+
+static void mem_insert(uintptr_t p, size_t bytes)
+{
+    size_t i = mem_home(p);
+    while (mem.key[i])
+        i = (i + 1) & (mem.cap - 1);
+    mem.key[i] = p;
+    mem.bytes[i] = bytes;
+    mem.n++;
+}
+
+void rt__mem_add(void *p, size_t bytes)
+{
+    pthread_mutex_lock(&mem.mu);
+    if (2 * (mem.n + 1) > mem.cap) {
+        uintptr_t *okey = mem.key;
+        size_t *obytes = mem.bytes, ocap = mem.cap;
+        mem.cap = ocap ? 2 * ocap : 1024;
+        mem.key = calloc(mem.cap, sizeof *mem.key);
+        mem.bytes = calloc(mem.cap, sizeof *mem.bytes);
+        if (!mem.key || !mem.bytes)
+            rt__die("out of host memory: device allocation table of %zu entries", mem.cap);
+        mem.n = 0;
+        for (size_t i = 0; i < ocap; i++)
+            if (okey[i])
+                mem_insert(okey[i], obytes[i]);
+        free(okey);
+        free(obytes);
+    }
+    mem_insert((uintptr_t)p, bytes);
+    mem.live += bytes;
+    if (mem.live > mem.peak)
+        mem.peak = mem.live;
+    pthread_mutex_unlock(&mem.mu);
+}
+
+size_t rt__mem_remove(void *p, const char *op)
+{
+    pthread_mutex_lock(&mem.mu);
+    size_t i = mem.cap ? mem_home((uintptr_t)p) : 0;
+    while (mem.cap && mem.key[i] && mem.key[i] != (uintptr_t)p)
+        i = (i + 1) & (mem.cap - 1);
+    if (!mem.cap || mem.key[i] != (uintptr_t)p) {
+        pthread_mutex_unlock(&mem.mu);
+        rt__die("%s(%p): not a live block from rt_malloc", op, p);
+    }
+    size_t bytes = mem.bytes[i];
+    /* backward shift: move later entries of the probe run into the hole when their home
+    ** position does not lie in the cyclic range (hole, their slot] */
+    for (size_t j = (i + 1) & (mem.cap - 1); mem.key[j]; j = (j + 1) & (mem.cap - 1)) {
+        size_t h = mem_home(mem.key[j]);
+        int stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+        if (!stays) {
+            mem.key[i] = mem.key[j];
+            mem.bytes[i] = mem.bytes[j];
+            i = j;
+        }
+    }
+    mem.key[i] = 0;
+    mem.n--;
+    mem.live -= bytes;
+    pthread_mutex_unlock(&mem.mu);
+    return bytes;
+}
+
+/*
+** rt.h's counters: bytes of the live rt_malloc blocks (and runtime workspaces), and their peak.
+*/
+void rt_mem_stats(size_t *live, size_t *peak)
+{
+    pthread_mutex_lock(&mem.mu);
+    if (live)
+        *live = mem.live;
+    if (peak)
+        *peak = mem.peak;
+    pthread_mutex_unlock(&mem.mu);
 }
 
 /* -- FNV-1a --------------------------------------------------------------------------------- */

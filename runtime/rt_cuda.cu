@@ -1,6 +1,7 @@
 /*
 ** rt_cuda.cu: the CUDA backend (build/librt_cuda.a): one device per rank (local rank modulo
-** device count), device memory, cuBLAS GEMM (f32 without TF32, bf16 in / f32 out), the
+** device count), device memory (counted for rt_mem_stats, cuBLAS's workspace included), cuBLAS
+** GEMM (f32 without TF32, f32 or bf16 in, f32 or bf16 out), the
 ** Philox kernel, and communication over NCCL (one communicator per group, ids broadcast over
 ** the group's MPI communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI
 ** through pinned host staging. Everything runs on the legacy default stream; generated
@@ -26,6 +27,8 @@ static struct {
     int             ncomms, capcomms;
     void           *stage[2];        /* pinned staging buffers (MPI transport) */
     size_t          stagecap[2];
+    void           *workspace;       /* cuBLAS's, RT_CUDA_WORKSPACE_BYTES (counted) */
+    float          *gemm_stage;      /* f32 GEMM results for a bf16 C, RT_CUDA_STAGE_BYTES */
 } cu;
 
 /* -- Errors ---------------------------------------------------------------------------------- */
@@ -192,6 +195,11 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
     RT_CUBLAS(cublasCreate(&cu.blas));
     RT_CUBLAS(cublasSetMathMode(cu.blas, CUBLAS_DEFAULT_MATH));
     RT_CUBLAS(cublasSetStream(cu.blas, 0));
+    /* after cublasSetStream, which resets the workspace to cuBLAS's own pool: from here on
+    ** cuBLAS allocates no device memory behind rt_mem_stats */
+    cu.workspace = rt_malloc(RT_CUDA_WORKSPACE_BYTES);
+    RT_CUBLAS(cublasSetWorkspace(cu.blas, cu.workspace, RT_CUDA_WORKSPACE_BYTES));
+    cu.gemm_stage = (float *)rt_malloc(RT_CUDA_STAGE_BYTES);
 
     rt__abort_hook = abort_nccl;
     cu.inited = 1;
@@ -216,6 +224,9 @@ void rt_finalize(void)
         if (cu.stage[i])
             cudaFreeHost(cu.stage[i]);
     cublasDestroy(cu.blas);
+    rt_free(cu.workspace);
+    rt_free(cu.gemm_stage);
+    cu.workspace = cu.gemm_stage = NULL;
     rt__mpi_finalize();
     rt__pool_shutdown();
 }
@@ -529,6 +540,10 @@ void rt_sync(void)
 
 /* -- Memory ---------------------------------------------------------------------------------- */
 
+/*
+** Zero-filled device memory (cudaMalloc: 256-byte aligned), counted for rt_mem_stats by the
+** bytes requested; aborts naming the size and the GPU when out of memory.
+*/
 void *rt_malloc(size_t bytes)
 {
     void *p = NULL;
@@ -537,13 +552,16 @@ void *rt_malloc(size_t bytes)
         rt__die("out of device memory: rt_malloc(%zu) on GPU %d: %s", bytes, cu.device,
                 cudaGetErrorString(e));
     RT_CUDA(cudaMemset(p, 0, bytes ? bytes : 256));
+    rt__mem_add(p, bytes);
     return p;
 }
 
 void rt_free(void *p)
 {
-    if (p)
-        RT_CUDA(cudaFree(p));
+    if (!p)
+        return;
+    rt__mem_remove(p, "rt_free");
+    RT_CUDA(cudaFree(p));
 }
 
 void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)
@@ -584,6 +602,7 @@ void rt_host_free(void *p)
 
 /* -- GEMM ------------------------------------------------------------------------------------ */
 
+/* C = beta * C in C's dtype (k == 0 or alpha == 0); beta == 0 writes zeros without reading C. */
 __global__ void scale_kernel(float *C, int m, int n, int ldc, long sC, int batch, float beta)
 {
     long total = (long)m * n * batch;
@@ -595,10 +614,71 @@ __global__ void scale_kernel(float *C, int m, int n, int ldc, long sC, int batch
     }
 }
 
+__global__ void scale_bf16_kernel(__nv_bfloat16 *C, int m, int n, int ldc, long sC, int batch,
+                                  float beta)
+{
+    long total = (long)m * n * batch;
+    for (long x = blockIdx.x * (long)blockDim.x + threadIdx.x; x < total;
+         x += (long)gridDim.x * blockDim.x) {
+        long b = x / ((long)m * n), r = x % ((long)m * n);
+        __nv_bfloat16 *c = C + b * sC + (r / n) * (long)ldc + r % n;
+        *c = __float2bfloat16_rn(beta == 0.0f ? 0.0f : beta * __bfloat162float(*c));
+    }
+}
+
+/* C (rows x cols at ldc, bf16) = bf16(t + beta * C), t packed f32 (row stride cols): one
+** rounding, to nearest even. */
+__global__ void round_bf16_kernel(const float *t, __nv_bfloat16 *C, int rows, int cols, int ldc,
+                                  float beta)
+{
+    long total = (long)rows * cols;
+    for (long x = blockIdx.x * (long)blockDim.x + threadIdx.x; x < total;
+         x += (long)gridDim.x * blockDim.x) {
+        __nv_bfloat16 *c = C + (x / cols) * (long)ldc + x % cols;
+        float v = t[x];
+        if (beta != 0.0f)
+            v += beta * __bfloat162float(*c);
+        *c = __float2bfloat16_rn(v);
+    }
+}
+
+static int grid_for(long total)
+{
+    return (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+}
+
+/* f32 inputs, bf16 C (cuBLAS has no such GEMM): f32 results into the staging buffer, a block of
+** rows (and columns, for very wide C) of one batch item at a time, then rounded into C. */
+static void gemm_f32_to_bf16(int ta, int tb, int m, int n, int k, float alpha, const float *A,
+                             int lda, long sA, const float *B, int ldb, long sB, float beta,
+                             __nv_bfloat16 *C, int ldc, long sC, int batch)
+{
+    const float zero = 0.0f;
+    long cap = (long)(RT_CUDA_STAGE_BYTES / sizeof(float));
+    int cols = n < cap ? n : (int)cap;
+    int rows = (int)(cap / cols < m ? cap / cols : m);
+    for (int b = 0; b < batch; b++)
+        for (int i0 = 0; i0 < m; i0 += rows)
+            for (int j0 = 0; j0 < n; j0 += cols) {
+                int mr = m - i0 < rows ? m - i0 : rows, nc = n - j0 < cols ? n - j0 : cols;
+                const float *Ap = A + b * sA + (ta ? (long)i0 : (long)i0 * lda);
+                const float *Bp = B + b * sB + (tb ? (long)j0 * ldb : (long)j0);
+                RT_CUBLAS(cublasGemmEx(cu.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       ta ? CUBLAS_OP_T : CUBLAS_OP_N, nc, mr, k, &alpha,
+                                       Bp, CUDA_R_32F, ldb, Ap, CUDA_R_32F, lda, &zero,
+                                       cu.gemm_stage, CUDA_R_32F, nc, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT));
+                round_bf16_kernel<<<grid_for((long)mr * nc), 256>>>(
+                    cu.gemm_stage, C + b * sC + (long)i0 * ldc + j0, mr, nc, ldc, beta);
+                RT_CUDA(cudaGetLastError());
+            }
+}
+
 /*
 ** rt.h's row-major GEMM as cuBLAS's column-major C^T = op(B)^T op(A)^T: one
-** cublasGemmStridedBatchedEx with f32 or bf16 inputs, f32 output and CUBLAS_COMPUTE_32F
-** (the handle's default math mode never substitutes TF32).
+** cublasGemmStridedBatchedEx with f32 or bf16 inputs, an f32 or bf16 C and CUBLAS_COMPUTE_32F
+** (the handle's default math mode never substitutes TF32; alpha * acc + beta * C is formed in
+** f32 and rounded once to C's type). f32 inputs with a bf16 C go through f32 staging.
 */
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
@@ -608,18 +688,33 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
     if (what == RT__GEMM_NONE)
         return;
     if (what == RT__GEMM_SCALE) {
-        long total = (long)m * n * batch;
-        int blocks = (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-        scale_kernel<<<blocks, 256>>>((float *)C, m, n, ldc, sC, batch, beta);
+        int blocks = grid_for((long)m * n * batch);
+        if (c == RT_BF16)
+            scale_bf16_kernel<<<blocks, 256>>>((__nv_bfloat16 *)C, m, n, ldc, sC, batch, beta);
+        else
+            scale_kernel<<<blocks, 256>>>((float *)C, m, n, ldc, sC, batch, beta);
         RT_CUDA(cudaGetLastError());
         return;
     }
+    if (ab == RT_F32 && c == RT_BF16) {
+        gemm_f32_to_bf16(ta, tb, m, n, k, alpha, (const float *)A, lda, sA, (const float *)B,
+                         ldb, sB, beta, (__nv_bfloat16 *)C, ldc, sC, batch);
+        return;
+    }
     cudaDataType_t in = ab == RT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t out = c == RT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     RT_CUBLAS(cublasGemmStridedBatchedEx(cu.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                          ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha,
                                          B, in, ldb, (long long)sB, A, in, lda, (long long)sA,
-                                         &beta, C, CUDA_R_32F, ldc, (long long)sC, batch,
+                                         &beta, C, out, ldc, (long long)sC, batch,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* The CPU backend's primitive cache has no counterpart here. */
+void rt_gemm_cache_stats(long *created, int *cached)
+{
+    *created = 0;
+    *cached = 0;
 }
 
 /* -- Randomness ------------------------------------------------------------------------------ */

@@ -112,9 +112,17 @@ void rt__pool_shutdown(void);
 int  rt__default_threads(void);
 int  rt__in_parallel(void);      /* inside an rt_parallel_for body (nested: run inline) */
 
-/* Per-thread growable scratch, slot 0..3; contents undefined; valid until the next call
-** with the same slot on the same thread. */
+/* Per-thread growable host scratch, slot 0..5 (0-3: the MPI layer, 4-5: the CPU GEMM);
+** contents undefined; valid until the next call with the same slot on the same thread. */
+enum { RT__SCRATCH_SLOTS = 6 };
 void *rt__scratch(int slot, size_t bytes);
+
+/* -- Device memory accounting (rt_common.c; rt.h's rt_mem_stats) ------------------------------ */
+
+/* The backends' rt_malloc records each block with the bytes requested, rt_free forgets it and
+** gets them back (aborting, named after 'op', for a pointer that is not recorded). */
+void   rt__mem_add(void *p, size_t bytes);
+size_t rt__mem_remove(void *p, const char *op);
 
 /* -- GEMM arguments (rt_common.c) -------------------------------------------------------- */
 
@@ -172,6 +180,10 @@ void   rt_group_free(rt_group *g);               /* collective over the members;
 void   rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
 void  *rt_host_malloc(size_t bytes);             /* zero-filled; pinned on CUDA; aborts on OOM */
 void   rt_host_free(void *p);
+/* The CPU GEMM's primitive cache: primitives created so far and those held now (at most
+** RT__GEMM_CACHE_MAX); CUDA: 0, 0. */
+enum { RT__GEMM_CACHE_MAX = 256 };
+void   rt_gemm_cache_stats(long *created, int *cached);
 
 #ifdef __cplusplus
 }

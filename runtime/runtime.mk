@@ -9,7 +9,7 @@
 
 RT_BUILD     := build/runtime
 RT_CFLAGS    := -Iruntime
-RT_CPU_LIBS  = -Lbuild -lrt_cpu $(BLAS_LIBS) -lpthread -lm
+RT_CPU_LIBS  = -Lbuild -lrt_cpu $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
 RT_CUDA_LIBS := -Lbuild -lrt_cuda -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                 -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lpthread -lm -ldl -lrt
 
@@ -26,6 +26,13 @@ RT_CPU_OBJS    := $(RT_COMMON_OBJS) $(RT_BUILD)/rt_cpu.o
 RT_CUDA_OBJS   := $(RT_COMMON_OBJS) $(RT_BUILD)/rt_cuda.o
 
 $(RT_BUILD)/%.o: runtime/%.c | $(RT_BUILD)
+	$(E) "MPICC     $@"
+	$(Q)$(MPICC) $(CFLAGS_C) $(BLAS_CFLAGS) -c -o $@ $<
+
+# The CPU backend's GEMMs run on oneDNN: say so when it is missing (rather than "no such file").
+$(RT_BUILD)/rt_cpu.o: runtime/rt_cpu.c | $(RT_BUILD)
+	$(Q)test -n "$(HAVE_DNNL)" || { echo "runtime: oneDNN not found (oneapi/dnnl/dnnl.h):" \
+	    "install the Debian package libdnnl-dev (make deps)" >&2; exit 1; }
 	$(E) "MPICC     $@"
 	$(Q)$(MPICC) $(CFLAGS_C) $(BLAS_CFLAGS) -c -o $@ $<
 

@@ -1,126 +1,252 @@
 /*
-** t_gemm.c: compute and memory on one rank: rt_gemm against a naive double-precision triple
-** loop (all transpose combinations, odd sizes, padded leading dimensions, strided and shared
-** batches, alpha/beta, f32 and bf16 inputs, zero sizes, beta = 0 over NaN, GPT-2 shapes that
-** take the threaded path, and rt_gemm called inside rt_parallel_for), rt_parallel_for
-** coverage, rt_malloc / rt_memcpy / rt_memset0. Either backend.
+** t_gemm.c: compute and memory on one rank: rt_gemm against a naive double-precision loop
+** (every transpose pair, odd sizes, padded leading dimensions, strided and shared batches,
+** alpha/beta, f32 and bf16 inputs and outputs, zero sizes, beta = 0 over NaN, the GPT-2 124M
+** shapes, rt_gemm inside rt_parallel_for), bf16 results bit for bit where the exact value is
+** known, results bit-identical for 1, 2 and 3 threads and when nested (CPU), the CPU primitive
+** cache, rt_parallel_for coverage, rt_malloc / rt_memcpy / rt_memset0 and rt_mem_stats.
+** Either backend.
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
-static float frand(uint32_t *s)
+/* Tolerances, against the double-precision loop over the same (bf16-exact) inputs:
+**   f32 C:  |got - want| <= e = (k + 2) 2^-23 (|alpha| sum_p |a_ip b_pj| + |beta c_ij|) + 1e-6.
+**           Each of the k additions of an f32 accumulation, the alpha scale and the beta term
+**           rounds with relative error at most u = 2^-24, so a sum in any order is off by at
+**           most about (k + 2) u times the sum of the magnitudes; 2u per step leaves room for
+**           blocked and pairwise orders (bf16 dot-product instructions add products in pairs).
+**           The absolute 1e-6 covers results near 0 (hardware bf16 flushes subnormals).
+**   bf16 C: e, then one rounding to 8 significant bits, at most half an ulp, and an ulp is at
+**           most 2^-7 |x|: |got - want| <= e + 2^-8 (|want| + e). A truncating conversion (up
+**           to a whole ulp) or a second rounding breaks it for a large share of the elements;
+**           test_bf16_exact checks the tie rule itself, bit for bit. */
+static double tolerance(rt_dtype c, int k, double mag, double want)
+{
+    double e = (k + 2) * 0x1p-23 * mag + 1e-6;
+    return c == RT_BF16 ? e + 0x1p-8 * (fabs(want) + e) : e;
+}
+
+static uint32_t lcg(uint32_t *s)
 {
     *s = *s * 1664525u + 1013904223u;
-    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+    return *s >> 8;
+}
+
+/* Uniform in [-1, 1): 16 bits for f32, 8 (so exactly a bf16) for bf16. */
+static float frand(uint32_t *s, rt_dtype t)
+{
+    if (t == RT_BF16)
+        return (float)((int)(lcg(s) & 0xff) - 128) / 128.0f;
+    return (float)(lcg(s) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static int esize(rt_dtype t)
+{
+    return t == RT_BF16 ? 2 : 4;
+}
+
+/* Buffers as stored in dtype t: element i of p set to v (which must be a bf16 value already
+** for bf16: its upper half is kept) and read back. */
+static void store(void *p, rt_dtype t, size_t i, float v)
+{
+    if (t != RT_BF16) {
+        ((float *)p)[i] = v;
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if (u & 0xffff) {
+        fprintf(stderr, "t_gemm: %.9g is not a bf16 value\n", v);
+        exit(2);
+    }
+    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+}
+
+static float stored_value(const void *p, rt_dtype t, size_t i)
+{
+    return t == RT_BF16 ? t_bf16_value(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldc, batch;
     long sA, sB, sC;
     float alpha, beta;
-    rt_dtype ab;
+    rt_dtype ab, c;
 } gcase;
 
-/* Element (i, j) of op(X) for batch item b (X stored row-major at stride ld). */
-static double opx(const float *X, int trans, int ld, long stride, int b, int i, int j)
+/* Element (i, j) of op(X) for batch item b (X of dtype t stored row-major at stride ld). */
+static double opx(const void *X, rt_dtype t, int trans, int ld, long stride, int b, int i, int j)
 {
-    const float *x = X + b * stride;
-    return trans ? x[(size_t)j * (size_t)ld + i] : x[(size_t)i * (size_t)ld + j];
+    size_t at = (size_t)b * (size_t)stride;
+    at += trans ? (size_t)j * (size_t)ld + (size_t)i : (size_t)i * (size_t)ld + (size_t)j;
+    return stored_value(X, t, at);
 }
 
-static void run_case(const gcase *c, uint32_t seed, int nested)
+/* A case's buffers on the host, as stored: A, B (dtype ab), C's initial contents (dtype c). */
+typedef struct {
+    void *hA, *hB, *hC0;
+    size_t na, nb, nc;
+} gdata;
+
+static void data_make(gdata *d, const gcase *c, uint32_t seed)
 {
-    int arows = c->ta ? c->k : c->m, acols = c->ta ? c->m : c->k;
-    int brows = c->tb ? c->n : c->k, bcols = c->tb ? c->k : c->n;
+    int arows = c->ta ? c->k : c->m, brows = c->tb ? c->n : c->k;
     size_t nbat = c->batch > 0 ? (size_t)c->batch : 1;
-    size_t na = c->sA ? (size_t)c->sA * nbat : (size_t)arows * (size_t)c->lda;
-    size_t nb = c->sB ? (size_t)c->sB * nbat : (size_t)brows * (size_t)c->ldb;
-    size_t nc = (size_t)c->sC * (nbat - 1) + (size_t)c->m * (size_t)c->ldc + 1;
-    (void)acols;
-    (void)bcols;
-    float *A = t_alloc(na * 4 + 4), *B = t_alloc(nb * 4 + 4), *C0 = t_alloc(nc * 4);
-    float *C = t_alloc(nc * 4);
-    for (size_t i = 0; i < na; i++)
-        A[i] = c->ab == RT_BF16 ? t_round_bf16(frand(&seed)) : frand(&seed);
-    for (size_t i = 0; i < nb; i++)
-        B[i] = c->ab == RT_BF16 ? t_round_bf16(frand(&seed)) : frand(&seed);
-    for (size_t i = 0; i < nc; i++)
-        C0[i] = c->beta == 0.0f ? NAN : frand(&seed);
-    size_t es = c->ab == RT_BF16 ? 2 : 4;
-    void *hA = A, *hB = B;
-    if (c->ab == RT_BF16) {
-        uint16_t *a16 = t_alloc(na * 2 + 2), *b16 = t_alloc(nb * 2 + 2);
-        for (size_t i = 0; i < na; i++)
-            a16[i] = t_bf16_bits(A[i]);
-        for (size_t i = 0; i < nb; i++)
-            b16[i] = t_bf16_bits(B[i]);
-        hA = a16;
-        hB = b16;
-    }
-    void *dA = t_to_dev(hA, na * es), *dB = t_to_dev(hB, nb * es);
-    float *dC = t_to_dev(C0, nc * 4);
+    d->na = c->sA ? (size_t)c->sA * nbat : (size_t)arows * (size_t)c->lda;
+    d->nb = c->sB ? (size_t)c->sB * nbat : (size_t)brows * (size_t)c->ldb;
+    d->nc = (size_t)c->sC * (nbat - 1) + (size_t)c->m * (size_t)c->ldc + 1;
+    d->hA = t_alloc(d->na * 4 + 4);
+    d->hB = t_alloc(d->nb * 4 + 4);
+    d->hC0 = t_alloc(d->nc * 4);
+    for (size_t i = 0; i < d->na; i++)
+        store(d->hA, c->ab, i, frand(&seed, c->ab));
+    for (size_t i = 0; i < d->nb; i++)
+        store(d->hB, c->ab, i, frand(&seed, c->ab));
+    for (size_t i = 0; i < d->nc; i++)
+        store(d->hC0, c->c, i, c->beta == 0.0f ? NAN : frand(&seed, c->c));
+}
+
+static void data_free(gdata *d)
+{
+    free(d->hA);
+    free(d->hB);
+    free(d->hC0);
+}
+
+/* rt_gemm from inside rt_parallel_for: index b runs batch item b alone (CPU: host buffers). */
+typedef struct { const gcase *c; const char *A, *B; char *C; } nest_gemm;
+
+static void nest_gemm_body(void *ctx, int lo, int hi)
+{
+    const nest_gemm *g = ctx;
+    const gcase *c = g->c;
+    for (int b = lo; b < hi; b++)
+        rt_gemm(c->ta, c->tb, c->m, c->n, c->k, c->alpha,
+                g->A + (size_t)b * (size_t)c->sA * (size_t)esize(c->ab), c->lda, 0,
+                g->B + (size_t)b * (size_t)c->sB * (size_t)esize(c->ab), c->ldb, 0, c->beta,
+                g->C + (size_t)b * (size_t)c->sC * (size_t)esize(c->c), c->ldc, 0, 1, c->ab,
+                c->c);
+}
+
+/* Run case c on device copies of d; the result (as stored) into a new host buffer. nested:
+** one call per batch item, from inside rt_parallel_for on the CPU (in turn on CUDA, whose
+** rt_gemm belongs to the main thread). */
+static void *run_gemm(const gcase *c, const gdata *d, int nested)
+{
+    size_t es = (size_t)esize(c->ab), cs = (size_t)esize(c->c);
+    void *dA = t_to_dev(d->hA, d->na * es), *dB = t_to_dev(d->hB, d->nb * es);
+    void *dC = t_to_dev(d->hC0, d->nc * cs);
     if (!nested) {
         rt_gemm(c->ta, c->tb, c->m, c->n, c->k, c->alpha, dA, c->lda, c->sA, dB, c->ldb, c->sB,
-                c->beta, dC, c->ldc, c->sC, c->batch, c->ab, RT_F32);
+                c->beta, dC, c->ldc, c->sC, c->batch, c->ab, c->c);
     } else {
-        /* one rt_gemm per batch item from inside rt_parallel_for (single-threaded there) */
-        for (int b = 0; b < c->batch; b++)
-            rt_gemm(c->ta, c->tb, c->m, c->n, c->k, c->alpha, (char *)dA + (size_t)b * c->sA * es,
-                    c->lda, 0, (char *)dB + (size_t)b * c->sB * es, c->ldb, 0, c->beta,
-                    dC + (size_t)b * c->sC, c->ldc, 0, 1, c->ab, RT_F32);
+        nest_gemm g = { c, dA, dB, dC };
+        if (strcmp(rt_backend(), "cpu") == 0)
+            rt_parallel_for(c->batch, nest_gemm_body, &g);
+        else
+            nest_gemm_body(&g, 0, c->batch);
     }
-    t_to_host(C, dC, nc * 4);
+    void *hC = t_alloc(d->nc * cs);
+    t_to_host(hC, dC, d->nc * cs);
+    rt_free(dA);
+    rt_free(dB);
+    rt_free(dC);
+    return hC;
+}
+
+static char *case_name(char *buf, size_t len, const gcase *c, int nested)
+{
+    snprintf(buf, len, "gemm %s->%s ta%d tb%d m%d n%d k%d lda%d ldb%d ldc%d batch%d sA%ld sB%ld "
+             "sC%ld a%g b%g%s", rt_dtype_name(c->ab), rt_dtype_name(c->c), c->ta, c->tb, c->m,
+             c->n, c->k, c->lda, c->ldb, c->ldc, c->batch, c->sA, c->sB, c->sC, c->alpha,
+             c->beta, nested ? " nested" : "");
+    return buf;
+}
+
+/* Check element (b, i, j) of the result against the double-precision loop; 1 if wrong. */
+static int check_elem(const gcase *c, const gdata *d, const void *hC, int b, int i, int j,
+                      int *bad, int nested)
+{
+    double s = 0, mag = 0;
+    for (int p = 0; p < c->k; p++) {
+        double v = opx(d->hA, c->ab, c->ta, c->lda, c->sA, b, i, p) *
+                   opx(d->hB, c->ab, c->tb, c->ldb, c->sB, b, p, j);
+        s += v;
+        mag += fabs(v);
+    }
+    size_t at = (size_t)b * (size_t)c->sC + (size_t)i * (size_t)c->ldc + (size_t)j;
+    double old = c->beta == 0.0f ? 0.0 : (double)c->beta * stored_value(d->hC0, c->c, at);
+    double want = c->alpha * s + old;
+    double tol = tolerance(c->c, c->k, fabs(c->alpha) * mag + fabs(old), want);
+    double got = stored_value(hC, c->c, at);
+    t_checks++;
+    if (fabs(got - want) <= tol)
+        return 0;
+    if ((*bad)++ < 3) {
+        char name[256];
+        T_EXPECT(0, "%s: C[%d][%d][%d] = %.9g, want %.9g (tolerance %.3g)",
+                 case_name(name, sizeof name, c, nested), b, i, j, got, want, tol);
+    }
+    return 1;
+}
+
+/* Run a case and check it: every element, or for large ones elements in the rows and columns
+** next to the CPU's block edges and others at random (about 5e6 multiply-adds of reference in
+** all); nothing outside the matrices may change. */
+static void run_case(const gcase *c, uint32_t seed, int nested)
+{
+    gdata d;
+    data_make(&d, c, seed);
+    void *hC = run_gemm(c, &d, nested);
     int bad = 0;
-    for (int b = 0; b < c->batch; b++)
-        for (int i = 0; i < c->m; i++)
-            for (int j = 0; j < c->n; j++) {
-                double s = 0, mag = 0;
-                for (int p = 0; p < c->k; p++) {
-                    double v = opx(A, c->ta, c->lda, c->sA, b, i, p) *
-                               opx(B, c->tb, c->ldb, c->sB, b, p, j);
-                    s += v;
-                    mag += fabs(v);
+    if ((double)c->m * c->n * c->batch * (c->k + 1) <= 5e6) {
+        for (int b = 0; b < c->batch; b++)
+            for (int i = 0; i < c->m; i++)
+                for (int j = 0; j < c->n; j++)
+                    check_elem(c, &d, hC, b, i, j, &bad, nested);
+    } else {
+        static const int edges[] = { 0, 1, 127, 128, 129, 255, 256, 257 };
+        uint32_t s = seed;
+        int samples = (int)(5e6 / (c->k + 1)), per_edge = samples / 200 + 1;
+        for (int b = 0; b < c->batch; b++)
+            for (size_t e = 0; e < sizeof edges / sizeof edges[0]; e++)
+                for (int x = 0; x < per_edge; x++) {
+                    if (edges[e] < c->m)
+                        check_elem(c, &d, hC, b, edges[e], (int)(lcg(&s) % (uint32_t)c->n),
+                                   &bad, nested);
+                    if (edges[e] < c->n)
+                        check_elem(c, &d, hC, b, (int)(lcg(&s) % (uint32_t)c->m), edges[e],
+                                   &bad, nested);
                 }
-                size_t at = (size_t)b * (size_t)c->sC + (size_t)i * (size_t)c->ldc + (size_t)j;
-                double want = c->alpha * s + (c->beta == 0.0f ? 0.0 : c->beta * C0[at]);
-                /* f32 accumulation bound ~ (k + 2) * 2^-23 relative to the magnitudes */
-                double tol = (c->k + 2) * 1.2e-7 *
-                             (fabs(c->alpha) * mag + (c->beta ? fabs(c->beta * C0[at]) : 0)) +
-                             1e-6;
-                double got = C[at];
-                if (!(fabs(got - want) <= tol) && bad++ < 3)
-                    T_EXPECT(0, "gemm %s ta%d tb%d m%d n%d k%d lda%d ldb%d ldc%d batch%d sA%ld "
-                             "sB%ld a%g b%g%s: C[%d][%d][%d] = %.9g, want %.9g",
-                             rt_dtype_name(c->ab), c->ta, c->tb, c->m, c->n, c->k, c->lda,
-                             c->ldb, c->ldc, c->batch, c->sA, c->sB, c->alpha, c->beta,
-                             nested ? " nested" : "", b, i, j, got, want);
-                t_checks++;
-            }
-    /* outside the matrices (row padding, between batches) nothing may change */
-    for (size_t at = 0; at < nc; at++) {
+        for (int x = 0; x < samples / 2; x++)
+            check_elem(c, &d, hC, (int)(lcg(&s) % (uint32_t)c->batch),
+                       (int)(lcg(&s) % (uint32_t)c->m), (int)(lcg(&s) % (uint32_t)c->n), &bad,
+                       nested);
+        if (c->m > 0 && c->n > 0)
+            check_elem(c, &d, hC, c->batch - 1, c->m - 1, c->n - 1, &bad, nested);
+    }
+    /* outside the matrices (row padding, between batches) nothing may change, bit for bit */
+    size_t cs = (size_t)esize(c->c);
+    int outside = 0;
+    for (size_t at = 0; at < d.nc; at++) {
         size_t b = c->sC ? at / (size_t)c->sC : 0, rem = c->sC ? at % (size_t)c->sC : at;
         int inside = b < (size_t)c->batch && rem / (size_t)c->ldc < (size_t)c->m &&
                      rem % (size_t)c->ldc < (size_t)c->n;
         if (c->m == 0 || c->n == 0)
             inside = 0;
-        if (!inside && !(C[at] == C0[at] || (isnan(C[at]) && isnan(C0[at]))))
-            T_EXPECT(0, "gemm m%d n%d ldc%d sC%ld: wrote outside C at %zu", c->m, c->n, c->ldc,
-                     c->sC, at);
+        if (!inside && memcmp((char *)hC + at * cs, (char *)d.hC0 + at * cs, cs) != 0 &&
+            outside++ == 0) {
+            char name[256];
+            T_EXPECT(0, "%s: wrote outside C at %zu", case_name(name, sizeof name, c, nested),
+                     at);
+        }
     }
-    rt_free(dA);
-    rt_free(dB);
-    rt_free(dC);
-    if (hA != A) {
-        free(hA);
-        free(hB);
-    }
-    free(A);
-    free(B);
-    free(C0);
-    free(C);
+    free(hC);
+    data_free(&d);
 }
 
 static void gemm_case(int ta, int tb, int m, int n, int k, int pad, int batch, int shareB,
-                      float alpha, float beta, rt_dtype ab, int nested)
+                      float alpha, float beta, rt_dtype ab, rt_dtype cd, int nested)
 {
     gcase c;
     c.ta = ta;
@@ -141,7 +267,232 @@ static void gemm_case(int ta, int tb, int m, int n, int k, int pad, int batch, i
     c.alpha = alpha;
     c.beta = beta;
     c.ab = ab;
+    c.c = cd;
     run_case(&c, (uint32_t)(m * 131 + n * 17 + k * 7 + ta + 2 * tb + batch), nested);
+}
+
+/* -- bf16 rounding, exactly --------------------------------------------------------------- */
+
+/* Products of small integers: every f32 sum is exact, so a bf16 C must hold the exact
+** alpha * AB + beta * C rounded once to nearest even, bit for bit (257 -> 256, 259 -> 260,
+** 1030 -> 1032: ties go to the even significand). Every path: OpenBLAS-size and oneDNN-size
+** GEMMs, f32 and bf16 inputs, beta 0 / 1 / -2, the k = 0 and alpha = 0 scaling, and NaN in A
+** making its row NaN. */
+static void exact_case(int ta, int tb, int m, int n, int k, float alpha, float beta,
+                       rt_dtype ab, int nan_row)
+{
+    gcase c = { ta, tb, m, n, k, ta ? m : k, tb ? k : n, n, 1, 0, 0, 0, alpha, beta, ab,
+                RT_BF16 };
+    gdata d;
+    uint32_t s = (uint32_t)(m + 3 * n + 7 * k);
+    d.na = (size_t)m * (size_t)k + 1;
+    d.nb = (size_t)k * (size_t)n + 1;
+    d.nc = (size_t)m * (size_t)n;
+    d.hA = t_alloc(d.na * 4);
+    d.hB = t_alloc(d.nb * 4);
+    d.hC0 = t_alloc(d.nc * 4);
+    for (size_t i = 0; i < d.na; i++)
+        store(d.hA, ab, i, (float)((int)(lcg(&s) % 41) - 20));
+    for (size_t i = 0; i < d.nb; i++)
+        store(d.hB, ab, i, (float)((int)(lcg(&s) % 41) - 20));
+    for (size_t i = 0; i < d.nc; i++)
+        store(d.hC0, RT_BF16, i, beta == 0.0f ? NAN : (float)((int)(lcg(&s) % 513) - 256));
+    if (nan_row)                /* element (0, 0) of op(A): row 0 of C becomes NaN */
+        store(d.hA, ab, 0, NAN);
+    uint16_t *got = run_gemm(&c, &d, 0);
+    int bad = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double sum = 0;
+            for (int p = 0; p < k; p++)
+                sum += opx(d.hA, ab, ta, c.lda, 0, 0, i, p) * opx(d.hB, ab, tb, c.ldb, 0, 0, p, j);
+            size_t at = (size_t)i * (size_t)n + (size_t)j;
+            double old = beta == 0.0f ? 0.0 : beta * stored_value(d.hC0, RT_BF16, at);
+            double want = (k == 0 ? 0.0 : alpha * sum) + old;
+            uint16_t g = got[at];
+            int ok = isnan(want) ? (g & 0x7f80) == 0x7f80 && (g & 0x7f) != 0
+                                 : g == t_bf16_bits((float)want);
+            t_checks++;
+            if (!ok && bad++ < 3) {
+                char name[256];
+                T_EXPECT(0, "%s exact: C[%d][%d] = %.9g (bits %04x), want %.9g rounded to "
+                         "%.9g (bits %04x)", case_name(name, sizeof name, &c, 0), i, j,
+                         t_bf16_value(g), g, want, t_round_bf16((float)want),
+                         t_bf16_bits((float)want));
+            }
+        }
+    free(got);
+    data_free(&d);
+}
+
+static void test_bf16_exact(void)
+{
+    static const float betas[] = { 0.0f, 1.0f, -2.0f };
+    for (int ai = 0; ai < 2; ai++) {
+        rt_dtype ab = ai ? RT_BF16 : RT_F32;
+        for (int t = 0; t < 4; t++)
+            for (int bi = 0; bi < 3; bi++) {
+                exact_case(t & 1, t >> 1, 8, 24, 2, 1.0f, betas[bi], ab, 0);        /* small */
+                exact_case(t & 1, t >> 1, 300, 600, 16, 0.5f, betas[bi], ab, 0);    /* split */
+                exact_case(t & 1, t >> 1, 40, 1000, 16, 1.0f, betas[bi], ab, 0);    /* columns */
+            }
+        exact_case(0, 0, 8, 24, 2, 1.0f, 1.0f, ab, 1);          /* NaN in A: its row is NaN */
+        exact_case(0, 1, 300, 600, 16, 1.0f, 0.0f, ab, 1);
+        exact_case(0, 0, 9, 7, 0, 1.0f, 3.0f, ab, 0);           /* k = 0: C = 3 C, rounded */
+        exact_case(1, 0, 9, 7, 5, 0.0f, -3.0f, ab, 0);          /* alpha = 0 */
+        exact_case(1, 0, 9, 7, 5, 0.0f, 0.0f, ab, 0);           /* ... over NaN, beta = 0 */
+    }
+}
+
+/* -- Thread count, nesting, the primitive cache (CPU) ------------------------------------- */
+
+static void set_pool(int threads)
+{
+    rt__pool_shutdown();
+    rt__pool_init(threads);
+}
+
+/* rt.h: the same call gives the same bits on 1, 2 or 3 threads and from inside an
+** rt_parallel_for body (CPU; the parts depend on the shape alone). */
+static void test_threads_identical(void)
+{
+    if (strcmp(rt_backend(), "cpu") != 0)
+        return;
+    static const int shapes[][7] = {    /* ta tb m n k batch shareB */
+        { 0, 1, 256, 2304, 768, 1, 0 },     /* two row blocks (qkv forward) */
+        { 1, 0, 768, 768, 256, 1, 0 },      /* six row blocks, A transposed (weight grad) */
+        { 0, 0, 40, 3072, 768, 1, 0 },      /* column blocks */
+        { 0, 1, 300, 17, 500, 1, 0 },       /* a short last block (OpenBLAS-size for f32) */
+        { 0, 1, 256, 256, 64, 12, 1 },      /* batch items, shared B */
+    };
+    static const rt_dtype types[4][2] = { { RT_F32, RT_F32 }, { RT_BF16, RT_BF16 },
+                                          { RT_F32, RT_BF16 }, { RT_BF16, RT_F32 } };
+    int threads0 = rt_threads();
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ti = 0; ti < 4; ti++) {
+            const int *sh = shapes[si];
+            gcase c = { sh[0], sh[1], sh[2], sh[3], sh[4], sh[0] ? sh[2] : sh[4],
+                        sh[1] ? sh[4] : sh[3], sh[3], sh[5], (long)sh[2] * sh[4],
+                        sh[6] ? 0 : (long)sh[3] * sh[4], (long)sh[2] * sh[3], 0.5f, 0.25f,
+                        types[ti][0], types[ti][1] };
+            gdata d;
+            data_make(&d, &c, (uint32_t)(si * 4 + (size_t)ti));
+            size_t bytes = d.nc * (size_t)esize(c.c);
+            void *ref = NULL;
+            char name[256];
+            case_name(name, sizeof name, &c, 0);
+            for (int t = 1; t <= 3; t++) {
+                set_pool(t);
+                for (int nested = 0; nested < (c.batch > 1 ? 2 : 1); nested++) {
+                    void *got = run_gemm(&c, &d, nested);
+                    if (!ref) {
+                        ref = got;
+                        continue;
+                    }
+                    T_EXPECT(memcmp(got, ref, bytes) == 0, "%s: %d thread(s)%s differ from 1 "
+                             "thread in the last bits", name, t, nested ? ", nested" : "");
+                    free(got);
+                }
+            }
+            free(ref);
+            data_free(&d);
+        }
+    set_pool(threads0);
+}
+
+/* Primitives are created once per shape, kept up to RT__GEMM_CACHE_MAX, least recently used
+** evicted first; results do not change when one is created again. */
+static void test_cache(void)
+{
+    if (strcmp(rt_backend(), "cpu") != 0)
+        return;
+    gcase c = { 0, 1, 211, 67, 64, 64, 64, 67, 1, 0, 0, 0, 1.0f, 0.0f, RT_BF16, RT_F32 };
+    gdata d;
+    data_make(&d, &c, 99);
+    long c0, c1, c2;
+    int n0, n1;
+    rt_gemm_cache_stats(&c0, &n0);
+    void *first = run_gemm(&c, &d, 0);
+    rt_gemm_cache_stats(&c1, &n1);
+    T_EXPECT(c1 == c0 + 1, "gemm cache: a new shape created %ld primitives, want 1", c1 - c0);
+    void *again = run_gemm(&c, &d, 0);
+    rt_gemm_cache_stats(&c2, &n1);
+    T_EXPECT(c2 == c1, "gemm cache: the same shape again created %ld primitives, want 0",
+             c2 - c1);
+    free(again);
+    /* more distinct shapes than the cache holds: bounded, the first one evicted */
+    uint16_t *a = rt_malloc(300 * 8 * 2), *b = rt_malloc(8 * 8 * 2);
+    float *o = rt_malloc(300 * 8 * 4);
+    for (int m = 1; m <= RT__GEMM_CACHE_MAX + 44; m++)
+        rt_gemm(0, 0, m, 8, 8, 1.0f, a, 8, 0, b, 8, 0, 0.0f, o, 8, 0, 1, RT_BF16, RT_F32);
+    rt_gemm_cache_stats(&c1, &n1);
+    T_EXPECT(n1 <= RT__GEMM_CACHE_MAX, "gemm cache holds %d primitives, limit %d", n1,
+             (int)RT__GEMM_CACHE_MAX);
+    T_EXPECT(c1 - c2 == RT__GEMM_CACHE_MAX + 44, "gemm cache: %d new shapes created %ld",
+             (int)RT__GEMM_CACHE_MAX + 44, c1 - c2);
+    void *third = run_gemm(&c, &d, 0);
+    rt_gemm_cache_stats(&c2, &n1);
+    T_EXPECT(c2 == c1 + 1, "gemm cache: the least recently used shape was not evicted");
+    T_EXPECT(memcmp(first, third, d.nc * 4) == 0, "gemm cache: a re-created primitive gives "
+             "other bits");
+    rt_free(a);
+    rt_free(b);
+    rt_free(o);
+    free(first);
+    free(third);
+    data_free(&d);
+}
+
+/* -- rt_mem_stats ---------------------------------------------------------------------------- */
+
+/* The runtime's own device bytes right after rt_init (rt.h). */
+static size_t runtime_bytes(void)
+{
+    return strcmp(rt_backend(), "cpu") == 0 ? 0 : RT_CUDA_WORKSPACE_BYTES + RT_CUDA_STAGE_BYTES;
+}
+
+/* Exactly the requested bytes, live and peak, through growth of the runtime's table and frees
+** in another order than the allocations; rt_free(NULL) changes nothing. */
+static void test_mem_stats(void)
+{
+    size_t live0, peak0, live, peak;
+    rt_mem_stats(&live0, &peak0);
+    void *a = rt_malloc(1000003), *z = rt_malloc(0);
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 + 1000003 && peak == (peak0 > live ? peak0 : live),
+             "rt_mem_stats after rt_malloc(1000003) and rt_malloc(0): live %zu peak %zu, "
+             "want live %zu", live, peak, live0 + 1000003);
+    rt_free(a);
+    rt_free(z);
+    rt_free(NULL);
+    size_t top = peak;
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 && peak == top, "rt_mem_stats after rt_free: live %zu peak %zu, "
+             "want %zu and %zu", live, peak, live0, top);
+    enum { NB = 3000 };
+    void **p = t_alloc(NB * sizeof *p);
+    size_t sum = 0;
+    for (int i = 0; i < NB; i++) {
+        p[i] = rt_malloc((size_t)i * 7 + 1);
+        sum += (size_t)i * 7 + 1;
+    }
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 + sum, "rt_mem_stats with %d blocks: live %zu, want %zu", NB, live,
+             live0 + sum);
+    uint32_t s = 17;
+    for (int i = NB - 1; i > 0; i--) {          /* free in a shuffled order */
+        int j = (int)(lcg(&s) % (uint32_t)(i + 1));
+        void *t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    for (int i = 0; i < NB; i++)
+        rt_free(p[i]);
+    size_t want_peak = live0 + sum > top ? live0 + sum : top;
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0 && peak == want_peak, "rt_mem_stats after freeing %d blocks: live "
+             "%zu peak %zu, want %zu and %zu", NB, live, peak, live0, want_peak);
+    free(p);
 }
 
 /* -- rt_parallel_for ------------------------------------------------------------------------- */
@@ -200,7 +551,8 @@ static void test_parallel_for(void)
     free(c.dst);
 }
 
-/* rt_gemm from inside rt_parallel_for bodies, one batch item per index. */
+/* rt_gemm from inside rt_parallel_for bodies, one batch item per index, against the batched
+** call: bit for bit (rt.h: nested calls run the same parts). */
 typedef struct { int ta, tb, m, n, k; const float *A, *B; float *C; } pg_ctx;
 
 static void pg_body(void *ctx, int lo, int hi)
@@ -222,18 +574,15 @@ static void test_gemm_in_parallel_for(void)
     float *A = t_alloc((size_t)nb * m * k * 4), *B = t_alloc((size_t)nb * k * n * 4);
     float *C = t_alloc((size_t)nb * m * n * 4), *R = t_alloc((size_t)nb * m * n * 4);
     for (int i = 0; i < nb * m * k; i++)
-        A[i] = frand(&s);
+        A[i] = frand(&s, RT_F32);
     for (int i = 0; i < nb * k * n; i++)
-        B[i] = frand(&s);
+        B[i] = frand(&s, RT_F32);
     pg_ctx c = { 0, 1, m, n, k, A, B, C };
     rt_parallel_for(nb, pg_body, &c);
     rt_gemm(0, 1, m, n, k, 1.0f, A, k, (long)m * k, B, k, (long)k * n, 0.0f, R, n, (long)m * n,
             nb, RT_F32, RT_F32);
-    int bad = 0;
-    for (int i = 0; i < nb * m * n; i++)
-        bad += fabsf(C[i] - R[i]) > 1e-4f;
-    T_EXPECT(bad == 0, "rt_gemm inside rt_parallel_for: %d of %d differ from the batched call",
-             bad, nb * m * n);
+    T_EXPECT(memcmp(C, R, (size_t)nb * m * n * 4) == 0,
+             "rt_gemm inside rt_parallel_for differs from the batched call");
     free(A);
     free(B);
     free(C);
@@ -283,40 +632,66 @@ static void test_memory(void)
 int main(int argc, char **argv)
 {
     rt_init(&argc, &argv, 1, "tp1 pp1 dp1");
-    rt_dtype abs[2] = { RT_F32, RT_BF16 };
+    size_t live0, peak0;
+    rt_mem_stats(&live0, &peak0);
+    T_EXPECT(live0 == runtime_bytes() && peak0 == live0, "rt_mem_stats after rt_init: live %zu "
+             "peak %zu, want %zu (the runtime's own workspaces)", live0, peak0, runtime_bytes());
+    static const rt_dtype types[4][2] = { { RT_F32, RT_F32 }, { RT_BF16, RT_F32 },
+                                          { RT_F32, RT_BF16 }, { RT_BF16, RT_BF16 } };
     static const int dims[][3] = {
         { 1, 1, 1 }, { 3, 5, 7 }, { 17, 33, 9 }, { 64, 64, 64 }, { 129, 67, 250 },
         { 5, 200, 3 }, { 2, 3, 1 },
     };
-    for (int ai = 0; ai < 2; ai++)
+    for (int ti = 0; ti < 4; ti++) {
+        rt_dtype ab = types[ti][0], cd = types[ti][1];
         for (int ta = 0; ta < 2; ta++)
-            for (int tb = 0; tb < 2; tb++)
+            for (int tb = 0; tb < 2; tb++) {
                 for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
                     const int *s = dims[d];
-                    gemm_case(ta, tb, s[0], s[1], s[2], 0, 1, 0, 1.0f, 0.0f, abs[ai], 0);
-                    gemm_case(ta, tb, s[0], s[1], s[2], 3, 3, 0, 0.5f, -0.25f, abs[ai], 0);
-                    gemm_case(ta, tb, s[0], s[1], s[2], 1, 2, 1, -1.5f, 1.0f, abs[ai], 0);
+                    gemm_case(ta, tb, s[0], s[1], s[2], 0, 1, 0, 1.0f, 0.0f, ab, cd, 0);
+                    gemm_case(ta, tb, s[0], s[1], s[2], 3, 3, 0, 0.5f, -0.25f, ab, cd, 0);
+                    gemm_case(ta, tb, s[0], s[1], s[2], 1, 2, 1, -1.5f, 1.0f, ab, cd, 0);
                 }
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) {
-            /* zero sizes; k = 0 scales C by beta; alpha = 0 too */
-            gemm_case(ta, tb, 0, 5, 3, 1, 2, 0, 1.0f, 0.5f, RT_F32, 0);
-            gemm_case(ta, tb, 4, 0, 3, 1, 2, 0, 1.0f, 0.5f, RT_F32, 0);
-            gemm_case(ta, tb, 4, 5, 0, 1, 2, 0, 1.0f, 0.5f, RT_F32, 0);
-            gemm_case(ta, tb, 4, 5, 0, 1, 2, 0, 1.0f, 0.0f, RT_BF16, 0);
-            gemm_case(ta, tb, 4, 5, 6, 1, 2, 0, 0.0f, 2.0f, RT_F32, 0);
-            gemm_case(ta, tb, 4, 5, 6, 1, 0, 0, 1.0f, 2.0f, RT_F32, 0);
-            /* GPT-2 shapes (B*T = 256) through the threaded path, and per-item nesting */
-            gemm_case(ta, tb, 256, 768, 192, 0, 1, 0, 1.0f, 0.0f, RT_F32, 0);
-            gemm_case(ta, tb, 96, 256, 768, 2, 1, 0, 1.0f, 1.0f, RT_BF16, 0);
-            gemm_case(ta, tb, 64, 64, 64, 0, 12, 0, 1.0f, 0.0f, RT_F32, 1);
+                /* zero sizes; k = 0 scales C by beta; alpha = 0 too; beta = 0 over NaN */
+                gemm_case(ta, tb, 0, 5, 3, 1, 2, 0, 1.0f, 0.5f, ab, cd, 0);
+                gemm_case(ta, tb, 4, 0, 3, 1, 2, 0, 1.0f, 0.5f, ab, cd, 0);
+                gemm_case(ta, tb, 4, 5, 0, 1, 2, 0, 1.0f, 0.5f, ab, cd, 0);
+                gemm_case(ta, tb, 4, 5, 0, 1, 2, 0, 1.0f, 0.0f, ab, cd, 0);
+                gemm_case(ta, tb, 4, 5, 6, 1, 2, 0, 0.0f, 2.0f, ab, cd, 0);
+                gemm_case(ta, tb, 4, 5, 6, 1, 2, 0, 0.0f, 0.0f, ab, cd, 0);
+                gemm_case(ta, tb, 4, 5, 6, 1, 0, 0, 1.0f, 2.0f, ab, cd, 0);
+                /* the threaded path: row blocks (with a short last one), column blocks,
+                ** padded and strided, shared B, and per-item nesting */
+                gemm_case(ta, tb, 300, 17, 500, 2, 2, 1, 1.0f, 0.5f, ab, cd, 0);
+                gemm_case(ta, tb, 40, 1100, 200, 3, 1, 0, -0.5f, 1.0f, ab, cd, 0);
+                gemm_case(ta, tb, 96, 256, 768, 2, 1, 0, 1.0f, 1.0f, ab, cd, 0);
+                gemm_case(ta, tb, 64, 64, 64, 0, 12, 0, 1.0f, 0.0f, ab, cd, 1);
+                gemm_case(ta, tb, 130, 140, 150, 5, 3, 1, 2.0f, -1.0f, ab, cd, 1);
+            }
+    }
+    /* GPT-2 124M at B*T = 256 tokens, C = 768, vocabulary padded to 50304; the weight stored
+    ** (out, in): forward Y = X W^T, input grad dX = dY W, weight grad dW += dY^T X. f32, and
+    ** bf16 inputs with bf16 activations and f32 weight grads. */
+    static const int gpt2[][2] = { { 2304, 768 }, { 3072, 768 }, { 768, 3072 }, { 50304, 768 } };
+    for (int ai = 0; ai < 2; ai++)
+        for (size_t g = 0; g < sizeof gpt2 / sizeof gpt2[0]; g++) {
+            rt_dtype ab = ai ? RT_BF16 : RT_F32, act = ab;
+            int out = gpt2[g][0], in = gpt2[g][1];
+            gemm_case(0, 1, 256, out, in, 0, 1, 0, 1.0f, 0.0f, ab, act, 0);
+            gemm_case(0, 0, 256, in, out, 0, 1, 0, 1.0f, 0.0f, ab, act, 0);
+            gemm_case(1, 0, out, in, 256, 0, 1, 0, 1.0f, 1.0f, ab, RT_F32, 0);
         }
-    gemm_case(0, 1, 256, 2304, 768, 0, 1, 0, 1.0f, 0.0f, RT_F32, 0);   /* qkv forward */
-    gemm_case(1, 0, 768, 3072, 256, 0, 1, 0, 1.0f, 1.0f, RT_F32, 0);   /* fc weight grad */
-    gemm_case(0, 0, 300, 17, 500, 0, 5, 0, 1.0f, 0.0f, RT_F32, 0);     /* tall: split rows */
+    test_bf16_exact();
+    test_threads_identical();
+    test_cache();
     test_parallel_for();
     test_gemm_in_parallel_for();
     test_memory();
+    test_mem_stats();
+    size_t live, peak;
+    rt_mem_stats(&live, &peak);
+    T_EXPECT(live == live0, "rt_mem_stats at the end: live %zu, want %zu (a block not freed)",
+             live, live0);
     int bad = t_finish("compute");
     rt_finalize();
     return bad;
