@@ -41,6 +41,11 @@ NMB           ?=
 SEQ           ?=
 SP            ?=
 DIST_OPT      ?=
+BF16          ?=
+RECOMPUTE     ?=
+RECOMPUTE_METHOD ?=
+RECOMPUTE_LAYERS ?=
+RECOMPUTE_MODULES ?=
 RANK          ?=
 
 # make run: training flags and the demo defaults (tiny on the fortunes corpus).
@@ -105,7 +110,11 @@ GENFLAGS = $(MODEL) \
     $(if $(FIRST_LAYERS),--first-layers $(FIRST_LAYERS)) \
     $(if $(LAST_LAYERS),--last-layers $(LAST_LAYERS)) \
     $(if $(MBS),--mbs $(MBS)) $(if $(NMB),--nmb $(NMB)) $(if $(SEQ),--seq $(SEQ)) \
-    $(if $(filter 1 yes,$(SP)),--sp) $(if $(filter 1 yes,$(DIST_OPT)),--dist-opt)
+    $(if $(filter 1 yes,$(SP)),--sp) $(if $(filter 1 yes,$(DIST_OPT)),--dist-opt) \
+    $(if $(filter 1 yes,$(BF16)),--bf16) $(if $(RECOMPUTE),--recompute $(RECOMPUTE)) \
+    $(if $(RECOMPUTE_METHOD),--recompute-method $(RECOMPUTE_METHOD)) \
+    $(if $(RECOMPUTE_LAYERS),--recompute-layers $(RECOMPUTE_LAYERS)) \
+    $(if $(RECOMPUTE_MODULES),--recompute-modules $(RECOMPUTE_MODULES))
 
 all: $(ALL_TARGETS)
 

@@ -37,6 +37,11 @@
     _("seq",          INT,  "N",    "sequence length") \
     _("sp",           FLAG, "",     "sequence parallelism") \
     _("dist-opt",     FLAG, "",     "distributed optimizer") \
+    _("bf16",         FLAG, "",     "bf16 mixed precision (f32 main weights, gradients)") \
+    _("recompute",    STR,  "G",    "activation recompute: selective or full") \
+    _("recompute-method", STR, "M", "full: uniform or block") \
+    _("recompute-layers", INT, "N", "full: layers per group (uniform) or chunk (block)") \
+    _("recompute-modules", STR, "L", "selective: core_attn (default), layernorm, mlp") \
     _("out",          STR,  "DIR",  "output directory (default out/<model>-tp<T>-...)") \
     _("print-out",    FLAG, "",     "print the output directory and exit") \
     _("inspect",      FLAG, "",     "print the report to stdout; write nothing") \
@@ -89,9 +94,9 @@ static void print_usage(FILE *f)
         const opt_def *o = &gen_options[i];
         char left[40];
         snprintf(left, sizeof left, "--%s%s%s", o->name, o->metavar[0] ? " " : "", o->metavar);
-        fprintf(f, "  %-18s  %s\n", left, o->help);
+        fprintf(f, "  %-22s  %s\n", left, o->help);
     }
-    fprintf(f, "  %-18s  %s\n", "-h, --help", "print this help and exit");
+    fprintf(f, "  %-22s  %s\n", "-h, --help", "print this help and exit");
     fputs("\nValues: --tp 8 or --tp=8. Exit status: 0 ok, 1 error in the input, 2 usage\n"
           "error, 3 internal error (a generator bug; please report it).\n", f);
 }

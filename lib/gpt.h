@@ -41,6 +41,8 @@ typedef struct {
     float ln_eps, att_scale;  /* LayerNorm eps, 1/sqrt(head_dim) */
     float dloss;              /* d(step loss)/d(token loss) = 1/(N*NMB) */
     int tp, sp;               /* tensor-parallel size; sequence parallelism (0/1) */
+    rt_dtype act;             /* parameters and activations: RT_F32, or RT_BF16 (BF16=1) */
+    int rc_attn, rc_ln, rc_mlp;   /* selective recompute: attention core, LayerNorms, MLP */
     /* mixture of experts (moe = 0: a dense MLP; the rest unused) */
     int moe, experts, topk, ep, etp, experts_local, eff_local;
     int pre_softmax, bias;    /* softmax over all experts before top-k; expert biases (0/1) */
@@ -182,6 +184,15 @@ typedef struct {
                                  GPT_VOCAB_ROWS */
 } gpt_piece;
 
+/* Where a layer keeps its activations (docs/megatron.md §9.2): work < 0, all in its
+** activation slot; else the buffers recompute drops (the gpt_mem entries marked 'work') live
+** in the stage's recompute workspace at position 'work' and are computed again in the
+** backward pass; keep_out: its output (res2) stays in the slot all the same. */
+typedef struct {
+    short work;
+    short keep_out;
+} gpt_layer_store;
+
 /* A model chunk of the stage: its layers, activation slots and duties, and the tables of its
 ** layers' tensors: one layer's (every layer of a chunk has the same layout) and each layer's
 ** base offset in every buffer of the stage. */
@@ -194,20 +205,22 @@ typedef struct {
     int npieces;
     const gpt_piece *pieces;  /* param: a row of 'params' */
     const size_t *bases;      /* [layers * nbuffers]: layer j's base offset in buffer b */
+    const gpt_layer_store *store;   /* [layers]; NULL: no recompute, all in the slot */
 } gpt_chunk_info;
 
 /* ORDER GPT_MEM: every device buffer the library allocates, with the generator's size.
-** L_: per layer and activation slot; C_: per chunk slot; H_: head; S_: stage scratch; ML_/MS_:
-** mixture-of-experts layer activations / scratch; X_: misc. (i): int elements, else f32. */
+** L_: per layer and activation slot (or recompute workspace position); C_: per chunk slot;
+** H_: head; S_: stage scratch; ML_/MS_: mixture-of-experts layer activations / scratch;
+** X_: misc. The element types are the generator's (gen/lua/program.lua MEMS). */
 #define GPT_MEMS(_) \
-    _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_LN1_FULL) _(L_QKV) _(L_LSE) _(L_ATTY) _(L_RES1) \
-    _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_LN2_FULL) _(L_FC) _(L_GELU) _(L_RES2) \
+    _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_QKV) _(L_LSE) _(L_ATTY) _(L_RES1) \
+    _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_FC) _(L_GELU) _(L_RES2) \
     _(ML_SCORES) _(ML_PROB) _(ML_SEL) _(ML_POS) _(ML_SEND_TOK) _(ML_ORDER) _(ML_UNORDER) \
     _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) \
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
-    _(S_FULL) _(S_FULL_SP) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_LOGITS) _(S_CE) \
-    _(S_TARGETS) \
+    _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_LOGITS) \
+    _(S_CE) _(S_TARGETS) \
     _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_YE) \
     _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
     _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) _(MS_PIDX) \
@@ -220,12 +233,15 @@ typedef enum {
 } gpt_mem_id;
 
 /* How one of them is made: not at all (the default of an entry the stage does not list),
-** allocated (elems 4-byte elements), or the same memory as another (alias). */
+** allocated ('bytes' per instance), or the same memory as another (alias). 'work': a
+** per-layer buffer that recompute drops: layers with a recompute workspace position keep it
+** there (gpt_layer_store). */
 enum { GPT_MEM_NONE = 0, GPT_MEM_ALLOC, GPT_MEM_ALIAS };
 typedef struct {
     int how;
     int alias;                /* GPT_MEM_ALIAS: the gpt_mem_id it shares */
-    size_t elems;
+    size_t bytes;
+    int work;
 } gpt_mem;
 
 typedef struct gpt_step_in gpt_step_in;
@@ -242,7 +258,8 @@ typedef struct {
     int nother_pieces;
     const gpt_piece *other_pieces;         /* param: a row of other_params */
     const gpt_mem *mem;                    /* [GPT_NMEMS] */
-    size_t mem_bytes;                      /* the generator's plan: every device byte of setup */
+    size_t mem_bytes;                      /* the generator's plan: every device byte of setup
+                                              (the CUDA runtime adds RT_CUDA_WORKSPACE_BYTES) */
     int needs_inputs, needs_targets;       /* reads token ids / targets */
     int head_uses_wte;                     /* embedding and head on this stage: one wte */
     void (*step)(const gpt_step_in *in, gpt_step_out *out);
@@ -271,30 +288,34 @@ typedef struct {
 
 /* -- The library's state, which generated stage code reads ------------------------------- */
 
+/* Parameters are in the model's dtype (gpt_dims.act), so the pointers are void *; the
+** gradients use the same structs and are f32 (the main gradients, docs/megatron.md §9.1). */
 typedef struct {
-    float *router_w;                       /* (EXPERTS, C)     h.{i}.mlp.router.weight */
-    float **fc_w, **fc_b;                  /* [local expert]: (C, EFF_LOCAL), (EFF_LOCAL) */
-    float **proj_w, **proj_b;              /* [local expert]: (EFF_LOCAL, C), (C) */
+    void *router_w;                        /* (EXPERTS, C)     h.{i}.mlp.router.weight */
+    void **fc_w, **fc_b;                   /* [local expert]: (C, EFF_LOCAL), (EFF_LOCAL) */
+    void **proj_w, **proj_b;               /* [local expert]: (EFF_LOCAL, C), (C) */
 } gpt_moe_params;
 
 typedef struct {
-    float *ln_1_w, *ln_1_b;                /* (C)                        replicated       */
-    float *c_attn_w, *c_attn_b;            /* (C, QKV_LOCAL), (QKV_LOCAL) column-parallel  */
-    float *attn_proj_w, *attn_proj_b;      /* (C_LOCAL, C) row-parallel, (C) replicated    */
-    float *ln_2_w, *ln_2_b;                /* (C)                        replicated       */
-    float *c_fc_w, *c_fc_b;                /* (C, FF_LOCAL), (FF_LOCAL)  column-parallel  */
-    float *mlp_proj_w, *mlp_proj_b;        /* (FF_LOCAL, C) row-parallel, (C) replicated   */
+    void *ln_1_w, *ln_1_b;                 /* (C)                        replicated       */
+    void *c_attn_w, *c_attn_b;             /* (C, QKV_LOCAL), (QKV_LOCAL) column-parallel  */
+    void *attn_proj_w, *attn_proj_b;       /* (C_LOCAL, C) row-parallel, (C) replicated    */
+    void *ln_2_w, *ln_2_b;                 /* (C)                        replicated       */
+    void *c_fc_w, *c_fc_b;                 /* (C, FF_LOCAL), (FF_LOCAL)  column-parallel  */
+    void *mlp_proj_w, *mlp_proj_b;         /* (FF_LOCAL, C) row-parallel, (C) replicated   */
     gpt_moe_params moe;                    /* a mixture of experts in place of the MLP     */
-} gpt_layer_params;                        /* gradients: the same struct, into gbuf        */
+} gpt_layer_params;                        /* gradients: the same struct, into gbuf (f32)  */
 
+/* Activations: 'void *' in the model's dtype, 'float *' always f32, 'int *' i32. */
 typedef struct {
     float *scores, *prob;                  /* (N_SP, EXPERTS), (N_SP, TOPK)               */
     int *sel, *pos;                        /* (N_SP, TOPK) chosen experts; send row or -1  */
     int *sel_h, *pos_h;                    /* host copies                                  */
     int *send_tok;                         /* (SEND_MAX) token of each row sent            */
     int *order, *unorder;                  /* (ROWS_MAX) expert-major <-> member-major     */
-    float *xe, *pe;                        /* (ROWS_MAX, C), (ROWS_MAX)                     */
-    float *fc, *h;                         /* (ROWS_MAX, EFF_LOCAL)                         */
+    void *xe;                              /* (ROWS_MAX, C)                                 */
+    float *pe;                             /* (ROWS_MAX)                                    */
+    void *fc, *h;                          /* (ROWS_MAX, EFF_LOCAL)                         */
     float *auxg;                           /* (EXPERTS) d(aux)/d(score)                     */
     int nsend, nrows;
     int *sendrows, *recvrows;              /* [EP] rows per EP peer (host)                 */
@@ -303,20 +324,21 @@ typedef struct {
 } gpt_moe_acts;
 
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd;      /* (N_SP, C), (N_SP), (N_SP)                     */
-    float *ln1_full;                       /* (N, C) gathered under SP, else = ln1          */
-    float *qkv;                            /* (N, QKV_LOCAL)                                */
+    void *ln1;                             /* (N_SP, C)                                     */
+    float *ln1_mean, *ln1_rstd;            /* (N_SP), (N_SP)                                */
+    void *qkv;                             /* (N, QKV_LOCAL)                                */
     float *lse;                            /* (B, HEADS_LOCAL, T) attention log-sum-exp     */
-    float *atty;                           /* (N, C_LOCAL)                                  */
-    float *res1;                           /* (N_SP, C)                                     */
-    float *ln2, *ln2_mean, *ln2_rstd, *ln2_full;
-    float *fc, *gelu;                      /* (N, FF_LOCAL)                                 */
+    void *atty;                            /* (N, C_LOCAL)                                  */
+    void *res1;                            /* (N_SP, C)                                     */
+    void *ln2;
+    float *ln2_mean, *ln2_rstd;
+    void *fc, *gelu;                       /* (N, FF_LOCAL)                                 */
     gpt_moe_acts moe;
-    float *res2;                           /* (N_SP, C) the layer's output                  */
+    void *res2;                            /* (N_SP, C) the layer's output                  */
 } gpt_layer_acts;
 
 typedef struct {
-    float *x, *dy;                         /* (N_SP, C) the chunk's input and its gradient  */
+    void *x, *dy;                          /* (N_SP, C) the chunk's input and its gradient  */
     int *tokens;                           /* (N) token ids (embedding chunk only)          */
     gpt_layer_acts *layer;                 /* [layers]                                      */
 } gpt_chunk_acts;
@@ -337,6 +359,7 @@ typedef struct {
     gpt_chunk *chunk;                      /* [stage->nchunks]                               */
     const gpt_step_in *in;                 /* the step being run                             */
     double moe_aux;                        /* this rank's share of the step's aux loss       */
+    int recomputing;                       /* a layer's forward again (full recompute)       */
 } gpt_state;
 
 extern gpt_state gpt;
@@ -355,9 +378,10 @@ enum { GPT_TAG_ACT = 0, GPT_TAG_GRAD = 1 };
 void gpt_embedding_fwd(int chunk, int mb, int slot);       /* tokens -> acts[slot].x */
 void gpt_embedding_bwd(int chunk, int slot);                /* acts[slot].dy -> wte, wpe */
 void gpt_layer_fwd(int chunk, int j, int slot);             /* layer j: x or res2 of j-1 */
+void gpt_layer_recompute(int chunk, int j, int slot);       /* layer_fwd again, before bwd */
 void gpt_layer_bwd(int chunk, int j, int slot);             /* dy holds d(out) -> d(in) */
 void gpt_head_fwd_bwd(int chunk, int mb, int slot);         /* loss of mb, dy = d(loss)/d(x) */
-float *gpt_chunk_output(int chunk, int slot);               /* the chunk's last res2 */
+void *gpt_chunk_output(int chunk, int slot);                /* the chunk's last res2 */
 
 struct gpt_step_in {
     int step;                              /* 0-based optimizer step */

@@ -11,35 +11,42 @@
 
 /* -- The model's scratch, embedding and head (model.c) ------------------------------------- */
 
+/* 'void *': the model's dtype (gpt.d.act); 'float *': f32. */
 typedef struct {
-    float *full;          /* (N, C)            partial sums / gathered rows                  */
-    float *full_sp;       /* (N_SP, C)         reduce-scatter output (= full without SP)      */
-    float *dqkv;          /* (N, QKV_LOCAL)                                                  */
-    float *datty;         /* (N, C_LOCAL)                                                    */
-    float *dsum;          /* (B, HEADS_LOCAL, T)   attention rowsum(dout * out)              */
-    float *dfc;           /* (N, FF_LOCAL)     dense MLP only                                */
-    float *logits;        /* (N, V_LOCAL)      head stage only                               */
+    void *full;           /* (N, C)            partial sums / the output gradient gathered   */
+    void *full_sp;        /* (N_SP, C)         reduce-scatter output (= full without SP)      */
+    void *gather;         /* (N, C)            a column-parallel input gathered (SP only)     */
+    void *dqkv;           /* (N, QKV_LOCAL)                                                  */
+    void *datty;          /* (N, C_LOCAL)                                                    */
+    float *dsum;          /* (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)      */
+    void *dfc;            /* (N, FF_LOCAL)     dense MLP only                                */
+    void *logits;         /* (N, V_LOCAL)      head stage only                               */
     float *ce;            /* (4 * N)           row max | sum exp | target logit | loss       */
     int *targets;         /* (N)               head stage only                               */
 } lib_scratch;
 
-typedef struct { float *wte, *wpe; } lib_embed;            /* (V_LOCAL, C), (T_MODEL, C) */
-typedef struct { float *ln_f_w, *ln_f_b, *wte; } lib_head; /* (C), (C), (V_LOCAL, C) */
-typedef struct { float *lnf, *lnf_mean, *lnf_rstd; } lib_head_acts;
+/* Parameters (model dtype) or, in the gradient copies, f32 gradients. */
+typedef struct { void *wte, *wpe; } lib_embed;             /* (V_LOCAL, C), (T_MODEL, C) */
+typedef struct { void *ln_f_w, *ln_f_b, *wte; } lib_head;  /* (C), (C), (V_LOCAL, C) */
+typedef struct { void *lnf; float *lnf_mean, *lnf_rstd; } lib_head_acts;
 
-/* The mixture of experts' scratch, shared by every layer and micro-batch (moe.c). */
+/* The mixture of experts' scratch, shared by every layer and micro-batch (moe.c): rows of
+** tokens in the model's dtype, probabilities f32. */
 typedef struct {
-    float *logits;        /* (N_SP, E) router logits */
-    float *xs, *ps;       /* (SEND_MAX, C), (SEND_MAX): rows this rank sends, in dispatch order */
-    float *xr, *pr;       /* (RECV_MAX, C), (RECV_MAX): rows received from the EP group */
-    float *xg, *pg;       /* (ROWS_MAX, C), (ROWS_MAX): rows gathered over the expert-TP group */
-    float *act;           /* (ROWS_MAX, EFF_LOCAL) prob * gelu(fc) */
-    float *ye, *yg;       /* (ROWS_MAX, C) expert outputs: expert-major, then member-major */
-    float *yr, *ys;       /* (RECV_MAX, C), (SEND_MAX, C) on the way back */
+    float *logits;        /* (N_SP, E) router logits (f32) */
+    void *xs;             /* (SEND_MAX, C): rows this rank sends, in dispatch order */
+    float *ps;            /* (SEND_MAX) */
+    void *xr;             /* (RECV_MAX, C): rows received from the EP group */
+    float *pr;            /* (RECV_MAX) */
+    void *xg;             /* (ROWS_MAX, C): rows gathered over the expert-TP group */
+    float *pg;            /* (ROWS_MAX) */
+    void *act;            /* (ROWS_MAX, EFF_LOCAL) prob * gelu(fc) */
+    void *ye, *yg;        /* (ROWS_MAX, C) expert outputs: expert-major, then member-major */
+    void *yr, *ys;        /* (RECV_MAX, C), (SEND_MAX, C) on the way back */
     float *dpe, *dpg;     /* (ROWS_MAX) d(prob): expert-major, member-major */
     float *dpr, *dps;     /* (RECV_MAX), (SEND_MAX) */
     float *dprob;         /* (N_SP, K) */
-    float *dlogits;       /* (N_SP, E) */
+    void *dlogits;        /* (N_SP, E) the router's logit gradient, rounded for its GEMMs */
     float *colsum;        /* (E) sums of the scores over this rank's tokens */
     int *counts;          /* (MOE_COUNTS) device staging of the count exchanges */
     int *pidx;            /* (SEND_MAX) assignment of each sent row (token*K + choice) */
@@ -74,7 +81,14 @@ typedef struct {
 } lib_tensor;
 
 typedef struct {
-    float **pbuf, **gbuf, **mbuf, **vbuf;   /* [nbuffers]: parameters, gradients, moments */
+    void **pbuf;                /* [nbuffers]: the model's parameters (model dtype) */
+    float **gbuf;               /* [nbuffers]: f32 (main) gradients */
+    float **main;               /* [nbuffers]: bf16 training's f32 main parameters (state
+                                   elements: the whole buffer or this rank's shards); f32
+                                   training: NULL (the parameters are their own main copy) */
+    float **mbuf, **vbuf;       /* [nbuffers]: AdamW moments (state elements) */
+    void **work;                /* [positions * GPT_NMEMS]: the recompute workspace */
+    int nwork;                  /* positions allocated so far */
     int nparams;
     lib_param *params;          /* buffer order (buffer, then offset) */
     int npieces;
@@ -92,16 +106,30 @@ typedef struct {
     size_t sp_total;
     double norm_sum[3];         /* dense, experts, total (host, after the reductions) */
     size_t mem_bytes;           /* device bytes setup allocated: checked against the plan */
+    size_t es;                  /* bytes of one element of the model's dtype */
     int head;                   /* the stage's last chunk holds the head and the loss */
 } lib_state;
 
 extern lib_state lib;
 
+/* 'p' advanced by n elements of the model's dtype. */
+static inline void *lib_at(const void *p, size_t n)
+{
+    return (char *)p + n * lib.es;
+}
+
 /* stage.c */
 void lib_stage_setup(void);                  /* buffers, views, activations: the plan */
-void lib_layer_acts_alloc(gpt_layer_acts *a);   /* one layer's activations, as planned */
-size_t lib_state_floats(void);               /* resume checkpoint: parameters and moments */
-void lib_state_io(float *host, int save);
+void lib_layer_acts_alloc(gpt_layer_acts *a, const gpt_layer_store *st);  /* one layer's */
+size_t lib_state_bytes(void);                /* resume checkpoint: parameters and optimizer */
+void lib_state_io(unsigned char *host, int save);
+/* The whole f32 parameters of buffer b, where --init and the initialisation write and --save
+** reads: the parameters themselves in f32 training; in bf16, the gradient buffer (unused
+** between steps) as staging, made current by lib_master_fetch and made effective by
+** lib_master_commit (the main parameters and their bf16 copy). */
+float *lib_master(int b);
+void lib_master_commit(void);
+void lib_master_fetch(void);                 /* collective with the distributed optimizer */
 
 /* groups.c: coordinates and communicators of this rank (collective over the world). */
 void lib_groups_create(const gpt_program *prog);
@@ -112,10 +140,10 @@ void lib_tensors_build(const gpt_program *prog);
 int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert);
 
 /* moe.c */
-void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float *out,
+void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *out,
                  double *aux);
 void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
-                 const float *x, const float *dout, float *dx);
+                 const void *x, const void *dout, void *dx);
 
 /* Errors that every rank detects alike: rank 0 reports "WHERE: error: ...", all exit. */
 void lib_fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;

@@ -11,6 +11,8 @@
 
 gpt_state gpt;
 
+#define ACT (gpt.d.act)
+
 /* -- Tensor-parallel regions (docs/megatron.md §4.1) ---------------------------------------- */
 
 /*
@@ -18,11 +20,11 @@ gpt_state gpt;
 ** are gathered from the tp group into 'full'; otherwise every rank already has them.
 ** Also the backward of a row-parallel layer's output (the conjugate of its reduction).
 */
-static const float *gather_seq(float *full, const float *rows)
+static const void *gather_seq(void *full, const void *rows)
 {
     if (!gpt.d.sp) return rows;
     /* >>> all-gather over tp: (N_SP, C) from each rank -> (N, C) */
-    rt_allgather(rows, full, (size_t)gpt.d.n_sp * gpt.d.C, RT_F32, gpt.grp[GPT_GRP_TP]);
+    rt_allgather(rows, full, (size_t)gpt.d.n_sp * gpt.d.C, ACT, gpt.grp[GPT_GRP_TP]);
     return full;
 }
 
@@ -31,119 +33,159 @@ static const float *gather_seq(float *full, const float *rows)
 ** sequence parallelism reduce-scattered to this rank's rows (N_SP, C). Also the backward of a
 ** column-parallel layer's input (the "f" conjugate: identity forward, reduction backward).
 */
-static float *reduce_seq(float *partial)
+static void *reduce_seq(void *partial)
 {
     const gpt_dims *d = &gpt.d;
     if (d->sp) {
         /* >>> reduce-scatter over tp: (N, C) partial sums -> this rank's (N_SP, C) */
-        rt_reduce_scatter(partial, lib.s.full_sp, (size_t)d->n_sp * d->C, RT_F32,
+        rt_reduce_scatter(partial, lib.s.full_sp, (size_t)d->n_sp * d->C, ACT,
                           gpt.grp[GPT_GRP_TP]);
         return lib.s.full_sp;
     }
     if (d->tp > 1)   /* >>> all-reduce over tp: sum the partial products of every rank */
-        rt_allreduce(partial, (size_t)d->N * d->C, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
+        rt_allreduce(partial, (size_t)d->N * d->C, ACT, RT_SUM, gpt.grp[GPT_GRP_TP]);
     return partial;
 }
 
 /* -- Linear layers through the runtime's GEMM (row-major, weights [in, out]) ---------------- */
 
-/* out (N, OC) = inp (N, IC) . w (IC, OC) [+ bias] */
-static void matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
+/* out (N, OC) = inp (N, IC) . w (IC, OC) [+ bias], in the model's dtype (f32 accumulation). */
+static void matmul_fwd(void *out, const void *inp, const void *w, const void *bias, int N,
                        int IC, int OC)
 {
-    rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, RT_F32, RT_F32);
-    if (bias) bias_fwd(out, bias, N, OC, RT_F32);
+    rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, ACT, ACT);
+    if (bias) bias_fwd(out, bias, N, OC, ACT);
 }
 
-/* dinp (N, IC) = dout . w^T;  dw (IC, OC) += inp^T . dout;  dbias += column sums of dout */
-static void matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
-                       const float *inp, const float *w, int N, int IC, int OC)
+/* dinp (N, IC) = dout . w^T;  dw (IC, OC) += inp^T . dout, accumulated in the f32 main
+** gradient;  dbias += column sums of dout */
+static void matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout,
+                       const void *inp, const void *w, int N, int IC, int OC)
 {
-    rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, RT_F32, RT_F32);
-    rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, RT_F32, RT_F32);
-    if (dbias) bias_bwd(dbias, dout, N, OC, RT_F32);
+    rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, ACT, ACT);
+    rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, ACT, RT_F32);
+    if (dbias) bias_bwd(dbias, dout, N, OC, ACT);
 }
 
 /* -- Transformer layer ---------------------------------------------------------------------- */
 
+static void ln1_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *x)
+{
+    const gpt_dims *d = &gpt.d;
+    layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln_1_w, p->ln_1_b, d->n_sp, d->C,
+                  d->ln_eps, ACT);
+}
+
+static void ln2_fwd(const gpt_layer_params *p, gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, p->ln_2_w, p->ln_2_b, d->n_sp,
+                  d->C, d->ln_eps, ACT);
+}
+
+static void attention_core(gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    attention_fwd(a->atty, a->lse, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
+                  d->att_scale, ACT);
+}
+
+/* fc = h . c_fc + b, gelu = GELU(fc): h is ln_2's output, gathered under SP. */
+static void mlp_up(const gpt_layer_params *p, gpt_layer_acts *a, const void *h)
+{
+    const gpt_dims *d = &gpt.d;
+    matmul_fwd(a->fc, h, p->c_fc_w, p->c_fc_b, d->N, d->C, d->ff_local);
+    gelu_fwd(a->gelu, a->fc, (size_t)d->N * d->ff_local, ACT);
+}
+
 /*
 ** x (N_SP, C) -> a->res2 (N_SP, C): x + attn(ln_1(x)), then + mlp(ln_2(.)) (or the mixture of
-** experts). Saves in 'a' everything the backward needs.
+** experts). Saves in 'a' everything the backward needs; under SP a column-parallel input is
+** gathered into scratch, not kept (docs/megatron.md §9.3).
 */
-static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const float *x)
+static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *x)
 {
     const gpt_dims *d = &gpt.d;
     size_t rows = (size_t)d->n_sp * d->C;
     /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
-    layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln_1_w, p->ln_1_b, d->n_sp, d->C,
-                  d->ln_eps, RT_F32);
-    const float *h = gather_seq(a->ln1_full, a->ln1);
+    ln1_fwd(p, a, x);
+    const void *h = gather_seq(lib.s.gather, a->ln1);
     matmul_fwd(a->qkv, h, p->c_attn_w, p->c_attn_b, d->N, d->C, d->qkv_local);
-    attention_fwd(a->atty, a->lse, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
-                  d->att_scale, RT_F32);
+    attention_core(a);
     matmul_fwd(lib.s.full, a->atty, p->attn_proj_w, NULL, d->N, d->c_local, d->C);
-    float *proj = reduce_seq(lib.s.full);
-    bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C, RT_F32);  /* row-parallel bias: after the sum */
-    add_fwd(a->res1, x, proj, rows, RT_F32);
+    void *proj = reduce_seq(lib.s.full);
+    bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C, ACT);    /* row-parallel bias: after the sum */
+    add_fwd(a->res1, x, proj, rows, ACT);
 
-    layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, p->ln_2_w, p->ln_2_b, d->n_sp,
-                  d->C, d->ln_eps, RT_F32);
+    ln2_fwd(p, a);
     if (d->moe) {
-        /* mixture of experts: res2 = res1 + moe(ln_2(res1)), on this rank's tokens */
-        lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &gpt.moe_aux);
-        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, RT_F32);
+        /* mixture of experts: res2 = res1 + moe(ln_2(res1)), on this rank's tokens; a
+        ** recomputed forward does not count the aux loss again */
+        double aux = 0.0;
+        lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &aux);
+        if (!gpt.recomputing) gpt.moe_aux += aux;
+        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, ACT);
         return;
     }
     /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
-    h = gather_seq(a->ln2_full, a->ln2);
-    matmul_fwd(a->fc, h, p->c_fc_w, p->c_fc_b, d->N, d->C, d->ff_local);
-    gelu_fwd(a->gelu, a->fc, (size_t)d->N * d->ff_local, RT_F32);
+    h = gather_seq(lib.s.gather, a->ln2);
+    mlp_up(p, a, h);
     matmul_fwd(lib.s.full, a->gelu, p->mlp_proj_w, NULL, d->N, d->ff_local, d->C);
     proj = reduce_seq(lib.s.full);
-    bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, RT_F32);
-    add_fwd(a->res2, a->res1, proj, rows, RT_F32);
+    bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, ACT);
+    add_fwd(a->res2, a->res1, proj, rows, ACT);
 }
 
 /*
 ** Backward of layer_fwd. dres (N_SP, C) holds d(res2) on entry and d(x) on return (each
 ** branch adds its input gradient to the residual stream). Gradients accumulate into g.
+** Selective recompute (gpt.d.rc_*) first computes again what the layer did not keep.
+** Collectives per branch, in order: the input gathered again (SP), the output gradient
+** gathered (SP), the input gradient reduced (program.lua column_bwd).
 */
 static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_layer_acts *a,
-                      const float *x, float *dres)
+                      const void *x, void *dres)
 {
     const gpt_dims *d = &gpt.d;
-    const float *dd;
+    gpt_layer_acts *w = (gpt_layer_acts *)a;       /* what recompute writes again */
+    const void *dd, *h;
+    if (d->rc_ln) ln2_fwd(p, w);
     if (d->moe) {
         /* mixture-of-experts branch */
         lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
         layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, lib.s.full_sp, a->res1, p->ln_2_w,
-                      a->ln2_mean, a->ln2_rstd, d->n_sp, d->C, RT_F32);
+                      a->ln2_mean, a->ln2_rstd, d->n_sp, d->C, ACT);
     } else {
         /* MLP branch */
-        bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C, RT_F32);
+        h = gather_seq(lib.s.gather, a->ln2);
+        if (d->rc_mlp) mlp_up(p, w, h);
+        bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C, ACT);
         dd = gather_seq(lib.s.full, dres);
         matmul_bwd(lib.s.dfc, g->mlp_proj_w, NULL, dd, a->gelu, p->mlp_proj_w, d->N,
                    d->ff_local, d->C);
-        gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local, RT_F32);
-        matmul_bwd(lib.s.full, g->c_fc_w, g->c_fc_b, lib.s.dfc, a->ln2_full, p->c_fc_w, d->N,
-                   d->C, d->ff_local);
+        gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local, ACT);
+        matmul_bwd(lib.s.full, g->c_fc_w, g->c_fc_b, lib.s.dfc, h, p->c_fc_w, d->N, d->C,
+                   d->ff_local);
         dd = reduce_seq(lib.s.full);
         layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, dd, a->res1, p->ln_2_w, a->ln2_mean,
-                      a->ln2_rstd, d->n_sp, d->C, RT_F32);
+                      a->ln2_rstd, d->n_sp, d->C, ACT);
     }
 
     /* attention branch */
-    bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C, RT_F32);
+    if (d->rc_ln) ln1_fwd(p, w, x);
+    h = gather_seq(lib.s.gather, a->ln1);
+    if (d->rc_attn) attention_core(w);
+    bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C, ACT);
     dd = gather_seq(lib.s.full, dres);
     matmul_bwd(lib.s.datty, g->attn_proj_w, NULL, dd, a->atty, p->attn_proj_w, d->N,
                d->c_local, d->C);
     attention_bwd(lib.s.dqkv, lib.s.dsum, lib.s.datty, a->atty, a->lse, a->qkv, d->B, d->T,
-                  d->heads_local, d->head_dim, d->att_scale, RT_F32);
-    matmul_bwd(lib.s.full, g->c_attn_w, g->c_attn_b, lib.s.dqkv, a->ln1_full, p->c_attn_w,
-               d->N, d->C, d->qkv_local);
+                  d->heads_local, d->head_dim, d->att_scale, ACT);
+    matmul_bwd(lib.s.full, g->c_attn_w, g->c_attn_b, lib.s.dqkv, h, p->c_attn_w, d->N, d->C,
+               d->qkv_local);
     dd = reduce_seq(lib.s.full);
     layernorm_bwd(dres, g->ln_1_w, g->ln_1_b, dd, x, p->ln_1_w, a->ln1_mean, a->ln1_rstd,
-                  d->n_sp, d->C, RT_F32);
+                  d->n_sp, d->C, ACT);
 }
 
 /* -- Embedding (first stage, chunk 0) ------------------------------------------------------- */
@@ -152,50 +194,52 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
 ** out (N_SP, C) = wte[tok] + wpe[t]. The vocabulary-parallel lookup gives zero rows for tokens
 ** other ranks own; the all-reduce over tp completes every row (docs/megatron.md §4.4).
 */
-static void embedding_fwd(const lib_embed *p, float *out, const int *tok)
+static void embedding_fwd(const lib_embed *p, void *out, const int *tok)
 {
     const gpt_dims *d = &gpt.d;
-    float *full = d->sp ? lib.s.full : out;
-    embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local, RT_F32);
+    void *full = d->sp ? lib.s.full : out;
+    embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local, ACT);
     if (d->tp > 1)   /* >>> all-reduce over tp: each rank looked up its vocabulary's tokens */
-        rt_allreduce(full, (size_t)d->N * d->C, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
-    pos_fwd(full, p->wpe, d->T, d->B, d->C, 0, RT_F32);
+        rt_allreduce(full, (size_t)d->N * d->C, ACT, RT_SUM, gpt.grp[GPT_GRP_TP]);
+    pos_fwd(full, p->wpe, d->T, d->B, d->C, 0, ACT);
     if (d->sp)   /* scatter to the sequence-parallel region: keep this rank's rows */
-        rt_memcpy(out, full + (size_t)gpt.tp_rank * d->n_sp * d->C,
-                  (size_t)d->n_sp * d->C * sizeof(float), RT_D2D);
+        rt_memcpy(out, lib_at(full, (size_t)gpt.tp_rank * d->n_sp * d->C),
+                  (size_t)d->n_sp * d->C * lib.es, RT_D2D);
 }
 
-/* Backward of embedding_fwd for dout (N_SP, C); accumulates into g. */
-static void embedding_bwd(lib_embed *g, const float *dout, const int *tok)
+/* Backward of embedding_fwd for dout (N_SP, C); accumulates into g (f32). */
+static void embedding_bwd(lib_embed *g, const void *dout, const int *tok)
 {
     const gpt_dims *d = &gpt.d;
-    const float *dd = gather_seq(lib.s.full, dout);
-    embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local, RT_F32);
-    pos_bwd(g->wpe, dd, d->T, d->B, d->C, 0, RT_F32);
+    const void *dd = gather_seq(lib.s.full, dout);
+    embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local, ACT);
+    pos_bwd(g->wpe, dd, d->T, d->B, d->C, 0, ACT);
 }
 
 /* -- Head and loss (last stage, last chunk) -------------------------------------------------- */
 
 /*
 ** ln_f, logits = h . wte^T over this rank's vocabulary columns, vocabulary-parallel
-** cross-entropy (docs/megatron.md §4.5) and, fused, its backward: dx (N_SP, C) receives
-** d(loss)/d(x) for the micro-batch's share 1/(N*NMB) of the step's mean loss; the head's
-** gradients accumulate into g. *loss_sum (device) gets the sum of the N token losses.
+** cross-entropy (docs/megatron.md §4.5; in f32 from the logits, §9.1) and, fused, its
+** backward: dx (N_SP, C) receives d(loss)/d(x) for the micro-batch's share 1/(N*NMB) of the
+** step's mean loss; the head's gradients accumulate into g. *loss_sum (device) gets the sum
+** of the N token losses.
 */
-static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const float *x,
-                         const int *targets, float *loss_sum, float *dx)
+static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const void *x,
+                         const int *targets, float *loss_sum, void *dx)
 {
     const gpt_dims *d = &gpt.d;
     int N = d->N, C = d->C, Vl = d->v_local;
     float *mx = lib.s.ce, *sums = lib.s.ce + N, *loss = lib.s.ce + 3 * (size_t)N;
     layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->ln_f_w, p->ln_f_b, d->n_sp, C,
-                  d->ln_eps, RT_F32);
-    const float *h = gather_seq(lib.s.full, a->lnf);
-    rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, RT_F32, RT_F32);
-    ce_rowmax(mx, lib.s.logits, N, Vl, gpt.vocab_valid, RT_F32);
+                  d->ln_eps, ACT);
+    const void *h = gather_seq(lib.s.full, a->lnf);
+    rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, ACT,
+            ACT);
+    ce_rowmax(mx, lib.s.logits, N, Vl, gpt.vocab_valid, ACT);
     if (d->tp > 1)   /* >>> all-reduce MAX over tp: the row maxima over the whole vocabulary */
         rt_allreduce(mx, (size_t)N, RT_F32, RT_MAX, gpt.grp[GPT_GRP_TP]);
-    ce_sums(sums, lib.s.logits, mx, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, RT_F32);
+    ce_sums(sums, lib.s.logits, mx, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, ACT);
     if (d->tp > 1)   /* >>> all-reduce SUM over tp: [sum of exp | target logit] (its owner's) */
         rt_allreduce(sums, 2 * (size_t)N, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
     ce_loss(loss, sums, mx, N);
@@ -203,14 +247,15 @@ static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const
 
     /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication (§4.5) */
     ce_bwd(lib.s.logits, mx, sums, targets, N, Vl, gpt.vocab_valid, gpt.vocab_start, d->dloss,
-           RT_F32);
-    rt_gemm(1, 0, Vl, C, N, 1.0f, lib.s.logits, Vl, 0, h, C, 0, 1.0f, g->wte, C, 0, 1, RT_F32, RT_F32);
+           ACT);
+    rt_gemm(1, 0, Vl, C, N, 1.0f, lib.s.logits, Vl, 0, h, C, 0, 1.0f, g->wte, C, 0, 1, ACT,
+            RT_F32);
     rt_gemm(0, 0, N, C, Vl, 1.0f, lib.s.logits, Vl, 0, p->wte, C, 0, 0.0f, lib.s.full, C, 0, 1,
-            RT_F32, RT_F32);
-    const float *dh = reduce_seq(lib.s.full);
-    rt_memset0(dx, (size_t)d->n_sp * C * sizeof(float));
+            ACT, ACT);
+    const void *dh = reduce_seq(lib.s.full);
+    rt_memset0(dx, (size_t)d->n_sp * C * lib.es);
     layernorm_bwd(dx, g->ln_f_w, g->ln_f_b, dh, x, p->ln_f_w, a->lnf_mean, a->lnf_rstd,
-                  d->n_sp, C, RT_F32);
+                  d->n_sp, C, ACT);
 }
 
 /* -- What the generated chunks call ----------------------------------------------------------- */
@@ -236,6 +281,16 @@ void gpt_layer_fwd(int chunk, int j, int slot)
     layer_fwd(&c->params[j], &a->layer[j], j == 0 ? a->x : a->layer[j - 1].res2);
 }
 
+/* Full recompute: the layer's forward again from its kept input, into the recompute
+** workspace where its buffers live; the same numbers as the first time (docs/megatron.md
+** §9.2). */
+void gpt_layer_recompute(int chunk, int j, int slot)
+{
+    gpt.recomputing = 1;
+    gpt_layer_fwd(chunk, j, slot);
+    gpt.recomputing = 0;
+}
+
 void gpt_layer_bwd(int chunk, int j, int slot)
 {
     gpt_chunk *c = &gpt.chunk[chunk];
@@ -253,7 +308,7 @@ void gpt_head_fwd_bwd(int chunk, int mb, int slot)
                  lib.s.targets, lib.loss_dev + mb, a->dy);
 }
 
-float *gpt_chunk_output(int chunk, int slot)
+void *gpt_chunk_output(int chunk, int slot)
 {
     int last = gpt.stage->chunks[chunk].layers - 1;
     return gpt.chunk[chunk].acts[slot].layer[last].res2;

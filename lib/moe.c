@@ -12,6 +12,7 @@
 #include "internal.h"
 
 #define MS lib.ms
+#define ACT (gpt.d.act)
 
 static int *hialloc(size_t n)
 {
@@ -33,19 +34,21 @@ static void layout(size_t *cnt, size_t *dsp, const int *rows, int n, int w)
     }
 }
 
-/* All-to-all over the EP group: sendrows[q] rows of width w to peer q, recvrows[q] from it. */
-static void ep_exchange(const float *send, const int *sendrows, float *recv, const int *recvrows,
-                        int w)
+/* All-to-all over the EP group: sendrows[q] rows of width w to peer q, recvrows[q] from it;
+** rows of tokens travel in the model's dtype, probabilities (w = 1) in f32. */
+static void ep_exchange(const void *send, const int *sendrows, void *recv, const int *recvrows,
+                        int w, rt_dtype t)
 {
     int EP = gpt.d.ep;
     size_t sc[EP], sd[EP], rc[EP], rd[EP];
     layout(sc, sd, sendrows, EP, w);
     layout(rc, rd, recvrows, EP, w);
-    rt_alltoallv(send, sc, sd, recv, rc, rd, RT_F32, gpt.grp[GPT_GRP_EP]);
+    rt_alltoallv(send, sc, sd, recv, rc, rd, t, gpt.grp[GPT_GRP_EP]);
 }
 
 /* All-gather over the expert-TP group of 'mine' rows of width w (member m holds rows[m]). */
-static void etp_gather(const float *send, int mine, float *recv, const int *rows, int w)
+static void etp_gather(const void *send, int mine, void *recv, const int *rows, int w,
+                       rt_dtype t)
 {
     int ETP = gpt.d.etp;
     size_t sc[ETP], sd[ETP], rc[ETP], rd[ETP];
@@ -54,12 +57,13 @@ static void etp_gather(const float *send, int mine, float *recv, const int *rows
         sd[m] = 0;
     }
     layout(rc, rd, rows, ETP, w);
-    rt_alltoallv(send, sc, sd, recv, rc, rd, RT_F32, gpt.grp[GPT_GRP_ETP]);
+    rt_alltoallv(send, sc, sd, recv, rc, rd, t, gpt.grp[GPT_GRP_ETP]);
 }
 
 /* Reduce-scatter over the expert-TP group: send member m its rows (rows[m], member-major in
 ** 'send'), sum the ETP partial blocks of this rank's rows into 'out'. 'tmp' holds ETP blocks. */
-static void etp_reduce(const float *send, const int *rows, float *tmp, float *out, int w)
+static void etp_reduce(const void *send, const int *rows, void *tmp, void *out, int w,
+                       rt_dtype t)
 {
     int ETP = gpt.d.etp;
     size_t sc[ETP], sd[ETP], rc[ETP], rd[ETP];
@@ -67,8 +71,8 @@ static void etp_reduce(const float *send, const int *rows, float *tmp, float *ou
     layout(sc, sd, rows, ETP, w);
     for (int m = 0; m < ETP; m++) each[m] = mine;
     layout(rc, rd, each, ETP, w);
-    rt_alltoallv(send, sc, sd, tmp, rc, rd, RT_F32, gpt.grp[GPT_GRP_ETP]);
-    sum_blocks(out, tmp, ETP, (size_t)mine * w, RT_F32);
+    rt_alltoallv(send, sc, sd, tmp, rc, rd, t, gpt.grp[GPT_GRP_ETP]);
+    sum_blocks(out, tmp, ETP, (size_t)mine * w, t);
 }
 
 /* -- Forward ---------------------------------------------------------------------------------- */
@@ -78,16 +82,17 @@ static void etp_reduce(const float *send, const int *rows, float *tmp, float *ou
 ** Saves in 'a' what the backward needs. Adds this rank's share of the layer's aux loss to
 ** *aux (host).
 */
-void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float *out,
+void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *out,
                  double *aux)
 {
     const gpt_dims *d = &gpt.d;
     const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep, ETP = d->etp;
     const int NL = d->experts_local, EFF = d->eff_local, TP = gpt.prog->tp;
 
-    /* router: logits = x . router_w^T, then top-k and probabilities (ties: lower expert) */
+    /* router: logits = x . router_w^T (kept in f32), then top-k and probabilities (ties:
+    ** lower expert) */
     rt_gemm(0, 1, NSP, E, C, 1.0f, x, C, 0, p->router_w, C, 0, 0.0f, MS.logits, E, 0, 1,
-            RT_F32, RT_F32);
+            ACT, RT_F32);
     moe_route(a->sel, a->prob, a->scores, MS.logits, NSP, E, K, d->pre_softmax);
     rt_memcpy(a->sel_h, a->sel, (size_t)NSP * K * sizeof(int), RT_D2H);
 
@@ -154,7 +159,7 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
     rt_memcpy(a->pos, a->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
     rt_memcpy(a->send_tok, send_tok, (size_t)nsend * sizeof(int), RT_H2D);
     rt_memcpy(MS.pidx, send_pidx, (size_t)nsend * sizeof(int), RT_H2D);
-    gather_rows(MS.xs, x, a->send_tok, nsend, C, RT_F32);
+    gather_rows(MS.xs, x, a->send_tok, nsend, C, ACT);
     gather_rows(MS.ps, a->prob, MS.pidx, nsend, 1, RT_F32);
     free(send_tok);
     free(send_pidx);
@@ -179,15 +184,16 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
             a->recvrows[q] = 0;
             for (int l = 0; l < NL; l++) a->recvrows[q] += recvmat[q * NL + l];
         }
-        ep_exchange(MS.xs, a->sendrows, MS.xr, a->recvrows, C);
-        ep_exchange(MS.ps, a->sendrows, MS.pr, a->recvrows, 1);
+        ep_exchange(MS.xs, a->sendrows, MS.xr, a->recvrows, C, ACT);
+        ep_exchange(MS.ps, a->sendrows, MS.pr, a->recvrows, 1, RT_F32);
     } else {
         a->recvrows[0] = nsend;
     }
     int nrecv = 0;
     for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
 
-    const float *xg, *pg;
+    const void *xg;
+    const float *pg;
     int gmat_own[ETP * EP * NL];
     const int *gmat = recvmat;
     if (d->etp > 1) {
@@ -202,8 +208,8 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
             a->memrows[m] = 0;
             for (int i = 0; i < EP * NL; i++) a->memrows[m] += gmat[m * EP * NL + i];
         }
-        etp_gather(d->ep > 1 ? MS.xr : MS.xs, nrecv, MS.xg, a->memrows, C);
-        etp_gather(d->ep > 1 ? MS.pr : MS.ps, nrecv, MS.pg, a->memrows, 1);
+        etp_gather(d->ep > 1 ? MS.xr : MS.xs, nrecv, MS.xg, a->memrows, C, ACT);
+        etp_gather(d->ep > 1 ? MS.pr : MS.ps, nrecv, MS.pg, a->memrows, 1, RT_F32);
         xg = MS.xg;
         pg = MS.pg;
     } else {
@@ -237,41 +243,41 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
     rt_memcpy(a->unorder, unorder, (size_t)nrows * sizeof(int), RT_H2D);
     free(order);
     free(unorder);
-    gather_rows(a->xe, xg, a->order, nrows, C, RT_F32);
+    gather_rows(a->xe, xg, a->order, nrows, C, ACT);
     gather_rows(a->pe, pg, a->order, nrows, 1, RT_F32);
 
     /* the experts: y = (prob * gelu(x . c_fc + b_fc)) . c_proj + prob * b_proj */
     for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
         int r = a->erows[l];
         if (r == 0) continue;
-        float *fc = a->fc + (size_t)off * EFF, *h = a->h + (size_t)off * EFF;
-        float *act = MS.act + (size_t)off * EFF, *y = MS.ye + (size_t)off * C;
-        rt_gemm(0, 0, r, EFF, C, 1.0f, a->xe + (size_t)off * C, C, 0, p->fc_w[l], EFF, 0, 0.0f,
-                fc, EFF, 0, 1, RT_F32, RT_F32);
-        if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF, RT_F32);
-        gelu_fwd(h, fc, (size_t)r * EFF, RT_F32);
-        rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
-        row_scale(act, a->pe + off, r, EFF, RT_F32);
+        void *fc = lib_at(a->fc, (size_t)off * EFF), *h = lib_at(a->h, (size_t)off * EFF);
+        void *act = lib_at(MS.act, (size_t)off * EFF), *y = lib_at(MS.ye, (size_t)off * C);
+        rt_gemm(0, 0, r, EFF, C, 1.0f, lib_at(a->xe, (size_t)off * C), C, 0, p->fc_w[l], EFF, 0,
+                0.0f, fc, EFF, 0, 1, ACT, ACT);
+        if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF, ACT);
+        gelu_fwd(h, fc, (size_t)r * EFF, ACT);
+        rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
+        row_scale(act, a->pe + off, r, EFF, ACT);
         rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], C, 0, 0.0f, y, C, 0, 1,
-                RT_F32, RT_F32);
-        if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C, RT_F32);
+                ACT, ACT);
+        if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C, ACT);
     }
 
     /* back: member-major rows, the sum over expt-tp, the way they came over ep, then the sum
     ** of each token's expert outputs */
-    gather_rows(MS.yg, MS.ye, a->unorder, nrows, C, RT_F32);
-    const float *yr = MS.yg;
+    gather_rows(MS.yg, MS.ye, a->unorder, nrows, C, ACT);
+    const void *yr = MS.yg;
     if (d->etp > 1) {
         /* >>> reduce-scatter over expt-tp: each member's rows get every member's partials */
-        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C);
+        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C, ACT);
         yr = MS.yr;
     }
     if (d->ep > 1) {
         /* >>> all-to-all over ep: the outputs back to the tokens' ranks */
-        ep_exchange(yr, a->recvrows, MS.ys, a->sendrows, C);
-        combine_rows(out, MS.ys, a->pos, NSP, K, C, RT_F32);
+        ep_exchange(yr, a->recvrows, MS.ys, a->sendrows, C, ACT);
+        combine_rows(out, MS.ys, a->pos, NSP, K, C, ACT);
     } else {
-        combine_rows(out, yr, a->pos, NSP, K, C, RT_F32);
+        combine_rows(out, yr, a->pos, NSP, K, C, ACT);
     }
 }
 
@@ -282,7 +288,7 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const float *x, float
 ** router gradients accumulate into g.
 */
 void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
-                 const float *x, const float *dout, float *dx)
+                 const void *x, const void *dout, void *dx)
 {
     const gpt_dims *d = &gpt.d;
     const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep;
@@ -291,78 +297,84 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
     for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
 
     /* every kept assignment's output gradient is its token's, sent the way the token went */
-    gather_rows(MS.ys, dout, a->send_tok, nsend, C, RT_F32);
-    const float *dyr = MS.ys;
+    gather_rows(MS.ys, dout, a->send_tok, nsend, C, ACT);
+    const void *dyr = MS.ys;
     if (d->ep > 1) {
         /* >>> all-to-all over ep */
-        ep_exchange(MS.ys, a->sendrows, MS.yr, a->recvrows, C);
+        ep_exchange(MS.ys, a->sendrows, MS.yr, a->recvrows, C, ACT);
         dyr = MS.yr;
     }
-    const float *dyg = dyr;
+    const void *dyg = dyr;
     if (d->etp > 1) {
         /* >>> all-gather over expt-tp (the backward of the forward's reduce-scatter) */
-        etp_gather(dyr, nrecv, MS.yg, a->memrows, C);
+        etp_gather(dyr, nrecv, MS.yg, a->memrows, C, ACT);
         dyg = MS.yg;
     }
-    gather_rows(MS.ye, dyg, a->order, nrows, C, RT_F32);
+    gather_rows(MS.ye, dyg, a->order, nrows, C, ACT);
 
     for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
         int r = a->erows[l];
         if (r == 0) continue;
-        const float *fc = a->fc + (size_t)off * EFF;
-        const float *h = a->h + (size_t)off * EFF, *pe = a->pe + off;
-        const float *xe = a->xe + (size_t)off * C, *dy = MS.ye + (size_t)off * C;
-        float *act = MS.act + (size_t)off * EFF, *dpe = MS.dpe + off;
-        float *dxe = MS.xg + (size_t)off * C;
+        const void *fc = lib_at(a->fc, (size_t)off * EFF);
+        const void *h = lib_at(a->h, (size_t)off * EFF);
+        const float *pe = a->pe + off;
+        const void *xe = lib_at(a->xe, (size_t)off * C), *dy = lib_at(MS.ye, (size_t)off * C);
+        void *act = lib_at(MS.act, (size_t)off * EFF);
+        float *dpe = MS.dpe + off;
+        void *dxe = lib_at(MS.xg, (size_t)off * C);
         /* y = act . c_proj (+ prob * b_proj), act = prob * h */
-        rt_memcpy(act, h, (size_t)r * EFF * sizeof(float), RT_D2D);
-        row_scale(act, pe, r, EFF, RT_F32);
+        rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
+        row_scale(act, pe, r, EFF, ACT);
         rt_gemm(1, 0, EFF, C, r, 1.0f, act, EFF, 0, dy, C, 0, 1.0f, g->proj_w[l], C, 0, 1,
-                RT_F32, RT_F32);
+                ACT, RT_F32);
         rt_gemm(0, 1, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], C, 0, 0.0f, act, EFF, 0, 1,
-                RT_F32, RT_F32);                                                  /* act := d(act) */
-        row_dot(dpe, act, h, r, EFF, RT_F32);                         /* d(prob), partial */
+                ACT, ACT);                                                /* act := d(act) */
+        row_dot(dpe, act, h, r, EFF, ACT);                                /* d(prob), partial */
         if (d->bias) {
-            scaled_bias_bwd(g->proj_b[l], pe, dy, r, C, RT_F32);
+            scaled_bias_bwd(g->proj_b[l], pe, dy, r, C, ACT);
             rt_gemm(0, 0, r, 1, C, 1.0f, dy, C, 0, p->proj_b[l], 1, 0, 1.0f, dpe, 1, 0, 1,
-                    RT_F32, RT_F32);                                              /* + dy . b_proj */
+                    ACT, RT_F32);                                         /* + dy . b_proj */
         }
-        row_scale(act, pe, r, EFF, RT_F32);                                       /* d(h) */
-        gelu_bwd(act, fc, act, (size_t)r * EFF, RT_F32);                          /* d(fc) */
-        if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF, RT_F32);
+        row_scale(act, pe, r, EFF, ACT);                                  /* d(h) */
+        gelu_bwd(act, fc, act, (size_t)r * EFF, ACT);                     /* d(fc) */
+        if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF, ACT);
         rt_gemm(1, 0, C, EFF, r, 1.0f, xe, C, 0, act, EFF, 0, 1.0f, g->fc_w[l], EFF, 0, 1,
-                RT_F32, RT_F32);
+                ACT, RT_F32);
         rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->fc_w[l], EFF, 0, 0.0f, dxe, C, 0, 1,
-                RT_F32, RT_F32);                                                  /* d(x), partial */
+                ACT, ACT);                                                /* d(x), partial */
     }
 
     /* back to member-major order, summed over expt-tp, over ep to the tokens' ranks */
-    gather_rows(MS.yg, MS.xg, a->unorder, nrows, C, RT_F32);
+    gather_rows(MS.yg, MS.xg, a->unorder, nrows, C, ACT);
     gather_rows(MS.dpg, MS.dpe, a->unorder, nrows, 1, RT_F32);
-    const float *dxr = MS.yg, *dpr = MS.dpg;
+    const void *dxr = MS.yg;
+    const float *dpr = MS.dpg;
     if (d->etp > 1) {
         /* >>> reduce-scatter over expt-tp: d(x) and d(prob) partials of every member's rows */
-        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C);
-        etp_reduce(MS.dpg, a->memrows, MS.dpe, MS.dpr, 1);
+        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C, ACT);
+        etp_reduce(MS.dpg, a->memrows, MS.dpe, MS.dpr, 1, RT_F32);
         dxr = MS.yr;
         dpr = MS.dpr;
     }
-    const float *dxs = dxr, *dps = dpr;
+    const void *dxs = dxr;
+    const float *dps = dpr;
     if (d->ep > 1) {
         /* >>> all-to-all over ep */
-        ep_exchange(dxr, a->recvrows, MS.ys, a->sendrows, C);
-        ep_exchange(dpr, a->recvrows, MS.dps, a->sendrows, 1);
+        ep_exchange(dxr, a->recvrows, MS.ys, a->sendrows, C, ACT);
+        ep_exchange(dpr, a->recvrows, MS.dps, a->sendrows, 1, RT_F32);
         dxs = MS.ys;
         dps = MS.dps;
     }
-    combine_rows(dx, dxs, a->pos, NSP, K, C, RT_F32);
+    combine_rows(dx, dxs, a->pos, NSP, K, C, ACT);
     gather_rows(MS.dprob, dps, a->pos, NSP * K, 1, RT_F32);              /* dropped: 0 */
 
-    /* router: through the top-k softmax and the aux loss, then logits = x . router_w^T */
+    /* router: through the top-k softmax and the aux loss (f32), then logits = x . router_w^T
+    ** (the logit gradient rounded to the model's dtype for the two GEMMs, docs/megatron.md
+    ** §9.1) */
     moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->sel, a->auxg, NSP, E, K,
-                  d->pre_softmax, RT_F32);
+                  d->pre_softmax, ACT);
     rt_gemm(1, 0, E, C, NSP, 1.0f, MS.dlogits, E, 0, x, C, 0, 1.0f, g->router_w, C, 0, 1,
-            RT_F32, RT_F32);
+            ACT, RT_F32);
     rt_gemm(0, 0, NSP, C, E, 1.0f, MS.dlogits, E, 0, p->router_w, C, 0, 1.0f, dx, C, 0, 1,
-            RT_F32, RT_F32);
+            ACT, ACT);
 }

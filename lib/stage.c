@@ -8,6 +8,7 @@
 ** them in its order, each naming its one collective. Also the resume checkpoint's state.
 */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,14 +31,14 @@ static void *counted(size_t bytes)
 }
 
 /*
-** One instance of plan entry 'id': a new zero-filled allocation of its elements (4 bytes
-** each), NULL when the plan says none, or 'alias' (the entry it shares) when it says so.
+** One instance of plan entry 'id': a new zero-filled allocation of its bytes, NULL when the
+** plan says none, or 'alias' (the entry it shares) when it says so.
 */
 static void *mem(gpt_mem_id id, void *alias)
 {
     const gpt_mem *m = &gpt.stage->mem[id];
     switch (m->how) {
-    case GPT_MEM_ALLOC: return counted(m->elems * 4);
+    case GPT_MEM_ALLOC: return counted(m->bytes);
     case GPT_MEM_ALIAS:
         RT_CHECK(alias, "memory plan: %s aliases a buffer this stage lacks (a generator bug)",
                  mem_names[id]);
@@ -48,6 +49,32 @@ static void *mem(gpt_mem_id id, void *alias)
     return NULL;
 }
 
+/*
+** A per-layer entry of a layer kept as 'st': in the recompute workspace at the layer's
+** position when the plan marks the entry 'work' and the layer has a position (its output
+** excepted when it keeps it), allocated there once and shared by every layer at that
+** position; else a new instance of its own.
+*/
+static void *layer_mem(gpt_mem_id id, const gpt_layer_store *st)
+{
+    const gpt_mem *m = &gpt.stage->mem[id];
+    if (!st || st->work < 0 || !m->work || m->how != GPT_MEM_ALLOC ||
+        (id == GPT_M_L_RES2 && st->keep_out))
+        return mem(id, NULL);
+    if (st->work >= lib.nwork) {
+        int n = st->work + 1;
+        void **w = realloc(lib.work, (size_t)n * GPT_NMEMS * sizeof *w);
+        RT_CHECK(w, "out of memory");
+        memset(w + (size_t)lib.nwork * GPT_NMEMS, 0,
+               (size_t)(n - lib.nwork) * GPT_NMEMS * sizeof *w);
+        lib.work = w;
+        lib.nwork = n;
+    }
+    void **slot = &lib.work[(size_t)st->work * GPT_NMEMS + id];
+    if (!*slot) *slot = mem(id, NULL);
+    return *slot;
+}
+
 static int *host_ints(int n)
 {
     int *p = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
@@ -55,37 +82,36 @@ static int *host_ints(int n)
     return p;
 }
 
-void lib_layer_acts_alloc(gpt_layer_acts *a)
+/* One layer's activations, as the plan and the layer's store say (NULL: all its own). */
+void lib_layer_acts_alloc(gpt_layer_acts *a, const gpt_layer_store *st)
 {
     const gpt_dims *d = &gpt.d;
-    a->ln1 = mem(GPT_M_L_LN1, NULL);
-    a->ln1_mean = mem(GPT_M_L_LN1_MEAN, NULL);
-    a->ln1_rstd = mem(GPT_M_L_LN1_RSTD, NULL);
-    a->ln1_full = mem(GPT_M_L_LN1_FULL, a->ln1);
-    a->qkv = mem(GPT_M_L_QKV, NULL);
-    a->lse = mem(GPT_M_L_LSE, NULL);
-    a->atty = mem(GPT_M_L_ATTY, NULL);
-    a->res1 = mem(GPT_M_L_RES1, NULL);
-    a->ln2 = mem(GPT_M_L_LN2, NULL);
-    a->ln2_mean = mem(GPT_M_L_LN2_MEAN, NULL);
-    a->ln2_rstd = mem(GPT_M_L_LN2_RSTD, NULL);
-    a->ln2_full = mem(GPT_M_L_LN2_FULL, a->ln2);
-    a->fc = mem(GPT_M_L_FC, NULL);
-    a->gelu = mem(GPT_M_L_GELU, NULL);
-    a->res2 = mem(GPT_M_L_RES2, NULL);
+    a->ln1 = layer_mem(GPT_M_L_LN1, st);
+    a->ln1_mean = layer_mem(GPT_M_L_LN1_MEAN, st);
+    a->ln1_rstd = layer_mem(GPT_M_L_LN1_RSTD, st);
+    a->qkv = layer_mem(GPT_M_L_QKV, st);
+    a->lse = layer_mem(GPT_M_L_LSE, st);
+    a->atty = layer_mem(GPT_M_L_ATTY, st);
+    a->res1 = layer_mem(GPT_M_L_RES1, st);
+    a->ln2 = layer_mem(GPT_M_L_LN2, st);
+    a->ln2_mean = layer_mem(GPT_M_L_LN2_MEAN, st);
+    a->ln2_rstd = layer_mem(GPT_M_L_LN2_RSTD, st);
+    a->fc = layer_mem(GPT_M_L_FC, st);
+    a->gelu = layer_mem(GPT_M_L_GELU, st);
+    a->res2 = layer_mem(GPT_M_L_RES2, st);
     gpt_moe_acts *m = &a->moe;
-    m->scores = mem(GPT_M_ML_SCORES, NULL);
-    m->prob = mem(GPT_M_ML_PROB, NULL);
-    m->sel = mem(GPT_M_ML_SEL, NULL);
-    m->pos = mem(GPT_M_ML_POS, NULL);
-    m->send_tok = mem(GPT_M_ML_SEND_TOK, NULL);
-    m->order = mem(GPT_M_ML_ORDER, NULL);
-    m->unorder = mem(GPT_M_ML_UNORDER, NULL);
-    m->xe = mem(GPT_M_ML_XE, NULL);
-    m->pe = mem(GPT_M_ML_PE, NULL);
-    m->fc = mem(GPT_M_ML_FC, NULL);
-    m->h = mem(GPT_M_ML_H, NULL);
-    m->auxg = mem(GPT_M_ML_AUXG, NULL);
+    m->scores = layer_mem(GPT_M_ML_SCORES, st);
+    m->prob = layer_mem(GPT_M_ML_PROB, st);
+    m->sel = layer_mem(GPT_M_ML_SEL, st);
+    m->pos = layer_mem(GPT_M_ML_POS, st);
+    m->send_tok = layer_mem(GPT_M_ML_SEND_TOK, st);
+    m->order = layer_mem(GPT_M_ML_ORDER, st);
+    m->unorder = layer_mem(GPT_M_ML_UNORDER, st);
+    m->xe = layer_mem(GPT_M_ML_XE, st);
+    m->pe = layer_mem(GPT_M_ML_PE, st);
+    m->fc = layer_mem(GPT_M_ML_FC, st);
+    m->h = layer_mem(GPT_M_ML_H, st);
+    m->auxg = layer_mem(GPT_M_ML_AUXG, st);
     if (d->moe) {                            /* host side of the routing */
         m->sel_h = host_ints(d->n_sp * d->topk);
         m->pos_h = host_ints(d->n_sp * d->topk);
@@ -101,6 +127,7 @@ static void scratch_alloc(void)
     lib_scratch *s = &lib.s;
     s->full = mem(GPT_M_S_FULL, NULL);
     s->full_sp = mem(GPT_M_S_FULL_SP, s->full);
+    s->gather = mem(GPT_M_S_GATHER, NULL);
     s->dqkv = mem(GPT_M_S_DQKV, NULL);
     s->datty = mem(GPT_M_S_DATTY, NULL);
     s->dsum = mem(GPT_M_S_DSUM, NULL);
@@ -141,7 +168,7 @@ static void scratch_alloc(void)
 /* -- Parameters: the stage's tables, expanded for this rank ---------------------------------- */
 
 /* The struct member a parameter (or its gradient) lives behind. */
-static float **field_ptr(const lib_param *lp, int grad)
+static void **field_ptr(const lib_param *lp, int grad)
 {
     int f = lp->p.field, e = lp->p.expert;
     if (lp->layer < 0) {
@@ -267,28 +294,43 @@ static void params_expand(void)
     lib.npieces = kp;
 }
 
+/* This rank's shard of a bucket: its index in the buffer's data-parallel group. */
+static size_t shard_start(const gpt_buffer *b, const gpt_bucket *k)
+{
+    rt_group *g = gpt.grp[b->group];
+    return k->start + (size_t)(g ? rt_group_rank(g) : 0) * k->shard;
+}
+
 /* -- Setup ------------------------------------------------------------------------------------- */
 
 /*
 ** Allocate everything the stage uses (buffers, activation slots, scratch) as the generator's
 ** plan says, point every parameter and gradient view into the buffers, and check that the
-** bytes allocated are the plan's total (the number make inspect reports).
+** bytes allocated are the plan's total (the number make inspect reports). On rank 0 of each
+** stage (its first rank) print "memory: planned P bytes, allocated A bytes (stage S)", A
+** being what the runtime counted (rt_mem_stats): the library's buffers and the runtime's own.
 */
 void lib_stage_setup(void)
 {
     const gpt_stage *st = gpt.stage;
     const gpt_dims *d = &gpt.d;
     int nb = st->nbuffers;
+    size_t live0, peak0;
+    rt_mem_stats(&live0, &peak0);
     lib.mem_bytes = 0;
-    lib.pbuf = calloc((size_t)nb + 1, sizeof(float *));
-    lib.gbuf = calloc((size_t)nb + 1, sizeof(float *));
-    lib.mbuf = calloc((size_t)nb + 1, sizeof(float *));
-    lib.vbuf = calloc((size_t)nb + 1, sizeof(float *));
-    RT_CHECK(lib.pbuf && lib.gbuf && lib.mbuf && lib.vbuf, "out of memory");
+    lib.es = rt_dtype_size(d->act);
+    lib.pbuf = calloc((size_t)nb + 1, sizeof *lib.pbuf);
+    lib.gbuf = calloc((size_t)nb + 1, sizeof *lib.gbuf);
+    lib.main = d->act == RT_F32 ? NULL : calloc((size_t)nb + 1, sizeof *lib.main);
+    lib.mbuf = calloc((size_t)nb + 1, sizeof *lib.mbuf);
+    lib.vbuf = calloc((size_t)nb + 1, sizeof *lib.vbuf);
+    RT_CHECK(lib.pbuf && lib.gbuf && lib.mbuf && lib.vbuf && (d->act == RT_F32 || lib.main),
+             "out of memory");
     for (int i = 0; i < nb; i++) {
         const gpt_buffer *b = &st->buffers[i];
-        lib.pbuf[i] = counted(b->size * sizeof(float));
+        lib.pbuf[i] = counted(b->size * lib.es);
         lib.gbuf[i] = counted(b->size * sizeof(float));
+        if (lib.main) lib.main[i] = counted(b->state * sizeof(float));
         lib.mbuf[i] = counted(b->state * sizeof(float));
         lib.vbuf[i] = counted(b->state * sizeof(float));
     }
@@ -308,10 +350,10 @@ void lib_stage_setup(void)
                 for (int g = 0; g < 2; g++) {
                     gpt_moe_params *m = g ? &ch->grads[j].moe : &ch->params[j].moe;
                     size_t n = (size_t)d->experts_local;
-                    m->fc_w = calloc(n, sizeof(float *));
-                    m->fc_b = calloc(n, sizeof(float *));
-                    m->proj_w = calloc(n, sizeof(float *));
-                    m->proj_b = calloc(n, sizeof(float *));
+                    m->fc_w = calloc(n, sizeof(void *));
+                    m->fc_b = calloc(n, sizeof(void *));
+                    m->proj_w = calloc(n, sizeof(void *));
+                    m->proj_b = calloc(n, sizeof(void *));
                     RT_CHECK(m->fc_w && m->fc_b && m->proj_w && m->proj_b, "out of memory");
                 }
         for (int s = 0; s < ci->slots; s++) {
@@ -321,7 +363,8 @@ void lib_stage_setup(void)
             a->tokens = ci->embedding ? mem(GPT_M_C_TOKENS, NULL) : NULL;
             a->layer = calloc((size_t)ci->layers, sizeof *a->layer);
             RT_CHECK(a->layer, "out of memory");
-            for (int j = 0; j < ci->layers; j++) lib_layer_acts_alloc(&a->layer[j]);
+            for (int j = 0; j < ci->layers; j++)
+                lib_layer_acts_alloc(&a->layer[j], ci->store ? &ci->store[j] : NULL);
         }
     }
     scratch_alloc();
@@ -329,7 +372,7 @@ void lib_stage_setup(void)
     params_expand();
     for (int i = 0; i < lib.nparams; i++) {
         const lib_param *lp = &lib.params[i];
-        *field_ptr(lp, 0) = lib.pbuf[lp->p.buf] + lp->p.offset;
+        *field_ptr(lp, 0) = lib_at(lib.pbuf[lp->p.buf], lp->p.offset);
         *field_ptr(lp, 1) = lib.gbuf[lp->p.buf] + lp->p.offset;
         if (lp->p.flags & GPT_SP_REDUCE) lib.sp_total += lp->p.n;
     }
@@ -339,6 +382,66 @@ void lib_stage_setup(void)
     }
     RT_CHECK(lib.mem_bytes == st->mem_bytes, "stage setup allocated %zu bytes, the generator's "
              "plan says %zu (a generator bug)", lib.mem_bytes, st->mem_bytes);
+    size_t live, peak;
+    rt_mem_stats(&live, &peak);
+    /* the CUDA runtime's own workspace (cuBLAS's), allocated at rt_init; the CPU has none */
+    size_t planned = st->mem_bytes + (strcmp(rt_backend(), "cpu") ? RT_CUDA_WORKSPACE_BYTES : 0);
+    (void)live0;
+    (void)peak0;
+    if (gpt.tp_rank == 0 && gpt.cp_rank == 0 && gpt.dp_rank == 0)
+        printf("memory: planned %zu bytes, allocated %zu bytes (stage %d)\n", planned, live,
+               gpt.pp_rank);
+    RT_CHECK(live == planned, "stage %d: %zu device bytes allocated, the plan says %zu",
+             gpt.pp_rank, live, planned);
+}
+
+/* -- Parameters in f32: initialisation, loading, saving ---------------------------------------- */
+
+float *lib_master(int b)
+{
+    return lib.main ? lib.gbuf[b] : (float *)lib.pbuf[b];
+}
+
+/* bf16 training: the main parameters (the whole buffer, or this rank's bucket shards) and the
+** model's bf16 parameters from the f32 values in the staging buffer. */
+void lib_master_commit(void)
+{
+    if (!lib.main) return;
+    for (int i = 0; i < gpt.stage->nbuffers; i++) {
+        const gpt_buffer *b = &gpt.stage->buffers[i];
+        if (b->sharded) {
+            for (int k = 0; k < b->nbuckets; k++) {
+                const gpt_bucket *bk = &b->buckets[k];
+                rt_memcpy(lib.main[i] + bk->base, lib.gbuf[i] + shard_start(b, bk),
+                          bk->shard * sizeof(float), RT_D2D);
+            }
+        } else {
+            rt_memcpy(lib.main[i], lib.gbuf[i], b->size * sizeof(float), RT_D2D);
+        }
+        convert(lib.pbuf[i], gpt.d.act, lib.gbuf[i], RT_F32, b->size);
+    }
+}
+
+/* bf16 training: the staging buffer gets the f32 main parameters, each rank's shards
+** all-gathered over the buffer's data-parallel group with the distributed optimizer. */
+void lib_master_fetch(void)
+{
+    if (!lib.main) return;
+    for (int i = 0; i < gpt.stage->nbuffers; i++) {
+        const gpt_buffer *b = &gpt.stage->buffers[i];
+        if (!b->sharded) {
+            rt_memcpy(lib.gbuf[i], lib.main[i], b->size * sizeof(float), RT_D2D);
+            continue;
+        }
+        for (int k = 0; k < b->nbuckets; k++) {
+            const gpt_bucket *bk = &b->buckets[k];
+            rt_memcpy(lib.gbuf[i] + shard_start(b, bk), lib.main[i] + bk->base,
+                      bk->shard * sizeof(float), RT_D2D);
+            if (gpt.grp[b->group])
+                rt_allgather(lib.gbuf[i] + shard_start(b, bk), lib.gbuf[i] + bk->start,
+                             bk->shard, RT_F32, gpt.grp[b->group]);
+        }
+    }
 }
 
 /* -- The step after the schedule ------------------------------------------------------------- */
@@ -385,13 +488,6 @@ void gpt_grad_scale(int buf, float s)
 void gpt_grad_allreduce(int buf, rt_group *g)
 {
     rt_allreduce(lib.gbuf[buf], gpt.stage->buffers[buf].size, RT_F32, RT_SUM, g);
-}
-
-/* This rank's shard of a bucket: its index in the buffer's data-parallel group. */
-static size_t shard_start(const gpt_buffer *b, const gpt_bucket *k)
-{
-    rt_group *g = gpt.grp[b->group];
-    return k->start + (size_t)(g ? rt_group_rank(g) : 0) * k->shard;
 }
 
 void gpt_grad_reduce_scatter(int buf, int bucket, rt_group *g)
@@ -472,7 +568,9 @@ double gpt_norm(int total)
     return total ? sqrt((double)red[2]) : sqrt((double)red[0] + (double)red[1]);
 }
 
-/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient. */
+/* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient, on the
+** f32 main parameters; in bf16 training each updated value is also rounded into the model's
+** bf16 parameters (docs/megatron.md §9.1). */
 void gpt_adamw(const gpt_step_in *in, double norm)
 {
     double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
@@ -488,15 +586,18 @@ void gpt_adamw(const gpt_step_in *in, double norm)
         if (b->sharded) {
             for (int k = 0; k < b->nbuckets; k++) {
                 size_t lo, hi, at;
-                if (shard_part(p, k, &lo, &hi, &at))
-                    adamw_step(lib.pbuf[bi] + lo, lib.gbuf[bi] + lo, lib.mbuf[bi] + at,
-                               lib.vbuf[bi] + at, hi - lo, in->lr, in->beta1, in->beta2,
-                               in->eps, wd, bc1, bc2, c, NULL, RT_F32);
+                if (!shard_part(p, k, &lo, &hi, &at)) continue;
+                float *main = lib.main ? lib.main[bi] + at : (float *)lib.pbuf[bi] + lo;
+                adamw_step(main, lib.gbuf[bi] + lo, lib.mbuf[bi] + at, lib.vbuf[bi] + at,
+                           hi - lo, in->lr, in->beta1, in->beta2, in->eps, wd, bc1, bc2, c,
+                           lib.main ? lib_at(lib.pbuf[bi], lo) : NULL, gpt.d.act);
             }
         } else {
-            adamw_step(lib.pbuf[bi] + p->offset, lib.gbuf[bi] + p->offset,
-                       lib.mbuf[bi] + p->offset, lib.vbuf[bi] + p->offset, p->n, in->lr,
-                       in->beta1, in->beta2, in->eps, wd, bc1, bc2, c, NULL, RT_F32);
+            size_t o = p->offset;
+            float *main = lib.main ? lib.main[bi] + o : (float *)lib.pbuf[bi] + o;
+            adamw_step(main, lib.gbuf[bi] + o, lib.mbuf[bi] + o, lib.vbuf[bi] + o, p->n,
+                       in->lr, in->beta1, in->beta2, in->eps, wd, bc1, bc2, c,
+                       lib.main ? lib_at(lib.pbuf[bi], o) : NULL, gpt.d.act);
         }
     }
 }
@@ -505,8 +606,8 @@ void gpt_param_allgather(int buf, int bucket, rt_group *g)
 {
     const gpt_buffer *b = &gpt.stage->buffers[buf];
     const gpt_bucket *k = &b->buckets[bucket];
-    rt_allgather(lib.pbuf[buf] + shard_start(b, k), lib.pbuf[buf] + k->start, k->shard, RT_F32,
-                 g);
+    rt_allgather(lib_at(lib.pbuf[buf], shard_start(b, k)), lib_at(lib.pbuf[buf], k->start),
+                 k->shard, gpt.d.act, g);
 }
 
 /* Every rank's share of the aux loss: the objective's term over the replicas and micro-batches. */
@@ -543,24 +644,28 @@ void gpt_loss_allreduce(rt_group *world, gpt_step_out *out)
 
 /* -- Resume checkpoint state ---------------------------------------------------------------- */
 
-size_t lib_state_floats(void)
+/* Per buffer: the model's parameters, the f32 main parameters (bf16 training), the moments. */
+size_t lib_state_bytes(void)
 {
     size_t n = 0;
-    for (int i = 0; i < gpt.stage->nbuffers; i++)
-        n += gpt.stage->buffers[i].size + 2 * gpt.stage->buffers[i].state;
+    for (int i = 0; i < gpt.stage->nbuffers; i++) {
+        const gpt_buffer *b = &gpt.stage->buffers[i];
+        n += b->size * lib.es + (lib.main ? 3 : 2) * b->state * sizeof(float);
+    }
     return n;
 }
 
-/* Copy every buffer's parameters and moments to (save) or from 'host', buffer by buffer. */
-void lib_state_io(float *host, int save)
+/* Copy every buffer's state to (save) or from 'host', buffer by buffer. */
+void lib_state_io(unsigned char *host, int save)
 {
     for (int i = 0; i < gpt.stage->nbuffers; i++) {
         const gpt_buffer *b = &gpt.stage->buffers[i];
-        float *dev[3] = { lib.pbuf[i], lib.mbuf[i], lib.vbuf[i] };
-        size_t len[3] = { b->size, b->state, b->state };
-        for (int j = 0; j < 3; j++) {
-            if (save) rt_memcpy(host, dev[j], len[j] * sizeof(float), RT_D2H);
-            else rt_memcpy(dev[j], host, len[j] * sizeof(float), RT_H2D);
+        void *dev[4] = { lib.pbuf[i], lib.mbuf[i], lib.vbuf[i], lib.main ? lib.main[i] : NULL };
+        size_t len[4] = { b->size * lib.es, b->state * sizeof(float), b->state * sizeof(float),
+                          lib.main ? b->state * sizeof(float) : 0 };
+        for (int j = 0; j < 4; j++) {
+            if (save) rt_memcpy(host, dev[j], len[j], RT_D2H);
+            else rt_memcpy(dev[j], host, len[j], RT_H2D);
             host += len[j];
         }
     }

@@ -214,6 +214,16 @@ static int32_t le32(const unsigned char *p)
                      (uint32_t)p[3] << 24);
 }
 
+/* *v = its maximum over the world (collectives take device memory: the stage's scalar scratch,
+** X_STAT, which the memory plan holds; no allocation outside the plan). */
+static void world_max(long long *v)
+{
+    long long *dev = (long long *)(void *)lib.stat_dev;
+    rt_memcpy(dev, v, sizeof *v, RT_H2D);
+    rt_allreduce(dev, 1, RT_I64, RT_MAX, rt_group_world());
+    rt_memcpy(v, dev, sizeof *v, RT_D2H);
+}
+
 /*
 ** Every token must be < P->vocab. The ranks share the scan (rank r reads slice r of the world's
 ** slices, so a large file costs each rank 1/world of a read) and agree on the first bad
@@ -238,11 +248,7 @@ static void data_check_tokens(const data_file *d)
     }
     /* the smallest bad position wins: max of (ntok - position), 0 when clean */
     long long key = first_bad < 0 ? 0 : d->ntok - first_bad;
-    long long *dev = rt_malloc(sizeof key);     /* collectives take device memory */
-    rt_memcpy(dev, &key, sizeof key, RT_H2D);
-    rt_allreduce(dev, 1, RT_I64, RT_MAX, rt_group_world());
-    rt_memcpy(&key, dev, sizeof key, RT_D2H);
-    rt_free(dev);
+    world_max(&key);
     if (key == 0) return;
     long long pos = d->ntok - key;
     unsigned char t2[2] = { 0, 0 };
@@ -453,11 +459,12 @@ static void st_check(st_file *f, const char *path, const st_tensor **found)
                       st_problems, st_problems > 1 ? "s" : "", lib.ntensors);
 }
 
-/* Copy a host (rows, cols) block into / out of a local tensor at (lrow, lcol), stride ld. */
+/* Copy a host (rows, cols) block into / out of a local tensor at (lrow, lcol), stride ld, in
+** the f32 parameters (lib_master). */
 static void piece_copy(const lib_piece *pc, float *host, int to_device)
 {
     const lib_param *lp = &lib.params[pc->param];
-    float *base = lib.pbuf[lp->p.buf] + lp->p.offset + (size_t)pc->lrow * lp->p.ld + pc->lcol;
+    float *base = lib_master(lp->p.buf) + lp->p.offset + (size_t)pc->lrow * lp->p.ld + pc->lcol;
     if (pc->cols == lp->p.ld) {
         size_t bytes = (size_t)pc->rows * pc->cols * sizeof(float);
         if (to_device) rt_memcpy(base, host, bytes, RT_H2D);
@@ -493,6 +500,7 @@ static void load_model(const char *path)
     }
     st_close(&f);
     free(found);
+    lib_master_commit();
 }
 
 /* Initialisation: element (r, c) of tensor t depends on (seed, t's name, r*cols + c) only. */
@@ -502,7 +510,7 @@ static void init_model(unsigned long long seed)
         const lib_piece *pc = &lib.pieces[i];
         const lib_param *lp = &lib.params[pc->param];
         const lib_tensor *ti = &lib.tensors[lp->tensor];
-        float *base = lib.pbuf[lp->p.buf] + lp->p.offset + (size_t)pc->lrow * lp->p.ld +
+        float *base = lib_master(lp->p.buf) + lp->p.offset + (size_t)pc->lrow * lp->p.ld +
                       pc->lcol;
         if (ti->init == GPT_INIT_NORMAL) {
             rt_rng_normal(base, pc->rows, pc->cols, lp->p.ld, seed, ti->stream,
@@ -517,16 +525,18 @@ static void init_model(unsigned long long seed)
             free(host);
         }
     }
+    lib_master_commit();
 }
 
 /*
 ** --save: rank 0 writes the header into PATH.tmp, sized to its final length; every owner of a
 ** piece (data-parallel rank 0; tp rank 0 for replicated tensors; never the tied copy) writes
 ** its rows at their offsets; after a barrier rank 0 syncs and renames. Written whole or not
-** at all.
+** at all. The values are the f32 (main) parameters.
 */
 static void save_model(const char *path)
 {
+    lib_master_fetch();
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     st_tensor *ts = calloc((size_t)lib.ntensors, sizeof *ts);
@@ -594,10 +604,10 @@ static void save_model(const char *path)
 
 /* -- Resume checkpoints (per rank: parameters, moments, step) ------------------------------- */
 
-#define CKPT_MAGIC 0x31544b4350545047ull   /* "GPTCKPT1" little-endian */
+#define CKPT_MAGIC 0x32544b4350545047ull   /* "GPTCKPT2" little-endian */
 
 typedef struct {
-    unsigned long long magic, world, stage, step, nfloats, seed;
+    unsigned long long magic, world, stage, step, nbytes, seed;
 } ckpt_header;
 
 static void ckpt_path(char *out, size_t cap, const char *dir, int step, const char *suffix,
@@ -618,8 +628,8 @@ static void ckpt_save(const flags *f, int step)
                  strerror(errno));
     }
     rt_barrier(NULL);
-    size_t n = lib_state_floats();
-    float *buf = malloc((n ? n : 1) * sizeof(float));
+    size_t n = lib_state_bytes();
+    unsigned char *buf = malloc(n ? n : 1);
     RT_CHECK(buf, "out of memory for the checkpoint");
     lib_state_io(buf, 1);
     ckpt_header hd = { CKPT_MAGIC, P->world, (unsigned long long)gpt.pp_rank,
@@ -627,7 +637,7 @@ static void ckpt_save(const flags *f, int step)
     ckpt_path(file, sizeof file, f->ckpt_dir, step, ".tmp", rt_rank());
     FILE *fp = fopen(file, "wb");
     RT_CHECK(fp && fwrite(&hd, sizeof hd, 1, fp) == 1 &&
-             fwrite(buf, sizeof(float), n, fp) == n && fflush(fp) == 0 &&
+             fwrite(buf, 1, n, fp) == n && fflush(fp) == 0 &&
              fsync(fileno(fp)) == 0 && fclose(fp) == 0, "%s: write failed: %s", file,
              strerror(errno));
     free(buf);
@@ -658,11 +668,7 @@ static int ckpt_newest(const char *d)
         }
         if (dir) closedir(dir);
     }
-    long long *dev = rt_malloc(sizeof best);   /* collectives take device memory */
-    rt_memcpy(dev, &best, sizeof best, RT_H2D);
-    rt_allreduce(dev, 1, RT_I64, RT_MAX, rt_group_world());
-    rt_memcpy(&best, dev, sizeof best, RT_D2H);
-    rt_free(dev);
+    world_max(&best);
     return (int)best;
 }
 
@@ -670,17 +676,17 @@ static void ckpt_load(const flags *f, int step)
 {
     char file[4200];
     ckpt_path(file, sizeof file, f->ckpt_dir, step, "", rt_rank());
-    size_t n = lib_state_floats();
+    size_t n = lib_state_bytes();
     ckpt_header hd;
     FILE *fp = fopen(file, "rb");
     RT_CHECK(fp && fread(&hd, sizeof hd, 1, fp) == 1, "%s: cannot read: %s", file,
              strerror(errno));
     RT_CHECK(hd.magic == CKPT_MAGIC && hd.world == (unsigned long long)P->world &&
-             hd.stage == (unsigned long long)gpt.pp_rank && hd.nfloats == n,
-             "%s: written by a different program (world %llu, stage %llu, %llu floats)", file,
-             hd.world, hd.stage, hd.nfloats);
-    float *buf = malloc((n ? n : 1) * sizeof(float));
-    RT_CHECK(buf && fread(buf, sizeof(float), n, fp) == n, "%s: truncated", file);
+             hd.stage == (unsigned long long)gpt.pp_rank && hd.nbytes == n,
+             "%s: written by a different program (world %llu, stage %llu, %llu bytes)", file,
+             hd.world, hd.stage, hd.nbytes);
+    unsigned char *buf = malloc(n ? n : 1);
+    RT_CHECK(buf && fread(buf, 1, n, fp) == n, "%s: truncated", file);
     fclose(fp);
     lib_state_io(buf, 0);
     free(buf);

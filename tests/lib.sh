@@ -118,6 +118,20 @@ have_gpu() {
 
 declare -A DIR WORLD TOL BUILT RAN REFPROG
 
+# mem_check LOG: a program's memory plan held (docs/PROGRAM.md §5): the first rank of every
+# stage printed "memory: planned P bytes, allocated A bytes (stage S)" with P == A, stages
+# 0 .. PP-1 once each. WHY says what is wrong.
+mem_check() {
+    local bad
+    bad=$(awk '/^memory: planned / { n++; s[$9 + 0]++
+                   if ($3 != $6) { print "stage " $9 + 0 ": planned " $3 ", allocated " $6; exit } }
+               END { if (!n) { print "no memory line"; exit }
+                     for (k = 0; k < n; k++) if (s[k] != 1) { print "stage " k " printed " \
+                         s[k] + 0 " memory lines"; exit } }' "$1")
+    WHY="memory plan: $bad"
+    [ -z "$bad" ]
+}
+
 # equiv_compare NAME TAG REF RTAG TOLSET: compare run TAG with run RTAG (row REF) under the
 # tolerance set; 0 when they match. WHY says how they differ; CAUGHT is 1 when every comparison
 # the set asks for saw a difference (what a control needs).
@@ -261,6 +275,10 @@ equiv() {
             if ! run_prog "$prog" "$world" "$S/run/$tag.log" "$@" $f --log "$S/run/$tag.jsonl" \
                     --save "$S/run/$tag.safetensors"; then
                 fail "$vname" "training failed: $(first_error "$S/run/$tag.log")"
+                continue
+            fi
+            if [ -z "${REFPROG[$name]}" ] && ! mem_check "$S/run/$tag.log"; then
+                fail "$vname" "$WHY"
                 continue
             fi
             RAN[$tag]=1

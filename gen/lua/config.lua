@@ -403,6 +403,18 @@ local function naming(model, s)
     opt(s.seq ~= model.seq_len, "-seq" .. s.seq, "SEQ=" .. s.seq)
     opt(s.sp, "-sp", "SP=1")
     opt(s.dist_opt, "-distopt", "DIST_OPT=1")
+    opt(s.bf16, "-bf16", "BF16=1")
+    local rc = s.rc
+    if rc.granularity == "selective" then
+        local mods = table.concat(rc.modules, ",")
+        opt(true, "-rcsel" .. (mods ~= "core_attn" and "-" .. mods:gsub("_", ""):gsub(",", "-")
+                              or ""),
+            "RECOMPUTE=selective" .. (mods ~= "core_attn" and " RECOMPUTE_MODULES=" .. mods or ""))
+    elseif rc.granularity == "full" then
+        opt(true, string.format("-rc%s%d", rc.method, rc.layers),
+            string.format("RECOMPUTE=full RECOMPUTE_METHOD=%s RECOMPUTE_LAYERS=%d", rc.method,
+                          rc.layers))
+    end
     opt(s.first_layers ~= nil, "-first" .. tostring(s.first_layers),
         "FIRST_LAYERS=" .. tostring(s.first_layers))
     opt(s.last_layers ~= nil, "-last" .. tostring(s.last_layers),
@@ -440,6 +452,103 @@ local function stride_of(axes, sizes, name)
         if a == name then return s end
         s = s * sizes[a]
     end
+end
+
+-- The most layers a model chunk holds (a stage's layers over VP), for the recompute range;
+-- nil when the placement itself is invalid (reported elsewhere).
+local function max_chunk_layers(L, P, V, f, l)
+    if not (f or l) then return L // (P * V) end
+    local Pm = P - (f and 1 or 0) - (l and 1 or 0)
+    local most = math.max(f or 0, l or 0)
+    if Pm > 0 then most = math.max(most, (L - (f or 0) - (l or 0)) // Pm) end
+    return most // V
+end
+
+M.RECOMPUTE_MODULES = { "core_attn", "layernorm", "mlp" }
+-- Megatron's --recompute-modules choices that the programs do not implement.
+local MEGATRON_ONLY_MODULES = { moe_act = "needs grouped expert GEMMs",
+    mla_up_proj = "needs multi-latent attention", moe = "recomputing the MoE layer",
+    shared_experts = "needs shared experts" }
+
+-- RECOMPUTE, RECOMPUTE_METHOD, RECOMPUTE_LAYERS and RECOMPUTE_MODULES as Megatron's
+-- TransformerConfig checks them (docs/megatron.md §9.2) -> { granularity = "none" | "selective"
+-- | "full", method, layers, modules }; problems go to 'errs'.
+local function recompute_options(opts, errs, most, model)
+    local g, method, n, mods = opts.recompute, opts.recompute_method, opts.recompute_layers,
+                               opts.recompute_modules
+    local rc = { granularity = "none", modules = {} }
+    if g == nil then
+        if method ~= nil or n ~= nil or mods ~= nil then
+            errs.add(nil, "%s needs RECOMPUTE (selective or full)",
+                     method ~= nil and "RECOMPUTE_METHOD" or n ~= nil and "RECOMPUTE_LAYERS"
+                     or "RECOMPUTE_MODULES")
+        end
+        return rc
+    end
+    if g ~= "selective" and g ~= "full" then
+        errs.add(nil, "RECOMPUTE '%s' must be selective or full (Megatron's " ..
+                 "--recompute-granularity)", g)
+        return rc
+    end
+    rc.granularity = g
+    if method ~= nil and method ~= "uniform" and method ~= "block" then
+        errs.add(nil, "RECOMPUTE_METHOD '%s' must be uniform or block", method)
+    elseif g == "full" and method == nil then
+        errs.add(nil, "RECOMPUTE=full needs RECOMPUTE_METHOD=uniform (groups of " ..
+                 "RECOMPUTE_LAYERS layers) or block (the first RECOMPUTE_LAYERS layers of " ..
+                 "each chunk)")
+    elseif g == "selective" and method ~= nil then
+        errs.add(nil, "RECOMPUTE_METHOD applies to RECOMPUTE=full only (selective recomputes " ..
+                 "in every layer)")
+    end
+    rc.method = method
+    if g == "selective" and n ~= nil then
+        errs.add(nil, "RECOMPUTE_LAYERS applies to RECOMPUTE=full only (Megatron: " ..
+                 "recompute_num_layers must be None with selective)")
+    elseif g == "full" and most then
+        if n == nil then
+            errs.add(nil, "RECOMPUTE=full needs RECOMPUTE_LAYERS between 1 and %d (the " ..
+                     "layers of a model chunk)", most)
+        elseif n < 1 or n > most then
+            errs.add(nil, "RECOMPUTE_LAYERS (%d) must be between 1 and %d, the layers of a " ..
+                     "model chunk (%d layers over PP %d%s)", n, most, model.layers,
+                     opts.pp or 1, (opts.vp or 1) > 1 and " and VP " .. opts.vp or "")
+        end
+    end
+    rc.layers = n
+    if g == "full" and mods ~= nil then
+        errs.add(nil, "RECOMPUTE_MODULES applies to RECOMPUTE=selective only (full " ..
+                 "recomputes whole layers)")
+    elseif g == "selective" then
+        local seen = {}
+        for name in ((mods or "core_attn") .. ","):gmatch("([^,]*),") do
+            local ok = false
+            for _, m in ipairs(M.RECOMPUTE_MODULES) do ok = ok or m == name end
+            if name == "" then
+                errs.add(nil, "RECOMPUTE_MODULES '%s' has an empty name (write names joined " ..
+                         "by ',', e.g. core_attn,mlp)", mods)
+            elseif MEGATRON_ONLY_MODULES[name] then
+                errs.add(nil, "RECOMPUTE_MODULES: '%s' is not supported (%s); supported: %s",
+                         name, MEGATRON_ONLY_MODULES[name],
+                         table.concat(M.RECOMPUTE_MODULES, ", "))
+            elseif not ok then
+                errs.add(nil, "RECOMPUTE_MODULES: unknown module '%s' (one of: %s)", name,
+                         table.concat(M.RECOMPUTE_MODULES, ", "))
+            elseif seen[name] then
+                errs.add(nil, "RECOMPUTE_MODULES names '%s' twice", name)
+            elseif name == "mlp" and model.moe then
+                errs.add(nil, "RECOMPUTE_MODULES: 'mlp' recomputes the dense MLP, and %s " ..
+                         "has experts in its place", model.file)
+            else
+                seen[name] = true
+            end
+        end
+        -- in the order of M.RECOMPUTE_MODULES: one spelling per set, one directory name
+        for _, m in ipairs(M.RECOMPUTE_MODULES) do
+            if seen[m] then rc.modules[#rc.modules + 1] = m end
+        end
+    end
+    return rc
 end
 
 -- Validate sizes 'opts' against 'model' -> Config. No I/O but the warning it may print.
@@ -632,6 +741,9 @@ function M.configure(model, opts)
                  "schedule runs micro-batches in groups of PP", nmb, P)
     end
 
+    -- Mixed precision and activation recompute (docs/megatron.md §9).
+    local rc = recompute_options(opts, errs, max_chunk_layers(L, P, V, f, l), model)
+
     -- The rank --inspect asks about.
     if opts.rank ~= nil then
         if not opts.inspect then
@@ -651,14 +763,17 @@ function M.configure(model, opts)
     local s = {
         tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V, world = world,
         order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,
-        sp = opts.sp == true, dist_opt = opts.dist_opt == true,
+        sp = opts.sp == true, dist_opt = opts.dist_opt == true, bf16 = opts.bf16 == true,
+        rc = rc,
     }
     local dirname, make = naming(model, s)
     local vocab_mult = model.vocab_pad * T
     return ir.Config {
         model = model, tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V,
         world = world, order = order, axes = axes, first_layers = f, last_layers = l,
-        mbs = mbs, nmb = nmb, seq = seq, sp = s.sp, dist_opt = s.dist_opt,
+        mbs = mbs, nmb = nmb, seq = seq, sp = s.sp, dist_opt = s.dist_opt, bf16 = s.bf16,
+        recompute = rc.granularity, recompute_method = rc.method,
+        recompute_layers = rc.layers, recompute_modules = rc.modules,
         vocab_padded = util.round_up(model.vocab, vocab_mult), rank = opts.rank,
         dirname = dirname, outdir = opts.out or ("out/" .. dirname), make = make,
     }

@@ -23,7 +23,7 @@ local M = {}
 
 -- What --dump accepts, in --help order, with the number of passes each needs to run.
 M.DUMPS = { { "config", 1 }, { "topology", 2 }, { "partition", 3 }, { "shards", 4 },
-            { "schedule", 5 }, { "program", 6 }, { "schema", 0 } }
+            { "schedule", 5 }, { "program", 6 }, { "memory", 6 }, { "schema", 0 } }
 
 local MODES = { "print_out", "dump", "check", "inspect" }
 local MODE_FLAG = { print_out = "--print-out", dump = "--dump", check = "--check",
@@ -74,6 +74,10 @@ function M.run(opts)
             return
         end
         local r = M.passes(opts, need)
+        if opts.dump == "memory" then
+            io.write(json.encode(inspect.memory(r.config, r.program)))
+            return
+        end
         io.write(json.encode(r[opts.dump]))
         return
     end

@@ -78,7 +78,7 @@ local function const_view(consts)
     local rows, w1, w2 = {}, 0, 0
     for i, c in ipairs(consts) do
         local v = c.kind == "int" and int(c.value) or c.kind == "float" and cfloat(c.value)
-                  or '"' .. c.value .. '"'
+                  or c.kind == "ident" and c.value or '"' .. c.value .. '"'
         rows[i] = { c.name, v, c.comment }
         w1, w2 = math.max(w1, #c.name), math.max(w2, #v)
     end
@@ -268,18 +268,25 @@ local function stage_view(cfg, prog, sp, part)
     end
     local function call_view(k)
         local c = { layer = k.layer and int(k.layer), global = k.global and int(k.global) }
-        for _, op in ipairs({ "embedding_fwd", "layer_fwd", "head_fwd_bwd", "layer_bwd",
-                              "embedding_bwd" }) do
+        for _, op in ipairs({ "embedding_fwd", "layer_fwd", "head_fwd_bwd", "layer_recompute",
+                              "layer_bwd", "embedding_bwd" }) do
             c[op] = k.op == op
         end
         return c
     end
     local ccells = {}
     for i, c in ipairs(sp.chunks) do
+        local has_store = cfg.recompute ~= "none"
         ccells[i] = { int(c.first), int(c.layers), int(c.slots), flag(c.embedding),
                       flag(c.head), int(#sp.layer_params[i]), "chunk" .. c.vp .. "_params",
                       int(#sp.layer_pieces[i]), "chunk" .. c.vp .. "_pieces",
-                      "chunk" .. c.vp .. "_bases" }
+                      "chunk" .. c.vp .. "_bases",
+                      has_store and ("chunk" .. c.vp .. "_store") or "NULL" }
+        local scells, snotes = {}, {}
+        for j, l in ipairs(c.store) do
+            scells[j] = { int(l.work), flag(l.keep_out) }
+            snotes[j] = "layer " .. (c.first + j - 1)
+        end
         local bases = {}
         for j, b in ipairs(c.bases) do
             local vals = {}
@@ -293,6 +300,11 @@ local function stage_view(cfg, prog, sp, part)
             params = param_rows(sp.layer_params[i]),
             pieces = piece_rows(sp.layer_pieces[i], sp.layer_params[i]),
             bases = bases, nbases = int(#c.bases * #sp.buffers),
+            has_store = has_store, store = aligned(scells, snotes),
+            store_title = string.format("chunk %d, recompute %s", c.vp,
+                cfg.recompute == "full" and string.format("full (%s, %d)", cfg.recompute_method,
+                                                          cfg.recompute_layers)
+                or "selective (" .. table.concat(cfg.recompute_modules, ", ") .. ")"),
             title = require("program").stage_title({ chunks = { st.chunks[i] } }),
             fwd = list_view(calls_of[c.vp].F, call_view),
             bwd = list_view(calls_of[c.vp].B, call_view),
@@ -306,9 +318,15 @@ local function stage_view(cfg, prog, sp, part)
             unused[#unused + 1] = m.id
         else
             mcells[#mcells + 1] = { "GPT_MEM_" .. m.how, m.alias and ("GPT_M_" .. m.alias) or "0",
-                                    int(m.elems) }
-            mnotes[#mnotes + 1] = m.what .. (m.how == "ALIAS" and "" or
-                                  m.count > 1 and string.format(", x %d", m.count) or "")
+                                    int(m.instance), flag(m.work > 0) }
+            local dt = m.dtype == "I" and "i32" or (m.dtype == "A" and cfg.bf16) and "bf16"
+                       or "f32"
+            local n = ""
+            if m.how == "ALLOC" and (m.count > 1 or m.work > 0) then
+                n = string.format(", x %d", m.count) ..
+                    (m.work > 0 and string.format(" + %d in the workspace", m.work) or "")
+            end
+            mnotes[#mnotes + 1] = (m.how == "ALIAS" and "" or dt .. " ") .. m.what .. n
             v.mem[#v.mem + 1] = { id = "GPT_M_" .. m.id }
         end
     end

@@ -5,6 +5,7 @@
 -- Pure (returns strings); driver.lua prints them, emit.lua writes report.txt.
 
 local partition = require("partition")
+local program = require("program")
 local schedule = require("schedule")
 local shards = require("shards")
 local svg = require("svg")
@@ -372,25 +373,101 @@ function M.pipeline_summary(cfg, part, sched, prog, out)
     M.memory_plan(cfg, prog, out)
 end
 
--- Append the program's device memory per rank of each stage (its plan: every buffer the
--- library allocates, lib/stage.c, which checks the total at start).
-function M.memory_plan(cfg, prog, out)
-    out[#out + 1] = ""
-    out[#out + 1] = "device memory per rank, as the program allocates it (f32; checked at start)"
-    local rows = { { "stage", "params+grads+moments", "activations", "scratch", "total" } }
-    for r = 0, cfg.pp - 1 do
-        local sp = prog.stages[r + 1]
-        local acts = 0
-        for _, m in ipairs(sp.mem) do
-            if m.id:match("^L_") or m.id:match("^ML_") or m.id:match("^C_") then
-                acts = acts + m.bytes
-            end
-        end
-        rows[#rows + 1] = { tostring(r), util.bytes(sp.param_bytes), util.bytes(acts),
-                            util.bytes(sp.mem_bytes - sp.param_bytes - acts),
-                            util.bytes(sp.mem_bytes) }
+-- NCCL's own buffers, which the program cannot count (NCCL allocates them inside): an
+-- estimate per communicator a rank belongs to, of NCCL_BUFFSIZE (4 MiB, NCCL's default) for
+-- each of its 2 ring neighbours on each of 8 channels (docs/PROGRAM.md §5).
+M.NCCL_BYTES_PER_COMM = 2 * 8 * (4 << 20)
+
+-- The device memory of every stage as the program allocates it (program.build's plan, which
+-- the library checks at start) and, on the GPU, what the runtime and NCCL add: per stage
+-- { stage, ranks, parameters, main_parameters, gradients, optimizer_state, activations =
+-- { per_slot = {per chunk}, slots = {per chunk}, bytes }, recompute_workspace,
+-- communication, workspace, peak_bytes (= the allocated total on the CPU), cuda = {
+-- cublas_workspace, nccl_communicators, nccl_estimate, allocated, peak_bytes } }.
+function M.memory(cfg, prog)
+    local comms = 1                                     -- the world
+    for _, g in ipairs(prog.groups) do
+        if g.create then comms = comms + 1 end
     end
-    for _, line in ipairs(util.columns(rows, "rrrrr")) do out[#out + 1] = "  " .. line end
+    local out = {}
+    for _, sp in ipairs(prog.stages) do
+        local per_slot, slots, acts = {}, {}, 0
+        for i, c in ipairs(sp.chunks) do
+            per_slot[i], slots[i] = c.slot_bytes, c.slots
+            acts = acts + c.slots * c.slot_bytes
+        end
+        local by = { activations = 0, communication = 0, workspace = 0 }
+        local work = 0
+        for _, m in ipairs(sp.mem) do
+            by[m.category] = by[m.category] + m.bytes - m.work_bytes
+            work = work + m.work_bytes
+        end
+        assert(by.activations == acts, "inspect: activation bytes differ from the slots'")
+        local cuda_alloc = sp.mem_bytes + program.CUDA_WORKSPACE_BYTES
+        local nccl = comms * M.NCCL_BYTES_PER_COMM
+        out[#out + 1] = {
+            stage = sp.stage, ranks = sp.ranks, parameters = sp.params.params,
+            main_parameters = sp.params.main, gradients = sp.params.grads,
+            optimizer_state = sp.params.moments,
+            activations = { per_slot = per_slot, slots = slots, bytes = acts },
+            recompute_workspace = work, communication = by.communication,
+            workspace = by.workspace, peak_bytes = sp.mem_bytes,
+            cuda = { cublas_workspace = program.CUDA_WORKSPACE_BYTES, allocated = cuda_alloc,
+                     nccl_communicators = comms, nccl_estimate = nccl,
+                     peak_bytes = cuda_alloc + nccl },
+        }
+    end
+    return out
+end
+
+-- What the program is built for, in words: "bf16, selective recompute (core_attn)".
+function M.precision_text(cfg)
+    local t = cfg.bf16 and "bf16 (f32 main parameters and gradients)" or "f32"
+    if cfg.recompute == "full" then
+        t = t .. string.format(", full recompute (%s, %d)", cfg.recompute_method,
+                               cfg.recompute_layers)
+    elseif cfg.recompute == "selective" then
+        t = t .. ", selective recompute (" .. table.concat(cfg.recompute_modules, ", ") .. ")"
+    end
+    return t
+end
+
+-- Append the program's device memory per rank of each stage (M.memory) to 'out'.
+function M.memory_plan(cfg, prog, out)
+    local mem = M.memory(cfg, prog)
+    out[#out + 1] = ""
+    out[#out + 1] = "device memory per rank, as the program allocates it (" ..
+                    M.precision_text(cfg) .. "; checked at start)"
+    local has_main, has_work = cfg.bf16, cfg.recompute ~= "none"
+    local head = { "stage", "params" }
+    if has_main then head[#head + 1] = "main params" end
+    for _, h in ipairs({ "grads", "moments", "activations" }) do head[#head + 1] = h end
+    if has_work then head[#head + 1] = "recompute" end
+    for _, h in ipairs({ "comm", "workspace", "CPU total", "GPU total" }) do
+        head[#head + 1] = h
+    end
+    local rows = { head }
+    for _, m in ipairs(mem) do
+        local row = { tostring(m.stage), util.bytes(m.parameters) }
+        if has_main then row[#row + 1] = util.bytes(m.main_parameters) end
+        row[#row + 1] = util.bytes(m.gradients)
+        row[#row + 1] = util.bytes(m.optimizer_state)
+        row[#row + 1] = util.bytes(m.activations.bytes)
+        if has_work then row[#row + 1] = util.bytes(m.recompute_workspace) end
+        row[#row + 1] = util.bytes(m.communication)
+        row[#row + 1] = util.bytes(m.workspace)
+        row[#row + 1] = util.bytes(m.peak_bytes)
+        row[#row + 1] = util.bytes(m.cuda.peak_bytes)
+        rows[#rows + 1] = row
+    end
+    for _, line in ipairs(util.columns(rows, string.rep("r", #head))) do
+        out[#out + 1] = "  " .. line
+    end
+    local c = mem[1].cuda
+    out[#out + 1] = string.format("  (GPU total: the CPU total + the cuBLAS workspace %s + " ..
+                                  "NCCL's buffers, estimated %s for %d communicators)",
+                                  util.bytes(c.cublas_workspace), util.bytes(c.nccl_estimate),
+                                  c.nccl_communicators)
 end
 
 -- What the rank does for one step, with concrete peer ranks.
@@ -628,15 +705,18 @@ function M.distopt_rank(cfg, topo, sh, prog, r, out)
     end
     local size, shard = 0, 0
     for _, b in ipairs(cls.buffers) do size, shard = size + b.size, shard + b.shard end
-    -- the program's f32 parameters and gradients (whole buffer; the gradient shard is reduced
-    -- in place) and moments (the shard): its plan, program.lua; without the distributed
-    -- optimizer the moments would span the whole buffer
+    -- the program's parameters and f32 gradients (whole buffer; the gradient shard is
+    -- reduced in place), f32 main parameters (bf16) and moments (the shard): its plan,
+    -- program.lua; without the distributed optimizer the state would span the whole buffer
+    local p, st = cfg.bf16 and 2 or 4, cfg.bf16 and 12 or 8
     local prog_with = prog and prog.stages[shards.class_of(sh, r).pp + 1].param_bytes
-                      or 4 * (2 * size + 2 * shard)
-    local prog_without = prog_with + 8 * (size - shard)
-    rows[#rows + 1] = { "this program (f32)", "16",
-                        string.format("8 + 8/d = %.2f", 8 + 8 / d), util.bytes(prog_without),
-                        util.bytes(prog_with), util.bytes(prog_without - prog_with) }
+                      or (p + 4) * size + st * shard
+    local prog_without = prog_with + st * (size - shard)
+    rows[#rows + 1] = { string.format("this program (%s)", cfg.bf16 and "bf16" or "f32"),
+                        tostring(p + 4 + st),
+                        string.format("%d + %d/d = %.2f", p + 4, st, p + 4 + st / d),
+                        util.bytes(prog_without), util.bytes(prog_with),
+                        util.bytes(prog_without - prog_with) }
     for _, line in ipairs(util.columns(rows, "lrlrrr")) do out[#out + 1] = "    " .. line end
 end
 
@@ -652,8 +732,9 @@ end
 -- load: the rank's N_SP tokens (its sequence shard of the micro-batch) make N_SP*K choices,
 -- spread evenly over the E experts; with a capacity factor each expert keeps at most
 -- ceil(N*K/E * factor) of the micro-batch's choices, so a share min(1, cap / (N*K/E)) is sent.
--- The collectives are the program's (templates/program/moe.c.tmpl), f32 rows of C channels,
--- "+1" where the routing probability (or its gradient) travels with the row:
+-- The collectives are the program's (lib/moe.c): rows of C channels in the activations' dtype
+-- (f32, or bf16 with BF16=1), "+1" where the routing probability (or its gradient, f32)
+-- travels with the row:
 --   forward   all-to-all over ep       the kept rows and probabilities to the experts' ranks
 --             all-gather over expt-tp  every member's received rows          (ETP > 1)
 --             reduce-scatter, expt-tp  each member's rows, the partial outputs summed (ETP > 1)
@@ -683,9 +764,10 @@ function M.moe_traffic(cfg)
     local t = { tokens = nsp, choices = choices, kept = kept, capacity = cap,
                 rows_ep = kept / EP, rows_etp = kept, ops = {}, forward = 0, backward = 0,
                 sent = 0 }
+    local abytes = cfg.bf16 and 2 or 4
     local function op(pass, name, group, what, width, peers, rows)
         if peers < 2 then return end
-        local bytes = rows * width * 4
+        local bytes = rows * (C * abytes + (width - C) * 4)
         local rec = { pass = pass, op = name, group = group, what = what, width = width,
                       peers = peers, rows = rows, bytes = bytes, off = (peers - 1) * bytes,
                       sent = peers * bytes }

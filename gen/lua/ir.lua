@@ -133,6 +133,12 @@ record("Config", {
     { "seq",          "int",   "training sequence length (<= model.seq_len)" },
     { "sp",           "bool",  "sequence parallelism" },
     { "dist_opt",     "bool",  "distributed optimizer" },
+    { "bf16",         "bool",  "bf16 mixed precision: bf16 parameters, activations and " ..
+                               "communication; fp32 main weights, gradients, optimizer" },
+    { "recompute",    "str",   "activation recompute: none, selective or full" },
+    { "recompute_method", "str?", "full: uniform or block" },
+    { "recompute_layers", "int?", "full: layers per group (uniform), per chunk (block)" },
+    { "recompute_modules", "array", "selective: what is recomputed (core_attn, layernorm, mlp)" },
     { "vocab_padded", "int",   "vocab rounded up to a multiple of vocab_pad*T" },
     { "rank",         "int?",  "the rank --inspect --rank asks about" },
     { "dirname",      "str",   "output directory name (DESIGN 4.3)" },
@@ -341,7 +347,7 @@ record("Schedule", {
 
 record("Const", {
     { "name",    "str", "CFG_ name in model.h" },
-    { "kind",    "str", "int | float | str" },
+    { "kind",    "str", "int | float | str | ident (a C name, printed as is)" },
     { "value",   "any", "its value: an integer, a number or a string" },
     { "comment", "str", "its origin" },
 })
@@ -381,7 +387,8 @@ record("Coll", {
 })
 
 record("Call", {
-    { "op",    "str",   "embedding_fwd | embedding_bwd | layer_fwd | layer_bwd | head_fwd_bwd" },
+    { "op",    "str",   "embedding_fwd | embedding_bwd | layer_fwd | layer_recompute | " ..
+                        "layer_bwd | head_fwd_bwd" },
     { "layer", "int?",  "layer_*: local index in the chunk" },
     { "global", "int?", "layer_*: global layer" },
     { "comm",  "array", "Coll list: the collectives the library runs inside, in order" },
@@ -397,6 +404,7 @@ record("P2P", {
     { "peer",  "int",  "the peer's stage" },
     { "tag",   "str",  "ACT | GRAD" },
     { "n",     "int",  "elements (N_SP*C)" },
+    { "dtype", "str",  "f32 | bf16: the activations' dtype" },
 })
 
 record("Op", {
@@ -476,17 +484,36 @@ record("ProgChunk", {
     { "embedding", "bool",  "holds the embedding" },
     { "head",      "bool",  "holds the head and the loss" },
     { "bases",     "array", "per layer: its base offset in each buffer (array of arrays)" },
+    { "store",     "array", "per layer: LayerStore, where its activations are kept" },
     { "slot_bytes", "int",  "device bytes of one activation slot" },
 })
 
+record("LayerStore", {
+    { "work",     "int",  "-1: every activation in its slot; else the recompute workspace " ..
+                          "position of the buffers recompute drops (docs/megatron.md §9.2)" },
+    { "keep_out", "bool", "its output (res2) stays in the slot (a full-recompute group's last)" },
+})
+
 record("Mem", {
-    { "id",     "str",  "gpt_mem_id suffix (L_LN1, S_FULL, ...)" },
-    { "how",    "str",  "ALLOC | ALIAS | NONE" },
-    { "alias",  "str?", "ALIAS: the id it shares" },
-    { "elems",  "int",  "4-byte elements of one instance" },
-    { "count",  "int",  "instances on this stage" },
-    { "bytes",  "int",  "elems * 4 * count" },
-    { "what",   "str",  "shape and meaning" },
+    { "id",       "str",  "gpt_mem_id suffix (L_LN1, S_FULL, ...)" },
+    { "how",      "str",  "ALLOC | ALIAS | NONE" },
+    { "alias",    "str?", "ALIAS: the id it shares" },
+    { "dtype",    "str",  "A (the activations' dtype) | F (f32) | I (i32)" },
+    { "elems",    "int",  "elements of one instance" },
+    { "instance", "int",  "bytes of one instance" },
+    { "count",    "int",  "instances in activation slots (or the one of the stage)" },
+    { "work",     "int",  "instances in the recompute workspace (positions used)" },
+    { "bytes",    "int",  "instance * (count + work)" },
+    { "work_bytes", "int", "instance * work" },
+    { "category", "str",  "activations | workspace | communication" },
+    { "what",     "str",  "shape and meaning" },
+})
+
+record("MemParams", {
+    { "params",  "int", "model parameters (f32, or bf16 with BF16=1)" },
+    { "main",    "int", "f32 main parameters of bf16 training (the shard with DIST_OPT)" },
+    { "grads",   "int", "f32 main gradients" },
+    { "moments", "int", "AdamW's two f32 moments (the shard with DIST_OPT)" },
 })
 
 record("StageProgram", {
@@ -501,7 +528,8 @@ record("StageProgram", {
     { "other_pieces",  "array", "ProgPiece list of the other tensors" },
     { "nparams",       "int",   "local tensors in all (layers expanded)" },
     { "mem",           "array", "Mem list, every gpt_mem_id in order" },
-    { "param_bytes",   "int",   "parameters, gradients and moments" },
+    { "params",        "MemParams", "the parameter buffers' bytes" },
+    { "param_bytes",   "int",   "parameters, main parameters, gradients and moments" },
     { "mem_bytes",     "int",   "every device byte setup allocates" },
     { "needs_inputs",  "bool",  "reads token ids" },
     { "needs_targets", "bool",  "reads targets" },

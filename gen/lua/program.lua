@@ -83,6 +83,14 @@ local function consts(cfg, s, layout)
     int("CFG_CP", cfg.cp, "context-parallel size (CP)")
     int("CFG_VP", cfg.vp, "virtual chunks per stage (VP)")
     int("CFG_SP", cfg.sp and 1 or 0, "sequence parallelism (SP=1)")
+    const(out, "CFG_ACT", "ident", cfg.bf16 and "RT_BF16" or "RT_F32",
+          cfg.bf16 and "parameters, activations, their communication: bf16 (BF16=1)"
+          or "parameters, activations, their communication: f32")
+    local rc = {}
+    for _, mod in ipairs(cfg.recompute_modules) do rc[mod] = 1 end
+    int("CFG_RC_ATTN", rc.core_attn or 0, "selective recompute of the attention core")
+    int("CFG_RC_LN", rc.layernorm or 0, "selective recompute of the two LayerNorms")
+    int("CFG_RC_MLP", rc.mlp or 0, "selective recompute of the dense MLP")
     int("CFG_B", s.B, "micro-batch size (MBS)")
     int("CFG_NMB", cfg.nmb, "micro-batches per step (NMB)")
     int("CFG_GBS", s.B * cfg.nmb * cfg.dp, "global batch = MBS*NMB*DP")
@@ -256,60 +264,78 @@ local function append(list, items)
     return list
 end
 
+-- The dtype of the model's activations and parameters (docs/megatron.md §9.1): what the
+-- tensor-parallel collectives and the pipeline messages carry.
+local function act_dtype(cfg)
+    return cfg.bf16 and "bf16" or "f32"
+end
+
 -- model.c gather_seq: the column-parallel input gathered over tp under SP.
 local function gather_seq(cfg, s)
-    if cfg.sp then return { coll("allgather", "tp", s.n_sp * s.C) } end
+    if cfg.sp then return { coll("allgather", "tp", s.n_sp * s.C, act_dtype(cfg)) } end
     return {}
 end
 
 -- model.c reduce_seq: the row-parallel output reduce-scattered (SP) or all-reduced (TP).
 local function reduce_seq(cfg, s)
-    if cfg.sp then return { coll("reduce_scatter", "tp", s.n_sp * s.C) } end
-    if cfg.tp > 1 then return { coll("allreduce", "tp", s.N * s.C, "f32", "sum") } end
+    local a = act_dtype(cfg)
+    if cfg.sp then return { coll("reduce_scatter", "tp", s.n_sp * s.C, a) } end
+    if cfg.tp > 1 then return { coll("allreduce", "tp", s.N * s.C, a, "sum") } end
     return {}
 end
 
+-- moe.c: rows of tokens travel in the activations' dtype, probabilities in f32.
 local function moe_fwd_comm(cfg, s)
-    local out = {}
+    local a, out = act_dtype(cfg), {}
     if cfg.tp > 1 then out[#out + 1] = coll("allgather", "tp", s.E, "i32") end
     if cfg.ep > 1 then
-        append(out, { coll("alltoallv", "ep", nil, "i32"), coll("alltoallv", "ep"),
+        append(out, { coll("alltoallv", "ep", nil, "i32"), coll("alltoallv", "ep", nil, a),
                       coll("alltoallv", "ep") })
     end
     if cfg.etp > 1 then
         append(out, { coll("allgather", "expt-tp", cfg.ep * s.nl, "i32"),
-                      coll("alltoallv", "expt-tp"), coll("alltoallv", "expt-tp"),
-                      coll("alltoallv", "expt-tp") })
+                      coll("alltoallv", "expt-tp", nil, a), coll("alltoallv", "expt-tp"),
+                      coll("alltoallv", "expt-tp", nil, a) })
     end
-    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep") end
+    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep", nil, a) end
     return out
 end
 
 local function moe_bwd_comm(cfg)
-    local out = {}
-    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep") end
+    local a, out = act_dtype(cfg), {}
+    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep", nil, a) end
     if cfg.etp > 1 then
-        append(out, { coll("alltoallv", "expt-tp"), coll("alltoallv", "expt-tp"),
-                      coll("alltoallv", "expt-tp") })
+        append(out, { coll("alltoallv", "expt-tp", nil, a),
+                      coll("alltoallv", "expt-tp", nil, a), coll("alltoallv", "expt-tp") })
     end
-    if cfg.ep > 1 then append(out, { coll("alltoallv", "ep"), coll("alltoallv", "ep") }) end
+    if cfg.ep > 1 then
+        append(out, { coll("alltoallv", "ep", nil, a), coll("alltoallv", "ep") })
+    end
     return out
+end
+
+-- The backward of a block behind a column-parallel linear (model.c): under SP its input is
+-- gathered again for the weight gradient (docs/megatron.md §9.3), then the output gradient,
+-- then the input gradient is reduced.
+local function column_bwd(cfg, s)
+    return append(append(gather_seq(cfg, s), gather_seq(cfg, s)), reduce_seq(cfg, s))
 end
 
 -- The collectives of each library call, in the order it runs them.
 local function call_comm(cfg, s, op)
     local moe = cfg.model.moe ~= nil
     if op == "embedding_fwd" then
-        return cfg.tp > 1 and { coll("allreduce", "tp", s.N * s.C, "f32", "sum") } or {}
+        return cfg.tp > 1 and { coll("allreduce", "tp", s.N * s.C, act_dtype(cfg), "sum") }
+            or {}
     elseif op == "embedding_bwd" then
         return gather_seq(cfg, s)
-    elseif op == "layer_fwd" then
+    elseif op == "layer_fwd" or op == "layer_recompute" then
         local out = append(gather_seq(cfg, s), reduce_seq(cfg, s))
         if moe then return append(out, moe_fwd_comm(cfg, s)) end
         return append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
     elseif op == "layer_bwd" then
-        local out = moe and moe_bwd_comm(cfg) or append(gather_seq(cfg, s), reduce_seq(cfg, s))
-        return append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
+        local out = moe and moe_bwd_comm(cfg) or column_bwd(cfg, s)
+        return append(out, column_bwd(cfg, s))
     elseif op == "head_fwd_bwd" then
         local out = gather_seq(cfg, s)
         if cfg.tp > 1 then
@@ -319,6 +345,35 @@ local function call_comm(cfg, s, op)
         return append(out, reduce_seq(cfg, s))
     end
     error("program: no call " .. op)
+end
+
+-- -- Activation recompute (docs/megatron.md §9.2) ------------------------------------------------
+
+-- How each layer of a chunk of 'count' layers keeps its activations: per layer { work = -1
+-- (in its activation slot) or the workspace position its recomputed buffers use, keep_out =
+-- its output (res2) stays in the slot }, and the full-recompute groups { first, count } in
+-- layer order (none for selective: those layers recompute inside their own backward).
+function M.recompute_plan(cfg, count)
+    local store, groups = {}, {}
+    for j = 1, count do store[j] = { work = -1, keep_out = true } end
+    if cfg.recompute == "selective" then
+        for j = 1, count do store[j].work = 0 end
+    elseif cfg.recompute == "full" then
+        local n = cfg.recompute_layers
+        if cfg.recompute_method == "uniform" then
+            for first = 0, count - 1, n do
+                groups[#groups + 1] = { first = first, count = math.min(n, count - first) }
+            end
+        else
+            for j = 0, math.min(n, count) - 1 do groups[#groups + 1] = { first = j, count = 1 } end
+        end
+        for _, g in ipairs(groups) do
+            for k = 0, g.count - 1 do
+                store[g.first + k + 1] = { work = k, keep_out = k == g.count - 1 }
+            end
+        end
+    end
+    return store, groups
 end
 
 -- -- One stage: buffers, tensor tables, pieces -------------------------------------------------
@@ -552,66 +607,92 @@ end
 
 -- -- One stage: memory plan -------------------------------------------------------------------
 
--- ORDER GPT_MEM (lib/gpt.h): id, what.
+-- ORDER GPT_MEM (lib/gpt.h): id, element type (A: the activations' dtype, f32 or bf16; F: f32;
+-- I: i32), what. L_ and ML_ entries are one per layer and activation slot (or per recompute
+-- workspace position), C_ per chunk slot, the rest one per stage.
 local MEMS = {
-    { "L_LN1", "(N_SP, C) ln_1 output" }, { "L_LN1_MEAN", "(N_SP)" }, { "L_LN1_RSTD", "(N_SP)" },
-    { "L_LN1_FULL", "(N, C) ln_1 output, whole sequence" }, { "L_QKV", "(N, QKV_LOCAL)" },
-    { "L_LSE", "(B, HEADS_LOCAL, T) attention log-sum-exp" },
-    { "L_ATTY", "(N, C_LOCAL) attention output" }, { "L_RES1", "(N_SP, C) x + attention" },
-    { "L_LN2", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "(N_SP)" }, { "L_LN2_RSTD", "(N_SP)" },
-    { "L_LN2_FULL", "(N, C) ln_2 output, whole sequence" },
-    { "L_FC", "(N, FF_LOCAL) c_fc output" }, { "L_GELU", "(N, FF_LOCAL)" },
-    { "L_RES2", "(N_SP, C) the layer's output" },
-    { "ML_SCORES", "(N_SP, EXPERTS) softmax over all experts" },
-    { "ML_PROB", "(N_SP, TOPK) chosen probabilities" }, { "ML_SEL", "(N_SP, TOPK) int" },
-    { "ML_POS", "(N_SP, TOPK) int" }, { "ML_SEND_TOK", "(SEND_MAX) int" },
-    { "ML_ORDER", "(ROWS_MAX) int" }, { "ML_UNORDER", "(ROWS_MAX) int" },
-    { "ML_XE", "(ROWS_MAX, C) expert inputs" }, { "ML_PE", "(ROWS_MAX)" },
-    { "ML_FC", "(ROWS_MAX, EFF_LOCAL)" }, { "ML_H", "(ROWS_MAX, EFF_LOCAL)" },
-    { "ML_AUXG", "(EXPERTS)" },
-    { "C_X", "(N_SP, C) the chunk's input" }, { "C_DY", "(N_SP, C) its gradient" },
-    { "C_TOKENS", "(N) int token ids" },
-    { "H_LNF", "(N_SP, C) ln_f output" }, { "H_LNF_MEAN", "(N_SP)" }, { "H_LNF_RSTD", "(N_SP)" },
-    { "S_FULL", "(N, C) partial sums / gathered rows" },
-    { "S_FULL_SP", "(N_SP, C) reduce-scatter output" }, { "S_DQKV", "(N, QKV_LOCAL)" },
-    { "S_DATTY", "(N, C_LOCAL)" }, { "S_DSUM", "(B, HEADS_LOCAL, T)" },
-    { "S_DFC", "(N, FF_LOCAL)" }, { "S_LOGITS", "(N, V_LOCAL)" },
-    { "S_CE", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "(N) int" },
-    { "MS_LOGITS", "(N_SP, EXPERTS)" }, { "MS_XS", "(SEND_MAX, C)" }, { "MS_PS", "(SEND_MAX)" },
-    { "MS_XR", "(RECV_MAX, C)" }, { "MS_PR", "(RECV_MAX)" }, { "MS_XG", "(ROWS_MAX, C)" },
-    { "MS_PG", "(ROWS_MAX)" }, { "MS_ACT", "(ROWS_MAX, EFF_LOCAL)" },
-    { "MS_YE", "(ROWS_MAX, C)" }, { "MS_YG", "(ROWS_MAX, C)" }, { "MS_YR", "(RECV_MAX, C)" },
-    { "MS_YS", "(SEND_MAX, C)" }, { "MS_DPE", "(ROWS_MAX)" }, { "MS_DPG", "(ROWS_MAX)" },
-    { "MS_DPR", "(RECV_MAX)" }, { "MS_DPS", "(SEND_MAX)" }, { "MS_DPROB", "(N_SP, TOPK)" },
-    { "MS_DLOGITS", "(N_SP, EXPERTS)" }, { "MS_COLSUM", "(EXPERTS)" },
-    { "MS_COUNTS", "(MOE_COUNTS) int" }, { "MS_PIDX", "(SEND_MAX) int" },
-    { "X_LOSS", "(NMB) loss sums per micro-batch" },
-    { "X_STAT", "(tensors + 3) norm pieces, then dense | experts | total" },
-    { "X_SP_PACK", "packed sequence-parallel gradients" },
+    { "L_LN1", "A", "(N_SP, C) ln_1 output" }, { "L_LN1_MEAN", "F", "(N_SP)" },
+    { "L_LN1_RSTD", "F", "(N_SP)" }, { "L_QKV", "A", "(N, QKV_LOCAL)" },
+    { "L_LSE", "F", "(B, HEADS_LOCAL, T) attention log-sum-exp" },
+    { "L_ATTY", "A", "(N, C_LOCAL) attention output" }, { "L_RES1", "A", "(N_SP, C) x + attention" },
+    { "L_LN2", "A", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "F", "(N_SP)" },
+    { "L_LN2_RSTD", "F", "(N_SP)" }, { "L_FC", "A", "(N, FF_LOCAL) c_fc output" },
+    { "L_GELU", "A", "(N, FF_LOCAL)" }, { "L_RES2", "A", "(N_SP, C) the layer's output" },
+    { "ML_SCORES", "F", "(N_SP, EXPERTS) softmax over all experts" },
+    { "ML_PROB", "F", "(N_SP, TOPK) chosen probabilities" }, { "ML_SEL", "I", "(N_SP, TOPK)" },
+    { "ML_POS", "I", "(N_SP, TOPK)" }, { "ML_SEND_TOK", "I", "(SEND_MAX)" },
+    { "ML_ORDER", "I", "(ROWS_MAX)" }, { "ML_UNORDER", "I", "(ROWS_MAX)" },
+    { "ML_XE", "A", "(ROWS_MAX, C) expert inputs" }, { "ML_PE", "F", "(ROWS_MAX)" },
+    { "ML_FC", "A", "(ROWS_MAX, EFF_LOCAL)" }, { "ML_H", "A", "(ROWS_MAX, EFF_LOCAL)" },
+    { "ML_AUXG", "F", "(EXPERTS)" },
+    { "C_X", "A", "(N_SP, C) the chunk's input" }, { "C_DY", "A", "(N_SP, C) its gradient" },
+    { "C_TOKENS", "I", "(N) token ids" },
+    { "H_LNF", "A", "(N_SP, C) ln_f output" }, { "H_LNF_MEAN", "F", "(N_SP)" },
+    { "H_LNF_RSTD", "F", "(N_SP)" },
+    { "S_FULL", "A", "(N, C) partial sums / the output gradient gathered" },
+    { "S_FULL_SP", "A", "(N_SP, C) reduce-scatter output" },
+    { "S_GATHER", "A", "(N, C) a column-parallel input gathered over tp" },
+    { "S_DQKV", "A", "(N, QKV_LOCAL)" }, { "S_DATTY", "A", "(N, C_LOCAL)" },
+    { "S_DSUM", "F", "(B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)" },
+    { "S_DFC", "A", "(N, FF_LOCAL)" }, { "S_LOGITS", "A", "(N, V_LOCAL)" },
+    { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
+    { "MS_LOGITS", "F", "(N_SP, EXPERTS)" }, { "MS_XS", "A", "(SEND_MAX, C)" },
+    { "MS_PS", "F", "(SEND_MAX)" }, { "MS_XR", "A", "(RECV_MAX, C)" }, { "MS_PR", "F", "(RECV_MAX)" },
+    { "MS_XG", "A", "(ROWS_MAX, C)" }, { "MS_PG", "F", "(ROWS_MAX)" },
+    { "MS_ACT", "A", "(ROWS_MAX, EFF_LOCAL)" }, { "MS_YE", "A", "(ROWS_MAX, C)" },
+    { "MS_YG", "A", "(ROWS_MAX, C)" }, { "MS_YR", "A", "(RECV_MAX, C)" },
+    { "MS_YS", "A", "(SEND_MAX, C)" }, { "MS_DPE", "F", "(ROWS_MAX)" }, { "MS_DPG", "F", "(ROWS_MAX)" },
+    { "MS_DPR", "F", "(RECV_MAX)" }, { "MS_DPS", "F", "(SEND_MAX)" },
+    { "MS_DPROB", "F", "(N_SP, TOPK)" }, { "MS_DLOGITS", "A", "(N_SP, EXPERTS)" },
+    { "MS_COLSUM", "F", "(EXPERTS)" }, { "MS_COUNTS", "I", "(MOE_COUNTS)" },
+    { "MS_PIDX", "I", "(SEND_MAX)" },
+    { "X_LOSS", "F", "(NMB) loss sums per micro-batch" },
+    { "X_STAT", "F", "(tensors + 3) norm pieces, then dense | experts | total" },
+    { "X_SP_PACK", "F", "packed sequence-parallel gradients" },
 }
 M.MEMS = MEMS
 
+-- Stage buffers that carry data between ranks (the rest are the layers' scratch).
+local COMM = { MS_XS = true, MS_PS = true, MS_XR = true, MS_PR = true, MS_XG = true,
+               MS_PG = true, MS_YR = true, MS_YS = true, MS_DPR = true, MS_DPS = true,
+               MS_COUNTS = true, X_SP_PACK = true }
+
+-- The per-layer buffers each selective recompute module drops (docs/megatron.md §9.2): the
+-- layer's backward computes them again.
+local RECOMPUTED = { core_attn = { "L_ATTY", "L_LSE" }, layernorm = { "L_LN1", "L_LN2" },
+                     mlp = { "L_FC", "L_GELU" } }
+
+-- Bytes the CUDA runtime allocates for itself at start (runtime/rt.h RT_CUDA_WORKSPACE_BYTES:
+-- cuBLAS's workspace, so that cuBLAS never allocates behind the plan).
+M.CUDA_WORKSPACE_BYTES = 32 << 20
+
+-- Whether per-layer entry 'id' lives in the recompute workspace for a layer stored as 'st'
+-- (LayerStore), given the set of recomputed ids.
+local function in_work(id, st, recomputed)
+    return st.work >= 0 and recomputed[id] and not (id == "L_RES2" and st.keep_out)
+end
+
 -- The device memory of stage r as the library allocates it (lib/stage.c lib_stage_setup):
--- returns the Mem list (ORDER GPT_MEM), the bytes of one activation slot per chunk, and the
--- total. 'nparams': local tensors; 'sp_total': elements of the sequence-parallel gradients.
-local function memory_plan(cfg, s, chunks, head, nparams, sp_total, param_bytes)
+-- returns the Mem list (ORDER GPT_MEM), the bytes of one activation slot per chunk, the bytes
+-- of the recompute workspace and of the parameter buffers (a MemParams), and the total.
+-- 'nparams': local tensors; 'sp_total': elements of the sequence-parallel gradients.
+local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
     local moe = cfg.model.moe ~= nil
     local embedding = chunks[1].embedding
     local lse = s.B * s.heads_local * s.T
     local function m1(x) return math.max(x, 1) end     -- moe.c allocates at least one
     local size = {
         L_LN1 = s.n_sp * s.C, L_LN1_MEAN = s.n_sp, L_LN1_RSTD = s.n_sp,
-        L_LN1_FULL = cfg.sp and s.N * s.C or "L_LN1", L_QKV = s.N * s.qkv_local, L_LSE = lse,
-        L_ATTY = s.N * s.c_local, L_RES1 = s.n_sp * s.C, L_LN2 = s.n_sp * s.C,
-        L_LN2_MEAN = s.n_sp, L_LN2_RSTD = s.n_sp, L_LN2_FULL = cfg.sp and s.N * s.C or "L_LN2",
+        L_QKV = s.N * s.qkv_local, L_LSE = lse, L_ATTY = s.N * s.c_local, L_RES1 = s.n_sp * s.C,
+        L_LN2 = s.n_sp * s.C, L_LN2_MEAN = s.n_sp, L_LN2_RSTD = s.n_sp,
         L_FC = not moe and s.N * s.ff_local, L_GELU = not moe and s.N * s.ff_local,
         L_RES2 = s.n_sp * s.C,
         C_X = s.n_sp * s.C, C_DY = s.n_sp * s.C, C_TOKENS = embedding and s.N,
         H_LNF = head and s.n_sp * s.C, H_LNF_MEAN = head and s.n_sp, H_LNF_RSTD = head and s.n_sp,
         S_FULL = s.N * s.C, S_FULL_SP = cfg.sp and s.n_sp * s.C or "S_FULL",
-        S_DQKV = s.N * s.qkv_local, S_DATTY = s.N * s.c_local, S_DSUM = lse,
-        S_DFC = not moe and s.N * s.ff_local, S_LOGITS = head and s.N * s.v_local,
-        S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
+        S_GATHER = cfg.sp and s.N * s.C, S_DQKV = s.N * s.qkv_local,
+        S_DATTY = s.N * s.c_local, S_DSUM = lse, S_DFC = not moe and s.N * s.ff_local,
+        S_LOGITS = head and s.N * s.v_local, S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
     }
     if moe then
@@ -630,42 +711,99 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, param_bytes)
             MS_COUNTS = s.counts, MS_PIDX = s.send_max,
         }) do size[k] = m1(v) end
     end
-    -- instances: per layer and slot, per chunk slot (tokens: the embedding chunk's), else one
-    local layer_instances, slot_instances = 0, 0
-    for _, c in ipairs(chunks) do
-        layer_instances = layer_instances + c.slots * c.layers
-        slot_instances = slot_instances + c.slots
+    local abytes = cfg.bf16 and 2 or 4
+    local function esize(kind) return kind == "A" and abytes or 4 end
+
+    -- what recompute moves to the workspace (docs/megatron.md §9.2)
+    local recomputed = {}
+    if cfg.recompute == "full" then
+        for _, m in ipairs(MEMS) do
+            if m[1]:match("^L_") or m[1]:match("^ML_") then recomputed[m[1]] = true end
+        end
+    else
+        for _, mod in ipairs(cfg.recompute_modules) do
+            for _, id in ipairs(RECOMPUTED[mod]) do recomputed[id] = true end
+        end
     end
-    local function count(id)
-        if id:match("^L_") or id:match("^ML_") then return layer_instances end
-        if id == "C_TOKENS" then return chunks[1].slots end
-        if id:match("^C_") then return slot_instances end
-        return 1
+
+    -- instances: per layer and slot where the layer keeps it, per workspace position used;
+    -- per chunk slot (tokens: the embedding chunk's); else one
+    local function instances(id)
+        local per_layer = id:match("^L_") or id:match("^ML_")
+        if per_layer then
+            local slot, used = 0, {}
+            for _, c in ipairs(chunks) do
+                for _, st in ipairs(c.store) do
+                    if in_work(id, st, recomputed) then used[st.work] = true
+                    else slot = slot + c.slots end
+                end
+            end
+            local work = 0
+            for _ in pairs(used) do work = work + 1 end
+            return slot, work
+        end
+        if id == "C_TOKENS" then return chunks[1].slots, 0 end
+        if id:match("^C_") then
+            local n = 0
+            for _, c in ipairs(chunks) do n = n + c.slots end
+            return n, 0
+        end
+        return 1, 0
     end
-    local list, total, per_layer = {}, param_bytes, 0
+
+    local list, total = {}, 0
     for _, m in ipairs(MEMS) do
         local id, v = m[1], size[m[1]]
+        local category = (id:match("^L_") or id:match("^ML_") or id:match("^C_"))
+            and "activations" or COMM[id] and "communication" or "workspace"
         local rec
         if type(v) == "string" then
-            rec = ir.Mem { id = id, how = "ALIAS", alias = v, elems = 0, count = count(id),
-                           bytes = 0, what = m[2] }
+            rec = ir.Mem { id = id, how = "ALIAS", alias = v, dtype = m[2], elems = 0,
+                           instance = 0, count = 0, work = 0, bytes = 0, work_bytes = 0,
+                           category = category, what = m[3] }
         elseif v then
             check_int(v, id)
-            rec = ir.Mem { id = id, how = "ALLOC", elems = v, count = count(id),
-                           bytes = 4 * v * count(id), what = m[2] }
-            if id:match("^L_") or id:match("^ML_") then per_layer = per_layer + 4 * v end
+            local slot, work = instances(id)
+            local one = v * esize(m[2])
+            rec = ir.Mem { id = id, how = "ALLOC", dtype = m[2], elems = v, instance = one,
+                           count = slot, work = work, bytes = one * (slot + work),
+                           work_bytes = one * work, category = category, what = m[3] }
         else
-            rec = ir.Mem { id = id, how = "NONE", elems = 0, count = 0, bytes = 0, what = m[2] }
+            rec = ir.Mem { id = id, how = "NONE", dtype = m[2], elems = 0, instance = 0,
+                           count = 0, work = 0, bytes = 0, work_bytes = 0,
+                           category = category, what = m[3] }
         end
         total = total + rec.bytes
         list[#list + 1] = rec
     end
+
+    -- one activation slot of each chunk: its input, gradient, tokens, the layers' buffers
     local slot_bytes = {}
     for i, c in ipairs(chunks) do
-        slot_bytes[i] = 4 * (size.C_X + size.C_DY) + (c.embedding and 4 * s.N or 0) +
-                        c.layers * per_layer
+        local b = (size.C_X + size.C_DY) * abytes + (c.embedding and 4 * s.N or 0)
+        for _, m in ipairs(MEMS) do
+            local id, v = m[1], size[m[1]]
+            if (id:match("^L_") or id:match("^ML_")) and type(v) == "number" then
+                for _, st in ipairs(c.store) do
+                    if not in_work(id, st, recomputed) then b = b + v * esize(m[2]) end
+                end
+            end
+        end
+        slot_bytes[i] = b
     end
-    return list, slot_bytes, total
+
+    -- the parameter buffers: model parameters (activation dtype), f32 main gradients, the
+    -- f32 main parameters of bf16 training and the two AdamW moments (the shard with the
+    -- distributed optimizer; docs/megatron.md §5.7, §9.1)
+    local pb = { params = 0, main = 0, grads = 0, moments = 0 }
+    for _, b in ipairs(buffers) do
+        pb.params = pb.params + abytes * b.size
+        pb.grads = pb.grads + 4 * b.size
+        pb.main = pb.main + (cfg.bf16 and 4 * b.state or 0)
+        pb.moments = pb.moments + 8 * b.state
+    end
+    local param_bytes = pb.params + pb.main + pb.grads + pb.moments
+    return list, slot_bytes, ir.MemParams(pb), param_bytes + total
 end
 
 -- -- One stage: the unrolled schedule and the step's tail ----------------------------------------
@@ -708,7 +846,17 @@ local function schedule_ops(cfg, s, st, stage_sched, slots, r)
                 if ch.embedding then what = "embedding, " .. what end
                 if ch.head then what = what .. ", head + loss (and its backward)" end
             else
-                for j = ch.count - 1, 0, -1 do add("layer_bwd", j) end
+                -- full recompute: each group's forward again, then its backward
+                local _, groups = M.recompute_plan(cfg, ch.count)
+                local group_of = {}
+                for _, g in ipairs(groups) do group_of[g.first + g.count - 1] = g end
+                for j = ch.count - 1, 0, -1 do
+                    local g = group_of[j]
+                    if g then
+                        for k = g.first, g.first + g.count - 1 do add("layer_recompute", k) end
+                    end
+                    add("layer_bwd", j)
+                end
                 if ch.embedding then add("embedding_bwd") end
                 if ch.embedding then what = what .. ", embedding" end
             end
@@ -729,6 +877,7 @@ local function schedule_ops(cfg, s, st, stage_sched, slots, r)
                     send = e.send, what = e.what, mb = e.mb, chunk = e.chunk,
                     slot = slot(e.mb, e.chunk), dir = e.dir, peer = peer,
                     tag = e.what == "act" and "ACT" or "GRAD", n = s.n_sp * s.C,
+                    dtype = act_dtype(cfg),
                 }
                 texts[#texts + 1] = string.format("%s %s mb %d (chunk %d) %s stage %d",
                     e.send and ">>> send" or "<<< recv",
@@ -818,9 +967,9 @@ local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id)
             if g.create then
                 for k, bk in ipairs(b.buckets) do
                     op("PARAM_ALLGATHER", string.format(">>> all-gather over %s: buffer %d, " ..
-                       "bucket %d: the updated shards of the others", g.kind, i - 1, k - 1),
-                       { group = b.group, buf = i - 1, bucket = k - 1,
-                         comm = { coll("allgather", g.kind, bk.shard) } })
+                       "bucket %d: the updated shards of the others (%s)", g.kind, i - 1, k - 1,
+                       act_dtype(cfg)), { group = b.group, buf = i - 1, bucket = k - 1,
+                         comm = { coll("allgather", g.kind, bk.shard, act_dtype(cfg)) } })
                 end
             end
         end
@@ -870,9 +1019,12 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         local t = tables[i]
         nparams = nparams + c.count * #t.params
         head = head or c.head
+        local store = M.recompute_plan(cfg, c.count)
+        for j, x in ipairs(store) do store[j] = ir.LayerStore(x) end
         chunks[i] = ir.ProgChunk {
             vp = c.vp, first = c.first, layers = c.count, slots = slots.nslots[c.vp],
-            embedding = c.embedding, head = c.head, bases = t.bases, slot_bytes = 0,
+            embedding = c.embedding, head = c.head, bases = t.bases, store = store,
+            slot_bytes = 0,
         }
     end
 
@@ -888,10 +1040,8 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         end
     end
 
-    local param_bytes = 0
-    for _, b in ipairs(buffers) do param_bytes = param_bytes + 4 * (2 * b.size + 2 * b.state) end
-    local mem, slot_bytes, mem_bytes = memory_plan(cfg, s, chunks, head, nparams, sp_total,
-                                                   param_bytes)
+    local mem, slot_bytes, params, mem_bytes = memory_plan(cfg, s, chunks, head, nparams,
+                                                           sp_total, buffers)
     for i, c in ipairs(chunks) do c.slot_bytes = slot_bytes[i] end
 
     local layer_params, layer_pieces = {}, {}
@@ -900,7 +1050,8 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         stage = r, title = string.format("stage %d of %d: %s", r, cfg.pp, M.stage_title(st)),
         ranks = stage_ranks(topo, r), buffers = buffers, chunks = chunks,
         layer_params = layer_params, other_params = others, layer_pieces = layer_pieces,
-        other_pieces = other_pieces, nparams = nparams, mem = mem, param_bytes = param_bytes,
+        other_pieces = other_pieces, nparams = nparams, mem = mem, params = params,
+        param_bytes = params.params + params.main + params.grads + params.moments,
         mem_bytes = mem_bytes, needs_inputs = r == 0, needs_targets = r == cfg.pp - 1,
         head_uses_wte = st.chunks[1].embedding and head,
         warmup = stage_sched.warmup, steady = stage_sched.steady,

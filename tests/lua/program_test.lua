@@ -181,9 +181,11 @@ T.test("the memory plan: a layer by hand, aliases, MoE entries, the total", func
     for _, m in ipairs(sp.mem) do
         if m.id:match("^L_") and m.how == "ALLOC" then layer = layer + m.elems end
     end
-    T.eq(layer, 4 * 4096 + 4 * 64 + 12288 + 4 * 64 + 4096 + 2 * 64 * 256, "one layer")
-    T.eq({ mem(sp, "L_LN1_FULL").how, mem(sp, "L_LN1_FULL").alias }, { "ALIAS", "L_LN1" },
-         "without SP the gathered rows are the rows")
+    -- ln_1, attention output, x + attention, ln_2, output; 2 means, 2 rstds, q|k|v, the
+    -- log-sum-exp (4 heads x 64 positions), c_fc and GELU outputs: no (T, T) matrix
+    T.eq(layer, 5 * 4096 + 4 * 64 + 12288 + 4 * 64 + 2 * 64 * 256, "one layer")
+    T.eq(mem(sp, "L_QKV").instance, 4 * 12288, "f32: 4 bytes an element")
+    T.eq(mem(sp, "S_GATHER").how, "NONE", "without SP the gathered rows are the rows")
     T.eq(mem(sp, "ML_SCORES").how, "NONE", "no MoE buffers in a dense model")
     T.eq(mem(sp, "S_LOGITS").elems, 64 * 256, "logits (N, V_LOCAL) on the head stage")
     local total = sp.param_bytes
@@ -192,7 +194,8 @@ T.test("the memory plan: a layer by hand, aliases, MoE entries, the total", func
     T.eq(sp.param_bytes, 16 * prog.stages[1].buffers[1].size, "f32 p, g, m, v")
 
     local _, _, _, _, _, p2 = F.build({ layers = 4 }, { tp = 2, sp = true, pp = 2, nmb = 2 })
-    T.eq(mem(p2.stages[1], "L_LN1_FULL").elems, 64 * 64, "under SP the gathered rows")
+    T.eq(mem(p2.stages[1], "S_GATHER").elems, 64 * 64, "under SP one gathered input, shared")
+    T.eq(mem(p2.stages[1], "L_LN1").elems, 32 * 64, "under SP a layer keeps its own rows only")
     T.eq(mem(p2.stages[1], "S_LOGITS").how, "NONE", "no logits before the last stage")
     T.eq(mem(p2.stages[1], "C_TOKENS").count, p2.stages[1].chunks[1].slots, "token ids per slot")
     T.eq(mem(p2.stages[2], "C_TOKENS").how, "NONE", "no token ids after the first stage")
@@ -202,6 +205,77 @@ T.test("the memory plan: a layer by hand, aliases, MoE entries, the total", func
     T.eq(mem(s3, "ML_XE").elems, 64 * 2 * 2 * 64, "expert inputs: N_SP*K*EP rows of C")
     T.eq(mem(s3, "L_FC").how, "NONE", "no dense MLP activations in a MoE model")
     T.eq(mem(s3, "X_STAT").elems, s3.nparams + 3, "norm pieces + 3")
+end)
+
+T.test("the memory plan in bf16: 2-byte activations and parameters, f32 the rest", function()
+    local _, _, _, _, _, f32 = F.build({ layers = 2 }, { dp = 2 })
+    local _, _, _, _, _, b16 = F.build({ layers = 2 }, { dp = 2, bf16 = true })
+    local s32, s16 = f32.stages[1], b16.stages[1]
+    for _, id in ipairs({ "L_LN1", "L_QKV", "L_ATTY", "L_RES2", "C_X", "S_LOGITS" }) do
+        T.eq(mem(s16, id).instance * 2, mem(s32, id).instance, id .. ": half the bytes")
+    end
+    for _, id in ipairs({ "L_LN1_MEAN", "L_LSE", "S_CE", "X_STAT", "C_TOKENS" }) do
+        T.eq(mem(s16, id).instance, mem(s32, id).instance, id .. ": f32 or i32 either way")
+    end
+    local n = s16.buffers[1].size
+    T.eq({ s16.params.params, s16.params.main, s16.params.grads, s16.params.moments },
+         { 2 * n, 4 * n, 4 * n, 8 * n }, "bf16 parameters, f32 main copy, gradients, moments")
+    T.eq(s16.param_bytes, 18 * n, "18 bytes per parameter (docs/megatron.md §5.7)")
+    T.eq(s32.param_bytes, 16 * n, "16 in f32: no main copy")
+    local _, _, _, _, _, dist = F.build({ layers = 2 }, { dp = 2, bf16 = true, dist_opt = true })
+    local sd = dist.stages[1]
+    local shard = sd.buffers[1].state
+    T.eq(shard * 2, sd.buffers[1].size, "the shard is half the buffer on DP 2")
+    T.eq(sd.param_bytes, 6 * sd.buffers[1].size + 12 * shard, "6 + 12/d bytes per parameter")
+end)
+
+T.test("recompute: what each layer keeps, the workspace, the recompute calls", function()
+    local function build(opts)
+        opts.pp, opts.nmb = 2, 4
+        local _, _, _, _, _, prog = F.build({ layers = 8 }, opts)
+        return prog.stages[1]
+    end
+    local none = build({})
+    local full = build({ recompute = "full", recompute_method = "uniform", recompute_layers = 3 })
+    local works, keeps = {}, {}
+    for j, l in ipairs(full.chunks[1].store) do works[j], keeps[j] = l.work, l.keep_out end
+    T.eq(works, { 0, 1, 2, 0 }, "uniform 3 over 4 layers: groups 0-2 and 3")
+    T.eq(keeps, { false, false, true, true }, "each group's output stays in the slot")
+    T.eq({ mem(full, "L_QKV").count, mem(full, "L_QKV").work }, { 0, 3 },
+         "full: no layer buffer in a slot, one per workspace position")
+    local slots = none.chunks[1].slots
+    T.eq({ mem(full, "L_RES2").count, mem(full, "L_RES2").work }, { 2 * slots, 2 },
+         "the groups' outputs per slot; the others' in the workspace")
+    local calls = {}
+    for _, o in ipairs(full.schedule) do
+        if o.kind == "B" then
+            for _, c in ipairs(o.calls) do
+                calls[#calls + 1] = c.op:gsub("^layer_", "") .. (c.layer or "")
+            end
+            break
+        end
+    end
+    T.eq(calls, { "recompute3", "bwd3", "recompute0", "recompute1", "recompute2", "bwd2",
+                  "bwd1", "bwd0", "embedding_bwd" }, "each group's forward again, then its backward")
+    local block = build({ recompute = "full", recompute_method = "block", recompute_layers = 2 })
+    works = {}
+    for j, l in ipairs(block.chunks[1].store) do works[j] = l.work end
+    T.eq(works, { 0, 0, -1, -1 }, "block 2: the first two layers, one by one")
+    T.ok(block.mem_bytes < none.mem_bytes and full.mem_bytes < block.mem_bytes,
+         "full uniform < block < none (%d, %d, %d)", full.mem_bytes, block.mem_bytes,
+         none.mem_bytes)
+    local sel = build({ recompute = "selective", recompute_modules = "core_attn,mlp" })
+    for _, id in ipairs({ "L_ATTY", "L_LSE", "L_FC", "L_GELU" }) do
+        T.eq({ mem(sel, id).count, mem(sel, id).work }, { 0, 1 }, id .. ": one, in the workspace")
+    end
+    T.eq(mem(sel, "L_QKV").count, 4 * slots, "q|k|v kept in every slot")
+    local ops = {}
+    for _, o in ipairs(sel.schedule) do
+        if o.kind == "B" then
+            for _, c in ipairs(o.calls) do ops[c.op] = true end
+        end
+    end
+    T.ok(not ops.layer_recompute, "selective: the layers recompute inside their backward")
 end)
 
 -- The collectives of a stage's ops, as "op group n" strings.

@@ -469,9 +469,10 @@ T.test("inspect: bubble, in-flight micro-batches and activation bytes (1F1B P=4 
     local inflight = {}
     for k = 0, 3 do inflight[k + 1] = pl.stages[k].inflight end
     T.eq(inflight, { 4, 3, 2, 1 }, "in flight = warm-up + 1 (3.3)")
-    -- tiny, T=64, B=1, C=64, 4 heads, FF 256: per layer 4*64*64 + 4*64 + 64*192 + 4*64
-    -- + 64*64 + 2*64*256 floats; x and dy 2*64*64; 2 layers a stage; tokens on stage 0
-    local layer = 4 * 4096 + 256 + 12288 + 256 + 4096 + 32768
+    -- tiny, T=64, B=1, C=64, 4 heads, FF 256: per layer ln_1, attention output, x +
+    -- attention, ln_2, output 5*64*64; 2 means and rstds 4*64; q|k|v 64*192; log-sum-exp
+    -- 4*64; c_fc, GELU 2*64*256 floats; x and dy 2*64*64; 2 layers a stage; tokens on stage 0
+    local layer = 5 * 4096 + 256 + 12288 + 256 + 32768
     local slot = 4 * (2 * 4096 + 2 * layer)
     T.eq(pl.stages[1].bytes, { slot }, "bytes per slot, stage 1")
     T.eq(pl.stages[0].bytes, { slot + 4 * 64 }, "bytes per slot, stage 0 (token ids)")

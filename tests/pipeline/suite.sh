@@ -103,8 +103,9 @@ fi
 for name in tp2-pp4-nmb8-sp pp2-nmb2; do
     d=${DIR[$name]}
     [ -f "$d/report.txt" ] || continue
+    # the stage rows: ... CPU total (value, unit), GPU total (value, unit)
     want=$(sed -n '/^device memory per rank/,$p' "$d/report.txt" |
-           awk 'NR > 2 { print $(NF - 1) "_" $NF }')
+           awk '$1 ~ /^[0-9]+$/ { print $(NF - 3) "_" $(NF - 2) }')
     ok=1
     k=0
     for t in $want; do

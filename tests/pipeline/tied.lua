@@ -3,8 +3,8 @@
 -- first stage's bit for bit, and the first stage's must be what --save wrote.
 -- Run: build/gen --lua tests/pipeline/tied.lua OUTDIR CKPT_STEP_DIR SAVED.safetensors
 --   OUTDIR         the generated directory (shards.json, topology.json: buffer layout, ranks)
---   CKPT_STEP_DIR  a resume checkpoint (rank_NNNNN.bin: header, then per buffer params,
---                  first and second moments)
+--   CKPT_STEP_DIR  a resume checkpoint of an f32 program (rank_NNNNN.bin: header, then per
+--                  buffer params, first and second moments)
 -- Prints one line; exits 1 on a difference.
 
 local host = require("host")
@@ -45,16 +45,16 @@ local function wte_of(rank)
     end
     if not cls then die("rank %d: no class with its coordinates", rank) end
     local data = slurp(string.format("%s/rank_%05d.bin", ckpt, rank))
-    local nfloats = string.unpack("<I8", data, 33)      -- magic, world, stage, step, nfloats
+    local nbytes = string.unpack("<I8", data, 33)       -- magic, world, stage, step, nbytes
     -- the moments are whole buffers, or dp shards with the distributed optimizer
     local whole, sharded = 0, 0
     for _, b in ipairs(cls.buffers) do
-        whole = whole + 3 * b.map.size
-        sharded = sharded + b.map.size + 2 * b.map.shard
+        whole = whole + 4 * 3 * b.map.size
+        sharded = sharded + 4 * (b.map.size + 2 * b.map.shard)
     end
-    local dist = nfloats ~= whole
-    if dist and nfloats ~= sharded then die("rank %d: %d floats, layout says %d", rank, nfloats,
-                                            whole) end
+    local dist = nbytes ~= whole
+    if dist and nbytes ~= sharded then die("rank %d: %d bytes, layout says %d", rank, nbytes,
+                                           whole) end
     local param
     for _, p in ipairs(cls.params) do
         if p.map.name == "wte.weight" then param = p.map end
@@ -65,7 +65,7 @@ local function wte_of(rank)
         for _, bk in ipairs(b.map.buckets) do
             for _, s in ipairs(bk.map.slots) do
                 if s.map.name == "wte.weight" then
-                    local at = 48 + 4 * (base + s.map.offset)
+                    local at = 48 + base + 4 * s.map.offset
                     return { floats = data:sub(at + 1, at + 4 * s.map.numel),
                              rows = param.local_shape[1], cols = param.local_shape[2],
                              tied = param.tied, start = param.pieces[1] and
@@ -74,7 +74,7 @@ local function wte_of(rank)
                 end
             end
         end
-        base = base + b.map.size + 2 * (dist and b.map.shard or b.map.size)
+        base = base + 4 * (b.map.size + 2 * (dist and b.map.shard or b.map.size))
     end
     die("rank %d: wte.weight is in no buffer", rank)
 end

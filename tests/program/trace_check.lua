@@ -45,8 +45,8 @@ local function expected(rank)
             for _, m in ipairs(get(op, "p2p")) do
                 local peer_stage = get(m, "peer")
                 local peer = rank + (peer_stage - k) * pp_stride
-                parts[#parts + 1] = string.format("%s %d %d f32 %d", get(m, "send") and "send" or
-                                                  "recv", peer, get(m, "n"),
+                parts[#parts + 1] = string.format("%s %d %d %s %d", get(m, "send") and "send" or
+                                                  "recv", peer, get(m, "n"), get(m, "dtype"),
                                                   get(m, "tag") == "ACT" and 0 or 1)
             end
             out[#out + 1] = table.concat(parts, " ")

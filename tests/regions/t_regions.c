@@ -449,7 +449,7 @@ static int test_layer(void)
 
     gpt_layer_params p = layer_shard(&w);
     gpt_layer_acts acts;
-    lib_layer_acts_alloc(&acts);
+    lib_layer_acts_alloc(&acts, NULL);
     float *xin = dev(x_sm + (size_t)r0 * C, (size_t)NSP * C);
     layer_fwd(&p, &acts, xin);
     check("layer.res2", acts.res2, to_seq(res2, C) + (size_t)r0 * C, (size_t)NSP * C);

@@ -191,82 +191,80 @@ static const gpt_piece other_pieces[3] = {
     { 2, 0, 0, 0, 0, 256, 64, GPT_SPLIT_TP,   256, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
 };
 
-/* first layer, layers, activation slots, embedding, head, tables */
+/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
+** activations (NULL: all in its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 2, 2, 3, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases },
-    { 6, 2, 1, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases },
+    { 2, 2, 3, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
+    { 6, 2, 1, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL },
 };
 
-/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    5940200 bytes in all with the parameters, checked at start. Not used here:
+/* -- Device memory: every buffer the library allocates, bytes per instance and whether the
+**    recompute workspace holds some instances; 5940200 bytes in all with the
+**    parameters, checked at start. Not used here:
 **    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
-**    ML_AUXG C_TOKENS MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR
-**    MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX
-**    X_SP_PACK
+**    ML_AUXG C_TOKENS S_GATHER MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE
+**    MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS
+**    MS_PIDX X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
-    /* (N_SP, C) ln_1 output, x 8 */
-    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP), x 8 */
-    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,               64 },
-    /* (N_SP), x 8 */
-    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,               64 },
-    /* (N, C) ln_1 output, whole sequence */
-    [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,      0 },
-    /* (N, QKV_LOCAL), x 8 */
-    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            12288 },
-    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 8 */
-    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,              256 },
-    /* (N, C_LOCAL) attention output, x 8 */
-    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP, C) x + attention, x 8 */
-    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP, C) ln_2 output, x 8 */
-    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP), x 8 */
-    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,               64 },
-    /* (N_SP), x 8 */
-    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,               64 },
-    /* (N, C) ln_2 output, whole sequence */
-    [GPT_M_L_LN2_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN2,      0 },
-    /* (N, FF_LOCAL) c_fc output, x 8 */
-    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            16384 },
-    /* (N, FF_LOCAL), x 8 */
-    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            16384 },
-    /* (N_SP, C) the layer's output, x 8 */
-    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP, C) the chunk's input, x 4 */
-    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP, C) its gradient, x 4 */
-    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP, C) ln_f output */
-    [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (N_SP) */
-    [GPT_M_H_LNF_MEAN] = { GPT_MEM_ALLOC, 0,               64 },
-    /* (N_SP) */
-    [GPT_M_H_LNF_RSTD] = { GPT_MEM_ALLOC, 0,               64 },
-    /* (N, C) partial sums / gathered rows */
-    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,             4096 },
+    /* f32 (N_SP, C) ln_1 output, x 8 */
+    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP), x 8 */
+    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP), x 8 */
+    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, QKV_LOCAL), x 8 */
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            49152, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 8 */
+    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,             1024, 0 },
+    /* f32 (N, C_LOCAL) attention output, x 8 */
+    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) x + attention, x 8 */
+    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) ln_2 output, x 8 */
+    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP), x 8 */
+    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP), x 8 */
+    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, FF_LOCAL) c_fc output, x 8 */
+    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            65536, 0 },
+    /* f32 (N, FF_LOCAL), x 8 */
+    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            65536, 0 },
+    /* f32 (N_SP, C) the layer's output, x 8 */
+    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) the chunk's input, x 4 */
+    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) its gradient, x 4 */
+    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) ln_f output */
+    [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP) */
+    [GPT_M_H_LNF_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP) */
+    [GPT_M_H_LNF_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, C) partial sums / the output gradient gathered */
+    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
     /* (N_SP, C) reduce-scatter output */
-    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,     0 },
-    /* (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            12288 },
-    /* (N, C_LOCAL) */
-    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,             4096 },
-    /* (B, HEADS_LOCAL, T) */
-    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,              256 },
-    /* (N, FF_LOCAL) */
-    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            16384 },
-    /* (N, V_LOCAL) */
-    [GPT_M_S_LOGITS]   = { GPT_MEM_ALLOC, 0,            16384 },
-    /* (4N) row max | sum exp | target logit | loss */
-    [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,              256 },
-    /* (N) int */
-    [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,               64 },
-    /* (NMB) loss sums per micro-batch */
-    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,                4 },
-    /* (tensors + 3) norm pieces, then dense | experts | total */
-    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,               54 },
+    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,     0, 0 },
+    /* f32 (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            49152, 0 },
+    /* f32 (N, C_LOCAL) */
+    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
+    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,             1024, 0 },
+    /* f32 (N, FF_LOCAL) */
+    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            65536, 0 },
+    /* f32 (N, V_LOCAL) */
+    [GPT_M_S_LOGITS]   = { GPT_MEM_ALLOC, 0,            65536, 0 },
+    /* f32 (4N) row max | sum exp | target logit | loss */
+    [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,             1024, 0 },
+    /* i32 (N) */
+    [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,               16, 0 },
+    /* f32 (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              216, 0 },
 };
 
 /* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
@@ -307,7 +305,7 @@ static void run_schedule(void)
     {
         /* <<< recv activations mb 0 (chunk 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
@@ -317,8 +315,8 @@ static void run_schedule(void)
         /* <<< recv activations mb 1 (chunk 0) from stage 0; >>> send activations mb 0 (chunk 0)
         ** to stage 0 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[1].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
@@ -328,8 +326,8 @@ static void run_schedule(void)
         /* <<< recv activations mb 0 (chunk 1) from stage 0; >>> send activations mb 1 (chunk 0)
         ** to stage 0 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
@@ -342,8 +340,8 @@ static void run_schedule(void)
         /* >>> send gradient mb 0 (chunk 1) to stage 0; <<< recv activations mb 1 (chunk 1) from
         ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
@@ -355,9 +353,9 @@ static void run_schedule(void)
         /* >>> send gradient mb 1 (chunk 1) to stage 0; <<< recv activations mb 2 (chunk 0) from
         ** stage 0; <<< recv gradient mb 0 (chunk 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[2].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[2].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 3);
     }
@@ -370,10 +368,10 @@ static void run_schedule(void)
         ** stage 0; >>> send activations mb 2 (chunk 0) to stage 0; <<< recv gradient mb 1 (chunk
         ** 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 2), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
-            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 2), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 4);
     }
@@ -385,9 +383,9 @@ static void run_schedule(void)
         /* >>> send gradient mb 1 (chunk 0) to stage 0; <<< recv activations mb 2 (chunk 1) from
         ** stage 0; >>> send activations mb 3 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 1, gpt.chunk[0].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 3);
     }
@@ -399,8 +397,8 @@ static void run_schedule(void)
         /* >>> send gradient mb 2 (chunk 1) to stage 0; <<< recv activations mb 3 (chunk 1) from
         ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
@@ -412,8 +410,8 @@ static void run_schedule(void)
         /* >>> send gradient mb 3 (chunk 1) to stage 0; <<< recv gradient mb 2 (chunk 0) from
         ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[2].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[2].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
@@ -424,8 +422,8 @@ static void run_schedule(void)
         /* >>> send gradient mb 2 (chunk 0) to stage 0; <<< recv gradient mb 3 (chunk 0) from
         ** stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[2].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 1, gpt.chunk[0].acts[2].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
@@ -434,7 +432,7 @@ static void run_schedule(void)
     {
         /* >>> send gradient mb 3 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }

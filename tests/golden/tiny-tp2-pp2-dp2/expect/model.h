@@ -19,6 +19,10 @@
 #define CFG_CP              1              /* context-parallel size (CP) */
 #define CFG_VP              1              /* virtual chunks per stage (VP) */
 #define CFG_SP              0              /* sequence parallelism (SP=1) */
+#define CFG_ACT             RT_F32         /* parameters, activations, their communication: f32 */
+#define CFG_RC_ATTN         0              /* selective recompute of the attention core */
+#define CFG_RC_LN           0              /* selective recompute of the two LayerNorms */
+#define CFG_RC_MLP          0              /* selective recompute of the dense MLP */
 #define CFG_B               1              /* micro-batch size (MBS) */
 #define CFG_NMB             1              /* micro-batches per step (NMB) */
 #define CFG_GBS             2              /* global batch = MBS*NMB*DP */

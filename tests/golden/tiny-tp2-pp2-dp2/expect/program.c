@@ -68,6 +68,7 @@ const gpt_program gpt_program_desc = {
         .c_local = CFG_C_LOCAL, .qkv_local = CFG_QKV_LOCAL, .ff_local = CFG_FF_LOCAL,
         .v_local = CFG_V_LOCAL, .nmb = CFG_NMB, .ln_eps = CFG_LN_EPS,
         .att_scale = CFG_ATT_SCALE, .dloss = CFG_DLOSS, .tp = CFG_TP, .sp = CFG_SP,
+        .act = CFG_ACT, .rc_attn = CFG_RC_ATTN, .rc_ln = CFG_RC_LN, .rc_mlp = CFG_RC_MLP,
     },
     .nroles = 16, .roles = roles, .layers = CFG_LAYERS,
     /*          tp, cp, ep, dp, pp */

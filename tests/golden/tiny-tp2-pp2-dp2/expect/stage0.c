@@ -109,71 +109,69 @@ static const gpt_piece other_pieces[2] = {
     { 1, 0, 0, 0, 0,  64, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },   /* wpe.weight */
 };
 
-/* first layer, layers, activation slots, embedding, head, tables */
+/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
+** activations (NULL: all in its slot, no recompute) */
 static const gpt_chunk_info chunks[1] = {
-    { 0, 4, 1, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases },
+    { 0, 4, 1, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
 };
 
-/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    2587608 bytes in all with the parameters, checked at start. Not used here:
+/* -- Device memory: every buffer the library allocates, bytes per instance and whether the
+**    recompute workspace holds some instances; 2587608 bytes in all with the
+**    parameters, checked at start. Not used here:
 **    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
-**    ML_AUXG H_LNF H_LNF_MEAN H_LNF_RSTD S_LOGITS S_CE S_TARGETS MS_LOGITS MS_XS MS_PS MS_XR
-**    MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB
-**    MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX X_SP_PACK
+**    ML_AUXG H_LNF H_LNF_MEAN H_LNF_RSTD S_GATHER S_LOGITS S_CE S_TARGETS MS_LOGITS MS_XS
+**    MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS
+**    MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
-    /* (N_SP, C) ln_1 output, x 4 */
-    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N, C) ln_1 output, whole sequence */
-    [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,     0 },
-    /* (N, QKV_LOCAL), x 4 */
-    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            6144 },
-    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
-    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,             128 },
-    /* (N, C_LOCAL) attention output, x 4 */
-    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            2048 },
-    /* (N_SP, C) x + attention, x 4 */
-    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) ln_2 output, x 4 */
-    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N, C) ln_2 output, whole sequence */
-    [GPT_M_L_LN2_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN2,     0 },
-    /* (N, FF_LOCAL) c_fc output, x 4 */
-    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (N, FF_LOCAL), x 4 */
-    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (N_SP, C) the layer's output, x 4 */
-    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) the chunk's input */
-    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) its gradient */
-    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N) int token ids */
-    [GPT_M_C_TOKENS]   = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N, C) partial sums / gathered rows */
-    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* f32 (N_SP, C) ln_1 output, x 4 */
+    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, QKV_LOCAL), x 4 */
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            24576, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
+    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,              512, 0 },
+    /* f32 (N, C_LOCAL) attention output, x 4 */
+    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,             8192, 0 },
+    /* f32 (N_SP, C) x + attention, x 4 */
+    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) ln_2 output, x 4 */
+    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, FF_LOCAL) c_fc output, x 4 */
+    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (N, FF_LOCAL), x 4 */
+    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (N_SP, C) the layer's output, x 4 */
+    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) the chunk's input */
+    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) its gradient */
+    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* i32 (N) token ids */
+    [GPT_M_C_TOKENS]   = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, C) partial sums / the output gradient gathered */
+    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
     /* (N_SP, C) reduce-scatter output */
-    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,    0 },
-    /* (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            6144 },
-    /* (N, C_LOCAL) */
-    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,            2048 },
-    /* (B, HEADS_LOCAL, T) */
-    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,             128 },
-    /* (N, FF_LOCAL) */
-    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (NMB) loss sums per micro-batch */
-    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,               1 },
-    /* (tensors + 3) norm pieces, then dense | experts | total */
-    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              53 },
+    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,     0, 0 },
+    /* f32 (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            24576, 0 },
+    /* f32 (N, C_LOCAL) */
+    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,             8192, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
+    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,              512, 0 },
+    /* f32 (N, FF_LOCAL) */
+    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,                4, 0 },
+    /* f32 (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              212, 0 },
 };
 
 /* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
@@ -207,7 +205,7 @@ static void run_schedule(void)
     {
         /* >>> send activations mb 0 (chunk 0) to stage 1 */
         rt_p2p_op ops[] = {
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
@@ -215,7 +213,7 @@ static void run_schedule(void)
     {
         /* <<< recv gradient mb 0 (chunk 0) from stage 1 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }

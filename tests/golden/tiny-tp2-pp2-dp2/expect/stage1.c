@@ -117,81 +117,79 @@ static const gpt_piece other_pieces[3] = {
     { 2, 0, 0, 0, 0, 128, 64, GPT_SPLIT_TP,   128, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
 };
 
-/* first layer, layers, activation slots, embedding, head, tables */
+/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
+** activations (NULL: all in its slot, no recompute) */
 static const gpt_chunk_info chunks[1] = {
-    { 4, 4, 1, 0, 1, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases },
+    { 4, 4, 1, 0, 1, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
 };
 
-/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    2574812 bytes in all with the parameters, checked at start. Not used here:
+/* -- Device memory: every buffer the library allocates, bytes per instance and whether the
+**    recompute workspace holds some instances; 2574812 bytes in all with the
+**    parameters, checked at start. Not used here:
 **    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
-**    ML_AUXG C_TOKENS MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR
-**    MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX
-**    X_SP_PACK
+**    ML_AUXG C_TOKENS S_GATHER MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_YE
+**    MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS
+**    MS_PIDX X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
-    /* (N_SP, C) ln_1 output, x 4 */
-    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N, C) ln_1 output, whole sequence */
-    [GPT_M_L_LN1_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN1,     0 },
-    /* (N, QKV_LOCAL), x 4 */
-    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            6144 },
-    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
-    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,             128 },
-    /* (N, C_LOCAL) attention output, x 4 */
-    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            2048 },
-    /* (N_SP, C) x + attention, x 4 */
-    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) ln_2 output, x 4 */
-    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N, C) ln_2 output, whole sequence */
-    [GPT_M_L_LN2_FULL] = { GPT_MEM_ALIAS, GPT_M_L_LN2,     0 },
-    /* (N, FF_LOCAL) c_fc output, x 4 */
-    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (N, FF_LOCAL), x 4 */
-    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (N_SP, C) the layer's output, x 4 */
-    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) the chunk's input */
-    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) its gradient */
-    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP, C) ln_f output */
-    [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,            4096 },
-    /* (N_SP) */
-    [GPT_M_H_LNF_MEAN] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N_SP) */
-    [GPT_M_H_LNF_RSTD] = { GPT_MEM_ALLOC, 0,              64 },
-    /* (N, C) partial sums / gathered rows */
-    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            4096 },
+    /* f32 (N_SP, C) ln_1 output, x 4 */
+    [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, QKV_LOCAL), x 4 */
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            24576, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
+    [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,              512, 0 },
+    /* f32 (N, C_LOCAL) attention output, x 4 */
+    [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,             8192, 0 },
+    /* f32 (N_SP, C) x + attention, x 4 */
+    [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) ln_2 output, x 4 */
+    [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, FF_LOCAL) c_fc output, x 4 */
+    [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (N, FF_LOCAL), x 4 */
+    [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (N_SP, C) the layer's output, x 4 */
+    [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) the chunk's input */
+    [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) its gradient */
+    [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP, C) ln_f output */
+    [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
+    /* f32 (N_SP) */
+    [GPT_M_H_LNF_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N_SP) */
+    [GPT_M_H_LNF_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (N, C) partial sums / the output gradient gathered */
+    [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
     /* (N_SP, C) reduce-scatter output */
-    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,    0 },
-    /* (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            6144 },
-    /* (N, C_LOCAL) */
-    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,            2048 },
-    /* (B, HEADS_LOCAL, T) */
-    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,             128 },
-    /* (N, FF_LOCAL) */
-    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (N, V_LOCAL) */
-    [GPT_M_S_LOGITS]   = { GPT_MEM_ALLOC, 0,            8192 },
-    /* (4N) row max | sum exp | target logit | loss */
-    [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,             256 },
-    /* (N) int */
-    [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,              64 },
-    /* (NMB) loss sums per micro-batch */
-    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,               1 },
-    /* (tensors + 3) norm pieces, then dense | experts | total */
-    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              54 },
+    [GPT_M_S_FULL_SP]  = { GPT_MEM_ALIAS, GPT_M_S_FULL,     0, 0 },
+    /* f32 (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,            24576, 0 },
+    /* f32 (N, C_LOCAL) */
+    [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,             8192, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
+    [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,              512, 0 },
+    /* f32 (N, FF_LOCAL) */
+    [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (N, V_LOCAL) */
+    [GPT_M_S_LOGITS]   = { GPT_MEM_ALLOC, 0,            32768, 0 },
+    /* f32 (4N) row max | sum exp | target logit | loss */
+    [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,             1024, 0 },
+    /* i32 (N) */
+    [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,              256, 0 },
+    /* f32 (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]     = { GPT_MEM_ALLOC, 0,                4, 0 },
+    /* f32 (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,              216, 0 },
 };
 
 /* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
@@ -222,7 +220,7 @@ static void run_schedule(void)
     {
         /* <<< recv activations mb 0 (chunk 0) from stage 0 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
+            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
@@ -233,7 +231,7 @@ static void run_schedule(void)
     {
         /* >>> send gradient mb 0 (chunk 0) to stage 0 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
+            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }

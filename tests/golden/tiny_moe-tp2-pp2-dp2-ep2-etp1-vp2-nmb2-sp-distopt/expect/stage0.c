@@ -231,131 +231,131 @@ static const gpt_piece other_pieces[2] = {
     { 1, 0, 0, 0, 0,  64, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },   /* wpe.weight */
 };
 
-/* first layer, layers, activation slots, embedding, head, tables */
+/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
+** activations (NULL: all in its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 0, 1, 2, 1, 0, 17, chunk0_params, 21, chunk0_pieces, chunk0_bases },
-    { 2, 1, 2, 0, 0, 17, chunk1_params, 21, chunk1_pieces, chunk1_bases },
+    { 0, 1, 2, 1, 0, 17, chunk0_params, 21, chunk0_pieces, chunk0_bases, NULL },
+    { 2, 1, 2, 0, 0, 17, chunk1_params, 21, chunk1_pieces, chunk1_bases, NULL },
 };
 
-/* -- Device memory: every buffer the library allocates, in 4-byte elements per instance;
-**    3407396 bytes in all with the parameters, checked at start. Not used here:
+/* -- Device memory: every buffer the library allocates, bytes per instance and whether the
+**    recompute workspace holds some instances; 3292708 bytes in all with the
+**    parameters, checked at start. Not used here:
 **    L_FC L_GELU H_LNF H_LNF_MEAN H_LNF_RSTD S_DFC S_LOGITS S_CE S_TARGETS
 */
 static const gpt_mem mem[GPT_NMEMS] = {
-    /* (N_SP, C) ln_1 output, x 4 */
-    [GPT_M_L_LN1]       = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN1_MEAN]  = { GPT_MEM_ALLOC, 0,    32 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN1_RSTD]  = { GPT_MEM_ALLOC, 0,    32 },
-    /* (N, C) ln_1 output, whole sequence, x 4 */
-    [GPT_M_L_LN1_FULL]  = { GPT_MEM_ALLOC, 0,  4096 },
-    /* (N, QKV_LOCAL), x 4 */
-    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  6144 },
-    /* (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
-    [GPT_M_L_LSE]       = { GPT_MEM_ALLOC, 0,   128 },
-    /* (N, C_LOCAL) attention output, x 4 */
-    [GPT_M_L_ATTY]      = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N_SP, C) x + attention, x 4 */
-    [GPT_M_L_RES1]      = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N_SP, C) ln_2 output, x 4 */
-    [GPT_M_L_LN2]       = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN2_MEAN]  = { GPT_MEM_ALLOC, 0,    32 },
-    /* (N_SP), x 4 */
-    [GPT_M_L_LN2_RSTD]  = { GPT_MEM_ALLOC, 0,    32 },
-    /* (N, C) ln_2 output, whole sequence, x 4 */
-    [GPT_M_L_LN2_FULL]  = { GPT_MEM_ALLOC, 0,  4096 },
-    /* (N_SP, C) the layer's output, x 4 */
-    [GPT_M_L_RES2]      = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N_SP, EXPERTS) softmax over all experts, x 4 */
-    [GPT_M_ML_SCORES]   = { GPT_MEM_ALLOC, 0,   256 },
-    /* (N_SP, TOPK) chosen probabilities, x 4 */
-    [GPT_M_ML_PROB]     = { GPT_MEM_ALLOC, 0,    64 },
-    /* (N_SP, TOPK) int, x 4 */
-    [GPT_M_ML_SEL]      = { GPT_MEM_ALLOC, 0,    64 },
-    /* (N_SP, TOPK) int, x 4 */
-    [GPT_M_ML_POS]      = { GPT_MEM_ALLOC, 0,    64 },
-    /* (SEND_MAX) int, x 4 */
-    [GPT_M_ML_SEND_TOK] = { GPT_MEM_ALLOC, 0,    64 },
-    /* (ROWS_MAX) int, x 4 */
-    [GPT_M_ML_ORDER]    = { GPT_MEM_ALLOC, 0,   128 },
-    /* (ROWS_MAX) int, x 4 */
-    [GPT_M_ML_UNORDER]  = { GPT_MEM_ALLOC, 0,   128 },
-    /* (ROWS_MAX, C) expert inputs, x 4 */
-    [GPT_M_ML_XE]       = { GPT_MEM_ALLOC, 0,  8192 },
-    /* (ROWS_MAX), x 4 */
-    [GPT_M_ML_PE]       = { GPT_MEM_ALLOC, 0,   128 },
-    /* (ROWS_MAX, EFF_LOCAL), x 4 */
-    [GPT_M_ML_FC]       = { GPT_MEM_ALLOC, 0, 16384 },
-    /* (ROWS_MAX, EFF_LOCAL), x 4 */
-    [GPT_M_ML_H]        = { GPT_MEM_ALLOC, 0, 16384 },
-    /* (EXPERTS), x 4 */
-    [GPT_M_ML_AUXG]     = { GPT_MEM_ALLOC, 0,     8 },
-    /* (N_SP, C) the chunk's input, x 4 */
-    [GPT_M_C_X]         = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N_SP, C) its gradient, x 4 */
-    [GPT_M_C_DY]        = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N) int token ids, x 2 */
-    [GPT_M_C_TOKENS]    = { GPT_MEM_ALLOC, 0,    64 },
-    /* (N, C) partial sums / gathered rows */
-    [GPT_M_S_FULL]      = { GPT_MEM_ALLOC, 0,  4096 },
-    /* (N_SP, C) reduce-scatter output */
-    [GPT_M_S_FULL_SP]   = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  6144 },
-    /* (N, C_LOCAL) */
-    [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,  2048 },
-    /* (B, HEADS_LOCAL, T) */
-    [GPT_M_S_DSUM]      = { GPT_MEM_ALLOC, 0,   128 },
-    /* (N_SP, EXPERTS) */
-    [GPT_M_MS_LOGITS]   = { GPT_MEM_ALLOC, 0,   256 },
-    /* (SEND_MAX, C) */
-    [GPT_M_MS_XS]       = { GPT_MEM_ALLOC, 0,  4096 },
-    /* (SEND_MAX) */
-    [GPT_M_MS_PS]       = { GPT_MEM_ALLOC, 0,    64 },
-    /* (RECV_MAX, C) */
-    [GPT_M_MS_XR]       = { GPT_MEM_ALLOC, 0,  8192 },
-    /* (RECV_MAX) */
-    [GPT_M_MS_PR]       = { GPT_MEM_ALLOC, 0,   128 },
-    /* (ROWS_MAX, C) */
-    [GPT_M_MS_XG]       = { GPT_MEM_ALLOC, 0,  8192 },
-    /* (ROWS_MAX) */
-    [GPT_M_MS_PG]       = { GPT_MEM_ALLOC, 0,   128 },
-    /* (ROWS_MAX, EFF_LOCAL) */
-    [GPT_M_MS_ACT]      = { GPT_MEM_ALLOC, 0, 16384 },
-    /* (ROWS_MAX, C) */
-    [GPT_M_MS_YE]       = { GPT_MEM_ALLOC, 0,  8192 },
-    /* (ROWS_MAX, C) */
-    [GPT_M_MS_YG]       = { GPT_MEM_ALLOC, 0,  8192 },
-    /* (RECV_MAX, C) */
-    [GPT_M_MS_YR]       = { GPT_MEM_ALLOC, 0,  8192 },
-    /* (SEND_MAX, C) */
-    [GPT_M_MS_YS]       = { GPT_MEM_ALLOC, 0,  4096 },
-    /* (ROWS_MAX) */
-    [GPT_M_MS_DPE]      = { GPT_MEM_ALLOC, 0,   128 },
-    /* (ROWS_MAX) */
-    [GPT_M_MS_DPG]      = { GPT_MEM_ALLOC, 0,   128 },
-    /* (RECV_MAX) */
-    [GPT_M_MS_DPR]      = { GPT_MEM_ALLOC, 0,   128 },
-    /* (SEND_MAX) */
-    [GPT_M_MS_DPS]      = { GPT_MEM_ALLOC, 0,    64 },
-    /* (N_SP, TOPK) */
-    [GPT_M_MS_DPROB]    = { GPT_MEM_ALLOC, 0,    64 },
-    /* (N_SP, EXPERTS) */
-    [GPT_M_MS_DLOGITS]  = { GPT_MEM_ALLOC, 0,   256 },
-    /* (EXPERTS) */
-    [GPT_M_MS_COLSUM]   = { GPT_MEM_ALLOC, 0,     8 },
-    /* (MOE_COUNTS) int */
-    [GPT_M_MS_COUNTS]   = { GPT_MEM_ALLOC, 0,    56 },
-    /* (SEND_MAX) int */
-    [GPT_M_MS_PIDX]     = { GPT_MEM_ALLOC, 0,    64 },
-    /* (NMB) loss sums per micro-batch */
-    [GPT_M_X_LOSS]      = { GPT_MEM_ALLOC, 0,     2 },
-    /* (tensors + 3) norm pieces, then dense | experts | total */
-    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,    39 },
-    /* packed sequence-parallel gradients */
-    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  1664 },
+    /* f32 (N_SP, C) ln_1 output, x 4 */
+    [GPT_M_L_LN1]       = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN1_MEAN]  = { GPT_MEM_ALLOC, 0,   128, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN1_RSTD]  = { GPT_MEM_ALLOC, 0,   128, 0 },
+    /* f32 (N, QKV_LOCAL), x 4 */
+    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0, 24576, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
+    [GPT_M_L_LSE]       = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (N, C_LOCAL) attention output, x 4 */
+    [GPT_M_L_ATTY]      = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N_SP, C) x + attention, x 4 */
+    [GPT_M_L_RES1]      = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N_SP, C) ln_2 output, x 4 */
+    [GPT_M_L_LN2]       = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN2_MEAN]  = { GPT_MEM_ALLOC, 0,   128, 0 },
+    /* f32 (N_SP), x 4 */
+    [GPT_M_L_LN2_RSTD]  = { GPT_MEM_ALLOC, 0,   128, 0 },
+    /* f32 (N_SP, C) the layer's output, x 4 */
+    [GPT_M_L_RES2]      = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N_SP, EXPERTS) softmax over all experts, x 4 */
+    [GPT_M_ML_SCORES]   = { GPT_MEM_ALLOC, 0,  1024, 0 },
+    /* f32 (N_SP, TOPK) chosen probabilities, x 4 */
+    [GPT_M_ML_PROB]     = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* i32 (N_SP, TOPK), x 4 */
+    [GPT_M_ML_SEL]      = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* i32 (N_SP, TOPK), x 4 */
+    [GPT_M_ML_POS]      = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* i32 (SEND_MAX), x 4 */
+    [GPT_M_ML_SEND_TOK] = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* i32 (ROWS_MAX), x 4 */
+    [GPT_M_ML_ORDER]    = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* i32 (ROWS_MAX), x 4 */
+    [GPT_M_ML_UNORDER]  = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (ROWS_MAX, C) expert inputs, x 4 */
+    [GPT_M_ML_XE]       = { GPT_MEM_ALLOC, 0, 32768, 0 },
+    /* f32 (ROWS_MAX), x 4 */
+    [GPT_M_ML_PE]       = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (ROWS_MAX, EFF_LOCAL), x 4 */
+    [GPT_M_ML_FC]       = { GPT_MEM_ALLOC, 0, 65536, 0 },
+    /* f32 (ROWS_MAX, EFF_LOCAL), x 4 */
+    [GPT_M_ML_H]        = { GPT_MEM_ALLOC, 0, 65536, 0 },
+    /* f32 (EXPERTS), x 4 */
+    [GPT_M_ML_AUXG]     = { GPT_MEM_ALLOC, 0,    32, 0 },
+    /* f32 (N_SP, C) the chunk's input, x 4 */
+    [GPT_M_C_X]         = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N_SP, C) its gradient, x 4 */
+    [GPT_M_C_DY]        = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* i32 (N) token ids, x 2 */
+    [GPT_M_C_TOKENS]    = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* f32 (N, C) partial sums / the output gradient gathered */
+    [GPT_M_S_FULL]      = { GPT_MEM_ALLOC, 0, 16384, 0 },
+    /* f32 (N_SP, C) reduce-scatter output */
+    [GPT_M_S_FULL_SP]   = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (N, C) a column-parallel input gathered over tp */
+    [GPT_M_S_GATHER]    = { GPT_MEM_ALLOC, 0, 16384, 0 },
+    /* f32 (N, QKV_LOCAL) */
+    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0, 24576, 0 },
+    /* f32 (N, C_LOCAL) */
+    [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,  8192, 0 },
+    /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
+    [GPT_M_S_DSUM]      = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (N_SP, EXPERTS) */
+    [GPT_M_MS_LOGITS]   = { GPT_MEM_ALLOC, 0,  1024, 0 },
+    /* f32 (SEND_MAX, C) */
+    [GPT_M_MS_XS]       = { GPT_MEM_ALLOC, 0, 16384, 0 },
+    /* f32 (SEND_MAX) */
+    [GPT_M_MS_PS]       = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* f32 (RECV_MAX, C) */
+    [GPT_M_MS_XR]       = { GPT_MEM_ALLOC, 0, 32768, 0 },
+    /* f32 (RECV_MAX) */
+    [GPT_M_MS_PR]       = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (ROWS_MAX, C) */
+    [GPT_M_MS_XG]       = { GPT_MEM_ALLOC, 0, 32768, 0 },
+    /* f32 (ROWS_MAX) */
+    [GPT_M_MS_PG]       = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (ROWS_MAX, EFF_LOCAL) */
+    [GPT_M_MS_ACT]      = { GPT_MEM_ALLOC, 0, 65536, 0 },
+    /* f32 (ROWS_MAX, C) */
+    [GPT_M_MS_YE]       = { GPT_MEM_ALLOC, 0, 32768, 0 },
+    /* f32 (ROWS_MAX, C) */
+    [GPT_M_MS_YG]       = { GPT_MEM_ALLOC, 0, 32768, 0 },
+    /* f32 (RECV_MAX, C) */
+    [GPT_M_MS_YR]       = { GPT_MEM_ALLOC, 0, 32768, 0 },
+    /* f32 (SEND_MAX, C) */
+    [GPT_M_MS_YS]       = { GPT_MEM_ALLOC, 0, 16384, 0 },
+    /* f32 (ROWS_MAX) */
+    [GPT_M_MS_DPE]      = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (ROWS_MAX) */
+    [GPT_M_MS_DPG]      = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (RECV_MAX) */
+    [GPT_M_MS_DPR]      = { GPT_MEM_ALLOC, 0,   512, 0 },
+    /* f32 (SEND_MAX) */
+    [GPT_M_MS_DPS]      = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* f32 (N_SP, TOPK) */
+    [GPT_M_MS_DPROB]    = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* f32 (N_SP, EXPERTS) */
+    [GPT_M_MS_DLOGITS]  = { GPT_MEM_ALLOC, 0,  1024, 0 },
+    /* f32 (EXPERTS) */
+    [GPT_M_MS_COLSUM]   = { GPT_MEM_ALLOC, 0,    32, 0 },
+    /* i32 (MOE_COUNTS) */
+    [GPT_M_MS_COUNTS]   = { GPT_MEM_ALLOC, 0,   224, 0 },
+    /* i32 (SEND_MAX) */
+    [GPT_M_MS_PIDX]     = { GPT_MEM_ALLOC, 0,   256, 0 },
+    /* f32 (NMB) loss sums per micro-batch */
+    [GPT_M_X_LOSS]      = { GPT_MEM_ALLOC, 0,     8, 0 },
+    /* f32 (tensors + 3) norm pieces, then dense | experts | total */
+    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,   156, 0 },
+    /* f32 packed sequence-parallel gradients */
+    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  6656, 0 },
 };
 
 /* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
@@ -395,7 +395,7 @@ static void run_schedule(void)
     {
         /* >>> send activations mb 0 (chunk 0) to stage 1 */
         rt_p2p_op ops[] = {
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
@@ -405,8 +405,8 @@ static void run_schedule(void)
         /* <<< recv activations mb 0 (chunk 1) from stage 1; >>> send activations mb 1 (chunk 0)
         ** to stage 1 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
@@ -416,8 +416,8 @@ static void run_schedule(void)
         /* <<< recv activations mb 1 (chunk 1) from stage 1; >>> send activations mb 0 (chunk 1)
         ** to stage 1 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[1].x, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 0), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 0, gpt.chunk[1].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(1, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 2);
     }
@@ -426,7 +426,7 @@ static void run_schedule(void)
     {
         /* >>> send activations mb 1 (chunk 1) to stage 1 */
         rt_p2p_op ops[] = {
-            { 1, gpt_chunk_output(1, 1), CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_ACT },
+            { 1, gpt_chunk_output(1, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
         };
         rt_p2p(ops, 1);
     }
@@ -434,7 +434,7 @@ static void run_schedule(void)
     {
         /* <<< recv gradient mb 0 (chunk 1) from stage 1 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
@@ -444,8 +444,8 @@ static void run_schedule(void)
         /* >>> send gradient mb 0 (chunk 1) to stage 1; <<< recv gradient mb 1 (chunk 1) from
         ** stage 1 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
@@ -455,8 +455,8 @@ static void run_schedule(void)
         /* >>> send gradient mb 1 (chunk 1) to stage 1; <<< recv gradient mb 0 (chunk 0) from
         ** stage 1 */
         rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 1, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 2);
     }
@@ -465,7 +465,7 @@ static void run_schedule(void)
     {
         /* <<< recv gradient mb 1 (chunk 0) from stage 1 */
         rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, RT_F32, gpt.pp_next, GPT_TAG_GRAD },
+            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
         };
         rt_p2p(ops, 1);
     }
@@ -524,15 +524,15 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     out->grad_norm = gpt_norm(1);
     /* clip to --clip, then AdamW on this rank's shards */
     gpt_adamw(in, out->grad_norm);
-    /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others */
+    /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others (f32) */
     gpt_param_allgather(0, 0, gpt.grp[GPT_GRP_DPCP]);
-    /* >>> all-gather over dp-cp: buffer 0, bucket 1: the updated shards of the others */
+    /* >>> all-gather over dp-cp: buffer 0, bucket 1: the updated shards of the others (f32) */
     gpt_param_allgather(0, 1, gpt.grp[GPT_GRP_DPCP]);
-    /* >>> all-gather over expt-dp: buffer 1, bucket 0: the updated shards of the others */
+    /* >>> all-gather over expt-dp: buffer 1, bucket 0: the updated shards of the others (f32) */
     gpt_param_allgather(1, 0, gpt.grp[GPT_GRP_EDP]);
-    /* >>> all-gather over dp-cp: buffer 2, bucket 0: the updated shards of the others */
+    /* >>> all-gather over dp-cp: buffer 2, bucket 0: the updated shards of the others (f32) */
     gpt_param_allgather(2, 0, gpt.grp[GPT_GRP_DPCP]);
-    /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others */
+    /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others (f32) */
     gpt_param_allgather(3, 0, gpt.grp[GPT_GRP_EDP]);
     /* >>> all-reduce over the world: every rank's share of the aux loss */
     gpt_aux_allreduce(rt_group_world(), out);
@@ -546,7 +546,7 @@ const gpt_stage stage0 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 3407396,
+    .mem = mem, .mem_bytes = 3292708,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,

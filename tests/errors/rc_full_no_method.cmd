@@ -1,0 +1,1 @@
+tiny --recompute full --recompute-layers 2

@@ -1,0 +1,1 @@
+tiny --recompute-method uniform

@@ -1,0 +1,1 @@
+tiny_moe --recompute selective --recompute-modules mlp

@@ -1,0 +1,1 @@
+tiny --recompute selective --recompute-modules moe_act
