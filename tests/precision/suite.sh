@@ -60,7 +60,7 @@ name=bf16-tp2-pp2-dp2-sp-distopt
 if [ -n "${DIR[$name]}" ]; then
     ck=$S/ckpt
     rm -rf "$ck"
-    flags="--init $S/tiny.init.safetensors --data $S/tiny.bin --quiet"
+    flags="--init $S/tiny.init.safetensors --data $S/tiny.bin --quiet --decay-steps 6"
     # shellcheck disable=SC2086 # the flags are words
     if run_prog "${DIR[$name]}/train" 8 "$S/run/straight.log" $flags --steps 6 \
             --log "$S/run/straight.jsonl" --save "$S/run/straight.safetensors" &&
