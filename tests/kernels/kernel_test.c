@@ -7,8 +7,9 @@
 ** librt_cpu.a or with kernels_cuda.cu + librt_cuda.a (data moves with rt_memcpy, as in the
 ** library). Run by tests/kernels/suite.sh; not a benchmark.
 **
-**   kernel_test PREFIX [--dump FILE.safetensors] [--dump-bf16 FILE.safetensors] [-v]
+**   kernel_test PREFIX [--dump FILE.safetensors] [--dump-bf16 FILE.safetensors] [--first] [-v]
 **
+** --first stops at the first failing op (the suite's mutants need no more).
 ** Prints "PASS PREFIX/<op>-<dtype>" or "FAIL PREFIX/<op>-<dtype>: why" per op, the first
 ** mismatches and the max errors of a failing check, and with -v the max errors of every check.
 ** --dump writes every output of the f32 pass (F32), --dump-bf16 those of the bf16 pass (the
@@ -69,6 +70,8 @@ static void op_begin(void)
 }
 
 /* op: the name; typed: the op ran in this pass's storage dtype (its name gets "-f32"/"-bf16") */
+static int stop_first;          /* --first: exit after the first failing op */
+
 static void op_end(const char *op, int typed)
 {
     char name[64];
@@ -77,6 +80,10 @@ static void op_end(const char *op, int typed)
     else printf("PASS %s/%s\n", prefix, name);
     fflush(stdout);
     any_failed |= op_failed;
+    if (op_failed && stop_first) {           /* --first: the first failing op is the verdict */
+        rt_finalize();
+        exit(1);
+    }
 }
 
 static void fail(const char *fmt, ...) RT_PRINTF(1, 2);
@@ -1275,10 +1282,11 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump[0] = argv[++i];
         else if (!strcmp(argv[i], "--dump-bf16") && i + 1 < argc) dump[1] = argv[++i];
         else if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--first")) stop_first = 1;
         else if (!prefix && argv[i][0] != '-') prefix = argv[i];
         else {
             fprintf(stderr, "usage: kernel_test PREFIX [--dump FILE.safetensors] "
-                    "[--dump-bf16 FILE.safetensors] [-v]\n");
+                    "[--dump-bf16 FILE.safetensors] [--first] [-v]\n");
             rt_finalize();
             return 2;
         }

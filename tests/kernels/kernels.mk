@@ -13,6 +13,7 @@ KT_SRC   ?= lib
 KT_BUILD ?= build/test/kernels
 KT_FLAGS := -Iruntime -I$(KT_SRC) -Ilib -Itests/ref
 KT_EXTRA ?=                 # more flags for the kernels (the suite's mutants: -Wno-error)
+KT_TEST  ?= $(KT_BUILD)/kernel_test.o   # the test's object (the mutants share the suite's)
 ifeq ($(KT_SRC),lib)
 KT_CPU   := build/lib/kernels_cpu.o
 KT_CUDA  := build/lib/kernels_cuda.o
@@ -36,19 +37,19 @@ $(KT_BUILD)/kernels.o: $(KT_SRC)/kernels_cpu.c $(KT_SRC)/kernel_rows.h lib/kerne
 	$(Q)mkdir -p $(@D)
 	$(Q)$(MPICC) -std=c11 $(GEN_OPT) -g $(WARN) $(KT_FLAGS) $(KT_EXTRA) -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_cpu: $(KT_BUILD)/kernel_test.o $(KT_CPU) build/librt_cpu.a \
+$(KT_BUILD)/kernel_test_cpu: $(KT_TEST) $(KT_CPU) build/librt_cpu.a \
                              build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_CPU) build/ref/libref.a $(RT_CPU_LIBS)
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CPU) build/ref/libref.a $(RT_CPU_LIBS)
 
 $(KT_BUILD)/kernels_cuda.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h
 	$(E) "NVCC      $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(NVCC) $(RT_NVCC_FLAGS) $(KT_FLAGS) -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_cuda: $(KT_BUILD)/kernel_test.o $(KT_CUDA) build/librt_cuda.a \
+$(KT_BUILD)/kernel_test_cuda: $(KT_TEST) $(KT_CUDA) build/librt_cuda.a \
                               build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_BUILD)/kernel_test.o $(KT_CUDA) build/ref/libref.a $(RT_CUDA_LIBS)
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_LIBS)
 
 endif

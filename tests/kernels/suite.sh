@@ -75,13 +75,15 @@ mutate_one() {
         return
     fi
     # -O1: a mutant only has to be caught, not to be fast
-    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA=-Wno-error GEN_OPT=-O1 kernel-test \
+    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA=-Wno-error GEN_OPT=-O1 \
+            KT_TEST=$S/kernel_test.o kernel-test \
             > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
         fail mutant-$name "the mutant does not compile"
         return
     fi
-    RT_THREADS=2 RT_TIMEOUT=60 $d/kernel_test_cpu kernels/mutant > $d/run.out 2>&1
+    # one thread each (two mutants run at a time); the first failing op is enough
+    RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_cpu kernels/mutant --first > $d/run.out 2>&1
     caught=$(grep '^FAIL ' $d/run.out | sed 's/^FAIL kernels\/mutant\/\([^:]*\):.*/\1/' |
              tr '\n' ' ' | sed 's/ $//')
     if [ -n "$caught" ]; then pass "mutant-$name (caught by: $caught)"
