@@ -3,8 +3,13 @@
 ** test (nothing is asserted); run by bench/runtime_bench.sh.
 **   runtime_bench comm      (under mpirun) rt_allreduce / rt_allgather / rt_reduce_scatter vs
 **                           the blocking MPI calls on the same sizes: time and bus bandwidth
-**   runtime_bench gemm      rt_gemm GFLOP/s at GPT-2 124M training shapes (B*T = 256) vs
-**                           cblas_sgemm with OpenBLAS's own threads, at 1 and 2 threads
+**   runtime_bench gemm [ROUNDS [THREADS]]
+**                           rt_gemm GFLOP/s at GPT-2 124M training shapes (B*T = 256) and
+**                           2048^3, f32 and bf16 inputs, vs cblas_sgemm with OpenBLAS's own
+**                           threads and oneDNN's matmul with its own OpenMP threads, 1 and 2
+**                           (or THREADS only); best of ROUNDS (5) rounds
+**   runtime_bench small     per-head attention GEMMs inside rt_parallel_for: us per call of
+**                           rt_gemm, OpenBLAS and oneDNN (the small-GEMM threshold)
 **   runtime_bench threads   the threading trap: GEMM + elementwise sequences with one pool
 **                           vs OpenBLAS threads beside a pool; rt_parallel_for dispatch cost
 */
@@ -14,6 +19,9 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +145,7 @@ static const shape shapes[] = {
     { "attn QK^T x12", 0, 1, 256, 256, 64, 0.0f, 12 },
     { "attn PV x12", 0, 0, 256, 64, 256, 0.0f, 12 },
 };
+static const shape peak_shape = { "2048^3", 0, 0, 2048, 2048, 2048, 0.0f, 1 };
 
 static void set_pool(int threads)
 {
@@ -144,45 +153,171 @@ static void set_pool(int threads)
     rt__pool_init(threads);
 }
 
-/* GFLOP/s of one timed round (>= 0.1 s) of one shape: impl 0 = rt_gemm on a pool of
-** 'threads', 1 = cblas_sgemm with OpenBLAS running 'threads' threads itself. */
-static double gflops(const shape *s, int impl, int threads, float *A, float *B, float *C)
+/* oneDNN called directly, with its own OpenMP threads (the alternative to rt_gemm's parts on
+** the pool): one primitive over the whole batch, dense operands, library scratchpad. */
+typedef struct { dnnl_primitive_t prim; dnnl_memory_t mem[3]; } dnnl_call;
+static dnnl_engine_t bench_engine;
+static dnnl_stream_t bench_stream;
+
+#define BENCH_DNNL(x) \
+    do { dnnl_status_t st_ = (x); \
+         RT_CHECK(st_ == dnnl_success, "oneDNN: %s: %s", dnnl_status2str(st_), #x); } while (0)
+
+static void dnnl_call_make(dnnl_call *d, const shape *s, rt_dtype ab, int threads, void *A,
+                           void *B, void *C)
+{
+    if (!bench_engine) {
+        BENCH_DNNL(dnnl_engine_create(&bench_engine, dnnl_cpu, 0));
+        BENCH_DNNL(dnnl_stream_create(&bench_stream, bench_engine, dnnl_stream_default_flags));
+    }
+    omp_set_num_threads(threads);
+    dnnl_data_type_t t = ab == RT_BF16 ? dnnl_bf16 : dnnl_f32;
+    long m = s->m, n = s->n, k = s->k;
+    dnnl_dims_t da = { s->batch, m, k }, sa = { m * k, s->ta ? 1 : k, s->ta ? m : 1 };
+    dnnl_dims_t db = { s->batch, k, n }, sb = { k * n, s->tb ? 1 : n, s->tb ? k : 1 };
+    dnnl_dims_t dc = { s->batch, m, n }, sc = { m * n, n, 1 };
+    dnnl_memory_desc_t md[3];
+    BENCH_DNNL(dnnl_memory_desc_init_by_strides(&md[0], 3, da, t, sa));
+    BENCH_DNNL(dnnl_memory_desc_init_by_strides(&md[1], 3, db, t, sb));
+    BENCH_DNNL(dnnl_memory_desc_init_by_strides(&md[2], 3, dc, dnnl_f32, sc));
+    dnnl_matmul_desc_t desc;
+    BENCH_DNNL(dnnl_matmul_desc_init(&desc, &md[0], &md[1], NULL, &md[2]));
+    dnnl_primitive_attr_t attr;
+    BENCH_DNNL(dnnl_primitive_attr_create(&attr));
+    if (s->beta != 0.0f) {
+        dnnl_post_ops_t po;
+        BENCH_DNNL(dnnl_post_ops_create(&po));
+        BENCH_DNNL(dnnl_post_ops_append_sum(po, s->beta));
+        BENCH_DNNL(dnnl_primitive_attr_set_post_ops(attr, po));
+        dnnl_post_ops_destroy(po);
+    }
+    dnnl_primitive_desc_t pd;
+    BENCH_DNNL(dnnl_primitive_desc_create(&pd, &desc, attr, bench_engine, NULL));
+    BENCH_DNNL(dnnl_primitive_create(&d->prim, pd));
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_attr_destroy(attr);
+    void *ptr[3] = { A, B, C };
+    for (int i = 0; i < 3; i++)
+        BENCH_DNNL(dnnl_memory_create(&d->mem[i], &md[i], bench_engine, ptr[i]));
+}
+
+static void dnnl_call_run(const dnnl_call *d, int threads)
+{
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, d->mem[0] }, { DNNL_ARG_WEIGHTS, d->mem[1] },
+                                { DNNL_ARG_DST, d->mem[2] } };
+    omp_set_num_threads(threads);
+    BENCH_DNNL(dnnl_primitive_execute(d->prim, bench_stream, 3, args));
+}
+
+static void dnnl_call_free(dnnl_call *d)
+{
+    dnnl_primitive_destroy(d->prim);
+    for (int i = 0; i < 3; i++)
+        dnnl_memory_destroy(d->mem[i]);
+}
+
+enum { IMPL_RT, IMPL_OPENBLAS, IMPL_DNNL };
+
+/* GFLOP/s of one timed round (>= 0.1 s) of one shape: rt_gemm on a pool of 'threads', or
+** OpenBLAS / oneDNN (f32 or bf16 inputs) running 'threads' threads of their own. */
+static double gflops(const shape *s, int impl, rt_dtype ab, int threads, void *A, void *B,
+                     float *C)
 {
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
     long sa = (long)s->m * s->k, sb = (long)s->k * s->n, sc = (long)s->m * s->n;
-    if (impl == 0) {
-        openblas_set_num_threads(1);
-        set_pool(threads);
-    } else {
-        set_pool(1);
-        openblas_set_num_threads(threads);
-    }
+    dnnl_call d;
+    openblas_set_num_threads(impl == IMPL_OPENBLAS ? threads : 1);
+    set_pool(impl == IMPL_RT ? threads : 1);
+    if (impl == IMPL_DNNL)
+        dnnl_call_make(&d, s, ab, threads, A, B, C);
     int iters = 0;
     double t0 = rt_now(), el;
     do {
-        if (impl == 0)
+        if (impl == IMPL_RT)
             rt_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, A, lda, sa, B, ldb, sb, s->beta, C,
-                    s->n, sc, s->batch, RT_F32, RT_F32);
+                    s->n, sc, s->batch, ab, RT_F32);
+        else if (impl == IMPL_DNNL)
+            dnnl_call_run(&d, threads);
         else
             for (int b = 0; b < s->batch; b++)
                 cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans,
                             s->tb ? CblasTrans : CblasNoTrans, s->m, s->n, s->k, 1.0f,
-                            A + b * sa, lda, B + b * sb, ldb, s->beta, C + b * sc, s->n);
+                            (float *)A + b * sa, lda, (float *)B + b * sb, ldb, s->beta,
+                            C + b * sc, s->n);
         iters++;
         el = rt_now() - t0;
     } while (el < 0.1);
-    if (impl == 1 && threads > 1) {
+    if (impl == IMPL_DNNL)
+        dnnl_call_free(&d);
+    if (impl != IMPL_RT && threads > 1) {
         /* OpenBLAS's idle workers keep spinning for a while after a threaded call (the trap
-        ** bench_threads shows); let them go to sleep before the next measurement */
+        ** bench_threads shows; OpenMP's sleep at once under OMP_WAIT_POLICY=PASSIVE, which
+        ** runtime_bench.sh sets); let them go to sleep before the next measurement */
         struct timespec ts = { 0, 300 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }
     return 2.0 * s->m * s->n * (double)s->k * s->batch * iters / el * 1e-9;
 }
 
-static void bench_gemm(void)
+/* A table: one row per shape, the columns measured in turn in each of 'rounds' rounds; the
+** best round of each. On the shared 2-core VM the second core is now and then taken by other
+** guests (no steal time shows), which halves a 2-thread round; the median then mixes the
+** two states, the best round is the rate of an uncontended machine. */
+typedef struct { const char *head; int impl, threads; rt_dtype ab; } column;
+
+enum { MAX_ROUNDS = 50 };
+
+static void gemm_table(const char *title, const column *cols, int ncols, int rounds, void *A32,
+                       void *B32, void *A16, void *B16, float *C, double *peak)
 {
-    size_t maxa = 0, maxb = 0, maxc = 0;
+    printf("%s\n%-16s %5s %5s %5s ", title, "shape", "m", "n", "k");
+    for (int j = 0; j < ncols; j++)
+        printf(" %9s", cols[j].head);
+    printf("\n");
+    double sum[8] = { 0 }, r[8][MAX_ROUNDS], g[8];
+    int cnt = 0;
+    for (size_t i = 0; i <= sizeof shapes / sizeof shapes[0]; i++) {
+        const shape *s = i < sizeof shapes / sizeof shapes[0] ? &shapes[i] : &peak_shape;
+        for (int j = 0; j < ncols; j++) {           /* warm-up */
+            int bf = cols[j].ab == RT_BF16;
+            gflops(s, cols[j].impl, cols[j].ab, cols[j].threads, bf ? A16 : A32,
+                   bf ? B16 : B32, C);
+        }
+        for (int rep = 0; rep < rounds; rep++)
+            for (int j = 0; j < ncols; j++) {
+                int bf = cols[j].ab == RT_BF16;
+                r[j][rep] = gflops(s, cols[j].impl, cols[j].ab, cols[j].threads,
+                                   bf ? A16 : A32, bf ? B16 : B32, C);
+            }
+        printf("%-16s %5d %5d %5d ", s->name, s->m, s->n, s->k);
+        for (int j = 0; j < ncols; j++) {
+            g[j] = r[j][0];
+            for (int rep = 1; rep < rounds; rep++)
+                g[j] = r[j][rep] > g[j] ? r[j][rep] : g[j];
+            printf(" %9.1f", g[j]);
+            if (s != &peak_shape)
+                sum[j] += log(g[j]);
+            else
+                peak[j] = g[j];
+        }
+        printf("\n");
+        cnt += s != &peak_shape;
+    }
+    printf("%-16s %17s ", "geometric mean", "");
+    for (int j = 0; j < ncols; j++)
+        printf(" %9.1f", exp(sum[j] / cnt));
+    printf("\n%-16s %17s ", "  % of 2048^3", "");
+    for (int j = 0; j < ncols; j++)
+        printf(" %8.0f%%", 100 * exp(sum[j] / cnt) / peak[j]);
+    printf("\n\n");
+}
+
+/* rounds: per column and shape (best kept); threads: only the columns of that many threads
+** (0: all). */
+static void bench_gemm(int rounds, int threads)
+{
+    rounds = rounds < 1 ? 1 : rounds > MAX_ROUNDS ? MAX_ROUNDS : rounds;
+    size_t maxa = (size_t)2048 * 2048, maxb = maxa, maxc = maxa;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const shape *s = &shapes[i];
         size_t a = (size_t)s->m * s->k * s->batch, b = (size_t)s->k * s->n * s->batch;
@@ -192,35 +327,152 @@ static void bench_gemm(void)
         maxc = c > maxc ? c : maxc;
     }
     float *A = rt_malloc(maxa * 4), *B = rt_malloc(maxb * 4), *C = rt_malloc(maxc * 4);
+    uint16_t *A16 = rt_malloc(maxa * 2), *B16 = rt_malloc(maxb * 2);
     for (size_t i = 0; i < maxa; i++)
         A[i] = (float)((i * 7) % 13) * 0.01f;
     for (size_t i = 0; i < maxb; i++)
         B[i] = (float)((i * 5) % 11) * 0.01f;
-    printf("gemm: GFLOP/s, f32, GPT-2 124M shapes at B*T = 256 (median of 5 rounds, the four "
-           "columns measured in turn in each round; OpenBLAS columns: cblas_sgemm with its own "
-           "threads, batches as a loop of calls)\n");
-    printf("%-16s %5s %5s %5s   %9s %9s   %9s %9s\n", "shape", "m", "n", "k", "OpenBLAS1",
-           "rt 1thr", "OpenBLAS2", "rt 2thr");
-    double sum[4] = { 0, 0, 0, 0 };
-    int cnt = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        const shape *s = &shapes[i];
-        double r[4][5], g[4];
-        for (int j = 0; j < 4; j++)             /* warm-up */
-            gflops(s, j % 2 == 0, j < 2 ? 1 : 2, A, B, C);
-        for (int rep = 0; rep < 5; rep++)
-            for (int j = 0; j < 4; j++)
-                r[j][rep] = gflops(s, j % 2 == 0, j < 2 ? 1 : 2, A, B, C);
-        for (int j = 0; j < 4; j++)
-            g[j] = median(r[j], 5);
-        printf("%-16s %5d %5d %5d   %9.1f %9.1f   %9.1f %9.1f\n", s->name, s->m, s->n, s->k,
-               g[0], g[1], g[2], g[3]);
-        for (int j = 0; j < 4; j++)
-            sum[j] += log(g[j]);
-        cnt++;
+    rt__f32_to_bf16_n(A16, A, maxa);
+    rt__f32_to_bf16_n(B16, B, maxb);
+    printf("gemm: GFLOP/s at GPT-2 124M shapes (B*T = 256) and 2048^3, f32 C; best of %d "
+           "rounds, the columns measured in turn in each round. OpenBLAS: cblas_sgemm with its "
+           "own threads (batches as a loop of calls); dnnl omp: one oneDNN matmul with its own "
+           "OpenMP threads (OMP_WAIT_POLICY=PASSIVE); rt: rt_gemm on a pool of 1 or 2.\n",
+           rounds);
+    static const column f32[] = {
+        { "OpenBLAS1", IMPL_OPENBLAS, 1, RT_F32 }, { "dnnl 1", IMPL_DNNL, 1, RT_F32 },
+        { "rt 1thr", IMPL_RT, 1, RT_F32 }, { "OpenBLAS2", IMPL_OPENBLAS, 2, RT_F32 },
+        { "dnnl omp2", IMPL_DNNL, 2, RT_F32 }, { "rt 2thr", IMPL_RT, 2, RT_F32 },
+    };
+    static const column bf16[] = {
+        { "dnnl 1", IMPL_DNNL, 1, RT_BF16 }, { "rt 1thr", IMPL_RT, 1, RT_BF16 },
+        { "dnnl omp2", IMPL_DNNL, 2, RT_BF16 }, { "rt 2thr", IMPL_RT, 2, RT_BF16 },
+    };
+    column sel[8];
+    int n = 0;
+    double peak[8];
+    for (int j = 0; j < 6; j++)
+        if (!threads || f32[j].threads == threads)
+            sel[n++] = f32[j];
+    gemm_table("f32 inputs:", sel, n, rounds, A, B, A16, B16, C, peak);
+    n = 0;
+    for (int j = 0; j < 4; j++)
+        if (!threads || bf16[j].threads == threads)
+            sel[n++] = bf16[j];
+    gemm_table("bf16 inputs:", sel, n, rounds, A, B, A16, B16, C, peak);
+    rt_free(A);
+    rt_free(B);
+    rt_free(C);
+    rt_free(A16);
+    rt_free(B16);
+}
+
+/* -- Small GEMMs: per-head attention, the per-call cost ------------------------------------- */
+
+typedef struct { int impl, ta, tb, m, n, k, lda, ldb, ldc; const float *A, *B; float *C;
+                 dnnl_primitive_t prim; const dnnl_memory_desc_t *md; } small_ctx;
+
+static void small_body(void *ctx, int lo, int hi)
+{
+    const small_ctx *c = ctx;
+    for (int h = lo; h < hi; h++) {
+        const float *A = c->A + (size_t)h * 64, *B = c->B + (size_t)h * 64;
+        float *C = c->C + (size_t)h * c->m * c->ldc;
+        if (c->impl == IMPL_RT)
+            rt_gemm(c->ta, c->tb, c->m, c->n, c->k, 1.0f, A, c->lda, 0, B, c->ldb, 0, 0.0f, C,
+                    c->ldc, 0, 1, RT_F32, RT_F32);
+        else if (c->impl == IMPL_OPENBLAS)
+            cblas_sgemm(CblasRowMajor, c->ta ? CblasTrans : CblasNoTrans,
+                        c->tb ? CblasTrans : CblasNoTrans, c->m, c->n, c->k, 1.0f, A, c->lda,
+                        B, c->ldb, 0.0f, C, c->ldc);
+        else {      /* memory objects made per call, as rt_gemm does */
+            dnnl_memory_t mem[3];
+            void *ptr[3] = { (void *)A, (void *)B, C };
+            for (int i = 0; i < 3; i++)
+                BENCH_DNNL(dnnl_memory_create(&mem[i], &c->md[i], bench_engine, ptr[i]));
+            dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, mem[0] }, { DNNL_ARG_WEIGHTS, mem[1] },
+                                        { DNNL_ARG_DST, mem[2] } };
+            omp_set_num_threads(1);
+            BENCH_DNNL(dnnl_primitive_execute(c->prim, bench_stream, 3, args));
+            for (int i = 0; i < 3; i++)
+                dnnl_memory_destroy(mem[i]);
+        }
     }
-    printf("%-16s %17s   %9.1f %9.1f   %9.1f %9.1f\n", "geometric mean", "", exp(sum[0] / cnt),
-           exp(sum[1] / cnt), exp(sum[2] / cnt), exp(sum[3] / cnt));
+}
+
+/* Per-head GEMMs as the library's attention calls them (q, k, v interleaved at row stride
+** 3 * 768, one head per call inside rt_parallel_for over 12 heads): us per call on 1 and 2
+** threads for rt_gemm, OpenBLAS and oneDNN (the primitive made once, memory objects per call;
+** the shared stream is fine on the CPU). */
+static void bench_small(void)
+{
+    static const int sh[][6] = {    /* ta tb m n k (T, head 64) */
+        { 0, 1, 64, 64, 64, 0 }, { 0, 0, 64, 64, 64, 0 }, { 1, 0, 64, 64, 64, 0 },
+        { 0, 1, 96, 96, 64, 0 }, { 0, 1, 112, 112, 64, 0 }, { 0, 1, 128, 128, 64, 0 },
+        { 0, 0, 128, 64, 128, 0 },
+        { 0, 1, 256, 256, 64, 0 }, { 0, 0, 256, 64, 256, 0 },
+    };
+    size_t big = (size_t)256 * 2304 * 12;
+    float *A = rt_malloc(big * 4), *B = rt_malloc(big * 4), *C = rt_malloc(big * 4);
+    for (size_t i = 0; i < big; i++) {
+        A[i] = (float)((i * 7) % 13) * 0.01f;
+        B[i] = (float)((i * 5) % 11) * 0.01f;
+    }
+    openblas_set_num_threads(1);
+    printf("small: per-head attention GEMMs (row stride 2304 for q/k/v, 12 heads inside "
+           "rt_parallel_for), us per call (median of 5 rounds); rt_gemm sends f32 GEMMs under "
+           "%.1f MFLOP to OpenBLAS\n", 1.5);
+    printf("%-18s %7s   %8s %8s %8s   %8s %8s %8s\n", "shape (ta tb m n k)", "MFLOP", "rt 1thr",
+           "OpenBLAS", "dnnl", "rt 2thr", "OpenBLAS", "dnnl");
+    for (size_t i = 0; i < sizeof sh / sizeof sh[0]; i++) {
+        int ta = sh[i][0], tb = sh[i][1], m = sh[i][2], n = sh[i][3], k = sh[i][4];
+        int lda = ta ? 2304 : 2304, ldb = 2304, ldc = n;
+        small_ctx c = { 0, ta, tb, m, n, k, lda, ldb, ldc, A, B, C, NULL, NULL };
+        /* oneDNN on one head, 2-D with the same strides */
+        dnnl_call d;
+        static dnnl_memory_desc_t md[3];
+        dnnl_dims_t da = { m, k }, sa = { ta ? 1 : lda, ta ? lda : 1 };
+        dnnl_dims_t db = { k, n }, sb = { tb ? 1 : ldb, tb ? ldb : 1 };
+        dnnl_dims_t dc = { m, n }, sc = { ldc, 1 };
+        omp_set_num_threads(1);
+        if (!bench_engine) {
+            BENCH_DNNL(dnnl_engine_create(&bench_engine, dnnl_cpu, 0));
+            BENCH_DNNL(dnnl_stream_create(&bench_stream, bench_engine,
+                                          dnnl_stream_default_flags));
+        }
+        BENCH_DNNL(dnnl_memory_desc_init_by_strides(&md[0], 2, da, dnnl_f32, sa));
+        BENCH_DNNL(dnnl_memory_desc_init_by_strides(&md[1], 2, db, dnnl_f32, sb));
+        BENCH_DNNL(dnnl_memory_desc_init_by_strides(&md[2], 2, dc, dnnl_f32, sc));
+        dnnl_matmul_desc_t desc;
+        BENCH_DNNL(dnnl_matmul_desc_init(&desc, &md[0], &md[1], NULL, &md[2]));
+        dnnl_primitive_desc_t pd;
+        BENCH_DNNL(dnnl_primitive_desc_create(&pd, &desc, NULL, bench_engine, NULL));
+        BENCH_DNNL(dnnl_primitive_create(&d.prim, pd));
+        dnnl_primitive_desc_destroy(pd);
+        c.prim = d.prim;
+        c.md = md;
+        double r[6][5];
+        for (int rep = -1; rep < 5; rep++)
+            for (int col = 0; col < 6; col++) {
+                c.impl = col % 3 == 0 ? IMPL_RT : col % 3 == 1 ? IMPL_OPENBLAS : IMPL_DNNL;
+                set_pool(col < 3 ? 1 : 2);
+                long calls = 0;
+                double t0 = rt_now(), el;
+                do {
+                    rt_parallel_for(12, small_body, &c);
+                    calls += 12;
+                    el = rt_now() - t0;
+                } while (el < 0.05);
+                if (rep >= 0)
+                    r[col][rep] = el / (double)calls * 1e6 * (col < 3 ? 1 : 2);
+            }
+        printf("%d %d %4d %4d %4d   %7.2f  ", ta, tb, m, n, k, 2e-6 * m * n * k);
+        for (int col = 0; col < 6; col++)
+            printf(" %8.2f%s", median(r[col], 5), col == 2 ? "  " : "");
+        printf("\n");
+        dnnl_primitive_destroy(d.prim);
+    }
+    printf("(2-thread columns: us per call per thread, i.e. wall time x 2 / calls)\n");
     rt_free(A);
     rt_free(B);
     rt_free(C);
@@ -344,7 +596,9 @@ int main(int argc, char **argv)
     if (!strcmp(what, "comm"))
         bench_comm();
     else if (!strcmp(what, "gemm") && rt_rank() == 0)
-        bench_gemm();
+        bench_gemm(argc > 2 ? atoi(argv[2]) : 5, argc > 3 ? atoi(argv[3]) : 0);
+    else if (!strcmp(what, "small") && rt_rank() == 0)
+        bench_small();
     else if (!strcmp(what, "threads") && rt_rank() == 0)
         bench_threads();
     rt_finalize();

@@ -2,8 +2,9 @@
 # bench/train_bench.sh: our generated CPU training program against PyTorch (eager, CPU) on the
 # same model and batch, in one run (never part of make test). Per model
 # and thread count it prints ms/step and tokens/s of both and their ratio, our step's GFLOP/s
-# (GEMMs + attention, counted analytically) against OpenBLAS's sgemm peak measured here, and,
-# per model, where our step goes (bench/step_profile.c).
+# (GEMMs + attention, counted analytically) against OpenBLAS's sgemm peak measured here (the
+# oneDNN f32 and bf16 matmul peaks, bench/sgemm_peak.c, are printed beside it), and, per model,
+# where our step goes (bench/step_profile.c).
 #
 #   bench/train_bench.sh [tiny] [gpt2-t64] [gpt2-t256]     (default: all three)
 #   THREADS="1 2"  STEPS=N (timed steps, default per model)  WARMUP=N (default 2 or 5)
@@ -54,7 +55,7 @@ make -s --no-print-directory build/gen build/librt_cpu.a data/corpus.bin || exit
 BLAS_CFLAGS=$(pkg-config --cflags openblas) BLAS_LIBS=$(pkg-config --libs openblas)
 DNNL_LIBS="-ldnnl -lgomp"
 gcc -std=c11 -O2 -Wall -Wextra -Werror $BLAS_CFLAGS -o $B/sgemm_peak bench/sgemm_peak.c \
-    $BLAS_LIBS || exit 1
+    $BLAS_LIBS $DNNL_LIBS || exit 1
 WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd layernorm_bwd gelu_fwd gelu_bwd
       bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd ce_rowmax ce_sums
       ce_loss ce_bwd sum_rows adamw_step sumsq scale_inplace rt_gemm rt_memset0"
@@ -115,12 +116,14 @@ echo "train_bench: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's
      "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for t in $THREADS; do
     settle
-    taskset -c "$(cores "$t")" $B/sgemm_peak 2048 7 "$t"
+    OMP_WAIT_POLICY=PASSIVE taskset -c "$(cores "$t")" $B/sgemm_peak 2048 7 "$t"
 done > $B/peak.txt
-peak_of() { awk -v t="$1" '$2 == t { print $3 }' $B/peak.txt; }
+peak_of() { awk -v t="$1" '$1 == "peak" && $2 == t { print $3 }' $B/peak.txt; }
 for t in $THREADS; do
-    awk -v t="$t" '$2 == t { printf "OpenBLAS sgemm 2048^3, %d thread(s): %s GFLOP/s " \
-        "(min %s, max %s over 7)\n", t, $3, $4, $5 }' $B/peak.txt
+    awk -v t="$t" 'BEGIN { n["peak"] = "OpenBLAS sgemm"; n["peak_dnnl_f32"] = "oneDNN f32"
+        n["peak_dnnl_bf16"] = "oneDNN bf16" }
+        $2 == t && ($1 in n) { printf "%-14s 2048^3, %d thread(s): %s GFLOP/s " \
+        "(min %s, max %s over 7)\n", n[$1], t, $3, $4, $5 }' $B/peak.txt
 done
 echo
 

@@ -1,12 +1,12 @@
 /*
 ** rt_cuda.cu: the CUDA backend (build/librt_cuda.a): one device per rank (local rank modulo
 ** device count), device memory (counted for rt_mem_stats, cuBLAS's workspace included), cuBLAS
-** GEMM (f32 without TF32, f32 or bf16 in, f32 or bf16 out), the
-** Philox kernel, and communication over NCCL (one communicator per group, ids broadcast over
-** the group's MPI communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI
-** through pinned host staging. Everything runs on the legacy default stream; generated
-** kernels launch there too. NCCL calls and their completion are armed on the runtime's
-** watchdog thread (rt_common.c), which aborts the communicators and the job on expiry.
+** GEMM (f32 without TF32; f32 or bf16 inputs and output), the Philox kernel, and
+** communication over NCCL (one communicator per group, ids broadcast over the group's MPI
+** communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI through pinned host
+** staging. Everything runs on the legacy default stream; generated kernels launch there too.
+** NCCL calls and their completion are armed on the runtime's watchdog thread (rt_common.c),
+** which aborts the communicators and the job on expiry.
 */
 #include "rt_internal.h"   // defines: rt_group, rt__st, rt__h_*, rt__poll, rt__die, ...
 #include "rt_philox.h"     // defines: rt__normal_at (host and device)

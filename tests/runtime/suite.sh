@@ -73,8 +73,9 @@ for obj in rt_common rt_mpi rt_cpu rt_cuda; do
     own=$(defined "$O/$obj.o" $below)
     up=$(undefined "$O/$obj.o" | grep -E '^rt_' | grep -vxF "$own")
     case $obj in
-    rt_common) ext=$(undefined "$O/$obj.o" | grep -E '^(MPI_|ompi_|cuda|cublas|nccl|cblas_)') ;;
-    rt_mpi) ext=$(undefined "$O/$obj.o" | grep -E '^(cuda|cublas|nccl|cblas_)') ;;
+    rt_common) ext=$(undefined "$O/$obj.o" |
+                     grep -E '^(MPI_|ompi_|cuda|cublas|nccl|cblas_|openblas_|dnnl_|omp_)') ;;
+    rt_mpi) ext=$(undefined "$O/$obj.o" | grep -E '^(cuda|cublas|nccl|cblas_|openblas_|dnnl_|omp_)') ;;
     *) ext="" ;;
     esac
     if [ -n "$up$ext" ]; then
