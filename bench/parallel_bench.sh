@@ -11,18 +11,20 @@
 #               (docs/megatron.md §4-6) worked out below;
 #   memory      each rank's peak resident set (VmHWM) with and without DIST_OPT, its
 #               difference against what the optimizer state should save, and the byte
-#               table of docs/megatron.md §5.7.
+#               table of docs/megatron.md §5.7;
+#   bf16        (tiny) the same counts for pairs of layouts trained in f32 and with --bf16
+#               (TP, TP+SP, PP, DP+DIST_OPT), as the ratio bf16 / f32 per communicator and op.
 # Each rank runs one thread (RT_THREADS=1; BENCH_THREADS=n to change): world 1 uses one core,
 # world 2 both cores of the dev VM, world 4 oversubscribes them 2x. (On a shared machine a
 # 2-thread pool per rank loses badly to other load: its workers wait for each other.)
-# Usage: bench/parallel_bench.sh [tiny] [gpt2]     (default: both; gpt2 takes a few minutes)
+# Usage: bench/parallel_bench.sh [tiny] [gpt2] [bf16]   (default: all; gpt2 takes a few minutes)
 # Scratch and raw numbers: build/bench/parallel/. Timings on a shared 2-core VM vary ~15 %.
 cd "$(dirname "$0")/.." || exit 2
 B=build/bench/parallel
 mkdir -p "$B"
 MPIRUN="mpirun --oversubscribe --bind-to none"
 [ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
-what=${*:-tiny gpt2}
+what=${*:-tiny gpt2 bf16}
 export RT_THREADS=${BENCH_THREADS:-1}
 
 make -s --no-print-directory build/gen build/librt_cpu.a ref > "$B/make.log" 2>&1 ||
@@ -38,6 +40,7 @@ build() {
     args="$model --tp $tp --dp $dp --mbs $mbs"
     [ "$sp" = 1 ] && args="$args --sp"
     [ "$dop" = 1 ] && args="$args --dist-opt"
+    args="$args $EXTRA"         # more generator flags (the bf16 section)
     # shellcheck disable=SC2086
     build/gen $args $SEQ_ARG --out "$B/out/$name" > "$B/$name.gen.log" 2>&1 &&
     make -s --no-print-directory -j2 GEN_DIR="$B/out/$name" GEN_OBJ="$B/obj/$name" \
@@ -247,4 +250,69 @@ if [[ " $what " == *" gpt2 "* ]]; then
     measure gpt2_124m gpt2-tp2-dp2-sp 2 2 4 1 0 4
     measure gpt2_124m gpt2-tp2-dp2-sp-distopt 2 2 4 1 1 4
     print_tables "gpt2_124m (seq 64)" "8 x 64 tokens" | tee "$B/gpt2.txt"
+fi
+
+# -- bf16 against f32 (tiny): bytes moved per step by rank 0, per communicator -----------------
+# Megatron's --bf16 moves activations, their gradients and (DIST_OPT) the updated parameters in
+# bf16 and reduces the weight gradients in f32. The shim counts calls on 2-byte elements apart,
+# so for each communicator the table gives the bytes rank 0 moves per step (ring formulas, as
+# above) in the f32 run, and in the bf16 run those moved as f32 and as bf16; "same elements"
+# checks that the bf16 run moves exactly the f32 run's elements (f32 = as f32 + 2 x as bf16,
+# within the padding of a bf16 sum's blocks), so the ratio says what halving the activations
+# saves: 0.5 where only activations travel (tensor- and pipeline-parallel), 0.75 for the
+# data-parallel group with DIST_OPT (f32 gradients reduce-scattered, bf16 parameters gathered),
+# 1.0 for gradient all-reduces and the loss (with PP 2 the first and last stage also all-reduce
+# the tied embedding's f32 gradient over the same two ranks as their messages: 0.6 there).
+
+# traffic NAME WORLD STEPS: rank 0's "members op bytes-per-step" in $B/NAME.traffic
+traffic() {
+    local name=$1 w=$2 steps=$3
+    rm -f "$B/$name".k.* "$B/$name".z.*
+    run "$name" "$w" 1 z && run "$name" "$w" "$steps" k ||
+        { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$B/$name".[zk].log)"; return 1; }
+    awk -v K="$((steps - 1))" 'FNR == 1 { f++ } NF == 4 {
+            key = $2 " " $1; if (f == 1) z[key] += $4; else k[key] += $4; keys[key] = 1 }
+        END { for (key in keys) if (k[key] > z[key])
+                  printf "%s %.0f\n", key, (k[key] - z[key]) / K }' \
+        "$B/$name.z.0" "$B/$name.k.0" | sort > "$B/$name.traffic"
+}
+
+# bf16_pair NAME TP DP MBS SP DISTOPT FLAGS...: both precisions, one table row per communicator
+bf16_pair() {
+    local name=$1 tp=$2 dp=$3 mbs=$4 sp=$5 dop=$6 w
+    shift 6
+    EXTRA="$*" build tiny "$name" "$tp" "$dp" "$mbs" "$sp" "$dop" &&
+        EXTRA="$* --bf16" build tiny "$name-bf16" "$tp" "$dp" "$mbs" "$sp" "$dop" ||
+        { echo "$name: build failed: $(grep -m1 error "$B/$name"*.log)"; return; }
+    w=$(sed -n 's/.*"world": *\([0-9]*\).*/\1/p' "$B/out/$name/topology.json" | head -1)
+    traffic "$name" "$w" 6 && traffic "$name-bf16" "$w" 6 || return
+    cat "$B/$name.traffic" - "$B/$name-bf16.traffic" <<< "--" | awk -v name="$name" '
+        $1 == "--" { run = 2; next }
+        { n = split($1, m, ","); op = $2; half = sub(/\.bf16$/, "", op)
+          moved = (op == "allreduce") ? 2 * $3 * (n - 1) / n : (op == "send") ? $3 : $3 * (n - 1) / n
+          g[$1] = n
+          if (run != 2) f[$1] += moved; else if (half) b16[$1] += moved; else b32[$1] += moved }
+        END { for (k in g) {
+                  t = b32[k] + b16[k]; e = b32[k] + 2 * b16[k]
+                  printf "%-20s %-10s %12.0f %12.0f %12.0f %12.0f %6.3f  %s\n", name, "{" k "}",
+                         f[k], b32[k], b16[k], t, f[k] ? t / f[k] : 0,
+                         (e >= f[k] && e <= f[k] * 1.001) ? "yes" : "NO" } }' | sort
+}
+
+if [[ " $what " == *" bf16 "* ]]; then
+    [ -f "$B/tiny.bin" ] || build/ref/make_tokens --vocab 256 --tokens 200000 "$B/tiny.bin" > /dev/null
+    DATA=$B/tiny.bin INIT_ARG="" SEQ_ARG=""
+    {
+        echo
+        echo "== tiny: bytes moved per step by rank 0, per communicator (its members), f32 run"
+        echo "   against the --bf16 run (6 steps minus 1)"
+        printf "%-20s %-10s %12s %12s %12s %12s %6s  %s\n" layout group "f32 run" "bf16: as f32" \
+            "as bf16" total ratio "same elements"
+        bf16_pair tiny-tp2 2 1 16 0 0
+        bf16_pair tiny-tp2-sp 2 1 16 1 0
+        bf16_pair tiny-tp4-sp 4 1 16 1 0
+        bf16_pair tiny-pp2 1 1 4 0 0 --pp 2 --nmb 4
+        bf16_pair tiny-dp2-distopt 1 2 8 0 1
+        bf16_pair tiny-tp2-pp2-sp 2 1 4 1 0 --pp 2 --nmb 4
+    } | tee "$B/bf16.txt"
 fi

@@ -9,6 +9,10 @@
 **   allgather        group * recvcount * size (the gathered buffer)
 **   reduce_scatter   group * recvcount * size (the buffer before scattering)
 **   send             count * size            (point to point)
+** An MPI_Alltoall counts as a reduce_scatter (group * count * size): the runtime's only use of
+** it is the exchange of a bf16 sum (runtime/rt_mpi.c: bf16 travels as bf16 and each member
+** reduces its block), which moves what a ring reduce-scatter moves. A call on 2-byte elements
+** (bf16, moved as MPI_UINT16_T) is counted apart, as "<op>.bf16".
 ** It also follows aligned_alloc / free, the allocator of the CPU runtime's rt_malloc (the
 ** program's "device" memory: parameters, gradients, optimizer state, activations, scratch),
 ** and reports the peak of the bytes it holds.
@@ -23,7 +27,7 @@
 #include <string.h>
 
 #define MAX_COMMS 64
-#define MAX_OPS   8
+#define MAX_OPS   16           /* 8 ops, then the same on 2-byte elements */
 
 typedef struct {
     MPI_Comm comm;
@@ -32,8 +36,10 @@ typedef struct {
     long long calls[MAX_OPS], bytes[MAX_OPS];
 } comm_stat;
 
-static const char *const op_names[MAX_OPS] = { "allreduce", "allgather", "reduce_scatter",
-                                               "bcast", "send", "alltoallv", "", "" };
+static const char *const op_names[MAX_OPS] = {
+    "allreduce", "allgather", "reduce_scatter", "bcast", "send", "alltoallv", "", "",
+    "allreduce.bf16", "allgather.bf16", "reduce_scatter.bf16", "bcast.bf16", "send.bf16",
+    "alltoallv.bf16", "", "" };
 enum { OP_AR, OP_AG, OP_RS, OP_BC, OP_SEND, OP_A2A };
 
 static comm_stat stats[MAX_COMMS];
@@ -66,20 +72,28 @@ static comm_stat *stat_of(MPI_Comm comm)
     return s;
 }
 
-static void count(MPI_Comm comm, int op, long long bytes)
+static int type_size(MPI_Datatype t)
 {
-    comm_stat *s = stat_of(comm);
-    if (!s) return;
-    s->calls[op]++;
-    s->bytes[op] += bytes;
+    int size = 0;
+    PMPI_Type_size(t, &size);
+    return size;
 }
 
 static long long type_bytes(MPI_Datatype t, long long n)
 {
-    int size = 0;
-    PMPI_Type_size(t, &size);
-    return n * size;
+    return n * type_size(t);
 }
+
+/* bytes of elements of type t (2-byte elements: counted as "<op>.bf16") */
+static void count_t(MPI_Comm comm, int op, long long bytes, MPI_Datatype t)
+{
+    comm_stat *s = stat_of(comm);
+    if (!s) return;
+    if (type_size(t) == 2) op += 8;
+    s->calls[op]++;
+    s->bytes[op] += bytes;
+}
+#define count(comm, op, bytes) count_t(comm, op, bytes, t)
 
 static int comm_size(MPI_Comm c)
 {
@@ -104,7 +118,7 @@ int MPI_Iallreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI
 int MPI_Allgather(const void *s, int sn, MPI_Datatype st, void *r, int rn, MPI_Datatype rt,
                   MPI_Comm c)
 {
-    count(c, OP_AG, type_bytes(rt, (long long)rn * comm_size(c)));
+    count_t(c, OP_AG, type_bytes(rt, (long long)rn * comm_size(c)), rt);
     return PMPI_Allgather(s, sn, st, r, rn, rt, c);
 }
 
@@ -133,8 +147,15 @@ int MPI_Alltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype st, 
 {
     long long n = 0;
     for (int i = 0; i < comm_size(c); i++) n += sc[i];
-    count(c, OP_A2A, type_bytes(st, n));
+    count_t(c, OP_A2A, type_bytes(st, n), st);
     return PMPI_Alltoallv(s, sc, sd, st, r, rc, rd, rt, c);
+}
+
+int MPI_Alltoall(const void *s, int sn, MPI_Datatype st, void *r, int rn, MPI_Datatype rt,
+                 MPI_Comm c)
+{
+    count_t(c, OP_RS, type_bytes(st, (long long)sn * comm_size(c)), st);
+    return PMPI_Alltoall(s, sn, st, r, rn, rt, c);
 }
 
 /* -- aligned_alloc / free: bytes held (a pointer table, so other frees are told apart) ------ */

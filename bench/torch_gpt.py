@@ -4,7 +4,7 @@
 # Not a test and not a reference for numerics (tests/ref is): it only has to do the same work.
 #
 #   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 taskset -c 0-1 python3 bench/torch_gpt.py \
-#       --layers 4 --hidden 768 --heads 12 --vocab 50304 --seq 64 --batch 4 --threads 2
+#       --layers 12 --hidden 768 --heads 12 --vocab 50304 --seq 64 --batch 4 --threads 2 [--bf16]
 #
 # The model: GPT-2 as Megatron and our program train it: learned positions, pre-LN blocks,
 # fused qkv Linear, causal attention written out (q k^T * scale, mask, softmax, @ v: torch 1.13
@@ -82,6 +82,9 @@ def main():
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--bf16", action="store_true",
+                    help="forward under torch.autocast(cpu, bfloat16): bf16 matmuls, fp32 "
+                         "parameters, gradients and AdamW (torch's mixed precision on the CPU)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -98,7 +101,8 @@ def main():
         tok = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        loss = model(tok[:, :-1], tok[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(tok[:, :-1], tok[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -106,6 +110,7 @@ def main():
         if step >= a.warmup:
             ms.append(dt)
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "bf16": a.bf16,
                       "loss": round(loss.item(), 4), "ms": [round(x, 3) for x in ms],
                       "ms_median": round(statistics.median(ms), 3)}))
     sys.stdout.flush()

@@ -90,10 +90,10 @@ const int  *rt_group_members(const rt_group *g);             /* global ranks, by
 
 /* Blocking and watchdog-guarded; buffers are device memory on CUDA. Every member calls with
 ** the same n, t, op and root. n = 0 returns at once on every member (no communication), so
-** it is a no-op that cannot hang. bf16: on the CPU backend sums and maxima are computed in
-** f32 (bf16 -> f32 exactly, reduce, one round back to bf16 with round-to-nearest-even; NaN
-** stays NaN); NCCL reduces bf16 natively (rounding at each step). All members get the same
-** bits. i32/i64 sums wrap as two's complement (MPI/NCCL semantics). On the MPI paths (CPU,
+** it is a no-op that cannot hang. bf16: on the MPI paths the data travel as bf16 (half the
+** bytes of f32) and each member's share is reduced in f32 in group-rank order (bf16 -> f32
+** exactly, reduce, one round back to bf16 with round-to-nearest-even; NaN stays NaN); NCCL
+** reduces bf16 natively (rounding at each step). All members get the same bits. i32/i64 sums wrap as two's complement (MPI/NCCL semantics). On the MPI paths (CPU,
 ** cuda-mpi) allreduce, broadcast and p2p move any size (split into 2^30-element pieces);
 ** the per-member counts and displacements of allgather, reduce-scatter and alltoallv must
 ** fit in an int (2^31-1 elements), else the call aborts saying so. */

@@ -23,11 +23,9 @@ void (*rt__status_hook)(rt_err_kind kind, int status, char *buf, size_t len) = N
 static _Thread_local int tl_aborter;     /* this thread started the abort */
 
 /* Largest element count per MPI message (allreduce, broadcast and p2p are split into pieces
-** of at most this many elements; MPI counts are int). bf16 reductions go through an f32
-** scratch buffer in pieces of BF16_CHUNK elements. */
+** of at most this many elements; MPI counts are int). */
 #define CHUNK ((size_t)1 << 30)
-#define BF16_CHUNK ((size_t)1 << 24)
-#define PACK_BYTES ((size_t)8 << 20)   /* scratch for a packed reduce-scatter */
+#define PACK_BYTES ((size_t)8 << 20)   /* scratch for a packed reduce-scatter or a bf16 sum */
 
 /* -- Errors and waiting -------------------------------------------------------------------- */
 
@@ -84,7 +82,7 @@ static MPI_Datatype mpi_type(rt_dtype t)
 {
     switch (t) {
     case RT_F32:  return MPI_FLOAT;
-    case RT_BF16: return MPI_UINT16_T;     /* moved as bits; reductions go through f32 */
+    case RT_BF16: return MPI_UINT16_T;     /* moved as bits; reduced by bf16_reduce_block */
     case RT_I32:  return MPI_INT32_T;
     case RT_I64:  return MPI_INT64_T;
     default:      break;
@@ -441,7 +439,38 @@ rt_group *rt__group_check(rt_group *g, const char *op)
 /* -- Collectives on host buffers ----------------------------------------------------------- */
 
 /*
-** In-place allreduce of n elements (sum or max). bf16 is reduced in f32 (see rt.h).
+** bf16 reductions. MPI has no bf16 sum, and a user-defined one would round at every step of
+** MPI's algorithm. So bf16 travels as bf16 and is reduced here: pk holds one block of c
+** elements per member; an all-to-all gives each member its block from every member (the
+** bytes a ring reduce-scatter moves), which it reduces in f32 in group-rank order and rounds
+** once into out. Every member gets the same bits whatever MPI's algorithm (rt.h).
+*/
+static void bf16_reduce_block(uint16_t *out, const uint16_t *pk, size_t c, rt_op op,
+                              rt_group *g, const char *opn)
+{
+    size_t all = c * (size_t)g->size;
+    uint16_t *rv = rt__scratch(1, all * sizeof(uint16_t));
+    float *acc = rt__scratch(2, c * sizeof(float));
+    COLL(MPI_Alltoall(pk, (int)c, MPI_UINT16_T, rv, (int)c, MPI_UINT16_T, g->comm), opn, g);
+    rt__bf16_to_f32_n(acc, rv, c);
+    for (int b = 1; b < g->size; b++) {
+        const uint16_t *r = rv + (size_t)b * c;
+        if (op == RT_MAX) {
+            for (size_t j = 0; j < c; j++) {
+                float x = rt__bf16_to_f32(r[j]);
+                if (x > acc[j] || x != x) acc[j] = x;   /* NaN stays NaN */
+            }
+        } else {
+            for (size_t j = 0; j < c; j++) acc[j] += rt__bf16_to_f32(r[j]);
+        }
+    }
+    rt__f32_to_bf16_n(out, acc, c);
+}
+
+/*
+** In-place allreduce of n elements (sum or max). bf16: in slices of at most PACK_BYTES, each
+** cut into one block per member (the last padded with zeros), reduced by bf16_reduce_block and
+** all-gathered back.
 */
 void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
@@ -454,12 +483,17 @@ void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
         return;
     if (t == RT_BF16) {
         uint16_t *h = (uint16_t *)buf;
-        for (size_t off = 0; off < n; off += BF16_CHUNK) {
-            size_t c = n - off < BF16_CHUNK ? n - off : BF16_CHUNK;
-            float *f = rt__scratch(0, c * sizeof(float));
-            rt__bf16_to_f32_n(f, h + off, c);
-            COLL(MPI_Allreduce(MPI_IN_PLACE, f, (int)c, MPI_FLOAT, mop, g->comm), opn, g);
-            rt__f32_to_bf16_n(h + off, f, c);
+        size_t p = (size_t)g->size, slice = PACK_BYTES / sizeof(uint16_t) / p * p;
+        for (size_t off = 0; off < n; off += slice) {
+            size_t c = n - off < slice ? n - off : slice, blk = (c + p - 1) / p;
+            uint16_t *pk = rt__scratch(0, blk * p * sizeof(uint16_t));
+            uint16_t *mine = rt__scratch(3, blk * sizeof(uint16_t));
+            memcpy(pk, h + off, c * sizeof(uint16_t));
+            memset(pk + c, 0, (blk * p - c) * sizeof(uint16_t));
+            bf16_reduce_block(mine, pk, blk, op, g, opn);
+            COLL(MPI_Allgather(mine, (int)blk, MPI_UINT16_T, pk, (int)blk, MPI_UINT16_T,
+                               g->comm), opn, g);
+            memcpy(h + off, pk, c * sizeof(uint16_t));
         }
         return;
     }
@@ -499,11 +533,11 @@ void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_grou
 
 /*
 ** recv[n] <- sum over members of their send block rank(g) (send holds size*n elements).
-** recv may alias send (in place: send + rank*n); bf16 is reduced in f32. Those two cases go
-** through scratch, a slice of every block at a time (PACK_BYTES in all), so the transient
-** copy stays small however large the buffer -- the distributed optimizer reduce-scatters its
-** whole gradient buffer in place. A slice is packed before its result is written, so the
-** rest of send is read as it was.
+** recv may alias send (in place: send + rank*n); bf16 is reduced by bf16_reduce_block. Those
+** two cases go through scratch, a slice of every block at a time (PACK_BYTES in all), so the
+** transient copy stays small however large the buffer -- the distributed optimizer
+** reduce-scatters its whole gradient buffer in place. A slice is packed before its result is
+** written, so the rest of send is read as it was.
 */
 void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
@@ -523,25 +557,20 @@ void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt
         COLL(MPI_Reduce_scatter_block(send, recv, c, mpi_type(t), MPI_SUM, g->comm), opn, g);
         return;
     }
-    size_t ws = bf16 ? sizeof(float) : es;      /* element size while packed */
-    size_t slice = PACK_BYTES / (ws * (size_t)g->size);
+    size_t slice = PACK_BYTES / (es * (size_t)g->size);
     if (slice == 0)
         slice = 1;
     for (size_t off = 0; off < n; off += slice) {
         size_t c = n - off < slice ? n - off : slice;
-        char *pk = rt__scratch(0, c * ws * (size_t)g->size);
-        for (int b = 0; b < g->size; b++) {
-            const char *src = (const char *)send + ((size_t)b * n + off) * es;
-            if (bf16)
-                rt__bf16_to_f32_n((float *)pk + (size_t)b * c, (const uint16_t *)src, c);
-            else
-                memcpy(pk + (size_t)b * c * es, src, c * es);
-        }
-        char *out = bf16 ? rt__scratch(1, c * ws) : (char *)recv + off * es;
-        COLL(MPI_Reduce_scatter_block(pk, out, (int)c, bf16 ? MPI_FLOAT : mpi_type(t), MPI_SUM,
-                                      g->comm), opn, g);
+        char *pk = rt__scratch(0, c * es * (size_t)g->size);
+        for (int b = 0; b < g->size; b++)
+            memcpy(pk + (size_t)b * c * es, (const char *)send + ((size_t)b * n + off) * es,
+                   c * es);
         if (bf16)
-            rt__f32_to_bf16_n((uint16_t *)recv + off, (const float *)out, c);
+            bf16_reduce_block((uint16_t *)recv + off, (const uint16_t *)pk, c, RT_SUM, g, opn);
+        else
+            COLL(MPI_Reduce_scatter_block(pk, (char *)recv + off * es, (int)c, mpi_type(t),
+                                          MPI_SUM, g->comm), opn, g);
     }
 }
 

@@ -103,6 +103,9 @@ for np in 1 2 3 4; do
     run "coll-large-np$np" "$np" $B/t_coll_cpu --large 1048579
 done
 run coll-large-np8 8 $B/t_coll_cpu --large 300007
+# bf16 sums travel as bf16 in slices of 8 MiB (rt_mpi.c): above 4 Mi elements the allreduce
+# and the reduce-scatter take several, at a member count that does not divide the slice
+run coll-large-np3-bf16-slices 3 $B/t_coll_cpu --large 4194311
 run coll-single-no-mpirun 0 $B/t_coll_cpu 0 1 5 1000
 
 # -- Compute and memory (one rank, no mpirun): pool of 2 and of 1 ------------------------------
