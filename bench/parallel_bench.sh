@@ -74,8 +74,10 @@ buffer_size() {
 #   no SP: all-reduce N*C after the embedding, after each of the 2 row-parallel layers of a
 #          layer and before each of the 2 column-parallel inputs in its backward, of the
 #          head's input gradient, and [max | sum exp, target logit] of 3N for the loss;
-#   SP:    all-gather N*C before every column-parallel layer (2 per layer forward, 2 backward),
-#          of the head's input and of the embedding's gradient; reduce-scatter N*C after every
+#   SP:    all-gather N*C before every column-parallel layer (2 per layer forward; in backward
+#          2 of the row-parallel outputs' gradients and 2 re-gathers of the column-parallel
+#          inputs for their weight gradients, docs/megatron.md §9.3), of the head's input and of
+#          the embedding's gradient; reduce-scatter N*C after every
 #          row-parallel layer (2 forward) and column-parallel input gradient (2 backward) and of
 #          the head's input gradient; all-reduce N*C after the embedding and 3N for the loss;
 #          once per step the gradients of the SP parameters, (6L + 2)*C;
@@ -88,7 +90,7 @@ analytic() {
         -v N="$((MBS_OF_DP * T))" -v M=1 'BEGIN {
         if (tp > 1) {
             if (sp) {
-                printf "tp allgather %d\n", 4 * M * (4 * L + 2) * N * C
+                printf "tp allgather %d\n", 4 * M * (6 * L + 2) * N * C
                 printf "tp reduce_scatter %d\n", 4 * M * (4 * L + 1) * N * C
                 printf "tp allreduce %d\n", 4 * (M * (N * C + 3 * N) + (6 * L + 2) * C)
             } else {
@@ -119,6 +121,15 @@ label() {   # members tp dp
     [ "$m" = "$wg" ] && names+=(world)
     i="${names[*]}"
     echo "${i// /=}"
+}
+
+# per_step NAME STEPS: rank 0's "op members bytes" per step, (STEPS-step run - 1-step run) /
+# (STEPS - 1), from the shim's counts of the runs tagged k and z
+per_step() {
+    awk -v K="$(($2 - 1))" 'FNR == 1 { f++ } NF == 4 {
+            key = $1 " " $2; if (f == 1) z[key] += $4; else k[key] += $4; keys[key] = 1 }
+        END { for (key in keys) printf "%s %.0f\n", key, (k[key] - z[key]) / K }' \
+        "$B/$1.z.0" "$B/$1.k.0"
 }
 
 # measure MODEL_ARG NAME TP DP MBS SP DISTOPT STEPS: build, run, print one result row
@@ -153,10 +164,7 @@ measure() {
     echo "$name $w $peak $S $tp $dp $sp $dop $hwm" >> "$B/memory.raw"
     # bytes per step of rank 0 by group and op: (K-step run - 1-step run) / (K - 1)
     {
-        awk -v K="$((steps - 1))" 'FNR == 1 { f++ } NF == 4 {
-                key = $1 " " $2; if (f == 1) z[key] += $4; else k[key] += $4; keys[key] = 1 }
-            END { for (key in keys) printf "%s %.0f\n", key, (k[key] - z[key]) / K }' \
-            "$B/$name.z.0" "$B/$name.k.0" | while read -r op m bytes; do
+        per_step "$name" "$steps" | while read -r op m bytes; do
                 [ "$bytes" = 0 ] && continue
                 n=$(echo "$m" | tr ',' '\n' | wc -l)
                 echo "measured $(label "$m" "$tp" "$dp") $op $bytes $n"
@@ -264,17 +272,13 @@ fi
 # 1.0 for gradient all-reduces and the loss (with PP 2 the first and last stage also all-reduce
 # the tied embedding's f32 gradient over the same two ranks as their messages: 0.6 there).
 
-# traffic NAME WORLD STEPS: rank 0's "members op bytes-per-step" in $B/NAME.traffic
+# traffic NAME WORLD STEPS: rank 0's "op members bytes-per-step" in $B/NAME.traffic
 traffic() {
     local name=$1 w=$2 steps=$3
     rm -f "$B/$name".k.* "$B/$name".z.*
     run "$name" "$w" 1 z && run "$name" "$w" "$steps" k ||
         { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$B/$name".[zk].log)"; return 1; }
-    awk -v K="$((steps - 1))" 'FNR == 1 { f++ } NF == 4 {
-            key = $2 " " $1; if (f == 1) z[key] += $4; else k[key] += $4; keys[key] = 1 }
-        END { for (key in keys) if (k[key] > z[key])
-                  printf "%s %.0f\n", key, (k[key] - z[key]) / K }' \
-        "$B/$name.z.0" "$B/$name.k.0" | sort > "$B/$name.traffic"
+    per_step "$name" "$steps" | awk '$3 > 0' > "$B/$name.traffic"
 }
 
 # bf16_pair NAME TP DP MBS SP DISTOPT FLAGS...: both precisions, one table row per communicator
@@ -288,10 +292,10 @@ bf16_pair() {
     traffic "$name" "$w" 6 && traffic "$name-bf16" "$w" 6 || return
     cat "$B/$name.traffic" - "$B/$name-bf16.traffic" <<< "--" | awk -v name="$name" '
         $1 == "--" { run = 2; next }
-        { n = split($1, m, ","); op = $2; half = sub(/\.bf16$/, "", op)
+        { n = split($2, m, ","); op = $1; half = sub(/\.bf16$/, "", op)
           moved = (op == "allreduce") ? 2 * $3 * (n - 1) / n : (op == "send") ? $3 : $3 * (n - 1) / n
-          g[$1] = n
-          if (run != 2) f[$1] += moved; else if (half) b16[$1] += moved; else b32[$1] += moved }
+          g[$2] = n
+          if (run != 2) f[$2] += moved; else if (half) b16[$2] += moved; else b32[$2] += moved }
         END { for (k in g) {
                   t = b32[k] + b16[k]; e = b32[k] + 2 * b16[k]
                   printf "%-20s %-10s %12.0f %12.0f %12.0f %12.0f %6.3f  %s\n", name, "{" k "}",

@@ -4,9 +4,10 @@
 # tests/precision/bf16.txt (bf16 tracks f32 on one rank; every layout in bf16 tracks the
 # single-rank bf16 program; a control) and tests/precision/recompute.txt (recompute changes no
 # number, bit for bit, f32 and bf16, with PP and VP, TP and SP, DP and the distributed
-# optimizer, MoE), and tests/precision/gpu.txt (CUDA: built here, run on a GPU). Here: the inits, and the checks that are not comparisons of two runs:
-# bf16 checkpoints (--save writes the f32 main weights; load and save round-trip bit for
-# bit; --resume continues bit for bit), and the memory target of the headline layout.
+# optimizer, MoE), and tests/precision/gpu.txt (CUDA: built here, run on a GPU). Here: the
+# inits, and the checks that are not comparisons of two runs: bf16 checkpoints (--save writes
+# the f32 main weights; load and save round-trip bit for bit; --resume continues bit for bit),
+# and the memory target of the headline layout.
 # Every training run also checks its memory plan (tests/lib.sh: planned == allocated).
 . "$(dirname "$0")/../lib.sh" precision
 
