@@ -39,6 +39,7 @@ LAST_LAYERS   ?=
 MBS           ?=
 NMB           ?=
 SEQ           ?=
+CP_COMM       ?=
 SP            ?=
 DIST_OPT      ?=
 BF16          ?=
@@ -105,7 +106,7 @@ endif
 # Generator arguments from the make variables above (only the ones given).
 GENFLAGS = $(MODEL) \
     $(if $(TP),--tp $(TP)) $(if $(PP),--pp $(PP)) $(if $(DP),--dp $(DP)) \
-    $(if $(CP),--cp $(CP)) $(if $(EP),--ep $(EP)) $(if $(ETP),--etp $(ETP)) \
+    $(if $(CP),--cp $(CP)) $(if $(CP_COMM),--cp-comm $(CP_COMM)) $(if $(EP),--ep $(EP)) $(if $(ETP),--etp $(ETP)) \
     $(if $(VP),--vp $(VP)) $(if $(ORDER),--order $(ORDER)) \
     $(if $(FIRST_LAYERS),--first-layers $(FIRST_LAYERS)) \
     $(if $(LAST_LAYERS),--last-layers $(LAST_LAYERS)) \
@@ -200,7 +201,8 @@ help:
 	@echo "make check                    the fast tier: $(CHECK_SUITES) (seconds)"
 	@echo "make golden-update            rewrite the golden outputs (review the diff)"
 	@echo "make clean                    remove build/ and out/"
-	@echo "variables: MODEL TP PP DP CP EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS NMB SEQ"
+	@echo "variables: MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS"
+	@echo "           NMB SEQ BF16=1 RECOMPUTE RECOMPUTE_METHOD RECOMPUTE_LAYERS RECOMPUTE_MODULES"
 	@echo "           SP=1 DIST_OPT=1 RANK STEPS DATA RUN_ARGS V=1 GEN_OPT (generated code's flags)"
 
 echo:

@@ -35,6 +35,7 @@
     _("mbs",          INT,  "N",    "micro-batch size") \
     _("nmb",          INT,  "N",    "micro-batches per step") \
     _("seq",          INT,  "N",    "sequence length") \
+    _("cp-comm",      STR,  "C",    "context-parallel attention: p2p (ring, default) or a2a") \
     _("sp",           FLAG, "",     "sequence parallelism") \
     _("dist-opt",     FLAG, "",     "distributed optimizer") \
     _("bf16",         FLAG, "",     "bf16 mixed precision (f32 main weights, gradients)") \

@@ -30,7 +30,10 @@ extern "C" {
 ** a micro-batch are rows t*B + b (sequence-major); under sequence parallelism a tp rank holds
 ** the n_sp rows [tp_rank*n_sp, (tp_rank+1)*n_sp) between the layers' tensor-parallel regions. */
 typedef struct {
-    int B, T, C;              /* micro-batch, sequence length, channels */
+    int B, T, C;              /* micro-batch, sequence length on this rank (SEQ/CP), channels */
+    int seq, cp, cp_a2a;      /* the whole sequence; context-parallel size; all-to-all (1) or
+                              ** the p2p ring (0) (docs/megatron.md §12) */
+    int t_chunk;              /* positions per load-balanced chunk: SEQ/(2*CP) (T if CP = 1) */
     int N, n_sp;              /* tokens per micro-batch (T*B); held per tp rank (N/TP under SP) */
     int t_model;              /* rows of wpe (the model's sequence length) */
     int heads_local, head_dim;
@@ -39,7 +42,7 @@ typedef struct {
     int v_local;              /* vocabulary rows per tp rank (padded) */
     int nmb;                  /* micro-batches per step */
     float ln_eps, att_scale;  /* LayerNorm eps, 1/sqrt(head_dim) */
-    float dloss;              /* d(step loss)/d(token loss) = 1/(N*NMB) */
+    float dloss;              /* d(step loss)/d(token loss) = 1/(N*NMB) on this rank */
     int tp, sp;               /* tensor-parallel size; sequence parallelism (0/1) */
     rt_dtype act;             /* parameters and activations: RT_F32, or RT_BF16 (BF16=1) */
     int rc_attn, rc_ln, rc_mlp;   /* selective recompute: attention core, LayerNorms, MLP */
@@ -81,7 +84,7 @@ typedef struct {
 /* ORDER GPT_GROUP: the communicators a program may use: enum suffix, kind (topology.json). */
 #define GPT_GROUPS(_) \
     _(TP, "tp") _(DPCP, "dp-cp") _(PP, "pp") _(EMBD, "embd") _(MP, "mp") _(EP, "ep") \
-    _(ETP, "expt-tp") _(EDP, "expt-dp") _(TPEPPP, "tp-ep-pp")
+    _(ETP, "expt-tp") _(EDP, "expt-dp") _(TPEPPP, "tp-ep-pp") _(CP, "cp") _(TPCP, "tp-cp")
 typedef enum {
 #define GPT_GRP_ENUM(id, name) GPT_GRP_##id,
     GPT_GROUPS(GPT_GRP_ENUM)
@@ -220,7 +223,7 @@ typedef struct {
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
     _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_LOGITS) \
-    _(S_CE) _(S_TARGETS) \
+    _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
     _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_YE) \
     _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
     _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) _(MS_PIDX) \
@@ -355,6 +358,7 @@ typedef struct {
     int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
     int vocab_start, vocab_valid;          /* this tp rank's real vocabulary rows            */
     int pp_prev, pp_next;                  /* pipeline neighbours (global ranks, wrapping)   */
+    int cp_prev, cp_next;                  /* context-parallel ring neighbours (global)      */
     rt_group *grp[GPT_NGROUPS];            /* NULL: not created                              */
     gpt_chunk *chunk;                      /* [stage->nchunks]                               */
     const gpt_step_in *in;                 /* the step being run                             */
@@ -371,8 +375,9 @@ extern gpt_state gpt;
 int gpt_main(int argc, char **argv, const gpt_program *prog);
 extern const gpt_program gpt_program_desc;
 
-/* Pipeline message tags: activations forward, gradients backward. */
-enum { GPT_TAG_ACT = 0, GPT_TAG_GRAD = 1 };
+/* Message tags: pipeline activations forward, gradients backward; on the context-parallel
+** ring (model.c), K|V blocks and their dK|dV. */
+enum { GPT_TAG_ACT = 0, GPT_TAG_GRAD = 1, GPT_TAG_RING_KV = 2, GPT_TAG_RING_DKV = 3 };
 
 /* The model (model.c): one micro-batch through a chunk's pieces. x, out: (N_SP, C). */
 void gpt_embedding_fwd(int chunk, int mb, int slot);       /* tokens -> acts[slot].x */

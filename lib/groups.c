@@ -91,6 +91,10 @@ void lib_groups_create(const gpt_program *prog)
     int P = dn->size[GPT_AX_PP];
     gpt.pp_prev = r + ((gpt.pp_rank + P - 1) % P - gpt.pp_rank) * dn->stride[GPT_AX_PP];
     gpt.pp_next = r + ((gpt.pp_rank + 1) % P - gpt.pp_rank) * dn->stride[GPT_AX_PP];
+    /* context-parallel ring neighbours (docs/megatron.md §12) */
+    int CP = dn->size[GPT_AX_CP];
+    gpt.cp_prev = r + ((gpt.cp_rank + CP - 1) % CP - gpt.cp_rank) * dn->stride[GPT_AX_CP];
+    gpt.cp_next = r + ((gpt.cp_rank + 1) % CP - gpt.cp_rank) * dn->stride[GPT_AX_CP];
     /* this tp rank's vocabulary rows that are real (the rest of its rows is padding) */
     int vl = prog->dims.v_local, real = prog->vocab - gpt.tp_rank * vl;
     gpt.vocab_start = gpt.tp_rank * vl;

@@ -23,6 +23,9 @@ typedef struct {
     void *logits;         /* (N, V_LOCAL)      head stage only                               */
     float *ce;            /* (4 * N)           row max | sum exp | target logit | loss       */
     int *targets;         /* (N)               head stage only                               */
+    void *ring_kv;        /* (2, N, 2 C_LOCAL) K|V blocks on the context-parallel ring        */
+    float *ring_dkv;      /* (2, N, 2 C_LOCAL) their dK|dV, travelling with them (backward)   */
+    float *ring_acc;      /* (N, C_LOCAL)      the merged output / dq, f32                    */
 } lib_scratch;
 
 /* Parameters (model dtype) or, in the gradient copies, f32 gradients. */
@@ -138,6 +141,8 @@ void lib_groups_print(const gpt_program *prog);   /* --show-groups */
 /* train.c: the tensor list, built from the roles; index of a role's tensor. */
 void lib_tensors_build(const gpt_program *prog);
 int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert);
+/* Context parallelism (model.c): the global position of this rank's local position t. */
+int lib_cp_position(int t);
 
 /* moe.c */
 void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *out,

@@ -162,6 +162,16 @@ ROW_FN float att_lse(float m, float l) { return m + logf(l); }
 ROW_FN float att_prob(float s, float lse) { return vexpf(s - lse); }
 /* dscore = p (dp - sum_j p_j dp_j), with sum_j p_j dp_j = rowsum(dout * out) = dsum */
 ROW_FN float att_dscore(float p, float dp, float dsum) { return p * (dp - dsum); }
+/* Context parallelism merges the attention of one key block (normalised output o, log-sum-exp
+** l) into a running one (lse): the new log-sum-exp is log(e^lse + e^l) and the two outputs are
+** weighted by att_weight(lse, new) and att_weight(l, new). lse = -inf (nothing seen) gives
+** weights 0 and 1 exactly (libm's and CUDA's expf(-inf) = 0, unlike the clamped vexpf). */
+ROW_FN float att_merge_lse(float lse, float l)
+{
+    float m = lse > l ? lse : l;
+    return m + logf(expf(lse - m) + expf(l - m));
+}
+ROW_FN float att_weight(float l, float lse_new) { return expf(l - lse_new); }
 
 /* -- Mixture of experts: routing (f32) --------------------------------------------------------- */
 /*

@@ -73,6 +73,38 @@ void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl,
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
                    const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t);
 
+/* -- Context-parallel attention blocks (docs/megatron.md §10) ------------------------------- */
+/*
+** A block pairs Tq query positions with Tk key positions of one micro-batch: rows t*B + b of q
+** (rows of ldq elements; head h at column h*hd), of k and v (rows of ldkv elements). causal = 1:
+** both blocks hold the same positions (Tq = Tk; query i sees keys j <= i); causal = 0: every
+** key is visible (a block entirely earlier in the sequence). lse and dsum are f32 (B, Hl, ...)
+** with rows of lse_ld elements: element (b, h, i) at [(b*Hl + h)*lse_ld + i].
+*/
+
+/* Merge the block's attention into the running f32 output acc (rows t*B + b of Hl*hd,
+** normalised) and log-sum-exp lse: L = log(e^lse + e^l), acc = acc e^(lse - L) + o e^(l - L),
+** with o, l the block's normalised output and log-sum-exp. Start from acc = 0, lse = -inf. */
+void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
+                         const void *k, const void *v, int ldkv, int B, int Tq, int Tk, int Hl,
+                         int hd, int causal, float scale, rt_dtype t);
+/* dsum (B, Hl, T) f32 = rowsum(dout * out) over each head's channels (rows t*B + b of Hl*hd). */
+void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T, int Hl, int hd,
+                    rt_dtype t);
+/* The block's gradients, added (+=) to f32 dq (rows like dout: Hl*hd), dk and dv (rows of
+** lddkv elements), from the queries' final lse and dsum and dout (rows of Hl*hd). */
+void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void *dout,
+                         const float *lse, const float *dsum, int lse_ld, const void *q,
+                         int ldq, const void *k, const void *v, int ldkv, int B, int Tq, int Tk,
+                         int Hl, int hd, int causal, float scale, rt_dtype t);
+/* dst (rows x cols, rows of ldd elements, dtype dt) = src (rows of lds, dtype st): f32 <-> bf16
+** rounded to nearest even, or a copy. */
+void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st, size_t lds,
+               int rows, int cols);
+
+/* x[0..n) = v (f32) */
+void fill_f32(float *x, size_t n, float v);
+
 /* -- Vocabulary-parallel cross-entropy ---------------------------------------------------- */
 
 /* mx (N): the row maxima over this rank's 'valid' columns. */

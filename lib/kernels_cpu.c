@@ -161,6 +161,7 @@ typedef struct {
     const float *fsrc;
     size_t n;
     int N, OC;
+    float scale;          /* fill_f32's value */
     rt_dtype t, st;
 } pointwise_args;
 
@@ -334,11 +335,13 @@ static void mm(int add, float *restrict c, int ldc, const float *restrict a, int
 }
 
 typedef struct {
-    void *out, *dqkv;
+    void *out, *dqkv;               /* storage outputs (attention_fwd, attention_bwd) or NULL */
+    float *acc, *dqf, *dkf, *dvf;   /* f32 outputs merged / added into (the block calls) */
     float *lse, *dsum;
-    const void *qkv, *dout, *cout;
+    const void *q, *k, *v, *dout, *cout;
     const float *clse;
-    int B, T, Hl, hd, hdp, nt;
+    int ldq, ldkv, lddkv, lse_ld;   /* row widths (elements) of q, of k and v, of dk and dv */
+    int B, Tq, Tk, Hl, hd, hdp, nt, nkt, causal, dsum_given;
     float scale;
     rt_dtype t;
 } attention_args;
@@ -352,12 +355,23 @@ static float *scratch(size_t n)
     return p;
 }
 
-/* The pointers of head h of batch element b: q (k, v follow at C, 2C) and out / dout. */
-#define HEAD_ROWS(a, bh, q, o)                                                          \
-    int b_ = (bh) / (a)->Hl, h_ = (bh) % (a)->Hl, C_ = (a)->Hl * (a)->hd;                \
-    size_t ld = (size_t)(a)->B * 3 * C_, ldo = (size_t)(a)->B * C_;                      \
-    size_t q = (size_t)b_ * 3 * C_ + (size_t)h_ * (a)->hd;                               \
-    size_t o = (size_t)b_ * C_ + (size_t)h_ * (a)->hd
+/* Head h of batch element b: element offsets of its q, of its k and v, of its out / dout and of
+** its dk and dv; the row strides ldq (q), ldk (k, v), ldo (out, dout), ldg (dk, dv). */
+#define HEAD_ROWS(a, bh)                                                                    \
+    int b_ = (bh) / (a)->Hl, h_ = (bh) % (a)->Hl, C_ = (a)->Hl * (a)->hd;                    \
+    size_t ldq = (size_t)(a)->B * (a)->ldq, ldk = (size_t)(a)->B * (a)->ldkv;                \
+    size_t ldo = (size_t)(a)->B * C_, ldg = (size_t)(a)->B * (a)->lddkv;                     \
+    size_t q = (size_t)b_ * (a)->ldq + (size_t)h_ * (a)->hd;                                 \
+    size_t kv = (size_t)b_ * (a)->ldkv + (size_t)h_ * (a)->hd;                               \
+    size_t o = (size_t)b_ * C_ + (size_t)h_ * (a)->hd;                                       \
+    size_t g = (size_t)b_ * (a)->lddkv + (size_t)h_ * (a)->hd
+
+/* nr rows of hd channels of an f32 tile (rows of sld) times mul, added to f32 rows of ld. */
+static void add_tile(float *dst, size_t ld, const float *src, int sld, int nr, int hd, float mul)
+{
+    for (int r = 0; r < nr; r++)
+        for (int d = 0; d < hd; d++) dst[r * ld + d] += src[(size_t)r * sld + d] * mul;
+}
 
 /*
 ** The online softmax over one tile of scores st[c][i] (key c, query i; rows of AT): the new
@@ -418,44 +432,71 @@ static void tile_prob_ds(float *restrict pt, float *restrict dst, const float *r
     }
 }
 
+/* The finished query tile (output on, maxima mx, sums l; nq rows) of head bh: stored with its
+** lse (attention_fwd), or merged into the running acc and lse (attention_fwd_block). */
+static void fwd_tile_out(const attention_args *a, int bh, size_t o, size_t ldo, int q0, int nq,
+                         float *on, const float *mx, const float *l)
+{
+    int hd = a->hd, hdp = a->hdp;
+    float *lse = a->lse + (size_t)bh * a->lse_ld + q0;
+    for (int i = 0; i < nq; i++) {
+        float inv = 1.0f / l[i], li = att_lse(mx[i], l[i]);
+        if (!a->acc) {
+            lse[i] = li;
+            for (int d = 0; d < hd; d++) on[i * hdp + d] *= inv;
+            continue;
+        }
+        float L = att_merge_lse(lse[i], li), w0 = att_weight(lse[i], L);
+        float w1 = att_weight(li, L) * inv, *acc = a->acc + o + (size_t)(q0 + i) * ldo;
+        for (int d = 0; d < hd; d++) acc[d] = acc[d] * w0 + on[i * hdp + d] * w1;
+        lse[i] = L;
+    }
+    if (!a->acc)
+        BY_TYPE(a->t, att_store_tile, elem(a->out, o + (size_t)q0 * ldo, a->t), ldo, on, hdp,
+                nq, hd, 1.0f);
+}
+
 static void attention_fwd_task(void *ctx, int lo, int hi)
 {
     const attention_args *a = ctx;
-    int T = a->T, hd = a->hd, hdp = a->hdp, nt = a->nt;
-    size_t Tp = (size_t)nt * AT, tile = (size_t)AT * hdp;
+    int Tk = a->Tk, hd = a->hd, hdp = a->hdp, nt = a->nt;
+    size_t Tp = (size_t)a->nkt * AT, tile = (size_t)AT * hdp;
     float *buf = scratch(2 * Tp * hdp + 2 * tile + (size_t)AT * AT + 3 * AT);
     float *kall = buf, *vall = kall + Tp * hdp, *qt = vall + Tp * hdp, *on = qt + tile;
     float *st = on + tile, *mx = st + AT * AT, *l = mx + AT, *tm = l + AT;
     int cached = -1, loaded = 0;    /* the (b, h) whose k, v rows [0, loaded) are in kall, vall */
     for (int task = lo; task < hi; task++) {
-        /* query tiles in the order 0, nt-1, 1, nt-2, ...: contiguous ranges of tasks get
+        /* causal: query tiles in the order 0, nt-1, 1, nt-2, ...: contiguous ranges of tasks get
         ** equal work although tile qi costs qi + 1 key tiles */
-        int bh = task / nt, j = task % nt, qi = j % 2 ? nt - 1 - j / 2 : j / 2;
-        HEAD_ROWS(a, bh, q, o);
-        int q0 = qi * AT, nq = MIN(AT, T - q0), need = q0 + AT;
+        int bh = task / nt, j = task % nt;
+        int qi = !a->causal ? j : j % 2 ? nt - 1 - j / 2 : j / 2;
+        HEAD_ROWS(a, bh);
+        (void)g, (void)ldg;
+        int q0 = qi * AT, nq = MIN(AT, a->Tq - q0), need = a->causal ? q0 + AT : (int)Tp;
         if (bh != cached) {
             cached = bh;
             loaded = 0;
         }
         if (need > loaded) {        /* the keys and values up to this tile, widened once */
-            size_t k = q + C_ + (size_t)loaded * ld, v = k + C_;
+            size_t at = (size_t)loaded * ldk;
             BY_TYPE(a->t, att_load_tile, kall + (size_t)loaded * hdp, hdp, 0,
-                    celem(a->qkv, k, a->t), ld, MIN(T, need) - loaded, need - loaded, hd, hdp,
-                    1.0f);
+                    celem(a->k, kv + at, a->t), ldk, MIN(Tk, need) - loaded, need - loaded, hd,
+                    hdp, 1.0f);
             BY_TYPE(a->t, att_load_tile, vall + (size_t)loaded * hdp, hdp, 0,
-                    celem(a->qkv, v, a->t), ld, MIN(T, need) - loaded, need - loaded, hd, hdp,
-                    1.0f);
+                    celem(a->v, kv + at, a->t), ldk, MIN(Tk, need) - loaded, need - loaded, hd,
+                    hdp, 1.0f);
             loaded = need;
         }
-        const void *qsrc = celem(a->qkv, q + (size_t)q0 * ld, a->t);
-        BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ld, nq, AT, hd, hd, a->scale);
+        const void *qsrc = celem(a->q, q + (size_t)q0 * ldq, a->t);
+        BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ldq, nq, AT, hd, hd, a->scale);
         for (int i = 0; i < AT; i++) {
             mx[i] = -INFINITY;
             l[i] = 0.0f;
         }
         memset(on, 0, tile * sizeof(float));
-        for (int kj = 0; kj <= qi; kj++) {          /* key tiles up to the diagonal */
-            int k0 = kj * AT, nk = MIN(AT, T - k0), diag = kj == qi;
+        int last = a->causal ? qi : a->nkt - 1;
+        for (int kj = 0; kj <= last; kj++) {        /* key tiles up to the diagonal (causal) */
+            int k0 = kj * AT, nk = MIN(AT, Tk - k0), diag = a->causal && kj == qi;
             const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
             /* st[c][i] = score of key c, query i (q already scaled) */
             mm(0, st, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
@@ -466,91 +507,211 @@ static void attention_fwd_task(void *ctx, int lo, int hi)
             /* on[i][d] += sum_c p[c][i] v[c][d] */
             mm(1, on, hdp, st, 1, AT, vn, hdp, AT, hdp, nk);
         }
-        float *lse = a->lse + (size_t)bh * T + q0;
-        for (int i = 0; i < nq; i++) {
-            float inv = 1.0f / l[i];
-            lse[i] = att_lse(mx[i], l[i]);
-            for (int d = 0; d < hd; d++) on[i * hdp + d] *= inv;
-        }
-        BY_TYPE(a->t, att_store_tile, elem(a->out, o + (size_t)q0 * ldo, a->t), ldo, on, hdp, nq,
-                hd, 1.0f);
+        fwd_tile_out(a, bh, o, ldo, q0, nq, on, mx, l);
     }
     free(buf);
+}
+
+static void attention_dsum_task(void *ctx, int lo, int hi)
+{
+    const attention_args *a = ctx;
+    for (int bh = lo; bh < hi; bh++) {
+        HEAD_ROWS(a, bh);
+        (void)q, (void)kv, (void)g, (void)ldq, (void)ldk, (void)ldg;
+        BY_TYPE(a->t, att_dsum_rows, a->dsum + (size_t)bh * a->lse_ld,
+                celem(a->dout, o, a->t), celem(a->cout, o, a->t), ldo, a->hd, 0, a->Tq);
+    }
 }
 
 static void attention_bwd_task(void *ctx, int lo, int hi)
 {
     const attention_args *a = ctx;
-    int T = a->T, hd = a->hd, hdp = a->hdp, nt = a->nt;
-    size_t Tp = (size_t)nt * AT, tile = (size_t)AT * hdp;
+    int Tq = a->Tq, Tk = a->Tk, hd = a->hd, hdp = a->hdp, nt = a->nt;
+    size_t Tp = (size_t)a->nkt * AT, tile = (size_t)AT * hdp;
     float *buf = scratch(4 * Tp * hdp + 5 * tile + 2 * (size_t)AT * AT + 2 * AT);
     float *kall = buf, *vall = kall + Tp * hdp, *dkall = vall + Tp * hdp;
     float *dvall = dkall + Tp * hdp, *qt = dvall + Tp * hdp, *dot = qt + tile;
     float *qn = dot + tile, *don = qn + tile, *dq = don + tile, *pt = dq + tile;
     float *dst = pt + AT * AT, *lse = dst + AT * AT, *dsum = lse + AT;
+    if (!a->dsum_given) attention_dsum_task((void *)a, lo, hi);
     for (int bh = lo; bh < hi; bh++) {
-        HEAD_ROWS(a, bh, q, o);
-        const void *dout = celem(a->dout, o, a->t);
-        BY_TYPE(a->t, att_dsum_rows, a->dsum + (size_t)bh * T, dout, celem(a->cout, o, a->t),
-                ldo, hd, 0, T);
-        BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->qkv, q + C_, a->t), ld, T, (int)Tp,
-                hd, hdp, 1.0f);
-        BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->qkv, q + 2 * (size_t)C_, a->t), ld,
-                T, (int)Tp, hd, hdp, 1.0f);
+        HEAD_ROWS(a, bh);
+        const float *lse_bh = a->clse + (size_t)bh * a->lse_ld;
+        const float *dsum_bh = a->dsum + (size_t)bh * a->lse_ld;
+        BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->k, kv, a->t), ldk, Tk, (int)Tp, hd,
+                hdp, 1.0f);
+        BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->v, kv, a->t), ldk, Tk, (int)Tp, hd,
+                hdp, 1.0f);
         memset(dkall, 0, 2 * Tp * hdp * sizeof(float));
         for (int qi = 0; qi < nt; qi++) {
-            int q0 = qi * AT, nq = MIN(AT, T - q0);
-            const void *qsrc = celem(a->qkv, q + (size_t)q0 * ld, a->t);
+            int q0 = qi * AT, nq = MIN(AT, Tq - q0);
+            const void *qsrc = celem(a->q, q + (size_t)q0 * ldq, a->t);
             const void *dsrc = celem(a->dout, o + (size_t)q0 * ldo, a->t);
-            BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ld, nq, AT, hd, hd, a->scale);
-            BY_TYPE(a->t, att_load_tile, qn, hdp, 0, qsrc, ld, nq, AT, hd, hdp, a->scale);
+            BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ldq, nq, AT, hd, hd, a->scale);
+            BY_TYPE(a->t, att_load_tile, qn, hdp, 0, qsrc, ldq, nq, AT, hd, hdp, a->scale);
             BY_TYPE(a->t, att_load_tile, dot, AT, 1, dsrc, ldo, nq, AT, hd, hd, 1.0f);
             BY_TYPE(a->t, att_load_tile, don, hdp, 0, dsrc, ldo, nq, AT, hd, hdp, 1.0f);
             for (int i = 0; i < AT; i++) {     /* padding rows: finite, and never summed */
-                lse[i] = i < nq ? a->clse[(size_t)bh * T + q0 + i] : 0.0f;
-                dsum[i] = i < nq ? a->dsum[(size_t)bh * T + q0 + i] : 0.0f;
+                lse[i] = i < nq ? lse_bh[q0 + i] : 0.0f;
+                dsum[i] = i < nq ? dsum_bh[q0 + i] : 0.0f;
             }
             memset(dq, 0, tile * sizeof(float));
-            for (int kj = 0; kj <= qi; kj++) {      /* key tiles up to the diagonal */
-                int k0 = kj * AT, nk = MIN(AT, T - k0);
+            int last = a->causal ? qi : a->nkt - 1;
+            for (int kj = 0; kj <= last; kj++) {    /* key tiles up to the diagonal (causal) */
+                int k0 = kj * AT, nk = MIN(AT, Tk - k0);
                 const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
                 /* pt[c][i] = p of key c, query i, recomputed; dst = ds */
                 mm(0, pt, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
                 mm(0, dst, AT, vn, hdp, 1, dot, AT, AT, AT, hd);
-                tile_prob_ds(pt, dst, lse, dsum, kj == qi);
+                tile_prob_ds(pt, dst, lse, dsum, a->causal && kj == qi);
                 /* this query tile's share of key tile kj: dv += p^T dout, dk += ds^T q */
                 mm(1, dvall + (size_t)k0 * hdp, hdp, pt, AT, 1, don, hdp, AT, hdp, nq);
                 mm(1, dkall + (size_t)k0 * hdp, hdp, dst, AT, 1, qn, hdp, AT, hdp, nq);
                 /* dq += ds k */
                 mm(1, dq, hdp, dst, 1, AT, kn, hdp, AT, hdp, nk);
             }
-            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + (size_t)q0 * ld, a->t), ld, dq, hdp,
-                    nq, hd, a->scale);
+            if (a->dqf)
+                add_tile(a->dqf + o + (size_t)q0 * ldo, ldo, dq, hdp, nq, hd, a->scale);
+            else
+                BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + (size_t)q0 * ldq, a->t), ldq, dq,
+                        hdp, nq, hd, a->scale);
         }
-        BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + C_, a->t), ld, dkall, hdp, T, hd, 1.0f);
-        BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + 2 * (size_t)C_, a->t), ld, dvall, hdp, T,
-                hd, 1.0f);
+        if (a->dkf) {
+            add_tile(a->dkf + g, ldg, dkall, hdp, Tk, hd, 1.0f);
+            add_tile(a->dvf + g, ldg, dvall, hdp, Tk, hd, 1.0f);
+        } else {
+            size_t C = (size_t)C_;
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + C, a->t), ldq, dkall, hdp, Tk, hd,
+                    1.0f);
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + 2 * C, a->t), ldq, dvall, hdp, Tk,
+                    hd, 1.0f);
+        }
     }
     free(buf);
+}
+
+/* The arguments every attention call shares: the shapes and the q, k, v operands. */
+static attention_args att_args(const void *q, int ldq, const void *k, const void *v, int ldkv,
+                               int B, int Tq, int Tk, int Hl, int hd, int causal, float scale,
+                               rt_dtype t)
+{
+    return (attention_args){ .q = q, .k = k, .v = v, .ldq = ldq, .ldkv = ldkv, .B = B,
+                             .Tq = Tq, .Tk = Tk, .Hl = Hl, .hd = hd,
+                             .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(Tq, AT),
+                             .nkt = CEIL_DIV(Tk, AT), .causal = causal, .scale = scale,
+                             .t = storage(t) };
 }
 
 void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
                    float scale, rt_dtype t)
 {
-    attention_args a = { .out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .Hl = Hl, .hd = hd,
-                         .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(T, AT), .scale = scale,
-                         .t = storage(t) };
+    size_t C = (size_t)Hl * hd;
+    attention_args a = att_args(qkv, 3 * (int)C, celem(qkv, C, t), celem(qkv, 2 * C, t),
+                                3 * (int)C, B, T, T, Hl, hd, 1, scale, t);
+    a.out = out;
+    a.lse = lse;
+    a.lse_ld = T;
     rt_parallel_for(B * Hl * a.nt, attention_fwd_task, &a);
 }
 
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
                    const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
 {
-    attention_args a = { .dqkv = dqkv, .dsum = dsum, .dout = dout, .cout = out, .clse = lse,
-                         .qkv = qkv, .B = B, .T = T, .Hl = Hl, .hd = hd,
-                         .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(T, AT), .scale = scale,
-                         .t = storage(t) };
+    size_t C = (size_t)Hl * hd;
+    attention_args a = att_args(qkv, 3 * (int)C, celem(qkv, C, t), celem(qkv, 2 * C, t),
+                                3 * (int)C, B, T, T, Hl, hd, 1, scale, t);
+    a.dqkv = dqkv;
+    a.dsum = dsum;
+    a.dout = dout;
+    a.cout = out;
+    a.clse = lse;
+    a.lse_ld = T;
     rt_parallel_for(B * Hl, attention_bwd_task, &a);
+}
+
+void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
+                         const void *k, const void *v, int ldkv, int B, int Tq, int Tk, int Hl,
+                         int hd, int causal, float scale, rt_dtype t)
+{
+    RT_CHECK(!causal || Tq == Tk, "attention_fwd_block: a causal block needs Tq (%d) == Tk (%d)",
+             Tq, Tk);
+    attention_args a = att_args(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, t);
+    a.acc = acc;
+    a.lse = lse;
+    a.lse_ld = lse_ld;
+    rt_parallel_for(B * Hl * a.nt, attention_fwd_task, &a);
+}
+
+void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T, int Hl, int hd,
+                    rt_dtype t)
+{
+    attention_args a = att_args(NULL, 0, NULL, NULL, 0, B, T, T, Hl, hd, 1, 1.0f, t);
+    a.dsum = dsum;
+    a.dout = dout;
+    a.cout = out;
+    a.lse_ld = T;
+    rt_parallel_for(B * Hl, attention_dsum_task, &a);
+}
+
+void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void *dout,
+                         const float *lse, const float *dsum, int lse_ld, const void *q,
+                         int ldq, const void *k, const void *v, int ldkv, int B, int Tq, int Tk,
+                         int Hl, int hd, int causal, float scale, rt_dtype t)
+{
+    RT_CHECK(!causal || Tq == Tk, "attention_bwd_block: a causal block needs Tq (%d) == Tk (%d)",
+             Tq, Tk);
+    attention_args a = att_args(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, t);
+    a.dqf = dq;
+    a.dkf = dk;
+    a.dvf = dv;
+    a.lddkv = lddkv;
+    a.dout = dout;
+    a.clse = lse;
+    a.dsum = (float *)dsum;
+    a.dsum_given = 1;
+    a.lse_ld = lse_ld;
+    rt_parallel_for(B * Hl, attention_bwd_task, &a);
+}
+
+static void fill_task(void *p, int lo, int hi)
+{
+    const pointwise_args *a = p;
+    BLOCK_RANGE(a, lo, hi, i0, i1);
+    for (size_t i = i0; i < i1; i++) a->grad[i] = a->scale;
+}
+
+void fill_f32(float *x, size_t n, float v)
+{
+    pointwise_args a = { .grad = x, .n = n, .scale = v };
+    rt_parallel_for(blocks(n), fill_task, &a);
+}
+
+typedef struct {
+    void *dst;
+    const void *src;
+    rt_dtype dt, st;
+    size_t ldd, lds;
+    int cols;
+} cols_args;
+
+static void copy_cols_task(void *p, int lo, int hi)
+{
+    const cols_args *a = p;
+    for (int r = lo; r < hi; r++) {
+        void *d = elem(a->dst, (size_t)r * a->ldd, a->dt);
+        const void *s = celem(a->src, (size_t)r * a->lds, a->st);
+        if (a->dt == a->st) memcpy(d, s, (size_t)a->cols * rt_dtype_size(a->dt));
+        else if (a->dt == RT_BF16) narrow_span_bf16(d, s, 0, (size_t)a->cols);
+        else widen_span_bf16(d, s, 0, (size_t)a->cols);
+    }
+}
+
+void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st, size_t lds,
+               int rows, int cols)
+{
+    cols_args a = { .dst = dst, .src = src, .dt = storage(dt), .st = storage(st), .ldd = ldd, .lds = lds,
+                    .cols = cols };
+    rt_parallel_for(rows, copy_cols_task, &a);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */

@@ -39,6 +39,17 @@ template <class S> static __device__ const S *as(const void *p)
     return static_cast<const S *>(p);
 }
 
+/* Element i of a storage array of dtype t. */
+static void *elem(void *p, size_t i, rt_dtype t)
+{
+    return static_cast<char *>(p) + i * rt_dtype_size(t);
+}
+
+static const void *elem(const void *p, size_t i, rt_dtype t)
+{
+    return static_cast<const char *>(p) + i * rt_dtype_size(t);
+}
+
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
 
 template <class S> static __global__
@@ -191,6 +202,18 @@ void widen_kernel(float *dst, const void *src, size_t n)
     if (i < n) widen_span(dst, as<S>(src), i, i + 1);
 }
 
+/* Element i of a rows x cols block, from src (rows of lds, type S) to dst (rows of ldd, type D),
+** converted through f32 by the storage types' load and store (bf16: round to nearest even). */
+template <class D, class S> static __global__
+void copy_cols_kernel(void *dst, size_t ldd, const void *src, size_t lds, int rows, int cols)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)rows * cols) {
+        size_t r = i / cols, c = i % cols;
+        kr_store(as<D>(dst) + r * ldd + c, kr_load(as<S>(src) + r * lds + c));
+    }
+}
+
 void gelu_fwd(void *out, const void *inp, size_t n, rt_dtype t)
 {
     LAUNCH(t, gelu_fwd_kernel, grid_for(n), out, inp, n);
@@ -238,27 +261,79 @@ void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n)
     RT_CUDA(cudaGetLastError());
 }
 
-/* -- Causal attention without the (T, T) matrix ------------------------------------------------ */
+void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st, size_t lds,
+               int rows, int cols)
+{
+    size_t n = (size_t)rows * cols;
+    if (storage(dt) == storage(st)) {       /* same dtype: a strided copy on the same stream */
+        size_t es = rt_dtype_size(dt);
+        if (n) RT_CUDA(cudaMemcpy2D(dst, ldd * es, src, lds * es, cols * es, rows,
+                                    cudaMemcpyDeviceToDevice));
+        return;
+    }
+    if (n == 0) return;
+    if (dt == RT_BF16)
+        copy_cols_kernel<uint16_t, float><<<grid_for(n), BLOCK>>>(dst, ldd, src, lds, rows, cols);
+    else
+        copy_cols_kernel<float, uint16_t><<<grid_for(n), BLOCK>>>(dst, ldd, src, lds, rows, cols);
+    RT_CUDA(cudaGetLastError());
+}
+
+/* -- Attention without the (T, T) matrix: causal, and context-parallel blocks ------------------ */
 /*
 ** Tiles of ATT_BQ queries and ATT_BK keys (equal, so a key tile starting at or before a query
 ** tile's start holds, for every query row, at least one key it may see), f32 in shared memory,
 ** one block of ATT_THREADS threads per tile, each output element computed by one thread in a
-** fixed order: deterministic, no atomics. Key tiles entirely above the causal diagonal are
-** never loaded; the diagonal tile masks key > query.
+** fixed order: deterministic, no atomics. Causal (Tq = Tk): key tiles entirely above the
+** diagonal are never loaded and the diagonal tile masks key > query. A context-parallel block
+** that is not causal (its keys all earlier in the sequence) visits every key tile unmasked.
 **
 ** Forward, one block per (query tile, b, head): q (times scale) and the output accumulator stay
 ** in shared memory while the key tiles pass; per tile, scores, then one thread per query row
-** runs the online softmax (kernel_rows.h) and rescales, then out += p v. Saved: out, lse.
+** runs the online softmax (kernel_rows.h) and rescales, then out += p v. Then either out and
+** lse are stored (attention_fwd), or the normalised output and lse are merged into the f32
+** running acc and lse (attention_fwd_block, att_merge_lse).
 ** Backward: dsum = rowsum(dout * out) (one thread per row); then one block per (key tile, b,
-** head) sums dk and dv over the query tiles at or below it, and one block per (query tile, b,
-** head) sums dq over the key tiles up to it; both recompute p = exp(s - lse) and ds = p (dp -
-** dsum) with the same device function. Not tuned (no tensor cores, one product per element).
+** head) sums dk and dv over the query tiles that see it, and one block per (query tile, b,
+** head) sums dq over the key tiles it sees; both recompute p = exp(s - lse) and ds = p (dp -
+** dsum) with the same device function. The sums are stored in the storage type (attention_bwd)
+** or added to f32 gradients (attention_bwd_block); either way one thread owns each element.
+** Not tuned (no tensor cores, one product per element).
 */
 
 #define ATT_BQ 32
 #define ATT_BK 32
 #define ATT_SLD (ATT_BK + 1)    /* row stride of the score tiles: no bank conflicts */
 #define ATT_THREADS 128
+
+/*
+** One attention call, passed to the kernels by value. Every operand has rows t*B + b of some
+** width ld (elements) with head h at column h*hd; out, acc, dout and dq (when added) have rows
+** of Hl*hd. The forward writes out (NULL: merges into acc instead) and lse; the backward reads
+** clse and dsum and stores dq, dk, dv in the storage type, or adds them to f32 (add).
+*/
+struct att_call {
+    const void *q, *k, *v;      /* storage type */
+    int ldq, ldkv;              /* row widths of q, of k and v */
+    int B, Tq, Tk, Hl, hd;
+    int causal;                 /* 1: query i sees keys j <= i (Tq = Tk); 0: every key */
+    float scale;
+    int lse_ld;                 /* row stride of lse, clse, dsum: (b, h, i) at (b*Hl + h)*ld + i */
+    float *lse;                 /* forward: written, or merged into */
+    void *out;                  /* forward: normalised output (storage type), or NULL */
+    float *acc;                 /* forward with out NULL: the running f32 output */
+    const float *clse, *dsum;   /* backward */
+    const void *dout;           /* backward (storage type) */
+    void *dq, *dk, *dv;         /* backward: storage type, or f32 when add */
+    int lddq, lddkv;            /* row widths of dq, of dk and dv */
+    int add;
+};
+
+/* The element offset of head h of batch element b in rows t*B + b of ld elements. */
+static __device__ size_t att_head(int ld, int b, int h, int hd)
+{
+    return (size_t)b * ld + (size_t)h * hd;
+}
 
 /* rows [0, rows) of hd channels from storage rows of stride ld (nr valid, the rest 0), times
 ** mul, into a shared f32 tile of rows of hd */
@@ -271,12 +346,16 @@ void att_tile_in(float *dst, const S *src, size_t ld, int nr, int rows, int hd, 
     }
 }
 
+/* nr rows of hd channels of a shared f32 tile, times mul, to the rows of stride ld starting at
+** element 'at' of dst: rounded and stored in S, or (add) added to f32. */
 template <class S> static __device__
-void att_tile_out(S *dst, size_t ld, const float *src, int nr, int hd, float mul)
+void att_tile_out(void *dst, int add, size_t at, size_t ld, const float *src, int nr, int hd,
+                  float mul)
 {
     for (int x = threadIdx.x; x < nr * hd; x += blockDim.x) {
-        int r = x / hd, d = x % hd;
-        kr_store(dst + r * ld + d, src[x] * mul);
+        size_t e = at + (size_t)(x / hd) * ld + x % hd;
+        if (add) static_cast<float *>(dst)[e] += src[x] * mul;
+        else kr_store(as<S>(dst) + e, src[x] * mul);
     }
 }
 
@@ -288,10 +367,16 @@ static __device__ float att_dot(const float *a, const float *b, int hd)
     return s;
 }
 
-/* May query q0 + r see key k0 + c (causal, both inside the sequence)? */
-static __device__ bool att_visible(int q0, int r, int nq, int k0, int c, int nk)
+/* May query q0 + r see key k0 + c (both inside their blocks; causal: key <= query)? */
+static __device__ bool att_visible(int causal, int q0, int r, int nq, int k0, int c, int nk)
 {
-    return r < nq && c < nk && k0 + c <= q0 + r;
+    return r < nq && c < nk && (!causal || k0 + c <= q0 + r);
+}
+
+/* The end of the keys query tile [q0, q0 + nq) sees: its diagonal (causal), or all of them. */
+static __device__ int att_key_end(const att_call &a, int q0, int nq)
+{
+    return a.causal ? q0 + nq : a.Tk;
 }
 
 /* The shared memory of each kernel, in floats. */
@@ -305,36 +390,38 @@ static size_t att_bwd_smem(int hd)      /* q, dout, k, v, dk, dv (dq); p, ds; ls
     return (size_t)(2 * ATT_BQ + 4 * ATT_BK) * hd + 2 * ATT_BQ * ATT_SLD + 2 * ATT_BQ;
 }
 
+/* One query tile: blockIdx.x = query tile, blockIdx.y = b * Hl + h. */
 template <class S> static __global__
-void attention_fwd_kernel(void *out_, float *lse, const void *qkv_, int B, int T, int Hl, int hd,
-                          float scale)
+void attention_fwd_kernel(att_call a)
 {
     extern __shared__ float sm[];
+    int hd = a.hd;
     float *qs = sm, *ks = qs + ATT_BQ * hd, *vs = ks + ATT_BK * hd, *os = vs + ATT_BK * hd;
     float *ss = os + ATT_BQ * hd, *mrow = ss + ATT_BQ * ATT_SLD, *lrow = mrow + ATT_BQ;
     float *alpha = lrow + ATT_BQ;
-    int bh = blockIdx.y, b = bh / Hl, h = bh % Hl, C = Hl * hd;
-    size_t ld = (size_t)B * 3 * C, ldo = (size_t)B * C;
-    const S *q = as<S>(qkv_) + (size_t)b * 3 * C + (size_t)h * hd;
-    const S *k = q + C, *v = q + 2 * C;
-    S *out = as<S>(out_) + (size_t)b * C + (size_t)h * hd;
-    int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, T - q0);
+    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
+    const S *k = as<S>(a.k) + att_head(a.ldkv, b, h, hd);
+    const S *v = as<S>(a.v) + att_head(a.ldkv, b, h, hd);
+    float *lse = a.lse + (size_t)bh * a.lse_ld;
+    int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, a.Tq - q0), kend = att_key_end(a, q0, nq);
 
-    att_tile_in(qs, q + q0 * ld, ld, nq, ATT_BQ, hd, scale);
+    att_tile_in(qs, q + q0 * ldq, ldq, nq, ATT_BQ, hd, a.scale);
     for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) os[x] = 0.0f;
     if (threadIdx.x < ATT_BQ) {
         mrow[threadIdx.x] = -INFINITY;
         lrow[threadIdx.x] = 0.0f;
     }
-    for (int k0 = 0; k0 < q0 + nq; k0 += ATT_BK) {     /* key tiles up to the diagonal */
-        int nk = MIN(ATT_BK, T - k0);
+    for (int k0 = 0; k0 < kend; k0 += ATT_BK) {
+        int nk = MIN(ATT_BK, a.Tk - k0);
         __syncthreads();                                 /* the previous tile is consumed */
-        att_tile_in(ks, k + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
-        att_tile_in(vs, v + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+        att_tile_in(ks, k + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
+        att_tile_in(vs, v + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
         __syncthreads();
         for (int x = threadIdx.x; x < ATT_BQ * ATT_BK; x += blockDim.x) {
             int r = x / ATT_BK, c = x % ATT_BK;
-            bool see = att_visible(q0, r, ATT_BQ, k0, c, nk);
+            bool see = att_visible(a.causal, q0, r, ATT_BQ, k0, c, nk);
             ss[r * ATT_SLD + c] = see ? att_dot(qs + r * hd, ks + c * hd, hd) : -INFINITY;
         }
         __syncthreads();
@@ -342,15 +429,16 @@ void attention_fwd_kernel(void *out_, float *lse, const void *qkv_, int B, int T
             int r = threadIdx.x;
             float *s = ss + r * ATT_SLD, mt = mrow[r];
             for (int c = 0; c < ATT_BK; c++) mt = s[c] > mt ? s[c] : mt;
-            float a = att_rescale(mrow[r], mt), l = lrow[r] * a;
+            float al = att_rescale(mrow[r], mt), l = lrow[r] * al;
             for (int c = 0; c < ATT_BK; c++) {
-                float p = att_visible(q0, r, ATT_BQ, k0, c, nk) ? vexpf(s[c] - mt) : 0.0f;
+                bool see = att_visible(a.causal, q0, r, ATT_BQ, k0, c, nk);
+                float p = see ? vexpf(s[c] - mt) : 0.0f;
                 s[c] = p;
                 l += p;
             }
             mrow[r] = mt;
             lrow[r] = l;
-            alpha[r] = a;
+            alpha[r] = al;
         }
         __syncthreads();
         for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) {
@@ -361,11 +449,30 @@ void attention_fwd_kernel(void *out_, float *lse, const void *qkv_, int B, int T
         }
     }
     __syncthreads();
-    for (int x = threadIdx.x; x < nq * hd; x += blockDim.x) os[x] /= lrow[x / hd];
-    if ((int)threadIdx.x < nq)
-        lse[(size_t)bh * T + q0 + threadIdx.x] = att_lse(mrow[threadIdx.x], lrow[threadIdx.x]);
+    if (!a.acc)
+        for (int x = threadIdx.x; x < nq * hd; x += blockDim.x) os[x] /= lrow[x / hd];
+    if ((int)threadIdx.x < nq) {
+        int r = threadIdx.x;
+        float l = att_lse(mrow[r], lrow[r]);
+        if (a.acc) {        /* the weights of the running output and of this (unnormalised) one */
+            float L = att_merge_lse(lse[q0 + r], l);
+            mrow[r] = att_weight(lse[q0 + r], L);
+            alpha[r] = att_weight(l, L) * (1.0f / lrow[r]);
+            l = L;
+        }
+        lse[q0 + r] = l;
+    }
     __syncthreads();
-    att_tile_out(out + q0 * ldo, ldo, os, nq, hd, 1.0f);
+    size_t at = att_head(C, b, h, hd) + q0 * ldo;
+    if (!a.acc) {
+        att_tile_out<S>(a.out, 0, at, ldo, os, nq, hd, 1.0f);
+        return;
+    }
+    for (int x = threadIdx.x; x < nq * hd; x += blockDim.x) {
+        int r = x / hd;
+        float *acc = a.acc + at + r * ldo + x % hd;
+        *acc = *acc * mrow[r] + os[x] * alpha[r];
+    }
 }
 
 /* dsum[bh, i] = rowsum(dout * out) of row i of head h of batch element b, one thread a row. */
@@ -386,13 +493,13 @@ void attention_dsum_kernel(float *dsum, const void *dout, const void *out, int B
 ** lse and dsum; zero where the key is not visible. */
 static __device__
 void att_tile_pds(float *ps, float *dss, const float *qs, const float *ks, const float *vs,
-                  const float *dos, const float *lse, const float *dsum, int q0, int nq, int k0,
-                  int nk, int hd)
+                  const float *dos, const float *lse, const float *dsum, int causal, int q0,
+                  int nq, int k0, int nk, int hd)
 {
     for (int x = threadIdx.x; x < ATT_BQ * ATT_BK; x += blockDim.x) {
         int r = x / ATT_BK, c = x % ATT_BK;
         float p = 0.0f, ds = 0.0f;
-        if (att_visible(q0, r, nq, k0, c, nk)) {
+        if (att_visible(causal, q0, r, nq, k0, c, nk)) {
             p = att_prob(att_dot(qs + r * hd, ks + c * hd, hd), lse[r]);
             ds = att_dscore(p, att_dot(dos + r * hd, vs + c * hd, hd), dsum[r]);
         }
@@ -401,7 +508,7 @@ void att_tile_pds(float *ps, float *dss, const float *qs, const float *ks, const
     }
 }
 
-/* Rows [0, ATT_BQ) of lse and dsum of query tile q0 (0 past the sequence) into shared rows. */
+/* Rows [0, ATT_BQ) of lse and dsum of query tile q0 (0 past the block) into shared rows. */
 static __device__ void att_rows_in(float *ls, float *ds, const float *lse, const float *dsum,
                                    int nq)
 {
@@ -413,31 +520,35 @@ static __device__ void att_rows_in(float *ls, float *ds, const float *lse, const
 
 /* dk and dv of one key tile: blockIdx.x = key tile, blockIdx.y = b * Hl + h. */
 template <class S> static __global__
-void attention_dkdv_kernel(void *dqkv_, const void *dout_, const float *lse, const float *dsum,
-                           const void *qkv_, int B, int T, int Hl, int hd, float scale)
+void attention_dkdv_kernel(att_call a)
 {
     extern __shared__ float sm[];
+    int hd = a.hd;
     float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
     float *dks = vs + ATT_BK * hd, *dvs = dks + ATT_BK * hd, *ps = dvs + ATT_BK * hd;
     float *dss = ps + ATT_BQ * ATT_SLD, *ls = dss + ATT_BQ * ATT_SLD, *dsr = ls + ATT_BQ;
-    int bh = blockIdx.y, b = bh / Hl, h = bh % Hl, C = Hl * hd;
-    size_t ld = (size_t)B * 3 * C, ldo = (size_t)B * C, col = (size_t)b * 3 * C + (size_t)h * hd;
-    const S *q = as<S>(qkv_) + col, *k = q + C, *v = q + 2 * C;
-    const S *dout = as<S>(dout_) + (size_t)b * C + (size_t)h * hd;
-    S *dk = as<S>(dqkv_) + col + C, *dv = dk + C;
-    int k0 = blockIdx.x * ATT_BK, nk = MIN(ATT_BK, T - k0);
+    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    size_t ldg = (size_t)a.B * a.lddkv;
+    const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
+    const S *k = as<S>(a.k) + att_head(a.ldkv, b, h, hd);
+    const S *v = as<S>(a.v) + att_head(a.ldkv, b, h, hd);
+    const S *dout = as<S>(a.dout) + att_head(C, b, h, hd);
+    const float *lse = a.clse + (size_t)bh * a.lse_ld, *dsum = a.dsum + (size_t)bh * a.lse_ld;
+    int k0 = blockIdx.x * ATT_BK, nk = MIN(ATT_BK, a.Tk - k0);
 
-    att_tile_in(ks, k + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
-    att_tile_in(vs, v + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+    att_tile_in(ks, k + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
+    att_tile_in(vs, v + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
     for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) dks[x] = dvs[x] = 0.0f;
-    for (int q0 = k0; q0 < T; q0 += ATT_BQ) {       /* query tiles at or below the diagonal */
-        int nq = MIN(ATT_BQ, T - q0);
+    /* the query tiles that see this key tile: at or below the diagonal (causal), or all */
+    for (int q0 = a.causal ? k0 : 0; q0 < a.Tq; q0 += ATT_BQ) {
+        int nq = MIN(ATT_BQ, a.Tq - q0);
         __syncthreads();
-        att_tile_in(qs, q + q0 * ld, ld, nq, ATT_BQ, hd, scale);
+        att_tile_in(qs, q + q0 * ldq, ldq, nq, ATT_BQ, hd, a.scale);
         att_tile_in(dos, dout + q0 * ldo, ldo, nq, ATT_BQ, hd, 1.0f);
-        att_rows_in(ls, dsr, lse + (size_t)bh * T + q0, dsum + (size_t)bh * T + q0, nq);
+        att_rows_in(ls, dsr, lse + q0, dsum + q0, nq);
         __syncthreads();
-        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, q0, nq, k0, nk, hd);
+        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, a.causal, q0, nq, k0, nk, hd);
         __syncthreads();
         for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) {
             int c = x / hd, d = x % hd;
@@ -451,37 +562,41 @@ void attention_dkdv_kernel(void *dqkv_, const void *dout_, const float *lse, con
         }
     }
     __syncthreads();
-    att_tile_out(dk + k0 * ld, ld, dks, nk, hd, 1.0f);
-    att_tile_out(dv + k0 * ld, ld, dvs, nk, hd, 1.0f);
+    size_t at = att_head(a.lddkv, b, h, hd) + k0 * ldg;
+    att_tile_out<S>(a.dk, a.add, at, ldg, dks, nk, hd, 1.0f);
+    att_tile_out<S>(a.dv, a.add, at, ldg, dvs, nk, hd, 1.0f);
 }
 
 /* dq of one query tile: blockIdx.x = query tile, blockIdx.y = b * Hl + h. */
 template <class S> static __global__
-void attention_dq_kernel(void *dqkv_, const void *dout_, const float *lse, const float *dsum,
-                         const void *qkv_, int B, int T, int Hl, int hd, float scale)
+void attention_dq_kernel(att_call a)
 {
     extern __shared__ float sm[];
+    int hd = a.hd;
     float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
     float *dqs = vs + ATT_BK * hd, *ps = dqs + ATT_BQ * hd;
     float *dss = ps + ATT_BQ * ATT_SLD, *ls = dss + ATT_BQ * ATT_SLD, *dsr = ls + ATT_BQ;
-    int bh = blockIdx.y, b = bh / Hl, h = bh % Hl, C = Hl * hd;
-    size_t ld = (size_t)B * 3 * C, ldo = (size_t)B * C, col = (size_t)b * 3 * C + (size_t)h * hd;
-    const S *q = as<S>(qkv_) + col, *k = q + C, *v = q + 2 * C;
-    const S *dout = as<S>(dout_) + (size_t)b * C + (size_t)h * hd;
-    S *dq = as<S>(dqkv_) + col;
-    int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, T - q0);
+    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    size_t lddq = (size_t)a.B * a.lddq;
+    const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
+    const S *k = as<S>(a.k) + att_head(a.ldkv, b, h, hd);
+    const S *v = as<S>(a.v) + att_head(a.ldkv, b, h, hd);
+    const S *dout = as<S>(a.dout) + att_head(C, b, h, hd);
+    const float *lse = a.clse + (size_t)bh * a.lse_ld, *dsum = a.dsum + (size_t)bh * a.lse_ld;
+    int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, a.Tq - q0), kend = att_key_end(a, q0, nq);
 
-    att_tile_in(qs, q + q0 * ld, ld, nq, ATT_BQ, hd, scale);
+    att_tile_in(qs, q + q0 * ldq, ldq, nq, ATT_BQ, hd, a.scale);
     att_tile_in(dos, dout + q0 * ldo, ldo, nq, ATT_BQ, hd, 1.0f);
-    att_rows_in(ls, dsr, lse + (size_t)bh * T + q0, dsum + (size_t)bh * T + q0, nq);
+    att_rows_in(ls, dsr, lse + q0, dsum + q0, nq);
     for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) dqs[x] = 0.0f;
-    for (int k0 = 0; k0 < q0 + nq; k0 += ATT_BK) {     /* key tiles up to the diagonal */
-        int nk = MIN(ATT_BK, T - k0);
+    for (int k0 = 0; k0 < kend; k0 += ATT_BK) {
+        int nk = MIN(ATT_BK, a.Tk - k0);
         __syncthreads();
-        att_tile_in(ks, k + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
-        att_tile_in(vs, v + k0 * ld, ld, nk, ATT_BK, hd, 1.0f);
+        att_tile_in(ks, k + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
+        att_tile_in(vs, v + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
         __syncthreads();
-        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, q0, nq, k0, nk, hd);
+        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, a.causal, q0, nq, k0, nk, hd);
         __syncthreads();
         for (int x = threadIdx.x; x < ATT_BQ * hd; x += blockDim.x) {
             int r = x / hd, d = x % hd;
@@ -491,7 +606,8 @@ void attention_dq_kernel(void *dqkv_, const void *dout_, const float *lse, const
         }
     }
     __syncthreads();
-    att_tile_out(dq + q0 * ld, ld, dqs, nq, hd, scale);
+    att_tile_out<S>(a.dq, a.add, att_head(a.lddq, b, h, hd) + q0 * lddq, lddq, dqs, nq, hd,
+                    a.scale);
 }
 
 /* Shared memory above the default 48 KB must be asked for, per kernel. */
@@ -502,53 +618,137 @@ template <class K> static void att_smem(K kernel, size_t bytes)
                                      (int)bytes));
 }
 
-template <class S>
-static void attention_fwd_t(void *out, float *lse, const void *qkv, int B, int T, int Hl,
-                            int hd, float scale)
+template <class S> static void attention_fwd_t(const att_call &a)
 {
-    size_t bytes = att_fwd_smem(hd) * sizeof(float);
+    size_t bytes = att_fwd_smem(a.hd) * sizeof(float);
     att_smem(attention_fwd_kernel<S>, bytes);
-    dim3 grid(CEIL_DIV(T, ATT_BQ), B * Hl);
-    attention_fwd_kernel<S><<<grid, ATT_THREADS, bytes>>>(out, lse, qkv, B, T, Hl, hd, scale);
+    dim3 grid(CEIL_DIV(a.Tq, ATT_BQ), a.B * a.Hl);
+    attention_fwd_kernel<S><<<grid, ATT_THREADS, bytes>>>(a);
     RT_CUDA(cudaGetLastError());
 }
 
-template <class S>
-static void attention_bwd_t(void *dqkv, float *dsum, const void *dout, const void *out,
-                            const float *lse, const void *qkv, int B, int T, int Hl, int hd,
-                            float scale)
+/* dk, dv and dq of a call whose dsum is ready. */
+template <class S> static void attention_bwd_t(const att_call &a)
 {
-    size_t bytes = att_bwd_smem(hd) * sizeof(float);
-    attention_dsum_kernel<S><<<grid_for((size_t)B * Hl * T), BLOCK>>>(dsum, dout, out, B, T, Hl,
-                                                                      hd);
-    RT_CUDA(cudaGetLastError());
+    size_t bytes = att_bwd_smem(a.hd) * sizeof(float);
     att_smem(attention_dkdv_kernel<S>, bytes);
     att_smem(attention_dq_kernel<S>, bytes);
-    dim3 gk(CEIL_DIV(T, ATT_BK), B * Hl), gq(CEIL_DIV(T, ATT_BQ), B * Hl);
-    attention_dkdv_kernel<S><<<gk, ATT_THREADS, bytes>>>(dqkv, dout, lse, dsum, qkv, B, T, Hl,
-                                                         hd, scale);
+    dim3 gk(CEIL_DIV(a.Tk, ATT_BK), a.B * a.Hl), gq(CEIL_DIV(a.Tq, ATT_BQ), a.B * a.Hl);
+    attention_dkdv_kernel<S><<<gk, ATT_THREADS, bytes>>>(a);
     RT_CUDA(cudaGetLastError());
-    attention_dq_kernel<S><<<gq, ATT_THREADS, bytes>>>(dqkv, dout, lse, dsum, qkv, B, T, Hl, hd,
-                                                       scale);
+    attention_dq_kernel<S><<<gq, ATT_THREADS, bytes>>>(a);
     RT_CUDA(cudaGetLastError());
+}
+
+static void att_fwd(const att_call &a, rt_dtype t)
+{
+    if (storage(t) == RT_BF16) attention_fwd_t<uint16_t>(a);
+    else attention_fwd_t<float>(a);
+}
+
+static void att_bwd(const att_call &a, rt_dtype t)
+{
+    if (storage(t) == RT_BF16) attention_bwd_t<uint16_t>(a);
+    else attention_bwd_t<float>(a);
+}
+
+/* A call's operands, shapes and mask; the caller adds its outputs. */
+static att_call att_operands(const void *q, int ldq, const void *k, const void *v, int ldkv,
+                             int B, int Tq, int Tk, int Hl, int hd, int causal, float scale,
+                             int lse_ld)
+{
+    att_call a = {};
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.ldq = ldq;
+    a.ldkv = ldkv;
+    a.B = B;
+    a.Tq = Tq;
+    a.Tk = Tk;
+    a.Hl = Hl;
+    a.hd = hd;
+    a.causal = causal;
+    a.scale = scale;
+    a.lse_ld = lse_ld;
+    return a;
+}
+
+/* The causal attention of whole sequences: q, k, v are the thirds of the qkv rows. */
+static att_call att_qkv(const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
+{
+    size_t C = (size_t)Hl * hd;
+    return att_operands(qkv, 3 * (int)C, elem(qkv, C, t), elem(qkv, 2 * C, t), 3 * (int)C, B, T,
+                        T, Hl, hd, 1, scale, T);
 }
 
 void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
                    float scale, rt_dtype t)
 {
     if (B * Hl * T == 0) return;
-    if (storage(t) == RT_BF16) attention_fwd_t<uint16_t>(out, lse, qkv, B, T, Hl, hd, scale);
-    else attention_fwd_t<float>(out, lse, qkv, B, T, Hl, hd, scale);
+    att_call a = att_qkv(qkv, B, T, Hl, hd, scale, storage(t));
+    a.out = out;
+    a.lse = lse;
+    att_fwd(a, t);
 }
 
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
                    const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
 {
     if (B * Hl * T == 0) return;
-    if (storage(t) == RT_BF16)
-        attention_bwd_t<uint16_t>(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale);
-    else
-        attention_bwd_t<float>(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale);
+    size_t C = (size_t)Hl * hd;
+    att_call a = att_qkv(qkv, B, T, Hl, hd, scale, storage(t));
+    a.clse = lse;
+    a.dsum = dsum;
+    a.dout = dout;
+    a.dq = dqkv;
+    a.dk = elem(dqkv, C, t);
+    a.dv = elem(dqkv, 2 * C, t);
+    a.lddq = a.lddkv = 3 * (int)C;
+    attention_dsum(dsum, dout, out, B, T, Hl, hd, t);
+    att_bwd(a, t);
+}
+
+void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
+                         const void *k, const void *v, int ldkv, int B, int Tq, int Tk, int Hl,
+                         int hd, int causal, float scale, rt_dtype t)
+{
+    RT_CHECK(!causal || Tq == Tk, "attention_fwd_block: a causal block needs Tq (%d) == Tk (%d)",
+             Tq, Tk);
+    if (B * Hl * Tq == 0 || Tk == 0) return;   /* no queries or keys: nothing to merge */
+    att_call a = att_operands(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, lse_ld);
+    a.acc = acc;
+    a.lse = lse;
+    att_fwd(a, t);
+}
+
+void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T, int Hl, int hd,
+                    rt_dtype t)
+{
+    size_t n = (size_t)B * Hl * T;
+    if (n == 0) return;
+    LAUNCH(t, attention_dsum_kernel, grid_for(n), dsum, dout, out, B, T, Hl, hd);
+}
+
+void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void *dout,
+                         const float *lse, const float *dsum, int lse_ld, const void *q,
+                         int ldq, const void *k, const void *v, int ldkv, int B, int Tq, int Tk,
+                         int Hl, int hd, int causal, float scale, rt_dtype t)
+{
+    RT_CHECK(!causal || Tq == Tk, "attention_bwd_block: a causal block needs Tq (%d) == Tk (%d)",
+             Tq, Tk);
+    if (B * Hl * Tq == 0 || Tk == 0) return;   /* no queries or keys: nothing to add */
+    att_call a = att_operands(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, lse_ld);
+    a.clse = lse;
+    a.dsum = dsum;
+    a.dout = dout;
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+    a.lddq = Hl * hd;
+    a.lddkv = lddkv;
+    a.add = 1;
+    att_bwd(a, t);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
@@ -677,6 +877,19 @@ void sumsq(float *out, const float *x, size_t n)
 void scale_inplace(float *x, size_t n, float s)
 {
     scale_kernel<<<grid_for(n), BLOCK>>>(x, n, s);
+    RT_CUDA(cudaGetLastError());
+}
+
+static __global__ void fill_kernel(float *x, size_t n, float v)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
+void fill_f32(float *x, size_t n, float v)
+{
+    if (n == 0) return;
+    fill_kernel<<<grid_for(n), BLOCK>>>(x, n, v);
     RT_CUDA(cudaGetLastError());
 }
 

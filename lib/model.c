@@ -7,6 +7,8 @@
 ** collective of a layer is within the tp group, or ep / expt-tp for experts: one stage).
 ** Called by the generated stage code through gpt_embedding_fwd, gpt_layer_fwd, ...
 */
+#include <math.h>
+
 #include "internal.h"
 
 gpt_state gpt;
@@ -83,11 +85,159 @@ static void ln2_fwd(const gpt_layer_params *p, gpt_layer_acts *a)
                   d->C, d->ln_eps, ACT);
 }
 
+/* -- Context parallelism: attention around the cp ring (docs/megatron.md §12) ---------------- */
+
+/*
+** A cp rank holds two chunks of T_CHUNK positions of every sequence: chunk cp_rank (local rows
+** [0, T_CHUNK*B)) and chunk 2*CP-1-cp_rank (the rest), so every rank has the same share of the
+** causal work. The global chunk index of local half 'half' of rank r:
+*/
+static int cp_chunk(int r, int half) { return half ? 2 * gpt.d.cp - 1 - r : r; }
+
+/* The global position of local position t. */
+int lib_cp_position(int t)
+{
+    int tc = gpt.d.t_chunk;
+    return cp_chunk(gpt.cp_rank, t >= tc) * tc + t % tc;
+}
+
+/* One hop of the ring: send our block(s) to the next cp rank, receive the previous rank's.
+** kv: (N, 2 C_LOCAL) in the model's dtype (NULL: none); dkv: f32 dK|dV (NULL: none). */
+static void ring_hop(const void *kv_out, void *kv_in, const float *dkv_out, float *dkv_in)
+{
+    size_t n = (size_t)gpt.d.N * 2 * gpt.d.c_local;
+    rt_p2p_op ops[4];
+    int k = 0;
+    if (kv_out) {
+        ops[k++] = (rt_p2p_op){ .send = 1, .buf = (void *)kv_out, .n = n, .t = ACT,
+                                .peer = gpt.cp_next, .tag = GPT_TAG_RING_KV };
+    }
+    if (dkv_out) {
+        ops[k++] = (rt_p2p_op){ .send = 1, .buf = (void *)dkv_out, .n = n, .t = RT_F32,
+                                .peer = gpt.cp_next, .tag = GPT_TAG_RING_DKV };
+    }
+    if (kv_in) {
+        ops[k++] = (rt_p2p_op){ .send = 0, .buf = kv_in, .n = n, .t = ACT, .peer = gpt.cp_prev,
+                                .tag = GPT_TAG_RING_KV };
+    }
+    if (dkv_in) {
+        ops[k++] = (rt_p2p_op){ .send = 0, .buf = dkv_in, .n = n, .t = RT_F32,
+                                .peer = gpt.cp_prev, .tag = GPT_TAG_RING_DKV };
+    }
+    /* >>> p2p on the cp ring: to the next cp rank, from the previous one */
+    rt_p2p(ops, k);
+}
+
+/*
+** The pairs (query half, key half) of this rank's queries and the block of cp rank s that
+** the causal mask does not hide entirely: a key chunk before the query chunk is seen whole, the
+** same chunk (s = this rank) with the causal rule, a later one not at all.
+*/
+typedef struct { int qh, kh, causal; } cp_pair;
+
+static int cp_pairs(int s, cp_pair out[4])
+{
+    int n = 0;
+    for (int qh = 0; qh < 2; qh++)
+        for (int kh = 0; kh < 2; kh++) {
+            int q = cp_chunk(gpt.cp_rank, qh), k = cp_chunk(s, kh);
+            if (k <= q) out[n++] = (cp_pair){ qh, kh, k == q };
+        }
+    return n;
+}
+
+/*
+** Forward: this rank's K|V block, then CP-1 hops; each block's attention is merged into the
+** f32 output and the log-sum-exp (a->lse) as it arrives (online softmax across blocks).
+*/
+static void ring_fwd(gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    int B = d->B, tc = d->t_chunk, cl = d->c_local, cp = d->cp;
+    size_t kvn = (size_t)d->N * 2 * cl, half = (size_t)tc * B;
+    copy_cols(lib.s.ring_kv, ACT, 2 * (size_t)cl, lib_at(a->qkv, cl), ACT, 3 * (size_t)cl, d->N,
+              2 * cl);
+    rt_memset0(lib.s.ring_acc, (size_t)d->N * cl * sizeof(float));
+    fill_f32(a->lse, (size_t)B * d->heads_local * d->T, -INFINITY);
+    for (int i = 0; i < cp; i++) {
+        int s = (gpt.cp_rank - i + cp) % cp;        /* the block held now is cp rank s's */
+        const void *kv = lib_at(lib.s.ring_kv, (size_t)(i % 2) * kvn);
+        if (i < cp - 1) ring_hop(kv, lib_at(lib.s.ring_kv, (size_t)((i + 1) % 2) * kvn), NULL,
+                                 NULL);
+        cp_pair pr[4];
+        for (int j = 0, n = cp_pairs(s, pr); j < n; j++) {
+            size_t qh = (size_t)pr[j].qh, kh = (size_t)pr[j].kh;
+            int causal = pr[j].causal;
+            const void *k = lib_at(kv, kh * half * 2 * cl);
+            attention_fwd_block(lib.s.ring_acc + qh * half * cl, a->lse + qh * tc, d->T,
+                                lib_at(a->qkv, qh * half * 3 * cl), 3 * cl, k, lib_at(k, cl),
+                                2 * cl, B, tc, tc, d->heads_local, d->head_dim, causal,
+                                d->att_scale, ACT);
+        }
+    }
+    convert(a->atty, ACT, lib.s.ring_acc, RT_F32, (size_t)d->N * cl);
+}
+
+/*
+** Backward: the blocks travel the ring again, each with the f32 dK|dV its visited ranks have
+** added; after CP-1 hops one more hop brings every block's dK|dV home. dq sums in ring_acc.
+*/
+static void ring_bwd(const gpt_layer_acts *a, void *dqkv, const void *datty)
+{
+    const gpt_dims *d = &gpt.d;
+    int B = d->B, tc = d->t_chunk, cl = d->c_local, cp = d->cp;
+    size_t kvn = (size_t)d->N * 2 * cl, half = (size_t)tc * B;
+    attention_dsum(lib.s.dsum, datty, a->atty, B, d->T, d->heads_local, d->head_dim, ACT);
+    copy_cols(lib.s.ring_kv, ACT, 2 * (size_t)cl, lib_at(a->qkv, cl), ACT, 3 * (size_t)cl, d->N,
+              2 * cl);
+    rt_memset0(lib.s.ring_acc, (size_t)d->N * cl * sizeof(float));
+    rt_memset0(lib.s.ring_dkv, kvn * sizeof(float));
+    for (int i = 0; i < cp; i++) {
+        int s = (gpt.cp_rank - i + cp) % cp, cur = i % 2, nxt = (i + 1) % 2;
+        const void *kv = lib_at(lib.s.ring_kv, (size_t)cur * kvn);
+        float *dkv = lib.s.ring_dkv + (size_t)cur * kvn;
+        cp_pair pr[4];
+        for (int j = 0, n = cp_pairs(s, pr); j < n; j++) {
+            size_t qh = (size_t)pr[j].qh, kh = (size_t)pr[j].kh;
+            int causal = pr[j].causal;
+            const void *k = lib_at(kv, kh * half * 2 * cl);
+            float *dk = dkv + kh * half * 2 * cl;
+            attention_bwd_block(lib.s.ring_acc + qh * half * cl, dk, dk + cl, 2 * cl,
+                                lib_at(datty, qh * half * cl), a->lse + qh * tc,
+                                lib.s.dsum + qh * tc, d->T, lib_at(a->qkv, qh * half * 3 * cl),
+                                3 * cl, k, lib_at(k, cl), 2 * cl, B, tc, tc, d->heads_local,
+                                d->head_dim, causal, d->att_scale, ACT);
+        }
+        int more = i < cp - 1;      /* the last hop carries dK|dV alone */
+        ring_hop(more ? kv : NULL, more ? lib_at(lib.s.ring_kv, (size_t)nxt * kvn) : NULL, dkv,
+                 lib.s.ring_dkv + (size_t)nxt * kvn);
+    }
+    /* dq from ring_acc, dK|dV of this rank's own block (home after CP hops) */
+    copy_cols(dqkv, ACT, 3 * (size_t)cl, lib.s.ring_acc, RT_F32, cl, d->N, cl);
+    copy_cols(lib_at(dqkv, cl), ACT, 3 * (size_t)cl, lib.s.ring_dkv + (cp % 2) * kvn, RT_F32,
+              2 * (size_t)cl, d->N, 2 * cl);
+}
+
 static void attention_core(gpt_layer_acts *a)
 {
     const gpt_dims *d = &gpt.d;
+    if (d->cp > 1) {
+        ring_fwd(a);
+        return;
+    }
     attention_fwd(a->atty, a->lse, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
                   d->att_scale, ACT);
+}
+
+static void attention_core_bwd(const gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    if (d->cp > 1) {
+        ring_bwd(a, lib.s.dqkv, lib.s.datty);
+        return;
+    }
+    attention_bwd(lib.s.dqkv, lib.s.dsum, lib.s.datty, a->atty, a->lse, a->qkv, d->B, d->T,
+                  d->heads_local, d->head_dim, d->att_scale, ACT);
 }
 
 /* fc = h . c_fc + b, gelu = GELU(fc): h is ln_2's output, gathered under SP. */
@@ -179,8 +329,7 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
     dd = gather_seq(lib.s.full, dres);
     matmul_bwd(lib.s.datty, g->attn_proj_w, NULL, dd, a->atty, p->attn_proj_w, d->N,
                d->c_local, d->C);
-    attention_bwd(lib.s.dqkv, lib.s.dsum, lib.s.datty, a->atty, a->lse, a->qkv, d->B, d->T,
-                  d->heads_local, d->head_dim, d->att_scale, ACT);
+    attention_core_bwd(a);
     matmul_bwd(lib.s.full, g->c_attn_w, g->c_attn_b, lib.s.dqkv, h, p->c_attn_w, d->N, d->C,
                d->qkv_local);
     dd = reduce_seq(lib.s.full);
@@ -201,7 +350,9 @@ static void embedding_fwd(const lib_embed *p, void *out, const int *tok)
     embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local, ACT);
     if (d->tp > 1)   /* >>> all-reduce over tp: each rank looked up its vocabulary's tokens */
         rt_allreduce(full, (size_t)d->N * d->C, ACT, RT_SUM, gpt.grp[GPT_GRP_TP]);
-    pos_fwd(full, p->wpe, d->T, d->B, d->C, 0, ACT);
+    for (int t = 0; t < d->T; t += d->t_chunk)    /* each chunk at its true positions */
+        pos_fwd(lib_at(full, (size_t)t * d->B * d->C), p->wpe, d->t_chunk, d->B, d->C,
+                lib_cp_position(t), ACT);
     if (d->sp)   /* scatter to the sequence-parallel region: keep this rank's rows */
         rt_memcpy(out, lib_at(full, (size_t)gpt.tp_rank * d->n_sp * d->C),
                   (size_t)d->n_sp * d->C * lib.es, RT_D2D);
@@ -213,7 +364,9 @@ static void embedding_bwd(lib_embed *g, const void *dout, const int *tok)
     const gpt_dims *d = &gpt.d;
     const void *dd = gather_seq(lib.s.full, dout);
     embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local, ACT);
-    pos_bwd(g->wpe, dd, d->T, d->B, d->C, 0, ACT);
+    for (int t = 0; t < d->T; t += d->t_chunk)
+        pos_bwd(g->wpe, lib_at(dd, (size_t)t * d->B * d->C), d->t_chunk, d->B, d->C,
+                lib_cp_position(t), ACT);
 }
 
 /* -- Head and loss (last stage, last chunk) -------------------------------------------------- */

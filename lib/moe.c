@@ -102,15 +102,19 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
     memset(local, 0, sizeof local);
     memset(before, 0, sizeof before);
     for (int i = 0; i < NSP * K; i++) local[a->sel_h[i]]++;
-    if (d->tp > 1) {
-        /* >>> all-gather over tp: every sequence shard's counts (docs/megatron.md §8.1) */
-        int all[TP * E];
+    int G = TP * d->cp;     /* the tp-cp group: the micro-batch's every token */
+    if (G > 1) {
+        /* >>> all-gather over tp (tp-cp under CP): every sequence shard's counts
+        ** (docs/megatron.md §8.1); 'before' (the capacity's) counts the earlier tp ranks'
+        ** (no capacity under CP: config.lua) */
+        int all[G * E];
         rt_memcpy(MS.counts, local, sizeof local, RT_H2D);
-        rt_allgather(MS.counts, MS.counts + E, (size_t)E, RT_I32, gpt.grp[GPT_GRP_TP]);
+        rt_allgather(MS.counts, MS.counts + E, (size_t)E, RT_I32,
+                     gpt.grp[d->cp > 1 ? GPT_GRP_TPCP : GPT_GRP_TP]);
         rt_memcpy(all, MS.counts + E, sizeof all, RT_D2H);
         for (int e = 0; e < E; e++) {
             total[e] = 0;
-            for (int t = 0; t < TP; t++) {
+            for (int t = 0; t < G; t++) {
                 if (t < gpt.tp_rank) before[e] += all[t * E + e];
                 total[e] += all[t * E + e];
             }

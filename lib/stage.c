@@ -135,6 +135,9 @@ static void scratch_alloc(void)
     s->logits = mem(GPT_M_S_LOGITS, NULL);
     s->ce = mem(GPT_M_S_CE, NULL);
     s->targets = mem(GPT_M_S_TARGETS, NULL);
+    s->ring_kv = mem(GPT_M_S_RING_KV, NULL);
+    s->ring_dkv = mem(GPT_M_S_RING_DKV, NULL);
+    s->ring_acc = mem(GPT_M_S_RING_ACC, NULL);
     lib_moe_scratch *ms = &lib.ms;
     ms->logits = mem(GPT_M_MS_LOGITS, NULL);
     ms->xs = mem(GPT_M_MS_XS, NULL);
@@ -626,7 +629,7 @@ void gpt_loss_allreduce(rt_group *world, gpt_step_out *out)
 {
     float part = 0.0f;
     int nmb = gpt.d.nmb;
-    if (lib.head && gpt.tp_rank == 0 && gpt.cp_rank == 0) {
+    if (lib.head && gpt.tp_rank == 0) {     /* cp ranks hold different tokens: all count */
         float *sums = malloc((size_t)nmb * sizeof(float));
         RT_CHECK(sums, "out of memory");
         double total = 0.0;

@@ -286,10 +286,10 @@ static void data_open(data_file *d, const char *path)
                       "(nanoGPT .bin) or an llm.c shard (magic %d)", size, LLMC_MAGIC);
         d->ntok = size / 2;
     }
-    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / D->T : 0;
+    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / D->seq : 0;
     if (d->nsamples < 1)
         lib_fail_file(path, "%lld tokens: too short for one sample (sequence length %d needs %d "
-                  "tokens)", d->ntok, D->T, D->T + 1);
+                  "tokens)", d->ntok, D->seq, D->seq + 1);
     data_check_tokens(d);
 }
 
@@ -297,27 +297,35 @@ static void data_open(data_file *d, const char *path)
 ** Token ids of this rank's micro-batches for optimizer step 'step' (0-based), sequence-major:
 ** inputs[k][t*B + b] for micro-batch k, sample b. Sample i is tokens [i*T, i*T + T]; step s
 ** uses samples (s*GBS + j) mod nsamples, j = 0..GBS-1; data-parallel rank d takes
-** j in [d*B*NMB, (d+1)*B*NMB), micro-batch k the B samples from d*B*NMB + k*B.
+** j in [d*B*NMB, (d+1)*B*NMB), micro-batch k the B samples from d*B*NMB + k*B. Under context
+** parallelism a rank keeps the positions of its two chunks (lib_cp_position), in local order.
 */
 static void data_batch(const data_file *d, int step, int dp, int *inputs, int *targets)
 {
-    unsigned char raw[2 * (D->T + 1)];
+    int S = D->seq;
+    unsigned char *raw = malloc(2 * ((size_t)S + 1));
+    RT_CHECK(raw, "out of memory");
     for (int k = 0; k < D->nmb; k++)
         for (int b = 0; b < D->B; b++) {
             long long j = (long long)dp * D->B * D->nmb + (long long)k * D->B + b;
             long long i = ((long long)step * P->gbs + j) % d->nsamples;
-            off_t at = d->first + (off_t)2 * i * D->T;
-            if (pread(d->fd, raw, sizeof raw, at) != (ssize_t)sizeof raw)
+            off_t at = d->first + (off_t)2 * i * S;
+            ssize_t want = 2 * ((ssize_t)S + 1);
+            if (pread(d->fd, raw, (size_t)want, at) != want)
                 RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i, strerror(errno));
-            for (int t = 0; t <= D->T; t++) {
-                int tok = raw[2 * t] | raw[2 * t + 1] << 8;
-                RT_CHECK(tok < P->vocab, "%s: token %d at position %lld is out of range for "
-                         "vocabulary %d (the file changed while training?)", d->path, tok,
-                         i * D->T + t, P->vocab);
-                if (t < D->T) inputs[(size_t)k * D->N + (size_t)t * D->B + b] = tok;
-                if (t > 0) targets[(size_t)k * D->N + (size_t)(t - 1) * D->B + b] = tok;
+            for (int t = 0; t < D->T; t++) {
+                int g = lib_cp_position(t);       /* input at g, target at g + 1 */
+                int tok = raw[2 * g] | raw[2 * g + 1] << 8;
+                int next = raw[2 * g + 2] | raw[2 * g + 3] << 8;
+                int bad = tok >= P->vocab ? tok : next >= P->vocab ? next : -1;
+                RT_CHECK(bad < 0, "%s: token %d at position %lld is out of range for "
+                         "vocabulary %d (the file changed while training?)", d->path, bad,
+                         i * S + g + (tok < P->vocab), P->vocab);
+                inputs[(size_t)k * D->N + (size_t)t * D->B + b] = tok;
+                targets[(size_t)k * D->N + (size_t)t * D->B + b] = next;
             }
         }
+    free(raw);
 }
 
 /* -- The model's tensors (checkpoint order: Hugging Face GPT-2's) ---------------------------- */

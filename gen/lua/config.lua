@@ -395,6 +395,7 @@ local function naming(model, s)
         if cond then dir[#dir + 1] = d; mk[#mk + 1] = m end
     end
     opt(s.cp ~= 1, "-cp" .. s.cp, "CP=" .. s.cp)
+    opt(s.cp_comm ~= "p2p", "-a2a", "CP_COMM=" .. s.cp_comm)
     opt(s.ep ~= 1, "-ep" .. s.ep, "EP=" .. s.ep)
     opt(s.etp ~= s.tp, "-etp" .. s.etp, "ETP=" .. s.etp)
     opt(s.vp ~= 1, "-vp" .. s.vp, "VP=" .. s.vp)
@@ -590,6 +591,12 @@ function M.configure(model, opts)
     end
     local f = layers_opt("first_layers", "FIRST_LAYERS")
     local l = layers_opt("last_layers", "LAST_LAYERS")
+    local cp_comm = opts.cp_comm or "p2p"
+    if cp_comm ~= "p2p" and cp_comm ~= "a2a" then
+        errs.add(nil, "CP_COMM '%s' is not p2p (K and V around the ring, the default) or a2a " ..
+                 "(all-to-all of heads and sequence)", tostring(cp_comm))
+        cp_comm = "p2p"
+    end
     local order = string.lower(opts.order or M.DEFAULT_ORDER)
     local listed = parse_order(order, errs)
     if errs.count() > 0 then errs.raise() end
@@ -672,12 +679,30 @@ function M.configure(model, opts)
             errs.add(model_at("ffn_hidden", true),
                      "expert ffn_hidden (%d) must be divisible by ETP (%d)", moe.ffn_hidden, Te)
         end
+        if moe.capacity_factor and C > 1 then
+            errs.add(model_at("capacity_factor", true), "an expert capacity (capacity_factor " ..
+                     "= %s) with CP (%d) > 1 is not supported yet: tokens are dropped by " ..
+                     "position over the whole sequence, which the cp ranks hold in load-" ..
+                     "balanced chunks (remove capacity_factor, or use CP=1)",
+                     tostring(moe.capacity_factor), C)
+        end
         if moe.bias and Te > 1 then
             errs.add({ file = model.file, line = moe.line },
                      "expert biases need ETP 1 (ETP is %d): Megatron supports bias in MoE " ..
                      "layers only without expert tensor parallelism (set bias = false in moe{})",
                      Te)
         end
+    end
+
+    if opts.cp_comm and C == 1 then
+        errs.add(nil, "CP_COMM=%s needs CP > 1 (it chooses how context-parallel ranks " ..
+                 "exchange attention inputs)", cp_comm)
+    end
+    if cp_comm == "a2a" and C > 1 and model.heads % T == 0 and (model.heads // T) % C ~= 0 then
+        errs.add(model_at("heads"), "CP_COMM=a2a needs the heads per tp rank (heads/TP = %d/%d " ..
+                 "= %d) divisible by CP (%d): the all-to-all gives each cp rank heads/(TP*CP) " ..
+                 "heads of the whole sequence (use CP_COMM=p2p, or another CP or TP)",
+                 model.heads, T, model.heads // T, C)
     end
 
     -- Sequence length.
@@ -763,7 +788,7 @@ function M.configure(model, opts)
     local s = {
         tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V, world = world,
         order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,
-        sp = opts.sp == true, dist_opt = opts.dist_opt == true, bf16 = opts.bf16 == true,
+        cp_comm = cp_comm, sp = opts.sp == true, dist_opt = opts.dist_opt == true, bf16 = opts.bf16 == true,
         rc = rc,
     }
     local dirname, make = naming(model, s)
@@ -771,6 +796,7 @@ function M.configure(model, opts)
     return ir.Config {
         model = model, tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V,
         world = world, order = order, axes = axes, first_layers = f, last_layers = l,
+        cp_comm = cp_comm,
         mbs = mbs, nmb = nmb, seq = seq, sp = s.sp, dist_opt = s.dist_opt, bf16 = s.bf16,
         recompute = rc.granularity, recompute_method = rc.method,
         recompute_layers = rc.layers, recompute_modules = rc.modules,

@@ -119,6 +119,7 @@ record("Config", {
     { "pp",           "int",   "pipeline stages (P)" },
     { "dp",           "int",   "data parallel, without CP (D)" },
     { "cp",           "int",   "context parallel (C)" },
+    { "cp_comm",      "str",   "context-parallel attention: p2p (K|V around the ring) or a2a" },
     { "ep",           "int",   "expert parallel (E)" },
     { "etp",          "int",   "expert tensor parallel (Te, default T)" },
     { "edp",          "int",   "expert data parallel, derived: world / (Te*E*P)" },
@@ -379,11 +380,13 @@ record("Group", {
 })
 
 record("Coll", {
-    { "op",    "str",  "allreduce | allgather | reduce_scatter | alltoallv" },
+    { "op",    "str",  "allreduce | allgather | reduce_scatter | alltoallv | ring (one hop " ..
+                       "of the cp ring: send to the next cp rank, receive from the previous)" },
     { "group", "str",  "topology kind name (tp, dp-cp, ..., world)" },
     { "n",     "int?", "elements (per member for allgather/reduce_scatter); nil: data-dependent" },
     { "dtype", "str",  "f32 | i32" },
     { "red",   "str?", "allreduce: sum | max" },
+    { "n2",    "int?", "ring: f32 elements of dK|dV sent beside the n of K|V (backward)" },
 })
 
 record("Call", {

@@ -42,10 +42,11 @@ end
 -- The sizes of one micro-batch on one rank, as the library's gpt_dims holds them.
 function M.sizes(cfg)
     local m, TP = cfg.model, cfg.tp
-    local T, B, C = cfg.seq, cfg.mbs, m.hidden
+    local T, B, C = cfg.seq // cfg.cp, cfg.mbs, m.hidden     -- this rank's share of the sequence
     local N = T * B
     local s = {
-        T = T, B = B, C = C, N = N, n_sp = cfg.sp and N // TP or N, tp = TP,
+        T = T, B = B, C = C, N = N, n_sp = cfg.sp and N // TP or N, tp = TP, seq = cfg.seq,
+        t_chunk = cfg.cp > 1 and cfg.seq // (2 * cfg.cp) or T,
         heads_local = m.heads // TP, head_dim = C // m.heads, c_local = C // TP,
         qkv_local = 3 * C // TP, ff_local = m.ffn_hidden // TP,
         v_local = cfg.vocab_padded // TP, nmb = cfg.nmb,
@@ -58,7 +59,7 @@ function M.sizes(cfg)
         s.send_max = s.n_sp * s.K
         s.recv_max = s.send_max * cfg.ep
         s.rows_max = s.recv_max * cfg.etp
-        s.counts = (TP + 1) * s.E + (cfg.etp + 3) * cfg.ep * s.nl
+        s.counts = (TP * cfg.cp + 1) * s.E + (cfg.etp + 3) * cfg.ep * s.nl
         s.capacity = moe.capacity_factor and math.ceil((N * s.K / s.E) * moe.capacity_factor)
                      or N * s.K
     end
@@ -94,7 +95,13 @@ local function consts(cfg, s, layout)
     int("CFG_B", s.B, "micro-batch size (MBS)")
     int("CFG_NMB", cfg.nmb, "micro-batches per step (NMB)")
     int("CFG_GBS", s.B * cfg.nmb * cfg.dp, "global batch = MBS*NMB*DP")
-    int("CFG_T", s.T, "sequence length (SEQ)")
+    int("CFG_SEQ", s.seq, "sequence length (SEQ)")
+    int("CFG_T", s.T, cfg.cp > 1 and "positions per cp rank = SEQ/CP" or "positions per rank = SEQ")
+    int("CFG_T_CHUNK", s.t_chunk, cfg.cp > 1 and "positions per load-balanced chunk = SEQ/(2*CP)"
+        or "one chunk: the whole sequence")
+    int("CFG_CP_A2A", cfg.cp_comm == "a2a" and 1 or 0,
+        cfg.cp_comm == "a2a" and "context-parallel attention: all-to-all (CP_COMM=a2a)"
+        or "context-parallel attention: the p2p ring (CP_COMM=p2p)")
     int("CFG_T_MODEL", m.seq_len, "rows of wpe (model.seq_len)")
     int("CFG_C", s.C, "channels (model.hidden)")
     int("CFG_N", s.N, "tokens per micro-batch = T*B")
@@ -114,9 +121,9 @@ local function consts(cfg, s, layout)
     int("CFG_LAYERS", m.layers, "transformer layers (model.layers)")
     float("CFG_LN_EPS", m.norm_eps, "LayerNorm eps (model.norm_eps)")
     float("CFG_ATT_SCALE", 1 / math.sqrt(s.head_dim), "1/sqrt(head_dim)")
-    float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB)")
+    float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB), this rank's")
     float("CFG_GRAD_SCALE", 1 / (cfg.dp * cfg.cp), "1/(DP*CP): data-parallel mean")
-    int("CFG_TOKENS_PER_STEP", s.B * cfg.nmb * cfg.dp * s.T, "GBS*T")
+    int("CFG_TOKENS_PER_STEP", s.B * cfg.nmb * cfg.dp * s.seq, "GBS*SEQ")
     int("CFG_P2P_N", s.n_sp * s.C, "elements of one pipeline message = N_SP*C")
     local moe = m.moe
     if moe then
@@ -130,8 +137,8 @@ local function consts(cfg, s, layout)
         int("CFG_PRE_SOFTMAX", moe.pre_softmax and 1 or 0,
             "1: softmax over all, then top-k; 0: softmax of the k")
         int("CFG_MOE_BIAS", moe.bias and 1 or 0, "expert biases (model.moe.bias)")
-        float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * s.N * s.N),
-              "coeff*E/(K*N^2): aux = this * sum_e scores_e * count_e")
+        float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * (s.B * s.seq) ^ 2),
+              "coeff*E/(K*(B*SEQ)^2): aux = this * sum_e scores_e * count_e")
         float("CFG_AUX_GRAD", 1 / cfg.nmb, "the aux loss's share of the objective: 1/NMB")
         int("CFG_CAPACITY", s.capacity, moe.capacity_factor and
             "assignments an expert keeps per micro-batch = ceil(N*K/EXPERTS * capacity_factor)"
@@ -232,6 +239,9 @@ local function groups(cfg, topo)
           "expert data-parallel group: expert gradient reduction" },
         { "TPEPPP", "tp-ep-pp", expert_buffer and not cfg.dist_opt and
               cfg.etp * cfg.ep * cfg.pp > 1, "expert tp-ep-pp group: gradient norm of the experts" },
+        { "CP", "cp", cfg.cp > 1 and cfg.cp_comm == "a2a",
+          "context-parallel group: the attention's all-to-all (the p2p ring needs no group)" },
+        { "TPCP", "tp-cp", moe and cfg.cp > 1, "tp-cp group: the MoE aux loss's token counts" },
     }
     local out = {}
     for _, w in ipairs(want) do
@@ -255,8 +265,8 @@ end
 
 -- -- Communication inside the library's calls (lib/model.c, lib/moe.c) ----------------------------
 
-local function coll(op, group, n, dtype, red)
-    return ir.Coll { op = op, group = group, n = n, dtype = dtype or "f32", red = red }
+local function coll(op, group, n, dtype, red, n2)
+    return ir.Coll { op = op, group = group, n = n, dtype = dtype or "f32", red = red, n2 = n2 }
 end
 
 local function append(list, items)
@@ -284,10 +294,34 @@ local function reduce_seq(cfg, s)
     return {}
 end
 
+-- model.c attention_core under context parallelism (docs/megatron.md §12). The p2p ring:
+-- CP-1 hops of this rank's K|V block (N, 2 C_LOCAL) in the activations' dtype, each to the
+-- next cp rank and from the previous one.
+local function cp_fwd(cfg, s)
+    local out = {}
+    if cfg.cp == 1 then return out end
+    for _ = 1, cfg.cp - 1 do
+        out[#out + 1] = coll("ring", "cp", s.N * 2 * s.c_local, act_dtype(cfg))
+    end
+    return out
+end
+
+-- The ring's backward: CP-1 hops of a K|V block with its f32 dK|dV (the gradient travels with
+-- the block it belongs to), then one hop of dK|dV alone: home to the block's rank.
+local function cp_bwd(cfg, s)
+    local out = {}
+    if cfg.cp == 1 then return out end
+    local kv = s.N * 2 * s.c_local
+    for _ = 1, cfg.cp - 1 do out[#out + 1] = coll("ring", "cp", kv, act_dtype(cfg), nil, kv) end
+    out[#out + 1] = coll("ring", "cp", 0, act_dtype(cfg), nil, kv)
+    return out
+end
+
 -- moe.c: rows of tokens travel in the activations' dtype, probabilities in f32.
 local function moe_fwd_comm(cfg, s)
     local a, out = act_dtype(cfg), {}
-    if cfg.tp > 1 then out[#out + 1] = coll("allgather", "tp", s.E, "i32") end
+    if cfg.cp > 1 then out[#out + 1] = coll("allgather", "tp-cp", s.E, "i32")
+    elseif cfg.tp > 1 then out[#out + 1] = coll("allgather", "tp", s.E, "i32") end
     if cfg.ep > 1 then
         append(out, { coll("alltoallv", "ep", nil, "i32"), coll("alltoallv", "ep", nil, a),
                       coll("alltoallv", "ep") })
@@ -330,12 +364,21 @@ local function call_comm(cfg, s, op)
     elseif op == "embedding_bwd" then
         return gather_seq(cfg, s)
     elseif op == "layer_fwd" or op == "layer_recompute" then
-        local out = append(gather_seq(cfg, s), reduce_seq(cfg, s))
+        local out = append(append(gather_seq(cfg, s), cp_fwd(cfg, s)), reduce_seq(cfg, s))
         if moe then return append(out, moe_fwd_comm(cfg, s)) end
         return append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
     elseif op == "layer_bwd" then
+        -- the attention branch as model.c layer_bwd runs it: ln_1's output gathered again,
+        -- the attention core recomputed (selective core_attn), the output gradient gathered,
+        -- the attention's backward, the input gradient reduced
         local out = moe and moe_bwd_comm(cfg) or column_bwd(cfg, s)
-        return append(out, column_bwd(cfg, s))
+        append(out, gather_seq(cfg, s))
+        local rc_attn = false
+        for _, m in ipairs(cfg.recompute_modules) do rc_attn = rc_attn or m == "core_attn" end
+        if rc_attn then append(out, cp_fwd(cfg, s)) end
+        append(out, gather_seq(cfg, s))
+        append(out, cp_bwd(cfg, s))
+        return append(out, reduce_seq(cfg, s))
     elseif op == "head_fwd_bwd" then
         local out = gather_seq(cfg, s)
         if cfg.tp > 1 then
@@ -636,6 +679,9 @@ local MEMS = {
     { "S_DSUM", "F", "(B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)" },
     { "S_DFC", "A", "(N, FF_LOCAL)" }, { "S_LOGITS", "A", "(N, V_LOCAL)" },
     { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
+    { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the one arriving" },
+    { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward), f32" },
+    { "S_RING_ACC", "F", "(N, C_LOCAL) the merged attention output / dq, f32" },
     { "MS_LOGITS", "F", "(N_SP, EXPERTS)" }, { "MS_XS", "A", "(SEND_MAX, C)" },
     { "MS_PS", "F", "(SEND_MAX)" }, { "MS_XR", "A", "(RECV_MAX, C)" }, { "MS_PR", "F", "(RECV_MAX)" },
     { "MS_XG", "A", "(ROWS_MAX, C)" }, { "MS_PG", "F", "(ROWS_MAX)" },
@@ -655,7 +701,7 @@ M.MEMS = MEMS
 -- Stage buffers that carry data between ranks (the rest are the layers' scratch).
 local COMM = { MS_XS = true, MS_PS = true, MS_XR = true, MS_PR = true, MS_XG = true,
                MS_PG = true, MS_YR = true, MS_YS = true, MS_DPR = true, MS_DPS = true,
-               MS_COUNTS = true, X_SP_PACK = true }
+               MS_COUNTS = true, X_SP_PACK = true, S_RING_KV = true, S_RING_DKV = true }
 
 -- The per-layer buffers each selective recompute module drops (docs/megatron.md §9.2): the
 -- layer's backward computes them again.
@@ -695,6 +741,11 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
         S_LOGITS = head and s.N * s.v_local, S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
     }
+    if cfg.cp > 1 and cfg.cp_comm == "p2p" then     -- lib/model.c ring_fwd, ring_bwd
+        size.S_RING_KV = 2 * s.N * 2 * s.c_local
+        size.S_RING_DKV = 2 * s.N * 2 * s.c_local
+        size.S_RING_ACC = s.N * s.c_local
+    end
     if moe then
         local E, K, C = s.E, s.K, s.C
         for k, v in pairs({
@@ -1142,11 +1193,6 @@ end
 
 -- Layouts the training programs do not support yet (the topology can still be inspected).
 function M.supported(cfg)
-    if cfg.cp > 1 then
-        return false, string.format("context parallelism (CP=%d) is not supported yet for " ..
-                                    "training programs; the topology of CP layouts can still " ..
-                                    "be inspected (make inspect) -- use CP=1", cfg.cp)
-    end
     if cfg.model.moe and cfg.tp > 1 and not cfg.sp then
         return false, string.format("mixture of experts with TP (%d) > 1 needs sequence " ..
                                     "parallelism: add SP=1 (Megatron refuses to train MoE with " ..
