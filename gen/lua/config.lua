@@ -712,6 +712,10 @@ function M.configure(model, opts)
     elseif C > 1 and seq % (2 * C) ~= 0 then
         errs.add(seq_at, "%s (%d) must be divisible by 2*CP = %d (context parallelism cuts " ..
                  "the sequence into 2*CP chunks)", opts.seq and "SEQ" or "seq_len", seq, 2 * C)
+    elseif opts.sp and T > 1 and C > 1 and seq % (2 * C * T) ~= 0 then
+        errs.add(seq_at, "with SP and CP, %s (%d) must be divisible by 2*CP*TP = %d (each cp " ..
+                 "rank's two chunks are split over tp; choose SEQ accordingly)",
+                 opts.seq and "SEQ" or "seq_len", seq, 2 * C * T)
     elseif opts.sp and T > 1 and (seq // C) % T ~= 0 then
         errs.add(seq_at, "with SP, %s/CP = %d must be divisible by TP (%d)",
                  opts.seq and "SEQ" or "seq_len", seq // C, T)

@@ -100,7 +100,8 @@ local function consts(cfg, s, layout)
     int("CFG_T_CHUNK", s.t_chunk, cfg.cp > 1 and "positions per load-balanced chunk = SEQ/(2*CP)"
         or "one chunk: the whole sequence")
     int("CFG_CP_A2A", cfg.cp_comm == "a2a" and 1 or 0,
-        cfg.cp_comm == "a2a" and "context-parallel attention: all-to-all (CP_COMM=a2a)"
+        cfg.cp == 1 and "no context parallelism (CP = 1)"
+        or cfg.cp_comm == "a2a" and "context-parallel attention: all-to-all (CP_COMM=a2a)"
         or "context-parallel attention: the p2p ring (CP_COMM=p2p)")
     int("CFG_T_MODEL", m.seq_len, "rows of wpe (model.seq_len)")
     int("CFG_C", s.C, "channels (model.hidden)")

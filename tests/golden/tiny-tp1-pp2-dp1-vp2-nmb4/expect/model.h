@@ -26,7 +26,10 @@
 #define CFG_B               1                  /* micro-batch size (MBS) */
 #define CFG_NMB             4                  /* micro-batches per step (NMB) */
 #define CFG_GBS             4                  /* global batch = MBS*NMB*DP */
-#define CFG_T               64                 /* sequence length (SEQ) */
+#define CFG_SEQ             64                 /* sequence length (SEQ) */
+#define CFG_T               64                 /* positions per rank = SEQ */
+#define CFG_T_CHUNK         64                 /* one chunk: the whole sequence */
+#define CFG_CP_A2A          0                  /* no context parallelism (CP = 1) */
 #define CFG_T_MODEL         64                 /* rows of wpe (model.seq_len) */
 #define CFG_C               64                 /* channels (model.hidden) */
 #define CFG_N               64                 /* tokens per micro-batch = T*B */
@@ -44,9 +47,9 @@
 #define CFG_LAYERS          8                  /* transformer layers (model.layers) */
 #define CFG_LN_EPS          1e-05f             /* LayerNorm eps (model.norm_eps) */
 #define CFG_ATT_SCALE       0.25f              /* 1/sqrt(head_dim) */
-#define CFG_DLOSS           0.00390625f        /* d(step loss)/d(token loss) = 1/(N*NMB) */
+#define CFG_DLOSS           0.00390625f        /* d(step loss)/d(token loss) = 1/(N*NMB), this rank's */
 #define CFG_GRAD_SCALE      1.0f               /* 1/(DP*CP): data-parallel mean */
-#define CFG_TOKENS_PER_STEP 256                /* GBS*T */
+#define CFG_TOKENS_PER_STEP 256                /* GBS*SEQ */
 #define CFG_P2P_N           4096               /* elements of one pipeline message = N_SP*C */
 
 /* -- The stage programs (stage<k>.c) ------------------------------------------------------- */

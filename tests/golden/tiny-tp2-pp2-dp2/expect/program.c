@@ -29,7 +29,7 @@ static const gpt_role roles[16] = {   /* name, scope, rows, cols, ndim, init, st
 
 /* -- Ranks (docs/megatron.md §1): rank = sum of coordinate * stride; the axes named in a kind's
 **    mask vary inside its groups, the fastest first ----------------------------------------- */
-static const gpt_kind kinds[9] = {   /* group, grid, axes varying inside, created */
+static const gpt_kind kinds[11] = {   /* group, grid, axes varying inside, created */
     /* tp, 2 ranks: tensor-parallel group: the layers' collectives */
     { GPT_GRP_TP,     GPT_GRID_DENSE,  1u << GPT_AX_TP,                   1 },
     /* dp-cp, 2 ranks: data-parallel group: gradient reduction */
@@ -48,6 +48,10 @@ static const gpt_kind kinds[9] = {   /* group, grid, axes varying inside, create
     { GPT_GRP_EDP,    GPT_GRID_EXPERT, 1u << GPT_AX_DP,                   0 },
     /* tp-ep-pp, 4 ranks: expert tp-ep-pp group: gradient norm of the experts (not created) */
     { GPT_GRP_TPEPPP, GPT_GRID_EXPERT, 1u << GPT_AX_TP | 1u << GPT_AX_PP, 0 },
+    /* cp, 1 ranks: context-parallel group: the attention's all-to-all (the p2p ring needs no group) (not created) */
+    { GPT_GRP_CP,     GPT_GRID_DENSE,  0,                                 0 },
+    /* tp-cp, 2 ranks: tp-cp group: the MoE aux loss's token counts (not created) */
+    { GPT_GRP_TPCP,   GPT_GRID_DENSE,  1u << GPT_AX_TP,                   0 },
 };
 
 static const gpt_stage *const stages[CFG_PP] = {
@@ -63,7 +67,8 @@ const gpt_program gpt_program_desc = {
     .world = CFG_WORLD, .tp = CFG_TP, .pp = CFG_PP, .dp = CFG_DP, .cp = CFG_CP, .vp = CFG_VP,
     .gbs = CFG_GBS, .tokens_per_step = CFG_TOKENS_PER_STEP, .vocab = CFG_V,
     .dims = {
-        .B = CFG_B, .T = CFG_T, .C = CFG_C, .N = CFG_N, .n_sp = CFG_N_SP,
+        .B = CFG_B, .T = CFG_T, .C = CFG_C, .seq = CFG_SEQ, .cp = CFG_CP,
+        .cp_a2a = CFG_CP_A2A, .t_chunk = CFG_T_CHUNK, .N = CFG_N, .n_sp = CFG_N_SP,
         .t_model = CFG_T_MODEL, .heads_local = CFG_HEADS_LOCAL, .head_dim = CFG_HEAD_DIM,
         .c_local = CFG_C_LOCAL, .qkv_local = CFG_QKV_LOCAL, .ff_local = CFG_FF_LOCAL,
         .v_local = CFG_V_LOCAL, .nmb = CFG_NMB, .ln_eps = CFG_LN_EPS,
@@ -74,6 +79,6 @@ const gpt_program gpt_program_desc = {
     /*          tp, cp, ep, dp, pp */
     .dense = { { 2, 1, 1, 2, 2 }, { 1, 2, 2, 2, 4 } },
     .expert = { { 2, 1, 1, 2, 2 }, { 1, 2, 2, 2, 4 } },
-    .nkinds = 9, .kinds = kinds,
+    .nkinds = 11, .kinds = kinds,
     .nstages = CFG_PP, .stages = stages,
 };

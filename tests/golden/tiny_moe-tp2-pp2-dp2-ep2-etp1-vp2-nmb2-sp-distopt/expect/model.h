@@ -26,7 +26,10 @@
 #define CFG_B               1                  /* micro-batch size (MBS) */
 #define CFG_NMB             2                  /* micro-batches per step (NMB) */
 #define CFG_GBS             4                  /* global batch = MBS*NMB*DP */
-#define CFG_T               64                 /* sequence length (SEQ) */
+#define CFG_SEQ             64                 /* sequence length (SEQ) */
+#define CFG_T               64                 /* positions per rank = SEQ */
+#define CFG_T_CHUNK         64                 /* one chunk: the whole sequence */
+#define CFG_CP_A2A          0                  /* no context parallelism (CP = 1) */
 #define CFG_T_MODEL         64                 /* rows of wpe (model.seq_len) */
 #define CFG_C               64                 /* channels (model.hidden) */
 #define CFG_N               64                 /* tokens per micro-batch = T*B */
@@ -44,9 +47,9 @@
 #define CFG_LAYERS          4                  /* transformer layers (model.layers) */
 #define CFG_LN_EPS          1e-05f             /* LayerNorm eps (model.norm_eps) */
 #define CFG_ATT_SCALE       0.25f              /* 1/sqrt(head_dim) */
-#define CFG_DLOSS           0.0078125f         /* d(step loss)/d(token loss) = 1/(N*NMB) */
+#define CFG_DLOSS           0.0078125f         /* d(step loss)/d(token loss) = 1/(N*NMB), this rank's */
 #define CFG_GRAD_SCALE      0.5f               /* 1/(DP*CP): data-parallel mean */
-#define CFG_TOKENS_PER_STEP 256                /* GBS*T */
+#define CFG_TOKENS_PER_STEP 256                /* GBS*SEQ */
 #define CFG_P2P_N           2048               /* elements of one pipeline message = N_SP*C */
 #define CFG_EXPERTS         8                  /* experts per MoE layer (model.moe.experts) */
 #define CFG_TOPK            2                  /* experts per token (model.moe.top_k) */
@@ -57,7 +60,7 @@
 #define CFG_EFF_LOCAL       128                /* expert columns per ETP rank */
 #define CFG_PRE_SOFTMAX     0                  /* 1: softmax over all, then top-k; 0: softmax of the k */
 #define CFG_MOE_BIAS        0                  /* expert biases (model.moe.bias) */
-#define CFG_AUX_SCALE       9.765625e-06f      /* coeff*E/(K*N^2): aux = this * sum_e scores_e * count_e */
+#define CFG_AUX_SCALE       9.765625e-06f      /* coeff*E/(K*(B*SEQ)^2): aux = this * sum_e scores_e * count_e */
 #define CFG_AUX_GRAD        0.5f               /* the aux loss's share of the objective: 1/NMB */
 #define CFG_CAPACITY        128                /* no capacity limit: N*TOPK */
 #define CFG_MOE_SEND_MAX    64                 /* rows this rank sends at most = N_SP*TOPK */

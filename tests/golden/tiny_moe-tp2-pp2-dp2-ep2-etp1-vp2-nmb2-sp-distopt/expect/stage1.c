@@ -249,7 +249,7 @@ static const gpt_chunk_info chunks[2] = {
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 3037192 bytes in all with the
 **    parameters, checked at start. Not used here:
-**    L_FC L_GELU C_TOKENS S_DFC
+**    L_FC L_GELU C_TOKENS S_DFC S_RING_KV S_RING_DKV S_RING_ACC
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 3 */

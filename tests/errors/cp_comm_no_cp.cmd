@@ -1,0 +1,1 @@
+tiny --cp-comm a2a

@@ -1,0 +1,1 @@
+tiny --cp 2 --cp-comm ring

@@ -1,0 +1,1 @@
+tests/models/moe_cap.lua --cp 2

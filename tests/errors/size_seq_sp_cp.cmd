@@ -1,0 +1,1 @@
+tiny --tp 4 --sp --cp 2 --seq 40

@@ -1,1 +1,0 @@
-tiny --tp 2 --dp 2 --cp 2
