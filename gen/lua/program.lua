@@ -1169,6 +1169,39 @@ function M.events(prog, cfg)
     return { P = cfg.pp, V = cfg.vp, M = cfg.nmb, stages = stages }
 end
 
+-- The cp ring of stage sp as its CP ranks run it (verify.check_ring): every ring hop of the
+-- stage's library calls, in program order; cp rank r sends K|V (tag 2) and dK|dV (tag 3) to
+-- r + 1 and receives them from r - 1 (lib/model.c ring_hop), the same hops on every cp rank.
+function M.ring_events(sp, cfg)
+    local CP, hops = cfg.cp, {}
+    local function add(o, what)
+        for _, c in ipairs(o.comm) do
+            if c.op == "ring" then hops[#hops + 1] = { c = c, what = what } end
+        end
+    end
+    for _, o in ipairs(sp.schedule) do
+        if o.kind == "F" or o.kind == "B" then
+            add(o, string.format("%s of mb %d (chunk %d)", o.kind == "F" and "forward"
+                                 or "backward", o.mb, o.chunk))
+        end
+    end
+    for _, o in ipairs(sp.tail) do add(o, "the step's tail") end
+    local ranks = {}
+    for r = 0, CP - 1 do
+        local list, next, prev = {}, (r + 1) % CP, (r + CP - 1) % CP
+        for i, h in ipairs(hops) do
+            local ops, c = {}, h.c
+            for _, dir in ipairs({ { true, next }, { false, prev } }) do
+                if c.n > 0 then ops[#ops + 1] = { send = dir[1], peer = dir[2], tag = 2, n = c.n } end
+                if c.n2 then ops[#ops + 1] = { send = dir[1], peer = dir[2], tag = 3, n = c.n2 } end
+            end
+            list[i] = { what = h.what .. ", ring hop " .. i, ops = ops }
+        end
+        ranks[r + 1] = list
+    end
+    return { CP = CP, ranks = ranks }
+end
+
 function M.check(prog, cfg, topo)
     local pp = topology.members(topology.kind(topo, "pp"), 0)
     local names = {}
@@ -1186,6 +1219,23 @@ function M.check(prog, cfg, topo)
                                              "on %s (a generator bug): nothing written",
                                              transport == "mpi" and "MPI" or "NCCL"))
             diag.raise(lines)
+        end
+    end
+    if cfg.cp == 1 then return end
+    for _, sp in ipairs(prog.stages) do
+        local ring = M.ring_events(sp, cfg)
+        for _, transport in ipairs({ "mpi", "nccl" }) do
+            local ok, why = verify.check_ring(ring, { transport = transport,
+                                              where = "the cp ring of " .. names[sp.stage] })
+            if not ok then
+                local lines = {}
+                for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
+                table.insert(lines, 1, diag.make(nil, "the context-parallel ring failed " ..
+                                                 "verification on %s (a generator bug): " ..
+                                                 "nothing written",
+                                                 transport == "mpi" and "MPI" or "NCCL"))
+                diag.raise(lines)
+            end
         end
     end
 end

@@ -275,4 +275,126 @@ function M.check(sched, opts)
     return true
 end
 
+--[[
+** The context-parallel ring of one pipeline stage (docs/megatron.md §12), at the level of its
+** CP ranks: ring.CP ranks, ring.ranks[r + 1] = cp rank r's hops in program order, each
+** { what = text, ops = { { send = bool, peer = cp rank, tag = int, n = elements }, ... } }.
+** A hop posts every op together and completes when each has met its partner (rt_p2p); the
+** next hop is posted after that. Messages match per (sender, receiver, tag) in posting order
+** (MPI), or per (sender, receiver) with each hop's ops sorted by (peer, tag) (NCCL:
+** opts.transport = "nccl"); a matched pair must agree on the tag and the element count. The
+** stage-level check (M.check) sees each hop as one collective of the stage's cp group; this
+** one proves the ring's messages themselves match. Returns true, or nil and lines of text.
+]]
+function M.check_ring(ring, opts)
+    opts = opts or {}
+    local CP, nccl = ring.CP, opts.transport == "nccl"
+    local where = opts.where or "the cp ring"
+    local pc, posted, queues, errors = {}, {}, {}, {}
+    for r = 0, CP - 1 do pc[r] = 1 end
+
+    local function op_text(r, op)
+        return ("%s %d elements (tag %d) %s cp rank %d"):format(op.send and "send" or "receive",
+            op.n, op.tag, op.send and "to" or "from", op.peer)
+    end
+    local function channel(src, dst, tag)
+        local key = src .. ">" .. dst .. ":" .. (nccl and "all" or tag)
+        local q = queues[key]
+        if not q then q = { sends = {}, recvs = {}, src = src, dst = dst }; queues[key] = q end
+        return q
+    end
+    local function match(q)
+        while #q.sends > 0 and #q.recvs > 0 do
+            local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
+            if s.op.tag ~= rv.op.tag or s.op.n ~= rv.op.n then
+                errors[#errors + 1] = ("%s: cp rank %d (%s) would %s, but cp rank %d (%s) " ..
+                    "would %s"):format(where, q.src, s.what, op_text(q.src, s.op), q.dst,
+                    rv.what, op_text(q.dst, rv.op))
+                return false
+            end
+            s.done, rv.done = true, true
+        end
+        return true
+    end
+    local function sorted(ops)
+        if not nccl then return ops end
+        local idx = {}
+        for i = 1, #ops do idx[i] = i end
+        table.sort(idx, function(a, b)
+            if ops[a].peer ~= ops[b].peer then return ops[a].peer < ops[b].peer end
+            if ops[a].tag ~= ops[b].tag then return ops[a].tag < ops[b].tag end
+            return a < b
+        end)
+        local out = {}
+        for i, j in ipairs(idx) do out[i] = ops[j] end
+        return out
+    end
+
+    local function advance(r)
+        local hops, moved = ring.ranks[r + 1], false
+        while pc[r] <= #hops do
+            local hop = hops[pc[r]]
+            if not posted[r] then
+                posted[r] = {}
+                for _, op in ipairs(sorted(hop.ops)) do
+                    if op.peer < 0 or op.peer >= CP or op.peer == r then
+                        errors[#errors + 1] = ("%s: cp rank %d (%s) would %s, not another " ..
+                            "rank of the ring"):format(where, r, hop.what, op_text(r, op))
+                        return false
+                    end
+                    local item = { op = op, done = false, what = hop.what }
+                    posted[r][#posted[r] + 1] = item
+                    local q = op.send and channel(r, op.peer, op.tag) or channel(op.peer, r, op.tag)
+                    if op.send then q.sends[#q.sends + 1] = item else q.recvs[#q.recvs + 1] = item end
+                    if not match(q) then return false end
+                end
+            end
+            for _, item in ipairs(posted[r]) do
+                if not item.done then return moved end
+            end
+            posted[r] = nil
+            pc[r] = pc[r] + 1
+            moved = true
+        end
+        return moved
+    end
+
+    local progress = true
+    while progress and #errors == 0 do
+        progress = false
+        for r = 0, CP - 1 do
+            if advance(r) then progress = true end
+            if #errors > 0 then break end
+        end
+    end
+    if #errors > 0 then return nil, errors end
+    local stuck = {}
+    for r = 0, CP - 1 do
+        local hops = ring.ranks[r + 1]
+        if pc[r] <= #hops then
+            local waits = {}
+            for _, item in ipairs(posted[r] or {}) do
+                if not item.done then waits[#waits + 1] = op_text(r, item.op) end
+            end
+            stuck[#stuck + 1] = ("cp rank %d waits at hop %d (%s) to %s"):format(r, pc[r],
+                hops[pc[r]].what, table.concat(waits, " and "))
+        end
+    end
+    if #stuck > 0 then
+        table.insert(stuck, 1, where .. " deadlocks:")
+        return nil, stuck
+    end
+    local keys = {}
+    for k in pairs(queues) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+        local q = queues[k]
+        if #q.sends > 0 or #q.recvs > 0 then
+            return nil, { ("%s: cp rank %d -> %d: %d send(s) and %d receive(s) never matched")
+                :format(where, q.src, q.dst, #q.sends, #q.recvs) }
+        end
+    end
+    return true
+end
+
 return M

@@ -43,6 +43,7 @@ tiny-tp2-pp2-dp2|8|tiny --tp 2 --pp 2 --dp 2
 tiny-order-tp-pp-dp|8|tiny --tp 2 --pp 2 --dp 2 --order tp-pp-dp
 tiny_moe-tp2-dp2-ep2|4|tiny_moe --tp 2 --dp 2 --ep 2 --sp
 tiny_moe-tp2-pp2-etp1-ep2|8|tiny_moe --tp 2 --pp 2 --dp 2 --ep 2 --etp 1 --sp
+tiny-tp2-cp2-dp2|8|tiny --tp 2 --cp 2 --dp 2
 LAYOUTS
 
 # trace/<layout>: what each rank communicates (RT_TRACE) is what --dump program declares, for
@@ -74,6 +75,9 @@ tiny-tp2-pp2-dp2-sp-distopt|8|tiny --tp 2 --pp 2 --dp 2 --sp --dist-opt --nmb 2
 tiny-pp2-vp2-dp2|4|tiny --pp 2 --vp 2 --dp 2 --nmb 4
 tiny_moe-tp2-dp2-ep2-sp|4|tiny_moe --tp 2 --dp 2 --ep 2 --sp
 tiny_moe-tp2-pp2-etp1-ep2|8|tiny_moe --tp 2 --pp 2 --dp 2 --ep 2 --etp 1 --sp --vp 2 --nmb 2
+tiny-tp2-cp2-pp2-sp-rc|8|tiny --tp 2 --cp 2 --pp 2 --sp --nmb 2 --recompute selective
+tiny-cp4-bf16|4|tiny --cp 4 --bf16
+tiny_moe-cp2-ep2|4|tiny_moe --cp 2 --dp 2 --ep 2
 LAYOUTS
 
 # control: a trace with one collective missing (the first reduce-scatter) is caught

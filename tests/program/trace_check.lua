@@ -16,13 +16,30 @@ local dir, world, steps = arg[2], tonumber(arg[3]), tonumber(arg[4])
 
 local function get(obj, key) return obj.map[key] end
 
--- pp axis of the dense grid (ORDER GPT_AXIS: tp cp ep dp pp)
+-- pp and cp axes of the dense grid (ORDER GPT_AXIS: tp cp ep dp pp)
 local dense = get(prog, "dense")
 local pp_size, pp_stride = get(dense, "size")[5], get(dense, "stride")[5]
+local cp_size, cp_stride = get(dense, "size")[2], get(dense, "stride")[2]
 
-local function coll_line(c)
+-- One hop of the cp ring as lib/model.c ring_hop posts it: K|V (tag 2) then dK|dV (tag 3) to
+-- the next cp rank, then the same from the previous one.
+local function ring_line(c, rank)
+    local n, dtype, n2 = get(c, "n"), get(c, "dtype"), get(c, "n2")
+    local r = (rank // cp_stride) % cp_size
+    local next = rank + ((r + 1) % cp_size - r) * cp_stride
+    local prev = rank + ((r + cp_size - 1) % cp_size - r) * cp_stride
+    local parts = { "p2p" }
+    for _, dir in ipairs({ { "send", next }, { "recv", prev } }) do
+        if n > 0 then parts[#parts + 1] = string.format("%s %d %d %s 2", dir[1], dir[2], n, dtype) end
+        if n2 then parts[#parts + 1] = string.format("%s %d %d f32 3", dir[1], dir[2], n2) end
+    end
+    return table.concat(parts, " ")
+end
+
+local function coll_line(c, rank)
     local op, group, n, dtype, red = get(c, "op"), get(c, "group"), get(c, "n"), get(c, "dtype"),
                                      get(c, "red")
+    if op == "ring" then return ring_line(c, rank) end
     if op == "alltoallv" then return string.format("alltoallv %s %s", group, dtype) end
     if red then return string.format("%s %s %d %s %s", op, group, n, dtype, red) end
     return string.format("%s %s %d %s", op, group, n, dtype)
@@ -34,7 +51,7 @@ local function expected(rank)
     local sp = get(prog, "stages")[k + 1]
     local out = {}
     local function colls(op)
-        for _, c in ipairs(get(op, "comm")) do out[#out + 1] = coll_line(c) end
+        for _, c in ipairs(get(op, "comm")) do out[#out + 1] = coll_line(c, rank) end
     end
     for _, op in ipairs(get(sp, "schedule")) do
         local kind = get(op, "kind")
