@@ -279,6 +279,7 @@ function M.rank(cfg, topo, part, sh, sched, prog, r)
     for _, line in ipairs(util.columns(rows, "lrrrr")) do out[#out + 1] = "  " .. line end
     M.distopt_rank(cfg, topo, sh, prog, r, out)
     M.moe_rank(cfg, topo, part, sh, r, out)
+    M.cp_rank(cfg, topo, part, prog, r, out)
     M.pipeline_rank(cfg, topo, part, sched, prog, r, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
@@ -791,6 +792,70 @@ function M.moe_experts(cfg, topo, r)
     local nl = cfg.model.moe.experts // cfg.ep
     local first = topology.coords(topo, r).ep * nl
     return first, first + nl - 1
+end
+
+-- -- Context parallelism (docs/megatron.md §12) --------------------------------------------------
+
+-- The attention's cp communication on one rank per attention layer and micro-batch, as
+-- lib/model.c runs it (program.lua cp_fwd / cp_bwd list the same hops): the p2p ring sends a
+-- K|V block of N = MBS*SEQ/CP rows of 2*C/TP channels (the activations' dtype) to the next cp
+-- rank CP-1 times forward; backward CP-1 times with its f32 dK|dV, then the dK|dV alone once.
+-- -> { rows, channels, kv (bytes of one K|V block), dkv (f32 dK|dV), forward, backward, hops
+-- = { forward, backward } } in bytes sent by the rank; nil without CP. Pure.
+function M.cp_traffic(cfg)
+    if cfg.cp == 1 then return nil end
+    local CP = cfg.cp
+    local rows, ch = cfg.mbs * cfg.seq // CP, 2 * cfg.model.hidden // cfg.tp
+    local kv, dkv = rows * ch * (cfg.bf16 and 2 or 4), rows * ch * 4
+    return { rows = rows, channels = ch, kv = kv, dkv = dkv, forward = (CP - 1) * kv,
+             backward = (CP - 1) * (kv + dkv) + dkv, hops = { CP - 1, CP } }
+end
+
+-- Append rank r's context-parallel section to 'out' (CP > 1 only): its chunks, its ring
+-- neighbours, the bytes each attention layer exchanges per micro-batch and per step.
+function M.cp_rank(cfg, topo, part, prog, r, out)
+    if cfg.cp == 1 then return end
+    local c, CP = topology.coords(topo, r), cfg.cp
+    local s = topology.axis_stride(topo.dense, "cp")
+    local tc = cfg.seq // (2 * CP)
+    local chunks = { c.cp, 2 * CP - 1 - c.cp }
+    out[#out + 1] = ""
+    out[#out + 1] = string.format("context parallelism: CP %d, %s", CP, cfg.cp_comm == "p2p"
+                                  and "p2p ring (K|V blocks travel around the cp group)" or
+                                  "all-to-all of heads and sequence")
+    out[#out + 1] = string.format("  this rank     cp %d of %d; ring: from rank %d (cp %d), to " ..
+                                  "rank %d (cp %d)", c.cp, CP,
+                                  r + ((c.cp + CP - 1) % CP - c.cp) * s, (c.cp + CP - 1) % CP,
+                                  r + ((c.cp + 1) % CP - c.cp) * s, (c.cp + 1) % CP)
+    out[#out + 1] = string.format("  tokens        chunks %d and %d of %d: positions %d-%d and " ..
+                                  "%d-%d of each sequence of %d", chunks[1], chunks[2], 2 * CP,
+                                  chunks[1] * tc, chunks[1] * tc + tc - 1, chunks[2] * tc,
+                                  chunks[2] * tc + tc - 1, cfg.seq)
+    local t = M.cp_traffic(cfg)
+    out[#out + 1] = string.format("  attention     per layer and micro-batch: a K|V block of %d " ..
+                                  "rows x %d channels", t.rows, t.channels)
+    out[#out + 1] = string.format("                (%s, %s), its dK|dV (f32, %s)",
+                                  cfg.bf16 and "bf16" or "f32", util.bytes(t.kv),
+                                  util.bytes(t.dkv))
+    out[#out + 1] = string.format("    forward     %-38s %12s sent",
+                                  string.format("%d hops of K|V", t.hops[1]),
+                                  util.bytes(t.forward))
+    out[#out + 1] = string.format("    backward    %-38s %12s sent",
+                                  string.format("%d hops of K|V and dK|dV, 1 of dK|dV", t.hops[1]),
+                                  util.bytes(t.backward))
+    local layers = 0
+    for _, ch in ipairs(part.stages[c.pp + 1].chunks) do layers = layers + ch.count end
+    out[#out + 1] = string.format("  per step      %d layers x %d micro-batches: %s sent and " ..
+                                  "as much received", layers, cfg.nmb,
+                                  util.bytes(layers * cfg.nmb * (t.forward + t.backward)))
+    local sp = prog.stages[c.pp + 1]
+    local bufs = {}
+    for _, m in ipairs(sp.mem) do
+        if m.id:match("^S_RING_") and m.how == "ALLOC" then
+            bufs[#bufs + 1] = string.format("%s %s", m.id, util.bytes(m.bytes))
+        end
+    end
+    out[#out + 1] = "  ring buffers  " .. table.concat(bufs, ", ")
 end
 
 -- Append the mixture-of-experts section of rank r's report to 'out' (MoE models only).

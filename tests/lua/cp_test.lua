@@ -82,6 +82,33 @@ T.test("a layer's ring traffic, by hand", function()
     T.eq(n, 2 * (1 + 2), "selective core_attn: the forward ring again in the backward")
 end)
 
+T.test("make inspect's ring bytes are the program's hops", function()
+    local inspect = require("inspect")
+    for _, l in ipairs({ { cp = 2, tp = 2, mbs = 2 }, { cp = 4, bf16 = true },
+                         { cp = 4, pp = 2, vp = 2, nmb = 4, sp = true, tp = 2 } }) do
+        local cfg, topo, part, sh, sched, p = F.build({ layers = 8 }, l)
+        local t = inspect.cp_traffic(cfg)
+        local es = cfg.bf16 and 2 or 4
+        for _, sp in ipairs(p.stages) do
+            local sent, layers = { F = 0, B = 0 }, 0
+            for _, ch in ipairs(sp.chunks) do layers = layers + ch.layers end
+            for _, o in ipairs(sp.schedule) do
+                if o.kind == "F" or o.kind == "B" then
+                    for _, c in ipairs(o.comm) do
+                        if c.op == "ring" then
+                            sent[o.kind] = sent[o.kind] + c.n * es + (c.n2 or 0) * 4
+                        end
+                    end
+                end
+            end
+            T.eq({ sent.F, sent.B }, { layers * cfg.nmb * t.forward, layers * cfg.nmb * t.backward },
+                 string.format("cp %d stage %d: bytes per step", cfg.cp, sp.stage))
+        end
+        local text = inspect.rank(cfg, topo, part, sh, sched, p, 0)
+        T.ok(text:find("context parallelism: CP " .. cfg.cp, 1, true), "report names CP")
+    end
+end)
+
 -- A ring of CP ranks with 'n' identical hops of K|V and dK|dV (next, prev); 'edit' breaks it.
 local function ring(CP, n, edit)
     local ranks = {}
