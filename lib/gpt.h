@@ -26,6 +26,8 @@ extern "C" {
 
 /* -- Sizes ---------------------------------------------------------------------------------- */
 
+#define GPT_MAX_CP 4096       /* context-parallel size at most (config.lua MAX_CP) */
+
 /* Every size the model code needs, for this layout (the generator's CFG_ constants). Tokens of
 ** a micro-batch are rows t*B + b (sequence-major); under sequence parallelism a tp rank holds
 ** the n_sp rows [tp_rank*n_sp, (tp_rank+1)*n_sp) between the layers' tensor-parallel regions. */
@@ -217,13 +219,14 @@ typedef struct {
 ** X_: misc. The element types are the generator's (gen/lua/program.lua MEMS). */
 #define GPT_MEMS(_) \
     _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_QKV) _(L_LSE) _(L_ATTY) _(L_RES1) \
-    _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_FC) _(L_GELU) _(L_RES2) \
+    _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_FC) _(L_GELU) _(L_RES2) _(L_QKV_SEQ) _(L_ATTY_SEQ) \
     _(ML_SCORES) _(ML_PROB) _(ML_SEL) _(ML_POS) _(ML_SEND_TOK) _(ML_ORDER) _(ML_UNORDER) \
     _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) \
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
     _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_LOGITS) \
     _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
+    _(S_A2A_SEND) _(S_A2A_RECV) _(S_A2A_DOUT) \
     _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_YE) \
     _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
     _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) _(MS_PIDX) \
@@ -338,6 +341,8 @@ typedef struct {
     void *fc, *gelu;                       /* (N, FF_LOCAL)                                 */
     gpt_moe_acts moe;
     void *res2;                            /* (N_SP, C) the layer's output                  */
+    void *qkv_seq, *atty_seq;              /* CP_COMM=a2a: (N, QKV_LOCAL), (N, C_LOCAL) as
+                                           ** SEQ*B rows of HEADS_LOCAL/CP heads             */
 } gpt_layer_acts;
 
 typedef struct {

@@ -26,6 +26,9 @@ typedef struct {
     void *ring_kv;        /* (2, N, 2 C_LOCAL) K|V blocks on the context-parallel ring        */
     float *ring_dkv;      /* (2, N, 2 C_LOCAL) their dK|dV, travelling with them (backward)   */
     float *ring_acc;      /* (N, C_LOCAL)      the merged output / dq, f32                    */
+    void *a2a_send;       /* (N, QKV_LOCAL)    CP_COMM=a2a: blocks to send                    */
+    void *a2a_recv;       /* (N, QKV_LOCAL)    blocks received                                */
+    void *a2a_dout;       /* (N, C_LOCAL)      the output gradient in sequence order          */
 } lib_scratch;
 
 /* Parameters (model dtype) or, in the gradient copies, f32 gradients. */

@@ -218,11 +218,91 @@ static void ring_bwd(const gpt_layer_acts *a, void *dqkv, const void *datty)
               2 * (size_t)cl, d->N, 2 * cl);
 }
 
+/*
+** CP_COMM=a2a (Megatron's "a2a", Ulysses): an all-to-all over cp trades sequence for heads, so
+** each cp rank runs the plain causal attention of the whole sequence on HEADS_LOCAL/CP heads,
+** then a second all-to-all trades back. Head group j (HG = HEADS_LOCAL/CP heads, hw = HG*hd
+** channels) goes to cp rank j; the blocks a rank receives, one per cp rank s, hold s's local
+** rows (its two chunks), which a2a_order puts at their true positions.
+*/
+static void a2a_exchange(const void *send, void *recv, size_t block)
+{
+    static size_t cnt[GPT_MAX_CP], dis[GPT_MAX_CP];     /* the main thread's only */
+    for (int j = 0; j < gpt.d.cp; j++) {
+        cnt[j] = block;
+        dis[j] = (size_t)j * block;
+    }
+    /* >>> all-to-all over cp: block j to cp rank j, block s from cp rank s */
+    rt_alltoallv(send, cnt, dis, recv, cnt, dis, ACT, gpt.grp[GPT_GRP_CP]);
+}
+
+/* Rows of width w between the received order (block s: cp rank s's local rows, its chunk s
+** then chunk 2CP-1-s) and the sequence order (position-major rows t*B + b of the whole
+** sequence): to_seq = 1 from the first to the second, 0 back. Whole chunks of T_CHUNK*B rows. */
+static void a2a_order(void *dst, const void *src, size_t w, int to_seq)
+{
+    const gpt_dims *d = &gpt.d;
+    size_t chunk = (size_t)d->t_chunk * d->B * w;
+    for (int s = 0; s < d->cp; s++)
+        for (int h = 0; h < 2; h++) {
+            size_t blk = (size_t)(2 * s + h) * chunk, seq = (size_t)cp_chunk(s, h) * chunk;
+            rt_memcpy(lib_at(dst, to_seq ? seq : blk), lib_at(src, to_seq ? blk : seq),
+                      chunk * lib.es, RT_D2D);
+        }
+}
+
+/* Pack head groups: block j (N rows of 'parts' x hw) = columns [p*C_LOCAL + j*hw, +hw) of
+** each part p of src (rows of parts*C_LOCAL); unpack: the inverse. */
+static void a2a_heads(void *blocks, void *rows, int parts, int pack)
+{
+    const gpt_dims *d = &gpt.d;
+    int cl = d->c_local, hw = cl / d->cp;
+    size_t bw = (size_t)parts * hw, rw = (size_t)parts * cl;
+    for (int j = 0; j < d->cp; j++)
+        for (int p = 0; p < parts; p++) {
+            void *b = lib_at(blocks, (size_t)j * d->N * bw + (size_t)p * hw);
+            void *r = lib_at(rows, (size_t)p * cl + (size_t)j * hw);
+            if (pack) copy_cols(b, ACT, bw, r, ACT, rw, d->N, hw);
+            else copy_cols(r, ACT, rw, b, ACT, bw, d->N, hw);
+        }
+}
+
+static void a2a_fwd(gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    int hg = d->heads_local / d->cp, hw = hg * d->head_dim;
+    size_t n3 = (size_t)d->N * 3 * hw, n1 = (size_t)d->N * hw;
+    a2a_heads(lib.s.a2a_send, a->qkv, 3, 1);
+    a2a_exchange(lib.s.a2a_send, lib.s.a2a_recv, n3);
+    a2a_order(a->qkv_seq, lib.s.a2a_recv, 3 * (size_t)hw, 1);
+    attention_fwd(a->atty_seq, a->lse, a->qkv_seq, d->B, d->seq, hg, d->head_dim, d->att_scale,
+                  ACT);
+    a2a_order(lib.s.a2a_send, a->atty_seq, (size_t)hw, 0);
+    a2a_exchange(lib.s.a2a_send, lib.s.a2a_recv, n1);
+    a2a_heads(lib.s.a2a_recv, a->atty, 1, 0);
+}
+
+static void a2a_bwd(const gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    int hg = d->heads_local / d->cp, hw = hg * d->head_dim;
+    size_t n3 = (size_t)d->N * 3 * hw, n1 = (size_t)d->N * hw;
+    a2a_heads(lib.s.a2a_send, lib.s.datty, 1, 1);
+    a2a_exchange(lib.s.a2a_send, lib.s.a2a_recv, n1);
+    a2a_order(lib.s.a2a_dout, lib.s.a2a_recv, (size_t)hw, 1);
+    attention_bwd(lib.s.a2a_send, lib.s.dsum, lib.s.a2a_dout, a->atty_seq, a->lse, a->qkv_seq,
+                  d->B, d->seq, hg, d->head_dim, d->att_scale, ACT);
+    a2a_order(lib.s.a2a_recv, lib.s.a2a_send, 3 * (size_t)hw, 0);
+    a2a_exchange(lib.s.a2a_recv, lib.s.a2a_send, n3);
+    a2a_heads(lib.s.a2a_send, lib.s.dqkv, 3, 0);
+}
+
 static void attention_core(gpt_layer_acts *a)
 {
     const gpt_dims *d = &gpt.d;
     if (d->cp > 1) {
-        ring_fwd(a);
+        if (d->cp_a2a) a2a_fwd(a);
+        else ring_fwd(a);
         return;
     }
     attention_fwd(a->atty, a->lse, a->qkv, d->B, d->T, d->heads_local, d->head_dim,
@@ -233,7 +313,8 @@ static void attention_core_bwd(const gpt_layer_acts *a)
 {
     const gpt_dims *d = &gpt.d;
     if (d->cp > 1) {
-        ring_bwd(a, lib.s.dqkv, lib.s.datty);
+        if (d->cp_a2a) a2a_bwd(a);
+        else ring_bwd(a, lib.s.dqkv, lib.s.datty);
         return;
     }
     attention_bwd(lib.s.dqkv, lib.s.dsum, lib.s.datty, a->atty, a->lse, a->qkv, d->B, d->T,

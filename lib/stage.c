@@ -99,6 +99,8 @@ void lib_layer_acts_alloc(gpt_layer_acts *a, const gpt_layer_store *st)
     a->fc = layer_mem(GPT_M_L_FC, st);
     a->gelu = layer_mem(GPT_M_L_GELU, st);
     a->res2 = layer_mem(GPT_M_L_RES2, st);
+    a->qkv_seq = layer_mem(GPT_M_L_QKV_SEQ, st);
+    a->atty_seq = layer_mem(GPT_M_L_ATTY_SEQ, st);
     gpt_moe_acts *m = &a->moe;
     m->scores = layer_mem(GPT_M_ML_SCORES, st);
     m->prob = layer_mem(GPT_M_ML_PROB, st);
@@ -138,6 +140,9 @@ static void scratch_alloc(void)
     s->ring_kv = mem(GPT_M_S_RING_KV, NULL);
     s->ring_dkv = mem(GPT_M_S_RING_DKV, NULL);
     s->ring_acc = mem(GPT_M_S_RING_ACC, NULL);
+    s->a2a_send = mem(GPT_M_S_A2A_SEND, NULL);
+    s->a2a_recv = mem(GPT_M_S_A2A_RECV, NULL);
+    s->a2a_dout = mem(GPT_M_S_A2A_DOUT, NULL);
     lib_moe_scratch *ms = &lib.ms;
     ms->logits = mem(GPT_M_MS_LOGITS, NULL);
     ms->xs = mem(GPT_M_MS_XS, NULL);

@@ -19,6 +19,7 @@ M.AXES = { tp = true, cp = true, ep = true, dp = true, pp = true }
 -- Megatron appends axes missing from the order in this order (RankGenerator.name_to_size).
 M.APPEND_ORDER = { "tp", "pp", "dp", "ep", "cp" }
 M.MAX_SIZE = 1 << 20            -- largest world (and parallel size) the generator accepts
+M.MAX_CP = 4096                 -- largest CP (lib/gpt.h GPT_MAX_CP)
 M.MAX_PARAMS = 1 << 42          -- largest model it counts exactly (bytes summed over ranks)
 
 -- -- Reading model descriptions ------------------------------------------------------------
@@ -694,6 +695,9 @@ function M.configure(model, opts)
         end
     end
 
+    if C > M.MAX_CP then
+        errs.add(nil, "CP (%d) is too large (at most %d)", C, M.MAX_CP)
+    end
     if opts.cp_comm and C == 1 then
         errs.add(nil, "CP_COMM=%s needs CP > 1 (it chooses how context-parallel ranks " ..
                  "exchange attention inputs)", cp_comm)

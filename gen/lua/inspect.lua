@@ -802,11 +802,21 @@ end
 -- rank CP-1 times forward; backward CP-1 times with its f32 dK|dV, then the dK|dV alone once.
 -- -> { rows, channels, kv (bytes of one K|V block), dkv (f32 dK|dV), forward, backward, hops
 -- = { forward, backward } } in bytes sent by the rank; nil without CP. Pure.
+-- CP_COMM=a2a: forward, the rank's q|k|v (N rows of 3*C/TP channels) and then the attention
+-- output (C/TP) go to the other CP-1 cp ranks a head group each (1/CP of the columns);
+-- backward, the output gradient and then dq|dk|dv the same way: { rows, channels (q|k|v),
+-- forward, backward } bytes sent off the rank, and a2a = true.
 function M.cp_traffic(cfg)
     if cfg.cp == 1 then return nil end
-    local CP = cfg.cp
-    local rows, ch = cfg.mbs * cfg.seq // CP, 2 * cfg.model.hidden // cfg.tp
-    local kv, dkv = rows * ch * (cfg.bf16 and 2 or 4), rows * ch * 4
+    local CP, es = cfg.cp, cfg.bf16 and 2 or 4
+    local rows, cl = cfg.mbs * cfg.seq // CP, cfg.model.hidden // cfg.tp
+    if cfg.cp_comm == "a2a" then
+        local share = (CP - 1) * rows * (cl // CP) * es       -- one column of heads, off-rank
+        return { a2a = true, rows = rows, channels = 3 * cl, forward = 4 * share,
+                 backward = 4 * share }
+    end
+    local ch = 2 * cl
+    local kv, dkv = rows * ch * es, rows * ch * 4
     return { rows = rows, channels = ch, kv = kv, dkv = dkv, forward = (CP - 1) * kv,
              backward = (CP - 1) * (kv + dkv) + dkv, hops = { CP - 1, CP } }
 end
@@ -819,43 +829,68 @@ function M.cp_rank(cfg, topo, part, prog, r, out)
     local s = topology.axis_stride(topo.dense, "cp")
     local tc = cfg.seq // (2 * CP)
     local chunks = { c.cp, 2 * CP - 1 - c.cp }
+    local t = M.cp_traffic(cfg)
+    local function line(what, bytes)
+        out[#out + 1] = string.format("    %-50s %12s sent", what, util.bytes(bytes))
+    end
     out[#out + 1] = ""
-    out[#out + 1] = string.format("context parallelism: CP %d, %s", CP, cfg.cp_comm == "p2p"
-                                  and "p2p ring (K|V blocks travel around the cp group)" or
-                                  "all-to-all of heads and sequence")
-    out[#out + 1] = string.format("  this rank     cp %d of %d; ring: from rank %d (cp %d), to " ..
-                                  "rank %d (cp %d)", c.cp, CP,
-                                  r + ((c.cp + CP - 1) % CP - c.cp) * s, (c.cp + CP - 1) % CP,
-                                  r + ((c.cp + 1) % CP - c.cp) * s, (c.cp + 1) % CP)
+    out[#out + 1] = string.format("context parallelism: CP %d, %s", CP, t.a2a and
+                                  "all-to-all of heads and sequence (CP_COMM=a2a)" or
+                                  "p2p ring (K|V blocks travel around the cp group)")
+    if t.a2a then
+        out[#out + 1] = string.format("  this rank     cp %d of %d; all-to-all over the cp group",
+                                      c.cp, CP)
+    else
+        out[#out + 1] = string.format("  this rank     cp %d of %d; ring: from rank %d (cp %d), " ..
+                                      "to rank %d (cp %d)", c.cp, CP,
+                                      r + ((c.cp + CP - 1) % CP - c.cp) * s, (c.cp + CP - 1) % CP,
+                                      r + ((c.cp + 1) % CP - c.cp) * s, (c.cp + 1) % CP)
+    end
     out[#out + 1] = string.format("  tokens        chunks %d and %d of %d: positions %d-%d and " ..
                                   "%d-%d of each sequence of %d", chunks[1], chunks[2], 2 * CP,
                                   chunks[1] * tc, chunks[1] * tc + tc - 1, chunks[2] * tc,
                                   chunks[2] * tc + tc - 1, cfg.seq)
-    local t = M.cp_traffic(cfg)
-    out[#out + 1] = string.format("  attention     per layer and micro-batch: a K|V block of %d " ..
-                                  "rows x %d channels", t.rows, t.channels)
-    out[#out + 1] = string.format("                (%s, %s), its dK|dV (f32, %s)",
-                                  cfg.bf16 and "bf16" or "f32", util.bytes(t.kv),
-                                  util.bytes(t.dkv))
-    out[#out + 1] = string.format("    forward     %-38s %12s sent",
-                                  string.format("%d hops of K|V", t.hops[1]),
-                                  util.bytes(t.forward))
-    out[#out + 1] = string.format("    backward    %-38s %12s sent",
-                                  string.format("%d hops of K|V and dK|dV, 1 of dK|dV", t.hops[1]),
-                                  util.bytes(t.backward))
+    if t.a2a then
+        local hg = cfg.model.heads // cfg.tp // CP
+        out[#out + 1] = string.format("  attention     %s of this tp rank's %d, over the whole " ..
+                                      "sequence", hg == 1 and string.format("head %d", c.cp * hg)
+                                      or string.format("heads %d-%d", c.cp * hg,
+                                                       c.cp * hg + hg - 1), hg * CP)
+        out[#out + 1] = "  per attention layer and micro-batch:"
+        line("forward: q|k|v out, the output back", t.forward)
+        line("backward: output gradient out, dq|dk|dv back", t.backward)
+    else
+        out[#out + 1] = string.format("  attention     per layer and micro-batch: a K|V block of " ..
+                                      "%d rows x %d channels", t.rows, t.channels)
+        out[#out + 1] = string.format("                (%s, %s), its dK|dV (f32, %s)",
+                                      cfg.bf16 and "bf16" or "f32", util.bytes(t.kv),
+                                      util.bytes(t.dkv))
+        line(string.format("forward: %d hops of K|V", t.hops[1]), t.forward)
+        line(string.format("backward: %d hops of K|V and dK|dV, 1 of dK|dV", t.hops[1]),
+             t.backward)
+    end
     local layers = 0
     for _, ch in ipairs(part.stages[c.pp + 1].chunks) do layers = layers + ch.count end
     out[#out + 1] = string.format("  per step      %d layers x %d micro-batches: %s sent and " ..
                                   "as much received", layers, cfg.nmb,
                                   util.bytes(layers * cfg.nmb * (t.forward + t.backward)))
-    local sp = prog.stages[c.pp + 1]
     local bufs = {}
-    for _, m in ipairs(sp.mem) do
-        if m.id:match("^S_RING_") and m.how == "ALLOC" then
+    for _, m in ipairs(prog.stages[c.pp + 1].mem) do
+        if (m.id:match("^S_RING_") or m.id:match("^S_A2A_") or m.id:match("_SEQ$"))
+           and m.how == "ALLOC" then
             bufs[#bufs + 1] = string.format("%s %s", m.id, util.bytes(m.bytes))
         end
     end
-    out[#out + 1] = "  ring buffers  " .. table.concat(bufs, ", ")
+    local text = "  buffers       "
+    for i, b in ipairs(bufs) do
+        local piece = b .. (i < #bufs and "," or "")
+        if #text + 1 + #piece > 100 then
+            out[#out + 1] = text
+            text = string.rep(" ", 16)
+        end
+        text = text .. (text:match("%S$") and " " or "") .. piece
+    end
+    out[#out + 1] = text
 end
 
 -- Append the mixture-of-experts section of rank r's report to 'out' (MoE models only).

@@ -301,6 +301,10 @@ end
 local function cp_fwd(cfg, s)
     local out = {}
     if cfg.cp == 1 then return out end
+    if cfg.cp_comm == "a2a" then     -- q|k|v by head group out, the output back
+        return { coll("alltoallv", "cp", nil, act_dtype(cfg)),
+                 coll("alltoallv", "cp", nil, act_dtype(cfg)) }
+    end
     for _ = 1, cfg.cp - 1 do
         out[#out + 1] = coll("ring", "cp", s.N * 2 * s.c_local, act_dtype(cfg))
     end
@@ -312,6 +316,10 @@ end
 local function cp_bwd(cfg, s)
     local out = {}
     if cfg.cp == 1 then return out end
+    if cfg.cp_comm == "a2a" then     -- the output gradient out, dq|dk|dv back
+        return { coll("alltoallv", "cp", nil, act_dtype(cfg)),
+                 coll("alltoallv", "cp", nil, act_dtype(cfg)) }
+    end
     local kv = s.N * 2 * s.c_local
     for _ = 1, cfg.cp - 1 do out[#out + 1] = coll("ring", "cp", kv, act_dtype(cfg), nil, kv) end
     out[#out + 1] = coll("ring", "cp", 0, act_dtype(cfg), nil, kv)
@@ -662,6 +670,8 @@ local MEMS = {
     { "L_LN2", "A", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "F", "(N_SP)" },
     { "L_LN2_RSTD", "F", "(N_SP)" }, { "L_FC", "A", "(N, FF_LOCAL) c_fc output" },
     { "L_GELU", "A", "(N, FF_LOCAL)" }, { "L_RES2", "A", "(N_SP, C) the layer's output" },
+    { "L_QKV_SEQ", "A", "(N, QKV_LOCAL) CP_COMM=a2a: q|k|v of HEADS_LOCAL/CP heads, whole sequence" },
+    { "L_ATTY_SEQ", "A", "(N, C_LOCAL) CP_COMM=a2a: their attention output" },
     { "ML_SCORES", "F", "(N_SP, EXPERTS) softmax over all experts" },
     { "ML_PROB", "F", "(N_SP, TOPK) chosen probabilities" }, { "ML_SEL", "I", "(N_SP, TOPK)" },
     { "ML_POS", "I", "(N_SP, TOPK)" }, { "ML_SEND_TOK", "I", "(SEND_MAX)" },
@@ -683,6 +693,9 @@ local MEMS = {
     { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the one arriving" },
     { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward), f32" },
     { "S_RING_ACC", "F", "(N, C_LOCAL) the merged attention output / dq, f32" },
+    { "S_A2A_SEND", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks sent" },
+    { "S_A2A_RECV", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks received" },
+    { "S_A2A_DOUT", "A", "(N, C_LOCAL) CP_COMM=a2a: the output gradient, whole sequence" },
     { "MS_LOGITS", "F", "(N_SP, EXPERTS)" }, { "MS_XS", "A", "(SEND_MAX, C)" },
     { "MS_PS", "F", "(SEND_MAX)" }, { "MS_XR", "A", "(RECV_MAX, C)" }, { "MS_PR", "F", "(RECV_MAX)" },
     { "MS_XG", "A", "(ROWS_MAX, C)" }, { "MS_PG", "F", "(ROWS_MAX)" },
@@ -702,11 +715,13 @@ M.MEMS = MEMS
 -- Stage buffers that carry data between ranks (the rest are the layers' scratch).
 local COMM = { MS_XS = true, MS_PS = true, MS_XR = true, MS_PR = true, MS_XG = true,
                MS_PG = true, MS_YR = true, MS_YS = true, MS_DPR = true, MS_DPS = true,
-               MS_COUNTS = true, X_SP_PACK = true, S_RING_KV = true, S_RING_DKV = true }
+               MS_COUNTS = true, X_SP_PACK = true, S_RING_KV = true, S_RING_DKV = true,
+               S_A2A_SEND = true, S_A2A_RECV = true }
 
 -- The per-layer buffers each selective recompute module drops (docs/megatron.md §9.2): the
 -- layer's backward computes them again.
-local RECOMPUTED = { core_attn = { "L_ATTY", "L_LSE" }, layernorm = { "L_LN1", "L_LN2" },
+local RECOMPUTED = { core_attn = { "L_ATTY", "L_LSE", "L_QKV_SEQ", "L_ATTY_SEQ" },
+                     layernorm = { "L_LN1", "L_LN2" },
                      mlp = { "L_FC", "L_GELU" } }
 
 -- Bytes the CUDA runtime allocates for itself at start (runtime/rt.h RT_CUDA_WORKSPACE_BYTES:
@@ -746,6 +761,10 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
         size.S_RING_KV = 2 * s.N * 2 * s.c_local
         size.S_RING_DKV = 2 * s.N * 2 * s.c_local
         size.S_RING_ACC = s.N * s.c_local
+    elseif cfg.cp > 1 then                          -- lib/model.c a2a_fwd, a2a_bwd
+        size.L_QKV_SEQ, size.L_ATTY_SEQ = s.N * s.qkv_local, s.N * s.c_local
+        size.S_A2A_SEND, size.S_A2A_RECV = s.N * s.qkv_local, s.N * s.qkv_local
+        size.S_A2A_DOUT = s.N * s.c_local
     end
     if moe then
         local E, K, C = s.E, s.K, s.C

@@ -755,7 +755,181 @@ static void test_convert(void)
     op_end("convert", 0);
 }
 
+/*
+** copy_cols between strided blocks (explicit dtypes: run once): a block of 'cols' columns at
+** column 7 of f32 rows of 50 goes to column 2 of bf16 rows of 41, and back to column 5 of f32
+** rows of 45. Most values are bf16 values, which come back exactly; every fifth is an f32
+** value that is not, rounded to the nearest bf16 (against bf16_round), among them ties both
+** ways. The columns outside the block keep their guard value. Then the same-dtype copies.
+*/
+static void test_copy_cols_case(int rows, int cols)
+{
+    char size[32];
+    snprintf(size, sizeof size, "r%dc%d", rows, cols);
+    const size_t lds = 50, ldb = 41, ldf = 45, s0 = 7, b0 = 2, f0 = 5;
+    size_t ns = (size_t)rows * lds, nb = (size_t)rows * ldb, nf = (size_t)rows * ldf;
+    const float guard = -7.0f;                      /* a bf16 value outside the data's range */
+    float *src = frand(ns, -4, 4);
+    for (size_t i = 0; i < ns; i++)
+        if (i % 5) src[i] = bf16_round(src[i]);
+    /* 1 + 2^-8 (a tie: down to 1), 1 + 3 2^-8 (a tie: up to 1 + 2^-6), -(1 + 3 2^-9) (not
+    ** a tie: to -(1 + 2^-7)), in the block's first row */
+    const uint32_t edges[] = { 0x3f808000u, 0x3f818000u, 0xbf80c000u };
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0] && (int)i < cols; i++)
+        memcpy(&src[s0 + i], &edges[i], 4);
+    uint16_t *hb = xmalloc(nb * 2);
+    for (size_t i = 0; i < nb; i++) hb[i] = bf16_bits(guard);
+    float *hf = fconst(nf, guard);
+    float *d_src = dev_copy(src, ns * 4), *d_f = dev_copy(hf, nf * 4), *d_f2 = dev_copy(hf, nf * 4);
+    uint16_t *d_b = dev_copy(hb, nb * 2), *d_b2 = dev_copy(hb, nb * 2);
+
+    copy_cols(d_b + b0, RT_BF16, ldb, d_src + s0, RT_F32, lds, rows, cols);
+    copy_cols(d_f + f0, RT_F32, ldf, d_b + b0, RT_BF16, ldb, rows, cols);
+    rt_memcpy(hb, d_b, nb * 2, RT_D2H);
+    float *gb = xmalloc(nb * 4), *gf = down(d_f, nf);
+    for (size_t i = 0; i < nb; i++) gb[i] = bf16_value(hb[i]);
+    float *wb = fconst(nb, guard), *wf = fconst(nf, guard);
+    for (size_t r = 0; r < (size_t)rows; r++)
+        for (size_t c = 0; c < (size_t)cols; c++) {
+            wb[r * ldb + b0 + c] = bf16_round(src[r * lds + s0 + c]);
+            wf[r * ldf + f0 + c] = wb[r * ldb + b0 + c];
+        }
+    check_exact(label("copy_cols", "f32-bf16", size), gb, wb, nb);
+    check_exact(label("copy_cols", "bf16-f32", size), gf, wf, nf);
+    keep(label("copy_cols", "bf16-f32", size), gf, nf);
+
+    /* same dtype: copies */
+    copy_cols(d_f2 + f0, RT_F32, ldf, d_src + s0, RT_F32, lds, rows, cols);
+    copy_cols(d_b2 + b0, RT_BF16, ldb, d_b + b0, RT_BF16, ldb, rows, cols);
+    float *gf2 = down(d_f2, nf);
+    for (size_t r = 0; r < (size_t)rows; r++)
+        for (size_t c = 0; c < (size_t)cols; c++) wf[r * ldf + f0 + c] = src[r * lds + s0 + c];
+    check_exact(label("copy_cols", "f32-f32", size), gf2, wf, nf);
+    rt_memcpy(hb, d_b2, nb * 2, RT_D2H);
+    for (size_t i = 0; i < nb; i++) gb[i] = bf16_value(hb[i]);
+    check_exact(label("copy_cols", "bf16-bf16", size), gb, wb, nb);
+
+    free(src); free(hb); free(hf); free(gb); free(gf); free(wb); free(wf); free(gf2);
+    rt_free(d_src); rt_free(d_f); rt_free(d_f2); rt_free(d_b); rt_free(d_b2);
+}
+
+static void test_copy_cols(void)
+{
+    op_begin();
+    test_copy_cols_case(3, 11);
+    test_copy_cols_case(301, 37);                   /* several CUDA blocks of elements */
+    op_end("copy_cols", 0);
+}
+
+/* fill_f32 on n elements with 5 guards on each side: -inf (the log-sum-exp's start) and a
+** finite value, exact; the guards untouched. */
+static void test_fill(void)
+{
+    op_begin();
+    const size_t sizes[2] = { 1, 3 * 4096 + 37 };  /* several CPU and CUDA blocks */
+    const float vals[2] = { -INFINITY, 0.3712f };
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < 2; m++) {
+            size_t n = sizes[k], g = 5;
+            char size[48];
+            snprintf(size, sizeof size, "n%zu_v%g", n, vals[m]);
+            float *x = frand(n + 2 * g, -1, 1), *want = xmalloc((n + 2 * g) * 4);
+            float *d_x = dev_copy(x, (n + 2 * g) * 4);
+            fill_f32(d_x + g, n, vals[m]);
+            float *got = down(d_x, n + 2 * g);
+            for (size_t i = 0; i < n + 2 * g; i++)
+                want[i] = i >= g && i < g + n ? vals[m] : x[i];
+            check_exact(label("fill_f32", "x", size), got, want, n + 2 * g);
+            keep(label("fill_f32", "x", size), got, n + 2 * g);
+            free(x); free(want); free(got);
+            rt_free(d_x);
+        }
+    op_end("fill_f32", 0);
+}
+
 /* -- Attention ------------------------------------------------------------------------------- */
+
+/* Element i of a device buffer of this pass's dtype. */
+static void *st_at(void *p, size_t i) { return (char *)p + i * rt_dtype_size(dt); }
+
+/* rlse (B, H, T) = log sum_{s <= t} exp(q_t . k_s / sqrt(hd)) of the batch-major rows of qkv
+** (rows of 3 H hd), in double: the reference has no such output. */
+static void lse_in_double(double *rlse, const double *rqkv_bm, int B, int T, int H, int hd)
+{
+    int C = H * hd;
+    double dscale = 1.0 / sqrt((double)hd), *sc = xmalloc((size_t)T * 8);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = rqkv_bm + ((size_t)b * T + t) * 3 * C + (size_t)h * hd;
+                double m = -INFINITY, s = 0;
+                for (int u = 0; u <= t; u++) {
+                    const double *k = rqkv_bm + ((size_t)b * T + u) * 3 * C + C + (size_t)h * hd;
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++) dot += q[d] * k[d];
+                    sc[u] = dot * dscale;
+                    m = fmax(m, sc[u]);
+                }
+                for (int u = 0; u <= t; u++) s += exp(sc[u] - m);
+                rlse[((size_t)b * H + h) * T + t] = m + log(s);
+            }
+    free(sc);
+}
+
+/*
+** bf16: the backward's dsum_i = dout_i . out_i reads the stored out, each element within
+** 2^-8 of the exact one, so dsum is off by up to e_i = 2^-8 sum_d |dout_id out_id|. Through
+** ds_ij = p_ij (dp_ij - dsum_i) that moves dq_i by at most scale e_i sum_j p_ij |k_j| and
+** dk_j by at most scale sum_i p_ij e_i |q_i| (dv does not use dsum): per-element bounds,
+** computed here in double from the reference's p (ratt) and out (rout, batch-major) with
+** rqkv (sequence-major) and rdout_bm, returned in the layout of dqkv (N, 3C), to be added to
+** the tolerance. NULL in f32, where out is stored as computed.
+*/
+static double *dsum_bf16_bound(const double *rqkv, const double *rdout_bm, const double *rout,
+                               const double *ratt, int B, int T, int H, int hd)
+{
+    if (dt != RT_BF16) return NULL;
+    int C = H * hd;
+    double dscale = 1.0 / sqrt((double)hd);
+    double *extra = xmalloc((size_t)T * B * 3 * C * 8), *e = xmalloc((size_t)T * 8);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            for (int t = 0; t < T; t++) {
+                size_t r = ((size_t)b * T + t) * C + (size_t)h * hd;
+                e[t] = 0;
+                for (int d = 0; d < hd; d++) e[t] += fabs(rdout_bm[r + d] * rout[r + d]);
+                e[t] *= BF16_REL;
+            }
+            const double *p = ratt + ((size_t)b * H + h) * T * T;
+            for (int t = 0; t < T; t++)
+                for (int u = 0; u <= t; u++) {
+                    double w = dscale * p[(size_t)t * T + u];
+                    size_t rt = ((size_t)t * B + b) * 3 * C + (size_t)h * hd;
+                    size_t ru = ((size_t)u * B + b) * 3 * C + (size_t)h * hd;
+                    for (int d = 0; d < hd; d++) {
+                        extra[rt + d] += w * e[t] * fabs(rqkv[ru + C + d]);     /* dq */
+                        extra[ru + C + d] += w * e[t] * fabs(rqkv[rt + d]);     /* dk */
+                    }
+                }
+        }
+    free(e);
+    return extra;
+}
+
+/* dsum (B, H, T) = rowsum(dout * out) of the kernel's own (stored) out, in double. */
+static void dsum_in_double(double *rdsum, const float *dout, const float *out, int B, int T,
+                           int H, int hd)
+{
+    int C = H * hd;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                size_t r = ((size_t)t * B + b) * C + (size_t)h * hd;
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)dout[r + d] * out[r + d];
+                rdsum[((size_t)b * H + h) * T + t] = s;
+            }
+}
 
 /*
 ** Causal attention against ref_attention_fwd / ref_attention_bwd (batch-major rows, the
@@ -782,23 +956,7 @@ static void test_attention_case(int B, int T, int H, int hd)
     double *rout = xmalloc(ny * 8), *ratt = xmalloc(na * 8), *rlse = xmalloc(nl * 8);
     ref_attention_fwd(rout, ratt, rqkv_bm, B, T, C, H);
     double *rout_sm = to_seq_major(rout, T, B, C);
-    /* lse[b, h, t] = log sum_{s <= t} exp(scale q_t . k_s), in double */
-    double dscale = 1.0 / sqrt((double)hd), *sc = xmalloc((size_t)T * 8);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                const double *q = rqkv_bm + ((size_t)b * T + t) * 3 * C + (size_t)h * hd;
-                double m = -INFINITY, s = 0;
-                for (int u = 0; u <= t; u++) {
-                    const double *k = rqkv_bm + ((size_t)b * T + u) * 3 * C + C + (size_t)h * hd;
-                    double dot = 0;
-                    for (int d = 0; d < hd; d++) dot += q[d] * k[d];
-                    sc[u] = dot * dscale;
-                    m = fmax(m, sc[u]);
-                }
-                for (int u = 0; u <= t; u++) s += exp(sc[u] - m);
-                rlse[((size_t)b * H + h) * T + t] = m + log(s);
-            }
+    lse_in_double(rlse, rqkv_bm, B, T, H, hd);
     check_st(label("attention_fwd", "out", size), out, rout_sm, ny, -1, F32_RTOL);
     check(label("attention_fwd", "lse", size), lse, rlse, nl, -1, F32_RTOL);
     keep(label("attention_fwd", "out", size), out, ny);
@@ -810,49 +968,10 @@ static void test_attention_case(int B, int T, int H, int hd)
     double *rdqkv = xmalloc(nq * 8), *rdsum = xmalloc(nl * 8);
     ref_attention_bwd(rdqkv, rdout_bm, rqkv_bm, ratt, B, T, C, H);
     double *rdqkv_sm = to_seq_major(rdqkv, T, B, 3 * C);
-    /* dsum: rowsum(dout * out) of the kernel's own (stored) out, in double */
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                size_t r = ((size_t)t * B + b) * C + (size_t)h * hd;
-                double s = 0;
-                for (int d = 0; d < hd; d++) s += (double)dout[r + d] * out[r + d];
-                rdsum[((size_t)b * H + h) * T + t] = s;
-            }
+    dsum_in_double(rdsum, dout, out, B, T, H, hd);
     check(label("attention_bwd", "dsum", size), dsum, rdsum, nl, -1, F32_RTOL);
-    /*
-    ** bf16: the backward's dsum_i = dout_i . out_i reads the stored out, each element within
-    ** 2^-8 of the exact one, so dsum is off by up to e_i = 2^-8 sum_d |dout_id out_id|. Through
-    ** ds_ij = p_ij (dp_ij - dsum_i) that moves dq_i by at most scale e_i sum_j p_ij |k_j| and
-    ** dk_j by at most scale sum_i p_ij e_i |q_i| (dv does not use dsum): per-element bounds,
-    ** computed here in double from the reference's p and out, added to the tolerance.
-    */
-    double *extra = NULL;
-    if (dt == RT_BF16) {
-        extra = xmalloc(nq * 8);
-        double *e = xmalloc((size_t)T * 8);
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < H; h++) {
-                for (int t = 0; t < T; t++) {
-                    size_t r = ((size_t)b * T + t) * C + (size_t)h * hd;
-                    e[t] = 0;
-                    for (int d = 0; d < hd; d++) e[t] += fabs(rdout_bm[r + d] * rout[r + d]);
-                    e[t] *= BF16_REL;
-                }
-                const double *p = ratt + ((size_t)b * H + h) * T * T;
-                for (int t = 0; t < T; t++)
-                    for (int u = 0; u <= t; u++) {
-                        double w = dscale * p[(size_t)t * T + u];
-                        size_t rt = ((size_t)t * B + b) * 3 * C + (size_t)h * hd;
-                        size_t ru = ((size_t)u * B + b) * 3 * C + (size_t)h * hd;
-                        for (int d = 0; d < hd; d++) {
-                            extra[rt + d] += w * e[t] * fabs(rqkv[ru + C + d]);     /* dq */
-                            extra[ru + C + d] += w * e[t] * fabs(rqkv[rt + d]);     /* dk */
-                        }
-                    }
-            }
-        free(e);
-    }
+    /* dqkv is stored in this pass's dtype: in bf16 BF16_REL, and the bound of the bf16 out */
+    double *extra = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
     double atol = -1, rtol = F32_RTOL;
     if (dt == RT_BF16) {
         double s = 0;
@@ -864,8 +983,8 @@ static void test_attention_case(int B, int T, int H, int hd)
     keep(label("attention_bwd", "dqkv", size), dqkv, nq);
 
     free(qkv); free(dout); free(nan); free(out); free(lse); free(rqkv); free(rqkv_bm);
-    free(rout); free(ratt); free(rlse); free(rout_sm); free(sc); free(dqkv); free(dsum);
-    free(rdout); free(rdout_bm); free(rdqkv); free(rdsum); free(rdqkv_sm); free(extra);
+    free(rout); free(ratt); free(rlse); free(rout_sm); free(dqkv); free(dsum); free(rdout);
+    free(rdout_bm); free(rdqkv); free(rdsum); free(rdqkv_sm); free(extra);
     rt_free(d_qkv); rt_free(d_out); rt_free(d_dout); rt_free(d_dqkv); rt_free(d_lse);
     rt_free(d_dsum);
 }
@@ -880,6 +999,134 @@ static void test_attention(void)
     test_attention_case(2, 130, 3, 67);         /* head size past one register block */
     test_attention_case(1, 1024, 2, 64);        /* 16 x 16 tiles, 136 computed */
     op_end("attention", 1);
+}
+
+/*
+** Context-parallel attention as lib/model.c (ring_fwd, ring_bwd) runs it, all ranks' blocks in
+** one process: a sequence of T = nch * tc positions cut into nch chunks of tc (nch = 2 CP: the
+** load-balanced chunks; nch = 1: one causal block, the whole sequence). Query chunk a sees key
+** chunk b < a whole (causal = 0), b = a under the causal rule (causal = 1), b > a not at all.
+** q is read from qkv (rows of 3C), k and v from a K|V buffer (rows of 2C) that copy_cols makes
+** from qkv, as the ring passes it. attention_fwd_block merges the blocks into acc = 0 and
+** lse = -inf (fill_f32) in the order b = (a/2 + j) mod (a + 1), j = 0 .. a: the first merge
+** into -inf is a full block (a >= 1) or the causal one (a = 0), and the causal block comes
+** between full ones. The result must be the causal attention of the whole sequence:
+** ref_attention_fwd and the log-sum-exp in double. Backward: attention_dsum of (dout, out
+** stored in this pass's dtype, as ring_fwd's convert does), then attention_bwd_block over the
+** same blocks adds into f32 dq (rows of C) and dK|dV (rows of 2C): ref_attention_bwd's
+** gradients. copy_cols writes them into dqkv in this pass's dtype, as ring_bwd does.
+**
+** Tolerances. acc, lse, dsum and the gradients stay in f32 whatever the storage dtype:
+** F32_RTOL, as attention_fwd's lse. Each merge adds to a row a log-sum-exp rounded to f32
+** (|lse| < 8 here: 5e-7 absolute), which scales both weights alike, so acc moves by that
+** relative amount per merge: <= 6 merges, ~3e-6 of the value, inside 1e-5. In bf16 the
+** gradients get dsum_bf16_bound (dsum reads the bf16 out, as attention_bwd's does) but not
+** BF16_REL: they are not rounded. dqkv is that f32 gradient rounded once to the dtype: exact.
+*/
+static void test_attention_cp_case(int B, int tc, int nch, int H, int hd)
+{
+    char size[48];
+    snprintf(size, sizeof size, "B%dT%dH%dhd%d_%dx%d", B, nch * tc, H, hd, nch, tc);
+    int T = nch * tc, C = H * hd, N = T * B;
+    size_t nq = (size_t)N * 3 * C, ny = (size_t)N * C, nl = (size_t)B * H * T;
+    size_t chunk = (size_t)tc * B;                  /* rows of one chunk */
+    float scale = 1.0f / sqrtf((float)hd);
+    float *qkv = frand_st(nq, -1.5f, 1.5f), *dout = frand_st(ny, -1, 1);
+    float *nan = fconst(nl, NAN), *zero = fconst(2 * ny, 0);
+    void *d_qkv = dev_st(qkv, nq), *d_kv = dev_st_nan(2 * ny), *d_dout = dev_st(dout, ny);
+    void *d_out = dev_st_nan(ny), *d_dqkv = dev_st_nan(nq);
+    float *d_acc = dev_copy(zero, ny * 4), *d_lse = dev_copy(nan, nl * 4);
+    float *d_dsum = dev_copy(nan, nl * 4), *d_dq = dev_copy(zero, ny * 4);
+    float *d_dkv = dev_copy(zero, 2 * ny * 4);
+
+    /* K|V: columns C .. 3C of qkv, a copy */
+    copy_cols(d_kv, dt, 2 * (size_t)C, st_at(d_qkv, (size_t)C), dt, 3 * (size_t)C, N, 2 * C);
+    float *kv = down_st(d_kv, 2 * ny), *want = xmalloc(nq * 4);
+    for (size_t r = 0; r < (size_t)N; r++)
+        memcpy(want + r * 2 * C, qkv + r * 3 * C + C, 2 * (size_t)C * 4);
+    check_exact(label("copy_cols", "kv", size), kv, want, 2 * ny);
+
+    fill_f32(d_lse, nl, -INFINITY);
+    for (int a = 0; a < nch; a++)
+        for (int j = 0; j <= a; j++) {
+            int b = (a / 2 + j) % (a + 1);
+            size_t qa = (size_t)a * chunk, kb = (size_t)b * chunk;
+            attention_fwd_block(d_acc + qa * C, d_lse + (size_t)a * tc, T,
+                                st_at(d_qkv, qa * 3 * C), 3 * C, st_at(d_kv, kb * 2 * C),
+                                st_at(d_kv, kb * 2 * C + C), 2 * C, B, tc, tc, H, hd, b == a,
+                                scale, dt);
+        }
+    float *acc = down(d_acc, ny), *lse = down(d_lse, nl);
+    double *rqkv = widen(qkv, nq), *rqkv_bm = to_batch_major(rqkv, T, B, 3 * C);
+    double *rout = xmalloc(ny * 8), *ratt = xmalloc(nl * T * 8), *rlse = xmalloc(nl * 8);
+    ref_attention_fwd(rout, ratt, rqkv_bm, B, T, C, H);
+    double *rout_sm = to_seq_major(rout, T, B, C);
+    lse_in_double(rlse, rqkv_bm, B, T, H, hd);
+    check(label("attention_fwd_block", "acc", size), acc, rout_sm, ny, -1, F32_RTOL);
+    check(label("attention_fwd_block", "lse", size), lse, rlse, nl, -1, F32_RTOL);
+    keep(label("attention_fwd_block", "acc", size), acc, ny);
+    keep(label("attention_fwd_block", "lse", size), lse, nl);
+
+    convert(d_out, dt, d_acc, RT_F32, ny);
+    float *out = down_st(d_out, ny);
+    attention_dsum(d_dsum, d_dout, d_out, B, T, H, hd, dt);
+    float *dsum = down(d_dsum, nl);
+    double *rdsum = xmalloc(nl * 8);
+    dsum_in_double(rdsum, dout, out, B, T, H, hd);
+    check(label("attention_dsum", "dsum", size), dsum, rdsum, nl, -1, F32_RTOL);
+    keep(label("attention_dsum", "dsum", size), dsum, nl);
+
+    for (int a = 0; a < nch; a++)
+        for (int j = 0; j <= a; j++) {
+            int b = (a / 2 + j) % (a + 1);
+            size_t qa = (size_t)a * chunk, kb = (size_t)b * chunk;
+            attention_bwd_block(d_dq + qa * C, d_dkv + kb * 2 * C, d_dkv + kb * 2 * C + C, 2 * C,
+                                st_at(d_dout, qa * C), d_lse + (size_t)a * tc,
+                                d_dsum + (size_t)a * tc, T, st_at(d_qkv, qa * 3 * C), 3 * C,
+                                st_at(d_kv, kb * 2 * C), st_at(d_kv, kb * 2 * C + C), 2 * C, B,
+                                tc, tc, H, hd, b == a, scale, dt);
+        }
+    /* the f32 gradients in the layout of dqkv: dq | dk | dv */
+    float *dq = down(d_dq, ny), *dkv = down(d_dkv, 2 * ny), *grad = xmalloc(nq * 4);
+    for (size_t r = 0; r < (size_t)N; r++) {
+        memcpy(grad + r * 3 * C, dq + r * C, (size_t)C * 4);
+        memcpy(grad + r * 3 * C + C, dkv + r * 2 * C, 2 * (size_t)C * 4);
+    }
+    double *rdout = widen(dout, ny), *rdout_bm = to_batch_major(rdout, T, B, C);
+    double *rdqkv = xmalloc(nq * 8);
+    ref_attention_bwd(rdqkv, rdout_bm, rqkv_bm, ratt, B, T, C, H);
+    double *rdqkv_sm = to_seq_major(rdqkv, T, B, 3 * C);
+    double *extra = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
+    check_bound(label("attention_bwd_block", "dqkv", size), grad, rdqkv_sm, nq, -1, F32_RTOL,
+                extra);
+    keep(label("attention_bwd_block", "dqkv", size), grad, nq);
+
+    /* into dqkv as ring_bwd copies them out: one rounding to this pass's dtype */
+    copy_cols(d_dqkv, dt, 3 * (size_t)C, d_dq, RT_F32, (size_t)C, N, C);
+    copy_cols(st_at(d_dqkv, (size_t)C), dt, 3 * (size_t)C, d_dkv, RT_F32, 2 * (size_t)C, N,
+              2 * C);
+    float *dqkv = down_st(d_dqkv, nq);
+    for (size_t i = 0; i < nq; i++) want[i] = st_round(grad[i]);
+    check_exact(label("copy_cols", "dqkv", size), dqkv, want, nq);
+
+    free(qkv); free(dout); free(nan); free(zero); free(kv); free(want); free(acc); free(lse);
+    free(rqkv); free(rqkv_bm); free(rout); free(ratt); free(rlse); free(rout_sm); free(out);
+    free(dsum); free(rdsum); free(dq); free(dkv); free(grad); free(rdout); free(rdout_bm);
+    free(rdqkv); free(rdqkv_sm); free(extra); free(dqkv);
+    rt_free(d_qkv); rt_free(d_kv); rt_free(d_dout); rt_free(d_out); rt_free(d_dqkv);
+    rt_free(d_acc); rt_free(d_lse); rt_free(d_dsum); rt_free(d_dq); rt_free(d_dkv);
+}
+
+static void test_attention_cp(void)
+{
+    op_begin();
+    test_attention_cp_case(3, 5, 6, 2, 13);     /* CP 3: 21 blocks of 5 positions */
+    test_attention_cp_case(1, 70, 4, 2, 13);    /* CP 2: blocks of two tiles, the second of 6 */
+    test_attention_cp_case(3, 70, 2, 3, 64);    /* CP 1: causal, full, causal */
+    test_attention_cp_case(2, 37, 1, 3, 7);     /* one causal block: the whole sequence */
+    test_attention_cp_case(2, 1, 6, 1, 1);      /* one position per chunk */
+    test_attention_cp_case(1, 33, 6, 2, 67);    /* head size past one register block */
+    op_end("attention_cp", 1);
 }
 
 /* -- Cross-entropy, vocabulary-parallel -------------------------------------------------------- */
@@ -1301,6 +1548,7 @@ int main(int argc, char **argv)
         test_bias();
         test_add();
         test_attention();
+        test_attention_cp();
         test_ce();
         test_adamw();
         test_moe();
@@ -1308,6 +1556,8 @@ int main(int argc, char **argv)
             test_scale();
             test_sumsq();
             test_convert();
+            test_copy_cols();
+            test_fill();
         }
     }
     for (int k = 0; k < 2; k++)

@@ -78,6 +78,7 @@ tiny_moe-tp2-pp2-etp1-ep2|8|tiny_moe --tp 2 --pp 2 --dp 2 --ep 2 --etp 1 --sp --
 tiny-tp2-cp2-pp2-sp-rc|8|tiny --tp 2 --cp 2 --pp 2 --sp --nmb 2 --recompute selective
 tiny-cp4-bf16|4|tiny --cp 4 --bf16
 tiny_moe-cp2-ep2|4|tiny_moe --cp 2 --dp 2 --ep 2
+tiny-tp2-cp2-a2a-sp-rc|4|tiny --tp 2 --cp 2 --cp-comm a2a --sp --recompute selective
 LAYOUTS
 
 # control: a trace with one collective missing (the first reduce-scatter) is caught

@@ -1,0 +1,281 @@
+#!/bin/bash
+# bench/cp_bench.sh: context parallelism (CP, docs/megatron.md §12) on the CPU backend; not part
+# of make test. Each sequence of SEQ positions is cut into 2*CP chunks, cp rank r holds chunks r
+# and 2*CP-1-r, and attention runs around a p2p ring (lib/model.c ring_fwd, ring_bwd). Prints:
+#  1. ring traffic: the bytes one rank sends on the ring per step, measured twice (the runtime's
+#     trace, RT_TRACE, tags 2 = K|V and 3 = dK|dV; and what reached MPI_Isend, counted by the
+#     PMPI shim bench/parallel_mpicount.c) against the generator's declaration (--dump program,
+#     summed by bench/cp_ring.lua) and the closed form per layer and micro-batch
+#        forward  (CP-1) * N*2*C_LOCAL * es
+#        backward (CP-1) * N*2*C_LOCAL * (es+4) + N*2*C_LOCAL * 4
+#     with N = MBS*SEQ/CP, C_LOCAL = hidden/TP, es = 4 (f32) or 2 (bf16): CP-1 hops carry the
+#     other ranks' K|V blocks; the backward sends them round again with their f32 dK|dV, and one
+#     last hop brings each block's dK|dV home. Every ratio must be exactly 1.0000 (else exit 1);
+#  2. tokens/s at a fixed global batch (DP 1, same MBS, same steps) for CP 1, 2 and 4, tiny and
+#     the long-sequence model, with the ratio to CP 1;
+#  3. the long sequence (bench/models/cp_long.lua, SEQ 8192): the memory plan per rank
+#     (--dump memory, bench/cp_mem.lua) for CP 1, 2, 4, and 3 steps of CP 4 that train.
+# One thread per rank (RT_THREADS=1; BENCH_THREADS=n to change). Usage: bench/cp_bench.sh
+# (ROUNDS=n: tiny's throughput rounds, default 3). Scratch and raw logs: build/bench/cp/.
+# About 1-2 minutes on the 2-core dev VM; timings on a shared VM vary ~15 %.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=build/bench/cp
+mkdir -p "$B"
+export RT_THREADS=${BENCH_THREADS:-1}
+ROUNDS=${ROUNDS:-3}
+t_start=$(date +%s)
+
+# mpirun as tests/lib.sh runs it: oversubscribed, shared memory between the ranks, as root
+# where need be; no binding, so 4 ranks share the 2 cores as the scheduler sees fit
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+ompi_info 2> /dev/null | grep -q 'MCA btl: vader' && MPIRUN+=(--mca pml ob1 --mca btl self,vader)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+
+echo "cp_bench: $(date '+%Y-%m-%d %H:%M %Z'); CPU: $(lscpu | sed -n 's/^Model name: *//p')," \
+     "$(nproc) cores; $(mpirun --version 2> /dev/null | head -n 1);" \
+     "load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+make -s --no-print-directory build/gen build/librt_cpu.a ref > "$B/make.log" 2>&1 ||
+    { echo "make failed: $(tail -n 3 "$B/make.log")"; exit 1; }
+mpicc -O2 -shared -fPIC -o "$B/mpicount.so" bench/parallel_mpicount.c ||
+    { echo "cannot build the MPI counting shim"; exit 1; }
+build/ref/make_tokens --vocab 256 --tokens 200000 --seed 3 "$B/tokens.bin" > /dev/null
+
+# -- Helpers --------------------------------------------------------------------------------------
+
+# build NAME GEN-ARGS...: generate into $B/out/NAME and build its train program
+build() {
+    local name=$1
+    shift
+    build/gen "$@" --out "$B/out/$name" > "$B/$name.gen.log" 2>&1 ||
+        { echo "$name: build/gen $*: $(grep -m1 error "$B/$name.gen.log")"; exit 1; }
+    make -s --no-print-directory -j2 GEN_DIR="$B/out/$name" GEN_OBJ="$B/obj/$name" \
+        "$B/out/$name/train" > "$B/$name.build.log" 2>&1 ||
+        { echo "$name: build failed: $(grep -m1 error "$B/$name.build.log")"; exit 1; }
+}
+
+world_of() {
+    sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' "$B/out/$1/topology.json"
+}
+
+# launch NAME LOG VAR=VALUE... -- TRAIN-ARGS...: the program of NAME on its world (directly when
+# 1), with the environment given, stdin closed, output in LOG; then its memory line must read
+# "memory: planned P bytes, allocated A bytes (stage 0)" with P == A
+launch() {
+    local name=$1 log=$2 w env=() mpienv=()
+    shift 2
+    while [ "$1" != -- ]; do env+=("$1"); mpienv+=(-x "$1"); shift; done
+    shift
+    w=$(world_of "$name")
+    if [ "$w" = 1 ]; then
+        env "${env[@]}" timeout 600 "$B/out/$name/train" "$@" > "$log" 2>&1 < /dev/null
+    else
+        timeout 600 "${MPIRUN[@]}" -np "$w" -x RT_THREADS "${mpienv[@]}" \
+            "$B/out/$name/train" "$@" > "$log" 2>&1 < /dev/null
+    fi || { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$log")"; exit 1; }
+    awk '/^memory: planned / { n++; if ($3 != $6) bad = 1 } END { exit !(n == 1 && !bad) }' \
+        "$log" || { echo "$name: memory plan not met: $(grep -m1 memory: "$log")"; exit 1; }
+}
+
+# median of the numbers on stdin, one a line
+median() {
+    sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", b ? a / b : 0 }'; }
+
+# -- 1. Ring traffic --------------------------------------------------------------------------------
+# tiny: 8 layers, hidden 64, SEQ 64. A layout runs STEPS steps traced and counted; a step's ring
+# traffic is the run's / STEPS (nothing before the first step uses the ring: tests/program's
+# trace check sees only the data check's all-reduce there). Every rank sends the same on a ring:
+# each must match, the table shows rank 0.
+
+STEPS=3
+L=8 C=64 SEQ=64
+bad=0
+: > "$B/ring_layer.txt"
+: > "$B/ring_step.txt"
+
+# ring NAME TP CP MBS NMB ES GEN-FLAGS...: build, dump, run, compare; one row in each table
+ring() {
+    local name=$1 tp=$2 cp=$3 mbs=$4 nmb=$5 es=$6 w r
+    shift 6
+    build "$name" tiny --tp "$tp" --cp "$cp" --mbs "$mbs" --nmb "$nmb" "$@"
+    w=$(world_of "$name")
+    # declared: per step (F and B ops) and per layer and micro-batch
+    build/gen tiny --tp "$tp" --cp "$cp" --mbs "$mbs" --nmb "$nmb" "$@" --dump program \
+        > "$B/$name.program.json"
+    build/gen --lua bench/cp_ring.lua "$B/$name.program.json" > "$B/$name.ring"
+    local d_fwd d_bwd d_tag2 d_tag3 hops l_fwd l_bwd calls
+    read -r _ d_fwd d_bwd d_tag2 d_tag3 hops < <(grep '^step' "$B/$name.ring")
+    read -r _ l_fwd l_bwd calls < <(grep '^layer' "$B/$name.ring")
+    local dump=$((d_fwd + d_bwd))
+    # closed form, per layer and micro-batch, and per step (L layers x NMB micro-batches)
+    local N=$((mbs * SEQ / cp)) cl=$((C / tp))
+    local c_fwd=$(((cp - 1) * N * 2 * cl * es))
+    local c_bwd=$(((cp - 1) * N * 2 * cl * (es + 4) + N * 2 * cl * 4))
+    local closed=$((L * nmb * (c_fwd + c_bwd)))
+    [ "$calls" = $((L * nmb)) ] || { echo "$name: $calls layer_fwd calls, not L*NMB"; bad=1; }
+    # measured: traced sends on tags 2 and 3, and the shim's MPI_Isend bytes, per rank
+    rm -rf "$B/$name.trace" "$B/$name.count".*
+    mkdir -p "$B/$name.trace"
+    launch "$name" "$B/$name.run.log" RT_TRACE="$B/$name.trace" \
+        MPICOUNT_OUT="$B/$name.count" LD_PRELOAD="$PWD/$B/mpicount.so" -- \
+        --data "$B/tokens.bin" --steps "$STEPS" --quiet
+    local t2=0 t3=0 mpi=0 tr m
+    for ((r = w - 1; r >= 0; r--)); do        # rank 0 last: its numbers are the row's
+        read -r t2 t3 < <(awk '$1 == "p2p" { for (i = 2; i + 4 <= NF; i += 5)
+                if ($i == "send") { b = $(i + 2) * ($(i + 3) == "bf16" ? 2 : 4)
+                                    if ($(i + 4) == 2) t2 += b; if ($(i + 4) == 3) t3 += b } }
+            END { printf "%d %d\n", t2, t3 }' "$B/$name.trace/rank_$(printf %05d "$r").trace")
+        mpi=$(awk '$1 ~ /^send/ { s += $4 } END { printf "%d\n", s }' "$B/$name.count.$r")
+        tr=$(((t2 + t3) / STEPS)) m=$((mpi / STEPS))
+        if [ "$tr" != "$dump" ] || [ "$m" != "$dump" ] || [ $((t2 % STEPS + t3 % STEPS)) != 0 ]
+        then
+            echo "$name: rank $r sent $tr bytes a step (traced), $m (MPI); declared $dump"
+            bad=1
+        fi
+    done
+    [ "$((t2 / STEPS))" = "$d_tag2" ] && [ "$((t3 / STEPS))" = "$d_tag3" ] ||
+        { echo "$name: by tag traced $((t2 / STEPS)) + $((t3 / STEPS)), declared" \
+               "$d_tag2 + $d_tag3"; bad=1; }
+    [ "$dump" = "$closed" ] && [ "$l_fwd" = "$c_fwd" ] && [ "$l_bwd" = "$c_bwd" ] || bad=1
+    printf "%-20s %3d %3d %5d %4d %3d | %10d %10d | %10d %10d | %7s %7s\n" "$name" "$cp" "$tp" \
+        "$N" "$cl" "$es" "$l_fwd" "$c_fwd" "$l_bwd" "$c_bwd" "$(ratio "$l_fwd" "$c_fwd")" \
+        "$(ratio "$l_bwd" "$c_bwd")" >> "$B/ring_layer.txt"
+    printf "%-20s %5d %5d %4d | %10d %10d %10d %10d | %10d %10d | %7s %7s %7s\n" "$name" "$w" \
+        $((L * nmb)) "$hops" $((t2 / STEPS)) $((t3 / STEPS)) "$tr" "$m" "$dump" "$closed" \
+        "$(ratio "$tr" "$dump")" "$(ratio "$m" "$dump")" "$(ratio "$tr" "$closed")" \
+        >> "$B/ring_step.txt"
+}
+
+ring tiny-cp2         1 2 4 1 4
+ring tiny-cp4         1 4 4 1 4
+ring tiny-cp2-bf16    1 2 4 2 2 --bf16
+ring tiny-tp2-sp-cp2  2 2 4 1 4 --sp
+
+echo
+echo "== 1. Ring traffic of tiny (8 layers, hidden 64, SEQ 64), bytes one rank sends on the cp ring"
+echo "   declared per layer and micro-batch (build/gen --dump program, one layer_fwd / layer_bwd"
+echo "   call's ring records: n*es + n2*4) against the closed form; N = MBS*SEQ/CP tokens,"
+echo "   C_LOCAL = hidden/TP, es = bytes of a K|V element (f32 4, bf16 2)"
+printf "%-20s %3s %3s %5s %4s %3s | %10s %10s | %10s %10s | %7s %7s\n" layout CP TP N C_LC es \
+    "fwd dump" "fwd closed" "bwd dump" "bwd closed" "fwd" "bwd"
+cat "$B/ring_layer.txt"
+echo
+echo "   measured per rank and step ($STEPS steps / $STEPS; every rank alike, rank 0 shown): K|V"
+echo "   (tag 2, forward and backward) and dK|dV (tag 3) from RT_TRACE, their sum, and the bytes"
+echo "   MPI_Isend was given (PMPI shim); against the step's ring records in --dump program"
+echo "   (\"hops\" of them) and the closed form x layers x micro-batches (L*NMB)"
+printf "%-20s %5s %5s %4s | %10s %10s %10s %10s | %10s %10s | %7s %7s %7s\n" layout ranks L*NMB \
+    hops "K|V traced" "dKV traced" traced "MPI_Isend" dump closed "tr/dump" "mpi/dmp" "tr/clsd"
+cat "$B/ring_step.txt"
+if [ "$bad" = 0 ]; then
+    echo "   ok: every measured count equals the declared and the closed-form count (1.0000)"
+else
+    echo "   FAILED: a measured count differs from the analytic one (above)"
+fi
+
+# -- 2. Throughput at a fixed global batch ------------------------------------------------------------
+# DP 1, the same micro-batch, steps and global batch for every CP; one thread per rank, so CP 1
+# uses one core, CP 2 both, CP 4 puts 4 ranks on the 2 cores. The row "CP 1, 2 threads" runs the
+# one rank with a 2-thread pool on the same 2 cores CP 2 uses. tokens/s: the median over the steps
+# after the first SKIP, from the program's --log (JSONL, tok_s = global tokens / step time); tiny
+# takes the best median of ROUNDS interleaved rounds (other load only ever slows a run down).
+
+: > "$B/tput.txt"
+
+# tput MODEL SEQ MBS STEPS SKIP ROUNDS: one table block (CP 1 at 1 and 2 threads, CP 2, CP 4)
+tput() {
+    local model=$1 seq=$2 mbs=$3 steps=$4 skip=$5 rounds=$6 short cfg name cp thr
+    short=$(basename "$model" .lua)
+    local cfgs="1:1 1:2 2:1 4:1"                     # CP:threads per rank
+    for cp in 1 2 4; do build "$short-t$seq-cp$cp" "$model" --cp "$cp" --mbs "$mbs" --seq "$seq"; done
+    declare -A best=() ms=()
+    for ((i = 0; i < rounds; i++)); do
+        for cfg in $cfgs; do
+            cp=${cfg%:*} thr=${cfg#*:} name=$short-t$seq-cp$cp
+            launch "$name" "$B/$name.thr$thr.log" RT_THREADS="$thr" -- --data "$B/tokens.bin" \
+                --steps "$steps" --quiet --log "$B/$name.thr$thr.jsonl"
+            local t m
+            t=$(sed -n 's/.*"tok_s":\([0-9.]*\).*/\1/p' "$B/$name.thr$thr.jsonl" |
+                tail -n +$((skip + 1)) | median)
+            m=$(sed -n 's/.*"ms":\([0-9.]*\).*/\1/p' "$B/$name.thr$thr.jsonl" |
+                tail -n +$((skip + 1)) | median)
+            if [ -z "${best[$cfg]:-}" ] || awk -v a="$t" -v b="${best[$cfg]}" 'BEGIN { exit !(a > b) }'
+            then best[$cfg]=$t ms[$cfg]=$m; fi
+        done
+    done
+    for cfg in $cfgs; do
+        cp=${cfg%:*} thr=${cfg#*:}
+        local note=""
+        [ "$cfg" = 1:2 ] && note="(the 2 cores of CP 2, as threads of one rank)"
+        [ "$cp" -gt "$(nproc)" ] && note="$cp ranks on $(nproc) cores: oversubscribed"
+        awk -v m="$short" -v s="$seq" -v b="$mbs" -v cp="$cp" -v thr="$thr" -v ms="${ms[$cfg]}" \
+            -v t="${best[$cfg]}" -v one="${best[1:1]}" -v note="$note" -v nc="$(nproc)" 'BEGIN {
+            cores = cp * thr < nc ? cp * thr : nc
+            printf "%-10s %5d %3d %3d %5d %3d %5d | %9.1f %9.0f | %7.2f  %s\n", m, s, b, cp, cp,
+                   thr, cores, ms, t, t / one, note }' >> "$B/tput.txt"
+    done
+}
+
+tput tiny 64 8 30 5 "$ROUNDS"
+tput bench/models/cp_long.lua 8192 1 4 1 1
+
+echo
+echo "== 2. Throughput at a fixed global batch (DP 1, NMB 1, same MBS and steps for every CP;"
+echo "   median ms and tokens/s of the steps after the warm-up; tiny: best of $ROUNDS rounds of 25"
+echo "   steps, cp_long: 3 steps); vs CP 1 = tokens/s / CP 1's with one thread"
+printf "%-10s %5s %3s %3s %5s %3s %5s | %9s %9s | %7s\n" model SEQ MBS CP ranks thr cores \
+    "ms/step" "tok/s" "vs CP 1"
+cat "$B/tput.txt"
+echo "   With $(nproc) cores, CP 4 runs 4 ranks on $(nproc) cores (oversubscribed): its ratio"
+echo "   measures the ring's overhead (more, smaller blocks, 3 hops a layer, ranks time-sharing),"
+echo "   not a speed-up. CP 2 against CP 1 with 2 threads compares the same cores. tiny's chunks"
+echo "   (SEQ/(2*CP) = 16 or 8 positions) are too short for attention to matter; at SEQ 8192"
+echo "   attention dominates the step."
+
+# -- 3. The long sequence ------------------------------------------------------------------------------
+# The same model at CP 1, 2, 4 as planned by the generator (bytes per rank on the CPU backend,
+# the plan every program checks at start), then 3 steps of CP 4 with their losses and memory line.
+
+LONG=bench/models/cp_long.lua
+echo
+echo "== 3. Long sequence: $LONG (4 layers, hidden 64, SEQ 8192), MBS 1: memory per rank"
+echo "   planned by build/gen --dump memory (CPU, MiB); state = parameters, gradients and"
+echo "   optimizer state (replicated over cp); comm = the ring's K|V and dK|dV buffers"
+printf "%3s | %12s %9s %10s %9s %10s | %14s %14s\n" CP activations comm workspace state total \
+    "act CP1/CPk" "total CP1/CPk"
+declare -A act=() tot=()
+for cp in 1 2 4; do
+    build/gen "$LONG" --cp "$cp" --mbs 1 --dump memory > "$B/long-cp$cp.memory.json"
+    read -r a c w s t < <(build/gen --lua bench/cp_mem.lua "$B/long-cp$cp.memory.json")
+    act[$cp]=$a tot[$cp]=$t
+    awk -v cp="$cp" -v a="$a" -v c="$c" -v w="$w" -v s="$s" -v t="$t" -v a1="${act[1]}" \
+        -v t1="${tot[1]}" 'BEGIN { M = 1048576
+        printf "%3d | %12.2f %9.2f %10.2f %9.2f %10.2f | %14.4f %14.4f\n", cp, a / M, c / M,
+               w / M, s / M, t / M, a1 / a, t1 / t }'
+done
+echo
+echo "   CP 4 trains (mpirun -np 4, one thread per rank, 3 steps):"
+launch cp_long-t8192-cp4 "$B/long-cp4.train.log" -- --data "$B/tokens.bin" --steps 3
+sed 's/^/     /' "$B/long-cp4.train.log"
+planned=$(awk '/^memory: planned / { print $3 }' "$B/long-cp4.train.log")
+if [ "$planned" = "${tot[4]}" ]; then
+    echo "   planned == allocated, and == --dump memory's total for CP 4 (${tot[4]} bytes)"
+else
+    echo "   FAILED: the run planned $planned bytes, --dump memory says ${tot[4]}"
+    bad=1
+fi
+awk -v a1="${act[1]}" -v a4="${act[4]}" -v t1="${tot[1]}" -v t4="${tot[4]}" 'BEGIN { M = 1048576
+    printf "   Without CP one rank would hold %.2f x the activation memory of a CP 4 rank (%.1f MiB", \
+        a1 / a4, a1 / M
+    printf " instead of %.1f MiB):\n   activations scale with the positions a rank holds, SEQ/CP;", \
+        a4 / M
+    printf " the replicated state does not,\n   so the total per rank falls %.2f x (%.1f MiB to" \
+        " %.1f MiB).\n", t1 / t4, t1 / M, t4 / M }'
+
+echo
+echo "cp_bench: $(($(date +%s) - t_start)) s"
+exit "$bad"
