@@ -141,10 +141,10 @@ ring() {
         { echo "$name: by tag traced $((t2 / STEPS)) + $((t3 / STEPS)), declared" \
                "$d_tag2 + $d_tag3"; bad=1; }
     [ "$dump" = "$closed" ] && [ "$l_fwd" = "$c_fwd" ] && [ "$l_bwd" = "$c_bwd" ] || bad=1
-    printf "%-20s %3d %3d %5d %4d %3d | %10d %10d | %10d %10d | %7s %7s\n" "$name" "$cp" "$tp" \
+    printf "%-16s %3d %3d %5d %4d %3d | %10d %10d | %10d %10d | %7s %7s\n" "$name" "$cp" "$tp" \
         "$N" "$cl" "$es" "$l_fwd" "$c_fwd" "$l_bwd" "$c_bwd" "$(ratio "$l_fwd" "$c_fwd")" \
         "$(ratio "$l_bwd" "$c_bwd")" >> "$B/ring_layer.txt"
-    printf "%-20s %5d %5d %4d | %10d %10d %10d %10d | %10d %10d | %7s %7s %7s\n" "$name" "$w" \
+    printf "%-16s %5d %5d %4d | %9d %9d %9d %9d | %9d %9d | %7s %7s %7s\n" "$name" "$w" \
         $((L * nmb)) "$hops" $((t2 / STEPS)) $((t3 / STEPS)) "$tr" "$m" "$dump" "$closed" \
         "$(ratio "$tr" "$dump")" "$(ratio "$m" "$dump")" "$(ratio "$tr" "$closed")" \
         >> "$B/ring_step.txt"
@@ -160,7 +160,7 @@ echo "== 1. Ring traffic of tiny (8 layers, hidden 64, SEQ 64), bytes one rank s
 echo "   declared per layer and micro-batch (build/gen --dump program, one layer_fwd / layer_bwd"
 echo "   call's ring records: n*es + n2*4) against the closed form; N = MBS*SEQ/CP tokens,"
 echo "   C_LOCAL = hidden/TP, es = bytes of a K|V element (f32 4, bf16 2)"
-printf "%-20s %3s %3s %5s %4s %3s | %10s %10s | %10s %10s | %7s %7s\n" layout CP TP N C_LC es \
+printf "%-16s %3s %3s %5s %4s %3s | %10s %10s | %10s %10s | %7s %7s\n" layout CP TP N C_LC es \
     "fwd dump" "fwd closed" "bwd dump" "bwd closed" "fwd" "bwd"
 cat "$B/ring_layer.txt"
 echo
@@ -168,8 +168,8 @@ echo "   measured per rank and step ($STEPS steps / $STEPS; every rank alike, ra
 echo "   (tag 2, forward and backward) and dK|dV (tag 3) from RT_TRACE, their sum, and the bytes"
 echo "   MPI_Isend was given (PMPI shim); against the step's ring records in --dump program"
 echo "   (\"hops\" of them) and the closed form x layers x micro-batches (L*NMB)"
-printf "%-20s %5s %5s %4s | %10s %10s %10s %10s | %10s %10s | %7s %7s %7s\n" layout ranks L*NMB \
-    hops "K|V traced" "dKV traced" traced "MPI_Isend" dump closed "tr/dump" "mpi/dmp" "tr/clsd"
+printf "%-16s %5s %5s %4s | %9s %9s %9s %9s | %9s %9s | %7s %7s %7s\n" layout ranks L*NMB \
+    hops "K|V tr" "dK|dV tr" traced MPI_Isend dump closed tr/dump mpi/dmp tr/clsd
 cat "$B/ring_step.txt"
 if [ "$bad" = 0 ]; then
     echo "   ok: every measured count equals the declared and the closed-form count (1.0000)"

@@ -8,6 +8,8 @@
 --                                  split by tag, and how many records (hops) there are
 --   layer FWD BWD CALLS            per layer and micro-batch: one layer_fwd / layer_bwd call's
 --                                  records (every call declares the same), CALLS = layer_fwd calls
+--   grad BYTES                     per step: the gradients all-reduced over dp-cp (the cp ranks
+--                                  are data-parallel replicas of the weights)
 local host = require("host")
 package.path = host.root() .. "/tests/lua/?.lua;" .. package.path
 local T = require("harness")("cp_ring")
@@ -61,9 +63,13 @@ for _, op in ipairs(get(stages[1], "schedule")) do
     end
 end
 -- nothing else in a step (the optimizer's tail) may travel on the ring
+local grad = 0
 for _, op in ipairs(get(stages[1], "tail")) do
     for _, c in ipairs(get(op, "comm")) do
         assert(not ring_bytes(c), "a ring record in the step's tail")
+        if get(c, "group") == "dp-cp" then
+            grad = grad + get(c, "n") * assert(dtype_size[get(c, "dtype")], "unknown dtype")
+        end
     end
 end
 
@@ -81,3 +87,4 @@ end
 
 print(string.format("step %d %d %d %d %d", step.F, step.B, step.tag2, step.tag3, step.hops))
 print(string.format("layer %d %d %d", only("layer_fwd"), only("layer_bwd"), calls))
+print(string.format("grad %d", grad))

@@ -140,7 +140,10 @@ local function consts(cfg, s, layout)
         int("CFG_MOE_BIAS", moe.bias and 1 or 0, "expert biases (model.moe.bias)")
         float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * (s.B * s.seq) ^ 2),
               "coeff*E/(K*(B*SEQ)^2): aux = this * sum_e scores_e * count_e")
-        float("CFG_AUX_GRAD", 1 / cfg.nmb, "the aux loss's share of the objective: 1/NMB")
+        float("CFG_AUX_GRAD", cfg.cp / cfg.nmb, cfg.cp > 1 and
+              "the aux loss's share of the objective, CP/NMB: a micro-batch's aux loss spans " ..
+              "the cp ranks, whose gradients the dp-cp mean divides by CP" or
+              "the aux loss's share of the objective: 1/NMB")
         int("CFG_CAPACITY", s.capacity, moe.capacity_factor and
             "assignments an expert keeps per micro-batch = ceil(N*K/EXPERTS * capacity_factor)"
             or "no capacity limit: N*TOPK")
