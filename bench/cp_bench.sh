@@ -17,7 +17,8 @@
 #     (--dump memory, bench/cp_mem.lua) for CP 1, 2, 4, and 3 steps of CP 4 that train.
 # One thread per rank (RT_THREADS=1; BENCH_THREADS=n to change). Usage: bench/cp_bench.sh
 # (ROUNDS=n: tiny's throughput rounds, default 3). Scratch and raw logs: build/bench/cp/.
-# About 1-2 minutes on the 2-core dev VM; timings on a shared VM vary ~15 %.
+# About 2-3 minutes on the 2-core dev VM; timings on a shared VM vary ~15 % (and far more while
+# other jobs run: such rows are marked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build/bench/cp
@@ -29,7 +30,9 @@ t_start=$(date +%s)
 # mpirun as tests/lib.sh runs it: oversubscribed, shared memory between the ranks, as root
 # where need be; no binding, so 4 ranks share the 2 cores as the scheduler sees fit
 MPIRUN=(mpirun --oversubscribe --bind-to none)
-ompi_info 2> /dev/null | grep -q 'MCA btl: vader' && MPIRUN+=(--mca pml ob1 --mca btl self,vader)
+if ompi_info 2> /dev/null | grep 'MCA btl: vader' > /dev/null; then
+    MPIRUN+=(--mca pml ob1 --mca btl "self,vader")
+fi
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 
 echo "cp_bench: $(date '+%Y-%m-%d %H:%M %Z'); CPU: $(lscpu | sed -n 's/^Model name: *//p')," \
@@ -42,7 +45,7 @@ mpicc -O2 -shared -fPIC -o "$B/mpicount.so" bench/parallel_mpicount.c ||
     { echo "cannot build the MPI counting shim"; exit 1; }
 build/ref/make_tokens --vocab 256 --tokens 200000 --seed 3 "$B/tokens.bin" > /dev/null
 
-# -- Helpers --------------------------------------------------------------------------------------
+# -- Helpers ---------------------------------------------------------------------------------------
 
 # build NAME GEN-ARGS...: generate into $B/out/NAME and build its train program
 build() {
@@ -60,18 +63,19 @@ world_of() {
 }
 
 # launch NAME LOG VAR=VALUE... -- TRAIN-ARGS...: the program of NAME on its world (directly when
-# 1), with the environment given, stdin closed, output in LOG; then its memory line must read
+# 1), with RT_THREADS and the environment given (later wins; mpirun -x passes each name to every
+# rank), stdin closed, output in LOG; then its memory line must read
 # "memory: planned P bytes, allocated A bytes (stage 0)" with P == A
 launch() {
-    local name=$1 log=$2 w env=() mpienv=()
+    local name=$1 log=$2 w env=(RT_THREADS="$RT_THREADS") mpienv=(-x RT_THREADS)
     shift 2
-    while [ "$1" != -- ]; do env+=("$1"); mpienv+=(-x "$1"); shift; done
+    while [ "$1" != -- ]; do env+=("$1"); mpienv+=(-x "${1%%=*}"); shift; done
     shift
     w=$(world_of "$name")
     if [ "$w" = 1 ]; then
         env "${env[@]}" timeout 600 "$B/out/$name/train" "$@" > "$log" 2>&1 < /dev/null
     else
-        timeout 600 "${MPIRUN[@]}" -np "$w" -x RT_THREADS "${mpienv[@]}" \
+        env "${env[@]}" timeout 600 "${MPIRUN[@]}" -np "$w" "${mpienv[@]}" \
             "$B/out/$name/train" "$@" > "$log" 2>&1 < /dev/null
     fi || { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$log")"; exit 1; }
     awk '/^memory: planned / { n++; if ($3 != $6) bad = 1 } END { exit !(n == 1 && !bad) }' \
@@ -80,12 +84,13 @@ launch() {
 
 # median of the numbers on stdin, one a line
 median() {
-    sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    sort -g | awk '{ v[NR] = $1 }
+        END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", b ? a / b : 0 }'; }
 
-# -- 1. Ring traffic --------------------------------------------------------------------------------
+# -- 1. Ring traffic -------------------------------------------------------------------------------
 # tiny: 8 layers, hidden 64, SEQ 64. A layout runs STEPS steps traced and counted; a step's ring
 # traffic is the run's / STEPS (nothing before the first step uses the ring: tests/program's
 # trace check sees only the data check's all-reduce there). Every rank sends the same on a ring:
@@ -137,10 +142,15 @@ ring() {
             bad=1
         fi
     done
-    [ "$((t2 / STEPS))" = "$d_tag2" ] && [ "$((t3 / STEPS))" = "$d_tag3" ] ||
-        { echo "$name: by tag traced $((t2 / STEPS)) + $((t3 / STEPS)), declared" \
-               "$d_tag2 + $d_tag3"; bad=1; }
-    [ "$dump" = "$closed" ] && [ "$l_fwd" = "$c_fwd" ] && [ "$l_bwd" = "$c_bwd" ] || bad=1
+    if [ "$((t2 / STEPS))" != "$d_tag2" ] || [ "$((t3 / STEPS))" != "$d_tag3" ]; then
+        echo "$name: by tag traced $((t2 / STEPS)) + $((t3 / STEPS)), declared $d_tag2 + $d_tag3"
+        bad=1
+    fi
+    if [ "$dump" != "$closed" ] || [ "$l_fwd" != "$c_fwd" ] || [ "$l_bwd" != "$c_bwd" ]; then
+        echo "$name: declared $l_fwd + $l_bwd a layer, $dump a step; closed form $c_fwd +" \
+             "$c_bwd, $closed"
+        bad=1
+    fi
     printf "%-16s %3d %3d %5d %4d %3d | %10d %10d | %10d %10d | %7s %7s\n" "$name" "$cp" "$tp" \
         "$N" "$cl" "$es" "$l_fwd" "$c_fwd" "$l_bwd" "$c_bwd" "$(ratio "$l_fwd" "$c_fwd")" \
         "$(ratio "$l_bwd" "$c_bwd")" >> "$B/ring_layer.txt"
@@ -177,46 +187,74 @@ else
     echo "   FAILED: a measured count differs from the analytic one (above)"
 fi
 
-# -- 2. Throughput at a fixed global batch ------------------------------------------------------------
+# -- 2. Throughput at a fixed global batch ---------------------------------------------------------
 # DP 1, the same micro-batch, steps and global batch for every CP; one thread per rank, so CP 1
-# uses one core, CP 2 both, CP 4 puts 4 ranks on the 2 cores. The row "CP 1, 2 threads" runs the
-# one rank with a 2-thread pool on the same 2 cores CP 2 uses. tokens/s: the median over the steps
-# after the first SKIP, from the program's --log (JSONL, tok_s = global tokens / step time); tiny
-# takes the best median of ROUNDS interleaved rounds (other load only ever slows a run down).
+# uses one core, CP 2 both, CP 4 puts 4 ranks on the 2 cores. The row of CP 1 with 2 threads runs
+# the one rank with a 2-thread pool on the same 2 cores CP 2 uses. tokens/s: the median over the
+# steps after the first SKIP, from the program's --log (JSONL, tok_s = global tokens / step
+# time); tiny takes the best median of ROUNDS interleaved rounds (other load only ever slows a run
+# down). Beside it, what a rank sends a step as declared (--dump program): on the ring, and the
+# gradients the cp ranks all-reduce (they are data-parallel replicas of the weights). A run
+# started while other processes kept the CPUs more than 10 % busy is marked '*'.
 
 : > "$B/tput.txt"
 
+# busy: percent of the CPUs' time spent over the next second (called between our runs: others')
+busy() {
+    local a b a1 a2 a3 a4 a5 a6 a7 b1 b2 b3 b4 b5 b6 b7
+    read -r _ a1 a2 a3 a4 a5 a6 a7 _ < /proc/stat
+    sleep 1
+    read -r _ b1 b2 b3 b4 b5 b6 b7 _ < /proc/stat
+    a=$(((b1 - a1) + (b2 - a2) + (b3 - a3) + (b6 - a6) + (b7 - a7)))
+    b=$((a + (b4 - a4) + (b5 - a5)))
+    echo $((100 * a / (b + 1)))
+}
+
 # tput MODEL SEQ MBS STEPS SKIP ROUNDS: one table block (CP 1 at 1 and 2 threads, CP 2, CP 4)
 tput() {
-    local model=$1 seq=$2 mbs=$3 steps=$4 skip=$5 rounds=$6 short cfg name cp thr
-    short=$(basename "$model" .lua)
+    local model=$1 seq=$2 mbs=$3 steps=$4 skip=$5 rounds=$6 short cfg name cp thr t m u
     local cfgs="1:1 1:2 2:1 4:1"                     # CP:threads per rank
-    for cp in 1 2 4; do build "$short-t$seq-cp$cp" "$model" --cp "$cp" --mbs "$mbs" --seq "$seq"; done
-    declare -A best=() ms=()
+    short=$(basename "$model" .lua)
+    declare -A best=() ms=() rbytes=() gbytes=() load=()
+    for cp in 1 2 4; do
+        name=$short-t$seq-cp$cp
+        build "$name" "$model" --cp "$cp" --mbs "$mbs" --seq "$seq"
+        build/gen "$model" --cp "$cp" --mbs "$mbs" --seq "$seq" --dump program \
+            > "$B/$name.program.json"
+        build/gen --lua bench/cp_ring.lua "$B/$name.program.json" > "$B/$name.ring"
+        rbytes[$cp]=$(awk '$1 == "step" { print $2 + $3 }' "$B/$name.ring")
+        gbytes[$cp]=$(awk '$1 == "grad" { print $2 }' "$B/$name.ring")
+    done
     for ((i = 0; i < rounds; i++)); do
         for cfg in $cfgs; do
             cp=${cfg%:*} thr=${cfg#*:} name=$short-t$seq-cp$cp
+            u=$(busy)
+            [ "$u" -gt "${load[$cfg]:-0}" ] && load[$cfg]=$u
             launch "$name" "$B/$name.thr$thr.log" RT_THREADS="$thr" -- --data "$B/tokens.bin" \
                 --steps "$steps" --quiet --log "$B/$name.thr$thr.jsonl"
-            local t m
             t=$(sed -n 's/.*"tok_s":\([0-9.]*\).*/\1/p' "$B/$name.thr$thr.jsonl" |
                 tail -n +$((skip + 1)) | median)
             m=$(sed -n 's/.*"ms":\([0-9.]*\).*/\1/p' "$B/$name.thr$thr.jsonl" |
                 tail -n +$((skip + 1)) | median)
-            if [ -z "${best[$cfg]:-}" ] || awk -v a="$t" -v b="${best[$cfg]}" 'BEGIN { exit !(a > b) }'
-            then best[$cfg]=$t ms[$cfg]=$m; fi
+            if [ -z "${best[$cfg]:-}" ] ||
+               awk -v a="$t" -v b="${best[$cfg]}" 'BEGIN { exit !(a > b) }'; then
+                best[$cfg]=$t ms[$cfg]=$m
+            fi
         done
     done
     for cfg in $cfgs; do
         cp=${cfg%:*} thr=${cfg#*:}
         local note=""
-        [ "$cfg" = 1:2 ] && note="(the 2 cores of CP 2, as threads of one rank)"
+        [ "$cfg" = 1:2 ] && note="the 2 cores of CP 2, as threads"
         [ "$cp" -gt "$(nproc)" ] && note="$cp ranks on $(nproc) cores: oversubscribed"
         awk -v m="$short" -v s="$seq" -v b="$mbs" -v cp="$cp" -v thr="$thr" -v ms="${ms[$cfg]}" \
-            -v t="${best[$cfg]}" -v one="${best[1:1]}" -v note="$note" -v nc="$(nproc)" 'BEGIN {
+            -v t="${best[$cfg]}" -v one="${best[1:1]}" -v note="$note" -v nc="$(nproc)" \
+            -v ring="${rbytes[$cp]}" -v grad="${gbytes[$cp]}" -v busy="${load[$cfg]:-0}" 'BEGIN {
             cores = cp * thr < nc ? cp * thr : nc
-            printf "%-10s %5d %3d %3d %5d %3d %5d | %9.1f %9.0f | %7.2f  %s\n", m, s, b, cp, cp,
-                   thr, cores, ms, t, t / one, note }' >> "$B/tput.txt"
+            printf "%-8s %5d %3d %2d %3d %5d | %8.2f %8.2f | %9.1f %8.0f%1s | %7.2f%s\n", m, s,
+                   b, cp, thr, cores, ring / 1048576, grad / 1048576, ms, t,
+                   (busy > 10 ? "*" : ""), t / one, (note != "" ? "  " note : "") }' \
+            >> "$B/tput.txt"
     done
 }
 
@@ -224,27 +262,33 @@ tput tiny 64 8 30 5 "$ROUNDS"
 tput bench/models/cp_long.lua 8192 1 4 1 1
 
 echo
-echo "== 2. Throughput at a fixed global batch (DP 1, NMB 1, same MBS and steps for every CP;"
-echo "   median ms and tokens/s of the steps after the warm-up; tiny: best of $ROUNDS rounds of 25"
-echo "   steps, cp_long: 3 steps); vs CP 1 = tokens/s / CP 1's with one thread"
-printf "%-10s %5s %3s %3s %5s %3s %5s | %9s %9s | %7s\n" model SEQ MBS CP ranks thr cores \
-    "ms/step" "tok/s" "vs CP 1"
+echo "== 2. Throughput at a fixed global batch (DP 1, NMB 1, the same MBS and steps for every CP;"
+echo "   ms/step and tok/s: medians of the steps after the warm-up, tiny: best of $ROUNDS rounds of"
+echo "   25 steps, cp_long: 3 steps); vs CP 1 = tok/s / CP 1's with one thread; ring, grad AR: MiB"
+echo "   a rank sends on the cp ring and all-reduces over dp-cp per step (--dump program)"
+printf "%-8s %5s %3s %2s %3s %5s | %8s %8s | %9s %9s | %7s\n" model SEQ MBS CP thr cores \
+    ring "grad AR" "ms/step" "tok/s" "vs CP 1"
 cat "$B/tput.txt"
-echo "   With $(nproc) cores, CP 4 runs 4 ranks on $(nproc) cores (oversubscribed): its ratio"
-echo "   measures the ring's overhead (more, smaller blocks, 3 hops a layer, ranks time-sharing),"
-echo "   not a speed-up. CP 2 against CP 1 with 2 threads compares the same cores. tiny's chunks"
-echo "   (SEQ/(2*CP) = 16 or 8 positions) are too short for attention to matter; at SEQ 8192"
-echo "   attention dominates the step."
+grep -q '\*' "$B/tput.txt" && echo "   * other processes kept the CPUs > 10 % busy when a run of" \
+    "this row started: not to be trusted"
+echo "   With $(nproc) cores CP 4 runs 4 ranks on $(nproc) cores (oversubscribed): its ratio"
+echo "   measures what the ring costs (smaller attention blocks, CP-1 = 3 ring hops a layer"
+echo "   forward and more backward, 4 ranks time-sharing 2 cores), not a speed-up. CP 2"
+echo "   against CP 1 with 2 threads compares the same cores. tiny's chunks (SEQ/(2*CP) = 16 or"
+echo "   8 positions) leave attention little to divide, while the cp ranks add ring hops and"
+echo "   the gradients' all-reduce; at SEQ 8192 attention dominates the step and CP 2 splits"
+echo "   it between the cores."
 
-# -- 3. The long sequence ------------------------------------------------------------------------------
+# -- 3. The long sequence --------------------------------------------------------------------------
 # The same model at CP 1, 2, 4 as planned by the generator (bytes per rank on the CPU backend,
 # the plan every program checks at start), then 3 steps of CP 4 with their losses and memory line.
 
 LONG=bench/models/cp_long.lua
 echo
-echo "== 3. Long sequence: $LONG (4 layers, hidden 64, SEQ 8192), MBS 1: memory per rank"
-echo "   planned by build/gen --dump memory (CPU, MiB); state = parameters, gradients and"
-echo "   optimizer state (replicated over cp); comm = the ring's K|V and dK|dV buffers"
+echo "== 3. Long sequence: $LONG (4 layers, hidden 64, SEQ 8192), MBS 1:"
+echo "   memory per rank planned by build/gen --dump memory (CPU, MiB); state = parameters,"
+echo "   gradients and optimizer state (replicated over cp); comm = the ring's K|V and dK|dV"
+echo "   buffers"
 printf "%3s | %12s %9s %10s %9s %10s | %14s %14s\n" CP activations comm workspace state total \
     "act CP1/CPk" "total CP1/CPk"
 declare -A act=() tot=()
@@ -268,13 +312,14 @@ else
     echo "   FAILED: the run planned $planned bytes, --dump memory says ${tot[4]}"
     bad=1
 fi
-awk -v a1="${act[1]}" -v a4="${act[4]}" -v t1="${tot[1]}" -v t4="${tot[4]}" 'BEGIN { M = 1048576
-    printf "   Without CP one rank would hold %.2f x the activation memory of a CP 4 rank (%.1f MiB", \
-        a1 / a4, a1 / M
-    printf " instead of %.1f MiB):\n   activations scale with the positions a rank holds, SEQ/CP;", \
-        a4 / M
-    printf " the replicated state does not,\n   so the total per rank falls %.2f x (%.1f MiB to" \
-        " %.1f MiB).\n", t1 / t4, t1 / M, t4 / M }'
+awk -v a1="${act[1]}" -v a4="${act[4]}" -v t1="${tot[1]}" -v t4="${tot[4]}" 'BEGIN {
+    M = 1048576
+    printf "   Without CP one rank would hold %.2f x the activation memory of a CP 4 rank\n", \
+        a1 / a4
+    printf "   (%.1f MiB instead of %.1f MiB): activations scale with the positions a rank\n", \
+        a1 / M, a4 / M
+    printf "   holds, SEQ/CP; the replicated state does not, so the total per rank falls\n"
+    printf "   %.2f x (%.1f MiB to %.1f MiB).\n", t1 / t4, t1 / M, t4 / M }'
 
 echo
 echo "cp_bench: $(($(date +%s) - t_start)) s"

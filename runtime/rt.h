@@ -132,6 +132,13 @@ typedef struct {
 } rt_p2p_op;
 
 void rt_p2p(const rt_p2p_op *ops, int nops);
+/* rt_p2p in two halves, to compute while messages travel: rt_p2p_start posts every op and
+** returns; rt_p2p_wait completes them (watchdog-guarded, as rt_p2p). One call in flight at a
+** time; until rt_p2p_wait returns, a send buffer must not be written and a receive buffer not
+** touched. The MPI transport moves data when it can (eager messages at once, the rest inside
+** rt_p2p_wait: no progress thread); the CUDA backend completes the exchange in rt_p2p_start. */
+void rt_p2p_start(const rt_p2p_op *ops, int nops);
+void rt_p2p_wait(void);
 
 /* -- Compute ------------------------------------------------------------------------------ */
 

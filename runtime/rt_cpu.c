@@ -107,6 +107,18 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
     rt__h_p2p(ops, nops);
 }
 
+void rt_p2p_start(const rt_p2p_op *ops, int nops)
+{
+    if (rt__tracing)
+        rt__trace_p2p(ops, nops);
+    rt__h_p2p_post(ops, nops);
+}
+
+void rt_p2p_wait(void)
+{
+    rt__h_p2p_complete();
+}
+
 void rt_sync(void)
 {
 }

@@ -533,6 +533,17 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
     rt__wd_disarm();
 }
 
+/* The whole exchange at start: NCCL's p2p runs on the stream the kernels use, so it could not
+** overlap them anyway; a communication stream of its own is for the GPU work (rt.h). */
+void rt_p2p_start(const rt_p2p_op *ops, int nops)
+{
+    rt_p2p(ops, nops);
+}
+
+void rt_p2p_wait(void)
+{
+}
+
 void rt_sync(void)
 {
     RT_CUDA(cudaDeviceSynchronize());

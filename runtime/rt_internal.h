@@ -83,6 +83,8 @@ void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdis
 void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
 void rt__h_barrier(rt_group *g, const char *op);
 void rt__h_p2p(const rt_p2p_op *ops, int nops);
+void rt__h_p2p_post(const rt_p2p_op *ops, int nops);     /* rt__h_p2p's two halves */
+void rt__h_p2p_complete(void);
 
 /* -- Polling with back-off (rt_common.c) ---------------------------------------------------- */
 

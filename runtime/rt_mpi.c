@@ -632,10 +632,20 @@ void rt__h_barrier(rt_group *g, const char *op)
 /*
 ** Post every receive, then every send (in op order, each split into CHUNK pieces; n = 0 is
 ** one empty message), and complete them together under the watchdog. On expiry the message
-** lists the operations still pending.
+** lists the operations still pending. rt__h_p2p_post and rt__h_p2p_complete are the two
+** halves (one call in flight at a time: its ops are copied, its requests kept here).
 */
-void rt__h_p2p(const rt_p2p_op *ops, int nops)
+static struct {
+    int active, nops, nreq;
+    size_t bytes;
+    rt_p2p_op *ops;              /* a copy of the posted ops (the caller's may go away) */
+    MPI_Request *req;
+    int *owner;                  /* op of each request */
+} p2p_flight;
+
+void rt__h_p2p_post(const rt_p2p_op *ops, int nops)
 {
+    RT_CHECK(!p2p_flight.active, "p2p: a call is posted while another is in flight (a bug)");
     if (nops <= 0)
         return;
     RT_CHECK(ops, "rt_p2p: NULL ops");
@@ -651,9 +661,12 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
         nreq += ops[i].n == 0 ? 1 : (ops[i].n + CHUNK - 1) / CHUNK;
     }
     RT_CHECK(nreq <= INT_MAX, "p2p: too many operations");
-    char *mem = rt__scratch(3, nreq * (sizeof(MPI_Request) + sizeof(int)));
+    char *mem = rt__scratch(3, nreq * (sizeof(MPI_Request) + sizeof(int)) +
+                               (size_t)nops * sizeof(rt_p2p_op));
     MPI_Request *req = (MPI_Request *)mem;
     int *owner = (int *)(mem + nreq * sizeof(MPI_Request));
+    rt_p2p_op *copy = (rt_p2p_op *)(mem + nreq * (sizeof(MPI_Request) + sizeof(int)));
+    memcpy(copy, ops, (size_t)nops * sizeof *copy);
     int k = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < nops; i++) {
@@ -675,7 +688,24 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
             } while (off < o->n);
         }
     }
-    if (!wait_reqs(req, k, bytes, "p2p", rt__world))
+    p2p_flight.active = 1;
+    p2p_flight.nops = nops;
+    p2p_flight.nreq = k;
+    p2p_flight.bytes = bytes;
+    p2p_flight.ops = copy;
+    p2p_flight.req = req;
+    p2p_flight.owner = owner;
+}
+
+void rt__h_p2p_complete(void)
+{
+    if (!p2p_flight.active)
+        return;
+    MPI_Request *req = p2p_flight.req;
+    int k = p2p_flight.nreq, *owner = p2p_flight.owner;
+    const rt_p2p_op *ops = p2p_flight.ops;
+    p2p_flight.active = 0;
+    if (!wait_reqs(req, k, p2p_flight.bytes, "p2p", rt__world))
         return;
     char msg[1024];
     int len = 0, last = -1;
@@ -692,4 +722,10 @@ void rt__h_p2p(const rt_p2p_op *ops, int nops)
         last = owner[j];
     }
     rt__die("watchdog: p2p (%s) did not complete within %g s", msg, rt__st.timeout);
+}
+
+void rt__h_p2p(const rt_p2p_op *ops, int nops)
+{
+    rt__h_p2p_post(ops, nops);
+    rt__h_p2p_complete();
 }

@@ -866,7 +866,7 @@ function M.cp_rank(cfg, topo, part, prog, r, out)
                                       cfg.bf16 and "bf16" or "f32", util.bytes(t.kv),
                                       util.bytes(t.dkv))
         line(string.format("forward: %d hops of K|V", t.hops[1]), t.forward)
-        line(string.format("backward: %d hops of K|V and dK|dV, 1 of dK|dV", t.hops[1]),
+        line(string.format("backward: %d hops of K|V, %d of dK|dV", t.hops[1], t.hops[2]),
              t.backward)
     end
     local layers = 0
@@ -874,6 +874,7 @@ function M.cp_rank(cfg, topo, part, prog, r, out)
     out[#out + 1] = string.format("  per step      %d layers x %d micro-batches: %s sent and " ..
                                   "as much received", layers, cfg.nmb,
                                   util.bytes(layers * cfg.nmb * (t.forward + t.backward)))
+    if not prog then return end     -- the topology alone (no program built)
     local bufs = {}
     for _, m in ipairs(prog.stages[c.pp + 1].mem) do
         if (m.id:match("^S_RING_") or m.id:match("^S_A2A_") or m.id:match("_SEQ$"))

@@ -314,8 +314,9 @@ local function cp_fwd(cfg, s)
     return out
 end
 
--- The ring's backward: CP-1 hops of a K|V block with its f32 dK|dV (the gradient travels with
--- the block it belongs to), then one hop of dK|dV alone: home to the block's rank.
+-- The ring's backward: per block, its K|V travel on (CP-1 times, posted before the block's
+-- gradients are computed) and then its f32 dK|dV (CP times: the last hop brings every block's
+-- dK|dV home to its rank).
 local function cp_bwd(cfg, s)
     local out = {}
     if cfg.cp == 1 then return out end
@@ -324,7 +325,10 @@ local function cp_bwd(cfg, s)
                  coll("alltoallv", "cp", nil, act_dtype(cfg)) }
     end
     local kv = s.N * 2 * s.c_local
-    for _ = 1, cfg.cp - 1 do out[#out + 1] = coll("ring", "cp", kv, act_dtype(cfg), nil, kv) end
+    for _ = 1, cfg.cp - 1 do
+        out[#out + 1] = coll("ring", "cp", kv, act_dtype(cfg))
+        out[#out + 1] = coll("ring", "cp", 0, act_dtype(cfg), nil, kv)
+    end
     out[#out + 1] = coll("ring", "cp", 0, act_dtype(cfg), nil, kv)
     return out
 end
@@ -694,8 +698,8 @@ local MEMS = {
     { "S_DFC", "A", "(N, FF_LOCAL)" }, { "S_LOGITS", "A", "(N, V_LOCAL)" },
     { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
     { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the one arriving" },
-    { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward), f32" },
-    { "S_RING_ACC", "F", "(N, C_LOCAL) the merged attention output / dq, f32" },
+    { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward)" },
+    { "S_RING_ACC", "F", "(N, C_LOCAL) the merged attention output / dq" },
     { "S_A2A_SEND", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks sent" },
     { "S_A2A_RECV", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks received" },
     { "S_A2A_DOUT", "A", "(N, C_LOCAL) CP_COMM=a2a: the output gradient, whole sequence" },

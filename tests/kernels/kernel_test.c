@@ -1009,8 +1009,8 @@ static void test_attention(void)
 ** q is read from qkv (rows of 3C), k and v from a K|V buffer (rows of 2C) that copy_cols makes
 ** from qkv, as the ring passes it. attention_fwd_block merges the blocks into acc = 0 and
 ** lse = -inf (fill_f32) in the order b = (a/2 + j) mod (a + 1), j = 0 .. a: the first merge
-** into -inf is a full block (a >= 1) or the causal one (a = 0), and the causal block comes
-** between full ones. The result must be the causal attention of the whole sequence:
+** into -inf is a full block (a >= 1) or the causal one (a = 0), and from a = 2 on the causal
+** block comes between full ones. The result must be the causal attention of the whole sequence:
 ** ref_attention_fwd and the log-sum-exp in double. Backward: attention_dsum of (dout, out
 ** stored in this pass's dtype, as ring_fwd's convert does), then attention_bwd_block over the
 ** same blocks adds into f32 dq (rows of C) and dK|dV (rows of 2C): ref_attention_bwd's

@@ -71,15 +71,18 @@ T.test("a layer's ring traffic, by hand", function()
     local fwd, bwd = {}, {}
     for l = 1, 2 do
         for _ = 1, 3 do fwd[#fwd + 1] = { kv, 0, "f32" } end
-        for _ = 1, 3 do bwd[#bwd + 1] = { kv, kv, "f32" } end
+        for _ = 1, 3 do
+            bwd[#bwd + 1] = { kv, 0, "f32" }
+            bwd[#bwd + 1] = { 0, kv, "f32" }
+        end
         bwd[#bwd + 1] = { 0, kv, "f32" }
     end
     T.eq(h.F, fwd, "forward: CP-1 hops of K|V per layer")
-    T.eq(h.B, bwd, "backward: CP-1 hops of K|V and dK|dV, then dK|dV home, per layer")
+    T.eq(h.B, bwd, "backward: CP-1 hops of K|V, each followed by dK|dV; then dK|dV home")
     local _, _, _, _, _, rc = F.build({ layers = 2 }, { cp = 2, recompute = "selective" })
     local n = 0
     for _ in ipairs(hops(rc).B) do n = n + 1 end
-    T.eq(n, 2 * (1 + 2), "selective core_attn: the forward ring again in the backward")
+    T.eq(n, 2 * (1 + 3), "selective core_attn: the forward ring again in the backward")
 end)
 
 T.test("make inspect's ring bytes are the program's hops", function()

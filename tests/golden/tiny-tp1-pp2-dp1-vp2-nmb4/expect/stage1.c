@@ -201,10 +201,11 @@ static const gpt_chunk_info chunks[2] = {
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 5940200 bytes in all with the
 **    parameters, checked at start. Not used here:
-**    ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H
-**    ML_AUXG C_TOKENS S_GATHER S_RING_KV S_RING_DKV S_RING_ACC MS_LOGITS MS_XS MS_PS MS_XR
-**    MS_PR MS_XG MS_PG MS_ACT MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB
-**    MS_DLOGITS MS_COLSUM MS_COUNTS MS_PIDX X_SP_PACK
+**    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
+**    ML_XE ML_PE ML_FC ML_H ML_AUXG C_TOKENS S_GATHER S_RING_KV S_RING_DKV S_RING_ACC
+**    S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT
+**    MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM
+**    MS_COUNTS MS_PIDX X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 8 */
