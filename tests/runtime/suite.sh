@@ -231,6 +231,11 @@ RT_TIMEOUT=3 fault fault-dead-rank-watchdog 20 \
 RT_TIMEOUT=3 fault fault-recv-without-send 20 \
     '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1 tag 0\) did not complete within 3 s$' \
     $MPIRUN -np 2 $F norecv
+RT_TIMEOUT=3 fault fault-recv-without-send-started 20 \
+    '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1 tag 0\) did not complete within 3 s$' \
+    $MPIRUN -np 2 $F norecv2
+fault fault-p2p-two-in-flight 30 \
+    'p2p: a call is posted while another is in flight' $MPIRUN -np 2 $F twostarts
 RT_TIMEOUT=3 fault fault-stuck-allreduce 20 \
     '^\[rank 0/2\] watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 3 s$' \
     $MPIRUN -np 2 $F stuck

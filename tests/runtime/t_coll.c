@@ -303,6 +303,38 @@ static void test_group(rt_group *g, const size_t *sizes, int nsizes)
 
 /* -- Point-to-point (world) ------------------------------------------------------------------ */
 
+/* rt_p2p_start / rt_p2p_wait as the context-parallel ring uses them: three hops of a block
+** around the world's ring, double-buffered, with work on the block in hand between start and
+** wait; after hop k every rank holds the block of rank r - k. */
+static void test_p2p_split(rt_dtype t, size_t n)
+{
+    int r = rt_rank(), w = rt_world(), next = (r + 1) % w, prev = (r + w - 1) % w;
+    size_t es = rt_dtype_size(t);
+    void *h = t_alloc(n * es + 1), *g = t_alloc(n * es + 1);
+    for (size_t i = 0; i < n; i++)
+        put_key(h, t, i, key(r, 7, i));
+    void *buf[2] = { t_to_dev(h, n * es), rt_malloc(n * es + 1) };
+    void *work = rt_malloc(n * es + 1);
+    for (int k = 0; k < 3; k++) {
+        rt_p2p_op ops[] = { { 1, buf[k % 2], n, t, next, 2 },
+                            { 0, buf[(k + 1) % 2], n, t, prev, 2 } };
+        rt_p2p_start(ops, 2);
+        rt_memcpy(work, buf[k % 2], n * es, RT_D2D);    /* reading the block being sent */
+        rt_p2p_wait();
+        t_to_host(g, buf[(k + 1) % 2], n * es);
+        int from = ((r - k - 1) % w + w) % w;
+        for (size_t i = 0; i < n; i++)
+            T_EXPECT(has_key(g, t, i, key(from, 7, i)), "p2p_start %s n=%zu hop %d: [%zu] is not "
+                     "rank %d's", rt_dtype_name(t), n, k, i, from);
+    }
+    rt_p2p_wait();                  /* nothing in flight: returns */
+    rt_free(buf[0]);
+    rt_free(buf[1]);
+    rt_free(work);
+    free(h);
+    free(g);
+}
+
 /* Ring (send to next, receive from previous), a two-way exchange with a partner, a message to
 ** self, two ordered messages to the next rank, and two tagged messages to the next rank that
 ** the sender posts in the opposite order of the receiver (pipeline activations and gradients
@@ -456,8 +488,10 @@ int main(int argc, char **argv)
         if (groups[k])
             test_group(groups[k], sizes, nsizes);
     for (int s = 0; s < nsizes; s++)
-        for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++)
+        for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++) {
             test_p2p(dtypes[k], sizes[s]);
+            test_p2p_split(dtypes[k], sizes[s]);
+        }
     rt_barrier(NULL);
 
     int bad = t_finish("collectives");

@@ -10,6 +10,8 @@
 **   hang PIDFILE  rank 1 writes its pid and waits in a receive; the suite kills it (kill -9)
 **              while rank 0 waits in an allreduce
 **   norecv     rank 0 receives from rank 1, which never sends (RT_TIMEOUT decides)
+**   norecv2    the same through rt_p2p_start / rt_p2p_wait
+**   twostarts  rank 0 starts a second exchange while one is in flight
 **   stuck      rank 0 allreduces on group tp = {0,1}; rank 1 never joins
 **   notmember  rank 1 passes a group it is not in
 **   nullgroup  a collective on the NULL group of a rank that is in no group
@@ -70,11 +72,25 @@ int main(int argc, char **argv)
             rt_p2p(&op, 1);
         }
         wait_in_allreduce();
-    } else if (!strcmp(mode, "norecv")) {
+    } else if (!strcmp(mode, "norecv") || !strcmp(mode, "norecv2")) {
         if (r == 0) {
             float *d = rt_malloc(10 * sizeof(float));
             rt_p2p_op op = { 0, d, 10, RT_F32, 1, 0 };
-            rt_p2p(&op, 1);
+            if (mode[6]) {
+                rt_p2p_start(&op, 1);
+                rt_p2p_wait();
+            } else {
+                rt_p2p(&op, 1);
+            }
+        } else {
+            sleep(30);
+        }
+    } else if (!strcmp(mode, "twostarts")) {
+        if (r == 0) {
+            float *d = rt_malloc(10 * sizeof(float));
+            rt_p2p_op op = { 0, d, 10, RT_F32, 1, 0 };
+            rt_p2p_start(&op, 1);
+            rt_p2p_start(&op, 1);
         } else {
             sleep(30);
         }
