@@ -3,8 +3,9 @@
 # rank. The runs and their references are data: tests/cp/layouts.txt (CP 2 and 4 with TP/SP,
 # PP with VP, DP with the distributed optimizer, EP, bf16, recompute; both CP_COMM kinds),
 # read by tests/lib.sh's equivalence runner, and tests/cp/gpu.txt (CUDA). Here: the inputs,
-# and the checks that are not comparisons of two runs (the ring traffic of a run, traced, is
-# what the generator declared: tests/program checks every op of the trace).
+# and the checks that are not comparisons of two layouts: checkpoints load and save bit for bit
+# on CP layouts, and --resume continues bit-exactly. (What a CP run communicates, traced, is
+# what the generator declared: tests/program; the ring's verifier: tests/lua/cp_test.lua.)
 . "$(dirname "$0")/../lib.sh" cp
 
 if ! make -s --no-print-directory build/gen build/librt_cpu.a ref build/tools/stcompare \
@@ -25,5 +26,54 @@ build/ref/make_tokens --vocab 256 --tokens 20000 --seed 3 "$S/tiny.bin" >> "$S/r
 }
 
 equiv tests/cp/layouts.txt
+
+# -- Checkpoints: the model file is layout-free, resume is bit-exact ----------------------------
+
+# cp_run NAME TAG ARGS...: row NAME's program from the tiny init; $S/run/TAG.{log,jsonl,...}
+cp_run() {
+    local name=$1 tag=$2
+    shift 2
+    run_prog "${DIR[$name]}/train" "${WORLD[$name]}" "$S/run/$tag.log" --quiet \
+        --init "$S/tiny.init.safetensors" --data "$S/tiny.bin" --steps 6 \
+        --log "$S/run/$tag.jsonl" --save "$S/run/$tag.safetensors" "$@"
+}
+
+# Every CP layout loads the single-rank run's trained weights and saves them back bit for bit
+# (--steps 0): a cp rank reads and writes the whole of its pieces (save owners: dp-cp rank 0).
+trained=$S/run/tiny-1.safetensors
+rt_bad="" rt_n=0
+for name in tiny-cp4 tiny-tp2-cp4-sp tiny-cp2-pp2-vp2 tiny-cp4-dp2-distopt tiny-cp2-a2a; do
+    [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
+    rt_n=$((rt_n + 1))
+    if ! cp_run "$name" "$name.rt" --init "$trained" --steps 0 ||
+       ! $STCOMPARE -q --exact "$S/run/$name.rt.safetensors" "$trained" \
+            > "$S/run/$name.rt.cmp" 2>&1; then
+        rt_bad="$rt_bad $name"
+    fi
+done
+if [ $rt_n -lt 5 ]; then fail checkpoint-roundtrip "only $rt_n layouts could be checked"
+elif [ -n "$rt_bad" ]; then fail checkpoint-roundtrip "load + save is not the identity for:$rt_bad"
+else pass checkpoint-roundtrip; fi
+
+# --resume continues bit-exactly: CP 4 x DP 2 with DIST_OPT (AdamW state sharded over dp-cp = 8)
+# stops after step 4 (its last checkpoint: step 3) and resumes to step 6: the log lines
+# (timings aside) and the weights are the uninterrupted run's.
+resume_check() {
+    local name=$1 a=(--decay-steps 6 --ckpt-every 3)
+    rm -rf "$S/ck-full" "$S/ck-part"
+    cp_run "$name" "$name.full" "${a[@]}" --ckpt-dir "$S/ck-full" &&
+    cp_run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps 4 &&
+    cp_run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --resume || return 1
+    grep -q "resumed from $S/ck-part/step_00000003" "$S/run/$name.part.log" ||
+        { echo "did not resume from step 3"; return 1; }
+    diff <(sed 's/,"ms":.*//' "$S/run/$name.part.jsonl") \
+         <(sed 's/,"ms":.*//' "$S/run/$name.full.jsonl") &&
+    cmp "$S/run/$name.part.safetensors" "$S/run/$name.full.safetensors"
+}
+name=tiny-cp4-dp2-distopt
+if [ -z "${DIR[$name]}" ]; then fail resume "$name was not built"
+elif resume_check "$name" > "$S/resume.log" 2>&1; then pass resume
+else fail resume "resuming $name is not bit-exact: $(head -n 1 "$S/resume.log")"; fi
+
 equiv tests/cp/gpu.txt --cuda
 finish
