@@ -17,8 +17,8 @@
 #     (--dump memory, bench/cp_mem.lua) for CP 1, 2, 4, and 3 steps of CP 4 that train.
 # One thread per rank (RT_THREADS=1; BENCH_THREADS=n to change). Usage: bench/cp_bench.sh
 # (ROUNDS=n: tiny's throughput rounds, default 3). Scratch and raw logs: build/bench/cp/.
-# About 2-3 minutes on the 2-core dev VM; timings on a shared VM vary ~15 % (and far more while
-# other jobs run: such rows are marked).
+# About 80 s on the quiet 2-core dev VM, ~2 minutes while other jobs run; timings on a shared VM
+# vary ~15 % (and far more while other jobs run: such rows are marked '*').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build/bench/cp
