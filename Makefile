@@ -106,7 +106,8 @@ endif
 # Generator arguments from the make variables above (only the ones given).
 GENFLAGS = $(MODEL) \
     $(if $(TP),--tp $(TP)) $(if $(PP),--pp $(PP)) $(if $(DP),--dp $(DP)) \
-    $(if $(CP),--cp $(CP)) $(if $(CP_COMM),--cp-comm $(CP_COMM)) $(if $(EP),--ep $(EP)) $(if $(ETP),--etp $(ETP)) \
+    $(if $(CP),--cp $(CP)) $(if $(CP_COMM),--cp-comm $(CP_COMM)) \
+    $(if $(EP),--ep $(EP)) $(if $(ETP),--etp $(ETP)) \
     $(if $(VP),--vp $(VP)) $(if $(ORDER),--order $(ORDER)) \
     $(if $(FIRST_LAYERS),--first-layers $(FIRST_LAYERS)) \
     $(if $(LAST_LAYERS),--last-layers $(LAST_LAYERS)) \

@@ -709,8 +709,8 @@ static void copy_cols_task(void *p, int lo, int hi)
 void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st, size_t lds,
                int rows, int cols)
 {
-    cols_args a = { .dst = dst, .src = src, .dt = storage(dt), .st = storage(st), .ldd = ldd, .lds = lds,
-                    .cols = cols };
+    cols_args a = { .dst = dst, .src = src, .dt = storage(dt), .st = storage(st), .ldd = ldd,
+                    .lds = lds, .cols = cols };
     rt_parallel_for(rows, copy_cols_task, &a);
 }
 

@@ -2,9 +2,11 @@
 ** model.c: the GPT-2 layer, embedding and head, forward and backward, with Megatron's tensor-
 ** and sequence-parallel communication written out (docs/megatron.md §4): the column-parallel
 ** input is all-gathered under SP, the row-parallel output reduce-scattered (SP) or all-reduced
-** (TP without SP). Sizes come from gpt.d; which collectives run depends only on gpt.d.tp > 1,
-** gpt.d.sp and gpt.d.moe, and the generator lists the same ones for its deadlock check (every
-** collective of a layer is within the tp group, or ep / expt-tp for experts: one stage).
+** (TP without SP), and the context-parallel attention (§12: the p2p ring or the all-to-all).
+** Sizes come from gpt.d; which collectives run depends only on gpt.d.tp > 1, gpt.d.sp,
+** gpt.d.cp, gpt.d.cp_a2a and gpt.d.moe, and the generator lists the same ones for its deadlock
+** check (every collective of a layer is within the tp or cp group, or ep / expt-tp / tp-cp
+** for experts: one stage).
 ** Called by the generated stage code through gpt_embedding_fwd, gpt_layer_fwd, ...
 */
 #include <math.h>

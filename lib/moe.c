@@ -107,11 +107,12 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
         /* >>> all-gather over tp (tp-cp under CP): every sequence shard's counts
         ** (docs/megatron.md §8.1); 'before' (the capacity's) counts the earlier tp ranks'
         ** (no capacity under CP: config.lua) */
-        int all[G * E];
+        int *all = malloc((size_t)G * E * sizeof(int));
+        RT_CHECK(all, "out of memory");
         rt_memcpy(MS.counts, local, sizeof local, RT_H2D);
         rt_allgather(MS.counts, MS.counts + E, (size_t)E, RT_I32,
                      gpt.grp[d->cp > 1 ? GPT_GRP_TPCP : GPT_GRP_TP]);
-        rt_memcpy(all, MS.counts + E, sizeof all, RT_D2H);
+        rt_memcpy(all, MS.counts + E, (size_t)G * E * sizeof(int), RT_D2H);
         for (int e = 0; e < E; e++) {
             total[e] = 0;
             for (int t = 0; t < G; t++) {
@@ -119,12 +120,14 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
                 total[e] += all[t * E + e];
             }
         }
+        free(all);
     } else {
         memcpy(total, local, sizeof total);
     }
 
     /* aux loss: AUX_SCALE * sum_e (sum over the tokens of score[e]) * total[e]; its gradient
-    ** with respect to score[n, e] is AUX_SCALE * total[e], times 1/NMB (the objective's share) */
+    ** with respect to score[n, e] is AUX_SCALE * total[e], times AUX_GRAD (the objective's
+    ** share: 1/NMB, CP/NMB under CP) */
     float g[E], colsum[E];
     rt_memset0(MS.colsum, (size_t)E * sizeof(float));
     bias_bwd(MS.colsum, a->scores, NSP, E, RT_F32);

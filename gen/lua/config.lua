@@ -796,7 +796,8 @@ function M.configure(model, opts)
     local s = {
         tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V, world = world,
         order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,
-        cp_comm = cp_comm, sp = opts.sp == true, dist_opt = opts.dist_opt == true, bf16 = opts.bf16 == true,
+        cp_comm = cp_comm, sp = opts.sp == true, dist_opt = opts.dist_opt == true,
+        bf16 = opts.bf16 == true,
         rc = rc,
     }
     local dirname, make = naming(model, s)

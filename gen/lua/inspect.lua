@@ -860,8 +860,8 @@ function M.cp_rank(cfg, topo, part, prog, r, out)
         line("forward: q|k|v out, the output back", t.forward)
         line("backward: output gradient out, dq|dk|dv back", t.backward)
     else
-        out[#out + 1] = string.format("  attention     per layer and micro-batch: a K|V block of " ..
-                                      "%d rows x %d channels", t.rows, t.channels)
+        out[#out + 1] = string.format("  attention     per layer and micro-batch: a K|V block " ..
+                                      "of %d rows x %d channels", t.rows, t.channels)
         out[#out + 1] = string.format("                (%s, %s), its dK|dV (f32, %s)",
                                       cfg.bf16 and "bf16" or "f32", util.bytes(t.kv),
                                       util.bytes(t.dkv))

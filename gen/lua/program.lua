@@ -122,7 +122,7 @@ local function consts(cfg, s, layout)
     int("CFG_LAYERS", m.layers, "transformer layers (model.layers)")
     float("CFG_LN_EPS", m.norm_eps, "LayerNorm eps (model.norm_eps)")
     float("CFG_ATT_SCALE", 1 / math.sqrt(s.head_dim), "1/sqrt(head_dim)")
-    float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB), this rank's")
+    float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB)")
     float("CFG_GRAD_SCALE", 1 / (cfg.dp * cfg.cp), "1/(DP*CP): data-parallel mean")
     int("CFG_TOKENS_PER_STEP", s.B * cfg.nmb * cfg.dp * s.seq, "GBS*SEQ")
     int("CFG_P2P_N", s.n_sp * s.C, "elements of one pipeline message = N_SP*C")
@@ -244,7 +244,7 @@ local function groups(cfg, topo)
         { "TPEPPP", "tp-ep-pp", expert_buffer and not cfg.dist_opt and
               cfg.etp * cfg.ep * cfg.pp > 1, "expert tp-ep-pp group: gradient norm of the experts" },
         { "CP", "cp", cfg.cp > 1 and cfg.cp_comm == "a2a",
-          "context-parallel group: the attention's all-to-all (the p2p ring needs no group)" },
+          "context-parallel group: CP_COMM=a2a's all-to-all" },
         { "TPCP", "tp-cp", moe and cfg.cp > 1, "tp-cp group: the MoE aux loss's token counts" },
     }
     local out = {}
@@ -677,7 +677,7 @@ local MEMS = {
     { "L_LN2", "A", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "F", "(N_SP)" },
     { "L_LN2_RSTD", "F", "(N_SP)" }, { "L_FC", "A", "(N, FF_LOCAL) c_fc output" },
     { "L_GELU", "A", "(N, FF_LOCAL)" }, { "L_RES2", "A", "(N_SP, C) the layer's output" },
-    { "L_QKV_SEQ", "A", "(N, QKV_LOCAL) CP_COMM=a2a: q|k|v of HEADS_LOCAL/CP heads, whole sequence" },
+    { "L_QKV_SEQ", "A", "(N, QKV_LOCAL) CP_COMM=a2a: q|k|v, HEADS_LOCAL/CP heads, whole sequence" },
     { "L_ATTY_SEQ", "A", "(N, C_LOCAL) CP_COMM=a2a: their attention output" },
     { "ML_SCORES", "F", "(N_SP, EXPERTS) softmax over all experts" },
     { "ML_PROB", "F", "(N_SP, TOPK) chosen probabilities" }, { "ML_SEL", "I", "(N_SP, TOPK)" },
@@ -697,7 +697,7 @@ local MEMS = {
     { "S_DSUM", "F", "(B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)" },
     { "S_DFC", "A", "(N, FF_LOCAL)" }, { "S_LOGITS", "A", "(N, V_LOCAL)" },
     { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
-    { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the one arriving" },
+    { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the next" },
     { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward)" },
     { "S_RING_ACC", "F", "(N, C_LOCAL) the merged attention output / dq" },
     { "S_A2A_SEND", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks sent" },
@@ -1218,8 +1218,9 @@ function M.ring_events(sp, cfg)
         for i, h in ipairs(hops) do
             local ops, c = {}, h.c
             for _, dir in ipairs({ { true, next }, { false, prev } }) do
-                if c.n > 0 then ops[#ops + 1] = { send = dir[1], peer = dir[2], tag = 2, n = c.n } end
-                if c.n2 then ops[#ops + 1] = { send = dir[1], peer = dir[2], tag = 3, n = c.n2 } end
+                local send, peer = dir[1], dir[2]
+                if c.n > 0 then ops[#ops + 1] = { send = send, peer = peer, tag = 2, n = c.n } end
+                if c.n2 then ops[#ops + 1] = { send = send, peer = peer, tag = 3, n = c.n2 } end
             end
             list[i] = { what = h.what .. ", ring hop " .. i, ops = ops }
         end

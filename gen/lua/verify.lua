@@ -345,7 +345,8 @@ function M.check_ring(ring, opts)
                     local item = { op = op, done = false, what = hop.what }
                     posted[r][#posted[r] + 1] = item
                     local q = op.send and channel(r, op.peer, op.tag) or channel(op.peer, r, op.tag)
-                    if op.send then q.sends[#q.sends + 1] = item else q.recvs[#q.recvs + 1] = item end
+                    local list = op.send and q.sends or q.recvs
+                    list[#list + 1] = item
                     if not match(q) then return false end
                 end
             end

@@ -117,7 +117,7 @@ mutate attention-fwd-diagonal-unmasked \
 mutate attention-bwd-diagonal-unmasked 's|const int cmask = diag ? c : 0;|const int cmask = 0;|' \
     'const int cmask = 0;'
 mutate attention-first-tile-skipped \
-    's|for (int kj = 0; kj <= last; kj++) {        /|for (int kj = qi > 0; kj <= last; kj++) {  /|' \
+    's|for (int kj = 0; kj <= last; kj++) {        /|for (int kj = qi > 0; kj <= last; kj++) {/|' \
     'for (int kj = qi > 0; kj <= last; kj++) {'
 # context-parallel blocks: the merge of a block into the running output, the full blocks
 mutate attention-merge-unweighted \

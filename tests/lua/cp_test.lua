@@ -104,7 +104,8 @@ T.test("make inspect's ring bytes are the program's hops", function()
                     end
                 end
             end
-            T.eq({ sent.F, sent.B }, { layers * cfg.nmb * t.forward, layers * cfg.nmb * t.backward },
+            local per = layers * cfg.nmb
+            T.eq({ sent.F, sent.B }, { per * t.forward, per * t.backward },
                  string.format("cp %d stage %d: bytes per step", cfg.cp, sp.stage))
         end
         local text = inspect.rank(cfg, topo, part, sh, sched, p, 0)

@@ -30,8 +30,9 @@ local function ring_line(c, rank)
     local prev = rank + ((r + cp_size - 1) % cp_size - r) * cp_stride
     local parts = { "p2p" }
     for _, dir in ipairs({ { "send", next }, { "recv", prev } }) do
-        if n > 0 then parts[#parts + 1] = string.format("%s %d %d %s 2", dir[1], dir[2], n, dtype) end
-        if n2 then parts[#parts + 1] = string.format("%s %d %d f32 3", dir[1], dir[2], n2) end
+        local what, peer = dir[1], dir[2]
+        if n > 0 then parts[#parts + 1] = string.format("%s %d %d %s 2", what, peer, n, dtype) end
+        if n2 then parts[#parts + 1] = string.format("%s %d %d f32 3", what, peer, n2) end
     end
     return table.concat(parts, " ")
 end

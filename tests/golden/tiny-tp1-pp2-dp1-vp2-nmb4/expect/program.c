@@ -48,7 +48,7 @@ static const gpt_kind kinds[11] = {   /* group, grid, axes varying inside, creat
     { GPT_GRP_EDP,    GPT_GRID_EXPERT, 0,               0 },
     /* tp-ep-pp, 2 ranks: expert tp-ep-pp group: gradient norm of the experts (not created) */
     { GPT_GRP_TPEPPP, GPT_GRID_EXPERT, 1u << GPT_AX_PP, 0 },
-    /* cp, 1 ranks: context-parallel group: the attention's all-to-all (the p2p ring needs no group) (not created) */
+    /* cp, 1 ranks: context-parallel group: CP_COMM=a2a's all-to-all (not created) */
     { GPT_GRP_CP,     GPT_GRID_DENSE,  0,               0 },
     /* tp-cp, 1 ranks: tp-cp group: the MoE aux loss's token counts (not created) */
     { GPT_GRP_TPCP,   GPT_GRID_DENSE,  0,               0 },

@@ -188,7 +188,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_S_CE]       = { GPT_MEM_ALLOC, 0,   512, 0 },
     /* i32 (N) */
     [GPT_M_S_TARGETS]  = { GPT_MEM_ALLOC, 0,   128, 0 },
-    /* f32 (2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the one arriving */
+    /* f32 (2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the next */
     [GPT_M_S_RING_KV]  = { GPT_MEM_ALLOC, 0, 16384, 0 },
     /* f32 (2, N, 2 C_LOCAL) their dK|dV (backward) */
     [GPT_M_S_RING_DKV] = { GPT_MEM_ALLOC, 0, 16384, 0 },

@@ -47,7 +47,7 @@
 #define CFG_LAYERS          4                  /* transformer layers (model.layers) */
 #define CFG_LN_EPS          1e-05f             /* LayerNorm eps (model.norm_eps) */
 #define CFG_ATT_SCALE       0.25f              /* 1/sqrt(head_dim) */
-#define CFG_DLOSS           0.0078125f         /* d(step loss)/d(token loss) = 1/(N*NMB), this rank's */
+#define CFG_DLOSS           0.0078125f         /* d(step loss)/d(token loss) = 1/(N*NMB) */
 #define CFG_GRAD_SCALE      0.5f               /* 1/(DP*CP): data-parallel mean */
 #define CFG_TOKENS_PER_STEP 256                /* GBS*SEQ */
 #define CFG_P2P_N           2048               /* elements of one pipeline message = N_SP*C */
