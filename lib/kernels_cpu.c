@@ -456,6 +456,24 @@ static void fwd_tile_out(const attention_args *a, int bh, size_t o, size_t ldo, 
                 nq, hd, 1.0f);
 }
 
+/* Key tile kj into a query tile's online softmax: scores st, new maxima (tm, then mx), sums l,
+** output on; diag: the tile on the causal diagonal (masked). */
+static inline void fwd_key_tile(float *st, float *tm, float *mx, float *l, float *on,
+                                const float *qt, const float *kall, const float *vall, int kj,
+                                int Tk, int hd, int hdp, int diag)
+{
+    int k0 = kj * AT, nk = MIN(AT, Tk - k0);
+    const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
+    /* st[c][i] = score of key c, query i (q already scaled) */
+    mm(0, st, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
+    memcpy(tm, mx, AT * sizeof(float));
+    tile_max(tm, st, nk, diag);
+    tile_rescale(on, hdp, mx, l, tm);
+    tile_exp(st, l, mx, nk, diag);
+    /* on[i][d] += sum_c p[c][i] v[c][d] */
+    mm(1, on, hdp, st, 1, AT, vn, hdp, AT, hdp, nk);
+}
+
 static void attention_fwd_task(void *ctx, int lo, int hi)
 {
     const attention_args *a = ctx;
@@ -494,19 +512,13 @@ static void attention_fwd_task(void *ctx, int lo, int hi)
             l[i] = 0.0f;
         }
         memset(on, 0, tile * sizeof(float));
-        int last = a->causal ? qi : a->nkt - 1;
-        for (int kj = 0; kj <= last; kj++) {        /* key tiles up to the diagonal (causal) */
-            int k0 = kj * AT, nk = MIN(AT, Tk - k0), diag = a->causal && kj == qi;
-            const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
-            /* st[c][i] = score of key c, query i (q already scaled) */
-            mm(0, st, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
-            memcpy(tm, mx, AT * sizeof(float));
-            tile_max(tm, st, nk, diag);
-            tile_rescale(on, hdp, mx, l, tm);
-            tile_exp(st, l, mx, nk, diag);
-            /* on[i][d] += sum_c p[c][i] v[c][d] */
-            mm(1, on, hdp, st, 1, AT, vn, hdp, AT, hdp, nk);
-        }
+        /* the key tiles seen whole (below the diagonal, or all of a full block), then the
+        ** diagonal tile of a causal block: two call sites, so that each is compiled for its
+        ** mask (a mask decided per tile costs 7 % of the forward at T 1024) */
+        int whole = a->causal ? qi : a->nkt;
+        for (int kj = 0; kj < whole; kj++)
+            fwd_key_tile(st, tm, mx, l, on, qt, kall, vall, kj, Tk, hd, hdp, 0);
+        if (a->causal) fwd_key_tile(st, tm, mx, l, on, qt, kall, vall, qi, Tk, hd, hdp, 1);
         fwd_tile_out(a, bh, o, ldo, q0, nq, on, mx, l);
     }
     free(buf);

@@ -117,14 +117,15 @@ mutate attention-fwd-diagonal-unmasked \
 mutate attention-bwd-diagonal-unmasked 's|const int cmask = diag ? c : 0;|const int cmask = 0;|' \
     'const int cmask = 0;'
 mutate attention-first-tile-skipped \
-    's|for (int kj = 0; kj <= last; kj++) {        /|for (int kj = qi > 0; kj <= last; kj++) {/|' \
-    'for (int kj = qi > 0; kj <= last; kj++) {'
+    's|for (int kj = 0; kj < whole; kj++)|for (int kj = qi > 0; kj < whole; kj++)|' \
+    'for (int kj = qi > 0; kj < whole; kj++)'
 # context-parallel blocks: the merge of a block into the running output, the full blocks
 mutate attention-merge-unweighted \
     's|acc\[d\] = acc\[d\] \* w0 + on\[i \* hdp + d\] \* w1;|acc[d] += on[i * hdp + d] * inv;|' \
     'acc[d] += on[i * hdp + d] * inv;'
-mutate attention-block-full-as-causal 's|int last = a->causal ? qi : a->nkt - 1;|int last = qi;|' \
-    'int last = qi;'
+mutate attention-block-full-as-causal \
+    's|int whole = a->causal ? qi : a->nkt;|int whole = qi;|
+     s|int last = a->causal ? qi : a->nkt - 1;|int last = qi;|' 'int whole = qi;'
 mutate attention-no-rescale '/on\[i \* hdp + d\] \*= alpha;/d' 'l[i] *= alpha;'
 mutate attention-lse-without-max 's|return m + logf(l);|return logf(l);|' 'return logf(l);'
 mutate attention-dkdv-missing-query-tile 's|hdp, AT, hdp, nq);|hdp, AT, hdp, qi ? nq : 0);|' \
