@@ -1197,7 +1197,8 @@ end
 
 -- The cp ring of stage sp as its CP ranks run it (verify.check_ring): every ring hop of the
 -- stage's library calls, in program order; cp rank r sends K|V (tag 2) and dK|dV (tag 3) to
--- r + 1 and receives them from r - 1 (lib/model.c ring_hop), the same hops on every cp rank.
+-- r + 1 and receives them from r - 1 (lib/model.c ring_hop): the same hops on every cp rank
+-- (ring.same, peers relative).
 function M.ring_events(sp, cfg)
     local CP, hops = cfg.cp, {}
     local function add(o, what)
@@ -1212,21 +1213,17 @@ function M.ring_events(sp, cfg)
         end
     end
     for _, o in ipairs(sp.tail) do add(o, "the step's tail") end
-    local ranks = {}
-    for r = 0, CP - 1 do
-        local list, next, prev = {}, (r + 1) % CP, (r + CP - 1) % CP
-        for i, h in ipairs(hops) do
-            local ops, c = {}, h.c
-            for _, dir in ipairs({ { true, next }, { false, prev } }) do
-                local send, peer = dir[1], dir[2]
-                if c.n > 0 then ops[#ops + 1] = { send = send, peer = peer, tag = 2, n = c.n } end
-                if c.n2 then ops[#ops + 1] = { send = send, peer = peer, tag = 3, n = c.n2 } end
-            end
-            list[i] = { what = h.what .. ", ring hop " .. i, ops = ops }
+    local same = {}
+    for i, h in ipairs(hops) do
+        local ops, c = {}, h.c
+        for _, dir in ipairs({ { true, 1 }, { false, -1 } }) do
+            local send, delta = dir[1], dir[2]
+            if c.n > 0 then ops[#ops + 1] = { send = send, delta = delta, tag = 2, n = c.n } end
+            if c.n2 then ops[#ops + 1] = { send = send, delta = delta, tag = 3, n = c.n2 } end
         end
-        ranks[r + 1] = list
+        same[i] = { what = h.what .. ", ring hop " .. i, ops = ops }
     end
-    return { CP = CP, ranks = ranks }
+    return { CP = CP, same = same }
 end
 
 function M.check(prog, cfg, topo)

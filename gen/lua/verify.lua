@@ -276,9 +276,59 @@ function M.check(sched, opts)
 end
 
 --[[
+** Hops that every cp rank runs alike (ops with a relative peer: delta = +1 the next cp rank,
+** -1 the previous one) complete together, hop after hop, when each hop's sends meet its own
+** receives one rank over: for each (peer offset d, tag) the element counts of the sends, in
+** posting order, equal those of the receives from offset -d (mod CP) with that tag (NCCL:
+** per offset, the ops sorted by tag as the runtime posts them, tags not compared). Then rank
+** r's hop k receives exactly what ranks r - d send in their hop k, and nothing else is in
+** flight. Memoised per distinct hop. Returns true or false (no counterexample: check_ring
+** simulates the ranks for one).
+]]
+function M.ring_hops_pair(hops, CP, nccl)
+    local seen = {}
+    for _, h in ipairs(hops) do
+        local parts = {}
+        for _, op in ipairs(h.ops) do
+            parts[#parts + 1] = string.format("%s%d:%d:%d", op.send and "s" or "r", op.delta,
+                                              op.tag, op.n)
+        end
+        local key = table.concat(parts, ",")
+        if not seen[key] then
+            local seq = {}          -- [dir .. offset (.. tag)] = list of counts (and tags)
+            local order = {}
+            for i, op in ipairs(h.ops) do order[i] = { op = op, i = i } end
+            if nccl then
+                table.sort(order, function(x, y)
+                    if x.op.tag ~= y.op.tag then return x.op.tag < y.op.tag end
+                    return x.i < y.i
+                end)
+            end
+            for _, o in ipairs(order) do
+                local op = o.op
+                local off = (op.send and op.delta or -op.delta) % CP
+                local k = (op.send and "s" or "r") .. off .. (nccl and "" or (":" .. op.tag))
+                seq[k] = seq[k] or {}
+                seq[k][#seq[k] + 1] = op.n
+            end
+            for k, list in pairs(seq) do
+                local other = seq[(k:sub(1, 1) == "s" and "r" or "s") .. k:sub(2)] or {}
+                if #other ~= #list then return false end
+                for i = 1, #list do
+                    if other[i] ~= list[i] then return false end
+                end
+            end
+            seen[key] = true
+        end
+    end
+    return true
+end
+
+--[[
 ** The context-parallel ring of one pipeline stage (docs/megatron.md §12), at the level of its
 ** CP ranks: ring.CP ranks, ring.ranks[r + 1] = cp rank r's hops in program order, each
-** { what = text, ops = { { send = bool, peer = cp rank, tag = int, n = elements }, ... } }.
+** { what = text, ops = { { send = bool, peer = cp rank, tag = int, n = elements }, ... } };
+** or ring.same = the hops every rank runs, with ops { send, delta = +1 / -1, tag, n }.
 ** A hop posts every op together and completes when each has met its partner (rt_p2p); the
 ** next hop is posted after that. Messages match per (sender, receiver, tag) in posting order
 ** (MPI), or per (sender, receiver) with each hop's ops sorted by (peer, tag) (NCCL:
@@ -288,6 +338,25 @@ end
 ]]
 function M.check_ring(ring, opts)
     opts = opts or {}
+    if ring.same then
+        -- every cp rank runs the same hops (the generator's case): the ring is sound when each
+        -- hop pairs up with itself one rank over; otherwise simulate it for a counterexample
+        if M.ring_hops_pair(ring.same, ring.CP, opts.transport == "nccl") then return true end
+        local ranks = {}
+        for r = 0, ring.CP - 1 do
+            local list = {}
+            for i, h in ipairs(ring.same) do
+                local ops = {}
+                for j, op in ipairs(h.ops) do
+                    ops[j] = { send = op.send, peer = (r + op.delta) % ring.CP, tag = op.tag,
+                               n = op.n }
+                end
+                list[i] = { what = h.what, ops = ops }
+            end
+            ranks[r + 1] = list
+        end
+        ring = { CP = ring.CP, ranks = ranks }
+    end
     local CP, nccl = ring.CP, opts.transport == "nccl"
     local where = opts.where or "the cp ring"
     local pc, posted, queues, errors = {}, {}, {}, {}
@@ -300,12 +369,16 @@ function M.check_ring(ring, opts)
     local function channel(src, dst, tag)
         local key = src .. ">" .. dst .. ":" .. (nccl and "all" or tag)
         local q = queues[key]
-        if not q then q = { sends = {}, recvs = {}, src = src, dst = dst }; queues[key] = q end
+        if not q then
+            q = { sends = {}, recvs = {}, hs = 1, hr = 1, src = src, dst = dst }
+            queues[key] = q
+        end
         return q
     end
-    local function match(q)
-        while #q.sends > 0 and #q.recvs > 0 do
-            local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
+    local function match(q)        -- the heads of a channel meet, in posting order
+        while q.hs <= #q.sends and q.hr <= #q.recvs do
+            local s, rv = q.sends[q.hs], q.recvs[q.hr]
+            q.hs, q.hr = q.hs + 1, q.hr + 1
             if s.op.tag ~= rv.op.tag or s.op.n ~= rv.op.n then
                 errors[#errors + 1] = ("%s: cp rank %d (%s) would %s, but cp rank %d (%s) " ..
                     "would %s"):format(where, q.src, s.what, op_text(q.src, s.op), q.dst,
@@ -390,9 +463,10 @@ function M.check_ring(ring, opts)
     table.sort(keys)
     for _, k in ipairs(keys) do
         local q = queues[k]
-        if #q.sends > 0 or #q.recvs > 0 then
+        local ns, nr = #q.sends - q.hs + 1, #q.recvs - q.hr + 1
+        if ns > 0 or nr > 0 then
             return nil, { ("%s: cp rank %d -> %d: %d send(s) and %d receive(s) never matched")
-                :format(where, q.src, q.dst, #q.sends, #q.recvs) }
+                :format(where, q.src, q.dst, ns, nr) }
         end
     end
     return true

@@ -177,4 +177,39 @@ T.test("the ring verifier refuses broken rings with a counterexample", function(
     T.ok(ok, "posting order inside a hop does not matter")
 end)
 
+T.test("the ring verifier's fast path (every rank alike) agrees with the simulation", function()
+    local function same(edit)
+        local hops = {}
+        for i = 1, 3 do
+            hops[i] = { what = "hop " .. i, ops = {
+                { send = true, delta = 1, tag = 2, n = 10 },
+                { send = true, delta = 1, tag = 3, n = 10 },
+                { send = false, delta = -1, tag = 2, n = 10 },
+                { send = false, delta = -1, tag = 3, n = 10 } } }
+        end
+        if edit then edit(hops) end
+        return hops
+    end
+    for _, CP in ipairs({ 2, 3, 4 }) do
+        for _, tr in ipairs({ "mpi", "nccl" }) do
+            T.ok(verify.ring_hops_pair(same(), CP, tr == "nccl"), "a sound ring pairs up (%d)", CP)
+            T.ok(verify.check_ring({ CP = CP, same = same() }, { transport = tr }), "and passes")
+        end
+        -- hop 2 receives 12 elements of K|V where 10 are sent
+        local bad = same(function(h) h[2].ops[3].n = 12 end)
+        T.ok(not verify.ring_hops_pair(bad, CP, false), "counts that disagree do not pair (%d)", CP)
+        local ok, why = verify.check_ring({ CP = CP, same = bad })
+        T.ok(not ok and why[1]:find("would send 10 elements (tag 2)", 1, true),
+             "the simulation gives the counterexample: %s", why and why[1] or "")
+        -- every rank receives from its next rank instead of its previous one (CP > 2: a hang)
+        if CP > 2 then
+            local wrong = same(function(h) for _, x in ipairs(h) do
+                x.ops[3].delta, x.ops[4].delta = 1, 1 end end)
+            T.ok(not verify.ring_hops_pair(wrong, CP, false), "wrong side does not pair (%d)", CP)
+            ok, why = verify.check_ring({ CP = CP, same = wrong })
+            T.ok(not ok and why[1] == "the cp ring deadlocks:", "and hangs in the simulation")
+        end
+    end
+end)
+
 T.done()
