@@ -143,9 +143,25 @@ function M.summary(cfg, topo, part, sh, sched, prog)
         end
         for _, line in ipairs(memory_table(cfg, sh, dist)) do out[#out + 1] = line end
     end
+    M.cp_summary(cfg, out)
     M.pipeline_summary(cfg, part, sched, prog, out)
     out[#out + 1] = ""
     return table.concat(out, "\n")
+end
+
+-- Append the context-parallel lines of the summary to 'out' (CP > 1 only).
+function M.cp_summary(cfg, out)
+    local t = M.cp_traffic(cfg)
+    if not t then return end
+    local tc = cfg.seq // (2 * cfg.cp)
+    out[#out + 1] = ""
+    out[#out + 1] = string.format("context parallelism: CP %d, %s; each cp rank holds 2 chunks " ..
+                                  "of %d positions", cfg.cp, t.a2a and "all-to-all (CP_COMM=a2a)"
+                                  or "p2p ring (CP_COMM=p2p)", tc)
+    out[#out + 1] = string.format("  per attention layer and micro-batch, a rank sends %s " ..
+                                  "forward and %s backward", util.bytes(t.forward),
+                                  util.bytes(t.backward))
+    out[#out + 1] = "  (make inspect RANK=r: a rank's chunks, neighbours and buffers)"
 end
 
 -- -- One rank --------------------------------------------------------------------------------
