@@ -11,14 +11,21 @@
 #     with N = MBS*SEQ/CP, C_LOCAL = hidden/TP, es = 4 (f32) or 2 (bf16): CP-1 hops carry the
 #     other ranks' K|V blocks; the backward sends them round again with their f32 dK|dV, and one
 #     last hop brings each block's dK|dV home. Every ratio must be exactly 1.0000 (else exit 1);
+# 1b. all-to-all traffic (CP_COMM=a2a, no ring): the bytes one rank sends to the other cp ranks
+#     per step, measured by a PMPI shim on MPI_Alltoallv (bench/moe_a2a_count.c, used as is: the
+#     send counts less the rank's own block), against the closed form per layer and micro-batch
+#        forward = backward = (CP-1) * N * (C_LOCAL/CP) * es * 4
+#     (forward q|k|v, 3 parts, out and the output back; backward the output gradient out and
+#     dq|dk|dv back; each a 1/CP share of the columns, a head group, to each other cp rank), and
+#     the call count against RT_TRACE and --dump program's alltoallv records; exactly 1.0000;
 #  2. tokens/s at a fixed global batch (DP 1, same MBS, same steps) for CP 1, 2 and 4, tiny and
 #     the long-sequence model, with the ratio to CP 1;
 #  3. the long sequence (bench/models/cp_long.lua, SEQ 8192): the memory plan per rank
 #     (--dump memory, bench/cp_mem.lua) for CP 1, 2, 4, and 3 steps of CP 4 that train.
 # One thread per rank (RT_THREADS=1; BENCH_THREADS=n to change). Usage: bench/cp_bench.sh
 # (ROUNDS=n: tiny's throughput rounds, default 3). Scratch and raw logs: build/bench/cp/.
-# About 80 s on the quiet 2-core dev VM, ~2 minutes while other jobs run; timings on a shared VM
-# vary ~15 % (and far more while other jobs run: such rows are marked '*').
+# About 85 s on the quiet 2-core dev VM (1b: ~5 s of it), ~2 minutes while other jobs run;
+# timings on a shared VM vary ~15 % (and far more while other jobs run: such rows are marked '*').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build/bench/cp
@@ -43,6 +50,8 @@ make -s --no-print-directory build/gen build/librt_cpu.a ref > "$B/make.log" 2>&
     { echo "make failed: $(tail -n 3 "$B/make.log")"; exit 1; }
 mpicc -O2 -shared -fPIC -o "$B/mpicount.so" bench/parallel_mpicount.c ||
     { echo "cannot build the MPI counting shim"; exit 1; }
+mpicc -O2 -shared -fPIC -o "$B/a2a_count.so" bench/moe_a2a_count.c ||
+    { echo "cannot build the MPI_Alltoallv counting shim"; exit 1; }
 build/ref/make_tokens --vocab 256 --tokens 200000 --seed 3 "$B/tokens.bin" > /dev/null
 
 # -- Helpers ---------------------------------------------------------------------------------------
@@ -183,6 +192,99 @@ printf "%-16s %5s %5s %4s | %9s %9s %9s %9s | %9s %9s | %7s %7s %7s\n" layout ra
 cat "$B/ring_step.txt"
 if [ "$bad" = 0 ]; then
     echo "   ok: every measured count equals the declared and the closed-form count (1.0000)"
+else
+    echo "   FAILED: a measured count differs from the analytic one (above)"
+fi
+
+# -- 1b. All-to-all traffic (CP_COMM=a2a) ----------------------------------------------------------
+# The same tiny layouts with --cp-comm a2a: per attention layer and micro-batch two all-to-alls
+# over cp forward (q|k|v by head group out, the attention output back) and two backward (the
+# output gradient out, dq|dk|dv back); lib/model.c a2a_exchange gives rt_alltoallv equal blocks,
+# one per cp rank, its own included, and the CPU runtime hands them to one MPI_Alltoallv. The
+# records in --dump program carry no counts, so bytes are measured only by the shim
+# (bench/moe_a2a_count.c: per communicator, the calls, the send counts' bytes and the same less
+# the rank's own block) and compared with the closed form; the trace (alltoallv lines on cp) and
+# the dump count the calls. A rank's own block must be 1/(CP-1) of what it sends the others
+# (equal blocks), and no p2p traffic may be traced. Every rank is checked, rank 0 shown.
+
+: > "$B/a2a.txt"
+a2a_bad=0
+
+# a2a NAME TP CP MBS NMB ES GEN-FLAGS...: build, dump, run, compare; one row
+a2a() {
+    local name=$1 tp=$2 cp=$3 mbs=$4 nmb=$5 es=$6 w r
+    shift 6
+    local gflags=(tiny --tp "$tp" --cp "$cp" --cp-comm a2a --mbs "$mbs" --nmb "$nmb" "$@")
+    build "$name" "${gflags[@]}"
+    w=$(world_of "$name")
+    build/gen "${gflags[@]}" --dump program > "$B/$name.program.json"
+    build/gen --lua bench/cp_ring.lua "$B/$name.program.json" > "$B/$name.ring"
+    local d_f d_b l_f l_b ring_f ring_b
+    read -r _ ring_f ring_b _ < <(grep '^step' "$B/$name.ring")
+    read -r _ d_f d_b l_f l_b < <(grep '^a2a' "$B/$name.ring")
+    local recs=$((d_f + d_b))
+    # closed form, per layer and micro-batch (forward = backward), and per step
+    local N=$((mbs * SEQ / cp)) cl=$((C / tp))
+    local c_dir=$(((cp - 1) * N * (cl / cp) * es * 4))
+    local closed=$((L * nmb * 2 * c_dir))
+    if [ "$l_f" != 2 ] || [ "$l_b" != 2 ] || [ "$recs" != $((4 * L * nmb)) ] ||
+       [ $((ring_f + ring_b)) != 0 ]; then
+        echo "$name: --dump program declares $l_f + $l_b alltoallv a layer, $recs a step" \
+             "(not 2 + 2, 4*L*NMB), ring bytes $ring_f + $ring_b"
+        bad=1 a2a_bad=1
+    fi
+    rm -rf "$B/$name.trace" "$B/$name.a2a".*
+    mkdir -p "$B/$name.trace"
+    launch "$name" "$B/$name.run.log" RT_TRACE="$B/$name.trace" \
+        MOE_A2A_OUT="$B/$name.a2a" LD_PRELOAD="$PWD/$B/a2a_count.so" -- \
+        --data "$B/tokens.bin" --steps "$STEPS" --quiet
+    local tc=0 p2p=0 mc=0 mall=0 moff=0 nrec=0
+    for ((r = w - 1; r >= 0; r--)); do        # rank 0 last: its numbers are the row's
+        read -r tc p2p < <(awk '$1 == "alltoallv" && $2 == "cp" { n++ } $1 == "p2p" { p++ }
+            END { printf "%d %d\n", n, p }' "$B/$name.trace/rank_$(printf %05d "$r").trace")
+        # the shim's lines: "a2a <members> <dtype> <calls> <bytes> <off-rank>"; every one must be
+        # on a group of CP members that holds this rank (the cp group: nothing else all-to-alls)
+        read -r nrec mc mall moff < <(awk -v cp="$cp" -v r="$r" '$1 == "a2a" {
+                k = split($2, m, ","); mine = 0
+                for (i = 1; i <= k; i++) if (m[i] == r) mine = 1
+                if (k != cp || !mine) bad = 1
+                n++; c += $4; a += $5; o += $6 }
+            END { printf "%d %d %d %d\n", bad ? -1 : n, c, a, o }' "$B/$name.a2a.$r")
+        if [ "$nrec" -lt 1 ] || [ $((tc % STEPS + mc % STEPS + moff % STEPS)) != 0 ] ||
+           [ $((tc / STEPS)) != "$recs" ] || [ $((mc / STEPS)) != "$recs" ] ||
+           [ $((moff / STEPS)) != "$closed" ] || [ $(((mall - moff) * (cp - 1))) != "$moff" ] ||
+           [ "$p2p" != 0 ]; then
+            echo "$name: rank $r: $tc alltoallv traced, $mc counted ($nrec communicators), $p2p" \
+                 "p2p calls; $moff bytes to the others, $((mall - moff)) to itself, in" \
+                 "$STEPS steps; per step declared $recs calls, closed form $closed bytes"
+            bad=1 a2a_bad=1
+        fi
+    done
+    printf "%-20s %5d %3d %3d %5d %4d %3d | %8d %8d | %5d %6d %6d | %9d %9d %9d | %7s %7s\n" \
+        "$name" "$w" "$cp" "$tp" "$N" $((cl / cp)) "$es" "$c_dir" "$c_dir" "$recs" \
+        $((tc / STEPS)) $((mc / STEPS)) $(((mall - moff) / STEPS)) $((moff / STEPS)) "$closed" \
+        "$(ratio $((tc / STEPS)) "$recs")" "$(ratio $((moff / STEPS)) "$closed")" >> "$B/a2a.txt"
+}
+
+a2a tiny-a2a-cp2         1 2 4 1 4
+a2a tiny-a2a-cp4         1 4 4 1 4
+a2a tiny-a2a-cp2-bf16    1 2 4 2 2 --bf16
+a2a tiny-a2a-tp2-sp-cp2  2 2 4 1 4 --sp
+
+echo
+echo "== 1b. All-to-all traffic of tiny with CP_COMM=a2a (heads 4: TP 2 allows CP 2), per rank and"
+echo "   step ($STEPS steps / $STEPS; every rank alike, rank 0 shown). Closed form per layer and"
+echo "   micro-batch: fwd = bwd = (CP-1)*N*HW*es*4 bytes to the other cp ranks, HW = C_LOCAL/CP"
+echo "   (a head group's columns); calls: alltoallv records on cp in --dump program, RT_TRACE's"
+echo "   alltoallv lines on cp, MPI_Alltoallv calls (PMPI shim); bytes (shim): the rank's own"
+echo "   block and what it sends to the others, against the closed form x L*NMB (both directions)"
+printf "%-20s %5s %3s %3s %5s %4s %3s | %8s %8s | %5s %6s %6s | %9s %9s %9s | %7s %7s\n" \
+    layout ranks CP TP N HW es "fwd/lyr" "bwd/lyr" dump traced MPI own "to others" closed \
+    tr/dump mpi/cls
+cat "$B/a2a.txt"
+if [ "$a2a_bad" = 0 ]; then
+    echo "   ok: calls traced and counted = declared, bytes to the other ranks = closed form"
+    echo "   (1.0000), each rank's own block = 1/(CP-1) of them, no p2p traffic"
 else
     echo "   FAILED: a measured count differs from the analytic one (above)"
 fi
