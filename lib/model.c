@@ -150,6 +150,14 @@ static int cp_pairs(int s, cp_pair out[4])
     return n;
 }
 
+/* This rank's K|V block (N, 2 C_LOCAL), the k and v columns of its q|k|v, into ring buffer 0. */
+static void ring_pack_kv(const gpt_layer_acts *a)
+{
+    size_t cl = (size_t)gpt.d.c_local;
+    copy_cols(lib.s.ring_kv, ACT, 2 * cl, lib_at(a->qkv, cl), ACT, 3 * cl, gpt.d.N,
+              2 * gpt.d.c_local);
+}
+
 /*
 ** Forward: this rank's K|V block, then CP-1 hops; each block's attention is merged into the
 ** f32 output and the log-sum-exp (a->lse) as it arrives (online softmax across blocks).
@@ -159,8 +167,7 @@ static void ring_fwd(gpt_layer_acts *a)
     const gpt_dims *d = &gpt.d;
     int B = d->B, tc = d->t_chunk, cl = d->c_local, cp = d->cp;
     size_t kvn = (size_t)d->N * 2 * cl, half = (size_t)tc * B;
-    copy_cols(lib.s.ring_kv, ACT, 2 * (size_t)cl, lib_at(a->qkv, cl), ACT, 3 * (size_t)cl, d->N,
-              2 * cl);
+    ring_pack_kv(a);
     rt_memset0(lib.s.ring_acc, (size_t)d->N * cl * sizeof(float));
     fill_f32(a->lse, (size_t)B * d->heads_local * d->T, -INFINITY);
     for (int i = 0; i < cp; i++) {
@@ -187,14 +194,14 @@ static void ring_fwd(gpt_layer_acts *a)
 ** Backward: the blocks travel the ring again, each with the f32 dK|dV its visited ranks have
 ** added; after CP-1 hops one more hop brings every block's dK|dV home. dq sums in ring_acc.
 */
-static void ring_bwd(const gpt_layer_acts *a, void *dqkv, const void *datty)
+static void ring_bwd(const gpt_layer_acts *a)
 {
+    const void *datty = lib.s.datty;
     const gpt_dims *d = &gpt.d;
     int B = d->B, tc = d->t_chunk, cl = d->c_local, cp = d->cp;
     size_t kvn = (size_t)d->N * 2 * cl, half = (size_t)tc * B;
     attention_dsum(lib.s.dsum, datty, a->atty, B, d->T, d->heads_local, d->head_dim, ACT);
-    copy_cols(lib.s.ring_kv, ACT, 2 * (size_t)cl, lib_at(a->qkv, cl), ACT, 3 * (size_t)cl, d->N,
-              2 * cl);
+    ring_pack_kv(a);
     rt_memset0(lib.s.ring_acc, (size_t)d->N * cl * sizeof(float));
     rt_memset0(lib.s.ring_dkv, kvn * sizeof(float));
     for (int i = 0; i < cp; i++) {
@@ -219,8 +226,8 @@ static void ring_bwd(const gpt_layer_acts *a, void *dqkv, const void *datty)
         ring_hop(NULL, NULL, dkv, lib.s.ring_dkv + (size_t)nxt * kvn);   /* then their dK|dV */
     }
     /* dq from ring_acc, dK|dV of this rank's own block (home after CP hops) */
-    copy_cols(dqkv, ACT, 3 * (size_t)cl, lib.s.ring_acc, RT_F32, cl, d->N, cl);
-    copy_cols(lib_at(dqkv, cl), ACT, 3 * (size_t)cl, lib.s.ring_dkv + (cp % 2) * kvn, RT_F32,
+    copy_cols(lib.s.dqkv, ACT, 3 * (size_t)cl, lib.s.ring_acc, RT_F32, cl, d->N, cl);
+    copy_cols(lib_at(lib.s.dqkv, cl), ACT, 3 * (size_t)cl, lib.s.ring_dkv + (cp % 2) * kvn, RT_F32,
               2 * (size_t)cl, d->N, 2 * cl);
 }
 
@@ -320,7 +327,7 @@ static void attention_core_bwd(const gpt_layer_acts *a)
     const gpt_dims *d = &gpt.d;
     if (d->cp > 1) {
         if (d->cp_a2a) a2a_bwd(a);
-        else ring_bwd(a, lib.s.dqkv, lib.s.datty);
+        else ring_bwd(a);
         return;
     }
     attention_bwd(lib.s.dqkv, lib.s.dsum, lib.s.datty, a->atty, a->lse, a->qkv, d->B, d->T,

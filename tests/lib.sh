@@ -178,6 +178,56 @@ equiv_compare() {
     return $bad
 }
 
+# -- Checkpoints, for the suites whose equiv runs left their programs in DIR and WORLD ----------
+
+# ckpt_roundtrip RUN TRAINED NAME...: every named layout loads TRAINED and --save's it back bit
+# for bit (RUN NAME TAG ARGS... runs row NAME's program, writing $S/run/TAG.*; here with --init
+# TRAINED --steps 0). One verdict, checkpoint-roundtrip; every name must have been built.
+ckpt_roundtrip() {
+    local run=$1 trained=$2 bad="" n=0 name
+    shift 2
+    for name in "$@"; do
+        [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
+        n=$((n + 1))
+        if ! $run "$name" "$name.rt" --init "$trained" --steps 0 ||
+           ! $STCOMPARE -q --exact "$S/run/$name.rt.safetensors" "$trained" \
+                > "$S/run/$name.rt.cmp" 2>&1; then
+            bad="$bad $name"
+        fi
+    done
+    if [ $n -lt $# ]; then fail checkpoint-roundtrip "only $n of $# layouts could be checked"
+    elif [ -n "$bad" ]; then fail checkpoint-roundtrip "load + save is not the identity for:$bad"
+    else pass checkpoint-roundtrip; fi
+}
+
+# resume_check RUN NAME STEPS: row NAME's program runs STEPS steps straight, and 4 steps with a
+# checkpoint after step 3 then --resume to STEPS (RUN as for ckpt_roundtrip; RUN must pass
+# --log $S/run/TAG.jsonl and --save $S/run/TAG.safetensors): the log lines (timings aside) and
+# the weights must be the same. One verdict, resume.
+resume_check() {
+    local run=$1 name=$2 steps=$3 a=(--decay-steps "$3" --ckpt-every 3)
+    if [ -z "${DIR[$name]}" ]; then
+        fail resume "$name was not built"
+        return
+    fi
+    rm -rf "$S/ck-full" "$S/ck-part"
+    if ! { $run "$name" "$name.full" "${a[@]}" --steps "$steps" --ckpt-dir "$S/ck-full" &&
+           $run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps 4 &&
+           $run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps "$steps" \
+               --resume; } > "$S/resume.log" 2>&1; then
+        fail resume "a run of $name failed: $(first_error "$S/run/$name.part.log")"
+    elif ! grep -q "resumed from $S/ck-part/step_00000003" "$S/run/$name.part.log"; then
+        fail resume "$name did not resume from step 3"
+    elif ! diff <(sed 's/,"ms":.*//' "$S/run/$name.part.jsonl") \
+                <(sed 's/,"ms":.*//' "$S/run/$name.full.jsonl") > "$S/resume.log" 2>&1 ||
+         ! cmp "$S/run/$name.part.safetensors" "$S/run/$name.full.safetensors" \
+                >> "$S/resume.log" 2>&1; then
+        fail resume "resuming $name is not bit-exact: $(head -n 1 "$S/resume.log")"
+    else
+        pass resume
+    fi
+}
+
 equiv() {
     local table=$1 cuda=0 line n=0 flags="" prefix="" vname
     local -A seen

@@ -40,40 +40,13 @@ cp_run() {
 
 # Every CP layout loads the single-rank run's trained weights and saves them back bit for bit
 # (--steps 0): a cp rank reads and writes the whole of its pieces (save owners: dp-cp rank 0).
-trained=$S/run/tiny-1.safetensors
-rt_bad="" rt_n=0
-for name in tiny-cp4 tiny-tp2-cp4-sp tiny-cp2-pp2-vp2 tiny-cp4-dp2-distopt tiny-cp2-a2a; do
-    [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
-    rt_n=$((rt_n + 1))
-    if ! cp_run "$name" "$name.rt" --init "$trained" --steps 0 ||
-       ! $STCOMPARE -q --exact "$S/run/$name.rt.safetensors" "$trained" \
-            > "$S/run/$name.rt.cmp" 2>&1; then
-        rt_bad="$rt_bad $name"
-    fi
-done
-if [ $rt_n -lt 5 ]; then fail checkpoint-roundtrip "only $rt_n layouts could be checked"
-elif [ -n "$rt_bad" ]; then fail checkpoint-roundtrip "load + save is not the identity for:$rt_bad"
-else pass checkpoint-roundtrip; fi
+ckpt_roundtrip cp_run "$S/run/tiny-1.safetensors" tiny-cp4 tiny-tp2-cp4-sp tiny-cp2-pp2-vp2 \
+    tiny-cp4-dp2-distopt tiny-cp2-a2a
 
 # --resume continues bit-exactly: CP 4 x DP 2 with DIST_OPT (AdamW state sharded over dp-cp = 8)
 # stops after step 4 (its last checkpoint: step 3) and resumes to step 6: the log lines
 # (timings aside) and the weights are the uninterrupted run's.
-resume_check() {
-    local name=$1 a=(--decay-steps 6 --ckpt-every 3)
-    rm -rf "$S/ck-full" "$S/ck-part"
-    cp_run "$name" "$name.full" "${a[@]}" --ckpt-dir "$S/ck-full" &&
-    cp_run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps 4 &&
-    cp_run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --resume || return 1
-    grep -q "resumed from $S/ck-part/step_00000003" "$S/run/$name.part.log" ||
-        { echo "did not resume from step 3"; return 1; }
-    diff <(sed 's/,"ms":.*//' "$S/run/$name.part.jsonl") \
-         <(sed 's/,"ms":.*//' "$S/run/$name.full.jsonl") &&
-    cmp "$S/run/$name.part.safetensors" "$S/run/$name.full.safetensors"
-}
-name=tiny-cp4-dp2-distopt
-if [ -z "${DIR[$name]}" ]; then fail resume "$name was not built"
-elif resume_check "$name" > "$S/resume.log" 2>&1; then pass resume
-else fail resume "resuming $name is not bit-exact: $(head -n 1 "$S/resume.log")"; fi
+resume_check cp_run tiny-cp4-dp2-distopt 6
 
 equiv tests/cp/gpu.txt --cuda
 finish

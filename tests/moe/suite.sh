@@ -82,43 +82,15 @@ moe_run() {
 # Layouts load the single-rank run's trained weights (experts, router, biases no longer at
 # their init) and --save them back bit for bit (--steps 0): every expert piece is read from
 # and written to its place, once (save owners: expt-dp rank 0, expt-tp slices).
-trained=$S/run/single.safetensors
-rt_bad="" rt_n=0
-for name in tp4-pp2-ep4-etp1-sp tp4-pp2-ep4-etp1-sp-distopt tp4-dp2-ep4-etp2-sp \
-            tp2-dp4-ep4-etp2-sp-distopt tp1-dp2-ep1-etp2 tp1-pp2-dp2-ep2-etp1-vp2 tp2-ep1-etp1-sp
-do
-    [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
-    rt_n=$((rt_n + 1))
-    if ! moe_run "$name" "$name.rt" --init "$trained" --steps 0 ||
-       ! $STCOMPARE -q --exact "$S/run/$name.rt.safetensors" "$trained" \
-            > "$S/run/$name.rt.cmp" 2>&1; then
-        rt_bad="$rt_bad $name"
-    fi
-done
-if [ $rt_n -lt 7 ]; then fail checkpoint-roundtrip "only $rt_n layouts could be checked"
-elif [ -n "$rt_bad" ]; then fail checkpoint-roundtrip "load + save is not the identity for:$rt_bad"
-else pass checkpoint-roundtrip; fi
+ckpt_roundtrip moe_run "$S/run/single.safetensors" tp4-pp2-ep4-etp1-sp \
+    tp4-pp2-ep4-etp1-sp-distopt tp4-dp2-ep4-etp2-sp tp2-dp4-ep4-etp2-sp-distopt tp1-dp2-ep1-etp2 \
+    tp1-pp2-dp2-ep2-etp1-vp2 tp2-ep1-etp1-sp
 
 # --resume continues bit-exactly: TP 2 x DP 2 with EP 2 and DIST_OPT (the experts' AdamW
 # moments sharded over expt-dp = 2, the dense ones over dp) stops after step 4 (its last
 # checkpoint: step 3) and resumes to step 6: the log lines (timings aside) and the weights
 # are the uninterrupted run's.
-resume_check() {
-    local name=$1 a=(--decay-steps $STEPS --ckpt-every 3)
-    rm -rf "$S/ck-full" "$S/ck-part"
-    moe_run "$name" "$name.full" "${a[@]}" --ckpt-dir "$S/ck-full" &&
-    moe_run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps 4 &&
-    moe_run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --resume || return 1
-    grep -q "resumed from $S/ck-part/step_00000003" "$S/run/$name.part.log" ||
-        { echo "did not resume from step 3"; return 1; }
-    diff <(sed 's/,"ms":.*//' "$S/run/$name.part.jsonl") \
-         <(sed 's/,"ms":.*//' "$S/run/$name.full.jsonl") &&
-    cmp "$S/run/$name.part.safetensors" "$S/run/$name.full.safetensors"
-}
-name=tp2-dp2-ep2-etp1-sp-distopt
-if [ -z "${DIR[$name]}" ]; then fail resume "$name was not built"
-elif resume_check "$name" > "$S/resume.log" 2>&1; then pass resume
-else fail resume "resuming $name is not bit-exact: $(head -n 1 "$S/resume.log")"; fi
+resume_check moe_run tp2-dp2-ep2-etp1-sp-distopt $STEPS
 
 # -- Routing edge cases show what they claim ------------------------------------------------------
 
