@@ -1,10 +1,10 @@
 /*
 ** gpt.h: the training library's interface to generated programs. The library (lib/, compiled
 ** once per backend into build/libgpt_cpu.a and build/libgpt_cuda.a) holds everything that does
-** not depend on the model or the layout: the kernels, the GPT-2 layer, embedding, head and
-** mixture-of-experts block with their tensor- and sequence-parallel communication, the stage
-** machinery (buffers, parameter views, gradient reduction, norm, AdamW, checkpoint state,
-** initialisation, loading and saving) and main (flags, data, checkpoints, log). A generated
+** not depend on the model or the layout: the kernels, the GPT-2 and Llama layers, embedding,
+** head and mixture-of-experts block with their tensor- and sequence-parallel communication,
+** the stage machinery (buffers, parameter views, gradient reduction, norm, AdamW, checkpoint
+** state, initialisation, loading and saving) and main (flags, data, checkpoints, log). A generated
 ** program (out/<dir>/, docs/PROGRAM.md) supplies only what varies, as constant tables: the
 ** sizes (gpt_dims), the model's tensors (gpt_role), the rank grid (gpt_grid, gpt_kind), and per
 ** pipeline stage its tables, its chunks' forward and backward and its unrolled schedule
@@ -54,6 +54,12 @@ typedef struct {
     float aux_scale, aux_grad;
     int capacity;             /* choices an expert keeps per micro-batch (N*K: no limit) */
     int moe_send_max, moe_recv_max, moe_rows_max, moe_counts;
+    /* the Llama layer (llama = 1; docs/llama.md): RMSNorm, rotary positions on q and k,
+    ** grouped-query attention, SwiGLU, no biases, weights [out, in] (nn.Linear) */
+    int llama;
+    int kv_local;             /* key/value heads per tp rank */
+    int qkvp_local;           /* q|k|v projection columns: (heads_local + 2 kv_local)*head_dim */
+    float rope_theta;
 } gpt_dims;
 
 /* -- The model's tensors (checkpoint order) ---------------------------------------------- */
@@ -118,7 +124,10 @@ typedef struct {
     _(FC_W, "mlp.c_fc.weight") _(FC_B, "mlp.c_fc.bias") _(MLP_PROJ_W, "mlp.c_proj.weight") \
     _(MLP_PROJ_B, "mlp.c_proj.bias") _(ROUTER_W, "mlp.router.weight") \
     _(EXPERT_FC_W, "mlp.experts.c_fc.weight") _(EXPERT_FC_B, "mlp.experts.c_fc.bias") \
-    _(EXPERT_PROJ_W, "mlp.experts.c_proj.weight") _(EXPERT_PROJ_B, "mlp.experts.c_proj.bias")
+    _(EXPERT_PROJ_W, "mlp.experts.c_proj.weight") _(EXPERT_PROJ_B, "mlp.experts.c_proj.bias") \
+    _(K_W, "self_attn.k_proj.weight") _(V_W, "self_attn.v_proj.weight") \
+    _(UP_W, "mlp.up_proj.weight") _(EXPERT_UP_W, "block_sparse_moe.experts.w3.weight") \
+    _(LM_HEAD, "lm_head.weight (untied)")
 typedef enum {
 #define GPT_FIELD_ENUM(id, what) GPT_P_##id,
     GPT_FIELDS(GPT_FIELD_ENUM)
@@ -224,11 +233,11 @@ typedef struct {
     _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) \
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
-    _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_LOGITS) \
-    _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
+    _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_QKVP) \
+    _(S_DACT) _(S_LOGITS) _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
     _(S_A2A_SEND) _(S_A2A_RECV) _(S_A2A_DOUT) \
-    _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_YE) \
-    _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
+    _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_DFC) \
+    _(MS_YE) _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
     _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) _(MS_PIDX) \
     _(X_LOSS) _(X_STAT) _(X_SP_PACK)
 typedef enum {
@@ -300,6 +309,8 @@ typedef struct {
     void *router_w;                        /* (EXPERTS, C)     h.{i}.mlp.router.weight */
     void **fc_w, **fc_b;                   /* [local expert]: (C, EFF_LOCAL), (EFF_LOCAL) */
     void **proj_w, **proj_b;               /* [local expert]: (EFF_LOCAL, C), (C) */
+    void **up_w;                           /* llama [local expert]: w3 (EFF_LOCAL, C); fc_w
+                                           ** is w1 (EFF_LOCAL, C), proj_w w2 (C, EFF_LOCAL) */
 } gpt_moe_params;
 
 typedef struct {
@@ -310,6 +321,10 @@ typedef struct {
     void *c_fc_w, *c_fc_b;                 /* (C, FF_LOCAL), (FF_LOCAL)  column-parallel  */
     void *mlp_proj_w, *mlp_proj_b;         /* (FF_LOCAL, C) row-parallel, (C) replicated   */
     gpt_moe_params moe;                    /* a mixture of experts in place of the MLP     */
+    /* llama, weights [out, in]: c_attn_w is q_proj (HEADS_LOCAL*hd, C), k_w and v_w
+    ** (KV_LOCAL*hd, C), attn_proj_w o_proj (C, C_LOCAL), c_fc_w gate_proj and up_w up_proj
+    ** (FF_LOCAL, C), mlp_proj_w down_proj (C, FF_LOCAL); ln_1_w, ln_2_w the RMSNorm weights */
+    void *k_w, *v_w, *up_w;
 } gpt_layer_params;                        /* gradients: the same struct, into gbuf (f32)  */
 
 /* Activations: 'void *' in the model's dtype, 'float *' always f32, 'int *' i32. */

@@ -29,6 +29,8 @@ typedef struct {
     void *a2a_send;       /* (N, QKV_LOCAL)    CP_COMM=a2a: blocks to send                    */
     void *a2a_recv;       /* (N, QKV_LOCAL)    blocks received                                */
     void *a2a_dout;       /* (N, C_LOCAL)      the output gradient in sequence order          */
+    void *qkvp;           /* (N, QKVP_LOCAL)   llama: q|k|v projections, then their gradient  */
+    void *dact;           /* (N, FF_LOCAL)     llama: d(SwiGLU output)                        */
 } lib_scratch;
 
 /* Parameters (model dtype) or, in the gradient copies, f32 gradients. */
@@ -46,7 +48,8 @@ typedef struct {
     float *pr;            /* (RECV_MAX) */
     void *xg;             /* (ROWS_MAX, C): rows gathered over the expert-TP group */
     float *pg;            /* (ROWS_MAX) */
-    void *act;            /* (ROWS_MAX, EFF_LOCAL) prob * gelu(fc) */
+    void *act;            /* (ROWS_MAX, EFF_LOCAL) prob * gelu(fc) (llama: prob * swiglu) */
+    void *dfc;            /* (ROWS_MAX, 2 EFF_LOCAL) llama: d(w1 | w3 outputs) */
     void *ye, *yg;        /* (ROWS_MAX, C) expert outputs: expert-major, then member-major */
     void *yr, *ys;        /* (RECV_MAX, C), (SEND_MAX, C) on the way back */
     float *dpe, *dpg;     /* (ROWS_MAX) d(prob): expert-major, member-major */

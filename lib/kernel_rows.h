@@ -148,6 +148,75 @@ void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float 
     *p -= step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
 }
 
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads (f32 arithmetic) ------ */
+
+/* RMSNorm's 1/sqrt(mean(x^2) + eps) from the row's sum of squares */
+ROW_FN
+float rms_rstd(float sumsq, int C, float eps)
+{
+    return 1.0f / sqrtf(sumsq / (float)C + eps);
+}
+
+/* One element of RMSNorm's input gradient: dx + rstd (g - xhat gx_mean), g = dout w. */
+ROW_FN
+float rms_dinp(float dx, float g, float xhat, float rstd, float gx_mean)
+{
+    return dx + rstd * (g - xhat * gx_mean);
+}
+
+/*
+** Rotary embedding: the rotation of pair i (channels i, i + hd/2) at position pos, Hugging
+** Face's rotate_half convention: inv = 1 / theta^(2i/hd) and a = pos inv in double (HF's f32
+** angle is off by up to ulp(a)/2 = 0.004 rad at pos 1e5), cos a and sin a rounded to f32;
+** inverse: the rotation by -a. Both backends call libm's (CUDA's) double pow, cos and sin, so
+** they agree but where cos or sin lies within a double rounding of an f32 midpoint.
+*/
+#define ROPE_PAIRS 32    /* pairs whose angles the CPU computes at a time */
+
+ROW_FN
+double rope_inv(int i, int hd, float theta)
+{
+    return 1.0 / pow((double)theta, (double)(2 * i) / hd);
+}
+
+ROW_FN
+void rope_cos_sin(float *c, float *s, int pos, double inv, int inverse)
+{
+    double a = (double)pos * inv;
+    *c = (float)cos(a);
+    *s = (float)(inverse ? -sin(a) : sin(a));
+}
+
+/*
+** sigmoid(g) = 1 / (1 + exp(-g)), and 0 for g < -EXP_MAX: there exp(-g) overflows f32 and
+** vexpf clamps it, which would leave s = 6e-39 instead of (nearly) 0 and silu(-1000) = -6e-36.
+** With s = 0, silu(g) = g s is -0 for every g < -88 (the exact value is below 6e-37 in
+** magnitude), and so is the gradient's s (1 + g (1 - s)): finite for every finite g; NaN
+** stays NaN.
+*/
+ROW_FN
+float sigmoid1(float g)
+{
+    float s = 1.0f / (1.0f + vexpf(-g));
+    return g < -EXP_MAX ? 0.0f : s;
+}
+
+/* d silu(g) / dg = s (1 + g (1 - s)) */
+ROW_FN float silu1_grad(float g, float s) { return s * (1.0f + g * (1.0f - s)); }
+
+/*
+** Grouped-query attention: column j of an expanded qkv row [q | k | v] (3 Hl hd) reads column
+** kv_src_col(j) of the packed row [q | k | v] (Hl + 2 KVl) hd: q itself, k and v of query
+** head h from kv head h / (Hl / KVl).
+*/
+ROW_FN
+int kv_src_col(int j, int Hl, int KVl, int hd)
+{
+    int C = Hl * hd, part = j / C, h = (j % C) / hd, d = j % hd;
+    if (part == 0) return j;
+    return C + (part - 1) * KVl * hd + (h / (Hl / KVl)) * hd + d;
+}
+
 /* -- Causal attention: the formulas both backends share --------------------------------------- */
 /*
 ** The backends tile the (T, T) scores differently (the CPU in cache-sized f32 tiles and
@@ -672,6 +741,192 @@ void KR_FN(sum_blocks_span)(KR_T *out, const KR_T *in, int nblocks, size_t n, si
         for (int m = 0; m < nblocks; m++) s += KR_LD(in[(size_t)m * n + i]);
         out[i] = KR_ST(s);
     }
+}
+
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
+
+/* Rows [lo, hi): rstd = 1/sqrt(mean(x^2) + eps), the squares summed in LANES partial sums (as
+** layernorm's); out = x * rstd * w. */
+ROW_FN
+void KR_FN(rmsnorm_fwd_rows)(KR_T *out, float *rstd, const KR_T *inp, const KR_T *w, int C,
+                             float eps, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *x = inp + (size_t)n * C;
+        KR_T *o = out + (size_t)n * C;
+        float acc[LANES] = { 0.0f };
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += KR_LD(x[i + l]) * KR_LD(x[i + l]);
+        float ss = lanes_total(acc);
+        for (; i < C; i++) ss += KR_LD(x[i]) * KR_LD(x[i]);
+        float s = rms_rstd(ss, C, eps);
+        for (i = 0; i < C; i++) o[i] = KR_ST(KR_LD(x[i]) * s * KR_LD(w[i]));
+        rstd[n] = s;
+    }
+}
+
+/* Rows [lo, hi) of the input gradient: dinp += rstd (g - xhat mean(g xhat)), g = dout w. */
+ROW_FN
+void KR_FN(rmsnorm_bwd_rows)(KR_T *dinp, const KR_T *dout, const KR_T *inp, const KR_T *w,
+                             const float *rstd, int C, int lo, int hi)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        KR_T *dx = dinp + (size_t)n * C;
+        float rs = rstd[n], acc[LANES] = { 0.0f };
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int l = 0; l < LANES; l++)
+                acc[l] += KR_LD(d[i + l]) * KR_LD(w[i + l]) * (KR_LD(x[i + l]) * rs);
+        float gx = lanes_total(acc);
+        for (; i < C; i++) gx += KR_LD(d[i]) * KR_LD(w[i]) * (KR_LD(x[i]) * rs);
+        gx /= (float)C;
+        for (i = 0; i < C; i++)
+            dx[i] = KR_ST(rms_dinp(KR_LD(dx[i]), KR_LD(d[i]) * KR_LD(w[i]), KR_LD(x[i]) * rs, rs,
+                                   gx));
+    }
+}
+
+/* Columns [i0, i1) of dw += dout * xhat, accumulated over the rows in order. */
+ROW_FN
+void KR_FN(rmsnorm_bwd_cols)(float *dw, const KR_T *dout, const KR_T *inp, const float *rstd,
+                             int N, int C, int i0, int i1)
+{
+    for (int n = 0; n < N; n++) {
+        const KR_T *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
+        for (int i = i0; i < i1; i++) dw[i] += KR_LD(d[i]) * (KR_LD(x[i]) * rstd[n]);
+    }
+}
+
+/* Pair i of one head (hd channels at x) rotated by (c, s): x[i], x[i + half]. */
+ROW_FN
+void KR_FN(rope_pair)(KR_T *x, int i, int half, float c, float s)
+{
+    float x0 = KR_LD(x[i]), x1 = KR_LD(x[i + half]);
+    x[i] = KR_ST(x0 * c - x1 * s);
+    x[i + half] = KR_ST(x1 * c + x0 * s);
+}
+
+/* Positions [lo, hi): rows t*B .. t*B + B-1 (of ld elements, H heads of hd) rotated in place
+** for position pos0 + t; the angles of ROPE_PAIRS pairs at a time, then every row and head. */
+ROW_FN
+void KR_FN(rope_rows)(KR_T *x, size_t ld, int B, int H, int hd, int pos0, float theta,
+                      int inverse, int lo, int hi)
+{
+    int half = hd / 2;
+    for (int i0 = 0; i0 < half; i0 += ROPE_PAIRS) {
+        int np = MIN(ROPE_PAIRS, half - i0);
+        double inv[ROPE_PAIRS];
+        float c[ROPE_PAIRS], s[ROPE_PAIRS];
+        for (int p = 0; p < np; p++) inv[p] = rope_inv(i0 + p, hd, theta);
+        for (int t = lo; t < hi; t++) {
+            for (int p = 0; p < np; p++) rope_cos_sin(&c[p], &s[p], pos0 + t, inv[p], inverse);
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < H; h++) {
+                    KR_T *r = x + ((size_t)t * B + b) * ld + (size_t)h * hd + i0;
+                    for (int p = 0; p < np; p++) KR_FN(rope_pair)(r, p, half, c[p], s[p]);
+                }
+        }
+    }
+}
+
+/* Rows [lo, hi), columns [c0, c1) of out (N, F) = silu(gate) * up from gu rows [gate | up]. */
+ROW_FN
+void KR_FN(swiglu_fwd_block)(KR_T *out, const KR_T *gu, int F, int lo, int hi, int c0, int c1)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *g = gu + (size_t)n * 2 * F, *u = g + F;
+        KR_T *o = out + (size_t)n * F;
+        for (int i = c0; i < c1; i++) {
+            float gi = KR_LD(g[i]);
+            o[i] = KR_ST(gi * sigmoid1(gi) * KR_LD(u[i]));
+        }
+    }
+}
+
+/* Rows [lo, hi), columns [c0, c1) of dgu [dgate | dup] (written) from dout (N, F), gu. */
+ROW_FN
+void KR_FN(swiglu_bwd_block)(KR_T *dgu, const KR_T *dout, const KR_T *gu, int F, int lo, int hi,
+                             int c0, int c1)
+{
+    for (int n = lo; n < hi; n++) {
+        const KR_T *g = gu + (size_t)n * 2 * F, *u = g + F, *d = dout + (size_t)n * F;
+        KR_T *dg = dgu + (size_t)n * 2 * F, *du = dg + F;
+        for (int i = c0; i < c1; i++) {
+            float gi = KR_LD(g[i]), s = sigmoid1(gi), di = KR_LD(d[i]);
+            dg[i] = KR_ST(di * KR_LD(u[i]) * silu1_grad(gi, s));
+            du[i] = KR_ST(di * (gi * s));
+        }
+    }
+}
+
+/* Rows [lo, hi) of qkv (3 Hl hd) from the packed qkvp ((Hl + 2 KVl) hd): copies. */
+ROW_FN
+void KR_FN(kv_expand_rows)(KR_T *qkv, const KR_T *qkvp, int Hl, int KVl, int hd, int lo, int hi)
+{
+    size_t C = (size_t)Hl * hd, Cp = (size_t)(Hl + 2 * KVl) * hd;
+    int rep = Hl / KVl;
+    for (int n = lo; n < hi; n++) {
+        KR_T *o = qkv + (size_t)n * 3 * C;
+        const KR_T *s = qkvp + (size_t)n * Cp;
+        for (size_t j = 0; j < C; j++) o[j] = s[j];
+        for (int part = 1; part <= 2; part++)
+            for (int h = 0; h < Hl; h++) {
+                KR_T *oh = o + part * C + (size_t)h * hd;
+                const KR_T *sh = s + C + (size_t)((part - 1) * KVl + h / rep) * hd;
+                for (int d = 0; d < hd; d++) oh[d] = sh[d];
+            }
+    }
+}
+
+/* Rows [lo, hi) of dqkvp ((Hl + 2 KVl) hd) from dqkv (3 Hl hd): dq copied, dk and dv of kv
+** head g summed over query heads g*rep .. g*rep + rep-1 in that order (KR_COMBINE columns at a
+** time in f32), rounded once. */
+ROW_FN
+void KR_FN(kv_reduce_rows)(KR_T *dqkvp, const KR_T *dqkv, int Hl, int KVl, int hd, int lo,
+                           int hi)
+{
+    size_t C = (size_t)Hl * hd, Cp = (size_t)(Hl + 2 * KVl) * hd;
+    int rep = Hl / KVl;
+    for (int n = lo; n < hi; n++) {
+        KR_T *o = dqkvp + (size_t)n * Cp;
+        const KR_T *s = dqkv + (size_t)n * 3 * C;
+        for (size_t j = 0; j < C; j++) o[j] = s[j];
+        for (int part = 1; part <= 2; part++)
+            for (int g = 0; g < KVl; g++) {
+                KR_T *og = o + C + (size_t)((part - 1) * KVl + g) * hd;
+                const KR_T *sg = s + part * C + (size_t)g * rep * hd;
+                for (int d0 = 0; d0 < hd; d0 += KR_COMBINE) {
+                    int w = MIN(KR_COMBINE, hd - d0);
+                    float acc[KR_COMBINE];
+                    for (int d = 0; d < w; d++) acc[d] = KR_LD(sg[d0 + d]);
+                    for (int r = 1; r < rep; r++)
+                        for (int d = 0; d < w; d++)
+                            acc[d] += KR_LD(sg[(size_t)r * hd + d0 + d]);
+                    for (int d = 0; d < w; d++) og[d0 + d] = KR_ST(acc[d]);
+                }
+            }
+    }
+}
+
+/* Element j of row n of dqkvp (the device's one-thread-per-element form of kv_reduce_rows). */
+ROW_FN
+void KR_FN(kv_reduce_elem)(KR_T *dqkvp, const KR_T *dqkv, int Hl, int KVl, int hd, size_t n,
+                           int j)
+{
+    size_t C = (size_t)Hl * hd, Cp = (size_t)(Hl + 2 * KVl) * hd;
+    const KR_T *s = dqkv + n * 3 * C;
+    KR_T *o = dqkvp + n * Cp + j;
+    if ((size_t)j < C) {
+        *o = s[j];
+        return;
+    }
+    int rep = Hl / KVl, k = j - (int)C, part = 1 + k / (KVl * hd), g = (k % (KVl * hd)) / hd;
+    const KR_T *sg = s + part * C + (size_t)g * rep * hd + k % hd;
+    float acc = KR_LD(sg[0]);
+    for (int r = 1; r < rep; r++) acc += KR_LD(sg[(size_t)r * hd]);
+    *o = KR_ST(acc);
 }
 
 /* -- Attention: tiles in and out of storage ---------------------------------------------------- */

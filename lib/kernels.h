@@ -105,6 +105,41 @@ void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st,
 /* x[0..n) = v (f32) */
 void fill_f32(float *x, size_t n, float v);
 
+/* -- Llama layer (rows are tokens, sequence-major: row t*B + b) ---------------------------- */
+
+/* RMSNorm: rstd (N) f32 = 1/sqrt(mean(inp^2) + eps); out = inp * rstd * w (the mean of
+** squares summed in f32 in a fixed order by column: interleaved partial sums added in order,
+** kernel_rows.h; HF computes it in fp32). */
+void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
+                 float eps, rt_dtype t);
+/* dinp += rstd*(g - xhat*mean(g*xhat)) with g = dout*w, xhat = inp*rstd;  dw += dout*xhat
+** (f32, rows summed in row order). Both accumulate, like layernorm_bwd. */
+void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                 const float *rstd, int N, int C, rt_dtype t);
+/* Rotary position embedding (Hugging Face rotate_half convention), in place on rows t*B + b
+** (t in [0,T), b in [0,B)) of ld elements, H heads of hd channels at columns h*hd (hd even);
+** row of t is at position pos0 + t. For i < hd/2: inv = theta^(-2i/hd), a = pos*inv, both
+** computed in double and cos a, sin a rounded to f32;  x'[i] = x[i] cos a - x[i+hd/2] sin a,
+** x'[i+hd/2] = x[i+hd/2] cos a + x[i] sin a. inverse = 1: rotation by -a (the backward,
+** applied in place to the gradient). */
+void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
+              int inverse, rt_dtype t);
+/* SwiGLU: gu rows [gate (F) | up (F)] (row stride 2F); out (N, F) = silu(gate) * up,
+** silu(g) = g / (1 + exp(-g)) computed without NaN for any finite g (g = -1000 must give -0
+** or 0, not NaN). */
+void swiglu_fwd(void *out, const void *gu, int N, int F, rt_dtype t);
+/* dgu rows [dgate | dup] written (not accumulated): dgate = dout*up*s*(1 + g*(1-s)),
+** dup = dout*silu(g), s = sigmoid(g). */
+void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dtype t);
+/* Grouped-query attention: qkvp rows [q (Hl*hd) | k (KVl*hd) | v (KVl*hd)] -> qkv rows
+** [q | k | v] of 3*Hl*hd, where query head h gets kv head h / (Hl/KVl) (Hl divisible by KVl).
+** Copies (no rounding). */
+void kv_expand(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd, rt_dtype t);
+/* Its transpose: dqkvp rows [dq | dk | dv] of (Hl + 2 KVl)*hd written from dqkv rows of
+** 3*Hl*hd: dq copied, the dk (dv) of kv head g = the sum over its query heads
+** h = g*(Hl/KVl) .. in increasing h, in f32, rounded once. */
+void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt_dtype t);
+
 /* -- Vocabulary-parallel cross-entropy ---------------------------------------------------- */
 
 /* mx (N): the row maxima over this rank's 'valid' columns. */

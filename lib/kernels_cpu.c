@@ -726,6 +726,129 @@ void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st,
     rt_parallel_for(rows, copy_cols_task, &a);
 }
 
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
+/*
+** Row tasks (RMSNorm's statistics and input gradient, SwiGLU, the head copies and sums),
+** column blocks for RMSNorm's weight gradient (rows summed in order), position tasks for the
+** rotary embedding (each computes its positions' angles): no element is computed by two tasks.
+*/
+
+typedef struct {
+    void *out;
+    float *rstd, *dw;
+    const void *inp, *w, *dout;
+    const float *crstd;
+    size_t ld;
+    int N, C, B, H, hd, pos0, inverse, KVl;
+    float eps, theta;
+    rt_dtype t;
+} llama_args;
+
+static void rmsnorm_fwd_task(void *p, int lo, int hi)
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, rmsnorm_fwd_rows, a->out, a->rstd, a->inp, a->w, a->C, a->eps, lo, hi);
+}
+
+static void rmsnorm_bwd_task(void *p, int lo, int hi)
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, rmsnorm_bwd_rows, a->out, a->dout, a->inp, a->w, a->crstd, a->C, lo, hi);
+}
+
+static void rmsnorm_bwd_cols_task(void *p, int lo, int hi)     /* lo, hi: blocks of COLS */
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, rmsnorm_bwd_cols, a->dw, a->dout, a->inp, a->crstd, a->N, a->C, lo * COLS,
+            MIN(hi * COLS, a->C));
+}
+
+static void rope_task(void *p, int lo, int hi)                 /* lo, hi: positions */
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, rope_rows, a->out, a->ld, a->B, a->H, a->hd, a->pos0, a->theta, a->inverse,
+            lo, hi);
+}
+
+static void swiglu_fwd_task(void *p, int lo, int hi)           /* inp: gu */
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, swiglu_fwd_block, a->out, a->inp, a->C, lo, hi, 0, a->C);
+}
+
+static void swiglu_bwd_task(void *p, int lo, int hi)
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, swiglu_bwd_block, a->out, a->dout, a->inp, a->C, lo, hi, 0, a->C);
+}
+
+static void kv_expand_task(void *p, int lo, int hi)            /* H: Hl */
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, kv_expand_rows, a->out, a->inp, a->H, a->KVl, a->hd, lo, hi);
+}
+
+static void kv_reduce_task(void *p, int lo, int hi)
+{
+    const llama_args *a = p;
+    BY_TYPE(a->t, kv_reduce_rows, a->out, a->inp, a->H, a->KVl, a->hd, lo, hi);
+}
+
+void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
+                 float eps, rt_dtype t)
+{
+    llama_args a = { .out = out, .rstd = rstd, .inp = inp, .w = w, .N = N, .C = C, .eps = eps,
+                     .t = storage(t) };
+    rt_parallel_for(N, rmsnorm_fwd_task, &a);
+}
+
+void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                 const float *rstd, int N, int C, rt_dtype t)
+{
+    llama_args a = { .out = dinp, .dw = dw, .dout = dout, .inp = inp, .w = w, .crstd = rstd,
+                     .N = N, .C = C, .t = storage(t) };
+    rt_parallel_for(N, rmsnorm_bwd_task, &a);
+    rt_parallel_for(CEIL_DIV(C, COLS), rmsnorm_bwd_cols_task, &a);
+}
+
+void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
+              int inverse, rt_dtype t)
+{
+    RT_CHECK(hd % 2 == 0, "rope_fwd: the head size (%d) must be even", hd);
+    llama_args a = { .out = x, .ld = ld, .B = B, .H = H, .hd = hd, .pos0 = pos0,
+                     .inverse = inverse, .theta = theta, .t = storage(t) };
+    rt_parallel_for(T, rope_task, &a);
+}
+
+void swiglu_fwd(void *out, const void *gu, int N, int F, rt_dtype t)
+{
+    llama_args a = { .out = out, .inp = gu, .N = N, .C = F, .t = storage(t) };
+    rt_parallel_for(N, swiglu_fwd_task, &a);
+}
+
+void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dtype t)
+{
+    llama_args a = { .out = dgu, .dout = dout, .inp = gu, .N = N, .C = F, .t = storage(t) };
+    rt_parallel_for(N, swiglu_bwd_task, &a);
+}
+
+void kv_expand(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd, rt_dtype t)
+{
+    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_expand: %d query heads in groups of %d kv heads",
+             Hl, KVl);
+    llama_args a = { .out = qkv, .inp = qkvp, .H = Hl, .KVl = KVl, .hd = hd, .t = storage(t) };
+    rt_parallel_for(N, kv_expand_task, &a);
+}
+
+void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt_dtype t)
+{
+    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_reduce: %d query heads in groups of %d kv heads",
+             Hl, KVl);
+    llama_args a = { .out = dqkvp, .inp = dqkv, .H = Hl, .KVl = KVl, .hd = hd,
+                     .t = storage(t) };
+    rt_parallel_for(N, kv_reduce_task, &a);
+}
+
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
 
 typedef struct {

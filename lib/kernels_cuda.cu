@@ -751,6 +751,181 @@ void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void 
     att_bwd(a, t);
 }
 
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
+/*
+** RMSNorm: one warp per row for its row sums (lane l sums columns l, l + WARP, ... in order,
+** then a butterfly of fixed shape adds the lanes), and one thread per column of dw summing the
+** rows in order. The pointwise kernels (rotary embedding, SwiGLU, head copies and sums) are
+** grid-stride loops, one element (rotary: one (position, pair), for every row and head of the
+** position) per step. Each output element is computed by one thread in a fixed order: the
+** results are deterministic, no atomics.
+*/
+
+#define WARP 32
+#define ROWS_PER_BLOCK (BLOCK / WARP)   /* rows of a block of the one-warp-per-row kernels */
+#define GRID_STRIDE_MAX 4096u           /* blocks of a grid-stride launch (H100: 132 SMs x 8) */
+
+/* Blocks for n items of a grid-stride loop. */
+static unsigned grid_stride(size_t n) { return MIN(grid_for(n), GRID_STRIDE_MAX); }
+
+/* Blocks for N rows of one warp each (at least one). */
+static unsigned grid_rows(int N) { return N > 0 ? (unsigned)CEIL_DIV(N, ROWS_PER_BLOCK) : 1; }
+
+/* The sum of v over the lanes of a warp, the same in every lane: each butterfly step adds two
+** values every lane of a group holds alike (addition commutes exactly), so the order is fixed. */
+static __device__ float warp_sum(float v)
+{
+    for (int off = WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* The grid-stride loop over [0, n). */
+#define GRID_STRIDE(k, n)                                                                    \
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < (n);                   \
+         k += (size_t)gridDim.x * blockDim.x)
+
+/* Row n = this warp's: rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * w. */
+template <class S> static __global__
+void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, const void *w, int N, int C,
+                        float eps)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;                                  /* the whole warp: n is the warp's */
+    const S *x = as<S>(inp) + (size_t)n * C, *ws = as<S>(w);
+    S *o = as<S>(out) + (size_t)n * C;
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += WARP) ss += kr_load(x + i) * kr_load(x + i);
+    float s = rms_rstd(warp_sum(ss), C, eps);
+    for (int i = lane; i < C; i += WARP) kr_store(o + i, kr_load(x + i) * s * kr_load(ws + i));
+    if (lane == 0) rstd[n] = s;
+}
+
+/* Row n = this warp's of the input gradient: dinp += rstd (g - xhat mean(g xhat)). */
+template <class S> static __global__
+void rmsnorm_bwd_rows_kernel(void *dinp, const void *dout, const void *inp, const void *w,
+                             const float *rstd, int N, int C)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    const S *x = as<S>(inp) + (size_t)n * C, *d = as<S>(dout) + (size_t)n * C, *ws = as<S>(w);
+    S *dx = as<S>(dinp) + (size_t)n * C;
+    float rs = rstd[n], gx = 0.0f;
+    for (int i = lane; i < C; i += WARP)
+        gx += kr_load(d + i) * kr_load(ws + i) * (kr_load(x + i) * rs);
+    gx = warp_sum(gx) / (float)C;
+    for (int i = lane; i < C; i += WARP)
+        kr_store(dx + i, rms_dinp(kr_load(dx + i), kr_load(d + i) * kr_load(ws + i),
+                                  kr_load(x + i) * rs, rs, gx));
+}
+
+template <class S> static __global__
+void rmsnorm_bwd_cols_kernel(float *dw, const void *dout, const void *inp, const float *rstd,
+                             int N, int C)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) rmsnorm_bwd_cols(dw, as<S>(dout), as<S>(inp), rstd, N, C, i, i + 1);
+}
+
+/* Step k = (position t, pair i): the angle once, then pair i of every row and head of t. */
+template <class S> static __global__
+void rope_kernel(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
+                 int inverse)
+{
+    int half = hd / 2;
+    GRID_STRIDE(k, (size_t)T * half) {
+        int t = (int)(k / half), i = (int)(k % half);
+        float c, s;
+        rope_cos_sin(&c, &s, pos0 + t, rope_inv(i, hd, theta), inverse);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                rope_pair(as<S>(x) + ((size_t)t * B + b) * ld + (size_t)h * hd, i, half, c, s);
+    }
+}
+
+template <class S> static __global__
+void swiglu_fwd_kernel(void *out, const void *gu, int N, int F)
+{
+    GRID_STRIDE(k, (size_t)N * F) {
+        int n = (int)(k / F), i = (int)(k % F);
+        swiglu_fwd_block(as<S>(out), as<S>(gu), F, n, n + 1, i, i + 1);
+    }
+}
+
+template <class S> static __global__
+void swiglu_bwd_kernel(void *dgu, const void *dout, const void *gu, int N, int F)
+{
+    GRID_STRIDE(k, (size_t)N * F) {
+        int n = (int)(k / F), i = (int)(k % F);
+        swiglu_bwd_block(as<S>(dgu), as<S>(dout), as<S>(gu), F, n, n + 1, i, i + 1);
+    }
+}
+
+/* Element k of qkv (N, 3 Hl hd): a copy of its column of the packed row. */
+template <class S> static __global__
+void kv_expand_kernel(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd)
+{
+    size_t W = (size_t)3 * Hl * hd, Wp = (size_t)(Hl + 2 * KVl) * hd;
+    GRID_STRIDE(k, N * W) {
+        size_t n = k / W;
+        as<S>(qkv)[k] = as<S>(qkvp)[n * Wp + kv_src_col((int)(k % W), Hl, KVl, hd)];
+    }
+}
+
+template <class S> static __global__
+void kv_reduce_kernel(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd)
+{
+    size_t Wp = (size_t)(Hl + 2 * KVl) * hd;
+    GRID_STRIDE(k, N * Wp)
+        kv_reduce_elem(as<S>(dqkvp), as<S>(dqkv), Hl, KVl, hd, k / Wp, (int)(k % Wp));
+}
+
+void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
+                 float eps, rt_dtype t)
+{
+    LAUNCH(t, rmsnorm_fwd_kernel, grid_rows(N), out, rstd, inp, w, N, C, eps);
+}
+
+void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                 const float *rstd, int N, int C, rt_dtype t)
+{
+    LAUNCH(t, rmsnorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, rstd, N, C);
+    LAUNCH(t, rmsnorm_bwd_cols_kernel, grid_for(C), dw, dout, inp, rstd, N, C);
+}
+
+void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
+              int inverse, rt_dtype t)
+{
+    RT_CHECK(hd % 2 == 0, "rope_fwd: the head size (%d) must be even", hd);
+    LAUNCH(t, rope_kernel, grid_stride((size_t)T * (hd / 2)), x, ld, T, B, H, hd, pos0, theta,
+           inverse);
+}
+
+void swiglu_fwd(void *out, const void *gu, int N, int F, rt_dtype t)
+{
+    LAUNCH(t, swiglu_fwd_kernel, grid_stride((size_t)N * F), out, gu, N, F);
+}
+
+void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dtype t)
+{
+    LAUNCH(t, swiglu_bwd_kernel, grid_stride((size_t)N * F), dgu, dout, gu, N, F);
+}
+
+void kv_expand(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd, rt_dtype t)
+{
+    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_expand: %d query heads in groups of %d kv heads",
+             Hl, KVl);
+    LAUNCH(t, kv_expand_kernel, grid_stride((size_t)N * 3 * Hl * hd), qkv, qkvp, N, Hl, KVl,
+           hd);
+}
+
+void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt_dtype t)
+{
+    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_reduce: %d query heads in groups of %d kv heads",
+             Hl, KVl);
+    LAUNCH(t, kv_reduce_kernel, grid_stride((size_t)N * (Hl + 2 * KVl) * hd), dqkvp, dqkv, N,
+           Hl, KVl, hd);
+}
+
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
 
 template <class S> static __global__

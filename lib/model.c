@@ -1,6 +1,7 @@
 /*
-** model.c: the GPT-2 layer, embedding and head, forward and backward, with Megatron's tensor-
-** and sequence-parallel communication written out (docs/megatron.md §4): the column-parallel
+** model.c: the GPT-2 and Llama (docs/llama.md) layers, embedding and head, forward and
+** backward, with Megatron's tensor- and sequence-parallel communication written out
+** (docs/megatron.md §4): the column-parallel
 ** input is all-gathered under SP, the row-parallel output reduce-scattered (SP) or all-reduced
 ** (TP without SP), and the context-parallel attention (§12: the p2p ring or the all-to-all).
 ** Sizes come from gpt.d; which collectives run depends only on gpt.d.tp > 1, gpt.d.sp,
@@ -431,6 +432,157 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
                   d->n_sp, d->C, ACT);
 }
 
+/* -- The Llama layer (docs/llama.md) ---------------------------------------------------------- */
+
+/*
+** Hugging Face LlamaForCausalLM's block with Megatron's tensor parallelism: RMSNorm, q|k|v
+** column-parallel (q over HEADS_LOCAL heads, k and v over KV_LOCAL heads), rotary positions
+** on q and k, grouped-query attention (each kv head repeated for its query heads, then the
+** same attention as GPT: one code path for CP 1, the ring and the all-to-all), o_proj
+** row-parallel, SwiGLU with gate|up column-parallel and down row-parallel. No biases. The
+** weights are nn.Linear's [out, in], so a linear layer is inp . w^T. The collectives are
+** those of layer_fwd / layer_bwd, in the same order.
+*/
+
+/* out (N, OC; rows of ldo) = inp (N, IC) . w^T, w (OC, IC) */
+static void linear_fwd(void *out, int ldo, const void *inp, const void *w, int N, int IC, int OC)
+{
+    rt_gemm(0, 1, N, OC, IC, 1.0f, inp, IC, 0, w, IC, 0, 0.0f, out, ldo, 0, 1, ACT, ACT);
+}
+
+/* dinp (N, IC) = dout . w (beta 0), or += (beta 1); dw (OC, IC) += dout^T . inp (f32 main
+** gradient). dout: rows of ldd. */
+static void linear_bwd(void *dinp, float beta, float *dw, const void *dout, int ldd,
+                       const void *inp, const void *w, int N, int IC, int OC)
+{
+    rt_gemm(0, 0, N, IC, OC, 1.0f, dout, ldd, 0, w, IC, 0, beta, dinp, IC, 0, 1, ACT, ACT);
+    rt_gemm(1, 0, OC, IC, N, 1.0f, dout, ldd, 0, inp, IC, 0, 1.0f, dw, IC, 0, 1, ACT, RT_F32);
+}
+
+static void rms1_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *x)
+{
+    const gpt_dims *d = &gpt.d;
+    rmsnorm_fwd(a->ln1, a->ln1_rstd, x, p->ln_1_w, d->n_sp, d->C, d->ln_eps, ACT);
+}
+
+static void rms2_fwd(const gpt_layer_params *p, gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    rmsnorm_fwd(a->ln2, a->ln2_rstd, a->res1, p->ln_2_w, d->n_sp, d->C, d->ln_eps, ACT);
+}
+
+/* Rotary positions on the q and k heads of q|k|v projections (N, QKVP_LOCAL), chunk by
+** chunk at their true positions (context parallelism); inverse: the backward. */
+static void rope_qk(void *qkvp, int inverse)
+{
+    const gpt_dims *d = &gpt.d;
+    size_t ld = (size_t)d->qkvp_local;
+    for (int t = 0; t < d->T; t += d->t_chunk) {
+        void *rows = lib_at(qkvp, (size_t)t * d->B * ld);
+        int pos = lib_cp_position(t);
+        rope_fwd(rows, ld, d->t_chunk, d->B, d->heads_local, d->head_dim, pos, d->rope_theta,
+                 inverse, ACT);
+        rope_fwd(lib_at(rows, (size_t)d->heads_local * d->head_dim), ld, d->t_chunk, d->B,
+                 d->kv_local, d->head_dim, pos, d->rope_theta, inverse, ACT);
+    }
+}
+
+/* q|k|v of h (ln_1's output, gathered under SP) into the attention's layout a->qkv: the
+** projections, rotated, each kv head repeated for its HEADS_LOCAL/KV_LOCAL query heads. */
+static void qkv_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *h)
+{
+    const gpt_dims *d = &gpt.d;
+    int qn = d->heads_local * d->head_dim, kvn = d->kv_local * d->head_dim, P = d->qkvp_local;
+    linear_fwd(lib.s.qkvp, P, h, p->c_attn_w, d->N, d->C, qn);
+    linear_fwd(lib_at(lib.s.qkvp, (size_t)qn), P, h, p->k_w, d->N, d->C, kvn);
+    linear_fwd(lib_at(lib.s.qkvp, (size_t)(qn + kvn)), P, h, p->v_w, d->N, d->C, kvn);
+    rope_qk(lib.s.qkvp, 0);
+    kv_expand(a->qkv, lib.s.qkvp, d->N, d->heads_local, d->kv_local, d->head_dim, ACT);
+}
+
+/* fc = [h . gate^T | h . up^T] (N, 2 FF_LOCAL), gelu := silu(gate) * up (N, FF_LOCAL). */
+static void swiglu_up(const gpt_layer_params *p, gpt_layer_acts *a, const void *h)
+{
+    const gpt_dims *d = &gpt.d;
+    int F = d->ff_local;
+    linear_fwd(a->fc, 2 * F, h, p->c_fc_w, d->N, d->C, F);
+    linear_fwd(lib_at(a->fc, (size_t)F), 2 * F, h, p->up_w, d->N, d->C, F);
+    swiglu_fwd(a->gelu, a->fc, d->N, F, ACT);
+}
+
+/* x (N_SP, C) -> a->res2: x + o_proj(attention(rope(q|k|v(rms(x))))), then
+** + down(swiglu(gate|up(rms(.)))) or the mixture of experts. */
+static void llama_layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *x)
+{
+    const gpt_dims *d = &gpt.d;
+    size_t rows = (size_t)d->n_sp * d->C;
+    rms1_fwd(p, a, x);
+    const void *h = gather_seq(lib.s.gather, a->ln1);
+    qkv_fwd(p, a, h);
+    attention_core(a);
+    linear_fwd(lib.s.full, d->C, a->atty, p->attn_proj_w, d->N, d->c_local, d->C);
+    add_fwd(a->res1, x, reduce_seq(lib.s.full), rows, ACT);
+
+    rms2_fwd(p, a);
+    if (d->moe) {
+        double aux = 0.0;
+        lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &aux);
+        if (!gpt.recomputing) gpt.moe_aux += aux;
+        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, ACT);
+        return;
+    }
+    h = gather_seq(lib.s.gather, a->ln2);
+    swiglu_up(p, a, h);
+    linear_fwd(lib.s.full, d->C, a->gelu, p->mlp_proj_w, d->N, d->ff_local, d->C);
+    add_fwd(a->res2, a->res1, reduce_seq(lib.s.full), rows, ACT);
+}
+
+/* Backward of llama_layer_fwd, as layer_bwd: dres holds d(res2) on entry, d(x) on return. */
+static void llama_layer_bwd(const gpt_layer_params *p, gpt_layer_params *g,
+                            const gpt_layer_acts *a, const void *x, void *dres)
+{
+    const gpt_dims *d = &gpt.d;
+    gpt_layer_acts *w = (gpt_layer_acts *)a;       /* what recompute writes again */
+    const void *dd, *h;
+    int N = d->N, C = d->C, F = d->ff_local;
+    if (d->rc_ln) rms2_fwd(p, w);
+    if (d->moe) {
+        lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
+        rmsnorm_bwd(dres, g->ln_2_w, lib.s.full_sp, a->res1, p->ln_2_w, a->ln2_rstd, d->n_sp,
+                    C, ACT);
+    } else {
+        h = gather_seq(lib.s.gather, a->ln2);
+        if (d->rc_mlp) swiglu_up(p, w, h);
+        dd = gather_seq(lib.s.full, dres);
+        linear_bwd(lib.s.dact, 0.0f, g->mlp_proj_w, dd, C, a->gelu, p->mlp_proj_w, N, F, C);
+        swiglu_bwd(lib.s.dfc, lib.s.dact, a->fc, N, F, ACT);
+        linear_bwd(lib.s.full, 0.0f, g->c_fc_w, lib.s.dfc, 2 * F, h, p->c_fc_w, N, C, F);
+        linear_bwd(lib.s.full, 1.0f, g->up_w, lib_at(lib.s.dfc, (size_t)F), 2 * F, h, p->up_w,
+                   N, C, F);
+        dd = reduce_seq(lib.s.full);
+        rmsnorm_bwd(dres, g->ln_2_w, dd, a->res1, p->ln_2_w, a->ln2_rstd, d->n_sp, C, ACT);
+    }
+
+    /* attention branch */
+    int qn = d->heads_local * d->head_dim, kvn = d->kv_local * d->head_dim, P = d->qkvp_local;
+    if (d->rc_ln) rms1_fwd(p, w, x);
+    h = gather_seq(lib.s.gather, a->ln1);
+    if (d->rc_attn) attention_core(w);
+    dd = gather_seq(lib.s.full, dres);
+    linear_bwd(lib.s.datty, 0.0f, g->attn_proj_w, dd, C, a->atty, p->attn_proj_w, N,
+               d->c_local, C);
+    attention_core_bwd(a);
+    kv_reduce(lib.s.qkvp, lib.s.dqkv, N, d->heads_local, d->kv_local, d->head_dim, ACT);
+    rope_qk(lib.s.qkvp, 1);
+    linear_bwd(lib.s.full, 0.0f, g->c_attn_w, lib.s.qkvp, P, h, p->c_attn_w, N, C, qn);
+    linear_bwd(lib.s.full, 1.0f, g->k_w, lib_at(lib.s.qkvp, (size_t)qn), P, h, p->k_w, N, C,
+               kvn);
+    linear_bwd(lib.s.full, 1.0f, g->v_w, lib_at(lib.s.qkvp, (size_t)(qn + kvn)), P, h, p->v_w,
+               N, C, kvn);
+    dd = reduce_seq(lib.s.full);
+    rmsnorm_bwd(dres, g->ln_1_w, dd, x, p->ln_1_w, a->ln1_rstd, d->n_sp, C, ACT);
+}
+
 /* -- Embedding (first stage, chunk 0) ------------------------------------------------------- */
 
 /*
@@ -444,7 +596,8 @@ static void embedding_fwd(const lib_embed *p, void *out, const int *tok)
     embed_fwd(full, tok, p->wte, d->N, d->C, gpt.vocab_start, d->v_local, ACT);
     if (d->tp > 1)   /* >>> all-reduce over tp: each rank looked up its vocabulary's tokens */
         rt_allreduce(full, (size_t)d->N * d->C, ACT, RT_SUM, gpt.grp[GPT_GRP_TP]);
-    for (int t = 0; t < d->T; t += d->t_chunk)    /* each chunk at its true positions */
+    /* each chunk at its true positions (llama: none here; rotary, in the layers) */
+    for (int t = 0; t < d->T && !d->llama; t += d->t_chunk)
         pos_fwd(lib_at(full, (size_t)t * d->B * d->C), p->wpe, d->t_chunk, d->B, d->C,
                 lib_cp_position(t), ACT);
     if (d->sp)   /* scatter to the sequence-parallel region: keep this rank's rows */
@@ -458,7 +611,7 @@ static void embedding_bwd(lib_embed *g, const void *dout, const int *tok)
     const gpt_dims *d = &gpt.d;
     const void *dd = gather_seq(lib.s.full, dout);
     embed_bwd(g->wte, dd, tok, d->N, d->C, gpt.vocab_start, d->v_local, ACT);
-    for (int t = 0; t < d->T; t += d->t_chunk)
+    for (int t = 0; t < d->T && !d->llama; t += d->t_chunk)
         pos_bwd(g->wpe, lib_at(dd, (size_t)t * d->B * d->C), d->t_chunk, d->B, d->C,
                 lib_cp_position(t), ACT);
 }
@@ -478,8 +631,9 @@ static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const
     const gpt_dims *d = &gpt.d;
     int N = d->N, C = d->C, Vl = d->v_local;
     float *mx = lib.s.ce, *sums = lib.s.ce + N, *loss = lib.s.ce + 3 * (size_t)N;
-    layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->ln_f_w, p->ln_f_b, d->n_sp, C,
-                  d->ln_eps, ACT);
+    if (d->llama) rmsnorm_fwd(a->lnf, a->lnf_rstd, x, p->ln_f_w, d->n_sp, C, d->ln_eps, ACT);
+    else layernorm_fwd(a->lnf, a->lnf_mean, a->lnf_rstd, x, p->ln_f_w, p->ln_f_b, d->n_sp, C,
+                       d->ln_eps, ACT);
     const void *h = gather_seq(lib.s.full, a->lnf);
     rt_gemm(0, 1, N, Vl, C, 1.0f, h, C, 0, p->wte, C, 0, 0.0f, lib.s.logits, Vl, 0, 1, ACT,
             ACT);
@@ -501,8 +655,9 @@ static void head_fwd_bwd(const lib_head *p, lib_head *g, lib_head_acts *a, const
             ACT, ACT);
     const void *dh = reduce_seq(lib.s.full);
     rt_memset0(dx, (size_t)d->n_sp * C * lib.es);
-    layernorm_bwd(dx, g->ln_f_w, g->ln_f_b, dh, x, p->ln_f_w, a->lnf_mean, a->lnf_rstd,
-                  d->n_sp, C, ACT);
+    if (d->llama) rmsnorm_bwd(dx, g->ln_f_w, dh, x, p->ln_f_w, a->lnf_rstd, d->n_sp, C, ACT);
+    else layernorm_bwd(dx, g->ln_f_w, g->ln_f_b, dh, x, p->ln_f_w, a->lnf_mean, a->lnf_rstd,
+                       d->n_sp, C, ACT);
 }
 
 /* -- What the generated chunks call ----------------------------------------------------------- */
@@ -525,7 +680,9 @@ void gpt_layer_fwd(int chunk, int j, int slot)
 {
     gpt_chunk *c = &gpt.chunk[chunk];
     gpt_chunk_acts *a = &c->acts[slot];
-    layer_fwd(&c->params[j], &a->layer[j], j == 0 ? a->x : a->layer[j - 1].res2);
+    const void *x = j == 0 ? a->x : a->layer[j - 1].res2;
+    if (gpt.d.llama) llama_layer_fwd(&c->params[j], &a->layer[j], x);
+    else layer_fwd(&c->params[j], &a->layer[j], x);
 }
 
 /* Full recompute: the layer's forward again from its kept input, into the recompute
@@ -542,8 +699,9 @@ void gpt_layer_bwd(int chunk, int j, int slot)
 {
     gpt_chunk *c = &gpt.chunk[chunk];
     gpt_chunk_acts *a = &c->acts[slot];
-    layer_bwd(&c->params[j], &c->grads[j], &a->layer[j], j == 0 ? a->x : a->layer[j - 1].res2,
-              a->dy);
+    const void *x = j == 0 ? a->x : a->layer[j - 1].res2;
+    if (gpt.d.llama) llama_layer_bwd(&c->params[j], &c->grads[j], &a->layer[j], x, a->dy);
+    else layer_bwd(&c->params[j], &c->grads[j], &a->layer[j], x, a->dy);
 }
 
 void gpt_head_fwd_bwd(int chunk, int mb, int slot)

@@ -75,6 +75,60 @@ static void etp_reduce(const void *send, const int *rows, void *tmp, void *out, 
     sum_blocks(out, tmp, ETP, (size_t)mine * w, t);
 }
 
+/* -- Mixtral's experts (llama) ---------------------------------------------------------------- */
+
+/*
+** Expert l on its r rows from row 'off': y = (prob * silu(x . w1^T) * (x . w3^T)) . w2^T, the
+** weights [out, in] (w1, w3 (EFF_LOCAL, C) column-parallel over expt-tp, w2 (C, EFF_LOCAL)
+** row-parallel); fc keeps [x . w1^T | x . w3^T] (r, 2 EFF_LOCAL), h the SwiGLU output.
+*/
+static void swiglu_expert_fwd(const gpt_moe_params *p, gpt_moe_acts *a, int l, int off, int r)
+{
+    const int C = gpt.d.C, EFF = gpt.d.eff_local;
+    rt_dtype t = gpt.d.act;
+    void *fc = lib_at(a->fc, (size_t)off * 2 * EFF), *h = lib_at(a->h, (size_t)off * EFF);
+    void *act = lib_at(MS.act, (size_t)off * EFF), *y = lib_at(MS.ye, (size_t)off * C);
+    const void *xe = lib_at(a->xe, (size_t)off * C);
+    rt_gemm(0, 1, r, EFF, C, 1.0f, xe, C, 0, p->fc_w[l], C, 0, 0.0f, fc, 2 * EFF, 0, 1, t, t);
+    rt_gemm(0, 1, r, EFF, C, 1.0f, xe, C, 0, p->up_w[l], C, 0, 0.0f, lib_at(fc, (size_t)EFF),
+            2 * EFF, 0, 1, t, t);
+    swiglu_fwd(h, fc, r, EFF, t);
+    rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
+    row_scale(act, a->pe + off, r, EFF, t);
+    rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], EFF, 0, 0.0f, y, C, 0, 1, t, t);
+}
+
+/* Its backward: MS.ye holds d(y) of the rows; d(x) partials go to MS.xg, d(prob) partials to
+** MS.dpe (summed over expt-tp by the caller), weight gradients accumulate into g. */
+static void swiglu_expert_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
+                              int l, int off, int r)
+{
+    const int C = gpt.d.C, EFF = gpt.d.eff_local;
+    rt_dtype t = gpt.d.act;
+    const void *fc = lib_at(a->fc, (size_t)off * 2 * EFF);
+    const void *h = lib_at(a->h, (size_t)off * EFF);
+    const void *xe = lib_at(a->xe, (size_t)off * C), *dy = lib_at(MS.ye, (size_t)off * C);
+    const float *pe = a->pe + off;
+    void *act = lib_at(MS.act, (size_t)off * EFF), *dfc = lib_at(MS.dfc, (size_t)off * 2 * EFF);
+    void *dxe = lib_at(MS.xg, (size_t)off * C);
+    rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
+    row_scale(act, pe, r, EFF, t);                                        /* act = prob * h */
+    rt_gemm(1, 0, C, EFF, r, 1.0f, dy, C, 0, act, EFF, 0, 1.0f, g->proj_w[l], EFF, 0, 1, t,
+            RT_F32);                                                      /* d(w2) */
+    rt_gemm(0, 0, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], EFF, 0, 0.0f, act, EFF, 0, 1, t,
+            t);                                                           /* act := d(act) */
+    row_dot(MS.dpe + off, act, h, r, EFF, t);                             /* d(prob), partial */
+    row_scale(act, pe, r, EFF, t);                                        /* d(h) */
+    swiglu_bwd(dfc, act, fc, r, EFF, t);                                  /* d(w1 x | w3 x) */
+    rt_gemm(1, 0, EFF, C, r, 1.0f, dfc, 2 * EFF, 0, xe, C, 0, 1.0f, g->fc_w[l], C, 0, 1, t,
+            RT_F32);
+    rt_gemm(1, 0, EFF, C, r, 1.0f, lib_at(dfc, (size_t)EFF), 2 * EFF, 0, xe, C, 0, 1.0f,
+            g->up_w[l], C, 0, 1, t, RT_F32);
+    rt_gemm(0, 0, r, C, EFF, 1.0f, dfc, 2 * EFF, 0, p->fc_w[l], C, 0, 0.0f, dxe, C, 0, 1, t, t);
+    rt_gemm(0, 0, r, C, EFF, 1.0f, lib_at(dfc, (size_t)EFF), 2 * EFF, 0, p->up_w[l], C, 0, 1.0f,
+            dxe, C, 0, 1, t, t);                                          /* d(x), partial */
+}
+
 /* -- Forward ---------------------------------------------------------------------------------- */
 
 /*
@@ -257,6 +311,10 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
     for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
         int r = a->erows[l];
         if (r == 0) continue;
+        if (d->llama) {
+            swiglu_expert_fwd(p, a, l, off, r);
+            continue;
+        }
         void *fc = lib_at(a->fc, (size_t)off * EFF), *h = lib_at(a->h, (size_t)off * EFF);
         void *act = lib_at(MS.act, (size_t)off * EFF), *y = lib_at(MS.ye, (size_t)off * C);
         rt_gemm(0, 0, r, EFF, C, 1.0f, lib_at(a->xe, (size_t)off * C), C, 0, p->fc_w[l], EFF, 0,
@@ -322,6 +380,10 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
     for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
         int r = a->erows[l];
         if (r == 0) continue;
+        if (d->llama) {
+            swiglu_expert_bwd(p, g, a, l, off, r);
+            continue;
+        }
         const void *fc = lib_at(a->fc, (size_t)off * EFF);
         const void *h = lib_at(a->h, (size_t)off * EFF);
         const float *pe = a->pe + off;

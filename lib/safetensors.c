@@ -1,8 +1,9 @@
 /*
 ** safetensors.c: the safetensors reader and header writer of safetensors.h. The JSON parser
 ** reads exactly what safetensors headers hold (objects, arrays, strings with escapes, integers)
-** and reports the first thing it cannot read with its byte position. Used by the training
-** library (--init, --save) and the tools; no MPI, no device, no model knowledge.
+** and reports the first thing it cannot read with its byte position; it also reads the index
+** JSON of sharded Hugging Face checkpoints. Used by the training library (--init, --save) and
+** the tools; no MPI, no device, no model knowledge.
 */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -378,6 +379,219 @@ int st_read_f32(const st_file *f, const st_tensor *t, long long first, long long
     }
     free(raw);
     return 0;
+}
+
+/* -- Hugging Face checkpoints: the path, the index -------------------------------------------- */
+
+static int is_regular(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* dir + "/" + name into out[cap] (no doubled '/'). */
+static void join(char *out, size_t cap, const char *dir, size_t dirlen, const char *name)
+{
+    while (dirlen > 1 && dir[dirlen - 1] == '/') dirlen--;
+    if (dirlen == 0) snprintf(out, cap, "%s", name);
+    else snprintf(out, cap, "%.*s%s%s", (int)dirlen, dir, dir[dirlen - 1] == '/' ? "" : "/",
+                  name);
+}
+
+int st_resolve(const char *path, char *out, size_t cap, int *is_index, char *err,
+               size_t errcap)
+{
+    struct stat st;
+    if (stat(path, &st)) return fail(err, errcap, "cannot open: %s", strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        size_t n = strlen(path);
+        snprintf(out, cap, "%s", path);
+        *is_index = n >= 5 && !strcmp(path + n - 5, ".json");
+        return 0;
+    }
+    char index[ST_PATH_MAX], single[ST_PATH_MAX];
+    join(index, sizeof index, path, strlen(path), ST_INDEX_NAME);
+    join(single, sizeof single, path, strlen(path), ST_SINGLE_NAME);
+    int has_index = is_regular(index), has_single = is_regular(single);
+    if (has_index && has_single)
+        return fail(err, errcap, "this directory holds both %s and %s: name the one to load",
+                    ST_INDEX_NAME, ST_SINGLE_NAME);
+    if (!has_index && !has_single)
+        return fail(err, errcap, "no %s or %s in this directory (a Hugging Face checkpoint "
+                    "directory holds one of them)", ST_INDEX_NAME, ST_SINGLE_NAME);
+    snprintf(out, cap, "%s", has_index ? index : single);
+    *is_index = has_index;
+    return 0;
+}
+
+/* A string of fewer than ST_NAME_MAX bytes into out[ST_NAME_MAX]; longer ones are refused. */
+static int j_name(json *j, char *out, const char *what)
+{
+    char buf[ST_NAME_MAX + 1];
+    j_ws(j);
+    const char *at = j->p;
+    if (!j_str(j, buf, sizeof buf)) return j_fail(j, what);
+    if (strlen(buf) >= ST_NAME_MAX) {
+        j->p = at;
+        return j_fail(j, "a name of 256 bytes or more");
+    }
+    memcpy(out, buf, strlen(buf) + 1);
+    return 1;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y);      /* equal names: in file order */
+}
+
+/* The "weight_map" object into ix; entry k's position in the JSON into at[k]. */
+static int weight_map(json *j, st_index *ix, long **at)
+{
+    int cap_map = 0, cap_shards = 0;
+    char file[ST_NAME_MAX];
+    if (!j_eat(j, '{')) return j_fail(j, "expected '{' after \"weight_map\":");
+    if (j_eat(j, '}')) return 1;
+    do {
+        j_ws(j);
+        long pos = (long)(j->p - j->start);
+        if (ix->n == cap_map) {
+            cap_map = cap_map ? 2 * cap_map : 256;
+            st_entry *m = realloc(ix->map, sizeof *m * (size_t)cap_map);
+            long *a = realloc(*at, sizeof *a * (size_t)cap_map);
+            if (m) ix->map = m;
+            if (a) *at = a;
+            if (!m || !a) return j_fail(j, "out of memory");
+        }
+        st_entry *e = &ix->map[ix->n];
+        if (!j_name(j, e->name, "expected a tensor name")) return 0;
+        if (!j_eat(j, ':')) return j_fail(j, "expected ':'");
+        if (!j_name(j, file, "expected a shard file name")) return 0;
+        int k = 0;
+        while (k < ix->nshards && strcmp(ix->shard[k], file)) k++;
+        if (k == ix->nshards) {
+            if (ix->nshards == cap_shards) {
+                cap_shards = cap_shards ? 2 * cap_shards : 16;
+                char (*s)[ST_NAME_MAX] = realloc(ix->shard, sizeof *s * (size_t)cap_shards);
+                if (!s) return j_fail(j, "out of memory");
+                ix->shard = s;
+            }
+            memcpy(ix->shard[ix->nshards++], file, sizeof file);
+        }
+        e->shard = k;
+        (*at)[ix->n++] = pos;
+    } while (j_eat(j, ','));
+    return j_eat(j, '}') || j_fail(j, "expected ',' or '}'");
+}
+
+int st_index_read(st_index *ix, const char *path, char *err, size_t cap)
+{
+    memset(ix, 0, sizeof *ix);
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return fail(err, cap, "cannot open: %s", strerror(e));
+    }
+    if ((long long)st.st_size > ST_INDEX_MAX) {
+        close(fd);
+        return fail(err, cap, "an index of %lld bytes (at most %lld are read): not an index?",
+                    (long long)st.st_size, ST_INDEX_MAX);
+    }
+    size_t size = (size_t)st.st_size;
+    char *text = malloc(size + 1);
+    if (!text) {
+        close(fd);
+        return fail(err, cap, "out of memory for a %zu-byte index", size);
+    }
+    ssize_t got = pread(fd, text, size, 0);
+    close(fd);
+    if (got != (ssize_t)size) {
+        free(text);
+        return fail(err, cap, "cannot read: %s", got < 0 ? strerror(errno) : "short read");
+    }
+    text[size] = 0;
+
+    json j = { text, text, text + size, NULL, NULL };
+    long *at = NULL;
+    int maps = 0;
+    if (!j_eat(&j, '{')) j_fail(&j, "not a JSON object");
+    else if (!j_eat(&j, '}')) do {
+        char key[64];
+        if (!j_str(&j, key, sizeof key) || !j_eat(&j, ':')) {
+            j_fail(&j, "expected a key");
+            break;
+        }
+        if (!strcmp(key, "weight_map")) {
+            if (maps++) {
+                j_fail(&j, "a second \"weight_map\"");
+                break;
+            }
+            if (!weight_map(&j, ix, &at)) break;
+        } else if (!j_skip(&j, 0)) {
+            j_fail(&j, "bad value");
+            break;
+        }
+    } while (j_eat(&j, ','));
+    if (!j.what && !j_eat(&j, '}')) j_fail(&j, "expected ',' or '}'");
+    j_ws(&j);
+    if (!j.what && j.p < j.end) j_fail(&j, "text after the JSON object");
+    if (!j.what && !maps) j_fail(&j, "no \"weight_map\" object");
+    if (!j.what && ix->n) {
+        ix->byname = malloc(sizeof *ix->byname * (size_t)ix->n);
+        if (!ix->byname) j_fail(&j, "out of memory");
+    }
+    if (!j.what) {
+        for (int k = 0; k < ix->n; k++) ix->byname[k] = &ix->map[k];
+        qsort(ix->byname, (size_t)ix->n, sizeof *ix->byname, by_name);
+        for (int k = 1; k < ix->n; k++)
+            if (!strcmp(ix->byname[k - 1]->name, ix->byname[k]->name)) {
+                const st_entry *e = ix->byname[k];
+                long pos = at[e - ix->map];
+                free(at);
+                free(text);
+                return fail(err, cap, "malformed index JSON (tensor '%s' mapped twice, at byte "
+                            "%ld)", e->name, pos);
+            }
+    }
+    free(at);
+    if (j.what) {
+        long pos = (long)(j.at - text);
+        free(text);
+        return fail(err, cap, "malformed index JSON (%s, at byte %ld)", j.what, pos);
+    }
+    free(text);
+    return 0;
+}
+
+void st_index_free(st_index *ix)
+{
+    free(ix->map);
+    free(ix->byname);
+    free(ix->shard);
+    memset(ix, 0, sizeof *ix);
+}
+
+const st_entry *st_index_find(const st_index *ix, const char *name)
+{
+    int lo = 0, hi = ix->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->byname[mid]->name, name);
+        if (c == 0) return ix->byname[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+void st_index_shard_path(const st_index *ix, int k, const char *index_path, char *out,
+                         size_t cap)
+{
+    const char *slash = strrchr(index_path, '/');
+    if (ix->shard[k][0] == '/') snprintf(out, cap, "%s", ix->shard[k]);
+    else join(out, cap, index_path, slash ? (size_t)(slash - index_path + 1) : 0, ix->shard[k]);
 }
 
 /* -- Writing ----------------------------------------------------------------------------------- */

@@ -3,8 +3,9 @@
 ** library and the tools (tools/stcompare) share. A file is an 8-byte little-endian header
 ** length, a JSON header {"name": {"dtype": "F32", "shape": [r, c], "data_offsets": [b, e]},
 ** ..., "__metadata__": {...}} padded with spaces, then the data; offsets are relative to the
-** data. This module parses and writes headers and converts elements; it knows nothing about
-** models (which tensors a file must hold is the caller's business).
+** data. This module parses and writes headers and converts elements, and reads the layout of
+** Hugging Face checkpoints (a directory, the index JSON of a sharded one); it knows nothing
+** about models (which tensors a checkpoint must hold is the caller's business).
 */
 #ifndef GPT_SAFETENSORS_H
 #define GPT_SAFETENSORS_H
@@ -80,6 +81,54 @@ int st_read_f32(const st_file *f, const st_tensor *t, long long first, long long
 /* Element i of little-endian data of dtype t, as a double (any dtype but ST_UNKNOWN). */
 double st_value(const unsigned char *data, st_dtype t, size_t i);
 float  st_half_to_f32(uint16_t h);
+
+/* -- Hugging Face checkpoints: one file, or shards named by an index ---------------------- */
+
+/* The file names save_pretrained writes: the index of a sharded checkpoint, the single file. */
+#define ST_INDEX_NAME  "model.safetensors.index.json"
+#define ST_SINGLE_NAME "model.safetensors"
+#define ST_INDEX_MAX   (64ll << 20)   /* larger index files are refused (Llama 70B's: 60 KB) */
+#define ST_PATH_MAX    4096
+
+/*
+** What a checkpoint path names: a safetensors file, an index ("*.json"), or a directory
+** holding ST_INDEX_NAME or ST_SINGLE_NAME (not both). Writes the file to read into out[cap]
+** (PATH, or PATH/NAME) and sets *is_index. Returns 0, or -1 with a message in err[errcap]
+** that does not name the path: "cannot open: No such file or directory", "no
+** model.safetensors.index.json or model.safetensors in this directory", ...
+*/
+int st_resolve(const char *path, char *out, size_t cap, int *is_index, char *err,
+               size_t errcap);
+
+/* One weight_map entry: a tensor and the shard that holds it. */
+typedef struct {
+    char name[ST_NAME_MAX];
+    int  shard;                     /* into st_index.shard */
+} st_entry;
+
+/* model.safetensors.index.json: {"metadata": {...}, "weight_map": {"name": "file", ...}}. */
+typedef struct {
+    int        n;                   /* weight_map entries, in file order (names unique) */
+    st_entry  *map;
+    const st_entry **byname;        /* [n] the entries sorted by name (st_index_find) */
+    int        nshards;             /* distinct shard file names, in order of first mention */
+    char     (*shard)[ST_NAME_MAX];
+} st_index;
+
+/*
+** Read and parse the index 'path' into ix (strict JSON: one object, "weight_map" an object of
+** strings, other top-level keys skipped, nothing after the object). Returns 0, or -1 with a
+** message in err[cap] that does not name the path: "cannot open: ...", "malformed index
+** JSON (expected ':', at byte 57)", "malformed index JSON (tensor 'x' mapped twice, at byte
+** 80)". Names of 256 bytes or more are refused, not cut. ix needs st_index_free either way.
+*/
+int  st_index_read(st_index *ix, const char *path, char *err, size_t cap);
+void st_index_free(st_index *ix);
+const st_entry *st_index_find(const st_index *ix, const char *name);  /* or NULL */
+
+/* The path of shard 'k' of the index at 'index_path': relative to the index's directory. */
+void st_index_shard_path(const st_index *ix, int k, const char *index_path, char *out,
+                         size_t cap);
 
 /*
 ** The header of a file holding 'n' tensors laid out one after another in the order given

@@ -134,6 +134,8 @@ static void scratch_alloc(void)
     s->datty = mem(GPT_M_S_DATTY, NULL);
     s->dsum = mem(GPT_M_S_DSUM, NULL);
     s->dfc = mem(GPT_M_S_DFC, NULL);
+    s->qkvp = mem(GPT_M_S_QKVP, NULL);
+    s->dact = mem(GPT_M_S_DACT, NULL);
     s->logits = mem(GPT_M_S_LOGITS, NULL);
     s->ce = mem(GPT_M_S_CE, NULL);
     s->targets = mem(GPT_M_S_TARGETS, NULL);
@@ -152,6 +154,7 @@ static void scratch_alloc(void)
     ms->xg = mem(GPT_M_MS_XG, NULL);
     ms->pg = mem(GPT_M_MS_PG, NULL);
     ms->act = mem(GPT_M_MS_ACT, NULL);
+    ms->dfc = mem(GPT_M_MS_DFC, NULL);
     ms->ye = mem(GPT_M_MS_YE, NULL);
     ms->yg = mem(GPT_M_MS_YG, NULL);
     ms->yr = mem(GPT_M_MS_YR, NULL);
@@ -188,6 +191,7 @@ static void **field_ptr(const lib_param *lp, int grad)
         case GPT_P_LN_F_W: return &hd->ln_f_w;
         case GPT_P_LN_F_B: return &hd->ln_f_b;
         case GPT_P_HEAD_WTE: return &hd->wte;
+        case GPT_P_LM_HEAD: return &hd->wte;      /* untied: the head's own weight */
         default: break;
         }
     } else {
@@ -211,6 +215,10 @@ static void **field_ptr(const lib_param *lp, int grad)
         case GPT_P_EXPERT_FC_B: return &l->moe.fc_b[e];
         case GPT_P_EXPERT_PROJ_W: return &l->moe.proj_w[e];
         case GPT_P_EXPERT_PROJ_B: return &l->moe.proj_b[e];
+        case GPT_P_K_W: return &l->k_w;
+        case GPT_P_V_W: return &l->v_w;
+        case GPT_P_UP_W: return &l->up_w;
+        case GPT_P_EXPERT_UP_W: return &l->moe.up_w[e];
         default: break;
         }
     }
@@ -362,7 +370,9 @@ void lib_stage_setup(void)
                     m->fc_b = calloc(n, sizeof(void *));
                     m->proj_w = calloc(n, sizeof(void *));
                     m->proj_b = calloc(n, sizeof(void *));
-                    RT_CHECK(m->fc_w && m->fc_b && m->proj_w && m->proj_b, "out of memory");
+                    m->up_w = calloc(n, sizeof(void *));
+                    RT_CHECK(m->fc_w && m->fc_b && m->proj_w && m->proj_b && m->up_w,
+                             "out of memory");
                 }
         for (int s = 0; s < ci->slots; s++) {
             gpt_chunk_acts *a = &ch->acts[s];

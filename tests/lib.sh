@@ -85,6 +85,16 @@ world_of() {
 cuda_backend() {
     make -s --no-print-directory echo 2> /dev/null | grep -q 'cuda backend enabled'
 }
+# torch_python: the first of python3, /usr/bin/python3 that imports torch (empty if none)
+torch_python() {
+    local p
+    for p in python3 /usr/bin/python3; do
+        if command -v "$p" > /dev/null 2>&1 && "$p" -c 'import torch' > /dev/null 2>&1; then
+            echo "$p"
+            return
+        fi
+    done
+}
 have_gpu() {
     command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'
 }
@@ -184,7 +194,7 @@ equiv_compare() {
 # for bit (RUN NAME TAG ARGS... runs row NAME's program, writing $S/run/TAG.*; here with --init
 # TRAINED --steps 0). One verdict, checkpoint-roundtrip; every name must have been built.
 ckpt_roundtrip() {
-    local run=$1 trained=$2 bad="" n=0 name
+    local run=$1 trained=$2 bad="" n=0 name verdict=${CKPT_VERDICT:-checkpoint-roundtrip}
     shift 2
     for name in "$@"; do
         [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
@@ -195,9 +205,9 @@ ckpt_roundtrip() {
             bad="$bad $name"
         fi
     done
-    if [ $n -lt $# ]; then fail checkpoint-roundtrip "only $n of $# layouts could be checked"
-    elif [ -n "$bad" ]; then fail checkpoint-roundtrip "load + save is not the identity for:$bad"
-    else pass checkpoint-roundtrip; fi
+    if [ $n -lt $# ]; then fail "$verdict" "only $n of $# layouts could be checked"
+    elif [ -n "$bad" ]; then fail "$verdict" "load + save is not the identity for:$bad"
+    else pass "$verdict"; fi
 }
 
 # resume_check RUN NAME STEPS: row NAME's program runs STEPS steps straight, and 4 steps with a

@@ -27,3 +27,11 @@ build/tools/stcompare: tools/stcompare.c lib/safetensors.c lib/safetensors.h
 	$(E) "CC        $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS_C) -Ilib -o $@ tools/stcompare.c lib/safetensors.c -lm
+
+# stshard: a safetensors file as Hugging Face lays out a checkpoint (shards + index JSON).
+TOOLS += build/tools/stshard
+ALL_TARGETS += build/tools/stshard
+build/tools/stshard: tools/stshard.c lib/safetensors.c lib/safetensors.h
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS_C) -Ilib -o $@ tools/stshard.c lib/safetensors.c

@@ -168,6 +168,23 @@ local GPT_KEYS = {
     { "description", "str", false },
     { "moe",         "moe", false },
 }
+-- llama{}: the Llama family (Hugging Face LlamaForCausalLM; with moe, MixtralForCausalLM).
+local LLAMA_KEYS = {
+    { "layers",         "int",  true,  1 << 14 },
+    { "hidden",         "int",  true,  1 << 20 },
+    { "heads",          "int",  true,  1 << 20 },
+    { "kv_heads",       "int",  false, 1 << 20 },
+    { "ffn_hidden",     "int",  true,  1 << 24 },
+    { "seq_len",        "int",  true,  1 << 24 },
+    { "vocab",          "int",  true,  1 << 26 },
+    { "norm_eps",       "pos",  false },
+    { "rope_theta",     "pos",  false },
+    { "tie_embeddings", "bool", false },
+    { "init_std",       "pos",  false },
+    { "vocab_pad",      "int",  false, 1 << 20 },
+    { "description",    "str",  false },
+    { "moe",            "moe",  false },
+}
 local MOE_KEYS = {
     { "experts",         "int",    true,  1 << 14 },
     { "top_k",           "int",    true,  1 << 14 },
@@ -181,6 +198,7 @@ local WHAT = {
     layers = "number of transformer layers", hidden = "model width",
     heads = "number of attention heads", seq_len = "maximum sequence length",
     vocab = "vocabulary size", experts = "number of experts", top_k = "experts per token",
+    ffn_hidden = "the SwiGLU width",
 }
 
 local function known_list(keys)
@@ -288,8 +306,9 @@ end
 
 -- Evaluate model source 'src' (shown as 'file', named 'name') and validate it -> Model.
 function M.model_from_source(src, file, name)
-    local marks = setmetatable({}, { __mode = "k" })   -- constructed tables -> "gpt" | "moe"
-    local calls, seen = {}, { gpt = 0, moe = 0 }
+    local marks = setmetatable({}, { __mode = "k" })   -- constructed tables -> "gpt" | "llama"
+                                                        -- | "moe"
+    local calls, seen = {}, { gpt = 0, llama = 0, moe = 0 }
     local function constructor(kind)
         return function(t)
             -- 'return gpt { ... }' is a tail call: the caller's frame is gone, and the line is
@@ -303,12 +322,15 @@ function M.model_from_source(src, file, name)
             return obj
         end
     end
-    local result = sandbox.run(src, file, { gpt = constructor("gpt"), moe = constructor("moe") })
-    if not (type(result) == "table" and marks[result] == "gpt") then
+    local result = sandbox.run(src, file, { gpt = constructor("gpt"), llama = constructor("llama"),
+                                            moe = constructor("moe") })
+    local arch = type(result) == "table" and marks[result]
+    if arch ~= "gpt" and arch ~= "llama" then
         diag.error({ file = file, line = 1 },
-                   "a model description must end with 'return gpt { ... }' (it returned %s)",
+                   "a model description must end with 'return gpt { ... }' or " ..
+                   "'return llama { ... }' (it returned %s)",
                    result == nil and "nothing" or type(result) == "table" and
-                   "a table not made by gpt{ }" or show(result))
+                   "a table not made by gpt{ } or llama{ }" or show(result))
     end
 
     local code = code_only(src)
@@ -323,7 +345,8 @@ function M.model_from_source(src, file, name)
                        c.kind, c.kind, show(c.fields))
         end
     end
-    local g = check_fields(call, GPT_KEYS, "gpt", probs, code, marks)
+    local llama = arch == "llama"
+    local g = check_fields(call, llama and LLAMA_KEYS or GPT_KEYS, arch, probs, code, marks)
     local mcall, m = nil, nil
     if g.moe then
         mcall = calls[g.moe]
@@ -333,6 +356,21 @@ function M.model_from_source(src, file, name)
     if g.hidden and g.heads and g.hidden % g.heads ~= 0 then
         probs[#probs + 1] = { at("heads"), string.format(
             "hidden (%d) must be divisible by heads (%d)", g.hidden, g.heads) }
+    end
+    if llama and g.heads and g.kv_heads and g.heads % g.kv_heads ~= 0 then
+        probs[#probs + 1] = { at("kv_heads"), string.format(
+            "kv_heads (%d) must divide heads (%d): each kv head serves heads/kv_heads query heads",
+            g.kv_heads, g.heads) }
+    end
+    local hd = g.hidden and g.heads and g.hidden % g.heads == 0 and g.hidden // g.heads
+    if llama and hd and hd % 2 ~= 0 then
+        probs[#probs + 1] = { at("heads"), string.format(
+            "rotary embeddings need an even head size: hidden/heads = %d/%d = %d is odd",
+            g.hidden, g.heads, g.hidden // g.heads) }
+    end
+    if llama and m and m.bias then
+        probs[#probs + 1] = { mcall.lines.bias or mcall.line,
+            "llama{} experts have no biases (Mixtral's w1, w2, w3): remove bias = true" }
     end
     if m and m.top_k and m.experts and m.top_k > m.experts then
         probs[#probs + 1] = { mcall.lines.top_k or mcall.line, string.format(
@@ -354,7 +392,7 @@ function M.model_from_source(src, file, name)
         moe = ir.Moe {
             experts = m.experts, top_k = m.top_k, ffn_hidden = m.ffn_hidden or ffn,
             aux_loss_coeff = m.aux_loss_coeff or 0.0, pre_softmax = m.pre_softmax or false,
-            capacity_factor = m.capacity_factor, bias = (m.bias ~= false),
+            capacity_factor = m.capacity_factor, bias = not llama and (m.bias ~= false),
             line = mcall.line, lines = mcall.lines,
         }
     end
@@ -363,13 +401,18 @@ function M.model_from_source(src, file, name)
         description = g.description, layers = g.layers, hidden = g.hidden, heads = g.heads,
         head_dim = g.hidden // g.heads, seq_len = g.seq_len, vocab = g.vocab,
         ffn_hidden = ffn, norm_eps = g.norm_eps or 1e-5, init_std = g.init_std or 0.02,
-        vocab_pad = g.vocab_pad or 128, moe = moe,
+        vocab_pad = g.vocab_pad or 128, moe = moe, arch = arch,
+        kv_heads = llama and (g.kv_heads or g.heads) or g.heads,
+        rope_theta = llama and (g.rope_theta or 10000.0) + 0.0 or nil,
+        tie_embeddings = not llama or g.tie_embeddings == true,
     }
     -- Exact integer counts need headroom: estimate in floating point first.
     local C, F = model.hidden + 0.0, model.ffn_hidden + 0.0
-    local per_layer = 4 * C * C + 2 * C * F
-    if moe then per_layer = 4 * C * C + moe.experts * (C + 2 * C * moe.ffn_hidden) end
-    local approx = model.layers * per_layer + (model.vocab + model.seq_len) * C
+    local mats = llama and 3 or 2       -- SwiGLU: gate, up, down
+    local per_layer = 4 * C * C + mats * C * F
+    if moe then per_layer = 4 * C * C + moe.experts * (C + mats * C * moe.ffn_hidden) end
+    local approx = model.layers * per_layer + (model.vocab * (model.tie_embeddings and 1 or 2)
+                                               + model.seq_len) * C
     if approx > M.MAX_PARAMS then
         diag.error({ file = file, line = call.line },
                    "model has about %.3g parameters; the generator handles at most %.3g",
@@ -666,6 +709,12 @@ function M.configure(model, opts)
     end
     if model.heads % T ~= 0 then
         errs.add(model_at("heads"), "heads (%d) must be divisible by TP (%d)", model.heads, T)
+    end
+    if model.kv_heads ~= model.heads and model.kv_heads % T ~= 0 then
+        errs.add(model_at("kv_heads"), "TP (%d) must divide kv_heads (%d): each tp rank holds " ..
+                 "kv_heads/TP key/value heads (Megatron can also replicate kv heads when TP > " ..
+                 "kv_heads; these programs do not: use TP dividing %d)", T, model.kv_heads,
+                 model.kv_heads)
     end
     if model.ffn_hidden % T ~= 0 then
         errs.add(model_at("ffn_hidden"), "ffn_hidden (%d) must be divisible by TP (%d)",

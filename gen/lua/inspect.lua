@@ -27,6 +27,15 @@ local function header(cfg)
                       "(padded to %d), ffn %d", m.layers, m.hidden, m.heads, m.seq_len, m.vocab,
                       cfg.vocab_padded, m.ffn_hidden),
     }
+    if m.arch == "llama" then
+        lines[#lines + 1] = string.format("llama     RMSNorm eps %g, SwiGLU, rotary positions " ..
+                                          "(theta %g), %d kv heads (%s), no biases, %s LM head",
+                                          m.norm_eps, m.rope_theta, m.kv_heads,
+                                          m.kv_heads == m.heads and "multi-head attention" or
+                                          string.format("grouped-query: %d query heads each",
+                                                        m.heads // m.kv_heads),
+                                          m.tie_embeddings and "tied" or "untied")
+    end
     if m.moe then
         lines[#lines + 1] = string.format("moe       %d experts, top %d, expert ffn %d, %s",
                                           m.moe.experts, m.moe.top_k, m.moe.ffn_hidden,
@@ -54,11 +63,14 @@ local function chunks_text(stage)
     return table.concat(parts, " ")
 end
 
-local function duties(stage, P)
+local function duties(stage, P, tied)
     local d = {}
     for _, c in ipairs(stage.chunks) do
         if c.embedding then d[#d + 1] = "embedding" end
-        if c.head then d[#d + 1] = (P > 1) and "head+loss (tied wte)" or "head+loss" end
+        if c.head then
+            d[#d + 1] = not tied and "head+loss (lm_head)" or (P > 1) and "head+loss (tied wte)"
+                        or "head+loss"
+        end
     end
     return #d > 0 and table.concat(d, ", ") or "-"
 end
@@ -113,7 +125,8 @@ function M.summary(cfg, topo, part, sh, sched, prog)
                 local c = topology.coords(topo, r)
                 rows[#rows + 1] = { tostring(r), tostring(p), tostring(c.tp), tostring(c.cp),
                                     tostring(c.dp), tostring(c.etp), tostring(c.ep),
-                                    tostring(c.edp), chunks_text(st), duties(st, P),
+                                    tostring(c.edp), chunks_text(st),
+                                    duties(st, P, cfg.model.tie_embeddings),
                                     util.thousands(shards.class_of(sh, r).numel) }
             end
         end
@@ -126,7 +139,8 @@ function M.summary(cfg, topo, part, sh, sched, prog)
             local st = part.stages[p + 1]
             rows[#rows + 1] = { tostring(p), topology.stage_ranks_text(topo, p, 36) ..
                                 string.format(" (%d)", topology.stage_size(topo)),
-                                chunks_text(st), duties(st, P), util.thousands(first[p].numel) }
+                                chunks_text(st), duties(st, P, cfg.model.tie_embeddings),
+                                util.thousands(first[p].numel) }
         end
         for _, line in ipairs(util.columns(rows, "rlllr")) do out[#out + 1] = line end
     end
@@ -207,9 +221,13 @@ function M.rank(cfg, topo, part, sh, sched, prog, r)
     local st = part.stages[c.pp + 1]
     for _, ch in ipairs(st.chunks) do
         local duty = {}
-        if ch.embedding then duty[#duty + 1] = "embedding (wte, wpe)" end
+        local llama = cfg.model.arch == "llama"
+        if ch.embedding then
+            duty[#duty + 1] = llama and "embedding (embed_tokens)" or "embedding (wte, wpe)"
+        end
         if ch.head then
-            duty[#duty + 1] = (P > 1) and "ln_f, LM head (tied wte copy), loss"
+            duty[#duty + 1] = not cfg.model.tie_embeddings and "norm, LM head (lm_head), loss"
+                              or (P > 1) and "ln_f, LM head (tied wte copy), loss"
                               or "ln_f, LM head (wte), loss"
         end
         out[#out + 1] = string.format("  chunk %d         layers %s (%d)%s", ch.vp,

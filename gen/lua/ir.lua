@@ -109,6 +109,12 @@ record("Model", {
     { "init_std",    "num",  "init standard deviation (default 0.02)" },
     { "vocab_pad",   "int",  "pad vocab to a multiple of vocab_pad*TP (default 128)" },
     { "moe",         "Moe?", "mixture of experts in every MLP; nil = dense" },
+    { "arch",        "str",  "gpt (GPT-2: LayerNorm, GELU, learned positions, biases) or " ..
+                             "llama (RMSNorm, SwiGLU, rotary positions, no biases)" },
+    { "kv_heads",    "int",  "key/value heads (grouped-query attention); = heads for gpt" },
+    { "rope_theta",  "num?", "llama: the rotary embedding's base; nil for gpt" },
+    { "tie_embeddings", "bool", "the LM head is the embedding (gpt: always; llama: default " ..
+                                "false)" },
 })
 
 -- -- Validated configuration (config.lua) --------------------------------------------------

@@ -49,13 +49,19 @@ function M.sizes(cfg)
         t_chunk = cfg.cp > 1 and cfg.seq // (2 * cfg.cp) or T,
         heads_local = m.heads // TP, head_dim = C // m.heads, c_local = C // TP,
         qkv_local = 3 * C // TP, ff_local = m.ffn_hidden // TP,
-        v_local = cfg.vocab_padded // TP, nmb = cfg.nmb,
+        v_local = cfg.vocab_padded // TP, nmb = cfg.nmb, llama = m.arch == "llama",
+        kv_local = m.kv_heads // TP,
     }
+    -- llama: q|k|v projected for heads_local + 2 kv_local heads, then each kv head repeated
+    -- for its query heads into the (N, QKV_LOCAL) layout the attention kernels read
+    s.qkvp_local = (s.heads_local + 2 * s.kv_local) * s.head_dim
+    s.fc_local = s.llama and 2 * s.ff_local or s.ff_local       -- gate | up
     local moe = m.moe
     if moe then
         s.E, s.K = moe.experts, moe.top_k
         s.nl = moe.experts // cfg.ep
         s.eff_local = moe.ffn_hidden // cfg.etp
+        s.efc_local = s.llama and 2 * s.eff_local or s.eff_local   -- w1 | w3
         s.send_max = s.n_sp * s.K
         s.recv_max = s.send_max * cfg.ep
         s.rows_max = s.recv_max * cfg.etp
@@ -113,6 +119,14 @@ local function consts(cfg, s, layout)
     int("CFG_HEAD_DIM", s.head_dim, "channels per head = C/heads")
     int("CFG_C_LOCAL", s.c_local, "attention channels per tp rank = C/TP")
     int("CFG_QKV_LOCAL", s.qkv_local, "q|k|v columns per tp rank = 3C/TP")
+    if s.llama then
+        int("CFG_LLAMA", 1, "Llama layer: RMSNorm, SwiGLU, rotary positions, no biases")
+        int("CFG_KV_HEADS", m.kv_heads, "key/value heads (model.kv_heads)")
+        int("CFG_KV_LOCAL", s.kv_local, "kv heads per tp rank = KV_HEADS/TP")
+        int("CFG_QKVP_LOCAL", s.qkvp_local,
+            "q|k|v projection columns per tp rank = (HEADS_LOCAL + 2*KV_LOCAL)*HEAD_DIM")
+        float("CFG_ROPE_THETA", m.rope_theta, "rotary embedding base (model.rope_theta)")
+    end
     int("CFG_FF", m.ffn_hidden, "MLP width (model.ffn_hidden)")
     int("CFG_FF_LOCAL", s.ff_local, "MLP columns per tp rank = FF/TP")
     int("CFG_V", m.vocab, "vocabulary (model.vocab)")
@@ -120,7 +134,8 @@ local function consts(cfg, s, layout)
         string.format("vocabulary padded to a multiple of %d*TP", m.vocab_pad))
     int("CFG_V_LOCAL", s.v_local, "vocabulary rows per tp rank = V_PADDED/TP")
     int("CFG_LAYERS", m.layers, "transformer layers (model.layers)")
-    float("CFG_LN_EPS", m.norm_eps, "LayerNorm eps (model.norm_eps)")
+    float("CFG_LN_EPS", m.norm_eps, (s.llama and "RMSNorm" or "LayerNorm") ..
+          " eps (model.norm_eps)")
     float("CFG_ATT_SCALE", 1 / math.sqrt(s.head_dim), "1/sqrt(head_dim)")
     float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB)")
     float("CFG_GRAD_SCALE", 1 / (cfg.dp * cfg.cp), "1/(DP*CP): data-parallel mean")
@@ -160,7 +175,9 @@ end
 -- Hugging Face's order inside a block (module order): c_attn before c_proj. Megatron's
 -- named_parameters order (shards.lua) has linear_proj first.
 local HF_RANK = { ["attn.c_attn.weight"] = 1, ["attn.c_attn.bias"] = 2,
-                  ["attn.c_proj.weight"] = 3, ["attn.c_proj.bias"] = 4 }
+                  ["attn.c_proj.weight"] = 3, ["attn.c_proj.bias"] = 4,
+                  ["self_attn.q_proj.weight"] = 1, ["self_attn.k_proj.weight"] = 2,
+                  ["self_attn.v_proj.weight"] = 3, ["self_attn.o_proj.weight"] = 4 }
 
 local function hf_order(params)
     local out, pending = {}, {}
@@ -185,21 +202,29 @@ local function roles(cfg)
     local m = cfg.model
     local out, index = {}, {}
     local out_std = m.init_std / math.sqrt(2.0 * m.layers)
+    local after = { ["ln_f.weight"] = true, ["ln_f.bias"] = true, ["norm.weight"] = true,
+                    ["lm_head.weight"] = true }
     for _, p in ipairs(hf_order(shards.global_params(m))) do
         local r = p.role
         if not index[r] then
             local scope = p.expert_id and "EXPERT" or p.layer and "LAYER"
-                or (r == "ln_f.weight" or r == "ln_f.bias") and "AFTER" or "BEFORE"
+                or after[r] and "AFTER" or "BEFORE"
             local first_layer = p.layer == nil or p.layer == 0
             local first_expert = p.expert_id == nil or p.expert_id == 0
             if first_layer and first_expert then
                 local name = p.name
-                if p.layer then name = name:gsub("^h%.%d+%.", "h.%%d.") end
+                if p.layer then
+                    name = name:gsub("^h%.%d+%.", "h.%%d."):gsub("^model%.layers%.%d+%.",
+                                                                "model.layers.%%d.")
+                end
                 if p.expert_id then name = name:gsub("%.experts%.%d+%.", ".experts.%%d.") end
                 local init, std = "NORMAL", m.init_std
                 if r:match("bias$") then init, std = "ZERO", 0.0
-                elseif r:match("^ln_") then init, std = "ONE", 0.0
-                elseif r:match("c_proj%.weight$") then std = out_std end
+                elseif r:match("^ln_") or r:match("norm%.weight$") then init, std = "ONE", 0.0
+                elseif r:match("c_proj%.weight$") or r:match("o_proj%.weight$") or
+                       r:match("down_proj%.weight$") or r:match("w2%.weight$") then
+                    std = out_std
+                end
                 index[r] = #out
                 out[#out + 1] = ir.Role { name = name, scope = scope,
                                           rows = #p.shape == 2 and p.shape[1] or 1,
@@ -234,7 +259,8 @@ local function groups(cfg, topo)
         { "TP", "tp", cfg.tp > 1, "tensor-parallel group: the layers' collectives" },
         { "DPCP", "dp-cp", cfg.dp * cfg.cp > 1, "data-parallel group: gradient reduction" },
         { "PP", "pp", cfg.pp > 1, "pipeline group: neighbours" },
-        { "EMBD", "embd", cfg.pp > 1, "first and last stage: tied embedding gradients" },
+        { "EMBD", "embd", cfg.pp > 1 and cfg.model.tie_embeddings,
+          "first and last stage: tied embedding gradients" },
         { "MP", "mp", cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
           "model-parallel group (tp-pp): gradient norm" },
         { "EP", "ep", moe and cfg.ep > 1, "expert-parallel group: token all-to-all" },
@@ -450,6 +476,16 @@ local FIELD = {
     ["mlp.router.weight"] = "ROUTER_W",
     ["mlp.experts.c_fc.weight"] = "EXPERT_FC_W", ["mlp.experts.c_fc.bias"] = "EXPERT_FC_B",
     ["mlp.experts.c_proj.weight"] = "EXPERT_PROJ_W", ["mlp.experts.c_proj.bias"] = "EXPERT_PROJ_B",
+    -- llama (Hugging Face LlamaForCausalLM, MixtralForCausalLM names)
+    ["embed_tokens.weight"] = "WTE", ["norm.weight"] = "LN_F_W", ["lm_head.weight"] = "LM_HEAD",
+    ["input_layernorm.weight"] = "LN1_W", ["post_attention_layernorm.weight"] = "LN2_W",
+    ["self_attn.q_proj.weight"] = "QKV_W", ["self_attn.k_proj.weight"] = "K_W",
+    ["self_attn.v_proj.weight"] = "V_W", ["self_attn.o_proj.weight"] = "ATTN_PROJ_W",
+    ["mlp.gate_proj.weight"] = "FC_W", ["mlp.up_proj.weight"] = "UP_W",
+    ["mlp.down_proj.weight"] = "MLP_PROJ_W", ["block_sparse_moe.gate.weight"] = "ROUTER_W",
+    ["block_sparse_moe.experts.w1.weight"] = "EXPERT_FC_W",
+    ["block_sparse_moe.experts.w2.weight"] = "EXPERT_PROJ_W",
+    ["block_sparse_moe.experts.w3.weight"] = "EXPERT_UP_W",
 }
 
 -- "embedding, layers 0..3 | layers 8..11, head + loss": what each chunk of a stage holds.
@@ -571,7 +607,7 @@ end
 
 local function param_rec(p, where, cls_roles, offset, nl)
     return ir.ProgParam {
-        name = p.tied and "the head's copy of wte.weight" or p.name,
+        name = p.tied and "the head's copy of " .. p.name or p.name,
         field = p.tied and "HEAD_WTE" or assert(FIELD[p.role], "program: no field for " .. p.role),
         expert = p.expert_id and p.expert_id % nl or -1, buf = where.buf,
         decay = #p.shape == 2, sp_reduce = false, norm = norm_class(p),
@@ -667,7 +703,7 @@ end
 -- -- One stage: memory plan -------------------------------------------------------------------
 
 -- ORDER GPT_MEM (lib/gpt.h): id, element type (A: the activations' dtype, f32 or bf16; F: f32;
--- I: i32), what. L_ and ML_ entries are one per layer and activation slot (or per recompute
+-- I: i32), what (and what it is in a Llama layer, where that differs). L_ and ML_ entries are one per layer and activation slot (or per recompute
 -- workspace position), C_ per chunk slot, the rest one per stage.
 local MEMS = {
     { "L_LN1", "A", "(N_SP, C) ln_1 output" }, { "L_LN1_MEAN", "F", "(N_SP)" },
@@ -675,8 +711,9 @@ local MEMS = {
     { "L_LSE", "F", "(B, HEADS_LOCAL, T) attention log-sum-exp" },
     { "L_ATTY", "A", "(N, C_LOCAL) attention output" }, { "L_RES1", "A", "(N_SP, C) x + attention" },
     { "L_LN2", "A", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "F", "(N_SP)" },
-    { "L_LN2_RSTD", "F", "(N_SP)" }, { "L_FC", "A", "(N, FF_LOCAL) c_fc output" },
-    { "L_GELU", "A", "(N, FF_LOCAL)" }, { "L_RES2", "A", "(N_SP, C) the layer's output" },
+    { "L_LN2_RSTD", "F", "(N_SP)" },
+    { "L_FC", "A", "(N, FF_LOCAL) c_fc output", "(N, 2 FF_LOCAL) gate | up projections" },
+    { "L_GELU", "A", "(N, FF_LOCAL)", "(N, FF_LOCAL) SwiGLU output" }, { "L_RES2", "A", "(N_SP, C) the layer's output" },
     { "L_QKV_SEQ", "A", "(N, QKV_LOCAL) CP_COMM=a2a: q|k|v, HEADS_LOCAL/CP heads, whole sequence" },
     { "L_ATTY_SEQ", "A", "(N, C_LOCAL) CP_COMM=a2a: their attention output" },
     { "ML_SCORES", "F", "(N_SP, EXPERTS) softmax over all experts" },
@@ -684,7 +721,8 @@ local MEMS = {
     { "ML_POS", "I", "(N_SP, TOPK)" }, { "ML_SEND_TOK", "I", "(SEND_MAX)" },
     { "ML_ORDER", "I", "(ROWS_MAX)" }, { "ML_UNORDER", "I", "(ROWS_MAX)" },
     { "ML_XE", "A", "(ROWS_MAX, C) expert inputs" }, { "ML_PE", "F", "(ROWS_MAX)" },
-    { "ML_FC", "A", "(ROWS_MAX, EFF_LOCAL)" }, { "ML_H", "A", "(ROWS_MAX, EFF_LOCAL)" },
+    { "ML_FC", "A", "(ROWS_MAX, EFF_LOCAL)", "(ROWS_MAX, 2 EFF_LOCAL) w1 | w3 outputs" },
+    { "ML_H", "A", "(ROWS_MAX, EFF_LOCAL)" },
     { "ML_AUXG", "F", "(EXPERTS)" },
     { "C_X", "A", "(N_SP, C) the chunk's input" }, { "C_DY", "A", "(N_SP, C) its gradient" },
     { "C_TOKENS", "I", "(N) token ids" },
@@ -695,7 +733,10 @@ local MEMS = {
     { "S_GATHER", "A", "(N, C) a column-parallel input gathered over tp" },
     { "S_DQKV", "A", "(N, QKV_LOCAL)" }, { "S_DATTY", "A", "(N, C_LOCAL)" },
     { "S_DSUM", "F", "(B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)" },
-    { "S_DFC", "A", "(N, FF_LOCAL)" }, { "S_LOGITS", "A", "(N, V_LOCAL)" },
+    { "S_DFC", "A", "(N, FF_LOCAL)", "(N, 2 FF_LOCAL) d(gate | up)" },
+    { "S_QKVP", "A", "(N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads" },
+    { "S_DACT", "A", "(N, FF_LOCAL) d(SwiGLU output)" },
+    { "S_LOGITS", "A", "(N, V_LOCAL)" },
     { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
     { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the next" },
     { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward)" },
@@ -706,7 +747,8 @@ local MEMS = {
     { "MS_LOGITS", "F", "(N_SP, EXPERTS)" }, { "MS_XS", "A", "(SEND_MAX, C)" },
     { "MS_PS", "F", "(SEND_MAX)" }, { "MS_XR", "A", "(RECV_MAX, C)" }, { "MS_PR", "F", "(RECV_MAX)" },
     { "MS_XG", "A", "(ROWS_MAX, C)" }, { "MS_PG", "F", "(ROWS_MAX)" },
-    { "MS_ACT", "A", "(ROWS_MAX, EFF_LOCAL)" }, { "MS_YE", "A", "(ROWS_MAX, C)" },
+    { "MS_ACT", "A", "(ROWS_MAX, EFF_LOCAL)" },
+    { "MS_DFC", "A", "(ROWS_MAX, 2 EFF_LOCAL) d(w1 | w3 outputs)" }, { "MS_YE", "A", "(ROWS_MAX, C)" },
     { "MS_YG", "A", "(ROWS_MAX, C)" }, { "MS_YR", "A", "(RECV_MAX, C)" },
     { "MS_YS", "A", "(SEND_MAX, C)" }, { "MS_DPE", "F", "(ROWS_MAX)" }, { "MS_DPG", "F", "(ROWS_MAX)" },
     { "MS_DPR", "F", "(RECV_MAX)" }, { "MS_DPS", "F", "(SEND_MAX)" },
@@ -750,17 +792,20 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
     local embedding = chunks[1].embedding
     local lse = s.B * s.heads_local * s.T
     local function m1(x) return math.max(x, 1) end     -- moe.c allocates at least one
+    local ln = not s.llama      -- LayerNorm keeps its means; RMSNorm only rstd
     local size = {
-        L_LN1 = s.n_sp * s.C, L_LN1_MEAN = s.n_sp, L_LN1_RSTD = s.n_sp,
+        L_LN1 = s.n_sp * s.C, L_LN1_MEAN = ln and s.n_sp, L_LN1_RSTD = s.n_sp,
         L_QKV = s.N * s.qkv_local, L_LSE = lse, L_ATTY = s.N * s.c_local, L_RES1 = s.n_sp * s.C,
-        L_LN2 = s.n_sp * s.C, L_LN2_MEAN = s.n_sp, L_LN2_RSTD = s.n_sp,
-        L_FC = not moe and s.N * s.ff_local, L_GELU = not moe and s.N * s.ff_local,
+        L_LN2 = s.n_sp * s.C, L_LN2_MEAN = ln and s.n_sp, L_LN2_RSTD = s.n_sp,
+        L_FC = not moe and s.N * s.fc_local, L_GELU = not moe and s.N * s.ff_local,
         L_RES2 = s.n_sp * s.C,
         C_X = s.n_sp * s.C, C_DY = s.n_sp * s.C, C_TOKENS = embedding and s.N,
-        H_LNF = head and s.n_sp * s.C, H_LNF_MEAN = head and s.n_sp, H_LNF_RSTD = head and s.n_sp,
+        H_LNF = head and s.n_sp * s.C, H_LNF_MEAN = head and ln and s.n_sp,
+        H_LNF_RSTD = head and s.n_sp,
         S_FULL = s.N * s.C, S_FULL_SP = cfg.sp and s.n_sp * s.C or "S_FULL",
         S_GATHER = cfg.sp and s.N * s.C, S_DQKV = s.N * s.qkv_local,
-        S_DATTY = s.N * s.c_local, S_DSUM = lse, S_DFC = not moe and s.N * s.ff_local,
+        S_DATTY = s.N * s.c_local, S_DSUM = lse, S_DFC = not moe and s.N * s.fc_local,
+        S_QKVP = s.llama and s.N * s.qkvp_local, S_DACT = s.llama and not moe and s.N * s.ff_local,
         S_LOGITS = head and s.N * s.v_local, S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
     }
@@ -778,11 +823,12 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
         for k, v in pairs({
             ML_SCORES = s.n_sp * E, ML_PROB = s.n_sp * K, ML_SEL = s.n_sp * K, ML_POS = s.n_sp * K,
             ML_SEND_TOK = s.send_max, ML_ORDER = s.rows_max, ML_UNORDER = s.rows_max,
-            ML_XE = s.rows_max * C, ML_PE = s.rows_max, ML_FC = s.rows_max * s.eff_local,
+            ML_XE = s.rows_max * C, ML_PE = s.rows_max, ML_FC = s.rows_max * s.efc_local,
             ML_H = s.rows_max * s.eff_local, ML_AUXG = E,
             MS_LOGITS = s.n_sp * E, MS_XS = s.send_max * C, MS_PS = s.send_max,
             MS_XR = s.recv_max * C, MS_PR = s.recv_max, MS_XG = s.rows_max * C,
             MS_PG = s.rows_max, MS_ACT = s.rows_max * s.eff_local, MS_YE = s.rows_max * C,
+            MS_DFC = s.llama and s.rows_max * s.efc_local or nil,
             MS_YG = s.rows_max * C, MS_YR = s.recv_max * C, MS_YS = s.send_max * C,
             MS_DPE = s.rows_max, MS_DPG = s.rows_max, MS_DPR = s.recv_max, MS_DPS = s.send_max,
             MS_DPROB = s.n_sp * K, MS_DLOGITS = s.n_sp * E, MS_COLSUM = E,
@@ -831,25 +877,25 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
 
     local list, total = {}, 0
     for _, m in ipairs(MEMS) do
-        local id, v = m[1], size[m[1]]
+        local id, v, what = m[1], size[m[1]], s.llama and m[4] or m[3]
         local category = (id:match("^L_") or id:match("^ML_") or id:match("^C_"))
             and "activations" or COMM[id] and "communication" or "workspace"
         local rec
         if type(v) == "string" then
             rec = ir.Mem { id = id, how = "ALIAS", alias = v, dtype = m[2], elems = 0,
                            instance = 0, count = 0, work = 0, bytes = 0, work_bytes = 0,
-                           category = category, what = m[3] }
+                           category = category, what = what }
         elseif v then
             check_int(v, id)
             local slot, work = instances(id)
             local one = v * esize(m[2])
             rec = ir.Mem { id = id, how = "ALLOC", dtype = m[2], elems = v, instance = one,
                            count = slot, work = work, bytes = one * (slot + work),
-                           work_bytes = one * work, category = category, what = m[3] }
+                           work_bytes = one * work, category = category, what = what }
         else
             rec = ir.Mem { id = id, how = "NONE", dtype = m[2], elems = 0, instance = 0,
                            count = 0, work = 0, bytes = 0, work_bytes = 0,
-                           category = category, what = m[3] }
+                           category = category, what = what }
         end
         total = total + rec.bytes
         list[#list + 1] = rec
@@ -1131,7 +1177,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         other_pieces = other_pieces, nparams = nparams, mem = mem, params = params,
         param_bytes = params.params + params.main + params.grads + params.moments,
         mem_bytes = mem_bytes, needs_inputs = r == 0, needs_targets = r == cfg.pp - 1,
-        head_uses_wte = st.chunks[1].embedding and head,
+        head_uses_wte = st.chunks[1].embedding and head and cfg.model.tie_embeddings,
         warmup = stage_sched.warmup, steady = stage_sched.steady,
         cooldown = stage_sched.cooldown, inflight = slots.inflight,
         schedule = schedule_ops(cfg, s, st, stage_sched, slots, r),

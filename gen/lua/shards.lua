@@ -95,6 +95,57 @@ local function vocab(name, V, Vp, C, n, t)
              split = "vocab" }
 end
 
+-- Params of a Llama layer 'i' (arch llama): Hugging Face names and nn.Linear layout [out, in],
+-- so a column-parallel weight splits its rows (split_rows) and a row-parallel one its columns
+-- (split_cols). Megatron's order: input_layernorm, o_proj (linear_proj), q, k, v (linear_qkv,
+-- kept as three tensors: q over heads/TP heads, k and v over kv_heads/TP), the MLP's norm, then
+-- gate, up (linear_fc1's two halves) and down (linear_fc2), or the router and each local
+-- expert's w1 (gate), w2 (down), w3 (up). No biases (docs/llama.md).
+local function llama_layer_params(cfg, i, ctx, out)
+    local m, T, t = cfg.model, cfg.tp, ctx.tp
+    local C, D = m.hidden, m.head_dim
+    local h = "model.layers." .. i .. "."
+    local split_rows, split_cols = row, column
+    local function add(p, role)
+        p.role, p.layer = role, i
+        out[#out + 1] = param(p, ctx)
+    end
+    local function linear(role, shape, split)
+        add(split(h .. role, shape, T, t), role)
+    end
+    add({ name = h .. "input_layernorm.weight", shape = { C }, seq_parallel = true },
+        "input_layernorm.weight")
+    linear("self_attn.o_proj.weight", { C, m.heads * D }, split_cols)
+    linear("self_attn.q_proj.weight", { m.heads * D, C }, split_rows)
+    linear("self_attn.k_proj.weight", { m.kv_heads * D, C }, split_rows)
+    linear("self_attn.v_proj.weight", { m.kv_heads * D, C }, split_rows)
+    add({ name = h .. "post_attention_layernorm.weight", shape = { C }, seq_parallel = true },
+        "post_attention_layernorm.weight")
+    local moe = m.moe
+    if not moe then
+        local F = m.ffn_hidden
+        linear("mlp.gate_proj.weight", { F, C }, split_rows)
+        linear("mlp.up_proj.weight", { F, C }, split_rows)
+        linear("mlp.down_proj.weight", { C, F }, split_cols)
+        return
+    end
+    add({ name = h .. "block_sparse_moe.gate.weight", shape = { moe.experts, C },
+          seq_parallel = true }, "block_sparse_moe.gate.weight")
+    local Fe, Te, te = moe.ffn_hidden, cfg.etp, ctx.etp
+    local nl = moe.experts // cfg.ep
+    for x = ctx.ep * nl, ctx.ep * nl + nl - 1 do
+        local e = h .. "block_sparse_moe.experts." .. x .. "."
+        local function expert(role, shape, split)
+            local p = split(e .. role, shape, Te, te)
+            p.expert, p.expert_id = true, x
+            add(p, "block_sparse_moe.experts." .. role)
+        end
+        expert("w1.weight", { Fe, C }, split_rows)
+        expert("w2.weight", { C, Fe }, split_cols)
+        expert("w3.weight", { Fe, C }, split_rows)
+    end
+end
+
 -- Params of layer 'i' in Megatron's named_parameters order (local spec): input_layernorm,
 -- self_attention.linear_proj, self_attention.linear_qkv, pre_mlp_layernorm, then the MLP
 -- (linear_fc1, linear_fc2) or the MoE layer (router, then each local expert's fc1, fc2).
@@ -146,32 +197,52 @@ end
 
 -- Every param a rank of class 'cls' holds, chunk by chunk, in named_parameters order:
 -- wte, wpe (stage 0, chunk 0), the chunk's layers, ln_f and the tied wte copy (last stage,
--- last chunk; the copy only when PP > 1, else the head reuses wte itself).
+-- last chunk; the copy only when PP > 1, else the head reuses wte itself). Llama: embed_tokens,
+-- the layers, model.norm and lm_head (untied), or the tied copy of embed_tokens as for GPT.
 function M.class_params(cfg, part, cls)
     local m, P = cfg.model, cfg.pp
+    local llama = m.arch == "llama"
+    local layer = llama and llama_layer_params or layer_params
     local out = {}
     for _, chunk in ipairs(part.stages[cls.pp + 1].chunks) do
         local ctx = { chunk = chunk.vp, tp = cls.tp, ep = cls.ep, etp = cls.etp, sp = cfg.sp,
                       expert_parallel = cfg.ep > 1 or cfg.etp ~= cfg.tp }
-        local function wte(tied)       -- with PP > 1 both copies are Megatron's shared_embedding
-            local p = vocab("wte.weight", m.vocab, cfg.vocab_padded, m.hidden, cfg.tp, cls.tp)
-            p.role, p.tied, p.shared_embedding = "wte.weight", tied, P > 1
+        -- a vocabulary-parallel [V, C] tensor; with a tied head and PP > 1 both copies of the
+        -- embedding are Megatron's shared_embedding
+        local function vocab_param(name, role, tied)
+            local p = vocab(name, m.vocab, cfg.vocab_padded, m.hidden, cfg.tp, cls.tp)
+            p.role, p.tied = role, tied
+            p.shared_embedding = m.tie_embeddings and P > 1
             return param(p, ctx)
         end
+        local function norm(name, role)
+            out[#out + 1] = param({ name = name, role = role, shape = { m.hidden },
+                                    seq_parallel = true }, ctx)
+        end
+        local embed = llama and "model.embed_tokens.weight" or "wte.weight"
+        local embed_role = llama and "embed_tokens.weight" or "wte.weight"
         if chunk.embedding then
-            out[#out + 1] = wte(false)
-            out[#out + 1] = param({ name = "wpe.weight", role = "wpe.weight",
-                                    shape = { m.seq_len, m.hidden } }, ctx)
+            out[#out + 1] = vocab_param(embed, embed_role, false)
+            if not llama then
+                out[#out + 1] = param({ name = "wpe.weight", role = "wpe.weight",
+                                        shape = { m.seq_len, m.hidden } }, ctx)
+            end
         end
         for i = chunk.first, chunk.first + chunk.count - 1 do
-            layer_params(cfg, i, ctx, out)
+            layer(cfg, i, ctx, out)
         end
         if chunk.head then
-            out[#out + 1] = param({ name = "ln_f.weight", role = "ln_f.weight",
-                                    shape = { m.hidden }, seq_parallel = true }, ctx)
-            out[#out + 1] = param({ name = "ln_f.bias", role = "ln_f.bias",
-                                    shape = { m.hidden }, seq_parallel = true }, ctx)
-            if P > 1 then out[#out + 1] = wte(true) end
+            if llama then
+                norm("model.norm.weight", "norm.weight")
+            else
+                norm("ln_f.weight", "ln_f.weight")
+                norm("ln_f.bias", "ln_f.bias")
+            end
+            if not m.tie_embeddings then
+                out[#out + 1] = vocab_param("lm_head.weight", "lm_head.weight", false)
+            elseif P > 1 then
+                out[#out + 1] = vocab_param(embed, embed_role, true)
+            end
         end
     end
     return out

@@ -1,11 +1,12 @@
 /*
 ** kernel_test.c: every kernel of the library (lib/kernels.h) against the double-precision
 ** reference's single ops (build/ref/libref.a; where the reference has no such op -- the
-** mixture of experts' row movements and routing, the attention log-sum-exp -- the formula in
-** double here) on random inputs, at sizes that are multiples of nothing, forward and backward,
-** in both storage dtypes (f32, then bf16). One source, two programs: linked with kernels_cpu.c +
-** librt_cpu.a or with kernels_cuda.cu + librt_cuda.a (data moves with rt_memcpy, as in the
-** library). Run by tests/kernels/suite.sh; not a benchmark.
+** mixture of experts' row movements and routing, the attention log-sum-exp, the grouped-query
+** head copies and sums -- the formula here) on random inputs, at sizes that are multiples of
+** nothing, forward and backward, in both storage dtypes (f32, then bf16). One source, two
+** programs: linked with kernels_cpu.c + librt_cpu.a or with kernels_cuda.cu + librt_cuda.a
+** (data moves with rt_memcpy, as in the library). Run by tests/kernels/suite.sh; not a
+** benchmark.
 **
 **   kernel_test PREFIX [--dump FILE.safetensors] [--dump-bf16 FILE.safetensors] [--first] [-v]
 **
@@ -23,7 +24,7 @@
 ** Tolerances (|got - ref| <= atol + rtol*|ref|, stated per check below):
 **   exact    copies, one add, one multiply: the kernel does one f32 operation per element (and
 **            in bf16 one rounding), so the result must equal that operation done here, bit for
-**            bit.
+**            bit. Likewise kv_reduce's sums, whose f32 order its contract fixes.
 **   F32_RTOL 1e-5 with atol = 1e-5 * max|ref| of the tensor: the inputs are f32 (or bf16)
 **            values, which the reference widens exactly, so every difference is f32 rounding
 **            inside the kernel. Its outputs are sums of at most ~1000 products (u = 6e-8;
@@ -1519,6 +1520,255 @@ static void test_moe(void)
     op_end("moe", 1);
 }
 
+/* -- Llama layer ----------------------------------------------------------------------------- */
+/*
+** RMSNorm, the rotary embedding and SwiGLU against the reference's Llama ops (ref_rmsnorm_*,
+** ref_rope_*, ref_swiglu_*: Hugging Face's formulas in double); the grouped-query head copies
+** and sums against plain loops here, exactly (kv_reduce sums in a stated f32 order).
+*/
+
+/* nzero: the first rows are zero (mean square 0: rstd = 1/sqrt(eps), out = 0 exactly); in a
+** case of their own, since their input gradient rstd * g (316 g) sets the tensor's scale. */
+static void test_rmsnorm_case(int N, int C, int nzero)
+{
+    char size[32];
+    snprintf(size, sizeof size, "N%dC%d%s", N, C, nzero ? "_zero" : "");
+    size_t nc = (size_t)N * C;
+    const float eps = 1e-5f;
+    float *x = frand_st(nc, -2, 2), *w = frand_st((size_t)C, 0.5f, 1.5f);
+    for (size_t i = 0; i < (size_t)nzero * C && i < nc; i++) x[i] = 0.0f;
+    float *dout = frand_st(nc, -1, 1), *dx0 = frand_st(nc, -1, 1), *dw0 = frand((size_t)C, -1, 1);
+    float *nan = fconst((size_t)N, NAN);
+    void *d_x = dev_st(x, nc), *d_w = dev_st(w, (size_t)C), *d_out = dev_st_nan(nc);
+    void *d_dout = dev_st(dout, nc), *d_dx = dev_st(dx0, nc);
+    float *d_rstd = dev_copy(nan, (size_t)N * 4), *d_dw = dev_copy(dw0, (size_t)C * 4);
+
+    rmsnorm_fwd(d_out, d_rstd, d_x, d_w, N, C, eps, dt);
+    float *out = down_st(d_out, nc), *rstd = down(d_rstd, (size_t)N);
+    double *rx = widen(x, nc), *rw = widen(w, (size_t)C), *rout = xmalloc(nc * 8);
+    double *rrstd = xmalloc((size_t)N * 8);
+    ref_rmsnorm_fwd(rout, rrstd, rx, rw, N, C, (double)eps);
+    check_st(label("rmsnorm_fwd", "out", size), out, rout, nc, -1, F32_RTOL);
+    check(label("rmsnorm_fwd", "rstd", size), rstd, rrstd, (size_t)N, -1, F32_RTOL);
+    check_finite(label("rmsnorm_fwd", "out", size), out, nc);
+    float *zeros = fconst((size_t)nzero * C, 0.0f);
+    check_exact(label("rmsnorm_fwd", "zero-rows", size), out, zeros, (size_t)nzero * C);
+    keep(label("rmsnorm_fwd", "out", size), out, nc);
+    keep(label("rmsnorm_fwd", "rstd", size), rstd, (size_t)N);
+
+    /* backward from the kernel's own rstd; both gradients accumulate */
+    rmsnorm_bwd(d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, C, dt);
+    float *dx = down_st(d_dx, nc), *dw = down(d_dw, (size_t)C);
+    double *rdx = widen(dx0, nc), *rdw = widen(dw0, (size_t)C), *rdout = widen(dout, nc);
+    ref_rmsnorm_bwd(rdx, rdw, rdout, rx, rw, rrstd, N, C);
+    check_st(label("rmsnorm_bwd", "dinp", size), dx, rdx, nc, -1, F32_RTOL);
+    check(label("rmsnorm_bwd", "dw", size), dw, rdw, (size_t)C, -1, F32_RTOL);
+    keep(label("rmsnorm_bwd", "dinp", size), dx, nc);
+    keep(label("rmsnorm_bwd", "dw", size), dw, (size_t)C);
+
+    free(x); free(w); free(dout); free(dx0); free(dw0); free(nan); free(out); free(rstd);
+    free(rx); free(rw); free(rout); free(rrstd); free(zeros); free(dx); free(dw); free(rdx);
+    free(rdw); free(rdout);
+    rt_free(d_x); rt_free(d_w); rt_free(d_out); rt_free(d_dout); rt_free(d_dx); rt_free(d_rstd);
+    rt_free(d_dw);
+}
+
+static void test_rmsnorm(void)
+{
+    op_begin();
+    test_rmsnorm_case(23, 37, 0);
+    test_rmsnorm_case(1, 5, 0);                     /* fewer columns than a warp's lanes */
+    test_rmsnorm_case(301, 150, 0);                 /* > one column block, many rows a block */
+    test_rmsnorm_case(3, 1031, 0);                  /* long rows: 32 lanes x 32 and a tail */
+    test_rmsnorm_case(7, 37, 3);                    /* zero rows */
+    op_end("rmsnorm", 1);
+}
+
+/*
+** The rotary embedding in place on H heads at column col0 of rows of ld elements (as the model
+** rotates the q or k part of its qkv rows): the forward, then the inverse on a gradient,
+** against ref_rope_fwd / ref_rope_bwd with the positions pos0 + t of rows t*B + b. The
+** columns outside the heads keep their values exactly. Large positions: an angle computed in
+** f32 would be off by up to ulp(1e5)/2 = 0.004 rad, hundreds of times the tolerance.
+*/
+static void test_rope_case(int T, int B, int H, int hd, int pos0, float theta)
+{
+    char size[64];
+    snprintf(size, sizeof size, "T%dB%dH%dhd%d_p%d_th%g", T, B, H, hd, pos0, theta);
+    int N = T * B, ld = (H + 2) * hd + 3, col0 = hd + 1;
+    size_t n = (size_t)N * ld;
+    int *pos = xmalloc((size_t)N * sizeof(int));
+    for (int r = 0; r < N; r++) pos[r] = pos0 + r / B;
+    for (int dir = 0; dir < 2; dir++) {             /* 0: forward, 1: inverse (the backward) */
+        const char *op = dir ? "rope_bwd" : "rope_fwd";
+        float *x = frand_st(n, -2, 2);
+        void *d_x = dev_st(x, n);
+        rope_fwd(st_at(d_x, (size_t)col0), (size_t)ld, T, B, H, hd, pos0, theta, dir, dt);
+        float *got = down_st(d_x, n);
+        double *rx = widen(x, n);
+        if (dir) ref_rope_bwd(rx + col0, ld, N, pos, H, hd, (double)theta);
+        else ref_rope_fwd(rx + col0, ld, N, pos, H, hd, (double)theta);
+        check_st(label(op, "x", size), got, rx, n, -1, F32_RTOL);
+        check_finite(label(op, "x", size), got, n);
+        size_t ng = 0;                              /* the columns outside the heads */
+        float *guard = xmalloc(n * 4), *guard_want = xmalloc(n * 4);
+        for (size_t i = 0; i < n; i++) {
+            int c = (int)(i % (size_t)ld);
+            if (c < col0 || c >= col0 + H * hd) {
+                guard[ng] = got[i];
+                guard_want[ng++] = x[i];
+            }
+        }
+        check_exact(label(op, "untouched", size), guard, guard_want, ng);
+        keep(label(op, "x", size), got, n);
+        free(x); free(got); free(rx); free(guard); free(guard_want);
+        rt_free(d_x);
+    }
+    free(pos);
+}
+
+static void test_rope(void)
+{
+    op_begin();
+    test_rope_case(7, 3, 5, 8, 0, 10000.0f);
+    test_rope_case(3, 1, 1, 2, 7, 10000.0f);        /* one pair */
+    test_rope_case(37, 2, 3, 128, 1000, 500000.0f); /* Llama 3's head size: two angle chunks */
+    test_rope_case(300, 2, 2, 70, 0, 10000.0f);     /* 35 pairs; many CUDA blocks */
+    test_rope_case(5, 2, 2, 64, 100000, 500000.0f); /* large positions */
+    op_end("rope", 1);
+}
+
+/*
+** SwiGLU on gu rows [gate | up]: gates in [lo, hi], the first ones edges (where exp(-g)
+** overflows f32, g = +-1000, 0); ups in [-2, 2]. Where g <= -200 the exact silu and gradient
+** (below 200 e^-200) are 0 in f32: the kernel must give +-0 there, and nothing may be NaN.
+*/
+static void test_swiglu_case(int N, int F, float lo, float hi)
+{
+    char size[48];
+    snprintf(size, sizeof size, "N%dF%d_%g_%g", N, F, lo, hi);
+    size_t n = (size_t)N * F, n2 = 2 * n;
+    float *gu = frand_st(n2, -2, 2), *dout = frand_st(n, -1, 1);
+    const float edges[] = { lo, hi, 0.0f, -1000.0f, 1000.0f, -88.5f, -87.5f, -100.0f, -200.0f,
+                            -20.0f, 20.0f, 88.5f };
+    size_t ne = 0;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < F; c++) {
+            float g = uniform(lo, hi);
+            while (ne < sizeof edges / sizeof edges[0] && !(edges[ne] >= lo && edges[ne] <= hi))
+                ne++;
+            if (ne < sizeof edges / sizeof edges[0]) g = edges[ne++];
+            gu[(size_t)r * 2 * F + c] = st_round(g);
+        }
+    double *rg = xmalloc(n * 8), *ru = xmalloc(n * 8);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < F; c++) {
+            rg[(size_t)r * F + c] = gu[(size_t)r * 2 * F + c];
+            ru[(size_t)r * F + c] = gu[(size_t)r * 2 * F + F + c];
+        }
+    void *d_gu = dev_st(gu, n2), *d_out = dev_st_nan(n), *d_dout = dev_st(dout, n);
+    void *d_dgu = dev_st_nan(n2);
+
+    swiglu_fwd(d_out, d_gu, N, F, dt);
+    float *out = down_st(d_out, n);
+    double *rout = xmalloc(n * 8);
+    ref_swiglu_fwd(rout, rg, ru, n);
+    check_st(label("swiglu_fwd", "out", size), out, rout, n, -1, F32_RTOL);
+    check_finite(label("swiglu_fwd", "out", size), out, n);
+    keep(label("swiglu_fwd", "out", size), out, n);
+
+    swiglu_bwd(d_dgu, d_dout, d_gu, N, F, dt);      /* writes: the NaN it starts with goes */
+    float *dgu = down_st(d_dgu, n2);
+    double *rdg = xmalloc(n * 8), *rdu = xmalloc(n * 8), *rdout = widen(dout, n);
+    double *rdgu = xmalloc(n2 * 8);
+    ref_swiglu_bwd(rdg, rdu, rdout, rg, ru, n);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < F; c++) {
+            rdgu[(size_t)r * 2 * F + c] = rdg[(size_t)r * F + c];
+            rdgu[(size_t)r * 2 * F + F + c] = rdu[(size_t)r * F + c];
+        }
+    check_st(label("swiglu_bwd", "dgu", size), dgu, rdgu, n2, -1, F32_RTOL);
+    check_finite(label("swiglu_bwd", "dgu", size), dgu, n2);
+    keep(label("swiglu_bwd", "dgu", size), dgu, n2);
+
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < F; c++) {
+            size_t i = (size_t)r * F + c, ig = (size_t)r * 2 * F + c;
+            if (rg[i] <= -200 && (out[i] != 0.0f || dgu[ig] != 0.0f || dgu[ig + F] != 0.0f)) {
+                printf("  swiglu.%s: gate %g gives out %g, dgate %g, dup %g (not 0)\n", size,
+                       rg[i], out[i], dgu[ig], dgu[ig + F]);
+                fail("swiglu.%s: silu of a gate <= -200 is not 0", size);
+            }
+        }
+
+    free(gu); free(dout); free(rg); free(ru); free(out); free(rout); free(dgu); free(rdg);
+    free(rdu); free(rdout); free(rdgu);
+    rt_free(d_gu); rt_free(d_out); rt_free(d_dout); rt_free(d_dgu);
+}
+
+static void test_swiglu(void)
+{
+    op_begin();
+    test_swiglu_case(23, 37, -8, 8);
+    test_swiglu_case(301, 150, -8, 8);              /* many CUDA blocks */
+    test_swiglu_case(37, 41, -1000, 1000);          /* exp overflowing both ways: no NaN */
+    op_end("swiglu", 1);
+}
+
+/*
+** Grouped-query heads: kv_expand copies (exact); kv_reduce copies dq and sums each kv head's
+** rep = Hl/KVl query heads in increasing order in f32, rounded once: done so here, exact.
+*/
+static void test_kv_heads_case(int N, int Hl, int KVl, int hd)
+{
+    char size[48];
+    snprintf(size, sizeof size, "N%dHl%dKVl%dhd%d", N, Hl, KVl, hd);
+    int C = Hl * hd, Cp = (Hl + 2 * KVl) * hd, rep = Hl / KVl;
+    size_t np = (size_t)N * Cp, nx = (size_t)N * 3 * C;
+    float *qkvp = frand_st(np, -2, 2), *dqkv = frand_st(nx, -2, 2);
+    float *want = xmalloc(nx * 4), *wantp = xmalloc(np * 4);
+    for (int r = 0; r < N; r++) {
+        const float *s = qkvp + (size_t)r * Cp, *d = dqkv + (size_t)r * 3 * C;
+        float *o = want + (size_t)r * 3 * C, *op = wantp + (size_t)r * Cp;
+        for (int j = 0; j < C; j++) {
+            o[j] = s[j];
+            op[j] = d[j];
+        }
+        for (int part = 1; part <= 2; part++) {
+            for (int h = 0; h < Hl; h++)
+                for (int e = 0; e < hd; e++)
+                    o[part * C + h * hd + e] = s[C + ((part - 1) * KVl + h / rep) * hd + e];
+            for (int g = 0; g < KVl; g++)
+                for (int e = 0; e < hd; e++) {
+                    float a = d[part * C + g * rep * hd + e];
+                    for (int k = 1; k < rep; k++) a += d[part * C + (g * rep + k) * hd + e];
+                    op[C + ((part - 1) * KVl + g) * hd + e] = st_round(a);
+                }
+        }
+    }
+    void *d_qkvp = dev_st(qkvp, np), *d_qkv = dev_st_nan(nx);
+    void *d_dqkv = dev_st(dqkv, nx), *d_dqkvp = dev_st_nan(np);
+    kv_expand(d_qkv, d_qkvp, N, Hl, KVl, hd, dt);
+    kv_reduce(d_dqkvp, d_dqkv, N, Hl, KVl, hd, dt);
+    float *qkv = down_st(d_qkv, nx), *dqkvp = down_st(d_dqkvp, np);
+    check_exact(label("kv_expand", "qkv", size), qkv, want, nx);
+    check_exact(label("kv_reduce", "dqkvp", size), dqkvp, wantp, np);
+    keep(label("kv_expand", "qkv", size), qkv, nx);
+    keep(label("kv_reduce", "dqkvp", size), dqkvp, np);
+    free(qkvp); free(dqkv); free(want); free(wantp); free(qkv); free(dqkvp);
+    rt_free(d_qkvp); rt_free(d_qkv); rt_free(d_dqkv); rt_free(d_dqkvp);
+}
+
+static void test_kv_heads(void)
+{
+    op_begin();
+    test_kv_heads_case(7, 4, 2, 5);
+    test_kv_heads_case(5, 3, 3, 8);                 /* one query head a group: copies */
+    test_kv_heads_case(301, 6, 1, 16);              /* one kv head (multi-query) */
+    test_kv_heads_case(37, 8, 2, 70);               /* > one f32 column chunk (64) */
+    op_end("kv_heads", 1);
+}
+
 /* -- Main ------------------------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -1552,6 +1802,10 @@ int main(int argc, char **argv)
         test_ce();
         test_adamw();
         test_moe();
+        test_rmsnorm();
+        test_rope();
+        test_swiglu();
+        test_kv_heads();
         if (dt == RT_F32) {                         /* the ops without a storage dtype */
             test_scale();
             test_sumsq();

@@ -130,6 +130,18 @@ mutate attention-no-rescale '/on\[i \* hdp + d\] \*= alpha;/d' 'l[i] *= alpha;'
 mutate attention-lse-without-max 's|return m + logf(l);|return logf(l);|' 'return logf(l);'
 mutate attention-dkdv-missing-query-tile 's|hdp, AT, hdp, nq);|hdp, AT, hdp, qi ? nq : 0);|' \
     'hdp, AT, hdp, qi ? nq : 0);'
+# the Llama layer: RMSNorm's input gradient, the rotary angle's precision and direction, the
+# sigmoid where exp(-g) overflows, the grouped-query sums
+mutate rmsnorm-dinp-unprojected \
+    's|return dx + rstd \* (g - xhat \* gx_mean);|return dx + rstd * g;|' 'return dx + rstd * g;'
+mutate rope-angle-in-f32 's|double a = (double)pos \* inv;|double a = (float)pos * (float)inv;|' \
+    'double a = (float)pos * (float)inv;'
+mutate rope-inverse-ignored 's|(inverse ? -sin(a) : sin(a))|(sin(a))|' '*s = (float)(sin(a));'
+mutate swiglu-sigmoid-unguarded 's|return g < -EXP_MAX ? 0.0f : s;|return s + 0.0f;|' \
+    'return s + 0.0f;'
+mutate kv-reduce-first-head-only \
+    's|for (int r = 1; r < rep; r++)|for (int r = rep; r < rep; r++)|' \
+    'for (int r = rep; r < rep; r++)'
 wait
 for name in $MUTANTS; do
     cat "$S/mutant-$name.verdict"
@@ -164,7 +176,8 @@ else
         done
         if [ $ok = 1 ]; then
             # every CUDA kernel here gives each element to one thread (attention: one block
-            # per tile, each element summed by one thread in order): run to run identical
+            # per tile, each element summed by one thread in order; RMSNorm's row sums: a warp
+            # whose lanes are added in a fixed butterfly): run to run identical
             if cmp -s $S/cuda-1.safetensors $S/cuda-2.safetensors &&
                cmp -s $S/cuda-1-bf16.safetensors $S/cuda-2-bf16.safetensors; then
                 pass cuda-deterministic

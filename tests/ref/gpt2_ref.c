@@ -1,8 +1,10 @@
 /*
-** gpt2_ref.c: GPT-2 forward, backward, AdamW and LR schedule in double precision -- the oracle.
-** It computes what Hugging Face's GPT2LMHeadModel computes (no dropout), works directly in the
-** checkpoint layout (Conv1D weights are (in, out)), and favours plain loops over speed.
-** It does no I/O (see ref_io.c) and has no notion of ranks. Contracts of the types: gpt2_ref.h.
+** gpt2_ref.c: GPT-2 and Llama forward, backward, AdamW and LR schedule in double precision -- the
+** oracle. It computes what Hugging Face's GPT2LMHeadModel, LlamaForCausalLM and (with experts)
+** MixtralForCausalLM compute (no dropout), works directly in the checkpoint layout (GPT-2's
+** Conv1D weights are (in, out), Llama's nn.Linear weights (out, in)), and favours plain loops
+** over speed. It does no I/O (see ref_io.c) and has no notion of ranks. Contracts of the types:
+** gpt2_ref.h.
 */
 #include "gpt2_ref.h"
 
@@ -83,18 +85,60 @@ static double *view(const ref_model *m, double *base, const char *fmt, int layer
     return view_named(m, base, name);
 }
 
-/* Expert e of layer l, tensor 'suffix' ("c_fc.weight", ...), or NULL if the model has none. */
+/* Expert e of layer l, tensor 'suffix' ("c_fc.weight", "w1.weight", ...), or NULL if the model
+** has none. */
 static double *expert_view(const ref_model *m, double *base, int l, int e, const char *suffix)
 {
     char name[REF_NAME_MAX];
-    snprintf(name, sizeof name, "h.%d.mlp.experts.%d.%s", l, e, suffix);
+    if (m->cfg.arch == REF_ARCH_LLAMA)
+        snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, e,
+                 suffix);
+    else
+        snprintf(name, sizeof name, "h.%d.mlp.experts.%d.%s", l, e, suffix);
     return ref_model_find(m, name) ? view_named(m, base, name) : NULL;
+}
+
+/* bind_weights for a Llama model (below). */
+static void bind_llama_weights(ref_weights *w, const ref_model *m, double *base)
+{
+    w->wte = view(m, base, "model.embed_tokens.weight", 0);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        ref_layer *h = &w->h[l];
+        h->input_ln_w = view(m, base, "model.layers.%d.input_layernorm.weight", l);
+        h->q_w = view(m, base, "model.layers.%d.self_attn.q_proj.weight", l);
+        h->k_w = view(m, base, "model.layers.%d.self_attn.k_proj.weight", l);
+        h->v_w = view(m, base, "model.layers.%d.self_attn.v_proj.weight", l);
+        h->o_w = view(m, base, "model.layers.%d.self_attn.o_proj.weight", l);
+        h->post_ln_w = view(m, base, "model.layers.%d.post_attention_layernorm.weight", l);
+        int E = m->cfg.moe.experts;
+        if (E == 0) {
+            h->gate_w = view(m, base, "model.layers.%d.mlp.gate_proj.weight", l);
+            h->up_w = view(m, base, "model.layers.%d.mlp.up_proj.weight", l);
+            h->down_w = view(m, base, "model.layers.%d.mlp.down_proj.weight", l);
+            continue;
+        }
+        h->moe.router_w = view(m, base, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        h->moe.experts = ref_xcalloc((size_t)E, sizeof(ref_expert));
+        for (int e = 0; e < E; e++) {
+            ref_expert *x = &h->moe.experts[e];
+            x->w1 = expert_view(m, base, l, e, "w1.weight");
+            x->w2 = expert_view(m, base, l, e, "w2.weight");
+            x->w3 = expert_view(m, base, l, e, "w3.weight");
+        }
+    }
+    w->ln_f_w = view(m, base, "model.norm.weight", 0);
+    w->lm_head = m->cfg.tie_embeddings ? w->wte : view(m, base, "lm_head.weight", 0);
 }
 
 /* Point the views of 'w' into 'base'; the expert arrays of w->h[l].moe are allocated here. */
 static void bind_weights(ref_weights *w, const ref_model *m, double *base)
 {
+    if (m->cfg.arch == REF_ARCH_LLAMA) {
+        bind_llama_weights(w, m, base);
+        return;
+    }
     w->wte = view(m, base, "wte.weight", 0);
+    w->lm_head = w->wte;
     w->wpe = view(m, base, "wpe.weight", 0);
     for (int l = 0; l < m->cfg.layers; l++) {
         ref_layer *h = &w->h[l];
@@ -128,34 +172,82 @@ static void bind_weights(ref_weights *w, const ref_model *m, double *base)
     w->ln_f_b = view(m, base, "ln_f.bias", 0);
 }
 
-/*
-** Create a model for 'cfg' (which the caller has validated: every size >= 1, heads divides
-** hidden; for a mixture of experts 1 <= top_k <= experts and ffn >= 1). Builds the tensor table
-** in the canonical Hugging Face order -- wte, wpe, then per layer ln_1, attn.c_attn,
-** attn.c_proj, ln_2, the feed-forward block, then ln_f (weight before bias) -- and allocates
-** params, grads and AdamW moments, all zero. The feed-forward block is mlp.c_fc, mlp.c_proj
-** (dense), or mlp.router.weight followed by mlp.experts.{e}.c_fc, mlp.experts.{e}.c_proj for
-** e = 0..E-1 (biases only with moe.bias). Weight decay applies to the 2-D tensors only
-** (embeddings, Conv1D weights, the router). Free with ref_model_free.
-*/
-ref_model *ref_model_new(const ref_config *cfg)
+/* Number of key/value heads of a Llama config (0 means as many as query heads). */
+static int kv_heads(const ref_config *cfg)
 {
-    ref_model *m = ref_xcalloc(1, sizeof *m);
-    m->cfg = *cfg;
+    return cfg->kv_heads > 0 ? cfg->kv_heads : cfg->heads;
+}
+
+/* Rotary base of a Llama config (0 means Llama's 10000). */
+static double rope_theta(const ref_config *cfg)
+{
+    return cfg->rope_theta > 0.0 ? cfg->rope_theta : 10000.0;
+}
+
+/* ref_model_new's tensor table for a Llama model (README.md, "Llama"): embed_tokens, per layer
+** input_layernorm, q, k, v, o, post_attention_layernorm, then gate, up, down (dense) or the
+** router and per expert w1, w2, w3; then model.norm and (untied) lm_head. */
+static void add_llama_tensors(ref_model *m, size_t *off)
+{
+    const ref_config *cfg = &m->cfg;
+    long C = cfg->hidden, V = cfg->vocab, F = cfg->ffn, D = cfg->hidden / cfg->heads;
+    long HD = cfg->heads * D, KD = kv_heads(cfg) * D;
+    long E = cfg->moe.experts, Fe = cfg->moe.ffn;
+    char name[REF_NAME_MAX];
+
+    add_tensor(m, off, "model.embed_tokens.weight", 2, V, C, 1, REF_INIT_NORMAL);
+    for (int l = 0; l < cfg->layers; l++) {
+#define LAYER_TENSOR(suffix, ndim, d0, d1, decay, init)                         \
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);           \
+        add_tensor(m, off, name, ndim, d0, d1, decay, init);
+        LAYER_TENSOR("input_layernorm.weight", 1, C, 0, 0, REF_INIT_ONE)
+        LAYER_TENSOR("self_attn.q_proj.weight", 2, HD, C, 1, REF_INIT_NORMAL)
+        LAYER_TENSOR("self_attn.k_proj.weight", 2, KD, C, 1, REF_INIT_NORMAL)
+        LAYER_TENSOR("self_attn.v_proj.weight", 2, KD, C, 1, REF_INIT_NORMAL)
+        LAYER_TENSOR("self_attn.o_proj.weight", 2, C, HD, 1, REF_INIT_OUT_PROJ)
+        LAYER_TENSOR("post_attention_layernorm.weight", 1, C, 0, 0, REF_INIT_ONE)
+        if (E == 0) {
+            LAYER_TENSOR("mlp.gate_proj.weight", 2, F, C, 1, REF_INIT_NORMAL)
+            LAYER_TENSOR("mlp.up_proj.weight", 2, F, C, 1, REF_INIT_NORMAL)
+            LAYER_TENSOR("mlp.down_proj.weight", 2, C, F, 1, REF_INIT_OUT_PROJ)
+            continue;
+        }
+        LAYER_TENSOR("block_sparse_moe.gate.weight", 2, E, C, 1, REF_INIT_NORMAL)
+        for (int e = 0; e < E; e++) {
+#define EXPERT_TENSOR(suffix, d0, d1, init)                                     \
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s", \
+                     l, e, suffix);                                             \
+            add_tensor(m, off, name, 2, d0, d1, 1, init);
+            EXPERT_TENSOR("w1.weight", Fe, C, REF_INIT_NORMAL)
+            EXPERT_TENSOR("w2.weight", C, Fe, REF_INIT_OUT_PROJ)
+            EXPERT_TENSOR("w3.weight", Fe, C, REF_INIT_NORMAL)
+#undef EXPERT_TENSOR
+        }
+#undef LAYER_TENSOR
+    }
+    add_tensor(m, off, "model.norm.weight", 1, C, 0, 0, REF_INIT_ONE);
+    if (!cfg->tie_embeddings)
+        add_tensor(m, off, "lm_head.weight", 2, V, C, 1, REF_INIT_NORMAL);
+}
+
+/* ref_model_new's tensor table for a GPT-2 model: wte, wpe, then per layer ln_1, attn.c_attn,
+** attn.c_proj, ln_2, the feed-forward block, then ln_f (weight before bias). The feed-forward
+** block is mlp.c_fc, mlp.c_proj (dense), or mlp.router.weight followed by
+** mlp.experts.{e}.c_fc, mlp.experts.{e}.c_proj for e = 0..E-1 (biases only with moe.bias). */
+static void add_gpt2_tensors(ref_model *m, size_t *off)
+{
+    const ref_config *cfg = &m->cfg;
     long C = cfg->hidden, V = cfg->vocab, T = cfg->seq, F = cfg->ffn;
     const ref_moe_config *moe = &cfg->moe;
     long E = moe->experts, Fe = moe->ffn;
-    long per_layer = 8 + (E == 0 ? 4 : 1 + E * (moe->bias ? 4 : 2));
-    m->tensors = ref_xcalloc((size_t)(4 + per_layer * cfg->layers), sizeof *m->tensors);
-    size_t off = 0;
     char name[REF_NAME_MAX];
 
-    add_tensor(m, &off, "wte.weight", 2, V, C, 1, REF_INIT_NORMAL);
-    add_tensor(m, &off, "wpe.weight", 2, T, C, 1, REF_INIT_NORMAL);
+    add_tensor(m, off, "wte.weight", 2, V, C, 1, REF_INIT_NORMAL);
+    add_tensor(m, off, "wpe.weight", 2, T, C, 1, REF_INIT_NORMAL);
     for (int l = 0; l < cfg->layers; l++) {
 #define LAYER_TENSOR(suffix, ndim, d0, d1, decay, init)                         \
         snprintf(name, sizeof name, "h.%d.%s", l, suffix);                      \
-        add_tensor(m, &off, name, ndim, d0, d1, decay, init);
+        add_tensor(m, off, name, ndim, d0, d1, decay, init);
         LAYER_TENSOR("ln_1.weight", 1, C, 0, 0, REF_INIT_ONE)
         LAYER_TENSOR("ln_1.bias", 1, C, 0, 0, REF_INIT_ZERO)
         LAYER_TENSOR("attn.c_attn.weight", 2, C, 3 * C, 1, REF_INIT_NORMAL)
@@ -175,7 +267,7 @@ ref_model *ref_model_new(const ref_config *cfg)
         for (int e = 0; e < E; e++) {
 #define EXPERT_TENSOR(suffix, ndim, d0, d1, decay, init)                        \
             snprintf(name, sizeof name, "h.%d.mlp.experts.%d.%s", l, e, suffix); \
-            add_tensor(m, &off, name, ndim, d0, d1, decay, init);
+            add_tensor(m, off, name, ndim, d0, d1, decay, init);
             EXPERT_TENSOR("c_fc.weight", 2, C, Fe, 1, REF_INIT_NORMAL)
             if (moe->bias) {
                 EXPERT_TENSOR("c_fc.bias", 1, Fe, 0, 0, REF_INIT_ZERO)
@@ -188,8 +280,31 @@ ref_model *ref_model_new(const ref_config *cfg)
         }
 #undef LAYER_TENSOR
     }
-    add_tensor(m, &off, "ln_f.weight", 1, C, 0, 0, REF_INIT_ONE);
-    add_tensor(m, &off, "ln_f.bias", 1, C, 0, 0, REF_INIT_ZERO);
+    add_tensor(m, off, "ln_f.weight", 1, C, 0, 0, REF_INIT_ONE);
+    add_tensor(m, off, "ln_f.bias", 1, C, 0, 0, REF_INIT_ZERO);
+}
+
+/*
+** Create a model for 'cfg' (which the caller has validated: every size >= 1, heads divides
+** hidden; for a mixture of experts 1 <= top_k <= experts and ffn >= 1; for Llama, kv_heads
+** (0 = heads) divides heads, hidden/heads is even, no expert biases). Builds the tensor table
+** in the canonical Hugging Face order (add_gpt2_tensors, add_llama_tensors) and allocates
+** params, grads and AdamW moments, all zero. Weight decay applies to the 2-D tensors only
+** (embeddings, weight matrices, the router), never to biases or norm weights. Free with
+** ref_model_free.
+*/
+ref_model *ref_model_new(const ref_config *cfg)
+{
+    ref_model *m = ref_xcalloc(1, sizeof *m);
+    m->cfg = *cfg;
+    long E = cfg->moe.experts;
+    long per_layer = 8 + (E == 0 ? 4 : 1 + 4 * E);     /* at most, either architecture */
+    m->tensors = ref_xcalloc((size_t)(4 + per_layer * cfg->layers), sizeof *m->tensors);
+    size_t off = 0;
+    if (cfg->arch == REF_ARCH_LLAMA)
+        add_llama_tensors(m, &off);
+    else
+        add_gpt2_tensors(m, &off);
 
     m->nparams = off;
     m->params = dalloc(off);
@@ -285,8 +400,9 @@ double ref_rng_normal(uint64_t seed, const char *name, uint64_t index)
 /*
 ** Initialise every parameter as issues 4 and 7 say: weights N(0, 0.02) (the router too),
 ** attn.c_proj, mlp.c_proj and expert c_proj weights N(0, 0.02/sqrt(2L)), biases 0, LayerNorm
-** weight 1 and bias 0 (values rounded to float32, see above). Resets the optimizer state and
-** the step counter.
+** weight 1 and bias 0 (values rounded to float32, see above). Llama: o_proj, down_proj and
+** expert w2 N(0, 0.02/sqrt(2L)), every other 2-D weight N(0, 0.02), RMSNorm weights 1 (the
+** init kinds of the tensor table). Resets the optimizer state and the step counter.
 */
 void ref_model_init_random(ref_model *m, uint64_t seed)
 {
@@ -320,7 +436,8 @@ void ref_model_init_random(ref_model *m, uint64_t seed)
 /* N = B*T rows; row n = b*T + t. Forward ops overwrite their outputs; backward ops add (+=). */
 
 /*
-** out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. tokens (B,T) must be in [0, V).
+** out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. tokens (B,T) must be in [0, V). wpe may be NULL
+** (Llama: no position embedding), then out[b,t,:] = wte[tokens[b,t],:].
 */
 void ref_embed_fwd(double *out, const int *tokens, const double *wte, const double *wpe,
                    int B, int T, int C)
@@ -329,14 +446,14 @@ void ref_embed_fwd(double *out, const int *tokens, const double *wte, const doub
         for (int t = 0; t < T; t++) {
             double *o = out + ((size_t)b * T + t) * C;
             const double *e = wte + (size_t)tokens[b * T + t] * C;
-            const double *p = wpe + (size_t)t * C;
+            const double *p = wpe ? wpe + (size_t)t * C : NULL;
             for (int c = 0; c < C; c++)
-                o[c] = e[c] + p[c];
+                o[c] = p ? e[c] + p[c] : e[c];
         }
 }
 
 /*
-** dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+** dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] (dwpe may be NULL).
 */
 void ref_embed_bwd(double *dwte, double *dwpe, const double *dout, const int *tokens,
                    int B, int T, int C)
@@ -345,10 +462,11 @@ void ref_embed_bwd(double *dwte, double *dwpe, const double *dout, const int *to
         for (int t = 0; t < T; t++) {
             const double *d = dout + ((size_t)b * T + t) * C;
             double *de = dwte + (size_t)tokens[b * T + t] * C;
-            double *dp = dwpe + (size_t)t * C;
+            double *dp = dwpe ? dwpe + (size_t)t * C : NULL;
             for (int c = 0; c < C; c++) {
                 de[c] += d[c];
-                dp[c] += d[c];
+                if (dp)
+                    dp[c] += d[c];
             }
         }
 }
@@ -458,27 +576,40 @@ void ref_linear_bwd(double *din, double *dw, double *db, const double *dout,
 }
 
 /*
-** Causal multi-head self-attention. qkv (B,T,3C) holds q | k | v; head h uses channels
-** [h*D, (h+1)*D) of each, D = C/H. For query t and key s <= t:
+** The shape of one causal attention call, for the strided core below: H query heads and K
+** key/value heads (K divides H) of D channels each. Row (b, t) starts at (b*T + t) * q_ld in q
+** and dq, at (b*T + t) * kv_ld in k, v, dk and dv, and at (b*T + t) * H*D in out and dout.
+*/
+typedef struct {
+    int B, T, H, K, D;
+    size_t q_ld, kv_ld;   /* row strides, in doubles: 3C for packed q | k | v, else H*D, K*D */
+} attn_dims;
+
+/*
+** Causal softmax attention over strided rows; ref_attention_fwd and ref_attention_gqa_fwd are
+** views of it. Query head h uses channels [h*D, (h+1)*D) of q; key/value head h / (H/K) the
+** same span of k and v. For query t and key s <= t:
 **   att[b,h,t,s] = softmax_s(q_t . k_s / sqrt(D)),  out[b,t,h*D:(h+1)*D] = sum_s att * v_s.
 ** att (B,H,T,T) is saved for the backward, with zeros for s > t.
 */
-void ref_attention_fwd(double *out, double *att, const double *qkv, int B, int T, int C,
-                       int H)
+static void attention_fwd(double *out, double *att, const double *q, const double *k,
+                          const double *v, const attn_dims *a)
 {
-    int D = C / H;
+    int T = a->T, H = a->H, D = a->D, group = a->H / a->K;
+    size_t HD = (size_t)H * D;
     double scale = 1.0 / sqrt((double)D);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
+    for (int b = 0; b < a->B; b++)
+        for (int h = 0; h < H; h++) {
+            size_t qh = (size_t)h * D, kvh = (size_t)(h / group) * D;
             for (int t = 0; t < T; t++) {
-                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * D;
+                const double *qt = q + ((size_t)b * T + t) * a->q_ld + qh;
                 double *p = att + (((size_t)b * H + h) * T + t) * T;
                 double mx = -INFINITY;
                 for (int s = 0; s <= t; s++) {
-                    const double *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+                    const double *ks = k + ((size_t)b * T + s) * a->kv_ld + kvh;
                     double dot = 0.0;
                     for (int d = 0; d < D; d++)
-                        dot += q[d] * k[d];
+                        dot += qt[d] * ks[d];
                     p[s] = dot * scale;
                     if (p[s] > mx)
                         mx = p[s];
@@ -492,61 +623,114 @@ void ref_attention_fwd(double *out, double *att, const double *qkv, int B, int T
                     p[s] /= sum;
                 for (int s = t + 1; s < T; s++)
                     p[s] = 0.0;
-                double *y = out + ((size_t)b * T + t) * C + h * D;
+                double *y = out + ((size_t)b * T + t) * HD + qh;
                 for (int d = 0; d < D; d++)
                     y[d] = 0.0;
                 for (int s = 0; s <= t; s++) {
-                    const double *v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+                    const double *vs = v + ((size_t)b * T + s) * a->kv_ld + kvh;
                     for (int d = 0; d < D; d++)
-                        y[d] += p[s] * v[d];
+                        y[d] += p[s] * vs[d];
                 }
             }
+        }
 }
 
 /*
-** Backward of ref_attention_fwd: adds into dqkv (B,T,3C) given dout (B,T,C). Per query t:
+** Backward of attention_fwd: adds into dq, dk and dv (strided as q, k and v) given dout. Per
+** query t:
 **   dv_s += p_s dy,  dp_s = dy . v_s,  dscore_s = p_s (dp_s - sum_r p_r dp_r),
 **   dq_t += scale sum_s dscore_s k_s,  dk_s += scale dscore_s q_t.
+** A key/value head's gradient is thus the sum over the H/K query heads that read it.
 */
-void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, const double *att,
-                       int B, int T, int C, int H)
+static void attention_bwd(double *dq, double *dk, double *dv, const double *dout,
+                          const double *q, const double *k, const double *v, const double *att,
+                          const attn_dims *a)
 {
-    int D = C / H;
+    int T = a->T, H = a->H, D = a->D, group = a->H / a->K;
+    size_t HD = (size_t)H * D;
     double scale = 1.0 / sqrt((double)D);
     double *dp = dalloc((size_t)T);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
+    for (int b = 0; b < a->B; b++)
+        for (int h = 0; h < H; h++) {
+            size_t qh = (size_t)h * D, kvh = (size_t)(h / group) * D;
             for (int t = 0; t < T; t++) {
-                size_t row_t = ((size_t)b * T + t) * 3 * C;
-                const double *q = qkv + row_t + h * D;
-                double *dq = dqkv + row_t + h * D;
-                const double *dy = dout + ((size_t)b * T + t) * C + h * D;
+                size_t row_t = ((size_t)b * T + t) * a->q_ld + qh;
+                const double *qt = q + row_t;
+                double *dqt = dq + row_t;
+                const double *dy = dout + ((size_t)b * T + t) * HD + qh;
                 const double *p = att + (((size_t)b * H + h) * T + t) * T;
                 double pdp = 0.0;
                 for (int s = 0; s <= t; s++) {
-                    size_t row_s = ((size_t)b * T + s) * 3 * C;
-                    const double *v = qkv + row_s + 2 * C + h * D;
-                    double *dv = dqkv + row_s + 2 * C + h * D;
+                    size_t row_s = ((size_t)b * T + s) * a->kv_ld + kvh;
                     double dot = 0.0;
                     for (int d = 0; d < D; d++) {
-                        dot += dy[d] * v[d];
-                        dv[d] += p[s] * dy[d];
+                        dot += dy[d] * v[row_s + d];
+                        dv[row_s + d] += p[s] * dy[d];
                     }
                     dp[s] = dot;
                     pdp += p[s] * dot;
                 }
                 for (int s = 0; s <= t; s++) {
-                    size_t row_s = ((size_t)b * T + s) * 3 * C;
-                    const double *k = qkv + row_s + C + h * D;
-                    double *dk = dqkv + row_s + C + h * D;
+                    size_t row_s = ((size_t)b * T + s) * a->kv_ld + kvh;
                     double ds = p[s] * (dp[s] - pdp) * scale;
                     for (int d = 0; d < D; d++) {
-                        dq[d] += ds * k[d];
-                        dk[d] += ds * q[d];
+                        dqt[d] += ds * k[row_s + d];
+                        dk[row_s + d] += ds * qt[d];
                     }
                 }
             }
+        }
     free(dp);
+}
+
+/*
+** Causal multi-head self-attention (GPT-2). qkv (B,T,3C) holds q | k | v; head h uses channels
+** [h*D, (h+1)*D) of each, D = C/H; out is (B,T,C) and att (B,H,T,T) as in attention_fwd.
+*/
+void ref_attention_fwd(double *out, double *att, const double *qkv, int B, int T, int C,
+                       int H)
+{
+    attn_dims a = {.B = B, .T = T, .H = H, .K = H, .D = C / H,
+                   .q_ld = 3 * (size_t)C, .kv_ld = 3 * (size_t)C};
+    attention_fwd(out, att, qkv, qkv + C, qkv + 2 * (size_t)C, &a);
+}
+
+/*
+** Backward of ref_attention_fwd: adds into dqkv (B,T,3C) given dout (B,T,C); see attention_bwd.
+*/
+void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, const double *att,
+                       int B, int T, int C, int H)
+{
+    attn_dims a = {.B = B, .T = T, .H = H, .K = H, .D = C / H,
+                   .q_ld = 3 * (size_t)C, .kv_ld = 3 * (size_t)C};
+    attention_bwd(dqkv, dqkv + C, dqkv + 2 * (size_t)C, dout, qkv, qkv + C,
+                  qkv + 2 * (size_t)C, att, &a);
+}
+
+/*
+** Causal grouped-query attention (Llama) over separate q (B,T,H*D), k and v (B,T,K*D), K
+** dividing H: query head h reads key/value head h / (H/K). out is (B,T,H*D), att (B,H,T,T).
+** With K = H and q | k | v packed this is exactly ref_attention_fwd.
+*/
+void ref_attention_gqa_fwd(double *out, double *att, const double *q, const double *k,
+                           const double *v, int B, int T, int H, int K, int D)
+{
+    attn_dims a = {.B = B, .T = T, .H = H, .K = K, .D = D,
+                   .q_ld = (size_t)H * D, .kv_ld = (size_t)K * D};
+    attention_fwd(out, att, q, k, v, &a);
+}
+
+/*
+** Backward of ref_attention_gqa_fwd: adds into dq (B,T,H*D), dk and dv (B,T,K*D) given dout
+** (B,T,H*D); a key/value head's gradient is the sum over the H/K query heads that read it.
+*/
+void ref_attention_gqa_bwd(double *dq, double *dk, double *dv, const double *dout,
+                           const double *q, const double *k, const double *v, const double *att,
+                           int B, int T, int H, int K, int D)
+{
+    attn_dims a = {.B = B, .T = T, .H = H, .K = K, .D = D,
+                   .q_ld = (size_t)H * D, .kv_ld = (size_t)K * D};
+    attention_bwd(dq, dk, dv, dout, q, k, v, att, &a);
 }
 
 /* GELU, tanh approximation (Hugging Face "gelu_new"):
@@ -655,6 +839,135 @@ void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int 
         }
 }
 
+/* -- Llama ops -------------------------------------------------------------------------------- */
+/* RMSNorm, rotary position embedding and SwiGLU: what Hugging Face's LlamaRMSNorm,
+** apply_rotary_pos_emb (rotate_half) and LlamaMLP's act_fn(gate) * up compute, in double. */
+
+/*
+** RMSNorm over the rows of in (N,C): rstd[n] = 1/sqrt(mean(in[n,:]^2) + eps),
+** out = in * rstd * w. Saves rstd (N) for the backward. out may not alias in.
+*/
+void ref_rmsnorm_fwd(double *out, double *rstd, const double *in, const double *w, int N, int C,
+                     double eps)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = in + (size_t)n * C;
+        double *y = out + (size_t)n * C;
+        double ms = 0.0;
+        for (int c = 0; c < C; c++)
+            ms += x[c] * x[c];
+        ms /= C;
+        double rs = 1.0 / sqrt(ms + eps);
+        for (int c = 0; c < C; c++)
+            y[c] = x[c] * rs * w[c];
+        rstd[n] = rs;
+    }
+}
+
+/*
+** Backward of ref_rmsnorm_fwd. With xhat = in * rstd and g = dout * w:
+** din += rstd * (g - xhat * mean(g * xhat)), dw += dout * xhat.
+*/
+void ref_rmsnorm_bwd(double *din, double *dw, const double *dout, const double *in,
+                     const double *w, const double *rstd, int N, int C)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = in + (size_t)n * C;
+        const double *dy = dout + (size_t)n * C;
+        double *dx = din + (size_t)n * C;
+        double gx_mean = 0.0;
+        for (int c = 0; c < C; c++)
+            gx_mean += dy[c] * w[c] * x[c] * rstd[n];
+        gx_mean /= C;
+        for (int c = 0; c < C; c++) {
+            double xhat = x[c] * rstd[n];
+            dx[c] += rstd[n] * (dy[c] * w[c] - xhat * gx_mean);
+            dw[c] += dy[c] * xhat;
+        }
+    }
+}
+
+/*
+** Rotate every head of N rows by angle pos[i] * inv_j, or by its negative when sign = -1.
+** Row i starts at x + i*ld; head h occupies columns [h*D, (h+1)*D), pairs (j, j + D/2).
+*/
+static void rope_rotate(double *x, int ld, int N, const int *pos, int H, int D, double theta,
+                        double sign)
+{
+    int half = D / 2;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < half; j++) {
+            double inv = 1.0 / pow(theta, (double)(2 * j) / D);
+            double a = (double)pos[i] * inv;
+            double c = cos(a), s = sign * sin(a);
+            for (int h = 0; h < H; h++) {
+                double *r = x + (size_t)i * ld + (size_t)h * D;
+                double x0 = r[j], x1 = r[j + half];
+                r[j] = x0 * c - x1 * s;
+                r[j + half] = x1 * c + x0 * s;
+            }
+        }
+}
+
+/*
+** Rotary position embedding in place (HF rotate_half convention) on N rows of ld elements:
+** H heads of D channels at columns h*D (D even); row i is at position pos[i] >= 0. For
+** j < D/2, inv_j = 1 / theta^(2j/D), a = pos * inv_j (double):
+**   x'[j] = x[j] cos a - x[j+D/2] sin a,  x'[j+D/2] = x[j+D/2] cos a + x[j] sin a.
+*/
+void ref_rope_fwd(double *x, int ld, int N, const int *pos, int H, int D, double theta)
+{
+    rope_rotate(x, ld, N, pos, H, D, theta, 1.0);
+}
+
+/*
+** Backward of ref_rope_fwd, in place on the gradient dx (same layout): the transpose of the
+** rotation, i.e. the rotation by -a. Unlike the other backward ops it overwrites.
+*/
+void ref_rope_bwd(double *dx, int ld, int N, const int *pos, int H, int D, double theta)
+{
+    rope_rotate(dx, ld, N, pos, H, D, theta, -1.0);
+}
+
+/*
+** SwiGLU: out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)), for i < n.
+*/
+void ref_swiglu_fwd(double *out, const double *gate, const double *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = gate[i] / (1.0 + exp(-gate[i])) * up[i];
+}
+
+/*
+** Backward of ref_swiglu_fwd; WRITES (does not add) dgate and dup:
+** dup = dout * silu(g), dgate = dout * up * sig(g) (1 + g (1 - sig(g))), sig = 1/(1+exp(-g)).
+*/
+void ref_swiglu_bwd(double *dgate, double *dup, const double *dout, const double *gate,
+                    const double *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i];
+        double sig = 1.0 / (1.0 + exp(-g));
+        double d = dout[i];
+        dup[i] = d * g * sig;
+        dgate[i] = d * up[i] * sig * (1.0 + g * (1.0 - sig));
+    }
+}
+
+/* nn.Linear without bias (Llama's every weight): out (N,OUT) = in (N,IN) . w^T, w (OUT,IN).
+** That is the LM head's layout, so ref_head_fwd computes it. */
+static void linear_nt_fwd(double *out, const double *in, const double *w, int N, int IN, int OUT)
+{
+    ref_head_fwd(out, in, w, N, OUT, IN);
+}
+
+/* Backward of linear_nt_fwd: din += dout . w, dw += dout^T . in. */
+static void linear_nt_bwd(double *din, double *dw, const double *dout, const double *in,
+                          const double *w, int N, int IN, int OUT)
+{
+    ref_head_bwd(din, dw, dout, in, w, N, OUT, IN);
+}
+
 /* -- Mixture of experts --------------------------------------------------------------------- */
 /*
 ** Megatron's TopKRouter and experts, written out (README.md, "Mixture of experts"), over
@@ -669,7 +982,8 @@ void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int 
 **               other choices with their probabilities unchanged
 **   out_n = sum over kept j of prob[n,j] * (c_proj_e(gelu(c_fc_e(x_n)))),  e = sel[n,j]
 **               (Megatron scales the activation before fc2 and the fc2 bias by prob, which
-**               is the same as scaling the whole expert output, bias included)
+**               is the same as scaling the whole expert output, bias included); in a Llama
+**               model the expert is Mixtral's w2_e(silu(w1_e x_n) * w3_e x_n)
 **   aux = coeff * E / (k N^2) * sum_e (sum_n scores[n,e]) * count_e, with scores = softmax
 **               over all E, count_e = tokens whose top-k holds e, before any dropping
 */
@@ -688,7 +1002,8 @@ int ref_moe_capacity(int ntokens, const ref_moe_config *moe)
 }
 
 /*
-** Allocate the MoE activations of a forward over N tokens into *ma (zeroed).
+** Allocate the MoE activations of a forward over N tokens into *ma (zeroed; u too, which only
+** Llama's experts use).
 ** Release with ref_moe_acts_release.
 */
 void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C)
@@ -701,6 +1016,7 @@ void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C
     ma->prob = dalloc(n * k);
     ma->keep = ref_xcalloc(n * k, sizeof(int));
     ma->h = dalloc(n * k * (size_t)moe->ffn);
+    ma->u = dalloc(n * k * (size_t)moe->ffn);
     ma->a = dalloc(n * k * (size_t)moe->ffn);
     ma->y = dalloc(n * k * (size_t)C);
     ma->count = ref_xcalloc(E, sizeof(int));
@@ -717,6 +1033,7 @@ void ref_moe_acts_release(ref_moe_acts *ma)
     free(ma->prob);
     free(ma->keep);
     free(ma->h);
+    free(ma->u);
     free(ma->a);
     free(ma->y);
     free(ma->count);
@@ -753,6 +1070,43 @@ static void topk_select(int *sel, const double *z, int E, int k)
         }
         sel[j] = best;
     }
+}
+
+/* One expert on one token 'in' (C): y (C) = the expert's output, keeping h, u and a (Fe).
+** GPT-2: c_proj(gelu(c_fc(in))) (u untouched); Llama (x->w1 set): w2(silu(w1 in) * w3 in). */
+static void expert_fwd(double *y, double *h, double *u, double *a, const ref_expert *x,
+                       const double *in, int C, int Fe)
+{
+    if (x->w1 != NULL) {
+        linear_nt_fwd(h, in, x->w1, 1, C, Fe);
+        linear_nt_fwd(u, in, x->w3, 1, C, Fe);
+        ref_swiglu_fwd(a, h, u, (size_t)Fe);
+        linear_nt_fwd(y, a, x->w2, 1, Fe, C);
+        return;
+    }
+    ref_linear_fwd(h, in, x->c_fc_w, x->c_fc_b, 1, C, Fe);
+    ref_gelu_fwd(a, h, (size_t)Fe);
+    ref_linear_fwd(y, a, x->c_proj_w, x->c_proj_b, 1, Fe, C);
+}
+
+/* Backward of expert_fwd for the gradient gy (C) of y: adds into dx (C) and the expert's
+** gradients xg; d_a, d_h, d_u are scratch (Fe). */
+static void expert_bwd(double *dx, ref_expert *xg, const double *gy, const ref_expert *xw,
+                       const double *in, const double *h, const double *u, const double *a,
+                       double *d_a, double *d_h, double *d_u, int C, int Fe)
+{
+    memset(d_a, 0, (size_t)Fe * sizeof(double));
+    if (xw->w1 != NULL) {
+        linear_nt_bwd(d_a, xg->w2, gy, a, xw->w2, 1, Fe, C);
+        ref_swiglu_bwd(d_h, d_u, d_a, h, u, (size_t)Fe);
+        linear_nt_bwd(dx, xg->w1, d_h, in, xw->w1, 1, C, Fe);
+        linear_nt_bwd(dx, xg->w3, d_u, in, xw->w3, 1, C, Fe);
+        return;
+    }
+    ref_linear_bwd(d_a, xg->c_proj_w, xg->c_proj_b, gy, a, xw->c_proj_w, 1, Fe, C);
+    memset(d_h, 0, (size_t)Fe * sizeof(double));
+    ref_gelu_bwd(d_h, d_a, h, (size_t)Fe);
+    ref_linear_bwd(dx, xg->c_fc_w, xg->c_fc_b, d_h, in, xw->c_fc_w, 1, C, Fe);
 }
 
 /*
@@ -813,17 +1167,16 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
     for (int n = 0; n < N; n++)
         for (int j = 0; j < k; j++) {
             size_t nj = (size_t)n * k + j;
-            double *h = ma->h + nj * Fe, *a = ma->a + nj * Fe, *y = ma->y + nj * C;
+            double *h = ma->h + nj * Fe, *u = ma->u + nj * Fe, *a = ma->a + nj * Fe;
+            double *y = ma->y + nj * C;
             if (!ma->keep[nj]) {
                 memset(h, 0, (size_t)Fe * sizeof(double));
+                memset(u, 0, (size_t)Fe * sizeof(double));
                 memset(a, 0, (size_t)Fe * sizeof(double));
                 memset(y, 0, (size_t)C * sizeof(double));
                 continue;
             }
-            const ref_expert *x = &w->experts[ma->sel[nj]];
-            ref_linear_fwd(h, in + (size_t)n * C, x->c_fc_w, x->c_fc_b, 1, C, Fe);
-            ref_gelu_fwd(a, h, (size_t)Fe);
-            ref_linear_fwd(y, a, x->c_proj_w, x->c_proj_b, 1, Fe, C);
+            expert_fwd(y, h, u, a, &w->experts[ma->sel[nj]], in + (size_t)n * C, C, Fe);
             double p = ma->prob[nj];
             double *o = out + (size_t)n * C;
             for (int c = 0; c < C; c++)
@@ -857,6 +1210,7 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
 {
     int N = B * T, E = moe->experts, k = moe->top_k, Fe = moe->ffn;
     double *gy = dalloc((size_t)C), *d_a = dalloc((size_t)Fe), *d_h = dalloc((size_t)Fe);
+    double *d_u = dalloc((size_t)Fe);
     double *dp = dalloc((size_t)k), *ds = dalloc((size_t)E), *dz = dalloc((size_t)E);
     /* d (aux_scale * aux) / d scores[n,e] = aux_g * count_e */
     double aux_g = aux_scale * (E * moe->aux_coeff / ((double)N * N * k));
@@ -872,19 +1226,14 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
             if (!ma->keep[nj])
                 continue;
             int e = ma->sel[nj];
-            const ref_expert *xw = &w->experts[e];
-            ref_expert *xg = &g->experts[e];
-            const double *y = ma->y + nj * C, *h = ma->h + nj * Fe, *a = ma->a + nj * Fe;
+            const double *y = ma->y + nj * C;
             double p = ma->prob[nj];
             for (int c = 0; c < C; c++) {
                 dp[j] += dy[c] * y[c];
                 gy[c] = p * dy[c];
             }
-            memset(d_a, 0, (size_t)Fe * sizeof(double));
-            ref_linear_bwd(d_a, xg->c_proj_w, xg->c_proj_b, gy, a, xw->c_proj_w, 1, Fe, C);
-            memset(d_h, 0, (size_t)Fe * sizeof(double));
-            ref_gelu_bwd(d_h, d_a, h, (size_t)Fe);
-            ref_linear_bwd(dx, xg->c_fc_w, xg->c_fc_b, d_h, x, xw->c_fc_w, 1, C, Fe);
+            expert_bwd(dx, &g->experts[e], gy, &w->experts[e], x, ma->h + nj * Fe,
+                       ma->u + nj * Fe, ma->a + nj * Fe, d_a, d_h, d_u, C, Fe);
         }
 
         /* dz = d objective / d logits[n,:]: through the probabilities, then the aux loss */
@@ -927,6 +1276,7 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
     free(gy);
     free(d_a);
     free(d_h);
+    free(d_u);
     free(dp);
     free(ds);
     free(dz);
@@ -941,7 +1291,8 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
 ref_acts *ref_acts_new(const ref_config *cfg, int B)
 {
     size_t N = (size_t)B * cfg->seq, C = cfg->hidden, F = cfg->ffn, V = cfg->vocab;
-    size_t H = cfg->heads, T = cfg->seq;
+    size_t H = cfg->heads, T = cfg->seq, D = C / H, K = (size_t)kv_heads(cfg);
+    int llama = cfg->arch == REF_ARCH_LLAMA;
     ref_acts *a = ref_xcalloc(1, sizeof *a);
     a->B = B;
     a->layer = ref_xcalloc((size_t)cfg->layers, sizeof *a->layer);
@@ -949,35 +1300,49 @@ ref_acts *ref_acts_new(const ref_config *cfg, int B)
         ref_layer_acts *la = &a->layer[l];
         la->x_in = dalloc(N * C);
         la->ln1 = dalloc(N * C);
-        la->ln1_mean = dalloc(N);
         la->ln1_rstd = dalloc(N);
-        la->qkv = dalloc(N * 3 * C);
         la->att = dalloc((size_t)B * H * T * T);
         la->y = dalloc(N * C);
         la->x_mid = dalloc(N * C);
         la->ln2 = dalloc(N * C);
-        la->ln2_mean = dalloc(N);
         la->ln2_rstd = dalloc(N);
+        if (llama) {
+            la->q = dalloc(N * H * D);
+            la->k = dalloc(N * K * D);
+            la->v = dalloc(N * K * D);
+        } else {
+            la->ln1_mean = dalloc(N);
+            la->ln2_mean = dalloc(N);
+            la->qkv = dalloc(N * 3 * C);
+        }
         if (cfg->moe.experts > 0) {
             ref_moe_acts_init(&la->moe, &cfg->moe, (int)N, (int)C);
         } else {
             la->mlp.h = dalloc(N * F);
             la->mlp.a = dalloc(N * F);
+            if (llama)
+                la->mlp.u = dalloc(N * F);
         }
     }
+    a->pos = ref_xcalloc(N, sizeof(int));
+    for (size_t n = 0; n < N; n++)
+        a->pos[n] = (int)(n % T);
     a->x_out = dalloc(N * C);
     a->lnf = dalloc(N * C);
-    a->lnf_mean = dalloc(N);
+    if (!llama)
+        a->lnf_mean = dalloc(N);
     a->lnf_rstd = dalloc(N);
     a->probs = dalloc(N * V);
     a->losses = dalloc(N);
     a->d_res = dalloc(N * C);
     a->d_ln = dalloc(N * C);
     a->d_y = dalloc(N * C);
-    a->d_qkv = dalloc(N * 3 * C);
+    a->d_qkv = dalloc(N * 3 * C);         /* Llama: (H + 2K) D <= 3C */
     if (cfg->moe.experts == 0) {
         a->d_h = dalloc(N * F);
         a->d_a = dalloc(N * F);
+        if (llama)
+            a->d_u = dalloc(N * F);
     }
     a->d_logits = dalloc(N * V);
     return a;
@@ -997,6 +1362,9 @@ void ref_acts_free(ref_acts *a, const ref_config *cfg)
         free(la->ln1_mean);
         free(la->ln1_rstd);
         free(la->qkv);
+        free(la->q);
+        free(la->k);
+        free(la->v);
         free(la->att);
         free(la->y);
         free(la->x_mid);
@@ -1004,10 +1372,12 @@ void ref_acts_free(ref_acts *a, const ref_config *cfg)
         free(la->ln2_mean);
         free(la->ln2_rstd);
         free(la->mlp.h);
+        free(la->mlp.u);
         free(la->mlp.a);
         ref_moe_acts_release(&la->moe);
     }
     free(a->layer);
+    free(a->pos);
     free(a->x_out);
     free(a->lnf);
     free(a->lnf_mean);
@@ -1020,6 +1390,7 @@ void ref_acts_free(ref_acts *a, const ref_config *cfg)
     free(a->d_qkv);
     free(a->d_h);
     free(a->d_a);
+    free(a->d_u);
     free(a->d_logits);
     free(a);
 }
@@ -1053,6 +1424,29 @@ static void mlp_bwd(double *din, ref_layer *g, const double *dout, const ref_mlp
     ref_linear_bwd(din, g->mlp.c_fc_w, g->mlp.c_fc_b, d_h, in, w->mlp.c_fc_w, N, C, F);
 }
 
+/* out (N,C) = down(silu(gate(in)) * up(in)), Llama's MLP; keeps gate, up and the product. */
+static void swiglu_mlp_fwd(double *out, ref_mlp_acts *ma, const ref_layer *w, const double *in,
+                           int N, int C, int F)
+{
+    linear_nt_fwd(ma->h, in, w->gate_w, N, C, F);
+    linear_nt_fwd(ma->u, in, w->up_w, N, C, F);
+    ref_swiglu_fwd(ma->a, ma->h, ma->u, (size_t)N * F);
+    linear_nt_fwd(out, ma->a, w->down_w, N, F, C);
+}
+
+/* Backward of swiglu_mlp_fwd: din += ..., parameter gradients into g; d_h, d_u, d_a are
+** scratch (N,F). */
+static void swiglu_mlp_bwd(double *din, ref_layer *g, const double *dout, const ref_mlp_acts *ma,
+                           const ref_layer *w, const double *in, double *d_h, double *d_u,
+                           double *d_a, int N, int C, int F)
+{
+    zero(d_a, (size_t)N * F);
+    linear_nt_bwd(d_a, g->down_w, dout, ma->a, w->down_w, N, F, C);
+    ref_swiglu_bwd(d_h, d_u, d_a, ma->h, ma->u, (size_t)N * F);
+    linear_nt_bwd(din, g->gate_w, d_h, in, w->gate_w, N, C, F);
+    linear_nt_bwd(din, g->up_w, d_u, in, w->up_w, N, C, F);
+}
+
 /* -- Forward and backward ---------------------------------------------------------------------- */
 
 /* The residual stream leaving layer l: the next layer's input, or x_out after the last. */
@@ -1062,14 +1456,117 @@ static double *layer_out(ref_acts *a, int l, int L)
 }
 
 /*
+** The Llama forward (README.md, "Llama"), ref_forward's contract. Per layer:
+**   h = rmsnorm(x_in); q, k, v = h . Wq^T, h . Wk^T, h . Wv^T; rope(q), rope(k) at position t;
+**   x_mid = x_in + gqa_attention(q, k, v) . Wo^T; h = rmsnorm(x_mid);
+**   out = x_mid + down(silu(gate(h)) * up(h))   (or the mixture of Mixtral experts)
+** then logits = rmsnorm(x_out) . lm_head^T.
+*/
+static double llama_forward(const ref_model *m, ref_acts *a, const int *inputs,
+                            const int *targets)
+{
+    const ref_config *cfg = &m->cfg;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int H = cfg->heads, K = kv_heads(cfg), D = C / H, N = B * T;
+
+    ref_embed_fwd(L > 0 ? a->layer[0].x_in : a->x_out, inputs, m->w.wte, NULL, B, T, C);
+    a->aux = 0.0;
+    for (int l = 0; l < L; l++) {
+        const ref_layer *w = &m->w.h[l];
+        ref_layer_acts *la = &a->layer[l];
+        double *out = layer_out(a, l, L);
+
+        ref_rmsnorm_fwd(la->ln1, la->ln1_rstd, la->x_in, w->input_ln_w, N, C, cfg->ln_eps);
+        linear_nt_fwd(la->q, la->ln1, w->q_w, N, C, H * D);
+        linear_nt_fwd(la->k, la->ln1, w->k_w, N, C, K * D);
+        linear_nt_fwd(la->v, la->ln1, w->v_w, N, C, K * D);
+        ref_rope_fwd(la->q, H * D, N, a->pos, H, D, rope_theta(cfg));
+        ref_rope_fwd(la->k, K * D, N, a->pos, K, D, rope_theta(cfg));
+        ref_attention_gqa_fwd(la->y, la->att, la->q, la->k, la->v, B, T, H, K, D);
+        linear_nt_fwd(la->x_mid, la->y, w->o_w, N, H * D, C);
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            la->x_mid[i] += la->x_in[i];
+
+        ref_rmsnorm_fwd(la->ln2, la->ln2_rstd, la->x_mid, w->post_ln_w, N, C, cfg->ln_eps);
+        if (cfg->moe.experts > 0) {
+            ref_moe_fwd(out, &la->moe, &w->moe, &cfg->moe, la->ln2, B, T, C);
+            a->aux += la->moe.aux;
+        } else {
+            swiglu_mlp_fwd(out, &la->mlp, w, la->ln2, N, C, F);
+        }
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            out[i] += la->x_mid[i];
+    }
+    ref_rmsnorm_fwd(a->lnf, a->lnf_rstd, a->x_out, m->w.ln_f_w, N, C, cfg->ln_eps);
+    ref_head_fwd(a->probs, a->lnf, m->w.lm_head, N, cfg->vocab, C);
+    ref_xent_fwd(a->probs, a->losses, a->probs, targets, N, cfg->vocab);
+
+    double sum = 0.0;
+    for (int n = 0; n < N; n++)
+        sum += a->losses[n];
+    return sum;
+}
+
+/* The Llama backward, ref_backward's contract (the tied head's gradient lands in wte's). */
+static void llama_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
+                           double scale, double aux_scale)
+{
+    const ref_config *cfg = &m->cfg;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int H = cfg->heads, K = kv_heads(cfg), D = C / H, V = cfg->vocab, N = B * T;
+    size_t NC = (size_t)N * C;
+    double *d_q = a->d_qkv, *d_k = d_q + (size_t)N * H * D, *d_v = d_k + (size_t)N * K * D;
+
+    zero(a->d_logits, (size_t)N * V);
+    ref_xent_bwd(a->d_logits, a->probs, targets, N, V, scale);
+    zero(a->d_ln, NC);
+    ref_head_bwd(a->d_ln, m->g.lm_head, a->d_logits, a->lnf, m->w.lm_head, N, V, C);
+    zero(a->d_res, NC);
+    ref_rmsnorm_bwd(a->d_res, m->g.ln_f_w, a->d_ln, a->x_out, m->w.ln_f_w, a->lnf_rstd, N, C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const ref_layer *w = &m->w.h[l];
+        ref_layer *g = &m->g.h[l];
+        ref_layer_acts *la = &a->layer[l];
+
+        zero(a->d_ln, NC);
+        if (cfg->moe.experts > 0)
+            ref_moe_bwd(a->d_ln, &g->moe, a->d_res, aux_scale, &la->moe, &w->moe, &cfg->moe,
+                        la->ln2, B, T, C);
+        else
+            swiglu_mlp_bwd(a->d_ln, g, a->d_res, &la->mlp, w, la->ln2, a->d_h, a->d_u, a->d_a,
+                           N, C, F);
+        ref_rmsnorm_bwd(a->d_res, g->post_ln_w, a->d_ln, la->x_mid, w->post_ln_w, la->ln2_rstd,
+                        N, C);
+
+        zero(a->d_y, NC);
+        linear_nt_bwd(a->d_y, g->o_w, a->d_res, la->y, w->o_w, N, H * D, C);
+        zero(a->d_qkv, (size_t)N * (H + 2 * K) * D);
+        ref_attention_gqa_bwd(d_q, d_k, d_v, a->d_y, la->q, la->k, la->v, la->att, B, T, H, K,
+                              D);
+        ref_rope_bwd(d_q, H * D, N, a->pos, H, D, rope_theta(cfg));
+        ref_rope_bwd(d_k, K * D, N, a->pos, K, D, rope_theta(cfg));
+        zero(a->d_ln, NC);
+        linear_nt_bwd(a->d_ln, g->q_w, d_q, la->ln1, w->q_w, N, C, H * D);
+        linear_nt_bwd(a->d_ln, g->k_w, d_k, la->ln1, w->k_w, N, C, K * D);
+        linear_nt_bwd(a->d_ln, g->v_w, d_v, la->ln1, w->v_w, N, C, K * D);
+        ref_rmsnorm_bwd(a->d_res, g->input_ln_w, a->d_ln, la->x_in, w->input_ln_w, la->ln1_rstd,
+                        N, C);
+    }
+    ref_embed_bwd(m->g.wte, NULL, a->d_res, inputs, B, T, C);
+}
+
+/*
 ** Forward pass over a->B sequences: inputs and targets are (B,T) token ids in [0, V).
 ** Stores every activation in 'a' and returns the SUM over the B*T positions of the
 ** cross-entropy -log p(target) (divide by the token count for the mean). For a mixture of
 ** experts, a->aux is set to the sum over layers of these B*T tokens' load-balancing losses
-** (0 for a dense model or aux_coeff 0).
+** (0 for a dense model or aux_coeff 0). Either architecture (a Llama model: llama_forward).
 */
 double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int *targets)
 {
+    if (m->cfg.arch == REF_ARCH_LLAMA)
+        return llama_forward(m, a, inputs, targets);
     const ref_config *cfg = &m->cfg;
     int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
     int N = B * T;
@@ -1116,11 +1613,15 @@ double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int
 /*
 ** Backward pass of the last ref_forward on 'a' (same inputs and targets) for the objective
 ** 'scale * (sum of the B*T losses) + aux_scale * a->aux': ADDS every parameter gradient into
-** m->grads. aux_scale is ignored by dense models.
+** m->grads. aux_scale is ignored by dense models. Either architecture.
 */
 void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targets,
                   double scale, double aux_scale)
 {
+    if (m->cfg.arch == REF_ARCH_LLAMA) {
+        llama_backward(m, a, inputs, targets, scale, aux_scale);
+        return;
+    }
     const ref_config *cfg = &m->cfg;
     int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
     int V = cfg->vocab, N = B * T;

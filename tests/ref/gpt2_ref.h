@@ -2,6 +2,8 @@
 ** gpt2_ref.h: the independent reference (oracle) for GPT-2 training -- model, loss, every
 ** parameter gradient, AdamW, LR schedule and gradient clipping, all in double precision,
 ** single process, written to be read. It is not fast and knows nothing about parallelism.
+** Two architectures: GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM; with experts,
+** MixtralForCausalLM), chosen by ref_config.arch.
 ** Callers: tests/ref/main.c (build/ref/gpt2_ref), tests/ref/ref_test.c, and kernel tests that
 ** link build/ref/libref.a to compare single ops (ref_layernorm_fwd, ref_attention_bwd, ...).
 ** Semantics: issues 4 and 7 (the mixture of experts) and tests/ref/README.md. File formats are
@@ -28,15 +30,27 @@ typedef struct ref_moe_config {
     double capacity;    /* capacity factor; 0 = no token dropping */
 } ref_moe_config;
 
+/* The architecture (tests/ref/README.md, "Llama"). */
+typedef enum {
+    REF_ARCH_GPT2,      /* GPT2LMHeadModel: LayerNorm, GELU MLP, learned positions, tied head */
+    REF_ARCH_LLAMA      /* LlamaForCausalLM / MixtralForCausalLM: RMSNorm, rope, GQA, SwiGLU */
+} ref_arch;
+
 typedef struct ref_config {
     int layers;         /* L: transformer blocks */
     int hidden;         /* C: channels */
     int heads;          /* H: attention heads; divides C, head_dim = C / H */
     int seq;            /* T: sequence length, also the number of rows of wpe */
     int vocab;          /* V: vocabulary (never padded in the reference) */
-    int ffn;            /* F: MLP inner width (4C unless the model says otherwise) */
-    double ln_eps;      /* LayerNorm eps (1e-5 for GPT-2) */
+    int ffn;            /* F: MLP inner width (GPT-2: 4C unless the model says otherwise;
+                        ** Llama: the SwiGLU width of gate/up/down) */
+    double ln_eps;      /* LayerNorm / RMSNorm eps (1e-5 for GPT-2 and by default for Llama) */
     ref_moe_config moe; /* all zero: a dense model */
+    /* Llama only (arch == REF_ARCH_LLAMA); GPT-2 ignores them */
+    ref_arch arch;      /* REF_ARCH_GPT2 (0) unless set */
+    int kv_heads;       /* K: key/value heads, divides H (grouped-query attention); 0 = H */
+    double rope_theta;  /* rotary base; 0 = 10000 (Llama 2's) */
+    int tie_embeddings; /* 1: lm_head is embed_tokens (no lm_head.weight tensor) */
 } ref_config;
 
 /* How a tensor is initialised by ref_model_init_random (tests/ref/README.md). */
@@ -60,22 +74,30 @@ typedef struct ref_tensor {
     ref_init_kind init;
 } ref_tensor;
 
-/* One expert of a mixture-of-experts layer: a GELU MLP C -> Fe -> C (views, checkpoint shapes). */
+/* One expert of a mixture-of-experts layer (views, checkpoint shapes): in a GPT-2 model a GELU
+** MLP C -> Fe -> C in Conv1D layout (the w* views NULL); in a Llama model Mixtral's SwiGLU
+** expert w2(silu(w1 x) * w3 x) in nn.Linear layout (the c_* views NULL). */
 typedef struct ref_expert {
     double *c_fc_w;             /* (C, Fe) */
     double *c_fc_b;             /* (Fe), NULL without expert biases */
     double *c_proj_w;           /* (Fe, C) */
     double *c_proj_b;           /* (C), NULL without expert biases */
+    double *w1;                 /* (Fe, C) block_sparse_moe.experts.{e}.w1.weight: gate */
+    double *w2;                 /* (C, Fe) w2.weight: down */
+    double *w3;                 /* (Fe, C) w3.weight: up */
 } ref_expert;
 
 /* The mixture of experts of one layer (views into params or grads). */
 typedef struct ref_moe_weights {
-    double *router_w;           /* (E, C) mlp.router.weight: logits = x . router_w^T, no bias */
+    double *router_w;           /* (E, C) mlp.router.weight (Llama: block_sparse_moe.gate.weight):
+                                ** logits = x . router_w^T, no bias */
     ref_expert *experts;        /* [E] mlp.experts.{e}.*; owned by the ref_model */
 } ref_moe_weights;
 
-/* Views of one layer's tensors (into params or into grads). Shapes as in the checkpoint. */
+/* Views of one layer's tensors (into params or into grads). Shapes as in the checkpoint.
+** A GPT-2 model uses the GPT-2 views, a Llama model the Llama views; the others are NULL. */
 typedef struct ref_layer {
+    /* GPT-2 (Conv1D weights, in x out) */
     double *ln_1_w, *ln_1_b;    /* (C), (C) */
     double *c_attn_w;           /* (C, 3C) in x out, output columns q | k | v */
     double *c_attn_b;           /* (3C) */
@@ -90,21 +112,32 @@ typedef struct ref_layer {
         double *c_proj_w;       /* (F, C) */
         double *c_proj_b;       /* (C) */
     } mlp;
-    ref_moe_weights moe;
+    ref_moe_weights moe;        /* both architectures (experts differ, see ref_expert) */
+    /* Llama (nn.Linear weights, out x in: y = x . W^T; no biases). D = C/H, K = kv heads. */
+    double *input_ln_w;         /* (C) input_layernorm.weight (RMSNorm) */
+    double *q_w;                /* (H*D, C) self_attn.q_proj.weight */
+    double *k_w, *v_w;          /* (K*D, C) self_attn.{k,v}_proj.weight */
+    double *o_w;                /* (C, H*D) self_attn.o_proj.weight */
+    double *post_ln_w;          /* (C) post_attention_layernorm.weight (RMSNorm) */
+    double *gate_w, *up_w;      /* (F, C) mlp.{gate,up}_proj.weight (dense only) */
+    double *down_w;             /* (C, F) mlp.down_proj.weight (dense only) */
 } ref_layer;
 
 typedef struct ref_weights {
-    double *wte;                /* (V, C) token embedding, also the (tied) LM head */
-    double *wpe;                /* (T, C) position embedding */
+    double *wte;                /* (V, C) token embedding (Llama: model.embed_tokens.weight) */
+    double *wpe;                /* (T, C) position embedding; NULL for Llama */
     ref_layer *h;               /* [L] */
-    double *ln_f_w, *ln_f_b;    /* (C), (C) */
+    double *ln_f_w, *ln_f_b;    /* (C), (C) final norm (Llama: model.norm.weight, ln_f_b NULL) */
+    double *lm_head;            /* (V, C) logits = x . lm_head^T: wte itself (GPT-2, tied Llama)
+                                ** or lm_head.weight (untied Llama) */
 } ref_weights;
 
 /* The model with its optimizer state. Created by ref_model_new, freed by ref_model_free. */
 typedef struct ref_model {
     ref_config cfg;
     int ntensors;
-    ref_tensor *tensors;        /* [ntensors], canonical order: wte, wpe, h.0.*, ..., ln_f.* */
+    ref_tensor *tensors;        /* [ntensors], canonical order: wte, wpe, h.0.*, ..., ln_f.*
+                                ** (Llama: embed_tokens, layers, norm, lm_head; README.md) */
     size_t nparams;
     double *params;             /* (nparams) */
     double *grads;              /* (nparams) d loss / d params of the current step */
@@ -116,8 +149,9 @@ typedef struct ref_model {
 
 /* Activations of one forward pass over B sequences (N = B*T rows), kept for the backward. */
 typedef struct ref_mlp_acts {
-    double *h;                  /* (N, F) c_fc output, before GELU */
-    double *a;                  /* (N, F) GELU output */
+    double *h;                  /* (N, F) c_fc output, before GELU (Llama: gate_proj output) */
+    double *u;                  /* (N, F) Llama: up_proj output; NULL for GPT-2 */
+    double *a;                  /* (N, F) GELU output (Llama: silu(gate) * up) */
 } ref_mlp_acts;
 
 /* Activations of one mixture-of-experts forward over N = B*T tokens (row n = b*T + t), kept for
@@ -128,22 +162,27 @@ typedef struct ref_moe_acts {
     int *sel;                   /* (N, k) chosen experts, by logit descending, ties: lower index */
     double *prob;               /* (N, k) routing probability of each choice */
     int *keep;                  /* (N, k) 1 unless the choice was dropped by the capacity */
-    double *h;                  /* (N, k, Fe) expert c_fc output of each choice, before GELU */
-    double *a;                  /* (N, k, Fe) its GELU output */
+    double *h;                  /* (N, k, Fe) expert c_fc output of each choice, before GELU
+                                ** (Llama: its w1 (gate) output) */
+    double *u;                  /* (N, k, Fe) Llama: its w3 (up) output; unused by GPT-2 */
+    double *a;                  /* (N, k, Fe) its GELU output (Llama: silu(gate) * up) */
     double *y;                  /* (N, k, C) expert output c_proj(a) + bias, before the prob */
     int *count;                 /* (E) tokens whose top-k holds expert e (the aux loss's count) */
     int capacity;               /* per-expert token limit of this forward; 0 = unlimited */
     double aux;                 /* this forward's load-balancing loss (coefficient included) */
 } ref_moe_acts;
 
+/* Llama uses the same fields, with RMSNorms (ln1 = input_layernorm, ln2 =
+** post_attention_layernorm; no means) and q, k, v in place of qkv. */
 typedef struct ref_layer_acts {
     double *x_in;               /* (N, C) residual stream entering the layer */
-    double *ln1, *ln1_mean, *ln1_rstd;      /* (N, C), (N), (N) */
-    double *qkv;                /* (N, 3C) */
+    double *ln1, *ln1_mean, *ln1_rstd;      /* (N, C), (N), (N); ln1_mean NULL for Llama */
+    double *qkv;                /* (N, 3C) GPT-2; NULL for Llama */
+    double *q, *k, *v;          /* Llama: (N, H*D), (N, K*D), (N, K*D); q and k after rope */
     double *att;                /* (B, H, T, T) softmax probabilities, 0 above the diagonal */
     double *y;                  /* (N, C) attention output, heads concatenated, before c_proj */
     double *x_mid;              /* (N, C) residual stream after the attention block */
-    double *ln2, *ln2_mean, *ln2_rstd;      /* (N, C), (N), (N) */
+    double *ln2, *ln2_mean, *ln2_rstd;      /* (N, C), (N), (N); ln2_mean NULL for Llama */
     ref_mlp_acts mlp;           /* dense models */
     ref_moe_acts moe;           /* mixture-of-experts models */
 } ref_layer_acts;
@@ -151,8 +190,9 @@ typedef struct ref_layer_acts {
 typedef struct ref_acts {
     int B;                      /* sequences per forward (the micro-batch) */
     ref_layer_acts *layer;      /* [L] */
+    int *pos;                   /* (N) position of row n = b*T + t: t (rope) */
     double *x_out;              /* (N, C) residual stream after the last layer */
-    double *lnf, *lnf_mean, *lnf_rstd;      /* (N, C), (N), (N) */
+    double *lnf, *lnf_mean, *lnf_rstd;      /* (N, C), (N), (N); lnf_mean NULL for Llama */
     double *probs;              /* (N, V) softmax of the logits */
     double *losses;             /* (N) -log probs[target] */
     double aux;                 /* sum over layers of the load-balancing losses (MoE only) */
@@ -160,8 +200,9 @@ typedef struct ref_acts {
     double *d_res;              /* (N, C) gradient of the residual stream */
     double *d_ln;               /* (N, C) gradient of a LayerNorm output */
     double *d_y;                /* (N, C) gradient of the attention output */
-    double *d_qkv;              /* (N, 3C) */
+    double *d_qkv;              /* (N, 3C); Llama: d q | d k | d v, (N, (H + 2K) D) */
     double *d_h, *d_a;          /* (N, F) MLP inner gradients */
+    double *d_u;                /* (N, F) Llama: gradient of the up_proj output */
     double *d_logits;           /* (N, V) */
 } ref_acts;
 
@@ -233,6 +274,11 @@ void ref_attention_fwd(double *out, double *att, const double *qkv, int B, int T
                        int H);
 void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, const double *att,
                        int B, int T, int C, int H);
+void ref_attention_gqa_fwd(double *out, double *att, const double *q, const double *k,
+                           const double *v, int B, int T, int H, int K, int D);
+void ref_attention_gqa_bwd(double *dq, double *dk, double *dv, const double *dout,
+                           const double *q, const double *k, const double *v, const double *att,
+                           int B, int T, int H, int K, int D);
 void ref_gelu_fwd(double *out, const double *in, size_t n);
 void ref_gelu_bwd(double *din, const double *dout, const double *in, size_t n);
 void ref_head_fwd(double *logits, const double *x, const double *wte, int N, int V, int C);
@@ -242,6 +288,27 @@ void ref_xent_fwd(double *probs, double *losses, const double *logits, const int
                   int N, int V);
 void ref_xent_bwd(double *dlogits, const double *probs, const int *targets, int N, int V,
                   double scale);
+
+/* Llama ops. ref_rmsnorm_bwd adds; ref_rope_* work in place; ref_swiglu_bwd writes. */
+/* RMSNorm over rows of C: rstd[n] = 1/sqrt(mean(in^2) + eps); out = in * rstd * w. */
+void ref_rmsnorm_fwd(double *out, double *rstd, const double *in, const double *w, int N, int C,
+                     double eps);
+/* backward: din += rstd*(g - xhat*mean(g*xhat)) with g = dout*w, xhat = in*rstd; dw += dout*xhat
+** (both accumulate) */
+void ref_rmsnorm_bwd(double *din, double *dw, const double *dout, const double *in,
+                     const double *w, const double *rstd, int N, int C);
+/* Rotary embedding, HF rotate_half convention, in place on N rows of ld elements, H heads of D
+** channels at columns h*D; row i is at position pos[i]. For i < D/2: inv = theta^(-2i/D) (in
+** double), a = pos*inv, x'[i] = x[i] cos a - x[i+D/2] sin a,
+** x'[i+D/2] = x[i+D/2] cos a + x[i] sin a. */
+void ref_rope_fwd(double *x, int ld, int N, const int *pos, int H, int D, double theta);
+/* its backward (the transpose: rotation by -a), in place on the gradient */
+void ref_rope_bwd(double *dx, int ld, int N, const int *pos, int H, int D, double theta);
+/* out = silu(gate) * up, silu(g) = g/(1+exp(-g)) */
+void ref_swiglu_fwd(double *out, const double *gate, const double *up, size_t n);
+/* dgate, dup written (not accumulated) */
+void ref_swiglu_bwd(double *dgate, double *dup, const double *dout, const double *gate,
+                    const double *up, size_t n);
 
 /* -- Mixture of experts --------------------------------------------------------------------- */
 

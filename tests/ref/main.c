@@ -1,9 +1,10 @@
 /*
 ** main.c: the command line of build/ref/gpt2_ref, the double-precision reference trainer.
-** Parses and checks flags, builds the model (--init or --random-init; dense, or a mixture of
-** experts with --experts), trains on --data with the fixed batching (tests/ref/README.md), and writes the log and
-** checkpoints. All math is in gpt2_ref.c, all file
-** formats in ref_io.c. Exit codes: 0 ok, 1 bad input file or I/O error, 2 usage error.
+** Parses and checks flags, builds the model (GPT-2, or Llama with --arch llama; --init or
+** --random-init; dense, or a mixture of experts with --experts), trains on --data with the
+** fixed batching (tests/ref/README.md), and writes the log and checkpoints. All math is in
+** gpt2_ref.c, all file formats in ref_io.c. Exit codes: 0 ok, 1 bad input file or I/O error,
+** 2 usage error.
 */
 #include <errno.h>
 #include <stdarg.h>
@@ -18,6 +19,8 @@
 
 static const char usage_text[] =
     "usage: " PROG " --layers L --hidden C --heads H --seq T --vocab V [--ffn F]\n"
+    "                [--arch gpt2|llama] [--kv-heads K] [--rope-theta X] [--tie-embeddings]\n"
+    "                [--norm-eps X]\n"
     "                [--experts E --top-k K [--expert-ffn F] [--expert-bias] [--aux-coeff X]\n"
     "                 [--pre-softmax] [--capacity X]]\n"
     "                (--init FILE.safetensors | --random-init SEED)\n"
@@ -26,17 +29,25 @@ static const char usage_text[] =
     "                [--beta1 X] [--beta2 X] [--eps X] [--wd X] [--clip X]\n"
     "                [--log FILE.jsonl] [--save FILE.safetensors] [--save-init FILE.safetensors]\n"
     "\n"
-    "Double-precision reference GPT-2 trainer (the oracle for generated programs).\n"
-    "  --ffn F            MLP width (default 4*C)\n"
+    "Double-precision reference GPT-2 / Llama trainer (the oracle for generated programs).\n"
+    "  --ffn F            MLP width (default 4*C; with --arch llama the SwiGLU width, required\n"
+    "                     unless --experts)\n"
+    "  --arch A           gpt2 (default: GPT2LMHeadModel) or llama (LlamaForCausalLM; with\n"
+    "                     --experts MixtralForCausalLM): RMSNorm, rope, GQA, SwiGLU, no biases\n"
+    "    --kv-heads K       key/value heads, dividing H (default H)\n"
+    "    --rope-theta X     rotary base (default 10000)\n"
+    "    --tie-embeddings   lm_head is embed_tokens (default: a separate lm_head.weight)\n"
+    "  --norm-eps X       LayerNorm / RMSNorm eps (default 1e-5)\n"
     "  --experts E        every MLP is a mixture of E experts (Megatron's MoE), with\n"
     "    --top-k K          experts per token (1..E), router softmax over the top-k logits\n"
     "    --expert-ffn F     width of each expert's MLP (default --ffn)\n"
-    "    --expert-bias      experts' c_fc and c_proj have biases (default: none)\n"
+    "    --expert-bias      experts' c_fc and c_proj have biases (default: none; gpt2 only)\n"
     "    --aux-coeff X      load-balancing loss coefficient (default 0: off)\n"
     "    --pre-softmax      softmax over all E experts, then top-k (not renormalised)\n"
     "    --capacity X       capacity factor: drop tokens beyond ceil(N*K/E*X) per expert\n"
-    "  --init FILE        load weights (Hugging Face GPT-2 names; F32, BF16, F16 or F64)\n"
-    "  --random-init SEED N(0,0.02) weights, c_proj N(0,0.02/sqrt(2L)), biases 0, LN 1/0\n"
+    "  --init FILE        load weights (Hugging Face GPT-2 or Llama names; F32, BF16, F16, F64)\n"
+    "  --random-init SEED N(0,0.02) weights, c_proj (o_proj, down_proj, w2) N(0,0.02/sqrt(2L)),\n"
+    "                     biases 0, LN 1/0, RMSNorm 1\n"
     "  --data FILE        uint16 tokens (nanoGPT .bin) or llm.c shard (magic 20240520)\n"
     "  --steps N          optimizer steps (default 0: only load/init and save)\n"
     "  --mbs B --nmb M --dp D   global batch = B*M*D sequences per step (default 1 1 1)\n"
@@ -53,6 +64,7 @@ typedef struct options {
     int steps, mbs, nmb, dp;
     int have_min_lr, have_decay_steps;
     const char *moe_flag;       /* the first MoE flag given, to report it without --experts */
+    const char *llama_flag;     /* the first Llama-only flag given, to report it with gpt2 */
     int have_experts, have_top_k, have_capacity;
     ref_optim opt;
 } options;
@@ -103,11 +115,23 @@ static int parse_seed(const char *flag, const char *s, unsigned long long *out)
     return 0;
 }
 
+static int parse_arch(const char *s, ref_arch *out)
+{
+    if (strcmp(s, "gpt2") == 0)
+        *out = REF_ARCH_GPT2;
+    else if (strcmp(s, "llama") == 0)
+        *out = REF_ARCH_LLAMA;
+    else
+        return usage_error("--arch must be gpt2 or llama, got '%s'", s);
+    return 0;
+}
+
 /* Fill *o from argv. Returns 0, 1 for --help, -1 after a usage error. */
 static int parse_args(options *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
     o->cfg.ln_eps = 1e-5;
+    o->cfg.rope_theta = 10000.0;
     o->mbs = o->nmb = o->dp = 1;
     o->opt = (ref_optim){.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .wd = 0.1,
                          .clip = 1.0};
@@ -124,6 +148,12 @@ static int parse_args(options *o, int argc, char **argv)
                 o->moe_flag = a;
             continue;
         }
+        if (strcmp(a, "--tie-embeddings") == 0) {
+            o->cfg.tie_embeddings = 1;
+            if (o->llama_flag == NULL)
+                o->llama_flag = a;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage_error("%s", strncmp(a, "--", 2) == 0 ? "missing value after the flag"
                                                              : "unexpected argument");
@@ -135,6 +165,10 @@ static int parse_args(options *o, int argc, char **argv)
         else if (strcmp(a, "--seq") == 0) rc = parse_int(a, v, &o->cfg.seq);
         else if (strcmp(a, "--vocab") == 0) rc = parse_int(a, v, &o->cfg.vocab);
         else if (strcmp(a, "--ffn") == 0) rc = parse_int(a, v, &o->cfg.ffn);
+        else if (strcmp(a, "--arch") == 0) rc = parse_arch(v, &o->cfg.arch);
+        else if (strcmp(a, "--kv-heads") == 0) rc = parse_int(a, v, &o->cfg.kv_heads);
+        else if (strcmp(a, "--rope-theta") == 0) rc = parse_double(a, v, &o->cfg.rope_theta);
+        else if (strcmp(a, "--norm-eps") == 0) rc = parse_double(a, v, &o->cfg.ln_eps);
         else if (strcmp(a, "--experts") == 0) rc = (o->have_experts = 1,
                                                     parse_int(a, v, &o->cfg.moe.experts));
         else if (strcmp(a, "--top-k") == 0) rc = (o->have_top_k = 1,
@@ -172,6 +206,9 @@ static int parse_args(options *o, int argc, char **argv)
             (strcmp(a, "--top-k") == 0 || strcmp(a, "--expert-ffn") == 0 ||
              strcmp(a, "--aux-coeff") == 0 || strcmp(a, "--capacity") == 0))
             o->moe_flag = a;
+        if (o->llama_flag == NULL &&
+            (strcmp(a, "--kv-heads") == 0 || strcmp(a, "--rope-theta") == 0))
+            o->llama_flag = a;
     }
     return 0;
 }
@@ -192,14 +229,44 @@ static int check_moe_args(options *o)
     if (moe->top_k < 1 || moe->top_k > moe->experts)
         return usage_error("--top-k (%d) must be between 1 and --experts (%d)", moe->top_k,
                            moe->experts);
+    if (moe->bias && o->cfg.arch == REF_ARCH_LLAMA)
+        return usage_error("--expert-bias needs --arch gpt2 (Mixtral experts have no biases)");
     if (moe->ffn == 0)
         moe->ffn = o->cfg.ffn;
+    if (moe->ffn == 0)
+        return usage_error("--expert-ffn (or --ffn) is required with --arch llama --experts");
     if (moe->ffn < 1)
         return usage_error("--expert-ffn must be >= 1 (got %d)", moe->ffn);
     if (!(moe->aux_coeff >= 0.0))
         return usage_error("--aux-coeff must be >= 0");
     if (o->have_capacity && !(moe->capacity > 0.0))
         return usage_error("--capacity must be > 0");
+    return 0;
+}
+
+/* Check the Llama options (--arch llama) and fill in their defaults; the Llama-only flags are
+** an error with --arch gpt2. Called before the MoE check: --ffn stays 0 if not given. */
+static int check_llama_args(options *o)
+{
+    ref_config *c = &o->cfg;
+    if (c->arch != REF_ARCH_LLAMA) {
+        if (o->llama_flag != NULL)
+            return usage_error("%s needs --arch llama", o->llama_flag);
+        return 0;
+    }
+    if (c->kv_heads == 0)
+        c->kv_heads = c->heads;
+    if (c->kv_heads < 1)
+        return usage_error("--kv-heads must be >= 1 (got %d)", c->kv_heads);
+    if (c->heads % c->kv_heads != 0)
+        return usage_error("--kv-heads (%d) must divide --heads (%d)", c->kv_heads, c->heads);
+    if ((c->hidden / c->heads) % 2 != 0)
+        return usage_error("--arch llama needs an even head dim (--hidden / --heads = %d) for "
+                           "rope", c->hidden / c->heads);
+    if (!(c->rope_theta > 0.0))
+        return usage_error("--rope-theta must be > 0");
+    if (c->ffn == 0 && !o->have_experts)
+        return usage_error("--ffn is required with --arch llama");
     return 0;
 }
 
@@ -217,12 +284,18 @@ static int check_args(options *o)
         return usage_error("--heads (%d) must divide --hidden (%d)", c->heads, c->hidden);
     if (c->vocab > 65536)
         return usage_error("--vocab (%d) must be <= 65536 (tokens are uint16)", c->vocab);
-    if (c->ffn == 0)
+    if (!(c->ln_eps > 0.0))
+        return usage_error("--norm-eps must be > 0");
+    if (check_llama_args(o) < 0)
+        return -1;
+    if (c->ffn == 0 && c->arch == REF_ARCH_GPT2)
         c->ffn = 4 * c->hidden;
-    if (c->ffn < 1)
+    if (c->ffn < 0)
         return usage_error("--ffn must be >= 1 (got %d)", c->ffn);
     if (check_moe_args(o) < 0)
         return -1;
+    if (c->ffn == 0)
+        c->ffn = c->moe.ffn;    /* a Llama MoE has no dense MLP: any width >= 1 will do */
     if ((o->init != NULL) == o->have_seed)
         return usage_error("give exactly one of --init FILE and --random-init SEED");
     if (o->steps < 0)
@@ -319,8 +392,14 @@ int main(int argc, char **argv)
 
     ref_model *m = ref_model_new(&o.cfg);
     const ref_moe_config *moe = &o.cfg.moe;
-    printf(PROG ": layers %d hidden %d heads %d seq %d vocab %d ", o.cfg.layers, o.cfg.hidden,
-           o.cfg.heads, o.cfg.seq, o.cfg.vocab);
+    if (o.cfg.arch == REF_ARCH_LLAMA)
+        printf(PROG ": arch llama layers %d hidden %d heads %d kv-heads %d seq %d vocab %d "
+               "rope-theta %g norm-eps %g%s ", o.cfg.layers, o.cfg.hidden, o.cfg.heads,
+               o.cfg.kv_heads, o.cfg.seq, o.cfg.vocab, o.cfg.rope_theta, o.cfg.ln_eps,
+               o.cfg.tie_embeddings ? " tied" : "");
+    else
+        printf(PROG ": layers %d hidden %d heads %d seq %d vocab %d ", o.cfg.layers,
+               o.cfg.hidden, o.cfg.heads, o.cfg.seq, o.cfg.vocab);
     if (moe->experts > 0) {
         printf("experts %d top-k %d expert-ffn %d%s aux-coeff %g%s", moe->experts, moe->top_k,
                moe->ffn, moe->bias ? " expert-bias" : "", moe->aux_coeff,

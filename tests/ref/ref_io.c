@@ -1,7 +1,8 @@
 /*
 ** ref_io.c: the reference's file I/O -- safetensors (a small JSON header parser, F32/BF16/F16/F64
 ** reading, F32 writing through a temporary file and rename), whole-model load/save in Hugging Face
-** GPT-2 names, and token data files with the fixed batching of tests/ref/README.md. No model math here (gpt2_ref.c).
+** GPT-2 or Llama names (the model's tensor table), and token data files with the fixed batching
+** of tests/ref/README.md. No model math here (gpt2_ref.c).
 ** Every error is printed as "path: error: message" and reported by returning -1.
 */
 #include "ref_io.h"
@@ -616,18 +617,23 @@ int ref_st_write(const char *path, const ref_st_entry *entries, int n)
 
 /* -- Whole model ------------------------------------------------------------------------------ */
 
-/* Causal-mask buffers that the original Hugging Face gpt2 checkpoint carries next to the
-** parameters ("h.<i>.attn.bias", "h.<i>.attn.masked_bias"). They are not parameters: ignored. */
-static int is_mask_buffer(const char *name)
+/* Buffers that Hugging Face checkpoints carry next to the parameters: the causal masks of the
+** original gpt2 checkpoint ("h.<i>.attn.bias", "h.<i>.attn.masked_bias") and the rotary
+** frequencies of older Llama ones ("model.layers.<i>.self_attn.rotary_emb.inv_freq"). They are
+** not parameters: ignored. */
+static int is_buffer(const char *name)
 {
     const char *p = name;
-    if (strncmp(p, "h.", 2) != 0)
+    int gpt2 = strncmp(p, "h.", 2) == 0;
+    if (!gpt2 && strncmp(p, "model.layers.", 13) != 0)
         return 0;
-    p += 2;
+    p += gpt2 ? 2 : 13;
     if (*p < '0' || *p > '9')
         return 0;
     while (*p >= '0' && *p <= '9')
         p++;
+    if (!gpt2)
+        return strcmp(p, ".self_attn.rotary_emb.inv_freq") == 0;
     return strcmp(p, ".attn.bias") == 0 || strcmp(p, ".attn.masked_bias") == 0;
 }
 
@@ -641,10 +647,10 @@ static void shape_str(char *out, size_t cap, int ndim, const long *shape)
 }
 
 /*
-** Load every parameter of 'm' from the safetensors file 'path' (Hugging Face GPT-2 names and
-** shapes, F32/BF16/F16/F64). Reports every missing, mis-shaped, non-float and unexpected
-** tensor (up to 20, in model order, then the unexpected ones in file order) and returns -1
-** if there was any; the causal-mask buffers of the original gpt2 checkpoint are ignored.
+** Load every parameter of 'm' from the safetensors file 'path' (Hugging Face GPT-2 or Llama
+** names and shapes, F32/BF16/F16/F64). Reports every missing, mis-shaped, non-float and
+** unexpected tensor (up to 20, in model order, then the unexpected ones in file order) and
+** returns -1 if there was any; the buffers of is_buffer are ignored.
 ** Does not touch the optimizer state.
 */
 int ref_model_load(ref_model *m, const char *path)
@@ -677,7 +683,7 @@ int ref_model_load(ref_model *m, const char *path)
     }
     for (int i = 0; i < f.ntensors && nerr < MAX_LOAD_ERRORS; i++) {
         const char *name = f.tensors[i].name;
-        if (ref_model_find(m, name) == NULL && !is_mask_buffer(name)) {
+        if (ref_model_find(m, name) == NULL && !is_buffer(name)) {
             file_error(path, "unexpected tensor '%s'", name);
             nerr++;
         }

@@ -1,7 +1,7 @@
 /*
 ** ref_io.h: the reference's file formats -- safetensors read (F32, BF16, F16, F64 -> double)
-** and write (F32), whole-model load/save in Hugging Face GPT-2 layout, and token data files
-** (nanoGPT .bin or llm.c shard) with the fixed batching of tests/ref/README.md.
+** and write (F32), whole-model load/save in Hugging Face GPT-2 or Llama layout, and token data
+** files (nanoGPT .bin or llm.c shard) with the fixed batching of tests/ref/README.md.
 ** Written independently of the runtime's readers so that both can be checked against each other.
 ** Errors are printed to stderr as "path: error: message" and the function returns -1.
 */

@@ -118,6 +118,11 @@ static void fill_lively(ref_model *m, uint64_t seed)
     }
 }
 
+/* Four sequences of five tokens (vocab 11) and their targets: the batch of the checks that
+** train or differentiate a small model in micro-batches of two. */
+static const int seq_inputs[20] = {3, 1, 4, 1, 5, 2, 6, 5, 7, 0, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9};
+static const int seq_targets[20] = {1, 4, 1, 5, 9, 6, 5, 8, 0, 10, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3};
+
 /* -- gradcheck: every parameter's gradient against central differences ------------------------ */
 
 /* FNV-1a over every routing decision (expert choice and drop) of every layer of the last
@@ -815,17 +820,24 @@ typedef struct moe_op {
     double *x, *out, *din;  /* (N, C) */
 } moe_op;
 
-static void moe_op_new(moe_op *op, const ref_moe_config *moe, int B, int T, int C)
+/* The op of architecture 'arch' (GPT-2's GELU experts or Llama's SwiGLU ones; C even). */
+static void moe_op_new_arch(moe_op *op, const ref_moe_config *moe, ref_arch arch, int B, int T,
+                            int C)
 {
     memset(op, 0, sizeof *op);
     op->cfg = (ref_config){.layers = 1, .hidden = C, .heads = 1, .seq = T, .vocab = 2, .ffn = 4,
-                           .ln_eps = 1e-5, .moe = *moe};
+                           .ln_eps = 1e-5, .moe = *moe, .arch = arch};
     op->m = ref_model_new(&op->cfg);
     op->B = B, op->T = T, op->C = C, op->N = B * T;
     ref_moe_acts_init(&op->ma, moe, op->N, C);
     op->x = ref_xcalloc((size_t)op->N * C, sizeof(double));
     op->out = ref_xcalloc((size_t)op->N * C, sizeof(double));
     op->din = ref_xcalloc((size_t)op->N * C, sizeof(double));
+}
+
+static void moe_op_new(moe_op *op, const ref_moe_config *moe, int B, int T, int C)
+{
+    moe_op_new_arch(op, moe, REF_ARCH_GPT2, B, T, C);
 }
 
 static void moe_op_free(moe_op *op)
@@ -891,7 +903,8 @@ static void gradcheck_moe_op(fd_tally *t, moe_op *op)
     int ntargets = 1 + op->m->ntensors;
     for (int ti = 0; ti < ntargets; ti++) {
         const ref_tensor *te = ti > 0 ? &op->m->tensors[ti - 1] : NULL;
-        if (te != NULL && strstr(te->name, ".mlp.") == NULL)
+        if (te != NULL && strstr(te->name, ".mlp.") == NULL &&
+            strstr(te->name, ".block_sparse_moe.") == NULL)
             continue;
         double *base = te ? op->m->params + te->offset : op->x;
         const double *an = te ? an_p + te->offset : an_x;
@@ -955,6 +968,37 @@ static int pick_moe_seed(ref_model *m, ref_acts *a, const int *in, const int *tg
 }
 
 /*
+** The whole-model half of moe-gradcheck and llama-gradcheck: a model of 'cfg' takes its weights
+** from pick_moe_seed (from 'seed' on) when it has experts, else from fill_lively(seed); then
+** every element of every tensor over seq_inputs (4 sequences, micro-batches of 2) against
+** central differences. Returns 1, reported under 'what', when no seed gives every expert
+** tokens, an element is off, more than 1% are skipped as routing flips, or choices are dropped
+** without a capacity (or none with one); else 0.
+*/
+static int gradcheck_whole(const ref_config *cfg, uint64_t seed, const char *what)
+{
+    ref_model *m = ref_model_new(cfg);
+    ref_acts *a = ref_acts_new(cfg, 2);
+    int dropped = 0, picked = (int)seed;
+    if (cfg->moe.experts > 0)
+        picked = pick_moe_seed(m, a, seq_inputs, seq_targets, 4, (int)seed, &dropped);
+    else
+        fill_lively(m, seed);
+    fd_tally t = {0};
+    gradcheck_model(&t, m, a, seq_inputs, seq_targets, 4);
+    printf("  model %s (seed %d): %d tensors, %d elements, %d skipped (routing flips), "
+           "%d dropped choices\n", what, picked, m->ntensors, t.checked, t.skipped, dropped);
+    int bad = picked < 0 || t.bad || t.skipped * 100 > t.checked ||
+              (cfg->moe.capacity > 0) != (dropped > 0);
+    if (bad)
+        fail("  model %s: seed %d, %d off, %d skipped of %d, %d dropped", what, picked, t.bad,
+             t.skipped, t.checked, dropped);
+    ref_acts_free(a, cfg);
+    ref_model_free(m);
+    return bad;
+}
+
+/*
 ** moe-gradcheck. For each configuration -- top-1/top-2, pre-softmax off/on, aux loss 0/0.1,
 ** expert biases off/on, and one with capacity dropping -- (1) the whole model: 2 layers,
 ** C=8, 4 experts of width 6, 4 sequences of 5 tokens as 2 micro-batches of 2 (so the aux loss
@@ -975,8 +1019,6 @@ static int test_moe_gradcheck(void)
         {2, 0, 1, 0.1, 0.0}, {2, 0, 0, 0.0, 0.0}, {1, 0, 1, 0.1, 0.0}, {1, 1, 1, 0.0, 0.0},
         {2, 1, 0, 0.1, 0.0}, {2, 0, 1, 0.1, 0.75}, {1, 1, 0, 0.1, 1.0},
     };
-    const int inputs[20] = {3, 1, 4, 1, 5, 2, 6, 5, 7, 0, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9};
-    const int targets[20] = {1, 4, 1, 5, 9, 6, 5, 8, 0, 10, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3};
     int bad = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ref_config cfg = moe_config(4, cases[c].k, cases[c].bias, cases[c].pre, cases[c].aux,
@@ -984,20 +1026,7 @@ static int test_moe_gradcheck(void)
         char what[128];
         describe_moe(what, sizeof what, &cfg.moe);
 
-        ref_model *m = ref_model_new(&cfg);
-        ref_acts *a = ref_acts_new(&cfg, 2);
-        int dropped = 0, seed = pick_moe_seed(m, a, inputs, targets, 4, 100 + 16 * (int)c,
-                                              &dropped);
-        fd_tally t = {0};
-        gradcheck_model(&t, m, a, inputs, targets, 4);
-        printf("  model %s (seed %d): %d elements, %d skipped (routing flips), %d dropped "
-               "choices\n", what, seed, t.checked, t.skipped, dropped);
-        if (seed < 0 || t.bad || t.skipped * 100 > t.checked ||
-            (cases[c].cap > 0) != (dropped > 0))
-            bad += fail("  model %s: seed %d, %d off, %d skipped of %d, %d dropped", what, seed,
-                        t.bad, t.skipped, t.checked, dropped);
-        ref_acts_free(a, &cfg);
-        ref_model_free(m);
+        bad += gradcheck_whole(&cfg, 100 + 16 * (uint64_t)c, what);
 
         moe_op op;
         moe_op_new(&op, &cfg.moe, 2, 5, 8);
@@ -1006,7 +1035,7 @@ static int test_moe_gradcheck(void)
             op.x[i] = ref_rng_normal(300 + (uint64_t)c, "x", (uint64_t)i);
         fd_tally u = {0};
         gradcheck_moe_op(&u, &op);
-        dropped = 0;
+        int dropped = 0;
         for (int i = 0; i < op.N * cfg.moe.top_k; i++)
             dropped += !op.ma.keep[i];
         printf("  op    %s: %d elements, %d skipped, %d dropped choices\n", what, u.checked,
@@ -1279,21 +1308,82 @@ static void expert_name(char *out, size_t n, const char *name)
         snprintf(out, n, "%.*s.mlp.experts.0.%s", (int)(p - name), name, p + 5);
 }
 
+/* Maps a tensor name of the dense model to its name in the one-expert twin. */
+typedef void (*twin_name_fn)(char *out, size_t n, const char *name);
+
+/*
+** The check behind moe-dense and llama-moe-dense: m is the dense model d with each MLP made
+** one expert under top-1 routing, 'twin_name' maps d's tensor names to m's. Copies every tensor
+** of d onto its twin in m (m's router keeps its values). From the same weights the loss and
+** every gradient agree exactly; after each of 3 AdamW steps the losses and weights still do
+** (seq_inputs: 4 sequences in micro-batches of 2). At every step m's aux loss is
+** 'want_aux' and its router gradient exactly 0. Returns the number of failures, each reported
+** with 'tag'.
+*/
+static int check_expert_twin(ref_model *d, ref_model *m, twin_name_fn twin_name, double want_aux,
+                             const char *tag)
+{
+    ref_optim o = {.lr = 1e-2, .min_lr = 1e-3, .warmup = 1, .decay_steps = 3, .beta1 = 0.9,
+                   .beta2 = 0.95, .eps = 1e-8, .wd = 0.1, .clip = 1.0};
+    ref_acts *da = ref_acts_new(&d->cfg, 2), *ma = ref_acts_new(&m->cfg, 2);
+    const ref_tensor **twin = ref_xcalloc((size_t)d->ntensors, sizeof *twin);
+    int bad = 0;
+    for (int i = 0; i < d->ntensors; i++) {
+        char name[REF_NAME_MAX];
+        twin_name(name, sizeof name, d->tensors[i].name);
+        twin[i] = ref_model_find(m, name);
+        if (twin[i] == NULL || twin[i]->numel != d->tensors[i].numel) {
+            bad += fail("  %s: no one-expert twin %s of %s", tag, name, d->tensors[i].name);
+            goto done;
+        }
+        memcpy(m->params + twin[i]->offset, d->params + d->tensors[i].offset,
+               d->tensors[i].numel * sizeof(double));
+    }
+    for (int step = 0; step <= 3; step++) {
+        double aux = -1.0, dl, ml;
+        if (step == 0) {
+            dl = ref_compute_grads(d, da, seq_inputs, seq_targets, 4, NULL);
+            ml = ref_compute_grads(m, ma, seq_inputs, seq_targets, 4, &aux);
+        } else {
+            dl = ref_train_step(d, da, &o, seq_inputs, seq_targets, 4).loss;
+            ref_step_info si = ref_train_step(m, ma, &o, seq_inputs, seq_targets, 4);
+            ml = si.loss, aux = si.aux_loss;
+        }
+        if (ml != dl)
+            bad += fail("  %s step %d: one-expert loss %.17g, dense %.17g", tag, step, ml, dl);
+        if (!close_rel(aux, want_aux, 1e-15))
+            bad += fail("  %s step %d: aux loss %.17g, want %g", tag, step, aux, want_aux);
+        double maxdiff = 0.0, router = 0.0;
+        const double *dv = step == 0 ? d->grads : d->params;
+        const double *mv = step == 0 ? m->grads : m->params;
+        for (int i = 0; i < d->ntensors; i++)
+            for (size_t e = 0; e < d->tensors[i].numel; e++)
+                maxdiff = fmax(maxdiff, fabs(dv[d->tensors[i].offset + e] -
+                                             mv[twin[i]->offset + e]));
+        for (int l = 0; l < m->cfg.layers; l++)
+            for (int c = 0; c < m->cfg.hidden; c++)
+                router = fmax(router, fabs(m->g.h[l].moe.router_w[c]));
+        if (maxdiff != 0.0 || router != 0.0)
+            bad += fail("  %s step %d: %s differ by up to %.3g, router gradient %.3g", tag, step,
+                        step ? "weights" : "gradients", maxdiff, router);
+    }
+done:
+    free(twin);
+    ref_acts_free(da, &d->cfg);
+    ref_acts_free(ma, &m->cfg);
+    return bad;
+}
+
 /*
 ** moe-dense: a mixture of one expert with top-1 (prob 1) is the dense model with the same
-** weights: from the same weights, the loss and every gradient agree exactly (the router's is
-** exactly 0), with the aux loss off, and on with capacity 1 (E=1: the aux loss is the
-** constant coeff per layer, zero gradient; capacity N drops nothing); then 3 AdamW steps give
-** the same losses and weights. 2 layers, C=8, F=12, 4 sequences in micro-batches of 2.
+** weights (check_expert_twin), with the aux loss off, and on with capacity 1 (E=1: the aux
+** loss is the constant coeff per layer, zero gradient; capacity N drops nothing). 2 layers,
+** C=8, F=12.
 */
 static int test_moe_dense(void)
 {
     ref_config dcfg = {.layers = 2, .hidden = 8, .heads = 2, .seq = 5, .vocab = 11, .ffn = 12,
                        .ln_eps = 1e-5};
-    const int inputs[20] = {3, 1, 4, 1, 5, 2, 6, 5, 7, 0, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9};
-    const int targets[20] = {1, 4, 1, 5, 9, 6, 5, 8, 0, 10, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3};
-    ref_optim o = {.lr = 1e-2, .min_lr = 1e-3, .warmup = 1, .decay_steps = 3, .beta1 = 0.9,
-                   .beta2 = 0.95, .eps = 1e-8, .wd = 0.1, .clip = 1.0};
     int bad = 0;
     for (int variant = 0; variant < 2; variant++) {
         ref_config mcfg = dcfg;
@@ -1301,54 +1391,11 @@ static int test_moe_dense(void)
                                     .aux_coeff = variant ? 0.1 : 0.0,
                                     .capacity = variant ? 1.0 : 0.0};
         ref_model *d = ref_model_new(&dcfg), *m = ref_model_new(&mcfg);
-        ref_acts *da = ref_acts_new(&dcfg, 2), *ma = ref_acts_new(&mcfg, 2);
         fill_lively(d, 8);
         fill_lively(m, 9);      /* the router keeps these values; the rest is copied */
-        const ref_tensor **twin = ref_xcalloc((size_t)d->ntensors, sizeof *twin);
-        for (int i = 0; i < d->ntensors; i++) {
-            char name[REF_NAME_MAX];
-            expert_name(name, sizeof name, d->tensors[i].name);
-            twin[i] = ref_model_find(m, name);
-            if (twin[i] == NULL || twin[i]->numel != d->tensors[i].numel) {
-                free(twin);
-                return fail("no MoE twin %s of %s", name, d->tensors[i].name);
-            }
-            memcpy(m->params + twin[i]->offset, d->params + d->tensors[i].offset,
-                   d->tensors[i].numel * sizeof(double));
-        }
-        for (int step = 0; step <= 3; step++) {
-            double aux = -1.0, dl, ml;
-            if (step == 0) {
-                dl = ref_compute_grads(d, da, inputs, targets, 4, NULL);
-                ml = ref_compute_grads(m, ma, inputs, targets, 4, &aux);
-            } else {
-                dl = ref_train_step(d, da, &o, inputs, targets, 4).loss;
-                ref_step_info si = ref_train_step(m, ma, &o, inputs, targets, 4);
-                ml = si.loss, aux = si.aux_loss;
-            }
-            if (ml != dl)
-                bad += fail("  variant %d step %d: MoE loss %.17g, dense %.17g", variant, step,
-                            ml, dl);
-            if (!close_rel(aux, variant ? 0.1 * mcfg.layers : 0.0, 1e-15))
-                bad += fail("  variant %d step %d: aux loss %.17g, want %g", variant, step, aux,
-                            variant ? 0.1 * mcfg.layers : 0.0);
-            double maxdiff = 0.0, router = 0.0;
-            const double *dv = step == 0 ? d->grads : d->params;
-            const double *mv = step == 0 ? m->grads : m->params;
-            for (int i = 0; i < d->ntensors; i++)
-                for (size_t e = 0; e < d->tensors[i].numel; e++)
-                    maxdiff = fmax(maxdiff, fabs(dv[d->tensors[i].offset + e] -
-                                                 mv[twin[i]->offset + e]));
-            for (int l = 0; l < mcfg.layers; l++)
-                for (int c = 0; c < mcfg.hidden; c++)
-                    router = fmax(router, fabs(m->g.h[l].moe.router_w[c]));
-            if (maxdiff != 0.0 || router != 0.0)
-                bad += fail("  variant %d step %d: %s differ by up to %.3g, router gradient %.3g",
-                            variant, step, step ? "weights" : "gradients", maxdiff, router);
-        }
-        free(twin);
-        ref_acts_free(da, &dcfg);
-        ref_acts_free(ma, &mcfg);
+        char tag[32];
+        snprintf(tag, sizeof tag, "variant %d", variant);
+        bad += check_expert_twin(d, m, expert_name, variant ? 0.1 * mcfg.layers : 0.0, tag);
         ref_model_free(d);
         ref_model_free(m);
     }
@@ -1436,6 +1483,495 @@ static int test_moe_layout(const char *dir)
     return bad ? fail("%d MoE layout check(s) failed", bad) : 0;
 }
 
+/* -- Llama ------------------------------------------------------------------------------------ */
+
+/* sum_i a[i] * b[i] */
+static double dot(const double *a, const double *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* n standard normal numbers of stream (seed, name) into x. */
+static void fill_normal(double *x, size_t n, uint64_t seed, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = ref_rng_normal(seed, name, i);
+}
+
+/*
+** The rotary embedding on N = 4 rows at positions 0, 1, 7, 300 of H = 3 heads of D = 6 (row
+** length ld = 20: two extra columns), theta 10000 and 50: position 0 is the identity and the
+** extra columns are untouched (both exactly); every value equals x[j] cos a - x[j+D/2] sin a,
+** x[j+D/2] cos a + x[j] sin a with a = pos exp(-2j/D ln theta) (1e-13); each pair keeps its
+** norm (1e-14); rope_bwd is the transpose, <rope(x), y> = <x, rope_bwd(y)> (1e-14), and undoes
+** rope (1e-15); and <rope_m(q), rope_n(k)> depends only on m - n (positions 5, 2 and 103, 100).
+*/
+static int check_rope(void)
+{
+    enum { N = 4, H = 3, D = 6, LD = H * D + 2 };
+    const int pos[N] = {0, 1, 7, 300};
+    const double thetas[2] = {10000.0, 50.0};
+    int bad = 0;
+    for (int ti = 0; ti < 2; ti++) {
+        double theta = thetas[ti];
+        double x[N * LD], y[N * LD], z[N * LD], w[N * LD];
+        fill_normal(x, N * LD, 20 + (uint64_t)ti, "rope x");
+        fill_normal(z, N * LD, 30 + (uint64_t)ti, "rope y");
+        memcpy(y, x, sizeof x);
+        ref_rope_fwd(y, LD, N, pos, H, D, theta);
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < LD; c++) {
+                double xv = x[i * LD + c], yv = y[i * LD + c];
+                if ((pos[i] == 0 || c >= H * D) && yv != xv)
+                    bad += fail("  theta %g row %d col %d: %.17g, want it unchanged %.17g",
+                                theta, i, c, yv, xv);
+            }
+        for (int i = 0; i < N; i++)
+            for (int h = 0; h < H; h++)
+                for (int j = 0; j < D / 2; j++) {
+                    int c0 = i * LD + h * D + j, c1 = c0 + D / 2;
+                    double a = pos[i] * exp(-2.0 * j / D * log(theta));
+                    double w0 = x[c0] * cos(a) - x[c1] * sin(a);
+                    double w1 = x[c1] * cos(a) + x[c0] * sin(a);
+                    if (fabs(y[c0] - w0) > 1e-13 || fabs(y[c1] - w1) > 1e-13)
+                        bad += fail("  theta %g pos %d head %d pair %d: (%.17g, %.17g), want "
+                                    "(%.17g, %.17g)", theta, pos[i], h, j, y[c0], y[c1], w0, w1);
+                    if (!close_rel(hypot(y[c0], y[c1]), hypot(x[c0], x[c1]), 1e-14))
+                        bad += fail("  theta %g pos %d pair %d: the rotation changed the norm",
+                                    theta, pos[i], j);
+                }
+        memcpy(w, z, sizeof z);
+        ref_rope_bwd(w, LD, N, pos, H, D, theta);
+        double lhs = dot(y, z, N * LD), rhs = dot(x, w, N * LD);
+        if (!close_rel(lhs, rhs, 1e-14))
+            bad += fail("  theta %g: <rope(x), y> = %.17g but <x, rope_bwd(y)> = %.17g", theta,
+                        lhs, rhs);
+        ref_rope_bwd(y, LD, N, pos, H, D, theta);
+        for (int c = 0; c < N * LD; c++)
+            if (fabs(y[c] - x[c]) > 1e-15 * (1 + fabs(x[c]))) {
+                bad += fail("  theta %g: rope_bwd(rope(x))[%d] = %.17g, want %.17g", theta, c,
+                            y[c], x[c]);
+                break;
+            }
+        /* relative positions: one head, q at m, k at n */
+        double q[2][D], k[2][D];
+        const int qp[2] = {5, 103}, kp[2] = {2, 100};
+        for (int r = 0; r < 2; r++) {
+            fill_normal(q[r], D, 40, "rope q");
+            fill_normal(k[r], D, 41, "rope k");
+            ref_rope_fwd(q[r], D, 1, &qp[r], 1, D, theta);
+            ref_rope_fwd(k[r], D, 1, &kp[r], 1, D, theta);
+        }
+        if (!close_rel(dot(q[0], k[0], D), dot(q[1], k[1], D), 1e-12))
+            bad += fail("  theta %g: <q_5, k_2> = %.17g but <q_103, k_100> = %.17g", theta,
+                        dot(q[0], k[0], D), dot(q[1], k[1], D));
+    }
+    return bad;
+}
+
+/*
+** RMSNorm: a row worked by hand (x = 1, 2, 3, 4; w = 1, 0.5, 2, -1; eps 1e-5: mean square 7.5,
+** no centring) to 1e-15; invariance to scaling the row when eps = 0; the backward against
+** central differences of r . out in every input and weight element (3 rows of 5), and that
+** it adds (a second call doubles the gradients, to rounding).
+*/
+static int check_rmsnorm(void)
+{
+    int bad = 0;
+    const double x[4] = {1, 2, 3, 4}, w[4] = {1, 0.5, 2, -1};
+    double out[4], rstd, want_rstd = 1.0 / sqrt(7.5 + 1e-5);
+    ref_rmsnorm_fwd(out, &rstd, x, w, 1, 4, 1e-5);
+    if (!close_rel(rstd, want_rstd, 1e-15))
+        bad += fail("  rstd of (1,2,3,4) = %.17g, want %.17g", rstd, want_rstd);
+    for (int c = 0; c < 4; c++)
+        if (!close_rel(out[c], x[c] * want_rstd * w[c], 1e-15))
+            bad += fail("  rmsnorm (1,2,3,4)[%d] = %.17g, want %.17g", c, out[c],
+                        x[c] * want_rstd * w[c]);
+    double xs[4], outs[4], rs;
+    for (int c = 0; c < 4; c++)
+        xs[c] = 37.0 * x[c];
+    ref_rmsnorm_fwd(out, &rstd, x, w, 1, 4, 0.0);
+    ref_rmsnorm_fwd(outs, &rs, xs, w, 1, 4, 0.0);
+    for (int c = 0; c < 4; c++)
+        if (!close_rel(outs[c], out[c], 1e-15))
+            bad += fail("  rmsnorm(37 x)[%d] = %.17g, rmsnorm(x) = %.17g", c, outs[c], out[c]);
+
+    enum { N = 3, C = 5 };
+    double in[N * C], wt[C], r[N * C], o[N * C], rstd3[N], din[N * C] = {0}, dw[C] = {0};
+    fill_normal(in, N * C, 50, "rms in");
+    fill_normal(r, N * C, 51, "rms r");
+    for (int c = 0; c < C; c++)
+        wt[c] = 1.0 + 0.3 * ref_rng_normal(52, "rms w", (uint64_t)c);
+    ref_rmsnorm_fwd(o, rstd3, in, wt, N, C, 1e-5);
+    ref_rmsnorm_bwd(din, dw, r, in, wt, rstd3, N, C);
+    fd_tally t = {0};
+    for (int which = 0; which < 2; which++) {
+        double *p = which ? wt : in;
+        const double *an = which ? dw : din;
+        for (int e = 0; e < (which ? C : N * C); e++) {
+            double p0 = p[e];
+            p[e] = p0 + FD_H;
+            ref_rmsnorm_fwd(o, rstd3, in, wt, N, C, 1e-5);
+            double lp = dot(r, o, N * C);
+            p[e] = p0 - FD_H;
+            ref_rmsnorm_fwd(o, rstd3, in, wt, N, C, 1e-5);
+            double lm = dot(r, o, N * C);
+            p[e] = p0;
+            fd_compare(&t, which ? "rmsnorm dw" : "rmsnorm din", (size_t)e, an[e],
+                       (lp - lm) / (2 * FD_H));
+        }
+    }
+    if (t.bad)
+        bad += fail("  rmsnorm backward: %d of %d elements off", t.bad, t.checked);
+    double din2[N * C], dw2[C];
+    memcpy(din2, din, sizeof din);
+    memcpy(dw2, dw, sizeof dw);
+    ref_rmsnorm_fwd(o, rstd3, in, wt, N, C, 1e-5);
+    ref_rmsnorm_bwd(din2, dw2, r, in, wt, rstd3, N, C);
+    for (int e = 0; e < N * C; e++)
+        if (!close_rel(din2[e], 2 * din[e], 1e-15) ||
+            (e < C && !close_rel(dw2[e], 2 * dw[e], 1e-15))) {
+            bad += fail("  ref_rmsnorm_bwd does not add into din and dw");
+            break;
+        }
+    return bad;
+}
+
+/*
+** SwiGLU: silu(0) = 0, silu(g) ~ g for large g and ~ 0 for very negative g, silu(1) * 2 =
+** 2 / (1 + e^-1); the backward against central differences of r . out for gate and up, and
+** that it writes (stale values in dgate and dup are overwritten).
+*/
+static int check_swiglu(void)
+{
+    int bad = 0;
+    const double g[4] = {0.0, 40.0, -40.0, 1.0}, u[4] = {3.0, 0.5, 2.0, 2.0};
+    const double want[4] = {0.0, 20.0, -80.0 * exp(-40.0), 2.0 / (1.0 + exp(-1.0))};
+    double out[4];
+    ref_swiglu_fwd(out, g, u, 4);
+    for (int i = 0; i < 4; i++)
+        if (!(fabs(out[i] - want[i]) <= 1e-15 * fabs(want[i])))
+            bad += fail("  swiglu(%g, %g) = %.17g, want %.17g", g[i], u[i], out[i], want[i]);
+
+    enum { n = 9 };
+    double gate[n], up[n], r[n], o[n], dg[n], du[n];
+    fill_normal(gate, n, 60, "swiglu gate");
+    fill_normal(up, n, 61, "swiglu up");
+    fill_normal(r, n, 62, "swiglu r");
+    for (int i = 0; i < n; i++)
+        dg[i] = du[i] = 99.0;
+    ref_swiglu_bwd(dg, du, r, gate, up, n);
+    fd_tally t = {0};
+    for (int which = 0; which < 2; which++) {
+        double *p = which ? up : gate;
+        for (int e = 0; e < n; e++) {
+            double p0 = p[e];
+            p[e] = p0 + FD_H;
+            ref_swiglu_fwd(o, gate, up, n);
+            double lp = dot(r, o, n);
+            p[e] = p0 - FD_H;
+            ref_swiglu_fwd(o, gate, up, n);
+            double lm = dot(r, o, n);
+            p[e] = p0;
+            fd_compare(&t, which ? "swiglu dup" : "swiglu dgate", (size_t)e,
+                       which ? du[e] : dg[e], (lp - lm) / (2 * FD_H));
+        }
+    }
+    if (t.bad)
+        bad += fail("  swiglu backward: %d of %d elements off (or it added to stale values)",
+                    t.bad, t.checked);
+    return bad;
+}
+
+/*
+** Grouped-query attention (B = 2, T = 5, H = 4, D = 3) against the reference's multi-head
+** attention on packed q | k | v with each key/value head repeated for its H/K query heads
+** (Hugging Face's repeat_kv): K = 4 (plain MHA) and K = 2, 1. Forward and att exactly equal;
+** dq exactly, dk and dv (the sum over each group) to 1e-14.
+*/
+static int check_gqa(void)
+{
+    enum { B = 2, T = 5, H = 4, D = 3, C = H * D, N = B * T };
+    int bad = 0;
+    for (int K = H; K >= 1; K /= 2) {
+        int KD = K * D, group = H / K;
+        double q[N * C], k[N * C], v[N * C], qkv[N * 3 * C], dout[N * C];
+        double out[N * C], att[B * H * T * T], mout[N * C], matt[B * H * T * T];
+        double dq[N * C] = {0}, dk[N * C] = {0}, dv[N * C] = {0}, dqkv[N * 3 * C] = {0};
+        fill_normal(q, N * C, 70, "gqa q");
+        fill_normal(k, (size_t)N * KD, 71, "gqa k");
+        fill_normal(v, (size_t)N * KD, 72, "gqa v");
+        fill_normal(dout, N * C, 73, "gqa dout");
+        for (int n = 0; n < N; n++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < D; d++) {
+                    int kv = (h / group) * D + d;
+                    qkv[n * 3 * C + h * D + d] = q[n * C + h * D + d];
+                    qkv[n * 3 * C + C + h * D + d] = k[n * KD + kv];
+                    qkv[n * 3 * C + 2 * C + h * D + d] = v[n * KD + kv];
+                }
+        ref_attention_gqa_fwd(out, att, q, k, v, B, T, H, K, D);
+        ref_attention_fwd(mout, matt, qkv, B, T, C, H);
+        if (memcmp(out, mout, sizeof out) != 0 || memcmp(att, matt, sizeof att) != 0)
+            bad += fail("  K=%d: the GQA forward differs from MHA with repeated kv heads", K);
+        ref_attention_gqa_bwd(dq, dk, dv, dout, q, k, v, att, B, T, H, K, D);
+        ref_attention_bwd(dqkv, dout, qkv, matt, B, T, C, H);
+        for (int n = 0; n < N; n++) {
+            for (int c = 0; c < C; c++)
+                if (dq[n * C + c] != dqkv[n * 3 * C + c])
+                    bad += fail("  K=%d: dq[%d,%d] = %.17g, MHA %.17g", K, n, c, dq[n * C + c],
+                                dqkv[n * 3 * C + c]);
+            for (int c = 0; c < KD; c++) {
+                double wk = 0.0, wv = 0.0;
+                for (int h = (c / D) * group; h < (c / D + 1) * group; h++) {
+                    wk += dqkv[n * 3 * C + C + h * D + c % D];
+                    wv += dqkv[n * 3 * C + 2 * C + h * D + c % D];
+                }
+                if (fabs(dk[n * KD + c] - wk) > 1e-14 * (1 + fabs(wk)) ||
+                    fabs(dv[n * KD + c] - wv) > 1e-14 * (1 + fabs(wv)))
+                    bad += fail("  K=%d: dk, dv[%d,%d] = %.17g, %.17g; group sums %.17g, %.17g",
+                                K, n, c, dk[n * KD + c], dv[n * KD + c], wk, wv);
+            }
+        }
+    }
+    return bad;
+}
+
+/* llama-ops: the single Llama ops (check_rope, check_rmsnorm, check_swiglu, check_gqa). */
+static int test_llama_ops(void)
+{
+    int bad = check_rope();
+    bad += check_rmsnorm();
+    bad += check_swiglu();
+    bad += check_gqa();
+    return bad ? fail("%d Llama op check(s) failed", bad) : 0;
+}
+
+/* The Llama model of the gradient checks: 2 layers, C = 16, H = 4 (D = 4), T = 5, V = 11,
+** F = 12; with E > 0 experts of width 6. */
+static ref_config llama_config(int K, int tied, double theta, int E, int k, int pre, double aux,
+                               double cap)
+{
+    ref_config c = {.layers = 2, .hidden = 16, .heads = 4, .seq = 5, .vocab = 11, .ffn = 12,
+                    .ln_eps = 1e-5, .arch = REF_ARCH_LLAMA, .kv_heads = K,
+                    .rope_theta = theta, .tie_embeddings = tied};
+    if (E > 0)
+        c.moe = (ref_moe_config){.experts = E, .top_k = k, .ffn = 6, .pre_softmax = pre,
+                                 .aux_coeff = aux, .capacity = cap};
+    return c;
+}
+
+/*
+** llama-gradcheck: every element of every tensor of the whole Llama model (llama_config) over
+** 4 sequences of 5 tokens in 2 micro-batches of 2, against central differences (FD_RTOL,
+** FD_ATOL), in five configurations: GQA K=2 < H=4 untied (theta 10000); K=1 tied, theta 3 (so
+** the angles are large at every frequency); K=4 (MHA) untied; Mixtral experts E=4 top-2 with
+** aux 0.1, K=2; and top-1 pre-softmax with aux 0.1 and capacity 1.0 (tokens dropped), tied.
+** For the MoE configurations also the MoE op alone with Llama's experts (input gradient and
+** every router/expert element). Routing flips are skipped as in moe-gradcheck (at most 1%).
+*/
+static int test_llama_gradcheck(void)
+{
+    static const struct {
+        int K, tied;
+        double theta;
+        int E, k, pre;
+        double aux, cap;
+    } cases[] = {
+        {2, 0, 10000.0, 0, 0, 0, 0.0, 0.0}, {1, 1, 3.0, 0, 0, 0, 0.0, 0.0},
+        {4, 0, 10000.0, 0, 0, 0, 0.0, 0.0}, {2, 0, 10000.0, 4, 2, 0, 0.1, 0.0},
+        {2, 1, 10000.0, 4, 1, 1, 0.1, 1.0},
+    };
+    int bad = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ref_config cfg = llama_config(cases[c].K, cases[c].tied, cases[c].theta, cases[c].E,
+                                      cases[c].k, cases[c].pre, cases[c].aux, cases[c].cap);
+        char what[160], moe[96] = "";
+        if (cfg.moe.experts > 0)
+            describe_moe(moe, sizeof moe, &cfg.moe);
+        snprintf(what, sizeof what, "K=%d%s theta %g%s%s", cfg.kv_heads,
+                 cfg.tie_embeddings ? " tied" : "", cfg.rope_theta, moe[0] ? " " : "", moe);
+        bad += gradcheck_whole(&cfg, cfg.moe.experts > 0 ? 700 + 16 * (uint64_t)c
+                                                        : 700 + (uint64_t)c, what);
+        if (cfg.moe.experts == 0)
+            continue;
+
+        moe_op op;
+        moe_op_new_arch(&op, &cfg.moe, REF_ARCH_LLAMA, 2, 5, 8);
+        fill_lively(op.m, 800 + (uint64_t)c);
+        for (int i = 0; i < op.N * op.C; i++)
+            op.x[i] = ref_rng_normal(900 + (uint64_t)c, "x", (uint64_t)i);
+        fd_tally u = {0};
+        gradcheck_moe_op(&u, &op);
+        printf("  op    %s: %d elements, %d skipped\n", what, u.checked, u.skipped);
+        if (u.bad || u.skipped * 100 > u.checked || u.checked < 4 * 3 * 6 * 8)
+            bad += fail("  op %s: %d off, %d skipped of %d", what, u.bad, u.skipped, u.checked);
+        moe_op_free(&op);
+    }
+    return bad ? fail("%d Llama gradient check(s) failed", bad) : 0;
+}
+
+/* One expected tensor of the Llama layout. */
+typedef struct want_tensor {
+    const char *name;
+    long d0, d1;                /* d1 = 0: 1-D */
+    ref_init_kind init;
+} want_tensor;
+
+/* Compare m's tensor i with w (name, shape, decay = 2-D, init kind); 0 or 1 failure. */
+static int check_tensor(const ref_model *m, int i, const want_tensor *w)
+{
+    const ref_tensor *t = &m->tensors[i];
+    int ndim = w->d1 ? 2 : 1;
+    if (strcmp(t->name, w->name) == 0 && t->ndim == ndim && t->shape[0] == w->d0 &&
+        (ndim == 1 || t->shape[1] == w->d1) && t->decay == (ndim == 2) && t->init == w->init)
+        return 0;
+    return fail("  tensor %d is %s [%ld,%ld] decay %d init %d; want %s [%ld,%ld] decay %d "
+                "init %d", i, t->name, t->shape[0], t->shape[1], t->decay, (int)t->init,
+                w->name, w->d0, w->d1, ndim == 2, (int)w->init);
+}
+
+/*
+** llama-layout: the tensor table (= checkpoint layout) of Llama models, 2 layers, C = 8,
+** H = 4, K = 2 (D = 2), F = 12, V = 5: names, shapes, order, decay (2-D only) and init kinds,
+** untied and tied (no lm_head.weight; the head is embed_tokens) and with 3 Mixtral experts of
+** width 6; parameter counts; save + load exact. Then init values: a 4-layer C = 64, H = 4,
+** K = 2 model and its MoE twin through check_init_values (o_proj, down_proj, w2 at
+** 0.02/sqrt(8)), o_proj[3] = float(0.02/sqrt(8) * ref_rng_normal(7, name, 3)), norms 1.
+*/
+static int test_llama_layout(const char *dir)
+{
+    int bad = 0;
+    for (int variant = 0; variant < 3; variant++) {
+        int tied = variant == 1, E = variant == 2 ? 3 : 0;
+        ref_config cfg = {.layers = 2, .hidden = 8, .heads = 4, .seq = 3, .vocab = 5, .ffn = 12,
+                          .ln_eps = 1e-5, .arch = REF_ARCH_LLAMA, .kv_heads = 2,
+                          .tie_embeddings = tied};
+        if (E)
+            cfg.moe = (ref_moe_config){.experts = E, .top_k = 2, .ffn = 6};
+        ref_model *m = ref_model_new(&cfg);
+        want_tensor want[64];
+        char names[64][REF_NAME_MAX];
+        int nw = 0;
+#define WANT(d0_, d1_, init_, ...)                                                  \
+        do {                                                                        \
+            snprintf(names[nw], REF_NAME_MAX, __VA_ARGS__);                         \
+            want[nw] = (want_tensor){names[nw], d0_, d1_, init_};                   \
+            nw++;                                                                   \
+        } while (0)
+        WANT(5, 8, REF_INIT_NORMAL, "model.embed_tokens.weight");
+        for (int l = 0; l < 2; l++) {
+            WANT(8, 0, REF_INIT_ONE, "model.layers.%d.input_layernorm.weight", l);
+            WANT(8, 8, REF_INIT_NORMAL, "model.layers.%d.self_attn.q_proj.weight", l);
+            WANT(4, 8, REF_INIT_NORMAL, "model.layers.%d.self_attn.k_proj.weight", l);
+            WANT(4, 8, REF_INIT_NORMAL, "model.layers.%d.self_attn.v_proj.weight", l);
+            WANT(8, 8, REF_INIT_OUT_PROJ, "model.layers.%d.self_attn.o_proj.weight", l);
+            WANT(8, 0, REF_INIT_ONE, "model.layers.%d.post_attention_layernorm.weight", l);
+            if (!E) {
+                WANT(12, 8, REF_INIT_NORMAL, "model.layers.%d.mlp.gate_proj.weight", l);
+                WANT(12, 8, REF_INIT_NORMAL, "model.layers.%d.mlp.up_proj.weight", l);
+                WANT(8, 12, REF_INIT_OUT_PROJ, "model.layers.%d.mlp.down_proj.weight", l);
+                continue;
+            }
+            WANT(3, 8, REF_INIT_NORMAL, "model.layers.%d.block_sparse_moe.gate.weight", l);
+            for (int e = 0; e < E; e++) {
+                WANT(6, 8, REF_INIT_NORMAL,
+                     "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+                WANT(8, 6, REF_INIT_OUT_PROJ,
+                     "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+                WANT(6, 8, REF_INIT_NORMAL,
+                     "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+            }
+        }
+        WANT(8, 0, REF_INIT_ONE, "model.norm.weight");
+        if (!tied)
+            WANT(5, 8, REF_INIT_NORMAL, "lm_head.weight");
+#undef WANT
+        if (m->ntensors != nw)
+            bad += fail("  variant %d: %d tensors, want %d", variant, m->ntensors, nw);
+        for (int i = 0; i < nw && i < m->ntensors; i++)
+            bad += check_tensor(m, i, &want[i]);
+        size_t per_layer = 8 + 64 + 2 * 32 + 64 + 8 + (E ? 3 * 8 + E * 3 * 48 : 3 * 96);
+        size_t want_n = 40 + 2 * per_layer + 8 + (tied ? 0 : 40);
+        if (m->nparams != want_n)
+            bad += fail("  variant %d: %zu parameters, want %zu", variant, m->nparams, want_n);
+        if ((m->w.lm_head == m->w.wte) != tied || (m->g.lm_head == m->g.wte) != tied ||
+            m->w.wpe != NULL || m->w.ln_f_b != NULL)
+            bad += fail("  variant %d: lm_head/wte aliasing wrong, or wpe/ln_f_b present",
+                        variant);
+
+        char *p = path_in(dir, "llama_rt.safetensors");
+        ref_model *m2 = ref_model_new(&cfg);
+        ref_model_init_random(m, 3);
+        for (size_t j = 0; j < m->nparams; j++)
+            m->params[j] = (float)(m->params[j] + 0.25 * ref_rng_normal(4, "offset", j));
+        if (ref_model_save(m, p) < 0 || ref_model_load(m2, p) < 0)
+            bad += fail("  could not save and load %s", p);
+        else if (memcmp(m->params, m2->params, m->nparams * sizeof(double)) != 0)
+            bad += fail("  variant %d: the loaded Llama model differs from the saved one",
+                        variant);
+        free(p);
+        ref_model_free(m);
+        ref_model_free(m2);
+    }
+
+    ref_config cfg = {.layers = 4, .hidden = 64, .heads = 4, .seq = 64, .vocab = 256,
+                      .ffn = 128, .ln_eps = 1e-5, .arch = REF_ARCH_LLAMA, .kv_heads = 2};
+    for (int moe = 0; moe < 2; moe++) {
+        if (moe)
+            cfg.moe = (ref_moe_config){.experts = 4, .top_k = 2, .ffn = 64};
+        ref_model *m = ref_model_new(&cfg);
+        ref_model_init_random(m, 7);
+        bad += check_init_values(m);
+        const char *name = "model.layers.1.self_attn.o_proj.weight";
+        const ref_tensor *o = ref_model_find(m, name);
+        if (o == NULL || m->params[o->offset + 3] !=
+                         (double)(float)(0.02 / sqrt(8.0) * ref_rng_normal(7, name, 3)))
+            bad += fail("  %s[3] is not float(0.02/sqrt(8) * ref_rng_normal(7, name, 3))", name);
+        ref_model_free(m);
+    }
+    return bad ? fail("%d Llama layout check(s) failed", bad) : 0;
+}
+
+/* The Mixtral name of dense Llama tensor 'name' in a one-expert model (mlp.gate_proj ->
+** block_sparse_moe.experts.0.w1, up_proj -> w3, down_proj -> w2); other names unchanged. */
+static void mixtral_name(char *out, size_t n, const char *name)
+{
+    static const char *const from[3] = {"mlp.gate_proj.", "mlp.up_proj.", "mlp.down_proj."};
+    static const char *const to[3] = {"w1.", "w3.", "w2."};
+    for (int i = 0; i < 3; i++) {
+        const char *p = strstr(name, from[i]);
+        if (p != NULL) {
+            snprintf(out, n, "%.*sblock_sparse_moe.experts.0.%s%s", (int)(p - name), name, to[i],
+                     p + strlen(from[i]));
+            return;
+        }
+    }
+    snprintf(out, n, "%s", name);
+}
+
+/*
+** llama-moe-dense: one Mixtral expert with top-1 (prob 1) is the dense Llama with the same
+** weights (gate = w1, up = w3, down = w2), aux loss off (check_expert_twin). 2 layers, C = 16,
+** H = 4, K = 2.
+*/
+static int test_llama_moe_dense(void)
+{
+    ref_config dcfg = llama_config(2, 0, 10000.0, 0, 0, 0, 0.0, 0.0);
+    ref_config mcfg = llama_config(2, 0, 10000.0, 1, 1, 0, 0.0, 0.0);
+    mcfg.moe.ffn = dcfg.ffn;
+    ref_model *d = ref_model_new(&dcfg), *m = ref_model_new(&mcfg);
+    fill_lively(d, 18);
+    fill_lively(m, 19);
+    int bad = check_expert_twin(d, m, mixtral_name, 0.0, "Mixtral");
+    ref_model_free(d);
+    ref_model_free(m);
+    return bad ? fail("the one-expert Mixtral differs from the dense Llama") : 0;
+}
+
 /* -- Broken files for the error tests --------------------------------------------------------- */
 
 /* Model used for the broken safetensors: --layers 1 --hidden 4 --heads 2 --seq 3 --vocab 5. */
@@ -1507,10 +2043,15 @@ int main(int argc, char **argv)
     if (strcmp(name, "moe-capacity") == 0) return test_moe_capacity();
     if (strcmp(name, "moe-dense") == 0) return test_moe_dense();
     if (strcmp(name, "moe-layout") == 0) return test_moe_layout(dir);
+    if (strcmp(name, "llama-ops") == 0) return test_llama_ops();
+    if (strcmp(name, "llama-gradcheck") == 0) return test_llama_gradcheck();
+    if (strcmp(name, "llama-layout") == 0) return test_llama_layout(dir);
+    if (strcmp(name, "llama-moe-dense") == 0) return test_llama_moe_dense();
     if (strcmp(name, "mkbad") == 0 && argc == 4) return mkbad(argv[2], argv[3]);
     fprintf(stderr, "usage: ref_test gradcheck|adamw|lr|clip|init|accum [DIR]\n"
                     "       ref_test moe-gradcheck|moe-routing|moe-capacity|moe-dense\n"
-                    "       ref_test st-roundtrip|st-dtypes|batch|moe-layout DIR\n"
+                    "       ref_test llama-ops|llama-gradcheck|llama-moe-dense\n"
+                    "       ref_test st-roundtrip|st-dtypes|batch|moe-layout|llama-layout DIR\n"
                     "       ref_test mkbad st-dtype|st-json|st-offsets FILE\n");
     return 2;
 }

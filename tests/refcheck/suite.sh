@@ -20,7 +20,8 @@ pass build
 # -- Unit checks inside build/ref/ref_test (see tests/ref/ref_test.c for each bound) ----------
 
 for t in gradcheck adamw lr clip init accum st-roundtrip st-dtypes batch \
-         moe-gradcheck moe-routing moe-capacity moe-dense moe-layout; do
+         moe-gradcheck moe-routing moe-capacity moe-dense moe-layout \
+         llama-ops llama-gradcheck llama-layout llama-moe-dense; do
     if "$UNIT" "$t" "$D" > "$D/$t.txt" 2>&1; then
         pass "$t"
     else
@@ -51,6 +52,27 @@ run_ok() {
     fi
 }
 
+# losses_agree NAME TAG "M:N:P ..." CMD...: runs CMD --mbs M --nmb N --dp P with its log in
+# $D/TAG_M_N_P.jsonl for each split of the same global batch; every step's loss must agree with
+# the first split's to 1e-12. Fails NAME and returns 1 at the first split that does not run or
+# does not agree; passes nothing (the caller may check more).
+losses_agree() {
+    local test=$1 tag=$2 splits=$3 split mbs nmb dp log base="" base_split=""
+    shift 3
+    for split in $splits; do
+        IFS=: read -r mbs nmb dp <<< "$split"
+        log="$D/${tag}_${mbs}_${nmb}_${dp}"
+        run_ok "$test" "$@" --mbs "$mbs" --nmb "$nmb" --dp "$dp" --log "$log.jsonl" || return 1
+        field loss "$log.jsonl" > "$log.loss"
+        if [ -z "$base" ]; then
+            base=$log base_split="mbs $mbs nmb $nmb dp $dp"
+        elif ! same_values "$log.loss" "$base.loss" 1e-12; then
+            fail "$test" "mbs $mbs nmb $nmb dp $dp differs from $base_split"
+            return 1
+        fi
+    done
+}
+
 TINY="--layers 2 --hidden 32 --heads 4 --seq 32 --vocab 64"
 "$TOK" --vocab 64 --tokens 20000 --period 13 --seed 5 "$D/syn64.bin" || exit 2
 "$TOK" --vocab 64 --tokens 20000 --period 13 --seed 5 --shard "$D/syn64_shard.bin" || exit 2
@@ -71,23 +93,10 @@ fi
 
 # Gradient accumulation and data parallelism split the same global batch of 4 sequences:
 # losses of every step agree to 1e-12 (exactly up to rounding in double).
-acc_ok=1
-for split in "4 1 1" "1 4 1" "2 2 1" "1 2 2" "2 1 2" "1 1 4"; do
-    set -- $split
-    if ! run_ok accum-cli $REF $TINY --random-init 2 --data "$D/syn64.bin" --steps 5 --mbs $1 \
-            --nmb $2 --dp $3 --lr 1e-2 --log "$D/acc_$1_$2_$3.jsonl"; then
-        acc_ok=0
-        break
-    fi
-    field loss "$D/acc_$1_$2_$3.jsonl" > "$D/acc_$1_$2_$3.loss"
-    if [ "$split" != "4 1 1" ] && ! same_values "$D/acc_$1_$2_$3.loss" "$D/acc_4_1_1.loss" 1e-12
-    then
-        fail accum-cli "mbs $1 nmb $2 dp $3 differs from mbs 4 nmb 1 dp 1"
-        acc_ok=0
-        break
-    fi
-done
-[ $acc_ok -eq 1 ] && pass accum-cli
+if losses_agree accum-cli acc "4:1:1 1:4:1 2:2:1 1:2:2 2:1:2 1:1:4" \
+        $REF $TINY --random-init 2 --data "$D/syn64.bin" --steps 5 --lr 1e-2; then
+    pass accum-cli
+fi
 
 # A token file and an llm.c shard with the same tokens train identically (byte-equal logs).
 if run_ok shard-same $REF $TINY --random-init 3 --data "$D/syn64.bin" --steps 3 --mbs 2 \
@@ -175,21 +184,8 @@ fi
 # per micro-batch: at a fixed mbs, splits over nmb and dp give byte-identical logs, while
 # mbs 4 and mbs 1 give different aux losses.
 moe_acc_ok=1
-for split in "4 1 1" "1 4 1" "2 1 2" "1 2 2"; do
-    set -- $split
-    if ! run_ok moe-accum $REF $MOE --random-init 2 --data "$D/syn64.bin" --steps 4 --mbs $1 \
-            --nmb $2 --dp $3 --lr 1e-2 --log "$D/macc_$1_$2_$3.jsonl"; then
-        moe_acc_ok=0
-        break
-    fi
-    field loss "$D/macc_$1_$2_$3.jsonl" > "$D/macc_$1_$2_$3.loss"
-    if [ "$split" != "4 1 1" ] && ! same_values "$D/macc_$1_$2_$3.loss" "$D/macc_4_1_1.loss" 1e-12
-    then
-        fail moe-accum "no aux loss: mbs $1 nmb $2 dp $3 differs from mbs 4 nmb 1 dp 1"
-        moe_acc_ok=0
-        break
-    fi
-done
+losses_agree moe-accum macc "4:1:1 1:4:1 2:1:2 1:2:2" \
+    $REF $MOE --random-init 2 --data "$D/syn64.bin" --steps 4 --lr 1e-2 || moe_acc_ok=0
 if [ $moe_acc_ok -eq 1 ]; then
     for split in "4 1 1" "1 4 1" "1 2 2" "1 1 4"; do
         set -- $split
@@ -361,7 +357,108 @@ expect_err err-usage-moe-topk 2 "gpt2_ref: error: --top-k (3) must be between 1 
 expect_err err-usage-moe-capacity 2 "gpt2_ref: error: --capacity must be > 0" \
     $REF $SMALL --random-init 1 --experts 2 --top-k 1 --capacity 0
 
+# -- Llama (--arch llama) ---------------------------------------------------------------------
+
+LTINY="--arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 64 --seq 32 --vocab 64"
+
+# The loss falls: 30 steps of a GQA Llama on the period-13 pattern; the log has the dense keys.
+if run_ok llama-loss-falls $REF $LTINY --random-init 1 --data "$D/syn64.bin" --steps 30 \
+        --mbs 4 --lr 3e-3 --warmup 3 --log "$D/llama_falls.jsonl"; then
+    first=$(field loss "$D/llama_falls.jsonl" | head -n 1)
+    last=$(field loss "$D/llama_falls.jsonl" | tail -n 1)
+    line="^{\"step\":[0-9]*,\"loss\":$num,\"lr\":$num,\"grad_norm\":$num}\$"
+    if ! awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'; then
+        fail llama-loss-falls "loss went from $first to $last in 30 steps (want a drop > 1.0)"
+    elif [ "$(grep -c "$line" "$D/llama_falls.jsonl")" -ne 30 ]; then
+        fail llama-loss-falls "$D/llama_falls.jsonl: not 30 lines of step, loss, lr, grad_norm"
+    else
+        pass llama-loss-falls
+    fi
+fi
+
+# Any (mbs, nmb, dp) split of a global batch of 4 gives the same losses (1e-12).
+if losses_agree llama-accum lacc "4:1:1 1:4:1 2:1:2 1:1:4" \
+        $REF $LTINY --random-init 2 --data "$D/syn64.bin" --steps 4 --lr 1e-2; then
+    pass llama-accum
+fi
+
+# Checkpoints with Hugging Face Llama / Mixtral names round-trip, and a run from --init of
+# --save-init equals the --random-init run; tied models have no lm_head.weight.
+for v in dense moe; do
+    t=llama-save-roundtrip-$v
+    if [ $v = dense ]; then flags="$LTINY"; else
+        flags="$LTINY --tie-embeddings --experts 4 --top-k 2 --expert-ffn 16 --aux-coeff 0.01"
+    fi
+    if run_ok $t $REF $flags --random-init 9 \
+            --save-init "$D/llama_${v}_a.safetensors" &&
+       run_ok $t $REF $flags --init "$D/llama_${v}_a.safetensors" \
+            --save-init "$D/llama_${v}_b.safetensors" &&
+       run_ok $t $REF $flags --random-init 9 --data "$D/syn64.bin" \
+            --steps 3 --log "$D/llama_${v}_seed.jsonl" --save "$D/llama_${v}_fs.safetensors" &&
+       run_ok $t $REF $flags --init "$D/llama_${v}_a.safetensors" \
+            --data "$D/syn64.bin" --steps 3 --log "$D/llama_${v}_file.jsonl" \
+            --save "$D/llama_${v}_ff.safetensors"; then
+        hdr="$D/llama_${v}.header"
+        head -c 16384 "$D/llama_${v}_a.safetensors" | tr -d '\000' > "$hdr"
+        if [ $v = dense ]; then
+            want='"model.layers.1.self_attn.k_proj.weight":{"dtype":"F32","shape":\[16,32\]'
+            want2='"lm_head.weight":{"dtype":"F32","shape":\[64,32\]'
+        else
+            want='"model.layers.1.block_sparse_moe.experts.3.w2.weight":{"dtype":"F32",'
+            want="$want"'"shape":\[32,16\]'
+            want2='"model.layers.0.block_sparse_moe.gate.weight":{"dtype":"F32","shape":\[4,32\]'
+        fi
+        if ! cmp -s "$D/llama_${v}_a.safetensors" "$D/llama_${v}_b.safetensors"; then
+            fail $t "load + save changed the file"
+        elif ! cmp -s "$D/llama_${v}_seed.jsonl" "$D/llama_${v}_file.jsonl" ||
+             ! cmp -s "$D/llama_${v}_fs.safetensors" "$D/llama_${v}_ff.safetensors"; then
+            fail $t "training from --init of --save-init differs"
+        elif ! grep -q "$want" "$hdr" || ! grep -q "$want2" "$hdr" ||
+             { [ $v = moe ] && grep -q lm_head "$hdr"; }; then
+            fail $t "header lacks a Llama tensor, or has lm_head when tied"
+        else
+            pass $t
+        fi
+    fi
+done
+
+# Usage errors of the Llama flags (exit 2), and a GPT-2 checkpoint for a Llama model (exit 1).
+LSMALL="--layers 1 --hidden 8 --heads 2 --seq 3 --vocab 5 --random-init 1"
+expect_err err-llama-kv-gpt2 2 "gpt2_ref: error: --kv-heads needs --arch llama" \
+    $REF $LSMALL --kv-heads 1
+expect_err err-llama-arch 2 "gpt2_ref: error: --arch must be gpt2 or llama, got 'mistral'" \
+    $REF $LSMALL --arch mistral
+expect_err err-llama-kv-divide 2 "gpt2_ref: error: --kv-heads (3) must divide --heads (2)" \
+    $REF $LSMALL --arch llama --ffn 8 --kv-heads 3
+expect_err err-llama-head-dim 2 \
+    "gpt2_ref: error: --arch llama needs an even head dim (--hidden / --heads = 3) for rope" \
+    $REF --layers 1 --hidden 6 --heads 2 --seq 3 --vocab 5 --random-init 1 --arch llama --ffn 8
+expect_err err-llama-ffn 2 "gpt2_ref: error: --ffn is required with --arch llama" \
+    $REF $LSMALL --arch llama
+expect_err err-llama-expert-bias 2 \
+    "gpt2_ref: error: --expert-bias needs --arch gpt2 (Mixtral experts have no biases)" \
+    $REF $LSMALL --arch llama --experts 2 --top-k 1 --expert-ffn 4 --expert-bias
+expect_err err-llama-gpt2-file 1 \
+    "$D/l1.safetensors: error: missing tensor 'model.embed_tokens.weight'" \
+    $REF --layers 1 --hidden 4 --heads 2 --seq 3 --vocab 5 --arch llama --ffn 8 \
+    --init "$D/l1.safetensors"
+
 # -- Against PyTorch (float64) ---------------------------------------------------------------
+
+# golden_agree TAG GOLDEN LOG KEY:COL...: each KEY's values in the reference's LOG (one a step)
+# against column COL of the lines of GOLDEN (torch's numbers, 8 steps), to 1e-12, via
+# $D/TAG.got and $D/TAG.want. Prints the first differences and returns 1 when they disagree.
+golden_agree() {
+    local tag=$1 golden=$2 log=$3 pair
+    shift 3
+    for pair in "$@"; do field "${pair%%:*}" "$log"; done > "$D/$tag.got"
+    for pair in "$@"; do cut -d' ' -f"${pair#*:}" "$golden"; done > "$D/$tag.want"
+    if [ "$(wc -l < "$D/$tag.got")" -ne $((8 * $#)) ] ||
+       ! same_values "$D/$tag.got" "$D/$tag.want" 1e-12 > "$D/$tag.diff"; then
+        head -n 5 "$D/$tag.diff"
+        return 1
+    fi
+}
 
 # 8 steps, global batch 6 = mbs 1 x nmb 3 x dp 2 from a shard, warm-up 2, clipping active early
 # (grad norms above 1). torch-golden compares the log with torch's numbers recorded in
@@ -376,13 +473,9 @@ if run_ok torch-golden $REF $TC --random-init 4 --save-init "$D/tc_init.safetens
         --log "$D/tc.jsonl" --save "$D/tc_final.safetensors"; then
     tc_ok=1
     grep -v '^#' tests/refcheck/torch_golden.txt > "$D/golden.txt"
-    for k in loss lr grad_norm; do field $k "$D/tc.jsonl"; done > "$D/tc.got"
-    for c in 2 3 4; do cut -d' ' -f$c "$D/golden.txt"; done > "$D/tc.want"
     if ! field grad_norm "$D/tc.jsonl" | awk '$1 > 1 { n++ } END { exit !(n > 0) }'; then
         fail torch-golden "no step had a grad norm above the clip (1.0): clipping not exercised"
-    elif [ "$(wc -l < "$D/tc.got")" -ne 24 ] ||
-         ! same_values "$D/tc.got" "$D/tc.want" 1e-12 > "$D/tc.diff"; then
-        head -n 5 "$D/tc.diff"
+    elif ! golden_agree tc "$D/golden.txt" "$D/tc.jsonl" loss:2 lr:3 grad_norm:4; then
         fail torch-golden "loss/lr/grad_norm differ from torch's (tests/refcheck/torch_golden.txt)"
     else
         pass torch-golden
@@ -415,12 +508,9 @@ for r in a b; do
         tm_ok=0
         break
     fi
-    for k in loss aux_loss lr grad_norm; do field $k "$D/tm_$r.jsonl"; done > "$D/tm_$r.got"
     grep "^$r " tests/refcheck/torch_moe_golden.txt > "$D/tm_$r.golden"
-    for c in 3 4 5 6; do cut -d' ' -f$c "$D/tm_$r.golden"; done > "$D/tm_$r.want"
-    if [ "$(wc -l < "$D/tm_$r.got")" -ne 32 ] ||
-       ! same_values "$D/tm_$r.got" "$D/tm_$r.want" 1e-12 > "$D/tm_$r.diff"; then
-        head -n 5 "$D/tm_$r.diff"
+    if ! golden_agree tm_$r "$D/tm_$r.golden" "$D/tm_$r.jsonl" \
+            loss:3 aux_loss:4 lr:5 grad_norm:6; then
         fail torch-moe-golden "run $r: loss/aux_loss/lr/grad_norm differ from torch's" \
              "(tests/refcheck/torch_moe_golden.txt)"
         tm_ok=0
@@ -428,13 +518,57 @@ for r in a b; do
 done
 [ $tm_ok -eq 1 ] && pass torch-moe-golden
 
-PY=""
-for p in python3 /usr/bin/python3; do
-    if command -v "$p" > /dev/null 2>&1 && "$p" -c 'import torch' > /dev/null 2>&1; then
-        PY=$p
+# Llama against torch (tests/refcheck/torch_llama_check.py: Hugging Face's Llama / Mixtral
+# formulas -- RMSNorm, rotate_half rope, repeat_kv GQA, SwiGLU -- differentiated by autograd),
+# four runs of 8 steps from a shard, each with the flags of its line (given to the reference and
+# to the script alike):
+#   a: GQA (4 heads, 2 kv heads) C=32, untied, mbs 1 x nmb 3 x dp 2;
+#   b: 2 heads sharing 1 kv head, tied, rope theta 100, eps 1e-6, mbs 2 x nmb 2;
+#   c: Mixtral experts: 4 top-2 width 24, aux 0.1, capacity 1.0 (tokens dropped), mbs 2 x nmb 2;
+#   d: 4 experts top-1 pre-softmax, aux 0.05, 1 kv head, tied, mbs 1 x nmb 3 x dp 2.
+# torch-llama-golden compares the logs with torch's numbers in torch_llama_golden.txt
+# (everywhere), torch-llama reruns torch when installed and also compares the final weights.
+# llama_run R: set $flags (the model) and $run (the batch and schedule) of run R.
+llama_run() {
+    flags="--arch llama --layers 2 --seq 12 --vocab 64"
+    run="--lr 1e-2 --min-lr 1e-3 --warmup 2 --steps 8"
+    case $1 in
+    a) flags="$flags --hidden 32 --heads 4 --kv-heads 2 --ffn 48"
+       run="$run --mbs 1 --nmb 3 --dp 2";;
+    b) flags="$flags --hidden 16 --heads 2 --kv-heads 1 --ffn 40 --tie-embeddings"
+       flags="$flags --rope-theta 100 --norm-eps 1e-6"
+       run="$run --mbs 2 --nmb 2";;
+    c) flags="$flags --hidden 16 --heads 4 --kv-heads 2 --experts 4 --top-k 2"
+       flags="$flags --expert-ffn 24 --aux-coeff 0.1 --capacity 1.0"
+       run="$run --mbs 2 --nmb 2";;
+    d) flags="$flags --hidden 16 --heads 4 --kv-heads 1 --experts 4 --top-k 1"
+       flags="$flags --expert-ffn 24 --pre-softmax --aux-coeff 0.05 --tie-embeddings"
+       run="$run --mbs 1 --nmb 3 --dp 2";;
+    esac
+}
+tl_ok=1
+for r in a b c d; do
+    llama_run $r
+    if ! run_ok torch-llama-golden $REF $flags --random-init 4 \
+            --save-init "$D/tl_${r}_init.safetensors" ||
+       ! run_ok torch-llama-golden $REF $flags $run --init "$D/tl_${r}_init.safetensors" \
+            --data "$D/syn64_shard.bin" --log "$D/tl_$r.jsonl" \
+            --save "$D/tl_${r}_final.safetensors"; then
+        tl_ok=0
         break
     fi
+    cols="loss:3 lr:5 grad_norm:6"
+    case $r in c|d) cols="$cols aux_loss:4";; esac
+    grep "^$r " tests/refcheck/torch_llama_golden.txt > "$D/tl_$r.golden"
+    if ! golden_agree tl_$r "$D/tl_$r.golden" "$D/tl_$r.jsonl" $cols; then
+        fail torch-llama-golden "run $r: loss/aux_loss/lr/grad_norm differ from torch's" \
+             "(tests/refcheck/torch_llama_golden.txt)"
+        tl_ok=0
+    fi
 done
+[ $tl_ok -eq 1 ] && pass torch-llama-golden
+
+PY=$(torch_python)
 if [ -z "$PY" ]; then
     echo "SKIP refcheck/torch: PyTorch not installed (apt-get install python3-torch)"
 elif [ $tc_ok -eq 1 ]; then
@@ -459,6 +593,28 @@ elif [ -s "$D/tm_b.jsonl" ]; then
     else
         tail -n 5 "$D/torch_moe.txt"
         fail torch-moe "$(tail -n 1 "$D/torch_moe.txt")"
+    fi
+fi
+if [ -z "$PY" ]; then
+    echo "SKIP refcheck/torch-llama: PyTorch not installed (apt-get install python3-torch)"
+elif [ -s "$D/tl_d.jsonl" ]; then
+    : > "$D/torch_llama.txt"
+    tl_live=1
+    for r in a b c d; do
+        llama_run $r
+        if ! "$PY" tests/refcheck/torch_llama_check.py $flags $run \
+                --init "$D/tl_${r}_init.safetensors" --data "$D/syn64_shard.bin" \
+                --log "$D/tl_$r.jsonl" --final "$D/tl_${r}_final.safetensors" \
+                >> "$D/torch_llama.txt" 2>&1; then
+            tl_live=0
+            break
+        fi
+    done
+    if [ $tl_live -eq 1 ]; then
+        pass torch-llama
+    else
+        tail -n 5 "$D/torch_llama.txt"
+        fail torch-llama "run $r: $(tail -n 1 "$D/torch_llama.txt")"
     fi
 fi
 finish

@@ -13,59 +13,13 @@ Prints one line saying why and exits 1 on a mismatch. With GOLDEN.txt, also writ
 "step loss lr grad_norm" per line (%.17g): that is how tests/refcheck/torch_golden.txt, which
 the suite checks without torch, was made (see suite.sh, test torch-golden).
 """
-import json
 import math
-import struct
-import sys
 
 import torch
 import torch.nn.functional as F
 
-DT = torch.float64
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (hlen,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + hlen])
-    base = 8 + hlen
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        assert info["dtype"] == "F32", (name, info["dtype"])
-        b, e = info["data_offsets"]
-        t = torch.frombuffer(bytearray(raw[base + b:base + e]), dtype=torch.float32)
-        out[name] = t.reshape(info["shape"]).to(DT)
-    return out
-
-
-def read_tokens(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) >= 1024 and struct.unpack("<i", raw[:4])[0] == 20240520:
-        n = struct.unpack("<i", raw[8:12])[0]
-        raw = raw[1024:1024 + 2 * n]
-    return list(struct.unpack("<%dH" % (len(raw) // 2), raw))
-
-
-def lr_at(t, lr, min_lr, warmup, decay):
-    """The learning rate of step t (1-based): linear warm-up, cosine decay, then min_lr."""
-    if warmup > 0 and t <= warmup:
-        return lr * t / warmup
-    if t <= decay:
-        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) /
-                                                            (decay - warmup)))
-    return min_lr
-
-
-def step_batch(tokens, s, gbs, T):
-    """The global batch of step s (0-based): samples s*gbs .. s*gbs+gbs-1, wrapping, each
-    T + 1 tokens (T inputs, the next T as targets)."""
-    nsamples = (len(tokens) - 1) // T
-    rows = [(s * gbs + j) % nsamples for j in range(gbs)]
-    return torch.tensor([tokens[i * T:i * T + T + 1] for i in rows])
+from torch_common import (DT, compare_weights, golden_lines, leaf_params, lr_at, read_tokens,
+                          replay, run, step_batch)
 
 
 def gelu(f):
@@ -114,60 +68,31 @@ def main(argv):
     L, C, H, T, V, mbs, nmb, dp, warmup, decay, steps = map(
         int, (L, C, H, T, V, mbs, nmb, dp, warmup, decay, steps))
     lr, min_lr = float(lr), float(min_lr)
-    params = {k: v.clone().requires_grad_(True) for k, v in read_safetensors(init).items()}
-    decay_names = [k for k in params if params[k].dim() == 2]
-    other_names = [k for k in params if params[k].dim() != 2]
-    opt = torch.optim.AdamW(
-        [{"params": [params[k] for k in decay_names], "weight_decay": 0.1},
-         {"params": [params[k] for k in other_names], "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    params = leaf_params(init)
     tokens = read_tokens(data)
     gbs = mbs * nmb * dp
-    with open(log) as f:
-        ref_log = [json.loads(line) for line in f]
-    if len(ref_log) != steps:
-        return "log has %d lines, want %d" % (len(ref_log), steps)
-    worst = 0.0
-    rows_out = []
-    for s in range(steps):
-        t = s + 1
-        rate = lr_at(t, lr, min_lr, warmup, decay)
-        for g in opt.param_groups:
-            g["lr"] = rate
+
+    def objective(s):                                     # the whole global batch at once
         batch = step_batch(tokens, s, gbs, T)
         logits = forward(params, batch[:, :-1], L, H)
         loss = F.cross_entropy(logits.reshape(-1, V), batch[:, 1:].reshape(-1))
-        opt.zero_grad()
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0).item()
-        opt.step()
-        rows_out.append("%d %.17g %.17g %.17g\n" % (t, loss.item(), rate, norm))
-        r = ref_log[s]
-        for key, mine in (("loss", loss.item()), ("lr", rate), ("grad_norm", norm)):
-            rel = abs(r[key] - mine) / max(abs(mine), 1e-300)
-            worst = max(worst, rel)
-            if r["step"] != t or rel > 1e-12:
-                return "step %d: %s %.17g in the reference, %.17g in torch" % (
-                    t, key, r[key], mine)
+        return {"loss": loss.item()}
+
+    why, rows, worst = replay(params, log, steps, lambda t: lr_at(t, lr, min_lr, warmup, decay),
+                              objective, ["loss"])
+    if why:
+        return why
     if golden:
         with open(golden, "w") as f:
-            f.writelines(rows_out)
-    saved = read_safetensors(final)
-    for k, v in params.items():
-        mine = v.detach()
-        diff = (saved[k] - mine).abs() - 1.2e-7 * mine.abs()   # one float32 ulp of slack
-        if diff.max().item() > 1e-12:
-            i = int(diff.argmax())
-            return "%s[%d]: reference %.9g, torch %.9g" % (
-                k, i, saved[k].flatten()[i].item(), mine.flatten()[i].item())
+            f.writelines(golden_lines(rows, ("loss", "lr", "grad_norm")))
+    why = compare_weights(final, params)
+    if why:
+        return why
     print("torch agrees: %d steps, worst relative difference of loss/lr/norm %.2g" % (
         steps, worst))
     return None
 
 
 if __name__ == "__main__":
-    torch.set_default_dtype(DT)
-    why = main(sys.argv[1:])
-    if why:
-        print(why)
-        sys.exit(1)
+    run(main)

@@ -18,14 +18,11 @@ BIAS and PRE_SOFTMAX are 0 or 1, CAPACITY 0 for none. Prints one line saying why
 on a mismatch. With GOLDEN.txt, appends torch's "NAME step loss aux_loss lr grad_norm" lines:
 that is how tests/refcheck/torch_moe_golden.txt was made (suite.sh, test torch-moe-golden).
 """
-import json
-import math
-import sys
-
 import torch
-import torch.nn.functional as F
 
-from torch_check import DT, gelu, gpt_forward, lr_at, read_safetensors, read_tokens, step_batch
+from torch_check import gelu, gpt_forward
+from torch_common import (capacity_keep, compare_weights, golden_lines, leaf_params, lr_at,
+                          micro_batched, read_tokens, replay, run, step_batch, switch_aux)
 
 
 def moe_layer(p, h, x, E, K, bias, pre, aux_coeff, cap):
@@ -39,17 +36,7 @@ def moe_layer(p, h, x, E, K, bias, pre, aux_coeff, cap):
         probs = torch.softmax(logits, dim=1).gather(1, top)
     else:
         probs = torch.softmax(logits.gather(1, top), dim=1)
-    keep = torch.ones(N, K, dtype=torch.bool)
-    if cap > 0:
-        capacity = math.ceil((N * K / E) * cap)
-        used = [0] * E
-        for t in range(T):                                # token order (t, b)
-            for b in range(B):
-                n = b * T + t
-                for j in range(K):
-                    e = int(top[n, j])
-                    keep[n, j] = used[e] < capacity
-                    used[e] += int(keep[n, j])
+    keep = capacity_keep(top, B, T, E, cap)
     out = torch.zeros(N, C)
     for e in range(E):
         rows, slots = ((top == e) & keep).nonzero(as_tuple=True)
@@ -66,9 +53,7 @@ def moe_layer(p, h, x, E, K, bias, pre, aux_coeff, cap):
         out = out.index_add(0, rows, y)
     aux = torch.zeros(())
     if aux_coeff > 0:
-        scores = torch.softmax(logits, dim=1)
-        counts = torch.zeros(E).index_add(0, top.reshape(-1), torch.ones(N * K))
-        aux = (scores.sum(dim=0) * counts).sum() * (E * aux_coeff / (N * N * K))
+        aux = switch_aux(torch.softmax(logits, dim=1), top, E, aux_coeff)
     return out.reshape(B, T, C), aux
 
 
@@ -84,72 +69,31 @@ def main(argv):
         int, (L, C, H, T, V, mbs, nmb, dp, warmup, decay, steps, E, K, FE, bias, pre))
     lr, min_lr, aux_coeff, cap = map(float, (lr, min_lr, aux_coeff, cap))
     moe = (E, K, bias, pre, aux_coeff, cap)
-    params = {k: v.clone().requires_grad_(True) for k, v in read_safetensors(init).items()}
+    params = leaf_params(init)
     if params["h.0.mlp.experts.0.c_fc.weight"].shape[1] != FE:
         return "expert width in %s is not %d" % (init, FE)
-    decay_names = [k for k in params if params[k].dim() == 2]
-    other_names = [k for k in params if params[k].dim() != 2]
-    opt = torch.optim.AdamW(
-        [{"params": [params[k] for k in decay_names], "weight_decay": 0.1},
-         {"params": [params[k] for k in other_names], "weight_decay": 0.0}],
-        lr=lr, betas=(0.9, 0.95), eps=1e-8)
     tokens = read_tokens(data)
     gbs = mbs * nmb * dp
-    nmb_total = gbs // mbs
-    with open(log) as f:
-        ref_log = [json.loads(line) for line in f]
-    if len(ref_log) != steps:
-        return "log has %d lines, want %d" % (len(ref_log), steps)
-    worst = 0.0
-    rows_out = []
-    for s in range(steps):
-        t = s + 1
-        rate = lr_at(t, lr, min_lr, warmup, decay)
-        for g in opt.param_groups:
-            g["lr"] = rate
-        batch = step_batch(tokens, s, gbs, T)
-        opt.zero_grad()
-        ce_sum, aux_sum = 0.0, 0.0
-        for m0 in range(0, gbs, mbs):                     # one micro-batch of mbs sequences
-            mb = batch[m0:m0 + mbs]
-            logits, aux = forward(params, mb[:, :-1], L, H, moe)
-            ce = F.cross_entropy(logits.reshape(-1, V), mb[:, 1:].reshape(-1), reduction="sum")
-            (ce / (gbs * T) + aux / nmb_total).backward()
-            ce_sum += ce.item()
-            aux_sum += aux.item()
-        loss, aux_loss = ce_sum / (gbs * T), aux_sum / nmb_total
-        norm = torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0).item()
-        opt.step()
-        rows_out.append("%d %.17g %.17g %.17g %.17g\n" % (t, loss, aux_loss, rate, norm))
-        r = ref_log[s]
-        for key, mine in (("loss", loss), ("aux_loss", aux_loss), ("lr", rate),
-                          ("grad_norm", norm)):
-            rel = abs(r[key] - mine) / max(abs(mine), 1e-300)
-            worst = max(worst, rel)
-            if r["step"] != t or rel > 1e-12:
-                return "step %d: %s %.17g in the reference, %.17g in torch" % (
-                    t, key, r[key], mine)
+
+    def objective(s):
+        return micro_batched(lambda idx: forward(params, idx, L, H, moe),
+                             step_batch(tokens, s, gbs, T), mbs, V)
+
+    why, rows, worst = replay(params, log, steps, lambda t: lr_at(t, lr, min_lr, warmup, decay),
+                              objective, ["loss", "aux_loss"])
+    if why:
+        return why
     if golden:
         with open(golden[0], "a") as f:
-            f.writelines(golden[1] + " " + row for row in rows_out)
-    saved = read_safetensors(final)
-    if sorted(saved) != sorted(params):
-        return "the --save file's tensor names differ from the --init file's"
-    for k, v in params.items():
-        mine = v.detach()
-        diff = (saved[k] - mine).abs() - 1.2e-7 * mine.abs()   # one float32 ulp of slack
-        if diff.max().item() > 1e-12:
-            i = int(diff.argmax())
-            return "%s[%d]: reference %.9g, torch %.9g" % (
-                k, i, saved[k].flatten()[i].item(), mine.flatten()[i].item())
+            f.writelines(golden_lines(rows, ("loss", "aux_loss", "lr", "grad_norm"),
+                                      golden[1] + " "))
+    why = compare_weights(final, params)
+    if why:
+        return why
     print("torch agrees: %d steps, worst relative difference of loss/aux/lr/norm %.2g" % (
         steps, worst))
     return None
 
 
 if __name__ == "__main__":
-    torch.set_default_dtype(DT)
-    why = main(sys.argv[1:])
-    if why:
-        print(why)
-        sys.exit(1)
+    run(main)

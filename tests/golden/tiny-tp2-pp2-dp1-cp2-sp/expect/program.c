@@ -6,7 +6,7 @@
 */
 #include "model.h"
 
-/* -- The model's tensors in checkpoint order (Hugging Face GPT-2): the BEFORE roles, then per
+/* -- The model's tensors in checkpoint order (Hugging Face names): the BEFORE roles, then per
 **    layer its LAYER roles and, per expert, the EXPERT roles, then the AFTER roles ---------- */
 static const gpt_role roles[16] = {   /* name, scope, rows, cols, ndim, init, std */
     { "wte.weight",              GPT_BEFORE, 256,  64, 2, GPT_INIT_NORMAL, 0.02f },

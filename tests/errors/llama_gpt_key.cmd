@@ -1,0 +1,1 @@
+tests/errors/llama_gpt_key.lua 

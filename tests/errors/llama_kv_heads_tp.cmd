@@ -1,0 +1,1 @@
+tests/errors/llama_kv_heads_tp.lua --tp 4

@@ -1,0 +1,1 @@
+tests/errors/llama_moe_bias.lua 

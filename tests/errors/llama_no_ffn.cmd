@@ -1,0 +1,1 @@
+tests/errors/llama_no_ffn.lua 

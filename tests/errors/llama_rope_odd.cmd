@@ -1,0 +1,1 @@
+tests/errors/llama_rope_odd.lua 

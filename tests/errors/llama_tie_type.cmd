@@ -1,0 +1,1 @@
+tests/errors/llama_tie_type.lua 

@@ -1,0 +1,299 @@
+#!/bin/bash
+# tests/hfload/suite.sh: --init reads Hugging Face checkpoints as save_pretrained writes them:
+# one safetensors file, the shards model-0000k-of-0000N.safetensors named by
+# model.safetensors.index.json, or a directory holding either; F32 and BF16; a file PyTorch
+# wrote (when torch is installed). The model is models/tiny.lua (GPT-2 names); the checkpoints
+# are the reference's whole-model file rewritten by tools/stshard. Every load is checked by
+# what the program saves after --steps 0: bit for bit the same as the single file's load.
+# Bad checkpoints must fail before any training with the exact messages below. Then, where
+# models/tiny_llama.lua and tiny_mixtral.lua are, their own checkpoints in shards, and the
+# one-line message for a checkpoint of another family.
+# Prints PASS/FAIL/SKIP hfload/<name> (tests/lib.sh); scratch in build/test/hfload/.
+. "$(dirname "$0")/../lib.sh" hfload
+SHARD=build/tools/stshard
+REF=build/ref/gpt2_ref
+
+show() { sed 's/^/  /' "$1" | head -n "${2:-20}"; }     # a log, indented, for a FAIL
+
+# verdict NAME WHY LOG CHECK...: PASS NAME if CHECK succeeds (output to LOG), else show LOG and
+# FAIL NAME: WHY.
+verdict() {
+    local name=$1 why=$2 log=$3
+    shift 3
+    if "$@" > "$log" 2>&1; then pass "$name"
+    else show "$log" 30; fail "$name" "$why"; fi
+}
+
+# -- Setup --------------------------------------------------------------------------------------
+if ! make -s --no-print-directory build/gen build/librt_cpu.a build/libgpt_cpu.a ref \
+        build/tools/stcompare build/tools/stshard > "$S/make.log" 2>&1; then
+    show "$S/make.log"
+    fail setup "make build/gen librt_cpu.a libgpt_cpu.a ref stcompare stshard failed"
+    finish
+fi
+build/gen tiny --dump config > "$S/config.json" 2>&1
+get() { sed -n "s/^    \"$1\": \([0-9]*\),*$/\1/p" "$S/config.json" | head -n 1; }
+L=$(get layers) C=$(get hidden) H=$(get heads) T=$(get seq_len) V=$(get vocab)
+if [ -z "$L" ] || [ -z "$C" ] || [ -z "$H" ] || [ -z "$T" ] || [ -z "$V" ]; then
+    show "$S/config.json"
+    fail setup "cannot read the sizes of models/tiny.lua from build/gen --dump config"
+    finish
+fi
+NTENSORS=$((4 + 12 * L))
+if ! gen_build "$S/tiny" tiny; then
+    fail setup "$WHY"
+    finish
+fi
+A=$S/tiny/train
+INIT=$S/init.safetensors
+if ! $REF --layers "$L" --hidden "$C" --heads "$H" --seq "$T" --vocab "$V" --random-init 7 \
+        --save-init "$INIT" > "$S/init.log" 2>&1; then
+    show "$S/init.log"
+    fail setup "gpt2_ref --save-init failed"
+    finish
+fi
+# the checkpoints: F32 in 3 shards, BF16 in 3 shards, BF16 as one file, F32 as a directory with
+# one model.safetensors
+HF=$S/hf HB=$S/hf-bf16 H1=$S/hf-bf16-one HS=$S/hf-single
+if ! { $SHARD --shards 3 "$INIT" "$HF" && $SHARD --shards 3 --dtype BF16 "$INIT" "$HB" &&
+       $SHARD --dtype BF16 "$INIT" "$H1" && $SHARD "$INIT" "$HS"; } > "$S/shard.log" 2>&1; then
+    show "$S/shard.log"
+    fail setup "stshard failed"
+    finish
+fi
+IDX=$HF/model.safetensors.index.json
+
+# index_add INDEX NAME SHARD...: weight_map entries "NAME": "SHARD" added at the top of INDEX
+index_add() {
+    local f=$1
+    shift
+    awk -v add="$*" '{ print } /^  "weight_map": \{$/ { n = split(add, a, " ")
+        for (i = 1; i < n; i += 2) printf "    \"%s\": \"%s\",\n", a[i], a[i + 1] }' "$f" \
+        > "$f.new" && mv "$f.new" "$f"
+}
+
+# load NAME ARGS...: train --steps 0 ARGS --save $S/NAME.safetensors (output in $S/NAME.log)
+load() {
+    local name=$1
+    shift
+    $A --steps 0 "$@" --save "$S/$name.safetensors" > "$S/$name.log" 2>&1 ||
+        { cat "$S/$name.log"; return 1; }
+}
+load single --init "$INIT" || { show "$S/single.log"; fail setup "the single file does not load"; }
+
+# -- Loading ------------------------------------------------------------------------------------
+sharded() {
+    [ "$(ls "$HF" | wc -l)" = 4 ] || { echo "stshard did not write 3 shards + index"; return 1; }
+    load sharded --init "$IDX" && cmp "$S/sharded.safetensors" "$S/single.safetensors"
+}
+verdict sharded-same-as-single "3 shards + index do not load bit for bit as the single file" \
+    "$S/v-sharded.log" sharded
+dir_index() { load dir --init "$HF/" && cmp "$S/dir.safetensors" "$S/single.safetensors"; }
+verdict dir-index "a directory with model.safetensors.index.json does not load the same" \
+    "$S/v-dir.log" dir_index
+dir_single() { load dir1 --init "$HS" && cmp "$S/dir1.safetensors" "$S/single.safetensors"; }
+verdict dir-single "a directory with one model.safetensors does not load the same" \
+    "$S/v-dir1.log" dir_single
+# BF16 shards: the same values as the one BF16 file, each within half a BF16 ulp of the F32
+bf16() {
+    load bf16 --init "$HB" && load bf16-one --init "$H1/model.safetensors" &&
+    cmp "$S/bf16.safetensors" "$S/bf16-one.safetensors" &&
+    ! cmp -s "$S/bf16.safetensors" "$S/single.safetensors" &&
+    $STCOMPARE -q --rtol 0.00390625 --atol 0 "$S/bf16.safetensors" "$INIT"
+}
+verdict sharded-bf16 "BF16 shards do not load as the BF16 values of the F32 file" \
+    "$S/v-bf16.log" bf16
+# buffers of Hugging Face checkpoints in the index (GPT-2's masks, Llama's rotary frequencies)
+# are ignored, whichever shard they are mapped to and whether or not it holds them
+HX=$S/hf-buffers
+cp -r "$HF" "$HX"
+index_add "$HX/model.safetensors.index.json" h.0.attn.bias model-00001-of-00003.safetensors \
+    h.0.attn.masked_bias model-00002-of-00003.safetensors \
+    model.rotary_emb.inv_freq model-00003-of-00003.safetensors
+buffers() {
+    grep -E '^    "(h.0.attn.(masked_)?bias|model.rotary_emb.inv_freq)": ' \
+        "$HX/model.safetensors.index.json" | wc -l | grep -qx 3 &&
+    load buffers --init "$HX" && cmp "$S/buffers.safetensors" "$S/single.safetensors"
+}
+verdict index-buffers-ignored "an index naming Hugging Face buffers does not load" \
+    "$S/v-buffers.log" buffers
+# every rank reads its own pieces from the shards: TP2 PP2 DP2 loads and saves the same model
+parallel() {
+    gen_build "$S/tiny-tp2-pp2-dp2" tiny --tp 2 --pp 2 --dp 2 || { echo "$WHY"; return 1; }
+    run_prog "$S/tiny-tp2-pp2-dp2/train" 8 "$S/par.log" --steps 0 --init "$HB" \
+        --save "$S/par.safetensors" || { cat "$S/par.log"; return 1; }
+    cmp "$S/par.safetensors" "$S/bf16-one.safetensors"
+}
+if have_mpi; then
+    verdict sharded-tp2-pp2-dp2 "8 ranks do not load the BF16 shards as one rank does" \
+        "$S/v-par.log" parallel
+else
+    skip sharded-tp2-pp2-dp2 "mpirun not found (make deps)"
+fi
+help_text() {
+    $A --help > "$S/help.txt" &&
+    grep -q -- '--init PATH .*Hugging Face checkpoint' "$S/help.txt" &&
+    grep -q 'model.safetensors.index.json' "$S/help.txt"
+}
+verdict help-init "--help does not describe --init's file, index or directory" "$S/v-help.log" \
+    help_text
+
+# -- A file written by PyTorch (BF16, as save_pretrained lays it out, with GPT-2's buffers) ----
+PY=$(torch_python)
+torch_file() {
+    "$PY" tests/hfload/torch_save.py "$INIT" "$S/torch.safetensors" &&
+    load torch --init "$S/torch.safetensors" &&
+    cmp "$S/torch.safetensors" "$S/bf16-one.safetensors"
+}
+if [ -z "$PY" ]; then
+    skip torch-bf16 "PyTorch not installed (apt-get install python3-torch)"
+else
+    verdict torch-bf16 "a BF16 file written from torch tensors does not load as stshard's BF16" \
+        "$S/v-torch.log" torch_file
+fi
+
+# -- Bad checkpoints: exact message (stderr, whole) and exit status 1 ---------------------------
+# expect NAME MESSAGE PATH: train --steps 0 --init PATH; stderr must be MESSAGE exactly
+expect() {
+    local name=$1 want=$2
+    $A --steps 0 --init "$3" > "$S/err-$name.out" 2> "$S/err-$name.err"
+    local rc=$?
+    printf '%s\n' "$want" > "$S/err-$name.want"
+    if [ $rc -ne 1 ]; then
+        show "$S/err-$name.err" 5
+        fail "err-$name" "exit status $rc, expected 1"
+    elif ! cmp -s "$S/err-$name.err" "$S/err-$name.want"; then
+        diff "$S/err-$name.want" "$S/err-$name.err" | sed 's/^/  /' | head -n 10
+        fail "err-$name" "the message differs (< expected, > got)"
+    else
+        pass "err-$name"
+    fi
+}
+# copy DIR: a copy of the F32 shards to break ($S/bad-N), its index in $BI
+n_bad=0
+copy() {
+    n_bad=$((n_bad + 1))
+    BD=$S/bad-$n_bad
+    cp -r "$HF" "$BD"
+    BI=$BD/model.safetensors.index.json
+}
+# the shard the index maps NAME to
+shard_of() { sed -n "s/^    \"$1\": \"\(.*\)\",*$/\1/p" "$IDX"; }
+NOT="error: not loaded (1 problem): --init needs the $NTENSORS tensors of this model, with"
+NOT="$NOT Hugging Face GPT-2 names and shapes, in F32, BF16 or F16"
+
+copy
+gone=model-00002-of-00003.safetensors
+rm "$BD/$gone"
+expect shard-missing "$BD/$gone: error: cannot open: No such file or directory; the index maps \
+$(grep -c "\": \"$gone\"" "$IDX") tensors to this shard
+$BI: $NOT" "$BI"
+
+copy
+t=h.3.ln_2.bias
+own=$(shard_of $t)
+other=model-00001-of-00003.safetensors
+[ "$own" = $other ] && other=model-00003-of-00003.safetensors
+sed -i "s/^    \"$t\": \"$own\"/    \"$t\": \"$other\"/" "$BI"
+expect wrong-shard "$BI: error: tensor '$t' is mapped to '$other', which does not hold it (it \
+is in '$own')
+$BI: $NOT" "$BD"
+
+copy
+sed -i "/^    \"$t\": /d" "$BI"
+expect not-in-index "$BI: error: tensor '$t' is in '$own' but not in the weight_map
+$BI: $NOT" "$BI"
+
+copy
+index_add "$BI" h.3.ln_2.scale "$own"
+expect index-extra "$BI: error: unexpected tensor 'h.3.ln_2.scale' (not a parameter of this \
+model)
+$BI: $NOT" "$BI"
+
+# byte positions are offsets from the start of the index (0: its first byte)
+copy
+printf '{"metadata": {"total_size": 4}, "weight_map": {"wte.weight" "%s"}}\n' "$own" > "$BI"
+expect index-json "$BI: error: malformed index JSON (expected ':', at byte 60)" "$BD"
+printf '{"weight_map": {\n  "wte.weight": "a",\n  "ln_f.bias": "b",\n  "wte.weight": "c"\n}}' \
+    > "$BI"
+expect index-mapped-twice "$BI: error: malformed index JSON (tensor 'wte.weight' mapped twice, \
+at byte 60)" "$BI"
+printf '{"weight_map": {}} }' > "$BI"
+expect index-trailing "$BI: error: malformed index JSON (text after the JSON object, at byte \
+19)" "$BI"
+
+mkdir -p "$S/empty"
+touch "$S/empty/model-00001-of-00001.safetensors"
+expect dir-empty "$S/empty: error: no model.safetensors.index.json or model.safetensors in \
+this directory (a Hugging Face checkpoint directory holds one of them)" "$S/empty"
+copy
+cp "$HS/model.safetensors" "$BD/"
+expect dir-both "$BD: error: this directory holds both model.safetensors.index.json and \
+model.safetensors: name the one to load" "$BD"
+
+# another architecture's names: one line naming the first tensors of both, not 100 problems
+HL=$S/llama-names
+$SHARD --prefix model.x. --rename wte.weight=model.embed_tokens.weight "$INIT" "$HL" \
+    > "$S/llama.log" 2>&1
+expect other-architecture "$HL/model.safetensors: error: this file holds Llama tensor names \
+('model.embed_tokens.weight', 'model.x.wpe.weight', ...) but the model (models/tiny.lua) needs \
+Hugging Face GPT-2 names ('wte.weight', 'wpe.weight', ...): convert the checkpoint or pick the \
+matching model" "$HL/model.safetensors"
+HL3=$S/llama-names-3
+$SHARD --shards 3 --prefix model.x. --rename wte.weight=model.embed_tokens.weight "$INIT" \
+    "$HL3" > "$S/llama3.log" 2>&1
+expect other-architecture-sharded "$HL3/model.safetensors.index.json: error: this checkpoint \
+holds Llama tensor names ('model.embed_tokens.weight', 'model.x.h.0.attn.c_attn.bias', \
+...) but the model (models/tiny.lua) needs Hugging Face GPT-2 names ('wte.weight', \
+'wpe.weight', ...): convert the checkpoint or pick the matching model" "$HL3"
+HP=$S/prefixed
+$SHARD --prefix transformer. "$INIT" "$HP" > "$S/prefixed.log" 2>&1
+expect other-names "$HP/model.safetensors: error: none of the model's $NTENSORS tensors are in \
+this file, which holds 'transformer.wte.weight', 'transformer.wpe.weight', ..., but the model \
+(models/tiny.lua) needs Hugging Face GPT-2 names ('wte.weight', 'wpe.weight', ...): convert \
+the checkpoint or pick the matching model" "$HP"
+
+# -- Llama and Mixtral names (models/tiny_llama.lua, models/tiny_mixtral.lua) ------------------
+# Each model's own random initialisation, saved, rewritten as 3 shards + index (with Llama's
+# rotary buffers named in the index), loads bit for bit; a checkpoint of another family fails
+# in one line.
+declare -A PROG
+for m in tiny_llama tiny_mixtral; do
+    if [ ! -f "models/$m.lua" ]; then
+        skip "$m-sharded" "models/$m.lua is not there"
+        continue
+    fi
+    if ! gen_build "$S/$m" "$m"; then
+        fail "$m-sharded" "$WHY"
+        continue
+    fi
+    PROG[$m]=$S/$m/train
+    family_sharded() {
+        "${PROG[$m]}" --steps 0 --save "$S/$m-init.safetensors" &&
+        $SHARD --shards 3 "$S/$m-init.safetensors" "$S/$m-hf" &&
+        index_add "$S/$m-hf/model.safetensors.index.json" \
+            model.layers.0.self_attn.rotary_emb.inv_freq model-00001-of-00003.safetensors &&
+        "${PROG[$m]}" --steps 0 --init "$S/$m-hf" --save "$S/$m-loaded.safetensors" &&
+        cmp "$S/$m-loaded.safetensors" "$S/$m-init.safetensors"
+    }
+    verdict "$m-sharded" "$m's checkpoint in 3 shards + index does not load bit for bit" \
+        "$S/v-$m.log" family_sharded
+done
+# expect_prog PROG NAME MESSAGE PATH: as expect, with another model's program
+expect_prog() { local A=$1; shift; expect "$@"; }
+if [ -n "${PROG[tiny_llama]}" ]; then
+    expect_prog "${PROG[tiny_llama]}" llama-given-gpt2 "$INIT: error: this file holds GPT-2 \
+tensor names ('wte.weight', 'wpe.weight', ...) but the model (models/tiny_llama.lua) needs \
+Hugging Face Llama names ('model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight', \
+...): convert the checkpoint or pick the matching model" "$INIT"
+fi
+if [ -n "${PROG[tiny_mixtral]}" ] && [ -f "$S/tiny_llama-hf/model.safetensors.index.json" ]; then
+    expect_prog "${PROG[tiny_mixtral]}" mixtral-given-llama "$S/tiny_llama-hf/\
+model.safetensors.index.json: error: this checkpoint holds Llama tensor names \
+('lm_head.weight', 'model.embed_tokens.weight', ...) but the model (models/tiny_mixtral.lua) \
+needs Hugging Face Mixtral names ('model.embed_tokens.weight', \
+'model.layers.0.input_layernorm.weight', ...): convert the checkpoint or pick the matching \
+model" "$S/tiny_llama-hf"
+fi
+
+finish
