@@ -36,6 +36,10 @@ VP            ?=
 ORDER         ?=
 FIRST_LAYERS  ?=
 LAST_LAYERS   ?=
+ACCOUNT_EMBEDDING ?=
+ACCOUNT_LOSS  ?=
+LAYOUT        ?=
+MICROBATCH_GROUP ?=
 MBS           ?=
 NMB           ?=
 SEQ           ?=
@@ -111,6 +115,10 @@ GENFLAGS = $(MODEL) \
     $(if $(VP),--vp $(VP)) $(if $(ORDER),--order $(ORDER)) \
     $(if $(FIRST_LAYERS),--first-layers $(FIRST_LAYERS)) \
     $(if $(LAST_LAYERS),--last-layers $(LAST_LAYERS)) \
+    $(if $(filter 1 yes,$(ACCOUNT_EMBEDDING)),--account-embedding) \
+    $(if $(filter 1 yes,$(ACCOUNT_LOSS)),--account-loss) \
+    $(if $(LAYOUT),--layout '$(LAYOUT)') \
+    $(if $(MICROBATCH_GROUP),--microbatch-group $(MICROBATCH_GROUP)) \
     $(if $(MBS),--mbs $(MBS)) $(if $(NMB),--nmb $(NMB)) $(if $(SEQ),--seq $(SEQ)) \
     $(if $(filter 1 yes,$(SP)),--sp) $(if $(filter 1 yes,$(DIST_OPT)),--dist-opt) \
     $(if $(filter 1 yes,$(BF16)),--bf16) $(if $(RECOMPUTE),--recompute $(RECOMPUTE)) \
@@ -166,7 +174,7 @@ topology: need-model build/gen
 	$(Q)build/gen --topology-only $(GENFLAGS)
 
 DEBS := gcc make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
-        libopenblas-dev libdnnl-dev fortunes
+        libopenblas-dev libdnnl-dev fortunes python3-numpy
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -204,6 +212,7 @@ help:
 	@echo "make clean                    remove build/ and out/"
 	@echo "variables: MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS"
 	@echo "           NMB SEQ BF16=1 RECOMPUTE RECOMPUTE_METHOD RECOMPUTE_LAYERS RECOMPUTE_MODULES"
+	@echo "           ACCOUNT_EMBEDDING=1 ACCOUNT_LOSS=1 LAYOUT MICROBATCH_GROUP"
 	@echo "           SP=1 DIST_OPT=1 RANK STEPS DATA RUN_ARGS V=1 GEN_OPT (generated code's flags)"
 
 echo:

@@ -32,6 +32,10 @@
     _("order",        STR,  "S",    "rank order (default tp-cp-ep-dp-pp)") \
     _("first-layers", INT,  "N",    "layers on the first pipeline stage (uneven)") \
     _("last-layers",  INT,  "N",    "layers on the last pipeline stage (uneven)") \
+    _("account-embedding", FLAG, "", "even split: count the embedding as a layer") \
+    _("account-loss", FLAG, "",     "even split: count the loss as a layer") \
+    _("layout",       STR,  "S",    "layers per virtual stage: \"E|t*4|t*4|L\" (Megatron's)") \
+    _("microbatch-group", INT, "N", "interleaved: micro-batches per group (default pp)") \
     _("mbs",          INT,  "N",    "micro-batch size") \
     _("nmb",          INT,  "N",    "micro-batches per step") \
     _("seq",          INT,  "N",    "sequence length") \

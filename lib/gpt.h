@@ -50,9 +50,19 @@ typedef struct {
     int rc_attn, rc_ln, rc_mlp;   /* selective recompute: attention core, LayerNorms, MLP */
     /* mixture of experts (moe = 0: a dense MLP; the rest unused) */
     int moe, experts, topk, ep, etp, experts_local, eff_local;
-    int pre_softmax, bias;    /* softmax over all experts before top-k; expert biases (0/1) */
+    int pre_softmax, bias;    /* softmax over all experts before top-k; router and expert
+                              ** biases (add_bias_linear, 0/1) */
     float aux_scale, aux_grad;
-    int capacity;             /* choices an expert keeps per micro-batch (N*K: no limit) */
+    float z_scale;            /* z-loss = z_scale * sum over the tokens of logsumexp(logits)^2 */
+    float topk_scale;         /* the chosen probabilities' factor (topk_scaling_factor; 1) */
+    int groups, group_topk;   /* group-limited routing (num_groups, group_topk); 1, 1: none */
+    int aux_seqs;             /* the aux loss's token sets: 1 (the micro-batch) or B (seq_aux_loss:
+                              ** row n is sequence n % B's) */
+    int capacity;             /* choices an expert keeps of this rank's N_SP*K (N_SP*K: no limit) */
+    int drop_probs;           /* beyond the capacity keep 1: the highest probabilities, 0: the
+                              ** earliest rows (Megatron's moe_token_drop_policy probs/position) */
+    int pad_rows;             /* > 0: every expert gets exactly pad_rows rows of this rank,
+                              ** zero-probability rows added (moe_pad_expert_input_to_capacity) */
     int moe_send_max, moe_recv_max, moe_rows_max, moe_counts;
     /* the Llama layer (llama = 1; docs/llama.md): RMSNorm, rotary positions on q and k,
     ** grouped-query attention, SwiGLU, no biases, weights [out, in] (nn.Linear) */
@@ -123,6 +133,7 @@ typedef struct {
     _(ATTN_PROJ_B, "attn.c_proj.bias") _(LN2_W, "ln_2.weight") _(LN2_B, "ln_2.bias") \
     _(FC_W, "mlp.c_fc.weight") _(FC_B, "mlp.c_fc.bias") _(MLP_PROJ_W, "mlp.c_proj.weight") \
     _(MLP_PROJ_B, "mlp.c_proj.bias") _(ROUTER_W, "mlp.router.weight") \
+    _(ROUTER_B, "mlp.router.bias") \
     _(EXPERT_FC_W, "mlp.experts.c_fc.weight") _(EXPERT_FC_B, "mlp.experts.c_fc.bias") \
     _(EXPERT_PROJ_W, "mlp.experts.c_proj.weight") _(EXPERT_PROJ_B, "mlp.experts.c_proj.bias") \
     _(K_W, "self_attn.k_proj.weight") _(V_W, "self_attn.v_proj.weight") \
@@ -230,7 +241,7 @@ typedef struct {
     _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_QKV) _(L_LSE) _(L_ATTY) _(L_RES1) \
     _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_FC) _(L_GELU) _(L_RES2) _(L_QKV_SEQ) _(L_ATTY_SEQ) \
     _(ML_SCORES) _(ML_PROB) _(ML_SEL) _(ML_POS) _(ML_SEND_TOK) _(ML_ORDER) _(ML_UNORDER) \
-    _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) \
+    _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) _(ML_ZG) _(ML_SSUM) \
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
     _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_QKVP) \
@@ -238,7 +249,7 @@ typedef struct {
     _(S_A2A_SEND) _(S_A2A_RECV) _(S_A2A_DOUT) \
     _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_DFC) \
     _(MS_YE) _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
-    _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) _(MS_PIDX) \
+    _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) \
     _(X_LOSS) _(X_STAT) _(X_SP_PACK)
 typedef enum {
 #define GPT_MEM_ENUM(id) GPT_M_##id,
@@ -307,6 +318,7 @@ typedef struct {
 ** gradients use the same structs and are f32 (the main gradients, docs/megatron.md §9.1). */
 typedef struct {
     void *router_w;                        /* (EXPERTS, C)     h.{i}.mlp.router.weight */
+    void *router_b;                        /* (EXPERTS) h.{i}.mlp.router.bias; NULL without */
     void **fc_w, **fc_b;                   /* [local expert]: (C, EFF_LOCAL), (EFF_LOCAL) */
     void **proj_w, **proj_b;               /* [local expert]: (EFF_LOCAL, C), (C) */
     void **up_w;                           /* llama [local expert]: w3 (EFF_LOCAL, C); fc_w
@@ -337,7 +349,10 @@ typedef struct {
     void *xe;                              /* (ROWS_MAX, C)                                 */
     float *pe;                             /* (ROWS_MAX)                                    */
     void *fc, *h;                          /* (ROWS_MAX, EFF_LOCAL)                         */
-    float *auxg;                           /* (EXPERTS) d(aux)/d(score)                     */
+    float *auxg;                           /* (AUX_SEQS, EXPERTS) d(aux)/d(score)           */
+    float *zg;                             /* (N_SP) d(z-loss)/d(logsumexp); NULL: no z-loss */
+    float *ssum;                           /* (N_SP) sigmoid scores: each row's sum of the
+                                           ** sigmoids + 1e-20; NULL: softmax scores      */
     int nsend, nrows;
     int *sendrows, *recvrows;              /* [EP] rows per EP peer (host)                 */
     int *memrows;                          /* [ETP] rows received by each expert-TP member */
@@ -406,7 +421,7 @@ void gpt_layer_fwd(int chunk, int j, int slot);             /* layer j: x or res
 void gpt_layer_recompute(int chunk, int j, int slot);       /* layer_fwd again, before bwd */
 void gpt_layer_bwd(int chunk, int j, int slot);             /* dy holds d(out) -> d(in) */
 void gpt_head_fwd_bwd(int chunk, int mb, int slot);         /* loss of mb, dy = d(loss)/d(x) */
-void *gpt_chunk_output(int chunk, int slot);                /* the chunk's last res2 */
+void *gpt_chunk_output(int chunk, int slot);                /* last res2; x if no layers */
 
 struct gpt_step_in {
     int step;                              /* 0-based optimizer step */

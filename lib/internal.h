@@ -58,7 +58,6 @@ typedef struct {
     void *dlogits;        /* (N_SP, E) the router's logit gradient, rounded for its GEMMs */
     float *colsum;        /* (E) sums of the scores over this rank's tokens */
     int *counts;          /* (MOE_COUNTS) device staging of the count exchanges */
-    int *pidx;            /* (SEND_MAX) assignment of each sent row (token*K + choice) */
 } lib_moe_scratch;
 
 /* -- The stage (stage.c) ---------------------------------------------------------------------- */
@@ -155,6 +154,17 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
                  double *aux);
 void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
                  const void *x, const void *dout, void *dx);
+
+/* data.c: Megatron indexed datasets (PREFIX.bin + PREFIX.idx) sampled as its GPTDataset and
+** BlendedDataset ("train" split, whole corpus); every rank builds the same indices. */
+typedef struct lib_data lib_data;
+int lib_data_is_indexed(const char *path, char **prefix);   /* *prefix: new string */
+lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int seq,
+                        long long request, unsigned long long seed, int verbose);
+long long lib_data_size(const lib_data *d);
+void lib_data_sample(const lib_data *d, long long i, int *out);   /* (seq + 1) ids */
+void lib_data_check_vocab(const lib_data *d, int vocab, void (*world_max)(long long *));
+void lib_data_free(lib_data *d);
 
 /* Errors that every rank detects alike: rank 0 reports "WHERE: error: ...", all exit. */
 void lib_fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;

@@ -252,30 +252,73 @@ ROW_FN float att_weight(float l, float lse_new) { return expf(l - lse_new); }
 /*
 ** One token: score = softmax(logit) over all E experts; sel = the k largest logits in
 ** descending order (a tie goes to the lower expert); prob = softmax over the k selected logits,
-** or, with pre_softmax, the scores of the selected experts (not renormalised).
+** or, with pre_softmax, the scores of the selected experts (not renormalised); times 'scale'
+** (Megatron's moe_router_topk_scaling_factor; 1: none). With 'sigmoid' (Megatron's score
+** function sigmoid): score = sigmoid(logit) / *ssum, *ssum = the sum of the E sigmoids + 1e-20,
+** and prob = the selected sigmoids over their sum + 1e-20 (k = 1: the sigmoid itself).
+** Group-limited routing (groups > 1, Megatron's moe_router_num_groups / group_topk): the E
+** experts form 'groups' equal groups, each scored by the sum of its k/group_topk largest
+** selection values (the logits; the scores with pre_softmax or sigmoid); the top-k is taken
+** only from the group_topk best groups. Ties: the lower expert, the lower group.
 */
+#define KR_MAX_GROUPS 64          /* config.lua: num_groups <= this */
+
 ROW_FN
-void route_row(int *sel, float *prob, float *score, const float *logit, int E, int k,
-               int pre_softmax)
+void route_row(int *sel, float *prob, float *score, float *ssum, const float *logit, int E,
+               int k, int pre_softmax, float scale, int sigmoid, int groups, int group_topk)
 {
     float mx = logit[0], sum = 0.0f;
     for (int e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
     for (int e = 0; e < E; e++) {
-        score[e] = vexpf(logit[e] - mx);
+        score[e] = sigmoid ? 1.0f / (1.0f + vexpf(-logit[e])) : vexpf(logit[e] - mx);
         sum += score[e];
     }
+    if (sigmoid) {
+        sum += 1e-20f;
+        *ssum = sum;
+    }
     for (int e = 0; e < E; e++) score[e] /= sum;
+    unsigned char ok[KR_MAX_GROUPS];  /* group-limited: the groups the top-k may use */
+    int W = groups > 1 ? E / groups : E;
+    if (groups > 1) {
+        const float *v = (pre_softmax || sigmoid) ? score : logit;
+        float gs[KR_MAX_GROUPS];
+        int m = k / group_topk;
+        for (int g = 0; g < groups; g++) {
+            gs[g] = 0.0f;
+            for (int e = g * W; e < (g + 1) * W; e++) {
+                int rank = 0;            /* experts of the group ahead of e */
+                for (int f = g * W; f < (g + 1) * W; f++)
+                    rank += v[f] > v[e] || (v[f] == v[e] && f < e);
+                if (rank < m) gs[g] += v[e];
+            }
+        }
+        for (int g = 0; g < groups; g++) {
+            int rank = 0;
+            for (int h = 0; h < groups; h++) rank += gs[h] > gs[g] || (gs[h] == gs[g] && h < g);
+            ok[g] = rank < group_topk;
+        }
+    }
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
+            int taken = groups > 1 && !ok[e / W];
             for (int i = 0; i < j; i++) taken |= sel[i] == e;
             if (!taken && (best < 0 || logit[e] > logit[best])) best = e;
         }
         sel[j] = best;
     }
+    if (sigmoid) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) {
+            prob[j] = 1.0f / (1.0f + vexpf(-logit[sel[j]]));
+            s += prob[j];
+        }
+        for (int j = 0; j < k; j++) prob[j] = (k > 1 ? prob[j] / (s + 1e-20f) : prob[j]) * scale;
+        return;
+    }
     if (pre_softmax) {
-        for (int j = 0; j < k; j++) prob[j] = score[sel[j]];
+        for (int j = 0; j < k; j++) prob[j] = score[sel[j]] * scale;
         return;
     }
     float m = logit[sel[0]], s = 0.0f;      /* sel[0] holds the largest logit */
@@ -283,18 +326,18 @@ void route_row(int *sel, float *prob, float *score, const float *logit, int E, i
         prob[j] = vexpf(logit[sel[j]] - m);
         s += prob[j];
     }
-    for (int j = 0; j < k; j++) prob[j] /= s;
+    for (int j = 0; j < k; j++) prob[j] = prob[j] / s * scale;
 }
 
 /* The gradient reaching score e of one token: the aux loss's auxg[e], plus with pre_softmax
-** d(prob) of the choices that selected e (in choice order). */
+** scale * d(prob) of the choices that selected e (in choice order). */
 ROW_FN
 float route_dscore(int e, const float *dprob, const int *sel, const float *auxg, int k,
-                   int pre_softmax)
+                   int pre_softmax, float scale)
 {
     float ds = auxg[e];
     if (pre_softmax)
-        for (int j = 0; j < k; j++) ds += sel[j] == e ? dprob[j] : 0.0f;
+        for (int j = 0; j < k; j++) ds += sel[j] == e ? scale * dprob[j] : 0.0f;
     return ds;
 }
 
@@ -643,24 +686,47 @@ void KR_FN(adamw_span)(float *p, const float *g, float *m, float *v, KR_T *copy,
 */
 ROW_FN
 void KR_FN(route_bwd_rows)(KR_T *dlogits, const float *dprob, const float *prob,
-                           const float *scores, const int *sel, const float *auxg, int E,
-                           int k, int pre_softmax, int lo, int hi)
+                           const float *scores, const float *ssum, const int *sel,
+                           const float *auxg, int aux_period, const float *zg, int E, int k,
+                           int pre_softmax, float scale, int lo, int hi)
 {
     for (int n = lo; n < hi; n++) {
+        const float *ag = auxg + (size_t)(n % aux_period) * E;      /* row n's aux gradient */
+        if (ssum) {         /* sigmoid: d sigma from the probabilities and the aux scores */
+            const float *score = scores + (size_t)n * E, *dp = dprob + (size_t)n * k;
+            const int *s = sel + (size_t)n * k;
+            KR_T *dl = dlogits + (size_t)n * E;
+            float D = ssum[n], ssel = 0.0f, qd = 0.0f, gs = 0.0f;
+            for (int j = 0; j < k; j++) {
+                ssel += score[s[j]] * D;
+                qd += score[s[j]] * D * dp[j];
+            }
+            float den = ssel + 1e-20f;
+            qd = scale * qd / den;              /* sum over j of q_j * d q_j */
+            for (int e = 0; e < E; e++) gs += ag[e] * score[e];
+            for (int e = 0; e < E; e++) {
+                float sig = score[e] * D, dsig = (ag[e] - gs) / D;
+                for (int j = 0; j < k; j++)
+                    if (s[j] == e) dsig += k > 1 ? (scale * dp[j] - qd) / den : scale * dp[j];
+                dl[e] = KR_ST(dsig * sig * (1.0f - sig));
+            }
+            continue;
+        }
         const float *dp = dprob + (size_t)n * k, *pr = prob + (size_t)n * k;
         const float *score = scores + (size_t)n * E;
         const int *s = sel + (size_t)n * k;
         KR_T *dl = dlogits + (size_t)n * E;
         float dot = 0.0f, pd = 0.0f;
         for (int e = 0; e < E; e++)
-            dot += score[e] * route_dscore(e, dp, s, auxg, k, pre_softmax);
-        if (!pre_softmax)
-            for (int j = 0; j < k; j++) pd += pr[j] * dp[j];
+            dot += score[e] * route_dscore(e, dp, s, ag, k, pre_softmax, scale);
+        if (!pre_softmax)                      /* prob = scale * q: d q = scale d prob */
+            for (int j = 0; j < k; j++) pd += pr[j] * dp[j] / scale;
         for (int e = 0; e < E; e++) {
-            float g = score[e] * (route_dscore(e, dp, s, auxg, k, pre_softmax) - dot);
+            float g = score[e] * (route_dscore(e, dp, s, ag, k, pre_softmax, scale) - dot);
             if (!pre_softmax)
                 for (int j = 0; j < k; j++)
                     if (s[j] == e) g += pr[j] * (dp[j] - pd);
+            if (zg) g += zg[n] * score[e];             /* the z-loss: d lse = scores */
             dl[e] = KR_ST(g);
         }
     }

@@ -170,13 +170,20 @@ void scale_inplace(float *x, size_t n, float s);
 /* -- Mixture of experts ------------------------------------------------------------------- */
 
 /* Top-k per row (ties to the lower expert), the chosen probabilities (softmax over the k, or
-** with 'pre' the softmax over all E, not renormalised) and every row's softmax over all E.
-** All f32. */
-void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
-               int pre);
-/* dlogits (N, E) written in t from the f32 routing state and gradients. */
+** with 'pre' the softmax over all E, not renormalised; times 'scale') and every row's softmax
+** over all E. With ssum (N) non-NULL the score function is the sigmoid: scores are the
+** sigmoids over their sum, ssum that sum (+ 1e-20), prob the chosen sigmoids over theirs (k = 1:
+** the sigmoid), times 'scale'. groups > 1 (at most 64): group-limited routing, the top-k
+** only from the group_topk best of 'groups' groups (kernel_rows.h route_row). All f32. */
+void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *logits, int N,
+               int E, int k, int pre, float scale, int groups, int group_topk);
+/* dlogits (N, E) written in t from the f32 routing state and gradients: dprob (N, k), auxg
+** (aux_period, E) the aux loss's gradient per score (row n uses auxg row n % aux_period: the
+** sequence-level aux loss's per sequence), zg (N; NULL: none) the z-loss's per logsumexp;
+** pre and scale as moe_route's. */
 void moe_route_bwd(void *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre, rt_dtype t);
+                   const float *ssum, const int *sel, const float *auxg, int aux_period,
+                   const float *zg, int N, int E, int k, int pre, float scale, rt_dtype t);
 /* out[i] = src[idx[i]] (rows of C); idx[i] < 0 gives a zero row. */
 void gather_rows(void *out, const void *src, const int *idx, int n, int C, rt_dtype t);
 /* out[t] = sum over the k choices of token t of src[pos[t*k + j]] (pos < 0: dropped), summed

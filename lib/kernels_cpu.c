@@ -1009,9 +1009,11 @@ typedef struct {
     float *fout, *fout2;
     int *sel;
     const void *src, *a, *b;
-    const float *flog, *fa, *fb, *s, *auxg;
+    const float *flog, *fa, *fb, *s, *auxg, *zg;
     const int *idx, *isel;
-    int N, E, k, C, pre, nblocks;
+    int N, E, k, C, pre, nblocks, period, sigmoid, groups, group_topk;
+    float *ssum;
+    float scale;
     size_t n;
     rt_dtype t;
 } moe_args;
@@ -1021,14 +1023,16 @@ static void moe_route_task(void *p, int lo, int hi)
     const moe_args *a = p;   /* fout: prob, fout2: scores */
     for (int n = lo; n < hi; n++)
         route_row(a->sel + (size_t)n * a->k, a->fout + (size_t)n * a->k,
-                  a->fout2 + (size_t)n * a->E, a->flog + (size_t)n * a->E, a->E, a->k, a->pre);
+                  a->fout2 + (size_t)n * a->E, a->ssum ? a->ssum + n : NULL,
+                  a->flog + (size_t)n * a->E, a->E, a->k, a->pre, a->scale, a->sigmoid,
+                  a->groups, a->group_topk);
 }
 
 static void moe_route_bwd_task(void *p, int lo, int hi)
 {
     const moe_args *a = p;   /* fa: dprob, fb: prob, s: scores */
-    BY_TYPE(a->t, route_bwd_rows, a->out, a->fa, a->fb, a->s, a->isel, a->auxg, a->E, a->k,
-            a->pre, lo, hi);
+    BY_TYPE(a->t, route_bwd_rows, a->out, a->fa, a->fb, a->s, a->ssum, a->isel, a->auxg,
+            a->period, a->zg, a->E, a->k, a->pre, a->scale, lo, hi);
 }
 
 static void gather_rows_task(void *p, int lo, int hi)
@@ -1073,19 +1077,23 @@ static void sum_blocks_task(void *p, int lo, int hi)   /* lo, hi: blocks of COLS
             MIN((size_t)hi * COLS, a->n));
 }
 
-void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
-               int pre)
+void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *logits, int N,
+               int E, int k, int pre, float scale, int groups, int group_topk)
 {
-    moe_args a = { .fout = prob, .fout2 = scores, .sel = sel, .flog = logits, .N = N, .E = E,
-                   .k = k, .pre = pre };
+    moe_args a = { .fout = prob, .fout2 = scores, .ssum = ssum, .sel = sel, .flog = logits,
+                   .N = N, .E = E, .k = k, .pre = pre, .scale = scale, .sigmoid = ssum != NULL,
+                   .groups = groups, .group_topk = group_topk };
     rt_parallel_for(N, moe_route_task, &a);
 }
 
 void moe_route_bwd(void *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre, rt_dtype t)
+                   const float *ssum, const int *sel, const float *auxg, int aux_period,
+                   const float *zg, int N, int E, int k, int pre, float scale, rt_dtype t)
 {
-    moe_args a = { .out = dlogits, .fa = dprob, .fb = prob, .s = scores, .isel = sel,
-                   .auxg = auxg, .N = N, .E = E, .k = k, .pre = pre, .t = storage(t) };
+    moe_args a = { .out = dlogits, .fa = dprob, .fb = prob, .s = scores,
+                   .ssum = (float *)ssum, .isel = sel,
+                   .auxg = auxg, .period = aux_period, .zg = zg, .N = N, .E = E, .k = k,
+                   .pre = pre, .scale = scale, .t = storage(t) };
     rt_parallel_for(N, moe_route_bwd_task, &a);
 }
 

@@ -1070,23 +1070,27 @@ void fill_f32(float *x, size_t n, float v)
 
 /* -- Mixture of experts: routing and row movements --------------------------------------------- */
 
-static __global__ void moe_route_kernel(int *sel, float *prob, float *score, const float *logits,
-                                        int N, int E, int k, int pre)
+static __global__ void moe_route_kernel(int *sel, float *prob, float *score, float *ssum,
+                                        const float *logits, int N, int E, int k, int pre,
+                                        float scale, int groups, int group_topk)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
         route_row(sel + (size_t)n * k, prob + (size_t)n * k, score + (size_t)n * E,
-                  logits + (size_t)n * E, E, k, pre);
+                  ssum ? ssum + n : NULL, logits + (size_t)n * E, E, k, pre, scale,
+                  ssum != NULL, groups, group_topk);
 }
 
 template <class S> static __global__
 void moe_route_bwd_kernel(void *dlogits, const float *dprob, const float *prob,
-                          const float *scores, const int *sel, const float *auxg, int N, int E,
-                          int k, int pre)
+                          const float *scores, const float *ssum, const int *sel,
+                          const float *auxg, int aux_period, const float *zg, int N, int E,
+                          int k, int pre, float scale)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
-        route_bwd_rows(as<S>(dlogits), dprob, prob, scores, sel, auxg, E, k, pre, n, n + 1);
+        route_bwd_rows(as<S>(dlogits), dprob, prob, scores, ssum, sel, auxg, aux_period, zg,
+                       E, k, pre, scale, n, n + 1);
 }
 
 /* A copy: element i of out is element i % C of src row idx[i / C], or 0. */
@@ -1148,18 +1152,20 @@ void sum_blocks_kernel(void *out, const void *in, int nblocks, size_t n)
     if (i < n) sum_blocks_span(as<S>(out), as<S>(in), nblocks, n, i, i + 1);
 }
 
-void moe_route(int *sel, float *prob, float *scores, const float *logits, int N, int E, int k,
-               int pre)
+void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *logits, int N,
+               int E, int k, int pre, float scale, int groups, int group_topk)
 {
-    moe_route_kernel<<<grid_for(N), BLOCK>>>(sel, prob, scores, logits, N, E, k, pre);
+    moe_route_kernel<<<grid_for(N), BLOCK>>>(sel, prob, scores, ssum, logits, N, E, k, pre,
+                                             scale, groups, group_topk);
     RT_CUDA(cudaGetLastError());
 }
 
 void moe_route_bwd(void *dlogits, const float *dprob, const float *prob, const float *scores,
-                   const int *sel, const float *auxg, int N, int E, int k, int pre, rt_dtype t)
+                   const float *ssum, const int *sel, const float *auxg, int aux_period,
+                   const float *zg, int N, int E, int k, int pre, float scale, rt_dtype t)
 {
-    LAUNCH(t, moe_route_bwd_kernel, grid_for(N), dlogits, dprob, prob, scores, sel, auxg, N, E,
-           k, pre);
+    LAUNCH(t, moe_route_bwd_kernel, grid_for(N), dlogits, dprob, prob, scores, ssum, sel, auxg,
+           aux_period, zg, N, E, k, pre, scale);
 }
 
 void gather_rows(void *out, const void *src, const int *idx, int n, int C, rt_dtype t)

@@ -54,7 +54,8 @@ static void *reduce_seq(void *partial)
 
 /* -- Linear layers through the runtime's GEMM (row-major, weights [in, out]) ---------------- */
 
-/* out (N, OC) = inp (N, IC) . w (IC, OC) [+ bias], in the model's dtype (f32 accumulation). */
+/* out (N, OC) = inp (N, IC) . w (IC, OC) [+ bias, unless NULL: add_bias_linear = false], in
+** the model's dtype (f32 accumulation). */
 static void matmul_fwd(void *out, const void *inp, const void *w, const void *bias, int N,
                        int IC, int OC)
 {
@@ -359,7 +360,8 @@ static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *
     attention_core(a);
     matmul_fwd(lib.s.full, a->atty, p->attn_proj_w, NULL, d->N, d->c_local, d->C);
     void *proj = reduce_seq(lib.s.full);
-    bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C, ACT);    /* row-parallel bias: after the sum */
+    if (p->attn_proj_b)                                     /* row-parallel bias: after the sum */
+        bias_fwd(proj, p->attn_proj_b, d->n_sp, d->C, ACT);
     add_fwd(a->res1, x, proj, rows, ACT);
 
     ln2_fwd(p, a);
@@ -377,7 +379,7 @@ static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *
     mlp_up(p, a, h);
     matmul_fwd(lib.s.full, a->gelu, p->mlp_proj_w, NULL, d->N, d->ff_local, d->C);
     proj = reduce_seq(lib.s.full);
-    bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, ACT);
+    if (p->mlp_proj_b) bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, ACT);
     add_fwd(a->res2, a->res1, proj, rows, ACT);
 }
 
@@ -404,7 +406,7 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
         /* MLP branch */
         h = gather_seq(lib.s.gather, a->ln2);
         if (d->rc_mlp) mlp_up(p, w, h);
-        bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C, ACT);
+        if (g->mlp_proj_b) bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C, ACT);
         dd = gather_seq(lib.s.full, dres);
         matmul_bwd(lib.s.dfc, g->mlp_proj_w, NULL, dd, a->gelu, p->mlp_proj_w, d->N,
                    d->ff_local, d->C);
@@ -420,7 +422,7 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
     if (d->rc_ln) ln1_fwd(p, w, x);
     h = gather_seq(lib.s.gather, a->ln1);
     if (d->rc_attn) attention_core(w);
-    bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C, ACT);
+    if (g->attn_proj_b) bias_bwd(g->attn_proj_b, dres, d->n_sp, d->C, ACT);
     dd = gather_seq(lib.s.full, dres);
     matmul_bwd(lib.s.datty, g->attn_proj_w, NULL, dd, a->atty, p->attn_proj_w, d->N,
                d->c_local, d->C);
@@ -716,5 +718,6 @@ void gpt_head_fwd_bwd(int chunk, int mb, int slot)
 void *gpt_chunk_output(int chunk, int slot)
 {
     int last = gpt.stage->chunks[chunk].layers - 1;
-    return gpt.chunk[chunk].acts[slot].layer[last].res2;
+    gpt_chunk_acts *a = &gpt.chunk[chunk].acts[slot];
+    return last < 0 ? a->x : a->layer[last].res2;   /* no layers (a layout's "E|"): its input */
 }

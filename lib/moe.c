@@ -6,6 +6,7 @@
 ** first and reduce-scatters the outputs. Which collectives run depends only on gpt.d (TP, EP,
 ** ETP > 1); the generator lists the same ones. Called by model.c's layer.
 */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +74,45 @@ static void etp_reduce(const void *send, const int *rows, void *tmp, void *out, 
     layout(rc, rd, each, ETP, w);
     rt_alltoallv(send, sc, sd, tmp, rc, rd, t, gpt.grp[GPT_GRP_ETP]);
     sum_blocks(out, tmp, ETP, (size_t)mine * w, t);
+}
+
+/* -- The capacity ----------------------------------------------------------------------------- */
+
+typedef struct {
+    float p;                  /* the choice's probability */
+    int i;                    /* its index token*K + choice: the row order */
+} lib_choice;
+
+/* Higher probability first, then the earlier row. */
+static int by_prob(const void *a, const void *b)
+{
+    const lib_choice *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/*
+** keep[i] = 1 for the choices i (of n = N_SP*K; sel, prob on the host) this rank keeps: each
+** expert keeps at most d->capacity of its choices here (Megatron's apply_router_token_dropping
+** on the router's own tokens), those of the highest probabilities (ties: the earlier row)
+** with d->drop_probs, else the earliest rows.
+*/
+static void keep_choices(int *keep, const int *sel, const float *prob, int n)
+{
+    const int E = gpt.d.experts, cap = gpt.d.capacity;
+    for (int i = 0; i < n; i++) keep[i] = 1;
+    if (cap >= n) return;
+    lib_choice *c = malloc((size_t)n * sizeof *c);
+    RT_CHECK(c, "out of memory");
+    for (int e = 0; e < E; e++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (sel[i] == e) c[m++] = (lib_choice){ prob[i], i };
+        if (m <= cap) continue;
+        if (gpt.d.drop_probs) qsort(c, (size_t)m, sizeof *c, by_prob);
+        for (int j = cap; j < m; j++) keep[c[j].i] = 0;
+    }
+    free(c);
 }
 
 /* -- Mixtral's experts (llama) ---------------------------------------------------------------- */
@@ -143,87 +183,146 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
     const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep, ETP = d->etp;
     const int NL = d->experts_local, EFF = d->eff_local, TP = gpt.prog->tp;
 
-    /* router: logits = x . router_w^T (kept in f32), then top-k and probabilities (ties:
-    ** lower expert) */
+    /* router: logits = x . router_w^T (+ router_b, with biases; kept in f32), then top-k and
+    ** probabilities (ties: lower expert) */
     rt_gemm(0, 1, NSP, E, C, 1.0f, x, C, 0, p->router_w, C, 0, 0.0f, MS.logits, E, 0, 1,
             ACT, RT_F32);
-    moe_route(a->sel, a->prob, a->scores, MS.logits, NSP, E, K, d->pre_softmax);
+    if (p->router_b) {          /* the bias in f32 (MS.colsum is free until the aux loss) */
+        convert(MS.colsum, RT_F32, p->router_b, ACT, (size_t)E);
+        bias_fwd(MS.logits, MS.colsum, NSP, E, RT_F32);
+    }
+    moe_route(a->sel, a->prob, a->scores, a->ssum, MS.logits, NSP, E, K, d->pre_softmax,
+              d->topk_scale, d->groups, d->group_topk);
     rt_memcpy(a->sel_h, a->sel, (size_t)NSP * K * sizeof(int), RT_D2H);
 
-    /* tokens per expert over the micro-batch (before dropping), and, for the capacity, those
-    ** of the earlier sequence shards */
-    int local[E], total[E], before[E];
+    /* tokens per expert (before dropping) of each of the aux loss's token sets (the
+    ** micro-batch, or with seq_aux_loss each sequence: row n is sequence n % B's) */
+    const int S = d->aux_seqs, SE = S * E;
+    int local[SE], total[SE];
     memset(local, 0, sizeof local);
-    memset(before, 0, sizeof before);
-    for (int i = 0; i < NSP * K; i++) local[a->sel_h[i]]++;
+    if (d->groups > 1) {
+        /* group-limited routing: the aux loss counts the plain top-k of the logits (Megatron's
+        ** compute_routing_scores_for_aux_loss), ties to the lower expert */
+        float *lg = malloc((size_t)NSP * E * sizeof(float));
+        RT_CHECK(lg, "out of memory");
+        rt_memcpy(lg, MS.logits, (size_t)NSP * E * sizeof(float), RT_D2H);
+        for (int n = 0; n < NSP; n++) {
+            const float *z = lg + (size_t)n * E;
+            for (int e = 0; e < E; e++) {
+                int rank = 0;            /* experts ahead of e */
+                for (int f = 0; f < E && rank < K; f++)
+                    rank += z[f] > z[e] || (z[f] == z[e] && f < e);
+                if (rank < K) local[n % S * E + e]++;
+            }
+        }
+        free(lg);
+    } else {
+        for (int i = 0; i < NSP * K; i++) local[(i / K) % S * E + a->sel_h[i]]++;
+    }
     int G = TP * d->cp;     /* the tp-cp group: the micro-batch's every token */
     if (G > 1) {
         /* >>> all-gather over tp (tp-cp under CP): every sequence shard's counts
-        ** (docs/megatron.md §8.1); 'before' (the capacity's) counts the earlier tp ranks'
-        ** (no capacity under CP: config.lua) */
-        int *all = malloc((size_t)G * E * sizeof(int));
+        ** (docs/megatron.md §8.1) */
+        int *all = malloc((size_t)G * SE * sizeof(int));
         RT_CHECK(all, "out of memory");
         rt_memcpy(MS.counts, local, sizeof local, RT_H2D);
-        rt_allgather(MS.counts, MS.counts + E, (size_t)E, RT_I32,
+        rt_allgather(MS.counts, MS.counts + SE, (size_t)SE, RT_I32,
                      gpt.grp[d->cp > 1 ? GPT_GRP_TPCP : GPT_GRP_TP]);
-        rt_memcpy(all, MS.counts + E, (size_t)G * E * sizeof(int), RT_D2H);
-        for (int e = 0; e < E; e++) {
+        rt_memcpy(all, MS.counts + SE, (size_t)G * SE * sizeof(int), RT_D2H);
+        for (int e = 0; e < SE; e++) {
             total[e] = 0;
-            for (int t = 0; t < G; t++) {
-                if (t < gpt.tp_rank) before[e] += all[t * E + e];
-                total[e] += all[t * E + e];
-            }
+            for (int t = 0; t < G; t++) total[e] += all[t * SE + e];
         }
         free(all);
     } else {
         memcpy(total, local, sizeof total);
     }
 
-    /* aux loss: AUX_SCALE * sum_e (sum over the tokens of score[e]) * total[e]; its gradient
-    ** with respect to score[n, e] is AUX_SCALE * total[e], times AUX_GRAD (the objective's
-    ** share: 1/NMB, CP/NMB under CP) */
-    float g[E], colsum[E];
-    rt_memset0(MS.colsum, (size_t)E * sizeof(float));
-    bias_bwd(MS.colsum, a->scores, NSP, E, RT_F32);
+    /* aux loss: AUX_SCALE * sum over (set, e) of (the set's sum of score[e]) * total[set, e];
+    ** its gradient with respect to score[n, e] is AUX_SCALE * total[n's set, e], times
+    ** AUX_GRAD (the objective's share: 1/NMB, CP/NMB under CP). Rows of S sets are the
+    ** scores seen as (NSP/S, S*E). */
+    float g[SE], colsum[SE];
+    rt_memset0(MS.colsum, (size_t)SE * sizeof(float));
+    bias_bwd(MS.colsum, a->scores, NSP / S, SE, RT_F32);
     rt_memcpy(colsum, MS.colsum, sizeof colsum, RT_D2H);
     double layer_aux = 0.0;
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < SE; e++) {
         layer_aux += (double)d->aux_scale * colsum[e] * total[e];
         g[e] = d->aux_scale * (float)total[e] * d->aux_grad;
     }
-    *aux += layer_aux;
     rt_memcpy(a->auxg, g, sizeof g, RT_H2D);
+    if (a->zg) {
+        /* z-loss (Megatron's z_loss_func): Z_SCALE * sum over this rank's tokens of
+        ** lse^2, lse = logsumexp of the token's logits; d/d(lse) = 2 Z_SCALE lse, times
+        ** AUX_GRAD */
+        float *lg = malloc((size_t)NSP * E * sizeof(float));
+        float *zg = malloc((size_t)NSP * sizeof(float));
+        RT_CHECK(lg && zg, "out of memory");
+        rt_memcpy(lg, MS.logits, (size_t)NSP * E * sizeof(float), RT_D2H);
+        for (int n = 0; n < NSP; n++) {
+            const float *z = lg + (size_t)n * E;
+            double mx = z[0], sum = 0.0;
+            for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
+            for (int e = 0; e < E; e++) sum += exp(z[e] - mx);
+            double lse = mx + log(sum);
+            layer_aux += (double)d->z_scale * lse * lse;
+            zg[n] = (float)(2.0 * d->z_scale * lse * d->aux_grad);
+        }
+        rt_memcpy(a->zg, zg, (size_t)NSP * sizeof(float), RT_H2D);
+        free(lg);
+        free(zg);
+    }
+    *aux += layer_aux;
 
-    /* dispatch order: the kept assignments, expert-major, tokens in row order; an expert keeps
-    ** at most CAPACITY of the micro-batch's assignments, the earliest tokens first */
-    int seen[E], sendmat[EP * NL];
-    memset(seen, 0, sizeof seen);
+    /* dispatch order: the kept choices (keep_choices: the capacity), expert-major, tokens in
+    ** row order; with padding, each expert's rows topped up to PAD_ROWS with the earliest
+    ** tokens that did not choose it, at probability 0 (they add nothing and get no gradient) */
+    int sendmat[EP * NL];
     memset(sendmat, 0, sizeof sendmat);
-    int *send_tok = hialloc((size_t)d->moe_send_max), *send_pidx = hialloc((size_t)d->moe_send_max);
+    int *send_tok = hialloc((size_t)d->moe_send_max), *keep = hialloc((size_t)NSP * K);
+    int *chose = hialloc((size_t)NSP);
+    float *prob_h = malloc((size_t)(NSP * K + d->moe_send_max) * sizeof(float));
+    RT_CHECK(prob_h, "out of memory");
+    float *send_prob = prob_h + (size_t)NSP * K;
+    rt_memcpy(prob_h, a->prob, (size_t)NSP * K * sizeof(float), RT_D2H);
+    keep_choices(keep, a->sel_h, prob_h, NSP * K);
     int nsend = 0;
-    for (int e = 0; e < E; e++)
-        for (int n = 0; n < NSP; n++)
+    for (int e = 0; e < E; e++) {
+        for (int n = 0; n < NSP; n++) {
+            chose[n] = 0;
             for (int j = 0; j < K; j++) {
                 int i = n * K + j;
                 if (a->sel_h[i] != e) continue;
-                if (before[e] + seen[e]++ >= d->capacity) {   /* beyond the capacity */
+                chose[n] = 1;
+                if (!keep[i]) {                /* beyond the capacity */
                     a->pos_h[i] = -1;
                     continue;
                 }
                 a->pos_h[i] = nsend;
                 send_tok[nsend] = n;
-                send_pidx[nsend] = i;
+                send_prob[nsend] = prob_h[i];
                 sendmat[e]++;                  /* [peer][local expert] = expert index */
                 nsend++;
             }
+        }
+        for (int n = 0; n < NSP && sendmat[e] < d->pad_rows; n++) {
+            if (chose[n]) continue;
+            send_tok[nsend] = n;
+            send_prob[nsend] = 0.0f;
+            sendmat[e]++;
+            nsend++;
+        }
+    }
     a->nsend = nsend;
     rt_memcpy(a->pos, a->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
     rt_memcpy(a->send_tok, send_tok, (size_t)nsend * sizeof(int), RT_H2D);
-    rt_memcpy(MS.pidx, send_pidx, (size_t)nsend * sizeof(int), RT_H2D);
+    rt_memcpy(MS.ps, send_prob, (size_t)nsend * sizeof(float), RT_H2D);
     gather_rows(MS.xs, x, a->send_tok, nsend, C, ACT);
-    gather_rows(MS.ps, a->prob, MS.pidx, nsend, 1, RT_F32);
     free(send_tok);
-    free(send_pidx);
+    free(keep);
+    free(chose);
+    free(prob_h);
     for (int q = 0; q < EP; q++) {
         a->sendrows[q] = 0;
         for (int l = 0; l < NL; l++) a->sendrows[q] += sendmat[q * NL + l];
@@ -440,10 +539,11 @@ void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts 
     /* router: through the top-k softmax and the aux loss (f32), then logits = x . router_w^T
     ** (the logit gradient rounded to the model's dtype for the two GEMMs, docs/megatron.md
     ** §9.1) */
-    moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->sel, a->auxg, NSP, E, K,
-                  d->pre_softmax, ACT);
+    moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->ssum, a->sel, a->auxg,
+                  d->aux_seqs, a->zg, NSP, E, K, d->pre_softmax, d->topk_scale, ACT);
     rt_gemm(1, 0, E, C, NSP, 1.0f, MS.dlogits, E, 0, x, C, 0, 1.0f, g->router_w, C, 0, 1,
             ACT, RT_F32);
+    if (g->router_b) bias_bwd(g->router_b, MS.dlogits, NSP, E, ACT);
     rt_gemm(0, 0, NSP, C, E, 1.0f, MS.dlogits, E, 0, p->router_w, C, 0, 1.0f, dx, C, 0, 1,
             ACT, ACT);
 }

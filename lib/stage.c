@@ -114,6 +114,8 @@ void lib_layer_acts_alloc(gpt_layer_acts *a, const gpt_layer_store *st)
     m->fc = layer_mem(GPT_M_ML_FC, st);
     m->h = layer_mem(GPT_M_ML_H, st);
     m->auxg = layer_mem(GPT_M_ML_AUXG, st);
+    m->zg = layer_mem(GPT_M_ML_ZG, st);
+    m->ssum = layer_mem(GPT_M_ML_SSUM, st);
     if (d->moe) {                            /* host side of the routing */
         m->sel_h = host_ints(d->n_sp * d->topk);
         m->pos_h = host_ints(d->n_sp * d->topk);
@@ -167,7 +169,6 @@ static void scratch_alloc(void)
     ms->dlogits = mem(GPT_M_MS_DLOGITS, NULL);
     ms->colsum = mem(GPT_M_MS_COLSUM, NULL);
     ms->counts = mem(GPT_M_MS_COUNTS, NULL);
-    ms->pidx = mem(GPT_M_MS_PIDX, NULL);
     lib.head_a.lnf = mem(GPT_M_H_LNF, NULL);
     lib.head_a.lnf_mean = mem(GPT_M_H_LNF_MEAN, NULL);
     lib.head_a.lnf_rstd = mem(GPT_M_H_LNF_RSTD, NULL);
@@ -211,6 +212,7 @@ static void **field_ptr(const lib_param *lp, int grad)
         case GPT_P_MLP_PROJ_W: return &l->mlp_proj_w;
         case GPT_P_MLP_PROJ_B: return &l->mlp_proj_b;
         case GPT_P_ROUTER_W: return &l->moe.router_w;
+        case GPT_P_ROUTER_B: return &l->moe.router_b;
         case GPT_P_EXPERT_FC_W: return &l->moe.fc_w[e];
         case GPT_P_EXPERT_FC_B: return &l->moe.fc_b[e];
         case GPT_P_EXPERT_PROJ_W: return &l->moe.proj_w[e];
@@ -357,8 +359,9 @@ void lib_stage_setup(void)
     for (int c = 0; c < st->nchunks; c++) {
         const gpt_chunk_info *ci = &st->chunks[c];
         gpt_chunk *ch = &gpt.chunk[c];
-        ch->params = calloc((size_t)ci->layers, sizeof *ch->params);
-        ch->grads = calloc((size_t)ci->layers, sizeof *ch->grads);
+        /* + 1: a chunk may hold no layer (a layout's embedding- or loss-only chunk) */
+        ch->params = calloc((size_t)ci->layers + 1, sizeof *ch->params);
+        ch->grads = calloc((size_t)ci->layers + 1, sizeof *ch->grads);
         ch->acts = calloc((size_t)ci->slots, sizeof *ch->acts);
         RT_CHECK(ch->params && ch->grads && ch->acts, "out of memory");
         if (d->moe)
@@ -379,7 +382,7 @@ void lib_stage_setup(void)
             a->x = mem(GPT_M_C_X, NULL);
             a->dy = mem(GPT_M_C_DY, NULL);
             a->tokens = ci->embedding ? mem(GPT_M_C_TOKENS, NULL) : NULL;
-            a->layer = calloc((size_t)ci->layers, sizeof *a->layer);
+            a->layer = calloc((size_t)ci->layers + 1, sizeof *a->layer);
             RT_CHECK(a->layer, "out of memory");
             for (int j = 0; j < ci->layers; j++)
                 lib_layer_acts_alloc(&a->layer[j], ci->store ? &ci->store[j] : NULL);

@@ -61,17 +61,43 @@ void lib_fail_file(const char *path, const char *fmt, ...)
 
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
+    char **data_path;         /* --data-path's words (argv); ndata_path of them */
+    int ndata_path, dump_samples;
+    unsigned long long data_seed;
     int steps, warmup, decay_steps, ckpt_every, resume, quiet, show_groups;
     double lr, min_lr, beta1, beta2, eps, wd, clip, timeout;
     unsigned long long seed;
     int have_min_lr, have_decay_steps;
+    double lr_init;           /* --lr-warmup-init: the rate of the first warm-up step */
+    int lr_style, wsd_style;  /* LR_* and WSD_* below */
+    int wsd_iters;            /* --lr-wsd-decay-iters; -1 when not given */
+    const char *wsd_flag;     /* the first WSD-only flag given, to report it without WSD */
 } flags;
+
+/* Learning-rate decay styles (--lr-decay-style) and WSD's final decay (--lr-wsd-decay-style),
+** spelled as Megatron's --lr-decay-style and --lr-wsd-decay-style. */
+#define LR_STYLES(_) _(COSINE, "cosine") _(CONSTANT, "constant") _(LINEAR, "linear") \
+    _(INVERSE_SQRT, "inverse-square-root") _(WSD, "WSD")
+#define WSD_STYLES(_) _(EXPONENTIAL, "exponential") _(LINEAR, "linear") _(COSINE, "cosine") \
+    _(MINUS_SQRT, "minus_sqrt")
+#define LR_ENUM(id, name) LR_##id,
+#define WSD_ENUM(id, name) WSD_##id,
+#define STYLE_NAME(id, name) name,
+enum { LR_STYLES(LR_ENUM) };
+enum { WSD_STYLES(WSD_ENUM) };
+static const char *const lr_style_names[] = { LR_STYLES(STYLE_NAME) NULL };
+static const char *const wsd_style_names[] = { WSD_STYLES(STYLE_NAME) NULL };
 
 static void usage(FILE *f)
 {
     fprintf(f,
         "usage: train [flags]   (%s)\n"
-        "  --data FILE          token file: uint16 ids, or an llm.c shard (magic 20240520)\n"
+        "  --data FILE          token file: uint16 ids, or an llm.c shard (magic 20240520),\n"
+        "                       or PREFIX of a Megatron indexed dataset (PREFIX.bin/.idx)\n"
+        "  --data-path [W] PREFIX [W PREFIX ...]   Megatron indexed datasets, blended with\n"
+        "                       weights W as Megatron's --data-path; sampled as GPTDataset\n"
+        "  --data-seed N        Megatron's --seed for the data indices (1234)\n"
+        "  --dump-samples K     print the first K samples' token ids (T+1 each) and exit\n"
         "  --steps N            optimizer steps (default 10; 0 = only initialise / save)\n"
         "  --init PATH          start from a Hugging Face checkpoint: one .safetensors file,\n"
         "                       the model.safetensors.index.json of a sharded one (its shards\n"
@@ -81,9 +107,16 @@ static void usage(FILE *f)
         "  --save FILE          write the model after the last step (safetensors, F32)\n"
         "  --log FILE           one JSON object per step\n"
         "  --seed N             initialisation seed when there is no --init (default 1337)\n"
-        "  --lr X --min-lr X    peak and final learning rate (6e-4, 0.1*lr)\n"
-        "  --warmup N           linear warm-up steps (0)\n"
-        "  --decay-steps N      step where cosine decay reaches min-lr (max(steps, warmup))\n"
+        "  --lr X --min-lr X    peak and final learning rate (6e-4, 0.1*lr; Megatron's\n"
+        "                       --min-lr defaults to 0)\n"
+        "  --lr-decay-style S   cosine (default), constant, linear, inverse-square-root or WSD\n"
+        "  --warmup N           linear warm-up steps, Megatron's --lr-warmup-iters (0)\n"
+        "  --lr-warmup-init X   rate of the first warm-up step (0)\n"
+        "  --decay-steps N      decay ends at min-lr after N steps, Megatron's --lr-decay-iters\n"
+        "                       (max(steps, warmup))\n"
+        "  --lr-wsd-decay-iters N   WSD: the last N of the decay steps decay (required)\n"
+        "  --lr-wsd-decay-style S   WSD: exponential, linear, cosine or minus_sqrt\n"
+        "                       (exponential); schedules: README.md, \"Learning rate\"\n"
         "  --beta1 X --beta2 X --eps X --wd X --clip X    AdamW (0.9 0.95 1e-8 0.1 1.0)\n"
         "  --ckpt-dir DIR --ckpt-every N   resume checkpoints every N steps\n"
         "  --resume             continue from the newest complete checkpoint in --ckpt-dir\n"
@@ -115,11 +148,48 @@ static int parse_int(const char *flag, const char *v, int *out)
     return 1;
 }
 
+/* The index of 'v' in the NULL-terminated 'names', or a usage error listing them. */
+static int parse_style(const char *flag, const char *v, const char *const *names, int *out)
+{
+    for (int k = 0; names[k]; k++)
+        if (!strcmp(v, names[k])) return *out = k, 1;
+    char list[160] = "";
+    for (int k = 0; names[k]; k++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                 k == 0 ? "" : names[k + 1] ? ", " : " or ", names[k]);
+    lib_fail_all(2, "%s must be %s, got '%s'", flag, list, v);
+    return 0;
+}
+
 /* The value after flag argv[*i] (advancing *i), or a usage error naming the flag. */
 static const char *flag_value(int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) lib_fail_all(2, "%s needs a value (try --help)", argv[*i]);
     return argv[++*i];
+}
+
+/* The schedule's flags make sense together (Megatron's scheduler asserts the same bounds, except
+** that --decay-steps may equal --warmup: then the warm-up ends at min-lr's step). */
+static void check_lr_flags(const flags *f)
+{
+    if (f->min_lr < 0 || f->lr < f->min_lr)
+        lib_fail_all(2, "the learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g)",
+                     f->min_lr, f->lr);
+    if (f->lr_init > f->lr)
+        lib_fail_all(2, "--lr-warmup-init (%g) must be <= --lr (%g)", f->lr_init, f->lr);
+    if (f->decay_steps < f->warmup)
+        lib_fail_all(2, "--decay-steps (%d) must be >= --warmup (%d)", f->decay_steps, f->warmup);
+    if (f->steps > 0 && f->decay_steps < 1)
+        lib_fail_all(2, "--decay-steps must be >= 1 (the step count after which the rate is "
+                     "min-lr)");
+    if (f->lr_style != LR_WSD && f->wsd_flag)
+        lib_fail_all(2, "%s needs --lr-decay-style WSD", f->wsd_flag);
+    if (f->lr_style == LR_WSD && f->wsd_iters < 0)
+        lib_fail_all(2, "--lr-decay-style WSD needs --lr-wsd-decay-iters N (the number of "
+                     "steps of its final decay)");
+    if (f->lr_style == LR_WSD && f->wsd_iters > f->decay_steps)
+        lib_fail_all(2, "--lr-wsd-decay-iters (%d) must be <= --decay-steps (%d)", f->wsd_iters,
+                     f->decay_steps);
 }
 
 static void parse_flags(int argc, char **argv, flags *f)
@@ -134,6 +204,10 @@ static void parse_flags(int argc, char **argv, flags *f)
     f->clip = 1.0;
     f->timeout = 300;
     f->seed = 1337;
+    f->data_seed = 1234;
+    f->lr_style = LR_COSINE;
+    f->wsd_style = WSD_EXPONENTIAL;
+    f->wsd_iters = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -147,6 +221,19 @@ static void parse_flags(int argc, char **argv, flags *f)
         if (!strcmp(a, "--quiet")) { f->quiet = 1; continue; }
         if (!strcmp(a, "--show-groups")) { f->show_groups = 1; continue; }
         if (!strcmp(a, "--data")) f->data = flag_value(argc, argv, &i);
+        else if (!strcmp(a, "--data-path")) {
+            f->data_path = argv + i + 1;        /* its words: up to the next flag */
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, f->ndata_path++;
+            if (!f->ndata_path) lib_fail_all(2, "--data-path needs [WEIGHT] PREFIX ...");
+        } else if (!strcmp(a, "--data-seed")) {
+            const char *v = flag_value(argc, argv, &i);
+            char *end;
+            errno = 0;
+            f->data_seed = strtoull(v, &end, 10);
+            if (errno || *v < '0' || *v > '9' || *end || f->data_seed > 0xffffffffull)
+                lib_fail_all(2, "--data-seed expects an integer in [0, 2^32), got '%s'", v);
+        } else if (!strcmp(a, "--dump-samples"))
+            parse_int(a, flag_value(argc, argv, &i), &f->dump_samples);
         else if (!strcmp(a, "--init")) f->init = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--save")) f->save = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--log")) f->log = flag_value(argc, argv, &i);
@@ -160,7 +247,17 @@ static void parse_flags(int argc, char **argv, flags *f)
         else if (!strcmp(a, "--lr")) parse_num(a, flag_value(argc, argv, &i), &f->lr);
         else if (!strcmp(a, "--min-lr"))
             f->have_min_lr = parse_num(a, flag_value(argc, argv, &i), &f->min_lr);
-        else if (!strcmp(a, "--beta1")) parse_num(a, flag_value(argc, argv, &i), &f->beta1);
+        else if (!strcmp(a, "--lr-warmup-init"))
+            parse_num(a, flag_value(argc, argv, &i), &f->lr_init);
+        else if (!strcmp(a, "--lr-decay-style"))
+            parse_style(a, flag_value(argc, argv, &i), lr_style_names, &f->lr_style);
+        else if (!strcmp(a, "--lr-wsd-decay-style")) {
+            parse_style(a, flag_value(argc, argv, &i), wsd_style_names, &f->wsd_style);
+            if (!f->wsd_flag) f->wsd_flag = a;
+        } else if (!strcmp(a, "--lr-wsd-decay-iters")) {
+            parse_int(a, flag_value(argc, argv, &i), &f->wsd_iters);
+            if (!f->wsd_flag) f->wsd_flag = a;
+        } else if (!strcmp(a, "--beta1")) parse_num(a, flag_value(argc, argv, &i), &f->beta1);
         else if (!strcmp(a, "--beta2")) parse_num(a, flag_value(argc, argv, &i), &f->beta2);
         else if (!strcmp(a, "--eps")) parse_num(a, flag_value(argc, argv, &i), &f->eps);
         else if (!strcmp(a, "--wd")) parse_num(a, flag_value(argc, argv, &i), &f->wd);
@@ -177,10 +274,10 @@ static void parse_flags(int argc, char **argv, flags *f)
     }
     if (!f->have_min_lr) f->min_lr = 0.1 * f->lr;
     if (!f->have_decay_steps) f->decay_steps = f->steps > f->warmup ? f->steps : f->warmup;
-    if (f->decay_steps < f->warmup)
-        lib_fail_all(2, "--decay-steps (%d) must be >= --warmup (%d)", f->decay_steps, f->warmup);
-    if (f->steps > 0 && !f->data && !f->show_groups)
+    check_lr_flags(f);
+    if (f->steps > 0 && !f->data && !f->ndata_path && !f->show_groups)
         lib_fail_all(2, "--data FILE is needed to train (or --steps 0)");
+    if (f->data && f->ndata_path) lib_fail_all(2, "--data and --data-path exclude each other");
     if ((f->ckpt_every || f->resume) && !f->ckpt_dir)
         lib_fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
     if (f->beta1 < 0 || f->beta1 >= 1 || f->beta2 < 0 || f->beta2 >= 1)
@@ -188,17 +285,44 @@ static void parse_flags(int argc, char **argv, flags *f)
 }
 
 /*
-** Learning rate of optimizer step t (1-based): linear warm-up lr*t/warmup for t <= warmup,
-** cosine decay from lr to min_lr at t = decay_steps, min_lr after.
+** Learning rate of the optimizer step that follows 'done' completed steps (step t = done + 1
+** of the log): Megatron's OptimizerParamScheduler, evaluated once before the first step and
+** advanced after each. As Megatron's iteration-based training, it counts samples: n = done*G,
+** with warm-up, decay and WSD-decay lengths in samples too (G = global batch in sequences).
+** The samples cancel in every ratio; they matter only to inverse-square-root without warm-up
+** (max(W, 1) is 1 sample, not 1 step). The operations and their order are Megatron's, so the
+** double is the one Megatron computes. The formula: README.md, "Learning rate".
 */
-static double lr_at(const flags *f, int t)
+static double lr_at(const flags *f, int done)
 {
-    if (f->warmup > 0 && t <= f->warmup) return f->lr * t / f->warmup;
-    if (t <= f->decay_steps) {
-        double frac = (double)(t - f->warmup) / (double)(f->decay_steps - f->warmup);
-        return f->min_lr + 0.5 * (f->lr - f->min_lr) * (1.0 + cos(M_PI * frac));
+    long long g = P->gbs, n = done * g, w = f->warmup * g, s = f->decay_steps * g;
+    double max_lr = f->lr, min_lr = f->min_lr, coeff;
+
+    if (w > 0 && n <= w) return f->lr_init + (max_lr - f->lr_init) * (double)n / (double)w;
+    if (f->lr_style == LR_CONSTANT) return max_lr;
+    if (n > s) return min_lr;
+    if (f->lr_style == LR_INVERSE_SQRT) {
+        double lr = max_lr * pow((double)(w > 1 ? w : 1), 0.5) /
+                    pow((double)(n > 1 ? n : 1), 0.5);
+        return min_lr >= lr ? min_lr : lr;
     }
-    return f->min_lr;
+    double ratio = (double)(n - w) / (double)(s - w);
+    if (f->lr_style == LR_LINEAR) coeff = 1.0 - ratio;
+    else if (f->lr_style == LR_COSINE) coeff = 0.5 * (cos(M_PI * ratio) + 1.0);
+    else {                                  /* WSD: stable, then the last wsd_iters decay */
+        long long wsd = f->wsd_iters * g, stable = s - wsd;
+        if (n <= stable) coeff = 1.0;
+        else {
+            double r = (double)(n - stable) / (double)wsd;
+            switch (f->wsd_style) {
+            case WSD_LINEAR:      coeff = 1.0 - r; break;
+            case WSD_COSINE:      coeff = 0.5 * (cos(M_PI * r) + 1.0); break;
+            case WSD_MINUS_SQRT:  coeff = 1.0 - sqrt(r); break;
+            default:              coeff = 2.0 * pow(0.5, r) - 1.0; break;
+            }
+        }
+    }
+    return min_lr + coeff * (max_lr - min_lr);
 }
 
 /* -- Data ------------------------------------------------------------------------------------ */
@@ -211,6 +335,7 @@ typedef struct {
     int fd;
     off_t first;              /* byte offset of token 0 */
     long long ntok, nsamples;
+    lib_data *mm;             /* a Megatron indexed dataset or blend (data.c); NULL: a file */
 } data_file;
 
 static int32_t le32(const unsigned char *p)
@@ -299,37 +424,113 @@ static void data_open(data_file *d, const char *path)
 }
 
 /*
+** A Megatron indexed dataset (--data PREFIX) or blend (--data-path [W] PREFIX ...), sampled as
+** Megatron's GPTDataset / BlendedDataset for steps*GBS samples of seq + 1 tokens, seed
+** --data-seed (data.c); every rank builds the same indices and checks the tokens < vocab.
+*/
+static void data_open_indexed(data_file *d, const flags *f, char *prefix)
+{
+    int n = f->ndata_path ? f->ndata_path : 1;
+    char **words = f->ndata_path ? f->data_path : &prefix;
+    double *w = NULL;
+    if (n > 1 && n % 2 == 0) {         /* Megatron's get_blend_from_list: W P W P ... */
+        w = malloc(sizeof *w * (size_t)(n / 2));
+        char **pre = malloc(sizeof *pre * (size_t)(n / 2));
+        RT_CHECK(w && pre, "out of memory");
+        int numbers = 0;
+        for (int k = 0; k < n / 2; k++) {
+            char *end;
+            w[k] = strtod(words[2 * k], &end);
+            numbers += end != words[2 * k] && !*end;
+            pre[k] = words[2 * k + 1];
+        }
+        if (numbers == n / 2) {
+            words = pre;
+            n /= 2;
+        } else {
+            if (numbers) lib_fail_all(2, "--data-path: give a weight before every prefix or none");
+            free(pre);
+            free(w);
+            w = NULL;
+        }
+    }
+    d->path = words[0];
+    d->mm = lib_data_open(n, words, w, D->seq, (long long)f->steps * P->gbs, f->data_seed,
+                          !f->quiet && !f->dump_samples);
+    d->nsamples = lib_data_size(d->mm);
+    if (d->nsamples < (long long)f->steps * P->gbs)
+        lib_fail_file(d->path, "the blend holds %lld samples, %d steps of %d need %lld",
+                      d->nsamples, f->steps, P->gbs, (long long)f->steps * P->gbs);
+    if (!f->dump_samples) lib_data_check_vocab(d->mm, P->vocab, world_max);   /* ids as is */
+    if (w) free(words);
+    free(w);
+}
+
+/* --dump-samples K: "sample I: ids..." for samples 0..K-1 of the dataset on rank 0, and exit. */
+static void data_dump(const data_file *d, int count)
+{
+    if (count > d->nsamples)
+        lib_fail_all(2, "--dump-samples %d: the dataset has %lld samples", count, d->nsamples);
+    int *tok = malloc(sizeof *tok * ((size_t)D->seq + 1));
+    RT_CHECK(tok, "out of memory");
+    for (int i = 0; i < count && rt_rank() == 0; i++) {
+        lib_data_sample(d->mm, i, tok);
+        printf("sample %d:", i);
+        for (int t = 0; t <= D->seq; t++) printf(" %d", tok[t]);
+        printf("\n");
+    }
+    fflush(stdout);
+    free(tok);
+    rt_finalize();
+    exit(0);
+}
+
+/*
 ** Token ids of this rank's micro-batches for optimizer step 'step' (0-based), sequence-major:
-** inputs[k][t*B + b] for micro-batch k, sample b. Sample i is tokens [i*T, i*T + T]; step s
-** uses samples (s*GBS + j) mod nsamples, j = 0..GBS-1; data-parallel rank d takes
-** j in [d*B*NMB, (d+1)*B*NMB), micro-batch k the B samples from d*B*NMB + k*B. Under context
-** parallelism a rank keeps the positions of its two chunks (lib_cp_position), in local order.
+** inputs[k][t*B + b] for micro-batch k, sample b. Sample i is tokens [i*T, i*T + T] of a token
+** file, or sample i of a Megatron dataset; step s uses samples (s*GBS + j) mod nsamples,
+** j = 0..GBS-1. From a token file, data-parallel rank d takes j in [d*B*NMB, (d+1)*B*NMB),
+** micro-batch k the B samples from d*B*NMB + k*B; from a Megatron dataset, as Megatron's
+** pretraining sampler hands them out, micro-batch k of rank d takes the B samples from
+** k*B*DP + d*B. Under context parallelism a rank keeps the positions of its two chunks
+** (lib_cp_position), in local order.
 */
 static void data_batch(const data_file *d, int step, int dp, int *inputs, int *targets)
 {
     int S = D->seq;
     unsigned char *raw = malloc(2 * ((size_t)S + 1));
-    RT_CHECK(raw, "out of memory");
+    int *ids = malloc(sizeof *ids * ((size_t)S + 1));
+    RT_CHECK(raw && ids, "out of memory");
     for (int k = 0; k < D->nmb; k++)
         for (int b = 0; b < D->B; b++) {
             long long j = (long long)dp * D->B * D->nmb + (long long)k * D->B + b;
+            if (d->mm)      /* Megatron's sampler: micro-batch k of every rank, then k + 1 */
+                j = (long long)k * (P->gbs / D->nmb) + (long long)dp * D->B + b;
             long long i = ((long long)step * P->gbs + j) % d->nsamples;
-            off_t at = d->first + (off_t)2 * i * S;
-            ssize_t want = 2 * ((ssize_t)S + 1);
-            if (pread(d->fd, raw, (size_t)want, at) != want)
-                RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i, strerror(errno));
+            if (d->mm) {
+                lib_data_sample(d->mm, i, ids);
+            } else {
+                off_t at = d->first + (off_t)2 * i * S;
+                ssize_t want = 2 * ((ssize_t)S + 1);
+                if (pread(d->fd, raw, (size_t)want, at) != want)
+                    RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i, strerror(errno));
+                for (int g = 0; g <= S; g++) ids[g] = raw[2 * g] | raw[2 * g + 1] << 8;
+            }
             for (int t = 0; t < D->T; t++) {
                 int g = lib_cp_position(t);       /* input at g, target at g + 1 */
-                int tok = raw[2 * g] | raw[2 * g + 1] << 8;
-                int next = raw[2 * g + 2] | raw[2 * g + 3] << 8;
-                int bad = tok >= P->vocab ? tok : next >= P->vocab ? next : -1;
-                RT_CHECK(bad < 0, "%s: token %d at position %lld is out of range for "
+                int tok = ids[g], next = ids[g + 1];
+                int bad = tok < 0 || tok >= P->vocab ? tok : next < 0 || next >= P->vocab ?
+                          next : -1;
+                RT_CHECK(bad < 0 || d->mm, "%s: token %d at position %lld is out of range for "
                          "vocabulary %d (the file changed while training?)", d->path, bad,
                          i * S + g + (tok < P->vocab), P->vocab);
+                RT_CHECK(bad < 0, "%s: token %d in sample %lld is out of range for vocabulary "
+                         "%d (the file changed while training?)", d->path, bad, i, P->vocab);
                 inputs[(size_t)k * D->N + (size_t)t * D->B + b] = tok;
                 targets[(size_t)k * D->N + (size_t)t * D->B + b] = next;
             }
         }
+    free(ids);
     free(raw);
 }
 
@@ -1023,8 +1224,15 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
 
     data_file data = { 0 };   /* every rank checks the file, so a bad one fails everywhere alike */
     int *inputs = NULL, *targets = NULL;
+    char *prefix = NULL;
     if (f.steps > start) {
-        data_open(&data, f.data);
+        if (f.ndata_path || lib_data_is_indexed(f.data, &prefix))
+            data_open_indexed(&data, &f, prefix);
+        else data_open(&data, f.data);
+        if (f.dump_samples) {
+            if (!data.mm) lib_fail_all(2, "--dump-samples needs a Megatron dataset");
+            data_dump(&data, f.dump_samples);
+        }
         inputs = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         targets = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         RT_CHECK(inputs && targets, "out of memory");
@@ -1038,7 +1246,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         double t0 = rt_now();
         if (st->needs_inputs || st->needs_targets)
             data_batch(&data, s, gpt.dp_rank, inputs, targets);
-        gpt_step_in in = { s, (float)lr_at(&f, s + 1), (float)f.beta1, (float)f.beta2,
+        gpt_step_in in = { s, (float)lr_at(&f, s), (float)f.beta1, (float)f.beta2,
                            (float)f.eps, (float)f.wd, (float)f.clip,
                            st->needs_inputs ? inputs : NULL, st->needs_targets ? targets : NULL };
         gpt_step_out out;
@@ -1069,6 +1277,8 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     if (f.save) save_model(f.save);
     free(inputs);
     free(targets);
+    lib_data_free(data.mm);
+    free(prefix);
     rt_finalize();
     return 0;
 }

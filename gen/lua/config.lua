@@ -9,6 +9,7 @@ local diag = require("diag")
 local host = require("host")
 local ir = require("ir")
 local json = require("json")
+local partition = require("partition")
 local sandbox = require("sandbox")
 local util = require("util")
 
@@ -166,6 +167,7 @@ local GPT_KEYS = {
     { "init_std",    "pos", false },
     { "vocab_pad",   "int", false, 1 << 20 },
     { "description", "str", false },
+    { "add_bias_linear", "bool", false },
     { "moe",         "moe", false },
 }
 -- llama{}: the Llama family (Hugging Face LlamaForCausalLM; with moe, MixtralForCausalLM).
@@ -190,9 +192,17 @@ local MOE_KEYS = {
     { "top_k",           "int",    true,  1 << 14 },
     { "ffn_hidden",      "int",    false, 1 << 24 },
     { "aux_loss_coeff",  "nonneg", false },
+    { "z_loss_coeff",    "nonneg", false },
+    { "load_balancing",  "str",    false },
+    { "topk_scaling_factor", "pos", false },
+    { "score_function",  "str",    false },
+    { "num_groups",      "int",    false, 64 },
+    { "group_topk",      "int",    false, 64 },
     { "pre_softmax",     "bool",   false },
     { "capacity_factor", "pos",    false },
-    { "bias",            "bool",   false },
+    { "drop_policy",     "str",    false },
+    { "pad_to_capacity", "bool",   false },
+    { "bias",            "bool",   false, nil, "refused" },  -- only to explain add_bias_linear
 }
 local WHAT = {
     layers = "number of transformer layers", hidden = "model width",
@@ -203,7 +213,9 @@ local WHAT = {
 
 local function known_list(keys)
     local names = {}
-    for i, k in ipairs(keys) do names[i] = k[1] end
+    for _, k in ipairs(keys) do
+        if k[5] ~= "refused" then names[#names + 1] = k[1] end
+    end
     return table.concat(names, ", ")
 end
 
@@ -368,13 +380,71 @@ function M.model_from_source(src, file, name)
             "rotary embeddings need an even head size: hidden/heads = %d/%d = %d is odd",
             g.hidden, g.heads, g.hidden // g.heads) }
     end
-    if llama and m and m.bias then
-        probs[#probs + 1] = { mcall.lines.bias or mcall.line,
-            "llama{} experts have no biases (Mixtral's w1, w2, w3): remove bias = true" }
+    if m and m.bias ~= nil then
+        probs[#probs + 1] = { mcall.lines.bias or mcall.line, llama and
+            "llama{} experts have no biases (Mixtral's w1, w2, w3): remove bias from moe{}" or
+            "moe{} takes no 'bias': as in Megatron, add_bias_linear in gpt{} (default true) " ..
+            "gives biases to every linear layer, the router's and the experts' included" }
     end
     if m and m.top_k and m.experts and m.top_k > m.experts then
         probs[#probs + 1] = { mcall.lines.top_k or mcall.line, string.format(
             "top_k (%d) must not exceed experts (%d)", m.top_k, m.experts) }
+    end
+    local lb = m and m.load_balancing
+    if lb ~= nil and lb ~= "aux_loss" and lb ~= "seq_aux_loss" and lb ~= "none" then
+        probs[#probs + 1] = { mcall.lines.load_balancing or mcall.line, string.format(
+            "load_balancing must be \"aux_loss\", \"seq_aux_loss\" or \"none\" (got %s; " ..
+            "Megatron's sinkhorn and global_aux_loss are not supported)", show(lb)) }
+    end
+    if m and m.drop_policy ~= nil and m.drop_policy ~= "probs" and m.drop_policy ~= "position"
+    then
+        probs[#probs + 1] = { mcall.lines.drop_policy or mcall.line, string.format(
+            "drop_policy must be \"probs\" or \"position\" (got %s)", show(m.drop_policy)) }
+    end
+    for _, k in ipairs({ "drop_policy", "pad_to_capacity" }) do
+        if m and m[k] ~= nil and not m.capacity_factor then
+            probs[#probs + 1] = { mcall.lines[k] or mcall.line, string.format(
+                "%s needs capacity_factor (Megatron's moe_expert_capacity_factor): without " ..
+                "it no token is dropped or padded", k) }
+        end
+    end
+    local sf = m and m.score_function
+    if sf ~= nil and sf ~= "softmax" and sf ~= "sigmoid" then
+        probs[#probs + 1] = { mcall.lines.score_function or mcall.line, string.format(
+            "score_function must be \"softmax\" or \"sigmoid\" (got %s; Megatron's " ..
+            "sqrtsoftplus is not supported)", show(sf)) }
+    end
+    if sf == "sigmoid" and m.z_loss_coeff and m.z_loss_coeff > 0 then
+        probs[#probs + 1] = { mcall.lines.z_loss_coeff or mcall.line,
+            "z_loss_coeff with score_function = \"sigmoid\" is not supported yet (the " ..
+            "programs keep the sigmoid scores, not the softmax the z-loss needs)" }
+    end
+    if m and (m.num_groups ~= nil) ~= (m.group_topk ~= nil) then
+        local k = m.num_groups and "num_groups" or "group_topk"
+        probs[#probs + 1] = { mcall.lines[k] or mcall.line, m.group_topk and
+            "group_topk needs num_groups (Megatron: \"When using group limited routing, " ..
+            "moe_router_num_groups must be specified\")" or
+            "num_groups alone does nothing (Megatron ignores it without group_topk): give " ..
+            "group_topk too, or remove num_groups" }
+    elseif m and m.num_groups and m.experts and m.group_topk and m.top_k then
+        local at = mcall.lines.num_groups or mcall.line
+        if m.experts % m.num_groups ~= 0 then
+            probs[#probs + 1] = { at, string.format("experts (%d) must be divisible by " ..
+                "num_groups (%d)", m.experts, m.num_groups) }
+        elseif m.group_topk > m.num_groups then
+            probs[#probs + 1] = { mcall.lines.group_topk or at, string.format(
+                "group_topk (%d) must not exceed num_groups (%d)", m.group_topk, m.num_groups) }
+        elseif m.group_topk * (m.experts // m.num_groups) < m.top_k then
+            probs[#probs + 1] = { mcall.lines.group_topk or at, string.format(
+                "group_topk (%d) groups of %d experts cannot hold top_k (%d) choices",
+                m.group_topk, m.experts // m.num_groups, m.top_k) }
+        end
+    end
+    if m and m.top_k == 1 and not m.pre_softmax and sf ~= "sigmoid" then
+        probs[#probs + 1] = { mcall.lines.top_k or mcall.line,
+            "top_k = 1 needs pre_softmax = true (Megatron: \"Please use " ..
+            "--moe-router-pre-softmax when topk is 1\"): a softmax over the one chosen " ..
+            "logit is always 1 and gives the router a zero gradient" }
     end
     if #probs > 0 then
         table.sort(probs, function(a, b)
@@ -391,8 +461,15 @@ function M.model_from_source(src, file, name)
     if m then
         moe = ir.Moe {
             experts = m.experts, top_k = m.top_k, ffn_hidden = m.ffn_hidden or ffn,
-            aux_loss_coeff = m.aux_loss_coeff or 0.0, pre_softmax = m.pre_softmax or false,
-            capacity_factor = m.capacity_factor, bias = not llama and (m.bias ~= false),
+            aux_loss_coeff = m.aux_loss_coeff or 0.0, z_loss_coeff = m.z_loss_coeff or 0.0,
+            load_balancing = m.load_balancing or "aux_loss",
+            topk_scaling_factor = m.topk_scaling_factor,
+            score_function = m.score_function or "softmax",
+            num_groups = m.num_groups, group_topk = m.group_topk,
+            pre_softmax = m.pre_softmax or false,
+            capacity_factor = m.capacity_factor, drop_policy = m.drop_policy or "probs",
+            pad_to_capacity = m.pad_to_capacity or false,
+            bias = not llama and g.add_bias_linear ~= false,
             line = mcall.line, lines = mcall.lines,
         }
     end
@@ -402,6 +479,7 @@ function M.model_from_source(src, file, name)
         head_dim = g.hidden // g.heads, seq_len = g.seq_len, vocab = g.vocab,
         ffn_hidden = ffn, norm_eps = g.norm_eps or 1e-5, init_std = g.init_std or 0.02,
         vocab_pad = g.vocab_pad or 128, moe = moe, arch = arch,
+        bias = not llama and g.add_bias_linear ~= false,
         kv_heads = llama and (g.kv_heads or g.heads) or g.heads,
         rope_theta = llama and (g.rope_theta or 10000.0) + 0.0 or nil,
         tie_embeddings = not llama or g.tie_embeddings == true,
@@ -428,6 +506,26 @@ function M.load_model(spec)
 end
 
 -- -- Sizes -----------------------------------------------------------------------------------
+
+-- A layout's part of a directory name: its virtual stages as E, t<n>, L (empty: 0), joined
+-- by '_', runs of equal stages as <stage>x<n>: "E|t*4|t*4|L" -> "E_t4x2_L".
+local function layout_name(layout)
+    local stages = partition.parse_layout(layout)
+    local words = {}
+    for _, st in ipairs(stages) do
+        local w = (st.E > 0 and "E" or "") .. (st.t > 0 and ("t" .. st.t) or "")
+                  .. (st.m > 0 and ("m" .. st.m) or "") .. (st.L > 0 and "L" or "")
+        words[#words + 1] = w == "" and "0" or w
+    end
+    local out, i = {}, 1
+    while i <= #words do
+        local j = i
+        while j < #words and words[j + 1] == words[i] do j = j + 1 end
+        out[#out + 1] = words[i] .. (j > i and ("x" .. (j - i + 1)) or "")
+        i = j + 1
+    end
+    return table.concat(out, "_")
+end
 
 -- Output directory name and regenerate command (DESIGN 4.3): defaults are left out.
 local function naming(model, s)
@@ -464,6 +562,13 @@ local function naming(model, s)
         "FIRST_LAYERS=" .. tostring(s.first_layers))
     opt(s.last_layers ~= nil, "-last" .. tostring(s.last_layers),
         "LAST_LAYERS=" .. tostring(s.last_layers))
+    opt(s.account_embedding, "-acce", "ACCOUNT_EMBEDDING=1")
+    opt(s.account_loss, "-accl", "ACCOUNT_LOSS=1")
+    opt(s.mb_group ~= nil, "-mbg" .. tostring(s.mb_group),
+        "MICROBATCH_GROUP=" .. tostring(s.mb_group))
+    if s.layout ~= nil then
+        opt(true, "-layout-" .. layout_name(s.layout), "LAYOUT='" .. s.layout .. "'")
+    end
     opt(s.order ~= M.DEFAULT_ORDER, "-order" .. s.order, "ORDER=" .. s.order)
     return table.concat(dir), table.concat(mk, " ")
 end
@@ -507,6 +612,48 @@ local function max_chunk_layers(L, P, V, f, l)
     local most = math.max(f or 0, l or 0)
     if Pm > 0 then most = math.max(most, (L - (f or 0) - (l or 0)) // Pm) end
     return most // V
+end
+
+-- Check a parsed layout 'stages' of string 'layout' (Megatron's validate_layer_layout, and
+-- where these programs need the embedding and the loss); problems go to 'errs' (layer-count
+-- ones at 'lat'). Returns the most transformer layers a virtual stage holds, or nil.
+local function layout_problems(layout, stages, P, L, lat, errs)
+    local n, most = { E = 0, t = 0, m = 0, L = 0 }, 0
+    local first, last          -- first and last placed element, in string order
+    for s, st in ipairs(stages) do
+        for _, k in ipairs({ "E", "t", "m", "L" }) do n[k] = n[k] + st[k] end
+        if st.t > most then most = st.t end
+        local any = st.E + st.t + st.m + st.L > 0
+        if any and not first then
+            first = st.E > 0 and s or -s
+            if st.E > 0 and st.text:sub(1, 1) ~= "E" then first = -s end
+        end
+        if any then last = (st.L > 0 and st.text:sub(-1) == "L") and s or -s end
+    end
+    local before = errs.count()
+    if n.m > 0 then
+        errs.add(nil, "LAYOUT '%s' places %d MTP layer%s ('m'): multi-token prediction is " ..
+                 "not supported (remove the m's)", layout, n.m, n.m == 1 and "" or "s")
+    end
+    if n.E ~= 1 then
+        errs.add(nil, "LAYOUT '%s' must place the embedding E exactly once (it has %d)",
+                 layout, n.E)
+    elseif first ~= 1 then
+        errs.add(nil, "LAYOUT '%s' must start with the embedding E in its first virtual " ..
+                 "stage (pp rank 0, chunk 0), where the schedule feeds the tokens", layout)
+    end
+    if n.L ~= 1 then
+        errs.add(nil, "LAYOUT '%s' must place the loss L exactly once (it has %d)", layout, n.L)
+    elseif last ~= #stages then
+        errs.add(nil, "LAYOUT '%s' must end with the loss L in its last virtual stage (pp " ..
+                 "rank %d, chunk %d), where the schedule ends", layout, P - 1,
+                 #stages // P - 1)
+    end
+    if n.t ~= L then
+        errs.add(lat, "LAYOUT '%s' places %d transformer layers ('t'), but the model has %d",
+                 layout, n.t, L)
+    end
+    return errs.count() == before and most or nil
 end
 
 M.RECOMPUTE_MODULES = { "core_attn", "layernorm", "mlp" }
@@ -635,6 +782,29 @@ function M.configure(model, opts)
     end
     local f = layers_opt("first_layers", "FIRST_LAYERS")
     local l = layers_opt("last_layers", "LAST_LAYERS")
+    local Ng = size("microbatch_group", "MICROBATCH_GROUP", nil)
+    local acc_e, acc_l = opts.account_embedding == true, opts.account_loss == true
+    -- LAYOUT (Megatron's --pipeline-model-parallel-layout) gives VP: its stages over PP.
+    local layout, lstages = opts.layout, nil
+    if layout ~= nil then
+        local why
+        lstages, why = partition.parse_layout(tostring(layout))
+        if not lstages then
+            errs.add(nil, "LAYOUT '%s' %s", layout, why)
+        elseif #lstages % P ~= 0 then
+            errs.add(nil, "LAYOUT '%s' has %d virtual stages, which must be a multiple of " ..
+                     "PP (%d): stage s runs on pp rank s %% PP as chunk s / PP", layout,
+                     #lstages, P)
+            lstages = nil
+        elseif opts.vp ~= nil then
+            errs.add(nil, "VP cannot be given with LAYOUT: the layout's %d virtual stages " ..
+                     "over PP %d give VP = %d (Megatron: at most one of " ..
+                     "--num-virtual-stages-per-pipeline-rank and " ..
+                     "--pipeline-model-parallel-layout)", #lstages, P, #lstages // P)
+        else
+            V = #lstages // P
+        end
+    end
     local cp_comm = opts.cp_comm or "p2p"
     if cp_comm ~= "p2p" and cp_comm ~= "a2a" then
         errs.add(nil, "CP_COMM '%s' is not p2p (K and V around the ring, the default) or a2a " ..
@@ -652,7 +822,11 @@ function M.configure(model, opts)
     end
 
     -- megatron initialize_model_parallel, in its order.
-    if V > 1 and P == 1 then
+    if V > 1 and P == 1 and layout ~= nil then
+        errs.add(nil, "LAYOUT '%s' has %d virtual stages, which need PP > 1 (with PP 1 it " ..
+                 "would make VP %d: the interleaved schedule runs chunks across pipeline " ..
+                 "stages)", layout, V, V)
+    elseif V > 1 and P == 1 then
         errs.add(nil, "VP (%d) needs PP > 1: the interleaved schedule splits each pipeline " ..
                  "stage into VP chunks", V)
     end
@@ -729,18 +903,12 @@ function M.configure(model, opts)
             errs.add(model_at("ffn_hidden", true),
                      "expert ffn_hidden (%d) must be divisible by ETP (%d)", moe.ffn_hidden, Te)
         end
-        if moe.capacity_factor and C > 1 then
-            errs.add(model_at("capacity_factor", true), "an expert capacity (capacity_factor " ..
-                     "= %s) with CP (%d) > 1 is not supported yet: tokens are dropped by " ..
-                     "position over the whole sequence, which the cp ranks hold in load-" ..
-                     "balanced chunks (remove capacity_factor, or use CP=1)",
-                     tostring(moe.capacity_factor), C)
-        end
+
         if moe.bias and Te > 1 then
-            errs.add({ file = model.file, line = moe.line },
-                     "expert biases need ETP 1 (ETP is %d): Megatron supports bias in MoE " ..
-                     "layers only without expert tensor parallelism (set bias = false in moe{})",
-                     Te)
+            errs.add(model_at("add_bias_linear"), "ETP is %d, and %s's experts have biases " ..
+                     "(add_bias_linear, default true): Megatron refuses it (\"Bias in Moe is " ..
+                     "only supported when ETP==1\"); set add_bias_linear = false in gpt{}, or " ..
+                     "ETP=1", Te, model.name)
         end
     end
 
@@ -776,7 +944,39 @@ function M.configure(model, opts)
 
     -- Layer placement (docs/megatron.md §2).
     local L, lat = model.layers, model_at("layers")
-    if (f or l) and P == 1 then
+    local most          -- the most layers a chunk holds (nil: the placement is invalid)
+    if layout ~= nil then
+        if f or l or acc_e or acc_l then
+            local other = {}
+            if f then other[#other + 1] = "FIRST_LAYERS" end
+            if l then other[#other + 1] = "LAST_LAYERS" end
+            if acc_e then other[#other + 1] = "ACCOUNT_EMBEDDING" end
+            if acc_l then other[#other + 1] = "ACCOUNT_LOSS" end
+            errs.add(nil, "LAYOUT cannot be combined with %s: the layout places every layer " ..
+                     "itself", table.concat(other, " or "))
+        end
+        if lstages then most = layout_problems(layout, lstages, P, L, lat, errs) end
+    elseif (acc_e or acc_l) and (f or l) then
+        errs.add(nil, "%s cannot be combined with %s: Megatron counts the embedding and " ..
+                 "the loss as layers only in the even split",
+                 acc_e and "ACCOUNT_EMBEDDING" or "ACCOUNT_LOSS",
+                 f and "FIRST_LAYERS" or "LAST_LAYERS")
+    elseif acc_e or acc_l then
+        local Lx = L + (acc_e and 1 or 0) + (acc_l and 1 or 0)
+        local what = (acc_e and acc_l) and "the embedding and the loss"
+                     or acc_e and "the embedding" or "the loss"
+        if Lx % P ~= 0 then
+            errs.add(lat, "layers (%d) + %d for %s = %d must be divisible by PP (%d) " ..
+                     "(ACCOUNT_%s count%s as a layer of the split)", L, Lx - L, what, Lx, P,
+                     (acc_e and acc_l) and "EMBEDDING and ACCOUNT_LOSS" or acc_e and
+                     "EMBEDDING" or "LOSS", (acc_e and acc_l) and " each" or "s it")
+        elseif (Lx // P) % V ~= 0 then
+            errs.add(lat, "each stage's %d layers (layers %d + %d for %s, over PP %d) must " ..
+                     "be divisible by VP (%d)", Lx // P, L, Lx - L, what, P, V)
+        else
+            most = Lx // (P * V)
+        end
+    elseif (f or l) and P == 1 then
         errs.add(nil, "%s needs PP > 1 (an uneven first/last stage needs several stages)",
                  f and "FIRST_LAYERS" or "LAST_LAYERS")
     elseif f or l then
@@ -816,15 +1016,39 @@ function M.configure(model, opts)
             errs.add(lat, "layers (%d) must be divisible by PP*VP = %d*%d = %d", L, P, V, P * V)
         end
     end
+    if layout == nil and not (acc_e or acc_l) then most = max_chunk_layers(L, P, V, f, l) end
 
-    -- Interleaved schedule (docs/megatron.md §3.2): N = P microbatches per group.
-    if V > 1 and P > 1 and nmb % P ~= 0 then
-        errs.add(nil, "with VP > 1, NMB (%d) must be a multiple of PP (%d): the interleaved " ..
-                 "schedule runs micro-batches in groups of PP", nmb, P)
+    -- Interleaved schedule (docs/megatron.md §3.2): micro-batches in groups of N (default P).
+    if Ng and not (V > 1 and P > 1) then
+        errs.add(nil, "MICROBATCH_GROUP (%d) applies to the interleaved schedule only " ..
+                 "(VP > 1 and PP > 1)", Ng)
+    elseif V > 1 and P > 1 then
+        local N = Ng or P
+        if not Ng and nmb % P ~= 0 then
+            local fits             -- the smallest group size Megatron accepts with this NMB
+            for n = P, nmb do
+                if not fits and (nmb % n == 0 or nmb % n >= P) then fits = n end
+            end
+            local use = nmb < P and string.format("NMB=%d", P)
+                or string.format("NMB=%d or NMB=%d", nmb - nmb % P, nmb - nmb % P + P)
+            errs.add(nil, "with VP > 1, NMB (%d) must be a multiple of PP (%d): the " ..
+                     "interleaved schedule runs micro-batches in groups of MICROBATCH_GROUP, " ..
+                     "by default PP (use %s%s)", nmb, P, use,
+                     fits and string.format(", or MICROBATCH_GROUP=%d", fits) or "")
+        elseif N < P or N > nmb then
+            errs.add(nil, "MICROBATCH_GROUP (%d) must be between PP (%d) and NMB (%d): " ..
+                     "Megatron requires the contiguous micro-batches of a virtual stage to " ..
+                     "range in [PP, NMB]", N, P, nmb)
+        elseif nmb % N ~= 0 and nmb % N < P then
+            errs.add(nil, "NMB (%d) %% MICROBATCH_GROUP (%d) = %d must be 0 or at least PP " ..
+                     "(%d): a last group of fewer than PP micro-batches leaves dependency " ..
+                     "bubbles, which Megatron refuses (use NMB=%d or NMB=%d)", nmb, N, nmb % N,
+                     P, nmb - nmb % N, nmb - nmb % N + N)
+        end
     end
 
     -- Mixed precision and activation recompute (docs/megatron.md §9).
-    local rc = recompute_options(opts, errs, max_chunk_layers(L, P, V, f, l), model)
+    local rc = recompute_options(opts, errs, most, model)
 
     -- The rank --inspect asks about.
     if opts.rank ~= nil then
@@ -845,7 +1069,8 @@ function M.configure(model, opts)
     local s = {
         tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V, world = world,
         order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,
-        cp_comm = cp_comm, sp = opts.sp == true, dist_opt = opts.dist_opt == true,
+        cp_comm = cp_comm, mb_group = Ng, account_embedding = acc_e, account_loss = acc_l,
+        layout = layout, sp = opts.sp == true, dist_opt = opts.dist_opt == true,
         bf16 = opts.bf16 == true,
         rc = rc,
     }
@@ -854,7 +1079,8 @@ function M.configure(model, opts)
     return ir.Config {
         model = model, tp = T, pp = P, dp = D, cp = C, ep = E, etp = Te, edp = De, vp = V,
         world = world, order = order, axes = axes, first_layers = f, last_layers = l,
-        cp_comm = cp_comm,
+        cp_comm = cp_comm, mb_group = (V > 1 and P > 1) and (Ng or P) or nil,
+        account_embedding = acc_e, account_loss = acc_l, layout = layout,
         mbs = mbs, nmb = nmb, seq = seq, sp = s.sp, dist_opt = s.dist_opt, bf16 = s.bf16,
         recompute = rc.granularity, recompute_method = rc.method,
         recompute_layers = rc.layers, recompute_modules = rc.modules,

@@ -39,7 +39,7 @@ function M.passes(opts, n, optional_program)
     if n >= 2 then r.topology = topology.build(cfg) end
     if n >= 3 then r.partition = partition.build(cfg, r.topology) end
     if n >= 4 then r.shards = shards.build(cfg, r.topology, r.partition) end
-    if n >= 5 then r.schedule = schedule.build(cfg.pp, cfg.vp, cfg.nmb) end
+    if n >= 5 then r.schedule = schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group) end
     if n >= 6 and (not optional_program or program.supported(cfg)) then
         r.program = program.build(cfg, r.topology, r.partition, r.shards, r.schedule)
     end

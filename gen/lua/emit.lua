@@ -276,11 +276,13 @@ local function stage_view(cfg, prog, sp, part)
     end
     local ccells = {}
     for i, c in ipairs(sp.chunks) do
-        local has_store = cfg.recompute ~= "none"
+        -- a chunk without layers (a layout's "E|", "|L", "||") has no per-layer tables
+        local has_layers = c.layers > 0
+        local has_store = cfg.recompute ~= "none" and has_layers
+        local function tab(name) return has_layers and ("chunk" .. c.vp .. name) or "NULL" end
         ccells[i] = { int(c.first), int(c.layers), int(c.slots), flag(c.embedding),
-                      flag(c.head), int(#sp.layer_params[i]), "chunk" .. c.vp .. "_params",
-                      int(#sp.layer_pieces[i]), "chunk" .. c.vp .. "_pieces",
-                      "chunk" .. c.vp .. "_bases",
+                      flag(c.head), int(#sp.layer_params[i]), tab("_params"),
+                      int(#sp.layer_pieces[i]), tab("_pieces"), tab("_bases"),
                       has_store and ("chunk" .. c.vp .. "_store") or "NULL" }
         local scells, snotes = {}, {}
         for j, l in ipairs(c.store) do
@@ -300,7 +302,7 @@ local function stage_view(cfg, prog, sp, part)
             params = param_rows(sp.layer_params[i]),
             pieces = piece_rows(sp.layer_pieces[i], sp.layer_params[i]),
             bases = bases, nbases = int(#c.bases * #sp.buffers),
-            has_store = has_store, store = aligned(scells, snotes),
+            has_layers = has_layers, has_store = has_store, store = aligned(scells, snotes),
             store_title = string.format("chunk %d, recompute %s", c.vp,
                 cfg.recompute == "full" and string.format("full (%s, %d)", cfg.recompute_method,
                                                           cfg.recompute_layers)
@@ -309,6 +311,8 @@ local function stage_view(cfg, prog, sp, part)
             fwd = list_view(calls_of[c.vp].F, call_view),
             bwd = list_view(calls_of[c.vp].B, call_view),
             uses_mb = c.embedding or c.head,
+            -- a chunk without layers (a layout's "...||..."): nothing to run on its slot
+            fwd_none = #calls_of[c.vp].F == 0, bwd_none = #calls_of[c.vp].B == 0,
         }
     end
     v.chunk_rows = aligned(ccells)

@@ -52,6 +52,22 @@ local function header(cfg)
     if #uneven > 0 then
         lines[#lines + 1] = "uneven    layers on the " .. table.concat(uneven, ", ")
     end
+    if cfg.account_embedding or cfg.account_loss then
+        local w = {}
+        if cfg.account_embedding then w[1] = "the embedding" end
+        if cfg.account_loss then w[#w + 1] = "the loss" end
+        lines[#lines + 1] = "split     even, counting " .. table.concat(w, " and ") ..
+                            " as a layer (Megatron's account_for_*_in_pipeline_split)"
+    end
+    if cfg.layout then
+        local stages, w = partition.parse_layout(cfg.layout), {}
+        for i, st in ipairs(stages) do
+            w[i] = string.format("%d.%d %s", (i - 1) % cfg.pp, (i - 1) // cfg.pp,
+                                 partition.stage_text(st))
+        end
+        lines[#lines + 1] = string.format("placement '%s': pp.chunk %s", cfg.layout,
+                                          table.concat(w, ", "))
+    end
     return lines
 end
 
@@ -368,7 +384,12 @@ M.KIND_TEXT = { none = "no pipelining (gradient accumulation)", ["1f1b"] = "1F1B
 -- "1F1B, 8 micro-batches of 2": the schedule's kind, micro-batch count and size.
 function M.schedule_text(cfg, kind)
     local t = M.KIND_TEXT[kind]
-    if kind == "interleaved" then t = t .. string.format(" over %d chunks", cfg.vp) end
+    if kind == "interleaved" then
+        t = t .. string.format(" over %d chunks", cfg.vp)
+        if cfg.mb_group ~= cfg.pp then
+            t = t .. string.format(" in micro-batch groups of %d", cfg.mb_group)
+        end
+    end
     return string.format("%s, %d micro-batch%s of %d", t, cfg.nmb, cfg.nmb == 1 and "" or "es",
                          cfg.mbs)
 end
@@ -766,7 +787,8 @@ end
 -- The expert block's communication on one rank, per MoE layer and micro-batch, for a balanced
 -- load: the rank's N_SP tokens (its sequence shard of the micro-batch) make N_SP*K choices,
 -- spread evenly over the E experts; with a capacity factor each expert keeps at most
--- ceil(N*K/E * factor) of the micro-batch's choices, so a share min(1, cap / (N*K/E)) is sent.
+-- cap = ceil(N_SP*K/E * factor) of the rank's choices, so a share min(1, cap / (N_SP*K/E)) is
+-- sent; pad_to_capacity sends exactly E * min(cap, N_SP) rows.
 -- The collectives are the program's (lib/moe.c): rows of C channels in the activations' dtype
 -- (f32, or bf16 with BF16=1), "+1" where the routing probability (or its gradient, f32)
 -- travels with the row:
@@ -791,9 +813,11 @@ function M.moe_traffic(cfg)
     local choices = nsp * K
     local kept, cap = choices, nil
     if moe.capacity_factor then
-        cap = require("program").sizes(cfg).capacity    -- the program's own number
-        local even = N * K / E
+        local s = require("program").sizes(cfg)          -- the program's own numbers
+        cap = s.capacity
+        local even = nsp * K / E
         if cap < even then kept = choices * cap / even end
+        if s.pad_rows > 0 then kept = E * s.pad_rows end
     end
     local EP, ETP = cfg.ep, cfg.etp
     local t = { tokens = nsp, choices = choices, kept = kept, capacity = cap,
@@ -1034,8 +1058,10 @@ function M.moe_rank(cfg, topo, part, sh, r, out)
                                   t.tokens, (cfg.sp and cfg.tp > 1) and "its sequence shard"
                                   or "the whole micro-batch", t.choices)
     out[#out + 1] = label("capacity") .. (t.capacity and string.format("an expert keeps <= %d " ..
-                    "of a micro-batch's %d choices, the earliest rows t*B+b first", t.capacity,
-                    moe.top_k * cfg.mbs * cfg.seq) or "none: no choice is dropped")
+                    "of this rank's %d choices, %s%s", t.capacity, t.choices,
+                    moe.drop_policy == "probs" and "the highest probabilities first" or
+                    "the earliest rows t*B+b first", moe.pad_to_capacity and
+                    ", padded to the capacity" or "") or "none: no choice is dropped")
     local steps = #layers * cfg.nmb
     if #t.ops == 0 then
         out[#out + 1] = label("traffic") .. "none: EP 1 and ETP 1, the tokens stay on their rank"

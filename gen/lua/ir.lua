@@ -85,9 +85,21 @@ record("Moe", {
     { "top_k",           "int",  "experts chosen per token" },
     { "ffn_hidden",      "int",  "hidden size of each expert's MLP (default: the model's)" },
     { "aux_loss_coeff",  "num",  "load-balancing loss coefficient (default 0)" },
+    { "z_loss_coeff",    "num",  "router z-loss coefficient (default 0)" },
+    { "topk_scaling_factor", "num?", "factor of the chosen probabilities; nil = none" },
+    { "score_function",  "str",  "softmax (default) or sigmoid" },
+    { "num_groups",      "int?", "group-limited routing: expert groups; nil = none" },
+    { "group_topk",      "int?", "group-limited routing: groups a token may use" },
+    { "load_balancing",  "str",  "aux_loss (per micro-batch; default), seq_aux_loss (per " ..
+                                 "sequence, averaged) or none" },
     { "pre_softmax",     "bool", "softmax over all experts before top-k (default false)" },
     { "capacity_factor", "num?", "token capacity factor; nil = no dropping" },
-    { "bias",            "bool", "expert fc/proj have biases (default true; needs ETP 1)" },
+    { "drop_policy",     "str",  "which choices an expert keeps beyond the capacity: probs " ..
+                                 "(the highest probabilities; default) or position (the " ..
+                                 "earliest rows)" },
+    { "pad_to_capacity", "bool", "every expert gets exactly its capacity of rows, padded " ..
+                                 "with zero-probability rows (default false)" },
+    { "bias",            "bool", "router and expert biases = the model's bias (needs ETP 1)" },
     { "line",            "int",  "line of the moe{ } call in the model file" },
     { "lines",           "map",  "key -> line of that key in the model file" },
 })
@@ -109,6 +121,8 @@ record("Model", {
     { "init_std",    "num",  "init standard deviation (default 0.02)" },
     { "vocab_pad",   "int",  "pad vocab to a multiple of vocab_pad*TP (default 128)" },
     { "moe",         "Moe?", "mixture of experts in every MLP; nil = dense" },
+    { "bias",        "bool", "linear layers have biases (gpt: add_bias_linear, default true; " ..
+                             "llama: false)" },
     { "arch",        "str",  "gpt (GPT-2: LayerNorm, GELU, learned positions, biases) or " ..
                              "llama (RMSNorm, SwiGLU, rotary positions, no biases)" },
     { "kv_heads",    "int",  "key/value heads (grouped-query attention); = heads for gpt" },
@@ -135,6 +149,14 @@ record("Config", {
     { "axes",         "array", "order with size-1 axes Megatron appends: 5 names" },
     { "first_layers", "int?",  "layers on the first stage (uneven split); nil = even" },
     { "last_layers",  "int?",  "layers on the last stage (uneven split); nil = even" },
+    { "account_embedding", "bool", "the even split counts the embedding as a layer of " ..
+                                   "(stage 0, chunk 0) (Megatron's account_for_embedding_" ..
+                                   "in_pipeline_split)" },
+    { "account_loss", "bool",  "the even split counts the loss as a layer of the last chunk" },
+    { "layout",       "str?",  "Megatron's pipeline_model_parallel_layout as given " ..
+                               "(\"E|t*4|t*4|L\"); nil = the split above" },
+    { "mb_group",     "int?",  "interleaved schedule: micro-batches per group (N, default " ..
+                               "P); nil without it" },
     { "mbs",          "int",   "micro-batch size" },
     { "nmb",          "int",   "micro-batches per step (M)" },
     { "seq",          "int",   "training sequence length (<= model.seq_len)" },
@@ -190,7 +212,8 @@ record("Topology", {
 record("Chunk", {
     { "vp",        "int",  "virtual chunk index on the stage" },
     { "first",     "int",  "first global layer (0-based)" },
-    { "count",     "int",  "layers in this chunk (first .. first+count-1)" },
+    { "count",     "int",  "layers in this chunk (first .. first+count-1); may be 0 " ..
+                           "(a layout's embedding- or loss-only chunk)" },
     { "embedding", "bool", "holds wte/wpe (stage 0, chunk 0)" },
     { "head",      "bool", "holds ln_f, the LM head and the loss (last stage, last chunk)" },
 })

@@ -1,8 +1,10 @@
 -- partition.lua: which layers each pipeline stage and virtual chunk builds
 -- (docs/megatron.md §2: get_num_layers_to_build / get_transformer_layer_offset).
--- partition.build(cfg, topo) -> Partition. Even split, uneven first/last stage, and interleaved
+-- partition.build(cfg, topo) -> Partition. Even split (optionally counting the embedding and
+-- the loss as layers), uneven first/last stage, a custom layout string, and interleaved
 -- chunks; the embedding sits on (stage 0, chunk 0), ln_f + head + loss on (last stage, last
--- chunk). Sizes were validated by config.lua; here a violated rule is a generator bug. Pure.
+-- chunk). A chunk may hold no layer (a layout's "E|t*4|t*4|L"): it passes its input on.
+-- Sizes were validated by config.lua; here a violated rule is a generator bug. Pure.
 
 local ir = require("ir")
 
@@ -11,7 +13,7 @@ local M = {}
 -- Layers of every (stage, chunk): result[p+1][v+1] = {first = 0-based layer, count = n}.
 -- f / l: layers on the first / last stage (nil = even split). acc_embedding / acc_loss:
 -- Megatron's account_for_{embedding,loss}_in_pipeline_split (a pseudo-layer slot each; only
--- with the even split). Not reachable from the command line; the 2(a) examples test them.
+-- with the even split): --account-embedding, --account-loss.
 function M.split(L, P, V, f, l, acc_embedding, acc_loss)
     local out = {}
     if f or l then
@@ -57,10 +59,88 @@ function M.split(L, P, V, f, l, acc_embedding, acc_loss)
     return out
 end
 
+-- -- Custom layouts (Megatron's --pipeline-model-parallel-layout) ----------------------------
+
+M.LAYOUT_MAX = 1 << 20          -- most characters a layout may expand to
+
+-- What each layout character places (Megatron's char2layer_type). ORDER LAYOUT_CHARS.
+M.LAYOUT_CHARS = { E = "embedding", t = "transformer layer", m = "MTP layer", L = "loss" }
+
+--[[
+** Parse a layout string with Megatron's grammar (PipelineParallelLayerLayout.parse_str_to_list):
+** commas are cosmetic and dropped; "(body)*n" repeats body n times (body: no ')'), then "x*n"
+** repeats the character before '*'; '|' separates virtual stages; every character left is
+** one of E, t, m, L. Returns the list of virtual stages in string order, each
+** { E = n, t = n, m = n, L = n, text = "Et*2" }, or nil and a message (no location).
+]]
+function M.parse_layout(str)
+    local s, long = str:gsub(",", ""), false
+    local function rep(body, n)
+        n = tonumber(n)
+        if not n or #body * n > M.LAYOUT_MAX then
+            long = true
+            return ""
+        end
+        return body:rep(n)
+    end
+    s = s:gsub("%(([^)]+)%)%*(%d+)", rep)
+    s = s:gsub("(.)%*(%d+)", rep)
+    if long or #s > M.LAYOUT_MAX then
+        return nil, ("expands to more than %d characters"):format(M.LAYOUT_MAX)
+    end
+    local stages = {}
+    for part in (s .. "|"):gmatch("([^|]*)|") do
+        local st = { E = 0, t = 0, m = 0, L = 0 }
+        for ch in part:gmatch(".") do
+            if not M.LAYOUT_CHARS[ch] then
+                return nil, ("has an unknown layer character '%s' in virtual stage %d ('%s'; " ..
+                    "known: E embedding, t transformer layer, m MTP layer, L loss, with | " ..
+                    "between stages, (..)*n and x*n for repeats)"):format(ch, #stages, part)
+            end
+            st[ch] = st[ch] + 1
+        end
+        st.text = part
+        stages[#stages + 1] = st
+    end
+    return stages
+end
+
+-- Short text of a parsed virtual stage: "E t2", "t4", "t1 L", "empty".
+function M.stage_text(st)
+    local w = {}
+    if st.E > 0 then w[#w + 1] = "E" end
+    if st.t > 0 then w[#w + 1] = "t" .. st.t end
+    if st.m > 0 then w[#w + 1] = "m" .. st.m end
+    if st.L > 0 then w[#w + 1] = "L" end
+    return #w > 0 and table.concat(w, " ") or "empty"
+end
+
+-- Layers of every (stage, chunk) from a parsed layout (validated): virtual stage s is chunk
+-- s // P of stage s % P, and the transformer layers are numbered in string order. Same shape
+-- as M.split.
+function M.layout_split(stages, P)
+    local out, first = {}, 0
+    for p = 1, P do out[p] = {} end
+    for s, st in ipairs(stages) do
+        local p, v = (s - 1) % P, (s - 1) // P
+        out[p + 1][v + 1] = { first = first, count = st.t }
+        first = first + st.t
+    end
+    return out
+end
+
 function M.build(cfg, topo)
     local P, V = cfg.pp, cfg.vp
     assert(topo.sizes.pp == P)
-    local split = M.split(cfg.model.layers, P, V, cfg.first_layers, cfg.last_layers)
+    local split
+    if cfg.layout then
+        local stages = assert(M.parse_layout(cfg.layout))
+        assert(#stages == P * V, "layout: stages")
+        split = M.layout_split(stages, P)
+    else
+        split = M.split(cfg.model.layers, P, V, cfg.first_layers, cfg.last_layers,
+                        cfg.account_embedding, cfg.account_loss)
+    end
     local stages = {}
     for p = 0, P - 1 do
         local chunks, total = {}, 0

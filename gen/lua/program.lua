@@ -62,12 +62,19 @@ function M.sizes(cfg)
         s.nl = moe.experts // cfg.ep
         s.eff_local = moe.ffn_hidden // cfg.etp
         s.efc_local = s.llama and 2 * s.eff_local or s.eff_local   -- w1 | w3
-        s.send_max = s.n_sp * s.K
+        -- the capacity per router call: this rank's n_sp tokens (Megatron's get_capacity of
+        -- apply_router_token_dropping); none when it exceeds them, and padding then sends
+        -- every token to every expert (Megatron's capacity mask is all ones)
+        local cap = moe.capacity_factor and
+                    math.ceil((s.n_sp * s.K / s.E) * moe.capacity_factor)
+        s.capacity = (cap and cap <= s.n_sp) and cap or s.n_sp * s.K
+        s.pad_rows = (cap and moe.pad_to_capacity) and math.min(cap, s.n_sp) or 0
+        s.send_max = math.max(s.n_sp * s.K, s.E * s.pad_rows)
         s.recv_max = s.send_max * cfg.ep
         s.rows_max = s.recv_max * cfg.etp
-        s.counts = (TP * cfg.cp + 1) * s.E + (cfg.etp + 3) * cfg.ep * s.nl
-        s.capacity = moe.capacity_factor and math.ceil((N * s.K / s.E) * moe.capacity_factor)
-                     or N * s.K
+        -- the aux loss's separate token sets: the micro-batch, or each of its B sequences
+        s.aux_seqs = moe.load_balancing == "seq_aux_loss" and s.B or 1
+        s.counts = (TP * cfg.cp + 1) * s.E * s.aux_seqs + (cfg.etp + 3) * cfg.ep * s.nl
     end
     return s
 end
@@ -150,19 +157,43 @@ local function consts(cfg, s, layout)
         int("CFG_EXPERTS_LOCAL", s.nl, "experts per EP rank = EXPERTS/EP")
         int("CFG_EFF", moe.ffn_hidden, "expert MLP width (model.moe.ffn_hidden)")
         int("CFG_EFF_LOCAL", s.eff_local, "expert columns per ETP rank")
-        int("CFG_PRE_SOFTMAX", moe.pre_softmax and 1 or 0,
+        int("CFG_PRE_SOFTMAX", moe.pre_softmax and moe.score_function == "softmax" and 1 or 0,
+            moe.score_function == "sigmoid" and
+            "sigmoid scores (score_function): pre_softmax does not apply" or
             "1: softmax over all, then top-k; 0: softmax of the k")
-        int("CFG_MOE_BIAS", moe.bias and 1 or 0, "expert biases (model.moe.bias)")
-        float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * (s.B * s.seq) ^ 2),
-              "coeff*E/(K*(B*SEQ)^2): aux = this * sum_e scores_e * count_e")
+        int("CFG_MOE_BIAS", moe.bias and 1 or 0, "router and expert biases (add_bias_linear)")
+        local lb = moe.load_balancing
+        if lb == "seq_aux_loss" then
+            float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * s.seq ^ 2 * s.B),
+                  "coeff*E/(K*SEQ^2*B): aux = this * sum over (sequence, e) of scores * count")
+        else
+            float("CFG_AUX_SCALE", lb == "none" and 0.0 or
+                  moe.aux_loss_coeff * s.E / (s.K * (s.B * s.seq) ^ 2), lb == "none" and
+                  "load_balancing none: no aux loss" or
+                  "coeff*E/(K*(B*SEQ)^2): aux = this * sum_e scores_e * count_e")
+        end
+        int("CFG_AUX_SEQS", s.aux_seqs, s.aux_seqs > 1 and
+            "seq_aux_loss: an aux loss per sequence, B of them" or "one aux loss per micro-batch")
+        int("CFG_GROUPS", moe.num_groups or 1,
+            "expert groups of group-limited routing (num_groups; 1: none)")
+        int("CFG_GROUP_TOPK", moe.group_topk or 1, "groups a token may use (group_topk)")
+        float("CFG_TOPK_SCALE", moe.topk_scaling_factor or 1.0,
+              "factor of the chosen probabilities (topk_scaling_factor; 1: none)")
+        float("CFG_Z_SCALE", moe.z_loss_coeff / (s.B * s.seq),
+              "z_loss_coeff/(B*SEQ): z-loss = this * sum over the tokens of logsumexp^2")
         float("CFG_AUX_GRAD", cfg.cp / cfg.nmb, cfg.cp > 1 and
               "the aux loss's share of the objective, CP/NMB: a micro-batch's aux loss spans " ..
               "the cp ranks, whose gradients the dp-cp mean divides by CP" or
               "the aux loss's share of the objective: 1/NMB")
-        int("CFG_CAPACITY", s.capacity, moe.capacity_factor and
-            "assignments an expert keeps per micro-batch = ceil(N*K/EXPERTS * capacity_factor)"
-            or "no capacity limit: N*TOPK")
-        int("CFG_MOE_SEND_MAX", s.send_max, "rows this rank sends at most = N_SP*TOPK")
+        int("CFG_CAPACITY", s.capacity, s.capacity < s.n_sp * s.K and
+            "choices an expert keeps of this rank's = ceil(N_SP*TOPK/EXPERTS * capacity_factor)"
+            or "no capacity limit: N_SP*TOPK")
+        int("CFG_DROP_PROBS", moe.drop_policy == "probs" and 1 or 0,
+            "beyond the capacity keep 1: the highest probabilities, 0: the earliest rows")
+        int("CFG_PAD_ROWS", s.pad_rows,
+            "rows per expert with pad_to_capacity = min(capacity, N_SP); 0: no padding")
+        int("CFG_MOE_SEND_MAX", s.send_max,
+            "rows this rank sends at most = max(N_SP*TOPK, EXPERTS*PAD_ROWS)")
         int("CFG_MOE_RECV_MAX", s.recv_max, "rows it receives at most = SEND_MAX*EP")
         int("CFG_MOE_ROWS_MAX", s.rows_max, "rows at its experts at most = RECV_MAX*ETP")
         int("CFG_MOE_COUNTS", s.counts, "ints of count exchanges")
@@ -219,7 +250,8 @@ local function roles(cfg)
                 end
                 if p.expert_id then name = name:gsub("%.experts%.%d+%.", ".experts.%%d.") end
                 local init, std = "NORMAL", m.init_std
-                if r:match("bias$") then init, std = "ZERO", 0.0
+                if r == "mlp.router.bias" then init = "NORMAL"   -- Megatron: init_method
+                elseif r:match("bias$") then init, std = "ZERO", 0.0
                 elseif r:match("^ln_") or r:match("norm%.weight$") then init, std = "ONE", 0.0
                 elseif r:match("c_proj%.weight$") or r:match("o_proj%.weight$") or
                        r:match("down_proj%.weight$") or r:match("w2%.weight$") then
@@ -473,7 +505,7 @@ local FIELD = {
     ["ln_2.weight"] = "LN2_W", ["ln_2.bias"] = "LN2_B",
     ["mlp.c_fc.weight"] = "FC_W", ["mlp.c_fc.bias"] = "FC_B",
     ["mlp.c_proj.weight"] = "MLP_PROJ_W", ["mlp.c_proj.bias"] = "MLP_PROJ_B",
-    ["mlp.router.weight"] = "ROUTER_W",
+    ["mlp.router.weight"] = "ROUTER_W", ["mlp.router.bias"] = "ROUTER_B",
     ["mlp.experts.c_fc.weight"] = "EXPERT_FC_W", ["mlp.experts.c_fc.bias"] = "EXPERT_FC_B",
     ["mlp.experts.c_proj.weight"] = "EXPERT_PROJ_W", ["mlp.experts.c_proj.bias"] = "EXPERT_PROJ_B",
     -- llama (Hugging Face LlamaForCausalLM, MixtralForCausalLM names)
@@ -488,16 +520,29 @@ local FIELD = {
     ["block_sparse_moe.experts.w3.weight"] = "EXPERT_UP_W",
 }
 
--- "embedding, layers 0..3 | layers 8..11, head + loss": what each chunk of a stage holds.
+-- "layer 3", "layers 0..3", "layers 3..0" (backward), "no layers".
+local function layers_text(ch, backward)
+    if ch.count == 0 then return "no layers" end
+    if ch.count == 1 then return "layer " .. ch.first end
+    local a, b = ch.first, ch.first + ch.count - 1
+    if backward then a, b = b, a end
+    return string.format("layers %d..%d", a, b)
+end
+
+-- "embedding, layers 0..3 | layers 8..11, head + loss": what each chunk of a stage holds
+-- ("embedding | ..." when a chunk holds no layers but the embedding or the head).
+local function chunk_text(c, backward, head_text)
+    local w = {}
+    if c.embedding and not backward then w[#w + 1] = "embedding" end
+    if c.count > 0 or not (c.embedding or c.head) then w[#w + 1] = layers_text(c, backward) end
+    if c.head and head_text then w[#w + 1] = head_text end
+    if c.embedding and backward then w[#w + 1] = "embedding" end
+    return table.concat(w, ", ")
+end
+
 function M.stage_title(st)
     local parts = {}
-    for _, c in ipairs(st.chunks) do
-        local t = c.count == 1 and ("layer " .. c.first)
-            or string.format("layers %d..%d", c.first, c.first + c.count - 1)
-        if c.embedding then t = "embedding, " .. t end
-        if c.head then t = t .. ", head + loss" end
-        parts[#parts + 1] = t
-    end
+    for _, c in ipairs(st.chunks) do parts[#parts + 1] = chunk_text(c, false, "head + loss") end
     return table.concat(parts, " | ")
 end
 
@@ -648,7 +693,7 @@ local function tensor_tables(cfg, st, classes, role_index)
             bases[j + 1] = b
         end
         local rows, prows = {}, {}
-        for r, p in ipairs(by_layer[0]) do
+        for r, p in ipairs(by_layer[0] or {}) do   -- none in a chunk without layers
             local w = at[p.name]
             rows[r] = param_rec(p, w, role_index, w.offset - bases[1][w.buf + 1], nl)
             for _, pc in ipairs(p.pieces) do prows[#prows + 1] = piece_rec(p, pc, r - 1) end
@@ -723,7 +768,8 @@ local MEMS = {
     { "ML_XE", "A", "(ROWS_MAX, C) expert inputs" }, { "ML_PE", "F", "(ROWS_MAX)" },
     { "ML_FC", "A", "(ROWS_MAX, EFF_LOCAL)", "(ROWS_MAX, 2 EFF_LOCAL) w1 | w3 outputs" },
     { "ML_H", "A", "(ROWS_MAX, EFF_LOCAL)" },
-    { "ML_AUXG", "F", "(EXPERTS)" },
+    { "ML_AUXG", "F", "(AUX_SEQS, EXPERTS)" }, { "ML_ZG", "F", "(N_SP) d(z-loss)/d(logsumexp)" },
+    { "ML_SSUM", "F", "(N_SP) sigmoid scores: the sum of the row's sigmoids + 1e-20" },
     { "C_X", "A", "(N_SP, C) the chunk's input" }, { "C_DY", "A", "(N_SP, C) its gradient" },
     { "C_TOKENS", "I", "(N) token ids" },
     { "H_LNF", "A", "(N_SP, C) ln_f output" }, { "H_LNF_MEAN", "F", "(N_SP)" },
@@ -753,8 +799,7 @@ local MEMS = {
     { "MS_YS", "A", "(SEND_MAX, C)" }, { "MS_DPE", "F", "(ROWS_MAX)" }, { "MS_DPG", "F", "(ROWS_MAX)" },
     { "MS_DPR", "F", "(RECV_MAX)" }, { "MS_DPS", "F", "(SEND_MAX)" },
     { "MS_DPROB", "F", "(N_SP, TOPK)" }, { "MS_DLOGITS", "A", "(N_SP, EXPERTS)" },
-    { "MS_COLSUM", "F", "(EXPERTS)" }, { "MS_COUNTS", "I", "(MOE_COUNTS)" },
-    { "MS_PIDX", "I", "(SEND_MAX)" },
+    { "MS_COLSUM", "F", "(AUX_SEQS, EXPERTS)" }, { "MS_COUNTS", "I", "(MOE_COUNTS)" },
     { "X_LOSS", "F", "(NMB) loss sums per micro-batch" },
     { "X_STAT", "F", "(tensors + 3) norm pieces, then dense | experts | total" },
     { "X_SP_PACK", "F", "packed sequence-parallel gradients" },
@@ -824,15 +869,17 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
             ML_SCORES = s.n_sp * E, ML_PROB = s.n_sp * K, ML_SEL = s.n_sp * K, ML_POS = s.n_sp * K,
             ML_SEND_TOK = s.send_max, ML_ORDER = s.rows_max, ML_UNORDER = s.rows_max,
             ML_XE = s.rows_max * C, ML_PE = s.rows_max, ML_FC = s.rows_max * s.efc_local,
-            ML_H = s.rows_max * s.eff_local, ML_AUXG = E,
+            ML_H = s.rows_max * s.eff_local, ML_AUXG = E * s.aux_seqs,
+            ML_ZG = cfg.model.moe.z_loss_coeff > 0 and s.n_sp or nil,
+            ML_SSUM = cfg.model.moe.score_function == "sigmoid" and s.n_sp or nil,
             MS_LOGITS = s.n_sp * E, MS_XS = s.send_max * C, MS_PS = s.send_max,
             MS_XR = s.recv_max * C, MS_PR = s.recv_max, MS_XG = s.rows_max * C,
             MS_PG = s.rows_max, MS_ACT = s.rows_max * s.eff_local, MS_YE = s.rows_max * C,
             MS_DFC = s.llama and s.rows_max * s.efc_local or nil,
             MS_YG = s.rows_max * C, MS_YR = s.recv_max * C, MS_YS = s.send_max * C,
             MS_DPE = s.rows_max, MS_DPG = s.rows_max, MS_DPR = s.recv_max, MS_DPS = s.send_max,
-            MS_DPROB = s.n_sp * K, MS_DLOGITS = s.n_sp * E, MS_COLSUM = E,
-            MS_COUNTS = s.counts, MS_PIDX = s.send_max,
+            MS_DPROB = s.n_sp * K, MS_DLOGITS = s.n_sp * E, MS_COLSUM = E * s.aux_seqs,
+            MS_COUNTS = s.counts,
         }) do size[k] = m1(v) end
     end
     local abytes = cfg.bf16 and 2 or 4
@@ -936,13 +983,6 @@ local HEADER = { warmup = "warm-up: forward passes only",
                  steady = "steady state: one forward, one backward",
                  cooldown = "cool-down: backward passes only" }
 
-local function layers_text(ch, backward)
-    if ch.count == 1 then return "layer " .. ch.first end
-    local a, b = ch.first, ch.first + ch.count - 1
-    if backward then a, b = b, a end
-    return string.format("layers %d..%d", a, b)
-end
-
 -- The schedule of stage r as Ops: F and B with the library calls and their collectives, X
 -- with the messages, SECTION markers between phases.
 local function schedule_ops(cfg, s, st, stage_sched, slots, r)
@@ -962,13 +1002,15 @@ local function schedule_ops(cfg, s, st, stage_sched, slots, r)
                 calls[#calls + 1] = ir.Call { op = op, layer = j, global = j and ch.first + j,
                                               comm = call_comm(cfg, s, op) }
             end
-            local what = layers_text(ch, not fwd)
+            local what = chunk_text(ch, not fwd, fwd and "head + loss (and its backward)")
+            if ch.count == 0 and not (ch.embedding or (ch.head and fwd)) then
+                what = fwd and "no layers (its input is its output)"
+                    or "no layers (its output's gradient is its input's)"
+            end
             if fwd then
                 if ch.embedding then add("embedding_fwd") end
                 for j = 0, ch.count - 1 do add("layer_fwd", j) end
                 if ch.head then add("head_fwd_bwd") end
-                if ch.embedding then what = "embedding, " .. what end
-                if ch.head then what = what .. ", head + loss (and its backward)" end
             else
                 -- full recompute: each group's forward again, then its backward
                 local _, groups = M.recompute_plan(cfg, ch.count)
@@ -982,7 +1024,6 @@ local function schedule_ops(cfg, s, st, stage_sched, slots, r)
                     add("layer_bwd", j)
                 end
                 if ch.embedding then add("embedding_bwd") end
-                if ch.embedding then what = what .. ", embedding" end
             end
             local comm = {}
             for _, c in ipairs(calls) do append(comm, c.comm) end

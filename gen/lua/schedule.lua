@@ -260,13 +260,14 @@ function M.check_sizes(P, V, Mb, N)
         if P < 2 then
             errs[#errs + 1] = { msg = ("VP (%d) needs PP > 1: the interleaved schedule "
                 .. "runs virtual chunks across pipeline stages"):format(V) }
-        elseif Mb < N then
-            errs[#errs + 1] = { msg = ("the interleaved schedule needs at least PP (%d) "
-                .. "micro-batches per step, got NMB=%d; raise NMB to a multiple of %d")
-                :format(P, Mb, P) }
-        elseif Mb % N ~= 0 then
-            errs[#errs + 1] = { msg = ("the interleaved schedule needs NMB (%d) divisible by "
-                .. "PP (%d); use NMB=%d or NMB=%d"):format(Mb, P, Mb - Mb % N, Mb - Mb % N + N) }
+        elseif N < P or N > Mb then
+            errs[#errs + 1] = { msg = ("the micro-batch group (%d) must be between PP (%d) "
+                .. "and NMB (%d): Megatron requires the contiguous micro-batches of a virtual "
+                .. "stage to range in [PP, NMB]"):format(N, P, Mb) }
+        elseif Mb % N ~= 0 and Mb % N < P then
+            errs[#errs + 1] = { msg = ("NMB (%d) %% the micro-batch group (%d) = %d must be 0 "
+                .. "or at least PP (%d): a shorter last group leaves dependency bubbles")
+                :format(Mb, N, Mb % N, P) }
         end
     end
     if #errs > 0 then diag.raise(errs) end

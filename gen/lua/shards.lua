@@ -164,22 +164,24 @@ local function layer_params(cfg, i, ctx, out)
         replicated(which .. ".weight", { C })
         replicated(which .. ".bias", { C })
     end
+    local b = m.bias                            -- add_bias_linear: every linear layer's bias
     norm("ln_1")
     add(row(h .. "attn.c_proj.weight", { C, C }, T, t), "attn.c_proj.weight")
-    replicated("attn.c_proj.bias", { C })
+    if b then replicated("attn.c_proj.bias", { C }) end
     add(column(h .. "attn.c_attn.weight", { C, 3 * C }, T, t, 3), "attn.c_attn.weight")
-    add(column(h .. "attn.c_attn.bias", { 3 * C }, T, t, 3), "attn.c_attn.bias")
+    if b then add(column(h .. "attn.c_attn.bias", { 3 * C }, T, t, 3), "attn.c_attn.bias") end
     norm("ln_2")
     local moe = m.moe
     if not moe then
         local F = m.ffn_hidden
         add(column(h .. "mlp.c_fc.weight", { C, F }, T, t), "mlp.c_fc.weight")
-        add(column(h .. "mlp.c_fc.bias", { F }, T, t), "mlp.c_fc.bias")
+        if b then add(column(h .. "mlp.c_fc.bias", { F }, T, t), "mlp.c_fc.bias") end
         add(row(h .. "mlp.c_proj.weight", { F, C }, T, t), "mlp.c_proj.weight")
-        replicated("mlp.c_proj.bias", { C })
+        if b then replicated("mlp.c_proj.bias", { C }) end
         return
     end
     replicated("mlp.router.weight", { moe.experts, C })
+    if moe.bias then replicated("mlp.router.bias", { moe.experts }) end
     local Fe, Te, te = moe.ffn_hidden, cfg.etp, ctx.etp
     local nl = moe.experts // cfg.ep
     for x = ctx.ep * nl, ctx.ep * nl + nl - 1 do

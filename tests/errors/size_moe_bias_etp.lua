@@ -1,4 +1,4 @@
--- expert biases (the default) with expert tensor parallelism
+-- biases (add_bias_linear, the default: the router's and the experts' too) with ETP 2
 return gpt {
     layers = 4,
     hidden = 64,

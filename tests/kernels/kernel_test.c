@@ -1320,6 +1320,7 @@ static void test_sumsq(void)                        /* f32 only */
         char size[32];
         snprintf(size, sizeof size, "n%zu", n);
         float *x = frand(n, -2, 2), *nan = fconst(1, NAN);
+        x[0] = 2.0f;        /* a large first element whatever the stream: skipping it shows */
         float *d_x = dev_copy(x, n * 4), *d_out = dev_copy(nan, 4);
         sumsq(d_out, d_x, n);
         float *got = down(d_out, 1);
@@ -1351,7 +1352,8 @@ static void test_route_case(int N, int E, int k, int pre)
     float *d_logits = dev_copy(logits, (size_t)N * E * 4);
     int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
     float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
-    moe_route(d_sel, d_prob, d_scores, d_logits, N, E, k, pre);
+    const float c = k > 1 ? 2.5f : 1.0f;          /* topk_scaling_factor */
+    moe_route(d_sel, d_prob, d_scores, NULL, d_logits, N, E, k, pre, c, 1, 1);
     int *sel = xmalloc((size_t)N * k * sizeof(int));
     rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
     float *prob = down(d_prob, (size_t)N * k), *scores = down(d_scores, (size_t)N * E);
@@ -1380,19 +1382,25 @@ static void test_route_case(int N, int E, int k, int pre)
         double ps = 0;
         for (int j = 0; j < k; j++) ps += exp(z[rsel[j]] - z[rsel[0]]);
         for (int j = 0; j < k; j++)
-            rprob[(size_t)n * k + j] = pre ? rscores[(size_t)n * E + rsel[j]]
-                                           : exp(z[rsel[j]] - z[rsel[0]]) / ps;
+            rprob[(size_t)n * k + j] = c * (pre ? rscores[(size_t)n * E + rsel[j]]
+                                               : exp(z[rsel[j]] - z[rsel[0]]) / ps);
     }
     check(label("moe_route", "prob", size), prob, rprob, (size_t)N * k, -1, F32_RTOL);
     check(label("moe_route", "scores", size), scores, rscores, (size_t)N * E, -1, F32_RTOL);
     keep(label("moe_route", "prob", size), prob, (size_t)N * k);
     keep(label("moe_route", "scores", size), scores, (size_t)N * E);
 
-    /* the backward in this pass's dtype, from the kernel's own f32 routing state */
-    float *dprob = frand((size_t)N * k, -1, 1), *auxg = frand((size_t)E, -0.1f, 0.1f);
-    float *d_dprob = dev_copy(dprob, (size_t)N * k * 4), *d_auxg = dev_copy(auxg, (size_t)E * 4);
+    /* the backward in this pass's dtype, from the kernel's own f32 routing state, with a
+    ** z-loss gradient zg per row and per-sequence aux gradients (period 3: rows n % 3) */
+    const int P = 3;
+    float *dprob = frand((size_t)N * k, -1, 1), *auxg = frand((size_t)P * E, -0.1f, 0.1f);
+    float *zg = frand((size_t)N, -0.1f, 0.1f);
+    float *d_dprob = dev_copy(dprob, (size_t)N * k * 4);
+    float *d_auxg = dev_copy(auxg, (size_t)P * E * 4);
+    float *d_zg = dev_copy(zg, (size_t)N * 4);
     void *d_dl = dev_st_nan((size_t)N * E);
-    moe_route_bwd(d_dl, d_dprob, d_prob, d_scores, d_sel, d_auxg, N, E, k, pre, dt);
+    moe_route_bwd(d_dl, d_dprob, d_prob, d_scores, NULL, d_sel, d_auxg, P, d_zg, N, E, k, pre,
+                  c, dt);
     float *dl = down_st(d_dl, (size_t)N * E);
     double *rdl = xmalloc((size_t)N * E * 8), *ds = xmalloc((size_t)E * 8);
     for (int n = 0; n < N; n++) {
@@ -1401,20 +1409,139 @@ static void test_route_case(int N, int E, int k, int pre)
         const int *se = sel + (size_t)n * k;
         double dot = 0, pd = 0;
         for (int e = 0; e < E; e++) {
-            ds[e] = auxg[e];
-            for (int j = 0; j < k && pre; j++) ds[e] += se[j] == e ? dp[j] : 0;
+            ds[e] = auxg[(size_t)(n % P) * E + e];
+            for (int j = 0; j < k && pre; j++) ds[e] += se[j] == e ? c * dp[j] : 0;
             dot += s[e] * ds[e];
         }
-        for (int j = 0; j < k; j++) pd += (double)p[j] * dp[j];
-        for (int e = 0; e < E; e++) rdl[(size_t)n * E + e] = s[e] * (ds[e] - dot);
+        for (int j = 0; j < k; j++) pd += (double)p[j] * dp[j] / c;
+        for (int e = 0; e < E; e++) rdl[(size_t)n * E + e] = s[e] * (ds[e] - dot + zg[n]);
         for (int j = 0; j < k && !pre; j++) rdl[(size_t)n * E + se[j]] += p[j] * (dp[j] - pd);
     }
     check_st(label("moe_route_bwd", "dlogits", size), dl, rdl, (size_t)N * E, -1, F32_RTOL);
     keep(label("moe_route_bwd", "dlogits", size), dl, (size_t)N * E);
     free(logits); free(sel); free(prob); free(scores); free(rprob); free(rscores); free(dprob);
-    free(auxg); free(dl); free(rdl); free(ds);
+    free(auxg); free(zg); free(dl); free(rdl); free(ds);
     rt_free(d_logits); rt_free(d_sel); rt_free(d_prob); rt_free(d_scores); rt_free(d_dprob);
-    rt_free(d_auxg); rt_free(d_dl);
+    rt_free(d_auxg); rt_free(d_zg); rt_free(d_dl);
+}
+
+/* moe_route with group-limited routing: E experts in G groups, the top k from the g best
+** groups (a group's score: the sum of its k/g largest logits, or softmax scores with pre);
+** the choices against a double-precision selection. */
+static void test_route_group_case(int N, int E, int k, int G, int g, int pre)
+{
+    char size[48];
+    snprintf(size, sizeof size, "N%dE%dk%dG%dg%d%s", N, E, k, G, g, pre ? "_pre" : "");
+    float *logits = frand((size_t)N * E, -2, 2);
+    float *d_logits = dev_copy(logits, (size_t)N * E * 4);
+    int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
+    float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
+    moe_route(d_sel, d_prob, d_scores, NULL, d_logits, N, E, k, pre, 1.0f, G, g);
+    int *sel = xmalloc((size_t)N * k * sizeof(int));
+    rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
+    float *scores = down(d_scores, (size_t)N * E);
+    int W = E / G, m = k / g, bad = 0;
+    for (int n = 0; n < N && !bad; n++) {
+        const float *z = logits + (size_t)n * E;
+        const float *v = pre ? scores + (size_t)n * E : z;     /* the kernel's own scores */
+        double gs[64];
+        int ok[64], rsel[16];
+        for (int q = 0; q < G; q++) {
+            gs[q] = 0;
+            for (int e = q * W; e < (q + 1) * W; e++) {
+                int rank = 0;
+                for (int f = q * W; f < (q + 1) * W; f++)
+                    rank += v[f] > v[e] || (v[f] == v[e] && f < e);
+                if (rank < m) gs[q] += v[e];
+            }
+        }
+        for (int q = 0; q < G; q++) {
+            int rank = 0;
+            for (int h = 0; h < G; h++) rank += gs[h] > gs[q] || (gs[h] == gs[q] && h < q);
+            ok[q] = rank < g;
+        }
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = !ok[e / W];
+                for (int i = 0; i < j; i++) taken |= rsel[i] == e;
+                if (!taken && (best < 0 || z[e] > z[best])) best = e;
+            }
+            rsel[j] = best;
+            if (sel[(size_t)n * k + j] != best) {
+                printf("  moe_route.%s: row %d choice %d is expert %d, not %d\n", size, n, j,
+                       sel[(size_t)n * k + j], best);
+                bad = 1;
+            }
+        }
+    }
+    if (bad) fail("moe_route.%s: wrong experts selected", size);
+    free(logits); free(sel); free(scores);
+    rt_free(d_logits); rt_free(d_sel); rt_free(d_prob); rt_free(d_scores);
+}
+
+/* moe_route with sigmoid scores (Megatron's score function sigmoid), top k, scaling factor c:
+** forward against double sigmoids, backward against the chain rule in double. */
+static void test_route_sigmoid_case(int N, int E, int k)
+{
+    char size[48];
+    snprintf(size, sizeof size, "N%dE%dk%d_sigmoid", N, E, k);
+    float *logits = frand((size_t)N * E, -3, 3);
+    float *d_logits = dev_copy(logits, (size_t)N * E * 4);
+    int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
+    float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
+    float *d_ssum = rt_malloc((size_t)N * 4);
+    const float c = 1.5f;
+    moe_route(d_sel, d_prob, d_scores, d_ssum, d_logits, N, E, k, 0, c, 1, 1);
+    int *sel = xmalloc((size_t)N * k * sizeof(int));
+    rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
+    float *prob = down(d_prob, (size_t)N * k), *scores = down(d_scores, (size_t)N * E);
+    double *rprob = xmalloc((size_t)N * k * 8), *rscores = xmalloc((size_t)N * E * 8);
+    double *sig = xmalloc((size_t)N * E * 8), *rD = xmalloc((size_t)N * 8);
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * E;
+        double D = 1e-20, ps = 0;
+        for (int e = 0; e < E; e++) D += sig[(size_t)n * E + e] = 1.0 / (1.0 + exp(-z[e]));
+        rD[n] = D;
+        for (int e = 0; e < E; e++) rscores[(size_t)n * E + e] = sig[(size_t)n * E + e] / D;
+        const int *se = sel + (size_t)n * k;        /* selection: as the softmax test checks */
+        for (int j = 0; j < k; j++) ps += sig[(size_t)n * E + se[j]];
+        for (int j = 0; j < k; j++)
+            rprob[(size_t)n * k + j] = c * sig[(size_t)n * E + se[j]] / (k > 1 ? ps + 1e-20 : 1);
+    }
+    check(label("moe_route", "prob", size), prob, rprob, (size_t)N * k, -1, F32_RTOL);
+    check(label("moe_route", "scores", size), scores, rscores, (size_t)N * E, -1, F32_RTOL);
+
+    const int P = 2;
+    float *dprob = frand((size_t)N * k, -1, 1), *auxg = frand((size_t)P * E, -0.1f, 0.1f);
+    float *d_dprob = dev_copy(dprob, (size_t)N * k * 4);
+    float *d_auxg = dev_copy(auxg, (size_t)P * E * 4);
+    void *d_dl = dev_st_nan((size_t)N * E);
+    moe_route_bwd(d_dl, d_dprob, d_prob, d_scores, d_ssum, d_sel, d_auxg, P, NULL, N, E, k, 0,
+                  c, dt);
+    float *dl = down_st(d_dl, (size_t)N * E);
+    double *rdl = xmalloc((size_t)N * E * 8);
+    for (int n = 0; n < N; n++) {
+        const double *sg = sig + (size_t)n * E, *s = rscores + (size_t)n * E;
+        const float *dp = dprob + (size_t)n * k, *ag = auxg + (size_t)(n % P) * E;
+        const int *se = sel + (size_t)n * k;
+        double ssel = 0, qd = 0, gs = 0;
+        for (int j = 0; j < k; j++) ssel += sg[se[j]];
+        double den = ssel + 1e-20;
+        for (int j = 0; j < k; j++) qd += sg[se[j]] / den * c * dp[j];
+        for (int e = 0; e < E; e++) gs += ag[e] * s[e];
+        for (int e = 0; e < E; e++) {
+            double dsig = (ag[e] - gs) / rD[n];
+            for (int j = 0; j < k; j++)
+                if (se[j] == e) dsig += k > 1 ? (c * dp[j] - qd) / den : c * dp[j];
+            rdl[(size_t)n * E + e] = dsig * sg[e] * (1 - sg[e]);
+        }
+    }
+    check_st(label("moe_route_bwd", "dlogits", size), dl, rdl, (size_t)N * E, -1, F32_RTOL);
+    free(logits); free(sel); free(prob); free(scores); free(rprob); free(rscores); free(sig);
+    free(rD); free(dprob); free(auxg); free(dl); free(rdl);
+    rt_free(d_logits); rt_free(d_sel); rt_free(d_prob); rt_free(d_scores); rt_free(d_ssum);
+    rt_free(d_dprob); rt_free(d_auxg); rt_free(d_dl);
 }
 
 /* The row movements and row arithmetic of the experts: n rows of C in this pass's dtype. */
@@ -1514,6 +1641,10 @@ static void test_moe(void)
     test_route_case(37, 8, 2, 0);
     test_route_case(37, 8, 2, 1);
     test_route_case(300, 5, 3, 0);                  /* > one CUDA block of rows */
+    test_route_sigmoid_case(37, 8, 2);
+    test_route_group_case(37, 8, 2, 4, 2, 0);
+    test_route_group_case(300, 16, 4, 8, 2, 1);
+    test_route_sigmoid_case(300, 6, 1);
     test_moe_rows_case(37, 23, 2);
     test_moe_rows_case(301, 70, 3);                 /* > one combine block of columns */
     test_moe_rows_case(5, 1, 2);                    /* single values (the probabilities) */

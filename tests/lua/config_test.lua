@@ -57,7 +57,7 @@ T.test("defaults", function()
          { 128, 1e-5, 0.02, 128, 16 }, "model defaults")
     T.ok(m.moe == nil and m.description == nil, "no moe, no description")
     local e = load([[return gpt { layers = 2, hidden = 32, heads = 2, seq_len = 16, vocab = 99,
-                                  ffn_hidden = 48, moe = moe { experts = 4, top_k = 1 } }]]).moe
+                                  ffn_hidden = 48, moe = moe { experts = 4, top_k = 2 } }]]).moe
     T.eq({ e.ffn_hidden, e.aux_loss_coeff, e.pre_softmax, e.bias }, { 48, 0.0, false, true },
          "moe defaults")
     T.ok(e.capacity_factor == nil, "no capacity factor")
@@ -118,7 +118,8 @@ return gpt {
         "m.lua:3: error: hidden must be an integer (got string \"x\")",
         "m.lua:4: error: heads must be an integer (got 4.5)",
         "m.lua:5: error: unknown key 'typo' in gpt{} (known keys: layers, hidden, heads, " ..
-        "seq_len, vocab, ffn_hidden, norm_eps, init_std, vocab_pad, description, moe)",
+        "seq_len, vocab, ffn_hidden, norm_eps, init_std, vocab_pad, description, " ..
+        "add_bias_linear, moe)",
     }, "errors")
     -- size errors are collected too
     local m = load("return gpt { layers = 5, hidden = 48, heads = 6, seq_len = 64, vocab = 256 }")

@@ -140,7 +140,7 @@ local CASES = {
                                       vocab = 50 }, { cp = 2, dp = 3, dist_opt = true } },
     { "moe ep2: expert buffers over expt-dp",
       { layers = 1, hidden = 16, heads = 2, seq_len = 8, vocab = 50,
-        moe = { experts = 4, top_k = 2, bias = false } },
+        add_bias_linear = false, moe = { experts = 4, top_k = 2 } },
       { tp = 2, ep = 2, dp = 4, sp = true, dist_opt = true } },
 }
 

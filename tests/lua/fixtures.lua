@@ -56,7 +56,7 @@ function F.build(fields, opts)
     local topo = topology.build(cfg)
     local part = partition.build(cfg, topo)
     local sh = shards.build(cfg, topo, part)
-    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb)
+    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group)
     local prog = program.supported(cfg) and program.build(cfg, topo, part, sh, sched) or nil
     return cfg, topo, part, sh, sched, prog
 end

@@ -30,10 +30,11 @@ local LAYOUTS = {
     { { layers = 6 }, { pp = 3, first_layers = 1, last_layers = 1, nmb = 3 } },
     { { vocab = 97, hidden = 35, heads = 5, seq_len = 30, layers = 2 },
       { tp = 5, sp = true, dp = 2, dist_opt = true } },
-    { { moe = { experts = 8, top_k = 2, bias = false } }, { tp = 2, dp = 2, ep = 2, sp = true } },
-    { { layers = 8, moe = { experts = 8, top_k = 2, bias = false } },
+    { { add_bias_linear = false, moe = { experts = 8, top_k = 2 } },
+      { tp = 2, dp = 2, ep = 2, sp = true } },
+    { { layers = 8, add_bias_linear = false, moe = { experts = 8, top_k = 2 } },
       { tp = 2, pp = 2, dp = 2, ep = 2, etp = 1, vp = 2, nmb = 2, sp = true, dist_opt = true } },
-    { { moe = { experts = 4, top_k = 1, pre_softmax = true, bias = false } },
+    { { add_bias_linear = false, moe = { experts = 4, top_k = 1, pre_softmax = true } },
       { tp = 2, dp = 2, ep = 2, etp = 2, sp = true } },
 }
 
@@ -377,8 +378,8 @@ end)
 
 T.test("deterministic: two builds give the same program and the same JSON", function()
     local function dump()
-        local _, _, _, _, _, prog = F.build({ layers = 8, moe = { experts = 8, top_k = 2,
-                                                                  bias = false } },
+        local _, _, _, _, _, prog = F.build({ layers = 8, add_bias_linear = false,
+                                              moe = { experts = 8, top_k = 2 } },
                                             { tp = 2, pp = 2, dp = 2, ep = 2, sp = true,
                                               vp = 2, nmb = 2, dist_opt = true })
         return json.encode(prog)

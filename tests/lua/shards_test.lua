@@ -77,9 +77,9 @@ T.test("MoE counts: router and experts replace the MLP", function()
     local model = config.load_model("tiny_moe")
     local _, _, _, sh = build(model, { ep = 2, dp = 2 })
     local C, F, E, L = 64, 128, 8, 4
-    local expert = L * E * (C * F + F * C)          -- no expert biases in tiny_moe
-    -- attention 4C^2 + 4C, two norms 4C, router E*C; then wte, wpe, ln_f
-    local dense = L * (4 * C * C + 4 * C + 4 * C + E * C) + 256 * C + 64 * C + 2 * C
+    local expert = L * E * (C * F + F * C)   -- tiny_moe: add_bias_linear = false, no biases
+    -- attention 4C^2, two norms 4C, router E*C; then wte, wpe, ln_f
+    local dense = L * (4 * C * C + 4 * C + E * C) + 256 * C + 64 * C + 2 * C
     T.eq(sh.unique_expert, expert, "experts")
     T.eq(sh.unique_dense, dense, "dense")
     T.eq(sh.unique, dense + expert, "total")
@@ -162,17 +162,24 @@ T.test("tied wte copy on the last stage when PP > 1", function()
 end)
 
 T.test("reduce groups with SP, CP and experts", function()
-    local model = F.model({ moe = { experts = 4, top_k = 2, bias = false } })
+    local model = F.model({ moe = { experts = 4, top_k = 2 } })     -- biases: ETP 1
     local _, _, _, sh = build(model, { tp = 2, cp = 2, dp = 2, ep = 2, etp = 1, sp = true })
     local c = sh.classes[1]
     T.eq(find(c, "h.0.ln_1.weight").reduce, { "dp-cp", "tp" }, "norm under SP")
     T.eq(find(c, "h.0.attn.c_proj.bias").reduce, { "dp-cp", "tp" }, "row bias under SP")
     T.eq(find(c, "h.0.mlp.router.weight").reduce, { "dp-cp", "tp" }, "router under SP")
+    T.eq(find(c, "h.0.mlp.router.bias").reduce, { "dp-cp", "tp" }, "router bias under SP")
+    T.eq(find(c, "h.0.mlp.experts.0.c_proj.bias").reduce, { "expt-dp" }, "expert bias")
     T.eq(find(c, "h.0.attn.c_attn.weight").reduce, { "dp-cp" }, "column weight")
     T.eq(find(c, "h.0.mlp.experts.0.c_fc.weight").reduce, { "expt-dp" }, "expert")
     T.eq(find(c, "h.0.mlp.experts.0.c_fc.weight").buffer, "expert", "expert buffer")
     -- EP 1 and ETP = TP: expert weights live in the dense buffer (Megatron's allreduce=True)
+    model = F.model({ add_bias_linear = false, moe = { experts = 4, top_k = 2 } })
     local _, _, _, sh2 = build(model, { tp = 2, dp = 2 })
+    for _, name in ipairs({ "h.0.attn.c_attn.bias", "h.0.attn.c_proj.bias", "h.0.mlp.router.bias",
+                            "h.0.mlp.experts.3.c_fc.bias" }) do
+        T.ok(find(sh2.classes[1], name, true) == nil, "add_bias_linear = false: no " .. name)
+    end
     local e = find(sh2.classes[1], "h.0.mlp.experts.3.c_fc.weight")
     T.eq({ e.buffer, e.reduce }, { "dense", { "dp-cp" } }, "EP 1, ETP = TP")
 end)
@@ -311,8 +318,8 @@ T.test("random configurations: pieces tile every tensor", function()
         if moe then
             opts.ep, opts.etp = pick({ 1, 2, 4 }), pick({ 1, 2 })
             opts.sp = (tp > 1 and opts.ep > 1) and true or opts.sp
-            fields.moe = { experts = 8, top_k = 2, ffn_hidden = 24, bias = opts.etp == 1 and
-                           rnd(0, 1) == 1 }
+            fields.moe = { experts = 8, top_k = 2, ffn_hidden = 24 }
+            fields.add_bias_linear = opts.etp == 1 and rnd(0, 1) == 1
         end
         local ok, cfg = pcall(F.config, fields, opts)
         if ok then

@@ -27,7 +27,8 @@ local function singletons(n)
 end
 
 local DENSE = { layers = 8, hidden = 64, heads = 8 }
-local MOE = { layers = 8, hidden = 64, heads = 8, moe = { experts = 8, top_k = 2, bias = false } }
+local MOE = { layers = 8, hidden = 64, heads = 8, add_bias_linear = false,
+              moe = { experts = 8, top_k = 2 } }
 
 -- -- Worked examples -----------------------------------------------------------------------------
 
@@ -288,7 +289,7 @@ local function random_config(rnd)
     local heads = s.tp * 2
     local model = { layers = s.pp * 2, hidden = heads * 4, heads = heads,
                     seq_len = 16 * s.cp * s.tp, vocab = 200 + rnd(0, 100) }
-    if moe then model.moe = { experts = 8, top_k = 2, bias = false } end
+    if moe then model.add_bias_linear, model.moe = false, { experts = 8, top_k = 2 } end
     return model, opts
 end
 
@@ -316,7 +317,7 @@ end)
 
 T.test("a 4096-rank world with every axis", function()
     local cfg, topo = F.build({ layers = 8, hidden = 64, heads = 8, seq_len = 64,
-                                moe = { experts = 8, top_k = 2, bias = false } },
+                                add_bias_linear = false, moe = { experts = 8, top_k = 2 } },
                               { tp = 4, cp = 2, dp = 64, pp = 8, ep = 8, etp = 2, sp = true })
     T.eq(cfg.world, 4096, "world")
     check(cfg, topo)

@@ -9,12 +9,12 @@ return gpt {
     heads   = 4,
     seq_len = 64,
     vocab   = 256,
+    add_bias_linear = false,
     moe = moe {
         experts         = 8,
         top_k           = 2,
         ffn_hidden      = 128,
         aux_loss_coeff  = 0.01,
         capacity_factor = 1.0,
-        bias            = false,
     },
 }

@@ -7,12 +7,12 @@ return gpt {
     heads   = 4,
     seq_len = 64,
     vocab   = 256,
+    add_bias_linear = false,
     moe = moe {
         experts        = 8,
         top_k          = 2,
         ffn_hidden     = 128,
         aux_loss_coeff = 0.01,
         pre_softmax    = true,
-        bias           = false,
     },
 }

@@ -12,11 +12,15 @@ local inspect = require("inspect")
 local shards = require("shards")
 local topology = require("topology")
 
--- tiny_moe's sizes (models/tiny_moe.lua) as fixture fields, with 'moe' overrides.
+-- tiny_moe's sizes (models/tiny_moe.lua) as fixture fields, with 'moe' overrides; 'bias'
+-- (default false) is the model's add_bias_linear.
 local function tiny(moe)
-    local m = { experts = 8, top_k = 2, ffn_hidden = 128, aux_loss_coeff = 0.01, bias = false }
+    local m = { experts = 8, top_k = 2, ffn_hidden = 128, aux_loss_coeff = 0.01 }
     for k, v in pairs(moe or {}) do m[k] = v end
-    return { layers = 4, hidden = 64, heads = 4, seq_len = 64, vocab = 256, moe = m }
+    local bias = m.bias == true
+    m.bias = nil
+    return { layers = 4, hidden = 64, heads = 4, seq_len = 64, vocab = 256,
+             add_bias_linear = bias, moe = m }
 end
 
 local function find_op(t, pass, group, what)
@@ -87,6 +91,18 @@ T.test("traffic: capacity 0.5 halves a balanced load", function()
     cfg = F.config(tiny({ capacity_factor = 1.0 }), { dp = 2, ep = 2, mbs = 2 })
     t = inspect.moe_traffic(cfg)
     T.eq({ t.capacity, t.kept }, { 32, 256 }, "factor 1")
+    -- under SP each tp rank drops among its own 64 tokens: cap = ceil(64*2/8 * 0.5) = 8 of
+    -- its 128 choices' 16 per expert
+    cfg = F.config(tiny({ capacity_factor = 0.5 }), { tp = 2, sp = true, ep = 2, etp = 1,
+                                                      mbs = 2 })
+    t = inspect.moe_traffic(cfg)
+    T.eq({ t.capacity, t.choices, t.kept }, { 8, 128, 64.0 }, "per sequence shard")
+    -- padding sends every expert exactly min(cap, N_SP) rows: factor 1.5 gives cap 24, more
+    -- than the 16 of a balanced load
+    cfg = F.config(tiny({ capacity_factor = 1.5, pad_to_capacity = true }),
+                   { tp = 2, sp = true, ep = 2, etp = 1, mbs = 2 })
+    t = inspect.moe_traffic(cfg)
+    T.eq({ t.capacity, t.kept }, { 24, 8 * 24 }, "padded")
 end)
 
 T.test("traffic: none with EP 1 and ETP 1; nil for a dense model", function()
@@ -160,9 +176,9 @@ end)
 -- -- Parameter counts and memory cover the experts --------------------------------------------
 
 -- Elements of one rank from the formula: per layer, the replicated LayerNorms (4C), attention
--- (3C*C/TP + 3C/TP + C*C/TP + C), the router (E*C), and E/EP experts of c_fc [C, F/ETP] and
--- c_proj [F/ETP, C] (+ F/ETP and C with biases); the first stage adds wte (Vp/TP rows) and wpe,
--- the last ln_f (and the tied wte copy when PP > 1).
+-- (3C*C/TP + C*C/TP, with biases + 3C/TP + C), the router (E*C, with biases + E), and E/EP
+-- experts of c_fc [C, F/ETP] and c_proj [F/ETP, C] (+ F/ETP and C with biases); the first
+-- stage adds wte (Vp/TP rows) and wpe, the last ln_f (and the tied wte copy when PP > 1).
 local function rank_numel(cfg, topo, part, r)
     local m, c = cfg.model, topology.coords(topo, r)
     local C, E, Fe = m.hidden, m.moe.experts, m.moe.ffn_hidden
@@ -170,7 +186,8 @@ local function rank_numel(cfg, topo, part, r)
     local st = part.stages[c.pp + 1]
     local n = 0
     for _, ch in ipairs(st.chunks) do
-        local per = 4 * C + 3 * C * C // TP + 3 * C // TP + C * C // TP + C + E * C
+        local per = 4 * C + 3 * C * C // TP + C * C // TP + E * C
+        if m.bias then per = per + 3 * C // TP + C + E end
         local expert = C * Fe // ETP + Fe // ETP * C
         if m.moe.bias then expert = expert + Fe // ETP + C end
         n = n + ch.count * (per + E // cfg.ep * expert)

@@ -31,7 +31,9 @@ LAYERS=4
 STEPS=6             # as the table's runs
 WARMUP=2
 
-# The reference's flags for the two random inits (tests/ref/README.md "Command line").
+# The reference's flags for the two random inits (tests/ref/README.md "Command line"):
+# tiny_moe has no linear biases (add_bias_linear = false), moe_bias all of them (the router's
+# and the experts' included: Megatron's add_bias_linear = true).
 MOEFLAGS="--experts 8 --top-k 2 --expert-ffn 128 --aux-coeff 0.01"
 # Inits: 'base' (random, seed 7), 'bias' (the same with expert biases), and the edge cases
 # made from 'base' (stedit.lua):
@@ -53,8 +55,10 @@ for i in $(seq 0 $((LAYERS - 1))); do
     edits_idle="$edits_idle set h.$i.mlp.router.weight $((7 * C)) -1"
 done
 # shellcheck disable=SC2086 # flag lists are words
-if ! { $REF $SHAPE $MOEFLAGS --random-init 7 --save-init "$S/base.init.safetensors" &&
-       $REF $SHAPE $MOEFLAGS --expert-bias --random-init 7 --save-init "$S/bias.init.safetensors" &&
+if ! { $REF $SHAPE $MOEFLAGS --no-linear-bias --random-init 7 \
+           --save-init "$S/base.init.safetensors" &&
+       $REF $SHAPE $MOEFLAGS --expert-bias --router-bias --random-init 7 \
+           --save-init "$S/bias.init.safetensors" &&
        build/ref/make_tokens --vocab 256 --tokens 20000 --seed 3 "$S/tokens.bin" &&
        $EDIT edit "$S/base.init.safetensors" "$S/ties.init.safetensors" \
            fill 'h%.%d+%.mlp%.router%.weight' 0 &&

@@ -10,6 +10,7 @@
 #  * the device memory make inspect reports is what the program allocates, and checks;
 #  * make MODEL=gpt3_175b TP=8 PP=8 generates and compiles, CPU and CUDA (SKIP without nvcc).
 # Protocol: tests/lib.sh; scratch in build/test/pipeline/. Run: make test SUITE=pipeline
+# (TABLE=FILE runs FILE in place of tests/pipeline/layouts.txt, for a few rows at a time.)
 . "$(dirname "$0")/../lib.sh" pipeline
 GEN=build/gen
 
@@ -25,7 +26,21 @@ build/ref/make_tokens --vocab 256 --tokens 200000 --seed 11 "$S/tokens.bin" > /d
 build/ref/gpt2_ref --layers 8 --hidden 64 --heads 4 --seq 64 --vocab 256 --random-init 5 \
     --save-init "$S/init.safetensors" > /dev/null || exit 2
 
-equiv tests/pipeline/layouts.txt
+# The table's columns are separated by '|', so its --layout strings write '/' for Megatron's
+# stage separator '|': gen_build gets them back as written on the command line.
+eval "$(declare -f gen_build | sed '1s/^gen_build/lib_gen_build/')"
+gen_build() {
+    local dir=$1 a prev="" args=()
+    shift
+    for a; do
+        [ "$prev" = --layout ] && a=${a//\//|}
+        args+=("$a")
+        prev=$a
+    done
+    lib_gen_build "$dir" "${args[@]}"
+}
+
+equiv "${TABLE:-tests/pipeline/layouts.txt}"
 
 # The tied copies: each layout that kept its resume checkpoints (their names in the table's
 # last block) has the last stage's wte equal to the first stage's, and saves the first's.

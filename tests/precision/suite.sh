@@ -20,7 +20,8 @@ REF=build/ref/gpt2_ref
 $REF --layers 8 --hidden 64 --heads 4 --seq 64 --vocab 256 --random-init 7 \
      --save-init "$S/tiny.init.safetensors" > "$S/ref.log" 2>&1 &&
 $REF --layers 4 --hidden 64 --heads 4 --seq 64 --vocab 256 --experts 8 --top-k 2 \
-     --expert-ffn 128 --aux-coeff 0.01 --random-init 7 --save-init "$S/moe.init.safetensors" \
+     --expert-ffn 128 --aux-coeff 0.01 --no-linear-bias --random-init 7 \
+     --save-init "$S/moe.init.safetensors" \
      >> "$S/ref.log" 2>&1 &&
 build/ref/make_tokens --vocab 256 --tokens 20000 --seed 3 "$S/tiny.bin" >> "$S/ref.log" 2>&1 || {
     fail setup "cannot make the init or token files: $(tail -n 1 "$S/ref.log")"

@@ -85,6 +85,14 @@ static double *view(const ref_model *m, double *base, const char *fmt, int layer
     return view_named(m, base, name);
 }
 
+/* As view, or NULL if the model has no such tensor (biases without add_bias_linear). */
+static double *view_opt(const ref_model *m, double *base, const char *fmt, int layer)
+{
+    char name[REF_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer);
+    return ref_model_find(m, name) ? view_named(m, base, name) : NULL;
+}
+
 /* Expert e of layer l, tensor 'suffix' ("c_fc.weight", "w1.weight", ...), or NULL if the model
 ** has none. */
 static double *expert_view(const ref_model *m, double *base, int l, int e, const char *suffix)
@@ -145,20 +153,21 @@ static void bind_weights(ref_weights *w, const ref_model *m, double *base)
         h->ln_1_w = view(m, base, "h.%d.ln_1.weight", l);
         h->ln_1_b = view(m, base, "h.%d.ln_1.bias", l);
         h->c_attn_w = view(m, base, "h.%d.attn.c_attn.weight", l);
-        h->c_attn_b = view(m, base, "h.%d.attn.c_attn.bias", l);
+        h->c_attn_b = view_opt(m, base, "h.%d.attn.c_attn.bias", l);
         h->attn_proj_w = view(m, base, "h.%d.attn.c_proj.weight", l);
-        h->attn_proj_b = view(m, base, "h.%d.attn.c_proj.bias", l);
+        h->attn_proj_b = view_opt(m, base, "h.%d.attn.c_proj.bias", l);
         h->ln_2_w = view(m, base, "h.%d.ln_2.weight", l);
         h->ln_2_b = view(m, base, "h.%d.ln_2.bias", l);
         int E = m->cfg.moe.experts;
         if (E == 0) {
             h->mlp.c_fc_w = view(m, base, "h.%d.mlp.c_fc.weight", l);
-            h->mlp.c_fc_b = view(m, base, "h.%d.mlp.c_fc.bias", l);
+            h->mlp.c_fc_b = view_opt(m, base, "h.%d.mlp.c_fc.bias", l);
             h->mlp.c_proj_w = view(m, base, "h.%d.mlp.c_proj.weight", l);
-            h->mlp.c_proj_b = view(m, base, "h.%d.mlp.c_proj.bias", l);
+            h->mlp.c_proj_b = view_opt(m, base, "h.%d.mlp.c_proj.bias", l);
             continue;
         }
         h->moe.router_w = view(m, base, "h.%d.mlp.router.weight", l);
+        h->moe.router_b = view_opt(m, base, "h.%d.mlp.router.bias", l);
         h->moe.experts = ref_xcalloc((size_t)E, sizeof(ref_expert));
         for (int e = 0; e < E; e++) {
             ref_expert *x = &h->moe.experts[e];
@@ -240,6 +249,7 @@ static void add_gpt2_tensors(ref_model *m, size_t *off)
     long C = cfg->hidden, V = cfg->vocab, T = cfg->seq, F = cfg->ffn;
     const ref_moe_config *moe = &cfg->moe;
     long E = moe->experts, Fe = moe->ffn;
+    int lb = !cfg->no_linear_bias;
     char name[REF_NAME_MAX];
 
     add_tensor(m, off, "wte.weight", 2, V, C, 1, REF_INIT_NORMAL);
@@ -251,19 +261,30 @@ static void add_gpt2_tensors(ref_model *m, size_t *off)
         LAYER_TENSOR("ln_1.weight", 1, C, 0, 0, REF_INIT_ONE)
         LAYER_TENSOR("ln_1.bias", 1, C, 0, 0, REF_INIT_ZERO)
         LAYER_TENSOR("attn.c_attn.weight", 2, C, 3 * C, 1, REF_INIT_NORMAL)
-        LAYER_TENSOR("attn.c_attn.bias", 1, 3 * C, 0, 0, REF_INIT_ZERO)
+        if (lb) {
+            LAYER_TENSOR("attn.c_attn.bias", 1, 3 * C, 0, 0, REF_INIT_ZERO)
+        }
         LAYER_TENSOR("attn.c_proj.weight", 2, C, C, 1, REF_INIT_OUT_PROJ)
-        LAYER_TENSOR("attn.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+        if (lb) {
+            LAYER_TENSOR("attn.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+        }
         LAYER_TENSOR("ln_2.weight", 1, C, 0, 0, REF_INIT_ONE)
         LAYER_TENSOR("ln_2.bias", 1, C, 0, 0, REF_INIT_ZERO)
         if (E == 0) {
             LAYER_TENSOR("mlp.c_fc.weight", 2, C, F, 1, REF_INIT_NORMAL)
-            LAYER_TENSOR("mlp.c_fc.bias", 1, F, 0, 0, REF_INIT_ZERO)
+            if (lb) {
+                LAYER_TENSOR("mlp.c_fc.bias", 1, F, 0, 0, REF_INIT_ZERO)
+            }
             LAYER_TENSOR("mlp.c_proj.weight", 2, F, C, 1, REF_INIT_OUT_PROJ)
-            LAYER_TENSOR("mlp.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+            if (lb) {
+                LAYER_TENSOR("mlp.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+            }
             continue;
         }
         LAYER_TENSOR("mlp.router.weight", 2, E, C, 1, REF_INIT_NORMAL)
+        if (moe->router_bias) {        /* Megatron initialises it like the weight */
+            LAYER_TENSOR("mlp.router.bias", 1, E, 0, 0, REF_INIT_NORMAL)
+        }
         for (int e = 0; e < E; e++) {
 #define EXPERT_TENSOR(suffix, ndim, d0, d1, decay, init)                        \
             snprintf(name, sizeof name, "h.%d.mlp.experts.%d.%s", l, e, suffix); \
@@ -298,7 +319,7 @@ ref_model *ref_model_new(const ref_config *cfg)
     ref_model *m = ref_xcalloc(1, sizeof *m);
     m->cfg = *cfg;
     long E = cfg->moe.experts;
-    long per_layer = 8 + (E == 0 ? 4 : 1 + 4 * E);     /* at most, either architecture */
+    long per_layer = 8 + (E == 0 ? 4 : 2 + 4 * E);     /* at most, either architecture */
     m->tensors = ref_xcalloc((size_t)(4 + per_layer * cfg->layers), sizeof *m->tensors);
     size_t off = 0;
     if (cfg->arch == REF_ARCH_LLAMA)
@@ -975,18 +996,35 @@ static void linear_nt_bwd(double *din, double *dw, const double *dout, const dou
 **   logits[n,e] = x_n . router_w[e]                              (no bias)
 **   sel[n,0..k-1] = the k largest logits, descending; equal logits: the lower expert first
 **   prob[n,j] = softmax over the k selected logits (default), or
-**               softmax over all E logits, taken at sel[n,j] (pre_softmax; not renormalised)
-**   capacity (factor f > 0): cap = ceil((N*k/E) * f) tokens per expert; each expert keeps its
-**               choices in token order (t, b) -- position t first, then sequence b -- up to
-**               cap and drops the rest; a dropped choice adds nothing, the token keeps its
+**               softmax over all E logits, taken at sel[n,j] (pre_softmax; not renormalised);
+**               times topk_scale when it is > 0
+**   capacity (factor f > 0): per router call (the S = moe.shards blocks of T/S positions,
+**               all B sequences: a tensor-parallel rank's tokens under SP; with cp_shards P
+**               blocks of each cp rank's local positions) of n tokens,
+**               cap = ceil((n*k/E) * f) (none if cap > n); each expert keeps up to cap of the
+**               call's choices -- those of the highest probability, ties to the earlier row
+**               (t, b) (drop_probs), or the earliest rows: position t first, then sequence
+**               b -- and drops the rest; a dropped choice adds nothing, the token keeps its
 **               other choices with their probabilities unchanged
 **   out_n = sum over kept j of prob[n,j] * (c_proj_e(gelu(c_fc_e(x_n)))),  e = sel[n,j]
 **               (Megatron scales the activation before fc2 and the fc2 bias by prob, which
 **               is the same as scaling the whole expert output, bias included); in a Llama
 **               model the expert is Mixtral's w2_e(silu(w1_e x_n) * w3_e x_n)
 **   aux = coeff * E / (k N^2) * sum_e (sum_n scores[n,e]) * count_e, with scores = softmax
-**               over all E, count_e = tokens whose top-k holds e, before any dropping
+**               over all E, count_e = tokens whose top-k holds e, before any dropping;
+**               plus the z-loss z_coeff / N * sum_n logsumexp(logits[n,:])^2
 */
+
+/* log(sum_e exp(z[e])) of n values, shifted by their maximum. */
+static double logsumexp(const double *z, int n)
+{
+    double mx = z[0], sum = 0.0;
+    for (int i = 1; i < n; i++)
+        mx = fmax(mx, z[i]);
+    for (int i = 0; i < n; i++)
+        sum += exp(z[i] - mx);
+    return mx + log(sum);
+}
 
 /*
 ** Expert capacity of a forward over 'ntokens' tokens: ceil((ntokens*k / E) * factor), the
@@ -1019,7 +1057,7 @@ void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C
     ma->u = dalloc(n * k * (size_t)moe->ffn);
     ma->a = dalloc(n * k * (size_t)moe->ffn);
     ma->y = dalloc(n * k * (size_t)C);
-    ma->count = ref_xcalloc(E, sizeof(int));
+    ma->count = ref_xcalloc((size_t)E * N, sizeof(int));
 }
 
 /*
@@ -1057,12 +1095,15 @@ static void softmax(double *out, const double *z, int n)
 
 /* sel[0..k-1] = indices of the k largest z[0..E-1], largest first; among equal values the
 ** lower index comes first (the scan is ascending and only a strictly larger value wins). */
-static void topk_select(int *sel, const double *z, int E, int k)
+/* sel = the k largest of z (E), descending, ties to the lower index; with ok non-NULL only
+** among the experts e whose group e / W has ok[e / W] set. */
+static void topk_select(int *sel, const double *z, int E, int k, const unsigned char *ok,
+                        int W)
 {
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
+            int taken = ok != NULL && !ok[e / W];
             for (int i = 0; i < j; i++)
                 taken |= sel[i] == e;
             if (!taken && (best < 0 || z[e] > z[best]))
@@ -1119,9 +1160,14 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
                  const ref_moe_config *moe, const double *in, int B, int T, int C)
 {
     int N = B * T, E = moe->experts, k = moe->top_k, Fe = moe->ffn;
+    double *gv = dalloc((size_t)E), *gsum = dalloc((size_t)E);     /* group-limited scratch */
+    unsigned char *gok = ref_xcalloc((size_t)E, 1);
+    int *plain = ref_xcalloc((size_t)k, sizeof(int));
 
-    /* routing: logits, scores over all experts, top-k choices and their probabilities */
-    memset(ma->count, 0, (size_t)E * sizeof(int));
+    /* routing: logits, scores over all experts, top-k choices and their probabilities; the
+    ** aux loss's counts per expert (with seq_aux per sequence b = n / T) */
+    int S = moe->seq_aux ? B : 1;
+    memset(ma->count, 0, (size_t)S * E * sizeof(int));
     for (int n = 0; n < N; n++) {
         const double *x = in + (size_t)n * C;
         double *z = ma->logits + (size_t)n * E;
@@ -1130,36 +1176,105 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
         double *prob = ma->prob + (size_t)n * k;
         for (int e = 0; e < E; e++) {
             const double *r = w->router_w + (size_t)e * C;
-            double dot = 0.0;
+            double dot = w->router_b ? w->router_b[e] : 0.0;
             for (int c = 0; c < C; c++)
                 dot += x[c] * r[c];
             z[e] = dot;
         }
         softmax(s, z, E);
-        topk_select(sel, z, E, k);
-        for (int j = 0; j < k; j++) {
-            prob[j] = moe->pre_softmax ? s[sel[j]] : z[sel[j]];
-            ma->keep[(size_t)n * k + j] = 1;
-            ma->count[sel[j]]++;
-        }
-        if (!moe->pre_softmax)
-            softmax(prob, prob, k);
-    }
-
-    /* capacity: every expert keeps its first 'cap' choices in token order (t, b) */
-    ma->capacity = ref_moe_capacity(N, moe);
-    if (ma->capacity > 0) {
-        int *used = ref_xcalloc((size_t)E, sizeof(int));
-        for (int t = 0; t < T; t++)
-            for (int b = 0; b < B; b++) {
-                size_t n = (size_t)b * T + t;
-                for (int j = 0; j < k; j++) {
-                    int e = ma->sel[n * k + j];
-                    ma->keep[n * k + j] = used[e] < ma->capacity;
-                    used[e] += ma->keep[n * k + j];
+        const unsigned char *okp = NULL;
+        int W = E;
+        if (moe->groups > 1) {  /* group-limited: the group_topk best groups */
+            W = E / moe->groups;
+            for (int e = 0; e < E; e++)     /* the selection values */
+                gv[e] = moe->sigmoid ? 1.0 / (1.0 + exp(-z[e]))
+                                     : moe->pre_softmax ? s[e] : z[e];
+            int m = k / moe->group_topk;
+            for (int g = 0; g < moe->groups; g++) {
+                gsum[g] = 0.0;
+                for (int e = g * W; e < (g + 1) * W; e++) {
+                    int rank = 0;
+                    for (int f = g * W; f < (g + 1) * W; f++)
+                        rank += gv[f] > gv[e] || (gv[f] == gv[e] && f < e);
+                    if (rank < m)
+                        gsum[g] += gv[e];
                 }
             }
-        free(used);
+            for (int g = 0; g < moe->groups; g++) {
+                int rank = 0;
+                for (int h = 0; h < moe->groups; h++)
+                    rank += gsum[h] > gsum[g] || (gsum[h] == gsum[g] && h < g);
+                gok[g] = rank < moe->group_topk;
+            }
+            okp = gok;
+        }
+        topk_select(sel, z, E, k, okp, W);
+        if (moe->sigmoid) {     /* scores: the sigmoids over their sum; sigmoid is increasing */
+            double D = 1e-20, ps = 1e-20;
+            for (int e = 0; e < E; e++)
+                D += s[e] = 1.0 / (1.0 + exp(-z[e]));
+            for (int j = 0; j < k; j++)
+                ps += s[sel[j]];
+            for (int j = 0; j < k; j++)
+                prob[j] = k > 1 ? s[sel[j]] / ps : s[sel[j]];
+            for (int e = 0; e < E; e++)
+                s[e] /= D;
+        }
+        /* the aux loss's counts: the plain top-k, without the group limit (Megatron's
+        ** compute_routing_scores_for_aux_loss) */
+        int *csel = sel;
+        if (moe->groups > 1) {
+            topk_select(plain, z, E, k, NULL, E);
+            csel = plain;
+        }
+        for (int j = 0; j < k; j++) {
+            if (!moe->sigmoid)
+                prob[j] = moe->pre_softmax ? s[sel[j]] : z[sel[j]];
+            ma->keep[(size_t)n * k + j] = 1;
+            ma->count[(moe->seq_aux ? n / T : 0) * E + csel[j]]++;
+        }
+        if (!moe->pre_softmax && !moe->sigmoid)
+            softmax(prob, prob, k);
+        for (int j = 0; j < k && moe->topk_scale > 0.0; j++)
+            prob[j] *= moe->topk_scale;
+    }
+    free(gv);
+    free(gsum);
+    free(gok);
+    free(plain);
+
+    /* capacity: per router call (S blocks of positions), each expert keeps 'cap' choices,
+    ** visited in row order (t, b) or by falling probability */
+    /* (with cp_shards P > 1 a call is one of a cp rank's R blocks of its local positions: its
+    ** chunks c and 2P-1-c of T/(2P), in that order) */
+    int R = moe->shards > 1 ? moe->shards : 1, P = moe->cp_shards > 1 ? moe->cp_shards : 1;
+    int Tl = T / P, Ts = Tl / R, ch = T / (2 * P);
+    ma->capacity = ref_moe_capacity(Ts * B, moe);
+    if (ma->capacity > 0 && ma->capacity <= Ts * B) {
+        int *order = ref_xcalloc((size_t)Ts * B * k, sizeof(int));
+        for (int s = 0; s < P * R; s++)
+            for (int e = 0; e < E; e++) {
+                int m = 0;       /* expert e's choices of this call, in local row order */
+                int c = s / R;
+                for (int tl = s % R * Ts; tl < (s % R + 1) * Ts; tl++)
+                    for (int b = 0; b < B; b++)
+                        for (int j = 0; j < k; j++) {
+                            int t = P == 1 ? tl : tl < ch ? c * ch + tl
+                                                          : (2 * P - 1 - c) * ch + tl - ch;
+                            int nj = (b * T + t) * k + j;
+                            if (ma->sel[nj] == e)
+                                order[m++] = nj;
+                        }
+                for (int i = 1; moe->drop_probs && i < m; i++) {   /* stable: ties keep rows */
+                    int v = order[i], q = i;
+                    for (; q > 0 && ma->prob[order[q - 1]] < ma->prob[v]; q--)
+                        order[q] = order[q - 1];
+                    order[q] = v;
+                }
+                for (int i = ma->capacity; i < m; i++)
+                    ma->keep[order[i]] = 0;
+            }
+        free(order);
     }
 
     /* experts: out_n = sum over kept choices of prob * expert_e(x_n) */
@@ -1185,15 +1300,26 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
 
     /* load-balancing loss, Megatron's switch_load_balancing_loss_func */
     ma->aux = 0.0;
-    if (moe->aux_coeff != 0.0) {
+    if (moe->aux_coeff != 0.0) {      /* seq_aux: the mean over b of sequence b's aux loss */
         double sum = 0.0;
-        for (int e = 0; e < E; e++) {
-            double pe = 0.0;
-            for (int n = 0; n < N; n++)
-                pe += ma->scores[(size_t)n * E + e];
-            sum += pe * ma->count[e];
+        int Ns = N / S;                 /* tokens per set */
+        for (int b = 0; b < S; b++)
+            for (int e = 0; e < E; e++) {
+                double pe = 0.0;
+                for (int n = b * Ns; n < (b + 1) * Ns; n++)
+                    pe += ma->scores[(size_t)n * E + e];
+                sum += pe * ma->count[b * E + e];
+            }
+        ma->aux = sum * (E * moe->aux_coeff / ((double)Ns * Ns * k)) / S;
+    }
+    /* z-loss, Megatron's z_loss_func (the mean over the micro-batch's tokens) */
+    if (moe->z_coeff != 0.0) {
+        double sum = 0.0;
+        for (int n = 0; n < N; n++) {
+            double lse = logsumexp(ma->logits + (size_t)n * E, E);
+            sum += lse * lse;
         }
-        ma->aux = sum * (E * moe->aux_coeff / ((double)N * N * k));
+        ma->aux += moe->z_coeff * sum / N;
     }
 }
 
@@ -1212,8 +1338,9 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
     double *gy = dalloc((size_t)C), *d_a = dalloc((size_t)Fe), *d_h = dalloc((size_t)Fe);
     double *d_u = dalloc((size_t)Fe);
     double *dp = dalloc((size_t)k), *ds = dalloc((size_t)E), *dz = dalloc((size_t)E);
-    /* d (aux_scale * aux) / d scores[n,e] = aux_g * count_e */
-    double aux_g = aux_scale * (E * moe->aux_coeff / ((double)N * N * k));
+    /* d (aux_scale * aux) / d scores[n,e] = aux_g * count_e (of n's sequence with seq_aux) */
+    int S = moe->seq_aux ? B : 1, Ns = N / S;
+    double aux_g = aux_scale * (E * moe->aux_coeff / ((double)Ns * Ns * k)) / S;
 
     for (int n = 0; n < N; n++) {
         const double *x = in + (size_t)n * C, *dy = dout + (size_t)n * C;
@@ -1242,27 +1369,60 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
         const double *prob = ma->prob + (size_t)n * k;
         memset(dz, 0, (size_t)E * sizeof(double));
         memset(ds, 0, (size_t)E * sizeof(double));
-        if (moe->pre_softmax) {
+        double sc = moe->topk_scale > 0.0 ? moe->topk_scale : 1.0;   /* prob = sc * q */
+        if (moe->sigmoid) {
+            /* sig_e = s_e * D; q_j = sig_j / (sum of the chosen + 1e-20) (k = 1: sig_j);
+            ** d sig from q and from the aux scores s = sig / D, then d z = d sig sig (1 - sig) */
+            const double *z = ma->logits + (size_t)n * E;
+            double D = 1e-20, ssel = 1e-20, qd = 0.0, gs = 0.0;
+            for (int e = 0; e < E; e++)
+                D += 1.0 / (1.0 + exp(-z[e]));
             for (int j = 0; j < k; j++)
-                ds[sel[j]] += dp[j];
+                ssel += 1.0 / (1.0 + exp(-z[sel[j]]));
+            for (int j = 0; j < k; j++)
+                qd += prob[j] / sc * sc * dp[j];
+            if (moe->aux_coeff != 0.0)
+                for (int e = 0; e < E; e++)
+                    gs += aux_g * ma->count[n / Ns * E + e] * s[e];
+            for (int e = 0; e < E; e++) {
+                double sig = 1.0 / (1.0 + exp(-z[e]));
+                double dsig = moe->aux_coeff != 0.0 ?
+                              (aux_g * ma->count[n / Ns * E + e] - gs) / D : 0.0;
+                for (int j = 0; j < k; j++)
+                    if (sel[j] == e)
+                        dsig += k > 1 ? (sc * dp[j] - qd) / ssel : sc * dp[j];
+                dz[e] = dsig * sig * (1.0 - sig);
+            }
+        } else if (moe->pre_softmax) {
+            for (int j = 0; j < k; j++)
+                ds[sel[j]] += sc * dp[j];
         } else {
-            double pdp = 0.0;
+            double pdp = 0.0;           /* sum over j of q_j * d q_j, d q_j = sc * dp[j] */
             for (int j = 0; j < k; j++)
                 pdp += prob[j] * dp[j];
             for (int j = 0; j < k; j++)
-                dz[sel[j]] += prob[j] * (dp[j] - pdp);
+                dz[sel[j]] += prob[j] / sc * (sc * dp[j] - pdp);
         }
-        if (moe->aux_coeff != 0.0)
+        if (moe->aux_coeff != 0.0 && !moe->sigmoid)
             for (int e = 0; e < E; e++)
-                ds[e] += aux_g * ma->count[e];
+                ds[e] += aux_g * ma->count[n / Ns * E + e];
+        if (moe->z_coeff != 0.0) {  /* d lse^2 / d logits = 2 lse * softmax(logits) */
+            const double *z = ma->logits + (size_t)n * E;
+            double lse = logsumexp(z, E);
+            double zg = aux_scale * moe->z_coeff / N * 2.0 * lse;
+            for (int e = 0; e < E; e++)
+                dz[e] += zg * exp(z[e] - lse);
+        }
         double sds = 0.0;
-        for (int e = 0; e < E; e++)
+        for (int e = 0; e < E && !moe->sigmoid; e++)
             sds += s[e] * ds[e];
-        for (int e = 0; e < E; e++)
+        for (int e = 0; e < E && !moe->sigmoid; e++)
             dz[e] += s[e] * (ds[e] - sds);
 
-        /* logits = x . router_w^T */
+        /* logits = x . router_w^T (+ router_b) */
         for (int e = 0; e < E; e++) {
+            if (g->router_b)
+                g->router_b[e] += dz[e];
             if (dz[e] == 0.0)
                 continue;
             const double *r = w->router_w + (size_t)e * C;
@@ -1698,21 +1858,57 @@ double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int
 
 /*
 ** Learning rate of optimizer step t (t = 1 for the first step; step t uses the data of step
-** s = t - 1). With W = warmup and S = decay_steps:
-**   t <= W (only if W > 0):  lr * t / W
-**   W < t <= S:              min_lr + 0.5 (lr - min_lr) (1 + cos(pi (t - W) / (S - W)))
-**   t > S:                   min_lr
-** so the rate is lr at t = W, reaches min_lr at t = S, and stays there.
+** s = t - 1), Megatron's schedule as tests/ref/README.md writes it: the scheduler has seen
+** n = (t - 1) * G samples (G = o->gbs), and with W = warmup * G, S = decay_steps * G:
+**   W > 0 and n <= W:       lr_init + (lr - lr_init) * n / W
+**   constant:               lr
+**   n > S:                  min_lr
+**   inverse-square-root:    max(min_lr, lr * sqrt(max(W, 1)) / sqrt(max(n, 1)))
+**   otherwise:              min_lr + c * (lr - min_lr), r = (n - W) / (S - W),
+**     linear c = 1 - r, cosine c = (cos(pi r) + 1) / 2, WSD (D = wsd_steps * G): c = 1 while
+**     n <= S - D, then with q = (n - S + D) / D: exponential 2 * 0.5^q - 1, linear 1 - q,
+**     cosine (cos(pi q) + 1) / 2, minus_sqrt 1 - sqrt(q).
+** Written for this reference from the README, not shared with lib/train.c.
 */
 double ref_lr(const ref_optim *o, int t)
 {
-    if (o->warmup > 0 && t <= o->warmup)
-        return o->lr * t / o->warmup;
-    if (t <= o->decay_steps) {
-        double frac = (double)(t - o->warmup) / (double)(o->decay_steps - o->warmup);
-        return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(REF_PI * frac));
+    double g = o->gbs > 0 ? o->gbs : 1;
+    double n = (t - 1) * g, w = o->warmup * g, s = o->decay_steps * g;
+    double c;
+    if (w > 0 && n <= w)
+        return o->lr_init + (o->lr - o->lr_init) * n / w;
+    if (o->style == REF_LR_CONSTANT)
+        return o->lr;
+    if (n > s)
+        return o->min_lr;
+    if (o->style == REF_LR_INVERSE_SQRT) {
+        double x = o->lr * pow(fmax(w, 1.0), 0.5) / pow(fmax(n, 1.0), 0.5);
+        return x > o->min_lr ? x : o->min_lr;
     }
-    return o->min_lr;
+    double r = (n - w) / (s - w);
+    switch (o->style) {
+    case REF_LR_LINEAR:
+        c = 1.0 - r;
+        break;
+    case REF_LR_WSD: {
+        double d = o->wsd_steps * g, q = n <= s - d ? 0.0 : (n - (s - d)) / d;
+        if (n <= s - d)
+            c = 1.0;
+        else if (o->wsd_style == REF_WSD_LINEAR)
+            c = 1.0 - q;
+        else if (o->wsd_style == REF_WSD_COSINE)
+            c = 0.5 * (cos(REF_PI * q) + 1.0);
+        else if (o->wsd_style == REF_WSD_MINUS_SQRT)
+            c = 1.0 - sqrt(q);
+        else
+            c = 2.0 * pow(0.5, q) - 1.0;
+        break;
+    }
+    default:
+        c = 0.5 * (cos(REF_PI * r) + 1.0);
+        break;
+    }
+    return o->min_lr + c * (o->lr - o->min_lr);
 }
 
 /*

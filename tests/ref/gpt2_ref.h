@@ -24,10 +24,33 @@ typedef struct ref_moe_config {
     int top_k;          /* k: experts per token, 1 <= k <= E */
     int ffn;            /* Fe: inner width of every expert's MLP */
     int bias;           /* 1: expert c_fc and c_proj have biases */
+    int router_bias;    /* 1: the router has a bias: logits = x . router_w^T + router_b
+                        ** (Megatron's router with add_bias_linear) */
     int pre_softmax;    /* 0: top-k of the logits, softmax over those k (Megatron default);
                         ** 1: softmax over all E, then top-k of it (not renormalised) */
     double aux_coeff;   /* load-balancing (Switch) loss coefficient; 0 = off */
+    double z_coeff;     /* router z-loss coefficient (Megatron's moe_z_loss_coeff); 0 = off */
+    int sigmoid;        /* 1: Megatron's score function sigmoid: the aux loss's scores are the
+                        ** sigmoids over their sum (+1e-20), prob the chosen sigmoids over
+                        ** theirs (+1e-20; k = 1: the sigmoid itself); pre_softmax unused */
+    int groups;         /* group-limited routing (Megatron's moe_router_num_groups): the E
+                        ** experts in this many equal groups, scored by the sum of their
+                        ** k/group_topk largest selection values (the logits; the scores with
+                        ** pre_softmax or sigmoid); the top-k only from the group_topk best
+                        ** groups (ties: the lower group). 0 or 1: none */
+    int group_topk;
+    double topk_scale;  /* factor of the chosen probabilities (Megatron's
+                        ** moe_router_topk_scaling_factor); 0 = 1 */
+    int seq_aux;        /* 1: the aux loss per sequence, averaged over the B sequences
+                        ** (Megatron's load balancing type seq_aux_loss) */
     double capacity;    /* capacity factor; 0 = no token dropping */
+    int drop_probs;     /* beyond the capacity keep 1: the highest probabilities (Megatron's
+                        ** default drop policy "probs", the CLI's); 0: the earliest rows */
+    int shards;         /* router calls per micro-batch (TP under SP): its positions in this
+                        ** many equal blocks, each with its own capacity; 0 or 1: one call */
+    int cp_shards;      /* context parallelism P > 1: first the positions of each of P cp
+                        ** ranks (chunks c and 2P-1-c of T/(2P), in that order), then the
+                        ** 'shards' blocks of those; 0 or 1: none */
 } ref_moe_config;
 
 /* The architecture (tests/ref/README.md, "Llama"). */
@@ -46,6 +69,8 @@ typedef struct ref_config {
                         ** Llama: the SwiGLU width of gate/up/down) */
     double ln_eps;      /* LayerNorm / RMSNorm eps (1e-5 for GPT-2 and by default for Llama) */
     ref_moe_config moe; /* all zero: a dense model */
+    int no_linear_bias; /* GPT-2: 1 drops the biases of c_attn, attn.c_proj, mlp.c_fc and
+                        ** mlp.c_proj (Megatron's add_bias_linear = false); norms keep theirs */
     /* Llama only (arch == REF_ARCH_LLAMA); GPT-2 ignores them */
     ref_arch arch;      /* REF_ARCH_GPT2 (0) unless set */
     int kv_heads;       /* K: key/value heads, divides H (grouped-query attention); 0 = H */
@@ -90,7 +115,8 @@ typedef struct ref_expert {
 /* The mixture of experts of one layer (views into params or grads). */
 typedef struct ref_moe_weights {
     double *router_w;           /* (E, C) mlp.router.weight (Llama: block_sparse_moe.gate.weight):
-                                ** logits = x . router_w^T, no bias */
+                                ** logits = x . router_w^T (+ router_b) */
+    double *router_b;           /* (E) mlp.router.bias, NULL without moe.router_bias */
     ref_expert *experts;        /* [E] mlp.experts.{e}.*; owned by the ref_model */
 } ref_moe_weights;
 
@@ -167,9 +193,11 @@ typedef struct ref_moe_acts {
     double *u;                  /* (N, k, Fe) Llama: its w3 (up) output; unused by GPT-2 */
     double *a;                  /* (N, k, Fe) its GELU output (Llama: silu(gate) * up) */
     double *y;                  /* (N, k, C) expert output c_proj(a) + bias, before the prob */
-    int *count;                 /* (E) tokens whose top-k holds expert e (the aux loss's count) */
+    int *count;                 /* (E) tokens whose top-k holds expert e (the aux loss's count);
+                                ** with seq_aux (B, E): per sequence (room for N rows) */
     int capacity;               /* per-expert token limit of this forward; 0 = unlimited */
-    double aux;                 /* this forward's load-balancing loss (coefficient included) */
+    double aux;                 /* this forward's load-balancing loss plus its z-loss
+                                ** (coefficients included) */
 } ref_moe_acts;
 
 /* Llama uses the same fields, with RMSNorms (ln1 = input_layernorm, ln2 =
@@ -206,12 +234,28 @@ typedef struct ref_acts {
     double *d_logits;           /* (N, V) */
 } ref_acts;
 
-/* Optimizer and schedule settings (torch.optim.AdamW + clip_grad_norm_ + warm-up/cosine). */
+/* Learning-rate decay styles, Megatron's --lr-decay-style (cosine, the default, is 0), and the
+** final decay of WSD, Megatron's --lr-wsd-decay-style (exponential, the default, is 0).
+** ORDER lr_styles, wsd_styles (main.c) */
+typedef enum {
+    REF_LR_COSINE, REF_LR_CONSTANT, REF_LR_LINEAR, REF_LR_INVERSE_SQRT, REF_LR_WSD
+} ref_lr_style;
+typedef enum {
+    REF_WSD_EXPONENTIAL, REF_WSD_LINEAR, REF_WSD_COSINE, REF_WSD_MINUS_SQRT
+} ref_wsd_style;
+
+/* Optimizer and schedule settings (torch.optim.AdamW + clip_grad_norm_ + Megatron's learning-rate
+** schedule, tests/ref/README.md). */
 typedef struct ref_optim {
-    double lr;                  /* peak learning rate */
-    double min_lr;              /* floor of the cosine decay */
+    double lr;                  /* peak learning rate (Megatron's max_lr) */
+    double min_lr;              /* the rate after the decay */
+    double lr_init;             /* the rate of the first warm-up step (--lr-warmup-init) */
     int warmup;                 /* linear warm-up steps (0: none) */
-    int decay_steps;            /* the step at which the cosine reaches min_lr */
+    int decay_steps;            /* steps after which the rate is min_lr */
+    ref_lr_style style;         /* decay after the warm-up */
+    ref_wsd_style wsd_style;    /* WSD only: the shape of its final decay */
+    int wsd_steps;              /* WSD only: the last wsd_steps of decay_steps decay */
+    int gbs;                    /* sequences per step: Megatron counts samples (0 is taken as 1) */
     double beta1, beta2, eps;
     double wd;                  /* decoupled weight decay, on tensors with decay = 1 */
     double clip;                /* max global grad norm; <= 0 disables clipping */

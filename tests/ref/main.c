@@ -20,12 +20,17 @@
 static const char usage_text[] =
     "usage: " PROG " --layers L --hidden C --heads H --seq T --vocab V [--ffn F]\n"
     "                [--arch gpt2|llama] [--kv-heads K] [--rope-theta X] [--tie-embeddings]\n"
-    "                [--norm-eps X]\n"
-    "                [--experts E --top-k K [--expert-ffn F] [--expert-bias] [--aux-coeff X]\n"
-    "                 [--pre-softmax] [--capacity X]]\n"
+    "                [--norm-eps X] [--no-linear-bias]\n"
+    "                [--experts E --top-k K [--expert-ffn F] [--expert-bias] [--router-bias]\n"
+    "                 [--aux-coeff X] [--z-coeff X] [--load-balancing T] [--topk-scale X]\n"
+    "                 [--score-function F] [--num-groups G --group-topk g]\n"
+    "                 [--pre-softmax] [--capacity X [--drop-policy P] [--router-shards S]\n"
+    "                 [--router-cp P]]]\n"
     "                (--init FILE.safetensors | --random-init SEED)\n"
     "                [--data FILE --steps N] [--mbs B] [--nmb M] [--dp D]\n"
     "                [--lr X] [--min-lr X] [--warmup N] [--decay-steps N]\n"
+    "                [--lr-decay-style S] [--lr-warmup-init X]\n"
+    "                [--lr-wsd-decay-style S --lr-wsd-decay-iters N]\n"
     "                [--beta1 X] [--beta2 X] [--eps X] [--wd X] [--clip X]\n"
     "                [--log FILE.jsonl] [--save FILE.safetensors] [--save-init FILE.safetensors]\n"
     "\n"
@@ -38,13 +43,30 @@ static const char usage_text[] =
     "    --rope-theta X     rotary base (default 10000)\n"
     "    --tie-embeddings   lm_head is embed_tokens (default: a separate lm_head.weight)\n"
     "  --norm-eps X       LayerNorm / RMSNorm eps (default 1e-5)\n"
+    "  --no-linear-bias   gpt2: no biases in c_attn, c_proj, c_fc (Megatron's\n"
+    "                     --disable-bias-linear; the LayerNorms keep theirs)\n"
     "  --experts E        every MLP is a mixture of E experts (Megatron's MoE), with\n"
     "    --top-k K          experts per token (1..E), router softmax over the top-k logits\n"
     "    --expert-ffn F     width of each expert's MLP (default --ffn)\n"
     "    --expert-bias      experts' c_fc and c_proj have biases (default: none; gpt2 only)\n"
+    "    --router-bias      the router has a bias, mlp.router.bias (gpt2 only; Megatron's\n"
+    "                       router with add_bias_linear)\n"
     "    --aux-coeff X      load-balancing loss coefficient (default 0: off)\n"
+    "    --z-coeff X        router z-loss coefficient (Megatron's --moe-z-loss-coeff; 0: off)\n"
+    "    --score-function F softmax (default) or sigmoid (Megatron's\n"
+    "                       --moe-router-score-function)\n"
+    "    --num-groups G --group-topk g  group-limited routing: the top-k from the g best of\n"
+    "                       G expert groups (Megatron's --moe-router-num-groups/-group-topk)\n"
+    "    --topk-scale X     factor of the chosen probabilities (Megatron's\n"
+    "                       --moe-router-topk-scaling-factor; default none)\n"
+    "    --load-balancing T aux_loss (default: per micro-batch), seq_aux_loss (per sequence,\n"
+    "                       averaged over the micro-batch's) or none\n"
     "    --pre-softmax      softmax over all E experts, then top-k (not renormalised)\n"
     "    --capacity X       capacity factor: drop tokens beyond ceil(N*K/E*X) per expert\n"
+    "    --drop-policy P    probs (default: keep the highest probabilities) or position\n"
+    "    --router-shards S  route each micro-batch as S blocks of SEQ/S positions, each\n"
+    "                       with its own capacity (a TP = S rank's tokens under SP)\n"
+    "    --router-cp P      first split the positions over P cp ranks (chunks c, 2P-1-c)\n"
     "  --init FILE        load weights (Hugging Face GPT-2 or Llama names; F32, BF16, F16, F64)\n"
     "  --random-init SEED N(0,0.02) weights, c_proj (o_proj, down_proj, w2) N(0,0.02/sqrt(2L)),\n"
     "                     biases 0, LN 1/0, RMSNorm 1\n"
@@ -52,6 +74,13 @@ static const char usage_text[] =
     "  --steps N          optimizer steps (default 0: only load/init and save)\n"
     "  --mbs B --nmb M --dp D   global batch = B*M*D sequences per step (default 1 1 1)\n"
     "  --lr 6e-4 --min-lr 0.1*lr --warmup 0 --decay-steps max(steps,warmup)\n"
+    "                     Megatron's schedule (tests/ref/README.md); --warmup and\n"
+    "                     --decay-steps are its --lr-warmup-iters and --lr-decay-iters, and\n"
+    "                     its --min-lr defaults to 0\n"
+    "  --lr-decay-style S constant, linear, cosine (default), inverse-square-root or WSD\n"
+    "  --lr-warmup-init X the rate of the first warm-up step (default 0)\n"
+    "  --lr-wsd-decay-iters N    WSD: the last N of the decay steps decay (required)\n"
+    "  --lr-wsd-decay-style S    WSD: exponential (default), linear, cosine or minus_sqrt\n"
     "  --beta1 0.9 --beta2 0.95 --eps 1e-8 --wd 0.1 --clip 1.0 (0: no clipping)\n"
     "  --log FILE         one JSON object per step: step, loss, [aux_loss,] lr, grad_norm\n"
     "  --save FILE        F32 weights after the last step; --save-init FILE: before the first\n";
@@ -62,10 +91,13 @@ typedef struct options {
     int have_seed;
     unsigned long long seed;
     int steps, mbs, nmb, dp;
-    int have_min_lr, have_decay_steps;
+    int have_min_lr, have_decay_steps, have_wsd_steps;
+    const char *wsd_flag;       /* the first WSD-only flag given, to report it without WSD */
     const char *moe_flag;       /* the first MoE flag given, to report it without --experts */
     const char *llama_flag;     /* the first Llama-only flag given, to report it with gpt2 */
     int have_experts, have_top_k, have_capacity;
+    int have_drop;              /* --drop-policy or --router-shards given (need --capacity) */
+    int lb_none;                /* --load-balancing none: no aux loss whatever --aux-coeff */
     ref_optim opt;
 } options;
 
@@ -115,6 +147,27 @@ static int parse_seed(const char *flag, const char *s, unsigned long long *out)
     return 0;
 }
 
+/* The index of s in names[0..n), or a usage error that lists them. */
+static int parse_name(const char *flag, const char *s, const char *const *names, int n,
+                      int *out)
+{
+    char list[160] = "";
+    for (int k = 0; k < n; k++) {
+        if (strcmp(s, names[k]) == 0) {
+            *out = k;
+            return 0;
+        }
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                 k == 0 ? "" : k == n - 1 ? " or " : ", ", names[k]);
+    }
+    return usage_error("%s must be %s, got '%s'", flag, list, s);
+}
+
+/* ORDER ref_lr_style, ref_wsd_style (gpt2_ref.h) */
+static const char *const lr_styles[] = {"cosine", "constant", "linear", "inverse-square-root",
+                                        "WSD"};
+static const char *const wsd_styles[] = {"exponential", "linear", "cosine", "minus_sqrt"};
+
 static int parse_arch(const char *s, ref_arch *out)
 {
     if (strcmp(s, "gpt2") == 0)
@@ -132,6 +185,7 @@ static int parse_args(options *o, int argc, char **argv)
     memset(o, 0, sizeof *o);
     o->cfg.ln_eps = 1e-5;
     o->cfg.rope_theta = 10000.0;
+    o->cfg.moe.drop_probs = 1;          /* Megatron's default drop policy */
     o->mbs = o->nmb = o->dp = 1;
     o->opt = (ref_optim){.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .wd = 0.1,
                          .clip = 1.0};
@@ -146,6 +200,16 @@ static int parse_args(options *o, int argc, char **argv)
                 o->cfg.moe.pre_softmax = 1;
             if (o->moe_flag == NULL)
                 o->moe_flag = a;
+            continue;
+        }
+        if (strcmp(a, "--router-bias") == 0) {
+            o->cfg.moe.router_bias = 1;
+            if (o->moe_flag == NULL)
+                o->moe_flag = a;
+            continue;
+        }
+        if (strcmp(a, "--no-linear-bias") == 0) {
+            o->cfg.no_linear_bias = 1;
             continue;
         }
         if (strcmp(a, "--tie-embeddings") == 0) {
@@ -175,8 +239,39 @@ static int parse_args(options *o, int argc, char **argv)
                                                   parse_int(a, v, &o->cfg.moe.top_k));
         else if (strcmp(a, "--expert-ffn") == 0) rc = parse_int(a, v, &o->cfg.moe.ffn);
         else if (strcmp(a, "--aux-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.aux_coeff);
+        else if (strcmp(a, "--z-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.z_coeff);
+        else if (strcmp(a, "--topk-scale") == 0) rc = parse_double(a, v, &o->cfg.moe.topk_scale);
+        else if (strcmp(a, "--num-groups") == 0) rc = parse_int(a, v, &o->cfg.moe.groups);
+        else if (strcmp(a, "--group-topk") == 0) rc = parse_int(a, v, &o->cfg.moe.group_topk);
+        else if (strcmp(a, "--score-function") == 0) {
+            if (strcmp(v, "softmax") != 0 && strcmp(v, "sigmoid") != 0)
+                return usage_error("--score-function must be softmax or sigmoid (got '%s')", v);
+            o->cfg.moe.sigmoid = strcmp(v, "sigmoid") == 0;
+            if (o->moe_flag == NULL)
+                o->moe_flag = a;
+        }
+        else if (strcmp(a, "--load-balancing") == 0) {
+            if (strcmp(v, "aux_loss") != 0 && strcmp(v, "seq_aux_loss") != 0 &&
+                strcmp(v, "none") != 0)
+                return usage_error("--load-balancing must be aux_loss, seq_aux_loss or none "
+                                   "(got '%s')", v);
+            o->cfg.moe.seq_aux = strcmp(v, "seq_aux_loss") == 0;
+            o->lb_none = strcmp(v, "none") == 0;
+            if (o->moe_flag == NULL)
+                o->moe_flag = a;
+        }
         else if (strcmp(a, "--capacity") == 0) rc = (o->have_capacity = 1,
                                                      parse_double(a, v, &o->cfg.moe.capacity));
+        else if (strcmp(a, "--drop-policy") == 0) {
+            o->have_drop = 1;
+            if (strcmp(v, "probs") != 0 && strcmp(v, "position") != 0)
+                return usage_error("--drop-policy must be probs or position (got '%s')", v);
+            o->cfg.moe.drop_probs = strcmp(v, "probs") == 0;
+        }
+        else if (strcmp(a, "--router-shards") == 0) rc = (o->have_drop = 1,
+                                                          parse_int(a, v, &o->cfg.moe.shards));
+        else if (strcmp(a, "--router-cp") == 0) rc = (o->have_drop = 1,
+                                                      parse_int(a, v, &o->cfg.moe.cp_shards));
         else if (strcmp(a, "--init") == 0) rc = (o->init = v, 0);
         else if (strcmp(a, "--random-init") == 0) rc = (o->have_seed = 1,
                                                         parse_seed(a, v, &o->seed));
@@ -191,6 +286,21 @@ static int parse_args(options *o, int argc, char **argv)
         else if (strcmp(a, "--warmup") == 0) rc = parse_int(a, v, &o->opt.warmup);
         else if (strcmp(a, "--decay-steps") == 0) rc = (o->have_decay_steps = 1,
                                                         parse_int(a, v, &o->opt.decay_steps));
+        else if (strcmp(a, "--lr-warmup-init") == 0) rc = parse_double(a, v, &o->opt.lr_init);
+        else if (strcmp(a, "--lr-decay-style") == 0) {
+            int k = 0;
+            rc = parse_name(a, v, lr_styles, 5, &k);
+            o->opt.style = (ref_lr_style)k;
+        } else if (strcmp(a, "--lr-wsd-decay-style") == 0) {
+            int k = 0;
+            rc = parse_name(a, v, wsd_styles, 4, &k);
+            o->opt.wsd_style = (ref_wsd_style)k;
+            o->wsd_flag = o->wsd_flag ? o->wsd_flag : a;
+        } else if (strcmp(a, "--lr-wsd-decay-iters") == 0) {
+            o->have_wsd_steps = 1;
+            rc = parse_int(a, v, &o->opt.wsd_steps);
+            o->wsd_flag = o->wsd_flag ? o->wsd_flag : a;
+        }
         else if (strcmp(a, "--beta1") == 0) rc = parse_double(a, v, &o->opt.beta1);
         else if (strcmp(a, "--beta2") == 0) rc = parse_double(a, v, &o->opt.beta2);
         else if (strcmp(a, "--eps") == 0) rc = parse_double(a, v, &o->opt.eps);
@@ -204,7 +314,9 @@ static int parse_args(options *o, int argc, char **argv)
             return -1;
         if (o->moe_flag == NULL && strcmp(a, "--experts") != 0 &&
             (strcmp(a, "--top-k") == 0 || strcmp(a, "--expert-ffn") == 0 ||
-             strcmp(a, "--aux-coeff") == 0 || strcmp(a, "--capacity") == 0))
+             strcmp(a, "--aux-coeff") == 0 || strcmp(a, "--capacity") == 0 ||
+             strcmp(a, "--z-coeff") == 0 || strcmp(a, "--topk-scale") == 0 ||
+             strcmp(a, "--num-groups") == 0 || strcmp(a, "--group-topk") == 0))
             o->moe_flag = a;
         if (o->llama_flag == NULL &&
             (strcmp(a, "--kv-heads") == 0 || strcmp(a, "--rope-theta") == 0))
@@ -229,8 +341,13 @@ static int check_moe_args(options *o)
     if (moe->top_k < 1 || moe->top_k > moe->experts)
         return usage_error("--top-k (%d) must be between 1 and --experts (%d)", moe->top_k,
                            moe->experts);
+    if (moe->top_k == 1 && !moe->pre_softmax && !moe->sigmoid)  /* as Megatron's config */
+        return usage_error("--top-k 1 needs --pre-softmax (a softmax over one logit is 1: "
+                           "no router gradient)");
     if (moe->bias && o->cfg.arch == REF_ARCH_LLAMA)
         return usage_error("--expert-bias needs --arch gpt2 (Mixtral experts have no biases)");
+    if (moe->router_bias && o->cfg.arch == REF_ARCH_LLAMA)
+        return usage_error("--router-bias needs --arch gpt2 (Mixtral's gate has no bias)");
     if (moe->ffn == 0)
         moe->ffn = o->cfg.ffn;
     if (moe->ffn == 0)
@@ -239,8 +356,27 @@ static int check_moe_args(options *o)
         return usage_error("--expert-ffn must be >= 1 (got %d)", moe->ffn);
     if (!(moe->aux_coeff >= 0.0))
         return usage_error("--aux-coeff must be >= 0");
+    if (!(moe->z_coeff >= 0.0))
+        return usage_error("--z-coeff must be >= 0");
+    if (!(moe->topk_scale >= 0.0))
+        return usage_error("--topk-scale must be > 0");
+    if ((moe->groups > 0) != (moe->group_topk > 0))
+        return usage_error("--num-groups and --group-topk go together");
+    if (moe->groups > 0 && (moe->experts % moe->groups != 0 || moe->group_topk > moe->groups ||
+                            moe->group_topk * (moe->experts / moe->groups) < moe->top_k))
+        return usage_error("--num-groups must divide --experts, and --group-topk (<= "
+                           "--num-groups) groups must hold --top-k experts");
+    if (o->lb_none)             /* Megatron: no load-balancing loss of any type */
+        moe->aux_coeff = 0.0;
     if (o->have_capacity && !(moe->capacity > 0.0))
         return usage_error("--capacity must be > 0");
+    if (o->have_drop && !o->have_capacity)
+        return usage_error("--drop-policy, --router-shards and --router-cp need --capacity");
+    int rs = moe->shards > 1 ? moe->shards : 1;
+    int rcp = moe->cp_shards > 1 ? 2 * moe->cp_shards : 1;
+    if (moe->shards < 0 || moe->cp_shards < 0 || o->cfg.seq % (rs * rcp) != 0)
+        return usage_error("--router-shards (%d) times 2 --router-cp (%d) must divide --seq "
+                           "(%d)", moe->shards, moe->cp_shards, o->cfg.seq);
     return 0;
 }
 
@@ -318,8 +454,24 @@ static int check_args(options *o)
     if (p->decay_steps < p->warmup)
         return usage_error("--decay-steps (%d) must be >= --warmup (%d)", p->decay_steps,
                            p->warmup);
+    if (o->steps > 0 && p->decay_steps < 1)
+        return usage_error("--decay-steps must be >= 1 (the step count after which the rate "
+                           "is min-lr)");
     if (p->lr < 0 || p->min_lr < 0)
         return usage_error("--lr and --min-lr must be >= 0");
+    if (p->min_lr > p->lr)
+        return usage_error("--min-lr (%g) must be <= --lr (%g)", p->min_lr, p->lr);
+    if (p->lr_init > p->lr)
+        return usage_error("--lr-warmup-init (%g) must be <= --lr (%g)", p->lr_init, p->lr);
+    if (p->style != REF_LR_WSD && o->wsd_flag != NULL)
+        return usage_error("%s needs --lr-decay-style WSD", o->wsd_flag);
+    if (p->style == REF_LR_WSD && !o->have_wsd_steps)
+        return usage_error("--lr-decay-style WSD needs --lr-wsd-decay-iters N (the number of "
+                           "steps of its final decay)");
+    if (p->style == REF_LR_WSD && (p->wsd_steps < 0 || p->wsd_steps > p->decay_steps))
+        return usage_error("--lr-wsd-decay-iters (%d) must be in [0, --decay-steps (%d)]",
+                           p->wsd_steps, p->decay_steps);
+    p->gbs = o->mbs * o->nmb * o->dp;
     if (p->beta1 < 0 || p->beta1 >= 1 || p->beta2 < 0 || p->beta2 >= 1)
         return usage_error("--beta1 and --beta2 must be in [0, 1)");
     if (p->eps <= 0)
@@ -401,11 +553,23 @@ int main(int argc, char **argv)
         printf(PROG ": layers %d hidden %d heads %d seq %d vocab %d ", o.cfg.layers,
                o.cfg.hidden, o.cfg.heads, o.cfg.seq, o.cfg.vocab);
     if (moe->experts > 0) {
-        printf("experts %d top-k %d expert-ffn %d%s aux-coeff %g%s", moe->experts, moe->top_k,
-               moe->ffn, moe->bias ? " expert-bias" : "", moe->aux_coeff,
+        printf("experts %d top-k %d expert-ffn %d%s%s aux-coeff %g%s", moe->experts,
+               moe->top_k, moe->ffn, moe->bias ? " expert-bias" : "",
+               moe->router_bias ? " router-bias" : "", moe->aux_coeff,
                moe->pre_softmax ? " pre-softmax" : "");
+        if (moe->z_coeff > 0)
+            printf(" z-coeff %g", moe->z_coeff);
+        if (moe->seq_aux)
+            printf(" seq-aux-loss");
+        if (moe->topk_scale > 0)
+            printf(" topk-scale %g", moe->topk_scale);
+        if (moe->sigmoid)
+            printf(" sigmoid");
+        if (moe->groups > 0)
+            printf(" groups %d group-topk %d", moe->groups, moe->group_topk);
         if (moe->capacity > 0)
-            printf(" capacity %g", moe->capacity);
+            printf(" capacity %g drop-policy %s router-shards %d", moe->capacity,
+                   moe->drop_probs ? "probs" : "position", moe->shards > 1 ? moe->shards : 1);
     } else
         printf("ffn %d", o.cfg.ffn);
     printf(": %zu parameters\n", m->nparams);

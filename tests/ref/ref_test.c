@@ -313,45 +313,78 @@ static int test_adamw(void)
 
 static int test_lr(void)
 {
+    /* Megatron's schedule: step t runs at the rate for n = t - 1 completed steps */
+    const ref_optim cos10 = {.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110};
+    const ref_optim cos0 = {.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 4};
+    const ref_optim isq = {.lr = 1.0, .min_lr = 0.1, .warmup = 4, .decay_steps = 1000,
+                           .style = REF_LR_INVERSE_SQRT};
+    const ref_optim wsd = {.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 10,
+                           .style = REF_LR_WSD, .wsd_steps = 4, .gbs = 3};
+    ref_optim wsd_lin = wsd, wsd_cos = wsd, wsd_sqrt = wsd;
+    wsd_lin.wsd_style = REF_WSD_LINEAR;
+    wsd_cos.wsd_style = REF_WSD_COSINE;
+    wsd_sqrt.wsd_style = REF_WSD_MINUS_SQRT;
     struct {
         ref_optim o;
         int t;
         double want;
     } cases[] = {
-        /* warm-up 10, cosine to step 110 from 1.0 to 0.1 */
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 1, 0.1},
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 5, 0.5},
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 10, 1.0},
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 35,
-         0.86819805153394638598037996},     /* 0.1 + 0.45 (1 + cos(pi/4)) */
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 60, 0.55},
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 85,
-         0.23180194846605361401962004},     /* 0.1 + 0.45 (1 - cos(pi/4)) */
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 110, 0.1},
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 111, 0.1},
-        {{.lr = 1.0, .min_lr = 0.1, .warmup = 10, .decay_steps = 110}, 5000, 0.1},
-        /* no warm-up: the first step is already a quarter of the way (t=1 of 4) */
-        {{.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 4}, 1,
-         0.85355339059327376220042218},     /* 0.5 (1 + cos(pi/4)) */
-        {{.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 4}, 2, 0.5},
-        {{.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 4}, 3,
-         0.14644660940672623779957782},
-        {{.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 4}, 4, 0.0},
-        {{.lr = 1.0, .min_lr = 0.0, .warmup = 0, .decay_steps = 4}, 5, 0.0},
+        /* warm-up 10 from 0, cosine to 0.1 after 110 steps: the first step runs at 0 */
+        {cos10, 1, 0.0},
+        {cos10, 6, 0.5},
+        {cos10, 11, 1.0},
+        {cos10, 36, 0.86819805153394638598037996},      /* 0.1 + 0.45 (1 + cos(pi/4)) */
+        {cos10, 61, 0.55},
+        {cos10, 86, 0.23180194846605361401962004},      /* 0.1 + 0.45 (1 - cos(pi/4)) */
+        {cos10, 111, 0.1},
+        {cos10, 112, 0.1},
+        {cos10, 5000, 0.1},
+        /* warm-up from --lr-warmup-init 0.2 */
+        {{.lr = 1.0, .lr_init = 0.2, .warmup = 4, .decay_steps = 8}, 1, 0.2},
+        {{.lr = 1.0, .lr_init = 0.2, .warmup = 4, .decay_steps = 8}, 3, 0.6},
+        /* no warm-up: the first step runs at lr, the 5th (n = 4) at min_lr */
+        {cos0, 1, 1.0},
+        {cos0, 2, 0.85355339059327376220042218},        /* 0.5 (1 + cos(pi/4)) */
+        {cos0, 3, 0.5},
+        {cos0, 4, 0.14644660940672623779957782},
+        {cos0, 5, 0.0},
+        {cos0, 6, 0.0},
         /* decay_steps == warmup: warm-up, then min_lr at once */
-        {{.lr = 6e-4, .min_lr = 6e-5, .warmup = 3, .decay_steps = 3}, 3, 6e-4},
-        {{.lr = 6e-4, .min_lr = 6e-5, .warmup = 3, .decay_steps = 3}, 4, 6e-5},
-        /* no warm-up and decay_steps 0: constant min_lr */
-        {{.lr = 6e-4, .min_lr = 2e-4, .warmup = 0, .decay_steps = 0}, 1, 2e-4},
+        {{.lr = 6e-4, .min_lr = 6e-5, .warmup = 3, .decay_steps = 3}, 4, 6e-4},
+        {{.lr = 6e-4, .min_lr = 6e-5, .warmup = 3, .decay_steps = 3}, 5, 6e-5},
+        /* constant after the warm-up, past decay_steps too; linear */
+        {{.lr = 1.0, .warmup = 2, .decay_steps = 4, .style = REF_LR_CONSTANT}, 2, 0.5},
+        {{.lr = 1.0, .warmup = 2, .decay_steps = 4, .style = REF_LR_CONSTANT}, 100, 1.0},
+        {{.lr = 1.0, .decay_steps = 4, .style = REF_LR_LINEAR}, 2, 0.75},
+        {{.lr = 1.0, .decay_steps = 4, .style = REF_LR_LINEAR}, 6, 0.0},
+        /* inverse square root: lr sqrt(W / n), floored at min_lr, min_lr after decay_steps */
+        {isq, 5, 1.0},
+        {isq, 17, 0.5},
+        {isq, 101, 0.2},
+        {isq, 901, 0.1},                                /* 2/30 < min_lr */
+        {isq, 1002, 0.1},
+        /* ... without warm-up, in samples: lr / sqrt(n G) (Megatron's max(W, 1) = 1 sample) */
+        {{.lr = 1.0, .decay_steps = 100, .style = REF_LR_INVERSE_SQRT, .gbs = 4}, 1, 1.0},
+        {{.lr = 1.0, .decay_steps = 100, .style = REF_LR_INVERSE_SQRT, .gbs = 4}, 2, 0.5},
+        {{.lr = 1.0, .decay_steps = 100, .style = REF_LR_INVERSE_SQRT, .gbs = 4}, 5, 0.25},
+        /* WSD over 10 steps, the last 4 decaying: stable to n = 6, then q = (n - 6) / 4 */
+        {wsd, 7, 1.0},
+        {wsd, 8, 0.68179283050742908606225095},         /* 2 * 0.5^0.25 - 1 */
+        {wsd, 11, 0.0},
+        {wsd_lin, 9, 0.5},
+        {wsd_cos, 9, 0.5},
+        {wsd_cos, 8, 0.85355339059327376220042218},
+        {wsd_sqrt, 8, 0.5},
+        {wsd_sqrt, 12, 0.0},
     };
     int bad = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double got = ref_lr(&cases[i].o, cases[i].t);
         double tol = cases[i].want == 0.0 ? 0.0 : 1e-15;
         if (!(fabs(got - cases[i].want) <= tol * fabs(cases[i].want) + 1e-17))
-            bad += fail("  lr=%g min=%g warmup=%d decay=%d t=%d: got %.17g, want %.17g",
-                        cases[i].o.lr, cases[i].o.min_lr, cases[i].o.warmup,
-                        cases[i].o.decay_steps, cases[i].t, got, cases[i].want);
+            bad += fail("  case %zu (style %d, warmup %d, decay %d) t=%d: got %.17g, want %.17g",
+                        i, (int)cases[i].o.style, cases[i].o.warmup, cases[i].o.decay_steps,
+                        cases[i].t, got, cases[i].want);
     }
     return bad ? fail("%d learning rate(s) wrong", bad) : 0;
 }
@@ -789,14 +822,17 @@ static ref_config moe_config(int E, int k, int bias, int pre_softmax, double aux
     ref_config c = {.layers = 2, .hidden = 8, .heads = 2, .seq = 5, .vocab = 11, .ffn = 32,
                     .ln_eps = 1e-5};
     c.moe = (ref_moe_config){.experts = E, .top_k = k, .ffn = 6, .bias = bias,
-                             .pre_softmax = pre_softmax, .aux_coeff = aux, .capacity = cap};
+                             .router_bias = bias, .pre_softmax = pre_softmax, .aux_coeff = aux,
+                             .capacity = cap};
     return c;
 }
 
 static void describe_moe(char *buf, size_t n, const ref_moe_config *c)
 {
-    snprintf(buf, n, "E=%d top-%d%s%s aux %g capacity %g", c->experts, c->top_k,
-             c->pre_softmax ? " pre-softmax" : "", c->bias ? " bias" : "", c->aux_coeff,
+    snprintf(buf, n, "E=%d top-%d%s%s%s aux %g%s z %g scale %g capacity %g", c->experts,
+             c->top_k, c->pre_softmax ? " pre-softmax" : "", c->sigmoid ? " sigmoid" : "",
+             c->bias ? " bias" : "",
+             c->aux_coeff, c->seq_aux ? " per sequence" : "", c->z_coeff, c->topk_scale,
              c->capacity);
 }
 
@@ -1015,14 +1051,26 @@ static int test_moe_gradcheck(void)
     static const struct {
         int k, pre, bias;
         double aux, cap;
+        int seq;                /* 1: the aux loss per sequence (seq_aux_loss) and the top-k
+                                ** scaling factor 1.5 */
+        int sig;                /* 1: sigmoid scores */
     } cases[] = {
-        {2, 0, 1, 0.1, 0.0}, {2, 0, 0, 0.0, 0.0}, {1, 0, 1, 0.1, 0.0}, {1, 1, 1, 0.0, 0.0},
-        {2, 1, 0, 0.1, 0.0}, {2, 0, 1, 0.1, 0.75}, {1, 1, 0, 0.1, 1.0},
+        {2, 0, 1, 0.1, 0.0, 0, 0}, {2, 0, 0, 0.0, 0.0, 0, 0}, {1, 0, 1, 0.1, 0.0, 0, 0},
+        {1, 1, 1, 0.0, 0.0, 0, 0}, {2, 1, 0, 0.1, 0.0, 0, 0}, {2, 0, 1, 0.1, 0.75, 0, 0},
+        {1, 1, 0, 0.1, 1.0, 0, 0},
+        {2, 0, 1, -0.05, 0.0, 0, 0}, {2, 1, 0, -0.1, 0.75, 0, 0},   /* aux < 0: z-loss -aux */
+        {2, 0, 1, 0.1, 0.0, 1, 0}, {1, 1, 0, 0.1, 1.0, 1, 0},
+        {2, 0, 1, 0.1, 0.0, 0, 1}, {1, 0, 0, 0.1, 0.75, 1, 1},    /* sigmoid scores */
     };
     int bad = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        ref_config cfg = moe_config(4, cases[c].k, cases[c].bias, cases[c].pre, cases[c].aux,
-                                    cases[c].cap);
+        double aux = cases[c].aux;
+        ref_config cfg = moe_config(4, cases[c].k, cases[c].bias, cases[c].pre,
+                                    aux < 0 ? 0.0 : aux, cases[c].cap);
+        cfg.moe.z_coeff = aux < 0 ? -aux : 0.0;
+        cfg.moe.seq_aux = cases[c].seq;
+        cfg.moe.topk_scale = cases[c].seq ? 1.5 : 0.0;
+        cfg.moe.sigmoid = cases[c].sig;
         char what[128];
         describe_moe(what, sizeof what, &cfg.moe);
 

@@ -111,12 +111,13 @@ if run_ok shard-same $REF $TINY --random-init 3 --data "$D/syn64.bin" --steps 3 
     fi
 fi
 
-# Default schedule: min_lr = lr/10, no warm-up, cosine reaching min_lr at the last step.
-# With 3 steps: 6e-5 + 2.7e-4 (1 + cos(t pi/3)) = 4.65e-4, 1.95e-4, 6e-5.
+# Default schedule: min_lr = lr/10, no warm-up, cosine over --steps, step t at the rate for
+# t - 1 completed steps (Megatron's), so min_lr would be the rate of step steps + 1.
+# With 3 steps: 6e-5 + 2.7e-4 (1 + cos((t - 1) pi/3)) = 6e-4, 4.65e-4, 1.95e-4.
 if run_ok lr-defaults $REF $TINY --random-init 1 --data "$D/syn64.bin" --steps 3 \
         --log "$D/lr.jsonl"; then
     field lr "$D/lr.jsonl" > "$D/lr.got"
-    printf '4.65e-4\n1.95e-4\n6e-5\n' > "$D/lr.want"
+    printf '6e-4\n4.65e-4\n1.95e-4\n' > "$D/lr.want"
     if same_values "$D/lr.got" "$D/lr.want" 1e-12 > "$D/lr.diff"; then
         pass lr-defaults
     else
@@ -349,13 +350,15 @@ expect_err err-usage-data 2 "gpt2_ref: error: --data is required when --steps > 
 expect_err err-usage-flag 2 "gpt2_ref: error: unknown flag '--layer'" \
     $REF --layer 1
 expect_err err-moe-missing 1 "$D/l1.safetensors: error: missing tensor 'h.0.mlp.router.weight'" \
-    $REF $SMALL --experts 2 --top-k 1 --init "$D/l1.safetensors"
+    $REF $SMALL --experts 2 --top-k 1 --pre-softmax --init "$D/l1.safetensors"
 expect_err err-usage-moe-flag 2 "gpt2_ref: error: --aux-coeff needs --experts" \
     $REF $SMALL --random-init 1 --aux-coeff 0.01
 expect_err err-usage-moe-topk 2 "gpt2_ref: error: --top-k (3) must be between 1 and --experts (2)" \
     $REF $SMALL --random-init 1 --experts 2 --top-k 3
+TOP1="gpt2_ref: error: --top-k 1 needs --pre-softmax (a softmax over one logit is 1: no router"
+expect_err err-usage-moe-top1 2 "$TOP1 gradient)" $REF $SMALL --random-init 1 --experts 2 --top-k 1
 expect_err err-usage-moe-capacity 2 "gpt2_ref: error: --capacity must be > 0" \
-    $REF $SMALL --random-init 1 --experts 2 --top-k 1 --capacity 0
+    $REF $SMALL --random-init 1 --experts 2 --top-k 2 --capacity 0
 
 # -- Llama (--arch llama) ---------------------------------------------------------------------
 
@@ -437,7 +440,7 @@ expect_err err-llama-ffn 2 "gpt2_ref: error: --ffn is required with --arch llama
     $REF $LSMALL --arch llama
 expect_err err-llama-expert-bias 2 \
     "gpt2_ref: error: --expert-bias needs --arch gpt2 (Mixtral experts have no biases)" \
-    $REF $LSMALL --arch llama --experts 2 --top-k 1 --expert-ffn 4 --expert-bias
+    $REF $LSMALL --arch llama --experts 2 --top-k 2 --expert-ffn 4 --expert-bias
 expect_err err-llama-gpt2-file 1 \
     "$D/l1.safetensors: error: missing tensor 'model.embed_tokens.weight'" \
     $REF --layers 1 --hidden 4 --heads 2 --seq 3 --vocab 5 --arch llama --ffn 8 \
@@ -490,6 +493,7 @@ fi
 # torch-moe-golden compares the logs with torch's numbers in torch_moe_golden.txt (everywhere),
 # torch-moe reruns torch when installed and also compares the final weights; 1e-12 and 1 ulp.
 MA="--experts 4 --top-k 2 --expert-ffn 24 --expert-bias --aux-coeff 0.1 --capacity 1.0"
+MA="$MA --drop-policy position"     # torch_common.capacity_keep: the earliest rows
 MA_ARGS="4 2 24 1 0 0.1 1.0"
 MA_RUN="--mbs 2 --nmb 2 --dp 1"
 MA_TC="2 16 2 12 64 2 2 1 1e-2 1e-3 2 8 8"
@@ -539,7 +543,7 @@ llama_run() {
        flags="$flags --rope-theta 100 --norm-eps 1e-6"
        run="$run --mbs 2 --nmb 2";;
     c) flags="$flags --hidden 16 --heads 4 --kv-heads 2 --experts 4 --top-k 2"
-       flags="$flags --expert-ffn 24 --aux-coeff 0.1 --capacity 1.0"
+       flags="$flags --expert-ffn 24 --aux-coeff 0.1 --capacity 1.0 --drop-policy position"
        run="$run --mbs 2 --nmb 2";;
     d) flags="$flags --hidden 16 --heads 4 --kv-heads 1 --experts 4 --top-k 1"
        flags="$flags --expert-ffn 24 --pre-softmax --aux-coeff 0.05 --tie-embeddings"

@@ -79,7 +79,8 @@ def main(argv):
         loss.backward()
         return {"loss": loss.item()}
 
-    why, rows, worst = replay(params, log, steps, lambda t: lr_at(t, lr, min_lr, warmup, decay),
+    why, rows, worst = replay(params, log, steps,
+                              lambda t: lr_at(t, lr, min_lr, warmup, decay, gbs),
                               objective, ["loss"])
     if why:
         return why

@@ -43,14 +43,31 @@ def read_tokens(path):
     return list(struct.unpack("<%dH" % (len(raw) // 2), raw))
 
 
-def lr_at(t, lr, min_lr, warmup, decay):
-    """The learning rate of step t (1-based): linear warm-up, cosine decay, then min_lr."""
-    if warmup > 0 and t <= warmup:
-        return lr * t / warmup
-    if t <= decay:
-        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * (t - warmup) /
-                                                            (decay - warmup)))
-    return min_lr
+def lr_at(t, lr, min_lr, warmup, decay, gbs, style="cosine", lr_init=0.0, wsd_steps=0,
+          wsd_style="exponential"):
+    """The learning rate of step t (1-based), tests/ref/README.md's formula (Megatron's): the
+    rate for n = (t - 1) * gbs samples seen, with warm-up, decay and WSD lengths in samples."""
+    n, W, S = (t - 1) * gbs, warmup * gbs, decay * gbs
+    if W > 0 and n <= W:
+        return lr_init + (lr - lr_init) * n / W
+    if style == "constant":
+        return lr
+    if n > S:
+        return min_lr
+    if style == "inverse-square-root":
+        return max(min_lr, lr * math.pow(max(W, 1), 0.5) / math.pow(max(n, 1), 0.5))
+    r = (n - W) / (S - W)
+    if style == "linear":
+        c = 1.0 - r
+    elif style == "cosine":
+        c = 0.5 * (math.cos(math.pi * r) + 1.0)
+    else:                                                 # WSD
+        D = wsd_steps * gbs
+        q = (n - (S - D)) / D if n > S - D else 0.0
+        c = {"exponential": 2.0 * math.pow(0.5, q) - 1.0, "linear": 1.0 - q,
+             "cosine": 0.5 * (math.cos(math.pi * q) + 1.0), "minus_sqrt": 1.0 - math.sqrt(q)
+             }[wsd_style] if n > S - D else 1.0
+    return min_lr + c * (lr - min_lr)
 
 
 def step_batch(tokens, s, gbs, T):

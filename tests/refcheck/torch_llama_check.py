@@ -146,6 +146,8 @@ def parse(argv):
         ap.add_argument("--" + name, type=float, default=default)
     ap.add_argument("--tie-embeddings", action="store_true")
     ap.add_argument("--pre-softmax", action="store_true")
+    # capacity_keep drops by position; the reference's default drop policy is probs
+    ap.add_argument("--drop-policy", default="position", choices=["position"])
     ap.add_argument("--golden", nargs=2, metavar=("FILE", "NAME"))
     a = ap.parse_args(argv)
     a.kv_heads = a.kv_heads or a.heads
@@ -180,7 +182,7 @@ def main(argv):
                              step_batch(tokens, s, gbs, a.seq), a.mbs, a.vocab)
 
     why, rows, worst = replay(params, a.log, a.steps,
-                              lambda t: lr_at(t, a.lr, a.min_lr, a.warmup, a.decay_steps),
+                              lambda t: lr_at(t, a.lr, a.min_lr, a.warmup, a.decay_steps, gbs),
                               objective, ["loss", "aux_loss"] if a.experts else ["loss"])
     if why:
         return why

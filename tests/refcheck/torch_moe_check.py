@@ -79,7 +79,8 @@ def main(argv):
         return micro_batched(lambda idx: forward(params, idx, L, H, moe),
                              step_batch(tokens, s, gbs, T), mbs, V)
 
-    why, rows, worst = replay(params, log, steps, lambda t: lr_at(t, lr, min_lr, warmup, decay),
+    why, rows, worst = replay(params, log, steps,
+                              lambda t: lr_at(t, lr, min_lr, warmup, decay, gbs),
                               objective, ["loss", "aux_loss"])
     if why:
         return why

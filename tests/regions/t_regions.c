@@ -410,7 +410,7 @@ static gpt_layer_params layer_shard(const layer_full *f)
         dev(f->pb, C), dev(f->ln2w, C), dev(f->ln2b, C),
         dev(block(f->fcw, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL),
         dev(f->fcb + gpt.tp_rank * FFL, FFL), dev(f->p2w + (size_t)gpt.tp_rank * FFL * C, (size_t)FFL * C),
-        dev(f->p2b, C), { NULL, NULL, NULL, NULL, NULL, NULL }, NULL, NULL, NULL,
+        dev(f->p2b, C), { NULL, NULL, NULL, NULL, NULL, NULL, NULL }, NULL, NULL, NULL,
     };
     return p;
 }
@@ -475,7 +475,7 @@ static int test_layer(void)
         dev_zeros(C), dev_zeros(C), dev_zeros((size_t)C * 3 * CL), dev_zeros(3 * CL),
         dev_zeros((size_t)CL * C), dev_zeros(C), dev_zeros(C), dev_zeros(C),
         dev_zeros((size_t)C * FFL), dev_zeros(FFL), dev_zeros((size_t)FFL * C), dev_zeros(C),
-        { NULL, NULL, NULL, NULL, NULL, NULL }, NULL, NULL, NULL,
+        { NULL, NULL, NULL, NULL, NULL, NULL, NULL }, NULL, NULL, NULL,
     };
     float *d = dev(dres_sm + (size_t)r0 * C, (size_t)NSP * C);
     layer_bwd(&p, &g, &acts, xin, d);

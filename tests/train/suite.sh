@@ -89,7 +89,8 @@ if ! build/ref/make_tokens --vocab "$V" --tokens 20000 $S/tok.bin > $S/data.log 
 fi
 INIT=$S/init.safetensors
 
-# Warm-up 3 steps, cosine to step 10, clipping at 2.5 (the norms of this run go from ~5.7 to
+# Warm-up 3 steps (Megatron's: steps 1-4 at 0, lr/3, 2lr/3, lr), cosine to min-lr after 10
+# steps (the rate of step 11), clipping at 2.5 (the norms of this run go from ~5.7 to
 # ~1.9, so about half the steps are clipped; checked below on the reference's log).
 HP="--steps 10 --lr 6e-4 --min-lr 6e-5 --warmup 3 --decay-steps 10 --beta1 0.9 --beta2 0.95"
 HP="$HP --eps 1e-8 --wd 0.1 --clip 2.5"
@@ -108,12 +109,13 @@ fi
 $A --init $INIT --data $S/tok.bin $HP --log $S/a.jsonl --save $S/a.safetensors \
     > $S/a.stdout 2> $S/a.stderr
 rc=$?
-# the run must exercise warm-up (rising lr) and clipping (norms on both sides of the clip)
+# the run must exercise warm-up (rising lr from 0, peak at step 4) and clipping (norms on both
+# sides of the clip)
 norms=$(sed -n 's/.*"grad_norm":\([0-9.e+-]*\).*/\1/p' $S/ref-a.jsonl)
 above=$(echo "$norms" | awk -v c=$CLIP '$1 > c' | wc -l)
 below=$(echo "$norms" | awk -v c=$CLIP '$1 < c' | wc -l)
-lrs=$(sed -n 's/.*"lr":\([0-9.e+-]*\).*/\1/p' $S/ref-a.jsonl | head -n 4 | tr '\n' ' ')
-rising=$(echo "$lrs" | awk '{ print ($1 < $2 && $2 < $3 && $4 < $3) }')
+lrs=$(sed -n 's/.*"lr":\([0-9.e+-]*\).*/\1/p' $S/ref-a.jsonl | head -n 5 | tr '\n' ' ')
+rising=$(echo "$lrs" | awk '{ print ($1 == 0 && $1 < $2 && $2 < $3 && $3 < $4 && $5 < $4) }')
 if [ "$above" -lt 1 ] || [ "$below" -lt 1 ] || [ "$rising" != 1 ]; then
     fail vs-ref-coverage "clipping or warm-up not exercised (norms above $CLIP: $above," \
         "below: $below; lr $lrs)"

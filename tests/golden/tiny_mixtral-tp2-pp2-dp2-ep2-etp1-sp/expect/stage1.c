@@ -140,10 +140,10 @@ static const gpt_chunk_info chunks[1] = {
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 4650096 bytes in all with the
+**    recompute workspace holds some instances; 4649840 bytes in all with the
 **    parameters, checked at start. Not used here:
-**    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ C_TOKENS H_LNF_MEAN S_DFC S_DACT
-**    S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
+**    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS H_LNF_MEAN
+**    S_DFC S_DACT S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 2 */
@@ -186,7 +186,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_ML_FC]       = { GPT_MEM_ALLOC, 0, 131072, 0 },
     /* f32 (ROWS_MAX, EFF_LOCAL), x 2 */
     [GPT_M_ML_H]        = { GPT_MEM_ALLOC, 0,  65536, 0 },
-    /* f32 (EXPERTS), x 2 */
+    /* f32 (AUX_SEQS, EXPERTS), x 2 */
     [GPT_M_ML_AUXG]     = { GPT_MEM_ALLOC, 0,     32, 0 },
     /* f32 (N_SP, C) the chunk's input */
     [GPT_M_C_X]         = { GPT_MEM_ALLOC, 0,   8192, 0 },
@@ -254,12 +254,10 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_MS_DPROB]    = { GPT_MEM_ALLOC, 0,    256, 0 },
     /* f32 (N_SP, EXPERTS) */
     [GPT_M_MS_DLOGITS]  = { GPT_MEM_ALLOC, 0,   1024, 0 },
-    /* f32 (EXPERTS) */
+    /* f32 (AUX_SEQS, EXPERTS) */
     [GPT_M_MS_COLSUM]   = { GPT_MEM_ALLOC, 0,     32, 0 },
     /* i32 (MOE_COUNTS) */
     [GPT_M_MS_COUNTS]   = { GPT_MEM_ALLOC, 0,    224, 0 },
-    /* i32 (SEND_MAX) */
-    [GPT_M_MS_PIDX]     = { GPT_MEM_ALLOC, 0,    256, 0 },
     /* f32 (NMB) loss sums per micro-batch */
     [GPT_M_X_LOSS]      = { GPT_MEM_ALLOC, 0,      4, 0 },
     /* f32 (tensors + 3) norm pieces, then dense | experts | total */
@@ -354,7 +352,7 @@ const gpt_stage stage1 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 4650096,
+    .mem = mem, .mem_bytes = 4649840,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

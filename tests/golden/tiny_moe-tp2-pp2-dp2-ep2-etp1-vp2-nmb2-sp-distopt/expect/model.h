@@ -59,11 +59,18 @@
 #define CFG_EFF             128                /* expert MLP width (model.moe.ffn_hidden) */
 #define CFG_EFF_LOCAL       128                /* expert columns per ETP rank */
 #define CFG_PRE_SOFTMAX     0                  /* 1: softmax over all, then top-k; 0: softmax of the k */
-#define CFG_MOE_BIAS        0                  /* expert biases (model.moe.bias) */
+#define CFG_MOE_BIAS        0                  /* router and expert biases (add_bias_linear) */
 #define CFG_AUX_SCALE       9.765625e-06f      /* coeff*E/(K*(B*SEQ)^2): aux = this * sum_e scores_e * count_e */
+#define CFG_AUX_SEQS        1                  /* one aux loss per micro-batch */
+#define CFG_GROUPS          1                  /* expert groups of group-limited routing (num_groups; 1: none) */
+#define CFG_GROUP_TOPK      1                  /* groups a token may use (group_topk) */
+#define CFG_TOPK_SCALE      1.0f               /* factor of the chosen probabilities (topk_scaling_factor; 1: none) */
+#define CFG_Z_SCALE         0.0f               /* z_loss_coeff/(B*SEQ): z-loss = this * sum over the tokens of logsumexp^2 */
 #define CFG_AUX_GRAD        0.5f               /* the aux loss's share of the objective: 1/NMB */
-#define CFG_CAPACITY        128                /* no capacity limit: N*TOPK */
-#define CFG_MOE_SEND_MAX    64                 /* rows this rank sends at most = N_SP*TOPK */
+#define CFG_CAPACITY        64                 /* no capacity limit: N_SP*TOPK */
+#define CFG_DROP_PROBS      1                  /* beyond the capacity keep 1: the highest probabilities, 0: the earliest rows */
+#define CFG_PAD_ROWS        0                  /* rows per expert with pad_to_capacity = min(capacity, N_SP); 0: no padding */
+#define CFG_MOE_SEND_MAX    64                 /* rows this rank sends at most = max(N_SP*TOPK, EXPERTS*PAD_ROWS) */
 #define CFG_MOE_RECV_MAX    128                /* rows it receives at most = SEND_MAX*EP */
 #define CFG_MOE_ROWS_MAX    128                /* rows at its experts at most = RECV_MAX*ETP */
 #define CFG_MOE_COUNTS      56                 /* ints of count exchanges */

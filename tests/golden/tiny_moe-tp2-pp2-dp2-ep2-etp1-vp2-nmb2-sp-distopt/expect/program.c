@@ -8,15 +8,13 @@
 
 /* -- The model's tensors in checkpoint order (Hugging Face names): the BEFORE roles, then per
 **    layer its LAYER roles and, per expert, the EXPERT roles, then the AFTER roles ---------- */
-static const gpt_role roles[15] = {   /* name, scope, rows, cols, ndim, init, std */
+static const gpt_role roles[13] = {   /* name, scope, rows, cols, ndim, init, std */
     { "wte.weight",                        GPT_BEFORE, 256,  64, 2, GPT_INIT_NORMAL, 0.02f },
     { "wpe.weight",                        GPT_BEFORE,  64,  64, 2, GPT_INIT_NORMAL, 0.02f },
     { "h.%d.ln_1.weight",                  GPT_LAYER,    1,  64, 1, GPT_INIT_ONE,    0.0f },
     { "h.%d.ln_1.bias",                    GPT_LAYER,    1,  64, 1, GPT_INIT_ZERO,   0.0f },
     { "h.%d.attn.c_attn.weight",           GPT_LAYER,   64, 192, 2, GPT_INIT_NORMAL, 0.02f },
-    { "h.%d.attn.c_attn.bias",             GPT_LAYER,    1, 192, 1, GPT_INIT_ZERO,   0.0f },
     { "h.%d.attn.c_proj.weight",           GPT_LAYER,   64,  64, 2, GPT_INIT_NORMAL, 0.00707106781f },
-    { "h.%d.attn.c_proj.bias",             GPT_LAYER,    1,  64, 1, GPT_INIT_ZERO,   0.0f },
     { "h.%d.ln_2.weight",                  GPT_LAYER,    1,  64, 1, GPT_INIT_ONE,    0.0f },
     { "h.%d.ln_2.bias",                    GPT_LAYER,    1,  64, 1, GPT_INIT_ZERO,   0.0f },
     { "h.%d.mlp.router.weight",            GPT_LAYER,    8,  64, 2, GPT_INIT_NORMAL, 0.02f },
@@ -76,11 +74,13 @@ const gpt_program gpt_program_desc = {
         .moe = 1, .experts = CFG_EXPERTS, .topk = CFG_TOPK, .ep = CFG_EP, .etp = CFG_ETP,
         .experts_local = CFG_EXPERTS_LOCAL, .eff_local = CFG_EFF_LOCAL,
         .pre_softmax = CFG_PRE_SOFTMAX, .bias = CFG_MOE_BIAS, .aux_scale = CFG_AUX_SCALE,
-        .aux_grad = CFG_AUX_GRAD, .capacity = CFG_CAPACITY,
+        .aux_grad = CFG_AUX_GRAD, .z_scale = CFG_Z_SCALE, .aux_seqs = CFG_AUX_SEQS,
+        .topk_scale = CFG_TOPK_SCALE, .groups = CFG_GROUPS, .group_topk = CFG_GROUP_TOPK,
+        .capacity = CFG_CAPACITY, .drop_probs = CFG_DROP_PROBS, .pad_rows = CFG_PAD_ROWS,
         .moe_send_max = CFG_MOE_SEND_MAX, .moe_recv_max = CFG_MOE_RECV_MAX,
         .moe_rows_max = CFG_MOE_ROWS_MAX, .moe_counts = CFG_MOE_COUNTS,
     },
-    .nroles = 15, .roles = roles, .layers = CFG_LAYERS,
+    .nroles = 13, .roles = roles, .layers = CFG_LAYERS,
     .experts = CFG_EXPERTS,
     /*          tp, cp, ep, dp, pp */
     .dense = { { 2, 1, 1, 2, 2 }, { 1, 2, 2, 2, 4 } },

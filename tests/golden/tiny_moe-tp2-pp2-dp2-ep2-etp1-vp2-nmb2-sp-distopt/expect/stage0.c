@@ -12,8 +12,8 @@
 **    distributed optimizer cuts each bucket into one shard per data-parallel rank (§5.4) ---- */
 
 static const gpt_bucket buffer0_buckets[2] = {   /* start, size, shard, base */
-    {     0, 13312, 6656,    0 },
-    { 13312,  8192, 4096, 6656 },
+    {     0, 13056, 6528,    0 },
+    { 13056,  8192, 4096, 6528 },
 };
 
 static const gpt_bucket buffer1_buckets[1] = {   /* start, size, shard, base */
@@ -21,7 +21,7 @@ static const gpt_bucket buffer1_buckets[1] = {   /* start, size, shard, base */
 };
 
 static const gpt_bucket buffer2_buckets[1] = {   /* start, size, shard, base */
-    { 0, 9216, 4608, 0 },
+    { 0, 8960, 4480, 0 },
 };
 
 static const gpt_bucket buffer3_buckets[1] = {   /* start, size, shard, base */
@@ -30,9 +30,9 @@ static const gpt_bucket buffer3_buckets[1] = {   /* start, size, shard, base */
 
 /* chunk, experts, elements, distributed, moment elements, data-parallel group, buckets */
 static const gpt_buffer buffers[4] = {
-    { 0, 0, 21504, 1, 10752, GPT_GRP_DPCP, 2, buffer0_buckets },   /* chunk 0, dense */
+    { 0, 0, 21248, 1, 10624, GPT_GRP_DPCP, 2, buffer0_buckets },   /* chunk 0, dense */
     { 0, 1, 65536, 1, 32768, GPT_GRP_EDP,  1, buffer1_buckets },   /* chunk 0, experts */
-    { 1, 0,  9216, 1,  4608, GPT_GRP_DPCP, 1, buffer2_buckets },   /* chunk 1, dense */
+    { 1, 0,  8960, 1,  4480, GPT_GRP_DPCP, 1, buffer2_buckets },   /* chunk 1, dense */
     { 1, 1, 65536, 1, 32768, GPT_GRP_EDP,  1, buffer3_buckets },   /* chunk 1, experts */
 };
 
@@ -42,88 +42,76 @@ static const gpt_buffer buffers[4] = {
 
 /* chunk 0: one layer's tensors, every layer alike from its base in each buffer:
 ** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
-static const gpt_param chunk0_params[17] = {
+static const gpt_param chunk0_params[15] = {
     /* h.0.ln_1.weight */
-    { GPT_P_LN1_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  9088,   64 },
+    { GPT_P_LN1_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  8896,   64 },
     /* h.0.ln_1.bias */
-    { GPT_P_LN1_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  9024,   64 },
+    { GPT_P_LN1_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  8832,   64 },
     /* h.0.attn.c_proj.weight */
-    { GPT_P_ATTN_PROJ_W,   -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               6,  64,  6976, 2048 },
-    /* h.0.attn.c_proj.bias */
-    { GPT_P_ATTN_PROJ_B,   -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,  6912,   64 },
+    { GPT_P_ATTN_PROJ_W,   -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               5,  64,  6784, 2048 },
     /* h.0.attn.c_attn.weight */
-    { GPT_P_QKV_W,         -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   768, 6144 },
-    /* h.0.attn.c_attn.bias */
-    { GPT_P_QKV_B,         -1, 0, GPT_NORM_ALWAYS,                           5,  96,   640,   96 },
+    { GPT_P_QKV_W,         -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   640, 6144 },
     /* h.0.ln_2.weight */
-    { GPT_P_LN2_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              8,  64,   576,   64 },
+    { GPT_P_LN2_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              6,  64,   576,   64 },
     /* h.0.ln_2.bias */
-    { GPT_P_LN2_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              9,  64,   512,   64 },
+    { GPT_P_LN2_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,   512,   64 },
     /* h.0.mlp.router.weight */
-    { GPT_P_ROUTER_W,      -1, 0, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0, 10,  64,     0,  512 },
+    { GPT_P_ROUTER_W,      -1, 0, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0,  8,  64,     0,  512 },
     /* h.0.mlp.experts.0.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 57344, 8192 },
+    { GPT_P_EXPERT_FC_W,    0, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 57344, 8192 },
     /* h.0.mlp.experts.0.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 49152, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 49152, 8192 },
     /* h.0.mlp.experts.1.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 40960, 8192 },
+    { GPT_P_EXPERT_FC_W,    1, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 40960, 8192 },
     /* h.0.mlp.experts.1.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 32768, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 32768, 8192 },
     /* h.0.mlp.experts.2.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 24576, 8192 },
+    { GPT_P_EXPERT_FC_W,    2, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 24576, 8192 },
     /* h.0.mlp.experts.2.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 16384, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 16384, 8192 },
     /* h.0.mlp.experts.3.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128,  8192, 8192 },
+    { GPT_P_EXPERT_FC_W,    3, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128,  8192, 8192 },
     /* h.0.mlp.experts.3.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64,     0, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64,     0, 8192 },
 };
 
 /* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
 ** flags */
-static const gpt_piece chunk0_pieces[21] = {
+static const gpt_piece chunk0_pieces[17] = {
     /* h.0.ln_1.weight */
     {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.0.ln_1.bias */
     {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.0.attn.c_proj.weight */
     {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
-    /* h.0.attn.c_proj.bias */
-    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.0.attn.c_attn.weight */
-    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.0.attn.c_attn.weight */
-    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.0.attn.c_attn.weight */
-    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.0.attn.c_attn.bias */
-    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.0.attn.c_attn.bias */
-    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.0.attn.c_attn.bias */
-    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.0.ln_2.weight */
-    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  4, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.0.ln_2.bias */
-    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  5, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.0.mlp.router.weight */
-    {  8, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  6, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.0.mlp.experts.0.c_fc.weight */
-    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  7, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.0.c_proj.weight */
-    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    {  8, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.1.c_fc.weight */
-    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.1.c_proj.weight */
-    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.2.c_fc.weight */
-    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.2.c_proj.weight */
-    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.3.c_fc.weight */
-    { 15, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.0.mlp.experts.3.c_proj.weight */
-    { 16, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
 };
 
 static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer */
@@ -132,88 +120,76 @@ static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer 
 
 /* chunk 1: one layer's tensors, every layer alike from its base in each buffer:
 ** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
-static const gpt_param chunk1_params[17] = {
+static const gpt_param chunk1_params[15] = {
     /* h.2.ln_1.weight */
-    { GPT_P_LN1_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  9088,   64 },
+    { GPT_P_LN1_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  8896,   64 },
     /* h.2.ln_1.bias */
-    { GPT_P_LN1_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  9024,   64 },
+    { GPT_P_LN1_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  8832,   64 },
     /* h.2.attn.c_proj.weight */
-    { GPT_P_ATTN_PROJ_W,   -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               6,  64,  6976, 2048 },
-    /* h.2.attn.c_proj.bias */
-    { GPT_P_ATTN_PROJ_B,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,  6912,   64 },
+    { GPT_P_ATTN_PROJ_W,   -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               5,  64,  6784, 2048 },
     /* h.2.attn.c_attn.weight */
-    { GPT_P_QKV_W,         -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   768, 6144 },
-    /* h.2.attn.c_attn.bias */
-    { GPT_P_QKV_B,         -1, 2, GPT_NORM_ALWAYS,                           5,  96,   640,   96 },
+    { GPT_P_QKV_W,         -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   640, 6144 },
     /* h.2.ln_2.weight */
-    { GPT_P_LN2_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              8,  64,   576,   64 },
+    { GPT_P_LN2_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              6,  64,   576,   64 },
     /* h.2.ln_2.bias */
-    { GPT_P_LN2_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              9,  64,   512,   64 },
+    { GPT_P_LN2_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,   512,   64 },
     /* h.2.mlp.router.weight */
-    { GPT_P_ROUTER_W,      -1, 2, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0, 10,  64,     0,  512 },
+    { GPT_P_ROUTER_W,      -1, 2, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0,  8,  64,     0,  512 },
     /* h.2.mlp.experts.0.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 57344, 8192 },
+    { GPT_P_EXPERT_FC_W,    0, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 57344, 8192 },
     /* h.2.mlp.experts.0.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 49152, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 49152, 8192 },
     /* h.2.mlp.experts.1.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 40960, 8192 },
+    { GPT_P_EXPERT_FC_W,    1, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 40960, 8192 },
     /* h.2.mlp.experts.1.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 32768, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 32768, 8192 },
     /* h.2.mlp.experts.2.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 24576, 8192 },
+    { GPT_P_EXPERT_FC_W,    2, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 24576, 8192 },
     /* h.2.mlp.experts.2.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 16384, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 16384, 8192 },
     /* h.2.mlp.experts.3.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128,  8192, 8192 },
+    { GPT_P_EXPERT_FC_W,    3, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128,  8192, 8192 },
     /* h.2.mlp.experts.3.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64,     0, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64,     0, 8192 },
 };
 
 /* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
 ** flags */
-static const gpt_piece chunk1_pieces[21] = {
+static const gpt_piece chunk1_pieces[17] = {
     /* h.2.ln_1.weight */
     {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.2.ln_1.bias */
     {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.2.attn.c_proj.weight */
     {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
-    /* h.2.attn.c_proj.bias */
-    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.2.attn.c_attn.weight */
-    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.2.attn.c_attn.weight */
-    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.2.attn.c_attn.weight */
-    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.2.attn.c_attn.bias */
-    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.2.attn.c_attn.bias */
-    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.2.attn.c_attn.bias */
-    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.2.ln_2.weight */
-    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  4, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.2.ln_2.bias */
-    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  5, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.2.mlp.router.weight */
-    {  8, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  6, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.2.mlp.experts.0.c_fc.weight */
-    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  7, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.0.c_proj.weight */
-    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    {  8, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.1.c_fc.weight */
-    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.1.c_proj.weight */
-    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.2.c_fc.weight */
-    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.2.c_proj.weight */
-    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.3.c_fc.weight */
-    { 15, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.2.mlp.experts.3.c_proj.weight */
-    { 16, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
 };
 
 static const size_t chunk1_bases[4] = {   /* per layer: its base in each buffer */
@@ -222,8 +198,8 @@ static const size_t chunk1_bases[4] = {   /* per layer: its base in each buffer 
 
 /* embedding and head: their tensors (offsets from the buffer's start) and pieces */
 static const gpt_param other_params[2] = {
-    { GPT_P_WTE, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 0, 64, 13312, 8192 },   /* wte.weight */
-    { GPT_P_WPE, -1, 0, GPT_DECAY | GPT_NORM_TP0,    1, 64,  9152, 4096 },   /* wpe.weight */
+    { GPT_P_WTE, -1, 0, GPT_DECAY | GPT_NORM_ALWAYS, 0, 64, 13056, 8192 },   /* wte.weight */
+    { GPT_P_WPE, -1, 0, GPT_DECAY | GPT_NORM_TP0,    1, 64,  8960, 4096 },   /* wpe.weight */
 };
 
 static const gpt_piece other_pieces[2] = {
@@ -234,16 +210,16 @@ static const gpt_piece other_pieces[2] = {
 /* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
 ** activations (NULL: all in its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 0, 1, 2, 1, 0, 17, chunk0_params, 21, chunk0_pieces, chunk0_bases, NULL },
-    { 2, 1, 2, 0, 0, 17, chunk1_params, 21, chunk1_pieces, chunk1_bases, NULL },
+    { 0, 1, 2, 1, 0, 15, chunk0_params, 17, chunk0_pieces, chunk0_bases, NULL },
+    { 2, 1, 2, 0, 0, 15, chunk1_params, 17, chunk1_pieces, chunk1_bases, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 3292708 bytes in all with the
+**    recompute workspace holds some instances; 3285780 bytes in all with the
 **    parameters, checked at start. Not used here:
-**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ H_LNF H_LNF_MEAN H_LNF_RSTD S_DFC S_QKVP S_DACT
-**    S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
-**    MS_DFC
+**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM H_LNF H_LNF_MEAN H_LNF_RSTD S_DFC S_QKVP
+**    S_DACT S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV
+**    S_A2A_DOUT MS_DFC
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 4 */
@@ -290,7 +266,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_ML_FC]       = { GPT_MEM_ALLOC, 0, 65536, 0 },
     /* f32 (ROWS_MAX, EFF_LOCAL), x 4 */
     [GPT_M_ML_H]        = { GPT_MEM_ALLOC, 0, 65536, 0 },
-    /* f32 (EXPERTS), x 4 */
+    /* f32 (AUX_SEQS, EXPERTS), x 4 */
     [GPT_M_ML_AUXG]     = { GPT_MEM_ALLOC, 0,    32, 0 },
     /* f32 (N_SP, C) the chunk's input, x 4 */
     [GPT_M_C_X]         = { GPT_MEM_ALLOC, 0,  8192, 0 },
@@ -346,18 +322,16 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_MS_DPROB]    = { GPT_MEM_ALLOC, 0,   256, 0 },
     /* f32 (N_SP, EXPERTS) */
     [GPT_M_MS_DLOGITS]  = { GPT_MEM_ALLOC, 0,  1024, 0 },
-    /* f32 (EXPERTS) */
+    /* f32 (AUX_SEQS, EXPERTS) */
     [GPT_M_MS_COLSUM]   = { GPT_MEM_ALLOC, 0,    32, 0 },
     /* i32 (MOE_COUNTS) */
     [GPT_M_MS_COUNTS]   = { GPT_MEM_ALLOC, 0,   224, 0 },
-    /* i32 (SEND_MAX) */
-    [GPT_M_MS_PIDX]     = { GPT_MEM_ALLOC, 0,   256, 0 },
     /* f32 (NMB) loss sums per micro-batch */
     [GPT_M_X_LOSS]      = { GPT_MEM_ALLOC, 0,     8, 0 },
     /* f32 (tensors + 3) norm pieces, then dense | experts | total */
-    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,   156, 0 },
+    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,   140, 0 },
     /* f32 packed sequence-parallel gradients */
-    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  6656, 0 },
+    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  6144, 0 },
 };
 
 /* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
@@ -484,12 +458,12 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* >>> all-reduce over tp: the gradients of the 12 sequence-parallel tensors, packed (1,664
+    /* >>> all-reduce over tp: the gradients of the 10 sequence-parallel tensors, packed (1,536
     ** elements; docs/megatron.md §4.6) */
     gpt_sp_allreduce(gpt.grp[GPT_GRP_TP]);
     /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
     ** embedding's and the head's gradients (docs/megatron.md §7) */
-    gpt_grad_allreduce_range(0, 13312, 8192, gpt.grp[GPT_GRP_EMBD]);
+    gpt_grad_allreduce_range(0, 13056, 8192, gpt.grp[GPT_GRP_EMBD]);
     /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
     ** gradients hold the tokens of every replica) */
     gpt_grad_scale(0, CFG_GRAD_SCALE);
@@ -548,7 +522,7 @@ const gpt_stage stage0 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 3292708,
+    .mem = mem, .mem_bytes = 3285780,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,

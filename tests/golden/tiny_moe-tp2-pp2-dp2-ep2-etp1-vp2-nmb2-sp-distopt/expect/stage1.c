@@ -12,7 +12,7 @@
 **    distributed optimizer cuts each bucket into one shard per data-parallel rank (§5.4) ---- */
 
 static const gpt_bucket buffer0_buckets[1] = {   /* start, size, shard, base */
-    { 0, 9216, 4608, 0 },
+    { 0, 8960, 4480, 0 },
 };
 
 static const gpt_bucket buffer1_buckets[1] = {   /* start, size, shard, base */
@@ -21,7 +21,7 @@ static const gpt_bucket buffer1_buckets[1] = {   /* start, size, shard, base */
 
 static const gpt_bucket buffer2_buckets[2] = {   /* start, size, shard, base */
     {    0, 8192, 4096,    0 },
-    { 8192, 9344, 4672, 4096 },
+    { 8192, 9088, 4544, 4096 },
 };
 
 static const gpt_bucket buffer3_buckets[1] = {   /* start, size, shard, base */
@@ -30,9 +30,9 @@ static const gpt_bucket buffer3_buckets[1] = {   /* start, size, shard, base */
 
 /* chunk, experts, elements, distributed, moment elements, data-parallel group, buckets */
 static const gpt_buffer buffers[4] = {
-    { 0, 0,  9216, 1,  4608, GPT_GRP_DPCP, 1, buffer0_buckets },   /* chunk 0, dense */
+    { 0, 0,  8960, 1,  4480, GPT_GRP_DPCP, 1, buffer0_buckets },   /* chunk 0, dense */
     { 0, 1, 65536, 1, 32768, GPT_GRP_EDP,  1, buffer1_buckets },   /* chunk 0, experts */
-    { 1, 0, 17536, 1,  8768, GPT_GRP_DPCP, 2, buffer2_buckets },   /* chunk 1, dense */
+    { 1, 0, 17280, 1,  8640, GPT_GRP_DPCP, 2, buffer2_buckets },   /* chunk 1, dense */
     { 1, 1, 65536, 1, 32768, GPT_GRP_EDP,  1, buffer3_buckets },   /* chunk 1, experts */
 };
 
@@ -42,88 +42,76 @@ static const gpt_buffer buffers[4] = {
 
 /* chunk 0: one layer's tensors, every layer alike from its base in each buffer:
 ** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
-static const gpt_param chunk0_params[17] = {
+static const gpt_param chunk0_params[15] = {
     /* h.1.ln_1.weight */
-    { GPT_P_LN1_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  9088,   64 },
+    { GPT_P_LN1_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  8896,   64 },
     /* h.1.ln_1.bias */
-    { GPT_P_LN1_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  9024,   64 },
+    { GPT_P_LN1_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  8832,   64 },
     /* h.1.attn.c_proj.weight */
-    { GPT_P_ATTN_PROJ_W,   -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               6,  64,  6976, 2048 },
-    /* h.1.attn.c_proj.bias */
-    { GPT_P_ATTN_PROJ_B,   -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,  6912,   64 },
+    { GPT_P_ATTN_PROJ_W,   -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               5,  64,  6784, 2048 },
     /* h.1.attn.c_attn.weight */
-    { GPT_P_QKV_W,         -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   768, 6144 },
-    /* h.1.attn.c_attn.bias */
-    { GPT_P_QKV_B,         -1, 0, GPT_NORM_ALWAYS,                           5,  96,   640,   96 },
+    { GPT_P_QKV_W,         -1, 0, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   640, 6144 },
     /* h.1.ln_2.weight */
-    { GPT_P_LN2_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              8,  64,   576,   64 },
+    { GPT_P_LN2_W,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              6,  64,   576,   64 },
     /* h.1.ln_2.bias */
-    { GPT_P_LN2_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              9,  64,   512,   64 },
+    { GPT_P_LN2_B,         -1, 0, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,   512,   64 },
     /* h.1.mlp.router.weight */
-    { GPT_P_ROUTER_W,      -1, 0, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0, 10,  64,     0,  512 },
+    { GPT_P_ROUTER_W,      -1, 0, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0,  8,  64,     0,  512 },
     /* h.1.mlp.experts.0.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 57344, 8192 },
+    { GPT_P_EXPERT_FC_W,    0, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 57344, 8192 },
     /* h.1.mlp.experts.0.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 49152, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  0, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 49152, 8192 },
     /* h.1.mlp.experts.1.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 40960, 8192 },
+    { GPT_P_EXPERT_FC_W,    1, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 40960, 8192 },
     /* h.1.mlp.experts.1.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 32768, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  1, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 32768, 8192 },
     /* h.1.mlp.experts.2.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 24576, 8192 },
+    { GPT_P_EXPERT_FC_W,    2, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 24576, 8192 },
     /* h.1.mlp.experts.2.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 16384, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  2, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 16384, 8192 },
     /* h.1.mlp.experts.3.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128,  8192, 8192 },
+    { GPT_P_EXPERT_FC_W,    3, 1, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128,  8192, 8192 },
     /* h.1.mlp.experts.3.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64,     0, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  3, 1, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64,     0, 8192 },
 };
 
 /* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
 ** flags */
-static const gpt_piece chunk0_pieces[21] = {
+static const gpt_piece chunk0_pieces[17] = {
     /* h.1.ln_1.weight */
     {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.1.ln_1.bias */
     {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.1.attn.c_proj.weight */
     {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
-    /* h.1.attn.c_proj.bias */
-    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.1.attn.c_attn.weight */
-    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.1.attn.c_attn.weight */
-    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.1.attn.c_attn.weight */
-    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.1.attn.c_attn.bias */
-    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.1.attn.c_attn.bias */
-    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.1.attn.c_attn.bias */
-    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.1.ln_2.weight */
-    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  4, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.1.ln_2.bias */
-    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  5, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.1.mlp.router.weight */
-    {  8, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  6, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.1.mlp.experts.0.c_fc.weight */
-    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  7, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.0.c_proj.weight */
-    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    {  8, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.1.c_fc.weight */
-    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.1.c_proj.weight */
-    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.2.c_fc.weight */
-    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.2.c_proj.weight */
-    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.3.c_fc.weight */
-    { 15, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.1.mlp.experts.3.c_proj.weight */
-    { 16, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
 };
 
 static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer */
@@ -132,88 +120,76 @@ static const size_t chunk0_bases[4] = {   /* per layer: its base in each buffer 
 
 /* chunk 1: one layer's tensors, every layer alike from its base in each buffer:
 ** field, local expert, buffer, flags, role, row stride, offset from the base, elements */
-static const gpt_param chunk1_params[17] = {
+static const gpt_param chunk1_params[15] = {
     /* h.3.ln_1.weight */
-    { GPT_P_LN1_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  9088,   64 },
+    { GPT_P_LN1_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              2,  64,  8896,   64 },
     /* h.3.ln_1.bias */
-    { GPT_P_LN1_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  9024,   64 },
+    { GPT_P_LN1_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              3,  64,  8832,   64 },
     /* h.3.attn.c_proj.weight */
-    { GPT_P_ATTN_PROJ_W,   -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               6,  64,  6976, 2048 },
-    /* h.3.attn.c_proj.bias */
-    { GPT_P_ATTN_PROJ_B,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,  6912,   64 },
+    { GPT_P_ATTN_PROJ_W,   -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               5,  64,  6784, 2048 },
     /* h.3.attn.c_attn.weight */
-    { GPT_P_QKV_W,         -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   768, 6144 },
-    /* h.3.attn.c_attn.bias */
-    { GPT_P_QKV_B,         -1, 2, GPT_NORM_ALWAYS,                           5,  96,   640,   96 },
+    { GPT_P_QKV_W,         -1, 2, GPT_DECAY | GPT_NORM_ALWAYS,               4,  96,   640, 6144 },
     /* h.3.ln_2.weight */
-    { GPT_P_LN2_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              8,  64,   576,   64 },
+    { GPT_P_LN2_W,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              6,  64,   576,   64 },
     /* h.3.ln_2.bias */
-    { GPT_P_LN2_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              9,  64,   512,   64 },
+    { GPT_P_LN2_B,         -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0,              7,  64,   512,   64 },
     /* h.3.mlp.router.weight */
-    { GPT_P_ROUTER_W,      -1, 2, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0, 10,  64,     0,  512 },
+    { GPT_P_ROUTER_W,      -1, 2, GPT_DECAY | GPT_SP_REDUCE | GPT_NORM_TP0,  8,  64,     0,  512 },
     /* h.3.mlp.experts.0.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 57344, 8192 },
+    { GPT_P_EXPERT_FC_W,    0, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 57344, 8192 },
     /* h.3.mlp.experts.0.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 49152, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  0, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 49152, 8192 },
     /* h.3.mlp.experts.1.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 40960, 8192 },
+    { GPT_P_EXPERT_FC_W,    1, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 40960, 8192 },
     /* h.3.mlp.experts.1.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 32768, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  1, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 32768, 8192 },
     /* h.3.mlp.experts.2.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128, 24576, 8192 },
+    { GPT_P_EXPERT_FC_W,    2, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128, 24576, 8192 },
     /* h.3.mlp.experts.2.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64, 16384, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  2, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64, 16384, 8192 },
     /* h.3.mlp.experts.3.c_fc.weight */
-    { GPT_P_EXPERT_FC_W,    3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              11, 128,  8192, 8192 },
+    { GPT_P_EXPERT_FC_W,    3, 3, GPT_DECAY | GPT_NORM_ALWAYS,               9, 128,  8192, 8192 },
     /* h.3.mlp.experts.3.c_proj.weight */
-    { GPT_P_EXPERT_PROJ_W,  3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              12,  64,     0, 8192 },
+    { GPT_P_EXPERT_PROJ_W,  3, 3, GPT_DECAY | GPT_NORM_ALWAYS,              10,  64,     0, 8192 },
 };
 
 /* their pieces: param, local row, col, global row, col, rows, cols, moved by, step row, col,
 ** flags */
-static const gpt_piece chunk1_pieces[21] = {
+static const gpt_piece chunk1_pieces[17] = {
     /* h.3.ln_1.weight */
     {  0, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.3.ln_1.bias */
     {  1, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.3.attn.c_proj.weight */
     {  2, 0,  0, 0,   0,  32,  64, GPT_SPLIT_TP,    32,   0, 0 },
-    /* h.3.attn.c_proj.bias */
-    {  3, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.3.attn.c_attn.weight */
-    {  4, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0,  0, 0,   0,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.3.attn.c_attn.weight */
-    {  4, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 32, 0,  64,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.3.attn.c_attn.weight */
-    {  4, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.3.attn.c_attn.bias */
-    {  5, 0,  0, 0,   0,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.3.attn.c_attn.bias */
-    {  5, 0, 32, 0,  64,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
-    /* h.3.attn.c_attn.bias */
-    {  5, 0, 64, 0, 128,   1,  32, GPT_SPLIT_TP,     0,  32, 0 },
+    {  3, 0, 64, 0, 128,  64,  32, GPT_SPLIT_TP,     0,  32, 0 },
     /* h.3.ln_2.weight */
-    {  6, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  4, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.3.ln_2.bias */
-    {  7, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  5, 0,  0, 0,   0,   1,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.3.mlp.router.weight */
-    {  8, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
+    {  6, 0,  0, 0,   0,   8,  64, GPT_SPLIT_NONE,   0,   0, GPT_REPLICATED },
     /* h.3.mlp.experts.0.c_fc.weight */
-    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  7, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.0.c_proj.weight */
-    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    {  8, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.1.c_fc.weight */
-    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    {  9, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.1.c_proj.weight */
-    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 10, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.2.c_fc.weight */
-    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 11, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.2.c_proj.weight */
-    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 12, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.3.c_fc.weight */
-    { 15, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
+    { 13, 0,  0, 0,   0,  64, 128, GPT_SPLIT_ETP,    0, 128, GPT_EXPERT_PIECE },
     /* h.3.mlp.experts.3.c_proj.weight */
-    { 16, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
+    { 14, 0,  0, 0,   0, 128,  64, GPT_SPLIT_ETP,  128,   0, GPT_EXPERT_PIECE },
 };
 
 static const size_t chunk1_bases[4] = {   /* per layer: its base in each buffer */
@@ -223,9 +199,9 @@ static const size_t chunk1_bases[4] = {   /* per layer: its base in each buffer 
 /* embedding and head: their tensors (offsets from the buffer's start) and pieces */
 static const gpt_param other_params[3] = {
     /* ln_f.weight */
-    { GPT_P_LN_F_W,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0, 13, 64, 8256,   64 },
+    { GPT_P_LN_F_W,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0, 11, 64, 8256,   64 },
     /* ln_f.bias */
-    { GPT_P_LN_F_B,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0, 14, 64, 8192,   64 },
+    { GPT_P_LN_F_B,   -1, 2, GPT_SP_REDUCE | GPT_NORM_TP0, 12, 64, 8192,   64 },
     /* the head's copy of wte.weight */
     { GPT_P_HEAD_WTE, -1, 2, GPT_DECAY | GPT_NORM_NEVER,    0, 64,    0, 8192 },
 };
@@ -242,15 +218,15 @@ static const gpt_piece other_pieces[3] = {
 /* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
 ** activations (NULL: all in its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 1, 1, 2, 0, 0, 17, chunk0_params, 21, chunk0_pieces, chunk0_bases, NULL },
-    { 3, 1, 1, 0, 1, 17, chunk1_params, 21, chunk1_pieces, chunk1_bases, NULL },
+    { 1, 1, 2, 0, 0, 15, chunk0_params, 17, chunk0_pieces, chunk0_bases, NULL },
+    { 3, 1, 1, 0, 1, 15, chunk1_params, 17, chunk1_pieces, chunk1_bases, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 3037192 bytes in all with the
+**    recompute workspace holds some instances; 3030264 bytes in all with the
 **    parameters, checked at start. Not used here:
-**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ C_TOKENS S_DFC S_QKVP S_DACT S_RING_KV S_RING_DKV
-**    S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_DFC
+**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS S_DFC S_QKVP S_DACT S_RING_KV
+**    S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_DFC
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 3 */
@@ -297,7 +273,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_ML_FC]       = { GPT_MEM_ALLOC, 0, 65536, 0 },
     /* f32 (ROWS_MAX, EFF_LOCAL), x 3 */
     [GPT_M_ML_H]        = { GPT_MEM_ALLOC, 0, 65536, 0 },
-    /* f32 (EXPERTS), x 3 */
+    /* f32 (AUX_SEQS, EXPERTS), x 3 */
     [GPT_M_ML_AUXG]     = { GPT_MEM_ALLOC, 0,    32, 0 },
     /* f32 (N_SP, C) the chunk's input, x 3 */
     [GPT_M_C_X]         = { GPT_MEM_ALLOC, 0,  8192, 0 },
@@ -363,18 +339,16 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_MS_DPROB]    = { GPT_MEM_ALLOC, 0,   256, 0 },
     /* f32 (N_SP, EXPERTS) */
     [GPT_M_MS_DLOGITS]  = { GPT_MEM_ALLOC, 0,  1024, 0 },
-    /* f32 (EXPERTS) */
+    /* f32 (AUX_SEQS, EXPERTS) */
     [GPT_M_MS_COLSUM]   = { GPT_MEM_ALLOC, 0,    32, 0 },
     /* i32 (MOE_COUNTS) */
     [GPT_M_MS_COUNTS]   = { GPT_MEM_ALLOC, 0,   224, 0 },
-    /* i32 (SEND_MAX) */
-    [GPT_M_MS_PIDX]     = { GPT_MEM_ALLOC, 0,   256, 0 },
     /* f32 (NMB) loss sums per micro-batch */
     [GPT_M_X_LOSS]      = { GPT_MEM_ALLOC, 0,     8, 0 },
     /* f32 (tensors + 3) norm pieces, then dense | experts | total */
-    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,   160, 0 },
+    [GPT_M_X_STAT]      = { GPT_MEM_ALLOC, 0,   144, 0 },
     /* f32 packed sequence-parallel gradients */
-    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  7168, 0 },
+    [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  6656, 0 },
 };
 
 /* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
@@ -496,7 +470,7 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* >>> all-reduce over tp: the gradients of the 14 sequence-parallel tensors, packed (1,792
+    /* >>> all-reduce over tp: the gradients of the 12 sequence-parallel tensors, packed (1,664
     ** elements; docs/megatron.md §4.6) */
     gpt_sp_allreduce(gpt.grp[GPT_GRP_TP]);
     /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
@@ -560,7 +534,7 @@ const gpt_stage stage1 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 3037192,
+    .mem = mem, .mem_bytes = 3030264,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

@@ -1,0 +1,607 @@
+/*
+** data.c: Megatron-LM's indexed datasets (PREFIX.bin + PREFIX.idx, as its
+** tools/preprocess_data.py writes them), sampled as Megatron's GPTDataset and BlendedDataset
+** sample the "train" split of the whole corpus: the document index shuffled over epochs, the
+** sample index of build_sample_idx, the shuffle index (all from NumPy's legacy RandomState,
+** reproduced here), and for blends the blending indices of build_blending_indices.
+** Not the nanoGPT / llm.c token files, which train.c reads itself. Called by train.c: at
+** start-up (lib_data_open, lib_data_check_vocab) and for each sample of a step
+** (lib_data_sample). Every rank builds the same indices; a bad file is reported once, by rank
+** 0, through lib_fail_file. Files are read as little-endian, as on the hosts that write them.
+*/
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "internal.h"   // defines: lib_data, lib_fail_file, lib_fail_all, rt_rank, RT_CHECK
+
+/* -- NumPy's legacy RandomState: MT19937 and shuffle ---------------------------------------- */
+
+enum { MT_N = 624, MT_M = 397 };
+
+typedef struct {
+    uint32_t key[MT_N];
+    int pos;
+} mt19937;
+
+/* RandomState(seed) for an integer seed in [0, 2^32): Matsumoto and Nishimura's init_genrand. */
+static void mt_seed(mt19937 *mt, uint32_t seed)
+{
+    for (int i = 0; i < MT_N; i++) {
+        mt->key[i] = seed;
+        seed = 1812433253u * (seed ^ (seed >> 30)) + (uint32_t)i + 1u;
+    }
+    mt->pos = MT_N;
+}
+
+static uint32_t mt_next32(mt19937 *mt)
+{
+    if (mt->pos == MT_N) {                  /* the next 624 words */
+        uint32_t *k = mt->key;
+        for (int i = 0; i < MT_N; i++) {
+            uint32_t y = (k[i] & 0x80000000u) | (k[(i + 1) % MT_N] & 0x7fffffffu);
+            k[i] = k[(i + MT_M) % MT_N] ^ (y >> 1) ^ (y & 1u ? 0x9908b0dfu : 0u);
+        }
+        mt->pos = 0;
+    }
+    uint32_t y = mt->key[mt->pos++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    return y ^ (y >> 18);
+}
+
+/* A uniform integer in [0, max] as NumPy's random_interval draws it: masked draws, rejected
+** above max; 32-bit words while max fits in 32 bits, else (high << 32 | low) pairs. */
+static uint64_t mt_interval(mt19937 *mt, uint64_t max)
+{
+    if (max == 0) return 0;
+    uint64_t mask = max, v;
+    for (int s = 1; s <= 32; s <<= 1) mask |= mask >> s;
+    if (max <= 0xffffffffu) {
+        while ((v = mt_next32(mt) & mask) > max) {}
+    } else {
+        do {
+            uint64_t hi = mt_next32(mt);
+            v = (hi << 32 | mt_next32(mt)) & mask;
+        } while (v > max);
+    }
+    return v;
+}
+
+/* RandomState.shuffle of a 1-D array: for i = n-1 down to 1, swap a[i] with a[interval(i)]. */
+static void mt_shuffle32(mt19937 *mt, int32_t *a, long long n)
+{
+    for (long long i = n - 1; i > 0; i--) {
+        long long j = (long long)mt_interval(mt, (uint64_t)i);
+        int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+static void mt_shuffle64(mt19937 *mt, int64_t *a, long long n)
+{
+    for (long long i = n - 1; i > 0; i--) {
+        long long j = (long long)mt_interval(mt, (uint64_t)i);
+        int64_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* -- One indexed dataset --------------------------------------------------------------------- */
+
+/* Megatron's DType codes (indexed_dataset.py): code, name, bytes; float types hold no ids. */
+#define MM_DTYPES(_) _(1, "uint8", 1) _(2, "int8", 1) _(3, "int16", 2) _(4, "int32", 4) \
+    _(5, "int64", 8) _(6, "float64", 8) _(7, "float32", 4) _(8, "uint16", 2)
+#define MM_NAME(code, name, bytes) [code] = name,
+#define MM_BYTES(code, name, bytes) [code] = bytes,
+static const char *const mm_dtype_name[] = { MM_DTYPES(MM_NAME) };
+static const int mm_dtype_bytes[] = { MM_DTYPES(MM_BYTES) };
+enum { MM_NCODES = sizeof mm_dtype_bytes / sizeof mm_dtype_bytes[0] };
+
+static const char MM_MAGIC[9] = "MMIDIDX\0";     /* 9 bytes: "MMIDIDX\x00\x00" */
+enum { MM_HEADER = 9 + 8 + 1 + 8 + 8 };           /* magic, version, dtype, counts */
+
+typedef struct {
+    char *bin, *idx;            /* PREFIX.bin, PREFIX.idx */
+    int fd;                     /* PREFIX.bin */
+    int code, width;            /* dtype code, bytes per token */
+    long long nseq, ntok;       /* sequences ("documents" to GPTDataset), their tokens */
+    int32_t *len;               /* (nseq) tokens of each sequence */
+    int64_t *ptr;               /* (nseq) byte offset of each in PREFIX.bin */
+    /* the GPTDataset over all sequences */
+    long long request;          /* num_samples asked for; -1: none (one epoch) */
+    int epochs, separate;       /* epochs, and whether the last one is shuffled apart */
+    long long ndoc;             /* epochs * nseq */
+    int32_t *doc;               /* (ndoc) document index: sequence ids, shuffled */
+    long long nsamples;         /* its length */
+    int64_t *sample;            /* (nsamples + 1, 2) (document-index position, token offset) */
+    int64_t *shuffle;           /* (nsamples) */
+} mm_dataset;
+
+struct lib_data {
+    int n;                      /* datasets */
+    mm_dataset *ds;             /* (n) */
+    int seq;                    /* tokens per sample, less the extra one */
+    long long size;             /* samples of the top-level dataset */
+    int16_t *which;             /* (size) blends: dataset of each sample; NULL: no blend */
+    int64_t *within;            /* (size) blends: its sample in that dataset */
+};
+
+static char *cat(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    char *s = malloc(na + nb + 1);
+    RT_CHECK(s, "out of memory");
+    memcpy(s, a, na);
+    memcpy(s + na, b, nb + 1);
+    return s;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* Token k of a buffer of tokens in dtype 'code'. */
+static long long token_at(const unsigned char *p, int code, size_t k)
+{
+    switch (code) {
+    case 1: return p[k];
+    case 2: return (int8_t)p[k];
+    case 3: { int16_t v; memcpy(&v, p + 2 * k, 2); return v; }
+    case 4: { int32_t v; memcpy(&v, p + 4 * k, 4); return v; }
+    case 5: { int64_t v; memcpy(&v, p + 8 * k, 8); return v; }
+    case 8: { uint16_t v; memcpy(&v, p + 2 * k, 2); return v; }
+    default: return -1;
+    }
+}
+
+/* Read PREFIX.idx whole and check it against PREFIX.bin. */
+static void mm_open(mm_dataset *m, const char *prefix)
+{
+    memset(m, 0, sizeof *m);
+    m->bin = cat(prefix, ".bin");
+    m->idx = cat(prefix, ".idx");
+    int fd = open(m->idx, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st))
+        lib_fail_file(m->idx, "cannot open: %s (a Megatron indexed dataset is PREFIX.bin and "
+                      "PREFIX.idx)", strerror(errno));
+    long long size = (long long)st.st_size;
+    unsigned char *h = malloc(size > MM_HEADER ? (size_t)size : MM_HEADER);
+    RT_CHECK(h, "out of memory");
+    long long got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, h + got, (size_t)(size - got), got);
+        if (r <= 0) lib_fail_file(m->idx, "cannot read: %s", r ? strerror(errno) : "short read");
+        got += r;
+    }
+    close(fd);
+    if (size < 9 || memcmp(h, MM_MAGIC, 9))
+        lib_fail_file(m->idx, "bad magic: not a Megatron index (expected the bytes "
+                      "\"MMIDIDX\\x00\\x00\" that tools/preprocess_data.py writes)");
+    if (size < MM_HEADER)
+        lib_fail_file(m->idx, "truncated: %lld bytes, shorter than the %d-byte header", size,
+                      MM_HEADER);
+    uint64_t version = le64(h + 9);
+    if (version != 1)
+        lib_fail_file(m->idx, "index version %llu; only version 1 is supported",
+                      (unsigned long long)version);
+    m->code = h[17];
+    if (m->code < 1 || m->code >= MM_NCODES || m->code == 6 || m->code == 7)
+        lib_fail_file(m->idx, "dtype code %d (%s): token ids need an integer dtype (codes 1-5 "
+                      "and 8)", m->code, m->code >= 1 && m->code < MM_NCODES ?
+                      mm_dtype_name[m->code] : "unknown");
+    m->width = mm_dtype_bytes[m->code];
+    uint64_t nseq = le64(h + 18), ndocs = le64(h + 26);
+    if (nseq > ((uint64_t)1 << 40) || ndocs > ((uint64_t)1 << 40) ||
+        (long long)(MM_HEADER + 12 * nseq + 8 * ndocs) > size)
+        lib_fail_file(m->idx, "truncated: the header announces %llu sequences and %llu "
+                      "documents (%llu bytes), the file has %lld", (unsigned long long)nseq,
+                      (unsigned long long)ndocs,
+                      (unsigned long long)(MM_HEADER + 12 * nseq + 8 * ndocs), size);
+    if (nseq == 0) lib_fail_file(m->idx, "the dataset holds no sequences");
+    m->nseq = (long long)nseq;
+    m->len = malloc(4 * nseq);
+    m->ptr = malloc(8 * nseq);
+    RT_CHECK(m->len && m->ptr, "out of memory");
+    memcpy(m->len, h + MM_HEADER, 4 * nseq);
+    memcpy(m->ptr, h + MM_HEADER + 4 * nseq, 8 * nseq);
+    free(h);
+
+    m->fd = open(m->bin, O_RDONLY);
+    if (m->fd < 0 || fstat(m->fd, &st)) lib_fail_file(m->bin, "cannot open: %s", strerror(errno));
+    for (long long i = 0; i < m->nseq; i++) {
+        if (m->len[i] < 0 || m->ptr[i] < 0)
+            lib_fail_file(m->idx, "sequence %lld has length %d at byte %lld: corrupt index", i,
+                          m->len[i], (long long)m->ptr[i]);
+        long long end = m->ptr[i] + (long long)m->len[i] * m->width;
+        if (end > (long long)st.st_size)
+            lib_fail_file(m->bin, "truncated: sequence %lld (%d %s tokens at byte %lld) ends at "
+                          "byte %lld, the file has %lld bytes", i, m->len[i],
+                          mm_dtype_name[m->code], (long long)m->ptr[i], end,
+                          (long long)st.st_size);
+        m->ntok += m->len[i];
+    }
+    if (m->ntok < 2)
+        lib_fail_file(m->idx, "%lld tokens: a dataset needs at least 2", m->ntok);
+}
+
+/* 'n' tokens of sequence 's' from token 'off' on, as ints. */
+static void mm_read(const mm_dataset *m, long long s, long long off, long long n, int *out)
+{
+    enum { CHUNK = 1 << 12 };
+    unsigned char raw[8 * CHUNK];     /* CHUNK tokens of the widest dtype */
+    RT_CHECK(s >= 0 && s < m->nseq && off >= 0 && off + n <= m->len[s],
+             "%s: tokens [%lld, %lld) of sequence %lld requested, it has %d", m->bin, off,
+             off + n, s, s >= 0 && s < m->nseq ? m->len[s] : -1);
+    for (long long k = 0; k < n; k += CHUNK) {
+        size_t c = (size_t)(n - k < CHUNK ? n - k : CHUNK), bytes = c * (size_t)m->width;
+        off_t at = (off_t)m->ptr[s] + (off_t)(off + k) * m->width;
+        if (pread(m->fd, raw, bytes, at) != (ssize_t)bytes)
+            RT_CHECK(0, "%s: cannot read sequence %lld: %s", m->bin, s, strerror(errno));
+        for (size_t i = 0; i < c; i++) {        /* ids beyond int read as -1: out of range */
+            long long v = token_at(raw, m->code, i);
+            out[k + (long long)i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int)v;
+        }
+    }
+}
+
+/* -- GPTDataset's indices -------------------------------------------------------------------- */
+
+/* The range [lo, hi) shuffled into a[0 .. hi-lo). */
+static void shuffled_range(mt19937 *rs, int64_t *a, long long lo, long long hi)
+{
+    for (long long i = lo; i < hi; i++) a[i - lo] = i;
+    mt_shuffle64(rs, a, hi - lo);
+}
+
+/*
+** GPTDataset._build_document_sample_shuffle_indices for 'request' samples (-1: none, one epoch)
+** of 'seq' + 1 tokens, seed 'seed': the epochs needed, the document index (the last epoch
+** shuffled on its own when it would give fewer than 80 % of an epoch's samples), the sample
+** index of build_sample_idx (drop the last partial sample, one extra token per sample) and the
+** shuffle index, drawn in that order from one RandomState(seed).
+*/
+static void mm_build(mm_dataset *m, long long request, int seq, uint32_t seed)
+{
+    long long tpe = m->ntok, sans = 0;
+    m->request = request;
+    m->epochs = 1;
+    if (request >= 0) {
+        long long have = tpe, want = request * seq + 1;
+        while (have < want) {
+            m->epochs++;
+            have += tpe;
+        }
+    }
+    m->separate = 0;
+    if (m->epochs > 1) {
+        sans = ((m->epochs - 1) * tpe - 1) / seq;
+        long long from_final = request - sans, per_epoch = (tpe - 1) / seq;
+        m->separate = from_final < (long long)(0.80 * (double)per_epoch);
+    }
+    mt19937 *rs = malloc(sizeof *rs);
+    RT_CHECK(rs, "out of memory");
+    mt_seed(rs, seed);
+
+    m->ndoc = m->epochs * m->nseq;
+    RT_CHECK(m->ndoc < INT32_MAX, "%s: %d epochs of %lld sequences: the document index holds "
+             "int32", m->idx, m->epochs, m->nseq);
+    m->doc = malloc(sizeof *m->doc * (size_t)m->ndoc);
+    RT_CHECK(m->doc, "out of memory");
+    for (long long i = 0; i < m->ndoc; i++) m->doc[i] = (int32_t)(i % m->nseq);
+    if (m->separate) {
+        long long first = (m->epochs - 1) * m->nseq;
+        mt_shuffle32(rs, m->doc, first);
+        mt_shuffle32(rs, m->doc + first, m->nseq);
+    } else {
+        mt_shuffle32(rs, m->doc, m->ndoc);
+    }
+
+    /* build_sample_idx: walk the document index, seq + 1 tokens per sample, the last token of
+    ** a sample being the first of the next */
+    long long ns = (m->epochs * tpe - 1) / seq;
+    m->nsamples = ns;
+    m->sample = malloc(sizeof *m->sample * 2 * (size_t)(ns + 1));
+    m->shuffle = malloc(sizeof *m->shuffle * (size_t)(ns > 0 ? ns : 1));
+    RT_CHECK(m->sample && m->shuffle, "out of memory");
+    long long di = 0, off = 0;
+    m->sample[0] = 0;
+    m->sample[1] = 0;
+    for (long long s = 1; s <= ns; s++) {
+        long long remaining = seq + 1;
+        while (remaining != 0) {
+            long long dlen = m->len[m->doc[di]] - off;
+            remaining -= dlen;
+            if (remaining <= 0) {
+                off += remaining + dlen - 1;
+                remaining = 0;
+            } else {
+                if (di == m->ndoc - 1) {             /* out of documents: the last sample */
+                    RT_CHECK(s == ns, "%s: build_sample_idx ran out of documents", m->idx);
+                    off = m->len[m->doc[di]] - 1;
+                    break;
+                }
+                di++;
+                off = 0;
+            }
+        }
+        m->sample[2 * s] = di;
+        m->sample[2 * s + 1] = off;
+    }
+
+    if (m->separate) {
+        shuffled_range(rs, m->shuffle, 0, sans);
+        shuffled_range(rs, m->shuffle + sans, sans, ns);
+    } else {
+        shuffled_range(rs, m->shuffle, 0, ns);
+    }
+    free(rs);
+}
+
+/* GPTDataset[i]: its seq + 1 tokens (inputs, and the targets one token on). */
+static void mm_sample(const mm_dataset *m, long long i, int seq, int *out)
+{
+    RT_CHECK(i >= 0 && i < m->nsamples, "%s: sample %lld of %lld", m->idx, i, m->nsamples);
+    long long j = m->shuffle[i];
+    long long b = m->sample[2 * j], bo = m->sample[2 * j + 1];
+    long long e = m->sample[2 * j + 2], eo = m->sample[2 * j + 3];
+    long long n = 0;
+    for (long long k = b; k <= e; k++) {
+        long long s = m->doc[k], from = k == b ? bo : 0;
+        long long count = k < e ? m->len[s] - from : eo + 1 - from;
+        RT_CHECK(count >= 0 && n + count <= seq + 1, "%s: sample %lld spans more than %d tokens",
+                 m->idx, i, seq + 1);
+        mm_read(m, s, from, count, out + n);
+        n += count;
+    }
+    RT_CHECK(n == seq + 1, "%s: sample %lld has %lld tokens, not %d", m->idx, i, n, seq + 1);
+}
+
+/* -- Blends ---------------------------------------------------------------------------------- */
+
+/* numpy.sum of a float64 vector: pairwise summation, 8 accumulators up to 128 elements. */
+static double np_sum(const double *a, long long n)
+{
+    if (n < 8) {
+        double r = 0.0;
+        for (long long i = 0; i < n; i++) r += a[i];
+        return r;
+    }
+    if (n <= 128) {
+        double r[8];
+        long long i;
+        for (int k = 0; k < 8; k++) r[k] = a[k];
+        for (i = 8; i < n - n % 8; i += 8)
+            for (int k = 0; k < 8; k++) r[k] += a[i + k];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    long long n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_sum(a, n2) + np_sum(a + n2, n - n2);
+}
+
+/* Megatron's utils.normalize: w / numpy.sum(w). */
+static void normalize(double *w, int n)
+{
+    double sum = np_sum(w, n);
+    for (int i = 0; i < n; i++) w[i] /= sum;
+}
+
+/* build_blending_indices: sample i goes to the dataset furthest behind its share. */
+static void blend_indices(lib_data *d, const double *w)
+{
+    long long *used = calloc((size_t)d->n, sizeof *used);
+    d->which = malloc(sizeof *d->which * (size_t)d->size);
+    d->within = malloc(sizeof *d->within * (size_t)d->size);
+    RT_CHECK(used && d->which && d->within, "out of memory");
+    for (long long i = 0; i < d->size; i++) {
+        double x = i > 1 ? (double)i : 1.0;
+        int best = 0;
+        double max = w[0] * x - (double)used[0];
+        for (int k = 1; k < d->n; k++) {
+            double err = w[k] * x - (double)used[k];
+            if (err > max) {
+                max = err;
+                best = k;
+            }
+        }
+        d->which[i] = (int16_t)best;
+        d->within[i] = used[best]++;
+    }
+    for (int k = 0; k < d->n; k++)
+        if (used[k] > d->ds[k].nsamples)
+            lib_fail_file(d->ds[k].idx, "the blend takes %lld samples from this dataset, it has "
+                          "%lld", used[k], d->ds[k].nsamples);
+    free(used);
+}
+
+/* -- API ------------------------------------------------------------------------------------- */
+
+/*
+** Whether 'path' names a Megatron indexed dataset: PATH.idx exists (a prefix, as Megatron's
+** --data-path takes it), or PATH is PREFIX.bin or PREFIX.idx with an index that starts with
+** Megatron's magic. Sets *prefix to a new string (the caller frees) when it does.
+*/
+int lib_data_is_indexed(const char *path, char **prefix)
+{
+    *prefix = NULL;
+    char *idx = cat(path, ".idx");
+    int yes = access(idx, F_OK) == 0;
+    free(idx);
+    if (yes) {
+        *prefix = cat(path, "");
+        return 1;
+    }
+    size_t n = strlen(path);
+    if (n > 4 && (!strcmp(path + n - 4, ".bin") || !strcmp(path + n - 4, ".idx"))) {
+        char *stem = cat(path, "");
+        stem[n - 4] = 0;
+        idx = cat(stem, ".idx");
+        char magic[9];
+        FILE *f = fopen(idx, "rb");
+        yes = f && fread(magic, 1, 9, f) == 9 && !memcmp(magic, MM_MAGIC, 9);
+        if (f) fclose(f);
+        free(idx);
+        if (yes) *prefix = stem;
+        else free(stem);
+    }
+    return yes;
+}
+
+/*
+** Open the n datasets 'prefixes' and build Megatron's indices for 'request' samples of seq + 1
+** tokens with seed 'seed'. weights NULL and n == 1: one GPTDataset of 'request' samples.
+** weights given: a BlendedDataset of Megatron's size (the sum of ceil(request * w)), each
+** dataset built for its share plus Megatron's 0.5 % surplus. weights NULL and n > 1: one epoch
+** of each, blended by their lengths, as Megatron blends a list of prefixes without weights.
+** 'verbose': rank 0 prints one line per dataset. Bad files: lib_fail_file (every rank exits).
+*/
+lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int seq,
+                        long long request, unsigned long long seed, int verbose)
+{
+    if (seq < 2) lib_fail_all(2, "a Megatron dataset needs a sequence length of at least 2");
+    if (n < 1 || n >= 32767) lib_fail_all(2, "a blend has 1 to 32766 datasets, not %d", n);
+    lib_data *d = calloc(1, sizeof *d);
+    RT_CHECK(d, "out of memory");
+    d->n = n;
+    d->seq = seq;
+    d->ds = calloc((size_t)n, sizeof *d->ds);
+    double *w = malloc(sizeof *w * (size_t)n);
+    RT_CHECK(d->ds && w, "out of memory");
+    for (int k = 0; k < n; k++) mm_open(&d->ds[k], prefixes[k]);
+    if (weights) {
+        /* _get_size_per_split_per_dataset: the target (ceil(N w)) and the built (with surplus) */
+        for (int k = 0; k < n; k++) {
+            if (!(weights[k] > 0))
+                lib_fail_all(2, "--data-path: weight %g of %s must be positive", weights[k],
+                             prefixes[k]);
+            w[k] = weights[k];
+        }
+        normalize(w, n);
+        d->size = 0;
+        for (int k = 0; k < n; k++) {
+            double target = ceil((double)request * w[k]);
+            d->size += (long long)target;
+            mm_build(&d->ds[k], (long long)ceil(target * (1.0 + 0.005)), seq, (uint32_t)seed);
+        }
+        normalize(w, n);                   /* BlendedDataset normalises its weights again */
+        blend_indices(d, w);
+    } else if (n == 1) {
+        mm_build(&d->ds[0], request, seq, (uint32_t)seed);
+        d->size = d->ds[0].nsamples;
+    } else {
+        long long total = 0;
+        for (int k = 0; k < n; k++) {
+            mm_build(&d->ds[k], -1, seq, (uint32_t)seed);
+            w[k] = (double)d->ds[k].nsamples;
+            total += d->ds[k].nsamples;
+        }
+        normalize(w, n);
+        d->size = request < total ? request : total;
+        blend_indices(d, w);
+    }
+    if (verbose && rt_rank() == 0) {
+        for (int k = 0; k < n; k++) {
+            const mm_dataset *m = &d->ds[k];
+            printf("data: %s: %lld sequences, %lld %s tokens; %d epoch%s%s, %lld samples of %d "
+                   "tokens", m->bin, m->nseq, m->ntok, mm_dtype_name[m->code], m->epochs,
+                   m->epochs > 1 ? "s" : "", m->separate ? " (last apart)" : "", m->nsamples,
+                   seq + 1);
+            if (d->which) printf("; weight %.6g", w[k]);
+            printf("\n");
+        }
+        printf("data: %lld samples%s, seed %llu\n", d->size, d->which ? " blended" : "", seed);
+    }
+    free(w);
+    return d;
+}
+
+/* Samples of the top-level dataset (GPTDataset or BlendedDataset). */
+long long lib_data_size(const lib_data *d)
+{
+    return d->size;
+}
+
+/* Sample i of the top-level dataset: its seq + 1 token ids into out. */
+void lib_data_sample(const lib_data *d, long long i, int *out)
+{
+    RT_CHECK(i >= 0 && i < d->size, "data: sample %lld of %lld", i, d->size);
+    if (d->which) mm_sample(&d->ds[d->which[i]], d->within[i], d->seq, out);
+    else mm_sample(&d->ds[0], i, d->seq, out);
+}
+
+/*
+** Every token of every dataset must be in [0, vocab). The ranks share each file's scan (rank r
+** reads the sequences whose first token lies in slice r of the tokens) and agree on the first
+** bad position with world_max (a maximum over the world); then all fail alike, naming it.
+*/
+void lib_data_check_vocab(const lib_data *d, int vocab, void (*world_max)(long long *))
+{
+    enum { CHUNK = 1 << 16 };
+    int *buf = malloc(sizeof *buf * CHUNK);
+    RT_CHECK(buf, "out of memory");
+    for (int k = 0; k < d->n; k++) {
+        const mm_dataset *m = &d->ds[k];
+        long long per = (m->ntok + rt_world() - 1) / rt_world();
+        long long lo = per * rt_rank(), hi = lo + per, first = 0, bad = -1;
+        for (long long s = 0; s < m->nseq && bad < 0; first += m->len[s], s++) {
+            if (first < lo || first >= hi) continue;
+            for (long long at = 0; at < m->len[s] && bad < 0; at += CHUNK) {
+                long long c = m->len[s] - at < CHUNK ? m->len[s] - at : CHUNK;
+                mm_read(m, s, at, c, buf);
+                for (long long i = 0; i < c; i++)
+                    if (buf[i] < 0 || buf[i] >= vocab) {
+                        bad = first + at + i;
+                        break;
+                    }
+            }
+        }
+        long long key = bad < 0 ? 0 : m->ntok - bad;   /* the smallest position wins */
+        world_max(&key);
+        if (key == 0) continue;
+        long long pos = m->ntok - key, s = 0;
+        while (pos >= m->len[s]) pos -= m->len[s++];
+        int tok;
+        mm_read(m, s, pos, 1, &tok);
+        lib_fail_file(m->bin, "token %d at position %lld of sequence %lld is out of range: the "
+                      "model's vocabulary has %d ids (0..%d); was the dataset made for another "
+                      "tokenizer?", tok, pos, s, vocab, vocab - 1);
+    }
+    free(buf);
+}
+
+/* Close the files and free the indices. */
+void lib_data_free(lib_data *d)
+{
+    if (!d) return;
+    for (int k = 0; k < d->n; k++) {
+        mm_dataset *m = &d->ds[k];
+        if (m->fd > 0) close(m->fd);
+        free(m->bin);
+        free(m->idx);
+        free(m->len);
+        free(m->ptr);
+        free(m->doc);
+        free(m->sample);
+        free(m->shuffle);
+    }
+    free(d->ds);
+    free(d->which);
+    free(d->within);
+    free(d);
+}

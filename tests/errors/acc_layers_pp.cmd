@@ -1,0 +1,1 @@
+tiny --pp 4 --account-embedding --account-loss --nmb 4

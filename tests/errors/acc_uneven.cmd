@@ -1,0 +1,1 @@
+tiny --pp 2 --first-layers 3 --account-embedding

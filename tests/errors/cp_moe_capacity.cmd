@@ -1,1 +1,0 @@
-tests/models/moe_cap.lua --cp 2

@@ -1,0 +1,1 @@
+tiny --pp 2 --layout |Et*4|t*4|L

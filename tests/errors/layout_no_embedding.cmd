@@ -1,0 +1,1 @@
+tiny --pp 2 --layout t*4|t*4L

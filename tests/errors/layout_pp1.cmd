@@ -1,0 +1,1 @@
+tiny --layout Et*4|t*4L

@@ -1,0 +1,1 @@
+tiny --pp 3 --layout E|t*8|L|

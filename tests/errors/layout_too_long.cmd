@@ -1,0 +1,1 @@
+tiny --pp 2 --layout E|t*99999999|L

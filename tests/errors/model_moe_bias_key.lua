@@ -1,0 +1,13 @@
+-- moe{} bias: Megatron has one switch for every linear layer's bias, add_bias_linear
+return gpt {
+    layers = 4,
+    hidden = 64,
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+    moe = moe {
+        experts = 8,
+        top_k = 2,
+        bias = false,
+    },
+}

@@ -1,0 +1,13 @@
+-- group-limited routing needs both num_groups and group_topk
+return gpt {
+    layers = 4,
+    hidden = 64,
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+    moe = moe {
+        experts = 8,
+        top_k = 2,
+        num_groups = 4,
+    },
+}

@@ -1,0 +1,13 @@
+-- a score function these programs do not have
+return gpt {
+    layers = 4,
+    hidden = 64,
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+    moe = moe {
+        experts = 8,
+        top_k = 2,
+        score_function = "sqrtsoftplus",
+    },
+}

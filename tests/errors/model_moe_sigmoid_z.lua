@@ -1,0 +1,14 @@
+-- the z-loss with sigmoid scores, not supported yet
+return gpt {
+    layers = 4,
+    hidden = 64,
+    heads = 4,
+    seq_len = 64,
+    vocab = 256,
+    moe = moe {
+        experts = 8,
+        top_k = 2,
+        score_function = "sigmoid",
+        z_loss_coeff = 0.001,
+    },
+}

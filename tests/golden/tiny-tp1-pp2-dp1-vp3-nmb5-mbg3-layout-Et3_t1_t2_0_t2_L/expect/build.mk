@@ -1,0 +1,30 @@
+# build.mk: how to compile and link the programs of this directory -- generated, DO NOT EDIT.
+# Included by the top-level Makefile (make MODEL=tiny TP=1 PP=2 DP=1 VP=3 NMB=5 MICROBATCH_GROUP=3 LAYOUT='Et*3|t|t*2||t*2|L'), which defines MPICC, GEN_OPT,
+# GPT_CPU_LIBS, GPT_CUDA_LIBS and HAVE_CUDA (lib/lib.mk); objects go to build/<this directory>.
+# The sources here are plain C for both backends: the backend is the library they link.
+#   train       CPU backend: build/libgpt_cpu.a (kernels on the thread pool, OpenBLAS, MPI)
+#   train_cuda  CUDA backend: build/libgpt_cuda.a (CUDA kernels, cuBLAS, NCCL), when found
+
+GEN_OUT  := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+GEN_OBJ  ?= build/$(GEN_OUT)
+GEN_SRCS := program.c stage0.c stage1.c
+
+GEN_OBJS := $(GEN_SRCS:%.c=$(GEN_OBJ)/%.o)
+GEN_CFLAGS := -std=c11 $(GEN_OPT) -g -Wall -Wextra -Werror -Iruntime -Ilib -I$(GEN_OUT) -MMD -MP
+
+$(GEN_OBJ)/%.o: $(GEN_OUT)/%.c
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(MPICC) $(GEN_CFLAGS) -c -o $@ $<
+
+$(GEN_OUT)/train: $(GEN_OBJS) build/libgpt_cpu.a build/librt_cpu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(GPT_CPU_LIBS)
+
+$(GEN_OUT)/train_cuda: $(GEN_OBJS) build/libgpt_cuda.a build/librt_cuda.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(GPT_CUDA_LIBS)
+
+GEN_TARGETS := $(GEN_OUT)/train $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda)
+
+-include $(GEN_OBJS:.o=.d)
