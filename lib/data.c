@@ -75,24 +75,16 @@ static uint64_t mt_interval(mt19937 *mt, uint64_t max)
     return v;
 }
 
-/* RandomState.shuffle of a 1-D array: for i = n-1 down to 1, swap a[i] with a[interval(i)]. */
-static void mt_shuffle32(mt19937 *mt, int32_t *a, long long n)
+/* RandomState.shuffle of a 1-D array of n elements of es bytes (int32 or int64): for i = n-1
+** down to 1, swap a[i] with a[interval(i)]. */
+static void mt_shuffle(mt19937 *mt, void *a, size_t es, long long n)
 {
+    unsigned char *b = a, t[8];
     for (long long i = n - 1; i > 0; i--) {
         long long j = (long long)mt_interval(mt, (uint64_t)i);
-        int32_t t = a[i];
-        a[i] = a[j];
-        a[j] = t;
-    }
-}
-
-static void mt_shuffle64(mt19937 *mt, int64_t *a, long long n)
-{
-    for (long long i = n - 1; i > 0; i--) {
-        long long j = (long long)mt_interval(mt, (uint64_t)i);
-        int64_t t = a[i];
-        a[i] = a[j];
-        a[j] = t;
+        memcpy(t, b + (size_t)i * es, es);
+        memcpy(b + (size_t)i * es, b + (size_t)j * es, es);
+        memcpy(b + (size_t)j * es, t, es);
     }
 }
 
@@ -264,7 +256,7 @@ static void mm_read(const mm_dataset *m, long long s, long long off, long long n
 static void shuffled_range(mt19937 *rs, int64_t *a, long long lo, long long hi)
 {
     for (long long i = lo; i < hi; i++) a[i - lo] = i;
-    mt_shuffle64(rs, a, hi - lo);
+    mt_shuffle(rs, a, sizeof *a, hi - lo);
 }
 
 /*
@@ -304,10 +296,10 @@ static void mm_build(mm_dataset *m, long long request, int seq, uint32_t seed)
     for (long long i = 0; i < m->ndoc; i++) m->doc[i] = (int32_t)(i % m->nseq);
     if (m->separate) {
         long long first = (m->epochs - 1) * m->nseq;
-        mt_shuffle32(rs, m->doc, first);
-        mt_shuffle32(rs, m->doc + first, m->nseq);
+        mt_shuffle(rs, m->doc, sizeof *m->doc, first);
+        mt_shuffle(rs, m->doc + first, sizeof *m->doc, m->nseq);
     } else {
-        mt_shuffle32(rs, m->doc, m->ndoc);
+        mt_shuffle(rs, m->doc, sizeof *m->doc, m->ndoc);
     }
 
     /* build_sample_idx: walk the document index, seq + 1 tokens per sample, the last token of

@@ -56,6 +56,9 @@ typedef struct {
     float z_scale;            /* z-loss = z_scale * sum over the tokens of logsumexp(logits)^2 */
     float topk_scale;         /* the chosen probabilities' factor (topk_scaling_factor; 1) */
     int groups, group_topk;   /* group-limited routing (num_groups, group_topk); 1, 1: none */
+    int expert_bias;          /* 1: aux-loss-free load balancing (moe_router_enable_expert_bias):
+                              ** a per-layer expert bias on the scores for the top-k only */
+    float bias_rate;          /* its step per optimizer step (moe_router_bias_update_rate) */
     int aux_seqs;             /* the aux loss's token sets: 1 (the micro-batch) or B (seq_aux_loss:
                               ** row n is sequence n % B's) */
     int capacity;             /* choices an expert keeps of this rank's N_SP*K (N_SP*K: no limit) */
@@ -323,6 +326,10 @@ typedef struct {
     void **proj_w, **proj_b;               /* [local expert]: (EFF_LOCAL, C), (C) */
     void **up_w;                           /* llama [local expert]: w3 (EFF_LOCAL, C); fc_w
                                            ** is w1 (EFF_LOCAL, C), proj_w w2 (C, EFF_LOCAL) */
+    /* expert_bias only, in the parameters' struct (NULL in the gradients' and without): state,
+    ** not a parameter (no gradient, no optimizer), host memory, the same on every rank */
+    float *ebias;                          /* (EXPERTS) h.{i}.mlp.router.expert_bias        */
+    int *ecount;                           /* (EXPERTS) this step's rows per expert so far  */
 } gpt_moe_params;
 
 typedef struct {
@@ -448,6 +455,8 @@ void gpt_norm_allreduce(int which, rt_group *g);            /* 0 dense, 1 expert
 double gpt_norm(int total);                 /* sqrt of dense + experts, or of the total */
 void gpt_adamw(const gpt_step_in *in, double norm);         /* clip and update (shard) */
 void gpt_param_allgather(int buf, int bucket, rt_group *g);
+/* expert_bias: each layer's counts over dp-cp and tp, then bias += rate * sign(mean - count) */
+void gpt_expert_bias_update(void);
 void gpt_aux_allreduce(rt_group *world, gpt_step_out *out);
 void gpt_loss_allreduce(rt_group *world, gpt_step_out *out);
 

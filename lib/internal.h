@@ -88,6 +88,9 @@ typedef struct {
     uint64_t stream;            /* FNV-1a 64 of the name: its random values' stream */
 } lib_tensor;
 
+/* The expert bias of layer l (expert_bias; its host state in the layer's gpt_moe_params) is
+** tensor lib.ebias_tensor + l, after every parameter; no piece holds it. */
+
 typedef struct {
     void **pbuf;                /* [nbuffers]: the model's parameters (model dtype) */
     float **gbuf;               /* [nbuffers]: f32 (main) gradients */
@@ -103,6 +106,7 @@ typedef struct {
     lib_piece *pieces;
     int ntensors;
     lib_tensor *tensors;
+    int ebias_tensor;           /* the first expert-bias tensor; -1: none */
     lib_scratch s;
     lib_moe_scratch ms;
     lib_embed embed_p, embed_g;
@@ -148,6 +152,9 @@ void lib_tensors_build(const gpt_program *prog);
 int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert);
 /* Context parallelism (model.c): the global position of this rank's local position t. */
 int lib_cp_position(int t);
+
+/* stage.c: every local layer's expert bias in turn: 'fn' gets its global layer and its (E) values. */
+void lib_expert_bias_each(void (*fn)(int layer, float *bias, void *ctx), void *ctx);
 
 /* moe.c */
 void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *out,

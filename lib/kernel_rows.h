@@ -259,13 +259,22 @@ ROW_FN float att_weight(float l, float lse_new) { return expf(l - lse_new); }
 ** Group-limited routing (groups > 1, Megatron's moe_router_num_groups / group_topk): the E
 ** experts form 'groups' equal groups, each scored by the sum of its k/group_topk largest
 ** selection values (the logits; the scores with pre_softmax or sigmoid); the top-k is taken
-** only from the group_topk best groups. Ties: the lower expert, the lower group.
+** only from the group_topk best groups. Ties: the lower expert, the lower group. With 'ebias'
+** (E; sigmoid only, Megatron's expert bias for aux-loss-free balancing) the top-k and the
+** group scores use sigmoid(logit) + ebias instead; the scores and probabilities do not.
 */
 #define KR_MAX_GROUPS 64          /* config.lua: num_groups <= this */
 
+/* The value route_row's top-k ranks expert e by: the logit, or with ebias sigmoid + bias. */
+ROW_FN float route_key(const float *logit, const float *ebias, int e)
+{
+    return ebias ? 1.0f / (1.0f + vexpf(-logit[e])) + ebias[e] : logit[e];
+}
+
 ROW_FN
 void route_row(int *sel, float *prob, float *score, float *ssum, const float *logit, int E,
-               int k, int pre_softmax, float scale, int sigmoid, int groups, int group_topk)
+               int k, int pre_softmax, float scale, int sigmoid, int groups, int group_topk,
+               const float *ebias)
 {
     float mx = logit[0], sum = 0.0f;
     for (int e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
@@ -288,9 +297,12 @@ void route_row(int *sel, float *prob, float *score, float *ssum, const float *lo
             gs[g] = 0.0f;
             for (int e = g * W; e < (g + 1) * W; e++) {
                 int rank = 0;            /* experts of the group ahead of e */
-                for (int f = g * W; f < (g + 1) * W; f++)
-                    rank += v[f] > v[e] || (v[f] == v[e] && f < e);
-                if (rank < m) gs[g] += v[e];
+                float ve = ebias ? route_key(logit, ebias, e) : v[e];
+                for (int f = g * W; f < (g + 1) * W; f++) {
+                    float vf = ebias ? route_key(logit, ebias, f) : v[f];
+                    rank += vf > ve || (vf == ve && f < e);
+                }
+                if (rank < m) gs[g] += ve;
             }
         }
         for (int g = 0; g < groups; g++) {
@@ -301,10 +313,16 @@ void route_row(int *sel, float *prob, float *score, float *ssum, const float *lo
     }
     for (int j = 0; j < k; j++) {
         int best = -1;
+        float kb = 0.0f;
         for (int e = 0; e < E; e++) {
             int taken = groups > 1 && !ok[e / W];
             for (int i = 0; i < j; i++) taken |= sel[i] == e;
-            if (!taken && (best < 0 || logit[e] > logit[best])) best = e;
+            if (taken) continue;
+            float ke = route_key(logit, ebias, e);
+            if (best < 0 || ke > kb) {
+                best = e;
+                kb = ke;
+            }
         }
         sel[j] = best;
     }

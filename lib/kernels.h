@@ -174,9 +174,12 @@ void scale_inplace(float *x, size_t n, float s);
 ** over all E. With ssum (N) non-NULL the score function is the sigmoid: scores are the
 ** sigmoids over their sum, ssum that sum (+ 1e-20), prob the chosen sigmoids over theirs (k = 1:
 ** the sigmoid), times 'scale'. groups > 1 (at most 64): group-limited routing, the top-k
-** only from the group_topk best of 'groups' groups (kernel_rows.h route_row). All f32. */
+** only from the group_topk best of 'groups' groups (kernel_rows.h route_row). ebias (E,
+** device; NULL: none; sigmoid only): the expert bias, added to the sigmoids for the choice
+** only. All f32. */
 void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *logits, int N,
-               int E, int k, int pre, float scale, int groups, int group_topk);
+               int E, int k, int pre, float scale, int groups, int group_topk,
+               const float *ebias);
 /* dlogits (N, E) written in t from the f32 routing state and gradients: dprob (N, k), auxg
 ** (aux_period, E) the aux loss's gradient per score (row n uses auxg row n % aux_period: the
 ** sequence-level aux loss's per sequence), zg (N; NULL: none) the z-loss's per logsumexp;

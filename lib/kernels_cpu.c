@@ -1010,6 +1010,7 @@ typedef struct {
     int *sel;
     const void *src, *a, *b;
     const float *flog, *fa, *fb, *s, *auxg, *zg;
+    const float *ebias;
     const int *idx, *isel;
     int N, E, k, C, pre, nblocks, period, sigmoid, groups, group_topk;
     float *ssum;
@@ -1025,7 +1026,7 @@ static void moe_route_task(void *p, int lo, int hi)
         route_row(a->sel + (size_t)n * a->k, a->fout + (size_t)n * a->k,
                   a->fout2 + (size_t)n * a->E, a->ssum ? a->ssum + n : NULL,
                   a->flog + (size_t)n * a->E, a->E, a->k, a->pre, a->scale, a->sigmoid,
-                  a->groups, a->group_topk);
+                  a->groups, a->group_topk, a->ebias);
 }
 
 static void moe_route_bwd_task(void *p, int lo, int hi)
@@ -1078,9 +1079,11 @@ static void sum_blocks_task(void *p, int lo, int hi)   /* lo, hi: blocks of COLS
 }
 
 void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *logits, int N,
-               int E, int k, int pre, float scale, int groups, int group_topk)
+               int E, int k, int pre, float scale, int groups, int group_topk,
+               const float *ebias)
 {
     moe_args a = { .fout = prob, .fout2 = scores, .ssum = ssum, .sel = sel, .flog = logits,
+                   .ebias = ebias,
                    .N = N, .E = E, .k = k, .pre = pre, .scale = scale, .sigmoid = ssum != NULL,
                    .groups = groups, .group_topk = group_topk };
     rt_parallel_for(N, moe_route_task, &a);

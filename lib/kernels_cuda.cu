@@ -1072,13 +1072,14 @@ void fill_f32(float *x, size_t n, float v)
 
 static __global__ void moe_route_kernel(int *sel, float *prob, float *score, float *ssum,
                                         const float *logits, int N, int E, int k, int pre,
-                                        float scale, int groups, int group_topk)
+                                        float scale, int groups, int group_topk,
+                                        const float *ebias)
 {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n < N)
         route_row(sel + (size_t)n * k, prob + (size_t)n * k, score + (size_t)n * E,
                   ssum ? ssum + n : NULL, logits + (size_t)n * E, E, k, pre, scale,
-                  ssum != NULL, groups, group_topk);
+                  ssum != NULL, groups, group_topk, ebias);
 }
 
 template <class S> static __global__
@@ -1153,10 +1154,11 @@ void sum_blocks_kernel(void *out, const void *in, int nblocks, size_t n)
 }
 
 void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *logits, int N,
-               int E, int k, int pre, float scale, int groups, int group_topk)
+               int E, int k, int pre, float scale, int groups, int group_topk,
+               const float *ebias)
 {
     moe_route_kernel<<<grid_for(N), BLOCK>>>(sel, prob, scores, ssum, logits, N, E, k, pre,
-                                             scale, groups, group_topk);
+                                             scale, groups, group_topk, ebias);
     RT_CUDA(cudaGetLastError());
 }
 

@@ -191,8 +191,13 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
         convert(MS.colsum, RT_F32, p->router_b, ACT, (size_t)E);
         bias_fwd(MS.logits, MS.colsum, NSP, E, RT_F32);
     }
+    const float *ebias = NULL;  /* expert bias: staged in MS.colsum (free again) */
+    if (p->ebias) {
+        rt_memcpy(MS.colsum, p->ebias, (size_t)E * sizeof(float), RT_H2D);
+        ebias = MS.colsum;
+    }
     moe_route(a->sel, a->prob, a->scores, a->ssum, MS.logits, NSP, E, K, d->pre_softmax,
-              d->topk_scale, d->groups, d->group_topk);
+              d->topk_scale, d->groups, d->group_topk, ebias);
     rt_memcpy(a->sel_h, a->sel, (size_t)NSP * K * sizeof(int), RT_D2H);
 
     /* tokens per expert (before dropping) of each of the aux loss's token sets (the
@@ -315,6 +320,10 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
         }
     }
     a->nsend = nsend;
+    /* the expert bias's token counts (Megatron counts its routing map after dropping, and
+    ** padded: exactly the rows sent); a recomputed forward does not count again */
+    if (p->ecount && !gpt.recomputing)
+        for (int e = 0; e < E; e++) p->ecount[e] += sendmat[e];
     rt_memcpy(a->pos, a->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
     rt_memcpy(a->send_tok, send_tok, (size_t)nsend * sizeof(int), RT_H2D);
     rt_memcpy(MS.ps, send_prob, (size_t)nsend * sizeof(float), RT_H2D);

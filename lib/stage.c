@@ -376,6 +376,11 @@ void lib_stage_setup(void)
                     m->up_w = calloc(n, sizeof(void *));
                     RT_CHECK(m->fc_w && m->fc_b && m->proj_w && m->proj_b && m->up_w,
                              "out of memory");
+                    if (d->expert_bias && !g) {     /* host state, outside the plan */
+                        m->ebias = calloc((size_t)d->experts, sizeof(float));
+                        m->ecount = calloc((size_t)d->experts, sizeof(int));
+                        RT_CHECK(m->ebias && m->ecount, "out of memory");
+                    }
                 }
         for (int s = 0; s < ci->slots; s++) {
             gpt_chunk_acts *a = &ch->acts[s];
@@ -663,6 +668,45 @@ void gpt_loss_allreduce(rt_group *world, gpt_step_out *out)
     out->loss = part;
 }
 
+/* -- The expert bias (aux-loss-free load balancing) ------------------------------------------ */
+
+void lib_expert_bias_each(void (*fn)(int layer, float *bias, void *ctx), void *ctx)
+{
+    for (int c = 0; c < gpt.stage->nchunks; c++)
+        for (int j = 0; j < gpt.stage->chunks[c].layers; j++)
+            fn(gpt.stage->chunks[c].first + j, gpt.chunk[c].params[j].moe.ebias, ctx);
+}
+
+/*
+** The step's tail (gpt_expert_bias_update, gpt.h), after the optimizer: Megatron's
+** get_updated_expert_bias, layer by layer: the counts (kept rows per expert, every
+** micro-batch) summed over dp-cp and tp, i.e. over every token of the step; the sign of
+** mean - count is that of total - E * count, exact in integers; bias += rate * that sign
+** (f32, as Megatron's buffer).
+*/
+void gpt_expert_bias_update(void)
+{
+    const int E = gpt.d.experts;
+    for (int c = 0; c < gpt.stage->nchunks; c++)
+        for (int j = 0; j < gpt.stage->chunks[c].layers; j++) {
+            gpt_moe_params *m = &gpt.chunk[c].params[j].moe;
+            /* >>> all-reduce of the counts over dp-cp, then tp */
+            rt_memcpy(lib.ms.counts, m->ecount, (size_t)E * sizeof(int), RT_H2D);
+            if (gpt.grp[GPT_GRP_DPCP]) rt_allreduce(lib.ms.counts, (size_t)E, RT_I32, RT_SUM,
+                                                    gpt.grp[GPT_GRP_DPCP]);
+            if (gpt.grp[GPT_GRP_TP]) rt_allreduce(lib.ms.counts, (size_t)E, RT_I32, RT_SUM,
+                                                  gpt.grp[GPT_GRP_TP]);
+            rt_memcpy(m->ecount, lib.ms.counts, (size_t)E * sizeof(int), RT_D2H);
+            long long total = 0;
+            for (int e = 0; e < E; e++) total += m->ecount[e];
+            for (int e = 0; e < E; e++) {
+                long long off = total - (long long)E * m->ecount[e];
+                m->ebias[e] += gpt.d.bias_rate * (float)((off > 0) - (off < 0));
+                m->ecount[e] = 0;
+            }
+        }
+}
+
 /* -- Resume checkpoint state ---------------------------------------------------------------- */
 
 /* Per buffer: the model's parameters, the f32 main parameters (bf16 training), the moments. */
@@ -673,10 +717,32 @@ size_t lib_state_bytes(void)
         const gpt_buffer *b = &gpt.stage->buffers[i];
         n += b->size * lib.es + (lib.main ? 3 : 2) * b->state * sizeof(float);
     }
+    if (gpt.d.expert_bias)      /* the expert biases of the stage's layers */
+        for (int c = 0; c < gpt.stage->nchunks; c++)
+            n += (size_t)gpt.stage->chunks[c].layers * gpt.d.experts * sizeof(float);
     return n;
 }
 
-/* Copy every buffer's state to (save) or from 'host', buffer by buffer. */
+static void ebias_out(int layer, float *bias, void *ctx)
+{
+    unsigned char **host = ctx;
+    (void)layer;
+    if (!bias) return;
+    memcpy(*host, bias, (size_t)gpt.d.experts * sizeof(float));
+    *host += (size_t)gpt.d.experts * sizeof(float);
+}
+
+static void ebias_in(int layer, float *bias, void *ctx)
+{
+    unsigned char **host = ctx;
+    (void)layer;
+    if (!bias) return;
+    memcpy(bias, *host, (size_t)gpt.d.experts * sizeof(float));
+    *host += (size_t)gpt.d.experts * sizeof(float);
+}
+
+/* Copy every buffer's state to (save) or from 'host', buffer by buffer, then the expert
+** biases. */
 void lib_state_io(unsigned char *host, int save)
 {
     for (int i = 0; i < gpt.stage->nbuffers; i++) {
@@ -690,4 +756,5 @@ void lib_state_io(unsigned char *host, int save)
             host += len[j];
         }
     }
+    lib_expert_bias_each(save ? ebias_out : ebias_in, &host);
 }

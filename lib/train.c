@@ -548,9 +548,24 @@ void lib_tensors_build(const gpt_program *prog)
         role_pos[r] = scope_count[prog->roles[r].scope]++;
     int per_layer = scope_count[GPT_LAYER] + prog->experts * scope_count[GPT_EXPERT];
     int n = scope_count[GPT_BEFORE] + prog->layers * per_layer + scope_count[GPT_AFTER];
-    lib.tensors = calloc((size_t)n, sizeof *lib.tensors);
+    int nb = prog->dims.expert_bias ? prog->layers : 0;    /* the expert biases, last */
+    lib.tensors = calloc((size_t)(n + nb), sizeof *lib.tensors);
     RT_CHECK(lib.tensors, "out of memory");
-    lib.ntensors = n;
+    lib.ntensors = n + nb;
+    lib.ebias_tensor = nb ? n : -1;
+    for (int l = 0; l < nb; l++) {
+        /* state, not a parameter: Megatron's mlp.router.expert_bias buffer; Llama files as
+        ** Hugging Face's DeepSeek-V3 name it (e_score_correction_bias) */
+        lib_tensor *t = &lib.tensors[n + l];
+        snprintf(t->name, sizeof t->name, prog->dims.llama
+                 ? "model.layers.%d.block_sparse_moe.gate.e_score_correction_bias"
+                 : "h.%d.mlp.router.expert_bias", l);
+        t->rows = 1;
+        t->cols = prog->experts;
+        t->ndim = 1;
+        t->init = GPT_INIT_ZERO;
+        t->stream = rt_fnv1a64(t->name);
+    }
     for (int r = 0; r < prog->nroles; r++) {
         const gpt_role *ro = &prog->roles[r];
         int layers = ro->scope == GPT_LAYER || ro->scope == GPT_EXPERT ? prog->layers : 1;
@@ -951,6 +966,15 @@ static void piece_copy(const lib_piece *pc, float *host, int to_device)
     }
 }
 
+/* The expert bias of a layer from the --init files (every rank reads its layers' whole). */
+static void ebias_load(int layer, float *bias, void *ctx)
+{
+    init_src *s = ctx;
+    int t = lib.ebias_tensor + layer, k = s->found_file[t];
+    RT_CHECK(st_read_f32(&s->files[k], s->found[t], 0, lib.tensors[t].cols, bias) == 0,
+             "%s: read failed: %s", s->fpath[k], strerror(errno));
+}
+
 /* --init: every rank reads its own pieces straight from the files that hold them (no
 ** communication; each rank opens the checkpoint's files and checks their headers alike). */
 static void load_model(const char *arg)
@@ -971,8 +995,15 @@ static void load_model(const char *arg)
         piece_copy(pc, host, 1);
         free(host);
     }
+    if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_load, &s);
     init_close(&s);
     lib_master_commit();
+}
+
+static void ebias_zero(int layer, float *bias, void *ctx)
+{
+    (void)ctx;
+    memset(bias, 0, (size_t)lib.tensors[lib.ebias_tensor + layer].cols * sizeof(float));
 }
 
 /* Initialisation: element (r, c) of tensor t depends on (seed, t's name, r*cols + c) only. */
@@ -997,7 +1028,25 @@ static void init_model(unsigned long long seed)
             free(host);
         }
     }
+    if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_zero, NULL);   /* Megatron: zeros */
     lib_master_commit();
+}
+
+/* Where save_model writes: the temporary file, its data start, the header's tensors. */
+typedef struct {
+    int fd;
+    long long data0;
+    const st_tensor *ts;
+    const char *tmp;
+} save_dst;
+
+static void ebias_save(int layer, float *bias, void *ctx)
+{
+    const save_dst *d = ctx;
+    int t = lib.ebias_tensor + layer;
+    size_t bytes = (size_t)lib.tensors[t].cols * 4;
+    RT_CHECK(pwrite(d->fd, bias, bytes, (off_t)(d->data0 + d->ts[t].begin)) == (ssize_t)bytes,
+             "%s: write failed: %s", d->tmp, strerror(errno));
 }
 
 /*
@@ -1060,6 +1109,14 @@ static void save_model(const char *path)
         }
         RT_CHECK(fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
         close(fd);
+    }
+    /* the expert biases of a stage's layers: its first dense rank (tp, cp, dp 0) */
+    if (lib.ebias_tensor >= 0 && gpt.tp_rank == 0 && gpt.cp_rank == 0 && gpt.dp_rank == 0) {
+        save_dst dst = { open(tmp, O_WRONLY), data0, ts, tmp };
+        RT_CHECK(dst.fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
+        lib_expert_bias_each(ebias_save, &dst);
+        RT_CHECK(fsync(dst.fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
+        close(dst.fd);
     }
     rt_barrier(NULL);
     if (rt_rank() == 0) {

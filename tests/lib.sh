@@ -213,11 +213,12 @@ ckpt_roundtrip() {
 # resume_check RUN NAME STEPS: row NAME's program runs STEPS steps straight, and 4 steps with a
 # checkpoint after step 3 then --resume to STEPS (RUN as for ckpt_roundtrip; RUN must pass
 # --log $S/run/TAG.jsonl and --save $S/run/TAG.safetensors): the log lines (timings aside) and
-# the weights must be the same. One verdict, resume.
+# the weights must be the same. One verdict, resume (or $RESUME_VERDICT).
 resume_check() {
     local run=$1 name=$2 steps=$3 a=(--decay-steps "$3" --ckpt-every 3)
+    local resume=${RESUME_VERDICT:-resume}
     if [ -z "${DIR[$name]}" ]; then
-        fail resume "$name was not built"
+        fail "$resume" "$name was not built"
         return
     fi
     rm -rf "$S/ck-full" "$S/ck-part"
@@ -225,16 +226,16 @@ resume_check() {
            $run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps 4 &&
            $run "$name" "$name.part" "${a[@]}" --ckpt-dir "$S/ck-part" --steps "$steps" \
                --resume; } > "$S/resume.log" 2>&1; then
-        fail resume "a run of $name failed: $(first_error "$S/run/$name.part.log")"
+        fail "$resume" "a run of $name failed: $(first_error "$S/run/$name.part.log")"
     elif ! grep -q "resumed from $S/ck-part/step_00000003" "$S/run/$name.part.log"; then
-        fail resume "$name did not resume from step 3"
+        fail "$resume" "$name did not resume from step 3"
     elif ! diff <(sed 's/,"ms":.*//' "$S/run/$name.part.jsonl") \
                 <(sed 's/,"ms":.*//' "$S/run/$name.full.jsonl") > "$S/resume.log" 2>&1 ||
          ! cmp "$S/run/$name.part.safetensors" "$S/run/$name.full.safetensors" \
                 >> "$S/resume.log" 2>&1; then
-        fail resume "resuming $name is not bit-exact: $(head -n 1 "$S/resume.log")"
+        fail "$resume" "resuming $name is not bit-exact: $(head -n 1 "$S/resume.log")"
     else
-        pass resume
+        pass "$resume"
     fi
 }
 

@@ -202,6 +202,8 @@ local MOE_KEYS = {
     { "capacity_factor", "pos",    false },
     { "drop_policy",     "str",    false },
     { "pad_to_capacity", "bool",   false },
+    { "expert_bias",     "bool",   false },
+    { "bias_update_rate", "pos",   false },
     { "bias",            "bool",   false, nil, "refused" },  -- only to explain add_bias_linear
 }
 local WHAT = {
@@ -419,6 +421,16 @@ function M.model_from_source(src, file, name)
             "z_loss_coeff with score_function = \"sigmoid\" is not supported yet (the " ..
             "programs keep the sigmoid scores, not the softmax the z-loss needs)" }
     end
+    if m and m.expert_bias and sf ~= "sigmoid" then
+        probs[#probs + 1] = { mcall.lines.expert_bias or mcall.line,
+            "expert_bias needs score_function = \"sigmoid\" (Megatron: \"Expert bias for " ..
+            "aux-loss-free routing only supports sigmoid score function\")" }
+    end
+    if m and m.bias_update_rate ~= nil and not m.expert_bias then
+        probs[#probs + 1] = { mcall.lines.bias_update_rate or mcall.line,
+            "bias_update_rate needs expert_bias = true (Megatron's " ..
+            "moe_router_bias_update_rate only updates the expert bias)" }
+    end
     if m and (m.num_groups ~= nil) ~= (m.group_topk ~= nil) then
         local k = m.num_groups and "num_groups" or "group_topk"
         probs[#probs + 1] = { mcall.lines[k] or mcall.line, m.group_topk and
@@ -469,6 +481,8 @@ function M.model_from_source(src, file, name)
             pre_softmax = m.pre_softmax or false,
             capacity_factor = m.capacity_factor, drop_policy = m.drop_policy or "probs",
             pad_to_capacity = m.pad_to_capacity or false,
+            expert_bias = m.expert_bias or false,
+            bias_update_rate = m.bias_update_rate or 1e-3,
             bias = not llama and g.add_bias_linear ~= false,
             line = mcall.line, lines = mcall.lines,
         }

@@ -231,7 +231,8 @@ end
 -- The kinds of the step's tail ops (program.lua tail_ops; ir.lua Op).
 local TAIL_KINDS = { "BEGIN", "SCHEDULE", "SP_ALLREDUCE", "EMBD_ALLREDUCE", "GRAD_SCALE",
                      "GRAD_ALLREDUCE", "GRAD_REDUCE_SCATTER", "NORM_LOCAL", "NORM_ALLREDUCE",
-                     "NORM", "ADAMW", "PARAM_ALLGATHER", "AUX_ALLREDUCE", "LOSS_ALLREDUCE" }
+                     "NORM", "ADAMW", "PARAM_ALLGATHER", "EXPERT_BIAS", "AUX_ALLREDUCE",
+                     "LOSS_ALLREDUCE" }
 
 -- The view of one stage for stage.c.tmpl.
 local function stage_view(cfg, prog, sp, part)

@@ -569,6 +569,7 @@ local TAIL_WHAT = {
     SP_ALLREDUCE = "sequence-parallel gradients", EMBD_ALLREDUCE = "the tied wte gradient",
     GRAD_ALLREDUCE = "gradients", GRAD_REDUCE_SCATTER = "gradients (one bucket)",
     NORM_ALLREDUCE = "the gradient norm", PARAM_ALLGATHER = "updated parameters (one bucket)",
+    EXPERT_BIAS = "the step's rows per expert (expert bias)",
     AUX_ALLREDUCE = "the step's aux loss", LOSS_ALLREDUCE = "the step's loss",
 }
 

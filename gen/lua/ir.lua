@@ -99,6 +99,9 @@ record("Moe", {
                                  "earliest rows)" },
     { "pad_to_capacity", "bool", "every expert gets exactly its capacity of rows, padded " ..
                                  "with zero-probability rows (default false)" },
+    { "expert_bias",     "bool", "aux-loss-free load balancing: a per-layer expert bias " ..
+                                 "added to the scores for the top-k only (default false)" },
+    { "bias_update_rate", "num", "the expert bias's step per optimizer step (default 1e-3)" },
     { "bias",            "bool", "router and expert biases = the model's bias (needs ETP 1)" },
     { "line",            "int",  "line of the moe{ } call in the model file" },
     { "lines",           "map",  "key -> line of that key in the model file" },
@@ -443,7 +446,7 @@ record("Op", {
     { "kind",   "str",    "F | B | X | SECTION | tail ops: BEGIN SCHEDULE SP_ALLREDUCE " ..
                           "EMBD_ALLREDUCE GRAD_SCALE GRAD_ALLREDUCE GRAD_REDUCE_SCATTER " ..
                           "NORM_LOCAL NORM_ALLREDUCE NORM ADAMW PARAM_ALLGATHER " ..
-                          "AUX_ALLREDUCE LOSS_ALLREDUCE" },
+                          "EXPERT_BIAS AUX_ALLREDUCE LOSS_ALLREDUCE" },
     { "text",   "str",    "one line for the generated comment" },
     { "mb",     "int?",   "F, B: micro-batch" },
     { "chunk",  "int?",   "F, B: local chunk" },

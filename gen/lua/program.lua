@@ -177,6 +177,10 @@ local function consts(cfg, s, layout)
         int("CFG_GROUPS", moe.num_groups or 1,
             "expert groups of group-limited routing (num_groups; 1: none)")
         int("CFG_GROUP_TOPK", moe.group_topk or 1, "groups a token may use (group_topk)")
+        int("CFG_EXPERT_BIAS", moe.expert_bias and 1 or 0,
+            "1: aux-loss-free load balancing, an expert bias on the scores for the top-k")
+        float("CFG_BIAS_RATE", moe.expert_bias and moe.bias_update_rate or 0.0,
+              "the expert bias's step per optimizer step (bias_update_rate)")
         float("CFG_TOPK_SCALE", moe.topk_scaling_factor or 1.0,
               "factor of the chosen probabilities (topk_scaling_factor; 1: none)")
         float("CFG_Z_SCALE", moe.z_loss_coeff / (s.B * s.seq),
@@ -1059,7 +1063,7 @@ end
 -- The step of stage r around its schedule (lib/stage.c), in order: Megatron's
 -- finalize_model_grads (docs/megatron.md §5.6), the gradient norm (§6), clipping and AdamW
 -- (§5.4 with the distributed optimizer), the loss.
-local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id)
+local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id, nlayers)
     local ops = {}
     local function op(kind, text, fields)
         fields = fields or {}
@@ -1139,6 +1143,19 @@ local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id)
             end
         end
     end
+    local moe = cfg.model.moe
+    if moe and moe.expert_bias and nlayers > 0 then
+        local comm = {}       -- per local layer: the counts over dp-cp, then tp
+        for _ = 1, nlayers do
+            if on("DPCP") then comm[#comm + 1] = coll("allreduce", "dp-cp", moe.experts, "i32",
+                                                      "sum") end
+            if on("TP") then comm[#comm + 1] = coll("allreduce", "tp", moe.experts, "i32",
+                                                    "sum") end
+        end
+        op("EXPERT_BIAS", string.format(">>> all-reduce over dp-cp and tp, per layer (%d): the " ..
+           "step's rows per expert; then each expert bias += rate * sign(mean - count)",
+           nlayers), { comm = comm })
+    end
     if cfg.model.moe then
         op("AUX_ALLREDUCE", ">>> all-reduce over the world: every rank's share of the aux loss",
            { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
@@ -1205,6 +1222,8 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         end
     end
 
+    local nlayers = 0         -- the stage's layers, every chunk's
+    for _, c in ipairs(chunks) do nlayers = nlayers + c.layers end
     local mem, slot_bytes, params, mem_bytes = memory_plan(cfg, s, chunks, head, nparams,
                                                            sp_total, buffers)
     for i, c in ipairs(chunks) do c.slot_bytes = slot_bytes[i] end
@@ -1222,7 +1241,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         warmup = stage_sched.warmup, steady = stage_sched.steady,
         cooldown = stage_sched.cooldown, inflight = slots.inflight,
         schedule = schedule_ops(cfg, s, st, stage_sched, slots, r),
-        tail = tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id),
+        tail = tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id, nlayers),
     }
 end
 

@@ -1353,7 +1353,7 @@ static void test_route_case(int N, int E, int k, int pre)
     int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
     float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
     const float c = k > 1 ? 2.5f : 1.0f;          /* topk_scaling_factor */
-    moe_route(d_sel, d_prob, d_scores, NULL, d_logits, N, E, k, pre, c, 1, 1);
+    moe_route(d_sel, d_prob, d_scores, NULL, d_logits, N, E, k, pre, c, 1, 1, NULL);
     int *sel = xmalloc((size_t)N * k * sizeof(int));
     rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
     float *prob = down(d_prob, (size_t)N * k), *scores = down(d_scores, (size_t)N * E);
@@ -1436,7 +1436,7 @@ static void test_route_group_case(int N, int E, int k, int G, int g, int pre)
     float *d_logits = dev_copy(logits, (size_t)N * E * 4);
     int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
     float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
-    moe_route(d_sel, d_prob, d_scores, NULL, d_logits, N, E, k, pre, 1.0f, G, g);
+    moe_route(d_sel, d_prob, d_scores, NULL, d_logits, N, E, k, pre, 1.0f, G, g, NULL);
     int *sel = xmalloc((size_t)N * k * sizeof(int));
     rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
     float *scores = down(d_scores, (size_t)N * E);
@@ -1492,7 +1492,7 @@ static void test_route_sigmoid_case(int N, int E, int k)
     float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
     float *d_ssum = rt_malloc((size_t)N * 4);
     const float c = 1.5f;
-    moe_route(d_sel, d_prob, d_scores, d_ssum, d_logits, N, E, k, 0, c, 1, 1);
+    moe_route(d_sel, d_prob, d_scores, d_ssum, d_logits, N, E, k, 0, c, 1, 1, NULL);
     int *sel = xmalloc((size_t)N * k * sizeof(int));
     rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
     float *prob = down(d_prob, (size_t)N * k), *scores = down(d_scores, (size_t)N * E);
@@ -1542,6 +1542,74 @@ static void test_route_sigmoid_case(int N, int E, int k)
     free(rD); free(dprob); free(auxg); free(dl); free(rdl);
     rt_free(d_logits); rt_free(d_sel); rt_free(d_prob); rt_free(d_scores); rt_free(d_ssum);
     rt_free(d_dprob); rt_free(d_auxg); rt_free(d_dl);
+}
+
+/* moe_route with sigmoid scores and an expert bias (aux-loss-free balancing; groups > 1:
+** group-limited): the choice is the top-k of sigmoid + bias in double (groups scored with it),
+** the probabilities the unbiased sigmoids of the chosen; the bias must change some choice. */
+static void test_route_ebias_case(int N, int E, int k, int G, int g)
+{
+    char size[48];
+    snprintf(size, sizeof size, "N%dE%dk%dG%d_ebias", N, E, k, G);
+    float *logits = frand((size_t)N * E, -3, 3), *bias = xmalloc((size_t)E * 4);
+    for (int e = 0; e < E; e++) bias[e] = 0.01f * (float)((int)(rng_next() % 61) - 30);
+    float *d_logits = dev_copy(logits, (size_t)N * E * 4), *d_bias = dev_copy(bias, (size_t)E * 4);
+    int *d_sel = rt_malloc((size_t)N * k * sizeof(int));
+    float *d_prob = rt_malloc((size_t)N * k * 4), *d_scores = rt_malloc((size_t)N * E * 4);
+    float *d_ssum = rt_malloc((size_t)N * 4);
+    moe_route(d_sel, d_prob, d_scores, d_ssum, d_logits, N, E, k, 0, 1.0f, G, g, d_bias);
+    int *sel = xmalloc((size_t)N * k * sizeof(int));
+    rt_memcpy(sel, d_sel, (size_t)N * k * sizeof(int), RT_D2H);
+    float *prob = down(d_prob, (size_t)N * k);
+    double *rprob = xmalloc((size_t)N * k * 8), *key = xmalloc((size_t)E * 8);
+    int bad = 0, moved = 0, W = E / G;
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * E;
+        double gs[64];
+        unsigned char ok[64];
+        for (int e = 0; e < E; e++) key[e] = 1.0 / (1.0 + exp(-z[e])) + bias[e];
+        for (int h = 0; h < G; h++) {        /* group score: its k/g largest keys */
+            gs[h] = 0;
+            for (int e = h * W; e < (h + 1) * W; e++) {
+                int r = 0;
+                for (int f = h * W; f < (h + 1) * W; f++)
+                    r += key[f] > key[e] || (key[f] == key[e] && f < e);
+                if (r < k / g) gs[h] += key[e];
+            }
+        }
+        for (int h = 0; h < G; h++) {
+            int r = 0;
+            for (int q = 0; q < G; q++) r += gs[q] > gs[h] || (gs[q] == gs[h] && q < h);
+            ok[h] = G == 1 || r < g;
+        }
+        int rsel[16];
+        double ps = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1, plain = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = !ok[e / W];
+                for (int i = 0; i < j; i++) taken |= rsel[i] == e;
+                if (!taken && (best < 0 || key[e] > key[best])) best = e;
+                if (!taken && (plain < 0 || z[e] > z[plain])) plain = e;
+            }
+            rsel[j] = best;
+            moved |= best != plain;
+            ps += 1.0 / (1.0 + exp(-z[best]));
+            if (sel[(size_t)n * k + j] != best) {
+                if (!bad) printf("  moe_route.%s: row %d choice %d is expert %d, not %d\n", size,
+                                 n, j, sel[(size_t)n * k + j], best);
+                bad = 1;
+            }
+        }
+        for (int j = 0; j < k; j++)
+            rprob[(size_t)n * k + j] = (1.0 / (1.0 + exp(-z[rsel[j]]))) / (k > 1 ? ps + 1e-20 : 1);
+    }
+    if (bad) fail("moe_route.%s: wrong experts selected", size);
+    if (!moved) fail("moe_route.%s: the bias changed no choice (the test tests nothing)", size);
+    check(label("moe_route", "prob", size), prob, rprob, (size_t)N * k, -1, F32_RTOL);
+    free(logits); free(bias); free(sel); free(prob); free(rprob); free(key);
+    rt_free(d_logits); rt_free(d_bias); rt_free(d_sel); rt_free(d_prob); rt_free(d_scores);
+    rt_free(d_ssum);
 }
 
 /* The row movements and row arithmetic of the experts: n rows of C in this pass's dtype. */
@@ -1645,6 +1713,9 @@ static void test_moe(void)
     test_route_group_case(37, 8, 2, 4, 2, 0);
     test_route_group_case(300, 16, 4, 8, 2, 1);
     test_route_sigmoid_case(300, 6, 1);
+    test_route_ebias_case(300, 8, 2, 1, 1);
+    test_route_ebias_case(300, 16, 4, 8, 2);        /* groups scored with the bias */
+    test_route_ebias_case(37, 6, 1, 1, 1);
     test_moe_rows_case(37, 23, 2);
     test_moe_rows_case(301, 70, 3);                 /* > one combine block of columns */
     test_moe_rows_case(5, 1, 2);                    /* single values (the probabilities) */

@@ -59,6 +59,9 @@ if ! { $REF $SHAPE $MOEFLAGS --no-linear-bias --random-init 7 \
            --save-init "$S/base.init.safetensors" &&
        $REF $SHAPE $MOEFLAGS --expert-bias --router-bias --random-init 7 \
            --save-init "$S/bias.init.safetensors" &&
+       $REF $SHAPE --experts 8 --top-k 2 --expert-ffn 128 --no-linear-bias \
+           --score-function sigmoid --bias-update-rate 0.01 --random-init 7 \
+           --save-init "$S/ebias.init.safetensors" &&
        build/ref/make_tokens --vocab 256 --tokens 20000 --seed 3 "$S/tokens.bin" &&
        $EDIT edit "$S/base.init.safetensors" "$S/ties.init.safetensors" \
            fill 'h%.%d+%.mlp%.router%.weight' 0 &&
@@ -73,15 +76,16 @@ equiv tests/moe/layouts.txt
 
 # -- Checkpoints: layout-free whole-model files, bit-exact resume ---------------------------------
 
-# moe_run NAME TAG ARGS...: row NAME's program from the random init with the table's flags
-# and ARGS; $S/run/TAG.{log,jsonl,safetensors}
-moe_run() {
-    local name=$1 tag=$2
-    shift 2
+# run_from INIT NAME TAG ARGS...: row NAME's program from $S/INIT.init.safetensors with the
+# table's flags and ARGS; $S/run/TAG.{log,jsonl,safetensors}
+run_from() {
+    local init=$1 name=$2 tag=$3
+    shift 3
     run_prog "${DIR[$name]}/train" "${WORLD[$name]}" "$S/run/$tag.log" --quiet \
-        --init "$S/base.init.safetensors" --data "$S/tokens.bin" --steps $STEPS \
+        --init "$S/$init.init.safetensors" --data "$S/tokens.bin" --steps $STEPS \
         --warmup $WARMUP --log "$S/run/$tag.jsonl" --save "$S/run/$tag.safetensors" "$@"
 }
+moe_run() { run_from base "$@"; }
 
 # Layouts load the single-rank run's trained weights (experts, router, biases no longer at
 # their init) and --save them back bit for bit (--steps 0): every expert piece is read from
@@ -95,6 +99,15 @@ ckpt_roundtrip moe_run "$S/run/single.safetensors" tp4-pp2-ep4-etp1-sp \
 # checkpoint: step 3) and resumes to step 6: the log lines (timings aside) and the weights
 # are the uninterrupted run's.
 resume_check moe_run tp2-dp2-ep2-etp1-sp-distopt $STEPS
+
+# The expert bias (state, not a parameter) goes through --init/--save and --resume too: the
+# single-rank run's trained biases load and save back bit for bit on layouts that split the
+# layers (PP, VP) and replicate them (TP, DP); resuming continues from the saved biases.
+ebias_run() { run_from ebias "$@"; }
+CKPT_VERDICT=checkpoint-roundtrip-ebias ckpt_roundtrip ebias_run \
+    "$S/run/ebias-tp1-ep1-etp1.safetensors" ebias-tp1-pp2-dp2-ep2-etp1-vp2 \
+    ebias-tp2-pp2-dp2-ep2-etp1-sp ebias-tp2-dp2-ep4-etp1-sp-distopt
+RESUME_VERDICT=resume-ebias resume_check ebias_run ebias-tp2-dp2-ep4-etp1-sp-distopt $STEPS
 
 # -- Routing edge cases show what they claim ------------------------------------------------------
 
@@ -173,6 +186,34 @@ for pair in base:ref-cap:ref-base one:ref-cap-one:ref-one-top2; do
         fail "cap-drops-$init" "capacity 1 does not change the first step (loss $a vs $b)"
     fi
 done
+
+# Expert bias: it moves (the random init's loads are uneven; step 1 has lr 0, so the weights
+# stand still while the bias moves); it matters (the step-2 loss differs from the same model
+# without it by more than ten times the tolerance); padded to the capacity every expert counts
+# the same rows, so it stays exactly 0 on every layout.
+EB='h%.%d+%.mlp%.router%.expert_bias'
+if [ ! -f "$S/run/ebias-tp1-ep1-etp1.safetensors" ]; then fail ebias-moves "no ebias run"
+elif $EDIT same "$S/run/ebias-tp1-ep1-etp1.safetensors" "$S/ebias.init.safetensors" "$EB" \
+        > /dev/null 2>&1; then
+    fail ebias-moves "the expert biases are still the init's after $STEPS steps"
+else pass ebias-moves; fi
+a=$(sed -n '2s/.*"loss":\([-+0-9.eE]*\).*/\1/p' "$S/run/ref-ebias.jsonl" 2> /dev/null)
+b=$(sed -n '2s/.*"loss":\([-+0-9.eE]*\).*/\1/p' "$S/run/ref-ebias-off.jsonl" 2> /dev/null)
+if awk -v a="$a" -v b="$b" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d
+                                    exit !(a != "" && b != "" && d > 1e-4) }'; then
+    pass ebias-matters
+else
+    fail ebias-matters "the expert bias does not change step 2 (loss $a vs $b)"
+fi
+bad=""
+runs=$(runs_of ebiaspad)
+for tag in $runs; do
+    $EDIT same "$S/run/$tag.safetensors" "$S/ebias.init.safetensors" "$EB" > /dev/null 2>&1 ||
+        bad="$bad $tag"
+done
+if [ -z "$runs" ]; then fail ebias-pad-still "no ebiaspad run"
+elif [ -n "$bad" ]; then fail ebias-pad-still "padded, the expert bias moved:$bad"
+else pass ebias-pad-still; fi
 
 # -- The report: experts, groups, traffic (make inspect) -----------------------------------------
 

@@ -126,6 +126,8 @@ static void bind_llama_weights(ref_weights *w, const ref_model *m, double *base)
             continue;
         }
         h->moe.router_w = view(m, base, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        h->moe.expert_bias = view_opt(
+            m, base, "model.layers.%d.block_sparse_moe.gate.e_score_correction_bias", l);
         h->moe.experts = ref_xcalloc((size_t)E, sizeof(ref_expert));
         for (int e = 0; e < E; e++) {
             ref_expert *x = &h->moe.experts[e];
@@ -168,6 +170,7 @@ static void bind_weights(ref_weights *w, const ref_model *m, double *base)
         }
         h->moe.router_w = view(m, base, "h.%d.mlp.router.weight", l);
         h->moe.router_b = view_opt(m, base, "h.%d.mlp.router.bias", l);
+        h->moe.expert_bias = view_opt(m, base, "h.%d.mlp.router.expert_bias", l);
         h->moe.experts = ref_xcalloc((size_t)E, sizeof(ref_expert));
         for (int e = 0; e < E; e++) {
             ref_expert *x = &h->moe.experts[e];
@@ -237,6 +240,12 @@ static void add_llama_tensors(ref_model *m, size_t *off)
     add_tensor(m, off, "model.norm.weight", 1, C, 0, 0, REF_INIT_ONE);
     if (!cfg->tie_embeddings)
         add_tensor(m, off, "lm_head.weight", 2, V, C, 1, REF_INIT_NORMAL);
+    for (int l = 0; cfg->moe.experts > 0 && cfg->moe.bias_rate > 0.0 && l < cfg->layers; l++) {
+        /* last: state, not trained (Hugging Face DeepSeek-V3's name) */
+        snprintf(name, sizeof name,
+                 "model.layers.%d.block_sparse_moe.gate.e_score_correction_bias", l);
+        add_tensor(m, off, name, 1, cfg->moe.experts, 0, 0, REF_INIT_ZERO);
+    }
 }
 
 /* ref_model_new's tensor table for a GPT-2 model: wte, wpe, then per layer ln_1, attn.c_attn,
@@ -303,6 +312,10 @@ static void add_gpt2_tensors(ref_model *m, size_t *off)
     }
     add_tensor(m, off, "ln_f.weight", 1, C, 0, 0, REF_INIT_ONE);
     add_tensor(m, off, "ln_f.bias", 1, C, 0, 0, REF_INIT_ZERO);
+    for (int l = 0; E > 0 && moe->bias_rate > 0.0 && l < cfg->layers; l++) {
+        snprintf(name, sizeof name, "h.%d.mlp.router.expert_bias", l);   /* last: state */
+        add_tensor(m, off, name, 1, E, 0, 0, REF_INIT_ZERO);
+    }
 }
 
 /*
@@ -319,7 +332,7 @@ ref_model *ref_model_new(const ref_config *cfg)
     ref_model *m = ref_xcalloc(1, sizeof *m);
     m->cfg = *cfg;
     long E = cfg->moe.experts;
-    long per_layer = 8 + (E == 0 ? 4 : 2 + 4 * E);     /* at most, either architecture */
+    long per_layer = 8 + (E == 0 ? 4 : 3 + 4 * E);     /* at most, either architecture */
     m->tensors = ref_xcalloc((size_t)(4 + per_layer * cfg->layers), sizeof *m->tensors);
     size_t off = 0;
     if (cfg->arch == REF_ARCH_LLAMA)
@@ -336,6 +349,7 @@ ref_model *ref_model_new(const ref_config *cfg)
     m->g.h = ref_xcalloc((size_t)cfg->layers, sizeof(ref_layer));
     bind_weights(&m->w, m, m->params);
     bind_weights(&m->g, m, m->grads);
+    m->routed = ref_xcalloc((size_t)(cfg->layers * (E > 0 ? E : 1)), sizeof(int));
     return m;
 }
 
@@ -347,6 +361,7 @@ void ref_model_free(ref_model *m)
     if (m == NULL)
         return;
     free(m->tensors);
+    free(m->routed);
     free(m->params);
     free(m->grads);
     free(m->m);
@@ -1058,6 +1073,7 @@ void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C
     ma->a = dalloc(n * k * (size_t)moe->ffn);
     ma->y = dalloc(n * k * (size_t)C);
     ma->count = ref_xcalloc((size_t)E * N, sizeof(int));
+    ma->routed = ref_xcalloc((size_t)E, sizeof(int));
 }
 
 /*
@@ -1075,6 +1091,7 @@ void ref_moe_acts_release(ref_moe_acts *ma)
     free(ma->a);
     free(ma->y);
     free(ma->count);
+    free(ma->routed);
     memset(ma, 0, sizeof *ma);
 }
 
@@ -1161,6 +1178,8 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
 {
     int N = B * T, E = moe->experts, k = moe->top_k, Fe = moe->ffn;
     double *gv = dalloc((size_t)E), *gsum = dalloc((size_t)E);     /* group-limited scratch */
+    double *key = dalloc((size_t)E);     /* the top-k's ranking: z, or sigmoid(z) + bias */
+    const double *eb = moe->bias_rate > 0.0 ? w->expert_bias : NULL;
     unsigned char *gok = ref_xcalloc((size_t)E, 1);
     int *plain = ref_xcalloc((size_t)k, sizeof(int));
 
@@ -1187,7 +1206,7 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
         if (moe->groups > 1) {  /* group-limited: the group_topk best groups */
             W = E / moe->groups;
             for (int e = 0; e < E; e++)     /* the selection values */
-                gv[e] = moe->sigmoid ? 1.0 / (1.0 + exp(-z[e]))
+                gv[e] = moe->sigmoid ? 1.0 / (1.0 + exp(-z[e])) + (eb ? eb[e] : 0.0)
                                      : moe->pre_softmax ? s[e] : z[e];
             int m = k / moe->group_topk;
             for (int g = 0; g < moe->groups; g++) {
@@ -1208,7 +1227,9 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
             }
             okp = gok;
         }
-        topk_select(sel, z, E, k, okp, W);
+        for (int e = 0; e < E; e++)    /* expert bias: for the choice only */
+            key[e] = eb ? 1.0 / (1.0 + exp(-z[e])) + eb[e] : z[e];
+        topk_select(sel, key, E, k, okp, W);
         if (moe->sigmoid) {     /* scores: the sigmoids over their sum; sigmoid is increasing */
             double D = 1e-20, ps = 1e-20;
             for (int e = 0; e < E; e++)
@@ -1240,6 +1261,7 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
     }
     free(gv);
     free(gsum);
+    free(key);
     free(gok);
     free(plain);
 
@@ -1276,6 +1298,14 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
             }
         free(order);
     }
+    /* the expert bias's counts: the kept choices; with padding every expert's rows, min(cap,
+    ** tokens) per router call (Megatron counts its padded routing map) */
+    memset(ma->routed, 0, (size_t)E * sizeof(int));
+    int cap = ref_moe_capacity(Ts * B, moe);
+    for (int e = 0; e < E && moe->pad && cap > 0; e++)
+        ma->routed[e] = P * R * (cap < Ts * B ? cap : Ts * B);
+    for (int nj = 0; nj < N * k && !(moe->pad && cap > 0); nj++)
+        ma->routed[ma->sel[nj]] += ma->keep[nj];
 
     /* experts: out_n = sum over kept choices of prob * expert_e(x_n) */
     memset(out, 0, (size_t)N * C * sizeof(double));
@@ -1842,10 +1872,15 @@ double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int
     int T = m->cfg.seq;
     double ntok = (double)nsamples * T, nmb = (double)(nsamples / a->B);
     double loss_sum = 0.0, aux_sum = 0.0;
+    int E = m->cfg.moe.experts;
     zero(m->grads, m->nparams);
+    memset(m->routed, 0, (size_t)m->cfg.layers * (E > 0 ? E : 1) * sizeof(int));
     for (int s = 0; s < nsamples; s += a->B) {
         loss_sum += ref_forward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T);
         aux_sum += a->aux;
+        for (int l = 0; l < m->cfg.layers && E > 0; l++)    /* the expert bias's counts */
+            for (int e = 0; e < E; e++)
+                m->routed[l * E + e] += a->layer[l].moe.routed[e];
         ref_backward(m, a, inputs + (size_t)s * T, targets + (size_t)s * T, 1.0 / ntok,
                      1.0 / nmb);
     }
@@ -1976,6 +2011,29 @@ void ref_optimizer_step(ref_model *m, const ref_optim *o, double lr)
 }
 
 /*
+** Aux-loss-free load balancing after a step (moe.bias_rate > 0; Megatron's
+** get_updated_expert_bias): per layer, bias[e] += bias_rate * sign(mean_f count[f] - count[e]),
+** count = m->routed (the step's kept choices, every micro-batch). No-op otherwise.
+*/
+void ref_expert_bias_update(ref_model *m)
+{
+    int E = m->cfg.moe.experts;
+    if (E == 0 || !(m->cfg.moe.bias_rate > 0.0))
+        return;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        const int *c = m->routed + (size_t)l * E;
+        double mean = 0.0;
+        for (int e = 0; e < E; e++)
+            mean += c[e];
+        mean /= E;
+        for (int e = 0; e < E; e++) {
+            double off = mean - c[e];
+            m->w.h[l].moe.expert_bias[e] += m->cfg.moe.bias_rate * ((off > 0) - (off < 0));
+        }
+    }
+}
+
+/*
 ** One training step on 'nsamples' sequences (the whole global batch, in micro-batches of
 ** a->B): gradients of the objective (ref_compute_grads), global norm, clipping, learning rate
 ** for t = m->t + 1, AdamW. Returns what the log prints for this step.
@@ -1990,5 +2048,6 @@ ref_step_info ref_train_step(ref_model *m, ref_acts *a, const ref_optim *o,
     info.step = m->t + 1;
     info.lr = ref_lr(o, info.step);
     ref_optimizer_step(m, o, info.lr);
+    ref_expert_bias_update(m);
     return info;
 }

@@ -48,6 +48,12 @@ typedef struct ref_moe_config {
                         ** default drop policy "probs", the CLI's); 0: the earliest rows */
     int shards;         /* router calls per micro-batch (TP under SP): its positions in this
                         ** many equal blocks, each with its own capacity; 0 or 1: one call */
+    double bias_rate;   /* > 0: aux-loss-free load balancing (Megatron's expert bias, sigmoid
+                        ** only): the top-k (and group) choice ranks sigmoid(z) + bias[e];
+                        ** after each step bias[e] += bias_rate * sign(mean - count[e]), count
+                        ** the step's kept choices of e (padded with pad); 0 = none */
+    int pad;            /* with capacity and bias_rate: the counts are the padded rows, as
+                        ** Megatron's pad_to_capacity routing map (min(cap, call tokens)) */
     int cp_shards;      /* context parallelism P > 1: first the positions of each of P cp
                         ** ranks (chunks c and 2P-1-c of T/(2P), in that order), then the
                         ** 'shards' blocks of those; 0 or 1: none */
@@ -117,6 +123,9 @@ typedef struct ref_moe_weights {
     double *router_w;           /* (E, C) mlp.router.weight (Llama: block_sparse_moe.gate.weight):
                                 ** logits = x . router_w^T (+ router_b) */
     double *router_b;           /* (E) mlp.router.bias, NULL without moe.router_bias */
+    double *expert_bias;        /* (E) mlp.router.expert_bias (Llama: block_sparse_moe.gate.
+                                ** e_score_correction_bias), NULL without bias_rate: state,
+                                ** not trained (no gradient reaches it; no decay) */
     ref_expert *experts;        /* [E] mlp.experts.{e}.*; owned by the ref_model */
 } ref_moe_weights;
 
@@ -171,6 +180,7 @@ typedef struct ref_model {
     ref_weights w;              /* views into params */
     ref_weights g;              /* views into grads */
     int t;                      /* optimizer steps taken so far */
+    int *routed;                /* (L, E) the step's kept choices per expert (bias_rate > 0) */
 } ref_model;
 
 /* Activations of one forward pass over B sequences (N = B*T rows), kept for the backward. */
@@ -195,6 +205,7 @@ typedef struct ref_moe_acts {
     double *y;                  /* (N, k, C) expert output c_proj(a) + bias, before the prob */
     int *count;                 /* (E) tokens whose top-k holds expert e (the aux loss's count);
                                 ** with seq_aux (B, E): per sequence (room for N rows) */
+    int *routed;                /* (E) choices kept per expert (padded with moe.pad) */
     int capacity;               /* per-expert token limit of this forward; 0 = unlimited */
     double aux;                 /* this forward's load-balancing loss plus its z-loss
                                 ** (coefficients included) */
@@ -295,6 +306,9 @@ int ref_clip_grads(ref_model *m, double max_norm, double norm);
 void ref_adamw_update(double *p, const double *g, double *m, double *v, size_t n,
                       double lr, double beta1, double beta2, double eps, double wd, int t);
 void ref_optimizer_step(ref_model *m, const ref_optim *o, double lr);
+/* Aux-loss-free balancing after a step: each layer's expert bias from m->routed (moe.bias_rate
+** > 0; ref_train_step calls it after the optimizer; no-op otherwise). */
+void ref_expert_bias_update(ref_model *m);
 ref_step_info ref_train_step(ref_model *m, ref_acts *a, const ref_optim *o,
                              const int *inputs, const int *targets, int nsamples);
 

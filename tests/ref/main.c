@@ -24,8 +24,9 @@ static const char usage_text[] =
     "                [--experts E --top-k K [--expert-ffn F] [--expert-bias] [--router-bias]\n"
     "                 [--aux-coeff X] [--z-coeff X] [--load-balancing T] [--topk-scale X]\n"
     "                 [--score-function F] [--num-groups G --group-topk g]\n"
-    "                 [--pre-softmax] [--capacity X [--drop-policy P] [--router-shards S]\n"
-    "                 [--router-cp P]]]\n"
+    "                 [--bias-update-rate X] [--pre-softmax]\n"
+    "                 [--capacity X [--drop-policy P] [--router-shards S] [--router-cp P]\n"
+    "                 [--pad-to-capacity]]]\n"
     "                (--init FILE.safetensors | --random-init SEED)\n"
     "                [--data FILE --steps N] [--mbs B] [--nmb M] [--dp D]\n"
     "                [--lr X] [--min-lr X] [--warmup N] [--decay-steps N]\n"
@@ -57,6 +58,10 @@ static const char usage_text[] =
     "                       --moe-router-score-function)\n"
     "    --num-groups G --group-topk g  group-limited routing: the top-k from the g best of\n"
     "                       G expert groups (Megatron's --moe-router-num-groups/-group-topk)\n"
+    "    --bias-update-rate X  aux-loss-free balancing: an expert bias (state, saved as\n"
+    "                       h.{i}.mlp.router.expert_bias) on the sigmoids for the top-k, after\n"
+    "                       each step += X * sign(mean - count) (Megatron's\n"
+    "                       --moe-router-enable-expert-bias; needs --score-function sigmoid)\n"
     "    --topk-scale X     factor of the chosen probabilities (Megatron's\n"
     "                       --moe-router-topk-scaling-factor; default none)\n"
     "    --load-balancing T aux_loss (default: per micro-batch), seq_aux_loss (per sequence,\n"
@@ -67,6 +72,8 @@ static const char usage_text[] =
     "    --router-shards S  route each micro-batch as S blocks of SEQ/S positions, each\n"
     "                       with its own capacity (a TP = S rank's tokens under SP)\n"
     "    --router-cp P      first split the positions over P cp ranks (chunks c, 2P-1-c)\n"
+    "    --pad-to-capacity  the expert bias counts min(capacity, tokens) rows per expert and\n"
+    "                       router call (the padded rows; nothing else changes)\n"
     "  --init FILE        load weights (Hugging Face GPT-2 or Llama names; F32, BF16, F16, F64)\n"
     "  --random-init SEED N(0,0.02) weights, c_proj (o_proj, down_proj, w2) N(0,0.02/sqrt(2L)),\n"
     "                     biases 0, LN 1/0, RMSNorm 1\n"
@@ -202,6 +209,11 @@ static int parse_args(options *o, int argc, char **argv)
                 o->moe_flag = a;
             continue;
         }
+        if (strcmp(a, "--pad-to-capacity") == 0) {
+            o->cfg.moe.pad = 1;
+            o->have_drop = 1;
+            continue;
+        }
         if (strcmp(a, "--router-bias") == 0) {
             o->cfg.moe.router_bias = 1;
             if (o->moe_flag == NULL)
@@ -241,6 +253,8 @@ static int parse_args(options *o, int argc, char **argv)
         else if (strcmp(a, "--aux-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.aux_coeff);
         else if (strcmp(a, "--z-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.z_coeff);
         else if (strcmp(a, "--topk-scale") == 0) rc = parse_double(a, v, &o->cfg.moe.topk_scale);
+        else if (strcmp(a, "--bias-update-rate") == 0)
+            rc = parse_double(a, v, &o->cfg.moe.bias_rate);
         else if (strcmp(a, "--num-groups") == 0) rc = parse_int(a, v, &o->cfg.moe.groups);
         else if (strcmp(a, "--group-topk") == 0) rc = parse_int(a, v, &o->cfg.moe.group_topk);
         else if (strcmp(a, "--score-function") == 0) {
@@ -371,7 +385,13 @@ static int check_moe_args(options *o)
     if (o->have_capacity && !(moe->capacity > 0.0))
         return usage_error("--capacity must be > 0");
     if (o->have_drop && !o->have_capacity)
-        return usage_error("--drop-policy, --router-shards and --router-cp need --capacity");
+        return usage_error("--drop-policy, --router-shards, --router-cp and --pad-to-capacity "
+                           "need --capacity");
+    if (!(moe->bias_rate >= 0.0))
+        return usage_error("--bias-update-rate must be > 0");
+    if (moe->bias_rate > 0.0 && !moe->sigmoid)      /* as Megatron's config */
+        return usage_error("--bias-update-rate needs --score-function sigmoid (Megatron: "
+                           "expert bias only with sigmoid scores)");
     int rs = moe->shards > 1 ? moe->shards : 1;
     int rcp = moe->cp_shards > 1 ? 2 * moe->cp_shards : 1;
     if (moe->shards < 0 || moe->cp_shards < 0 || o->cfg.seq % (rs * rcp) != 0)
@@ -565,6 +585,8 @@ int main(int argc, char **argv)
             printf(" topk-scale %g", moe->topk_scale);
         if (moe->sigmoid)
             printf(" sigmoid");
+        if (moe->bias_rate > 0)
+            printf(" bias-update-rate %g", moe->bias_rate);
         if (moe->groups > 0)
             printf(" groups %d group-topk %d", moe->groups, moe->group_topk);
         if (moe->capacity > 0)

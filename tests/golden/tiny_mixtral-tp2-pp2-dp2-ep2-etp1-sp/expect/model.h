@@ -69,6 +69,8 @@
 #define CFG_AUX_SEQS        1              /* one aux loss per micro-batch */
 #define CFG_GROUPS          1              /* expert groups of group-limited routing (num_groups; 1: none) */
 #define CFG_GROUP_TOPK      1              /* groups a token may use (group_topk) */
+#define CFG_EXPERT_BIAS     0              /* 1: aux-loss-free load balancing, an expert bias on the scores for the top-k */
+#define CFG_BIAS_RATE       0.0f           /* the expert bias's step per optimizer step (bias_update_rate) */
 #define CFG_TOPK_SCALE      1.0f           /* factor of the chosen probabilities (topk_scaling_factor; 1: none) */
 #define CFG_Z_SCALE         0.0f           /* z_loss_coeff/(B*SEQ): z-loss = this * sum over the tokens of logsumexp^2 */
 #define CFG_AUX_GRAD        1.0f           /* the aux loss's share of the objective: 1/NMB */

@@ -78,6 +78,7 @@ const gpt_program gpt_program_desc = {
         .pre_softmax = CFG_PRE_SOFTMAX, .bias = CFG_MOE_BIAS, .aux_scale = CFG_AUX_SCALE,
         .aux_grad = CFG_AUX_GRAD, .z_scale = CFG_Z_SCALE, .aux_seqs = CFG_AUX_SEQS,
         .topk_scale = CFG_TOPK_SCALE, .groups = CFG_GROUPS, .group_topk = CFG_GROUP_TOPK,
+        .expert_bias = CFG_EXPERT_BIAS, .bias_rate = CFG_BIAS_RATE,
         .capacity = CFG_CAPACITY, .drop_probs = CFG_DROP_PROBS, .pad_rows = CFG_PAD_ROWS,
         .moe_send_max = CFG_MOE_SEND_MAX, .moe_recv_max = CFG_MOE_RECV_MAX,
         .moe_rows_max = CFG_MOE_ROWS_MAX, .moe_counts = CFG_MOE_COUNTS,

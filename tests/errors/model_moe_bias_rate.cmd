@@ -1,0 +1,1 @@
+tests/errors/model_moe_bias_rate.lua

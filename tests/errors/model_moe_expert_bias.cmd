@@ -1,0 +1,1 @@
+tests/errors/model_moe_expert_bias.lua
