@@ -67,6 +67,9 @@ typedef struct {
     int pad_rows;             /* > 0: every expert gets exactly pad_rows rows of this rank,
                               ** zero-probability rows added (moe_pad_expert_input_to_capacity) */
     int moe_send_max, moe_recv_max, moe_rows_max, moe_counts;
+    int shared_expert;        /* 1: a shared expert (moe_shared_expert_intermediate_size): the
+                              ** dense MLP's params and buffers, width ff_local, on every token
+                              ** beside the routed experts */
     /* the Llama layer (llama = 1; docs/llama.md): RMSNorm, rotary positions on q and k,
     ** grouped-query attention, SwiGLU, no biases, weights [out, in] (nn.Linear) */
     int llama;
@@ -248,7 +251,7 @@ typedef struct {
     _(C_X) _(C_DY) _(C_TOKENS) \
     _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
     _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_QKVP) \
-    _(S_DACT) _(S_LOGITS) _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
+    _(S_DACT) _(S_DSHARED) _(S_LOGITS) _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
     _(S_A2A_SEND) _(S_A2A_RECV) _(S_A2A_DOUT) \
     _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_DFC) \
     _(MS_YE) _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \

@@ -31,6 +31,7 @@ typedef struct {
     void *a2a_dout;       /* (N, C_LOCAL)      the output gradient in sequence order          */
     void *qkvp;           /* (N, QKVP_LOCAL)   llama: q|k|v projections, then their gradient  */
     void *dact;           /* (N, FF_LOCAL)     llama: d(SwiGLU output)                        */
+    void *dshared;        /* (N_SP, C)         shared expert: the routed experts' d(ln_2 out)   */
 } lib_scratch;
 
 /* Parameters (model dtype) or, in the gradient copies, f32 gradients. */

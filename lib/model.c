@@ -345,9 +345,87 @@ static void mlp_up(const gpt_layer_params *p, gpt_layer_acts *a, const void *h)
 }
 
 /*
+** The dense MLP on ln_2's output -- the layer's MLP, or the shared expert beside the routed ones
+** (gpt.d.shared_expert): c_proj(gelu(c_fc(ln_2))) as this rank's (N_SP, C) rows, in scratch
+** (the row-parallel bias after the sum).
+*/
+static void *mlp_fwd(const gpt_layer_params *p, gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    mlp_up(p, a, gather_seq(lib.s.gather, a->ln2));
+    matmul_fwd(lib.s.full, a->gelu, p->mlp_proj_w, NULL, d->N, d->ff_local, d->C);
+    void *proj = reduce_seq(lib.s.full);
+    if (p->mlp_proj_b) bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, ACT);
+    return proj;
+}
+
+/*
+** Backward of mlp_fwd for dout = d(its output) (N_SP, C): gradients into g; returns d(ln_2
+** output) (N_SP, C) in scratch. Collectives: program.lua column_bwd.
+*/
+static void *mlp_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_layer_acts *a,
+                     const void *dout)
+{
+    const gpt_dims *d = &gpt.d;
+    const void *h = gather_seq(lib.s.gather, a->ln2);
+    if (d->rc_mlp) mlp_up(p, (gpt_layer_acts *)a, h);
+    if (g->mlp_proj_b) bias_bwd(g->mlp_proj_b, dout, d->n_sp, d->C, ACT);
+    const void *dd = gather_seq(lib.s.full, dout);
+    matmul_bwd(lib.s.dfc, g->mlp_proj_w, NULL, dd, a->gelu, p->mlp_proj_w, d->N, d->ff_local,
+               d->C);
+    gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local, ACT);
+    matmul_bwd(lib.s.full, g->c_fc_w, g->c_fc_b, lib.s.dfc, h, p->c_fc_w, d->N, d->C,
+               d->ff_local);
+    return reduce_seq(lib.s.full);
+}
+
+/* The dense MLP of either architecture (mlp_fwd, llama_mlp_fwd) and its backward. */
+typedef void *mlp_fwd_fn(const gpt_layer_params *p, gpt_layer_acts *a);
+typedef void *mlp_bwd_fn(const gpt_layer_params *p, gpt_layer_params *g,
+                         const gpt_layer_acts *a, const void *dout);
+
+/*
+** The mixture-of-experts branch: res2 = res1 [+ shared(ln_2)] + moe(ln_2), on this rank's
+** tokens; the shared expert (the model's MLP, 'mlp') runs first, its collectives before the
+** routed ones. A recomputed forward does not count the aux loss again.
+*/
+static void moe_branch_fwd(const gpt_layer_params *p, gpt_layer_acts *a, mlp_fwd_fn *mlp)
+{
+    const gpt_dims *d = &gpt.d;
+    size_t rows = (size_t)d->n_sp * d->C;
+    if (d->shared_expert) add_fwd(a->res2, a->res1, mlp(p, a), rows, ACT);
+    double aux = 0.0;
+    lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &aux);
+    if (!gpt.recomputing) gpt.moe_aux += aux;
+    if (d->shared_expert)
+        add_inplace(a->res2, lib.s.full_sp, rows, ACT);
+    else
+        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, ACT);
+}
+
+/*
+** Backward of moe_branch_fwd for dres = d(res2): the routed experts', then the shared
+** expert's; returns d(ln_2 output) (N_SP, C) in scratch, the sum of both.
+*/
+static void *moe_branch_bwd(const gpt_layer_params *p, gpt_layer_params *g,
+                            const gpt_layer_acts *a, const void *dres, mlp_bwd_fn *mlp)
+{
+    const gpt_dims *d = &gpt.d;
+    if (!d->shared_expert) {
+        lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
+        return lib.s.full_sp;
+    }
+    lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.dshared);
+    void *dd = mlp(p, g, a, dres);
+    add_inplace(dd, lib.s.dshared, (size_t)d->n_sp * d->C, ACT);
+    return dd;
+}
+
+/*
 ** x (N_SP, C) -> a->res2 (N_SP, C): x + attn(ln_1(x)), then + mlp(ln_2(.)) (or the mixture of
-** experts). Saves in 'a' everything the backward needs; under SP a column-parallel input is
-** gathered into scratch, not kept (docs/megatron.md §9.3).
+** experts, with the shared expert's MLP first when there is one). Saves in 'a' everything the
+** backward needs; under SP a column-parallel input is gathered into scratch, not kept
+** (docs/megatron.md §9.3).
 */
 static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *x)
 {
@@ -365,22 +443,10 @@ static void layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *
     add_fwd(a->res1, x, proj, rows, ACT);
 
     ln2_fwd(p, a);
-    if (d->moe) {
-        /* mixture of experts: res2 = res1 + moe(ln_2(res1)), on this rank's tokens; a
-        ** recomputed forward does not count the aux loss again */
-        double aux = 0.0;
-        lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &aux);
-        if (!gpt.recomputing) gpt.moe_aux += aux;
-        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, ACT);
-        return;
-    }
-    /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
-    h = gather_seq(lib.s.gather, a->ln2);
-    mlp_up(p, a, h);
-    matmul_fwd(lib.s.full, a->gelu, p->mlp_proj_w, NULL, d->N, d->ff_local, d->C);
-    proj = reduce_seq(lib.s.full);
-    if (p->mlp_proj_b) bias_fwd(proj, p->mlp_proj_b, d->n_sp, d->C, ACT);
-    add_fwd(a->res2, a->res1, proj, rows, ACT);
+    if (d->moe)
+        moe_branch_fwd(p, a, mlp_fwd);
+    else                /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
+        add_fwd(a->res2, a->res1, mlp_fwd(p, a), rows, ACT);
 }
 
 /*
@@ -397,26 +463,10 @@ static void layer_bwd(const gpt_layer_params *p, gpt_layer_params *g, const gpt_
     gpt_layer_acts *w = (gpt_layer_acts *)a;       /* what recompute writes again */
     const void *dd, *h;
     if (d->rc_ln) ln2_fwd(p, w);
-    if (d->moe) {
-        /* mixture-of-experts branch */
-        lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
-        layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, lib.s.full_sp, a->res1, p->ln_2_w,
-                      a->ln2_mean, a->ln2_rstd, d->n_sp, d->C, ACT);
-    } else {
-        /* MLP branch */
-        h = gather_seq(lib.s.gather, a->ln2);
-        if (d->rc_mlp) mlp_up(p, w, h);
-        if (g->mlp_proj_b) bias_bwd(g->mlp_proj_b, dres, d->n_sp, d->C, ACT);
-        dd = gather_seq(lib.s.full, dres);
-        matmul_bwd(lib.s.dfc, g->mlp_proj_w, NULL, dd, a->gelu, p->mlp_proj_w, d->N,
-                   d->ff_local, d->C);
-        gelu_bwd(lib.s.dfc, a->fc, lib.s.dfc, (size_t)d->N * d->ff_local, ACT);
-        matmul_bwd(lib.s.full, g->c_fc_w, g->c_fc_b, lib.s.dfc, h, p->c_fc_w, d->N, d->C,
-                   d->ff_local);
-        dd = reduce_seq(lib.s.full);
-        layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, dd, a->res1, p->ln_2_w, a->ln2_mean,
-                      a->ln2_rstd, d->n_sp, d->C, ACT);
-    }
+    /* MLP or mixture-of-experts branch */
+    dd = d->moe ? moe_branch_bwd(p, g, a, dres, mlp_bwd) : mlp_bwd(p, g, a, dres);
+    layernorm_bwd(dres, g->ln_2_w, g->ln_2_b, dd, a->res1, p->ln_2_w, a->ln2_mean,
+                  a->ln2_rstd, d->n_sp, d->C, ACT);
 
     /* attention branch */
     if (d->rc_ln) ln1_fwd(p, w, x);
@@ -512,8 +562,35 @@ static void swiglu_up(const gpt_layer_params *p, gpt_layer_acts *a, const void *
     swiglu_fwd(a->gelu, a->fc, d->N, F, ACT);
 }
 
+/* down(swiglu(gate|up(ln_2))) as this rank's (N_SP, C) rows: mlp_fwd's Llama form (the dense
+** MLP or the shared expert). */
+static void *llama_mlp_fwd(const gpt_layer_params *p, gpt_layer_acts *a)
+{
+    const gpt_dims *d = &gpt.d;
+    swiglu_up(p, a, gather_seq(lib.s.gather, a->ln2));
+    linear_fwd(lib.s.full, d->C, a->gelu, p->mlp_proj_w, d->N, d->ff_local, d->C);
+    return reduce_seq(lib.s.full);
+}
+
+/* Backward of llama_mlp_fwd, as mlp_bwd. */
+static void *llama_mlp_bwd(const gpt_layer_params *p, gpt_layer_params *g,
+                           const gpt_layer_acts *a, const void *dout)
+{
+    const gpt_dims *d = &gpt.d;
+    int N = d->N, C = d->C, F = d->ff_local;
+    const void *h = gather_seq(lib.s.gather, a->ln2);
+    if (d->rc_mlp) swiglu_up(p, (gpt_layer_acts *)a, h);
+    const void *dd = gather_seq(lib.s.full, dout);
+    linear_bwd(lib.s.dact, 0.0f, g->mlp_proj_w, dd, C, a->gelu, p->mlp_proj_w, N, F, C);
+    swiglu_bwd(lib.s.dfc, lib.s.dact, a->fc, N, F, ACT);
+    linear_bwd(lib.s.full, 0.0f, g->c_fc_w, lib.s.dfc, 2 * F, h, p->c_fc_w, N, C, F);
+    linear_bwd(lib.s.full, 1.0f, g->up_w, lib_at(lib.s.dfc, (size_t)F), 2 * F, h, p->up_w,
+               N, C, F);
+    return reduce_seq(lib.s.full);
+}
+
 /* x (N_SP, C) -> a->res2: x + o_proj(attention(rope(q|k|v(rms(x))))), then
-** + down(swiglu(gate|up(rms(.)))) or the mixture of experts. */
+** + down(swiglu(gate|up(rms(.)))) or the mixture of experts (and the shared expert). */
 static void llama_layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const void *x)
 {
     const gpt_dims *d = &gpt.d;
@@ -526,17 +603,10 @@ static void llama_layer_fwd(const gpt_layer_params *p, gpt_layer_acts *a, const 
     add_fwd(a->res1, x, reduce_seq(lib.s.full), rows, ACT);
 
     rms2_fwd(p, a);
-    if (d->moe) {
-        double aux = 0.0;
-        lib_moe_fwd(&p->moe, &a->moe, a->ln2, lib.s.full_sp, &aux);
-        if (!gpt.recomputing) gpt.moe_aux += aux;
-        add_fwd(a->res2, a->res1, lib.s.full_sp, rows, ACT);
-        return;
-    }
-    h = gather_seq(lib.s.gather, a->ln2);
-    swiglu_up(p, a, h);
-    linear_fwd(lib.s.full, d->C, a->gelu, p->mlp_proj_w, d->N, d->ff_local, d->C);
-    add_fwd(a->res2, a->res1, reduce_seq(lib.s.full), rows, ACT);
+    if (d->moe)
+        moe_branch_fwd(p, a, llama_mlp_fwd);
+    else
+        add_fwd(a->res2, a->res1, llama_mlp_fwd(p, a), rows, ACT);
 }
 
 /* Backward of llama_layer_fwd, as layer_bwd: dres holds d(res2) on entry, d(x) on return. */
@@ -546,24 +616,10 @@ static void llama_layer_bwd(const gpt_layer_params *p, gpt_layer_params *g,
     const gpt_dims *d = &gpt.d;
     gpt_layer_acts *w = (gpt_layer_acts *)a;       /* what recompute writes again */
     const void *dd, *h;
-    int N = d->N, C = d->C, F = d->ff_local;
+    int N = d->N, C = d->C;
     if (d->rc_ln) rms2_fwd(p, w);
-    if (d->moe) {
-        lib_moe_bwd(&p->moe, &g->moe, &a->moe, a->ln2, dres, lib.s.full_sp);
-        rmsnorm_bwd(dres, g->ln_2_w, lib.s.full_sp, a->res1, p->ln_2_w, a->ln2_rstd, d->n_sp,
-                    C, ACT);
-    } else {
-        h = gather_seq(lib.s.gather, a->ln2);
-        if (d->rc_mlp) swiglu_up(p, w, h);
-        dd = gather_seq(lib.s.full, dres);
-        linear_bwd(lib.s.dact, 0.0f, g->mlp_proj_w, dd, C, a->gelu, p->mlp_proj_w, N, F, C);
-        swiglu_bwd(lib.s.dfc, lib.s.dact, a->fc, N, F, ACT);
-        linear_bwd(lib.s.full, 0.0f, g->c_fc_w, lib.s.dfc, 2 * F, h, p->c_fc_w, N, C, F);
-        linear_bwd(lib.s.full, 1.0f, g->up_w, lib_at(lib.s.dfc, (size_t)F), 2 * F, h, p->up_w,
-                   N, C, F);
-        dd = reduce_seq(lib.s.full);
-        rmsnorm_bwd(dres, g->ln_2_w, dd, a->res1, p->ln_2_w, a->ln2_rstd, d->n_sp, C, ACT);
-    }
+    dd = d->moe ? moe_branch_bwd(p, g, a, dres, llama_mlp_bwd) : llama_mlp_bwd(p, g, a, dres);
+    rmsnorm_bwd(dres, g->ln_2_w, dd, a->res1, p->ln_2_w, a->ln2_rstd, d->n_sp, C, ACT);
 
     /* attention branch */
     int qn = d->heads_local * d->head_dim, kvn = d->kv_local * d->head_dim, P = d->qkvp_local;

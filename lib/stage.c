@@ -138,6 +138,7 @@ static void scratch_alloc(void)
     s->dfc = mem(GPT_M_S_DFC, NULL);
     s->qkvp = mem(GPT_M_S_QKVP, NULL);
     s->dact = mem(GPT_M_S_DACT, NULL);
+    s->dshared = mem(GPT_M_S_DSHARED, NULL);
     s->logits = mem(GPT_M_S_LOGITS, NULL);
     s->ce = mem(GPT_M_S_CE, NULL);
     s->targets = mem(GPT_M_S_TARGETS, NULL);

@@ -204,6 +204,7 @@ local MOE_KEYS = {
     { "pad_to_capacity", "bool",   false },
     { "expert_bias",     "bool",   false },
     { "bias_update_rate", "pos",   false },
+    { "shared_expert_ffn", "int",  false, 1 << 24 },
     { "bias",            "bool",   false, nil, "refused" },  -- only to explain add_bias_linear
 }
 local WHAT = {
@@ -483,6 +484,7 @@ function M.model_from_source(src, file, name)
             pad_to_capacity = m.pad_to_capacity or false,
             expert_bias = m.expert_bias or false,
             bias_update_rate = m.bias_update_rate or 1e-3,
+            shared_expert_ffn = m.shared_expert_ffn,
             bias = not llama and g.add_bias_linear ~= false,
             line = mcall.line, lines = mcall.lines,
         }
@@ -674,7 +676,7 @@ M.RECOMPUTE_MODULES = { "core_attn", "layernorm", "mlp" }
 -- Megatron's --recompute-modules choices that the programs do not implement.
 local MEGATRON_ONLY_MODULES = { moe_act = "needs grouped expert GEMMs",
     mla_up_proj = "needs multi-latent attention", moe = "recomputing the MoE layer",
-    shared_experts = "needs shared experts" }
+    shared_experts = "recomputing the shared expert" }
 
 -- RECOMPUTE, RECOMPUTE_METHOD, RECOMPUTE_LAYERS and RECOMPUTE_MODULES as Megatron's
 -- TransformerConfig checks them (docs/megatron.md §9.2) -> { granularity = "none" | "selective"
@@ -916,6 +918,12 @@ function M.configure(model, opts)
         if moe.ffn_hidden % Te ~= 0 then
             errs.add(model_at("ffn_hidden", true),
                      "expert ffn_hidden (%d) must be divisible by ETP (%d)", moe.ffn_hidden, Te)
+        end
+        local Fs = moe.shared_expert_ffn
+        if Fs and Fs % T ~= 0 then     -- tensor-parallel like the dense MLP (TP, not ETP)
+            errs.add(model_at("shared_expert_ffn", true),
+                     "shared_expert_ffn (%d) must be divisible by TP (%d): the shared expert " ..
+                     "is split over tp like the dense MLP", Fs, T)
         end
 
         if moe.bias and Te > 1 then

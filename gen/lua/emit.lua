@@ -417,7 +417,9 @@ local function render_program(cfg, topo, part, prog, files, opts)
         { banner = banner(cfg, T .. "program.c.tmpl"), model = cfg.model.file,
           run_hint = cfg.world > 1 and string.format("under mpirun -np %d", cfg.world)
                      or "one rank: run it directly",
-          moe = cfg.model.moe ~= nil, llama = cfg.model.arch == "llama", roles = roles,
+          moe = cfg.model.moe ~= nil,
+          shared_expert = cfg.model.moe ~= nil and cfg.model.moe.shared_expert_ffn ~= nil,
+          llama = cfg.model.arch == "llama", roles = roles,
           nroles = int(#prog.roles),
           dense = grid(prog.dense), expert = grid(prog.expert), groups = groups,
           ngroups = int(#prog.groups), stages = stages },

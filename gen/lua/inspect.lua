@@ -37,9 +37,12 @@ local function header(cfg)
                                           m.tie_embeddings and "tied" or "untied")
     end
     if m.moe then
-        lines[#lines + 1] = string.format("moe       %d experts, top %d, expert ffn %d, %s",
+        lines[#lines + 1] = string.format("moe       %d experts, top %d, expert ffn %d, %s%s",
                                           m.moe.experts, m.moe.top_k, m.moe.ffn_hidden,
-                                          m.moe.bias and "with biases" or "no biases")
+                                          m.moe.bias and "with biases" or "no biases",
+                                          m.moe.shared_expert_ffn and string.format(
+                                              ", shared expert ffn %d",
+                                              m.moe.shared_expert_ffn) or "")
     end
     lines[#lines + 1] = string.format("training  mbs %d, nmb %d, seq %d, sp %s, " ..
                                       "distributed optimizer %s", cfg.mbs, cfg.nmb, cfg.seq,

@@ -102,6 +102,9 @@ record("Moe", {
     { "expert_bias",     "bool", "aux-loss-free load balancing: a per-layer expert bias " ..
                                  "added to the scores for the top-k only (default false)" },
     { "bias_update_rate", "num", "the expert bias's step per optimizer step (default 1e-3)" },
+    { "shared_expert_ffn", "int?", "width of the shared expert, a dense MLP on every token " ..
+                                   "added to the routed output (Megatron's " ..
+                                   "moe_shared_expert_intermediate_size); nil = none" },
     { "bias",            "bool", "router and expert biases = the model's bias (needs ETP 1)" },
     { "line",            "int",  "line of the moe{ } call in the model file" },
     { "lines",           "map",  "key -> line of that key in the model file" },

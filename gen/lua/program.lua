@@ -48,15 +48,18 @@ function M.sizes(cfg)
         T = T, B = B, C = C, N = N, n_sp = cfg.sp and N // TP or N, tp = TP, seq = cfg.seq,
         t_chunk = cfg.cp > 1 and cfg.seq // (2 * cfg.cp) or T,
         heads_local = m.heads // TP, head_dim = C // m.heads, c_local = C // TP,
-        qkv_local = 3 * C // TP, ff_local = m.ffn_hidden // TP,
+        qkv_local = 3 * C // TP,
         v_local = cfg.vocab_padded // TP, nmb = cfg.nmb, llama = m.arch == "llama",
         kv_local = m.kv_heads // TP,
     }
     -- llama: q|k|v projected for heads_local + 2 kv_local heads, then each kv head repeated
     -- for its query heads into the (N, QKV_LOCAL) layout the attention kernels read
     s.qkvp_local = (s.heads_local + 2 * s.kv_local) * s.head_dim
-    s.fc_local = s.llama and 2 * s.ff_local or s.ff_local       -- gate | up
     local moe = m.moe
+    -- the dense MLP's columns, or with experts the shared expert's (in the same buffers)
+    s.shared = moe ~= nil and moe.shared_expert_ffn ~= nil
+    s.ff_local = (s.shared and moe.shared_expert_ffn or m.ffn_hidden) // TP
+    s.fc_local = s.llama and 2 * s.ff_local or s.ff_local       -- gate | up
     if moe then
         s.E, s.K = moe.experts, moe.top_k
         s.nl = moe.experts // cfg.ep
@@ -135,7 +138,13 @@ local function consts(cfg, s, layout)
         float("CFG_ROPE_THETA", m.rope_theta, "rotary embedding base (model.rope_theta)")
     end
     int("CFG_FF", m.ffn_hidden, "MLP width (model.ffn_hidden)")
-    int("CFG_FF_LOCAL", s.ff_local, "MLP columns per tp rank = FF/TP")
+    if s.shared then
+        int("CFG_SHARED_FF", m.moe.shared_expert_ffn,
+            "shared expert width (model.moe.shared_expert_ffn)")
+        int("CFG_FF_LOCAL", s.ff_local, "shared expert columns per tp rank = SHARED_FF/TP")
+    else
+        int("CFG_FF_LOCAL", s.ff_local, "MLP columns per tp rank = FF/TP")
+    end
     int("CFG_V", m.vocab, "vocabulary (model.vocab)")
     int("CFG_V_PADDED", cfg.vocab_padded,
         string.format("vocabulary padded to a multiple of %d*TP", m.vocab_pad))
@@ -162,6 +171,9 @@ local function consts(cfg, s, layout)
             "sigmoid scores (score_function): pre_softmax does not apply" or
             "1: softmax over all, then top-k; 0: softmax of the k")
         int("CFG_MOE_BIAS", moe.bias and 1 or 0, "router and expert biases (add_bias_linear)")
+        if s.shared then
+            int("CFG_SHARED_EXPERT", 1, "a shared expert in the dense MLP's params and buffers")
+        end
         local lb = moe.load_balancing
         if lb == "seq_aux_loss" then
             float("CFG_AUX_SCALE", moe.aux_loss_coeff * s.E / (s.K * s.seq ^ 2 * s.B),
@@ -443,13 +455,18 @@ local function call_comm(cfg, s, op)
         return gather_seq(cfg, s)
     elseif op == "layer_fwd" or op == "layer_recompute" then
         local out = append(append(gather_seq(cfg, s), cp_fwd(cfg, s)), reduce_seq(cfg, s))
+        -- the dense MLP, or the shared expert before the routed ones (model.c layer_fwd)
+        if not moe or cfg.model.moe.shared_expert_ffn then
+            append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
+        end
         if moe then return append(out, moe_fwd_comm(cfg, s)) end
-        return append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
+        return out
     elseif op == "layer_bwd" then
         -- the attention branch as model.c layer_bwd runs it: ln_1's output gathered again,
         -- the attention core recomputed (selective core_attn), the output gradient gathered,
         -- the attention's backward, the input gradient reduced
         local out = moe and moe_bwd_comm(cfg) or column_bwd(cfg, s)
+        if moe and cfg.model.moe.shared_expert_ffn then append(out, column_bwd(cfg, s)) end
         append(out, gather_seq(cfg, s))
         local rc_attn = false
         for _, m in ipairs(cfg.recompute_modules) do rc_attn = rc_attn or m == "core_attn" end
@@ -512,6 +529,10 @@ local FIELD = {
     ["mlp.router.weight"] = "ROUTER_W", ["mlp.router.bias"] = "ROUTER_B",
     ["mlp.experts.c_fc.weight"] = "EXPERT_FC_W", ["mlp.experts.c_fc.bias"] = "EXPERT_FC_B",
     ["mlp.experts.c_proj.weight"] = "EXPERT_PROJ_W", ["mlp.experts.c_proj.bias"] = "EXPERT_PROJ_B",
+    -- the shared expert lives in the dense MLP's fields (lib/model.c)
+    ["mlp.shared_experts.c_fc.weight"] = "FC_W", ["mlp.shared_experts.c_fc.bias"] = "FC_B",
+    ["mlp.shared_experts.c_proj.weight"] = "MLP_PROJ_W",
+    ["mlp.shared_experts.c_proj.bias"] = "MLP_PROJ_B",
     -- llama (Hugging Face LlamaForCausalLM, MixtralForCausalLM names)
     ["embed_tokens.weight"] = "WTE", ["norm.weight"] = "LN_F_W", ["lm_head.weight"] = "LM_HEAD",
     ["input_layernorm.weight"] = "LN1_W", ["post_attention_layernorm.weight"] = "LN2_W",
@@ -522,6 +543,8 @@ local FIELD = {
     ["block_sparse_moe.experts.w1.weight"] = "EXPERT_FC_W",
     ["block_sparse_moe.experts.w2.weight"] = "EXPERT_PROJ_W",
     ["block_sparse_moe.experts.w3.weight"] = "EXPERT_UP_W",
+    ["mlp.shared_expert.gate_proj.weight"] = "FC_W", ["mlp.shared_expert.up_proj.weight"] = "UP_W",
+    ["mlp.shared_expert.down_proj.weight"] = "MLP_PROJ_W",      -- Qwen2-MoE's shared expert
 }
 
 -- "layer 3", "layers 0..3", "layers 3..0" (backward), "no layers".
@@ -786,6 +809,7 @@ local MEMS = {
     { "S_DFC", "A", "(N, FF_LOCAL)", "(N, 2 FF_LOCAL) d(gate | up)" },
     { "S_QKVP", "A", "(N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads" },
     { "S_DACT", "A", "(N, FF_LOCAL) d(SwiGLU output)" },
+    { "S_DSHARED", "A", "(N_SP, C) shared expert: the routed experts' input gradient" },
     { "S_LOGITS", "A", "(N, V_LOCAL)" },
     { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
     { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the next" },
@@ -842,19 +866,21 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
     local lse = s.B * s.heads_local * s.T
     local function m1(x) return math.max(x, 1) end     -- moe.c allocates at least one
     local ln = not s.llama      -- LayerNorm keeps its means; RMSNorm only rstd
+    local dense = not moe or s.shared       -- the dense MLP's buffers (or the shared expert's)
     local size = {
         L_LN1 = s.n_sp * s.C, L_LN1_MEAN = ln and s.n_sp, L_LN1_RSTD = s.n_sp,
         L_QKV = s.N * s.qkv_local, L_LSE = lse, L_ATTY = s.N * s.c_local, L_RES1 = s.n_sp * s.C,
         L_LN2 = s.n_sp * s.C, L_LN2_MEAN = ln and s.n_sp, L_LN2_RSTD = s.n_sp,
-        L_FC = not moe and s.N * s.fc_local, L_GELU = not moe and s.N * s.ff_local,
+        L_FC = dense and s.N * s.fc_local, L_GELU = dense and s.N * s.ff_local,
         L_RES2 = s.n_sp * s.C,
         C_X = s.n_sp * s.C, C_DY = s.n_sp * s.C, C_TOKENS = embedding and s.N,
         H_LNF = head and s.n_sp * s.C, H_LNF_MEAN = head and ln and s.n_sp,
         H_LNF_RSTD = head and s.n_sp,
         S_FULL = s.N * s.C, S_FULL_SP = cfg.sp and s.n_sp * s.C or "S_FULL",
         S_GATHER = cfg.sp and s.N * s.C, S_DQKV = s.N * s.qkv_local,
-        S_DATTY = s.N * s.c_local, S_DSUM = lse, S_DFC = not moe and s.N * s.fc_local,
-        S_QKVP = s.llama and s.N * s.qkvp_local, S_DACT = s.llama and not moe and s.N * s.ff_local,
+        S_DATTY = s.N * s.c_local, S_DSUM = lse, S_DFC = dense and s.N * s.fc_local,
+        S_QKVP = s.llama and s.N * s.qkvp_local, S_DACT = s.llama and dense and s.N * s.ff_local,
+        S_DSHARED = s.shared and s.n_sp * s.C,
         S_LOGITS = head and s.N * s.v_local, S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
     }

@@ -144,11 +144,18 @@ local function llama_layer_params(cfg, i, ctx, out)
         expert("w2.weight", { C, Fe }, split_cols)
         expert("w3.weight", { Fe, C }, split_rows)
     end
+    local Fs = moe.shared_expert_ffn            -- Qwen2-MoE's shared expert, over tp
+    if Fs then
+        linear("mlp.shared_expert.gate_proj.weight", { Fs, C }, split_rows)
+        linear("mlp.shared_expert.up_proj.weight", { Fs, C }, split_rows)
+        linear("mlp.shared_expert.down_proj.weight", { C, Fs }, split_cols)
+    end
 end
 
 -- Params of layer 'i' in Megatron's named_parameters order (local spec): input_layernorm,
 -- self_attention.linear_proj, self_attention.linear_qkv, pre_mlp_layernorm, then the MLP
--- (linear_fc1, linear_fc2) or the MoE layer (router, then each local expert's fc1, fc2).
+-- (linear_fc1, linear_fc2) or the MoE layer (router, then each local expert's fc1, fc2, then
+-- the shared expert's, as Megatron's MoELayer registers shared_experts after experts).
 local function layer_params(cfg, i, ctx, out)
     local m, T, t = cfg.model, cfg.tp, ctx.tp
     local C = m.hidden
@@ -194,6 +201,14 @@ local function layer_params(cfg, i, ctx, out)
         if moe.bias then expert(column(e .. "c_fc.bias", { Fe }, Te, te), "c_fc.bias") end
         expert(row(e .. "c_proj.weight", { Fe, C }, Te, te), "c_proj.weight")
         if moe.bias then expert({ name = e .. "c_proj.bias", shape = { C } }, "c_proj.bias") end
+    end
+    local Fs = moe.shared_expert_ffn            -- the shared expert: the dense MLP's split
+    if Fs then
+        local s = "mlp.shared_experts."
+        add(column(h .. s .. "c_fc.weight", { C, Fs }, T, t), s .. "c_fc.weight")
+        if b then add(column(h .. s .. "c_fc.bias", { Fs }, T, t), s .. "c_fc.bias") end
+        add(row(h .. s .. "c_proj.weight", { Fs, C }, T, t), s .. "c_proj.weight")
+        if b then replicated(s .. "c_proj.bias", { C }) end
     end
 end
 

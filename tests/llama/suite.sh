@@ -26,6 +26,8 @@ if ! { $REF $SHAPE --random-init 7 --save-init "$S/llama.init.safetensors" &&
        $REF $MIXTRAL --random-init 7 --save-init "$S/mixtral.init.safetensors" &&
        $REF $MIXTRAL --score-function sigmoid --bias-update-rate 0.01 --random-init 7 \
            --save-init "$S/mixtral-ebias.init.safetensors" &&
+       $REF $MIXTRAL --shared-expert-ffn 96 --random-init 7 \
+           --save-init "$S/mixtral-shared.init.safetensors" &&
        build/ref/make_tokens --vocab 256 --tokens 20000 --seed 3 "$S/tokens.bin"
      } > "$S/setup.log" 2>&1; then
     fail setup "cannot make the inits or the token file: $(tail -n 1 "$S/setup.log")"
@@ -41,7 +43,8 @@ equiv tests/llama/layouts.txt
 llama_run() {
     local name=$1 tag=$2 init=llama
     shift 2
-    case $name in mixtral-ebias*) init=mixtral-ebias ;; mixtral*) init=mixtral ;;
+    case $name in mixtral-ebias*) init=mixtral-ebias ;; mixtral-shared*) init=mixtral-shared ;;
+                  mixtral*) init=mixtral ;;
                   tied*) init=tied ;; esac
     run_prog "${DIR[$name]}/train" "${WORLD[$name]}" "$S/run/$tag.log" --quiet \
         --init "$S/$init.init.safetensors" --data "$S/tokens.bin" --steps 6 --warmup 2 \

@@ -35,7 +35,8 @@ WARMUP=2
 # tiny_moe has no linear biases (add_bias_linear = false), moe_bias all of them (the router's
 # and the experts' included: Megatron's add_bias_linear = true).
 MOEFLAGS="--experts 8 --top-k 2 --expert-ffn 128 --aux-coeff 0.01"
-# Inits: 'base' (random, seed 7), 'bias' (the same with expert biases), and the edge cases
+# Inits: 'base' (random, seed 7), 'bias' (the same with expert biases), 'shared' (biases and a
+# shared expert of width 96: tests/models/moe_shared.lua), and the edge cases
 # made from 'base' (stedit.lua):
 #   ties  every router weight 0: every logit ties, so every token picks experts 0..k-1
 #   idle  ln_2.bias[0] = 20 (channel 0 of the router input is in [12, 28] for every token:
@@ -59,6 +60,8 @@ if ! { $REF $SHAPE $MOEFLAGS --no-linear-bias --random-init 7 \
            --save-init "$S/base.init.safetensors" &&
        $REF $SHAPE $MOEFLAGS --expert-bias --router-bias --random-init 7 \
            --save-init "$S/bias.init.safetensors" &&
+       $REF $SHAPE $MOEFLAGS --expert-bias --router-bias --shared-expert-ffn 96 \
+           --random-init 7 --save-init "$S/shared.init.safetensors" &&
        $REF $SHAPE --experts 8 --top-k 2 --expert-ffn 128 --no-linear-bias \
            --score-function sigmoid --bias-update-rate 0.01 --random-init 7 \
            --save-init "$S/ebias.init.safetensors" &&

@@ -135,6 +135,11 @@ static void bind_llama_weights(ref_weights *w, const ref_model *m, double *base)
             x->w2 = expert_view(m, base, l, e, "w2.weight");
             x->w3 = expert_view(m, base, l, e, "w3.weight");
         }
+        if (m->cfg.moe.shared_ffn > 0) {    /* the shared expert in the dense MLP's views */
+            h->gate_w = view(m, base, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+            h->up_w = view(m, base, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+            h->down_w = view(m, base, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+        }
     }
     w->ln_f_w = view(m, base, "model.norm.weight", 0);
     w->lm_head = m->cfg.tie_embeddings ? w->wte : view(m, base, "lm_head.weight", 0);
@@ -179,9 +184,21 @@ static void bind_weights(ref_weights *w, const ref_model *m, double *base)
             x->c_proj_w = expert_view(m, base, l, e, "c_proj.weight");
             x->c_proj_b = expert_view(m, base, l, e, "c_proj.bias");
         }
+        if (m->cfg.moe.shared_ffn > 0) {    /* the shared expert in the dense MLP's views */
+            h->mlp.c_fc_w = view(m, base, "h.%d.mlp.shared_experts.c_fc.weight", l);
+            h->mlp.c_fc_b = view_opt(m, base, "h.%d.mlp.shared_experts.c_fc.bias", l);
+            h->mlp.c_proj_w = view(m, base, "h.%d.mlp.shared_experts.c_proj.weight", l);
+            h->mlp.c_proj_b = view_opt(m, base, "h.%d.mlp.shared_experts.c_proj.bias", l);
+        }
     }
     w->ln_f_w = view(m, base, "ln_f.weight", 0);
     w->ln_f_b = view(m, base, "ln_f.bias", 0);
+}
+
+/* The width of a layer's dense MLP: ffn, or with experts the shared expert's (0: none). */
+static int mlp_width(const ref_config *cfg)
+{
+    return cfg->moe.experts > 0 ? cfg->moe.shared_ffn : cfg->ffn;
 }
 
 /* Number of key/value heads of a Llama config (0 means as many as query heads). */
@@ -204,7 +221,7 @@ static void add_llama_tensors(ref_model *m, size_t *off)
     const ref_config *cfg = &m->cfg;
     long C = cfg->hidden, V = cfg->vocab, F = cfg->ffn, D = cfg->hidden / cfg->heads;
     long HD = cfg->heads * D, KD = kv_heads(cfg) * D;
-    long E = cfg->moe.experts, Fe = cfg->moe.ffn;
+    long E = cfg->moe.experts, Fe = cfg->moe.ffn, Fs = cfg->moe.shared_ffn;
     char name[REF_NAME_MAX];
 
     add_tensor(m, off, "model.embed_tokens.weight", 2, V, C, 1, REF_INIT_NORMAL);
@@ -235,6 +252,11 @@ static void add_llama_tensors(ref_model *m, size_t *off)
             EXPERT_TENSOR("w3.weight", Fe, C, REF_INIT_NORMAL)
 #undef EXPERT_TENSOR
         }
+        if (Fs > 0) {           /* Qwen2-MoE's names */
+            LAYER_TENSOR("mlp.shared_expert.gate_proj.weight", 2, Fs, C, 1, REF_INIT_NORMAL)
+            LAYER_TENSOR("mlp.shared_expert.up_proj.weight", 2, Fs, C, 1, REF_INIT_NORMAL)
+            LAYER_TENSOR("mlp.shared_expert.down_proj.weight", 2, C, Fs, 1, REF_INIT_OUT_PROJ)
+        }
 #undef LAYER_TENSOR
     }
     add_tensor(m, off, "model.norm.weight", 1, C, 0, 0, REF_INIT_ONE);
@@ -251,13 +273,14 @@ static void add_llama_tensors(ref_model *m, size_t *off)
 /* ref_model_new's tensor table for a GPT-2 model: wte, wpe, then per layer ln_1, attn.c_attn,
 ** attn.c_proj, ln_2, the feed-forward block, then ln_f (weight before bias). The feed-forward
 ** block is mlp.c_fc, mlp.c_proj (dense), or mlp.router.weight followed by
-** mlp.experts.{e}.c_fc, mlp.experts.{e}.c_proj for e = 0..E-1 (biases only with moe.bias). */
+** mlp.experts.{e}.c_fc, mlp.experts.{e}.c_proj for e = 0..E-1 (biases only with moe.bias),
+** then with moe.shared_ffn mlp.shared_experts.c_fc, .c_proj (biases as the dense MLP's). */
 static void add_gpt2_tensors(ref_model *m, size_t *off)
 {
     const ref_config *cfg = &m->cfg;
     long C = cfg->hidden, V = cfg->vocab, T = cfg->seq, F = cfg->ffn;
     const ref_moe_config *moe = &cfg->moe;
-    long E = moe->experts, Fe = moe->ffn;
+    long E = moe->experts, Fe = moe->ffn, Fs = moe->shared_ffn;
     int lb = !cfg->no_linear_bias;
     char name[REF_NAME_MAX];
 
@@ -308,6 +331,16 @@ static void add_gpt2_tensors(ref_model *m, size_t *off)
             }
 #undef EXPERT_TENSOR
         }
+        if (Fs > 0) {           /* the shared expert: the model's MLP, biases as lb */
+            LAYER_TENSOR("mlp.shared_experts.c_fc.weight", 2, C, Fs, 1, REF_INIT_NORMAL)
+            if (lb) {
+                LAYER_TENSOR("mlp.shared_experts.c_fc.bias", 1, Fs, 0, 0, REF_INIT_ZERO)
+            }
+            LAYER_TENSOR("mlp.shared_experts.c_proj.weight", 2, Fs, C, 1, REF_INIT_OUT_PROJ)
+            if (lb) {
+                LAYER_TENSOR("mlp.shared_experts.c_proj.bias", 1, C, 0, 0, REF_INIT_ZERO)
+            }
+        }
 #undef LAYER_TENSOR
     }
     add_tensor(m, off, "ln_f.weight", 1, C, 0, 0, REF_INIT_ONE);
@@ -332,7 +365,8 @@ ref_model *ref_model_new(const ref_config *cfg)
     ref_model *m = ref_xcalloc(1, sizeof *m);
     m->cfg = *cfg;
     long E = cfg->moe.experts;
-    long per_layer = 8 + (E == 0 ? 4 : 3 + 4 * E);     /* at most, either architecture */
+    long per_layer = 8 + (E == 0 ? 4 : 3 + 4 * E + 4);  /* at most, either architecture;
+                                                        ** + 4: a shared expert */
     m->tensors = ref_xcalloc((size_t)(4 + per_layer * cfg->layers), sizeof *m->tensors);
     size_t off = 0;
     if (cfg->arch == REF_ARCH_LLAMA)
@@ -1480,7 +1514,7 @@ void ref_moe_bwd(double *din, ref_moe_weights *g, const double *dout, double aux
 */
 ref_acts *ref_acts_new(const ref_config *cfg, int B)
 {
-    size_t N = (size_t)B * cfg->seq, C = cfg->hidden, F = cfg->ffn, V = cfg->vocab;
+    size_t N = (size_t)B * cfg->seq, C = cfg->hidden, F = (size_t)mlp_width(cfg), V = cfg->vocab;
     size_t H = cfg->heads, T = cfg->seq, D = C / H, K = (size_t)kv_heads(cfg);
     int llama = cfg->arch == REF_ARCH_LLAMA;
     ref_acts *a = ref_xcalloc(1, sizeof *a);
@@ -1505,9 +1539,9 @@ ref_acts *ref_acts_new(const ref_config *cfg, int B)
             la->ln2_mean = dalloc(N);
             la->qkv = dalloc(N * 3 * C);
         }
-        if (cfg->moe.experts > 0) {
+        if (cfg->moe.experts > 0)
             ref_moe_acts_init(&la->moe, &cfg->moe, (int)N, (int)C);
-        } else {
+        if (F > 0) {
             la->mlp.h = dalloc(N * F);
             la->mlp.a = dalloc(N * F);
             if (llama)
@@ -1528,7 +1562,7 @@ ref_acts *ref_acts_new(const ref_config *cfg, int B)
     a->d_ln = dalloc(N * C);
     a->d_y = dalloc(N * C);
     a->d_qkv = dalloc(N * 3 * C);         /* Llama: (H + 2K) D <= 3C */
-    if (cfg->moe.experts == 0) {
+    if (F > 0) {
         a->d_h = dalloc(N * F);
         a->d_a = dalloc(N * F);
         if (llama)
@@ -1649,14 +1683,15 @@ static double *layer_out(ref_acts *a, int l, int L)
 ** The Llama forward (README.md, "Llama"), ref_forward's contract. Per layer:
 **   h = rmsnorm(x_in); q, k, v = h . Wq^T, h . Wk^T, h . Wv^T; rope(q), rope(k) at position t;
 **   x_mid = x_in + gqa_attention(q, k, v) . Wo^T; h = rmsnorm(x_mid);
-**   out = x_mid + down(silu(gate(h)) * up(h))   (or the mixture of Mixtral experts)
+**   out = x_mid + down(silu(gate(h)) * up(h))   (or the mixture of Mixtral experts, plus
+**         the shared expert's down(silu(gate(h)) * up(h)) with moe.shared_ffn)
 ** then logits = rmsnorm(x_out) . lm_head^T.
 */
 static double llama_forward(const ref_model *m, ref_acts *a, const int *inputs,
                             const int *targets)
 {
     const ref_config *cfg = &m->cfg;
-    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = mlp_width(cfg), L = cfg->layers;
     int H = cfg->heads, K = kv_heads(cfg), D = C / H, N = B * T;
 
     ref_embed_fwd(L > 0 ? a->layer[0].x_in : a->x_out, inputs, m->w.wte, NULL, B, T, C);
@@ -1681,6 +1716,11 @@ static double llama_forward(const ref_model *m, ref_acts *a, const int *inputs,
         if (cfg->moe.experts > 0) {
             ref_moe_fwd(out, &la->moe, &w->moe, &cfg->moe, la->ln2, B, T, C);
             a->aux += la->moe.aux;
+            if (F > 0) {        /* + the shared expert (d_y is free in the forward) */
+                swiglu_mlp_fwd(a->d_y, &la->mlp, w, la->ln2, N, C, F);
+                for (size_t i = 0; i < (size_t)N * C; i++)
+                    out[i] += a->d_y[i];
+            }
         } else {
             swiglu_mlp_fwd(out, &la->mlp, w, la->ln2, N, C, F);
         }
@@ -1702,7 +1742,7 @@ static void llama_backward(ref_model *m, ref_acts *a, const int *inputs, const i
                            double scale, double aux_scale)
 {
     const ref_config *cfg = &m->cfg;
-    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = mlp_width(cfg), L = cfg->layers;
     int H = cfg->heads, K = kv_heads(cfg), D = C / H, V = cfg->vocab, N = B * T;
     size_t NC = (size_t)N * C;
     double *d_q = a->d_qkv, *d_k = d_q + (size_t)N * H * D, *d_v = d_k + (size_t)N * K * D;
@@ -1723,7 +1763,7 @@ static void llama_backward(ref_model *m, ref_acts *a, const int *inputs, const i
         if (cfg->moe.experts > 0)
             ref_moe_bwd(a->d_ln, &g->moe, a->d_res, aux_scale, &la->moe, &w->moe, &cfg->moe,
                         la->ln2, B, T, C);
-        else
+        if (F > 0)              /* the dense MLP or the shared expert */
             swiglu_mlp_bwd(a->d_ln, g, a->d_res, &la->mlp, w, la->ln2, a->d_h, a->d_u, a->d_a,
                            N, C, F);
         ref_rmsnorm_bwd(a->d_res, g->post_ln_w, a->d_ln, la->x_mid, w->post_ln_w, la->ln2_rstd,
@@ -1758,7 +1798,7 @@ double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int
     if (m->cfg.arch == REF_ARCH_LLAMA)
         return llama_forward(m, a, inputs, targets);
     const ref_config *cfg = &m->cfg;
-    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = mlp_width(cfg), L = cfg->layers;
     int N = B * T;
 
     ref_embed_fwd(L > 0 ? a->layer[0].x_in : a->x_out, inputs, m->w.wte, m->w.wpe, B, T, C);
@@ -1783,6 +1823,11 @@ double ref_forward(const ref_model *m, ref_acts *a, const int *inputs, const int
         if (cfg->moe.experts > 0) {
             ref_moe_fwd(out, &la->moe, &w->moe, &cfg->moe, la->ln2, B, T, C);
             a->aux += la->moe.aux;
+            if (F > 0) {        /* + the shared expert (d_y is free in the forward) */
+                mlp_fwd(a->d_y, &la->mlp, w, la->ln2, N, C, F);
+                for (size_t i = 0; i < (size_t)N * C; i++)
+                    out[i] += a->d_y[i];
+            }
         } else {
             mlp_fwd(out, &la->mlp, w, la->ln2, N, C, F);
         }
@@ -1813,7 +1858,7 @@ void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targe
         return;
     }
     const ref_config *cfg = &m->cfg;
-    int B = a->B, T = cfg->seq, C = cfg->hidden, F = cfg->ffn, L = cfg->layers;
+    int B = a->B, T = cfg->seq, C = cfg->hidden, F = mlp_width(cfg), L = cfg->layers;
     int V = cfg->vocab, N = B * T;
     size_t NC = (size_t)N * C;
 
@@ -1836,7 +1881,7 @@ void ref_backward(ref_model *m, ref_acts *a, const int *inputs, const int *targe
         if (cfg->moe.experts > 0)
             ref_moe_bwd(a->d_ln, &g->moe, a->d_res, aux_scale, &la->moe, &w->moe, &cfg->moe,
                         la->ln2, B, T, C);
-        else
+        if (F > 0)              /* the dense MLP or the shared expert */
             mlp_bwd(a->d_ln, g, a->d_res, &la->mlp, w, la->ln2, a->d_h, a->d_a, N, C, F);
         ref_layernorm_bwd(a->d_res, g->ln_2_w, g->ln_2_b, a->d_ln, la->x_mid, w->ln_2_w,
                           la->ln2_mean, la->ln2_rstd, N, C);

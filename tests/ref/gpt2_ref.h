@@ -57,6 +57,10 @@ typedef struct ref_moe_config {
     int cp_shards;      /* context parallelism P > 1: first the positions of each of P cp
                         ** ranks (chunks c and 2P-1-c of T/(2P), in that order), then the
                         ** 'shards' blocks of those; 0 or 1: none */
+    int shared_ffn;     /* > 0: a shared expert (Megatron's moe_shared_expert_intermediate_size,
+                        ** no gate): a dense MLP of this width (the model's MLP: GELU with the
+                        ** linear biases, or SwiGLU) on every token, added to the routed output;
+                        ** its weights are the layer's dense MLP views; 0 = none */
 } ref_moe_config;
 
 /* The architecture (tests/ref/README.md, "Llama"). */

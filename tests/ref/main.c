@@ -22,6 +22,7 @@ static const char usage_text[] =
     "                [--arch gpt2|llama] [--kv-heads K] [--rope-theta X] [--tie-embeddings]\n"
     "                [--norm-eps X] [--no-linear-bias]\n"
     "                [--experts E --top-k K [--expert-ffn F] [--expert-bias] [--router-bias]\n"
+    "                 [--shared-expert-ffn F]\n"
     "                 [--aux-coeff X] [--z-coeff X] [--load-balancing T] [--topk-scale X]\n"
     "                 [--score-function F] [--num-groups G --group-topk g]\n"
     "                 [--bias-update-rate X] [--pre-softmax]\n"
@@ -49,6 +50,9 @@ static const char usage_text[] =
     "  --experts E        every MLP is a mixture of E experts (Megatron's MoE), with\n"
     "    --top-k K          experts per token (1..E), router softmax over the top-k logits\n"
     "    --expert-ffn F     width of each expert's MLP (default --ffn)\n"
+    "    --shared-expert-ffn F  a shared expert: the model's MLP of width F on every token,\n"
+    "                       added to the routed output (Megatron's\n"
+    "                       --moe-shared-expert-intermediate-size, no gate)\n"
     "    --expert-bias      experts' c_fc and c_proj have biases (default: none; gpt2 only)\n"
     "    --router-bias      the router has a bias, mlp.router.bias (gpt2 only; Megatron's\n"
     "                       router with add_bias_linear)\n"
@@ -250,6 +254,8 @@ static int parse_args(options *o, int argc, char **argv)
         else if (strcmp(a, "--top-k") == 0) rc = (o->have_top_k = 1,
                                                   parse_int(a, v, &o->cfg.moe.top_k));
         else if (strcmp(a, "--expert-ffn") == 0) rc = parse_int(a, v, &o->cfg.moe.ffn);
+        else if (strcmp(a, "--shared-expert-ffn") == 0)
+            rc = parse_int(a, v, &o->cfg.moe.shared_ffn);
         else if (strcmp(a, "--aux-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.aux_coeff);
         else if (strcmp(a, "--z-coeff") == 0) rc = parse_double(a, v, &o->cfg.moe.z_coeff);
         else if (strcmp(a, "--topk-scale") == 0) rc = parse_double(a, v, &o->cfg.moe.topk_scale);
@@ -328,6 +334,7 @@ static int parse_args(options *o, int argc, char **argv)
             return -1;
         if (o->moe_flag == NULL && strcmp(a, "--experts") != 0 &&
             (strcmp(a, "--top-k") == 0 || strcmp(a, "--expert-ffn") == 0 ||
+             strcmp(a, "--shared-expert-ffn") == 0 ||
              strcmp(a, "--aux-coeff") == 0 || strcmp(a, "--capacity") == 0 ||
              strcmp(a, "--z-coeff") == 0 || strcmp(a, "--topk-scale") == 0 ||
              strcmp(a, "--num-groups") == 0 || strcmp(a, "--group-topk") == 0))
@@ -368,6 +375,8 @@ static int check_moe_args(options *o)
         return usage_error("--expert-ffn (or --ffn) is required with --arch llama --experts");
     if (moe->ffn < 1)
         return usage_error("--expert-ffn must be >= 1 (got %d)", moe->ffn);
+    if (moe->shared_ffn < 0)
+        return usage_error("--shared-expert-ffn must be >= 1 (got %d)", moe->shared_ffn);
     if (!(moe->aux_coeff >= 0.0))
         return usage_error("--aux-coeff must be >= 0");
     if (!(moe->z_coeff >= 0.0))
@@ -589,6 +598,8 @@ int main(int argc, char **argv)
             printf(" bias-update-rate %g", moe->bias_rate);
         if (moe->groups > 0)
             printf(" groups %d group-topk %d", moe->groups, moe->group_topk);
+        if (moe->shared_ffn > 0)
+            printf(" shared-expert-ffn %d", moe->shared_ffn);
         if (moe->capacity > 0)
             printf(" capacity %g drop-policy %s router-shards %d", moe->capacity,
                    moe->drop_probs ? "probs" : "position", moe->shards > 1 ? moe->shards : 1);

@@ -829,11 +829,13 @@ static ref_config moe_config(int E, int k, int bias, int pre_softmax, double aux
 
 static void describe_moe(char *buf, size_t n, const ref_moe_config *c)
 {
-    snprintf(buf, n, "E=%d top-%d%s%s%s aux %g%s z %g scale %g capacity %g", c->experts,
-             c->top_k, c->pre_softmax ? " pre-softmax" : "", c->sigmoid ? " sigmoid" : "",
-             c->bias ? " bias" : "",
-             c->aux_coeff, c->seq_aux ? " per sequence" : "", c->z_coeff, c->topk_scale,
-             c->capacity);
+    int len = snprintf(buf, n, "E=%d top-%d%s%s%s aux %g%s z %g scale %g capacity %g",
+                       c->experts, c->top_k, c->pre_softmax ? " pre-softmax" : "",
+                       c->sigmoid ? " sigmoid" : "", c->bias ? " bias" : "", c->aux_coeff,
+                       c->seq_aux ? " per sequence" : "", c->z_coeff, c->topk_scale,
+                       c->capacity);
+    if (c->shared_ffn > 0 && len > 0 && (size_t)len < n)
+        snprintf(buf + len, n - (size_t)len, " shared %d", c->shared_ffn);
 }
 
 /* Number of dropped choices in the last forward of every layer. */
@@ -1092,6 +1094,16 @@ static int test_moe_gradcheck(void)
             bad += fail("  op %s: %d off, %d skipped of %d, %d dropped", what, u.bad, u.skipped,
                         u.checked, dropped);
         moe_op_free(&op);
+    }
+    /* a shared expert of width 5 beside the routed ones (Megatron's
+    ** moe_shared_expert_intermediate_size), with the linear biases and without */
+    for (int b = 0; b < 2; b++) {
+        ref_config cfg = moe_config(4, 2, b, 0, 0.1, 0.0);
+        cfg.no_linear_bias = !b;
+        cfg.moe.shared_ffn = 5;
+        char what[160];
+        describe_moe(what, sizeof what, &cfg.moe);
+        bad += gradcheck_whole(&cfg, 500 + (uint64_t)b, what);
     }
     return bad ? fail("%d MoE gradient check(s) failed", bad) : 0;
 }
@@ -1859,6 +1871,12 @@ static int test_llama_gradcheck(void)
             bad += fail("  op %s: %d off, %d skipped of %d", what, u.bad, u.skipped, u.checked);
         moe_op_free(&op);
     }
+    /* Mixtral experts with a shared SwiGLU expert of width 6 (Qwen2-MoE's, without its gate) */
+    ref_config sh = llama_config(2, 0, 10000.0, 4, 2, 0, 0.1, 0.0);
+    sh.moe.shared_ffn = 6;
+    char what[160];
+    describe_moe(what, sizeof what, &sh.moe);
+    bad += gradcheck_whole(&sh, 790, what);
     return bad ? fail("%d Llama gradient check(s) failed", bad) : 0;
 }
 

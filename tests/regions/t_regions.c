@@ -404,13 +404,16 @@ static double *qkv_cols(const double *m, int rows)
 
 static gpt_layer_params layer_shard(const layer_full *f)
 {
-    gpt_layer_params p = {
-        dev(f->ln1w, C), dev(f->ln1b, C), dev(qkv_cols(f->qkvw, C), (size_t)C * 3 * CL),
-        dev(qkv_cols(f->qkvb, 1), 3 * CL), dev(f->pw + (size_t)gpt.tp_rank * CL * C, (size_t)CL * C),
-        dev(f->pb, C), dev(f->ln2w, C), dev(f->ln2b, C),
-        dev(block(f->fcw, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL),
-        dev(f->fcb + gpt.tp_rank * FFL, FFL), dev(f->p2w + (size_t)gpt.tp_rank * FFL * C, (size_t)FFL * C),
-        dev(f->p2b, C), { NULL, NULL, NULL, NULL, NULL, NULL, NULL }, NULL, NULL, NULL,
+    gpt_layer_params p = {       /* the GPT-2 layer's tensors; the rest NULL */
+        .ln_1_w = dev(f->ln1w, C), .ln_1_b = dev(f->ln1b, C),
+        .c_attn_w = dev(qkv_cols(f->qkvw, C), (size_t)C * 3 * CL),
+        .c_attn_b = dev(qkv_cols(f->qkvb, 1), 3 * CL),
+        .attn_proj_w = dev(f->pw + (size_t)gpt.tp_rank * CL * C, (size_t)CL * C),
+        .attn_proj_b = dev(f->pb, C), .ln_2_w = dev(f->ln2w, C), .ln_2_b = dev(f->ln2b, C),
+        .c_fc_w = dev(block(f->fcw, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL),
+        .c_fc_b = dev(f->fcb + gpt.tp_rank * FFL, FFL),
+        .mlp_proj_w = dev(f->p2w + (size_t)gpt.tp_rank * FFL * C, (size_t)FFL * C),
+        .mlp_proj_b = dev(f->p2b, C),
     };
     return p;
 }
@@ -472,10 +475,11 @@ static int test_layer(void)
     ref_layernorm_bwd(dx, dw.ln1w, dw.ln1b, dln1, x, w.ln1w, m1, s1, N, C);
 
     gpt_layer_params g = {
-        dev_zeros(C), dev_zeros(C), dev_zeros((size_t)C * 3 * CL), dev_zeros(3 * CL),
-        dev_zeros((size_t)CL * C), dev_zeros(C), dev_zeros(C), dev_zeros(C),
-        dev_zeros((size_t)C * FFL), dev_zeros(FFL), dev_zeros((size_t)FFL * C), dev_zeros(C),
-        { NULL, NULL, NULL, NULL, NULL, NULL, NULL }, NULL, NULL, NULL,
+        .ln_1_w = dev_zeros(C), .ln_1_b = dev_zeros(C), .c_attn_w = dev_zeros((size_t)C * 3 * CL),
+        .c_attn_b = dev_zeros(3 * CL), .attn_proj_w = dev_zeros((size_t)CL * C),
+        .attn_proj_b = dev_zeros(C), .ln_2_w = dev_zeros(C), .ln_2_b = dev_zeros(C),
+        .c_fc_w = dev_zeros((size_t)C * FFL), .c_fc_b = dev_zeros(FFL),
+        .mlp_proj_w = dev_zeros((size_t)FFL * C), .mlp_proj_b = dev_zeros(C),
     };
     float *d = dev(dres_sm + (size_t)r0 * C, (size_t)NSP * C);
     layer_bwd(&p, &g, &acts, xin, d);

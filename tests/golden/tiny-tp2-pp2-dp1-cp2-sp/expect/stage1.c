@@ -127,7 +127,7 @@ static const gpt_chunk_info chunks[1] = {
 **    recompute workspace holds some instances; 2137820 bytes in all with the
 **    parameters, checked at start. Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
-**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_QKVP S_DACT S_A2A_SEND
+**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_QKVP S_DACT S_DSHARED S_A2A_SEND
 **    S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_DFC MS_YE
 **    MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS
 */

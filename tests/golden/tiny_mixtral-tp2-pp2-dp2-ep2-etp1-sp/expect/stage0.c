@@ -141,8 +141,8 @@ static const gpt_chunk_info chunks[1] = {
 **    recompute workspace holds some instances; 4605420 bytes in all with the
 **    parameters, checked at start. Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM H_LNF H_LNF_MEAN
-**    H_LNF_RSTD S_DFC S_DACT S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC
-**    S_A2A_SEND S_A2A_RECV S_A2A_DOUT
+**    H_LNF_RSTD S_DFC S_DACT S_DSHARED S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV
+**    S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 2 */

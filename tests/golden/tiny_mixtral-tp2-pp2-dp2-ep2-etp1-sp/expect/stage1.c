@@ -143,7 +143,7 @@ static const gpt_chunk_info chunks[1] = {
 **    recompute workspace holds some instances; 4649840 bytes in all with the
 **    parameters, checked at start. Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS H_LNF_MEAN
-**    S_DFC S_DACT S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
+**    S_DFC S_DACT S_DSHARED S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 2 */

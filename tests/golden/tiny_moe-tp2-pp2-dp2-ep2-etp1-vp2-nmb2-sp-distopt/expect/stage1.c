@@ -225,8 +225,8 @@ static const gpt_chunk_info chunks[2] = {
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 3030264 bytes in all with the
 **    parameters, checked at start. Not used here:
-**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS S_DFC S_QKVP S_DACT S_RING_KV
-**    S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_DFC
+**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS S_DFC S_QKVP S_DACT S_DSHARED
+**    S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_DFC
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 3 */
