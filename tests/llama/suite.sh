@@ -106,8 +106,6 @@ inspect_has() {
 inspect_has inspect-llama3-8b "params    8,030,261,248 unique (0 in experts)" MODEL=llama3_8b TP=8
 inspect_has inspect-llama3-70b "params    70,553,706,496 unique (0 in experts)" \
     MODEL=llama3_70b TP=8 PP=4
-inspect_has inspect-llama3-70b-memory "device memory per rank, as the program allocates it" \
-    MODEL=llama3_70b TP=8 PP=4
 inspect_has inspect-mixtral "params    46,702,792,704 unique (45,097,156,608 in experts)" \
     MODEL=mixtral_8x7b TP=2 EP=8 DP=8 SP=1
 inspect_has inspect-llama-line "llama     RMSNorm eps 1e-05, SwiGLU, rotary positions (theta 500000), 8 kv heads (grouped-query: 8 query heads each), no biases, untied LM head" \
