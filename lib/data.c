@@ -4,7 +4,7 @@
 ** sample the "train" split of the whole corpus: the document index shuffled over epochs, the
 ** sample index of build_sample_idx, the shuffle index (all from NumPy's legacy RandomState,
 ** reproduced here), and for blends the blending indices of build_blending_indices.
-** Not the nanoGPT / llm.c token files, which train.c reads itself. Called by train.c: at
+** Also the nanoGPT / llm.c token files (lib_tokens_open, at the end). Called by train.c: at
 ** start-up (lib_data_open, lib_data_check_vocab) and for each sample of a step
 ** (lib_data_sample). Every rank builds the same indices; a bad file is reported once, by rank
 ** 0, through lib_fail_file. Files are read as little-endian, as on the hosts that write them.
@@ -597,3 +597,85 @@ void lib_data_free(lib_data *d)
     free(d->within);
     free(d);
 }
+
+/* -- Token files: nanoGPT .bin (uint16) and llm.c shards ------------------------------------- */
+
+#define LLMC_MAGIC  20240520   /* llm.c token shard: 256 int32 header, then uint16 tokens */
+#define LLMC_HEADER 1024
+
+static int32_t le32(const unsigned char *p)
+{
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+/*
+** Every token must be < vocab. The ranks share the scan (rank r reads slice r of the world's
+** slices, so a large file costs each rank 1/world of a read) and agree on the first bad
+** position with one all-reduce; then all fail alike, naming it.
+*/
+static void tokens_check(const lib_tokens *d, int vocab, void (*world_max)(long long *))
+{
+    enum { CHUNK = 1 << 16 };
+    static unsigned char raw[2 * CHUNK];
+    long long per = (d->ntok + rt_world() - 1) / rt_world();
+    long long lo = per * rt_rank(), hi = lo + per < d->ntok ? lo + per : d->ntok;
+    long long first_bad = -1;
+    for (long long at = lo; at < hi && first_bad < 0; at += CHUNK) {
+        size_t n = (size_t)(hi - at < CHUNK ? hi - at : CHUNK);
+        if (pread(d->fd, raw, 2 * n, d->first + 2 * (off_t)at) != (ssize_t)(2 * n))
+            RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
+        for (size_t k = 0; k < n; k++)
+            if ((raw[2 * k] | raw[2 * k + 1] << 8) >= vocab) {
+                first_bad = at + (long long)k;
+                break;
+            }
+    }
+    /* the smallest bad position wins: max of (ntok - position), 0 when clean */
+    long long key = first_bad < 0 ? 0 : d->ntok - first_bad;
+    world_max(&key);
+    if (key == 0) return;
+    long long pos = d->ntok - key;
+    unsigned char t2[2] = { 0, 0 };
+    if (pread(d->fd, t2, 2, d->first + 2 * (off_t)pos) != 2)
+        RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
+    lib_fail_file(d->path, "token %d at position %lld is out of range: the model's vocabulary has "
+              "%d ids (0..%d); was the file made for another tokenizer?", t2[0] | t2[1] << 8,
+              pos, vocab, vocab - 1);
+}
+
+/* Open and check a token file; every rank opens it (errors are the same everywhere). */
+void lib_tokens_open(lib_tokens *d, const char *path, int seq, int vocab,
+                     void (*world_max)(long long *))
+{
+    struct stat st;
+    d->path = path;
+    d->fd = open(path, O_RDONLY);
+    if (d->fd < 0 || fstat(d->fd, &st)) lib_fail_file(path, "cannot open: %s", strerror(errno));
+    long long size = (long long)st.st_size;
+    unsigned char h[12];
+    d->first = 0;
+    if (size >= LLMC_HEADER && pread(d->fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
+        le32(h) == LLMC_MAGIC) {
+        if (le32(h + 4) != 1)
+            lib_fail_file(path, "llm.c shard version %d; only version 1 (uint16 tokens) is "
+                      "supported", le32(h + 4));
+        d->ntok = le32(h + 8);
+        d->first = LLMC_HEADER;
+        if (d->ntok < 0 || size != LLMC_HEADER + 2 * d->ntok)
+            lib_fail_file(path, "llm.c shard header announces %lld tokens but %lld bytes follow "
+                      "it (%lld expected): truncated or corrupt", d->ntok,
+                      size - LLMC_HEADER, 2 * d->ntok);
+    } else {
+        if (size % 2)
+            lib_fail_file(path, "odd size (%lld bytes): expected little-endian uint16 tokens "
+                      "(nanoGPT .bin) or an llm.c shard (magic %d)", size, LLMC_MAGIC);
+        d->ntok = size / 2;
+    }
+    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / seq : 0;
+    if (d->nsamples < 1)
+        lib_fail_file(path, "%lld tokens: too short for one sample (sequence length %d needs %d "
+                  "tokens)", d->ntok, seq, seq + 1);
+    tokens_check(d, vocab, world_max);
+}
+

@@ -174,6 +174,20 @@ void lib_data_sample(const lib_data *d, long long i, int *out);   /* (seq + 1) i
 void lib_data_check_vocab(const lib_data *d, int vocab, void (*world_max)(long long *));
 void lib_data_free(lib_data *d);
 
+/* A token file (--data FILE): nanoGPT's uint16 .bin or an llm.c shard; or, when mm is set, a
+** Megatron dataset or blend (train.c). lib_tokens_open checks the header and that every id is
+** < vocab (the ranks share the scan; world_max agrees on the first bad position), through
+** lib_fail_file. */
+typedef struct {
+    const char *path;
+    int fd;
+    long long first;          /* byte offset of token 0 */
+    long long ntok, nsamples;
+    lib_data *mm;             /* a Megatron indexed dataset or blend; NULL: a token file */
+} lib_tokens;
+void lib_tokens_open(lib_tokens *t, const char *path, int seq, int vocab,
+                     void (*world_max)(long long *));
+
 /* Errors that every rank detects alike: rank 0 reports "WHERE: error: ...", all exit. */
 void lib_fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
 void lib_fail_file(const char *path, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "internal.h"
+#include "flags.h"
 #include "safetensors.h"
 
 static const gpt_program *P;    /* the program being run */
@@ -59,35 +60,6 @@ void lib_fail_file(const char *path, const char *fmt, ...)
 
 /* -- Flags ---------------------------------------------------------------------------------- */
 
-typedef struct {
-    const char *data, *init, *save, *log, *ckpt_dir;
-    char **data_path;         /* --data-path's words (argv); ndata_path of them */
-    int ndata_path, dump_samples;
-    unsigned long long data_seed;
-    int steps, warmup, decay_steps, ckpt_every, resume, quiet, show_groups;
-    double lr, min_lr, beta1, beta2, eps, wd, clip, timeout;
-    unsigned long long seed;
-    int have_min_lr, have_decay_steps;
-    double lr_init;           /* --lr-warmup-init: the rate of the first warm-up step */
-    int lr_style, wsd_style;  /* LR_* and WSD_* below */
-    int wsd_iters;            /* --lr-wsd-decay-iters; -1 when not given */
-    const char *wsd_flag;     /* the first WSD-only flag given, to report it without WSD */
-} flags;
-
-/* Learning-rate decay styles (--lr-decay-style) and WSD's final decay (--lr-wsd-decay-style),
-** spelled as Megatron's --lr-decay-style and --lr-wsd-decay-style. */
-#define LR_STYLES(_) _(COSINE, "cosine") _(CONSTANT, "constant") _(LINEAR, "linear") \
-    _(INVERSE_SQRT, "inverse-square-root") _(WSD, "WSD")
-#define WSD_STYLES(_) _(EXPONENTIAL, "exponential") _(LINEAR, "linear") _(COSINE, "cosine") \
-    _(MINUS_SQRT, "minus_sqrt")
-#define LR_ENUM(id, name) LR_##id,
-#define WSD_ENUM(id, name) WSD_##id,
-#define STYLE_NAME(id, name) name,
-enum { LR_STYLES(LR_ENUM) };
-enum { WSD_STYLES(WSD_ENUM) };
-static const char *const lr_style_names[] = { LR_STYLES(STYLE_NAME) NULL };
-static const char *const wsd_style_names[] = { WSD_STYLES(STYLE_NAME) NULL };
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -120,168 +92,17 @@ static void usage(FILE *f)
         "  --beta1 X --beta2 X --eps X --wd X --clip X    AdamW (0.9 0.95 1e-8 0.1 1.0)\n"
         "  --ckpt-dir DIR --ckpt-every N   resume checkpoints every N steps\n"
         "  --resume             continue from the newest complete checkpoint in --ckpt-dir\n"
+        "  --exit-signal LIST   on these signals finish the step, save a checkpoint to\n"
+        "                       --ckpt-dir and exit 0 (SIGTERM,SIGUSR1; none: default action)\n"
+        "  --exit-grace S       abort S seconds after that signal if not done (0: no limit)\n"
+        "  --exit-duration-in-mins X   save and exit once X minutes have passed\n"
+        "  --exit-interval N    save and exit after every N-th step (Megatron's flag)\n"
+        "  --skip-bad-steps N   skip up to N steps whose loss or gradient norm is not finite\n"
+        "                       (default 0: stop at the first, naming the rank and tensor)\n"
         "  --timeout S          abort a collective or receive stuck for S seconds (300)\n"
         "  --quiet              no per-step line on stdout\n"
         "  --show-groups        print every rank's coordinates and groups, then exit\n",
         P->run_hint);
-}
-
-static int parse_num(const char *flag, const char *v, double *out)
-{
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(d))
-        lib_fail_all(2, "%s expects a number, got '%s'", flag, v);
-    *out = d;
-    return 1;
-}
-
-static int parse_int(const char *flag, const char *v, int *out)
-{
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (errno || end == v || *end || n < 0 || n > 1000000000)
-        lib_fail_all(2, "%s expects a non-negative integer, got '%s'", flag, v);
-    *out = (int)n;
-    return 1;
-}
-
-/* The index of 'v' in the NULL-terminated 'names', or a usage error listing them. */
-static int parse_style(const char *flag, const char *v, const char *const *names, int *out)
-{
-    for (int k = 0; names[k]; k++)
-        if (!strcmp(v, names[k])) return *out = k, 1;
-    char list[160] = "";
-    for (int k = 0; names[k]; k++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
-                 k == 0 ? "" : names[k + 1] ? ", " : " or ", names[k]);
-    lib_fail_all(2, "%s must be %s, got '%s'", flag, list, v);
-    return 0;
-}
-
-/* The value after flag argv[*i] (advancing *i), or a usage error naming the flag. */
-static const char *flag_value(int argc, char **argv, int *i)
-{
-    if (*i + 1 >= argc) lib_fail_all(2, "%s needs a value (try --help)", argv[*i]);
-    return argv[++*i];
-}
-
-/* The schedule's flags make sense together (Megatron's scheduler asserts the same bounds, except
-** that --decay-steps may equal --warmup: then the warm-up ends at min-lr's step). */
-static void check_lr_flags(const flags *f)
-{
-    if (f->min_lr < 0 || f->lr < f->min_lr)
-        lib_fail_all(2, "the learning rates must satisfy 0 <= --min-lr (%g) <= --lr (%g)",
-                     f->min_lr, f->lr);
-    if (f->lr_init > f->lr)
-        lib_fail_all(2, "--lr-warmup-init (%g) must be <= --lr (%g)", f->lr_init, f->lr);
-    if (f->decay_steps < f->warmup)
-        lib_fail_all(2, "--decay-steps (%d) must be >= --warmup (%d)", f->decay_steps, f->warmup);
-    if (f->steps > 0 && f->decay_steps < 1)
-        lib_fail_all(2, "--decay-steps must be >= 1 (the step count after which the rate is "
-                     "min-lr)");
-    if (f->lr_style != LR_WSD && f->wsd_flag)
-        lib_fail_all(2, "%s needs --lr-decay-style WSD", f->wsd_flag);
-    if (f->lr_style == LR_WSD && f->wsd_iters < 0)
-        lib_fail_all(2, "--lr-decay-style WSD needs --lr-wsd-decay-iters N (the number of "
-                     "steps of its final decay)");
-    if (f->lr_style == LR_WSD && f->wsd_iters > f->decay_steps)
-        lib_fail_all(2, "--lr-wsd-decay-iters (%d) must be <= --decay-steps (%d)", f->wsd_iters,
-                     f->decay_steps);
-}
-
-static void parse_flags(int argc, char **argv, flags *f)
-{
-    memset(f, 0, sizeof *f);
-    f->steps = 10;
-    f->lr = 6e-4;
-    f->beta1 = 0.9;
-    f->beta2 = 0.95;
-    f->eps = 1e-8;
-    f->wd = 0.1;
-    f->clip = 1.0;
-    f->timeout = 300;
-    f->seed = 1337;
-    f->data_seed = 1234;
-    f->lr_style = LR_COSINE;
-    f->wsd_style = WSD_EXPONENTIAL;
-    f->wsd_iters = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            if (rt_rank() == 0) usage(stdout);
-            rt_finalize();
-            exit(0);
-        }
-        if (strncmp(a, "--", 2))
-            lib_fail_all(2, "unexpected argument '%s' (every flag starts with --; try --help)", a);
-        if (!strcmp(a, "--resume")) { f->resume = 1; continue; }
-        if (!strcmp(a, "--quiet")) { f->quiet = 1; continue; }
-        if (!strcmp(a, "--show-groups")) { f->show_groups = 1; continue; }
-        if (!strcmp(a, "--data")) f->data = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--data-path")) {
-            f->data_path = argv + i + 1;        /* its words: up to the next flag */
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, f->ndata_path++;
-            if (!f->ndata_path) lib_fail_all(2, "--data-path needs [WEIGHT] PREFIX ...");
-        } else if (!strcmp(a, "--data-seed")) {
-            const char *v = flag_value(argc, argv, &i);
-            char *end;
-            errno = 0;
-            f->data_seed = strtoull(v, &end, 10);
-            if (errno || *v < '0' || *v > '9' || *end || f->data_seed > 0xffffffffull)
-                lib_fail_all(2, "--data-seed expects an integer in [0, 2^32), got '%s'", v);
-        } else if (!strcmp(a, "--dump-samples"))
-            parse_int(a, flag_value(argc, argv, &i), &f->dump_samples);
-        else if (!strcmp(a, "--init")) f->init = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--save")) f->save = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--log")) f->log = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--ckpt-dir")) f->ckpt_dir = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--steps")) parse_int(a, flag_value(argc, argv, &i), &f->steps);
-        else if (!strcmp(a, "--warmup")) parse_int(a, flag_value(argc, argv, &i), &f->warmup);
-        else if (!strcmp(a, "--decay-steps"))
-            f->have_decay_steps = parse_int(a, flag_value(argc, argv, &i), &f->decay_steps);
-        else if (!strcmp(a, "--ckpt-every"))
-            parse_int(a, flag_value(argc, argv, &i), &f->ckpt_every);
-        else if (!strcmp(a, "--lr")) parse_num(a, flag_value(argc, argv, &i), &f->lr);
-        else if (!strcmp(a, "--min-lr"))
-            f->have_min_lr = parse_num(a, flag_value(argc, argv, &i), &f->min_lr);
-        else if (!strcmp(a, "--lr-warmup-init"))
-            parse_num(a, flag_value(argc, argv, &i), &f->lr_init);
-        else if (!strcmp(a, "--lr-decay-style"))
-            parse_style(a, flag_value(argc, argv, &i), lr_style_names, &f->lr_style);
-        else if (!strcmp(a, "--lr-wsd-decay-style")) {
-            parse_style(a, flag_value(argc, argv, &i), wsd_style_names, &f->wsd_style);
-            if (!f->wsd_flag) f->wsd_flag = a;
-        } else if (!strcmp(a, "--lr-wsd-decay-iters")) {
-            parse_int(a, flag_value(argc, argv, &i), &f->wsd_iters);
-            if (!f->wsd_flag) f->wsd_flag = a;
-        } else if (!strcmp(a, "--beta1")) parse_num(a, flag_value(argc, argv, &i), &f->beta1);
-        else if (!strcmp(a, "--beta2")) parse_num(a, flag_value(argc, argv, &i), &f->beta2);
-        else if (!strcmp(a, "--eps")) parse_num(a, flag_value(argc, argv, &i), &f->eps);
-        else if (!strcmp(a, "--wd")) parse_num(a, flag_value(argc, argv, &i), &f->wd);
-        else if (!strcmp(a, "--clip")) parse_num(a, flag_value(argc, argv, &i), &f->clip);
-        else if (!strcmp(a, "--timeout")) parse_num(a, flag_value(argc, argv, &i), &f->timeout);
-        else if (!strcmp(a, "--seed")) {
-            const char *v = flag_value(argc, argv, &i);
-            char *end;
-            errno = 0;
-            f->seed = strtoull(v, &end, 10);
-            if (errno || *v < '0' || *v > '9' || *end)
-                lib_fail_all(2, "--seed expects a non-negative integer, got '%s'", v);
-        } else lib_fail_all(2, "unknown flag '%s' (try --help)", a);
-    }
-    if (!f->have_min_lr) f->min_lr = 0.1 * f->lr;
-    if (!f->have_decay_steps) f->decay_steps = f->steps > f->warmup ? f->steps : f->warmup;
-    check_lr_flags(f);
-    if (f->steps > 0 && !f->data && !f->ndata_path && !f->show_groups)
-        lib_fail_all(2, "--data FILE is needed to train (or --steps 0)");
-    if (f->data && f->ndata_path) lib_fail_all(2, "--data and --data-path exclude each other");
-    if ((f->ckpt_every || f->resume) && !f->ckpt_dir)
-        lib_fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
-    if (f->beta1 < 0 || f->beta1 >= 1 || f->beta2 < 0 || f->beta2 >= 1)
-        lib_fail_all(2, "--beta1 and --beta2 must be in [0, 1)");
 }
 
 /*
@@ -293,7 +114,7 @@ static void parse_flags(int argc, char **argv, flags *f)
 ** (max(W, 1) is 1 sample, not 1 step). The operations and their order are Megatron's, so the
 ** double is the one Megatron computes. The formula: README.md, "Learning rate".
 */
-static double lr_at(const flags *f, int done)
+static double lr_at(const lib_flags *f, int done)
 {
     long long g = P->gbs, n = done * g, w = f->warmup * g, s = f->decay_steps * g;
     double max_lr = f->lr, min_lr = f->min_lr, coeff;
@@ -327,22 +148,7 @@ static double lr_at(const flags *f, int done)
 
 /* -- Data ------------------------------------------------------------------------------------ */
 
-#define LLMC_MAGIC  20240520   /* llm.c token shard: 256 int32 header, then uint16 tokens */
-#define LLMC_HEADER 1024
-
-typedef struct {
-    const char *path;
-    int fd;
-    off_t first;              /* byte offset of token 0 */
-    long long ntok, nsamples;
-    lib_data *mm;             /* a Megatron indexed dataset or blend (data.c); NULL: a file */
-} data_file;
-
-static int32_t le32(const unsigned char *p)
-{
-    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                     (uint32_t)p[3] << 24);
-}
+typedef lib_tokens data_file;   /* a token file, or (mm) a Megatron dataset or blend */
 
 /* *v = its maximum over the world (collectives take device memory: the stage's scalar scratch,
 ** X_STAT, which the memory plan holds; no allocation outside the plan). */
@@ -355,80 +161,11 @@ static void world_max(long long *v)
 }
 
 /*
-** Every token must be < P->vocab. The ranks share the scan (rank r reads slice r of the world's
-** slices, so a large file costs each rank 1/world of a read) and agree on the first bad
-** position with one all-reduce; then all fail alike, naming it.
-*/
-static void data_check_tokens(const data_file *d)
-{
-    enum { CHUNK = 1 << 16 };
-    static unsigned char raw[2 * CHUNK];
-    long long per = (d->ntok + rt_world() - 1) / rt_world();
-    long long lo = per * rt_rank(), hi = lo + per < d->ntok ? lo + per : d->ntok;
-    long long first_bad = -1;
-    for (long long at = lo; at < hi && first_bad < 0; at += CHUNK) {
-        size_t n = (size_t)(hi - at < CHUNK ? hi - at : CHUNK);
-        if (pread(d->fd, raw, 2 * n, d->first + 2 * (off_t)at) != (ssize_t)(2 * n))
-            RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
-        for (size_t k = 0; k < n; k++)
-            if ((raw[2 * k] | raw[2 * k + 1] << 8) >= P->vocab) {
-                first_bad = at + (long long)k;
-                break;
-            }
-    }
-    /* the smallest bad position wins: max of (ntok - position), 0 when clean */
-    long long key = first_bad < 0 ? 0 : d->ntok - first_bad;
-    world_max(&key);
-    if (key == 0) return;
-    long long pos = d->ntok - key;
-    unsigned char t2[2] = { 0, 0 };
-    if (pread(d->fd, t2, 2, d->first + 2 * (off_t)pos) != 2)
-        RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
-    lib_fail_file(d->path, "token %d at position %lld is out of range: the model's vocabulary has "
-              "%d ids (0..%d); was the file made for another tokenizer?", t2[0] | t2[1] << 8,
-              pos, P->vocab, P->vocab - 1);
-}
-
-/* Open and check a token file; every rank opens it (errors are the same everywhere). */
-static void data_open(data_file *d, const char *path)
-{
-    struct stat st;
-    d->path = path;
-    d->fd = open(path, O_RDONLY);
-    if (d->fd < 0 || fstat(d->fd, &st)) lib_fail_file(path, "cannot open: %s", strerror(errno));
-    long long size = (long long)st.st_size;
-    unsigned char h[12];
-    d->first = 0;
-    if (size >= LLMC_HEADER && pread(d->fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
-        le32(h) == LLMC_MAGIC) {
-        if (le32(h + 4) != 1)
-            lib_fail_file(path, "llm.c shard version %d; only version 1 (uint16 tokens) is "
-                      "supported", le32(h + 4));
-        d->ntok = le32(h + 8);
-        d->first = LLMC_HEADER;
-        if (d->ntok < 0 || size != LLMC_HEADER + 2 * d->ntok)
-            lib_fail_file(path, "llm.c shard header announces %lld tokens but %lld bytes follow "
-                      "it (%lld expected): truncated or corrupt", d->ntok,
-                      size - LLMC_HEADER, 2 * d->ntok);
-    } else {
-        if (size % 2)
-            lib_fail_file(path, "odd size (%lld bytes): expected little-endian uint16 tokens "
-                      "(nanoGPT .bin) or an llm.c shard (magic %d)", size, LLMC_MAGIC);
-        d->ntok = size / 2;
-    }
-    d->nsamples = d->ntok > 0 ? (d->ntok - 1) / D->seq : 0;
-    if (d->nsamples < 1)
-        lib_fail_file(path, "%lld tokens: too short for one sample (sequence length %d needs %d "
-                  "tokens)", d->ntok, D->seq, D->seq + 1);
-    data_check_tokens(d);
-}
-
-/*
 ** A Megatron indexed dataset (--data PREFIX) or blend (--data-path [W] PREFIX ...), sampled as
 ** Megatron's GPTDataset / BlendedDataset for steps*GBS samples of seq + 1 tokens, seed
 ** --data-seed (data.c); every rank builds the same indices and checks the tokens < vocab.
 */
-static void data_open_indexed(data_file *d, const flags *f, char *prefix)
+static void data_open_indexed(data_file *d, const lib_flags *f, char *prefix)
 {
     int n = f->ndata_path ? f->ndata_path : 1;
     char **words = f->ndata_path ? f->data_path : &prefix;
@@ -1147,7 +884,7 @@ static void ckpt_path(char *out, size_t cap, const char *dir, int step, const ch
 }
 
 /* Write DIR/step_N.tmp/rank_R.bin on every rank, then rank 0 renames the directory. */
-static void ckpt_save(const flags *f, int step)
+static void ckpt_save(const lib_flags *f, int step)
 {
     char dir[4096], file[4200];
     ckpt_path(dir, sizeof dir, f->ckpt_dir, step, ".tmp", -1);
@@ -1201,7 +938,7 @@ static int ckpt_newest(const char *d)
     return (int)best;
 }
 
-static void ckpt_load(const flags *f, int step)
+static void ckpt_load(const lib_flags *f, int step)
 {
     char file[4200];
     ckpt_path(file, sizeof file, f->ckpt_dir, step, "", rt_rank());
@@ -1250,8 +987,13 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     P = prog;
     D = &prog->dims;
     rt_init(&argc, &argv, P->world, P->layout);
-    flags f;
-    parse_flags(argc, argv, &f);
+    lib_flags f;
+    lib_flags_parse(argc, argv, &f);
+    if (f.help) {
+        if (rt_rank() == 0) usage(stdout);
+        rt_finalize();
+        return 0;
+    }
     rt_set_timeout(f.timeout);
     gpt.prog = prog;
     gpt.d = prog->dims;
@@ -1285,7 +1027,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     if (f.steps > start) {
         if (f.ndata_path || lib_data_is_indexed(f.data, &prefix))
             data_open_indexed(&data, &f, prefix);
-        else data_open(&data, f.data);
+        else lib_tokens_open(&data, f.data, D->seq, P->vocab, world_max);
         if (f.dump_samples) {
             if (!data.mm) lib_fail_all(2, "--dump-samples needs a Megatron dataset");
             data_dump(&data, f.dump_samples);
