@@ -28,15 +28,35 @@
 
 /* -- Allocator --------------------------------------------------------------------------- */
 
+#define HOST_CLOCK_EVERY ((size_t)16 << 20)  /* bytes grown between reads of the CPU clock */
+
 typedef struct host_mem {
-    size_t used;    /* bytes currently allocated by the state */
-    size_t limit;   /* cap on 'used' for growing allocations; 0 = none */
+    size_t used;        /* bytes currently allocated by the state */
+    size_t limit;       /* cap on 'used' for growing allocations; 0 = none */
+    double deadline;    /* CPU time (seconds, as clock()) after which growth fails; 0 = none */
+    size_t grown;       /* bytes grown since the clock was last read */
+    int late;           /* the deadline has passed: every growth fails until it is cleared */
 } host_mem;
 
 /*
-** lua_Alloc with accounting. An allocation or growth that would take 'used' above 'limit'
-** fails (Lua then collects garbage, retries, and raises "not enough memory"); frees and
-** shrinks always succeed, so Lua can always give memory back.
+** Whether the CPU-time deadline of 'm' has passed; reads the clock at most once per
+** HOST_CLOCK_EVERY bytes grown, so that work done in C (string.rep, concatenation, which
+** the Lua hook cannot interrupt) is bounded by the deadline too.
+*/
+static int host_late(host_mem *m, size_t growth)
+{
+    if (m->deadline == 0 || m->late) return m->late;
+    m->grown += growth;
+    if (m->grown < HOST_CLOCK_EVERY) return 0;
+    m->grown = 0;
+    m->late = (double)clock() / CLOCKS_PER_SEC > m->deadline;
+    return m->late;
+}
+
+/*
+** lua_Alloc with accounting. An allocation or growth that would take 'used' above 'limit',
+** or that comes after the deadline, fails (Lua then collects garbage, retries, and raises
+** "not enough memory"); frees and shrinks always succeed, so Lua can always give memory back.
 */
 static void *host_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
@@ -47,6 +67,7 @@ static void *host_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         m->used -= old;
         return NULL;
     }
+    if (nsize > old && host_late(m, nsize - old)) return NULL;
     if (m->limit != 0 && nsize > old && m->used - old + nsize > m->limit) return NULL;
     void *p = realloc(ptr, nsize);
     if (p == NULL) return NULL;
@@ -78,6 +99,9 @@ lua_State *host_newstate(void)
     host_mem *m = xmalloc(sizeof *m);
     m->used = 0;
     m->limit = 0;
+    m->deadline = 0;
+    m->grown = 0;
+    m->late = 0;
     lua_State *L = lua_newstate(host_alloc, m);
     if (L == NULL) {
         free(m);
@@ -343,6 +367,26 @@ static int l_mem_limit(lua_State *L)
 }
 
 /*
+** host.cpu_deadline(seconds | nil): once the process's CPU time (os.clock()) passes 'seconds',
+** allocations that grow memory fail and Lua raises "not enough memory" (the caller tells the
+** two apart with os.clock()); checked every HOST_CLOCK_EVERY bytes. nil removes the deadline.
+** Used while evaluating sandboxed model files; remove it afterwards.
+*/
+static int l_cpu_deadline(lua_State *L)
+{
+    host_mem *m = host_getmem(L);
+    double t = 0;
+    if (!lua_isnoneornil(L, 1)) {
+        t = (double)luaL_checknumber(L, 1);
+        luaL_argcheck(L, t > 0, 1, "the deadline must be a positive CPU time (or nil)");
+    }
+    m->deadline = t;
+    m->grown = 0;
+    m->late = 0;
+    return 0;
+}
+
+/*
 ** host.mem_used() -> bytes currently allocated by the Lua state.
 */
 static int l_mem_used(lua_State *L)
@@ -361,6 +405,7 @@ static const luaL_Reg host_funcs[] = {
     {"peak_rss_kb", l_peak_rss_kb},
     {"mem_limit", l_mem_limit},
     {"mem_used", l_mem_used},
+    {"cpu_deadline", l_cpu_deadline},
     {NULL, NULL}
 };
 

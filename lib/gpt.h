@@ -437,12 +437,15 @@ struct gpt_step_in {
     int step;                              /* 0-based optimizer step */
     float lr, beta1, beta2, eps, wd, clip;
     const int *inputs, *targets;           /* host (NMB, N): this rank's micro-batches */
+    int stop;                              /* this rank wants the job to stop after the step */
 };
 
 struct gpt_step_out {
     double loss;                           /* mean loss of the global batch (every rank) */
     double aux_loss;                       /* MoE load-balancing term of the objective */
     double grad_norm;                      /* before clipping */
+    int skipped;                           /* loss, aux or norm not finite: nothing updated */
+    int stop;                              /* some rank's in->stop was set: all stop */
 };
 
 /* The step's pieces after the schedule (stage.c), in the order the generated step calls them;
@@ -456,12 +459,15 @@ void gpt_grad_reduce_scatter(int buf, int bucket, rt_group *g);
 void gpt_norm_local(void);                  /* sums of squares: dense, experts, their total */
 void gpt_norm_allreduce(int which, rt_group *g);            /* 0 dense, 1 experts, 2 total */
 double gpt_norm(int total);                 /* sqrt of dense + experts, or of the total */
-void gpt_adamw(const gpt_step_in *in, double norm);         /* clip and update (shard) */
+/* clip and update (this rank's shard); when out's loss, aux loss or gradient norm is not
+** finite, sets out->skipped and changes nothing (README.md, "When things go wrong") */
+void gpt_adamw(const gpt_step_in *in, gpt_step_out *out);
 void gpt_param_allgather(int buf, int bucket, rt_group *g);
 /* expert_bias: each layer's counts over dp-cp and tp, then bias += rate * sign(mean - count) */
-void gpt_expert_bias_update(void);
+void gpt_expert_bias_update(const gpt_step_out *out);   /* counts only when skipped */
 void gpt_aux_allreduce(rt_group *world, gpt_step_out *out);
-void gpt_loss_allreduce(rt_group *world, gpt_step_out *out);
+/* the loss, and whether any rank wants to stop (in->stop) */
+void gpt_loss_allreduce(const gpt_step_in *in, rt_group *world, gpt_step_out *out);
 
 #ifdef __cplusplus
 }

@@ -121,7 +121,12 @@ typedef struct {
     size_t mem_bytes;           /* device bytes setup allocated: checked against the plan */
     size_t es;                  /* bytes of one element of the model's dtype */
     int head;                   /* the stage's last chunk holds the head and the loss */
+    int fault;                  /* LIB_FAULT_*: a fault train.c injects into this step */
 } lib_state;
+
+/* Faults injected for tests (GPT_FAULT, train.c): a NaN in this rank's first counted gradient
+** before the norm; an infinite loss share. */
+enum { LIB_FAULT_NAN_GRAD = 1, LIB_FAULT_INF_LOSS = 2 };
 
 extern lib_state lib;
 
@@ -143,6 +148,9 @@ void lib_state_io(unsigned char *host, int save);
 float *lib_master(int b);
 void lib_master_commit(void);
 void lib_master_fetch(void);                 /* collective with the distributed optimizer */
+/* This rank's first gradient element that is not finite, among those it counts in the norm:
+** 1 with the tensor's name, the element's index in this rank's part and its value; 0 if none. */
+int lib_first_bad_grad(const char **name, long long *index, float *value);
 
 /* groups.c: coordinates and communicators of this rank (collective over the world). */
 void lib_groups_create(const gpt_program *prog);

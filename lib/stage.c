@@ -549,29 +549,57 @@ static int counts_in_norm(const gpt_param *p)
     }
 }
 
-/* Sums of squares of this rank's gradients counted once: dense, experts, their total. */
-void gpt_norm_local(void)
+/* Calls fn(param, offset, n) for each range of gradients this rank counts in the norm. */
+static void counted_ranges(void (*fn)(const lib_param *lp, size_t at, size_t n, void *ctx),
+                           void *ctx)
 {
-    int np = 0;
-    char *expert = malloc((size_t)lib.nparams + 1);
-    RT_CHECK(expert, "out of memory");
     for (int i = 0; i < lib.nparams; i++) {
-        const gpt_param *p = &lib.params[i].p;
+        const lib_param *lp = &lib.params[i];
+        const gpt_param *p = &lp->p;
         const gpt_buffer *b = &gpt.stage->buffers[p->buf];
         if (!counts_in_norm(p)) continue;
         if (b->sharded) {
             for (int k = 0; k < b->nbuckets; k++) {
                 size_t lo, hi, at;   /* a parameter lies in one bucket: one piece at most */
-                if (shard_part(p, k, &lo, &hi, &at)) {
-                    expert[np] = (char)b->expert;
-                    sumsq(lib.stat_dev + np++, lib.gbuf[p->buf] + lo, hi - lo);
-                }
+                if (shard_part(p, k, &lo, &hi, &at)) fn(lp, lo, hi - lo, ctx);
             }
-        } else {
-            expert[np] = (char)b->expert;
-            sumsq(lib.stat_dev + np++, lib.gbuf[p->buf] + p->offset, p->n);
-        }
+        } else fn(lp, p->offset, p->n, ctx);
     }
+}
+
+typedef struct { int np; char *expert; } norm_parts;
+
+static void norm_part(const lib_param *lp, size_t at, size_t n, void *ctx)
+{
+    const gpt_param *p = &lp->p;
+    norm_parts *t = ctx;
+    t->expert[t->np] = (char)gpt.stage->buffers[p->buf].expert;
+    sumsq(lib.stat_dev + t->np++, lib.gbuf[p->buf] + at, n);
+}
+
+static void poison_first(const lib_param *lp, size_t at, size_t n, void *ctx)
+{
+    const gpt_param *p = &lp->p;
+    int *done = ctx;
+    float nan = NAN;
+    if (*done || n == 0) return;
+    rt_memcpy(lib.gbuf[p->buf] + at, &nan, sizeof nan, RT_H2D);
+    *done = 1;
+}
+
+/* Sums of squares of this rank's gradients counted once: dense, experts, their total. */
+void gpt_norm_local(void)
+{
+    if (lib.fault & LIB_FAULT_NAN_GRAD) {
+        int done = 0;
+        counted_ranges(poison_first, &done);
+    }
+    int np = 0;
+    char *expert = malloc((size_t)lib.nparams + 1);
+    RT_CHECK(expert, "out of memory");
+    norm_parts parts_of = { 0, expert };
+    counted_ranges(norm_part, &parts_of);
+    np = parts_of.np;
     float *parts = malloc(((size_t)np + 3) * sizeof(float));
     RT_CHECK(parts, "out of memory");
     double sum[2] = { 0.0, 0.0 };
@@ -595,11 +623,41 @@ double gpt_norm(int total)
     return total ? sqrt((double)red[2]) : sqrt((double)red[0] + (double)red[1]);
 }
 
+typedef struct { const char *name; long long index; float value; int found; } bad_grad;
+
+static void find_bad(const lib_param *lp, size_t at, size_t n, void *ctx)
+{
+    const gpt_param *p = &lp->p;
+    bad_grad *b = ctx;
+    if (b->found) return;
+    float *host = malloc(n * sizeof(float));
+    RT_CHECK(host, "out of memory");
+    rt_memcpy(host, lib.gbuf[p->buf] + at, n * sizeof(float), RT_D2H);
+    for (size_t k = 0; k < n && !b->found; k++)
+        if (!isfinite(host[k]))
+            *b = (bad_grad){ lib.tensors[lp->tensor].name, (long long)(at - p->offset + k),
+                             host[k], 1 };
+    free(host);
+}
+
+int lib_first_bad_grad(const char **name, long long *index, float *value)
+{
+    bad_grad b = { 0 };
+    counted_ranges(find_bad, &b);
+    *name = b.name;
+    *index = b.index;
+    *value = b.value;
+    return b.found;
+}
+
 /* AdamW (torch.optim.AdamW) with the clipping coefficient folded into the gradient, on the
 ** f32 main parameters; in bf16 training each updated value is also rounded into the model's
 ** bf16 parameters (docs/megatron.md §9.1). */
-void gpt_adamw(const gpt_step_in *in, double norm)
+void gpt_adamw(const gpt_step_in *in, gpt_step_out *out)
 {
+    double norm = out->grad_norm;
+    out->skipped = !isfinite(out->loss) || !isfinite(out->aux_loss) || !isfinite(norm);
+    if (out->skipped) return;
     double coef = in->clip > 0 ? in->clip / (norm + 1e-6) : 1.0;   /* clip_grad_norm_ */
     float c = coef < 1.0 ? (float)coef : 1.0f;
     int t = in->step + 1;
@@ -649,7 +707,7 @@ void gpt_aux_allreduce(rt_group *world, gpt_step_out *out)
 }
 
 /* The step's mean loss over the global batch: the head stage's tp-rank-0 ranks hold it. */
-void gpt_loss_allreduce(rt_group *world, gpt_step_out *out)
+void gpt_loss_allreduce(const gpt_step_in *in, rt_group *world, gpt_step_out *out)
 {
     float part = 0.0f;
     int nmb = gpt.d.nmb;
@@ -662,11 +720,16 @@ void gpt_loss_allreduce(rt_group *world, gpt_step_out *out)
         part = (float)(total / (double)gpt.prog->tokens_per_step);
         free(sums);
     }
-    float *dev = lib.stat_dev + lib.nparams + 2;
-    rt_memcpy(dev, &part, sizeof part, RT_H2D);
-    rt_allreduce(dev, 1, RT_F32, RT_SUM, world);
-    rt_memcpy(&part, dev, sizeof part, RT_D2H);
-    out->loss = part;
+    if (lib.fault & LIB_FAULT_INF_LOSS) part = INFINITY;
+    /* with it, the ranks that want to stop (a signal, --exit-duration-in-mins): all agree;
+    ** the norm's slots are free again (read by gpt_norm before this) */
+    float both[2] = { part, in->stop ? 1.0f : 0.0f };
+    float *dev = lib.stat_dev + lib.nparams;
+    rt_memcpy(dev, both, sizeof both, RT_H2D);
+    rt_allreduce(dev, 2, RT_F32, RT_SUM, world);
+    rt_memcpy(both, dev, sizeof both, RT_D2H);
+    out->loss = both[0];
+    out->stop = both[1] > 0.0f;
 }
 
 /* -- The expert bias (aux-loss-free load balancing) ------------------------------------------ */
@@ -683,9 +746,10 @@ void lib_expert_bias_each(void (*fn)(int layer, float *bias, void *ctx), void *c
 ** get_updated_expert_bias, layer by layer: the counts (kept rows per expert, every
 ** micro-batch) summed over dp-cp and tp, i.e. over every token of the step; the sign of
 ** mean - count is that of total - E * count, exact in integers; bias += rate * that sign
-** (f32, as Megatron's buffer).
+** (f32, as Megatron's buffer). A skipped step (out->skipped) leaves the biases as they were
+** (the collectives run all the same: every rank skips alike).
 */
-void gpt_expert_bias_update(void)
+void gpt_expert_bias_update(const gpt_step_out *out)
 {
     const int E = gpt.d.experts;
     for (int c = 0; c < gpt.stage->nchunks; c++)
@@ -702,7 +766,8 @@ void gpt_expert_bias_update(void)
             for (int e = 0; e < E; e++) total += m->ecount[e];
             for (int e = 0; e < E; e++) {
                 long long off = total - (long long)E * m->ecount[e];
-                m->ebias[e] += gpt.d.bias_rate * (float)((off > 0) - (off < 0));
+                if (!out->skipped)
+                    m->ebias[e] += gpt.d.bias_rate * (float)((off > 0) - (off < 0));
                 m->ecount[e] = 0;
             }
         }

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "internal.h"
 #include "flags.h"
@@ -339,6 +341,266 @@ static int tensor_named(const char *name)
     for (int i = 0; i < lib.ntensors; i++)
         if (!strcmp(lib.tensors[i].name, name)) return i;
     return -1;
+}
+
+/* A resume checkpoint's file header. Version 3 adds the optimizer updates made (steps not
+** skipped) and the steps skipped; version 2 files load with updates = step. */
+#define CKPT_MAGIC  0x33544b4350545047ull   /* "GPTCKPT3" little-endian */
+#define CKPT_MAGIC2 0x32544b4350545047ull   /* "GPTCKPT2" */
+
+typedef struct {
+    unsigned long long magic, world, stage, step, nbytes, seed, updates, skipped;
+} ckpt_header;
+
+/* -- Faults: injected (GPT_FAULT), signals, output checks (README.md, "When things go wrong") */
+
+/*
+** GPT_FAULT, for tests only: faults to inject, comma-separated KIND@N[:RANK] (RANK 0 if not
+** given): nan_grad@S puts a NaN in the rank's first counted gradient at step S (1-based, as the
+** log); inf_loss@S makes the rank's loss share infinite at step S; signal@S makes the rank send
+** itself the first --exit-signal at the start of step S; kill_ckpt@K kills the rank (SIGKILL)
+** at the K-th point of writing checkpoints or --save (every 256 KiB and each step between);
+** stall_ckpt@K makes it wait there for a minute (a slow file system).
+** Rank 0 announces them, so that a run with faults is never taken for a clean one.
+*/
+#define FAULTS(_) _(NAN_GRAD, "nan_grad") _(INF_LOSS, "inf_loss") _(SIGNAL, "signal") \
+    _(KILL_CKPT, "kill_ckpt") _(STALL_CKPT, "stall_ckpt")
+#define FAULT_ENUM(id, name) FAULT_##id,
+#define FAULT_NAME(id, name) name,
+enum { FAULTS(FAULT_ENUM) };
+static const char *const fault_names[] = { FAULTS(FAULT_NAME) NULL };
+enum { MAX_FAULTS = 16, CKPT_CHUNK = 256 << 10 };
+
+static struct { int kind, at, rank; } faults[MAX_FAULTS];
+static int nfaults;
+static int ckpt_points;       /* points of checkpoint writing this rank has passed */
+
+static void faults_parse(void)
+{
+    const char *v = getenv("GPT_FAULT"), *p = v;
+    if (!v || !*v) return;
+    while (*p) {
+        size_t n = strcspn(p, "@");
+        int kind = -1, at = 0, rank = 0, used = 0;
+        for (int k = 0; fault_names[k]; k++)
+            if (strlen(fault_names[k]) == n && !strncmp(p, fault_names[k], n)) kind = k;
+        int ok = kind >= 0 && nfaults < MAX_FAULTS &&
+                 sscanf(p + n, "@%9d%n", &at, &used) == 1 && at >= 1;
+        p += ok ? n + (size_t)used : 0;
+        if (ok && *p == ':') {
+            ok = sscanf(p, ":%9d%n", &rank, &used) == 1 && rank >= 0 && rank < rt_world();
+            p += used;
+        }
+        if (!ok || (*p && *p != ','))
+            lib_fail_all(2, "GPT_FAULT='%s': expected KIND@N[:RANK],... with KIND nan_grad, "
+                         "inf_loss, signal, kill_ckpt or stall_ckpt, N >= 1 and RANK < %d (at most %d)", v,
+                         rt_world(), MAX_FAULTS);
+        faults[nfaults].kind = kind;
+        faults[nfaults].at = at;
+        faults[nfaults++].rank = rank;
+        p += *p == ',';
+    }
+    if (rt_rank() == 0) fprintf(stderr, "train: GPT_FAULT=%s: injecting faults (for tests)\n", v);
+}
+
+static int fault_now(int kind, int at)
+{
+    for (int k = 0; k < nfaults; k++)
+        if (faults[k].kind == kind && faults[k].at == at && faults[k].rank == rt_rank()) return 1;
+    return 0;
+}
+
+/* A point of checkpoint writing: GPT_FAULT=kill_ckpt@K dies at the K-th, as a node would;
+** stall_ckpt@K waits there. */
+static void ckpt_point(void)
+{
+    if (fault_now(FAULT_KILL_CKPT, ++ckpt_points)) raise(SIGKILL);
+    if (fault_now(FAULT_STALL_CKPT, ckpt_points))
+        for (double until = rt_now() + 60; rt_now() < until; ) sleep(1);
+}
+
+/*
+** Exit signals (--exit-signal): the first sets got_signal (the step loop stops after the step
+** and saves) and starts the --exit-grace alarm; a second one, or the alarm, ends this rank at
+** once with a line on stderr (async-signal-safe: write and _exit only). The checkpoint being
+** written is then incomplete, which --resume ignores.
+*/
+static volatile sig_atomic_t got_signal;
+static unsigned grace_s;
+static char abort_second[256], abort_grace[256];
+
+static void on_exit_signal(int sig)
+{
+    if (got_signal) {
+        ssize_t r = write(2, abort_second, strlen(abort_second));
+        (void)r;
+        _exit(128 + sig);
+    }
+    got_signal = sig;
+    if (grace_s) alarm(grace_s);
+}
+
+static void on_grace_alarm(int sig)
+{
+    (void)sig;
+    ssize_t r = write(2, abort_grace, strlen(abort_grace));
+    (void)r;
+    _exit(1);
+}
+
+static void signals_install(const lib_flags *f)
+{
+    if (!f->exit_signals) return;
+    snprintf(abort_second, sizeof abort_second, "train: rank %d: a second signal: stopping "
+             "now, without a checkpoint (the newest complete one is intact)\n", rt_rank());
+    grace_s = (unsigned)ceil(f->exit_grace);
+    snprintf(abort_grace, sizeof abort_grace, "train: rank %d: --exit-grace %u s ran out: "
+             "stopping now, without a checkpoint (the newest complete one is intact)\n",
+             rt_rank(), grace_s);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sa.sa_handler = on_exit_signal;
+    for (int sig = 1; sig < 32; sig++)
+        if (f->exit_signals & 1 << sig) sigaction(sig, &sa, NULL);
+    sa.sa_handler = on_grace_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+}
+
+/* SIGTERM, or else the first signal of --exit-signal's list (for GPT_FAULT=signal). */
+static int first_exit_signal(const lib_flags *f)
+{
+    if (f->exit_signals & 1 << SIGTERM) return SIGTERM;
+    for (int sig = 1; sig < 32; sig++)
+        if (f->exit_signals & 1 << sig) return sig;
+    return SIGTERM;
+}
+
+/* *v = its sum over the world (as world_max). */
+static void world_sum(long long *v)
+{
+    long long *dev = (long long *)(void *)lib.stat_dev;
+    rt_memcpy(dev, v, sizeof *v, RT_H2D);
+    rt_allreduce(dev, 1, RT_I64, RT_SUM, rt_group_world());
+    rt_memcpy(v, dev, sizeof *v, RT_D2H);
+}
+
+/* mkdir -p: 0, or -1 with errno. */
+static int make_dirs(const char *path)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return errno = ENAMETOOLONG, -1;
+    for (char *q = buf + 1; ; q++) {
+        if (*q == '/' || !*q) {
+            char c = *q;
+            *q = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+            *q = c;
+            if (!c) break;
+        }
+    }
+    struct stat st;
+    if (stat(buf, &st)) return -1;
+    return S_ISDIR(st.st_mode) ? 0 : (errno = ENOTDIR, -1);
+}
+
+/* The directory part of a file path ("." when none), into buf. */
+static const char *dir_of(const char *path, char *buf, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) return ".";
+    snprintf(buf, cap, "%.*s", (int)(slash == path ? 1 : slash - path), path);
+    return buf;
+}
+
+static const char *human(char *buf, size_t cap, double bytes)
+{
+    const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    int u = 0;
+    while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return buf;
+}
+
+/* Room for 'need' bytes in the file system holding 'dir'? Else a message into msg. */
+static int room_for(const char *dir, long long need, const char *what, char *msg, size_t cap)
+{
+    struct statvfs vf;
+    if (statvfs(dir, &vf)) return 1;            /* no answer: the writes will tell */
+    double have = (double)vf.f_bavail * (double)vf.f_frsize;
+    if (have >= (double)need) return 1;
+    char h[32], n[32];
+    snprintf(msg, cap, "not enough free space for %s: %s free, %s needed", what,
+             human(h, sizeof h, have), human(n, sizeof n, (double)need));
+    return 0;
+}
+
+/* Create and remove 'probe': 0 with msg set when that fails. */
+static int can_create(const char *probe, char *msg, size_t cap)
+{
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        snprintf(msg, cap, "cannot write here: %s", strerror(errno));
+        return 0;
+    }
+    close(fd);
+    unlink(probe);
+    return 1;
+}
+
+static long long save_bytes(void);
+
+/*
+** Before any training: every output (--log, --ckpt-dir, --save) can be written, its directory
+** made, and there is room for what the run will write there (one resume checkpoint of every
+** rank; the --save file; both when they share a file system). Rank 0 looks, as it writes the
+** directories; every rank stops alike, and a long run never finds out at its end.
+*/
+static void check_outputs(const lib_flags *f)
+{
+    long long ckpt = (long long)(lib_state_bytes() + sizeof(ckpt_header));
+    world_sum(&ckpt);
+    long long save = f->save ? save_bytes() : 0;
+    char msg[600] = "", d[4096], probe[4200];
+    const char *where = "train";
+    struct stat st, sd;
+    if (rt_rank() == 0 && f->log) {
+        FILE *fp = NULL;
+        where = f->log;
+        if (make_dirs(dir_of(f->log, d, sizeof d)) || !(fp = fopen(f->log, "a")))
+            snprintf(msg, sizeof msg, "cannot write the log: %s (--log)", strerror(errno));
+        if (fp) fclose(fp);
+    }
+    int same_fs = 0;
+    if (rt_rank() == 0 && !*msg && f->ckpt_dir) {
+        where = f->ckpt_dir;
+        snprintf(probe, sizeof probe, "%s/.probe_%d", f->ckpt_dir, (int)getpid());
+        if (make_dirs(f->ckpt_dir))
+            snprintf(msg, sizeof msg, "cannot create the checkpoint directory: %s (--ckpt-dir)",
+                     strerror(errno));
+        else if (can_create(probe, msg, sizeof msg)) {
+            same_fs = f->save && !stat(f->ckpt_dir, &sd) &&
+                      !stat(dir_of(f->save, d, sizeof d), &st) && st.st_dev == sd.st_dev;
+            room_for(f->ckpt_dir, ckpt + (same_fs ? save : 0), same_fs ?
+                     "a resume checkpoint and --save" : "a resume checkpoint (every rank's "
+                     "parameters and optimizer state)", msg, sizeof msg);
+        }
+    }
+    if (rt_rank() == 0 && !*msg && f->save) {
+        where = f->save;
+        snprintf(probe, sizeof probe, "%s.tmp", f->save);
+        if (!stat(f->save, &st) && S_ISDIR(st.st_mode))
+            snprintf(msg, sizeof msg, "is a directory (--save takes a file name)");
+        else if (make_dirs(dir_of(f->save, d, sizeof d)))
+            snprintf(msg, sizeof msg, "cannot create its directory: %s (--save)",
+                     strerror(errno));
+        else if (can_create(probe, msg, sizeof msg) && !same_fs)
+            room_for(d, save, "--save", msg, sizeof msg);
+    }
+    long long bad = *msg != 0;
+    world_max(&bad);
+    if (bad) lib_fail_file(where, "%s; checked before training, nothing was run", msg);
 }
 
 /* -- safetensors: --init reads the whole model, --save writes it -------------------------- */
@@ -792,11 +1054,9 @@ static void ebias_save(int layer, float *bias, void *ctx)
 ** its rows at their offsets; after a barrier rank 0 syncs and renames. Written whole or not
 ** at all. The values are the f32 (main) parameters.
 */
-static void save_model(const char *path)
+/* The --save file's tensors (F32, the model's Hugging Face names) and header; *len its size. */
+static st_tensor *save_tensors(unsigned char **h, size_t *len)
 {
-    lib_master_fetch();
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     st_tensor *ts = calloc((size_t)lib.ntensors, sizeof *ts);
     RT_CHECK(ts, "out of memory");
     for (int t = 0; t < lib.ntensors; t++) {
@@ -807,11 +1067,34 @@ static void save_model(const char *path)
         ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
         ts[t].shape[1] = ti->cols;
     }
+    *h = st_header(ts, lib.ntensors, len);
+    RT_CHECK(*h, "out of memory");
+    return ts;
+}
+
+/* The size of the --save file. */
+static long long save_bytes(void)
+{
+    unsigned char *h;
     size_t len;
-    unsigned char *h = st_header(ts, lib.ntensors, &len);
-    RT_CHECK(h, "out of memory");
+    st_tensor *ts = save_tensors(&h, &len);
+    long long total = (long long)len + ts[lib.ntensors - 1].end;
+    free(h);
+    free(ts);
+    return total;
+}
+
+static void save_model(const char *path)
+{
+    lib_master_fetch();
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    unsigned char *h;
+    size_t len;
+    st_tensor *ts = save_tensors(&h, &len);
     long long data0 = (long long)len, total = data0 + ts[lib.ntensors - 1].end;
     if (rt_rank() == 0) {
+        ckpt_point();
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         RT_CHECK(fd >= 0, "%s: cannot create: %s", tmp, strerror(errno));
         RT_CHECK(pwrite(fd, h, len, 0) == (ssize_t)len && ftruncate(fd, total) == 0,
@@ -836,6 +1119,7 @@ static void save_model(const char *path)
             float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
             RT_CHECK(host, "out of memory");
             piece_copy(pc, host, 0);
+            ckpt_point();
             for (int r = 0; r < pc->rows; r++) {
                 off_t at = data0 + ts[t].begin + ((off_t)(pc->grow + r) * ti->cols + pc->gcol) * 4;
                 size_t bytes = (size_t)pc->cols * 4;
@@ -857,6 +1141,7 @@ static void save_model(const char *path)
     }
     rt_barrier(NULL);
     if (rt_rank() == 0) {
+        ckpt_point();
         int fd = open(tmp, O_RDONLY);
         RT_CHECK(fd >= 0 && fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
         close(fd);
@@ -870,12 +1155,6 @@ static void save_model(const char *path)
 
 /* -- Resume checkpoints (per rank: parameters, moments, step) ------------------------------- */
 
-#define CKPT_MAGIC 0x32544b4350545047ull   /* "GPTCKPT2" little-endian */
-
-typedef struct {
-    unsigned long long magic, world, stage, step, nbytes, seed;
-} ckpt_header;
-
 static void ckpt_path(char *out, size_t cap, const char *dir, int step, const char *suffix,
                       int rank)
 {
@@ -883,13 +1162,54 @@ static void ckpt_path(char *out, size_t cap, const char *dir, int step, const ch
     else snprintf(out, cap, "%s/step_%08d%s/rank_%05d.bin", dir, step, suffix, rank);
 }
 
-/* Write DIR/step_N.tmp/rank_R.bin on every rank, then rank 0 renames the directory. */
-static void ckpt_save(const lib_flags *f, int step)
+/* Remove a checkpoint directory (its rank files, then itself); 0 or -1 with errno. */
+static int ckpt_remove(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char file[4400];
+    if (!d) return -1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+            unlink(file);
+        }
+    closedir(d);
+    return rmdir(dir);
+}
+
+/* Write n bytes in CKPT_CHUNK pieces (each a point of GPT_FAULT=kill_ckpt); 0 or -1. */
+static int write_points(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n > 0) {
+        size_t k = n < CKPT_CHUNK ? n : CKPT_CHUNK;
+        ckpt_point();
+        ssize_t w = write(fd, p, k);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) continue;
+            if (w == 0) errno = ENOSPC;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/*
+** Write DIR/step_N.tmp/rank_R.bin on every rank (synced), then rank 0 renames the directory to
+** DIR/step_N and syncs DIR: a checkpoint is complete exactly when its name has no suffix. A
+** rank that cannot write removes its file and stops the job naming the reason; the newest
+** complete checkpoint stays. An older step_N (a run started again without --resume) is moved
+** aside and removed only after the new one is in place.
+*/
+static void ckpt_save(const lib_flags *f, int step, int updates, int skipped)
 {
     char dir[4096], file[4200];
     ckpt_path(dir, sizeof dir, f->ckpt_dir, step, ".tmp", -1);
     if (rt_rank() == 0) {
-        mkdir(f->ckpt_dir, 0755);
+        ckpt_point();
         RT_CHECK(mkdir(dir, 0755) == 0 || errno == EEXIST, "%s: cannot create: %s", dir,
                  strerror(errno));
     }
@@ -899,22 +1219,32 @@ static void ckpt_save(const lib_flags *f, int step)
     RT_CHECK(buf, "out of memory for the checkpoint");
     lib_state_io(buf, 1);
     ckpt_header hd = { CKPT_MAGIC, P->world, (unsigned long long)gpt.pp_rank,
-                       (unsigned long long)step, n, f->seed };
+                       (unsigned long long)step, n, f->seed, (unsigned long long)updates,
+                       (unsigned long long)skipped };
     ckpt_path(file, sizeof file, f->ckpt_dir, step, ".tmp", rt_rank());
-    FILE *fp = fopen(file, "wb");
-    RT_CHECK(fp && fwrite(&hd, sizeof hd, 1, fp) == 1 &&
-             fwrite(buf, 1, n, fp) == n && fflush(fp) == 0 &&
-             fsync(fileno(fp)) == 0 && fclose(fp) == 0, "%s: write failed: %s", file,
-             strerror(errno));
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int ok = fd >= 0 && write_points(fd, &hd, sizeof hd) == 0 && write_points(fd, buf, n) == 0 &&
+             fsync(fd) == 0;
+    int why = errno;
+    if (fd >= 0 && close(fd) && ok) ok = 0, why = errno;
+    if (!ok) unlink(file);
+    RT_CHECK(ok, "%s: cannot write the checkpoint of step %d: %s (the newest complete "
+             "checkpoint in %s is intact)", file, step, strerror(why), f->ckpt_dir);
     free(buf);
+    ckpt_point();
     rt_barrier(NULL);
     if (rt_rank() == 0) {
-        char final[4096];
+        char final[4096], old[4200];
+        struct stat st;
         ckpt_path(final, sizeof final, f->ckpt_dir, step, "", -1);
+        snprintf(old, sizeof old, "%s.old", final);
+        int aside = stat(final, &st) == 0 && rename(final, old) == 0;
+        ckpt_point();
         RT_CHECK(rename(dir, final) == 0, "cannot rename %s to %s: %s", dir, final,
                  strerror(errno));
         int dfd = open(f->ckpt_dir, O_RDONLY);
         if (dfd >= 0) { fsync(dfd); close(dfd); }
+        if (aside) ckpt_remove(old);
     }
     rt_barrier(NULL);
 }
@@ -938,16 +1268,40 @@ static int ckpt_newest(const char *d)
     return (int)best;
 }
 
-static void ckpt_load(const lib_flags *f, int step)
+/* Rank 0 removes the incomplete checkpoints (step_N.tmp, step_N.old) a stopped run left. */
+static void ckpt_clean(const char *d)
+{
+    DIR *dir = opendir(d);
+    struct dirent *e;
+    char path[4400];
+    while (dir && (e = readdir(dir))) {
+        int step, used = 0;
+        if (sscanf(e->d_name, "step_%8d%n", &step, &used) == 1 && used == 13 &&
+            (!strcmp(e->d_name + 13, ".tmp") || !strcmp(e->d_name + 13, ".old"))) {
+            snprintf(path, sizeof path, "%s/%s", d, e->d_name);
+            if (ckpt_remove(path) == 0)
+                printf("removed %s: an incomplete checkpoint of a run stopped while saving\n",
+                       path);
+        }
+    }
+    if (dir) closedir(dir);
+}
+
+static ckpt_header ckpt_load(const lib_flags *f, int step)
 {
     char file[4200];
     ckpt_path(file, sizeof file, f->ckpt_dir, step, "", rt_rank());
     size_t n = lib_state_bytes();
     ckpt_header hd;
+    memset(&hd, 0, sizeof hd);
     FILE *fp = fopen(file, "rb");
-    RT_CHECK(fp && fread(&hd, sizeof hd, 1, fp) == 1, "%s: cannot read: %s", file,
+    RT_CHECK(fp && fread(&hd, 6 * sizeof hd.magic, 1, fp) == 1, "%s: cannot read: %s", file,
              strerror(errno));
-    RT_CHECK(hd.magic == CKPT_MAGIC && hd.world == (unsigned long long)P->world &&
+    if (hd.magic == CKPT_MAGIC)
+        RT_CHECK(fread(&hd.updates, 2 * sizeof hd.magic, 1, fp) == 1, "%s: truncated", file);
+    else if (hd.magic == CKPT_MAGIC2) hd.updates = hd.step;
+    RT_CHECK((hd.magic == CKPT_MAGIC || hd.magic == CKPT_MAGIC2) &&
+             hd.world == (unsigned long long)P->world &&
              hd.stage == (unsigned long long)gpt.pp_rank && hd.nbytes == n,
              "%s: written by a different program (world %llu, stage %llu, %llu bytes)", file,
              hd.world, hd.stage, hd.nbytes);
@@ -956,6 +1310,7 @@ static void ckpt_load(const lib_flags *f, int step)
     fclose(fp);
     lib_state_io(buf, 0);
     free(buf);
+    return hd;
 }
 
 /*
@@ -982,10 +1337,53 @@ static void log_truncate(const char *path, int upto)
 
 /* -- Main ----------------------------------------------------------------------------------- */
 
+/* A number for the JSON log: null when it is not finite (JSON has no NaN). */
+static const char *json_num(char *buf, size_t cap, double x)
+{
+    if (isfinite(x)) snprintf(buf, cap, "%.9g", x);
+    else snprintf(buf, cap, "null");
+    return buf;
+}
+
+/*
+** A step whose loss or gradient norm is not finite, beyond --skip-bad-steps: stop, naming the
+** step, the lowest rank holding a gradient that is not finite and its first such tensor
+** (Megatron's check_for_nan_in_loss_and_grad). The step changed nothing (gpt_adamw).
+*/
+static void bad_step_stop(const lib_flags *f, int step, const gpt_step_out *out)
+{
+    const char *name;
+    long long index;
+    float value;
+    int found = lib_first_bad_grad(&name, &index, &value);
+    long long key = found ? rt_world() - rt_rank() : 0;   /* the lowest rank wins */
+    world_max(&key);
+    if (rt_rank() == 0) {
+        fprintf(stderr, "train: error: step %d: loss %g, gradient norm %g: not finite; "
+                "stopping (%s); the parameters and optimizer state are those before step %d\n",
+                step, out->loss, out->grad_norm, f->skip_bad_steps ?
+                "more than --skip-bad-steps such steps" : "--skip-bad-steps N skips such steps",
+                step);
+        if (!key) fprintf(stderr, "train: every gradient is finite: the loss alone is not\n");
+        fflush(stderr);
+    }
+    rt_barrier(NULL);
+    if (key && key == rt_world() - rt_rank()) {
+        fprintf(stderr, "train: rank %d (stage %d, tp %d, dp %d): the first gradient that is "
+                "not finite is %s, element %lld of this rank's part: %g\n", rt_rank(),
+                gpt.pp_rank, gpt.tp_rank, gpt.dp_rank, name, index, (double)value);
+        fflush(stderr);
+    }
+    rt_barrier(NULL);
+    rt_finalize();
+    exit(1);
+}
+
 int gpt_main(int argc, char **argv, const gpt_program *prog)
 {
     P = prog;
     D = &prog->dims;
+    double t_start = rt_now();
     rt_init(&argc, &argv, P->world, P->layout);
     lib_flags f;
     lib_flags_parse(argc, argv, &f);
@@ -994,6 +1392,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         rt_finalize();
         return 0;
     }
+    faults_parse();
     rt_set_timeout(f.timeout);
     gpt.prog = prog;
     gpt.d = prog->dims;
@@ -1007,10 +1406,15 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     lib_tensors_build(prog);
     lib_stage_setup();
     const gpt_stage *st = gpt.stage;
+    if (!f.dump_samples) check_outputs(&f);
+    signals_install(&f);
 
-    int start = 0;
+    int start = 0, updates = 0, skipped = 0;  /* steps done; optimizer updates; steps skipped */
+    if (f.ckpt_dir && rt_rank() == 0) ckpt_clean(f.ckpt_dir);
     if (f.resume && (start = ckpt_newest(f.ckpt_dir)) >= 0) {
-        ckpt_load(&f, start);
+        ckpt_header hd = ckpt_load(&f, start);
+        updates = (int)hd.updates;
+        skipped = (int)hd.skipped;
         if (rt_rank() == 0) printf("resumed from %s/step_%08d\n", f.ckpt_dir, start);
         if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
     } else {
@@ -1041,43 +1445,86 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         log = fopen(f.log, start > 0 ? "a" : "w");
         RT_CHECK(log, "%s: cannot open: %s", f.log, strerror(errno));
     }
-    for (int s = start; s < f.steps; s++) {
+    const char *stopped = NULL;     /* why the run stops before --steps */
+    int s;
+    for (s = start; s < f.steps && !stopped; s++) {
         double t0 = rt_now();
+        if (fault_now(FAULT_SIGNAL, s + 1)) raise(first_exit_signal(&f));
+        lib.fault = (fault_now(FAULT_NAN_GRAD, s + 1) ? LIB_FAULT_NAN_GRAD : 0) |
+                    (fault_now(FAULT_INF_LOSS, s + 1) ? LIB_FAULT_INF_LOSS : 0);
         if (st->needs_inputs || st->needs_targets)
             data_batch(&data, s, gpt.dp_rank, inputs, targets);
-        gpt_step_in in = { s, (float)lr_at(&f, s), (float)f.beta1, (float)f.beta2,
-                           (float)f.eps, (float)f.wd, (float)f.clip,
-                           st->needs_inputs ? inputs : NULL, st->needs_targets ? targets : NULL };
+        int late = f.exit_minutes > 0 && rt_now() - t_start > 60.0 * f.exit_minutes;
+        /* the optimizer's step: updates made so far (a skipped step does not count) */
+        gpt_step_in in = { .step = updates, .lr = (float)lr_at(&f, updates),
+                           .beta1 = (float)f.beta1, .beta2 = (float)f.beta2,
+                           .eps = (float)f.eps, .wd = (float)f.wd, .clip = (float)f.clip,
+                           .inputs = st->needs_inputs ? inputs : NULL,
+                           .targets = st->needs_targets ? targets : NULL,
+                           .stop = got_signal || late };
         gpt_step_out out;
         st->step(&in, &out);
         rt_sync();
+        lib.fault = 0;
+        if (out.skipped && ++skipped > f.skip_bad_steps) bad_step_stop(&f, s + 1, &out);
+        updates += !out.skipped;
         double ms = (rt_now() - t0) * 1e3, tok_s = (double)P->tokens_per_step / (ms / 1e3);
         if (rt_rank() == 0) {
-            char aux[64] = "", auxj[64] = "";
+            char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32];
             if (D->moe) {
                 snprintf(aux, sizeof aux, " | aux %.6f", out.aux_loss);
-                snprintf(auxj, sizeof auxj, ",\"aux_loss\":%.9g", out.aux_loss);
+                snprintf(auxj, sizeof auxj, ",\"aux_loss\":%s",
+                         json_num(a, sizeof a, out.aux_loss));
             }
+            if (out.skipped)
+                snprintf(skip, sizeof skip, " | skipped (%d of --skip-bad-steps %d): nothing "
+                         "updated", skipped, f.skip_bad_steps);
             if (!f.quiet)
                 printf("step %5d/%d | loss %.6f%s | lr %.4e | norm %.4f | %8.1f ms | "
-                       "%9.0f tok/s\n", s + 1, f.steps, out.loss, aux, (double)in.lr,
-                       out.grad_norm, ms, tok_s);
+                       "%9.0f tok/s%s\n", s + 1, f.steps, out.loss, aux, (double)in.lr,
+                       out.grad_norm, ms, tok_s, skip);
+            if (out.skipped && f.quiet)
+                printf("step %d/%d: loss %g, gradient norm %g: not finite%s\n", s + 1, f.steps,
+                       out.loss, out.grad_norm, skip);
             if (log) {
-                fprintf(log, "{\"step\":%d,\"loss\":%.9g%s,\"lr\":%.9g,\"grad_norm\":%.9g,"
-                        "\"ms\":%.3f,\"tok_s\":%.1f}\n", s + 1, out.loss, auxj, (double)in.lr,
-                        out.grad_norm, ms, tok_s);
+                fprintf(log, "{\"step\":%d,\"loss\":%s%s,\"lr\":%.9g,\"grad_norm\":%s,"
+                        "\"ms\":%.3f,\"tok_s\":%.1f%s}\n", s + 1, json_num(l, sizeof l, out.loss),
+                        auxj, (double)in.lr, json_num(g, sizeof g, out.grad_norm), ms, tok_s,
+                        out.skipped ? ",\"skipped\":true" : "");
                 fflush(log);
             }
             fflush(stdout);
         }
-        if (f.ckpt_every && (s + 1) % f.ckpt_every == 0) ckpt_save(&f, s + 1);
+        int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
+        if (saved) ckpt_save(&f, s + 1, updates, skipped);
+        if (s + 1 < f.steps && out.stop)
+            stopped = got_signal ? lib_signal_name(got_signal) : late ?
+                      "--exit-duration-in-mins" : "another rank's signal or time limit";
+        else if (s + 1 < f.steps && f.exit_interval && (s + 1) % f.exit_interval == 0)
+            stopped = "--exit-interval";
+        if (stopped && f.ckpt_dir && !saved) ckpt_save(&f, s + 1, updates, skipped);
     }
     if (log) fclose(log);
-    if (f.save) save_model(f.save);
+    int rc = 0;
+    if (stopped && f.ckpt_dir) {
+        if (rt_rank() == 0)
+            printf("stopped by %s after step %d of %d: saved %s/step_%08d; continue with "
+                   "--resume\n", stopped, s, f.steps, f.ckpt_dir, s);
+    } else if (stopped) {                   /* a signal without --ckpt-dir */
+        if (rt_rank() == 0)
+            fprintf(stderr, "train: stopped by %s after step %d of %d: no --ckpt-dir, so no "
+                    "checkpoint to resume from%s\n", stopped, s, f.steps,
+                    f.save ? "; writing --save" : "");
+        if (f.save) save_model(f.save);
+        rc = 1;
+    } else if (f.save) save_model(f.save);
+    if (nfaults)       /* tests pick their kill_ckpt points from this */
+        fprintf(stderr, "train: rank %d: GPT_FAULT: %d points of checkpoint writing passed\n",
+                rt_rank(), ckpt_points);
     free(inputs);
     free(targets);
     lib_data_free(data.mm);
     free(prefix);
     rt_finalize();
-    return 0;
+    return rc;
 }

@@ -115,6 +115,79 @@ local function key_lines(code, fname, line)
     return lines
 end
 
+-- Keys given twice in one table constructor of 'code' (code_only(src); 'src' gives back the
+-- text of ["string"] keys). A key is a name, or a ["string"] without escapes, at the start of
+-- a field: right after '{', ',' or ';' of that constructor itself, not inside brackets or a
+-- function body within it. Returns a list of {line =, key =, first =} (the earlier line).
+-- Lua keeps only the last value of a repeated key, so this can only be seen in the source.
+local BLOCK_OPEN = { ["function"] = true, ["if"] = true, ["do"] = true, ["repeat"] = true }
+local BLOCK_CLOSE = { ["end"] = true, ["until"] = true }
+local FIELD_START = { ["{"] = true, [","] = true, [";"] = true }
+local function duplicate_keys(code, src)
+    local dups, newlines = {}, {}
+    for pos in code:gmatch("()\n") do newlines[#newlines + 1] = pos end
+    local function line_of(pos)             -- 1 + newlines before 'pos' (binary search)
+        local lo, hi = 1, #newlines + 1
+        while lo < hi do
+            local mid = (lo + hi) // 2
+            if newlines[mid] < pos then lo = mid + 1 else hi = mid end
+        end
+        return lo
+    end
+    -- a stack of open constructs: "table" (with its keys), "bracket" ( or [, "block"
+    local stack = { { kind = "block" } }
+    local function key(name, pos)
+        local t = stack[#stack]
+        local first = t.keys[name]
+        if first then
+            dups[#dups + 1] = { line = line_of(pos), key = name, first = first }
+        else
+            t.keys[name] = line_of(pos)
+        end
+    end
+    local i = 1
+    while true do
+        i = code:find("%S", i)
+        if not i then break end
+        local top = stack[#stack]
+        local at_field = top.kind == "table" and FIELD_START[top.prev]
+        local c = code:sub(i, i)
+        local word = code:match("^[%a_][%w_]*", i)
+        top.prev = c
+        if word then
+            if BLOCK_OPEN[word] then
+                stack[#stack + 1] = { kind = "block" }
+            elseif BLOCK_CLOSE[word] and #stack > 1 then
+                stack[#stack] = nil
+                stack[#stack].prev = word
+            elseif at_field and code:match("^%s*=[^=]", i + #word) then
+                key(word, i)
+            end
+            i = i + #word
+        elseif c:match("%d") then
+            i = i + #code:match("^[%w_.]*", i)
+        else
+            if c == "{" then
+                stack[#stack + 1] = { kind = "table", prev = "{", keys = {} }
+            elseif c == "(" or c == "[" then
+                local q = at_field and c == "[" and code:match("^%[%s*()[\"']", i)
+                local close = q and code:find(code:sub(q, q), q + 1, true)
+                local text = close and src:sub(q + 1, close - 1)
+                if close and src:sub(q, q) == code:sub(q, q) and not text:find("[\\\n]")
+                   and code:match("^%s*%]%s*=[^=]", close + 1) then
+                    key(text, i)
+                end
+                stack[#stack + 1] = { kind = "bracket" }
+            elseif (c == "}" or c == ")" or c == "]") and #stack > 1 then
+                stack[#stack] = nil
+                stack[#stack].prev = c
+            end
+            i = i + 1
+        end
+    end
+    return dups
+end
+
 -- Line of the n-th call of constructor 'fname' in 'code' (code_only), 1 if not found.
 local function call_line(code, fname, nth)
     local pos, n, line = 1, 0, 1
@@ -132,12 +205,20 @@ local function show(v)
     if type(v) == "string" then
         if #v > 40 then v = v:sub(1, 37) .. "..." end
         return "string " .. json.str(v)
+    elseif type(v) == "number" and (v ~= v or v == math.huge or v == -math.huge) then
+        return v ~= v and "nan" or v > 0 and "inf" or "-inf"
     elseif math.type(v) == "float" and v == math.floor(v) and math.abs(v) < 1e15 then
         return string.format("%.1f", v)
     elseif type(v) == "number" then
         return json.num(v)
     end
     return type(v)
+end
+
+-- A model-supplied key for an error message: at most 40 characters, no control characters.
+local function key_name(k)
+    if #k > 40 then k = k:sub(1, 37) .. "..." end
+    return (k:gsub("%c", "?"))
 end
 
 -- Problem with 'v' as a size (an integer >= 1), or nil.
@@ -214,6 +295,9 @@ local WHAT = {
     ffn_hidden = "the SwiGLU width",
 }
 
+-- The range of a C float (normal numbers), in which the programs hold 'pos'/'nonneg' fields.
+local FLOAT_MIN, FLOAT_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
 local function known_list(keys)
     local names = {}
     for _, k in ipairs(keys) do
@@ -221,6 +305,8 @@ local function known_list(keys)
     end
     return table.concat(names, ", ")
 end
+
+local MAX_FIELDS = 100       -- more fields in one constructor call are not looked at one by one
 
 -- Check the fields of one constructor call against 'keys'; problems go to 'probs' as
 -- {line, msg}. Returns a table of the values that passed.
@@ -230,7 +316,13 @@ local function check_fields(call, keys, ctor, probs, code, marks)
     local function at(k) return call.lines[k] or call.line end
     local known = {}
     for _, spec in ipairs(keys) do known[spec[1]] = spec end
-    local extra = {}
+    local extra, n = {}, 0
+    for _ in pairs(fields) do n = n + 1 end
+    if n > MAX_FIELDS then
+        probs[#probs + 1] = { call.line, string.format("%s{} has %d fields (it knows %d)", ctor,
+                                                       n, #keys) }
+        return out
+    end
     for k in pairs(fields) do
         if type(k) ~= "string" then
             probs[#probs + 1] = { call.line, string.format(
@@ -242,7 +334,7 @@ local function check_fields(call, keys, ctor, probs, code, marks)
     table.sort(extra)
     for _, k in ipairs(extra) do
         probs[#probs + 1] = { at(k), string.format("unknown key '%s' in %s{} (known keys: %s)",
-                                                   k, ctor, known_list(keys)) }
+                                                   key_name(k), ctor, known_list(keys)) }
     end
     for _, spec in ipairs(keys) do
         local k, kind, required, max = spec[1], spec[2], spec[3], spec[4]
@@ -254,13 +346,20 @@ local function check_fields(call, keys, ctor, probs, code, marks)
         elseif kind == "int" then
             problem = int_problem(k, v, max)
         elseif kind == "pos" or kind == "nonneg" then
-            if type(v) ~= "number" or v ~= v or v == math.huge then
+            if type(v) ~= "number" then
                 problem = string.format("%s must be a number (got %s)", k, show(v))
+            elseif v ~= v or v == math.huge or v == -math.huge then
+                problem = string.format("%s must be a finite number (got %s)", k, show(v))
             elseif kind == "pos" and v <= 0 then
                 problem = string.format("%s must be greater than 0 (got %s)", k, show(v))
             elseif kind == "nonneg" and v < 0 then
                 problem = string.format("%s must not be negative (got %s)", k, show(v))
+            elseif v > FLOAT_MAX or (v ~= 0 and v < FLOAT_MIN) then
+                problem = string.format("%s (%s) is out of range: the programs hold it in a " ..
+                                        "float (%.2g to %.2g, or 0)", k, show(v), FLOAT_MIN,
+                                        FLOAT_MAX)
             end
+            if v == 0 then v = math.abs(v) end      -- -0.0 -> 0.0
         elseif kind == "str" and type(v) ~= "string" then
             problem = string.format("%s must be a string (got %s)", k, show(v))
         elseif kind == "bool" and type(v) ~= "boolean" then
@@ -313,10 +412,10 @@ local function read_model(file)
     if not f then
         diag.error(nil, "cannot read model %s: no such file (models are in models/)", file)
     end
-    local src = f:read("a")
+    local src, why = f:read(sandbox.SOURCE + 1)    -- more is refused by sandbox.run
     f:close()
-    if not src then diag.error(nil, "cannot read model %s", file) end
-    return src
+    if not src and why then diag.error(nil, "cannot read model %s: %s", file, why) end
+    return src or ""
 end
 
 -- Evaluate model source 'src' (shown as 'file', named 'name') and validate it -> Model.
@@ -353,13 +452,22 @@ function M.model_from_source(src, file, name)
         c.line = c.line or call_line(code, c.kind, c.nth)
     end
     local probs = {}
+    for _, d in ipairs(duplicate_keys(code, src)) do
+        probs[#probs + 1] = { d.line, string.format(
+            "key '%s' is given twice in this table (first at line %d)", key_name(d.key), d.first) }
+    end
     local call = calls[result]
-    for _, c in ipairs({ call, moe_call(calls, call) }) do
-        if type(c.fields) ~= "table" then
+    local function check_table(c)
+        -- the only tables with metatables a model can reach are the library views and _ENV,
+        -- whose __index would raise in the middle of check_fields
+        if type(c.fields) ~= "table" or getmetatable(c.fields) ~= nil then
             diag.error({ file = file, line = c.line }, "%s expects a table: %s { ... } (got %s)",
-                       c.kind, c.kind, show(c.fields))
+                       c.kind, c.kind, type(c.fields) == "table" and
+                       "a library or environment table" or show(c.fields))
         end
     end
+    check_table(call)
+    if moe_call(calls, call) then check_table(moe_call(calls, call)) end
     local llama = arch == "llama"
     local g = check_fields(call, llama and LLAMA_KEYS or GPT_KEYS, arch, probs, code, marks)
     local mcall, m = nil, nil

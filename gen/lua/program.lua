@@ -1155,7 +1155,15 @@ local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id, nlayers
         end
     end
     op("NORM", "the norm: sqrt of the reduced sums", { which = cfg.dist_opt and 1 or 0 })
-    op("ADAMW", "clip to --clip, then AdamW" .. (cfg.dist_opt and " on this rank's shards" or ""))
+    if cfg.model.moe then
+        op("AUX_ALLREDUCE", ">>> all-reduce over the world: every rank's share of the aux loss",
+           { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
+    end
+    op("LOSS_ALLREDUCE", ">>> all-reduce over the world: the step's loss (the head stage's " ..
+       "tp-rank-0 ranks hold it) and the ranks that want to stop (a signal, a time limit)",
+       { group = "WORLD", comm = { coll("allreduce", "world", 2, "f32", "sum") } })
+    op("ADAMW", "clip to --clip, then AdamW" .. (cfg.dist_opt and " on this rank's shards" or "") ..
+       "; a step whose loss or gradient norm is not finite changes nothing (out->skipped)")
     if cfg.dist_opt then
         for i, b in ipairs(buffers) do
             local g = groups_by_id[b.group]
@@ -1182,13 +1190,6 @@ local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id, nlayers
            "step's rows per expert; then each expert bias += rate * sign(mean - count)",
            nlayers), { comm = comm })
     end
-    if cfg.model.moe then
-        op("AUX_ALLREDUCE", ">>> all-reduce over the world: every rank's share of the aux loss",
-           { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
-    end
-    op("LOSS_ALLREDUCE", ">>> all-reduce over the world: the step's loss (the head stage's " ..
-       "tp-rank-0 ranks hold it)",
-       { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
     return ops
 end
 

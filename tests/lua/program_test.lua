@@ -313,7 +313,7 @@ T.test("communication: the layers' regions by TP and SP, the step's tail by layo
 
     local _, _, _, _, _, prog = F.build({ layers = 8 }, { tp = 2, pp = 2, dp = 2 })
     T.eq(comm_text(prog.stages[1].tail), { "allreduce embd 8192", "allreduce dp-cp 113152",
-         "allreduce mp 1", "allreduce world 1" }, "stage 0: wte, dp, norm over mp, loss")
+         "allreduce mp 1", "allreduce world 2" }, "stage 0: wte, dp, norm over mp, loss and stop")
     _, _, _, _, _, prog = F.build({ layers = 4 }, { dp = 2, dist_opt = true, sp = true, tp = 2 })
     local tail = comm_text(prog.stages[1].tail)
     -- per layer ln_1, ln_2 (weight, bias), both row-parallel biases; then ln_f: (4*6 + 2) * 64
@@ -327,14 +327,14 @@ T.test("communication: the layers' regions by TP and SP, the step's tail by layo
          "bucket (%d, %d)", rs, ag)
     local world, mp = 0, 0
     for _, t in ipairs(tail) do
-        if t == "allreduce world 1" then world = world + 1 end
+        if t == "allreduce world 1" or t == "allreduce world 2" then world = world + 1 end
         if t:match(" mp ") then mp = mp + 1 end
     end
     T.eq({ world, mp }, { 2, 0 }, "distributed optimizer: the norm over the world, not mp")
     _, _, _, _, _, prog = F.build({ moe = { experts = 4, top_k = 2 } }, { dp = 2, ep = 2 })
     tail = comm_text(prog.stages[1].tail)
-    T.eq({ tail[#tail - 1], tail[#tail] }, { "allreduce world 1", "allreduce world 1" },
-         "MoE: the aux loss, then the loss")
+    T.eq({ tail[#tail - 1], tail[#tail] }, { "allreduce world 1", "allreduce world 2" },
+         "MoE: the aux loss, then the loss and the stop requests")
     local moe_fwd
     for _, c in ipairs(first_op(prog.stages[1], "F").calls) do
         if c.op == "layer_fwd" then moe_fwd = comm_text({ c }) end

@@ -79,7 +79,10 @@ for rank = 0, world - 1 do
     local path = string.format("%s/rank_%05d.trace", dir, rank)
     local lines = {}
     for l in io.lines(path) do lines[#lines + 1] = l end
-    local want = { "allreduce world 1 i64 max" }
+    -- start-up (lib/train.c): the checkpoint size summed and the outputs' verdict (check_outputs),
+    -- then the first bad token position (lib_tokens_open)
+    local want = { "allreduce world 1 i64 sum", "allreduce world 1 i64 max",
+                   "allreduce world 1 i64 max" }
     local step = expected(rank)
     for _ = 1, steps do
         for _, l in ipairs(step) do want[#want + 1] = l end

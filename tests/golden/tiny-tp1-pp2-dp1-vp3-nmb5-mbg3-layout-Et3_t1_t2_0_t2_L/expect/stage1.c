@@ -512,6 +512,7 @@ static void run_schedule(void)
 
 static void step(const gpt_step_in *in, gpt_step_out *out)
 {
+    out->aux_loss = 0.0;   /* no mixture of experts */
     /* zero the gradients */
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
@@ -526,11 +527,12 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
     /* the norm: sqrt of the reduced sums */
     out->grad_norm = gpt_norm(0);
-    /* clip to --clip, then AdamW */
-    gpt_adamw(in, out->grad_norm);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
-    gpt_loss_allreduce(rt_group_world(), out);
-    out->aux_loss = 0.0;   /* no mixture of experts */
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
+    ** and the ranks that want to stop (a signal, a time limit) */
+    gpt_loss_allreduce(in, rt_group_world(), out);
+    /* clip to --clip, then AdamW; a step whose loss or gradient norm is not finite changes
+    ** nothing (out->skipped) */
+    gpt_adamw(in, out);
 }
 
 const gpt_stage stage1 = {

@@ -331,12 +331,14 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_norm_allreduce(1, gpt.grp[GPT_GRP_TPEPPP]);
     /* the norm: sqrt of the reduced sums */
     out->grad_norm = gpt_norm(0);
-    /* clip to --clip, then AdamW */
-    gpt_adamw(in, out->grad_norm);
     /* >>> all-reduce over the world: every rank's share of the aux loss */
     gpt_aux_allreduce(rt_group_world(), out);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
-    gpt_loss_allreduce(rt_group_world(), out);
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
+    ** and the ranks that want to stop (a signal, a time limit) */
+    gpt_loss_allreduce(in, rt_group_world(), out);
+    /* clip to --clip, then AdamW; a step whose loss or gradient norm is not finite changes
+    ** nothing (out->skipped) */
+    gpt_adamw(in, out);
 }
 
 const gpt_stage stage0 = {

@@ -498,8 +498,14 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_norm_allreduce(2, rt_group_world());
     /* the norm: sqrt of the reduced sums */
     out->grad_norm = gpt_norm(1);
-    /* clip to --clip, then AdamW on this rank's shards */
-    gpt_adamw(in, out->grad_norm);
+    /* >>> all-reduce over the world: every rank's share of the aux loss */
+    gpt_aux_allreduce(rt_group_world(), out);
+    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
+    ** and the ranks that want to stop (a signal, a time limit) */
+    gpt_loss_allreduce(in, rt_group_world(), out);
+    /* clip to --clip, then AdamW on this rank's shards; a step whose loss or gradient norm is
+    ** not finite changes nothing (out->skipped) */
+    gpt_adamw(in, out);
     /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others (f32) */
     gpt_param_allgather(0, 0, gpt.grp[GPT_GRP_DPCP]);
     /* >>> all-gather over dp-cp: buffer 0, bucket 1: the updated shards of the others (f32) */
@@ -510,10 +516,6 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_param_allgather(2, 0, gpt.grp[GPT_GRP_DPCP]);
     /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others (f32) */
     gpt_param_allgather(3, 0, gpt.grp[GPT_GRP_EDP]);
-    /* >>> all-reduce over the world: every rank's share of the aux loss */
-    gpt_aux_allreduce(rt_group_world(), out);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it) */
-    gpt_loss_allreduce(rt_group_world(), out);
 }
 
 const gpt_stage stage0 = {

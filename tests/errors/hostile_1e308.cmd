@@ -1,0 +1,1 @@
+tests/errors/hostile_1e308.lua

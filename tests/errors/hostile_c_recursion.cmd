@@ -1,0 +1,1 @@
+tests/errors/hostile_c_recursion.lua

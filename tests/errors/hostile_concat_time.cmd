@@ -1,0 +1,1 @@
+tests/errors/hostile_concat_time.lua

@@ -1,0 +1,1 @@
+tests/errors/hostile_eps_nan.lua

@@ -1,0 +1,1 @@
+tests/errors/hostile_error_long.lua

@@ -1,0 +1,1 @@
+tests/errors/hostile_negzero.lua

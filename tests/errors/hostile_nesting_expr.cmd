@@ -1,0 +1,1 @@
+tests/errors/hostile_nesting_expr.lua

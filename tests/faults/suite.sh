@@ -1,0 +1,425 @@
+#!/bin/bash
+# tests/faults/suite.sh: what clusters do to a training job, injected, and proof that nothing is
+# lost (README.md, "When things go wrong"). Every case compares against one clean run of the
+# same program: a job stopped by a signal, a time limit, a full disk or a kill in the middle of
+# writing a checkpoint must resume from its newest complete checkpoint and end with the clean
+# run's weights, bit for bit, and its log, step for step.
+#
+# Faults come from outside (kill, a small tmpfs) or from GPT_FAULT (lib/train.c: nan_grad,
+# inf_loss, signal, kill_ckpt, stall_ckpt at a step or a point of checkpoint writing).
+# The full-disk cases need to mount a tmpfs (root): without that they are skipped, saying so.
+. "$(dirname "$0")/../lib.sh" faults
+
+show() { sed 's/^/  /' "$1" | head -n "${2:-12}"; }
+
+if ! make -s --no-print-directory build/gen build/librt_cpu.a build/libgpt_cpu.a ref \
+        > "$S/make.log" 2>&1; then
+    show "$S/make.log"
+    fail setup "make build/gen libraries ref failed"
+    finish
+fi
+V=$(build/gen tiny --dump config 2> /dev/null | sed -n 's/^    "vocab": \([0-9]*\),*$/\1/p' |
+    head -n 1)
+if ! build/ref/make_tokens --vocab "${V:-0}" --tokens 20000 "$S/tok.bin" > "$S/tok.log" 2>&1;
+then
+    show "$S/tok.log"
+    fail setup "cannot make the token file"
+    finish
+fi
+
+# One rank, and four (PP 2, DP 2, the distributed optimizer: every rank writes a different
+# part of each checkpoint).
+build() {
+    local name=$1
+    shift
+    if ! gen_build "$S/$name" tiny "$@"; then
+        fail setup "$WHY"
+        finish
+    fi
+}
+build p1
+P1=$S/p1/train
+if have_mpi; then
+    build p4 --pp 2 --dp 2 --dist-opt
+    P4=$S/p4/train
+fi
+
+STEPS=8
+HP=(--data "$S/tok.bin" --steps $STEPS --decay-steps $STEPS --quiet)
+
+# run PROG WORLD TAG ARGS...: the program with HP and ARGS into $S/TAG.{log,jsonl}; the status.
+run() {
+    local prog=$1 world=$2 tag=$3
+    shift 3
+    RUN_TIMEOUT=120 run_prog "$prog" "$world" "$S/$tag.log" "${HP[@]}" --log "$S/$tag.jsonl" \
+        "$@"
+}
+
+# same TAG CLEAN: TAG's log and weights are CLEAN's (times aside); WHY says how not.
+same() {
+    if ! diff <(sed 's/,"ms":.*//' "$S/$1.jsonl") <(sed 's/,"ms":.*//' "$S/$2.jsonl") \
+            > "$S/$1.diff" 2>&1; then
+        WHY="the log differs from the clean run's: $(sed -n 2p "$S/$1.diff")"
+        return 1
+    fi
+    if ! cmp "$S/$1.safetensors" "$S/$2.safetensors" > "$S/$1.cmp" 2>&1; then
+        WHY="the weights differ from the clean run's: $(head -c 200 "$S/$1.cmp")"
+        return 1
+    fi
+}
+
+# The clean runs, with a checkpoint every 2 steps (what the faulty runs also do).
+run "$P1" 1 clean1 --save "$S/clean1.safetensors" --ckpt-every 2 --ckpt-dir "$S/ck-clean1" ||
+    { show "$S/clean1.log"; fail setup "the clean one-rank run failed"; finish; }
+if [ -n "$P4" ]; then
+    run "$P4" 4 clean4 --save "$S/clean4.safetensors" --ckpt-every 2 \
+        --ckpt-dir "$S/ck-clean4" ||
+        { show "$S/clean4.log"; fail setup "the clean four-rank run failed"; finish; }
+fi
+
+# resumed NAME PROG WORLD TAG CLEAN ARGS...: run TAG again with --resume to the end; it must
+# say it resumed (unless RESUME_FROM is "none") and end as CLEAN.
+resumed() {
+    local name=$1 prog=$2 world=$3 tag=$4 clean=$5
+    shift 5
+    if ! run "$prog" "$world" "$tag" --save "$S/$tag.safetensors" --resume "$@" \
+            > /dev/null 2>&1 < /dev/null; then
+        fail "$name" "the resumed run failed: $(first_error "$S/$tag.log")"
+    elif [ "${RESUME_FROM:-}" != none ] &&
+         ! grep -q "^resumed from .*step_0000000${RESUME_FROM:-[0-9]}$" "$S/$tag.log"; then
+        fail "$name" "did not resume from step ${RESUME_FROM:-a checkpoint}: $(head -n 3 \
+            "$S/$tag.log" | tr '\n' ' ')"
+    elif ! same "$tag" "$clean"; then
+        fail "$name" "$WHY"
+    else
+        pass "$name"
+    fi
+}
+
+# -- 1. Outputs checked before the first step ----------------------------------------------
+
+# startup NAME WANT ARGS...: the one-rank program with ARGS fails at once (status 1, no step
+# run) with the first error line WANT.
+startup() {
+    local name=$1 want=$2
+    shift 2
+    run "$P1" 1 "$name" "$@" > /dev/null 2>&1
+    local rc=$? got
+    got=$(grep -m1 "error:" "$S/$name.log")
+    if [ $rc != 1 ]; then fail "$name" "status $rc, want 1: $got"
+    elif [ "$got" != "$want" ]; then fail "$name" "got '$got', want '$want'"
+    elif [ -s "$S/$name.jsonl" ] || grep -q "^step" "$S/$name.log"; then
+        fail "$name" "a step ran before the error"
+    else pass "$name"
+    fi
+}
+touch "$S/a-file"
+mkdir -p "$S/a-dir"
+startup save-unwritable "$S/a-file/model.safetensors: error: cannot create its directory: Not\
+ a directory (--save); checked before training, nothing was run" \
+    --save "$S/a-file/model.safetensors"
+startup save-is-dir "$S/a-dir: error: is a directory (--save takes a file name); checked\
+ before training, nothing was run" --save "$S/a-dir"
+startup ckpt-unwritable "$S/a-file/ck: error: cannot create the checkpoint directory: Not a\
+ directory (--ckpt-dir); checked before training, nothing was run" \
+    --ckpt-dir "$S/a-file/ck" --ckpt-every 2
+startup log-unwritable "$S/a-file/log.jsonl: error: cannot write the log: Not a directory\
+ (--log); checked before training, nothing was run" --log "$S/a-file/log.jsonl"
+# directories that do not exist yet are made
+if run "$P1" 1 mkdirs --save "$S/new/a/model.safetensors" --ckpt-dir "$S/new/b/ck" \
+        --ckpt-every 4 > /dev/null 2>&1 && [ -f "$S/new/a/model.safetensors" ] &&
+   [ -d "$S/new/b/ck/step_00000008" ]; then pass mkdirs
+else fail mkdirs "--save and --ckpt-dir in new directories: $(first_error "$S/mkdirs.log")"
+fi
+
+# -- 2. A full disk: at start-up, and in the middle of the run ---------------------------------
+
+TMPFS=$S/tmpfs
+mkdir -p "$TMPFS"
+if mount -t tmpfs -o size=64k tmpfs "$TMPFS" 2> /dev/null; then
+    trap 'umount "$TMPFS" 2> /dev/null' EXIT
+    run "$P1" 1 disk-startup --ckpt-dir "$TMPFS/ck" --ckpt-every 2 > /dev/null 2>&1
+    got=$(grep -m1 "error:" "$S/disk-startup.log")
+    if [[ $? == 0 && $got == "$TMPFS/ck: error: not enough free space for a resume checkpoint"* &&
+          $got == *"checked before training, nothing was run" ]] &&
+       ! grep -q "^step" "$S/disk-startup.log"; then
+        pass disk-startup
+    else
+        fail disk-startup "want the free-space error before any step, got: $got"
+    fi
+    # room for one checkpoint and a half: step 2 is written, step 4 runs out of space
+    CK=$(stat -c %s "$S/ck-clean1/step_00000002/rank_00000.bin")
+    umount "$TMPFS"
+    mount -t tmpfs -o size=$((CK * 3 / 2 + 65536)) tmpfs "$TMPFS"
+    run "$P1" 1 disk-full --ckpt-dir "$TMPFS/ck" --ckpt-every 2 > /dev/null 2>&1
+    rc=$?
+    got=$(grep -m1 "cannot write the checkpoint" "$S/disk-full.log")
+    if [ $rc = 0 ]; then fail disk-full "the run filled the disk and still exited 0"
+    elif [[ $got != *"step_00000004.tmp/rank_00000.bin: cannot write the checkpoint of step 4:"*"No space left on device"* ]]; then
+        fail disk-full "want the failed write named, got: $(first_error "$S/disk-full.log")"
+    elif [ ! -d "$TMPFS/ck/step_00000002" ] || [ -e "$TMPFS/ck/step_00000004" ] ||
+         [ -e "$TMPFS/ck/step_00000004.tmp/rank_00000.bin" ]; then
+        fail disk-full "want step 2 complete, no step 4 and no partial file: $(ls "$TMPFS/ck")"
+    else
+        pass disk-full
+        # the user makes room; the resumed run cleans up and ends as the clean one
+        mount -o remount,size=$((CK * 6 + 65536)) "$TMPFS"
+        RESUME_FROM=2 resumed disk-full-resume "$P1" 1 disk-full clean1 --ckpt-dir "$TMPFS/ck" \
+            --ckpt-every 2
+        grep -q "^removed $TMPFS/ck/step_00000004.tmp" "$S/disk-full.log" ||
+            fail disk-full-clean "the resumed run did not remove step_00000004.tmp"
+    fi
+    umount "$TMPFS"
+    trap - EXIT
+else
+    skip disk-startup "cannot mount a tmpfs here (needs root)"
+    skip disk-full "cannot mount a tmpfs here (needs root)"
+fi
+
+# -- 3. Killed while writing a checkpoint, at every point --------------------------------------
+
+# kill_points NAME PROG WORLD CLEAN RANK: kill RANK at the K-th point of checkpoint writing
+# (GPT_FAULT=kill_ckpt@K:RANK, SIGKILL as a lost node), then resume; every resumed run must end
+# as CLEAN, and --save's file must never exist half-written. The points: the first 4, then
+# about 16 spread over the run (every checkpoint and --save), then the last 3; the number a
+# whole run passes comes from a run with a kill point it never reaches.
+kill_points() {
+    local name=$1 prog=$2 world=$3 clean=$4 rank=$5 bad="" ran=0 total k
+    rm -rf "$S/ck-kill"
+    GPT_FAULT=kill_ckpt@1000000:$rank run "$prog" "$world" kill --ckpt-dir "$S/ck-kill" \
+        --ckpt-every 2 --save "$S/kill.safetensors" > /dev/null 2>&1
+    total=$(sed -n "s/^train: rank $rank: GPT_FAULT: \([0-9]*\) points .*/\1/p" "$S/kill.log")
+    if [ -z "$total" ] || [ "$total" -lt 8 ]; then
+        fail "$name" "a run passes ${total:-no} points of checkpoint writing: $(first_error \
+            "$S/kill.log")"
+        return
+    fi
+    local stride=$(((total + 15) / 16)) points=""
+    for ((k = 1; k <= total; k++)); do
+        if [ $k -le 4 ] || [ $((k % stride)) = 0 ] || [ $k -gt $((total - 3)) ]; then
+            points="$points $k"
+        fi
+    done
+    for k in $points; do
+        rm -rf "$S/ck-kill" "$S/kill.safetensors"
+        GPT_FAULT=kill_ckpt@$k:$rank run "$prog" "$world" kill --ckpt-dir "$S/ck-kill" \
+            --ckpt-every 2 --save "$S/kill.safetensors" > /dev/null 2>&1
+        local rc=$?
+        if [ $rc = 0 ]; then bad="point $k of $total: not killed"; break; fi
+        ran=$((ran + 1))
+        if [ -e "$S/kill.safetensors" ]; then
+            bad="point $k of $total: --save's file exists after the kill"
+            break
+        fi
+        RESUME_FROM=none resumed "$name-$k" "$prog" "$world" kill "$clean" \
+            --ckpt-dir "$S/ck-kill" --ckpt-every 2 > "$S/kill-$k.verdict"
+        if ! grep -q "^PASS" "$S/kill-$k.verdict"; then
+            bad="point $k of $total: $(cat "$S/kill-$k.verdict")"
+            break
+        fi
+    done
+    if [ -n "$bad" ]; then fail "$name" "$bad"
+    else
+        echo "  $name: killed at $ran of the $total points of checkpoint writing (rank $rank)," \
+            "each resumed bit-exactly" >> "$S/summary.txt"
+        pass "$name"
+    fi
+}
+kill_points kill-every-point "$P1" 1 clean1 0
+[ -n "$P4" ] && kill_points kill-every-point-rank3 "$P4" 4 clean4 3
+
+# -- 4. Preemption: signals, time limits --------------------------------------------------------
+
+# stopped NAME TAG STEP: TAG's run exited 0 saying it saved step STEP, which is complete.
+stopped() {
+    local name=$1 tag=$2 step=$3 rc=$4
+    if [ "$rc" != 0 ]; then fail "$name" "status $rc: $(first_error "$S/$tag.log")"; return 1; fi
+    if ! grep -q "^stopped by .* after step $step of $STEPS: saved $S/ck-$tag/step_0000000$step;\
+ continue with --resume$" "$S/$tag.log"; then
+        fail "$name" "no 'stopped ... saved' line for step $step: $(tail -n 1 "$S/$tag.log")"
+        return 1
+    fi
+}
+
+# SIGTERM raised by the rank itself at the start of step 3 (GPT_FAULT=signal): the step ends,
+# step 3 is saved, the job exits 0; --resume ends as the clean run.
+GPT_FAULT=signal@3 run "$P1" 1 sigterm --ckpt-dir "$S/ck-sigterm" --save "$S/sigterm.safetensors"
+stopped sigterm sigterm 3 $? && [ ! -e "$S/sigterm.safetensors" ] && pass sigterm
+RESUME_FROM=3 resumed sigterm-resume "$P1" 1 sigterm clean1 --ckpt-dir "$S/ck-sigterm"
+
+# --exit-signal picks the signals: SIGUSR2 only; and "none" leaves SIGTERM's default action
+GPT_FAULT=signal@2 run "$P1" 1 sigusr2 --ckpt-dir "$S/ck-sigusr2" --exit-signal USR2
+stopped exit-signal sigusr2 2 $? && grep -q "^stopped by SIGUSR2" "$S/sigusr2.log" &&
+    pass exit-signal
+(GPT_FAULT=signal@2 run "$P1" 1 signone --ckpt-dir "$S/ck-signone" --exit-signal none) \
+    2> /dev/null     # no "Terminated" from bash
+rc=$?
+if [ $rc = 143 ] && [ ! -e "$S/ck-signone/step_00000002" ]; then pass exit-signal-none
+else fail exit-signal-none "status $rc, want 143 (killed by SIGTERM, nothing saved)"
+fi
+
+# --exit-interval 3 (Megatron's): saved after step 3, exit 0; resumed to the end
+run "$P1" 1 interval --ckpt-dir "$S/ck-interval" --exit-interval 3
+stopped exit-interval interval 3 $? && pass exit-interval
+RESUME_FROM=3 resumed exit-interval-resume "$P1" 1 interval clean1 --ckpt-dir "$S/ck-interval"
+
+# --exit-duration-in-mins 1e-9: over at once, so the first step is the last
+run "$P1" 1 duration --ckpt-dir "$S/ck-duration" --exit-duration-in-mins 1e-9
+stopped exit-duration duration 1 $? && grep -q "^stopped by --exit-duration-in-mins" \
+    "$S/duration.log" && pass exit-duration
+
+# A second signal while the checkpoint is being written (stalled by GPT_FAULT=stall_ckpt at its
+# first point): the rank stops at once, status 128 + 15, and the incomplete checkpoint is ignored.
+(GPT_FAULT=signal@3,stall_ckpt@1 run "$P1" 1 second --ckpt-dir "$S/ck-second"
+ echo $? > "$S/second.rc") &
+for _ in $(seq 200); do [ -d "$S/ck-second/step_00000003.tmp" ] && break; sleep 0.05; done
+sleep 0.2
+pkill -TERM -f "^$P1 " 
+wait
+if [ "$(cat "$S/second.rc")" = 143 ] &&
+   grep -q "^train: rank 0: a second signal: stopping now, without a checkpoint" "$S/second.log" &&
+   [ ! -e "$S/ck-second/step_00000003" ]; then
+    pass second-signal
+    RESUME_FROM=none resumed second-signal-resume "$P1" 1 second clean1 --ckpt-dir "$S/ck-second"
+else
+    fail second-signal "status $(cat "$S/second.rc"), want 143: $(tail -n 1 "$S/second.log")"
+fi
+
+# --exit-grace 1 with a checkpoint that would take a minute: aborted after a second
+SECONDS=0
+GPT_FAULT=signal@3,stall_ckpt@1 run "$P1" 1 grace --ckpt-dir "$S/ck-grace" --exit-grace 1
+rc=$?
+if [ $rc = 1 ] && [ $SECONDS -lt 20 ] &&
+   grep -q "^train: rank 0: --exit-grace 1 s ran out: stopping now" "$S/grace.log"; then
+    pass exit-grace
+else
+    fail exit-grace "status $rc after ${SECONDS}s, want 1 within 20 s: $(tail -n 1 "$S/grace.log")"
+fi
+
+# Several ranks: SIGTERM sent to every rank at once (as Slurm does to each task) in the middle
+# of the run, and SIGUSR1 sent to mpirun (which passes it on); both resume bit-exactly.
+preempt() {
+    local name=$1 target=$2 sig=$3
+    rm -rf "$S/ck-$name"
+    (run "$P4" 4 "$name" --ckpt-dir "$S/ck-$name" --steps 400 --decay-steps 400 \
+         --save "$S/$name.safetensors"; echo $? > "$S/$name.rc") &
+    local n
+    for _ in $(seq 600); do
+        n=$(grep -c '"step"' "$S/$name.jsonl" 2> /dev/null)
+        [ "${n:-0}" -ge 5 ] && break
+        sleep 0.05
+    done
+    pkill "-$sig" -f "$target"
+    wait
+    local at
+    at=$(sed -n "s/^stopped by SIG$sig after step \([0-9]*\) of 400: saved .*/\1/p" "$S/$name.log")
+    if [ "$(cat "$S/$name.rc")" != 0 ] || [ -z "$at" ]; then
+        fail "$name" "status $(cat "$S/$name.rc"), no 'stopped by SIG$sig' line: $(tail -n 2 \
+            "$S/$name.log" | tr '\n' ' ')"
+        return
+    fi
+    pass "$name"
+    # the clean run to 400 steps, once
+    if [ ! -f "$S/clean400.safetensors" ]; then
+        run "$P4" 4 clean400 --steps 400 --decay-steps 400 --save "$S/clean400.safetensors" \
+            > /dev/null 2>&1
+    fi
+    RESUME_FROM=none resumed "$name-resume" "$P4" 4 "$name" clean400 --ckpt-dir "$S/ck-$name" \
+        --steps 400 --decay-steps 400
+}
+if [ -n "$P4" ]; then
+    preempt preempt-ranks "^$P4 " TERM
+    preempt preempt-mpirun "^mpirun .*$P4 " USR1
+fi
+
+# -- 5. Bad numbers ------------------------------------------------------------------------------
+
+# A NaN gradient at step 3: the job stops (status 1) naming the step, the rank and the tensor;
+# nothing after step 2 was applied (its checkpoint at step 2 resumes to the clean run).
+GPT_FAULT=nan_grad@3 run "$P1" 1 nan --ckpt-dir "$S/ck-nan" --ckpt-every 2 > /dev/null 2>&1
+rc=$?
+if [ $rc = 1 ] &&
+   grep -q "^train: error: step 3: loss [0-9.]*, gradient norm nan: not finite; stopping\
+ (--skip-bad-steps N skips such steps); the parameters and optimizer state are those before\
+ step 3$" "$S/nan.log" &&
+   grep -q "^train: rank 0 (stage 0, tp 0, dp 0): the first gradient that is not finite is\
+ [a-z_.0-9]*, element 0 of this rank's part: nan$" "$S/nan.log"; then
+    pass nan-stops
+    RESUME_FROM=2 resumed nan-resume "$P1" 1 nan clean1 --ckpt-dir "$S/ck-nan" --ckpt-every 2
+else
+    fail nan-stops "status $rc: $(grep -m2 train: "$S/nan.log" | tr '\n' ' ')"
+fi
+
+# An infinite loss: stopped the same way, and "every gradient is finite" (none is poisoned)
+GPT_FAULT=inf_loss@2 run "$P1" 1 inf > /dev/null 2>&1
+rc=$?
+if [ $rc = 1 ] && grep -q "^train: error: step 2: loss inf, gradient norm" "$S/inf.log" &&
+   grep -q "^train: every gradient is finite: the loss alone is not$" "$S/inf.log"; then
+    pass inf-loss-stops
+else
+    fail inf-loss-stops "status $rc: $(grep -m2 train: "$S/inf.log" | tr '\n' ' ')"
+fi
+
+# --skip-bad-steps 2: steps 3 (NaN gradient) and 5 (infinite loss) are skipped and logged; a
+# skipped step changes neither the parameters nor the optimizer state (the checkpoints after
+# steps 2 and 3 hold the same state bytes) and does not advance the schedule or Adam's step
+# count (step 4 runs at step 3's rate); a third bad step stops the job.
+GPT_FAULT=nan_grad@3,inf_loss@5 run "$P1" 1 skip --skip-bad-steps 2 --ckpt-dir "$S/ck-skip" \
+    --ckpt-every 1 --save "$S/skip.safetensors" > /dev/null 2>&1
+rc=$?
+H=64    # bytes of a checkpoint file's header (lib/train.c ckpt_header)
+lr() { sed -n "s/^{\"step\":$1,.*\"lr\":\([^,]*\),.*/\1/p" "$S/skip.jsonl"; }
+if [ $rc != 0 ]; then fail skip-bad-steps "status $rc: $(first_error "$S/skip.log")"
+elif [ "$(grep -c '"skipped":true' "$S/skip.jsonl")" != 2 ] ||
+     ! grep -q '^{"step":3,"loss":[0-9.]*,"lr":[^,]*,"grad_norm":null,.*"skipped":true}$' \
+        "$S/skip.jsonl" ||
+     ! grep -q '^{"step":5,"loss":null,.*"skipped":true}$' "$S/skip.jsonl"; then
+    fail skip-bad-steps "the log does not show steps 3 and 5 skipped: $(grep -c skipped \
+        "$S/skip.jsonl")"
+elif ! cmp -s <(tail -c +$((H + 1)) "$S/ck-skip/step_00000002/rank_00000.bin") \
+              <(tail -c +$((H + 1)) "$S/ck-skip/step_00000003/rank_00000.bin"); then
+    fail skip-bad-steps "the skipped step 3 changed the parameters or optimizer state"
+elif [ "$(lr 3)" != "$(lr 4)" ] || [ "$(lr 5)" != "$(lr 6)" ]; then
+    fail skip-bad-steps "a skipped step advanced the schedule: lr $(lr 3) $(lr 4) $(lr 5) $(lr 6)"
+else
+    pass skip-bad-steps
+fi
+GPT_FAULT=nan_grad@2,nan_grad@4,nan_grad@6 run "$P1" 1 skip3 --skip-bad-steps 2 \
+    > /dev/null 2>&1
+rc=$?
+if [ $rc = 1 ] && grep -q "^train: error: step 6: .*(more than --skip-bad-steps such steps)" \
+        "$S/skip3.log"; then pass skip-bad-steps-limit
+else fail skip-bad-steps-limit "status $rc: $(first_error "$S/skip3.log")"
+fi
+
+# A skipped step is resumed bit-exactly too (the checkpoint keeps the updates and skips made):
+# stop the skipping run after step 4 and resume it; it must end as the uninterrupted one.
+rm -rf "$S/ck-skipr"
+GPT_FAULT=nan_grad@3,inf_loss@5 run "$P1" 1 skipr --skip-bad-steps 2 --ckpt-dir "$S/ck-skipr" \
+    --exit-interval 4 > /dev/null 2>&1
+GPT_FAULT=inf_loss@5 RESUME_FROM=4 resumed skip-resume "$P1" 1 skipr skip --skip-bad-steps 2 \
+    --ckpt-dir "$S/ck-skipr"
+
+# Several ranks: a NaN in rank 2's part only (PP 2 DP 2 with the distributed optimizer, after
+# the reduce-scatter): every rank stops, and the message names rank 2 and its tensor.
+if [ -n "$P4" ]; then
+    GPT_FAULT=nan_grad@2:2 run "$P4" 4 nan4 > /dev/null 2>&1
+    rc=$?
+    if [ $rc != 0 ] && grep -q "^train: error: step 2: .*gradient norm nan" "$S/nan4.log" &&
+       grep -q "^train: rank 2 (stage 1, tp 0, dp 0): the first gradient that is not finite is" \
+            "$S/nan4.log"; then
+        pass nan-rank
+    else
+        fail nan-rank "status $rc: $(grep -m2 "train:" "$S/nan4.log" | tr '\n' ' ')"
+    fi
+fi
+
+# A bad GPT_FAULT is a usage error, not a silent clean run
+GPT_FAULT=nan_grad@0 run "$P1" 1 badfault > /dev/null 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "^train: error: GPT_FAULT='nan_grad@0': expected KIND@N\[:RANK\]" \
+        "$S/badfault.log"; then pass bad-fault-spec
+else fail bad-fault-spec "status $rc: $(first_error "$S/badfault.log")"
+fi
+
+finish
