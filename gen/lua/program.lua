@@ -82,8 +82,16 @@ function M.sizes(cfg)
     return s
 end
 
+local FLT_MIN, FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38
+
 local function const(list, name, kind, value, comment)
     if kind == "int" then check_int(value, name) end
+    -- a float the model's numbers make out of range would not compile, or be 0 or inf
+    if kind == "float" and (value ~= value or math.abs(value) > FLT_MAX or
+                            (value ~= 0 and math.abs(value) < FLT_MIN)) then
+        diag.error(nil, "%s = %g (%s) does not fit a float (1.2e-38 to 3.4e+38, or 0): " ..
+                   "change the model's coefficient", name, value, comment)
+    end
     list[#list + 1] = ir.Const { name = name, kind = kind, value = value, comment = comment }
 end
 

@@ -1,0 +1,1 @@
+tests/errors/hostile_float_derived.lua
