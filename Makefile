@@ -53,6 +53,11 @@ RECOMPUTE_LAYERS ?=
 RECOMPUTE_MODULES ?=
 RANK          ?=
 
+# make test SANITIZE=1: the suites below, built with ASan + UBSan in a copy of the tree
+# (build/sanitize/: tests/fuzz/sanitize.sh); `make test SUITE=x SANITIZE=1` picks others.
+SANITIZE  ?=
+SANITIZE_SUITES ?= tmpl runtime train fuzz
+
 # make run: training flags and the demo defaults (tiny on the fortunes corpus).
 STEPS     ?= 200
 DATA      ?= data/corpus.bin
@@ -81,6 +86,15 @@ DNNL_LIBS   = -ldnnl -lgomp
 HAVE_DNNL   = $(shell $(CC) -E -include oneapi/dnnl/dnnl.h -x c /dev/null >/dev/null 2>&1 \
                 && echo 1)
 
+# Inside that copy (marked by the file .sanitize-tree) every C compile and link is sanitized:
+# the generator, the runtime, the library, the tools, the reference and generated programs.
+SANITIZE_TREE := $(wildcard .sanitize-tree)
+ifneq ($(SANITIZE_TREE),)
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+override CC    := $(CC) $(SAN_FLAGS)
+override MPICC := $(MPICC) $(SAN_FLAGS)
+endif
+
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS_C := -std=c11 $(OPT) -g $(WARN) -MMD -MP
 
@@ -88,7 +102,15 @@ CFLAGS_C := -std=c11 $(OPT) -g $(WARN) -MMD -MP
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h -o -f /usr/include/nccl.h && echo 1)
 HAVE_CUBLAS := $(shell test -f $(CUDA_HOME)/include/cublas_v2.h && echo 1)
-HAVE_CUDA := $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS))
+# (not in the sanitizer build: nvcc takes no -fsanitize, the CUDA backend is not checked there)
+HAVE_CUDA := $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS),$(if $(SANITIZE_TREE),,1))
+
+# Without MPI (no $(MPICC)): the library and generated code call no MPI, so $(CC) compiles
+# them, and `make MODEL=...` builds only the single-rank programs of a layout of one rank.
+HAVE_MPI := $(shell command -v $(firstword $(MPICC)) >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_MPI),)
+override MPICC := $(CC)
+endif
 
 ALL_TARGETS :=
 CLEAN_FILES :=
@@ -149,7 +171,13 @@ model: gen
 .PHONY: build-gen-dir
 ifdef GEN_DIR
 include $(GEN_DIR)/build.mk
-build-gen-dir: $(GEN_TARGETS)
+# A layout of one rank also gets the single-rank programs without MPI (train_single, ...).
+GEN_WORLD := $(shell sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' \
+                 $(GEN_DIR)/topology.json 2>/dev/null)
+build-gen-dir: $(if $(HAVE_MPI),$(GEN_TARGETS)) $(if $(filter 1,$(GEN_WORLD)),$(GEN_SINGLE_TARGETS))
+	@test -n "$(HAVE_MPI)" -o "$(GEN_WORLD)" = 1 || { echo "make: error: mpicc not found: a" \
+	    "layout of $(GEN_WORLD) ranks needs MPI (make deps); without it only layouts of one rank" \
+	    "build (train_single, train_cuda_single)"; exit 2; }
 endif
 
 # Generate, build and train on the CPU under mpirun (one rank runs directly).
@@ -159,7 +187,7 @@ run: model $(if $(filter data/corpus.bin,$(DATA)),data/corpus.bin)
 	$(Q)d=$$(build/gen --print-out $(GENFLAGS)); \
 	w=$$(sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' $$d/topology.json); \
 	if [ "$$w" -gt 1 ]; then set -x; $(MPIRUN) -np $$w $$d/train --data $(DATA) --steps $(STEPS) $(RUN_ARGS); \
-	else set -x; $$d/train --data $(DATA) --steps $(STEPS) $(RUN_ARGS); fi
+	else set -x; $$d/$(if $(HAVE_MPI),train,train_single) --data $(DATA) --steps $(STEPS) $(RUN_ARGS); fi
 
 print-out: need-model build/gen
 	@build/gen --print-out $(GENFLAGS)
@@ -174,7 +202,7 @@ topology: need-model build/gen
 	$(Q)build/gen --topology-only $(GENFLAGS)
 
 DEBS := gcc make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
-        libopenblas-dev libdnnl-dev fortunes python3-numpy
+        libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -182,8 +210,13 @@ deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all present"; fi
 
+ifeq ($(SANITIZE)$(SANITIZE_TREE),1)
+test:
+	$(Q)tests/fuzz/sanitize.sh $(or $(SUITE),$(SANITIZE_SUITES))
+else
 test: all
 	$(Q)tests/run.sh $(SUITE)
+endif
 
 # The fast tier for the edit-compile loop: the generator alone (no MPI runs, no C of a model).
 CHECK_SUITES := tmpl lua golden errors
@@ -201,12 +234,14 @@ help:
 	@echo "make deps                     install the Debian packages (needs root)"
 	@echo "make run [MODEL=tiny ...]     generate, build and train on the CPU (demo: tiny, fortunes)"
 	@echo "make MODEL=m TP= PP= DP= ...  generate out/<dir> and build train (+ train_cuda)"
+	@echo "                              (world 1: + train_single, train_cuda_single: no MPI)"
 	@echo "make gen MODEL=m ...          only generate"
 	@echo "make topology MODEL=m ...     only the build-time picture (any layout)"
 	@echo "make inspect MODEL=m ... [RANK=r]   print the report of all ranks, or of rank r"
 	@echo "make print-out MODEL=m ...    print the output directory"
 	@echo "make data                     build data/corpus.bin from Debian's fortunes"
 	@echo "make test [SUITE=name]        run the tests; ends with 'N passed, N failed, N skipped'"
+	@echo "make test SANITIZE=1          $(SANITIZE_SUITES) under ASan + UBSan (build/sanitize/)"
 	@echo "make check                    the fast tier: $(CHECK_SUITES) (seconds)"
 	@echo "make golden-update            rewrite the golden outputs (review the diff)"
 	@echo "make clean                    remove build/ and out/"
@@ -220,6 +255,7 @@ echo:
 	@echo "OPT=$(OPT) GEN_OPT=$(GEN_OPT)"
 	@echo "LUA_CFLAGS=$(LUA_CFLAGS) LUA_LIBS=$(LUA_LIBS)"
 	@echo "BLAS_CFLAGS=$(BLAS_CFLAGS) BLAS_LIBS=$(BLAS_LIBS)"
+	@echo "mpicc: $(if $(HAVE_MPI),found,not found: single-rank programs only (train_single))"
 	@echo "nvcc: $(if $(HAVE_NVCC),found,not found)  NCCL: $(if $(HAVE_NCCL),found,not found)" \
 	      " cuBLAS: $(if $(HAVE_CUBLAS),found,not found)" \
 	      " -> cuda backend $(if $(HAVE_CUDA),enabled,disabled)"

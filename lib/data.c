@@ -218,12 +218,13 @@ static void mm_open(mm_dataset *m, const char *prefix)
         if (m->len[i] < 0 || m->ptr[i] < 0)
             lib_fail_file(m->idx, "sequence %lld has length %d at byte %lld: corrupt index", i,
                           m->len[i], (long long)m->ptr[i]);
-        long long end = m->ptr[i] + (long long)m->len[i] * m->width;
-        if (end > (long long)st.st_size)
+        /* unsigned: a pointer near 2^63 plus the length must not overflow (tests/fuzz) */
+        uint64_t end = (uint64_t)m->ptr[i] + (uint64_t)m->len[i] * (uint64_t)m->width;
+        if (end > (uint64_t)st.st_size)
             lib_fail_file(m->bin, "truncated: sequence %lld (%d %s tokens at byte %lld) ends at "
-                          "byte %lld, the file has %lld bytes", i, m->len[i],
-                          mm_dtype_name[m->code], (long long)m->ptr[i], end,
-                          (long long)st.st_size);
+                          "byte %llu, the file has %lld bytes", i, m->len[i],
+                          mm_dtype_name[m->code], (long long)m->ptr[i],
+                          (unsigned long long)end, (long long)st.st_size);
         m->ntok += m->len[i];
     }
     if (m->ntok < 2)

@@ -150,6 +150,7 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
         if (!strcmp(a, "--data")) f->data = flag_value(argc, argv, &i);
         else if (!strcmp(a, "--data-path")) {
             f->data_path = argv + i + 1;        /* its words: up to the next flag */
+            f->ndata_path = 0;                  /* given twice: the last one counts */
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, f->ndata_path++;
             if (!f->ndata_path) lib_fail_all(2, "--data-path needs [WEIGHT] PREFIX ...");
         } else if (!strcmp(a, "--data-seed")) {

@@ -12,6 +12,10 @@ LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
 
 GPT_CPU_LIBS  = -Lbuild -lgpt_cpu $(RT_CPU_LIBS)
 GPT_CUDA_LIBS = -Lbuild -lgpt_cuda $(RT_CUDA_LIBS)
+# Single-rank programs without MPI, linked by $(CC): the same library (it calls no MPI itself)
+# over the runtime's single-rank build (runtime/runtime.mk).
+GPT_CPU_SINGLE_LIBS  = -Lbuild -lgpt_cpu $(RT_CPU_SINGLE_LIBS)
+GPT_CUDA_SINGLE_LIBS = -Lbuild -lgpt_cuda $(RT_CUDA_SINGLE_LIBS)
 
 $(LIB_BUILD)/%.o: lib/%.c | $(LIB_BUILD)
 	$(E) "MPICC     $@"

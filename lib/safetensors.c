@@ -33,17 +33,26 @@ const char *st_dtype_text(st_dtype t)
     return t < ST_UNKNOWN ? dtypes[t].name : "?";
 }
 
+/* The product of the shape; -1 when a dimension is negative or the product exceeds 2^60 (a
+** corrupt header, found by tests/fuzz: st_extent_ok then fails). */
 long long st_numel(const st_tensor *t)
 {
     long long n = 1;
-    for (int i = 0; i < t->ndim && i < ST_MAX_DIMS; i++) n *= t->shape[i];
+    for (int i = 0; i < t->ndim && i < ST_MAX_DIMS; i++) {
+        long long d = t->shape[i];
+        if (d < 0 || (d > 0 && n > (1ll << 60) / d)) return -1;
+        n *= d;
+    }
     return n;
 }
 
 int st_extent_ok(const st_file *f, const st_tensor *t)
 {
-    long long bytes = st_numel(t) * st_dtype_size(t->dtype);
-    return t->begin >= 0 && t->end - t->begin == bytes && f->data + t->end <= f->size;
+    long long n = st_numel(t);
+    if (n < 0) return 0;
+    long long bytes = n * st_dtype_size(t->dtype);   /* < 2^63: n <= 2^60, sizes <= 8 */
+    return t->begin >= 0 && t->end >= t->begin && t->end - t->begin == bytes &&
+           t->end <= f->size - f->data;
 }
 
 /* -- JSON ------------------------------------------------------------------------------------ */
@@ -545,7 +554,8 @@ int st_index_read(st_index *ix, const char *path, char *err, size_t cap)
     }
     if (!j.what) {
         for (int k = 0; k < ix->n; k++) ix->byname[k] = &ix->map[k];
-        qsort(ix->byname, (size_t)ix->n, sizeof *ix->byname, by_name);
+        if (ix->n)   /* an empty weight_map: byname is NULL, which qsort may not get */
+            qsort(ix->byname, (size_t)ix->n, sizeof *ix->byname, by_name);
         for (int k = 1; k < ix->n; k++)
             if (!strcmp(ix->byname[k - 1]->name, ix->byname[k]->name)) {
                 const st_entry *e = ix->byname[k];

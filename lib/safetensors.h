@@ -67,7 +67,8 @@ void st_close(st_file *f);                       /* closes the file, frees the l
 const st_tensor *st_find(const st_file *f, const char *name);  /* first of that name, or NULL */
 int         st_dtype_size(st_dtype t);                          /* 0 for ST_UNKNOWN */
 const char *st_dtype_text(st_dtype t);
-long long   st_numel(const st_tensor *t);                       /* product of the shape */
+/* the product of the shape; -1 for a negative dimension or a product over 2^60 */
+long long   st_numel(const st_tensor *t);
 /* Whether t's data_offsets span exactly its elements and lie inside the file. */
 int         st_extent_ok(const st_file *f, const st_tensor *t);
 

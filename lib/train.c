@@ -345,8 +345,8 @@ static int tensor_named(const char *name)
 
 /* A resume checkpoint's file header. Version 3 adds the optimizer updates made (steps not
 ** skipped) and the steps skipped; version 2 files load with updates = step. */
-#define CKPT_MAGIC  0x33544b4350545047ull   /* "GPTCKPT3" little-endian */
-#define CKPT_MAGIC2 0x32544b4350545047ull   /* "GPTCKPT2" */
+#define CKPT_MAGIC  0x33544b4350545047ull   /* the bytes "GPTPCKT3" */
+#define CKPT_MAGIC2 0x32544b4350545047ull   /* the bytes "GPTPCKT2" */
 
 typedef struct {
     unsigned long long magic, world, stage, step, nbytes, seed, updates, skipped;
@@ -463,7 +463,7 @@ static void signals_install(const lib_flags *f)
     sa.sa_flags = SA_RESTART;
     sa.sa_handler = on_exit_signal;
     for (int sig = 1; sig < 32; sig++)
-        if (f->exit_signals & 1 << sig) sigaction(sig, &sa, NULL);
+        if ((unsigned)f->exit_signals & 1u << sig) sigaction(sig, &sa, NULL);
     sa.sa_handler = on_grace_alarm;
     sigaction(SIGALRM, &sa, NULL);
 }
@@ -473,7 +473,7 @@ static int first_exit_signal(const lib_flags *f)
 {
     if (f->exit_signals & 1 << SIGTERM) return SIGTERM;
     for (int sig = 1; sig < 32; sig++)
-        if (f->exit_signals & 1 << sig) return sig;
+        if ((unsigned)f->exit_signals & 1u << sig) return sig;
     return SIGTERM;
 }
 

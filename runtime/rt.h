@@ -5,9 +5,10 @@
 ** include only this header and never ask which backend they run on. The runtime knows nothing
 ** about models. Layers, each calling only the ones below it: rt_common.c (log, failure text,
 ** watchdog, thread pool, scratch, trace; no MPI, no device) <- rt_mpi.c (MPI: start-up, groups,
-** host collectives and p2p, ending the job) <- rt_cpu.c / rt_cuda.cu (memory, GEMM, collectives
-** on device buffers, random numbers). What only the runtime's own tests need is in
-** rt_internal.h.
+** host collectives and p2p, ending the job; or rt_single.c, the same for a world of one rank
+** without MPI: build/librt_cpu_single.a, build/librt_cuda_single.a) <- rt_cpu.c / rt_cuda.cu
+** (memory, GEMM, collectives on device buffers, random numbers). What only the runtime's own
+** tests need is in rt_internal.h.
 **
 ** Linking (make variables from runtime/runtime.mk; compile with -Iruntime):
 **   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)     = -Lbuild -lrt_cpu <openblas> -ldnnl -lgomp ...

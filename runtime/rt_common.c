@@ -2,9 +2,11 @@
 ** rt_common.c: the bottom layer of the runtime, for both backends: dtypes, logging, failure
 ** messages, time, the polling back-off of the wait loops, the watchdog thread, the CPU thread
 ** pool (rt_parallel_for), per-thread scratch, bf16 bulk conversion, GEMM argument checks,
-** device memory accounting (rt_mem_stats), FNV-1a and the communication trace. It calls
-** nothing above it: no MPI (ending the job is the MPI layer's, reached through rt__end_job),
-** no device memory (it only counts the backends' blocks), nothing about models.
+** device memory accounting (rt_mem_stats), FNV-1a, the communication trace, and what the two
+** start-up layers (rt_mpi.c, rt_single.c) share: RT_TIMEOUT, the exit guard, group records and
+** their accessors, the first half of rt_abort. It calls nothing above it: no MPI (ending the
+** job is the start-up layer's, reached through rt__end_job), no device memory (it only counts
+** the backends' blocks), nothing about models.
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt__state, rt__poll, rt__scratch, rt__bf16_to_f32, ...
@@ -148,6 +150,244 @@ void rt_set_timeout(double seconds)
 double rt_timeout(void)
 {
     return rt__st.timeout;
+}
+
+/* -- Start-up, groups and ending the job: what rt_mpi.c and rt_single.c share ------------------ */
+
+rt_group *rt__world;
+void (*rt__abort_hook)(void) = NULL;
+void (*rt__status_hook)(rt_err_kind kind, int status, char *buf, size_t len) = NULL;
+
+static _Thread_local int tl_aborter;     /* this thread started the abort */
+
+/*
+** Read RT_TIMEOUT (seconds, >= 0; 0 = no watchdog) into the watchdog's deadline; a value that
+** is not a number dies naming it.
+*/
+void rt__read_timeout(void)
+{
+    const char *e = getenv("RT_TIMEOUT");
+    if (e && *e) {
+        char *end;
+        double v = strtod(e, &end);
+        if (*end || v < 0)
+            rt__die("RT_TIMEOUT='%s': expected seconds (a number >= 0; 0 = no watchdog)", e);
+        rt__st.timeout = v;
+    }
+}
+
+static void exit_guard(void)
+{
+    int aborting = __atomic_load_n(&rt__st.aborting, __ATOMIC_SEQ_CST);
+    if (rt__st.inited && !rt__st.finalized && !aborting)
+        rt__die("exited without rt_finalize (exit() or return from main before rt_finalize); "
+                "aborting the job");
+}
+
+/*
+** The end of a start-up (rank, world and the world group set): open the trace when RT_TRACE
+** names a directory, start the watchdog thread, mark the runtime started and arm the guard
+** that aborts the job when the process exits without rt_finalize.
+*/
+void rt__start_done(void)
+{
+    const char *trace = getenv("RT_TRACE");
+    if (trace && *trace)
+        rt__trace_open(trace, rt__st.rank);
+    rt__wd_start();
+    rt__st.inited = 1;
+    atexit(exit_guard);
+}
+
+/*
+** The end of a finalize, after the layer freed its communicators: stop the watchdog, free the
+** world group's record, mark the runtime finalized and write the trace.
+*/
+void rt__finalize_done(void)
+{
+    rt__wd_stop();
+    rt__group_release(rt__world);
+    rt__world = NULL;
+    rt__st.finalized = 1;
+    rt__trace_close();
+}
+
+/*
+** rt_abort's first half: the first caller flushes the trace and runs the backend's abort hook
+** once (a failure inside the hook goes straight on), then returns to end the process; a
+** failure in another thread during the abort parks that thread until the process is killed.
+*/
+void rt__abort_begin(void)
+{
+    if (__atomic_exchange_n(&rt__st.aborting, 1, __ATOMIC_SEQ_CST)) {
+        if (!tl_aborter)
+            for (;;)
+                pause();
+        return;
+    }
+    tl_aborter = 1;
+    rt__trace_close();
+    if (rt__abort_hook) {
+        void (*hook)(void) = rt__abort_hook;
+        rt__abort_hook = NULL;
+        hook();
+    }
+}
+
+static const char *const err_kind_name[] = {
+#define RT_ERR_NAME(name, str) str,
+    RT_ERR_KINDS(RT_ERR_NAME)
+#undef RT_ERR_NAME
+};
+
+/*
+** rt_fail_status's message: "[rank r/w] file:line: NCCL error: <text> (ncclAllReduce)" -- the
+** called function's name is 'expr' up to its '(' -- then abort. 'text' NULL: the backend's
+** rt__status_hook gives it (without the hook, the number).
+*/
+void rt__fail_status(const char *file, int line, rt_err_kind kind, int status,
+                     const char *expr, const char *text)
+{
+    char buf[512] = "";
+    if (!text) {
+        if (rt__status_hook)
+            rt__status_hook(kind, status, buf, sizeof buf);
+        else
+            snprintf(buf, sizeof buf, "error %d", status);
+        text = buf;
+    }
+    int fn = (int)strcspn(expr, "(");
+    rt_fail(file, line, "%s error: %s (%.*s)",
+            (unsigned)kind < RT_NERR_KINDS ? err_kind_name[kind] : "runtime", text, fn, expr);
+}
+
+int rt_rank(void)       { return rt__st.rank; }
+int rt_world(void)      { return rt__st.world; }
+int rt_local_rank(void) { return rt__st.local_rank; }
+
+static int int_cmp(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+** Check rt_group_create's arguments on this rank (rt.h): started, named, n in 0..world, every
+** member a rank of the world and listed once, the caller among them. Dies naming the problem.
+** Returns the caller's position in 'members' (-1 when n is 0) and sets *lowest to the smallest
+** member (-1 when n is 0).
+*/
+int rt__group_validate(const char *name, const int *members, int n, int *lowest)
+{
+    RT_CHECK(rt__st.inited, "rt_group_create before rt_init");
+    RT_CHECK(name, "rt_group_create: a group needs a name");
+    if (n < 0 || n > rt__st.world || (n > 0 && !members))
+        rt__die("rt_group_create: group %s: bad member list (%d ranks, %s)", name, n,
+                members ? "set" : "NULL");
+    *lowest = -1;
+    if (n == 0)
+        return -1;
+    int pos = -1;
+    int *sorted = malloc((size_t)n * sizeof *sorted);
+    RT_CHECK(sorted, "out of memory");
+    for (int i = 0; i < n; i++) {
+        int r = members[i];
+        if (r < 0 || r >= rt__st.world)
+            rt__die("rt_group_create: group %s lists rank %d, outside the world of %d", name, r,
+                    rt__st.world);
+        if (r == rt__st.rank)
+            pos = i;
+        sorted[i] = r;
+    }
+    qsort(sorted, (size_t)n, sizeof *sorted, int_cmp);
+    for (int i = 1; i < n; i++)
+        if (sorted[i] == sorted[i - 1])
+            rt__die("rt_group_create: group %s lists rank %d twice", name, sorted[i]);
+    *lowest = sorted[0];
+    free(sorted);
+    if (pos < 0)
+        rt__die("rt_group_create: group %s: rank %d passed a group it is not in", name,
+                rt__st.rank);
+    return pos;
+}
+
+/* "group tp (ranks 0,1)" for messages; long lists are cut after 8 ranks. */
+static void make_desc(rt_group *g)
+{
+    int len = snprintf(g->desc, sizeof g->desc, "group %s (ranks ", g->name);
+    for (int i = 0; i < g->size && len < (int)sizeof g->desc - 24; i++) {
+        if (g->size > 12 && i == 8) {
+            len += snprintf(g->desc + len, sizeof g->desc - (size_t)len, "...,%d; %d ranks",
+                            g->members[g->size - 1], g->size);
+            break;
+        }
+        len += snprintf(g->desc + len, sizeof g->desc - (size_t)len, "%s%d", i ? "," : "",
+                        g->members[i]);
+    }
+    if (len < (int)sizeof g->desc - 1)
+        snprintf(g->desc + len, sizeof g->desc - (size_t)len, ")");
+}
+
+/*
+** A new group record on communicator 'comm' (owned by the record from now on, freed by the
+** layer): its name, a copy of the 'size' members and the description. The caller's position
+** (rank) is the layer's to set. Aborts when out of memory.
+*/
+rt_group *rt__group_alloc(rt__comm comm, const char *name, const int *members, int size)
+{
+    rt_group *g = calloc(1, sizeof *g);
+    RT_CHECK(g, "out of memory");
+    g->comm = comm;
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->size = size;
+    g->members = malloc((size_t)size * sizeof *g->members);
+    RT_CHECK(g->members, "out of memory");
+    memcpy(g->members, members, (size_t)size * sizeof *g->members);
+    make_desc(g);
+    return g;
+}
+
+/* Free a group record (its communicator is the layer's to free first); NULL is ignored. */
+void rt__group_release(rt_group *g)
+{
+    if (!g)
+        return;
+    free(g->members);
+    free(g);
+}
+
+rt_group *rt__group_check(rt_group *g, const char *op)
+{
+    if (!g)
+        rt__die("%s on a NULL group (this rank is in no group of that kind; "
+                "use rt_group_world() for all ranks)", op);
+    return g;
+}
+
+/* Accessors (a NULL group aborts); the world group exists from rt_init to rt_finalize. */
+rt_group *rt_group_world(void)
+{
+    return rt__world;
+}
+
+int rt_group_rank(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_rank")->rank;
+}
+
+int rt_group_size(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_size")->size;
+}
+
+const char *rt_group_name(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_name")->name;
+}
+
+const int *rt_group_members(const rt_group *g)
+{
+    return rt__group_check((rt_group *)g, "rt_group_members")->members;
 }
 
 /* -- Polling back-off ---------------------------------------------------------------------- */

@@ -10,9 +10,16 @@
 
 #include "rt.h"     // defines: rt_group, rt_dtype, rt_op, rt_p2p_op, rt_fail, RT_CHECK, ...
 
+#ifdef RT_NO_MPI
+/* The single-rank build (rt_single.c, -DRT_NO_MPI): no MPI header; a group's communicator is
+** an opaque handle that stays NULL. */
+typedef void *rt__comm;
+#else
 #define OMPI_SKIP_MPICXX 1      /* C bindings only, also under nvcc */
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+typedef MPI_Comm rt__comm;
+#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -50,7 +57,7 @@ void rt__die(const char *fmt, ...) RT_PRINTF(1, 2) RT_NORETURN;
 /* -- Groups -------------------------------------------------------------------------------- */
 
 struct rt_group {
-    MPI_Comm comm;               /* this group's communicator (MPI_ERRORS_RETURN) */
+    rt__comm comm;               /* this group's communicator (MPI_ERRORS_RETURN; single: NULL) */
     char     name[32];
     int      rank, size;         /* this rank's position, member count */
     int     *members;            /* global ranks by group rank */
@@ -59,7 +66,30 @@ struct rt_group {
     void    *dev;                /* backend data (CUDA: NCCL communicator) */
 };
 
-/* -- MPI layer (rt_mpi.c): host buffers only ----------------------------------------------- */
+/* -- Shared by the two start-up layers (rt_common.c) --------------------------------------- */
+
+/* The start-up layer is rt_mpi.c (MPI) or, in the single-rank libraries built with
+** -DRT_NO_MPI, rt_single.c (one rank, no MPI); both implement the rt__mpi_ and rt__h_ entry
+** points below, rt_abort, rt_fail_status and rt_group_free's lower half. */
+
+void rt__read_timeout(void);                     /* RT_TIMEOUT -> rt__st.timeout (or dies) */
+void rt__start_done(void);       /* RT_TRACE, watchdog thread, inited, exit guard (rt.h) */
+void rt__finalize_done(void);    /* watchdog stop, world record freed, finalized, trace written */
+void rt__abort_begin(void);      /* trace flushed, rt__abort_hook run once; other threads park */
+/* "file:line: <kind> error: <text> (<function in expr>)" and abort; text NULL: from
+** rt__status_hook (else the number). */
+void rt__fail_status(const char *file, int line, rt_err_kind kind, int status,
+                     const char *expr, const char *text) RT_NORETURN;
+
+/* rt_group_create's checks on this rank (dies naming the problem); returns the caller's
+** position in members (-1 when n is 0) and the smallest member in *lowest. */
+int       rt__group_validate(const char *name, const int *members, int n, int *lowest);
+/* A group record on 'comm' with a copy of the members and its description ("group tp (ranks
+** 0,1)"); rank is the caller's to set. rt__group_release frees the record, not the comm. */
+rt_group *rt__group_alloc(rt__comm comm, const char *name, const int *members, int size);
+void      rt__group_release(rt_group *g);
+
+/* -- MPI layer (rt_mpi.c; rt_single.c without MPI): host buffers only ---------------------- */
 
 /* Collectives are blocking MPI calls armed on the watchdog thread (OpenMPI's blocking
 ** algorithms ran up to 2x faster than its nonblocking ones here, see bench/); p2p and barriers
@@ -68,7 +98,8 @@ struct rt_group {
 /* MPI_Init_thread(MULTIPLE), world check (exits on mismatch), local rank, atexit guard, env. */
 void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout);
 void rt__mpi_finalize(void);
-extern rt_group *rt__world;      /* the world group (communicator: a dup of MPI_COMM_WORLD) */
+extern rt_group *rt__world;      /* the world group (communicator: a dup of MPI_COMM_WORLD);
+                                 ** defined in rt_common.c */
 
 rt_group *rt__group_create(const char *name, const int *members, int n);   /* rt.h contract */
 void      rt__group_destroy(rt_group *g);

@@ -5,7 +5,9 @@
 ** armed on the watchdog thread; p2p and barriers are nonblocking calls completed by a polling
 ** loop that checks the deadline itself.
 ** The CPU backend calls it directly; the CUDA backend calls it for bootstrap and for its MPI
-** transport (device buffers staged through pinned host memory).
+** transport (device buffers staged through pinned host memory). What needs no MPI (group
+** records, the exit guard, the error-kind names) is in rt_common.c; the single-rank libraries
+** link rt_single.c in its place.
 */
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt_group, rt__st, rt__poll, rt__scratch, rt__h_* ...
@@ -15,12 +17,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-rt_group *rt__world;
 static MPI_Comm p2p_comm = MPI_COMM_NULL;
-void (*rt__abort_hook)(void) = NULL;
-void (*rt__status_hook)(rt_err_kind kind, int status, char *buf, size_t len) = NULL;
-
-static _Thread_local int tl_aborter;     /* this thread started the abort */
 
 /* Largest element count per MPI message (allreduce, broadcast and p2p are split into pieces
 ** of at most this many elements; MPI counts are int). */
@@ -114,19 +111,7 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 */
 void rt_abort(void)
 {
-    if (__atomic_exchange_n(&rt__st.aborting, 1, __ATOMIC_SEQ_CST)) {
-        if (!tl_aborter)
-            for (;;)
-                pause();
-    } else {
-        tl_aborter = 1;
-        rt__trace_close();
-        if (rt__abort_hook) {
-            void (*hook)(void) = rt__abort_hook;
-            rt__abort_hook = NULL;
-            hook();
-        }
-    }
+    rt__abort_begin();
     int up = 0, down = 0;
     MPI_Initialized(&up);
     MPI_Finalized(&down);
@@ -135,72 +120,27 @@ void rt_abort(void)
     _exit(1);
 }
 
-static const char *const err_kind_name[] = {
-#define RT_ERR_NAME(name, str) str,
-    RT_ERR_KINDS(RT_ERR_NAME)
-#undef RT_ERR_NAME
-};
-
 /*
 ** Behind RT_MPI / RT_CUDA / RT_CUBLAS / RT_NCCL: print "[rank r/w] file:line: NCCL error:
-** <text> (ncclAllReduce)" -- the called function's name is 'expr' up to its '(' -- and abort.
-** MPI's text from MPI_Error_string; the CUDA libraries' from the backend's rt__status_hook
-** (without it, the number).
+** <text> (ncclAllReduce)" and abort. MPI's text from MPI_Error_string; the CUDA libraries'
+** from the backend's rt__status_hook (without it, the number).
 */
 void rt_fail_status(const char *file, int line, rt_err_kind kind, int status, const char *expr)
 {
-    char text[512] = "";
-    if (kind == RT_ERR_MPI) {
-        int len = 0;
-        if (MPI_Error_string(status, text, &len) != MPI_SUCCESS)
-            snprintf(text, sizeof text, "error %d", status);
-    } else if (rt__status_hook) {
-        rt__status_hook(kind, status, text, sizeof text);
-    } else {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (kind != RT_ERR_MPI)
+        rt__fail_status(file, line, kind, status, expr, NULL);
+    if (MPI_Error_string(status, text, &len) != MPI_SUCCESS)
         snprintf(text, sizeof text, "error %d", status);
-    }
-    int fn = (int)strcspn(expr, "(");
-    rt_fail(file, line, "%s error: %s (%.*s)",
-            (unsigned)kind < RT_NERR_KINDS ? err_kind_name[kind] : "runtime", text, fn, expr);
+    rt__fail_status(file, line, kind, status, expr, text);
 }
 
 /* -- Start-up ------------------------------------------------------------------------------ */
 
-static void exit_guard(void)
-{
-    int aborting = __atomic_load_n(&rt__st.aborting, __ATOMIC_SEQ_CST);
-    if (rt__st.inited && !rt__st.finalized && !aborting)
-        rt__die("exited without rt_finalize (exit() or return from main before rt_finalize); "
-                "aborting the job");
-}
-
-static void make_desc(rt_group *g)
-{
-    int len = snprintf(g->desc, sizeof g->desc, "group %s (ranks ", g->name);
-    for (int i = 0; i < g->size && len < (int)sizeof g->desc - 24; i++) {
-        if (g->size > 12 && i == 8) {
-            len += snprintf(g->desc + len, sizeof g->desc - (size_t)len, "...,%d; %d ranks",
-                            g->members[g->size - 1], g->size);
-            break;
-        }
-        len += snprintf(g->desc + len, sizeof g->desc - (size_t)len, "%s%d", i ? "," : "",
-                        g->members[i]);
-    }
-    if (len < (int)sizeof g->desc - 1)
-        snprintf(g->desc + len, sizeof g->desc - (size_t)len, ")");
-}
-
 static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, int size)
 {
-    rt_group *g = calloc(1, sizeof *g);
-    RT_CHECK(g, "out of memory");
-    g->comm = comm;
-    snprintf(g->name, sizeof g->name, "%s", name);
-    g->size = size;
-    g->members = malloc((size_t)size * sizeof *g->members);
-    RT_CHECK(g->members, "out of memory");
-    memcpy(g->members, members, (size_t)size * sizeof *g->members);
-    make_desc(g);
+    rt_group *g = rt__group_alloc(comm, name, members, size);
     CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "group setup", g);
     CHECK_MPI(MPI_Comm_rank(comm, &g->rank), "group setup", g);
     return g;
@@ -230,14 +170,7 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
         rt_log("warning: MPI gives thread level %d, not MPI_THREAD_MULTIPLE: the watchdog "
                "thread will still call MPI_Abort when a call hangs", provided);
 
-    const char *e = getenv("RT_TIMEOUT");
-    if (e && *e) {
-        char *end;
-        double v = strtod(e, &end);
-        if (*end || v < 0)
-            rt__die("RT_TIMEOUT='%s': expected seconds (a number >= 0; 0 = no watchdog)", e);
-        rt__st.timeout = v;
-    }
+    rt__read_timeout();
 
     if (expected_world > 0 && rt__st.world != expected_world) {
         if (rt__st.rank == 0) {
@@ -278,12 +211,7 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
     RT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm));
     RT_MPI(MPI_Comm_set_errhandler(p2p_comm, MPI_ERRORS_RETURN));
 
-    const char *trace = getenv("RT_TRACE");
-    if (trace && *trace)
-        rt__trace_open(trace, rt__st.rank);
-    rt__wd_start();
-    rt__st.inited = 1;
-    atexit(exit_guard);
+    rt__start_done();
 }
 
 /*
@@ -295,54 +223,13 @@ void rt__mpi_finalize(void)
     if (!rt__st.inited || rt__st.finalized)
         return;
     rt__h_barrier(rt__world, "finalize");
-    rt__wd_stop();
     RT_MPI(MPI_Comm_free(&p2p_comm));
     RT_MPI(MPI_Comm_free(&rt__world->comm));
-    free(rt__world->members);
-    free(rt__world);
-    rt__world = NULL;
-    rt__st.finalized = 1;
-    rt__trace_close();
+    rt__finalize_done();
     MPI_Finalize();
 }
 
-int rt_rank(void)       { return rt__st.rank; }
-int rt_world(void)      { return rt__st.world; }
-int rt_local_rank(void) { return rt__st.local_rank; }
-
 /* -- Groups -------------------------------------------------------------------------------- */
-
-/* Accessors (a NULL group aborts); the world group exists from rt_init to rt_finalize. */
-rt_group *rt_group_world(void)
-{
-    return rt__world;
-}
-
-int rt_group_rank(const rt_group *g)
-{
-    return rt__group_check((rt_group *)g, "rt_group_rank")->rank;
-}
-
-int rt_group_size(const rt_group *g)
-{
-    return rt__group_check((rt_group *)g, "rt_group_size")->size;
-}
-
-const char *rt_group_name(const rt_group *g)
-{
-    return rt__group_check((rt_group *)g, "rt_group_name")->name;
-}
-
-const int *rt_group_members(const rt_group *g)
-{
-    return rt__group_check((rt_group *)g, "rt_group_members")->members;
-}
-
-static int int_cmp(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
 
 /*
 ** Build this rank's communicator of kind 'name' from the members of its own group (see rt.h
@@ -353,34 +240,9 @@ static int int_cmp(const void *a, const void *b)
 */
 rt_group *rt__group_create(const char *name, const int *members, int n)
 {
-    RT_CHECK(rt__st.inited, "rt_group_create before rt_init");
-    RT_CHECK(name, "rt_group_create: a group needs a name");
-    if (n < 0 || n > rt__st.world || (n > 0 && !members))
-        rt__die("rt_group_create: group %s: bad member list (%d ranks, %s)", name, n,
-                members ? "set" : "NULL");
-    int pos = -1, color = MPI_UNDEFINED;
-    if (n > 0) {
-        int *sorted = malloc((size_t)n * sizeof *sorted);
-        RT_CHECK(sorted, "out of memory");
-        for (int i = 0; i < n; i++) {
-            int r = members[i];
-            if (r < 0 || r >= rt__st.world)
-                rt__die("rt_group_create: group %s lists rank %d, outside the world of %d",
-                        name, r, rt__st.world);
-            if (r == rt__st.rank)
-                pos = i;
-            sorted[i] = r;
-        }
-        qsort(sorted, (size_t)n, sizeof *sorted, int_cmp);
-        for (int i = 1; i < n; i++)
-            if (sorted[i] == sorted[i - 1])
-                rt__die("rt_group_create: group %s lists rank %d twice", name, sorted[i]);
-        color = sorted[0];
-        free(sorted);
-        if (pos < 0)
-            rt__die("rt_group_create: group %s: rank %d passed a group it is not in", name,
-                    rt__st.rank);
-    }
+    int lowest;
+    int pos = rt__group_validate(name, members, n, &lowest);
+    int color = n > 0 ? lowest : MPI_UNDEFINED;
 
     MPI_Comm comm;
     COLL(MPI_Comm_split(rt__world->comm, color, pos < 0 ? 0 : pos, &comm), "group creation",
@@ -424,16 +286,7 @@ void rt__group_destroy(rt_group *g)
     if (!g || g->is_world)
         return;
     CHECK_MPI(MPI_Comm_free(&g->comm), "group free", g);
-    free(g->members);
-    free(g);
-}
-
-rt_group *rt__group_check(rt_group *g, const char *op)
-{
-    if (!g)
-        rt__die("%s on a NULL group (this rank is in no group of that kind; "
-                "use rt_group_world() for all ranks)", op);
-    return g;
+    rt__group_release(g);
 }
 
 /* -- Collectives on host buffers ----------------------------------------------------------- */
@@ -661,11 +514,12 @@ void rt__h_p2p_post(const rt_p2p_op *ops, int nops)
         nreq += ops[i].n == 0 ? 1 : (ops[i].n + CHUNK - 1) / CHUNK;
     }
     RT_CHECK(nreq <= INT_MAX, "p2p: too many operations");
-    char *mem = rt__scratch(3, nreq * (sizeof(MPI_Request) + sizeof(int)) +
-                               (size_t)nops * sizeof(rt_p2p_op));
+    /* requests, owners, then the ops' copies at an offset rounded up to 16 bytes (aligned) */
+    size_t at = (nreq * (sizeof(MPI_Request) + sizeof(int)) + 15) & ~(size_t)15;
+    char *mem = rt__scratch(3, at + (size_t)nops * sizeof(rt_p2p_op));
     MPI_Request *req = (MPI_Request *)mem;
     int *owner = (int *)(mem + nreq * sizeof(MPI_Request));
-    rt_p2p_op *copy = (rt_p2p_op *)(mem + nreq * (sizeof(MPI_Request) + sizeof(int)));
+    rt_p2p_op *copy = (rt_p2p_op *)(mem + at);
     memcpy(copy, ops, (size_t)nops * sizeof *copy);
     int k = 0;
     for (int pass = 0; pass < 2; pass++) {

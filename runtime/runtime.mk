@@ -6,20 +6,26 @@
 # Generated programs (compiled with $(MPICC) $(RT_CFLAGS), linked from the repository root):
 #   CPU : $(MPICC) prog.o $(RT_CPU_LIBS)
 #   CUDA: $(MPICC) prog.o kernels.o $(RT_CUDA_LIBS)      (kernels.o from $(NVCC))
+# Single-rank programs without MPI (build/librt_*_single.a, below):
+#   CPU : $(CC) prog.o $(RT_CPU_SINGLE_LIBS)     CUDA: $(CC) prog.o $(RT_CUDA_SINGLE_LIBS)
 
 RT_BUILD     := build/runtime
 RT_CFLAGS    := -Iruntime
 RT_CPU_LIBS  = -Lbuild -lrt_cpu $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
-RT_CUDA_LIBS := -Lbuild -lrt_cuda -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+RT_CUDA_SYS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                 -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lpthread -lm -ldl -lrt
+RT_CUDA_LIBS := -Lbuild -lrt_cuda $(RT_CUDA_SYS)
+RT_CPU_SINGLE_LIBS  = -Lbuild -lrt_cpu_single $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
+RT_CUDA_SINGLE_LIBS := -Lbuild -lrt_cuda_single $(RT_CUDA_SYS)
 
 # nvcc compiles rt_cuda.cu (C++17) against MPI's headers; GPU code for A100 and H100 plus
 # PTX for later parts.
 RT_CUDA_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                   -gencode arch=compute_90,code=compute_90
 RT_MPI_CFLAGS  := $(shell $(MPICC) --showme:compile 2>/dev/null)
-RT_NVCC_FLAGS  := -std=c++17 $(OPT) -g $(RT_CUDA_ARCH) -Werror all-warnings \
-                  -Xcompiler -Wall,-Wextra,-Wshadow,-Werror $(RT_MPI_CFLAGS) -Iruntime
+RT_NVCC_BASE   := -std=c++17 $(OPT) -g $(RT_CUDA_ARCH) -Werror all-warnings \
+                  -Xcompiler -Wall,-Wextra,-Wshadow,-Werror
+RT_NVCC_FLAGS  := $(RT_NVCC_BASE) $(RT_MPI_CFLAGS) -Iruntime
 
 RT_COMMON_OBJS := $(RT_BUILD)/rt_common.o $(RT_BUILD)/rt_mpi.o
 RT_CPU_OBJS    := $(RT_COMMON_OBJS) $(RT_BUILD)/rt_cpu.o
@@ -60,6 +66,33 @@ build/librt_cuda.a runtime-cuda-notice:
 	@echo "runtime: CUDA backend not built (needs nvcc, cuBLAS and NCCL under $(CUDA_HOME))"
 ALL_TARGETS += runtime-cuda-notice
 endif
+
+# -- Single-rank libraries without MPI (runtime/rt_single.c in place of rt_mpi.c) ---------------
+# Every object again, by the plain compilers with -DRT_NO_MPI (no MPI header, no MPI symbol):
+# for programs of one rank on machines without MPI (tests/single/suite.sh checks with ldd).
+RT_SINGLE_BUILD   := $(RT_BUILD)/single
+RT_SINGLE_COMMON  := $(RT_SINGLE_BUILD)/rt_common.o $(RT_SINGLE_BUILD)/rt_single.o
+
+$(RT_SINGLE_BUILD)/%.o: runtime/%.c | $(RT_SINGLE_BUILD)
+	$(E) "CC        $@"
+	$(Q)$(CC) $(CFLAGS_C) -DRT_NO_MPI $(BLAS_CFLAGS) -c -o $@ $<
+
+$(RT_SINGLE_BUILD)/rt_cuda.o: runtime/rt_cuda.cu | $(RT_SINGLE_BUILD)
+	$(E) "NVCC      $@"
+	$(Q)$(NVCC) $(RT_NVCC_BASE) -DRT_NO_MPI -Iruntime -MMD -MP -c -o $@ $<
+
+build/librt_cpu_single.a: $(RT_SINGLE_COMMON) $(RT_SINGLE_BUILD)/rt_cpu.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+build/librt_cuda_single.a: $(RT_SINGLE_COMMON) $(RT_SINGLE_BUILD)/rt_cuda.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(RT_SINGLE_BUILD):
+	$(Q)mkdir -p $@
+
+ALL_TARGETS += build/librt_cpu_single.a $(if $(HAVE_CUDA),build/librt_cuda_single.a)
 
 # -- Test programs (tests/runtime/suite.sh runs `make -s runtime-tests`) ------------------------
 # Each test source builds twice where it makes sense: *_cpu against librt_cpu.a and, with CUDA,
@@ -102,8 +135,30 @@ $(RT_TEST_DIR)/t_%_cuda: $(RT_TEST_DIR)/t_%.o build/librt_cuda.a
 $(RT_TEST_DIR):
 	$(Q)mkdir -p $@
 
-.PHONY: runtime-tests runtime-tests-cuda
+# The same sources without MPI, over librt_cpu_single.a (tests/single/suite.sh; not t_fault,
+# which calls MPI itself): build/runtime/test/single/t_<name>.
+RT_TEST_SINGLE_DIR := $(RT_TEST_DIR)/single
+RT_TEST_SINGLE     := $(patsubst %,$(RT_TEST_SINGLE_DIR)/t_%,coll gemm rng groups)
+
+$(RT_TEST_SINGLE_DIR)/%.o: tests/runtime/%.c | $(RT_TEST_SINGLE_DIR)
+	$(E) "CC        $@"
+	$(Q)$(CC) $(CFLAGS_C) -DRT_NO_MPI $(RT_CFLAGS) -c -o $@ $<
+
+$(RT_TEST_SINGLE_DIR)/t_%: $(RT_TEST_SINGLE_DIR)/t_%.o build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $< $(RT_CPU_SINGLE_LIBS)
+
+$(RT_TEST_SINGLE_DIR)/t_groups: $(RT_TEST_SINGLE_DIR)/t_groups.o $(RT_TEST_SINGLE_DIR)/tables.o \
+                                build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(filter %.o,$^) $(RT_CPU_SINGLE_LIBS)
+
+$(RT_TEST_SINGLE_DIR):
+	$(Q)mkdir -p $@
+
+.PHONY: runtime-tests runtime-tests-cuda runtime-tests-single
 runtime-tests: build/librt_cpu.a $(RT_TEST_CPU)
+runtime-tests-single: $(RT_TEST_SINGLE)
 ifeq ($(HAVE_CUDA),1)
 runtime-tests-cuda: build/librt_cuda.a $(RT_TEST_CUDA)
 else
@@ -111,4 +166,5 @@ runtime-tests-cuda:
 	@echo "runtime: CUDA backend not built (needs nvcc, cuBLAS and NCCL under $(CUDA_HOME))"; exit 1
 endif
 
--include $(wildcard $(RT_BUILD)/*.d $(RT_TEST_DIR)/*.d)
+-include $(wildcard $(RT_BUILD)/*.d $(RT_TEST_DIR)/*.d $(RT_SINGLE_BUILD)/*.d \
+    $(RT_TEST_SINGLE_DIR)/*.d)

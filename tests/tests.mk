@@ -5,3 +5,4 @@ include tests/ref/ref.mk
 
 ALL_TARGETS += ref
 include tests/kernels/kernels.mk
+include tests/fuzz/fuzz.mk

@@ -109,6 +109,11 @@ static int tensor_usable(file *f, const st_tensor *t)
         file_error(f, "tensor '%s' has more than %d dimensions", t->name, ST_MAX_DIMS);
         return 0;
     }
+    if (st_numel(t) < 0) {
+        file_error(f, "tensor '%s' has an impossible shape (a negative dimension, or more "
+                   "than 2^60 elements)", t->name);
+        return 0;
+    }
     if (t->begin > t->end || !st_extent_ok(&f->st, t)) {
         file_error(f, "tensor '%s' has data_offsets [%lld, %lld] but needs %lld bytes within "
                    "the %lld-byte data section", t->name, t->begin, t->end,

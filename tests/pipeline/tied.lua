@@ -3,7 +3,8 @@
 -- first stage's bit for bit, and the first stage's must be what --save wrote.
 -- Run: build/gen --lua tests/pipeline/tied.lua OUTDIR CKPT_STEP_DIR SAVED.safetensors
 --   OUTDIR         the generated directory (shards.json, topology.json: buffer layout, ranks)
---   CKPT_STEP_DIR  a resume checkpoint of an f32 program (rank_NNNNN.bin: header, then per
+--   CKPT_STEP_DIR  a resume checkpoint of an f32 program (rank_NNNNN.bin: header (48 bytes,
+--                  or 64 in version 3), then per
 --                  buffer params, first and second moments)
 -- Prints one line; exits 1 on a difference.
 
@@ -46,6 +47,8 @@ local function wte_of(rank)
     if not cls then die("rank %d: no class with its coordinates", rank) end
     local data = slurp(string.format("%s/rank_%05d.bin", ckpt, rank))
     local nbytes = string.unpack("<I8", data, 33)       -- magic, world, stage, step, nbytes
+    -- version 3 (lib/train.c CKPT_MAGIC) adds the updates and skipped steps: 64 bytes
+    local hsize = string.unpack("<I8", data, 1) == 0x33544b4350545047 and 64 or 48
     -- the moments are whole buffers, or dp shards with the distributed optimizer
     local whole, sharded = 0, 0
     for _, b in ipairs(cls.buffers) do
@@ -65,7 +68,7 @@ local function wte_of(rank)
         for _, bk in ipairs(b.map.buckets) do
             for _, s in ipairs(bk.map.slots) do
                 if s.map.name == "wte.weight" then
-                    local at = 48 + base + 4 * s.map.offset
+                    local at = hsize + base + 4 * s.map.offset
                     return { floats = data:sub(at + 1, at + 4 * s.map.numel),
                              rows = param.local_shape[1], cols = param.local_shape[2],
                              tied = param.tied, start = param.pieces[1] and

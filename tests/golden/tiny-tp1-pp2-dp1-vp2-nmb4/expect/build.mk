@@ -1,9 +1,15 @@
 # build.mk: how to compile and link the programs of this directory -- generated, DO NOT EDIT.
-# Included by the top-level Makefile (make MODEL=tiny TP=1 PP=2 DP=1 VP=2 NMB=4), which defines MPICC, GEN_OPT,
-# GPT_CPU_LIBS, GPT_CUDA_LIBS and HAVE_CUDA (lib/lib.mk); objects go to build/<this directory>.
+# Included by the top-level Makefile (make MODEL=tiny TP=1 PP=2 DP=1 VP=2 NMB=4), which defines CC, MPICC, GEN_OPT,
+# GPT_CPU_LIBS, GPT_CUDA_LIBS, their _SINGLE_ variants and HAVE_CUDA (lib/lib.mk); objects go
+# to build/<this directory>.
 # The sources here are plain C for both backends: the backend is the library they link.
 #   train       CPU backend: build/libgpt_cpu.a (kernels on the thread pool, OpenBLAS, MPI)
 #   train_cuda  CUDA backend: build/libgpt_cuda.a (CUDA kernels, cuBLAS, NCCL), when found
+#   train_single, train_cuda_single   the same two linked by $(CC) against the single-rank
+#               runtime (build/librt_*_single.a): no MPI library; they run layouts of one rank
+#               only (a bigger one is refused at start), so the top Makefile builds them
+#               (GEN_SINGLE_TARGETS) for those; `make <this directory>/train_single` does it
+#               for any layout.
 
 GEN_OUT  := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 GEN_OBJ  ?= build/$(GEN_OUT)
@@ -25,6 +31,15 @@ $(GEN_OUT)/train_cuda: $(GEN_OBJS) build/libgpt_cuda.a build/librt_cuda.a
 	$(E) "LINK      $@"
 	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(GPT_CUDA_LIBS)
 
+$(GEN_OUT)/train_single: $(GEN_OBJS) build/libgpt_cpu.a build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_CPU_SINGLE_LIBS)
+
+$(GEN_OUT)/train_cuda_single: $(GEN_OBJS) build/libgpt_cuda.a build/librt_cuda_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_CUDA_SINGLE_LIBS)
+
 GEN_TARGETS := $(GEN_OUT)/train $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda)
+GEN_SINGLE_TARGETS := $(GEN_OUT)/train_single $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda_single)
 
 -include $(GEN_OBJS:.o=.d)

@@ -1,0 +1,1 @@
+tests/errors/dup_key.lua
