@@ -107,7 +107,9 @@ HAVE_CUDA := $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS),$(if $(SANITIZE_TREE
 
 # Without MPI (no $(MPICC)): the library and generated code call no MPI, so $(CC) compiles
 # them, and `make MODEL=...` builds only the single-rank programs of a layout of one rank.
-HAVE_MPI := $(shell command -v $(firstword $(MPICC)) >/dev/null 2>&1 && echo 1)
+# (`make deps run` on a bare system: deps installs MPI before run's recipes need it)
+HAVE_MPI := $(if $(filter deps,$(MAKECMDGOALS)),1,$(shell command -v $(firstword $(MPICC)) \
+                >/dev/null 2>&1 && echo 1))
 ifeq ($(HAVE_MPI),)
 override MPICC := $(CC)
 endif
@@ -202,7 +204,7 @@ topology: need-model build/gen
 	$(Q)build/gen --topology-only $(GENFLAGS)
 
 DEBS := gcc make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
-        libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev
+        libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev procps
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -12,6 +12,10 @@
 
 show() { sed 's/^/  /' "$1" | head -n "${2:-12}"; }
 
+if ! command -v pkill > /dev/null; then
+    fail setup "pkill not found: the signal tests need it (procps; make deps)"
+    finish
+fi
 if ! make -s --no-print-directory build/gen build/librt_cpu.a build/libgpt_cpu.a ref \
         > "$S/make.log" 2>&1; then
     show "$S/make.log"
