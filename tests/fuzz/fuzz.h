@@ -20,6 +20,11 @@ const char *fz_dir(void);
 ** slot 0..3, so that a harness can hold a few paths at once). */
 const char *fz_file(int slot, const char *name, const void *data, size_t size);
 
+/* A command line from an input: argv[0] = prog, then the input's NUL-separated words (at
+** most FZ_MAX_ARGS), argv[argc] = NULL; *text holds the words (free it). Returns argc. */
+enum { FZ_MAX_ARGS = 256 };
+int fz_argv(const uint8_t *data, size_t size, const char *prog, char **argv, char **text);
+
 /* A property that must hold for every input failed: print "fuzz: bug: ..." and abort. */
 void fz_bug(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 

@@ -11,20 +11,11 @@
 #include "fuzz.h"      // defines: LLVMFuzzerTestOneInput, fz_bug
 #include "libstub.h"   // defines: FZ_TRY, fz_msg
 
-enum { MAX_ARGS = 256 };
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char *text = malloc(size + 1);
-    if (!text) return 0;
-    memcpy(text, data, size);
-    text[size] = 0;
-    static char *argv[MAX_ARGS + 1];
-    int argc = 0;
-    argv[argc++] = "train";
-    for (size_t at = 0; at < size && argc < MAX_ARGS; at += strlen(text + at) + 1)
-        argv[argc++] = text + at;
-    argv[argc] = NULL;
+    static char *argv[FZ_MAX_ARGS + 1];
+    char *text;
+    int argc = fz_argv(data, size, "train", argv, &text);
     static lib_flags f;
     int r = FZ_TRY();
     if (r == FZ_OK) {

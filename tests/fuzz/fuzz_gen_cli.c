@@ -16,20 +16,11 @@ int gen_main(int argc, char **argv);
 
 #include "fuzz.h"   // defines: LLVMFuzzerTestOneInput, fz_bug
 
-enum { MAX_ARGS = 256 };
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char *text = malloc(size + 1);
-    if (!text) return 0;
-    memcpy(text, data, size);
-    text[size] = 0;
-    static char *argv[MAX_ARGS + 1];
-    int argc = 0;
-    argv[argc++] = "gen";
-    for (size_t at = 0; at < size && argc < MAX_ARGS; at += strlen(text + at) + 1)
-        argv[argc++] = text + at;
-    argv[argc] = NULL;
+    static char *argv[FZ_MAX_ARGS + 1];
+    char *text;
+    int argc = fz_argv(data, size, "gen", argv, &text);
     gen_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc < 0 || rc > 2) fz_bug("parse_args returned %d", rc);

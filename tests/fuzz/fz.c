@@ -64,6 +64,20 @@ const char *fz_file(int slot, const char *name, const void *data, size_t size)
     return p;
 }
 
+int fz_argv(const uint8_t *data, size_t size, const char *prog, char **argv, char **text)
+{
+    int argc = 0;
+    *text = malloc(size + 1);
+    if (!*text) fz_bug("out of memory");
+    memcpy(*text, data, size);
+    (*text)[size] = 0;
+    argv[argc++] = (char *)prog;
+    for (size_t at = 0; at < size && argc < FZ_MAX_ARGS; at += strlen(*text + at) + 1)
+        argv[argc++] = *text + at;
+    argv[argc] = NULL;
+    return argc;
+}
+
 void fz_bug(const char *fmt, ...)
 {
     va_list ap;
