@@ -251,6 +251,18 @@ GPT_FAULT=signal@3 run "$P1" 1 sigterm --ckpt-dir "$S/ck-sigterm" --save "$S/sig
 stopped sigterm sigterm 3 $? && [ ! -e "$S/sigterm.safetensors" ] && pass sigterm
 RESUME_FROM=3 resumed sigterm-resume "$P1" 1 sigterm clean1 --ckpt-dir "$S/ck-sigterm"
 
+# Without --ckpt-dir there is nothing to resume from: the signal still ends the step, --save is
+# written, and the job exits 1 saying so.
+GPT_FAULT=signal@3 run "$P1" 1 sig-nockpt --save "$S/sig-nockpt.safetensors"
+rc=$?
+if [ $rc = 1 ] && [ -s "$S/sig-nockpt.safetensors" ] &&
+   grep -q "^train: stopped by SIGTERM after step 3 of $STEPS: no --ckpt-dir, so no checkpoint\
+ to resume from; writing --save$" "$S/sig-nockpt.log"; then
+    pass signal-without-ckpt-dir
+else
+    fail signal-without-ckpt-dir "status $rc: $(grep -m1 "stopped" "$S/sig-nockpt.log")"
+fi
+
 # --exit-signal picks the signals: SIGUSR2 only; and "none" leaves SIGTERM's default action
 GPT_FAULT=signal@2 run "$P1" 1 sigusr2 --ckpt-dir "$S/ck-sigusr2" --exit-signal USR2
 stopped exit-signal sigusr2 2 $? && grep -q "^stopped by SIGUSR2" "$S/sigusr2.log" &&
