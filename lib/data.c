@@ -538,6 +538,15 @@ void lib_data_sample(const lib_data *d, long long i, int *out)
     else mm_sample(&d->ds[0], i, d->seq, out);
 }
 
+/* The world's first bad position of n, from each rank's first ('bad', -1 if none): the
+** maximum of n - position (0 when clean) over the world; -1 when every rank is clean. */
+static long long first_bad(long long bad, long long n, void (*world_max)(long long *))
+{
+    long long key = bad < 0 ? 0 : n - bad;
+    world_max(&key);
+    return key ? n - key : -1;
+}
+
 /*
 ** Every token of every dataset must be in [0, vocab). The ranks share each file's scan (rank r
 ** reads the sequences whose first token lies in slice r of the tokens) and agree on the first
@@ -564,10 +573,8 @@ void lib_data_check_vocab(const lib_data *d, int vocab, void (*world_max)(long l
                     }
             }
         }
-        long long key = bad < 0 ? 0 : m->ntok - bad;   /* the smallest position wins */
-        world_max(&key);
-        if (key == 0) continue;
-        long long pos = m->ntok - key, s = 0;
+        long long pos = first_bad(bad, m->ntok, world_max), s = 0;
+        if (pos < 0) continue;
         while (pos >= m->len[s]) pos -= m->len[s++];
         int tok;
         mm_read(m, s, pos, 1, &tok);
@@ -621,22 +628,19 @@ static void tokens_check(const lib_tokens *d, int vocab, void (*world_max)(long 
     static unsigned char raw[2 * CHUNK];
     long long per = (d->ntok + rt_world() - 1) / rt_world();
     long long lo = per * rt_rank(), hi = lo + per < d->ntok ? lo + per : d->ntok;
-    long long first_bad = -1;
-    for (long long at = lo; at < hi && first_bad < 0; at += CHUNK) {
+    long long bad = -1;
+    for (long long at = lo; at < hi && bad < 0; at += CHUNK) {
         size_t n = (size_t)(hi - at < CHUNK ? hi - at : CHUNK);
         if (pread(d->fd, raw, 2 * n, d->first + 2 * (off_t)at) != (ssize_t)(2 * n))
             RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
         for (size_t k = 0; k < n; k++)
             if ((raw[2 * k] | raw[2 * k + 1] << 8) >= vocab) {
-                first_bad = at + (long long)k;
+                bad = at + (long long)k;
                 break;
             }
     }
-    /* the smallest bad position wins: max of (ntok - position), 0 when clean */
-    long long key = first_bad < 0 ? 0 : d->ntok - first_bad;
-    world_max(&key);
-    if (key == 0) return;
-    long long pos = d->ntok - key;
+    long long pos = first_bad(bad, d->ntok, world_max);
+    if (pos < 0) return;
     unsigned char t2[2] = { 0, 0 };
     if (pread(d->fd, t2, 2, d->first + 2 * (off_t)pos) != 2)
         RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));

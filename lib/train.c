@@ -152,15 +152,17 @@ static double lr_at(const lib_flags *f, int done)
 
 typedef lib_tokens data_file;   /* a token file, or (mm) a Megatron dataset or blend */
 
-/* *v = its maximum over the world (collectives take device memory: the stage's scalar scratch,
-** X_STAT, which the memory plan holds; no allocation outside the plan). */
-static void world_max(long long *v)
+/* *v = op over the world of every rank's *v (collectives take device memory: the stage's
+** scalar scratch, X_STAT, which the memory plan holds; no allocation outside the plan). */
+static void world_reduce(long long *v, rt_op op)
 {
     long long *dev = (long long *)(void *)lib.stat_dev;
     rt_memcpy(dev, v, sizeof *v, RT_H2D);
-    rt_allreduce(dev, 1, RT_I64, RT_MAX, rt_group_world());
+    rt_allreduce(dev, 1, RT_I64, op, rt_group_world());
     rt_memcpy(v, dev, sizeof *v, RT_D2H);
 }
+
+static void world_max(long long *v) { world_reduce(v, RT_MAX); }
 
 /*
 ** A Megatron indexed dataset (--data PREFIX) or blend (--data-path [W] PREFIX ...), sampled as
@@ -471,19 +473,10 @@ static void signals_install(const lib_flags *f)
 /* SIGTERM, or else the first signal of --exit-signal's list (for GPT_FAULT=signal). */
 static int first_exit_signal(const lib_flags *f)
 {
-    if (f->exit_signals & 1 << SIGTERM) return SIGTERM;
+    if ((unsigned)f->exit_signals & 1u << SIGTERM) return SIGTERM;
     for (int sig = 1; sig < 32; sig++)
         if ((unsigned)f->exit_signals & 1u << sig) return sig;
     return SIGTERM;
-}
-
-/* *v = its sum over the world (as world_max). */
-static void world_sum(long long *v)
-{
-    long long *dev = (long long *)(void *)lib.stat_dev;
-    rt_memcpy(dev, v, sizeof *v, RT_H2D);
-    rt_allreduce(dev, 1, RT_I64, RT_SUM, rt_group_world());
-    rt_memcpy(v, dev, sizeof *v, RT_D2H);
 }
 
 /* mkdir -p: 0, or -1 with errno. */
@@ -560,7 +553,7 @@ static long long save_bytes(void);
 static void check_outputs(const lib_flags *f)
 {
     long long ckpt = (long long)(lib_state_bytes() + sizeof(ckpt_header));
-    world_sum(&ckpt);
+    world_reduce(&ckpt, RT_SUM);
     long long save = f->save ? save_bytes() : 0;
     char msg[600] = "", d[4096], probe[4200];
     const char *where = "train";
