@@ -7,12 +7,19 @@
 ** Attention has its own tiled kernels (shared memory, f32). Part of the training library
 ** (build/libgpt_cuda.a).
 */
-#include <cuda_runtime.h>
+#include <cuda_runtime.h>   /* or, with GPT_CUDA_EMU, the kernel tests' CPU emulation of it */
 #include "kernel_rows.h"
 #include "kernels.h"
 #include "rt.h"       // defines: rt_memcpy, rt_dtype_size, RT_CUDA, RT_CHECK
 
 #define BLOCK 256      /* threads per block */
+
+/* kernel<<<grid, block, smem>>>(args), written so that the CPU emulation can launch it too
+** (tests/kernels/emu/cuda_runtime.h defines both macros its own way) */
+#ifndef GPT_CUDA_EMU
+#define KERNEL_LAUNCH(grid, block, smem, ...) __VA_ARGS__<<<(grid), (block), (smem)>>>
+#define DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 /* The storage type of a call: f32 or bf16, anything else is a caller's bug. */
 static rt_dtype storage(rt_dtype t)
@@ -25,8 +32,9 @@ static rt_dtype storage(rt_dtype t)
 /* kernel<uint16_t> (bf16) or kernel<float> for storage type t, on 'grid' blocks of BLOCK. */
 #define LAUNCH(t, kernel, grid, ...)                                                         \
     do {                                                                                     \
-        if (storage(t) == RT_BF16) kernel<uint16_t><<<(grid), BLOCK>>>(__VA_ARGS__);         \
-        else kernel<float><<<(grid), BLOCK>>>(__VA_ARGS__);                                  \
+        if (storage(t) == RT_BF16)                                                           \
+            KERNEL_LAUNCH((grid), BLOCK, 0, kernel<uint16_t>)(__VA_ARGS__);                  \
+        else KERNEL_LAUNCH((grid), BLOCK, 0, kernel<float>)(__VA_ARGS__);                    \
         RT_CUDA(cudaGetLastError());                                                         \
     } while (0)
 
@@ -254,9 +262,11 @@ void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n)
     RT_CHECK((dt == RT_F32 && st == RT_BF16) || (dt == RT_BF16 && st == RT_F32),
              "convert: no conversion from dtype %d to %d", (int)st, (int)dt);
     if (dt == RT_BF16) {
-        narrow_kernel<uint16_t><<<grid_for(n), BLOCK>>>(dst, static_cast<const float *>(src), n);
+        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, narrow_kernel<uint16_t>)(
+            dst, static_cast<const float *>(src), n);
     } else {
-        widen_kernel<uint16_t><<<grid_for(n), BLOCK>>>(static_cast<float *>(dst), src, n);
+        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, widen_kernel<uint16_t>)(
+            static_cast<float *>(dst), src, n);
     }
     RT_CUDA(cudaGetLastError());
 }
@@ -273,9 +283,11 @@ void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st,
     }
     if (n == 0) return;
     if (dt == RT_BF16)
-        copy_cols_kernel<uint16_t, float><<<grid_for(n), BLOCK>>>(dst, ldd, src, lds, rows, cols);
+        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, copy_cols_kernel<uint16_t, float>)(
+            dst, ldd, src, lds, rows, cols);
     else
-        copy_cols_kernel<float, uint16_t><<<grid_for(n), BLOCK>>>(dst, ldd, src, lds, rows, cols);
+        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, copy_cols_kernel<float, uint16_t>)(
+            dst, ldd, src, lds, rows, cols);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -394,7 +406,7 @@ static size_t att_bwd_smem(int hd)      /* q, dout, k, v, dk, dv (dq); p, ds; ls
 template <class S> static __global__
 void attention_fwd_kernel(att_call a)
 {
-    extern __shared__ float sm[];
+    DYN_SHARED(float, sm);
     int hd = a.hd;
     float *qs = sm, *ks = qs + ATT_BQ * hd, *vs = ks + ATT_BK * hd, *os = vs + ATT_BK * hd;
     float *ss = os + ATT_BQ * hd, *mrow = ss + ATT_BQ * ATT_SLD, *lrow = mrow + ATT_BQ;
@@ -522,7 +534,7 @@ static __device__ void att_rows_in(float *ls, float *ds, const float *lse, const
 template <class S> static __global__
 void attention_dkdv_kernel(att_call a)
 {
-    extern __shared__ float sm[];
+    DYN_SHARED(float, sm);
     int hd = a.hd;
     float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
     float *dks = vs + ATT_BK * hd, *dvs = dks + ATT_BK * hd, *ps = dvs + ATT_BK * hd;
@@ -571,7 +583,7 @@ void attention_dkdv_kernel(att_call a)
 template <class S> static __global__
 void attention_dq_kernel(att_call a)
 {
-    extern __shared__ float sm[];
+    DYN_SHARED(float, sm);
     int hd = a.hd;
     float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
     float *dqs = vs + ATT_BK * hd, *ps = dqs + ATT_BQ * hd;
@@ -623,7 +635,7 @@ template <class S> static void attention_fwd_t(const att_call &a)
     size_t bytes = att_fwd_smem(a.hd) * sizeof(float);
     att_smem(attention_fwd_kernel<S>, bytes);
     dim3 grid(CEIL_DIV(a.Tq, ATT_BQ), a.B * a.Hl);
-    attention_fwd_kernel<S><<<grid, ATT_THREADS, bytes>>>(a);
+    KERNEL_LAUNCH(grid, ATT_THREADS, bytes, attention_fwd_kernel<S>)(a);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -634,9 +646,9 @@ template <class S> static void attention_bwd_t(const att_call &a)
     att_smem(attention_dkdv_kernel<S>, bytes);
     att_smem(attention_dq_kernel<S>, bytes);
     dim3 gk(CEIL_DIV(a.Tk, ATT_BK), a.B * a.Hl), gq(CEIL_DIV(a.Tq, ATT_BQ), a.B * a.Hl);
-    attention_dkdv_kernel<S><<<gk, ATT_THREADS, bytes>>>(a);
+    KERNEL_LAUNCH(gk, ATT_THREADS, bytes, attention_dkdv_kernel<S>)(a);
     RT_CUDA(cudaGetLastError());
-    attention_dq_kernel<S><<<gq, ATT_THREADS, bytes>>>(a);
+    KERNEL_LAUNCH(gq, ATT_THREADS, bytes, attention_dq_kernel<S>)(a);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -982,7 +994,7 @@ void ce_sums(float *sums, const void *logits, const float *mx, const int *target
 
 void ce_loss(float *loss, const float *sums, const float *mx, int N)
 {
-    ce_loss_kernel<<<grid_for(N), BLOCK>>>(loss, sums, mx, N);
+    KERNEL_LAUNCH(grid_for(N), BLOCK, 0, ce_loss_kernel)(loss, sums, mx, N);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -995,7 +1007,7 @@ void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets
 
 void sum_rows(float *out, const float *x, int N)
 {
-    sum_rows_kernel<<<1, 1>>>(out, x, N);
+    KERNEL_LAUNCH(1, 1, 0, sum_rows_kernel)(out, x, N);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -1045,13 +1057,13 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
 
 void sumsq(float *out, const float *x, size_t n)
 {
-    sumsq_kernel<<<1, BLOCK>>>(out, x, n);
+    KERNEL_LAUNCH(1, BLOCK, 0, sumsq_kernel)(out, x, n);
     RT_CUDA(cudaGetLastError());
 }
 
 void scale_inplace(float *x, size_t n, float s)
 {
-    scale_kernel<<<grid_for(n), BLOCK>>>(x, n, s);
+    KERNEL_LAUNCH(grid_for(n), BLOCK, 0, scale_kernel)(x, n, s);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -1064,7 +1076,7 @@ static __global__ void fill_kernel(float *x, size_t n, float v)
 void fill_f32(float *x, size_t n, float v)
 {
     if (n == 0) return;
-    fill_kernel<<<grid_for(n), BLOCK>>>(x, n, v);
+    KERNEL_LAUNCH(grid_for(n), BLOCK, 0, fill_kernel)(x, n, v);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -1157,8 +1169,9 @@ void moe_route(int *sel, float *prob, float *scores, float *ssum, const float *l
                int E, int k, int pre, float scale, int groups, int group_topk,
                const float *ebias)
 {
-    moe_route_kernel<<<grid_for(N), BLOCK>>>(sel, prob, scores, ssum, logits, N, E, k, pre,
-                                             scale, groups, group_topk, ebias);
+    KERNEL_LAUNCH(grid_for(N), BLOCK, 0, moe_route_kernel)(sel, prob, scores, ssum, logits, N,
+                                                          E, k, pre, scale, groups, group_topk,
+                                                          ebias);
     RT_CUDA(cudaGetLastError());
 }
 

@@ -10,7 +10,8 @@
 **   stcompare --list FILE                    name, dtype, shape, data offsets per tensor
 **   stcompare --check [--dtype D] FILE       strict structure check (see check_file)
 **
-** An element is close when |a - b| <= atol + rtol * |b| (plus atol_max * max|b| of its tensor).
+** An element is close when |a - b| <= atol + rtol * |b| (plus atol_max * max|b| over its
+** tensor's finite values); equal values, infinities included, are always close.
 ** With --outliers F, a fraction F of all the elements may be farther (outliers) as long as each
 ** stays within hard + rtol * |b|. The last line sums up: tensors that differ, elements,
 ** outliers, the largest difference and where.
@@ -230,14 +231,18 @@ static int compare_tensor(const file *a, const st_tensor *ta, const file *b,
     double max_abs = 0, max_rel = 0, atol = o->atol;
     if (o->atol_max > 0) {
         double scale = 0;
-        for (long long i = 0; i < n; i++)
-            scale = fmax(scale, fabs(st_value(db, tb->dtype, (size_t)i)));
+        for (long long i = 0; i < n; i++) {         /* the finite values' scale */
+            double y = fabs(st_value(db, tb->dtype, (size_t)i));
+            if (isfinite(y)) scale = fmax(scale, y);
+        }
         atol += o->atol_max * scale;
     }
     for (long long i = 0; i < n; i++) {
         double x = st_value(da, ta->dtype, (size_t)i);
         double y = st_value(db, tb->dtype, (size_t)i);
-        double d = fabs(x - y), r = y != 0 ? d / fabs(y) : (d != 0 ? INFINITY : 0);
+        /* equal values (infinities too) differ by 0, never by inf - inf = NaN */
+        double d = x == y ? 0.0 : fabs(x - y);
+        double r = y != 0 ? d / fabs(y) : (d != 0 ? INFINITY : 0);
         int same_nan = isnan(x) && isnan(y);
         int close = same_nan || (o->exact ? x == y || (x == 0 && y == 0)
                                           : d <= atol + o->rtol * fabs(y));

@@ -20,11 +20,34 @@ KT_CUDA  := build/lib/kernels_cuda.o
 else
 KT_CPU   := $(KT_BUILD)/kernels.o
 KT_CUDA  := $(KT_BUILD)/kernels_cuda.o
+# The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
+# g++, host memory from the CPU runtime; no GPU and no nvcc needed.
+EMU_CXX   ?= g++
+EMU_FLAGS := -std=c++17 $(GEN_OPT) -g -Wall -Wextra -Werror -DGPT_CUDA_EMU -Itests/kernels/emu
+
+$(KT_BUILD)/kernels_cuda_emu.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h \
+                                tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(KT_FLAGS) $(KT_EXTRA) -x c++ -c -o $@ $<
+
+$(KT_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
+
+$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
+                             build/librt_cpu.a build/ref/libref.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
+	    build/ref/libref.a $(RT_CPU_LIBS) -lstdc++
+
 endif
 
-.PHONY: kernel-test kernel-test-cuda
+.PHONY: kernel-test kernel-test-cuda kernel-test-emu
 kernel-test: $(KT_BUILD)/kernel_test_cpu
 kernel-test-cuda: $(KT_BUILD)/kernel_test_cuda
+kernel-test-emu: $(KT_BUILD)/kernel_test_emu
 
 $(KT_BUILD)/kernel_test.o: tests/kernels/kernel_test.c lib/kernels.h
 	$(E) "MPICC     $@"
@@ -51,5 +74,27 @@ $(KT_BUILD)/kernel_test_cuda: $(KT_TEST) $(KT_CUDA) build/librt_cuda.a \
                               build/ref/libref.a
 	$(E) "LINK      $@"
 	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_LIBS)
+
+# The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
+# g++, host memory from the CPU runtime; no GPU and no nvcc needed.
+EMU_CXX   ?= g++
+EMU_FLAGS := -std=c++17 $(GEN_OPT) -g -Wall -Wextra -Werror -DGPT_CUDA_EMU -Itests/kernels/emu
+
+$(KT_BUILD)/kernels_cuda_emu.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h \
+                                tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(KT_FLAGS) $(KT_EXTRA) -x c++ -c -o $@ $<
+
+$(KT_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
+
+$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
+                             build/librt_cpu.a build/ref/libref.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
+	    build/ref/libref.a $(RT_CPU_LIBS) -lstdc++
 
 endif

@@ -148,6 +148,47 @@ for name in $MUTANTS; do
     grep -q '^FAIL ' "$S/mutant-$name.verdict" && FAILED=1
 done
 
+# -- CUDA kernels on the CPU emulation of CUDA (tests/kernels/emu): every machine -----------------
+# kernels_cuda.cu's own code (indexing, shared memory, barriers, warp shuffles, launch shapes)
+# compiled with g++ against the emulation and run against the reference like the CPU kernels;
+# the emulation aborts on deadlocks, bad shuffle masks and launch shapes over the H100's limits.
+# It proves the kernels' logic, not their speed, nor nvcc's code generation.
+run_emu() {     # run number
+    RT_THREADS=1 RT_TIMEOUT=300 $S/kernel_test_emu kernels/cuda-emu \
+        --dump $S/emu-$1.safetensors --dump-bf16 $S/emu-$1-bf16.safetensors > $S/emu-$1.out 2>&1
+}
+if ! command -v g++ >/dev/null 2>&1; then
+    skip cuda-emu-build "no g++ (make deps installs it)"
+elif [ "$(uname -m)" != x86_64 ]; then
+    skip cuda-emu-build "the emulation's fiber switch is x86-64 only"
+elif ! $MK kernel-test-emu > $S/build-emu.log 2>&1; then
+    sed 's/^/  /' $S/build-emu.log | tail -20
+    fail cuda-emu-build "kernels_cuda.cu does not compile against the CUDA emulation"
+else
+    pass cuda-emu-build
+    run_emu 1; rc=$?
+    cat $S/emu-1.out
+    if [ $rc -ne 0 ]; then
+        grep -q '^FAIL ' $S/emu-1.out || fail cuda-emu "kernel_test_emu exited with status $rc"
+        FAILED=1
+    else
+        run_emu 2
+        if cmp -s $S/emu-1.safetensors $S/emu-2.safetensors &&
+           cmp -s $S/emu-1-bf16.safetensors $S/emu-2-bf16.safetensors; then
+            pass cuda-emu-deterministic
+        else fail cuda-emu-deterministic "two runs of the emulated CUDA kernels differ"; fi
+        # the same f32 tolerance as the GPU's comparison below (summation orders and FMA
+        # contraction differ from the CPU kernels')
+        if [ $ok1 = 1 ] && build/tools/stcompare -q --atol 0 --rtol 1e-5 --atol-max 1e-5 \
+                $S/emu-1.safetensors $S/cpu-t1.safetensors > $S/emu-vs-cpu.out 2>&1; then
+            pass cuda-emu-vs-cpu
+        else
+            head -40 $S/emu-vs-cpu.out
+            fail cuda-emu-vs-cpu "emulated CUDA and CPU kernel outputs differ beyond f32 tolerance"
+        fi
+    fi
+fi
+
 # -- CUDA: build whenever the backend is built; run only on a GPU -------------------------------
 if ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then
     skip cuda-build "CUDA backend not built here (needs nvcc, cuBLAS and NCCL)"
