@@ -1,11 +1,15 @@
 /*
 ** kernels_cuda.cu: the kernels of kernels.h on CUDA: device pointers, every kernel launched on
-** the legacy default stream (the runtime's), one thread per row, column or element running the
-** shared arithmetic of kernel_rows.h, so the results match the CPU backend's formulas. Each
-** kernel is a template over the storage type S (float or uint16_t for bf16), which picks the
-** matching overload of kernel_rows.h; the launchers choose S from the call's rt_dtype.
-** Attention has its own tiled kernels (shared memory, f32). Part of the training library
-** (build/libgpt_cuda.a).
+** the legacy default stream (the runtime's). Pointwise kernels give one element to a thread and
+** run the shared arithmetic of kernel_rows.h, so they compute the CPU backend's formulas. The
+** reductions are written for the GPU: a warp per row (LayerNorm, RMSNorm), a block per row
+** (cross-entropy), blocks of 32 warps per 32 columns (bias, norm-weight and MoE gradients), a
+** grid of blocks for the gradient norm; their sums have fixed shapes (deterministic) that
+** differ from the CPU's orders, within the kernel tests' f32 tolerance. Each kernel is a
+** template over the storage type S (float or uint16_t for bf16), which picks the matching
+** overload of kernel_rows.h; the launchers choose S from the call's rt_dtype. Attention has its
+** own tiled kernels (shared memory, f32). Part of the training library (build/libgpt_cuda.a).
+** The kernel tests also run this file on a CPU emulation of CUDA (tests/kernels/emu).
 */
 #include <cuda_runtime.h>   /* or, with GPT_CUDA_EMU, the kernel tests' CPU emulation of it */
 #include "kernel_rows.h"
@@ -29,14 +33,16 @@ static rt_dtype storage(rt_dtype t)
     return t;
 }
 
-/* kernel<uint16_t> (bf16) or kernel<float> for storage type t, on 'grid' blocks of BLOCK. */
-#define LAUNCH(t, kernel, grid, ...)                                                         \
+/* kernel<uint16_t> (bf16) or kernel<float> for storage type t, on 'grid' blocks of 'block'
+** threads (LAUNCH: of BLOCK). */
+#define LAUNCH_WITH(t, kernel, grid, block, ...)                                             \
     do {                                                                                     \
         if (storage(t) == RT_BF16)                                                           \
-            KERNEL_LAUNCH((grid), BLOCK, 0, kernel<uint16_t>)(__VA_ARGS__);                  \
-        else KERNEL_LAUNCH((grid), BLOCK, 0, kernel<float>)(__VA_ARGS__);                    \
+            KERNEL_LAUNCH((grid), (block), 0, kernel<uint16_t>)(__VA_ARGS__);                \
+        else KERNEL_LAUNCH((grid), (block), 0, kernel<float>)(__VA_ARGS__);                  \
         RT_CUDA(cudaGetLastError());                                                         \
     } while (0)
+#define LAUNCH(t, kernel, grid, ...) LAUNCH_WITH(t, kernel, grid, BLOCK, __VA_ARGS__)
 
 /* Blocks of BLOCK threads for n items (at least one: a grid of 0 is a launch error). */
 static unsigned grid_for(size_t n) { return n ? (unsigned)CEIL_DIV(n, (size_t)BLOCK) : 1; }
@@ -58,7 +64,105 @@ static const void *elem(const void *p, size_t i, rt_dtype t)
     return static_cast<const char *>(p) + i * rt_dtype_size(t);
 }
 
+/* -- Reductions: warps, blocks, columns -------------------------------------------------------- */
+/*
+** Every sum has a fixed shape, so results are the same run to run: a warp adds its lanes in a
+** butterfly (each step adds two values that every lane of a pair holds alike, and addition
+** commutes exactly); a block adds its warps' results in warp order; a column reduction gives
+** each of COL_WARPS warps every COL_WARPS-th row, in COL_UNROLL partial sums (loads in flight)
+** added in order, then adds the warps in order. No atomics.
+*/
+
+#define WARP 32
+#define ROWS_PER_BLOCK (BLOCK / WARP)   /* rows of a block of the one-warp-per-row kernels */
+#define COL_WARPS 32                    /* warps of a column-reduction block (1024 threads) */
+#define COL_UNROLL 4                    /* partial sums per thread of a column reduction */
+#define ROW_BLOCK 512                   /* threads of a block-per-row kernel (cross-entropy) */
+
+/* Blocks for N rows of one warp each (at least one). */
+static unsigned grid_rows(int N) { return N > 0 ? (unsigned)CEIL_DIV(N, ROWS_PER_BLOCK) : 1; }
+
+/* The sum of v over the lanes of a warp, the same in every lane. */
+template <class T> static __device__ T warp_sum(T v)
+{
+    for (int off = WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* The largest v over the lanes of a warp (NaN ignored, as fmaxf does), the same in every lane. */
+static __device__ float warp_max(float v)
+{
+    for (int off = WARP / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* The warps' results v (each warp's alike in its lanes) combined in warp order, in every
+** thread. blockDim.x is a multiple of WARP; sh is WARP elements of shared memory. */
+template <class T, class Op> static __device__ T block_combine(T v, T *sh, Op op)
+{
+    int nw = blockDim.x / WARP;
+    __syncthreads();                              /* sh is free: earlier readers are done */
+    if (threadIdx.x % WARP == 0) sh[threadIdx.x / WARP] = v;
+    __syncthreads();
+    T r = sh[0];
+    for (int w = 1; w < nw; w++) r = op(r, sh[w]);
+    return r;
+}
+
+template <class T> static __device__ T block_sum(T v, T *sh)
+{
+    return block_combine(warp_sum(v), sh, [](T a, T b) { return a + b; });
+}
+
+static __device__ float block_max(float v, float *sh)
+{
+    return block_combine(warp_max(v), sh, [](float a, float b) { return fmaxf(a, b); });
+}
+
+/*
+** Column c = blockIdx.x * WARP + lane of K (1 or 2) column sums over rows [0, N): f(n, c, acc)
+** adds row n's terms to acc[0..K); the totals are added to out0[c] (and out1[c]). Blocks of
+** COL_WARPS warps (launch: col_blocks(C) blocks of COL_WARPS * WARP threads); the lanes of a
+** warp read 32 neighbouring columns of one row.
+*/
+template <int K, class F> static __device__ void col_reduce(float *out0, float *out1, int N,
+                                                             int C, F f)
+{
+    __shared__ float part[K][COL_WARPS][WARP];
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, c = blockIdx.x * WARP + lane;
+    float acc[COL_UNROLL][K];
+    for (int u = 0; u < COL_UNROLL; u++)
+        for (int k = 0; k < K; k++) acc[u][k] = 0.0f;
+    if (c < C) {
+        int n = w;
+        for (; n + (COL_UNROLL - 1) * COL_WARPS < N; n += COL_UNROLL * COL_WARPS)
+            for (int u = 0; u < COL_UNROLL; u++) f(n + u * COL_WARPS, c, acc[u]);
+        for (int u = 0; n < N; n += COL_WARPS, u++) f(n, c, acc[u]);
+    }
+    for (int k = 0; k < K; k++) {
+        float s = acc[0][k];
+        for (int u = 1; u < COL_UNROLL; u++) s += acc[u][k];
+        part[k][w][lane] = s;
+    }
+    __syncthreads();
+    if (w == 0 && c < C)
+        for (int k = 0; k < K; k++) {
+            float s = part[k][0][lane];
+            for (int i = 1; i < COL_WARPS; i++) s += part[k][i][lane];
+            (k == 0 ? out0 : out1)[c] += s;
+        }
+}
+
+static unsigned col_blocks(int C) { return (unsigned)CEIL_DIV(C, WARP); }
+
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
+/*
+** The embedding's gradient sums, per vocabulary row, the gradients of the tokens with that id
+** in token order (the CPU's order exactly). Blocks split the columns (x) and the ids (y: ids
+** congruent to blockIdx.y modulo EMB_GROUPS): every block scans the token ids, and each
+** vocabulary row is updated by one thread per column.
+*/
+#define EMB_GROUPS 64
 
 template <class S> static __global__
 void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, int vstart,
@@ -73,7 +177,13 @@ void embed_bwd_kernel(float *dwte, const void *dout, const int *tok, int N, int 
                       int vrows)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) embed_bwd_cols(dwte, as<S>(dout), tok, N, C, vstart, vrows, i, i + 1);
+    if (i >= C) return;
+    const S *d = as<S>(dout);
+    for (int n = 0; n < N; n++) {
+        int v = tok[n] - vstart;
+        if (v < 0 || v >= vrows || v % EMB_GROUPS != (int)blockIdx.y) continue;
+        dwte[(size_t)v * C + i] += kr_load(d + (size_t)n * C + i);
+    }
 }
 
 template <class S> static __global__
@@ -83,11 +193,17 @@ void pos_fwd_kernel(void *out, const void *wpe, int T, int B, int C, int t0)
     if (t < T) pos_fwd_rows(as<S>(out), as<S>(wpe), B, C, t0, t, t + 1);
 }
 
+/* Element (t, i) of the position gradient: += the B rows of position t, in order. */
 template <class S> static __global__
 void pos_bwd_kernel(float *dwpe, const void *dout, int T, int B, int C, int t0)
 {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < T) pos_bwd_rows(dwpe, as<S>(dout), B, C, t0, t, t + 1);
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)T * C) return;
+    int t = (int)(k / C), i = (int)(k % C);
+    const S *d = as<S>(dout) + (size_t)t * B * C + i;
+    float g = dwpe[(size_t)(t0 + t) * C + i];
+    for (int b = 0; b < B; b++) g += kr_load(d + (size_t)b * C);
+    dwpe[(size_t)(t0 + t) * C + i] = g;
 }
 
 void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vstart, int vrows,
@@ -99,7 +215,8 @@ void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vst
 void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
                int vrows, rt_dtype t)
 {
-    LAUNCH(t, embed_bwd_kernel, grid_for(C), dwte, dout, tok, N, C, vstart, vrows);
+    dim3 grid(grid_for(C), EMB_GROUPS);
+    LAUNCH(t, embed_bwd_kernel, grid, dwte, dout, tok, N, C, vstart, vrows);
 }
 
 void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
@@ -109,51 +226,87 @@ void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t
 
 void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t)
 {
-    LAUNCH(t, pos_bwd_kernel, grid_for(T), dwpe, dout, T, B, C, t0);
+    LAUNCH(t, pos_bwd_kernel, grid_for((size_t)T * C), dwpe, dout, T, B, C, t0);
 }
 
 /* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
 
+/* Row n = this warp's: two-pass mean and variance over lane-strided columns, then
+** out = (x - mean) * rstd * w + b (kernel_rows.h's formulas). */
 template <class S> static __global__
 void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, const void *w,
                           const void *b, int N, int C, float eps)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N)
-        layernorm_fwd_rows(as<S>(out), mean, rstd, as<S>(inp), as<S>(w), as<S>(b), C, eps, n,
-                           n + 1);
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;                                  /* the whole warp: n is the warp's */
+    const S *x = as<S>(inp) + (size_t)n * C, *ws = as<S>(w), *bs = as<S>(b);
+    S *o = as<S>(out) + (size_t)n * C;
+    float sum = 0.0f, var = 0.0f;
+    for (int i = lane; i < C; i += WARP) sum += kr_load(x + i);
+    float m = warp_sum(sum) / (float)C;
+    for (int i = lane; i < C; i += WARP) {
+        float d = kr_load(x + i) - m;
+        var += d * d;
+    }
+    float s = 1.0f / sqrtf(warp_sum(var) / (float)C + eps);
+    for (int i = lane; i < C; i += WARP)
+        kr_store(o + i, (kr_load(x + i) - m) * s * kr_load(ws + i) + kr_load(bs + i));
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = s;
+    }
 }
 
+/* Row n = this warp's: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)), dn = dout * w. */
 template <class S> static __global__
 void layernorm_bwd_rows_kernel(void *dinp, const void *dout, const void *inp, const void *w,
                                const float *mean, const float *rstd, int N, int C)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N)
-        layernorm_bwd_rows(as<S>(dinp), as<S>(dout), as<S>(inp), as<S>(w), mean, rstd, C, n,
-                           n + 1);
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    const S *x = as<S>(inp) + (size_t)n * C, *d = as<S>(dout) + (size_t)n * C, *ws = as<S>(w);
+    S *dx = as<S>(dinp) + (size_t)n * C;
+    float mu = mean[n], rs = rstd[n], dn_sum = 0.0f, dnx_sum = 0.0f;
+    for (int i = lane; i < C; i += WARP) {
+        float dn = kr_load(d + i) * kr_load(ws + i);
+        dn_sum += dn;
+        dnx_sum += dn * ((kr_load(x + i) - mu) * rs);
+    }
+    float dn_mean = warp_sum(dn_sum) / (float)C, dnx_mean = warp_sum(dnx_sum) / (float)C;
+    for (int i = lane; i < C; i += WARP) {
+        float xhat = (kr_load(x + i) - mu) * rs, dn = kr_load(d + i) * kr_load(ws + i);
+        kr_store(dx + i, kr_load(dx + i) + rs * (dn - dn_mean - xhat * dnx_mean));
+    }
 }
 
+/* dw += dout * xhat, db += dout: column sums over the rows. */
 template <class S> static __global__
 void layernorm_bwd_cols_kernel(float *dw, float *db, const void *dout, const void *inp,
                                const float *mean, const float *rstd, int N, int C)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) layernorm_bwd_cols(dw, db, as<S>(dout), as<S>(inp), mean, rstd, N, C, i, i + 1);
+    const S *d = as<S>(dout), *x = as<S>(inp);
+    col_reduce<2>(dw, db, N, C, [=](int n, int c, float *a) {
+        size_t e = (size_t)n * C + c;
+        float g = kr_load(d + e);
+        a[0] += g * ((kr_load(x + e) - mean[n]) * rstd[n]);
+        a[1] += g;
+    });
 }
 
 void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
                    const void *b, int N, int C, float eps, rt_dtype t)
 {
-    LAUNCH(t, layernorm_fwd_kernel, grid_for(N), out, mean, rstd, inp, w, b, N, C, eps);
+    LAUNCH(t, layernorm_fwd_kernel, grid_rows(N), out, mean, rstd, inp, w, b, N, C, eps);
 }
 
 void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
                    const void *w, const float *mean, const float *rstd, int N, int C,
                    rt_dtype t)
 {
-    LAUNCH(t, layernorm_bwd_rows_kernel, grid_for(N), dinp, dout, inp, w, mean, rstd, N, C);
-    LAUNCH(t, layernorm_bwd_cols_kernel, grid_for(C), dw, db, dout, inp, mean, rstd, N, C);
+    LAUNCH(t, layernorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, mean, rstd, N, C);
+    if (C > 0)
+        LAUNCH_WITH(t, layernorm_bwd_cols_kernel, col_blocks(C), COL_WARPS * WARP, dw, db, dout,
+                    inp, mean, rstd, N, C);
 }
 
 /* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
@@ -185,8 +338,10 @@ void bias_fwd_kernel(void *out, const void *bias, size_t n, int OC)
 template <class S> static __global__
 void bias_bwd_kernel(float *dbias, const void *dout, int N, int OC)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < OC) bias_bwd_cols(dbias, as<S>(dout), N, OC, i, i + 1);
+    const S *d = as<S>(dout);
+    col_reduce<1>(dbias, NULL, N, OC, [=](int n, int c, float *a) {
+        a[0] += kr_load(d + (size_t)n * OC + c);
+    });
 }
 
 template <class S> static __global__
@@ -240,7 +395,8 @@ void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t)
 
 void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
 {
-    LAUNCH(t, bias_bwd_kernel, grid_for(OC), dbias, dout, N, OC);
+    if (OC > 0)
+        LAUNCH_WITH(t, bias_bwd_kernel, col_blocks(OC), COL_WARPS * WARP, dbias, dout, N, OC);
 }
 
 void add_fwd(void *out, const void *a, const void *b, size_t n, rt_dtype t)
@@ -766,30 +922,17 @@ void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void 
 /* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
 /*
 ** RMSNorm: one warp per row for its row sums (lane l sums columns l, l + WARP, ... in order,
-** then a butterfly of fixed shape adds the lanes), and one thread per column of dw summing the
-** rows in order. The pointwise kernels (rotary embedding, SwiGLU, head copies and sums) are
+** then a butterfly of fixed shape adds the lanes), and a column reduction for dw. The pointwise kernels (rotary embedding, SwiGLU, head copies and sums) are
 ** grid-stride loops, one element (rotary: one (position, pair), for every row and head of the
 ** position) per step. Each output element is computed by one thread in a fixed order: the
 ** results are deterministic, no atomics.
 */
 
-#define WARP 32
-#define ROWS_PER_BLOCK (BLOCK / WARP)   /* rows of a block of the one-warp-per-row kernels */
 #define GRID_STRIDE_MAX 4096u           /* blocks of a grid-stride launch (H100: 132 SMs x 8) */
 
 /* Blocks for n items of a grid-stride loop. */
 static unsigned grid_stride(size_t n) { return MIN(grid_for(n), GRID_STRIDE_MAX); }
 
-/* Blocks for N rows of one warp each (at least one). */
-static unsigned grid_rows(int N) { return N > 0 ? (unsigned)CEIL_DIV(N, ROWS_PER_BLOCK) : 1; }
-
-/* The sum of v over the lanes of a warp, the same in every lane: each butterfly step adds two
-** values every lane of a group holds alike (addition commutes exactly), so the order is fixed. */
-static __device__ float warp_sum(float v)
-{
-    for (int off = WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
 
 /* The grid-stride loop over [0, n). */
 #define GRID_STRIDE(k, n)                                                                    \
@@ -834,8 +977,11 @@ template <class S> static __global__
 void rmsnorm_bwd_cols_kernel(float *dw, const void *dout, const void *inp, const float *rstd,
                              int N, int C)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) rmsnorm_bwd_cols(dw, as<S>(dout), as<S>(inp), rstd, N, C, i, i + 1);
+    const S *d = as<S>(dout), *x = as<S>(inp);
+    col_reduce<1>(dw, NULL, N, C, [=](int n, int c, float *a) {
+        size_t e = (size_t)n * C + c;
+        a[0] += kr_load(d + e) * (kr_load(x + e) * rstd[n]);
+    });
 }
 
 /* Step k = (position t, pair i): the angle once, then pair i of every row and head of t. */
@@ -901,7 +1047,9 @@ void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const
                  const float *rstd, int N, int C, rt_dtype t)
 {
     LAUNCH(t, rmsnorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, rstd, N, C);
-    LAUNCH(t, rmsnorm_bwd_cols_kernel, grid_for(C), dw, dout, inp, rstd, N, C);
+    if (C > 0)
+        LAUNCH_WITH(t, rmsnorm_bwd_cols_kernel, col_blocks(C), COL_WARPS * WARP, dw, dout, inp,
+                    rstd, N, C);
 }
 
 void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
@@ -940,19 +1088,34 @@ void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
 
+/* One block (ROW_BLOCK threads) per row n = blockIdx.x: the threads stride over the columns,
+** coalesced, and the block reduces (kernel_rows.h's formulas in another order). */
 template <class S> static __global__
-void ce_rowmax_kernel(float *mx, const void *logits, int N, int Vl, int valid)
+void ce_rowmax_kernel(float *mx, const void *logits, int Vl, int valid)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) ce_max_rows(mx, as<S>(logits), Vl, valid, n, n + 1);
+    __shared__ float sh[WARP];
+    const S *row = as<S>(logits) + (size_t)blockIdx.x * Vl;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, kr_load(row + j));
+    m = block_max(m, sh);
+    if (threadIdx.x == 0) mx[blockIdx.x] = m;
 }
 
 template <class S> static __global__
 void ce_sums_kernel(float *sums, const void *logits, const float *mx, const int *targets, int N,
                     int Vl, int valid, int vstart)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) ce_sums_rows(sums, as<S>(logits), mx, targets, N, Vl, valid, vstart, n, n + 1);
+    __shared__ float sh[WARP];
+    int n = blockIdx.x;
+    const S *row = as<S>(logits) + (size_t)n * Vl;
+    float m = mx[n], e = 0.0f;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) e += vexpf(kr_load(row + j) - m);
+    e = block_sum(e, sh);
+    if (threadIdx.x == 0) {
+        int t = targets[n] - vstart;
+        sums[n] = e;
+        sums[N + n] = (t >= 0 && t < valid) ? kr_load(row + t) : 0.0f;
+    }
 }
 
 static __global__
@@ -963,33 +1126,42 @@ void ce_loss_kernel(float *loss, const float *sums, const float *mx, int N)
 }
 
 template <class S> static __global__
-void ce_bwd_kernel(void *logits, const float *mx, const float *sums, const int *targets, int N,
+void ce_bwd_kernel(void *logits, const float *mx, const float *sums, const int *targets,
                    int Vl, int valid, int vstart, float dloss)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) ce_bwd_rows(as<S>(logits), mx, sums, targets, Vl, valid, vstart, dloss, n, n + 1);
+    int n = blockIdx.x;
+    S *row = as<S>(logits) + (size_t)n * Vl;
+    float inv = 1.0f / sums[n], m = mx[n];
+    int t = targets[n] - vstart;
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float g = 0.0f;                                  /* padding columns: 0 */
+        if (j < valid) g = (vexpf(kr_load(row + j) - m) * inv - (j == t ? 1.0f : 0.0f)) * dloss;
+        kr_store(row + j, g);
+    }
 }
 
-/* One thread sums in order: the loss sum is deterministic (N is tokens per micro-batch). */
+/* One block adds the rows (a fixed tree): the loss sum is deterministic. */
 static __global__
 void sum_rows_kernel(float *out, const float *x, int N)
 {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        float s = 0.0f;
-        for (int n = 0; n < N; n++) s += x[n];
-        out[0] = s;
-    }
+    __shared__ float sh[WARP];
+    float s = 0.0f;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) s += x[n];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) out[0] = s;
 }
 
 void ce_rowmax(float *mx, const void *logits, int N, int Vl, int valid, rt_dtype t)
 {
-    LAUNCH(t, ce_rowmax_kernel, grid_for(N), mx, logits, N, Vl, valid);
+    if (N > 0) LAUNCH_WITH(t, ce_rowmax_kernel, N, ROW_BLOCK, mx, logits, Vl, valid);
 }
 
 void ce_sums(float *sums, const void *logits, const float *mx, const int *targets, int N,
              int Vl, int valid, int vstart, rt_dtype t)
 {
-    LAUNCH(t, ce_sums_kernel, grid_for(N), sums, logits, mx, targets, N, Vl, valid, vstart);
+    if (N > 0)
+        LAUNCH_WITH(t, ce_sums_kernel, N, ROW_BLOCK, sums, logits, mx, targets, N, Vl, valid,
+                    vstart);
 }
 
 void ce_loss(float *loss, const float *sums, const float *mx, int N)
@@ -1001,13 +1173,14 @@ void ce_loss(float *loss, const float *sums, const float *mx, int N)
 void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets, int N,
             int Vl, int valid, int vstart, float dloss, rt_dtype t)
 {
-    LAUNCH(t, ce_bwd_kernel, grid_for(N), logits, mx, sums, targets, N, Vl, valid, vstart,
-           dloss);
+    if (N > 0)
+        LAUNCH_WITH(t, ce_bwd_kernel, N, ROW_BLOCK, logits, mx, sums, targets, Vl, valid,
+                    vstart, dloss);
 }
 
 void sum_rows(float *out, const float *x, int N)
 {
-    KERNEL_LAUNCH(1, 1, 0, sum_rows_kernel)(out, x, N);
+    KERNEL_LAUNCH(1, 1024, 0, sum_rows_kernel)(out, x, N);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -1024,20 +1197,33 @@ void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size
                    gscale, i, i + 1);
 }
 
-/* One block per call, a fixed tree: deterministic. */
+/*
+** The sum of squares in double: up to SUMSQ_BLOCKS blocks (their number a function of n only)
+** each reduce a grid-strided share into sumsq_part, then one warp adds the parts in a fixed
+** shape. Calls on the one stream run in order, so they share sumsq_part.
+*/
+#define SUMSQ_BLOCKS 264                /* H100: 132 SMs x 2 */
+static __device__ double sumsq_part[SUMSQ_BLOCKS];
+
 static __global__
-void sumsq_kernel(float *out, const float *x, size_t n)
+void sumsq_kernel(const float *x, size_t n)
 {
-    __shared__ double part[BLOCK];
+    __shared__ double sh[WARP];
     double s = 0.0;
-    for (size_t i = threadIdx.x; i < n; i += BLOCK) s += (double)x[i] * (double)x[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = BLOCK / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[0] = (float)part[0];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        s += (double)x[i] * (double)x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) sumsq_part[blockIdx.x] = s;
+}
+
+static __global__
+void sumsq_total_kernel(float *out, int parts)
+{
+    double s = 0.0;
+    for (int i = threadIdx.x; i < parts; i += WARP) s += sumsq_part[i];
+    s = warp_sum(s);
+    if (threadIdx.x == 0) out[0] = (float)s;
 }
 
 static __global__
@@ -1057,7 +1243,10 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
 
 void sumsq(float *out, const float *x, size_t n)
 {
-    KERNEL_LAUNCH(1, BLOCK, 0, sumsq_kernel)(out, x, n);
+    unsigned parts = MIN(grid_for(n), (unsigned)SUMSQ_BLOCKS);
+    KERNEL_LAUNCH(parts, BLOCK, 0, sumsq_kernel)(x, n);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH(1, WARP, 0, sumsq_total_kernel)(out, (int)parts);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -1154,8 +1343,10 @@ void add_scaled_bias_kernel(void *y, const float *s, const void *b, int n, int C
 template <class S> static __global__
 void scaled_bias_bwd_kernel(float *db, const float *s, const void *dy, int n, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < C) scaled_bias_bwd_cols(db, s, as<S>(dy), n, C, c, c + 1);
+    const S *d = as<S>(dy);
+    col_reduce<1>(db, NULL, n, C, [=](int i, int c, float *a) {
+        a[0] += s[i] * kr_load(d + (size_t)i * C + c);
+    });
 }
 
 template <class S> static __global__
@@ -1217,7 +1408,8 @@ void add_scaled_bias(void *y, const float *s, const void *b, int n, int C, rt_dt
 
 void scaled_bias_bwd(float *db, const float *s, const void *dy, int n, int C, rt_dtype t)
 {
-    LAUNCH(t, scaled_bias_bwd_kernel, grid_for(C), db, s, dy, n, C);
+    if (C > 0)
+        LAUNCH_WITH(t, scaled_bias_bwd_kernel, col_blocks(C), COL_WARPS * WARP, db, s, dy, n, C);
 }
 
 void sum_blocks(void *out, const void *in, int nblocks, size_t n, rt_dtype t)

@@ -44,8 +44,8 @@ $(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUIL
 
 endif
 
-.PHONY: kernel-test kernel-test-cuda kernel-test-emu
-kernel-test: $(KT_BUILD)/kernel_test_cpu
+.PHONY: kernel-test kernel-test-cpu kernel-test-cuda kernel-test-emu
+kernel-test kernel-test-cpu: $(KT_BUILD)/kernel_test_cpu
 kernel-test-cuda: $(KT_BUILD)/kernel_test_cuda
 kernel-test-emu: $(KT_BUILD)/kernel_test_emu
 

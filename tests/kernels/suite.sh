@@ -59,31 +59,41 @@ done
 # -- Mutants: each broken kernel must make kernel_test fail --------------------------------------
 # name | sed expression on the kernel sources | a line it must produce (proof that it applied).
 # Two mutants are built and run at a time (each in its own directory); verdicts in order.
+# mutate_cuda: the same on kernels_cuda.cu, run on the CUDA emulation (kernel_test_emu).
 MUTANTS=""
+EMU=0           # can the CUDA emulation be built here (g++, x86-64)?
+command -v g++ >/dev/null 2>&1 && [ "$(uname -m)" = x86_64 ] && EMU=1
 mutate() {
     MUTANTS="$MUTANTS $1"
-    (mutate_one "$@" > "$S/mutant-$1.verdict" 2>&1) &
+    (mutate_one cpu "$@" > "$S/mutant-$1.verdict" 2>&1) &
+    [ $(( $(echo $MUTANTS | wc -w) % 2 )) = 0 ] && wait
+}
+mutate_cuda() {
+    MUTANTS="$MUTANTS $1"
+    (mutate_one emu "$@" > "$S/mutant-$1.verdict" 2>&1) &
     [ $(( $(echo $MUTANTS | wc -w) % 2 )) = 0 ] && wait
 }
 mutate_one() {
-    name=$1 expr=$2 proof=$3
+    kind=$1 name=$2 expr=$3 proof=$4
     d=$S/mutant-$name
-    rm -rf $d && mkdir -p $d/src && cp lib/kernels_cpu.c lib/kernel_rows.h $d/src/
-    sed -i "$expr" $d/src/kernels_cpu.c $d/src/kernel_rows.h
-    if ! cat $d/src/kernels_cpu.c $d/src/kernel_rows.h | grep -qF "$proof"; then
+    rm -rf $d && mkdir -p $d/src && cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h $d/src/
+    if [ $kind = cpu ]; then files="$d/src/kernels_cpu.c $d/src/kernel_rows.h"
+    else files=$d/src/kernels_cuda.cu; fi
+    sed -i "$expr" $files
+    if ! cat $files | grep -qF "$proof"; then
         fail mutant-$name "the mutation no longer applies (the kernel source changed?)"
         return
     fi
     # -O1: a mutant only has to be caught, not to be fast
     if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA=-Wno-error GEN_OPT=-O1 \
-            KT_TEST=$S/kernel_test.o kernel-test \
+            KT_TEST=$S/kernel_test.o kernel-test-$kind \
             > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
         fail mutant-$name "the mutant does not compile"
         return
     fi
     # one thread each (two mutants run at a time); the first failing op is enough
-    RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_cpu kernels/mutant --first > $d/run.out 2>&1
+    RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_$kind kernels/mutant --first > $d/run.out 2>&1
     caught=$(grep '^FAIL ' $d/run.out | sed 's/^FAIL kernels\/mutant\/\([^:]*\):.*/\1/' |
              tr '\n' ' ' | sed 's/ $//')
     if [ -n "$caught" ]; then pass "mutant-$name (caught by: $caught)"
@@ -142,6 +152,27 @@ mutate swiglu-sigmoid-unguarded 's|return g < -EXP_MAX ? 0.0f : s;|return s + 0.
 mutate kv-reduce-first-head-only \
     's|for (int r = 1; r < rep; r++)|for (int r = rep; r < rep; r++)|' \
     'for (int r = rep; r < rep; r++)'
+# the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
+# a butterfly one step short, a block's warps not all added, the embedding's id groups not
+# separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
+# lanes skipping columns
+if [ $EMU = 1 ]; then
+mutate_cuda cuda-col-unroll-short \
+    's|for (int u = 0; u < COL_UNROLL; u++) f(n + u|for (int u = 0; u < COL_UNROLL - 1; u++) f(n + u|' \
+    'u < COL_UNROLL - 1; u++) f(n + u'
+mutate_cuda cuda-warp-sum-short 's|for (int off = WARP / 2; off > 0; off /= 2) v +=|for (int off = WARP / 2; off > 1; off /= 2) v +=|' \
+    'off > 1; off /= 2) v +='
+mutate_cuda cuda-block-first-warp 's|for (int w = 1; w < nw; w++) r = op|for (int w = 1; w < 1; w++) r = op|' \
+    'for (int w = 1; w < 1; w++)'
+mutate_cuda cuda-embed-groups-merged 's/ || v % EMB_GROUPS != (int)blockIdx.y//' \
+    'if (v < 0 || v >= vrows) continue;'
+mutate_cuda cuda-sumsq-part-skipped 's|i < parts; i += WARP|i < parts - 1; i += WARP|' \
+    'i < parts - 1; i += WARP'
+mutate_cuda cuda-ce-padding-grad 's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
+    'if (j < Vl) g = (vexpf'
+mutate_cuda cuda-layernorm-lanes-skip 's|for (int i = lane; i < C; i += WARP) sum +=|for (int i = lane; i < C; i += 2 * WARP) sum +=|' \
+    'i += 2 * WARP) sum +='
+fi
 wait
 for name in $MUTANTS; do
     cat "$S/mutant-$name.verdict"
@@ -157,10 +188,8 @@ run_emu() {     # run number
     RT_THREADS=1 RT_TIMEOUT=300 $S/kernel_test_emu kernels/cuda-emu \
         --dump $S/emu-$1.safetensors --dump-bf16 $S/emu-$1-bf16.safetensors > $S/emu-$1.out 2>&1
 }
-if ! command -v g++ >/dev/null 2>&1; then
-    skip cuda-emu-build "no g++ (make deps installs it)"
-elif [ "$(uname -m)" != x86_64 ]; then
-    skip cuda-emu-build "the emulation's fiber switch is x86-64 only"
+if [ $EMU = 0 ]; then
+    skip cuda-emu-build "needs g++ (make deps installs it) and x86-64 (the fiber switch)"
 elif ! $MK kernel-test-emu > $S/build-emu.log 2>&1; then
     sed 's/^/  /' $S/build-emu.log | tail -20
     fail cuda-emu-build "kernels_cuda.cu does not compile against the CUDA emulation"
