@@ -15,6 +15,9 @@
 ** own code, data loading, logging; MoE kernels, which are not wrapped).
 ** PROFILE_CLOCK=cpu times with the calling thread's CPU clock instead of the wall clock:
 ** steadier on a shared machine, and the same thing when the program runs one thread.
+** Built with -DPROFILE_CUDA (bench/gpu_batch.sh, a CUDA program): each wrapped call waits for
+** the GPU before and after (cudaDeviceSynchronize), so its time is its kernels' time plus one
+** launch latency; everything runs on one stream, so little overlap is lost.
 */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -90,11 +93,20 @@ __attribute__((destructor)) static void report(void)
     fprintf(stderr, "profile: other %.3f %.1f\n", total - seen, 100 * (total - seen) / total);
 }
 
+#ifdef PROFILE_CUDA
+int cudaDeviceSynchronize(void);    /* cuda_runtime.h's, whose cudaError_t is an int enum */
+#define GPU_WAIT() ((void)cudaDeviceSynchronize())
+#else
+#define GPU_WAIT() ((void)0)
+#endif
+
 #define TIMED(fam, call)                                                        \
     do {                                                                        \
         last_was_sumsq = 0;                                                     \
+        GPU_WAIT();                                                             \
         double t0_ = now_s();                                                  \
         call;                                                                   \
+        GPU_WAIT();                                                             \
         acc[fam] += now_s() - t0_;                                             \
     } while (0)
 

@@ -153,6 +153,11 @@ $(RT_TEST_SINGLE_DIR)/t_groups: $(RT_TEST_SINGLE_DIR)/t_groups.o $(RT_TEST_SINGL
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(filter %.o,$^) $(RT_CPU_SINGLE_LIBS)
 
+# The CUDA ones over librt_cuda_single.a, for a GPU machine without MPI (bench/gpu_batch.sh).
+$(RT_TEST_SINGLE_DIR)/t_%_cuda: $(RT_TEST_SINGLE_DIR)/t_%.o build/librt_cuda_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $< $(RT_CUDA_SINGLE_LIBS)
+
 $(RT_TEST_SINGLE_DIR):
 	$(Q)mkdir -p $@
 

@@ -20,6 +20,13 @@ KT_CUDA  := build/lib/kernels_cuda.o
 else
 KT_CPU   := $(KT_BUILD)/kernels.o
 KT_CUDA  := $(KT_BUILD)/kernels_cuda.o
+# The same over the single-rank CUDA runtime (no MPI): for a GPU machine without MPI
+# (bench/gpu_batch.sh).
+$(KT_BUILD)/kernel_test_cuda_single: $(KT_TEST) $(KT_CUDA) build/librt_cuda_single.a \
+                                     build/ref/libref.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_SINGLE_LIBS)
+
 # The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
 # g++, host memory from the CPU runtime; no GPU and no nvcc needed.
 EMU_CXX   ?= g++
@@ -44,10 +51,11 @@ $(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUIL
 
 endif
 
-.PHONY: kernel-test kernel-test-cpu kernel-test-cuda kernel-test-emu
+.PHONY: kernel-test kernel-test-cpu kernel-test-cuda kernel-test-cuda-single kernel-test-emu
 kernel-test kernel-test-cpu: $(KT_BUILD)/kernel_test_cpu
 kernel-test-cuda: $(KT_BUILD)/kernel_test_cuda
 kernel-test-emu: $(KT_BUILD)/kernel_test_emu
+kernel-test-cuda-single: $(KT_BUILD)/kernel_test_cuda_single
 
 $(KT_BUILD)/kernel_test.o: tests/kernels/kernel_test.c lib/kernels.h
 	$(E) "MPICC     $@"
@@ -74,6 +82,13 @@ $(KT_BUILD)/kernel_test_cuda: $(KT_TEST) $(KT_CUDA) build/librt_cuda.a \
                               build/ref/libref.a
 	$(E) "LINK      $@"
 	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_LIBS)
+
+# The same over the single-rank CUDA runtime (no MPI): for a GPU machine without MPI
+# (bench/gpu_batch.sh).
+$(KT_BUILD)/kernel_test_cuda_single: $(KT_TEST) $(KT_CUDA) build/librt_cuda_single.a \
+                                     build/ref/libref.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_SINGLE_LIBS)
 
 # The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
 # g++, host memory from the CPU runtime; no GPU and no nvcc needed.

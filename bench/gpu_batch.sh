@@ -1,0 +1,337 @@
+#!/bin/bash
+# bench/gpu_batch.sh: everything the CUDA path needs a GPU for, in one batch for a lent GPU
+# machine that has CUDA, nvcc and python3 but no MPI, no package manager and no network.
+#
+#   bench/gpu_batch.sh prepare        here (Debian, the CUDA toolkit, the project's deps): build
+#                                     build/device/ (about 20 MiB), with the CPU references
+#   bench/gpu_batch.sh run [PART...]  on the GPU machine, from the repository root, with
+#                                     build/device carried; PART: kernels train bench profile
+#                                     (default: all four). Work files go to $GPU_BATCH_WORK
+#                                     (default /tmp/gpu_batch); $OUT (default build/device/out)
+#                                     gets summary.txt and logs.tgz (the logs and JSON logs).
+#
+# The parts (each prints PASS/FAIL lines and a table; the exit status is 1 if anything failed):
+#   kernels  kernel_test_cuda (single-rank runtime, no MPI): every kernel in f32 and bf16
+#            against the double-precision reference (tolerances: tests/kernels/kernel_test.c),
+#            twice (bit-identical runs), and its f32 outputs against the CPU kernels' (1e-5
+#            relative to the value and to the tensor's scale: the GPU tolerance of
+#            tests/kernels/suite.sh); the runtime's t_gemm and t_rng on the GPU.
+#   train    train_cuda_single against train_single's log and weights, computed here: tiny and
+#            tiny_llama in f32 (tests/single's tolerances: loss and grad_norm 1e-5 relative, lr
+#            1e-6, weights 1e-5 + 1e-5|b|); tiny in bf16 and tiny_moe reported beside the CPU
+#            (the bf16 run passes when every loss is finite and within 2 % of the CPU's: bf16
+#            rounding differs between the backends' summation orders).
+#   bench    GPT-2 124M (T = 1024, micro-batch 64) and GPT-2 1558M (T = 1024, micro-batch 8,
+#            selective recompute), bf16, one GPU, beside llm.c (its train_gpt2cu built there
+#            from the source carried in build/device/llm.c, with NO_MULTI_GPU=1 and
+#            NO_USE_MPI=1, USE_CUDNN=0, random init -e d12 / d48, the same token shard).
+#            ms/step is the median over the steps after BENCH_WARMUP (3) of BENCH_STEPS (12);
+#            tokens/s = B T / that; MFU counts 6N + 6 L C T FLOPs per token (N with the
+#            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 dense bf16).
+#   profile  GPT-2 124M's step per kernel family (bench/step_profile.c with -DPROFILE_CUDA:
+#            each library call timed between two cudaDeviceSynchronize).
+# Without the prepared build/device, `run` says so and stops.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+D=build/device
+MODE=${1:-}
+shift 2>/dev/null
+
+# -- prepare (here) -----------------------------------------------------------------------------
+TRAIN_FLAGS="--steps 6 --lr 1e-3 --warmup 2 --quiet"
+BENCH_STEPS=${BENCH_STEPS:-12}
+PROFILE_WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd layernorm_bwd gelu_fwd gelu_bwd
+      bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd ce_rowmax ce_sums
+      ce_loss ce_bwd sum_rows adamw_step sumsq scale_inplace rt_gemm rt_memset0"
+
+die() { echo "gpu_batch: $*" >&2; exit 1; }
+
+# mkvar NAME: a variable of the top Makefile
+mkvar() { make -s --no-print-directory -f Makefile -f <(printf 'pv:\n\t@echo $(%s)\n' "$1") pv; }
+
+# gen_prog NAME DIR GENFLAGS...: generate and build DIR/train_cuda_single (and train_single)
+gen_prog() {
+    local name=$1 dir=$2
+    shift 2
+    build/gen "$@" --out "$dir" > "$dir.gen.log" 2>&1 || die "build/gen $*: $(tail -1 "$dir.gen.log")"
+    make -s --no-print-directory -j2 GEN_DIR="$dir" GEN_OBJ="build/device-obj/$name" \
+        "$dir/train_single" "$dir/train_cuda_single" > "$dir.make.log" 2>&1 ||
+        die "building $name: $(grep -m1 -i error "$dir.make.log")"
+}
+
+prepare() {
+    make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled' ||
+        die "the CUDA backend is not built here (make echo): prepare needs nvcc, cuBLAS, NCCL"
+    local llmc=/work/.mirror/karpathy+llm.c/repo
+    [ -n "${LLMC_GIT:-}" ] && llmc=$LLMC_GIT
+    git -C "$llmc" rev-parse HEAD > /dev/null 2>&1 ||
+        die "no llm.c git directory at $llmc (fetch github:karpathy/llm.c, or set LLMC_GIT)"
+    rm -rf "$D" build/device-obj
+    mkdir -p "$D/bin" "$D/ref" "$D/prog" "$D/llm.c" build/device-obj || exit 1
+    local MK="make -s --no-print-directory -f Makefile -f tests/kernels/kernels.mk"
+    echo "gpu_batch: building (kernels, runtime tests, programs)"
+    make -s --no-print-directory build/gen build/librt_cpu.a build/librt_cpu_single.a \
+        build/librt_cuda_single.a build/libgpt_cpu.a build/libgpt_cuda.a ref \
+        build/ref/make_tokens build/tools/stcompare > "$D/make.log" 2>&1 ||
+        die "make: $(grep -m1 -i error "$D/make.log")"
+    $MK kernel-test kernel-test-cuda-single build/runtime/test/single/t_gemm_cuda \
+        build/runtime/test/single/t_rng_cuda >> "$D/make.log" 2>&1 ||
+        die "make kernel tests: $(grep -m1 -i error "$D/make.log")"
+    cp build/test/kernels/kernel_test_cuda_single "$D/bin/kernel_test_cuda"
+    cp build/runtime/test/single/t_gemm_cuda build/runtime/test/single/t_rng_cuda \
+        build/tools/stcompare "$D/bin/"
+    RT_THREADS=2 build/test/kernels/kernel_test_cpu kernels/cpu \
+        --dump "$D/ref/kernels-cpu.safetensors" > "$D/ref/kernels-cpu.log" 2>&1 ||
+        die "the CPU kernel test fails here: $(grep -m1 '^FAIL' "$D/ref/kernels-cpu.log")"
+
+    # the correctness programs and their CPU references (train_single here)
+    local V
+    V=$(build/gen tiny --dump config 2> /dev/null | sed -n 's/^    "vocab": \([0-9]*\),*$/\1/p' |
+        head -n 1)
+    build/ref/make_tokens --vocab "$V" --tokens 20000 "$D/ref/tok.bin" > /dev/null ||
+        die "make_tokens"
+    local spec name args
+    for spec in "tiny|tiny" "tiny_bf16|tiny --bf16" "tiny_llama|tiny_llama" "tiny_moe|tiny_moe"; do
+        name=${spec%%|*} args=${spec#*|}
+        # shellcheck disable=SC2086 # the arguments are words
+        gen_prog "$name" "build/device-obj/$name.src" $args
+        # shellcheck disable=SC2086
+        build/device-obj/$name.src/train_single --data "$D/ref/tok.bin" $TRAIN_FLAGS \
+            --log "$D/ref/$name.jsonl" --save "$D/ref/$name.safetensors" \
+            > "$D/ref/$name.log" 2>&1 || die "train_single $name: $(tail -1 "$D/ref/$name.log")"
+        cp "build/device-obj/$name.src/train_cuda_single" "$D/prog/$name"
+    done
+
+    # the benchmark programs, a profiling copy of 124M's, the token shard, llm.c's source
+    gen_prog gpt2_124m build/device-obj/gpt2_124m.src gpt2_124m --bf16 --mbs 64
+    gen_prog gpt2_1558m build/device-obj/gpt2_1558m.src gpt2_1558m --bf16 --mbs 8 \
+        --recompute selective
+    cp build/device-obj/gpt2_124m.src/train_cuda_single "$D/prog/gpt2_124m"
+    cp build/device-obj/gpt2_1558m.src/train_cuda_single "$D/prog/gpt2_1558m"
+    local objs wraps="" s
+    for s in $PROFILE_WRAP; do wraps="$wraps -Wl,--wrap=$s"; done
+    objs=$(sed -n 's/^GEN_SRCS *:= *//p' build/device-obj/gpt2_124m.src/build.mk | tr ' ' '\n' |
+           sed '/^$/d; s|^|build/device-obj/gpt2_124m/|; s|\.c$|.o|')
+    gcc -std=c11 -O2 -Wall -Wextra -Werror -DPROFILE_CUDA -Iruntime -Ilib \
+        -c -o build/device-obj/step_profile.o bench/step_profile.c || die "step_profile.c"
+    # shellcheck disable=SC2086,SC2046 # word lists
+    gcc -o "$D/prog/gpt2_124m_prof" $objs build/device-obj/step_profile.o $wraps \
+        $(mkvar GPT_CUDA_SINGLE_LIBS) || die "linking the profiling program"
+    build/ref/make_tokens --vocab 50257 --tokens 2000000 --shard "$D/ref/gpt2_tokens.bin" \
+        > /dev/null || die "make_tokens (GPT-2 shard)"
+    git -C "$llmc" archive HEAD Makefile train_gpt2.cu llmc | tar -x -C "$D/llm.c" ||
+        die "llm.c's source"
+    git -C "$llmc" rev-parse HEAD > "$D/llm.c/COMMIT"
+    strip --strip-debug "$D"/bin/* "$D"/prog/*
+    echo "gpu_batch prepared $(git rev-parse --short HEAD)$(git diff --quiet || echo +)" \
+        > "$D/VERSION"
+    echo "gpu_batch: $D ready ($(du -sh "$D" | cut -f1)); on the GPU machine, with it carried:"
+    echo "    bench/gpu_batch.sh run"
+}
+
+# -- run (the GPU machine) ----------------------------------------------------------------------
+OUTD=${GPU_BATCH_WORK:-/tmp/gpu_batch}
+RESULTS=${OUT:-$D/out}
+FAILS=0
+SUMMARY=""
+note() { echo "$*"; SUMMARY="$SUMMARY$*"$'\n'; }
+ok() { note "PASS $1"; }
+bad() { note "FAIL $1: $2"; FAILS=$((FAILS + 1)); }
+
+# The CUDA libraries: the toolkit's, or the pip packages' (NCCL often lives only there).
+libpath() {
+    local extra="" d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+        [ -d "$d" ] && extra="$extra:$d"
+    done
+    d=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)
+    [ -n "$d" ] && for l in "$d"/nvidia/*/lib; do [ -d "$l" ] && extra="$extra:$l"; done
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}$extra"
+    if ldd "$D/bin/kernel_test_cuda" | grep -q 'not found'; then
+        ldd "$D/bin/kernel_test_cuda" | grep 'not found' >&2
+        die "CUDA libraries not found (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+    fi
+}
+
+part_kernels() {
+    local k
+    for k in 1 2; do
+        timeout 300 "$D/bin/kernel_test_cuda" kernels/cuda \
+            --dump "$OUTD/k$k.safetensors" --dump-bf16 "$OUTD/k$k-bf16.safetensors" \
+            > "$OUTD/kernels-$k.log" 2>&1
+        local rc=$?
+        if [ $rc -ne 0 ]; then
+            bad kernels "kernel_test_cuda exited $rc: $( (grep '^FAIL' "$OUTD/kernels-$k.log" ||
+                tail -3 "$OUTD/kernels-$k.log") | head -3 | tr '\n' ' ')"
+            return
+        fi
+    done
+    ok "kernels ($(grep -c '^PASS' "$OUTD/kernels-1.log") checks against the reference)"
+    if cmp -s "$OUTD/k1.safetensors" "$OUTD/k2.safetensors" &&
+       cmp -s "$OUTD/k1-bf16.safetensors" "$OUTD/k2-bf16.safetensors"; then
+        ok kernels-deterministic
+    else bad kernels-deterministic "two runs differ"; fi
+    if "$D/bin/stcompare" -q --atol 0 --rtol 1e-5 --atol-max 1e-5 "$OUTD/k1.safetensors" \
+            "$D/ref/kernels-cpu.safetensors" > "$OUTD/kernels-vs-cpu.log" 2>&1; then
+        ok "kernels-vs-cpu ($(tail -1 "$OUTD/kernels-vs-cpu.log"))"
+    else bad kernels-vs-cpu "$(tail -1 "$OUTD/kernels-vs-cpu.log")"; fi
+    rm -f "$OUTD"/k2*.safetensors "$OUTD"/k1-bf16.safetensors
+    for k in gemm rng; do
+        if timeout 120 "$D/bin/t_${k}_cuda" > "$OUTD/runtime-$k.log" 2>&1 &&
+           grep -q '^ok ' "$OUTD/runtime-$k.log"; then ok "runtime-$k"
+        else bad "runtime-$k" "$(grep -m1 -iv '^ok' "$OUTD/runtime-$k.log")"; fi
+    done
+}
+
+# logcmp A B TOL: python3 compares two JSON-lines logs (loss, lr, grad_norm; relative tolerance)
+logcmp() {
+    python3 - "$@" <<'EOF'
+import json, math, sys
+a = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+b = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+tol = dict(kv.split("=") for kv in sys.argv[3].split())
+if len(a) != len(b):
+    sys.exit(f"{len(a)} steps vs {len(b)}")
+worst = 0.0
+for x, y in zip(a, b):
+    for k, t in tol.items():
+        u, v = x.get(k), y.get(k)
+        if u is None or v is None or not math.isfinite(u):
+            sys.exit(f"step {x['step']}: {k} {u} vs {v}")
+        r = abs(u - v) / max(abs(v), 1e-30)
+        worst = max(worst, r / float(t))
+        if r > float(t):
+            sys.exit(f"step {x['step']}: {k} {u} vs {v} (relative {r:.3g} > {t})")
+print(f"{len(a)} steps, at most {worst:.2f} of the tolerance; "
+      f"last loss {a[-1]['loss']:.6f} vs {b[-1]['loss']:.6f}")
+EOF
+}
+
+part_train() {
+    local name out
+    for name in tiny tiny_llama tiny_bf16 tiny_moe; do
+        # shellcheck disable=SC2086 # the flags are words
+        if ! timeout 300 "$D/prog/$name" --data "$D/ref/tok.bin" $TRAIN_FLAGS \
+                --log "$OUTD/$name.jsonl" --save "$OUTD/$name.safetensors" \
+                > "$OUTD/$name.log" 2>&1; then
+            bad "train-$name" "train_cuda_single failed: $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')"
+            continue
+        fi
+        case $name in
+        tiny|tiny_llama)
+            if ! out=$(logcmp "$OUTD/$name.jsonl" "$D/ref/$name.jsonl" \
+                    "loss=1e-5 lr=1e-6 grad_norm=1e-5" 2>&1); then
+                bad "train-$name" "log vs train_single: $out"
+            elif ! out=$("$D/bin/stcompare" -q --atol 1e-5 --rtol 1e-5 "$OUTD/$name.safetensors" \
+                    "$D/ref/$name.safetensors" 2>&1); then
+                bad "train-$name" "weights vs train_single: $(echo "$out" | tail -1)"
+            else ok "train-$name ($out)"; fi ;;
+        *)
+            if out=$(logcmp "$OUTD/$name.jsonl" "$D/ref/$name.jsonl" "loss=2e-2" 2>&1); then
+                ok "train-$name ($out)"
+            else bad "train-$name" "vs the CPU's run: $out"; fi ;;
+        esac
+        rm -f "$OUTD/$name.safetensors"
+    done
+}
+
+# median of the field F over the JSON-lines log's steps after the warm-up
+jmedian() {
+    python3 -c '
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][int(sys.argv[3]):]
+print(statistics.median(r[sys.argv[2]] for r in rows) if rows else "nan")' "$@"
+}
+
+# llm.c's step lines: "step N/M | loss ... | ... | X ms | Y% bf16 MFU | Z tok/s" (its tok/s is
+# a moving average, so ours and its are both computed from the median ms)
+llmc_median() {     # LOG FIELD(ms) WARMUP
+    python3 -c '
+import re, statistics, sys
+v = [float(m.group(1)) for l in open(sys.argv[1]) if l.startswith("step")
+     for m in [re.search(r"\|\s*([0-9.]+) ms", l)] if m][int(sys.argv[3]):]
+print(statistics.median(v) if v else "nan")' "$@"
+}
+
+tokps() { python3 -c 'import sys; b, ms = map(float, sys.argv[1:]); print(b * 1024e3 / ms)' "$@"; }
+
+# mfu TOKS_PER_S LAYERS HIDDEN SEQ VOCAB: 6N + 6LCT FLOPs per token over 989 TFLOP/s, in %
+mfu() {
+    python3 -c '
+import sys
+t, L, C, T, V = (float(x) for x in sys.argv[1:])
+N = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+print(f"{100 * t * (6 * N + 6 * L * C * T) / 989e12:.1f}" if t == t else "nan")' "$@"
+}
+
+part_bench() {
+    local W=${BENCH_WARMUP:-3}
+    local shard=$PWD/$D/ref/gpt2_tokens.bin
+    echo "gpu_batch: building llm.c (train_gpt2cu, NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0)"
+    rm -rf "$OUTD/llm.c" && cp -r "$D/llm.c" "$OUTD/llm.c"
+    if ! (cd "$OUTD/llm.c" && timeout 400 make -j8 train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 \
+            USE_CUDNN=0 > ../llmc-build.log 2>&1); then
+        bad llmc-build "$(grep -m1 -i error "$OUTD/llmc-build.log")"
+    fi
+    local rows="" m toks ms lt lms
+    for m in "gpt2_124m 12 768 64 d12" "gpt2_1558m 48 1600 8 d48"; do
+        # shellcheck disable=SC2086 # model layers hidden micro-batch llm.c-descriptor
+        set -- $m
+        timeout 400 "$D/prog/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
+            --lr 6e-4 --warmup 2 --quiet --log "$OUTD/$1.jsonl" > "$OUTD/$1.log" 2>&1 ||
+            bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
+        ms=$(jmedian "$OUTD/$1.jsonl" ms "$W" 2>/dev/null || echo nan)
+        toks=$(tokps "$4" "$ms")
+        rows="$rows$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" ours "$4" "$ms" "$toks" \
+            "$(mfu "$toks" "$2" "$3" 1024 50257)")"$'\n'
+        if [ -x "$OUTD/llm.c/train_gpt2cu" ]; then
+            (cd "$OUTD/llm.c" && timeout 400 ./train_gpt2cu -i "$shard" -j "$shard" -e "$5" \
+                -b "$4" -t 1024 -d $(( $4 * 1024 )) -x "$BENCH_STEPS" -v 0 -s 0 -h 0 \
+                > "../llmc-$1.log" 2>&1) ||
+                bad "bench-$1-llmc" "llm.c failed: $(tail -2 "$OUTD/llmc-$1.log" | tr '\n' ' ')"
+            lms=$(llmc_median "$OUTD/llmc-$1.log" ms "$W")
+            lt=$(tokps "$4" "$lms")
+            rows="$rows$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" llm.c "$4" "$lms" "$lt" \
+                "$(mfu "$lt" "$2" "$3" 1024 50257)")"$'\n'
+        fi
+    done
+    note ""
+    note "$(printf '%-11s %-7s %4s %10s %10s %6s' model program B ms/step tok/s MFU%)"
+    note "${rows%$'\n'}"
+}
+
+part_profile() {
+    PROFILE_WARMUP=2 timeout 400 "$D/prog/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
+        --steps 8 --lr 6e-4 --warmup 2 --quiet > "$OUTD/profile.log" 2>&1 ||
+        bad profile "$(tail -2 "$OUTD/profile.log" | tr '\n' ' ')"
+    note ""
+    note "GPT-2 124M, bf16, B 64, T 1024: ms per step by kernel family (synchronised calls)"
+    note "$(grep '^profile:' "$OUTD/profile.log" | sed 's/^profile: //')"
+}
+
+run() {
+    [ -f "$D/VERSION" ] || die "no $D: run 'bench/gpu_batch.sh prepare' here first and carry $D"
+    rm -rf "$OUTD" && mkdir -p "$OUTD" || exit 1
+    libpath
+    note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1)"
+    local parts=${*:-kernels train bench profile} p
+    for p in $parts; do
+        case $p in
+        kernels|train|bench|profile) "part_$p" ;;
+        *) die "unknown part '$p' (kernels train bench profile)" ;;
+        esac
+    done
+    note ""
+    note "gpu_batch: $FAILS failed"
+    mkdir -p "$RESULTS"
+    printf '%s' "$SUMMARY" > "$RESULTS/summary.txt"
+    (cd "$OUTD" && find . -maxdepth 1 \( -name '*.log' -o -name '*.jsonl' \) -print0 |
+        tar -czf "$RESULTS/logs.tgz" --null -T -)
+    [ $FAILS = 0 ]
+}
+
+case $MODE in
+prepare) prepare ;;
+run) run "$@" ;;
+*) echo "usage: bench/gpu_batch.sh prepare | run [kernels train bench profile]" >&2; exit 2 ;;
+esac
