@@ -883,13 +883,13 @@ void KR_FN(rmsnorm_bwd_cols)(float *dw, const KR_T *dout, const KR_T *inp, const
     }
 }
 
-/* Pair i of one head (hd channels at x) rotated by (c, s): x[i], x[i + half]. */
+/* Pair i of one head (hd channels at x) rotated by (c, s): x[i], x[i + npair]. */
 ROW_FN
-void KR_FN(rope_pair)(KR_T *x, int i, int half, float c, float s)
+void KR_FN(rope_pair)(KR_T *x, int i, int npair, float c, float s)
 {
-    float x0 = KR_LD(x[i]), x1 = KR_LD(x[i + half]);
+    float x0 = KR_LD(x[i]), x1 = KR_LD(x[i + npair]);
     x[i] = KR_ST(x0 * c - x1 * s);
-    x[i + half] = KR_ST(x1 * c + x0 * s);
+    x[i + npair] = KR_ST(x1 * c + x0 * s);
 }
 
 /* Positions [lo, hi): rows t*B .. t*B + B-1 (of ld elements, H heads of hd) rotated in place
@@ -898,9 +898,9 @@ ROW_FN
 void KR_FN(rope_rows)(KR_T *x, size_t ld, int B, int H, int hd, int pos0, float theta,
                       int inverse, int lo, int hi)
 {
-    int half = hd / 2;
-    for (int i0 = 0; i0 < half; i0 += ROPE_PAIRS) {
-        int np = MIN(ROPE_PAIRS, half - i0);
+    int npair = hd / 2;
+    for (int i0 = 0; i0 < npair; i0 += ROPE_PAIRS) {
+        int np = MIN(ROPE_PAIRS, npair - i0);
         double inv[ROPE_PAIRS];
         float c[ROPE_PAIRS], s[ROPE_PAIRS];
         for (int p = 0; p < np; p++) inv[p] = rope_inv(i0 + p, hd, theta);
@@ -909,7 +909,7 @@ void KR_FN(rope_rows)(KR_T *x, size_t ld, int B, int H, int hd, int pos0, float 
             for (int b = 0; b < B; b++)
                 for (int h = 0; h < H; h++) {
                     KR_T *r = x + ((size_t)t * B + b) * ld + (size_t)h * hd + i0;
-                    for (int p = 0; p < np; p++) KR_FN(rope_pair)(r, p, half, c[p], s[p]);
+                    for (int p = 0; p < np; p++) KR_FN(rope_pair)(r, p, npair, c[p], s[p]);
                 }
         }
     }

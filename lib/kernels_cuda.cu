@@ -12,6 +12,8 @@
 ** The kernel tests also run this file on a CPU emulation of CUDA (tests/kernels/emu).
 */
 #include <cuda_runtime.h>   /* or, with GPT_CUDA_EMU, the kernel tests' CPU emulation of it */
+#include <cuda_bf16.h>       /* (and these two) */
+#include <mma.h>
 #include "kernel_rows.h"
 #include "kernels.h"
 #include "rt.h"       // defines: rt_memcpy, rt_dtype_size, RT_CUDA, RT_CHECK
@@ -808,15 +810,377 @@ template <class S> static void attention_bwd_t(const att_call &a)
     RT_CUDA(cudaGetLastError());
 }
 
+/* -- Attention on tensor cores: bf16, whole causal sequences ------------------------------------ */
+/*
+** attention_fwd and attention_bwd in bf16 with head sizes a multiple of 16 (up to FA_HD_MAX)
+** run here; f32, other head sizes and the context-parallel blocks run the tiles above. The
+** products go through the warp matrix operations (wmma: 16 x 16 x 16, bf16 in, f32 sums),
+** arranged as FlashAttention-2 does: a block of FA_WARPS warps per tile of FA_BQ queries
+** (forward, dq) or FA_BK keys (dk, dv), each warp owning 16 of its rows, while the other
+** operand's tiles pass through shared memory. Scores and their gradients are f32 (scaled,
+** masked and exponentiated by the warp's lanes in shared memory). The probabilities and score
+** gradients enter the second product as two bf16 parts, hi = bf16(x) and lo = bf16(x - hi),
+** each multiplied in full: 16 bits of mantissa instead of 8, so the results keep the f32
+** tiles' accuracy (the kernel tests' tolerances are the same) for 1.5 times the products. The
+** forward keeps its output in shared memory in f32, rescaled per row by the online softmax;
+** dq, dk and dv stay in accumulator fragments. Every block's work and sum has a fixed shape:
+** deterministic, no atomics. Shared memory (bytes): the bf16 tiles, then per warp its f32
+** rows, then per warp its bf16 rows (fa_smem).
+*/
+#define FA_TILE 64                        /* queries (FA_BQ) and keys (FA_BK) of a tile */
+#define FA_WARPS (FA_TILE / 16)
+#define FA_THREADS (FA_WARPS * WARP)
+#define FA_HD_MAX 128
+
+typedef __nv_bfloat16 bf16_t;
+namespace wm = nvcuda::wmma;
+typedef wm::fragment<wm::matrix_a, 16, 16, 16, bf16_t, wm::row_major> fa_a_row;
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, bf16_t, wm::row_major> fa_b_row;
+typedef wm::fragment<wm::matrix_b, 16, 16, 16, bf16_t, wm::col_major> fa_b_col;
+typedef wm::fragment<wm::accumulator, 16, 16, 16, float> fa_acc;
+
+/* May this path run the call? (bf16, causal whole sequences, written not added) */
+static bool fa_ok(const att_call &a, rt_dtype t)
+{
+    return t == RT_BF16 && a.causal && a.Tq == a.Tk && a.hd % 16 == 0 && a.hd <= FA_HD_MAX &&
+           !a.add;
+}
+
+/* The f32 elements each warp keeps: the forward's scores, output, product and 3 row
+** statistics; the backward's scores and their gradients (reused to stage the result). */
+static __host__ __device__ int fa_warp_f32(int hd, int bwd)
+{
+    return bwd ? 2 * 16 * FA_TILE : 16 * FA_TILE + 32 * hd + 3 * 16;
+}
+
+/* Bytes of shared memory: 3 (forward) or 4 (backward) bf16 tiles, the backward's lse and dsum
+** rows, each warp's f32 elements, each warp's bf16 rows (hi and lo parts of 16 x FA_TILE: the
+** probabilities; the backward's also the score gradients). */
+static __host__ __device__ size_t fa_smem(int hd, int bwd)
+{
+    return (size_t)(3 + bwd) * FA_TILE * hd * 2 + (bwd ? 2 * FA_TILE * 4 : 0) +
+           (size_t)FA_WARPS * fa_warp_f32(hd, bwd) * 4 + (size_t)FA_WARPS * (2 + 2 * bwd) * 16 *
+           FA_TILE * 2;
+}
+
+/* x as hi + lo, two bf16 values (x - hi is exact in f32; lo rounds it) */
+static __device__ void fa_split(bf16_t *hi, bf16_t *lo, float x)
+{
+    *hi = __float2bfloat16_rn(x);
+    *lo = __float2bfloat16_rn(x - __bfloat162float(*hi));
+}
+
+/* rows [0, FA_TILE) of hd channels: bf16 bits copied from rows of stride ld (nr valid, else 0) */
+static __device__ void fa_tile_in(bf16_t *dst, const uint16_t *src, size_t ld, int nr, int hd)
+{
+    uint16_t *d = reinterpret_cast<uint16_t *>(dst);
+    for (int x = threadIdx.x; x < FA_TILE * hd; x += blockDim.x) {
+        int r = x / hd, c = x % hd;
+        d[x] = r < nr ? src[r * ld + c] : (uint16_t)0;
+    }
+}
+
+/* The warp's S (16 x FA_TILE f32, rows of FA_TILE) = A B^T: A its 16 x hd rows, B a tile. */
+static __device__ void fa_abt(float *S, const bf16_t *A, const bf16_t *B, int hd)
+{
+    for (int j = 0; j < FA_TILE / 16; j++) {
+        fa_acc c;
+        wm::fill_fragment(c, 0.0f);
+        for (int k = 0; k < hd; k += 16) {
+            fa_a_row fa;
+            fa_b_col fb;
+            wm::load_matrix_sync(fa, A + k, hd);
+            wm::load_matrix_sync(fb, B + j * 16 * hd + k, hd);
+            wm::mma_sync(c, fa, fb, c);
+        }
+        wm::store_matrix_sync(S + j * 16, c, FA_TILE, wm::mem_row_major);
+    }
+}
+
+/* acc[j], the 16 x 16 blocks of the warp's 16 x hd sum, += P X: P the warp's 16 x FA_TILE rows
+** as hi and lo bf16 parts (16 x FA_TILE each, hi then lo), X a tile. */
+static __device__ void fa_px(fa_acc *acc, const bf16_t *P, const bf16_t *X, int hd)
+{
+    for (int j = 0; j < hd / 16; j++)
+        for (int k = 0; k < FA_TILE; k += 16) {
+            fa_a_row hi, lo;
+            fa_b_row fb;
+            wm::load_matrix_sync(hi, P + k, FA_TILE);
+            wm::load_matrix_sync(lo, P + 16 * FA_TILE + k, FA_TILE);
+            wm::load_matrix_sync(fb, X + k * hd + j * 16, hd);
+            wm::mma_sync(acc[j], hi, fb, acc[j]);
+            wm::mma_sync(acc[j], lo, fb, acc[j]);
+        }
+}
+
+/* The warp's 16 x hd sum times mul, rounded to bf16 into nr rows of stride ld (through its
+** 16 x hd f32 stage). */
+static __device__ void fa_rows_out(uint16_t *dst, size_t ld, int nr, const fa_acc *acc,
+                                   float *stage, int hd, float mul)
+{
+    for (int j = 0; j < hd / 16; j++)
+        wm::store_matrix_sync(stage + j * 16, acc[j], hd, wm::mem_row_major);
+    __syncwarp();
+    for (int x = threadIdx.x % WARP; x < nr * hd; x += WARP)
+        kr_store(dst + (size_t)(x / hd) * ld + x % hd, stage[x] * mul);
+}
+
+/* One query tile: blockIdx.x = tile, blockIdx.y = b * Hl + h; warp w owns rows 16w .. 16w+15. */
+template <int HD> static __global__ void fa_fwd_kernel(att_call a)
+{
+    DYN_SHARED(float, sm);
+    const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    int q0 = blockIdx.x * FA_TILE, nq = MIN(FA_TILE, a.Tq - q0);
+    bf16_t *qs = reinterpret_cast<bf16_t *>(sm), *ks = qs + FA_TILE * hd, *vs = ks + FA_TILE * hd;
+    float *ss = reinterpret_cast<float *>(vs + FA_TILE * hd) + (size_t)w * fa_warp_f32(hd, 0);
+    float *os = ss + 16 * FA_TILE, *pvs = os + 16 * hd, *mrow = pvs + 16 * hd;
+    float *lrow = mrow + 16, *arow = lrow + 16;
+    bf16_t *ps = reinterpret_cast<bf16_t *>(reinterpret_cast<float *>(vs + FA_TILE * hd) +
+                 (size_t)FA_WARPS * fa_warp_f32(hd, 0)) + (size_t)w * 2 * 16 * FA_TILE;
+    const uint16_t *q = as<uint16_t>(a.q) + att_head(a.ldq, b, h, hd);
+    const uint16_t *k = as<uint16_t>(a.k) + att_head(a.ldkv, b, h, hd);
+    const uint16_t *v = as<uint16_t>(a.v) + att_head(a.ldkv, b, h, hd);
+
+    fa_tile_in(qs, q + q0 * ldq, ldq, nq, hd);
+    for (int x = lane; x < 16 * hd; x += WARP) os[x] = 0.0f;
+    if (lane < 16) {
+        mrow[lane] = -INFINITY;
+        lrow[lane] = 0.0f;
+    }
+    for (int k0 = 0; k0 < q0 + nq; k0 += FA_TILE) {     /* causal: up to the last query */
+        int nk = MIN(FA_TILE, a.Tk - k0);
+        __syncthreads();                                 /* the previous tiles are consumed */
+        fa_tile_in(ks, k + k0 * ldk, ldk, nk, hd);
+        fa_tile_in(vs, v + k0 * ldk, ldk, nk, hd);
+        __syncthreads();
+        fa_abt(ss, qs + (size_t)w * 16 * hd, ks, hd);
+        __syncwarp();
+        for (int r = 0; r < 16; r++) {                   /* the online softmax of row r */
+            int row = w * 16 + r, qi = q0 + row;
+            float sv[FA_TILE / WARP], mt = -INFINITY, psum = 0.0f;
+            for (int u = 0; u < FA_TILE / WARP; u++) {
+                int c = lane + u * WARP;
+                bool vis = row < nq && c < nk && k0 + c <= qi;
+                sv[u] = vis ? ss[r * FA_TILE + c] * a.scale : -INFINITY;
+                mt = fmaxf(mt, sv[u]);
+            }
+            float mold = mrow[r], mnew = fmaxf(mold, warp_max(mt));
+            for (int u = 0; u < FA_TILE / WARP; u++) {
+                float p = sv[u] == -INFINITY ? 0.0f : vexpf(sv[u] - mnew);
+                psum += p;
+                int e = r * FA_TILE + lane + u * WARP;
+                fa_split(ps + e, ps + 16 * FA_TILE + e, p);
+            }
+            psum = warp_sum(psum);                       /* every lane has read mrow[r] */
+            if (lane == 0) {
+                float alpha = mold == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f)
+                                                : vexpf(mold - mnew);
+                mrow[r] = mnew;
+                lrow[r] = lrow[r] * alpha + psum;
+                arow[r] = alpha;
+            }
+        }
+        __syncwarp();
+        fa_acc acc[FA_HD_MAX / 16];
+        for (int j = 0; j < hd / 16; j++) wm::fill_fragment(acc[j], 0.0f);
+        fa_px(acc, ps, vs, hd);
+        for (int j = 0; j < hd / 16; j++)
+            wm::store_matrix_sync(pvs + j * 16, acc[j], hd, wm::mem_row_major);
+        __syncwarp();
+        for (int x = lane; x < 16 * hd; x += WARP) os[x] = os[x] * arow[x / hd] + pvs[x];
+        __syncwarp();
+    }
+    int nr = MIN(16, nq - w * 16);
+    uint16_t *out = as<uint16_t>(a.out) + att_head(C, b, h, hd) + (size_t)(q0 + w * 16) * ldo;
+    for (int x = lane; x < nr * hd; x += WARP)
+        kr_store(out + (size_t)(x / hd) * ldo + x % hd, os[x] / lrow[x / hd]);
+    if (lane < nr)
+        a.lse[(size_t)bh * a.lse_ld + q0 + w * 16 + lane] = mrow[lane] + logf(lrow[lane]);
+}
+
+/* The backward's shared memory: the two tiles the block keeps (own: its queries or keys, and
+** their dout or v), the two that pass, the passing or own query rows' lse and dsum, and the
+** warp's rows. */
+struct fa_bwd_smem {
+    bf16_t *t0, *t1, *t2, *t3;
+    float *lse, *dsum, *f0, *f1;           /* f0, f1: the warp's 16 x FA_TILE f32 rows */
+    bf16_t *b0, *b1;                       /* the warp's hi and lo bf16 rows (2 x 16 x FA_TILE) */
+};
+
+static __device__ fa_bwd_smem fa_bwd_carve(float *sm, int hd, int w)
+{
+    fa_bwd_smem s;
+    size_t tile = (size_t)FA_TILE * hd;
+    s.t0 = reinterpret_cast<bf16_t *>(sm);
+    s.t1 = s.t0 + tile;
+    s.t2 = s.t1 + tile;
+    s.t3 = s.t2 + tile;
+    s.lse = reinterpret_cast<float *>(s.t3 + tile);
+    s.dsum = s.lse + FA_TILE;
+    s.f0 = s.dsum + FA_TILE + (size_t)w * fa_warp_f32(hd, 1);
+    s.f1 = s.f0 + 16 * FA_TILE;
+    s.b0 = reinterpret_cast<bf16_t *>(s.dsum + FA_TILE + (size_t)FA_WARPS * fa_warp_f32(hd, 1)) +
+           (size_t)w * 4 * 16 * FA_TILE;
+    s.b1 = s.b0 + 2 * 16 * FA_TILE;
+    return s;
+}
+
+/* lse and dsum of the nr query rows from row i0 of the call's (b, h) rows. */
+static __device__ void fa_rows_in(fa_bwd_smem &s, const att_call &a, int bh, int i0, int nr)
+{
+    for (int x = threadIdx.x; x < FA_TILE; x += blockDim.x) {
+        s.lse[x] = x < nr ? a.clse[(size_t)bh * a.lse_ld + i0 + x] : 0.0f;
+        s.dsum[x] = x < nr ? a.dsum[(size_t)bh * a.lse_ld + i0 + x] : 0.0f;
+    }
+}
+
+/* One key tile: blockIdx.x = tile, blockIdx.y = b * Hl + h; warp w owns keys 16w .. 16w+15.
+** Over the query tiles that see it: s^T = k q^T, dp^T = v dout^T, p and ds, dv += p^T dout,
+** dk += ds^T q. */
+template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
+{
+    DYN_SHARED(float, sm);
+    const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    int k0 = blockIdx.x * FA_TILE, nk = MIN(FA_TILE, a.Tk - k0);
+    fa_bwd_smem s = fa_bwd_carve(sm, hd, w);
+    bf16_t *ks = s.t0, *vs = s.t1, *qs = s.t2, *dos = s.t3;
+    const uint16_t *q = as<uint16_t>(a.q) + att_head(a.ldq, b, h, hd);
+    const uint16_t *dout = as<uint16_t>(a.dout) + att_head(C, b, h, hd);
+
+    fa_tile_in(ks, as<uint16_t>(a.k) + att_head(a.ldkv, b, h, hd) + k0 * ldk, ldk, nk, hd);
+    fa_tile_in(vs, as<uint16_t>(a.v) + att_head(a.ldkv, b, h, hd) + k0 * ldk, ldk, nk, hd);
+    fa_acc dk[FA_HD_MAX / 16], dv[FA_HD_MAX / 16];
+    for (int j = 0; j < hd / 16; j++) {
+        wm::fill_fragment(dk[j], 0.0f);
+        wm::fill_fragment(dv[j], 0.0f);
+    }
+    for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE) {       /* causal: the queries at or after */
+        int nq = MIN(FA_TILE, a.Tq - q0);
+        __syncthreads();
+        fa_tile_in(qs, q + q0 * ldq, ldq, nq, hd);
+        fa_tile_in(dos, dout + q0 * ldo, ldo, nq, hd);
+        fa_rows_in(s, a, bh, q0, nq);
+        __syncthreads();
+        fa_abt(s.f0, ks + (size_t)w * 16 * hd, qs, hd);     /* s^T: keys x queries */
+        fa_abt(s.f1, vs + (size_t)w * 16 * hd, dos, hd);    /* dp^T */
+        __syncwarp();
+        for (int x = lane; x < 16 * FA_TILE; x += WARP) {
+            int r = x / FA_TILE, c = x % FA_TILE, key = k0 + w * 16 + r;
+            bool vis = w * 16 + r < nk && c < nq && key <= q0 + c;
+            float p = vis ? vexpf(s.f0[x] * a.scale - s.lse[c]) : 0.0f;
+            fa_split(s.b0 + x, s.b0 + 16 * FA_TILE + x, p);
+            fa_split(s.b1 + x, s.b1 + 16 * FA_TILE + x, p * (s.f1[x] - s.dsum[c]));
+        }
+        __syncwarp();
+        fa_px(dv, s.b0, dos, hd);
+        fa_px(dk, s.b1, qs, hd);
+    }
+    __syncwarp();
+    int nr = MIN(16, nk - w * 16);
+    size_t ldg = (size_t)a.B * a.lddkv, at = att_head(a.lddkv, b, h, hd) + (k0 + w * 16) * ldg;
+    if (nr <= 0) return;                                /* no barrier follows */
+    fa_rows_out(as<uint16_t>(a.dk) + at, ldg, nr, dk, s.f0, hd, a.scale);
+    __syncwarp();
+    fa_rows_out(as<uint16_t>(a.dv) + at, ldg, nr, dv, s.f0, hd, 1.0f);
+}
+
+/* One query tile: warp w owns queries 16w .. 16w+15. Over the key tiles it sees: s = q k^T,
+** dp = dout v^T, p and ds, dq += ds k. */
+template <int HD> static __global__ void fa_dq_kernel(att_call a)
+{
+    DYN_SHARED(float, sm);
+    const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    int q0 = blockIdx.x * FA_TILE, nq = MIN(FA_TILE, a.Tq - q0);
+    fa_bwd_smem s = fa_bwd_carve(sm, hd, w);
+    bf16_t *qs = s.t0, *dos = s.t1, *ks = s.t2, *vs = s.t3;
+    const uint16_t *k = as<uint16_t>(a.k) + att_head(a.ldkv, b, h, hd);
+    const uint16_t *v = as<uint16_t>(a.v) + att_head(a.ldkv, b, h, hd);
+
+    fa_tile_in(qs, as<uint16_t>(a.q) + att_head(a.ldq, b, h, hd) + q0 * ldq, ldq, nq, hd);
+    fa_tile_in(dos, as<uint16_t>(a.dout) + att_head(C, b, h, hd) + q0 * ldo, ldo, nq, hd);
+    fa_rows_in(s, a, bh, q0, nq);
+    fa_acc dq[FA_HD_MAX / 16];
+    for (int j = 0; j < hd / 16; j++) wm::fill_fragment(dq[j], 0.0f);
+    for (int k0 = 0; k0 < q0 + nq; k0 += FA_TILE) {     /* causal: up to the last query */
+        int nk = MIN(FA_TILE, a.Tk - k0);
+        __syncthreads();
+        fa_tile_in(ks, k + k0 * ldk, ldk, nk, hd);
+        fa_tile_in(vs, v + k0 * ldk, ldk, nk, hd);
+        __syncthreads();
+        fa_abt(s.f0, qs + (size_t)w * 16 * hd, ks, hd);     /* s: queries x keys */
+        fa_abt(s.f1, dos + (size_t)w * 16 * hd, vs, hd);    /* dp */
+        __syncwarp();
+        for (int x = lane; x < 16 * FA_TILE; x += WARP) {
+            int r = x / FA_TILE, c = x % FA_TILE, row = w * 16 + r;
+            bool vis = row < nq && c < nk && k0 + c <= q0 + row;
+            float p = vis ? vexpf(s.f0[x] * a.scale - s.lse[row]) : 0.0f;
+            fa_split(s.b1 + x, s.b1 + 16 * FA_TILE + x, p * (s.f1[x] - s.dsum[row]));
+        }
+        __syncwarp();
+        fa_px(dq, s.b1, ks, hd);
+    }
+    __syncwarp();
+    int nr = MIN(16, nq - w * 16);
+    size_t ldg = (size_t)a.B * a.lddq;
+    if (nr > 0)
+        fa_rows_out(as<uint16_t>(a.dq) + att_head(a.lddq, b, h, hd) + (q0 + w * 16) * ldg, ldg,
+                    nr, dq, s.f0, hd, a.scale);
+}
+
+/* HD: the head size as a constant (the fragments then live in registers), or 0 (any). */
+template <int HD> static void fa_fwd_t(const att_call &a)
+{
+    size_t bytes = fa_smem(a.hd, 0);
+    att_smem(fa_fwd_kernel<HD>, bytes);
+    dim3 grid(CEIL_DIV(a.Tq, FA_TILE), a.B * a.Hl);
+    KERNEL_LAUNCH(grid, FA_THREADS, bytes, fa_fwd_kernel<HD>)(a);
+    RT_CUDA(cudaGetLastError());
+}
+
+template <int HD> static void fa_bwd_t(const att_call &a)
+{
+    size_t bytes = fa_smem(a.hd, 1);
+    att_smem(fa_dkdv_kernel<HD>, bytes);
+    att_smem(fa_dq_kernel<HD>, bytes);
+    dim3 grid(CEIL_DIV(a.Tq, FA_TILE), a.B * a.Hl);
+    KERNEL_LAUNCH(grid, FA_THREADS, bytes, fa_dkdv_kernel<HD>)(a);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH(grid, FA_THREADS, bytes, fa_dq_kernel<HD>)(a);
+    RT_CUDA(cudaGetLastError());
+}
+
+/* GPT-2's heads (64) and Llama's (128) get their own kernels. */
+static void fa_fwd(const att_call &a)
+{
+    if (a.hd == 64) fa_fwd_t<64>(a);
+    else if (a.hd == 128) fa_fwd_t<128>(a);
+    else fa_fwd_t<0>(a);
+}
+
+static void fa_bwd(const att_call &a)
+{
+    if (a.hd == 64) fa_bwd_t<64>(a);
+    else if (a.hd == 128) fa_bwd_t<128>(a);
+    else fa_bwd_t<0>(a);
+}
+
 static void att_fwd(const att_call &a, rt_dtype t)
 {
-    if (storage(t) == RT_BF16) attention_fwd_t<uint16_t>(a);
+    if (a.out && fa_ok(a, storage(t))) fa_fwd(a);
+    else if (storage(t) == RT_BF16) attention_fwd_t<uint16_t>(a);
     else attention_fwd_t<float>(a);
 }
 
 static void att_bwd(const att_call &a, rt_dtype t)
 {
-    if (storage(t) == RT_BF16) attention_bwd_t<uint16_t>(a);
+    if (fa_ok(a, storage(t))) fa_bwd(a);
+    else if (storage(t) == RT_BF16) attention_bwd_t<uint16_t>(a);
     else attention_bwd_t<float>(a);
 }
 
@@ -989,14 +1353,14 @@ template <class S> static __global__
 void rope_kernel(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
                  int inverse)
 {
-    int half = hd / 2;
-    GRID_STRIDE(k, (size_t)T * half) {
-        int t = (int)(k / half), i = (int)(k % half);
+    int npair = hd / 2;
+    GRID_STRIDE(k, (size_t)T * npair) {
+        int t = (int)(k / npair), i = (int)(k % npair);
         float c, s;
         rope_cos_sin(&c, &s, pos0 + t, rope_inv(i, hd, theta), inverse);
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
-                rope_pair(as<S>(x) + ((size_t)t * B + b) * ld + (size_t)h * hd, i, half, c, s);
+                rope_pair(as<S>(x) + ((size_t)t * B + b) * ld + (size_t)h * hd, i, npair, c, s);
     }
 }
 

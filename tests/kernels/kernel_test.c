@@ -999,6 +999,9 @@ static void test_attention(void)
     test_attention_case(2, 200, 2, 13);         /* 4 tiles; odd head size, padded */
     test_attention_case(2, 130, 3, 67);         /* head size past one register block */
     test_attention_case(1, 1024, 2, 64);        /* 16 x 16 tiles, 136 computed */
+    /* bf16 on CUDA: the tensor-core kernels for head sizes 64, 128 and any multiple of 16 */
+    test_attention_case(2, 130, 2, 128);        /* three 64-row tiles, the last of 2 rows */
+    test_attention_case(3, 77, 2, 32);
     op_end("attention", 1);
 }
 

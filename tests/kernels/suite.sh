@@ -170,6 +170,17 @@ mutate_cuda cuda-sumsq-part-skipped 's|i < parts; i += WARP|i < parts - 1; i += 
     'i < parts - 1; i += WARP'
 mutate_cuda cuda-ce-padding-grad 's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
     'if (j < Vl) g = (vexpf'
+# the tensor-core attention (bf16, head sizes 32, 64, 128): the online softmax's rescale, the
+# lo parts of the probabilities, the diagonal key tile of dk and dv, dq's scale
+mutate_cuda cuda-fa-no-rescale 's|os\[x\] = os\[x\] \* arow\[x / hd\] + pvs\[x\];|os[x] = os[x] + pvs[x];|' \
+    'os[x] = os[x] + pvs[x];'
+mutate_cuda cuda-fa-lo-dropped '/wm::mma_sync(acc\[j\], lo, fb, acc\[j\]);/d' \
+    'wm::mma_sync(acc[j], hi, fb, acc[j]);'
+mutate_cuda cuda-fa-dkdv-diagonal-skipped \
+    's|for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE)|for (int q0 = k0 + FA_TILE; q0 < a.Tq; q0 += FA_TILE)|' \
+    'for (int q0 = k0 + FA_TILE; q0 < a.Tq;'
+mutate_cuda cuda-fa-dq-unscaled 's|nr, dq, s.f0, hd, a.scale);|nr, dq, s.f0, hd, 1.0f);|' \
+    'nr, dq, s.f0, hd, 1.0f);'
 mutate_cuda cuda-layernorm-lanes-skip 's|for (int i = lane; i < C; i += WARP) sum +=|for (int i = lane; i < C; i += 2 * WARP) sum +=|' \
     'i += 2 * WARP) sum +='
 fi

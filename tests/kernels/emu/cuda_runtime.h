@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <functional>
+#include <type_traits>
 #include <tuple>
 #include <utility>
 
@@ -132,6 +133,113 @@ template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32)
 {
     return emu::exchange(mask, v, emu::lane_idx, src, width);
 }
+
+/* -- bf16 and the warp matrix operations (cuda_bf16.h, mma.h) ---------------------------------- */
+/*
+** A fragment holds its whole tile in every lane (element (r, c) at x[r * cols + c]); a GPU
+** spreads it over the lanes in an unspecified way, so kernels may only touch x[] elementwise
+** alike in every lane, which both arrangements then agree on. Every operation is a warp
+** collective here too: each waits for all 32 lanes (a lane that skips one deadlocks, reported).
+** mma_sync adds the products in k order in f32 (tensor cores' order and rounding differ within
+** the kernel tests' tolerances).
+*/
+struct __nv_bfloat16 { uint16_t bits; };
+static inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    __nv_bfloat16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) b.bits = (uint16_t)((u >> 16) | 0x40u);   /* NaN */
+    else b.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return b;
+}
+static inline float __bfloat162float(__nv_bfloat16 b)
+{
+    uint32_t u = (uint32_t)b.bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K> struct shape_of;
+template <int M, int N, int K> struct shape_of<matrix_a, M, N, K> { enum { R = M, C = K }; };
+template <int M, int N, int K> struct shape_of<matrix_b, M, N, K> { enum { R = K, C = N }; };
+template <int M, int N, int K> struct shape_of<accumulator, M, N, K> { enum { R = M, C = N }; };
+
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    enum { rows = shape_of<Use, M, N, K>::R, cols = shape_of<Use, M, N, K>::C,
+           num_elements = rows * cols };
+    T x[num_elements];
+};
+
+static inline float as_f32(float v) { return v; }
+static inline float as_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class U, int M, int N, int K, class T, class L, class P>
+void load_matrix_sync(fragment<U, M, N, K, T, L> &f, const P *p, unsigned ldm)
+{
+    __syncwarp();
+    typedef fragment<U, M, N, K, T, L> F;
+    for (int r = 0; r < F::rows; r++)
+        for (int c = 0; c < F::cols; c++)
+            f.x[r * F::cols + c] = std::is_same<L, col_major>::value ? p[(size_t)c * ldm + r]
+                                                                     : p[(size_t)r * ldm + c];
+}
+
+template <int M, int N, int K>
+void load_matrix_sync(fragment<accumulator, M, N, K, float> &f, const float *p, unsigned ldm,
+                      layout_t l)
+{
+    __syncwarp();
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++)
+            f.x[r * N + c] = l == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
+}
+
+template <int M, int N, int K>
+void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, float> &f, unsigned ldm,
+                       layout_t l)
+{
+    __syncwarp();
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++)
+            (l == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]) = f.x[r * N + c];
+    __syncwarp();
+}
+
+template <class U, int M, int N, int K, class T, class L, class V>
+void fill_fragment(fragment<U, M, N, K, T, L> &f, V v)
+{
+    for (int i = 0; i < fragment<U, M, N, K, T, L>::num_elements; i++) f.x[i] = (T)v;
+}
+
+template <int M, int N, int K, class TA, class LA, class TB, class LB>
+void mma_sync(fragment<accumulator, M, N, K, float> &d,
+              const fragment<matrix_a, M, N, K, TA, LA> &a,
+              const fragment<matrix_b, M, N, K, TB, LB> &b,
+              const fragment<accumulator, M, N, K, float> &c)
+{
+    __syncwarp();
+    float out[M * N];
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float s = c.x[m * N + n];
+            for (int k = 0; k < K; k++) s += as_f32(a.x[m * K + k]) * as_f32(b.x[k * N + n]);
+            out[m * N + n] = s;
+        }
+    memcpy(d.x, out, sizeof out);
+}
+} // namespace wmma
+} // namespace nvcuda
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 /* __expf and __logf: glibc declares them (plain expf, logf) */
