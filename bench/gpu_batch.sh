@@ -53,7 +53,8 @@ mkvar() { make -s --no-print-directory -f Makefile -f <(printf 'pv:\n\t@echo $(%
 gen_prog() {
     local name=$1 dir=$2
     shift 2
-    build/gen "$@" --out "$dir" > "$dir.gen.log" 2>&1 || die "build/gen $*: $(tail -1 "$dir.gen.log")"
+    build/gen "$@" --out "$dir" > "$dir.gen.log" 2>&1 ||
+        die "build/gen $*: $(tail -1 "$dir.gen.log")"
     make -s --no-print-directory -j2 GEN_DIR="$dir" GEN_OBJ="build/device-obj/$name" \
         "$dir/train_single" "$dir/train_cuda_single" > "$dir.make.log" 2>&1 ||
         die "building $name: $(grep -m1 -i error "$dir.make.log")"
@@ -121,6 +122,13 @@ prepare() {
         > /dev/null || die "make_tokens (GPT-2 shard)"
     git -C "$llmc" archive HEAD Makefile train_gpt2.cu llmc | tar -x -C "$D/llm.c" ||
         die "llm.c's source"
+    # CUDA 13 takes a cudaMemLocation where llm.c passes a device number (its out-of-memory
+    # fallback, never taken in these runs): the one change to the carried copy
+    local advice='cudaMemAdviseSetPreferredLocation'
+    local loc='cudaMemLocation{cudaMemLocationTypeHost, 0}'
+    sed -i "s/$advice, cudaCpuDeviceId)/$advice, $loc)/" "$D/llm.c/llmc/cuda_utils.cuh"
+    grep -q 'cudaMemLocation{cudaMemLocationTypeHost, 0}' "$D/llm.c/llmc/cuda_utils.cuh" ||
+        die "llm.c's cudaMemAdvise call changed: check the CUDA 13 fix in bench/gpu_batch.sh"
     git -C "$llmc" rev-parse HEAD > "$D/llm.c/COMMIT"
     strip --strip-debug "$D"/bin/* "$D"/prog/*
     echo "gpu_batch prepared $(git rev-parse --short HEAD)$(git diff --quiet || echo +)" \
@@ -269,17 +277,27 @@ part_bench() {
     local shard=$PWD/$D/ref/gpt2_tokens.bin
     echo "gpu_batch: building llm.c (train_gpt2cu, NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0)"
     rm -rf "$OUTD/llm.c" && cp -r "$D/llm.c" "$OUTD/llm.c"
-    if ! (cd "$OUTD/llm.c" && timeout 400 make -j8 train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 \
-            USE_CUDNN=0 > ../llmc-build.log 2>&1); then
+    # llm.c links -lnvidia-ml: the driver's libnvidia-ml.so.1, through an unversioned link
+    local nvml
+    nvml=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 / { print $NF; exit }')
+    [ -z "$nvml" ] && nvml=$(ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 \
+        /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 /usr/lib64/libnvidia-ml.so.1 2>/dev/null |
+        head -1)
+    mkdir -p "$OUTD/nvml"
+    [ -n "$nvml" ] && ln -sf "$nvml" "$OUTD/nvml/libnvidia-ml.so"
+    if ! (cd "$OUTD/llm.c" && timeout 400 make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 \
+            USE_CUDNN=0 "NVCC_LDFLAGS=-L$OUTD/nvml" > ../llmc-build.log 2>&1); then
         bad llmc-build "$(grep -m1 -i error "$OUTD/llmc-build.log")"
     fi
-    local rows="" m toks ms lt lms
+    local rows="" m toks ms lt lms mem
     for m in "gpt2_124m 12 768 64 d12" "gpt2_1558m 48 1600 8 d48"; do
         # shellcheck disable=SC2086 # model layers hidden micro-batch llm.c-descriptor
         set -- $m
         timeout 400 "$D/prog/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
             --lr 6e-4 --warmup 2 --quiet --log "$OUTD/$1.jsonl" > "$OUTD/$1.log" 2>&1 ||
             bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
+        mem=$(grep -m1 '^memory:' "$OUTD/$1.log")
+        [ -n "$mem" ] && note "$1: $mem (the program stops at start unless they are equal)"
         ms=$(jmedian "$OUTD/$1.jsonl" ms "$W" 2>/dev/null || echo nan)
         toks=$(tokps "$4" "$ms")
         rows="$rows$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" ours "$4" "$ms" "$toks" \

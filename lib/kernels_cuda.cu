@@ -810,7 +810,7 @@ template <class S> static void attention_bwd_t(const att_call &a)
     RT_CUDA(cudaGetLastError());
 }
 
-/* -- Attention on tensor cores: bf16, whole causal sequences ------------------------------------ */
+/* -- Attention on tensor cores: bf16, whole causal sequences ------------------------------ */
 /*
 ** attention_fwd and attention_bwd in bf16 with head sizes a multiple of 16 (up to FA_HD_MAX)
 ** run here; f32, other head sizes and the context-parallel blocks run the tiles above. The
@@ -1286,10 +1286,11 @@ void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void 
 /* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
 /*
 ** RMSNorm: one warp per row for its row sums (lane l sums columns l, l + WARP, ... in order,
-** then a butterfly of fixed shape adds the lanes), and a column reduction for dw. The pointwise kernels (rotary embedding, SwiGLU, head copies and sums) are
-** grid-stride loops, one element (rotary: one (position, pair), for every row and head of the
-** position) per step. Each output element is computed by one thread in a fixed order: the
-** results are deterministic, no atomics.
+** then a butterfly of fixed shape adds the lanes), and a column reduction for dw. The
+** pointwise kernels (rotary embedding, SwiGLU, head copies and sums) are grid-stride loops,
+** one element (rotary: one (position, pair), for every row and head of the position) per step.
+** Each output element is computed by one thread in a fixed order: the results are
+** deterministic, no atomics.
 */
 
 #define GRID_STRIDE_MAX 4096u           /* blocks of a grid-stride launch (H100: 132 SMs x 8) */

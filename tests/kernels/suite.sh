@@ -76,7 +76,8 @@ mutate_cuda() {
 mutate_one() {
     kind=$1 name=$2 expr=$3 proof=$4
     d=$S/mutant-$name
-    rm -rf $d && mkdir -p $d/src && cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h $d/src/
+    rm -rf $d && mkdir -p $d/src &&
+        cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h $d/src/
     if [ $kind = cpu ]; then files="$d/src/kernels_cpu.c $d/src/kernel_rows.h"
     else files=$d/src/kernels_cuda.cu; fi
     sed -i "$expr" $files
@@ -157,13 +158,11 @@ mutate kv-reduce-first-head-only \
 # separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
 # lanes skipping columns
 if [ $EMU = 1 ]; then
-mutate_cuda cuda-col-unroll-short \
-    's|for (int u = 0; u < COL_UNROLL; u++) f(n + u|for (int u = 0; u < COL_UNROLL - 1; u++) f(n + u|' \
-    'u < COL_UNROLL - 1; u++) f(n + u'
-mutate_cuda cuda-warp-sum-short 's|for (int off = WARP / 2; off > 0; off /= 2) v +=|for (int off = WARP / 2; off > 1; off /= 2) v +=|' \
+mutate_cuda cuda-col-unroll-short 's|u < COL_UNROLL; u++) f(n|u < COL_UNROLL - 1; u++) f(n|' \
+    'u < COL_UNROLL - 1; u++) f(n'
+mutate_cuda cuda-warp-sum-short 's|off > 0; off /= 2) v +=|off > 1; off /= 2) v +=|' \
     'off > 1; off /= 2) v +='
-mutate_cuda cuda-block-first-warp 's|for (int w = 1; w < nw; w++) r = op|for (int w = 1; w < 1; w++) r = op|' \
-    'for (int w = 1; w < 1; w++)'
+mutate_cuda cuda-block-first-warp 's|w < nw; w++) r = op|w < 1; w++) r = op|' 'w < 1; w++) r = op'
 mutate_cuda cuda-embed-groups-merged 's/ || v % EMB_GROUPS != (int)blockIdx.y//' \
     'if (v < 0 || v >= vrows) continue;'
 mutate_cuda cuda-sumsq-part-skipped 's|i < parts; i += WARP|i < parts - 1; i += WARP|' \
@@ -172,16 +171,15 @@ mutate_cuda cuda-ce-padding-grad 's|if (j < valid) g = (vexpf|if (j < Vl) g = (v
     'if (j < Vl) g = (vexpf'
 # the tensor-core attention (bf16, head sizes 32, 64, 128): the online softmax's rescale, the
 # lo parts of the probabilities, the diagonal key tile of dk and dv, dq's scale
-mutate_cuda cuda-fa-no-rescale 's|os\[x\] = os\[x\] \* arow\[x / hd\] + pvs\[x\];|os[x] = os[x] + pvs[x];|' \
+mutate_cuda cuda-fa-no-rescale 's|os\[x\] \* arow\[x / hd\] + pvs|os[x] + pvs|' \
     'os[x] = os[x] + pvs[x];'
 mutate_cuda cuda-fa-lo-dropped '/wm::mma_sync(acc\[j\], lo, fb, acc\[j\]);/d' \
     'wm::mma_sync(acc[j], hi, fb, acc[j]);'
-mutate_cuda cuda-fa-dkdv-diagonal-skipped \
-    's|for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE)|for (int q0 = k0 + FA_TILE; q0 < a.Tq; q0 += FA_TILE)|' \
-    'for (int q0 = k0 + FA_TILE; q0 < a.Tq;'
+mutate_cuda cuda-fa-dkdv-diagonal-skipped 's|q0 = k0; q0 < a.Tq;|q0 = k0 + FA_TILE; q0 < a.Tq;|' \
+    'q0 = k0 + FA_TILE; q0 < a.Tq;'
 mutate_cuda cuda-fa-dq-unscaled 's|nr, dq, s.f0, hd, a.scale);|nr, dq, s.f0, hd, 1.0f);|' \
     'nr, dq, s.f0, hd, 1.0f);'
-mutate_cuda cuda-layernorm-lanes-skip 's|for (int i = lane; i < C; i += WARP) sum +=|for (int i = lane; i < C; i += 2 * WARP) sum +=|' \
+mutate_cuda cuda-layernorm-lanes-skip 's|i += WARP) sum +=|i += 2 * WARP) sum +=|' \
     'i += 2 * WARP) sum +='
 fi
 wait
