@@ -16,11 +16,12 @@
 #            twice (bit-identical runs), and its f32 outputs against the CPU kernels' (1e-5
 #            relative to the value and to the tensor's scale: the GPU tolerance of
 #            tests/kernels/suite.sh); the runtime's t_gemm and t_rng on the GPU.
-#   train    train_cuda_single against train_single's log and weights, computed here: tiny and
-#            tiny_llama in f32 (tests/single's tolerances: loss and grad_norm 1e-5 relative, lr
-#            1e-6, weights 1e-5 + 1e-5|b|); tiny in bf16 and tiny_moe reported beside the CPU
-#            (the bf16 run passes when every loss is finite and within 2 % of the CPU's: bf16
-#            rounding differs between the backends' summation orders).
+#   train    train_cuda_single against train_single's log and weights, computed here, with
+#            tests/single's tolerances for the CUDA kernels: tiny, tiny_llama and tiny_moe in
+#            f32 (loss and grad_norm 1e-5 relative, lr 1e-6, weights 1e-5 + 1e-5|w|), tiny in
+#            bf16 with tests/precision's "bf16" set (loss 2e-4, grad_norm 1e-2, weights 1e-4 +
+#            1e-2|w| with at most 0.5 % out, each within 5e-3), which the emulated CUDA kernels
+#            meet here (tests/single cuda-emu-train).
 #   bench    GPT-2 124M (T = 1024, micro-batch 64) and GPT-2 1558M (T = 1024, micro-batch 8,
 #            selective recompute), bf16, one GPU, beside llm.c (its train_gpt2cu built there
 #            from the source carried in build/device/llm.c, with NO_MULTI_GPU=1 and
@@ -92,7 +93,8 @@ prepare() {
     build/ref/make_tokens --vocab "$V" --tokens 20000 "$D/ref/tok.bin" > /dev/null ||
         die "make_tokens"
     local spec name args
-    for spec in "tiny|tiny" "tiny_bf16|tiny --bf16" "tiny_llama|tiny_llama" "tiny_moe|tiny_moe"; do
+    for spec in "tiny|tiny" "tiny_bf16|tiny --bf16 --mbs 2 --nmb 2" "tiny_llama|tiny_llama" \
+                "tiny_moe|tiny_moe --dist-opt"; do
         name=${spec%%|*} args=${spec#*|}
         # shellcheck disable=SC2086 # the arguments are words
         gen_prog "$name" "build/device-obj/$name.src" $args
@@ -216,7 +218,7 @@ EOF
 }
 
 part_train() {
-    local name out
+    local name out wout
     for name in tiny tiny_llama tiny_bf16 tiny_moe; do
         # shellcheck disable=SC2086 # the flags are words
         if ! timeout 300 "$D/prog/$name" --data "$D/ref/tok.bin" $TRAIN_FLAGS \
@@ -225,20 +227,18 @@ part_train() {
             bad "train-$name" "train_cuda_single failed: $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')"
             continue
         fi
-        case $name in
-        tiny|tiny_llama)
-            if ! out=$(logcmp "$OUTD/$name.jsonl" "$D/ref/$name.jsonl" \
-                    "loss=1e-5 lr=1e-6 grad_norm=1e-5" 2>&1); then
-                bad "train-$name" "log vs train_single: $out"
-            elif ! out=$("$D/bin/stcompare" -q --atol 1e-5 --rtol 1e-5 "$OUTD/$name.safetensors" \
-                    "$D/ref/$name.safetensors" 2>&1); then
-                bad "train-$name" "weights vs train_single: $(echo "$out" | tail -1)"
-            else ok "train-$name ($out)"; fi ;;
-        *)
-            if out=$(logcmp "$OUTD/$name.jsonl" "$D/ref/$name.jsonl" "loss=2e-2" 2>&1); then
-                ok "train-$name ($out)"
-            else bad "train-$name" "vs the CPU's run: $out"; fi ;;
-        esac
+        local logtol="loss=1e-5 lr=1e-6 grad_norm=1e-5" wtol="--atol 1e-5 --rtol 1e-5"
+        if [ $name = tiny_bf16 ]; then
+            logtol="loss=2e-4 lr=1e-6 grad_norm=1e-2"
+            wtol="--atol 1e-4 --rtol 1e-2 --outliers 5e-3 --hard 5e-3"
+        fi
+        # shellcheck disable=SC2086 # the tolerances are words
+        if ! out=$(logcmp "$OUTD/$name.jsonl" "$D/ref/$name.jsonl" "$logtol" 2>&1); then
+            bad "train-$name" "log vs train_single: $out"
+        elif ! wout=$("$D/bin/stcompare" -q $wtol "$OUTD/$name.safetensors" \
+                "$D/ref/$name.safetensors" 2>&1); then
+            bad "train-$name" "weights vs train_single: $(echo "$wout" | tail -1)"
+        else ok "train-$name ($out)"; fi
         rm -f "$OUTD/$name.safetensors"
     done
 }

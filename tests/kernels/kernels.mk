@@ -43,6 +43,32 @@ $(KT_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_run
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
 
+# The training library with the emulated CUDA kernels (lib/ objects, host memory, the CPU
+# runtime's GEMMs and collectives) and, for a generated directory (GEN_DIR, GEN_OBJ), its
+# single-rank program over it: the CUDA kernels inside whole training steps (tests/single).
+EMU_BUILD := build/emu
+
+$(EMU_BUILD)/kernels_cuda_emu.o: lib/kernels_cuda.cu lib/kernel_rows.h lib/kernels.h \
+                                 tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) -Iruntime -Ilib -x c++ -c -o $@ $<
+
+$(EMU_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
+
+$(EMU_BUILD)/libgpt_emu.a: $(LIB_OBJS) $(EMU_BUILD)/kernels_cuda_emu.o $(EMU_BUILD)/cuda_emu.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+ifdef GEN_DIR
+$(GEN_DIR)/train_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(RT_CPU_SINGLE_LIBS) -lstdc++
+endif
+
 $(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
                              build/librt_cpu.a build/ref/libref.a
 	$(E) "LINK      $@"
@@ -105,6 +131,32 @@ $(KT_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_run
 	$(E) "CXX       $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
+
+# The training library with the emulated CUDA kernels (lib/ objects, host memory, the CPU
+# runtime's GEMMs and collectives) and, for a generated directory (GEN_DIR, GEN_OBJ), its
+# single-rank program over it: the CUDA kernels inside whole training steps (tests/single).
+EMU_BUILD := build/emu
+
+$(EMU_BUILD)/kernels_cuda_emu.o: lib/kernels_cuda.cu lib/kernel_rows.h lib/kernels.h \
+                                 tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) -Iruntime -Ilib -x c++ -c -o $@ $<
+
+$(EMU_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_runtime.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
+
+$(EMU_BUILD)/libgpt_emu.a: $(LIB_OBJS) $(EMU_BUILD)/kernels_cuda_emu.o $(EMU_BUILD)/cuda_emu.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+ifdef GEN_DIR
+$(GEN_DIR)/train_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(RT_CPU_SINGLE_LIBS) -lstdc++
+endif
 
 $(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
                              build/librt_cpu.a build/ref/libref.a
