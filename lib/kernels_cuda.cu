@@ -17,15 +17,10 @@
 #include "kernel_rows.h"
 #include "kernels.h"
 #include "rt.h"       // defines: rt_memcpy, rt_dtype_size, RT_CUDA, RT_CHECK
+#include "rt_launch.h" // defines: KERNEL_LAUNCH, DYN_SHARED
 
 #define BLOCK 256      /* threads per block */
 
-/* kernel<<<grid, block, smem>>>(args), written so that the CPU emulation can launch it too
-** (tests/kernels/emu/cuda_runtime.h defines both macros its own way) */
-#ifndef GPT_CUDA_EMU
-#define KERNEL_LAUNCH(grid, block, smem, ...) __VA_ARGS__<<<(grid), (block), (smem)>>>
-#define DYN_SHARED(type, name) extern __shared__ type name[]
-#endif
 
 /* The storage type of a call: f32 or bf16, anything else is a caller's bug. */
 static rt_dtype storage(rt_dtype t)

@@ -411,8 +411,10 @@ void lib_stage_setup(void)
              "plan says %zu (a generator bug)", lib.mem_bytes, st->mem_bytes);
     size_t live, peak;
     rt_mem_stats(&live, &peak);
-    /* the CUDA runtime's own workspace (cuBLAS's), allocated at rt_init; the CPU has none */
-    size_t planned = st->mem_bytes + (strcmp(rt_backend(), "cpu") ? RT_CUDA_WORKSPACE_BYTES : 0);
+    /* the CUDA runtime's own buffers (cuBLAS's workspace, the GEMM staging), allocated at
+    ** rt_init; the CPU has none */
+    size_t planned = st->mem_bytes + (strcmp(rt_backend(), "cpu") ? RT_CUDA_WORKSPACE_BYTES +
+                                      RT_CUDA_STAGE_BYTES : 0);
     (void)live0;
     (void)peak0;
     if (gpt.tp_rank == 0 && gpt.cp_rank == 0 && gpt.dp_rank == 0)

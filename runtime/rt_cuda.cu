@@ -9,6 +9,7 @@
 ** which aborts the communicators and the job on expiry.
 */
 #include "rt_internal.h"   // defines: rt_group, rt__st, rt__h_*, rt__poll, rt__die, ...
+#include "rt_launch.h"     // defines: KERNEL_LAUNCH
 #include "rt_philox.h"     // defines: rt__normal_at (host and device)
 
 #include <cublas_v2.h>
@@ -679,7 +680,7 @@ static void gemm_f32_to_bf16(int ta, int tb, int m, int n, int k, float alpha, c
                                        Bp, CUDA_R_32F, ldb, Ap, CUDA_R_32F, lda, &zero,
                                        cu.gemm_stage, CUDA_R_32F, nc, CUBLAS_COMPUTE_32F,
                                        CUBLAS_GEMM_DEFAULT));
-                round_bf16_kernel<<<grid_for((long)mr * nc), 256>>>(
+                KERNEL_LAUNCH(grid_for((long)mr * nc), 256, 0, round_bf16_kernel)(
                     cu.gemm_stage, C + b * sC + (long)i0 * ldc + j0, mr, nc, ldc, beta);
                 RT_CUDA(cudaGetLastError());
             }
@@ -701,9 +702,10 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
     if (what == RT__GEMM_SCALE) {
         int blocks = grid_for((long)m * n * batch);
         if (c == RT_BF16)
-            scale_bf16_kernel<<<blocks, 256>>>((__nv_bfloat16 *)C, m, n, ldc, sC, batch, beta);
+            KERNEL_LAUNCH(blocks, 256, 0, scale_bf16_kernel)((__nv_bfloat16 *)C, m, n, ldc, sC,
+                                                             batch, beta);
         else
-            scale_kernel<<<blocks, 256>>>((float *)C, m, n, ldc, sC, batch, beta);
+            KERNEL_LAUNCH(blocks, 256, 0, scale_kernel)((float *)C, m, n, ldc, sC, batch, beta);
         RT_CUDA(cudaGetLastError());
         return;
     }
@@ -752,6 +754,7 @@ void rt_rng_normal(float *dst, int rows, int cols, int ld, uint64_t seed, uint64
     RT_CHECK(dst, "rt_rng_normal: NULL dst");
     long total = (long)rows * cols;
     int blocks = (int)((total + 255) / 256 < 8192 ? (total + 255) / 256 : 8192);
-    rng_kernel<<<blocks, 256>>>(dst, rows, cols, ld, seed, stream, first, gld, mean, std);
+    KERNEL_LAUNCH(blocks, 256, 0, rng_kernel)(dst, rows, cols, ld, seed, stream, first, gld, mean,
+                                              std);
     RT_CUDA(cudaGetLastError());
 }

@@ -442,7 +442,7 @@ M.NCCL_BYTES_PER_COMM = 2 * 8 * (4 << 20)
 -- { stage, ranks, parameters, main_parameters, gradients, optimizer_state, activations =
 -- { per_slot = {per chunk}, slots = {per chunk}, bytes }, recompute_workspace,
 -- communication, workspace, peak_bytes (= the allocated total on the CPU), cuda = {
--- cublas_workspace, nccl_communicators, nccl_estimate, allocated, peak_bytes } }.
+-- cublas_workspace, gemm_staging, nccl_communicators, nccl_estimate, allocated, peak_bytes } }.
 function M.memory(cfg, prog)
     local comms = 1                                     -- the world
     for _, g in ipairs(prog.groups) do
@@ -462,7 +462,7 @@ function M.memory(cfg, prog)
             work = work + m.work_bytes
         end
         assert(by.activations == acts, "inspect: activation bytes differ from the slots'")
-        local cuda_alloc = sp.mem_bytes + program.CUDA_WORKSPACE_BYTES
+        local cuda_alloc = sp.mem_bytes + program.CUDA_WORKSPACE_BYTES + program.CUDA_STAGE_BYTES
         local nccl = comms * M.NCCL_BYTES_PER_COMM
         out[#out + 1] = {
             stage = sp.stage, ranks = sp.ranks, parameters = sp.params.params,
@@ -471,7 +471,8 @@ function M.memory(cfg, prog)
             activations = { per_slot = per_slot, slots = slots, bytes = acts },
             recompute_workspace = work, communication = by.communication,
             workspace = by.workspace, peak_bytes = sp.mem_bytes,
-            cuda = { cublas_workspace = program.CUDA_WORKSPACE_BYTES, allocated = cuda_alloc,
+            cuda = { cublas_workspace = program.CUDA_WORKSPACE_BYTES,
+                     gemm_staging = program.CUDA_STAGE_BYTES, allocated = cuda_alloc,
                      nccl_communicators = comms, nccl_estimate = nccl,
                      peak_bytes = cuda_alloc + nccl },
         }
@@ -523,9 +524,10 @@ function M.memory_plan(cfg, prog, out)
         out[#out + 1] = "  " .. line
     end
     local c = mem[1].cuda
-    out[#out + 1] = string.format("  (GPU total: the CPU total + the cuBLAS workspace %s + " ..
-                                  "NCCL's buffers, estimated %s for %d communicators)",
-                                  util.bytes(c.cublas_workspace), util.bytes(c.nccl_estimate),
+    out[#out + 1] = string.format("  (GPU total: the CPU total + the cuBLAS workspace %s + the " ..
+                                  "GEMM staging %s + NCCL's buffers, estimated %s for %d " ..
+                                  "communicators)", util.bytes(c.cublas_workspace),
+                                  util.bytes(c.gemm_staging), util.bytes(c.nccl_estimate),
                                   c.nccl_communicators)
 end
 

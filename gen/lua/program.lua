@@ -854,9 +854,11 @@ local RECOMPUTED = { core_attn = { "L_ATTY", "L_LSE", "L_QKV_SEQ", "L_ATTY_SEQ" 
                      layernorm = { "L_LN1", "L_LN2" },
                      mlp = { "L_FC", "L_GELU" } }
 
--- Bytes the CUDA runtime allocates for itself at start (runtime/rt.h RT_CUDA_WORKSPACE_BYTES:
--- cuBLAS's workspace, so that cuBLAS never allocates behind the plan).
+-- Bytes the CUDA runtime allocates for itself at start (runtime/rt.h): cuBLAS's workspace
+-- (RT_CUDA_WORKSPACE_BYTES, so that cuBLAS never allocates behind the plan) and the f32
+-- staging of GEMMs with f32 inputs and a bf16 result (RT_CUDA_STAGE_BYTES).
 M.CUDA_WORKSPACE_BYTES = 32 << 20
+M.CUDA_STAGE_BYTES = 4 << 20
 
 -- Whether per-layer entry 'id' lives in the recompute workspace for a layer stored as 'st'
 -- (LayerStore), given the set of recomputed ids.

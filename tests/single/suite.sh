@@ -10,8 +10,8 @@
 # Tolerances: train_single vs train exact (the same code over the same one-member collectives:
 # every collective of a world of one is a no-op or a copy in both runtimes). train_cuda_single
 # vs train_single on a GPU: tests/train's CUDA tolerances (losses 1e-5 relative, lr 1e-6,
-# grad_norm 1e-5; weights |a - b| <= 1e-5 + 1e-5|b|), f32 layouts only. train_emu, the CUDA
-# kernels on the CPU emulation of CUDA inside training, against train_single: below.
+# grad_norm 1e-5; weights |a - b| <= 1e-5 + 1e-5|b|), f32 layouts only. train_emu and
+# train_cuda_emu, the CUDA kernels and runtime on the CPU emulation of CUDA: below.
 . "$(dirname "$0")/../lib.sh" single
 
 SAME_MSG='this single-rank program \(no MPI\) runs layouts of one rank only; use train / '
@@ -228,44 +228,60 @@ else
     pass runtime-coll
 fi
 
-# -- The CUDA kernels inside training, on the CPU emulation of CUDA (tests/kernels/emu) ---------
+# -- The CUDA programs on the CPU emulation of CUDA (tests/kernels/emu, tests/kernels/emu.mk) --
 # train_emu: the generated program over the library with lib/kernels_cuda.cu compiled against
-# the emulation (host memory, the CPU runtime's GEMMs): every CUDA kernel called as training
-# calls it. Against train_single: f32 with tests/train's CUDA tolerances (losses and grad_norm
-# 1e-5 relative, lr 1e-6, weights 1e-5 + 1e-5|w|); bf16 with tests/precision's "bf16" set
-# (loss 2e-4, grad_norm 1e-2, weights 1e-4 + 1e-2|w| with at most 0.5 % out, each within 5e-3:
-# the two backends sum in other orders, so they round at other places). Observed: f32 loss
-# 3.4e-7, weights 7.9e-7; bf16 loss 3.1e-5, grad_norm 7.5e-4, 0.11 % of the weights out.
+# the emulation and the CPU runtime (every CUDA kernel called as training calls it).
+# train_cuda_emu: also runtime/rt_cuda.cu over the emulated runtime API and cuBLAS, so the
+# whole train_cuda_single path (device memory counted against the plan, cuBLAS's arguments, the
+# GEMM staging) without a GPU. Both against train_single: f32 with tests/train's CUDA
+# tolerances (losses and grad_norm 1e-5 relative, lr 1e-6, weights 1e-5 + 1e-5|w|); bf16 with
+# tests/precision's "bf16" set (loss 2e-4, grad_norm 1e-2, weights 1e-4 + 1e-2|w| with at most
+# 0.5 % out, each within 5e-3: the backends sum in other orders, so they round at other
+# places). Observed: f32 loss 3.4e-7, weights 7.9e-7; bf16 loss 3.2e-5, grad_norm 1.2e-3. And
+# the runtime's GEMM and RNG tests over the emulated CUDA runtime.
 if ! command -v g++ > /dev/null 2>&1 || [ "$(uname -m)" != x86_64 ]; then
-    skip cuda-emu-train "needs g++ (make deps installs it) and x86-64 (the emulation's fibers)"
+    skip cuda-emu "needs g++ (make deps installs it) and x86-64 (the emulation's fibers)"
 else
+    EMU_MK="make -s --no-print-directory -f Makefile -f tests/kernels/emu.mk"
     for name in tiny tiny_bf16 tiny_llama tiny_moe; do
         d=${SINGLE_DIR[$name]}
         [ -n "$d" ] || continue
-        if ! make -s --no-print-directory -f Makefile -f tests/kernels/kernels.mk GEN_DIR="$d" \
-                GEN_OBJ="$d.obj" "$d/train_emu" > "$S/$name.emu.build.log" 2>&1 < /dev/null; then
-            fail "cuda-emu-train-$name" \
-                "building train_emu: $(first_error "$S/$name.emu.build.log")"
-            continue
-        fi
         logtol="loss=1e-5 lr=1e-6 grad_norm=1e-5" wtol="--atol 1e-5 --rtol 1e-5"
         if [ $name = tiny_bf16 ]; then
             logtol="loss=2e-4 lr=1e-6 grad_norm=1e-2"
             wtol="--atol 1e-4 --rtol 1e-2 --outliers 5e-3 --hard 5e-3"
         fi
-        # shellcheck disable=SC2086 # the flags and tolerances are words
-        if ! run_prog "$d/train_emu" 1 "$S/$name.emu.log" $F --log "$S/$name.emu.jsonl" \
-                --save "$S/$name.emu.safetensors"; then
-            fail "cuda-emu-train-$name" "train_emu failed: $(first_error "$S/$name.emu.log")"
-        elif ! out=$($LOGCMP "$S/$name.emu.jsonl" "$S/$name.train_single.jsonl" $logtol 2>&1)
-        then
-            fail "cuda-emu-train-$name" "logs differ from train_single: $(echo "$out" | tail -n 1)"
-        elif ! out=$($STCOMPARE -q $wtol "$S/$name.emu.safetensors" \
-                    "$S/$name.train_single.safetensors" 2>&1); then
-            fail "cuda-emu-train-$name" \
-                "weights differ from train_single: $(echo "$out" | tail -n 1)"
+        for p in train_emu train_cuda_emu; do
+            t=emu-kernels-$name
+            [ $p = train_cuda_emu ] && t=emu-cuda-$name
+            if ! $EMU_MK GEN_DIR="$d" GEN_OBJ="$d.obj" "$d/$p" > "$S/$name.$p.build.log" 2>&1 \
+                    < /dev/null; then
+                fail "$t" "building $p: $(first_error "$S/$name.$p.build.log")"
+                continue
+            fi
+            # shellcheck disable=SC2086 # the flags and tolerances are words
+            if ! run_prog "$d/$p" 1 "$S/$name.$p.log" $F --log "$S/$name.$p.jsonl" \
+                    --save "$S/$name.$p.safetensors"; then
+                fail "$t" "$p failed: $(first_error "$S/$name.$p.log")"
+            elif ! out=$($LOGCMP "$S/$name.$p.jsonl" "$S/$name.train_single.jsonl" $logtol 2>&1)
+            then
+                fail "$t" "logs differ from train_single: $(echo "$out" | tail -n 1)"
+            elif ! out=$($STCOMPARE -q $wtol "$S/$name.$p.safetensors" \
+                        "$S/$name.train_single.safetensors" 2>&1); then
+                fail "$t" "weights differ from train_single: $(echo "$out" | tail -n 1)"
+            else
+                pass "$t"
+            fi
+        done
+    done
+    for t in gemm rng; do
+        if ! $EMU_MK "build/emu/t_${t}_cuda" > "$S/emu-$t.build.log" 2>&1 < /dev/null; then
+            fail "emu-cuda-runtime-$t" "building: $(first_error "$S/emu-$t.build.log")"
+        elif timeout 300 "build/emu/t_${t}_cuda" > "$S/emu-rt-$t.log" 2>&1 < /dev/null &&
+             grep -q '^ok ' "$S/emu-rt-$t.log"; then
+            pass "emu-cuda-runtime-$t"
         else
-            pass "cuda-emu-train-$name"
+            fail "emu-cuda-runtime-$t" "$(first_error "$S/emu-rt-$t.log")"
         fi
     done
 fi

@@ -15,6 +15,9 @@
 ** disagree, launch shapes or dynamic shared memory over the H100's limits. Dynamic shared
 ** memory starts as NaN in every block, so a read before a write shows in the results.
 ** Not modelled: timing, races between threads (a fiber runs alone until it waits), atomics.
+** The runtime API, cuBLAS and NCCL that runtime/rt_cuda.cu calls are emulated too (cuda_libs.cc,
+** cublas_v2.h, nccl.h here): host memory, one device, GEMMs by their documented column-major
+** semantics, and NCCL refusing any communicator of more than one rank.
 */
 #ifndef GPT_CUDA_EMU_RUNTIME_H
 #define GPT_CUDA_EMU_RUNTIME_H
@@ -43,10 +46,35 @@ struct dim3 {
 };
 
 typedef int cudaError_t;
-enum { cudaSuccess = 0 };
-enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
-                      cudaMemcpyDeviceToDevice = 3 };
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorNotReady = 600 };
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1,
+                      cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+typedef struct emu_stream *cudaStream_t;
+
+/* -- The runtime API the CUDA runtime (runtime/rt_cuda.cu) calls: host memory, one device, one
+** stream that is always idle (cuda_libs.cc) -------------------------------------------------- */
+struct cudaDeviceProp {
+    char name[256];
+    struct { char bytes[16]; } uuid;
+    size_t totalGlobalMem;
+    int multiProcessorCount, major, minor;
+};
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t bytes);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s = 0);
+cudaError_t cudaMemset(void *p, int v, size_t bytes);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+const char *cudaGetErrorName(cudaError_t e);
+const char *cudaGetErrorString(cudaError_t e);
 
 namespace emu {
 
@@ -246,7 +274,6 @@ static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
 
 static inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-static inline const char *cudaGetErrorString(cudaError_t) { return "no error"; }
 static inline cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
                                        size_t width, size_t height, cudaMemcpyKind)
 {
