@@ -143,8 +143,13 @@ prepare() {
 OUTD=${GPU_BATCH_WORK:-/tmp/gpu_batch}
 RESULTS=${OUT:-$D/out}
 FAILS=0
-SUMMARY=""
-note() { echo "$*"; SUMMARY="$SUMMARY$*"$'\n'; }
+# Each line goes to stdout and to $RESULTS/summary.txt at once, and the logs are packed after
+# each part: a command stopped at its time limit still returns what it had done.
+note() { echo "$*"; echo "$*" >> "$RESULTS/summary.txt"; }
+pack() {
+    (cd "$OUTD" && find . -maxdepth 1 \( -name '*.log' -o -name '*.jsonl' \) -print0 |
+        tar -czf "$RESULTS/logs.tgz" --null -T -)
+}
 ok() { note "PASS $1"; }
 bad() { note "FAIL $1: $2"; FAILS=$((FAILS + 1)); }
 
@@ -329,22 +334,19 @@ part_profile() {
 
 run() {
     [ -f "$D/VERSION" ] || die "no $D: run 'bench/gpu_batch.sh prepare' here first and carry $D"
-    rm -rf "$OUTD" && mkdir -p "$OUTD" || exit 1
+    rm -rf "$OUTD" && mkdir -p "$OUTD" "$RESULTS" || exit 1
+    rm -f "$RESULTS/summary.txt" "$RESULTS/logs.tgz"
     libpath
     note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1)"
     local parts=${*:-kernels train bench profile} p
     for p in $parts; do
         case $p in
-        kernels|train|bench|profile) "part_$p" ;;
+        kernels|train|bench|profile) "part_$p"; pack ;;
         *) die "unknown part '$p' (kernels train bench profile)" ;;
         esac
     done
     note ""
     note "gpu_batch: $FAILS failed"
-    mkdir -p "$RESULTS"
-    printf '%s' "$SUMMARY" > "$RESULTS/summary.txt"
-    (cd "$OUTD" && find . -maxdepth 1 \( -name '*.log' -o -name '*.jsonl' \) -print0 |
-        tar -czf "$RESULTS/logs.tgz" --null -T -)
     [ $FAILS = 0 ]
 }
 
