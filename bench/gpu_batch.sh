@@ -5,8 +5,8 @@
 #   bench/gpu_batch.sh prepare        here (Debian, the CUDA toolkit, the project's deps): build
 #                                     build/device/ (about 20 MiB), with the CPU references
 #   bench/gpu_batch.sh run [PART...]  on the GPU machine, from the repository root, with
-#                                     build/device carried; PART: kernels train bench profile
-#                                     (default: all four). Work files go to $GPU_BATCH_WORK
+#                                     build/device carried; PART: kernels train multi bench
+#                                     profile (default: all five). Work files go to $GPU_BATCH_WORK
 #                                     (default /tmp/gpu_batch); $OUT (default build/device/out)
 #                                     gets summary.txt and logs.tgz (the logs and JSON logs).
 #
@@ -22,6 +22,14 @@
 #            bf16 with tests/precision's "bf16" set (loss 2e-4, grad_norm 1e-2, weights 1e-4 +
 #            1e-2|w| with at most 0.5 % out, each within 5e-3), which the emulated CUDA kernels
 #            meet here (tests/single cuda-emu-train).
+#   multi    layouts of several ranks sharing the GPU over the MPI transport, as
+#            tests/parallel/gpu.txt and tests/moe/gpu.txt do: tiny with TP 2 x DP 2, SP and the
+#            distributed optimizer (4 ranks), tiny with PP 2 (2 ranks), tiny_moe with TP 2 x
+#            DP 2 x EP 2, SP and the distributed optimizer (4 ranks), each against its
+#            single-rank CUDA run there with those tables' tolerances (loss, aux loss, grad_norm
+#            1e-5; weights 1e-6 + 1e-5|w| with at most 0.1 % out, each within 1e-4). MPI is
+#            Debian 12's Open MPI, its packages' files carried in build/device/mpi-root.tgz and
+#            run from where they are unpacked (OPAL_PREFIX).
 #   bench    GPT-2 124M (T = 1024, micro-batch 64) and GPT-2 1558M (T = 1024, micro-batch 8,
 #            selective recompute), bf16, one GPU, beside llm.c (its train_gpt2cu built there
 #            from the source carried in build/device/llm.c, with NO_MULTI_GPU=1 and
@@ -40,6 +48,15 @@ shift 2>/dev/null
 
 # -- prepare (here) -----------------------------------------------------------------------------
 TRAIN_FLAGS="--steps 6 --lr 1e-3 --warmup 2 --quiet"
+# name | gen args | ranks (the first of each model is its single-rank reference)
+MULTI="m-tiny|tiny --mbs 8|1
+m-tiny-tp2-dp2-sp-distopt|tiny --tp 2 --dp 2 --mbs 4 --sp --dist-opt|4
+m-tiny-pp2|tiny --pp 2 --mbs 2 --nmb 4|2
+m-moe|tiny_moe --mbs 2 --nmb 4|1
+m-moe-ep2|tiny_moe --tp 2 --dp 2 --ep 2 --etp 2 --mbs 2 --nmb 2 --sp --dist-opt|4"
+MPI_DEBS="openmpi-bin openmpi-common libopenmpi3 libpmix2 libevent-core-2.1-7
+          libevent-pthreads-2.1-7 libhwloc15 libucx0 libfabric1 libibverbs1 librdmacm1 libnl-3-200
+          libnl-route-3-200 libpsm2-2 libpsm-infinipath1 libnuma1 libmunge2"
 BENCH_STEPS=${BENCH_STEPS:-12}
 PROFILE_WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd layernorm_bwd gelu_fwd gelu_bwd
       bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd ce_rowmax ce_sums
@@ -105,6 +122,26 @@ prepare() {
         cp "build/device-obj/$name.src/train_cuda_single" "$D/prog/$name"
     done
 
+    # the multi-rank layouts (train_cuda, MPI) and their single-rank CUDA references
+    local ranks
+    while IFS='|' read -r name args ranks; do
+        # shellcheck disable=SC2086 # the arguments are words
+        build/gen $args --out "build/device-obj/$name.src" > "build/device-obj/$name.gen.log" \
+            2>&1 || die "build/gen $args: $(tail -1 "build/device-obj/$name.gen.log")"
+        make -s --no-print-directory -j2 GEN_DIR="build/device-obj/$name.src" \
+            GEN_OBJ="build/device-obj/$name" "build/device-obj/$name.src/train_cuda" \
+            "build/device-obj/$name.src/train_cuda_single" > "build/device-obj/$name.make.log" \
+            2>&1 || die "building $name: $(grep -m1 -i error "build/device-obj/$name.make.log")"
+        cp "build/device-obj/$name.src/train_cuda" "$D/prog/$name"
+    done <<< "$MULTI"
+    # Debian 12's Open MPI for the GPU machine: its packages' files, unpacked under usr/ and lib/
+    local debs=build/device-obj/debs
+    mkdir -p "$debs/root"
+    (cd "$debs" && apt-get download $MPI_DEBS > ../debs.log 2>&1) ||
+        die "apt-get download (Open MPI): $(tail -1 build/device-obj/debs.log)"
+    for f in "$debs"/*.deb; do dpkg -x "$f" "$debs/root" || die "dpkg -x $f"; done
+    tar -czf "$D/mpi-root.tgz" -C "$debs/root" . || die "packing Open MPI"
+
     # the benchmark programs, a profiling copy of 124M's, the token shard, llm.c's source
     gen_prog gpt2_124m build/device-obj/gpt2_124m.src gpt2_124m --bf16 --mbs 64
     gen_prog gpt2_1558m build/device-obj/gpt2_1558m.src gpt2_1558m --bf16 --mbs 8 \
@@ -133,6 +170,7 @@ prepare() {
         die "llm.c's cudaMemAdvise call changed: check the CUDA 13 fix in bench/gpu_batch.sh"
     git -C "$llmc" rev-parse HEAD > "$D/llm.c/COMMIT"
     strip --strip-debug "$D"/bin/* "$D"/prog/*
+    tar -czf "$D/prog.tgz" -C "$D" prog && rm -rf "$D/prog"    # 22 MiB of fatbins: 7 packed
     echo "gpu_batch prepared $(git rev-parse --short HEAD)$(git diff --quiet || echo +)" \
         > "$D/VERSION"
     echo "gpu_batch: $D ready ($(du -sh "$D" | cut -f1)); on the GPU machine, with it carried:"
@@ -141,6 +179,7 @@ prepare() {
 
 # -- run (the GPU machine) ----------------------------------------------------------------------
 OUTD=${GPU_BATCH_WORK:-/tmp/gpu_batch}
+P=$OUTD/prog                               # the programs, unpacked from build/device/prog.tgz
 RESULTS=${OUT:-$D/out}
 FAILS=0
 # Each line goes to stdout and to $RESULTS/summary.txt at once, and the logs are packed after
@@ -226,7 +265,7 @@ part_train() {
     local name out wout
     for name in tiny tiny_llama tiny_bf16 tiny_moe; do
         # shellcheck disable=SC2086 # the flags are words
-        if ! timeout 300 "$D/prog/$name" --data "$D/ref/tok.bin" $TRAIN_FLAGS \
+        if ! timeout 300 "$P/$name" --data "$D/ref/tok.bin" $TRAIN_FLAGS \
                 --log "$OUTD/$name.jsonl" --save "$OUTD/$name.safetensors" \
                 > "$OUTD/$name.log" 2>&1; then
             bad "train-$name" "train_cuda_single failed: $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')"
@@ -246,6 +285,43 @@ part_train() {
         else ok "train-$name ($out)"; fi
         rm -f "$OUTD/$name.safetensors"
     done
+}
+
+# The carried Open MPI, unpacked and relocated (OPAL_PREFIX); launches are local (no ssh) over
+# shared memory.
+mpi_env() {
+    local m=$OUTD/mpi
+    rm -rf "$m" && mkdir -p "$m" && tar -xzf "$D/mpi-root.tgz" -C "$m" ||
+        die "cannot unpack $D/mpi-root.tgz"
+    local lib=$m/usr/lib/x86_64-linux-gnu
+    export OPAL_PREFIX=$m/usr OPAL_LIBDIR=$lib/openmpi/lib OPAL_DATADIR=$m/usr/share/openmpi
+    export OPAL_PKGDATADIR=$m/usr/share/openmpi PATH=$m/usr/bin:$PATH
+    export LD_LIBRARY_PATH=$lib:$lib/openmpi/lib:$m/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
+    export OMPI_MCA_plm_rsh_agent=false OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+    export PMIX_MCA_pcompress_base_silence_warning=1
+}
+
+part_multi() {
+    mpi_env
+    local name args ranks ref="" out wout mf="--data $D/ref/tok.bin $TRAIN_FLAGS"
+    while IFS='|' read -r name args ranks; do
+        # shellcheck disable=SC2086 # the flags are words
+        if ! timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$ranks" \
+                "$P/$name" $mf --log "$OUTD/$name.jsonl" --save "$OUTD/$name.safetensors" \
+                > "$OUTD/$name.log" 2>&1 < /dev/null; then
+            bad "multi-$name" "$ranks ranks: $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')"
+        elif [ "$ranks" = 1 ]; then
+            ref=$name                            # the reference of the layouts that follow
+            ok "multi-$name (the single-rank reference)"
+        elif ! out=$(logcmp "$OUTD/$name.jsonl" "$OUTD/$ref.jsonl" \
+                "loss=1e-5 grad_norm=1e-5$(grep -q aux_loss "$OUTD/$ref.jsonl" &&
+                                            echo ' aux_loss=1e-5')" 2>&1); then
+            bad "multi-$name" "log vs $ref: $out"
+        elif ! wout=$("$D/bin/stcompare" -q --atol 1e-6 --rtol 1e-5 --outliers 1e-3 --hard 1e-4 \
+                "$OUTD/$name.safetensors" "$OUTD/$ref.safetensors" 2>&1); then
+            bad "multi-$name" "weights vs $ref: $(echo "$wout" | tail -1)"
+        else ok "multi-$name ($ranks ranks on one GPU over MPI: $out)"; fi
+    done <<< "$MULTI"
 }
 
 # median of the field F over the JSON-lines log's steps after the warm-up
@@ -298,7 +374,7 @@ part_bench() {
     for m in "gpt2_124m 12 768 64 d12" "gpt2_1558m 48 1600 8 d48"; do
         # shellcheck disable=SC2086 # model layers hidden micro-batch llm.c-descriptor
         set -- $m
-        timeout 400 "$D/prog/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
+        timeout 400 "$P/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
             --lr 6e-4 --warmup 2 --quiet --log "$OUTD/$1.jsonl" > "$OUTD/$1.log" 2>&1 ||
             bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
         mem=$(grep -m1 '^memory:' "$OUTD/$1.log")
@@ -324,7 +400,7 @@ part_bench() {
 }
 
 part_profile() {
-    PROFILE_WARMUP=2 timeout 400 "$D/prog/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
+    PROFILE_WARMUP=2 timeout 400 "$P/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
         --steps 8 --lr 6e-4 --warmup 2 --quiet > "$OUTD/profile.log" 2>&1 ||
         bad profile "$(tail -2 "$OUTD/profile.log" | tr '\n' ' ')"
     note ""
@@ -336,13 +412,14 @@ run() {
     [ -f "$D/VERSION" ] || die "no $D: run 'bench/gpu_batch.sh prepare' here first and carry $D"
     rm -rf "$OUTD" && mkdir -p "$OUTD" "$RESULTS" || exit 1
     rm -f "$RESULTS/summary.txt" "$RESULTS/logs.tgz"
+    tar -xzf "$D/prog.tgz" -C "$OUTD" || die "cannot unpack $D/prog.tgz"
     libpath
     note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1)"
-    local parts=${*:-kernels train bench profile} p
+    local parts=${*:-kernels train multi bench profile} p
     for p in $parts; do
         case $p in
-        kernels|train|bench|profile) "part_$p"; pack ;;
-        *) die "unknown part '$p' (kernels train bench profile)" ;;
+        kernels|train|multi|bench|profile) "part_$p"; pack ;;
+        *) die "unknown part '$p' (kernels train multi bench profile)" ;;
         esac
     done
     note ""
@@ -353,5 +430,6 @@ run() {
 case $MODE in
 prepare) prepare ;;
 run) run "$@" ;;
-*) echo "usage: bench/gpu_batch.sh prepare | run [kernels train bench profile]" >&2; exit 2 ;;
+*) echo "usage: bench/gpu_batch.sh prepare | run [kernels train multi bench profile]" >&2
+   exit 2 ;;
 esac
