@@ -71,7 +71,8 @@ gen_build() {
         WHY="build/gen $*: $(first_error "$dir.gen.log")"
         return 1
     fi
-    if ! make -s --no-print-directory -j2 GEN_DIR="$dir" GEN_OBJ="$dir.obj" \
+    # shellcheck disable=SC2086 # GEN_MAKEFILES: words (-f Makefile -f tests/kernels/emu.mk)
+    if ! make -s --no-print-directory -j2 $GEN_MAKEFILES GEN_DIR="$dir" GEN_OBJ="$dir.obj" \
             "$dir/${TARGET:-train}" > "$dir.build.log" 2>&1 < /dev/null; then
         WHY="building $dir/${TARGET:-train}: $(first_error "$dir.build.log")"
         return 1
@@ -124,7 +125,10 @@ have_gpu() {
 #
 # With --cuda each row's train_cuda is built (cuda-build-<name>) and, on a machine with a GPU,
 # run and compared as above (cuda-run-<name>; runs in $S/run/cuda.<name>.*); without a GPU the
-# rows are built only, and without the CUDA backend the table is skipped.
+# rows are built only, and without the CUDA backend the table is skipped. With --emu each row's
+# train_cuda_emu_mpi (tests/kernels/emu.mk: train_cuda on the CPU emulation of CUDA, its ranks
+# sharing the emulated device over the MPI transport) is built and run the same way
+# (emu-run-<name>; runs in $S/run/emu.<name>.*), wherever g++ and x86-64 are.
 
 declare -A DIR WORLD TOL BUILT RAN REFPROG
 
@@ -240,9 +244,17 @@ resume_check() {
 }
 
 equiv() {
-    local table=$1 cuda=0 line n=0 flags="" prefix="" vname
+    local table=$1 cuda=0 emu=0 line n=0 flags="" prefix="" vname
     local -A seen
     [ "$2" = --cuda ] && cuda=1
+    if [ "$2" = --emu ]; then
+        if ! command -v g++ > /dev/null 2>&1 || [ "$(uname -m)" != x86_64 ]; then
+            skip "emu-$(basename "$table" .txt)" "needs g++ (make deps) and x86-64"
+            return
+        fi
+        emu=1
+        prefix=emu.
+    fi
     if [ $cuda = 1 ]; then
         if ! cuda_backend; then
             skip "cuda-$(basename "$table" .txt)" "the CUDA backend is not built (make echo)"
@@ -297,6 +309,7 @@ equiv() {
         f=${f//\$NAME/$tag}
         vname=$name
         [ $cuda = 1 ] && vname=cuda-run-$name
+        [ $emu = 1 ] && vname=emu-run-$name
         # the program: the reference, or the layout's (built once per distinct gen args)
         case $args in
         gpt2_ref\ *)
@@ -310,11 +323,13 @@ equiv() {
                 skip "$vname" "mpirun not found (make deps)"
                 continue
             fi
-            local dir=${BUILT[$args]:-$S/out/$name} target=train
+            local dir=${BUILT[$args]:-$S/out/$name} target=train mk=""
             [ $cuda = 1 ] && target=train_cuda
+            [ $emu = 1 ] && target=train_cuda_emu_mpi mk="-f Makefile -f tests/kernels/emu.mk"
             # shellcheck disable=SC2086 # the arguments are words
-            if ! TARGET=$target gen_build "$dir" $args; then
-                fail "$([ $cuda = 1 ] && echo cuda-build-)$name" "$WHY"
+            if ! TARGET=$target GEN_MAKEFILES=$mk gen_build "$dir" $args; then
+                fail "$([ $cuda = 1 ] && echo cuda-build-)$([ $emu = 1 ] && echo emu-build-)$name" \
+                    "$WHY"
                 continue
             fi
             BUILT[$args]=$dir

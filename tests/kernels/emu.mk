@@ -8,6 +8,7 @@
 # call), and for a generated directory (GEN_DIR, GEN_OBJ) its single-rank programs over them:
 #   train_emu        the CUDA kernels, the CPU runtime (its GEMMs and collectives)
 #   train_cuda_emu   the CUDA kernels and runtime/rt_cuda.cu: train_cuda_single, emulated
+#   train_cuda_emu_mpi   the same with MPI: train_cuda, emulated, for layouts of several ranks
 # and the runtime's GEMM and RNG tests over the emulated CUDA runtime.
 EMU_BUILD := build/emu
 
@@ -44,6 +45,20 @@ $(EMU_BUILD)/librt_cuda_emu.a: $(RT_SINGLE_COMMON) $(EMU_BUILD)/rt_cuda_emu.o
 
 EMU_CUDA_LIBS := $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a -lstdc++ -lpthread -lm
 
+# The same runtime with MPI (rt_mpi.c): layouts of several ranks, whose ranks share the one
+# emulated device and therefore talk over the MPI transport (pinned-host staging), as ranks
+# sharing a GPU do (tests/*/gpu.txt run with equiv --emu).
+$(EMU_BUILD)/rt_cuda_emu_mpi.o: runtime/rt_cuda.cu runtime/rt_internal.h runtime/rt_launch.h \
+                                tests/kernels/emu/cuda_runtime.h tests/kernels/emu/cublas_v2.h \
+                                tests/kernels/emu/nccl.h
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(RT_MPI_CFLAGS) -Iruntime -x c++ -c -o $@ $<
+
+$(EMU_BUILD)/librt_cuda_emu_mpi.a: $(RT_COMMON_OBJS) $(EMU_BUILD)/rt_cuda_emu_mpi.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 $(EMU_BUILD)/t_%_cuda: $(RT_TEST_SINGLE_DIR)/t_%.o $(EMU_BUILD)/librt_cuda_emu.a \
                        $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
@@ -60,5 +75,11 @@ $(GEN_DIR)/train_cuda_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/li
                            $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_CUDA_LIBS)
+
+$(GEN_DIR)/train_cuda_emu_mpi: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a \
+                               $(EMU_BUILD)/librt_cuda_emu_mpi.a $(EMU_BUILD)/libcuda_emu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/librt_cuda_emu_mpi.a \
+	    $(EMU_BUILD)/libcuda_emu.a -lstdc++ -lpthread -lm
 endif
 

@@ -250,4 +250,7 @@ fi
 # -- CUDA: the programs compile and link; on a GPU they train like the reference -----------------
 
 equiv tests/moe/gpu.txt --cuda
+# ... and on the CPU emulation of CUDA (train_cuda_emu_mpi: PP's transfers and EP's
+# all-to-all through the MPI transport's staging): every machine
+equiv tests/moe/gpu.txt --emu
 finish

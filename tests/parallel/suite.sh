@@ -82,4 +82,6 @@ done
 # -- CUDA: the same programs compile and link; on a GPU they train like one GPU rank ------------
 
 equiv tests/parallel/gpu.txt --cuda
+# ... and the same table on the CPU emulation of CUDA (train_cuda_emu_mpi): every machine
+equiv tests/parallel/gpu.txt --emu
 finish
