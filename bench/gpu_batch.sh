@@ -67,15 +67,17 @@ die() { echo "gpu_batch: $*" >&2; exit 1; }
 # mkvar NAME: a variable of the top Makefile
 mkvar() { make -s --no-print-directory -f Makefile -f <(printf 'pv:\n\t@echo $(%s)\n' "$1") pv; }
 
-# gen_prog NAME DIR GENFLAGS...: generate and build DIR/train_cuda_single (and train_single)
+# gen_prog NAME "PROGRAMS" GENFLAGS...: generate build/device-obj/NAME.src and build its
+# PROGRAMS (train_single, train_cuda_single, train_cuda, ...) there
 gen_prog() {
-    local name=$1 dir=$2
+    local name=$1 progs=$2 dir=build/device-obj/$1.src p targets=""
     shift 2
+    for p in $progs; do targets="$targets $dir/$p"; done
     build/gen "$@" --out "$dir" > "$dir.gen.log" 2>&1 ||
         die "build/gen $*: $(tail -1 "$dir.gen.log")"
-    make -s --no-print-directory -j2 GEN_DIR="$dir" GEN_OBJ="build/device-obj/$name" \
-        "$dir/train_single" "$dir/train_cuda_single" > "$dir.make.log" 2>&1 ||
-        die "building $name: $(grep -m1 -i error "$dir.make.log")"
+    # shellcheck disable=SC2086 # the targets are words
+    make -s --no-print-directory -j2 GEN_DIR="$dir" GEN_OBJ="build/device-obj/$name" $targets \
+        > "$dir.make.log" 2>&1 || die "building $name: $(grep -m1 -i error "$dir.make.log")"
 }
 
 prepare() {
@@ -114,7 +116,7 @@ prepare() {
                 "tiny_moe|tiny_moe --dist-opt"; do
         name=${spec%%|*} args=${spec#*|}
         # shellcheck disable=SC2086 # the arguments are words
-        gen_prog "$name" "build/device-obj/$name.src" $args
+        gen_prog "$name" "train_single train_cuda_single" $args
         # shellcheck disable=SC2086
         build/device-obj/$name.src/train_single --data "$D/ref/tok.bin" $TRAIN_FLAGS \
             --log "$D/ref/$name.jsonl" --save "$D/ref/$name.safetensors" \
@@ -122,16 +124,11 @@ prepare() {
         cp "build/device-obj/$name.src/train_cuda_single" "$D/prog/$name"
     done
 
-    # the multi-rank layouts (train_cuda, MPI) and their single-rank CUDA references
+    # the multi-rank layouts and their single-rank references (train_cuda: MPI)
     local ranks
     while IFS='|' read -r name args ranks; do
         # shellcheck disable=SC2086 # the arguments are words
-        build/gen $args --out "build/device-obj/$name.src" > "build/device-obj/$name.gen.log" \
-            2>&1 || die "build/gen $args: $(tail -1 "build/device-obj/$name.gen.log")"
-        make -s --no-print-directory -j2 GEN_DIR="build/device-obj/$name.src" \
-            GEN_OBJ="build/device-obj/$name" "build/device-obj/$name.src/train_cuda" \
-            "build/device-obj/$name.src/train_cuda_single" > "build/device-obj/$name.make.log" \
-            2>&1 || die "building $name: $(grep -m1 -i error "build/device-obj/$name.make.log")"
+        gen_prog "$name" train_cuda $args
         cp "build/device-obj/$name.src/train_cuda" "$D/prog/$name"
     done <<< "$MULTI"
     # Debian 12's Open MPI for the GPU machine: its packages' files, unpacked under usr/ and lib/
@@ -143,8 +140,8 @@ prepare() {
     tar -czf "$D/mpi-root.tgz" -C "$debs/root" . || die "packing Open MPI"
 
     # the benchmark programs, a profiling copy of 124M's, the token shard, llm.c's source
-    gen_prog gpt2_124m build/device-obj/gpt2_124m.src gpt2_124m --bf16 --mbs 64
-    gen_prog gpt2_1558m build/device-obj/gpt2_1558m.src gpt2_1558m --bf16 --mbs 8 \
+    gen_prog gpt2_124m train_cuda_single gpt2_124m --bf16 --mbs 64
+    gen_prog gpt2_1558m train_cuda_single gpt2_1558m --bf16 --mbs 8 \
         --recompute selective
     cp build/device-obj/gpt2_124m.src/train_cuda_single "$D/prog/gpt2_124m"
     cp build/device-obj/gpt2_1558m.src/train_cuda_single "$D/prog/gpt2_1558m"
@@ -237,7 +234,8 @@ part_kernels() {
     done
 }
 
-# logcmp A B TOL: python3 compares two JSON-lines logs (loss, lr, grad_norm; relative tolerance)
+# logcmp A B TOL: tests/logcmp.lua's comparison of two JSON-lines logs (relative tolerance per
+# key), in python3: the GPU machine has no Lua
 logcmp() {
     python3 - "$@" <<'EOF'
 import json, math, sys

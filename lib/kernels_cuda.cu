@@ -920,13 +920,37 @@ static __device__ void fa_rows_out(uint16_t *dst, size_t ld, int nr, const fa_ac
         kr_store(dst + (size_t)(x / hd) * ld + x % hd, stage[x] * mul);
 }
 
+/* The block's head: blockIdx.y = b * Hl + h. Its q, k, v and dout (bf16 bits) start at the
+** head's columns of row b; position t is t rows of ld{q,k,o} further. */
+struct fa_head {
+    int b, h, bh;
+    size_t ldq, ldk, ldo;
+    const uint16_t *q, *k, *v, *dout;
+};
+
+static __device__ fa_head fa_head_of(const att_call &a, int hd)
+{
+    fa_head f;
+    int C = a.Hl * hd;
+    f.bh = blockIdx.y;
+    f.b = f.bh / a.Hl;
+    f.h = f.bh % a.Hl;
+    f.ldq = (size_t)a.B * a.ldq;
+    f.ldk = (size_t)a.B * a.ldkv;
+    f.ldo = (size_t)a.B * C;
+    f.q = as<uint16_t>(a.q) + att_head(a.ldq, f.b, f.h, hd);
+    f.k = as<uint16_t>(a.k) + att_head(a.ldkv, f.b, f.h, hd);
+    f.v = as<uint16_t>(a.v) + att_head(a.ldkv, f.b, f.h, hd);
+    f.dout = a.dout ? as<uint16_t>(a.dout) + att_head(C, f.b, f.h, hd) : NULL;
+    return f;
+}
+
 /* One query tile: blockIdx.x = tile, blockIdx.y = b * Hl + h; warp w owns rows 16w .. 16w+15. */
 template <int HD> static __global__ void fa_fwd_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
-    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    const fa_head f = fa_head_of(a, hd);
     int q0 = blockIdx.x * FA_TILE, nq = MIN(FA_TILE, a.Tq - q0);
     bf16_t *qs = reinterpret_cast<bf16_t *>(sm), *ks = qs + FA_TILE * hd, *vs = ks + FA_TILE * hd;
     float *ss = reinterpret_cast<float *>(vs + FA_TILE * hd) + (size_t)w * fa_warp_f32(hd, 0);
@@ -934,11 +958,7 @@ template <int HD> static __global__ void fa_fwd_kernel(att_call a)
     float *lrow = mrow + 16, *arow = lrow + 16;
     bf16_t *ps = reinterpret_cast<bf16_t *>(reinterpret_cast<float *>(vs + FA_TILE * hd) +
                  (size_t)FA_WARPS * fa_warp_f32(hd, 0)) + (size_t)w * 2 * 16 * FA_TILE;
-    const uint16_t *q = as<uint16_t>(a.q) + att_head(a.ldq, b, h, hd);
-    const uint16_t *k = as<uint16_t>(a.k) + att_head(a.ldkv, b, h, hd);
-    const uint16_t *v = as<uint16_t>(a.v) + att_head(a.ldkv, b, h, hd);
-
-    fa_tile_in(qs, q + q0 * ldq, ldq, nq, hd);
+    fa_tile_in(qs, f.q + q0 * f.ldq, f.ldq, nq, hd);
     for (int x = lane; x < 16 * hd; x += WARP) os[x] = 0.0f;
     if (lane < 16) {
         mrow[lane] = -INFINITY;
@@ -947,8 +967,8 @@ template <int HD> static __global__ void fa_fwd_kernel(att_call a)
     for (int k0 = 0; k0 < q0 + nq; k0 += FA_TILE) {     /* causal: up to the last query */
         int nk = MIN(FA_TILE, a.Tk - k0);
         __syncthreads();                                 /* the previous tiles are consumed */
-        fa_tile_in(ks, k + k0 * ldk, ldk, nk, hd);
-        fa_tile_in(vs, v + k0 * ldk, ldk, nk, hd);
+        fa_tile_in(ks, f.k + k0 * f.ldk, f.ldk, nk, hd);
+        fa_tile_in(vs, f.v + k0 * f.ldk, f.ldk, nk, hd);
         __syncthreads();
         fa_abt(ss, qs + (size_t)w * 16 * hd, ks, hd);
         __syncwarp();
@@ -988,11 +1008,12 @@ template <int HD> static __global__ void fa_fwd_kernel(att_call a)
         __syncwarp();
     }
     int nr = MIN(16, nq - w * 16);
-    uint16_t *out = as<uint16_t>(a.out) + att_head(C, b, h, hd) + (size_t)(q0 + w * 16) * ldo;
+    uint16_t *out = as<uint16_t>(a.out) + att_head(a.Hl * hd, f.b, f.h, hd) +
+                    (size_t)(q0 + w * 16) * f.ldo;
     for (int x = lane; x < nr * hd; x += WARP)
-        kr_store(out + (size_t)(x / hd) * ldo + x % hd, os[x] / lrow[x / hd]);
+        kr_store(out + (size_t)(x / hd) * f.ldo + x % hd, os[x] / lrow[x / hd]);
     if (lane < nr)
-        a.lse[(size_t)bh * a.lse_ld + q0 + w * 16 + lane] = mrow[lane] + logf(lrow[lane]);
+        a.lse[(size_t)f.bh * a.lse_ld + q0 + w * 16 + lane] = mrow[lane] + logf(lrow[lane]);
 }
 
 /* The backward's shared memory: the two tiles the block keeps (own: its queries or keys, and
@@ -1038,16 +1059,13 @@ template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
-    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    const fa_head f = fa_head_of(a, hd);
     int k0 = blockIdx.x * FA_TILE, nk = MIN(FA_TILE, a.Tk - k0);
     fa_bwd_smem s = fa_bwd_carve(sm, hd, w);
     bf16_t *ks = s.t0, *vs = s.t1, *qs = s.t2, *dos = s.t3;
-    const uint16_t *q = as<uint16_t>(a.q) + att_head(a.ldq, b, h, hd);
-    const uint16_t *dout = as<uint16_t>(a.dout) + att_head(C, b, h, hd);
 
-    fa_tile_in(ks, as<uint16_t>(a.k) + att_head(a.ldkv, b, h, hd) + k0 * ldk, ldk, nk, hd);
-    fa_tile_in(vs, as<uint16_t>(a.v) + att_head(a.ldkv, b, h, hd) + k0 * ldk, ldk, nk, hd);
+    fa_tile_in(ks, f.k + k0 * f.ldk, f.ldk, nk, hd);
+    fa_tile_in(vs, f.v + k0 * f.ldk, f.ldk, nk, hd);
     fa_acc dk[FA_HD_MAX / 16], dv[FA_HD_MAX / 16];
     for (int j = 0; j < hd / 16; j++) {
         wm::fill_fragment(dk[j], 0.0f);
@@ -1056,9 +1074,9 @@ template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
     for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE) {       /* causal: the queries at or after */
         int nq = MIN(FA_TILE, a.Tq - q0);
         __syncthreads();
-        fa_tile_in(qs, q + q0 * ldq, ldq, nq, hd);
-        fa_tile_in(dos, dout + q0 * ldo, ldo, nq, hd);
-        fa_rows_in(s, a, bh, q0, nq);
+        fa_tile_in(qs, f.q + q0 * f.ldq, f.ldq, nq, hd);
+        fa_tile_in(dos, f.dout + q0 * f.ldo, f.ldo, nq, hd);
+        fa_rows_in(s, a, f.bh, q0, nq);
         __syncthreads();
         fa_abt(s.f0, ks + (size_t)w * 16 * hd, qs, hd);     /* s^T: keys x queries */
         fa_abt(s.f1, vs + (size_t)w * 16 * hd, dos, hd);    /* dp^T */
@@ -1076,7 +1094,7 @@ template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
     }
     __syncwarp();
     int nr = MIN(16, nk - w * 16);
-    size_t ldg = (size_t)a.B * a.lddkv, at = att_head(a.lddkv, b, h, hd) + (k0 + w * 16) * ldg;
+    size_t ldg = (size_t)a.B * a.lddkv, at = att_head(a.lddkv, f.b, f.h, hd) + (k0 + w * 16) * ldg;
     if (nr <= 0) return;                                /* no barrier follows */
     fa_rows_out(as<uint16_t>(a.dk) + at, ldg, nr, dk, s.f0, hd, a.scale);
     __syncwarp();
@@ -1089,24 +1107,21 @@ template <int HD> static __global__ void fa_dq_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
-    size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
+    const fa_head f = fa_head_of(a, hd);
     int q0 = blockIdx.x * FA_TILE, nq = MIN(FA_TILE, a.Tq - q0);
     fa_bwd_smem s = fa_bwd_carve(sm, hd, w);
     bf16_t *qs = s.t0, *dos = s.t1, *ks = s.t2, *vs = s.t3;
-    const uint16_t *k = as<uint16_t>(a.k) + att_head(a.ldkv, b, h, hd);
-    const uint16_t *v = as<uint16_t>(a.v) + att_head(a.ldkv, b, h, hd);
 
-    fa_tile_in(qs, as<uint16_t>(a.q) + att_head(a.ldq, b, h, hd) + q0 * ldq, ldq, nq, hd);
-    fa_tile_in(dos, as<uint16_t>(a.dout) + att_head(C, b, h, hd) + q0 * ldo, ldo, nq, hd);
-    fa_rows_in(s, a, bh, q0, nq);
+    fa_tile_in(qs, f.q + q0 * f.ldq, f.ldq, nq, hd);
+    fa_tile_in(dos, f.dout + q0 * f.ldo, f.ldo, nq, hd);
+    fa_rows_in(s, a, f.bh, q0, nq);
     fa_acc dq[FA_HD_MAX / 16];
     for (int j = 0; j < hd / 16; j++) wm::fill_fragment(dq[j], 0.0f);
     for (int k0 = 0; k0 < q0 + nq; k0 += FA_TILE) {     /* causal: up to the last query */
         int nk = MIN(FA_TILE, a.Tk - k0);
         __syncthreads();
-        fa_tile_in(ks, k + k0 * ldk, ldk, nk, hd);
-        fa_tile_in(vs, v + k0 * ldk, ldk, nk, hd);
+        fa_tile_in(ks, f.k + k0 * f.ldk, f.ldk, nk, hd);
+        fa_tile_in(vs, f.v + k0 * f.ldk, f.ldk, nk, hd);
         __syncthreads();
         fa_abt(s.f0, qs + (size_t)w * 16 * hd, ks, hd);     /* s: queries x keys */
         fa_abt(s.f1, dos + (size_t)w * 16 * hd, vs, hd);    /* dp */
@@ -1124,7 +1139,7 @@ template <int HD> static __global__ void fa_dq_kernel(att_call a)
     int nr = MIN(16, nq - w * 16);
     size_t ldg = (size_t)a.B * a.lddq;
     if (nr > 0)
-        fa_rows_out(as<uint16_t>(a.dq) + att_head(a.lddq, b, h, hd) + (q0 + w * 16) * ldg, ldg,
+        fa_rows_out(as<uint16_t>(a.dq) + att_head(a.lddq, f.b, f.h, hd) + (q0 + w * 16) * ldg, ldg,
                     nr, dq, s.f0, hd, a.scale);
 }
 

@@ -14,12 +14,16 @@ KT_BUILD ?= build/test/kernels
 KT_FLAGS := -Iruntime -I$(KT_SRC) -Ilib -Itests/ref
 KT_EXTRA ?=                 # more flags for the kernels (the suite's mutants: -Wno-error)
 KT_TEST  ?= $(KT_BUILD)/kernel_test.o   # the test's object (the mutants share the suite's)
+# the CUDA emulation's objects and libraries (below)
+EMU_BUILD := build/emu
 ifeq ($(KT_SRC),lib)
 KT_CPU   := build/lib/kernels_cpu.o
 KT_CUDA  := build/lib/kernels_cuda.o
+KT_EMU   := $(EMU_BUILD)/kernels_cuda_emu.o
 else
 KT_CPU   := $(KT_BUILD)/kernels.o
 KT_CUDA  := $(KT_BUILD)/kernels_cuda.o
+KT_EMU   := $(KT_BUILD)/kernels_cuda_emu.o
 endif
 
 .PHONY: kernel-test kernel-test-cpu kernel-test-cuda kernel-test-cuda-single kernel-test-emu
@@ -63,26 +67,57 @@ $(KT_BUILD)/kernel_test_cuda_single: $(KT_TEST) $(KT_CUDA) build/librt_cuda_sing
 	$(Q)$(CC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_SINGLE_LIBS)
 
 # The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
-# g++, host memory from the CPU runtime; no GPU and no nvcc needed. (tests/kernels/emu.mk:
-# the training programs over the emulation.)
+# g++, host memory from the CPU runtime; no GPU and no nvcc needed.
 EMU_CXX   ?= g++
 EMU_FLAGS := -std=c++17 $(GEN_OPT) -g -Wall -Wextra -Werror -DGPT_CUDA_EMU -Itests/kernels/emu
+EMU_HDRS  := tests/kernels/emu/cuda_runtime.h tests/kernels/emu/cublas_v2.h \
+             tests/kernels/emu/nccl.h
 
-$(KT_BUILD)/kernels_cuda_emu.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h \
-                                runtime/rt_launch.h tests/kernels/emu/cuda_runtime.h
+$(KT_EMU): $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h runtime/rt_launch.h \
+           $(EMU_HDRS)
 	$(E) "CXX       $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(KT_FLAGS) $(KT_EXTRA) -x c++ -c -o $@ $<
 
-$(KT_BUILD)/cuda_emu.o: tests/kernels/emu/cuda_emu.cc tests/kernels/emu/cuda_runtime.h
+$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o build/librt_cpu.a \
+                             build/ref/libref.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o build/ref/libref.a \
+	    $(RT_CPU_LIBS) -lstdc++
+
+# The emulation's own objects, the training library with the emulated CUDA kernels (lib/
+# objects, host memory), and the CUDA runtime over the emulated runtime API and cuBLAS: without
+# MPI (rt_single.c: no NCCL call) and with it (rt_mpi.c: the ranks share the one emulated
+# device, so they talk over the MPI transport's pinned-host staging, as ranks sharing a GPU
+# do). The programs over them: tests/kernels/emu.mk.
+$(EMU_BUILD)/%.o: tests/kernels/emu/%.cc $(EMU_HDRS)
 	$(E) "CXX       $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
-                             build/librt_cpu.a build/ref/libref.a
+EMU_RT_FLAGS = -DRT_NO_MPI
+$(EMU_BUILD)/rt_cuda_emu_mpi.o: EMU_RT_FLAGS = $(RT_MPI_CFLAGS)
+EMU_RT_OBJS := $(EMU_BUILD)/rt_cuda_emu.o $(EMU_BUILD)/rt_cuda_emu_mpi.o
+$(EMU_RT_OBJS): runtime/rt_cuda.cu runtime/rt_internal.h runtime/rt_launch.h $(EMU_HDRS)
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(EMU_RT_FLAGS) -Iruntime -x c++ -c -o $@ $<
+
+$(EMU_BUILD)/libcuda_emu.a: $(EMU_BUILD)/cuda_emu.o $(EMU_BUILD)/cuda_libs.o
+$(EMU_BUILD)/libgpt_emu.a: $(LIB_OBJS) $(EMU_BUILD)/kernels_cuda_emu.o
+$(EMU_BUILD)/librt_cuda_emu.a: $(RT_SINGLE_COMMON) $(EMU_BUILD)/rt_cuda_emu.o
+$(EMU_BUILD)/librt_cuda_emu_mpi.a: $(RT_COMMON_OBJS) $(EMU_BUILD)/rt_cuda_emu_mpi.o
+$(EMU_BUILD)/libcuda_emu.a $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/librt_cuda_emu.a \
+$(EMU_BUILD)/librt_cuda_emu_mpi.a:
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+EMU_CUDA_LIBS := $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a -lstdc++ -lpthread -lm
+
+# The runtime's GEMM and RNG tests over the emulated CUDA runtime (tests/single).
+$(EMU_BUILD)/t_%_cuda: $(RT_TEST_SINGLE_DIR)/t_%.o $(EMU_BUILD)/librt_cuda_emu.a \
+                       $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_BUILD)/kernels_cuda_emu.o $(KT_BUILD)/cuda_emu.o \
-	    build/ref/libref.a $(RT_CPU_LIBS) -lstdc++
+	$(Q)$(CC) -o $@ $< $(EMU_CUDA_LIBS)
 
 endif

@@ -63,16 +63,18 @@ done
 MUTANTS=""
 EMU=0           # can the CUDA emulation be built here (g++, x86-64)?
 command -v g++ >/dev/null 2>&1 && [ "$(uname -m)" = x86_64 ] && EMU=1
-mutate() {
-    MUTANTS="$MUTANTS $1"
-    (mutate_one cpu "$@" > "$S/mutant-$1.verdict" 2>&1) &
+# the emulation's scheduler, which every CUDA mutant links: built once, before they run in pairs
+if [ $EMU = 1 ] && ! $MK build/emu/cuda_emu.o > $S/build-emu-sched.log 2>&1; then
+    fail cuda-emu-sched "tests/kernels/emu/cuda_emu.cc: $(tail -1 $S/build-emu-sched.log)"
+    EMU=0
+fi
+launch_mutant() {   # kind name ...
+    MUTANTS="$MUTANTS $2"
+    (mutate_one "$@" > "$S/mutant-$2.verdict" 2>&1) &
     [ $(( $(echo $MUTANTS | wc -w) % 2 )) = 0 ] && wait
 }
-mutate_cuda() {
-    MUTANTS="$MUTANTS $1"
-    (mutate_one emu "$@" > "$S/mutant-$1.verdict" 2>&1) &
-    [ $(( $(echo $MUTANTS | wc -w) % 2 )) = 0 ] && wait
-}
+mutate() { launch_mutant cpu "$@"; }
+mutate_cuda() { launch_mutant emu "$@"; }
 mutate_one() {
     kind=$1 name=$2 expr=$3 proof=$4
     d=$S/mutant-$name
