@@ -205,9 +205,12 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
     const int S = d->aux_seqs, SE = S * E;
     int local[SE], total[SE];
     memset(local, 0, sizeof local);
-    if (d->groups > 1) {
-        /* group-limited routing: the aux loss counts the plain top-k of the logits (Megatron's
-        ** compute_routing_scores_for_aux_loss), ties to the lower expert */
+    if ((d->groups > 1 || ebias) && d->aux_scale != 0.0f) {
+        /* group-limited routing or an expert bias: the aux loss counts the plain top-k of the
+        ** logits, without the group limit and the bias (Megatron's
+        ** compute_routing_scores_for_aux_loss; docs/megatron.md §8.1), ties to the lower
+        ** expert. Without either, that is the routing itself (and without an aux loss the
+        ** counts are multiplied by 0). */
         float *lg = malloc((size_t)NSP * E * sizeof(float));
         RT_CHECK(lg, "out of memory");
         rt_memcpy(lg, MS.logits, (size_t)NSP * E * sizeof(float), RT_D2H);

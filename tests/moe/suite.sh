@@ -47,9 +47,19 @@ MOEFLAGS="--experts 8 --top-k 2 --expert-ffn 128 --aux-coeff 0.01"
 #         expert 0's logit is >= 3, the others' |z| < 1: expert 0 is every token's first
 #         choice (not saturated: with +1 the softmax rounds to 1 in f32, and the router's
 #         gradients become f32 noise, which Adam turns into whole steps)
+#   ebiasaux  the 'ebias' init (sigmoid scores) with expert biases of up to +-0.1 (about the
+#         spread of the sigmoids at this init), so that from step 1 the bias sends many tokens
+#         elsewhere than their plain top-2, which the aux loss counts
 edits_one=""
 edits_idle=""
+edits_ebiasaux=""
+EBIAS_INIT="0.1 -0.05 0 0.08 -0.1 0.03 -0.02 0.06"
 for i in $(seq 0 $((LAYERS - 1))); do
+    e=0
+    for b in $EBIAS_INIT; do
+        edits_ebiasaux="$edits_ebiasaux set h.$i.mlp.router.expert_bias $e $b"
+        e=$((e + 1))
+    done
     edits_one="$edits_one set h.$i.ln_2.bias 0 20 set h.$i.mlp.router.weight 0 0.25"
     for e in 1 2 3 4 5 6 7; do edits_one="$edits_one set h.$i.mlp.router.weight $((e * C)) 0"; done
     edits_idle="$edits_idle set h.$i.ln_2.bias 0 20 set h.$i.mlp.router.weight $((6 * C)) -1"
@@ -69,7 +79,8 @@ if ! { $REF $SHAPE $MOEFLAGS --no-linear-bias --random-init 7 \
        $EDIT edit "$S/base.init.safetensors" "$S/ties.init.safetensors" \
            fill 'h%.%d+%.mlp%.router%.weight' 0 &&
        $EDIT edit "$S/base.init.safetensors" "$S/idle.init.safetensors" $edits_idle &&
-       $EDIT edit "$S/base.init.safetensors" "$S/one.init.safetensors" $edits_one
+       $EDIT edit "$S/base.init.safetensors" "$S/one.init.safetensors" $edits_one &&
+       $EDIT edit "$S/ebias.init.safetensors" "$S/ebiasaux.init.safetensors" $edits_ebiasaux
      } > "$S/setup.log" 2>&1; then
     fail setup "cannot make the inits or the token file: $(tail -n 1 "$S/setup.log")"
     finish

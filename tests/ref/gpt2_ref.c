@@ -1275,10 +1275,11 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
             for (int e = 0; e < E; e++)
                 s[e] /= D;
         }
-        /* the aux loss's counts: the plain top-k, without the group limit (Megatron's
-        ** compute_routing_scores_for_aux_loss) */
+        /* the aux loss's counts: the plain top-k of the logits, without the group limit and
+        ** without the expert bias (Megatron's compute_routing_scores_for_aux_loss); only
+        ** without either is that the routing itself */
         int *csel = sel;
-        if (moe->groups > 1) {
+        if (moe->groups > 1 || eb) {
             topk_select(plain, z, E, k, NULL, E);
             csel = plain;
         }

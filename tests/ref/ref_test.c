@@ -1152,6 +1152,79 @@ static void set_router_row(moe_op *op, int e, double scale)
 }
 
 /*
+** moe-routing, expert bias with an aux loss (sigmoid scores, bias_rate > 0; B=2, T=3, C=4, E=4):
+** router rows (1, 0.5, 0, -1) give every token the plain top-2 {0, 1} (top-1 {0}); an expert
+** bias of (0, 0, 0, 5) routes it to {3, 0} (top-1 {3}). The tokens go where the bias says, but
+** the aux loss counts the plain top-k (Megatron's compute_routing_scores_for_aux_loss), so
+** aux = coeff E / (k Ns^2) sum_e (sum_n s[n,e]) count_e with count = Ns on the plain choices,
+** s = sigmoid / (sum of the sigmoids + 1e-20), per token set (the micro-batch, or with
+** seq_aux each sequence, averaged). Also the gradients against central differences.
+*/
+static int moe_ebias_aux_case(int k, int seq_aux)
+{
+    const int B = 2, T = 3, C = 4, N = 6, E = 4;
+    const double rows[4] = {1, 0.5, 0, -1}, coeff = 0.1;
+    const int plain[2] = {0, 1}, biased[2] = {3, 0};
+    ref_moe_config moe = {.experts = E, .top_k = k, .ffn = 3, .sigmoid = 1, .aux_coeff = coeff,
+                          .seq_aux = seq_aux, .bias_rate = 0.01};
+    char what[96];
+    snprintf(what, sizeof what, "expert bias (0,0,0,5), aux 0.1, top-%d%s", k,
+             seq_aux ? ", per sequence" : "");
+    moe_op op;
+    moe_op_new(&op, &moe, B, T, C);
+    fill_lively(op.m, 700 + (uint64_t)(2 * k + seq_aux));
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            op.x[n * C + c] = 0.2 + 0.1 * ((3 * n + c) % 5);
+    for (int e = 0; e < E; e++)
+        set_router_row(&op, e, rows[e]);
+    double *eb = op.m->w.h[0].moe.expert_bias;
+    for (int e = 0; e < E; e++)
+        eb[e] = e == 3 ? 5.0 : 0.0;
+    moe_op_fwd(&op);
+
+    int bad = 0, S = seq_aux ? B : 1, Ns = N / S;
+    double psum[2][4] = {{0}};      /* per token set, the sum over its tokens of s[n, e] */
+    for (int n = 0; n < N; n++) {
+        double sx = 0.0, sig[4], D = 1e-20;
+        for (int c = 0; c < C; c++)
+            sx += op.x[n * C + c];
+        for (int e = 0; e < E; e++)
+            D += sig[e] = 1.0 / (1.0 + exp(-rows[e] * sx));
+        for (int e = 0; e < E; e++)
+            psum[n / Ns][e] += sig[e] / D;
+        for (int j = 0; j < k; j++)
+            if (op.ma.sel[n * k + j] != biased[j])
+                bad += fail("  %s, token %d: choice %d is expert %d, want %d (the bias's)", what,
+                            n, j, op.ma.sel[n * k + j], biased[j]);
+    }
+    double want = 0.0;
+    for (int set = 0; set < S; set++)
+        for (int e = 0; e < E; e++) {
+            int counted = 0;
+            for (int j = 0; j < k; j++)
+                counted |= plain[j] == e;
+            if (op.ma.count[set * E + e] != (counted ? Ns : 0))
+                bad += fail("  %s: set %d, expert %d counts %d tokens for the aux loss, want %d "
+                            "(the plain top-k, without the bias)", what, set, e,
+                            op.ma.count[set * E + e], counted ? Ns : 0);
+            want += counted ? coeff * E * psum[set][e] * Ns / ((double)k * Ns * Ns) / S : 0.0;
+        }
+    if (!close_rel(op.ma.aux, want, 1e-14))
+        bad += fail("  %s: aux %.17g, want %.17g", what, op.ma.aux, want);
+
+    fd_tally t = {0};
+    gradcheck_moe_op(&t, &op);
+    printf("  %s: aux %.10g, %d gradient elements, %d skipped\n", what, op.ma.aux, t.checked,
+           t.skipped);
+    if (t.bad || t.skipped)
+        bad += fail("  %s: %d of %d gradient elements off, %d skipped", what, t.bad, t.checked,
+                    t.skipped);
+    moe_op_free(&op);
+    return bad;
+}
+
+/*
 ** moe-routing: hand-made routings through the op (B=2, T=3, C=4, E=4, width 3, biases on).
 ** Every token's input is positive and router row e is rows[e] * (1, ..., 1), so the logits of
 ** token n are rows[e] * sum(x_n): equal rows give exactly equal logits, and every token has the
@@ -1163,7 +1236,9 @@ static void set_router_row(moe_op *op, int e, double scale)
 **   all tokens to one expert -- row 0 = 2, top-1, aux 0.1: counts (6,0,0,0), output = expert
 **     0's, aux = 0.1 * E * sum_n s[n,0] * 6 / (1 * 6^2) worked out by hand;
 ** each checked against finite differences too (with tied logits, perturbing a tied router row
-** flips the routing: those elements are skipped; the untied case must skip none).
+** flips the routing: those elements are skipped; the untied case must skip none). Then the
+** expert bias with the aux loss (moe_ebias_aux_case), top-1 and top-2, per micro-batch and per
+** sequence.
 */
 static int test_moe_routing(void)
 {
@@ -1256,6 +1331,9 @@ static int test_moe_routing(void)
                         t.checked, t.skipped);
         moe_op_free(&op);
     }
+    for (int k = 1; k <= 2; k++)
+        for (int seq_aux = 0; seq_aux < 2; seq_aux++)
+            bad += moe_ebias_aux_case(k, seq_aux);
     return bad ? fail("%d MoE routing check(s) failed", bad) : 0;
 }
 
