@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "kernels.h"   // defines: the kernels (layernorm_fwd, attention_fwd, adamw_step, ...)
+#include "ops.h"       // defines: matmul_fwd, linear_fwd, cp_ring_fwd_block, moe_dispatch, ...
 #include "rt.h"        // defines: rt_group, rt_p2p, rt_allreduce, RT_CHECK, ...
 
 #ifdef __cplusplus
@@ -318,101 +319,6 @@ typedef struct {
     const gpt_stage *const *stages;        /* [pp coordinate] */
 } gpt_program;
 
-/* -- The library's state, which generated stage code reads ------------------------------- */
-
-/* Parameters are in the model's dtype (gpt_dims.act), so the pointers are void *; the
-** gradients use the same structs and are f32 (the main gradients, docs/megatron.md §9.1). */
-typedef struct {
-    void *router_w;                        /* (EXPERTS, C)     h.{i}.mlp.router.weight */
-    void *router_b;                        /* (EXPERTS) h.{i}.mlp.router.bias; NULL without */
-    void **fc_w, **fc_b;                   /* [local expert]: (C, EFF_LOCAL), (EFF_LOCAL) */
-    void **proj_w, **proj_b;               /* [local expert]: (EFF_LOCAL, C), (C) */
-    void **up_w;                           /* llama [local expert]: w3 (EFF_LOCAL, C); fc_w
-                                           ** is w1 (EFF_LOCAL, C), proj_w w2 (C, EFF_LOCAL) */
-    /* expert_bias only, in the parameters' struct (NULL in the gradients' and without): state,
-    ** not a parameter (no gradient, no optimizer), host memory, the same on every rank */
-    float *ebias;                          /* (EXPERTS) h.{i}.mlp.router.expert_bias        */
-    int *ecount;                           /* (EXPERTS) this step's rows per expert so far  */
-} gpt_moe_params;
-
-typedef struct {
-    void *ln_1_w, *ln_1_b;                 /* (C)                        replicated       */
-    void *c_attn_w, *c_attn_b;             /* (C, QKV_LOCAL), (QKV_LOCAL) column-parallel  */
-    void *attn_proj_w, *attn_proj_b;       /* (C_LOCAL, C) row-parallel, (C) replicated    */
-    void *ln_2_w, *ln_2_b;                 /* (C)                        replicated       */
-    void *c_fc_w, *c_fc_b;                 /* (C, FF_LOCAL), (FF_LOCAL)  column-parallel  */
-    void *mlp_proj_w, *mlp_proj_b;         /* (FF_LOCAL, C) row-parallel, (C) replicated   */
-    gpt_moe_params moe;                    /* a mixture of experts in place of the MLP     */
-    /* llama, weights [out, in]: c_attn_w is q_proj (HEADS_LOCAL*hd, C), k_w and v_w
-    ** (KV_LOCAL*hd, C), attn_proj_w o_proj (C, C_LOCAL), c_fc_w gate_proj and up_w up_proj
-    ** (FF_LOCAL, C), mlp_proj_w down_proj (C, FF_LOCAL); ln_1_w, ln_2_w the RMSNorm weights */
-    void *k_w, *v_w, *up_w;
-} gpt_layer_params;                        /* gradients: the same struct, into gbuf (f32)  */
-
-/* Activations: 'void *' in the model's dtype, 'float *' always f32, 'int *' i32. */
-typedef struct {
-    float *scores, *prob;                  /* (N_SP, EXPERTS), (N_SP, TOPK)               */
-    int *sel, *pos;                        /* (N_SP, TOPK) chosen experts; send row or -1  */
-    int *sel_h, *pos_h;                    /* host copies                                  */
-    int *send_tok;                         /* (SEND_MAX) token of each row sent            */
-    int *order, *unorder;                  /* (ROWS_MAX) expert-major <-> member-major     */
-    void *xe;                              /* (ROWS_MAX, C)                                 */
-    float *pe;                             /* (ROWS_MAX)                                    */
-    void *fc, *h;                          /* (ROWS_MAX, EFF_LOCAL)                         */
-    float *auxg;                           /* (AUX_SEQS, EXPERTS) d(aux)/d(score)           */
-    float *zg;                             /* (N_SP) d(z-loss)/d(logsumexp); NULL: no z-loss */
-    float *ssum;                           /* (N_SP) sigmoid scores: each row's sum of the
-                                           ** sigmoids + 1e-20; NULL: softmax scores      */
-    int nsend, nrows;
-    int *sendrows, *recvrows;              /* [EP] rows per EP peer (host)                 */
-    int *memrows;                          /* [ETP] rows received by each expert-TP member */
-    int *erows;                            /* [EXPERTS_LOCAL] rows per local expert        */
-} gpt_moe_acts;
-
-typedef struct {
-    void *ln1;                             /* (N_SP, C)                                     */
-    float *ln1_mean, *ln1_rstd;            /* (N_SP), (N_SP)                                */
-    void *qkv;                             /* (N, QKV_LOCAL)                                */
-    float *lse;                            /* (B, HEADS_LOCAL, T) attention log-sum-exp     */
-    void *atty;                            /* (N, C_LOCAL)                                  */
-    void *res1;                            /* (N_SP, C)                                     */
-    void *ln2;
-    float *ln2_mean, *ln2_rstd;
-    void *fc, *gelu;                       /* (N, FF_LOCAL)                                 */
-    gpt_moe_acts moe;
-    void *res2;                            /* (N_SP, C) the layer's output                  */
-    void *qkv_seq, *atty_seq;              /* CP_COMM=a2a: (N, QKV_LOCAL), (N, C_LOCAL) as
-                                           ** SEQ*B rows of HEADS_LOCAL/CP heads             */
-} gpt_layer_acts;
-
-typedef struct {
-    void *x, *dy;                          /* (N_SP, C) the chunk's input and its gradient  */
-    int *tokens;                           /* (N) token ids (embedding chunk only)          */
-    gpt_layer_acts *layer;                 /* [layers]                                      */
-} gpt_chunk_acts;
-
-typedef struct {
-    gpt_layer_params *params, *grads;      /* [layers]                                      */
-    gpt_chunk_acts *acts;                  /* [slots]                                       */
-} gpt_chunk;
-
-typedef struct {
-    const gpt_program *prog;
-    const gpt_stage *stage;
-    gpt_dims d;
-    int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
-    int vocab_start, vocab_valid;          /* this tp rank's real vocabulary rows            */
-    int pp_prev, pp_next;                  /* pipeline neighbours (global ranks, wrapping)   */
-    int cp_prev, cp_next;                  /* context-parallel ring neighbours (global)      */
-    rt_group *grp[GPT_NGROUPS];            /* NULL: not created                              */
-    gpt_chunk *chunk;                      /* [stage->nchunks]                               */
-    const gpt_step_in *in;                 /* the step being run                             */
-    double moe_aux;                        /* this rank's share of the step's aux loss       */
-    int recomputing;                       /* a layer's forward again (full recompute)       */
-} gpt_state;
-
-extern gpt_state gpt;
-
 /* -- What generated code calls ------------------------------------------------------------- */
 
 /* main: parse flags, start the runtime, build the groups, set up the rank's stage, train.
@@ -421,17 +327,67 @@ int gpt_main(int argc, char **argv, const gpt_program *prog);
 extern const gpt_program gpt_program_desc;
 
 /* Message tags: pipeline activations forward, gradients backward; on the context-parallel
-** ring (model.c), K|V blocks and their dK|dV. */
+** ring, K|V blocks and their dK|dV. */
 enum { GPT_TAG_ACT = 0, GPT_TAG_GRAD = 1, GPT_TAG_RING_KV = 2, GPT_TAG_RING_DKV = 3 };
 
-/* The model (model.c): one micro-batch through a chunk's pieces. x, out: (N_SP, C). */
-void gpt_embedding_fwd(int chunk, int mb, int slot);       /* tokens -> acts[slot].x */
-void gpt_embedding_bwd(int chunk, int slot);                /* acts[slot].dy -> wte, wpe */
-void gpt_layer_fwd(int chunk, int j, int slot);             /* layer j: x or res2 of j-1 */
-void gpt_layer_recompute(int chunk, int j, int slot);       /* layer_fwd again, before bwd */
-void gpt_layer_bwd(int chunk, int j, int slot);             /* dy holds d(out) -> d(in) */
-void gpt_head_fwd_bwd(int chunk, int mb, int slot);         /* loss of mb, dy = d(loss)/d(x) */
-void *gpt_chunk_output(int chunk, int slot);                /* last res2; x if no layers */
+/* The state the generated code works on, through accessors (model.c); every pointer is
+** device memory of the stage's memory plan, in the model's dtype unless said otherwise. */
+void *const *gpt_acts(int chunk, int slot, int layer);    /* [GPT_NMEMS]: its L_, ML_ buffers */
+void *const *gpt_params(int chunk, int layer);    /* [GPT_NFIELDS]: its tensors by field;
+                                                  ** layer -1: the embedding's and head's */
+float *const *gpt_grads(int chunk, int layer);    /* their f32 gradients, the same way */
+void *gpt_stage_buf(gpt_mem_id id);               /* a stage buffer (S_, MS_, H_, X_) */
+void *gpt_x(int chunk, int slot);                 /* (N_SP, C) the chunk's input */
+void *gpt_dy(int chunk, int slot);                /* (N_SP, C) d(its output), then d(input) */
+int *gpt_tokens(int chunk, int slot);             /* (N) token ids (embedding chunk) */
+const void *gpt_layer_in(int chunk, int slot, int layer);  /* x, or layer-1's output */
+void *gpt_out(int chunk, int slot);               /* its last layer's output; x if none */
+const int *gpt_inputs(int mb);                    /* host (N): micro-batch mb's token ids */
+const int *gpt_targets(int mb);                   /* host (N): its targets */
+rt_group *gpt_grp(gpt_group id);                  /* NULL: not created */
+enum { GPT_PP_PREV, GPT_PP_NEXT, GPT_CP_PREV, GPT_CP_NEXT };
+int gpt_peer(int which);                          /* a neighbour's global rank (wrapping) */
+int gpt_tp_rank(void);
+int gpt_cp_rank(void);
+int gpt_vocab_start(void);                        /* this tp rank's first vocabulary row */
+int gpt_vocab_valid(void);                        /* its rows that are real (not padding) */
+int gpt_cp_position(int t);                       /* the true position of local position t */
+
+/* The mixture of experts: a layer's routing state in one activation slot (opaque), and the
+** counts of its all-to-alls as the library planned them from the routing (lib/moe.c). */
+typedef struct gpt_moe gpt_moe;
+gpt_moe *gpt_moe_of(int chunk, int slot, int layer);
+typedef struct {
+    const size_t *scounts, *sdispls, *rcounts, *rdispls;   /* elements, by group rank */
+} gpt_a2a;
+/* ORDER GPT_A2A: the exchanges: the rows per (peer, local expert); rows and probabilities to
+** the experts' ranks and back; over expt-tp the gathers and the reduce-scatters (as an
+** all-to-all of partial blocks), for rows (width C) and probabilities (width 1). */
+#define GPT_A2AS(_) _(EP_COUNTS) _(EP_ROWS) _(EP_PROBS) _(EP_BACK) _(EP_BACK_PROBS) \
+    _(ETP_ROWS) _(ETP_PROBS) _(ETP_SUM) _(ETP_SUM_PROBS)
+typedef enum {
+#define GPT_A2A_ENUM(id) GPT_A2A_##id,
+    GPT_A2AS(GPT_A2A_ENUM)
+#undef GPT_A2A_ENUM
+    GPT_NA2AS
+} gpt_a2a_kind;
+const gpt_a2a *gpt_moe_a2a(const gpt_moe *m, gpt_a2a_kind which);
+
+/* The schedule as data (generated stage<k>.c): each step posts its pipeline messages together
+** (up to GPT_SCHED_MSGS, the first GPT_NO_MSG ends them), then runs a chunk's forward or
+** backward on an activation slot (or nothing more). */
+enum { GPT_STEP_F, GPT_STEP_B, GPT_STEP_X };
+enum { GPT_NO_MSG, GPT_SEND_ACT, GPT_RECV_ACT, GPT_SEND_GRAD, GPT_RECV_GRAD };
+#define GPT_SCHED_MSGS 4
+typedef struct { int kind, chunk, slot; } gpt_sched_msg;
+typedef struct {
+    int kind, mb, chunk, slot;
+    gpt_sched_msg msg[GPT_SCHED_MSGS];
+} gpt_sched_step;
+/* The p2p op of a message: activations sent from the chunk's output to the next stage or
+** received into its input from the previous one; gradients sent from its dy to the previous
+** stage or received into its dy from the next (N_SP*C elements, the model's dtype). */
+rt_p2p_op gpt_sched_op(const gpt_sched_msg *g);
 
 struct gpt_step_in {
     int step;                              /* 0-based optimizer step */
@@ -448,26 +404,32 @@ struct gpt_step_out {
     int stop;                              /* some rank's in->stop was set: all stop */
 };
 
-/* The step's pieces after the schedule (stage.c), in the order the generated step calls them;
-** each names its one collective, so the generated code shows every communication. */
+/* The step's pieces between its collectives (stage.c), which the generated step issues
+** itself, in its order. */
 void gpt_step_begin(const gpt_step_in *in);                 /* zero gradients and aux */
-void gpt_sp_allreduce(rt_group *tp);                        /* SP gradients, packed */
-void gpt_grad_allreduce_range(int buf, size_t offset, size_t n, rt_group *g);
-void gpt_grad_scale(int buf, float s);
-void gpt_grad_allreduce(int buf, rt_group *g);              /* the whole buffer */
-void gpt_grad_reduce_scatter(int buf, int bucket, rt_group *g);
-void gpt_norm_local(void);                  /* sums of squares: dense, experts, their total */
-void gpt_norm_allreduce(int which, rt_group *g);            /* 0 dense, 1 experts, 2 total */
-double gpt_norm(int total);                 /* sqrt of dense + experts, or of the total */
+float *gpt_grad_buf(int buf);                               /* its f32 gradients */
+float *gpt_grad_shard(int buf, int bucket);      /* this rank's shard of a bucket in it */
+void *gpt_param_bucket(int buf, int bucket);     /* a bucket of the parameters */
+void *gpt_param_shard(int buf, int bucket);      /* this rank's shard of it */
+void gpt_sp_pack(void);                 /* SP gradients into X_SP_PACK, one after another */
+void gpt_sp_unpack(void);               /* and back */
+void gpt_norm_local(void);              /* sums of squares: dense, experts, their total */
+float *gpt_stat(int k);                 /* (device) k = 0, 1, 2: dense, experts, total sums;
+                                        ** then [loss, stop] at 0, 1 and the aux loss at 2 */
+void gpt_norm_set(gpt_step_out *out, int total);   /* grad_norm: sqrt of dense + experts,
+                                                   ** or of the total */
+void gpt_aux_pack(void);                /* this rank's share of the aux loss into gpt_stat(2) */
+void gpt_aux_unpack(gpt_step_out *out);
+void gpt_loss_pack(const gpt_step_in *in);   /* [this rank's loss share, stop] into stat 0, 1 */
+void gpt_loss_unpack(gpt_step_out *out);
 /* clip and update (this rank's shard); when out's loss, aux loss or gradient norm is not
 ** finite, sets out->skipped and changes nothing (README.md, "When things go wrong") */
 void gpt_adamw(const gpt_step_in *in, gpt_step_out *out);
-void gpt_param_allgather(int buf, int bucket, rt_group *g);
-/* expert_bias: each layer's counts over dp-cp and tp, then bias += rate * sign(mean - count) */
-void gpt_expert_bias_update(const gpt_step_out *out);   /* counts only when skipped */
-void gpt_aux_allreduce(rt_group *world, gpt_step_out *out);
-/* the loss, and whether any rank wants to stop (in->stop) */
-void gpt_loss_allreduce(const gpt_step_in *in, rt_group *world, gpt_step_out *out);
+/* expert_bias, for the stage's layer l (in chunk order): its step's rows per expert into
+** MS_COUNTS (device, E ints) to be summed over dp-cp and tp; then bias += rate *
+** sign(mean - count) unless out->skipped, and the counts restart */
+void gpt_ebias_counts(int l);
+void gpt_ebias_update(int l, const gpt_step_out *out);
 
 #ifdef __cplusplus
 }

@@ -9,57 +9,68 @@
 
 #include "gpt.h"   // defines: gpt_state, gpt_program, gpt_stage, gpt_param, gpt_piece, ...
 
-/* -- The model's scratch, embedding and head (model.c) ------------------------------------- */
+/* -- The library's state ----------------------------------------------------------------- */
 
-/* 'void *': the model's dtype (gpt.d.act); 'float *': f32. */
+/* A layer's tensors and their f32 gradients by field (gpt.h GPT_FIELDS), local expert e's at
+** LIB_FIELD(field, e); the expert bias's host state (expert_bias only; NULL otherwise). */
+#define LIB_FIELD(field, e) ((1 + (e)) * GPT_NFIELDS + (field))
 typedef struct {
-    void *full;           /* (N, C)            partial sums / the output gradient gathered   */
-    void *full_sp;        /* (N_SP, C)         reduce-scatter output (= full without SP)      */
-    void *gather;         /* (N, C)            a column-parallel input gathered (SP only)     */
-    void *dqkv;           /* (N, QKV_LOCAL)                                                  */
-    void *datty;          /* (N, C_LOCAL)                                                    */
-    float *dsum;          /* (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)      */
-    void *dfc;            /* (N, FF_LOCAL)     dense MLP only                                */
-    void *logits;         /* (N, V_LOCAL)      head stage only                               */
-    float *ce;            /* (4 * N)           row max | sum exp | target logit | loss       */
-    int *targets;         /* (N)               head stage only                               */
-    void *ring_kv;        /* (2, N, 2 C_LOCAL) K|V blocks on the context-parallel ring        */
-    float *ring_dkv;      /* (2, N, 2 C_LOCAL) their dK|dV, travelling with them (backward)   */
-    float *ring_acc;      /* (N, C_LOCAL)      the merged output / dq, f32                    */
-    void *a2a_send;       /* (N, QKV_LOCAL)    CP_COMM=a2a: blocks to send                    */
-    void *a2a_recv;       /* (N, QKV_LOCAL)    blocks received                                */
-    void *a2a_dout;       /* (N, C_LOCAL)      the output gradient in sequence order          */
-    void *qkvp;           /* (N, QKVP_LOCAL)   llama: q|k|v projections, then their gradient  */
-    void *dact;           /* (N, FF_LOCAL)     llama: d(SwiGLU output)                        */
-    void *dshared;        /* (N_SP, C)         shared expert: the routed experts' d(ln_2 out)   */
-} lib_scratch;
+    void **p;                   /* [GPT_NFIELDS * (1 + EXPERTS_LOCAL)], the model's dtype */
+    float **g;                  /* the same, f32 */
+    float *ebias;               /* (EXPERTS) h.{i}.mlp.router.expert_bias: state, not a
+                                ** parameter (no gradient, no optimizer), the same on every rank */
+    int *ecount;                /* (EXPERTS) this step's rows per expert so far */
+} lib_layer;
 
-/* Parameters (model dtype) or, in the gradient copies, f32 gradients. */
-typedef struct { void *wte, *wpe; } lib_embed;             /* (V_LOCAL, C), (T_MODEL, C) */
-typedef struct { void *ln_f_w, *ln_f_b, *wte; } lib_head;  /* (C), (C), (V_LOCAL, C) */
-typedef struct { void *lnf; float *lnf_mean, *lnf_rstd; } lib_head_acts;
+/* A MoE layer's routing state in one activation slot (gpt.h gpt_moe; moe.c): host copies of
+** the routing and the rows each exchange moves, from which the all-to-alls' counts follow. */
+struct gpt_moe {
+    void *const *a;             /* the layer's buffers in this slot (its ML_ entries) */
+    lib_layer *layer;           /* its tensors' state (the expert bias and counts) */
+    int *local;                 /* (AUX_SEQS, E) the aux loss's counts of this rank's rows */
+    int *sel_h, *pos_h;         /* (N_SP, TOPK): choices; their send row, -1 if dropped */
+    int nsend, nrows;           /* rows sent; rows at this rank's experts */
+    int *sendmat, *recvmat;     /* [EP * NL] rows per (peer, local expert) sent, received */
+    int *gmat;                  /* [ETP * EP * NL] every expert-tp member's recvmat */
+    int *sendrows, *recvrows;   /* [EP] rows per ep peer */
+    int *memrows;               /* [ETP] rows each expert-tp member received */
+    int *erows;                 /* [EXPERTS_LOCAL] rows per local expert */
+    size_t *counts;             /* [GPT_NA2AS][4][max(EP, ETP)]: each exchange's counts and
+                                ** displacements, in elements */
+    gpt_a2a a2a[GPT_NA2AS];     /* pointers into counts */
+};
 
-/* The mixture of experts' scratch, shared by every layer and micro-batch (moe.c): rows of
-** tokens in the model's dtype, probabilities f32. */
 typedef struct {
-    float *logits;        /* (N_SP, E) router logits (f32) */
-    void *xs;             /* (SEND_MAX, C): rows this rank sends, in dispatch order */
-    float *ps;            /* (SEND_MAX) */
-    void *xr;             /* (RECV_MAX, C): rows received from the EP group */
-    float *pr;            /* (RECV_MAX) */
-    void *xg;             /* (ROWS_MAX, C): rows gathered over the expert-TP group */
-    float *pg;            /* (ROWS_MAX) */
-    void *act;            /* (ROWS_MAX, EFF_LOCAL) prob * gelu(fc) (llama: prob * swiglu) */
-    void *dfc;            /* (ROWS_MAX, 2 EFF_LOCAL) llama: d(w1 | w3 outputs) */
-    void *ye, *yg;        /* (ROWS_MAX, C) expert outputs: expert-major, then member-major */
-    void *yr, *ys;        /* (RECV_MAX, C), (SEND_MAX, C) on the way back */
-    float *dpe, *dpg;     /* (ROWS_MAX) d(prob): expert-major, member-major */
-    float *dpr, *dps;     /* (RECV_MAX), (SEND_MAX) */
-    float *dprob;         /* (N_SP, K) */
-    void *dlogits;        /* (N_SP, E) the router's logit gradient, rounded for its GEMMs */
-    float *colsum;        /* (E) sums of the scores over this rank's tokens */
-    int *counts;          /* (MOE_COUNTS) device staging of the count exchanges */
-} lib_moe_scratch;
+    void *m[GPT_NMEMS];         /* its L_, ML_ buffers in this slot (NULL: none) */
+    gpt_moe moe;
+} lib_layer_acts;
+
+typedef struct {
+    void *x, *dy;               /* (N_SP, C) the chunk's input and its gradient */
+    int *tokens;                /* (N) token ids (embedding chunk only) */
+    lib_layer_acts *layer;      /* [layers] */
+} lib_chunk_acts;
+
+typedef struct {
+    lib_layer *layers;          /* [layers] */
+    lib_chunk_acts *acts;       /* [slots] */
+} lib_chunk;
+
+typedef struct {
+    const gpt_program *prog;
+    const gpt_stage *stage;
+    gpt_dims d;
+    int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
+    int vocab_start, vocab_valid;          /* this tp rank's real vocabulary rows            */
+    int pp_prev, pp_next;                  /* pipeline neighbours (global ranks, wrapping)   */
+    int cp_prev, cp_next;                  /* context-parallel ring neighbours (global)      */
+    rt_group *grp[GPT_NGROUPS];            /* NULL: not created                              */
+    lib_chunk *chunk;                      /* [stage->nchunks]                               */
+    const gpt_step_in *in;                 /* the step being run                             */
+    double moe_aux;                        /* this rank's share of the step's aux loss       */
+} gpt_state;
+
+extern gpt_state gpt;
 
 /* -- The stage (stage.c) ---------------------------------------------------------------------- */
 
@@ -108,14 +119,12 @@ typedef struct {
     int ntensors;
     lib_tensor *tensors;
     int ebias_tensor;           /* the first expert-bias tensor; -1: none */
-    lib_scratch s;
-    lib_moe_scratch ms;
-    lib_embed embed_p, embed_g;
-    lib_head head_p, head_g;
-    lib_head_acts head_a;
-    float *loss_dev;            /* (NMB) loss sums per micro-batch */
+    void *mem[GPT_NMEMS];       /* the stage's buffers (S_, MS_, H_, X_; NULL: none) */
+    void *other_p[GPT_NFIELDS]; /* the embedding's and head's tensors by field */
+    float *other_g[GPT_NFIELDS];    /* their f32 gradients */
+    float *loss_dev;            /* (NMB) loss sums per micro-batch (X_LOSS) */
     float *stat_dev;            /* (nparams + 3) norm pieces, then dense | experts | total */
-    float *sp_pack;             /* packed sequence-parallel gradients */
+    float *sp_pack;             /* packed sequence-parallel gradients (X_SP_PACK) */
     size_t sp_total;
     double norm_sum[3];         /* dense, experts, total (host, after the reductions) */
     size_t mem_bytes;           /* device bytes setup allocated: checked against the plan */
@@ -138,7 +147,6 @@ static inline void *lib_at(const void *p, size_t n)
 
 /* stage.c */
 void lib_stage_setup(void);                  /* buffers, views, activations: the plan */
-void lib_layer_acts_alloc(gpt_layer_acts *a, const gpt_layer_store *st);  /* one layer's */
 size_t lib_state_bytes(void);                /* resume checkpoint: parameters and optimizer */
 void lib_state_io(unsigned char *host, int save);
 /* The whole f32 parameters of buffer b, where --init and the initialisation write and --save
@@ -159,17 +167,12 @@ void lib_groups_print(const gpt_program *prog);   /* --show-groups */
 /* train.c: the tensor list, built from the roles; index of a role's tensor. */
 void lib_tensors_build(const gpt_program *prog);
 int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert);
-/* Context parallelism (model.c): the global position of this rank's local position t. */
-int lib_cp_position(int t);
 
 /* stage.c: every local layer's expert bias in turn: 'fn' gets its global layer and its (E) values. */
 void lib_expert_bias_each(void (*fn)(int layer, float *bias, void *ctx), void *ctx);
 
-/* moe.c */
-void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *out,
-                 double *aux);
-void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
-                 const void *x, const void *dout, void *dx);
+/* moe.c: a layer's routing state in one slot, set up once (host arrays). */
+void lib_moe_init(gpt_moe *m, void *const *a, lib_layer *layer);
 
 /* data.c: Megatron indexed datasets (PREFIX.bin + PREFIX.idx) sampled as its GPTDataset and
 ** BlendedDataset ("train" split, whole corpus); every rank builds the same indices. */

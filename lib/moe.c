@@ -1,10 +1,10 @@
 /*
-** moe.c: the mixture-of-experts block, forward and backward (docs/megatron.md §8; the exact
-** semantics are in tests/ref/README.md "Mixture of experts"), with expert parallelism: tokens
-** travel to the experts' EP ranks with an all-to-all (per-peer counts) and back; with ETP > 1
-** every expert's MLP is column/row split over the expert-TP group, which all-gathers the tokens
-** first and reduce-scatters the outputs. Which collectives run depends only on gpt.d (TP, EP,
-** ETP > 1); the generator lists the same ones. Called by model.c's layer.
+** moe.c: the mixture-of-experts block's steps between its collectives (ops.h; docs/megatron.md
+** §8; the exact semantics are in tests/ref/README.md "Mixture of experts"): the router, top-k
+** and aux loss; the dispatch order under the capacity; the counts and displacements of the
+** all-to-alls the generated code runs over ep and expt-tp, planned from the routing; the experts
+** (GELU, or Mixtral's SwiGLU) on the rows they hold; the combine; and their backward. Nothing
+** here communicates. Called by the generated stage code (gen/lua/layer.lua).
 */
 #include <math.h>
 #include <stdlib.h>
@@ -12,8 +12,9 @@
 
 #include "internal.h"
 
-#define MS lib.ms
 #define ACT (gpt.d.act)
+#define MS(id) (lib.mem[GPT_M_MS_##id])     /* the stage's MoE buffers */
+#define ML(id) (m->a[GPT_M_ML_##id])        /* the layer's, in this activation slot */
 
 static int *hialloc(size_t n)
 {
@@ -22,7 +23,7 @@ static int *hialloc(size_t n)
     return p;
 }
 
-/* -- Row movements between the ranks ---------------------------------------------------------- */
+/* -- The all-to-alls' counts ---------------------------------------------------------------- */
 
 /* Element counts and displacements of 'n' blocks of rows[i] rows of width w. */
 static void layout(size_t *cnt, size_t *dsp, const int *rows, int n, int w)
@@ -35,45 +36,70 @@ static void layout(size_t *cnt, size_t *dsp, const int *rows, int n, int w)
     }
 }
 
-/* All-to-all over the EP group: sendrows[q] rows of width w to peer q, recvrows[q] from it;
-** rows of tokens travel in the model's dtype, probabilities (w = 1) in f32. */
-static void ep_exchange(const void *send, const int *sendrows, void *recv, const int *recvrows,
-                        int w, rt_dtype t)
+/* Exchange k: send srows[i] rows of width w to member i, receive rrows[i] from it. */
+static void plan(gpt_moe *m, gpt_a2a_kind k, const int *srows, const int *rrows, int n, int w)
 {
-    int EP = gpt.d.ep;
-    size_t sc[EP], sd[EP], rc[EP], rd[EP];
-    layout(sc, sd, sendrows, EP, w);
-    layout(rc, rd, recvrows, EP, w);
-    rt_alltoallv(send, sc, sd, recv, rc, rd, t, gpt.grp[GPT_GRP_EP]);
+    gpt_a2a *x = &m->a2a[k];
+    layout((size_t *)x->scounts, (size_t *)x->sdispls, srows, n, w);
+    layout((size_t *)x->rcounts, (size_t *)x->rdispls, rrows, n, w);
 }
 
-/* All-gather over the expert-TP group of 'mine' rows of width w (member m holds rows[m]). */
-static void etp_gather(const void *send, int mine, void *recv, const int *rows, int w,
-                       rt_dtype t)
+/* Exchange k over expt-tp as a gather: the same 'mine' rows to every member, rows[i] from it. */
+static void plan_gather(gpt_moe *m, gpt_a2a_kind k, int mine, const int *rows, int w)
 {
-    int ETP = gpt.d.etp;
-    size_t sc[ETP], sd[ETP], rc[ETP], rd[ETP];
-    for (int m = 0; m < ETP; m++) {
-        sc[m] = (size_t)mine * w;
-        sd[m] = 0;
+    gpt_a2a *x = &m->a2a[k];
+    for (int i = 0; i < gpt.d.etp; i++) {
+        ((size_t *)x->scounts)[i] = (size_t)mine * w;
+        ((size_t *)x->sdispls)[i] = 0;
     }
-    layout(rc, rd, rows, ETP, w);
-    rt_alltoallv(send, sc, sd, recv, rc, rd, t, gpt.grp[GPT_GRP_ETP]);
+    layout((size_t *)x->rcounts, (size_t *)x->rdispls, rows, gpt.d.etp, w);
 }
 
-/* Reduce-scatter over the expert-TP group: send member m its rows (rows[m], member-major in
-** 'send'), sum the ETP partial blocks of this rank's rows into 'out'. 'tmp' holds ETP blocks. */
-static void etp_reduce(const void *send, const int *rows, void *tmp, void *out, int w,
-                       rt_dtype t)
+/* Exchange k over expt-tp as a reduce-scatter: member i's rows[i] rows (member-major) to it;
+** this rank's rows from every member. */
+static void plan_scatter(gpt_moe *m, gpt_a2a_kind k, const int *rows, int w)
 {
-    int ETP = gpt.d.etp;
-    size_t sc[ETP], sd[ETP], rc[ETP], rd[ETP];
-    int mine = rows[gpt.etp_rank], each[ETP];
-    layout(sc, sd, rows, ETP, w);
-    for (int m = 0; m < ETP; m++) each[m] = mine;
-    layout(rc, rd, each, ETP, w);
-    rt_alltoallv(send, sc, sd, tmp, rc, rd, t, gpt.grp[GPT_GRP_ETP]);
-    sum_blocks(out, tmp, ETP, (size_t)mine * w, t);
+    int ETP = gpt.d.etp, each[ETP];
+    for (int i = 0; i < ETP; i++) each[i] = rows[gpt.etp_rank];
+    plan(m, k, rows, each, ETP, w);
+}
+
+/*
+** A layer's routing state in one slot: its host arrays, and the counts of the exchange of the
+** rows per (peer, local expert), which are fixed (EXPERTS_LOCAL to and from every ep peer).
+*/
+void lib_moe_init(gpt_moe *m, void *const *a, lib_layer *layer)
+{
+    const gpt_dims *d = &gpt.d;
+    int NSP = d->n_sp, K = d->topk, EP = d->ep, ETP = d->etp, NL = d->experts_local;
+    int P = EP > ETP ? EP : ETP;
+    m->a = a;
+    m->layer = layer;
+    m->local = hialloc((size_t)d->aux_seqs * d->experts);
+    m->sel_h = hialloc((size_t)NSP * K);
+    m->pos_h = hialloc((size_t)NSP * K);
+    m->sendmat = hialloc((size_t)EP * NL);
+    m->recvmat = hialloc((size_t)EP * NL);
+    m->gmat = hialloc((size_t)ETP * EP * NL);
+    m->sendrows = hialloc((size_t)EP);
+    m->recvrows = hialloc((size_t)EP);
+    m->memrows = hialloc((size_t)ETP);
+    m->erows = hialloc((size_t)NL);
+    m->counts = calloc((size_t)GPT_NA2AS * 4 * P, sizeof(size_t));
+    RT_CHECK(m->counts, "out of memory");
+    for (int k = 0; k < GPT_NA2AS; k++) {
+        size_t *c = m->counts + (size_t)k * 4 * P;
+        m->a2a[k] = (gpt_a2a){ c, c + P, c + 2 * P, c + 3 * P };
+    }
+    int each[EP];
+    for (int q = 0; q < EP; q++) each[q] = NL;
+    plan(m, GPT_A2A_EP_COUNTS, each, each, EP, 1);
+}
+
+const gpt_a2a *gpt_moe_a2a(const gpt_moe *m, gpt_a2a_kind which)
+{
+    RT_CHECK(which >= 0 && which < GPT_NA2AS, "gpt_moe_a2a: no exchange %d", (int)which);
+    return &m->a2a[which];
 }
 
 /* -- The capacity ----------------------------------------------------------------------------- */
@@ -115,6 +141,7 @@ static void keep_choices(int *keep, const int *sel, const float *prob, int n)
     free(c);
 }
 
+
 /* -- Mixtral's experts (llama) ---------------------------------------------------------------- */
 
 /*
@@ -122,89 +149,88 @@ static void keep_choices(int *keep, const int *sel, const float *prob, int n)
 ** weights [out, in] (w1, w3 (EFF_LOCAL, C) column-parallel over expt-tp, w2 (C, EFF_LOCAL)
 ** row-parallel); fc keeps [x . w1^T | x . w3^T] (r, 2 EFF_LOCAL), h the SwiGLU output.
 */
-static void swiglu_expert_fwd(const gpt_moe_params *p, gpt_moe_acts *a, int l, int off, int r)
+static void swiglu_expert_fwd(void *const *w, const gpt_moe *m, int l, int off, int r)
 {
     const int C = gpt.d.C, EFF = gpt.d.eff_local;
     rt_dtype t = gpt.d.act;
-    void *fc = lib_at(a->fc, (size_t)off * 2 * EFF), *h = lib_at(a->h, (size_t)off * EFF);
-    void *act = lib_at(MS.act, (size_t)off * EFF), *y = lib_at(MS.ye, (size_t)off * C);
-    const void *xe = lib_at(a->xe, (size_t)off * C);
-    rt_gemm(0, 1, r, EFF, C, 1.0f, xe, C, 0, p->fc_w[l], C, 0, 0.0f, fc, 2 * EFF, 0, 1, t, t);
-    rt_gemm(0, 1, r, EFF, C, 1.0f, xe, C, 0, p->up_w[l], C, 0, 0.0f, lib_at(fc, (size_t)EFF),
-            2 * EFF, 0, 1, t, t);
+    const void *w1 = w[LIB_FIELD(GPT_P_EXPERT_FC_W, l)], *w3 = w[LIB_FIELD(GPT_P_EXPERT_UP_W, l)];
+    const void *w2 = w[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)];
+    void *fc = lib_at(ML(FC), (size_t)off * 2 * EFF), *h = lib_at(ML(H), (size_t)off * EFF);
+    void *act = lib_at(MS(ACT), (size_t)off * EFF), *y = lib_at(MS(YE), (size_t)off * C);
+    const void *xe = lib_at(ML(XE), (size_t)off * C);
+    rt_gemm(0, 1, r, EFF, C, 1.0f, xe, C, 0, w1, C, 0, 0.0f, fc, 2 * EFF, 0, 1, t, t);
+    rt_gemm(0, 1, r, EFF, C, 1.0f, xe, C, 0, w3, C, 0, 0.0f, lib_at(fc, (size_t)EFF), 2 * EFF, 0,
+            1, t, t);
     swiglu_fwd(h, fc, r, EFF, t);
     rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
-    row_scale(act, a->pe + off, r, EFF, t);
-    rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], EFF, 0, 0.0f, y, C, 0, 1, t, t);
+    row_scale(act, (const float *)ML(PE) + off, r, EFF, t);
+    rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, w2, EFF, 0, 0.0f, y, C, 0, 1, t, t);
 }
 
-/* Its backward: MS.ye holds d(y) of the rows; d(x) partials go to MS.xg, d(prob) partials to
-** MS.dpe (summed over expt-tp by the caller), weight gradients accumulate into g. */
-static void swiglu_expert_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
-                              int l, int off, int r)
+/* Its backward: MS_YE holds d(y) of the rows; d(x) partials go to MS_XG, d(prob) partials to
+** MS_DPE (summed over expt-tp by the generated code); weight gradients accumulate into dw. */
+static void swiglu_expert_bwd(void *const *w, float *const *dw, const gpt_moe *m, int l,
+                              int off, int r)
 {
     const int C = gpt.d.C, EFF = gpt.d.eff_local;
     rt_dtype t = gpt.d.act;
-    const void *fc = lib_at(a->fc, (size_t)off * 2 * EFF);
-    const void *h = lib_at(a->h, (size_t)off * EFF);
-    const void *xe = lib_at(a->xe, (size_t)off * C), *dy = lib_at(MS.ye, (size_t)off * C);
-    const float *pe = a->pe + off;
-    void *act = lib_at(MS.act, (size_t)off * EFF), *dfc = lib_at(MS.dfc, (size_t)off * 2 * EFF);
-    void *dxe = lib_at(MS.xg, (size_t)off * C);
+    const void *w1 = w[LIB_FIELD(GPT_P_EXPERT_FC_W, l)], *w3 = w[LIB_FIELD(GPT_P_EXPERT_UP_W, l)];
+    const void *w2 = w[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)];
+    float *dw1 = dw[LIB_FIELD(GPT_P_EXPERT_FC_W, l)], *dw3 = dw[LIB_FIELD(GPT_P_EXPERT_UP_W, l)];
+    float *dw2 = dw[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)];
+    const void *fc = lib_at(ML(FC), (size_t)off * 2 * EFF);
+    const void *h = lib_at(ML(H), (size_t)off * EFF);
+    const void *xe = lib_at(ML(XE), (size_t)off * C), *dy = lib_at(MS(YE), (size_t)off * C);
+    const float *pe = (const float *)ML(PE) + off;
+    void *act = lib_at(MS(ACT), (size_t)off * EFF), *dfc = lib_at(MS(DFC), (size_t)off * 2 * EFF);
+    void *dxe = lib_at(MS(XG), (size_t)off * C);
     rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
     row_scale(act, pe, r, EFF, t);                                        /* act = prob * h */
-    rt_gemm(1, 0, C, EFF, r, 1.0f, dy, C, 0, act, EFF, 0, 1.0f, g->proj_w[l], EFF, 0, 1, t,
-            RT_F32);                                                      /* d(w2) */
-    rt_gemm(0, 0, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], EFF, 0, 0.0f, act, EFF, 0, 1, t,
+    rt_gemm(1, 0, C, EFF, r, 1.0f, dy, C, 0, act, EFF, 0, 1.0f, dw2, EFF, 0, 1, t, RT_F32);
+    rt_gemm(0, 0, r, EFF, C, 1.0f, dy, C, 0, w2, EFF, 0, 0.0f, act, EFF, 0, 1, t,
             t);                                                           /* act := d(act) */
-    row_dot(MS.dpe + off, act, h, r, EFF, t);                             /* d(prob), partial */
+    row_dot((float *)MS(DPE) + off, act, h, r, EFF, t);                   /* d(prob), partial */
     row_scale(act, pe, r, EFF, t);                                        /* d(h) */
     swiglu_bwd(dfc, act, fc, r, EFF, t);                                  /* d(w1 x | w3 x) */
-    rt_gemm(1, 0, EFF, C, r, 1.0f, dfc, 2 * EFF, 0, xe, C, 0, 1.0f, g->fc_w[l], C, 0, 1, t,
-            RT_F32);
-    rt_gemm(1, 0, EFF, C, r, 1.0f, lib_at(dfc, (size_t)EFF), 2 * EFF, 0, xe, C, 0, 1.0f,
-            g->up_w[l], C, 0, 1, t, RT_F32);
-    rt_gemm(0, 0, r, C, EFF, 1.0f, dfc, 2 * EFF, 0, p->fc_w[l], C, 0, 0.0f, dxe, C, 0, 1, t, t);
-    rt_gemm(0, 0, r, C, EFF, 1.0f, lib_at(dfc, (size_t)EFF), 2 * EFF, 0, p->up_w[l], C, 0, 1.0f,
-            dxe, C, 0, 1, t, t);                                          /* d(x), partial */
+    rt_gemm(1, 0, EFF, C, r, 1.0f, dfc, 2 * EFF, 0, xe, C, 0, 1.0f, dw1, C, 0, 1, t, RT_F32);
+    rt_gemm(1, 0, EFF, C, r, 1.0f, lib_at(dfc, (size_t)EFF), 2 * EFF, 0, xe, C, 0, 1.0f, dw3, C,
+            0, 1, t, RT_F32);
+    rt_gemm(0, 0, r, C, EFF, 1.0f, dfc, 2 * EFF, 0, w1, C, 0, 0.0f, dxe, C, 0, 1, t, t);
+    rt_gemm(0, 0, r, C, EFF, 1.0f, lib_at(dfc, (size_t)EFF), 2 * EFF, 0, w3, C, 0, 1.0f, dxe, C,
+            0, 1, t, t);                                                  /* d(x), partial */
 }
 
 /* -- Forward ---------------------------------------------------------------------------------- */
 
 /*
-** out (N_SP, C) = the MoE block of x (N_SP, C): router, top-k, dispatch, experts, combine.
-** Saves in 'a' what the backward needs. Adds this rank's share of the layer's aux loss to
-** *aux (host).
+** Router: logits = x . router_w^T (+ router_b, with biases; kept in f32), then top-k and
+** probabilities (ties: the lower expert). The aux loss's counts: tokens per expert (before
+** dropping) of each of its token sets (the micro-batch, or with seq_aux_loss each sequence: row
+** n is sequence n % B's).
 */
-void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *out,
-                 double *aux)
+void moe_router_fwd(gpt_moe *m, void *const *w, const void *x, int *counts)
 {
     const gpt_dims *d = &gpt.d;
-    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep, ETP = d->etp;
-    const int NL = d->experts_local, EFF = d->eff_local, TP = gpt.prog->tp;
-
-    /* router: logits = x . router_w^T (+ router_b, with biases; kept in f32), then top-k and
-    ** probabilities (ties: lower expert) */
-    rt_gemm(0, 1, NSP, E, C, 1.0f, x, C, 0, p->router_w, C, 0, 0.0f, MS.logits, E, 0, 1,
+    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C;
+    float *logits = MS(LOGITS), *colsum = MS(COLSUM);
+    rt_gemm(0, 1, NSP, E, C, 1.0f, x, C, 0, w[GPT_P_ROUTER_W], C, 0, 0.0f, logits, E, 0, 1,
             ACT, RT_F32);
-    if (p->router_b) {          /* the bias in f32 (MS.colsum is free until the aux loss) */
-        convert(MS.colsum, RT_F32, p->router_b, ACT, (size_t)E);
-        bias_fwd(MS.logits, MS.colsum, NSP, E, RT_F32);
+    if (w[GPT_P_ROUTER_B]) {    /* the bias in f32 (MS_COLSUM is free until the aux loss) */
+        convert(colsum, RT_F32, w[GPT_P_ROUTER_B], ACT, (size_t)E);
+        bias_fwd(logits, colsum, NSP, E, RT_F32);
     }
-    const float *ebias = NULL;  /* expert bias: staged in MS.colsum (free again) */
-    if (p->ebias) {
-        rt_memcpy(MS.colsum, p->ebias, (size_t)E * sizeof(float), RT_H2D);
-        ebias = MS.colsum;
+    const float *ebias = NULL;  /* expert bias: staged in MS_COLSUM (free again) */
+    if (m->layer->ebias) {
+        rt_memcpy(colsum, m->layer->ebias, (size_t)E * sizeof(float), RT_H2D);
+        ebias = colsum;
     }
-    moe_route(a->sel, a->prob, a->scores, a->ssum, MS.logits, NSP, E, K, d->pre_softmax,
+    moe_route(ML(SEL), ML(PROB), ML(SCORES), ML(SSUM), logits, NSP, E, K, d->pre_softmax,
               d->topk_scale, d->groups, d->group_topk, ebias);
-    rt_memcpy(a->sel_h, a->sel, (size_t)NSP * K * sizeof(int), RT_D2H);
+    rt_memcpy(m->sel_h, ML(SEL), (size_t)NSP * K * sizeof(int), RT_D2H);
 
-    /* tokens per expert (before dropping) of each of the aux loss's token sets (the
-    ** micro-batch, or with seq_aux_loss each sequence: row n is sequence n % B's) */
     const int S = d->aux_seqs, SE = S * E;
-    int local[SE], total[SE];
-    memset(local, 0, sizeof local);
+    int *local = m->local;
+    memset(local, 0, (size_t)SE * sizeof(int));
     if ((d->groups > 1 || ebias) && d->aux_scale != 0.0f) {
         /* group-limited routing or an expert bias: the aux loss counts the plain top-k of the
         ** logits, without the group limit and the bias (Megatron's
@@ -213,7 +239,7 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
         ** counts are multiplied by 0). */
         float *lg = malloc((size_t)NSP * E * sizeof(float));
         RT_CHECK(lg, "out of memory");
-        rt_memcpy(lg, MS.logits, (size_t)NSP * E * sizeof(float), RT_D2H);
+        rt_memcpy(lg, logits, (size_t)NSP * E * sizeof(float), RT_D2H);
         for (int n = 0; n < NSP; n++) {
             const float *z = lg + (size_t)n * E;
             for (int e = 0; e < E; e++) {
@@ -225,49 +251,51 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
         }
         free(lg);
     } else {
-        for (int i = 0; i < NSP * K; i++) local[(i / K) % S * E + a->sel_h[i]]++;
+        for (int i = 0; i < NSP * K; i++) local[(i / K) % S * E + m->sel_h[i]]++;
     }
-    int G = TP * d->cp;     /* the tp-cp group: the micro-batch's every token */
+    rt_memcpy(counts, local, (size_t)SE * sizeof(int), RT_H2D);
+}
+
+/*
+** The aux loss: AUX_SCALE * sum over (set, e) of (the set's sum of score[e]) * total[set, e],
+** total the counts of the tp-cp group (every sequence shard of the micro-batch); its gradient
+** with respect to score[n, e] is AUX_SCALE * total[n's set, e], times AUX_GRAD (the objective's
+** share: 1/NMB, CP/NMB under CP). Rows of S sets are the scores seen as (NSP/S, S*E). Then the
+** z-loss (Megatron's z_loss_func): Z_SCALE * sum over this rank's tokens of lse^2, lse = the
+** logsumexp of the token's logits; d/d(lse) = 2 Z_SCALE lse, times AUX_GRAD. Returns both.
+*/
+static double aux_loss(gpt_moe *m, const int *counts)
+{
+    const gpt_dims *d = &gpt.d;
+    const int NSP = d->n_sp, E = d->experts, S = d->aux_seqs, SE = S * E;
+    int G = gpt.prog->tp * d->cp, total[SE];
     if (G > 1) {
-        /* >>> all-gather over tp (tp-cp under CP): every sequence shard's counts
-        ** (docs/megatron.md §8.1) */
         int *all = malloc((size_t)G * SE * sizeof(int));
         RT_CHECK(all, "out of memory");
-        rt_memcpy(MS.counts, local, sizeof local, RT_H2D);
-        rt_allgather(MS.counts, MS.counts + SE, (size_t)SE, RT_I32,
-                     gpt.grp[d->cp > 1 ? GPT_GRP_TPCP : GPT_GRP_TP]);
-        rt_memcpy(all, MS.counts + SE, (size_t)G * SE * sizeof(int), RT_D2H);
+        rt_memcpy(all, counts + SE, (size_t)G * SE * sizeof(int), RT_D2H);
         for (int e = 0; e < SE; e++) {
             total[e] = 0;
             for (int t = 0; t < G; t++) total[e] += all[t * SE + e];
         }
         free(all);
     } else {
-        memcpy(total, local, sizeof total);
+        memcpy(total, m->local, sizeof total);
     }
-
-    /* aux loss: AUX_SCALE * sum over (set, e) of (the set's sum of score[e]) * total[set, e];
-    ** its gradient with respect to score[n, e] is AUX_SCALE * total[n's set, e], times
-    ** AUX_GRAD (the objective's share: 1/NMB, CP/NMB under CP). Rows of S sets are the
-    ** scores seen as (NSP/S, S*E). */
     float g[SE], colsum[SE];
-    rt_memset0(MS.colsum, (size_t)SE * sizeof(float));
-    bias_bwd(MS.colsum, a->scores, NSP / S, SE, RT_F32);
-    rt_memcpy(colsum, MS.colsum, sizeof colsum, RT_D2H);
+    rt_memset0(MS(COLSUM), (size_t)SE * sizeof(float));
+    bias_bwd(MS(COLSUM), ML(SCORES), NSP / S, SE, RT_F32);
+    rt_memcpy(colsum, MS(COLSUM), sizeof colsum, RT_D2H);
     double layer_aux = 0.0;
     for (int e = 0; e < SE; e++) {
         layer_aux += (double)d->aux_scale * colsum[e] * total[e];
         g[e] = d->aux_scale * (float)total[e] * d->aux_grad;
     }
-    rt_memcpy(a->auxg, g, sizeof g, RT_H2D);
-    if (a->zg) {
-        /* z-loss (Megatron's z_loss_func): Z_SCALE * sum over this rank's tokens of
-        ** lse^2, lse = logsumexp of the token's logits; d/d(lse) = 2 Z_SCALE lse, times
-        ** AUX_GRAD */
+    rt_memcpy(ML(AUXG), g, sizeof g, RT_H2D);
+    if (ML(ZG)) {
         float *lg = malloc((size_t)NSP * E * sizeof(float));
         float *zg = malloc((size_t)NSP * sizeof(float));
         RT_CHECK(lg && zg, "out of memory");
-        rt_memcpy(lg, MS.logits, (size_t)NSP * E * sizeof(float), RT_D2H);
+        rt_memcpy(lg, MS(LOGITS), (size_t)NSP * E * sizeof(float), RT_D2H);
         for (int n = 0; n < NSP; n++) {
             const float *z = lg + (size_t)n * E;
             double mx = z[0], sum = 0.0;
@@ -277,37 +305,49 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
             layer_aux += (double)d->z_scale * lse * lse;
             zg[n] = (float)(2.0 * d->z_scale * lse * d->aux_grad);
         }
-        rt_memcpy(a->zg, zg, (size_t)NSP * sizeof(float), RT_H2D);
+        rt_memcpy(ML(ZG), zg, (size_t)NSP * sizeof(float), RT_H2D);
         free(lg);
         free(zg);
     }
-    *aux += layer_aux;
+    return layer_aux;
+}
 
-    /* dispatch order: the kept choices (keep_choices: the capacity), expert-major, tokens in
-    ** row order; with padding, each expert's rows topped up to PAD_ROWS with the earliest
-    ** tokens that did not choose it, at probability 0 (they add nothing and get no gradient) */
-    int sendmat[EP * NL];
-    memset(sendmat, 0, sizeof sendmat);
+/*
+** The dispatch order: the kept choices (keep_choices: the capacity), expert-major, tokens in row
+** order; with padding, each expert's rows topped up to PAD_ROWS with the earliest tokens that did
+** not choose it, at probability 0 (they add nothing and get no gradient).
+*/
+void moe_dispatch(gpt_moe *m, void *const *w, const void *x, int *counts, int again)
+{
+    const gpt_dims *d = &gpt.d;
+    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep, ETP = d->etp;
+    const int NL = d->experts_local;
+    (void)w;
+    double aux = aux_loss(m, counts);
+    if (!again) gpt.moe_aux += aux;     /* a recomputed forward does not count it again */
+
+    int *sendmat = m->sendmat;
+    memset(sendmat, 0, (size_t)EP * NL * sizeof(int));
     int *send_tok = hialloc((size_t)d->moe_send_max), *keep = hialloc((size_t)NSP * K);
     int *chose = hialloc((size_t)NSP);
     float *prob_h = malloc((size_t)(NSP * K + d->moe_send_max) * sizeof(float));
     RT_CHECK(prob_h, "out of memory");
     float *send_prob = prob_h + (size_t)NSP * K;
-    rt_memcpy(prob_h, a->prob, (size_t)NSP * K * sizeof(float), RT_D2H);
-    keep_choices(keep, a->sel_h, prob_h, NSP * K);
+    rt_memcpy(prob_h, ML(PROB), (size_t)NSP * K * sizeof(float), RT_D2H);
+    keep_choices(keep, m->sel_h, prob_h, NSP * K);
     int nsend = 0;
     for (int e = 0; e < E; e++) {
         for (int n = 0; n < NSP; n++) {
             chose[n] = 0;
             for (int j = 0; j < K; j++) {
                 int i = n * K + j;
-                if (a->sel_h[i] != e) continue;
+                if (m->sel_h[i] != e) continue;
                 chose[n] = 1;
                 if (!keep[i]) {                /* beyond the capacity */
-                    a->pos_h[i] = -1;
+                    m->pos_h[i] = -1;
                     continue;
                 }
-                a->pos_h[i] = nsend;
+                m->pos_h[i] = nsend;
                 send_tok[nsend] = n;
                 send_prob[nsend] = prob_h[i];
                 sendmat[e]++;                  /* [peer][local expert] = expert index */
@@ -322,75 +362,84 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
             nsend++;
         }
     }
-    a->nsend = nsend;
+    m->nsend = nsend;
     /* the expert bias's token counts (Megatron counts its routing map after dropping, and
     ** padded: exactly the rows sent); a recomputed forward does not count again */
-    if (p->ecount && !gpt.recomputing)
-        for (int e = 0; e < E; e++) p->ecount[e] += sendmat[e];
-    rt_memcpy(a->pos, a->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
-    rt_memcpy(a->send_tok, send_tok, (size_t)nsend * sizeof(int), RT_H2D);
-    rt_memcpy(MS.ps, send_prob, (size_t)nsend * sizeof(float), RT_H2D);
-    gather_rows(MS.xs, x, a->send_tok, nsend, C, ACT);
+    if (m->layer->ecount && !again)
+        for (int e = 0; e < E; e++) m->layer->ecount[e] += sendmat[e];
+    rt_memcpy(ML(POS), m->pos_h, (size_t)NSP * K * sizeof(int), RT_H2D);
+    rt_memcpy(ML(SEND_TOK), send_tok, (size_t)nsend * sizeof(int), RT_H2D);
+    rt_memcpy(MS(PS), send_prob, (size_t)nsend * sizeof(float), RT_H2D);
+    gather_rows(MS(XS), x, ML(SEND_TOK), nsend, C, ACT);
     free(send_tok);
     free(keep);
     free(chose);
     free(prob_h);
     for (int q = 0; q < EP; q++) {
-        a->sendrows[q] = 0;
-        for (int l = 0; l < NL; l++) a->sendrows[q] += sendmat[q * NL + l];
+        m->sendrows[q] = 0;
+        for (int l = 0; l < NL; l++) m->sendrows[q] += sendmat[q * NL + l];
     }
-
-    int recvmat_own[EP * NL];
-    int *recvmat = sendmat;                     /* one EP rank: every expert is here */
-    if (d->ep > 1) {
-        /* >>> all-to-all over ep: counts per (peer, local expert), then the rows and probs */
-        int each[EP];
-        size_t c[EP], dd[EP];
-        for (int q = 0; q < EP; q++) each[q] = NL;
-        layout(c, dd, each, EP, 1);
-        rt_memcpy(MS.counts, sendmat, sizeof sendmat, RT_H2D);
-        rt_alltoallv(MS.counts, c, dd, MS.counts + EP * NL, c, dd, RT_I32, gpt.grp[GPT_GRP_EP]);
-        rt_memcpy(recvmat_own, MS.counts + EP * NL, sizeof recvmat_own, RT_D2H);
-        recvmat = recvmat_own;
-        for (int q = 0; q < EP; q++) {
-            a->recvrows[q] = 0;
-            for (int l = 0; l < NL; l++) a->recvrows[q] += recvmat[q * NL + l];
-        }
-        ep_exchange(MS.xs, a->sendrows, MS.xr, a->recvrows, C, ACT);
-        ep_exchange(MS.ps, a->sendrows, MS.pr, a->recvrows, 1, RT_F32);
-    } else {
-        a->recvrows[0] = nsend;
+    if (EP == 1) {              /* one EP rank: every expert is here */
+        m->recvrows[0] = nsend;
+        memcpy(m->recvmat, sendmat, (size_t)NL * sizeof(int));
     }
-    int nrecv = 0;
-    for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
+    if (EP > 1 || ETP > 1)      /* for the exchange over ep, or the gather over expt-tp */
+        rt_memcpy(counts, sendmat, (size_t)EP * NL * sizeof(int), RT_H2D);
+}
 
-    const void *xg;
-    const float *pg;
-    int gmat_own[ETP * EP * NL];
-    const int *gmat = recvmat;
-    if (d->etp > 1) {
-        /* >>> all-gather over expt-tp: every member's received rows (each computes its slice
-        **     of every expert for all of them) */
-        rt_memcpy(MS.counts, recvmat, (size_t)EP * NL * sizeof(int), RT_H2D);
-        rt_allgather(MS.counts, MS.counts + EP * NL, (size_t)EP * NL, RT_I32,
-                     gpt.grp[GPT_GRP_ETP]);
-        rt_memcpy(gmat_own, MS.counts + EP * NL, sizeof gmat_own, RT_D2H);
-        gmat = gmat_own;
-        for (int m = 0; m < ETP; m++) {
-            a->memrows[m] = 0;
-            for (int i = 0; i < EP * NL; i++) a->memrows[m] += gmat[m * EP * NL + i];
-        }
-        etp_gather(d->ep > 1 ? MS.xr : MS.xs, nrecv, MS.xg, a->memrows, C, ACT);
-        etp_gather(d->ep > 1 ? MS.pr : MS.ps, nrecv, MS.pg, a->memrows, 1, RT_F32);
-        xg = MS.xg;
-        pg = MS.pg;
-    } else {
-        a->memrows[0] = nrecv;
-        xg = d->ep > 1 ? MS.xr : MS.xs;
-        pg = d->ep > 1 ? MS.pr : MS.ps;
+void moe_recv_plan(gpt_moe *m, int *counts)
+{
+    const int EP = gpt.d.ep, NL = gpt.d.experts_local, C = gpt.d.C;
+    rt_memcpy(m->recvmat, counts + EP * NL, (size_t)EP * NL * sizeof(int), RT_D2H);
+    for (int q = 0; q < EP; q++) {
+        m->recvrows[q] = 0;
+        for (int l = 0; l < NL; l++) m->recvrows[q] += m->recvmat[q * NL + l];
     }
+    plan(m, GPT_A2A_EP_ROWS, m->sendrows, m->recvrows, EP, C);
+    plan(m, GPT_A2A_EP_PROBS, m->sendrows, m->recvrows, EP, 1);
+    plan(m, GPT_A2A_EP_BACK, m->recvrows, m->sendrows, EP, C);
+    plan(m, GPT_A2A_EP_BACK_PROBS, m->recvrows, m->sendrows, EP, 1);
+    if (gpt.d.etp > 1)
+        rt_memcpy(counts, m->recvmat, (size_t)EP * NL * sizeof(int), RT_H2D);
+}
 
-    /* expert-major order: local expert, then member, then source peer */
+/* The rows this rank received over ep. */
+static int received(const gpt_moe *m)
+{
+    int n = 0;
+    for (int q = 0; q < gpt.d.ep; q++) n += m->recvrows[q];
+    return n;
+}
+
+void moe_member_plan(gpt_moe *m, int *counts)
+{
+    const int EP = gpt.d.ep, ETP = gpt.d.etp, NL = gpt.d.experts_local, C = gpt.d.C;
+    rt_memcpy(m->gmat, counts + EP * NL, (size_t)ETP * EP * NL * sizeof(int), RT_D2H);
+    for (int i = 0; i < ETP; i++) {
+        m->memrows[i] = 0;
+        for (int k = 0; k < EP * NL; k++) m->memrows[i] += m->gmat[i * EP * NL + k];
+    }
+    int mine = received(m);
+    plan_gather(m, GPT_A2A_ETP_ROWS, mine, m->memrows, C);
+    plan_gather(m, GPT_A2A_ETP_PROBS, mine, m->memrows, 1);
+    plan_scatter(m, GPT_A2A_ETP_SUM, m->memrows, C);
+    plan_scatter(m, GPT_A2A_ETP_SUM_PROBS, m->memrows, 1);
+}
+
+/*
+** The experts on every row they hold, expert-major (local expert, then member, then source
+** peer): y = (prob * gelu(x . c_fc + b_fc)) . c_proj + prob * b_proj, or Mixtral's SwiGLU;
+** the outputs back in member-major order in MS_YG.
+*/
+void moe_experts_fwd(gpt_moe *m, void *const *w, const void *xg, const float *pg)
+{
+    const gpt_dims *d = &gpt.d;
+    const int C = d->C, EP = d->ep, ETP = d->etp, NL = d->experts_local, EFF = d->eff_local;
+    const int *gmat = m->gmat;
+    if (ETP == 1) {             /* no expert-tp group: this rank's own received rows */
+        m->memrows[0] = received(m);
+        gmat = m->recvmat;
+    }
     int *order = hialloc((size_t)d->moe_rows_max), *unorder = hialloc((size_t)d->moe_rows_max);
     int block_at[ETP * EP * NL], at = 0, nrows = 0;
     for (int b = 0; b < ETP * EP * NL; b++) {
@@ -398,164 +447,136 @@ void lib_moe_fwd(const gpt_moe_params *p, gpt_moe_acts *a, const void *x, void *
         at += gmat[b];
     }
     for (int l = 0; l < NL; l++) {
-        a->erows[l] = 0;
-        for (int m = 0; m < ETP; m++)
+        m->erows[l] = 0;
+        for (int i = 0; i < ETP; i++)
             for (int q = 0; q < EP; q++) {
-                int b = (m * EP + q) * NL + l;
+                int b = (i * EP + q) * NL + l;
                 for (int r = 0; r < gmat[b]; r++) {
                     order[nrows] = block_at[b] + r;
                     unorder[block_at[b] + r] = nrows;
                     nrows++;
                 }
-                a->erows[l] += gmat[b];
+                m->erows[l] += gmat[b];
             }
     }
-    a->nrows = nrows;
-    rt_memcpy(a->order, order, (size_t)nrows * sizeof(int), RT_H2D);
-    rt_memcpy(a->unorder, unorder, (size_t)nrows * sizeof(int), RT_H2D);
+    m->nrows = nrows;
+    rt_memcpy(ML(ORDER), order, (size_t)nrows * sizeof(int), RT_H2D);
+    rt_memcpy(ML(UNORDER), unorder, (size_t)nrows * sizeof(int), RT_H2D);
     free(order);
     free(unorder);
-    gather_rows(a->xe, xg, a->order, nrows, C, ACT);
-    gather_rows(a->pe, pg, a->order, nrows, 1, RT_F32);
+    gather_rows(ML(XE), xg, ML(ORDER), nrows, C, ACT);
+    gather_rows(ML(PE), pg, ML(ORDER), nrows, 1, RT_F32);
 
-    /* the experts: y = (prob * gelu(x . c_fc + b_fc)) . c_proj + prob * b_proj */
-    for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
-        int r = a->erows[l];
+    for (int l = 0, off = 0; l < NL; off += m->erows[l], l++) {
+        int r = m->erows[l];
         if (r == 0) continue;
         if (d->llama) {
-            swiglu_expert_fwd(p, a, l, off, r);
+            swiglu_expert_fwd(w, m, l, off, r);
             continue;
         }
-        void *fc = lib_at(a->fc, (size_t)off * EFF), *h = lib_at(a->h, (size_t)off * EFF);
-        void *act = lib_at(MS.act, (size_t)off * EFF), *y = lib_at(MS.ye, (size_t)off * C);
-        rt_gemm(0, 0, r, EFF, C, 1.0f, lib_at(a->xe, (size_t)off * C), C, 0, p->fc_w[l], EFF, 0,
-                0.0f, fc, EFF, 0, 1, ACT, ACT);
-        if (d->bias) bias_fwd(fc, p->fc_b[l], r, EFF, ACT);
+        const float *pe = (const float *)ML(PE) + off;
+        void *fc = lib_at(ML(FC), (size_t)off * EFF), *h = lib_at(ML(H), (size_t)off * EFF);
+        void *act = lib_at(MS(ACT), (size_t)off * EFF), *y = lib_at(MS(YE), (size_t)off * C);
+        rt_gemm(0, 0, r, EFF, C, 1.0f, lib_at(ML(XE), (size_t)off * C), C, 0,
+                w[LIB_FIELD(GPT_P_EXPERT_FC_W, l)], EFF, 0, 0.0f, fc, EFF, 0, 1, ACT, ACT);
+        if (d->bias) bias_fwd(fc, w[LIB_FIELD(GPT_P_EXPERT_FC_B, l)], r, EFF, ACT);
         gelu_fwd(h, fc, (size_t)r * EFF, ACT);
         rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
-        row_scale(act, a->pe + off, r, EFF, ACT);
-        rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, p->proj_w[l], C, 0, 0.0f, y, C, 0, 1,
-                ACT, ACT);
-        if (d->bias) add_scaled_bias(y, a->pe + off, p->proj_b[l], r, C, ACT);
+        row_scale(act, pe, r, EFF, ACT);
+        rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, w[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)], C, 0,
+                0.0f, y, C, 0, 1, ACT, ACT);
+        if (d->bias) add_scaled_bias(y, pe, w[LIB_FIELD(GPT_P_EXPERT_PROJ_B, l)], r, C, ACT);
     }
+    gather_rows(MS(YG), MS(YE), ML(UNORDER), nrows, C, ACT);
+}
 
-    /* back: member-major rows, the sum over expt-tp, the way they came over ep, then the sum
-    ** of each token's expert outputs */
-    gather_rows(MS.yg, MS.ye, a->unorder, nrows, C, ACT);
-    const void *yr = MS.yg;
-    if (d->etp > 1) {
-        /* >>> reduce-scatter over expt-tp: each member's rows get every member's partials */
-        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C, ACT);
-        yr = MS.yr;
-    }
-    if (d->ep > 1) {
-        /* >>> all-to-all over ep: the outputs back to the tokens' ranks */
-        ep_exchange(yr, a->recvrows, MS.ys, a->sendrows, C, ACT);
-        combine_rows(out, MS.ys, a->pos, NSP, K, C, ACT);
-    } else {
-        combine_rows(out, yr, a->pos, NSP, K, C, ACT);
-    }
+void moe_sum_members(gpt_moe *m, void *out, const void *blocks, int width, rt_dtype t)
+{
+    sum_blocks(out, blocks, gpt.d.etp, (size_t)m->memrows[gpt.etp_rank] * width, t);
+}
+
+void moe_combine(gpt_moe *m, void *out, const void *src)
+{
+    combine_rows(out, src, ML(POS), gpt.d.n_sp, gpt.d.topk, gpt.d.C, ACT);
 }
 
 /* -- Backward --------------------------------------------------------------------------------- */
 
+void moe_bwd_rows(gpt_moe *m, const void *dout)
+{
+    gather_rows(MS(YS), dout, ML(SEND_TOK), m->nsend, gpt.d.C, ACT);
+}
+
 /*
-** dx (N_SP, C) = d(loss)/d(x) of lib_moe_fwd's input for dout = d(loss)/d(out); expert and
-** router gradients accumulate into g.
+** Every expert's backward on its rows: dy (member-major, as received) into expert-major order
+** in MS_YE; the weight gradients accumulate; d(x) and d(prob) partials back in member-major
+** order in MS_YG and MS_DPG (summed over expt-tp by the generated code).
 */
-void lib_moe_bwd(const gpt_moe_params *p, gpt_moe_params *g, const gpt_moe_acts *a,
-                 const void *x, const void *dout, void *dx)
+void moe_experts_bwd(gpt_moe *m, void *const *w, float *const *dw, const void *dy)
 {
     const gpt_dims *d = &gpt.d;
-    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C, EP = d->ep;
-    const int NL = d->experts_local, EFF = d->eff_local;
-    int nsend = a->nsend, nrows = a->nrows, nrecv = 0;
-    for (int q = 0; q < EP; q++) nrecv += a->recvrows[q];
-
-    /* every kept assignment's output gradient is its token's, sent the way the token went */
-    gather_rows(MS.ys, dout, a->send_tok, nsend, C, ACT);
-    const void *dyr = MS.ys;
-    if (d->ep > 1) {
-        /* >>> all-to-all over ep */
-        ep_exchange(MS.ys, a->sendrows, MS.yr, a->recvrows, C, ACT);
-        dyr = MS.yr;
-    }
-    const void *dyg = dyr;
-    if (d->etp > 1) {
-        /* >>> all-gather over expt-tp (the backward of the forward's reduce-scatter) */
-        etp_gather(dyr, nrecv, MS.yg, a->memrows, C, ACT);
-        dyg = MS.yg;
-    }
-    gather_rows(MS.ye, dyg, a->order, nrows, C, ACT);
-
-    for (int l = 0, off = 0; l < NL; off += a->erows[l], l++) {
-        int r = a->erows[l];
+    const int C = d->C, NL = d->experts_local, EFF = d->eff_local, nrows = m->nrows;
+    gather_rows(MS(YE), dy, ML(ORDER), nrows, C, ACT);
+    for (int l = 0, off = 0; l < NL; off += m->erows[l], l++) {
+        int r = m->erows[l];
         if (r == 0) continue;
         if (d->llama) {
-            swiglu_expert_bwd(p, g, a, l, off, r);
+            swiglu_expert_bwd(w, dw, m, l, off, r);
             continue;
         }
-        const void *fc = lib_at(a->fc, (size_t)off * EFF);
-        const void *h = lib_at(a->h, (size_t)off * EFF);
-        const float *pe = a->pe + off;
-        const void *xe = lib_at(a->xe, (size_t)off * C), *dy = lib_at(MS.ye, (size_t)off * C);
-        void *act = lib_at(MS.act, (size_t)off * EFF);
-        float *dpe = MS.dpe + off;
-        void *dxe = lib_at(MS.xg, (size_t)off * C);
+        const void *proj_w = w[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)];
+        const void *fc_w = w[LIB_FIELD(GPT_P_EXPERT_FC_W, l)];
+        float *dproj_w = dw[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)];
+        float *dfc_w = dw[LIB_FIELD(GPT_P_EXPERT_FC_W, l)];
+        const void *fc = lib_at(ML(FC), (size_t)off * EFF);
+        const void *h = lib_at(ML(H), (size_t)off * EFF);
+        const float *pe = (const float *)ML(PE) + off;
+        const void *xe = lib_at(ML(XE), (size_t)off * C), *dye = lib_at(MS(YE), (size_t)off * C);
+        void *act = lib_at(MS(ACT), (size_t)off * EFF);
+        float *dpe = (float *)MS(DPE) + off;
+        void *dxe = lib_at(MS(XG), (size_t)off * C);
         /* y = act . c_proj (+ prob * b_proj), act = prob * h */
         rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
         row_scale(act, pe, r, EFF, ACT);
-        rt_gemm(1, 0, EFF, C, r, 1.0f, act, EFF, 0, dy, C, 0, 1.0f, g->proj_w[l], C, 0, 1,
-                ACT, RT_F32);
-        rt_gemm(0, 1, r, EFF, C, 1.0f, dy, C, 0, p->proj_w[l], C, 0, 0.0f, act, EFF, 0, 1,
-                ACT, ACT);                                                /* act := d(act) */
+        rt_gemm(1, 0, EFF, C, r, 1.0f, act, EFF, 0, dye, C, 0, 1.0f, dproj_w, C, 0, 1, ACT,
+                RT_F32);
+        rt_gemm(0, 1, r, EFF, C, 1.0f, dye, C, 0, proj_w, C, 0, 0.0f, act, EFF, 0, 1, ACT,
+                ACT);                                                     /* act := d(act) */
         row_dot(dpe, act, h, r, EFF, ACT);                                /* d(prob), partial */
         if (d->bias) {
-            scaled_bias_bwd(g->proj_b[l], pe, dy, r, C, ACT);
-            rt_gemm(0, 0, r, 1, C, 1.0f, dy, C, 0, p->proj_b[l], 1, 0, 1.0f, dpe, 1, 0, 1,
-                    ACT, RT_F32);                                         /* + dy . b_proj */
+            scaled_bias_bwd(dw[LIB_FIELD(GPT_P_EXPERT_PROJ_B, l)], pe, dye, r, C, ACT);
+            rt_gemm(0, 0, r, 1, C, 1.0f, dye, C, 0, w[LIB_FIELD(GPT_P_EXPERT_PROJ_B, l)], 1, 0,
+                    1.0f, dpe, 1, 0, 1, ACT, RT_F32);                     /* + dy . b_proj */
         }
         row_scale(act, pe, r, EFF, ACT);                                  /* d(h) */
         gelu_bwd(act, fc, act, (size_t)r * EFF, ACT);                     /* d(fc) */
-        if (d->bias) bias_bwd(g->fc_b[l], act, r, EFF, ACT);
-        rt_gemm(1, 0, C, EFF, r, 1.0f, xe, C, 0, act, EFF, 0, 1.0f, g->fc_w[l], EFF, 0, 1,
-                ACT, RT_F32);
-        rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, p->fc_w[l], EFF, 0, 0.0f, dxe, C, 0, 1,
-                ACT, ACT);                                                /* d(x), partial */
+        if (d->bias) bias_bwd(dw[LIB_FIELD(GPT_P_EXPERT_FC_B, l)], act, r, EFF, ACT);
+        rt_gemm(1, 0, C, EFF, r, 1.0f, xe, C, 0, act, EFF, 0, 1.0f, dfc_w, EFF, 0, 1, ACT,
+                RT_F32);
+        rt_gemm(0, 1, r, C, EFF, 1.0f, act, EFF, 0, fc_w, EFF, 0, 0.0f, dxe, C, 0, 1, ACT,
+                ACT);                                                     /* d(x), partial */
     }
+    gather_rows(MS(YG), MS(XG), ML(UNORDER), nrows, C, ACT);
+    gather_rows(MS(DPG), MS(DPE), ML(UNORDER), nrows, 1, RT_F32);
+}
 
-    /* back to member-major order, summed over expt-tp, over ep to the tokens' ranks */
-    gather_rows(MS.yg, MS.xg, a->unorder, nrows, C, ACT);
-    gather_rows(MS.dpg, MS.dpe, a->unorder, nrows, 1, RT_F32);
-    const void *dxr = MS.yg;
-    const float *dpr = MS.dpg;
-    if (d->etp > 1) {
-        /* >>> reduce-scatter over expt-tp: d(x) and d(prob) partials of every member's rows */
-        etp_reduce(MS.yg, a->memrows, MS.xg, MS.yr, C, ACT);
-        etp_reduce(MS.dpg, a->memrows, MS.dpe, MS.dpr, 1, RT_F32);
-        dxr = MS.yr;
-        dpr = MS.dpr;
-    }
-    const void *dxs = dxr;
-    const float *dps = dpr;
-    if (d->ep > 1) {
-        /* >>> all-to-all over ep */
-        ep_exchange(dxr, a->recvrows, MS.ys, a->sendrows, C, ACT);
-        ep_exchange(dpr, a->recvrows, MS.dps, a->sendrows, 1, RT_F32);
-        dxs = MS.ys;
-        dps = MS.dps;
-    }
-    combine_rows(dx, dxs, a->pos, NSP, K, C, ACT);
-    gather_rows(MS.dprob, dps, a->pos, NSP * K, 1, RT_F32);              /* dropped: 0 */
-
-    /* router: through the top-k softmax and the aux loss (f32), then logits = x . router_w^T
-    ** (the logit gradient rounded to the model's dtype for the two GEMMs, docs/megatron.md
-    ** §9.1) */
-    moe_route_bwd(MS.dlogits, MS.dprob, a->prob, a->scores, a->ssum, a->sel, a->auxg,
-                  d->aux_seqs, a->zg, NSP, E, K, d->pre_softmax, d->topk_scale, ACT);
-    rt_gemm(1, 0, E, C, NSP, 1.0f, MS.dlogits, E, 0, x, C, 0, 1.0f, g->router_w, C, 0, 1,
+/*
+** Through the combine (each kept choice's input gradient back to its token) and the router:
+** the top-k softmax and the aux loss (f32), then logits = x . router_w^T (the logit gradient
+** rounded to the model's dtype for its two GEMMs, docs/megatron.md §9.1).
+*/
+void moe_router_bwd(gpt_moe *m, void *const *w, float *const *dw, const void *x,
+                    const void *dxs, const float *dps, void *dx)
+{
+    const gpt_dims *d = &gpt.d;
+    const int NSP = d->n_sp, E = d->experts, K = d->topk, C = d->C;
+    combine_rows(dx, dxs, ML(POS), NSP, K, C, ACT);
+    gather_rows(MS(DPROB), dps, ML(POS), NSP * K, 1, RT_F32);            /* dropped: 0 */
+    moe_route_bwd(MS(DLOGITS), MS(DPROB), ML(PROB), ML(SCORES), ML(SSUM), ML(SEL), ML(AUXG),
+                  d->aux_seqs, ML(ZG), NSP, E, K, d->pre_softmax, d->topk_scale, ACT);
+    rt_gemm(1, 0, E, C, NSP, 1.0f, MS(DLOGITS), E, 0, x, C, 0, 1.0f, dw[GPT_P_ROUTER_W], C, 0, 1,
             ACT, RT_F32);
-    if (g->router_b) bias_bwd(g->router_b, MS.dlogits, NSP, E, ACT);
-    rt_gemm(0, 0, NSP, C, E, 1.0f, MS.dlogits, E, 0, p->router_w, C, 0, 1.0f, dx, C, 0, 1,
+    if (dw[GPT_P_ROUTER_B]) bias_bwd(dw[GPT_P_ROUTER_B], MS(DLOGITS), NSP, E, ACT);
+    rt_gemm(0, 0, NSP, C, E, 1.0f, MS(DLOGITS), E, 0, w[GPT_P_ROUTER_W], C, 0, 1.0f, dx, C, 0, 1,
             ACT, ACT);
 }

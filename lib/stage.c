@@ -2,10 +2,10 @@
 ** stage.c: the stage machinery every generated stage shares, driven by its tables (gpt_stage):
 ** setup (the parameter buffers, the parameter and gradient views, the activation slots and
 ** scratch, each sized by the generator's memory plan, whose total is checked), and the pieces
-** of a training step that follow the schedule: gradient reductions (docs/megatron.md §5.6),
-** the gradient norm (§6), clipping, AdamW on the whole buffer or on this rank's shard of the
-** distributed optimizer (§5.4), the parameter all-gather, the loss. The generated step calls
-** them in its order, each naming its one collective. Also the resume checkpoint's state.
+** of a training step between the collectives the generated step issues (docs/megatron.md
+** §5.6): zeroing and packing gradients, the gradient norm (§6), clipping, AdamW on the whole
+** buffer or on this rank's shard of the distributed optimizer (§5.4), the loss, the expert
+** bias. Also the resume checkpoint's state.
 */
 #include <math.h>
 #include <stdio.h>
@@ -75,159 +75,52 @@ static void *layer_mem(gpt_mem_id id, const gpt_layer_store *st)
     return *slot;
 }
 
-static int *host_ints(int n)
+/* One layer's activations in one slot: its L_, ML_ entries, as the plan and the layer's store
+** say (NULL: all its own); the routing state of a MoE layer. */
+static void layer_acts_alloc(lib_layer_acts *a, const gpt_layer_store *st, lib_layer *layer)
 {
-    int *p = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
-    RT_CHECK(p, "out of memory");
-    return p;
-}
-
-/* One layer's activations, as the plan and the layer's store say (NULL: all its own). */
-void lib_layer_acts_alloc(gpt_layer_acts *a, const gpt_layer_store *st)
-{
-    const gpt_dims *d = &gpt.d;
-    a->ln1 = layer_mem(GPT_M_L_LN1, st);
-    a->ln1_mean = layer_mem(GPT_M_L_LN1_MEAN, st);
-    a->ln1_rstd = layer_mem(GPT_M_L_LN1_RSTD, st);
-    a->qkv = layer_mem(GPT_M_L_QKV, st);
-    a->lse = layer_mem(GPT_M_L_LSE, st);
-    a->atty = layer_mem(GPT_M_L_ATTY, st);
-    a->res1 = layer_mem(GPT_M_L_RES1, st);
-    a->ln2 = layer_mem(GPT_M_L_LN2, st);
-    a->ln2_mean = layer_mem(GPT_M_L_LN2_MEAN, st);
-    a->ln2_rstd = layer_mem(GPT_M_L_LN2_RSTD, st);
-    a->fc = layer_mem(GPT_M_L_FC, st);
-    a->gelu = layer_mem(GPT_M_L_GELU, st);
-    a->res2 = layer_mem(GPT_M_L_RES2, st);
-    a->qkv_seq = layer_mem(GPT_M_L_QKV_SEQ, st);
-    a->atty_seq = layer_mem(GPT_M_L_ATTY_SEQ, st);
-    gpt_moe_acts *m = &a->moe;
-    m->scores = layer_mem(GPT_M_ML_SCORES, st);
-    m->prob = layer_mem(GPT_M_ML_PROB, st);
-    m->sel = layer_mem(GPT_M_ML_SEL, st);
-    m->pos = layer_mem(GPT_M_ML_POS, st);
-    m->send_tok = layer_mem(GPT_M_ML_SEND_TOK, st);
-    m->order = layer_mem(GPT_M_ML_ORDER, st);
-    m->unorder = layer_mem(GPT_M_ML_UNORDER, st);
-    m->xe = layer_mem(GPT_M_ML_XE, st);
-    m->pe = layer_mem(GPT_M_ML_PE, st);
-    m->fc = layer_mem(GPT_M_ML_FC, st);
-    m->h = layer_mem(GPT_M_ML_H, st);
-    m->auxg = layer_mem(GPT_M_ML_AUXG, st);
-    m->zg = layer_mem(GPT_M_ML_ZG, st);
-    m->ssum = layer_mem(GPT_M_ML_SSUM, st);
-    if (d->moe) {                            /* host side of the routing */
-        m->sel_h = host_ints(d->n_sp * d->topk);
-        m->pos_h = host_ints(d->n_sp * d->topk);
-        m->sendrows = host_ints(d->ep);
-        m->recvrows = host_ints(d->ep);
-        m->memrows = host_ints(d->etp);
-        m->erows = host_ints(d->experts_local);
+    for (int id = 0; id < GPT_NMEMS; id++) {
+        const char *n = mem_names[id];
+        if (!strncmp(n, "L_", 2) || !strncmp(n, "ML_", 3)) a->m[id] = layer_mem(id, st);
     }
+    if (gpt.d.moe) lib_moe_init(&a->moe, a->m, layer);
 }
 
-static void scratch_alloc(void)
+/* The stage's own buffers: every S_, MS_, H_, X_ entry of the plan (aliases after their
+** targets). */
+static void stage_mem_alloc(void)
 {
-    lib_scratch *s = &lib.s;
-    s->full = mem(GPT_M_S_FULL, NULL);
-    s->full_sp = mem(GPT_M_S_FULL_SP, s->full);
-    s->gather = mem(GPT_M_S_GATHER, NULL);
-    s->dqkv = mem(GPT_M_S_DQKV, NULL);
-    s->datty = mem(GPT_M_S_DATTY, NULL);
-    s->dsum = mem(GPT_M_S_DSUM, NULL);
-    s->dfc = mem(GPT_M_S_DFC, NULL);
-    s->qkvp = mem(GPT_M_S_QKVP, NULL);
-    s->dact = mem(GPT_M_S_DACT, NULL);
-    s->dshared = mem(GPT_M_S_DSHARED, NULL);
-    s->logits = mem(GPT_M_S_LOGITS, NULL);
-    s->ce = mem(GPT_M_S_CE, NULL);
-    s->targets = mem(GPT_M_S_TARGETS, NULL);
-    s->ring_kv = mem(GPT_M_S_RING_KV, NULL);
-    s->ring_dkv = mem(GPT_M_S_RING_DKV, NULL);
-    s->ring_acc = mem(GPT_M_S_RING_ACC, NULL);
-    s->a2a_send = mem(GPT_M_S_A2A_SEND, NULL);
-    s->a2a_recv = mem(GPT_M_S_A2A_RECV, NULL);
-    s->a2a_dout = mem(GPT_M_S_A2A_DOUT, NULL);
-    lib_moe_scratch *ms = &lib.ms;
-    ms->logits = mem(GPT_M_MS_LOGITS, NULL);
-    ms->xs = mem(GPT_M_MS_XS, NULL);
-    ms->ps = mem(GPT_M_MS_PS, NULL);
-    ms->xr = mem(GPT_M_MS_XR, NULL);
-    ms->pr = mem(GPT_M_MS_PR, NULL);
-    ms->xg = mem(GPT_M_MS_XG, NULL);
-    ms->pg = mem(GPT_M_MS_PG, NULL);
-    ms->act = mem(GPT_M_MS_ACT, NULL);
-    ms->dfc = mem(GPT_M_MS_DFC, NULL);
-    ms->ye = mem(GPT_M_MS_YE, NULL);
-    ms->yg = mem(GPT_M_MS_YG, NULL);
-    ms->yr = mem(GPT_M_MS_YR, NULL);
-    ms->ys = mem(GPT_M_MS_YS, NULL);
-    ms->dpe = mem(GPT_M_MS_DPE, NULL);
-    ms->dpg = mem(GPT_M_MS_DPG, NULL);
-    ms->dpr = mem(GPT_M_MS_DPR, NULL);
-    ms->dps = mem(GPT_M_MS_DPS, NULL);
-    ms->dprob = mem(GPT_M_MS_DPROB, NULL);
-    ms->dlogits = mem(GPT_M_MS_DLOGITS, NULL);
-    ms->colsum = mem(GPT_M_MS_COLSUM, NULL);
-    ms->counts = mem(GPT_M_MS_COUNTS, NULL);
-    lib.head_a.lnf = mem(GPT_M_H_LNF, NULL);
-    lib.head_a.lnf_mean = mem(GPT_M_H_LNF_MEAN, NULL);
-    lib.head_a.lnf_rstd = mem(GPT_M_H_LNF_RSTD, NULL);
-    lib.loss_dev = mem(GPT_M_X_LOSS, NULL);
-    lib.stat_dev = mem(GPT_M_X_STAT, NULL);
-    lib.sp_pack = mem(GPT_M_X_SP_PACK, NULL);
+    for (int pass = 0; pass < 2; pass++)
+        for (int id = 0; id < GPT_NMEMS; id++) {
+            const char *n = mem_names[id];
+            if (!strncmp(n, "L_", 2) || !strncmp(n, "ML_", 3) || !strncmp(n, "C_", 2)) continue;
+            int alias = gpt.stage->mem[id].how == GPT_MEM_ALIAS;
+            if (alias != pass) continue;
+            lib.mem[id] = mem(id, alias ? lib.mem[gpt.stage->mem[id].alias] : NULL);
+        }
+    lib.loss_dev = lib.mem[GPT_M_X_LOSS];
+    lib.stat_dev = lib.mem[GPT_M_X_STAT];
+    lib.sp_pack = lib.mem[GPT_M_X_SP_PACK];
 }
 
 /* -- Parameters: the stage's tables, expanded for this rank ---------------------------------- */
 
-/* The struct member a parameter (or its gradient) lives behind. */
+/* The slot a parameter (or its gradient) is seen through: its layer's array by field (a local
+** expert's at LIB_FIELD), or the embedding's and head's (the head's weight, tied or lm_head,
+** at HEAD_WTE). */
 static void **field_ptr(const lib_param *lp, int grad)
 {
     int f = lp->p.field, e = lp->p.expert;
+    RT_CHECK(f >= 0 && f < GPT_NFIELDS, "parameter field %d out of range (a generator bug)", f);
     if (lp->layer < 0) {
-        lib_embed *em = grad ? &lib.embed_g : &lib.embed_p;
-        lib_head *hd = grad ? &lib.head_g : &lib.head_p;
-        switch (f) {
-        case GPT_P_WTE: return &em->wte;
-        case GPT_P_WPE: return &em->wpe;
-        case GPT_P_LN_F_W: return &hd->ln_f_w;
-        case GPT_P_LN_F_B: return &hd->ln_f_b;
-        case GPT_P_HEAD_WTE: return &hd->wte;
-        case GPT_P_LM_HEAD: return &hd->wte;      /* untied: the head's own weight */
-        default: break;
-        }
-    } else {
-        gpt_chunk *c = &gpt.chunk[lp->chunk];
-        gpt_layer_params *l = grad ? &c->grads[lp->layer] : &c->params[lp->layer];
-        switch (f) {
-        case GPT_P_LN1_W: return &l->ln_1_w;
-        case GPT_P_LN1_B: return &l->ln_1_b;
-        case GPT_P_QKV_W: return &l->c_attn_w;
-        case GPT_P_QKV_B: return &l->c_attn_b;
-        case GPT_P_ATTN_PROJ_W: return &l->attn_proj_w;
-        case GPT_P_ATTN_PROJ_B: return &l->attn_proj_b;
-        case GPT_P_LN2_W: return &l->ln_2_w;
-        case GPT_P_LN2_B: return &l->ln_2_b;
-        case GPT_P_FC_W: return &l->c_fc_w;
-        case GPT_P_FC_B: return &l->c_fc_b;
-        case GPT_P_MLP_PROJ_W: return &l->mlp_proj_w;
-        case GPT_P_MLP_PROJ_B: return &l->mlp_proj_b;
-        case GPT_P_ROUTER_W: return &l->moe.router_w;
-        case GPT_P_ROUTER_B: return &l->moe.router_b;
-        case GPT_P_EXPERT_FC_W: return &l->moe.fc_w[e];
-        case GPT_P_EXPERT_FC_B: return &l->moe.fc_b[e];
-        case GPT_P_EXPERT_PROJ_W: return &l->moe.proj_w[e];
-        case GPT_P_EXPERT_PROJ_B: return &l->moe.proj_b[e];
-        case GPT_P_K_W: return &l->k_w;
-        case GPT_P_V_W: return &l->v_w;
-        case GPT_P_UP_W: return &l->up_w;
-        case GPT_P_EXPERT_UP_W: return &l->moe.up_w[e];
-        default: break;
-        }
+        if (f == GPT_P_LM_HEAD) f = GPT_P_HEAD_WTE;      /* untied: the head's own weight */
+        return grad ? (void **)&lib.other_g[f] : &lib.other_p[f];
     }
-    RT_CHECK(0, "parameter field %d does not belong %s (a generator bug)", f,
-             lp->layer < 0 ? "outside a layer" : "in a layer");
-    return NULL;
+    lib_layer *l = &gpt.chunk[lp->chunk].layers[lp->layer];
+    int k = e >= 0 ? LIB_FIELD(f, e) : f;
+    RT_CHECK(e < gpt.d.experts_local, "parameter of local expert %d of %d (a generator bug)", e,
+             gpt.d.experts_local);
+    return grad ? (void **)&l->g[k] : &l->p[k];
 }
 
 static int by_place(const void *a, const void *b)
@@ -359,42 +252,35 @@ void lib_stage_setup(void)
     RT_CHECK(gpt.chunk, "out of memory");
     for (int c = 0; c < st->nchunks; c++) {
         const gpt_chunk_info *ci = &st->chunks[c];
-        gpt_chunk *ch = &gpt.chunk[c];
+        lib_chunk *ch = &gpt.chunk[c];
         /* + 1: a chunk may hold no layer (a layout's embedding- or loss-only chunk) */
-        ch->params = calloc((size_t)ci->layers + 1, sizeof *ch->params);
-        ch->grads = calloc((size_t)ci->layers + 1, sizeof *ch->grads);
+        ch->layers = calloc((size_t)ci->layers + 1, sizeof *ch->layers);
         ch->acts = calloc((size_t)ci->slots, sizeof *ch->acts);
-        RT_CHECK(ch->params && ch->grads && ch->acts, "out of memory");
-        if (d->moe)
-            for (int j = 0; j < ci->layers; j++)
-                for (int g = 0; g < 2; g++) {
-                    gpt_moe_params *m = g ? &ch->grads[j].moe : &ch->params[j].moe;
-                    size_t n = (size_t)d->experts_local;
-                    m->fc_w = calloc(n, sizeof(void *));
-                    m->fc_b = calloc(n, sizeof(void *));
-                    m->proj_w = calloc(n, sizeof(void *));
-                    m->proj_b = calloc(n, sizeof(void *));
-                    m->up_w = calloc(n, sizeof(void *));
-                    RT_CHECK(m->fc_w && m->fc_b && m->proj_w && m->proj_b && m->up_w,
-                             "out of memory");
-                    if (d->expert_bias && !g) {     /* host state, outside the plan */
-                        m->ebias = calloc((size_t)d->experts, sizeof(float));
-                        m->ecount = calloc((size_t)d->experts, sizeof(int));
-                        RT_CHECK(m->ebias && m->ecount, "out of memory");
-                    }
-                }
+        RT_CHECK(ch->layers && ch->acts, "out of memory");
+        size_t nf = (size_t)GPT_NFIELDS * (1 + (d->moe ? d->experts_local : 0));
+        for (int j = 0; j < ci->layers; j++) {
+            lib_layer *l = &ch->layers[j];
+            l->p = calloc(nf, sizeof *l->p);
+            l->g = calloc(nf, sizeof *l->g);
+            RT_CHECK(l->p && l->g, "out of memory");
+            if (d->moe && d->expert_bias) {         /* host state, outside the plan */
+                l->ebias = calloc((size_t)d->experts, sizeof(float));
+                l->ecount = calloc((size_t)d->experts, sizeof(int));
+                RT_CHECK(l->ebias && l->ecount, "out of memory");
+            }
+        }
         for (int s = 0; s < ci->slots; s++) {
-            gpt_chunk_acts *a = &ch->acts[s];
+            lib_chunk_acts *a = &ch->acts[s];
             a->x = mem(GPT_M_C_X, NULL);
             a->dy = mem(GPT_M_C_DY, NULL);
             a->tokens = ci->embedding ? mem(GPT_M_C_TOKENS, NULL) : NULL;
             a->layer = calloc((size_t)ci->layers + 1, sizeof *a->layer);
             RT_CHECK(a->layer, "out of memory");
             for (int j = 0; j < ci->layers; j++)
-                lib_layer_acts_alloc(&a->layer[j], ci->store ? &ci->store[j] : NULL);
+                layer_acts_alloc(&a->layer[j], ci->store ? &ci->store[j] : NULL, &ch->layers[j]);
         }
     }
-    scratch_alloc();
+    stage_mem_alloc();
 
     params_expand();
     for (int i = 0; i < lib.nparams; i++) {
@@ -404,8 +290,8 @@ void lib_stage_setup(void)
         if (lp->p.flags & GPT_SP_REDUCE) lib.sp_total += lp->p.n;
     }
     if (st->head_uses_wte) {     /* one stage holds both: the head uses wte itself (tied) */
-        lib.head_p.wte = lib.embed_p.wte;
-        lib.head_g.wte = lib.embed_g.wte;
+        lib.other_p[GPT_P_HEAD_WTE] = lib.other_p[GPT_P_WTE];
+        lib.other_g[GPT_P_HEAD_WTE] = lib.other_g[GPT_P_WTE];
     }
     RT_CHECK(lib.mem_bytes == st->mem_bytes, "stage setup allocated %zu bytes, the generator's "
              "plan says %zu (a generator bug)", lib.mem_bytes, st->mem_bytes);
@@ -484,47 +370,43 @@ void gpt_step_begin(const gpt_step_in *in)
 }
 
 /* Sequence-parallel parameters: each tp rank saw N_SP of the tokens, so their gradients are
-** summed over tp (docs/megatron.md §4.6); packed into one all-reduce. */
-void gpt_sp_allreduce(rt_group *tp)
+** summed over tp (docs/megatron.md §4.6): packed into X_SP_PACK for one all-reduce, and back. */
+static void sp_copy(int pack)
 {
     size_t at = 0;
     for (int i = 0; i < lib.nparams; i++) {
         const gpt_param *p = &lib.params[i].p;
         if (!(p->flags & GPT_SP_REDUCE)) continue;
-        rt_memcpy(lib.sp_pack + at, lib.gbuf[p->buf] + p->offset, p->n * sizeof(float), RT_D2D);
-        at += p->n;
-    }
-    rt_allreduce(lib.sp_pack, lib.sp_total, RT_F32, RT_SUM, tp);
-    at = 0;
-    for (int i = 0; i < lib.nparams; i++) {
-        const gpt_param *p = &lib.params[i].p;
-        if (!(p->flags & GPT_SP_REDUCE)) continue;
-        rt_memcpy(lib.gbuf[p->buf] + p->offset, lib.sp_pack + at, p->n * sizeof(float), RT_D2D);
+        float *g = lib.gbuf[p->buf] + p->offset;
+        if (pack) rt_memcpy(lib.sp_pack + at, g, p->n * sizeof(float), RT_D2D);
+        else rt_memcpy(g, lib.sp_pack + at, p->n * sizeof(float), RT_D2D);
         at += p->n;
     }
 }
 
-void gpt_grad_allreduce_range(int buf, size_t offset, size_t n, rt_group *g)
+void gpt_sp_pack(void) { sp_copy(1); }
+void gpt_sp_unpack(void) { sp_copy(0); }
+
+float *gpt_grad_buf(int buf)
 {
-    rt_allreduce(lib.gbuf[buf] + offset, n, RT_F32, RT_SUM, g);
+    return lib.gbuf[buf];
 }
 
-void gpt_grad_scale(int buf, float s)
-{
-    scale_inplace(lib.gbuf[buf], gpt.stage->buffers[buf].size, s);
-}
-
-void gpt_grad_allreduce(int buf, rt_group *g)
-{
-    rt_allreduce(lib.gbuf[buf], gpt.stage->buffers[buf].size, RT_F32, RT_SUM, g);
-}
-
-void gpt_grad_reduce_scatter(int buf, int bucket, rt_group *g)
+float *gpt_grad_shard(int buf, int bucket)
 {
     const gpt_buffer *b = &gpt.stage->buffers[buf];
-    const gpt_bucket *k = &b->buckets[bucket];
-    rt_reduce_scatter(lib.gbuf[buf] + k->start, lib.gbuf[buf] + shard_start(b, k), k->shard,
-                      RT_F32, g);
+    return lib.gbuf[buf] + shard_start(b, &b->buckets[bucket]);
+}
+
+void *gpt_param_bucket(int buf, int bucket)
+{
+    return lib_at(lib.pbuf[buf], gpt.stage->buffers[buf].buckets[bucket].start);
+}
+
+void *gpt_param_shard(int buf, int bucket)
+{
+    const gpt_buffer *b = &gpt.stage->buffers[buf];
+    return lib_at(lib.pbuf[buf], shard_start(b, &b->buckets[bucket]));
 }
 
 /* The part of parameter p inside this rank's shard of bucket k: buffer offsets [lo, hi) and
@@ -613,16 +495,16 @@ void gpt_norm_local(void)
     free(expert);
 }
 
-void gpt_norm_allreduce(int which, rt_group *g)
+float *gpt_stat(int k)
 {
-    rt_allreduce(lib.stat_dev + lib.nparams + which, 1, RT_F32, RT_SUM, g);
+    return lib.stat_dev + lib.nparams + k;
 }
 
-double gpt_norm(int total)
+void gpt_norm_set(gpt_step_out *out, int total)
 {
     float red[3];
     rt_memcpy(red, lib.stat_dev + lib.nparams, sizeof red, RT_D2H);
-    return total ? sqrt((double)red[2]) : sqrt((double)red[0] + (double)red[1]);
+    out->grad_norm = total ? sqrt((double)red[2]) : sqrt((double)red[0] + (double)red[1]);
 }
 
 typedef struct { const char *name; long long index; float value; int found; } bad_grad;
@@ -689,31 +571,30 @@ void gpt_adamw(const gpt_step_in *in, gpt_step_out *out)
     }
 }
 
-void gpt_param_allgather(int buf, int bucket, rt_group *g)
-{
-    const gpt_buffer *b = &gpt.stage->buffers[buf];
-    const gpt_bucket *k = &b->buckets[bucket];
-    rt_allgather(lib_at(lib.pbuf[buf], shard_start(b, k)), lib_at(lib.pbuf[buf], k->start),
-                 k->shard, gpt.d.act, g);
-}
-
-/* Every rank's share of the aux loss: the objective's term over the replicas and micro-batches. */
-void gpt_aux_allreduce(rt_group *world, gpt_step_out *out)
+/* Every rank's share of the aux loss: the objective's term over the replicas and micro-batches
+** (summed over the world by the generated step). */
+void gpt_aux_pack(void)
 {
     float a = (float)(gpt.moe_aux / ((double)gpt.d.nmb * gpt.prog->dp));
-    float *dev = lib.stat_dev + lib.nparams + 2;
-    rt_memcpy(dev, &a, sizeof a, RT_H2D);
-    rt_allreduce(dev, 1, RT_F32, RT_SUM, world);
-    rt_memcpy(&a, dev, sizeof a, RT_D2H);
+    rt_memcpy(gpt_stat(2), &a, sizeof a, RT_H2D);
+}
+
+void gpt_aux_unpack(gpt_step_out *out)
+{
+    float a;
+    rt_memcpy(&a, gpt_stat(2), sizeof a, RT_D2H);
     out->aux_loss = a;
 }
 
-/* The step's mean loss over the global batch: the head stage's tp-rank-0 ranks hold it. */
-void gpt_loss_allreduce(const gpt_step_in *in, rt_group *world, gpt_step_out *out)
+/* The step's mean loss over the global batch: the head stage's tp-rank-0 ranks hold it (cp
+** ranks hold different tokens: all count); with it, the ranks that want to stop (a signal,
+** --exit-duration-in-mins), so that all agree. The norm's slots are free again (read by
+** gpt_norm_set before this). */
+void gpt_loss_pack(const gpt_step_in *in)
 {
     float part = 0.0f;
     int nmb = gpt.d.nmb;
-    if (lib.head && gpt.tp_rank == 0) {     /* cp ranks hold different tokens: all count */
+    if (lib.head && gpt.tp_rank == 0) {
         float *sums = malloc((size_t)nmb * sizeof(float));
         RT_CHECK(sums, "out of memory");
         double total = 0.0;
@@ -723,56 +604,69 @@ void gpt_loss_allreduce(const gpt_step_in *in, rt_group *world, gpt_step_out *ou
         free(sums);
     }
     if (lib.fault & LIB_FAULT_INF_LOSS) part = INFINITY;
-    /* with it, the ranks that want to stop (a signal, --exit-duration-in-mins): all agree;
-    ** the norm's slots are free again (read by gpt_norm before this) */
     float both[2] = { part, in->stop ? 1.0f : 0.0f };
-    float *dev = lib.stat_dev + lib.nparams;
-    rt_memcpy(dev, both, sizeof both, RT_H2D);
-    rt_allreduce(dev, 2, RT_F32, RT_SUM, world);
-    rt_memcpy(both, dev, sizeof both, RT_D2H);
+    rt_memcpy(gpt_stat(0), both, sizeof both, RT_H2D);
+}
+
+void gpt_loss_unpack(gpt_step_out *out)
+{
+    float both[2];
+    rt_memcpy(both, gpt_stat(0), sizeof both, RT_D2H);
     out->loss = both[0];
     out->stop = both[1] > 0.0f;
 }
 
 /* -- The expert bias (aux-loss-free load balancing) ------------------------------------------ */
 
+/* The stage's layer l, counting through its chunks in order. */
+static lib_layer *stage_layer(int l, int *global)
+{
+    for (int c = 0; c < gpt.stage->nchunks; c++) {
+        int n = gpt.stage->chunks[c].layers;
+        if (l < n) {
+            if (global) *global = gpt.stage->chunks[c].first + l;
+            return &gpt.chunk[c].layers[l];
+        }
+        l -= n;
+    }
+    RT_CHECK(0, "expert bias: no layer %d on this stage (a generator bug)", l);
+    return NULL;
+}
+
 void lib_expert_bias_each(void (*fn)(int layer, float *bias, void *ctx), void *ctx)
 {
     for (int c = 0; c < gpt.stage->nchunks; c++)
         for (int j = 0; j < gpt.stage->chunks[c].layers; j++)
-            fn(gpt.stage->chunks[c].first + j, gpt.chunk[c].params[j].moe.ebias, ctx);
+            fn(gpt.stage->chunks[c].first + j, gpt.chunk[c].layers[j].ebias, ctx);
 }
 
 /*
-** The step's tail (gpt_expert_bias_update, gpt.h), after the optimizer: Megatron's
-** get_updated_expert_bias, layer by layer: the counts (kept rows per expert, every
-** micro-batch) summed over dp-cp and tp, i.e. over every token of the step; the sign of
-** mean - count is that of total - E * count, exact in integers; bias += rate * that sign
-** (f32, as Megatron's buffer). A skipped step (out->skipped) leaves the biases as they were
-** (the collectives run all the same: every rank skips alike).
+** The step's tail, after the optimizer: Megatron's get_updated_expert_bias, layer by layer: the
+** counts (kept rows per expert, every micro-batch), summed by the generated step over dp-cp and
+** tp, i.e. over every token of the step; the sign of mean - count is that of total - E * count,
+** exact in integers; bias += rate * that sign (f32, as Megatron's buffer). A skipped step
+** (out->skipped) leaves the biases as they were (the collectives run all the same: every rank
+** skips alike).
 */
-void gpt_expert_bias_update(const gpt_step_out *out)
+void gpt_ebias_counts(int l)
+{
+    lib_layer *m = stage_layer(l, NULL);
+    rt_memcpy(lib.mem[GPT_M_MS_COUNTS], m->ecount, (size_t)gpt.d.experts * sizeof(int), RT_H2D);
+}
+
+void gpt_ebias_update(int l, const gpt_step_out *out)
 {
     const int E = gpt.d.experts;
-    for (int c = 0; c < gpt.stage->nchunks; c++)
-        for (int j = 0; j < gpt.stage->chunks[c].layers; j++) {
-            gpt_moe_params *m = &gpt.chunk[c].params[j].moe;
-            /* >>> all-reduce of the counts over dp-cp, then tp */
-            rt_memcpy(lib.ms.counts, m->ecount, (size_t)E * sizeof(int), RT_H2D);
-            if (gpt.grp[GPT_GRP_DPCP]) rt_allreduce(lib.ms.counts, (size_t)E, RT_I32, RT_SUM,
-                                                    gpt.grp[GPT_GRP_DPCP]);
-            if (gpt.grp[GPT_GRP_TP]) rt_allreduce(lib.ms.counts, (size_t)E, RT_I32, RT_SUM,
-                                                  gpt.grp[GPT_GRP_TP]);
-            rt_memcpy(m->ecount, lib.ms.counts, (size_t)E * sizeof(int), RT_D2H);
-            long long total = 0;
-            for (int e = 0; e < E; e++) total += m->ecount[e];
-            for (int e = 0; e < E; e++) {
-                long long off = total - (long long)E * m->ecount[e];
-                if (!out->skipped)
-                    m->ebias[e] += gpt.d.bias_rate * (float)((off > 0) - (off < 0));
-                m->ecount[e] = 0;
-            }
-        }
+    lib_layer *m = stage_layer(l, NULL);
+    rt_memcpy(m->ecount, lib.mem[GPT_M_MS_COUNTS], (size_t)E * sizeof(int), RT_D2H);
+    long long total = 0;
+    for (int e = 0; e < E; e++) total += m->ecount[e];
+    for (int e = 0; e < E; e++) {
+        long long off = total - (long long)E * m->ecount[e];
+        if (!out->skipped)
+            m->ebias[e] += gpt.d.bias_rate * (float)((off > 0) - (off < 0));
+        m->ecount[e] = 0;
+    }
 }
 
 /* -- Resume checkpoint state ---------------------------------------------------------------- */

@@ -234,7 +234,7 @@ static void data_dump(const data_file *d, int count)
 ** micro-batch k the B samples from d*B*NMB + k*B; from a Megatron dataset, as Megatron's
 ** pretraining sampler hands them out, micro-batch k of rank d takes the B samples from
 ** k*B*DP + d*B. Under context parallelism a rank keeps the positions of its two chunks
-** (lib_cp_position), in local order.
+** (gpt_cp_position), in local order.
 */
 static void data_batch(const data_file *d, int step, int dp, int *inputs, int *targets)
 {
@@ -258,7 +258,7 @@ static void data_batch(const data_file *d, int step, int dp, int *inputs, int *t
                 for (int g = 0; g <= S; g++) ids[g] = raw[2 * g] | raw[2 * g + 1] << 8;
             }
             for (int t = 0; t < D->T; t++) {
-                int g = lib_cp_position(t);       /* input at g, target at g + 1 */
+                int g = gpt_cp_position(t);       /* input at g, target at g + 1 */
                 int tok = ids[g], next = ids[g + 1];
                 int bad = tok < 0 || tok >= P->vocab ? tok : next < 0 || next >= P->vocab ?
                           next : -1;

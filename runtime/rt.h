@@ -112,6 +112,9 @@ void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_gr
 void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
                   void *recv, const size_t *rcounts, const size_t *rdispls,
                   rt_dtype t, rt_group *g);
+/* The even case: block i (n elements) of send[size * n] to member i, member i's block into
+** recv + i*n. send and recv must not overlap. */
+void rt_alltoall(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 void rt_barrier(rt_group *g);                                                /* NULL: world */
 
 /* -- Point-to-point: all ops posted together and completed together ----------------------- */
@@ -300,6 +303,7 @@ double rt_now(void);                     /* monotonic seconds */
 **   allgather <group> <n> <dtype>            (n: elements per member)
 **   reduce_scatter <group> <n> <dtype>       (n: elements per member)
 **   alltoallv <group> <dtype>                (the counts vary with the data)
+**   alltoall <group> <n> <dtype>             (n: elements per member)
 **   barrier <group>
 **   p2p send|recv <peer> <n> <dtype> <tag> ...   (every op of the call, in the order given)
 ** The file is written whole by rt_finalize and flushed by an abort; the generator's tests

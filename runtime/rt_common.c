@@ -929,3 +929,22 @@ void rt__trace_close(void)
     trace_file = NULL;
     rt__tracing = 0;
 }
+
+/* -- rt_alltoall's counts ------------------------------------------------------------------ */
+
+size_t *rt__even_counts(int p, size_t n)
+{
+    static _Thread_local size_t *c;
+    static _Thread_local int cap;
+    if (p > cap) {
+        free(c);
+        c = malloc(2 * (size_t)p * sizeof *c);
+        if (!c) rt__die("out of host memory: %d all-to-all counts", p);
+        cap = p;
+    }
+    for (int i = 0; i < p; i++) {
+        c[i] = n;
+        c[p + i] = (size_t)i * n;
+    }
+    return c;
+}

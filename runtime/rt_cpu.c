@@ -87,6 +87,14 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
     rt__h_alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, g);
 }
 
+void rt_alltoall(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    RT_TRACE_COLL("alltoall", g, n, t, 1, NULL);
+    rt__group_check(g, "alltoall");
+    size_t *c = rt__even_counts(g->size, n);
+    rt__h_alltoallv(send, c, c + g->size, recv, c, c + g->size, t, g);
+}
+
 void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
 {
     RT_TRACE_COLL("broadcast", g, n, t, 1, NULL);

@@ -359,11 +359,10 @@ void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_gr
     rt__wd_disarm();
 }
 
-void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
-                  void *recv, const size_t *rcounts, const size_t *rdispls,
-                  rt_dtype t, rt_group *g)
+static void alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                      void *recv, const size_t *rcounts, const size_t *rdispls,
+                      rt_dtype t, rt_group *g)
 {
-    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL);
     rt__group_check(g, "alltoallv");
     RT_CHECK(scounts && sdispls && rcounts && rdispls, "alltoallv: NULL count array");
     size_t es = rt_dtype_size(t);
@@ -412,6 +411,22 @@ void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls
     RT_NCCL(ncclGroupEnd());
     stream_wait(c);
     rt__wd_disarm();
+}
+
+void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                  void *recv, const size_t *rcounts, const size_t *rdispls,
+                  rt_dtype t, rt_group *g)
+{
+    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL);
+    alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, g);
+}
+
+void rt_alltoall(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    RT_TRACE_COLL("alltoall", g, n, t, 1, NULL);
+    rt__group_check(g, "alltoall");
+    size_t *c = rt__even_counts(g->size, n);
+    alltoallv(send, c, c + g->size, recv, c, c + g->size, t, g);
 }
 
 void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)

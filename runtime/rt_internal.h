@@ -200,6 +200,10 @@ void rt__trace_coll(const char *op, const rt_group *g, size_t n, rt_dtype t, int
                     const char *red);
 void rt__trace_p2p(const rt_p2p_op *ops, int nops);
 void rt__trace_close(void);                      /* rt_finalize, rt_abort */
+/* Counts then displacements (2p elements, per-thread scratch) of p even blocks of n: what
+** rt_alltoall hands to the all-to-all with counts. */
+size_t *rt__even_counts(int p, size_t n);
+
 #define RT_TRACE_COLL(op, g, n, t, has_n, red) \
     do { if (rt__tracing) rt__trace_coll(op, g, n, t, has_n, red); } while (0)
 

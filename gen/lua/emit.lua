@@ -15,6 +15,7 @@ local inspect = require("inspect")
 local svg = require("svg")
 local ir = require("ir")
 local reports = require("reports")
+local ccode = require("ccode")
 
 local M = {}
 
@@ -88,11 +89,6 @@ local function const_view(consts)
                    value = r[2] .. string.rep(" ", w2 - #r[2]), comment = r[3] }
     end
     return out
-end
-
-local function group_expr(id)
-    if id == "WORLD" then return "rt_group_world()" end
-    return "gpt.grp[GPT_GRP_" .. id .. "]"
 end
 
 -- Words in lines of at most 'width' characters.
@@ -228,11 +224,115 @@ local function schedule_svg(cfg, topo, sched)
                                note = "predicted bubble " .. bubble })
 end
 
--- The kinds of the step's tail ops (program.lua tail_ops; ir.lua Op).
-local TAIL_KINDS = { "BEGIN", "SCHEDULE", "SP_ALLREDUCE", "EMBD_ALLREDUCE", "GRAD_SCALE",
-                     "GRAD_ALLREDUCE", "GRAD_REDUCE_SCATTER", "NORM_LOCAL", "NORM_ALLREDUCE",
-                     "NORM", "ADAMW", "PARAM_ALLGATHER", "EXPERT_BIAS", "AUX_ALLREDUCE",
-                     "LOSS_ALLREDUCE" }
+-- The calls of a chunk's forward or backward as lines: one per call, runs of the same call
+-- on consecutive layers as one loop (full recompute: each group's forward again, then its
+-- backward).
+local CALL_LINE = {
+    embedding_fwd = function(c) return string.format("embedding_fwd(%d, mb, slot);", c) end,
+    embedding_bwd = function(c) return string.format("embedding_bwd(%d, slot);", c) end,
+    head_fwd_bwd = function(c)
+        return string.format("head_fwd_bwd(%d, mb, slot);   /* ln_f, head and loss of mb; " ..
+                             "their gradient -> dy */", c)
+    end,
+}
+local LAYER_CALL = { layer_fwd = { "layer_fwd", ", 0" }, layer_recompute = { "layer_fwd", ", 1" },
+                     layer_bwd = { "layer_bwd", "" } }
+local LAYER_WHAT = { layer_fwd = "", layer_recompute = ": the forward again (full recompute)",
+                     layer_bwd = "" }
+
+local function call_lines(calls, c)
+    local out, i = {}, 1
+    while i <= #calls do
+        local k = calls[i]
+        local lc = LAYER_CALL[k.op]
+        if not lc then
+            out[#out + 1] = CALL_LINE[k.op](c)
+            i = i + 1
+        else
+            -- a run: the same op on layers layer, layer + d, layer + 2d ...
+            local j, d = i, 0
+            while j + 1 <= #calls and calls[j + 1].op == k.op and
+                  (d == 0 and math.abs(calls[j + 1].layer - calls[j].layer) == 1 or
+                   d ~= 0 and calls[j + 1].layer - calls[j].layer == d) do
+                d = calls[j + 1].layer - calls[j].layer
+                j = j + 1
+            end
+            local first, last = calls[i], calls[j]
+            if i == j then
+                out[#out + 1] = string.format("%s(%d, slot, %d%s);   /* layer %d%s */", lc[1], c,
+                                              first.layer, lc[2], first.global, LAYER_WHAT[k.op])
+            else
+                local up = d > 0
+                out[#out + 1] = string.format("for (int j = %d; j %s %d; j%s)   /* layers %d..%d%s */",
+                    first.layer, up and "<=" or ">=", last.layer, up and "++" or "--",
+                    first.global, last.global, LAYER_WHAT[k.op])
+                out[#out + 1] = string.format("    %s(%d, slot, j%s);", lc[1], c, lc[2])
+            end
+            i = j + 1
+        end
+    end
+    return out
+end
+
+-- The message kinds of the schedule (lib/gpt.h gpt_sched_msg): activations go to the next
+-- stage, gradients to the previous one.
+local MSG_KIND = { ["true act next"] = "TX_ACT", ["false act prev"] = "RX_ACT",
+                   ["true grad prev"] = "TX_GRAD", ["false grad next"] = "RX_GRAD" }
+local STEP_MACRO = { F = "FWD", B = "BWD", X = "MSGS" }
+
+-- The rows of the schedule table: one per forward or backward, with the messages posted just
+-- before it (an exchange step of the schedule), or one of messages alone; SECTION markers as
+-- comments. Each row's comment says what it does in words.
+local function schedule_rows(ops)
+    local rows, cells, notes, at = {}, {}, {}, {}
+    local pending = nil                 -- an exchange waiting for the step after it
+    local chunked = false             -- name the chunk only when there are several
+    for _, o in ipairs(ops) do chunked = chunked or (o.chunk or 0) > 0 end
+    local function msg_text(m)
+        return string.format("%s %s %d%s", m.send and "send" or "recv",
+                             m.what == "act" and "act" or "grad", m.mb,
+                             chunked and ("." .. m.chunk) or "")
+    end
+    local function row(kind, o)
+        local msgs, texts = {}, {}
+        for _, m in ipairs(pending and pending.p2p or {}) do
+            local mk = assert(MSG_KIND[tostring(m.send) .. " " .. m.what .. " " .. m.dir],
+                              "emit: a pipeline message of no known kind")
+            msgs[#msgs + 1] = string.format("%s(%d, %d)", mk, m.chunk, m.slot)
+            texts[#texts + 1] = msg_text(m)
+        end
+        local what = kind == "X" and "" or string.format("%s %d%s",
+            kind == "F" and "forward" or "backward", o.mb, chunked and ("." .. o.chunk) or "")
+        local note = table.concat(texts, ", ")
+        if what ~= "" then note = note ~= "" and (note .. "; " .. what) or what end
+        local args = { int(o and o.mb or 0), int(o and o.chunk or 0), int(o and o.slot or 0) }
+        args[4] = #msgs > 0 and table.concat(msgs, ", ") or "NO_MSG"
+        cells[#cells + 1] = STEP_MACRO[kind] .. "(" .. table.concat(args, ", ") .. "),"
+        notes[#notes + 1] = note
+        rows[#rows + 1] = { section = false }
+        at[#at + 1] = #rows
+        pending = nil
+    end
+    for _, o in ipairs(ops) do
+        if o.kind == "SECTION" then
+            if pending then row("X", nil) end
+            rows[#rows + 1] = { section = true, text = o.text }
+        elseif o.kind == "X" then
+            if pending then row("X", nil) end
+            pending = o
+        else
+            row(o.kind, o)
+        end
+    end
+    if pending then row("X", nil) end
+    for i, line in ipairs(cells) do       -- the comment after the row when it fits
+        local r, note = rows[at[i]], notes[i]
+        local fits = 4 + #line + #note + 9 <= 100
+        r.has_above, r.above = not fits, note
+        r.line = fits and (line .. "   /* " .. note .. " */") or line
+    end
+    return rows, #cells
+end
 
 -- The view of one stage for stage.c.tmpl.
 local function stage_view(cfg, prog, sp, part)
@@ -260,20 +360,12 @@ local function stage_view(cfg, prog, sp, part)
         bnotes[i] = string.format("chunk %d, %s", b.chunk, b.expert and "experts" or "dense")
     end
     v.buffer_rows = aligned(bcells, bnotes)
-    local calls_of = {}      -- chunk -> {fwd, bwd}: the calls of its F and B ops
+    local calls_of = {}      -- chunk -> {F, B}: the calls of its forward and backward
     for _, o in ipairs(sp.schedule) do
         if o.kind == "F" or o.kind == "B" then
             calls_of[o.chunk] = calls_of[o.chunk] or {}
             calls_of[o.chunk][o.kind] = o.calls
         end
-    end
-    local function call_view(k)
-        local c = { layer = k.layer and int(k.layer), global = k.global and int(k.global) }
-        for _, op in ipairs({ "embedding_fwd", "layer_fwd", "head_fwd_bwd", "layer_recompute",
-                              "layer_bwd", "embedding_bwd" }) do
-            c[op] = k.op == op
-        end
-        return c
     end
     local ccells = {}
     for i, c in ipairs(sp.chunks) do
@@ -309,12 +401,20 @@ local function stage_view(cfg, prog, sp, part)
                                                           cfg.recompute_layers)
                 or "selective (" .. table.concat(cfg.recompute_modules, ", ") .. ")"),
             title = require("program").stage_title({ chunks = { st.chunks[i] } }),
-            fwd = list_view(calls_of[c.vp].F, call_view),
-            bwd = list_view(calls_of[c.vp].B, call_view),
-            uses_mb = c.embedding or c.head,
-            -- a chunk without layers (a layout's "...||..."): nothing to run on its slot
-            fwd_none = #calls_of[c.vp].F == 0, bwd_none = #calls_of[c.vp].B == 0,
+            fwd_lines = call_lines(calls_of[c.vp].F, c.vp),
+            bwd_lines = call_lines(calls_of[c.vp].B, c.vp),
         }
+        -- parameters a chunk's calls do not read; a chunk without layers (a layout's
+        -- "...||...") runs nothing on its slot
+        local fv = v.chunks[i]
+        if not (c.embedding or c.head) then table.insert(fv.fwd_lines, 1, "(void)mb;") end
+        if #calls_of[c.vp].F == 0 then
+            fv.fwd_lines[#fv.fwd_lines + 1] = "(void)slot;   /* no layers: its input is its output */"
+        end
+        if #calls_of[c.vp].B == 0 then
+            fv.bwd_lines[#fv.bwd_lines + 1] = "(void)slot;   /* no layers: the gradient of its " ..
+                                               "output is that of its input */"
+        end
     end
     v.chunk_rows = aligned(ccells)
     local mcells, mnotes, unused = {}, {}, {}
@@ -344,36 +444,50 @@ local function stage_view(cfg, prog, sp, part)
         m.has_above, m.above, m.line = rows[i].has_above, rows[i].above, rows[i].line
     end
     v.mem_unused = wrap(#unused > 0 and unused or { "none" }, 88)
-    for i, o in ipairs(sp.schedule) do
-        local ov = { section = o.kind == "SECTION", forward = o.kind == "F",
-                     backward = o.kind == "B", text = o.text,
-                     comment = comment(o.text, o.kind == "X" and 8 or 4) }
-        if o.kind == "F" or o.kind == "B" then
-            ov.chunk, ov.mb, ov.slot = int(o.chunk), int(o.mb), int(o.slot)
-        elseif o.kind == "X" then
-            ov.p2p = list_view(o.p2p, function(m)
-                local buf
-                if m.what == "act" and m.send then
-                    buf = string.format("gpt_chunk_output(%d, %d)", m.chunk, m.slot)
-                else
-                    buf = string.format("gpt.chunk[%d].acts[%d].%s", m.chunk, m.slot,
-                                        m.what == "act" and "x" or "dy")
-                end
-                return { send = flag(m.send), buf = buf, peer = "gpt.pp_" .. m.dir,
-                         tag = "GPT_TAG_" .. m.tag }
-            end)
-            ov.nops = int(#o.p2p)
+    v.rows, v.nsteps = schedule_rows(sp.schedule)
+    v.nsteps = int(v.nsteps)
+    local fl, bl = {}, {}
+    for i, c in ipairs(sp.chunks) do
+        fl[i], bl[i] = "chunk" .. c.vp .. "_forward", "chunk" .. c.vp .. "_backward"
+    end
+    v.chunk_fwd_list, v.chunk_bwd_list = table.concat(fl, ", "), table.concat(bl, ", ")
+    -- the model's pieces this stage runs
+    local mems, needs = {}, {}
+    for _, m in ipairs(sp.mem) do mems[m.id] = m end
+    for _, c in ipairs(sp.chunks) do
+        if c.embedding then needs.embedding_fwd, needs.embedding_bwd = true, true end
+        if c.layers > 0 then needs.layer_fwd, needs.layer_bwd = true, true end
+        if c.head then needs.head = true end
+    end
+    local TITLE = {
+        embedding_fwd = "The embedding: tokens of micro-batch mb -> the chunk's input x (N_SP, C)",
+        embedding_bwd = "Its backward: d(x) -> the wte and wpe gradients",
+        layer_fwd = "The transformer layer j of chunk c: its input -> res2 (N_SP, C); again = 1: " ..
+                    "the forward once more before the backward (full recompute)",
+        layer_bwd = "Its backward: dres holds d(res2) on entry and d(input) on return; the " ..
+                    "gradients accumulate",
+        head = "The head: ln_f, logits, vocabulary-parallel cross-entropy and, fused, their " ..
+               "backward into dy",
+    }
+    v.functions = {}
+    for _, name in ipairs({ "embedding_fwd", "embedding_bwd", "layer_fwd", "layer_bwd", "head" }) do
+        if needs[name] then
+            v.functions[#v.functions + 1] = { lines = ccode.function_lines(prog.layer[name], mems,
+                                                                           TITLE[name]) }
         end
-        v.schedule[i] = ov
     end
-    for i, o in ipairs(sp.tail) do
-        local ov = { comment = comment(o.text, 4), group = o.group and group_expr(o.group),
-                     buf = o.buf and int(o.buf), bucket = o.bucket and int(o.bucket),
-                     offset = o.offset and int(o.offset), n = o.n and int(o.n),
-                     which = o.which and int(o.which) }
-        for _, kind in ipairs(TAIL_KINDS) do ov[kind:lower()] = o.kind == kind end
-        v.tail[i] = ov
+    -- the step: each tail op's statements, with its comment when the statements carry none
+    local lines = {}
+    if cfg.model.moe == nil then lines[1] = "    out->aux_loss = 0.0;   /* no mixture of experts */" end
+    for _, o in ipairs(sp.tail) do
+        local has_coll = false
+        for _, st in ipairs(o.stmts) do has_coll = has_coll or st.kind == "C" end
+        if not has_coll then
+            for _, l in ipairs(comment(o.text, 4)) do lines[#lines + 1] = "    " .. l end
+        end
+        for _, l in ipairs(ccode.stmts(o.stmts, 4, mems)) do lines[#lines + 1] = l end
     end
+    v.step_lines = lines
     return v
 end
 

@@ -414,14 +414,81 @@ record("Group", {
     { "comment", "str",   "what the program uses it for" },
 })
 
+-- -- The code of the model pieces (layer.lua) --------------------------------------------------
+
+record("Term", {
+    { "c", "int",   "integer coefficient" },
+    { "f", "array", "factors: size names (N_SP: CFG_N_SP) or C expressions of run-time values" },
+})
+
+record("Expr", {
+    { "terms", "array", "Term list, summed" },
+    { "value", "int?",  "its value for this layout; nil when a factor is known only at run time" },
+})
+
+record("Arg", {
+    { "kind", "str",   "mem (a memory-plan buffer) | param | grad (a tensor or its f32 " ..
+                       "gradient, by field) | int (an Expr) | float (a named constant) | " ..
+                       "dtype (ACT, F32, I32) | lit (C text) | ident (a name the function has)" },
+    { "id",   "str?",  "mem: the plan entry; param, grad: the field; float, lit, ident, dtype" },
+    { "off",  "Expr?", "mem: elements past the buffer's start" },
+    { "expr", "Expr?", "int: the value" },
+})
+
+record("Msg", {
+    { "send",  "bool", "send or receive" },
+    { "buf",   "Arg",  "the buffer" },
+    { "n",     "Expr", "elements" },
+    { "dtype", "str",  "f32 | bf16" },
+    { "peer",  "str",  "CP_NEXT | CP_PREV | PP_NEXT | PP_PREV" },
+    { "tag",   "str",  "RING_KV | RING_DKV | ACT | GRAD" },
+})
+
 record("Coll", {
-    { "op",    "str",  "allreduce | allgather | reduce_scatter | alltoallv | ring (one hop " ..
-                       "of the cp ring: send to the next cp rank, receive from the previous)" },
+    { "op",    "str",  "allreduce | allgather | reduce_scatter | alltoall | alltoallv | ring " ..
+                       "(one hop of the cp ring: send to the next cp rank, receive from the " ..
+                       "previous)" },
     { "group", "str",  "topology kind name (tp, dp-cp, ..., world)" },
-    { "n",     "int?", "elements (per member for allgather/reduce_scatter); nil: data-dependent" },
-    { "dtype", "str",  "f32 | i32" },
+    { "n",     "int?", "elements (per member for allgather/reduce_scatter/alltoall); nil: " ..
+                       "data-dependent" },
+    { "dtype", "str",  "f32 | bf16 | i32" },
     { "red",   "str?", "allreduce: sum | max" },
     { "n2",    "int?", "ring: f32 elements of dK|dV sent beside the n of K|V (backward)" },
+    { "n_expr", "Expr?", "n as the generated code writes it" },
+    { "send",  "Arg?", "the buffer sent (allreduce: reduced in place)" },
+    { "recv",  "Arg?", "the buffer received" },
+    { "a2a",   "str?", "alltoallv: which exchange of the MoE layer's plan gives the counts " ..
+                       "(EP_ROWS, ...)" },
+    { "rows",  "num?", "alltoallv: rows per peer with a balanced load (make inspect)" },
+    { "width", "int?", "alltoallv: elements per row" },
+})
+
+record("Stmt", {
+    { "kind",  "str",    "K (a call) | C (a collective) | P (p2p: blocking, or started) | W " ..
+                         "(the wait of the started p2p) | LOOP | NOTE (a comment)" },
+    { "fn",    "str?",   "K: the function (layer.lua SIGNATURES)" },
+    { "args",  "array?", "K: Arg list" },
+    { "coll",  "Coll?",  "C, P: what the verifier and the report see" },
+    { "msgs",  "array?", "P: Msg list, posted together" },
+    { "start", "bool?",  "P: started (completed by the next W) rather than blocking" },
+    { "count", "Expr?",  "LOOP: iterations" },
+    { "var",   "str?",   "LOOP: the counter" },
+    { "body",  "array?", "LOOP: Stmt list" },
+    { "text",  "str?",   "C, P: the comment naming the group and the section; NOTE, LOOP" },
+})
+
+record("Code", {
+    { "name",  "str",   "the function: embedding_fwd, layer_fwd, ..." },
+    { "stmts", "array", "Stmt list" },
+    { "comm",  "array", "Coll list: every collective and ring hop as it runs, loops unrolled" },
+})
+
+record("LayerProgram", {
+    { "embedding_fwd", "Code", "tokens -> the chunk's input" },
+    { "embedding_bwd", "Code", "its gradient -> wte, wpe" },
+    { "layer_fwd",     "Code", "one transformer layer" },
+    { "layer_bwd",     "Code", "its backward" },
+    { "head",          "Code", "ln_f, logits, loss and their backward" },
 })
 
 record("Call", {
@@ -464,6 +531,7 @@ record("Op", {
     { "which",  "int?",   "NORM_ALLREDUCE: 0 dense, 1 experts, 2 total; NORM: 1 = total" },
     { "scale",  "num?",   "GRAD_SCALE: the factor" },
     { "comm",   "array",  "Coll list of this op (F/B: of every call; X: none)" },
+    { "stmts",  "array?", "tail: the statements it runs (layer.lua Stmt)" },
 })
 
 record("ProgBucket", {
@@ -590,6 +658,7 @@ record("Program", {
     { "expert",   "GridAxes", "expert grid" },
     { "groups",   "array", "Group list, in creation order" },
     { "stages",   "array", "StageProgram list, stage k at [k+1]" },
+    { "layer",    "LayerProgram", "the code of the embedding, the layer and the head" },
 })
 
 -- The field list of each record, for documentation (--dump schema).

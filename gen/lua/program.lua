@@ -14,6 +14,7 @@
 
 local diag = require("diag")
 local ir = require("ir")
+local layer = require("layer")
 local schedule = require("schedule")
 local shards = require("shards")
 local topology = require("topology")
@@ -55,6 +56,11 @@ function M.sizes(cfg)
     -- llama: q|k|v projected for heads_local + 2 kv_local heads, then each kv head repeated
     -- for its query heads into the (N, QKV_LOCAL) layout the attention kernels read
     s.qkvp_local = (s.heads_local + 2 * s.kv_local) * s.head_dim
+    s.cp, s.ep, s.etp = cfg.cp, cfg.ep, cfg.etp
+    -- CP_COMM=a2a: each cp rank attends HEADS_LOCAL/CP heads of the whole sequence
+    s.cp_heads = s.heads_local // cfg.cp
+    s.cp_hw = s.cp_heads * s.head_dim
+    s.act_size = cfg.bf16 and 2 or 4          -- bytes of one activation element
     local moe = m.moe
     -- the dense MLP's columns, or with experts the shared expert's (in the same buffers)
     s.shared = moe ~= nil and moe.shared_expert_ffn ~= nil
@@ -111,6 +117,7 @@ local function consts(cfg, s, layout)
     const(out, "CFG_ACT", "ident", cfg.bf16 and "RT_BF16" or "RT_F32",
           cfg.bf16 and "parameters, activations, their communication: bf16 (BF16=1)"
           or "parameters, activations, their communication: f32")
+    int("CFG_ACT_SIZE", cfg.bf16 and 2 or 4, "bytes of one element of CFG_ACT")
     local rc = {}
     for _, mod in ipairs(cfg.recompute_modules) do rc[mod] = 1 end
     int("CFG_RC_ATTN", rc.core_attn or 0, "selective recompute of the attention core")
@@ -127,6 +134,10 @@ local function consts(cfg, s, layout)
         cfg.cp == 1 and "no context parallelism (CP = 1)"
         or cfg.cp_comm == "a2a" and "context-parallel attention: all-to-all (CP_COMM=a2a)"
         or "context-parallel attention: the p2p ring (CP_COMM=p2p)")
+    if cfg.cp > 1 and cfg.cp_comm == "a2a" then
+        int("CFG_CP_HEADS", s.cp_heads, "heads each cp rank attends to = HEADS_LOCAL/CP")
+        int("CFG_CP_HW", s.cp_hw, "their channels = CP_HEADS*HEAD_DIM")
+    end
     int("CFG_T_MODEL", m.seq_len, "rows of wpe (model.seq_len)")
     int("CFG_C", s.C, "channels (model.hidden)")
     int("CFG_N", s.N, "tokens per micro-batch = T*B")
@@ -349,7 +360,7 @@ local function groups(cfg, topo)
     return out
 end
 
--- -- Communication inside the library's calls (lib/model.c, lib/moe.c) ----------------------------
+-- -- Communication --------------------------------------------------------------------------
 
 local function coll(op, group, n, dtype, red, n2)
     return ir.Coll { op = op, group = group, n = n, dtype = dtype or "f32", red = red, n2 = n2 }
@@ -366,132 +377,10 @@ local function act_dtype(cfg)
     return cfg.bf16 and "bf16" or "f32"
 end
 
--- model.c gather_seq: the column-parallel input gathered over tp under SP.
-local function gather_seq(cfg, s)
-    if cfg.sp then return { coll("allgather", "tp", s.n_sp * s.C, act_dtype(cfg)) } end
-    return {}
-end
-
--- model.c reduce_seq: the row-parallel output reduce-scattered (SP) or all-reduced (TP).
-local function reduce_seq(cfg, s)
-    local a = act_dtype(cfg)
-    if cfg.sp then return { coll("reduce_scatter", "tp", s.n_sp * s.C, a) } end
-    if cfg.tp > 1 then return { coll("allreduce", "tp", s.N * s.C, a, "sum") } end
-    return {}
-end
-
--- model.c attention_core under context parallelism (docs/megatron.md §12). The p2p ring:
--- CP-1 hops of this rank's K|V block (N, 2 C_LOCAL) in the activations' dtype, each to the
--- next cp rank and from the previous one.
-local function cp_fwd(cfg, s)
-    local out = {}
-    if cfg.cp == 1 then return out end
-    if cfg.cp_comm == "a2a" then     -- q|k|v by head group out, the output back
-        return { coll("alltoallv", "cp", nil, act_dtype(cfg)),
-                 coll("alltoallv", "cp", nil, act_dtype(cfg)) }
-    end
-    for _ = 1, cfg.cp - 1 do
-        out[#out + 1] = coll("ring", "cp", s.N * 2 * s.c_local, act_dtype(cfg))
-    end
-    return out
-end
-
--- The ring's backward: per block, its K|V travel on (CP-1 times, posted before the block's
--- gradients are computed) and then its f32 dK|dV (CP times: the last hop brings every block's
--- dK|dV home to its rank).
-local function cp_bwd(cfg, s)
-    local out = {}
-    if cfg.cp == 1 then return out end
-    if cfg.cp_comm == "a2a" then     -- the output gradient out, dq|dk|dv back
-        return { coll("alltoallv", "cp", nil, act_dtype(cfg)),
-                 coll("alltoallv", "cp", nil, act_dtype(cfg)) }
-    end
-    local kv = s.N * 2 * s.c_local
-    for _ = 1, cfg.cp - 1 do
-        out[#out + 1] = coll("ring", "cp", kv, act_dtype(cfg))
-        out[#out + 1] = coll("ring", "cp", 0, act_dtype(cfg), nil, kv)
-    end
-    out[#out + 1] = coll("ring", "cp", 0, act_dtype(cfg), nil, kv)
-    return out
-end
-
--- moe.c: rows of tokens travel in the activations' dtype, probabilities in f32.
-local function moe_fwd_comm(cfg, s)
-    local a, out = act_dtype(cfg), {}
-    if cfg.cp > 1 then out[#out + 1] = coll("allgather", "tp-cp", s.E, "i32")
-    elseif cfg.tp > 1 then out[#out + 1] = coll("allgather", "tp", s.E, "i32") end
-    if cfg.ep > 1 then
-        append(out, { coll("alltoallv", "ep", nil, "i32"), coll("alltoallv", "ep", nil, a),
-                      coll("alltoallv", "ep") })
-    end
-    if cfg.etp > 1 then
-        append(out, { coll("allgather", "expt-tp", cfg.ep * s.nl, "i32"),
-                      coll("alltoallv", "expt-tp", nil, a), coll("alltoallv", "expt-tp"),
-                      coll("alltoallv", "expt-tp", nil, a) })
-    end
-    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep", nil, a) end
-    return out
-end
-
-local function moe_bwd_comm(cfg)
-    local a, out = act_dtype(cfg), {}
-    if cfg.ep > 1 then out[#out + 1] = coll("alltoallv", "ep", nil, a) end
-    if cfg.etp > 1 then
-        append(out, { coll("alltoallv", "expt-tp", nil, a),
-                      coll("alltoallv", "expt-tp", nil, a), coll("alltoallv", "expt-tp") })
-    end
-    if cfg.ep > 1 then
-        append(out, { coll("alltoallv", "ep", nil, a), coll("alltoallv", "ep") })
-    end
-    return out
-end
-
--- The backward of a block behind a column-parallel linear (model.c): under SP its input is
--- gathered again for the weight gradient (docs/megatron.md §9.3), then the output gradient,
--- then the input gradient is reduced.
-local function column_bwd(cfg, s)
-    return append(append(gather_seq(cfg, s), gather_seq(cfg, s)), reduce_seq(cfg, s))
-end
-
--- The collectives of each library call, in the order it runs them.
-local function call_comm(cfg, s, op)
-    local moe = cfg.model.moe ~= nil
-    if op == "embedding_fwd" then
-        return cfg.tp > 1 and { coll("allreduce", "tp", s.N * s.C, act_dtype(cfg), "sum") }
-            or {}
-    elseif op == "embedding_bwd" then
-        return gather_seq(cfg, s)
-    elseif op == "layer_fwd" or op == "layer_recompute" then
-        local out = append(append(gather_seq(cfg, s), cp_fwd(cfg, s)), reduce_seq(cfg, s))
-        -- the dense MLP, or the shared expert before the routed ones (model.c layer_fwd)
-        if not moe or cfg.model.moe.shared_expert_ffn then
-            append(append(out, gather_seq(cfg, s)), reduce_seq(cfg, s))
-        end
-        if moe then return append(out, moe_fwd_comm(cfg, s)) end
-        return out
-    elseif op == "layer_bwd" then
-        -- the attention branch as model.c layer_bwd runs it: ln_1's output gathered again,
-        -- the attention core recomputed (selective core_attn), the output gradient gathered,
-        -- the attention's backward, the input gradient reduced
-        local out = moe and moe_bwd_comm(cfg) or column_bwd(cfg, s)
-        if moe and cfg.model.moe.shared_expert_ffn then append(out, column_bwd(cfg, s)) end
-        append(out, gather_seq(cfg, s))
-        local rc_attn = false
-        for _, m in ipairs(cfg.recompute_modules) do rc_attn = rc_attn or m == "core_attn" end
-        if rc_attn then append(out, cp_fwd(cfg, s)) end
-        append(out, gather_seq(cfg, s))
-        append(out, cp_bwd(cfg, s))
-        return append(out, reduce_seq(cfg, s))
-    elseif op == "head_fwd_bwd" then
-        local out = gather_seq(cfg, s)
-        if cfg.tp > 1 then
-            append(out, { coll("allreduce", "tp", s.N, "f32", "max"),
-                          coll("allreduce", "tp", 2 * s.N, "f32", "sum") })
-        end
-        return append(out, reduce_seq(cfg, s))
-    end
-    error("program: no call " .. op)
-end
+-- The code (layer.lua) behind each call of a chunk's forward and backward.
+local CALL_CODE = { embedding_fwd = "embedding_fwd", embedding_bwd = "embedding_bwd",
+                    layer_fwd = "layer_fwd", layer_recompute = "layer_fwd",
+                    layer_bwd = "layer_bwd", head_fwd_bwd = "head" }
 
 -- -- Activation recompute (docs/megatron.md §9.2) ------------------------------------------------
 
@@ -554,6 +443,9 @@ local FIELD = {
     ["mlp.shared_expert.gate_proj.weight"] = "FC_W", ["mlp.shared_expert.up_proj.weight"] = "UP_W",
     ["mlp.shared_expert.down_proj.weight"] = "MLP_PROJ_W",      -- Qwen2-MoE's shared expert
 }
+
+-- The field of a role (nil for none).
+function M.field_of(role) return FIELD[role] end
 
 -- "layer 3", "layers 0..3", "layers 3..0" (backward), "no layers".
 local function layers_text(ch, backward)
@@ -1025,7 +917,7 @@ local HEADER = { warmup = "warm-up: forward passes only",
 
 -- The schedule of stage r as Ops: F and B with the library calls and their collectives, X
 -- with the messages, SECTION markers between phases.
-local function schedule_ops(cfg, s, st, stage_sched, slots, r)
+local function schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
     local P = cfg.pp
     local ops, phase = {}, nil
     local function slot(mb, c) return slots.slot[mb .. "." .. c] end
@@ -1040,7 +932,7 @@ local function schedule_ops(cfg, s, st, stage_sched, slots, r)
             local calls = {}
             local function add(op, j)
                 calls[#calls + 1] = ir.Call { op = op, layer = j, global = j and ch.first + j,
-                                              comm = call_comm(cfg, s, op) }
+                                              comm = lp[CALL_CODE[op]].comm }
             end
             local what = chunk_text(ch, not fwd, fwd and "head + loss (and its backward)")
             if ch.count == 0 and not (ch.embedding or (ch.head and fwd)) then
@@ -1098,107 +990,168 @@ end
 
 -- The step of stage r around its schedule (lib/stage.c), in order: Megatron's
 -- finalize_model_grads (docs/megatron.md §5.6), the gradient norm (§6), clipping and AdamW
--- (§5.4 with the distributed optimizer), the loss.
-local function tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id, nlayers)
+-- (§5.4 with the distributed optimizer), the loss. Each Op holds the statements the step
+-- runs for it (layer.lua Stmt: library calls and the collectives themselves) and their
+-- collectives (comm).
+local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers)
+    local A = layer.arg
     local ops = {}
-    local function op(kind, text, fields)
+    local function op(kind, text, fields, body)
         fields = fields or {}
         fields.kind, fields.text = kind, text
-        fields.comm = fields.comm or {}
+        local b = layer.builder()
+        if body then body(b) end
+        fields.stmts = b.stmts
+        fields.comm = layer.comm(b.stmts)
         ops[#ops + 1] = ir.Op(fields)
     end
+    local function n(v) return A.int(A.E(s, v)) end
     local function on(id) return groups_by_id[id].create end
-    op("BEGIN", "zero the gradients")
-    op("SCHEDULE", "the pipeline schedule (run_schedule above)")
+    local GRAD = function(b) return A.lit(string.format("gpt_grad_buf(%d)", b)) end
+    op("BEGIN", "zero the gradients", nil, function(b) b.k("gpt_step_begin", A.ident("in")) end)
+    op("SCHEDULE", "the pipeline schedule (run_schedule above)", nil,
+       function(b) b.k("run_schedule") end)
     if sp_total > 0 and on("TP") then
-        op("SP_ALLREDUCE", string.format(">>> all-reduce over tp: the gradients of the %d " ..
-           "sequence-parallel tensors, packed (%s elements; docs/megatron.md §4.6)", nsp,
-           util.thousands(sp_total)),
-           { group = "TP", n = sp_total, comm = { coll("allreduce", "tp", sp_total, "f32",
-                                                       "sum") } })
+        op("SP_ALLREDUCE", string.format("the gradients of the %d sequence-parallel tensors, " ..
+           "packed (%s elements; docs/megatron.md §4.6)", nsp, util.thousands(sp_total)),
+           { group = "TP", n = sp_total }, function(b)
+               b.k("gpt_sp_pack")
+               b.coll("allreduce", "tp", { n = sp_total, n_expr = A.E(s, sp_total),
+                      dtype = "f32", red = "sum", send = A.mem("X_SP_PACK"),
+                      text = ">>> all-reduce over tp: each tp rank saw its own tokens " ..
+                             "(docs/megatron.md §4.6)" })
+               b.k("gpt_sp_unpack")
+           end)
     end
     if embd and on("EMBD") then
-        op("EMBD_ALLREDUCE", ">>> all-reduce over embd (first and last stage): both copies of " ..
-           "wte get the sum of the embedding's and the head's gradients (docs/megatron.md §7)",
-           { group = "EMBD", buf = embd.buf, offset = embd.offset, n = embd.n,
-             comm = { coll("allreduce", "embd", embd.n, "f32", "sum") } })
+        op("EMBD_ALLREDUCE", "both copies of wte get the sum of the embedding's and the " ..
+           "head's gradients (docs/megatron.md §7)",
+           { group = "EMBD", buf = embd.buf, offset = embd.offset, n = embd.n }, function(b)
+               b.coll("allreduce", "embd", { n = embd.n, n_expr = A.E(s, embd.n), dtype = "f32",
+                      red = "sum", send = A.lit(embd.offset > 0 and string.format("gpt_grad_buf(%d) + %d",
+                                      embd.buf, embd.offset) or string.format("gpt_grad_buf(%d)", embd.buf)),
+                      text = ">>> all-reduce over embd (first and last stage): wte's gradient " ..
+                             "(docs/megatron.md §7)" })
+           end)
     end
-    for i, b in ipairs(buffers) do
-        local what = string.format("buffer %d (chunk %d, %s)", i - 1, b.chunk,
-                                   b.expert and "experts" or "dense")
+    for i, bf in ipairs(buffers) do
+        local what = string.format("buffer %d (chunk %d, %s)", i - 1, bf.chunk,
+                                   bf.expert and "experts" or "dense")
         if cfg.dp * cfg.cp > 1 then
             op("GRAD_SCALE", what .. ": scale by 1/(DP*CP), the data-parallel mean (experts " ..
                "too: their gradients hold the tokens of every replica)",
-               { buf = i - 1, scale = 1 / (cfg.dp * cfg.cp) })
+               { buf = i - 1, scale = 1 / (cfg.dp * cfg.cp) }, function(b)
+                   b.k("scale_inplace", GRAD(i - 1), n(bf.size), A.num("CFG_GRAD_SCALE"))
+               end)
         end
-        local g = groups_by_id[b.group]
+        local g = groups_by_id[bf.group]
         if g.create then
-            if b.sharded then
-                for k, bk in ipairs(b.buckets) do
-                    op("GRAD_REDUCE_SCATTER", string.format(">>> reduce-scatter over %s, in " ..
-                       "place: %s, bucket %d; this rank's shard holds the sum", g.kind, what,
-                       k - 1), { group = b.group, buf = i - 1, bucket = k - 1,
-                                 comm = { coll("reduce_scatter", g.kind, bk.shard) } })
+            if bf.sharded then
+                for k, bk in ipairs(bf.buckets) do
+                    op("GRAD_REDUCE_SCATTER", string.format("%s, bucket %d", what, k - 1),
+                       { group = bf.group, buf = i - 1, bucket = k - 1 }, function(b)
+                           b.coll("reduce_scatter", g.kind, { n = bk.shard,
+                                  n_expr = A.E(s, bk.shard), dtype = "f32",
+                                  send = A.lit(bk.start > 0 and string.format("gpt_grad_buf(%d) + %d",
+                                      i - 1, bk.start) or string.format("gpt_grad_buf(%d)", i - 1)),
+                                  recv = A.lit(string.format("gpt_grad_shard(%d, %d)", i - 1,
+                                                             k - 1)),
+                                  text = string.format(">>> reduce-scatter over %s, in place: " ..
+                                         "%s, bucket %d; this rank's shard holds the sum " ..
+                                         "(docs/megatron.md §5.3)", g.kind, what, k - 1) })
+                       end)
                 end
             else
-                op("GRAD_ALLREDUCE", string.format(">>> all-reduce over %s: %s", g.kind, what),
-                   { group = b.group, buf = i - 1,
-                     comm = { coll("allreduce", g.kind, b.size, "f32", "sum") } })
+                op("GRAD_ALLREDUCE", what, { group = bf.group, buf = i - 1 }, function(b)
+                    b.coll("allreduce", g.kind, { n = bf.size, n_expr = A.E(s, bf.size),
+                           dtype = "f32", red = "sum", send = GRAD(i - 1),
+                           text = string.format(">>> all-reduce over %s: %s " ..
+                                                "(docs/megatron.md §5.3)", g.kind, what) })
+                end)
             end
         end
     end
     op("NORM_LOCAL", "gradient norm (docs/megatron.md §6): this rank's sums of squares, " ..
-       "every tensor counted once")
+       "every tensor counted once", nil, function(b) b.k("gpt_norm_local") end)
+    local function norm_sum(kind, group, which, text)
+        op("NORM_ALLREDUCE", text, { group = group, which = which }, function(b)
+            b.coll("allreduce", kind, { n = 1, n_expr = A.E(s, 1), dtype = "f32", red = "sum",
+                   send = A.lit(string.format("gpt_stat(%d)", which)),
+                   text = ">>> all-reduce over " .. (kind == "world" and "the world" or kind) ..
+                          ": " .. text })
+        end)
+    end
     if cfg.dist_opt then
-        op("NORM_ALLREDUCE", ">>> all-reduce over the world: every rank holds a distinct shard",
-           { group = "WORLD", which = 2, comm = { coll("allreduce", "world", 1, "f32", "sum") } })
+        norm_sum("world", "WORLD", 2, "every rank holds a distinct shard")
     else
         if on("MP") then
-            op("NORM_ALLREDUCE", ">>> all-reduce over mp (tp-pp): every stage and tp shard of " ..
-               "this model replica", { group = "MP", which = 0,
-                                       comm = { coll("allreduce", "mp", 1, "f32", "sum") } })
+            norm_sum("mp", "MP", 0, "every stage and tp shard of this model replica (tp-pp)")
         end
-        if on("TPEPPP") then
-            op("NORM_ALLREDUCE", ">>> all-reduce over tp-ep-pp: every expert of this replica",
-               { group = "TPEPPP", which = 1,
-                 comm = { coll("allreduce", "tp-ep-pp", 1, "f32", "sum") } })
-        end
+        if on("TPEPPP") then norm_sum("tp-ep-pp", "TPEPPP", 1, "every expert of this replica") end
     end
-    op("NORM", "the norm: sqrt of the reduced sums", { which = cfg.dist_opt and 1 or 0 })
+    op("NORM", "the norm: sqrt of the reduced sums", { which = cfg.dist_opt and 1 or 0 },
+       function(b) b.k("gpt_norm_set", A.ident("out"), n(cfg.dist_opt and 1 or 0)) end)
     if cfg.model.moe then
-        op("AUX_ALLREDUCE", ">>> all-reduce over the world: every rank's share of the aux loss",
-           { group = "WORLD", comm = { coll("allreduce", "world", 1, "f32", "sum") } })
+        op("AUX_ALLREDUCE", "every rank's share of the aux loss", { group = "WORLD" },
+           function(b)
+               b.k("gpt_aux_pack")
+               b.coll("allreduce", "world", { n = 1, n_expr = A.E(s, 1), dtype = "f32",
+                      red = "sum", send = A.lit("gpt_stat(2)"),
+                      text = ">>> all-reduce over the world: every rank's share of the aux loss" })
+               b.k("gpt_aux_unpack", A.ident("out"))
+           end)
     end
-    op("LOSS_ALLREDUCE", ">>> all-reduce over the world: the step's loss (the head stage's " ..
-       "tp-rank-0 ranks hold it) and the ranks that want to stop (a signal, a time limit)",
-       { group = "WORLD", comm = { coll("allreduce", "world", 2, "f32", "sum") } })
+    op("LOSS_ALLREDUCE", "the step's loss (the head stage's tp-rank-0 ranks hold it) and the " ..
+       "ranks that want to stop (a signal, a time limit)", { group = "WORLD" }, function(b)
+           b.k("gpt_loss_pack", A.ident("in"))
+           b.coll("allreduce", "world", { n = 2, n_expr = A.E(s, 2), dtype = "f32", red = "sum",
+                  send = A.lit("gpt_stat(0)"),
+                  text = ">>> all-reduce over the world: [the step's loss | stop], so that " ..
+                         "every rank takes the same decisions" })
+           b.k("gpt_loss_unpack", A.ident("out"))
+       end)
     op("ADAMW", "clip to --clip, then AdamW" .. (cfg.dist_opt and " on this rank's shards" or "") ..
-       "; a step whose loss or gradient norm is not finite changes nothing (out->skipped)")
+       "; a step whose loss or gradient norm is not finite changes nothing (out->skipped)", nil,
+       function(b) b.k("gpt_adamw", A.ident("in"), A.ident("out")) end)
     if cfg.dist_opt then
-        for i, b in ipairs(buffers) do
-            local g = groups_by_id[b.group]
+        for i, bf in ipairs(buffers) do
+            local g = groups_by_id[bf.group]
             if g.create then
-                for k, bk in ipairs(b.buckets) do
-                    op("PARAM_ALLGATHER", string.format(">>> all-gather over %s: buffer %d, " ..
-                       "bucket %d: the updated shards of the others (%s)", g.kind, i - 1, k - 1,
-                       act_dtype(cfg)), { group = b.group, buf = i - 1, bucket = k - 1,
-                         comm = { coll("allgather", g.kind, bk.shard, act_dtype(cfg)) } })
+                for k, bk in ipairs(bf.buckets) do
+                    op("PARAM_ALLGATHER", string.format("buffer %d, bucket %d", i - 1, k - 1),
+                       { group = bf.group, buf = i - 1, bucket = k - 1 }, function(b)
+                           b.coll("allgather", g.kind, { n = bk.shard, n_expr = A.E(s, bk.shard),
+                                  dtype = act_dtype(cfg),
+                                  send = A.lit(string.format("gpt_param_shard(%d, %d)", i - 1,
+                                                             k - 1)),
+                                  recv = A.lit(string.format("gpt_param_bucket(%d, %d)", i - 1,
+                                                             k - 1)),
+                                  text = string.format(">>> all-gather over %s: buffer %d, " ..
+                                         "bucket %d: the updated shards of the others " ..
+                                         "(docs/megatron.md §5.4)", g.kind, i - 1, k - 1) })
+                       end)
                 end
             end
         end
     end
     local moe = cfg.model.moe
     if moe and moe.expert_bias and nlayers > 0 then
-        local comm = {}       -- per local layer: the counts over dp-cp, then tp
-        for _ = 1, nlayers do
-            if on("DPCP") then comm[#comm + 1] = coll("allreduce", "dp-cp", moe.experts, "i32",
-                                                      "sum") end
-            if on("TP") then comm[#comm + 1] = coll("allreduce", "tp", moe.experts, "i32",
-                                                    "sum") end
-        end
-        op("EXPERT_BIAS", string.format(">>> all-reduce over dp-cp and tp, per layer (%d): the " ..
-           "step's rows per expert; then each expert bias += rate * sign(mean - count)",
-           nlayers), { comm = comm })
+        op("EXPERT_BIAS", string.format("per layer (%d): the step's rows per expert over dp-cp " ..
+           "and tp; then each expert bias += rate * sign(mean - count)", nlayers), nil,
+           function(b)
+               b.loop(A.E(s, nlayers), "l", "the stage's layers, in order", function(l)
+                   l.k("gpt_ebias_counts", A.ident("l"))
+                   for _, kg in ipairs({ { "DPCP", "dp-cp" }, { "TP", "tp" } }) do
+                       if on(kg[1]) then
+                           l.coll("allreduce", kg[2], { n = moe.experts,
+                                  n_expr = A.E(s, "EXPERTS"), dtype = "i32", red = "sum",
+                                  send = A.mem("MS_COUNTS"), text = ">>> all-reduce over " ..
+                                  kg[2] .. ": the rows per expert (docs/megatron.md §8.1)" })
+                       end
+                   end
+                   l.k("gpt_ebias_update", A.ident("l"), A.ident("out"))
+               end)
+           end)
     end
     return ops
 end
@@ -1210,7 +1163,7 @@ local function stage_ranks(topo, k)
     return topology.stage_ranks_text(topo, k)
 end
 
-local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_id, r)
+local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups_by_id, r)
     local st = part.stages[r + 1]
     local classes = stage_classes(sh, r)
     local ref = classes[1]
@@ -1264,6 +1217,21 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
     local mem, slot_bytes, params, mem_bytes = memory_plan(cfg, s, chunks, head, nparams,
                                                            sp_total, buffers)
     for i, c in ipairs(chunks) do c.slot_bytes = slot_bytes[i] end
+    -- every call of the stage's code stays inside the buffers the plan gives it
+    local elems = {}
+    for _, m in ipairs(mem) do if m.how == "ALLOC" then elems[m.id] = m.elems end end
+    for _, m in ipairs(mem) do if m.how == "ALIAS" then elems[m.id] = elems[m.alias] end end
+    local codes = {}
+    for _, c in ipairs(chunks) do
+        if c.embedding then codes[#codes + 1] = lp.embedding_fwd; codes[#codes + 1] = lp.embedding_bwd end
+        if c.layers > 0 then codes[#codes + 1] = lp.layer_fwd; codes[#codes + 1] = lp.layer_bwd end
+        if c.head then codes[#codes + 1] = lp.head end
+    end
+    for _, code in ipairs(codes) do
+        local why = layer.check_bounds(code.stmts, elems, string.format("stage %d, %s", r,
+                                                                        code.name))
+        assert(not why, "program: " .. tostring(why) .. " (a generator bug)")
+    end
 
     local layer_params, layer_pieces = {}, {}
     for i, t in ipairs(tables) do layer_params[i], layer_pieces[i] = t.params, t.pieces end
@@ -1277,8 +1245,8 @@ local function build_stage(cfg, topo, part, sh, sched, s, role_index, groups_by_
         head_uses_wte = st.chunks[1].embedding and head and cfg.model.tie_embeddings,
         warmup = stage_sched.warmup, steady = stage_sched.steady,
         cooldown = stage_sched.cooldown, inflight = slots.inflight,
-        schedule = schedule_ops(cfg, s, st, stage_sched, slots, r),
-        tail = tail_ops(cfg, buffers, embd, sp_total, nsp, groups_by_id, nlayers),
+        schedule = schedule_ops(cfg, s, lp, st, stage_sched, slots, r),
+        tail = tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers),
     }
 end
 
@@ -1428,16 +1396,22 @@ function M.build(cfg, topo, part, sh, sched)
     local s = M.sizes(cfg)
     local role_list, role_index = roles(cfg)
     local group_list = groups(cfg, topo)
+    -- the layer's code: which optional tensors (biases) the model has decides its calls
+    local present = {}
+    for _, p in ipairs(shards.global_params(cfg.model)) do
+        if FIELD[p.role] then present[FIELD[p.role]] = true end
+    end
+    local lp = layer.build(cfg, s, present)
     local by_id = { WORLD = { create = true, kind = "world" } }
     for _, g in ipairs(group_list) do by_id[g.id] = g end
     local stages = {}
     for r = 0, cfg.pp - 1 do
-        stages[r + 1] = build_stage(cfg, topo, part, sh, sched, s, role_index, by_id, r)
+        stages[r + 1] = build_stage(cfg, topo, part, sh, sched, s, lp, role_index, by_id, r)
     end
     local prog = ir.Program {
         model = cfg.model.file, layout = layout, schedule_kind = sched.kind,
         consts = consts(cfg, s, layout), roles = role_list, dense = grid_axes(topo.dense),
-        expert = grid_axes(topo.expert), groups = group_list, stages = stages,
+        expert = grid_axes(topo.expert), groups = group_list, stages = stages, layer = lp,
     }
     M.check(prog, cfg, topo)
     return prog

@@ -339,8 +339,8 @@ T.test("communication: the layers' regions by TP and SP, the step's tail by layo
     for _, c in ipairs(first_op(prog.stages[1], "F").calls) do
         if c.op == "layer_fwd" then moe_fwd = comm_text({ c }) end
     end
-    T.eq(moe_fwd, { "alltoallv ep", "alltoallv ep", "alltoallv ep", "alltoallv ep" },
-         "EP 2: counts, rows, probabilities out; outputs back")
+    T.eq(moe_fwd, { "alltoallv ep 4", "alltoallv ep", "alltoallv ep", "alltoallv ep" },
+         "EP 2: counts (EP x EXPERTS_LOCAL), rows, probabilities out; outputs back")
 end)
 
 -- A program whose stage k's tail lost (or had swapped) a collective of a group that spans

@@ -9,7 +9,7 @@ f:close()
 local v = T.json(text)
 local want = { schedule = { "kind", "P", "V", "M", "N", "stages" },
                program = { "model", "layout", "schedule_kind", "consts", "roles", "dense",
-                           "expert", "groups", "stages" } }
+                           "expert", "groups", "stages", "layer" } }
 local keys = table.concat(v.keys, ",")
 if keys ~= table.concat(want[arg[2]], ",") then
     print("keys " .. keys)

@@ -6,6 +6,8 @@
 ** run by ranks 1; interleaved schedule: 6 warm-up, 9 steady, 6 cool-down; 7 in flight
 ** regenerate: make MODEL=tiny TP=1 PP=2 DP=1 VP=3 NMB=5 MICROBATCH_GROUP=3 LAYOUT='Et*3|t|t*2||t*2|L'
 */
+#include <math.h>
+
 #include "model.h"
 
 /* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
@@ -197,18 +199,119 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_X_STAT]     = { GPT_MEM_ALLOC, 0,               72, 0 },
 };
 
-/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
+/* -- The model's pieces: every kernel call, collective and message of one micro-batch, in
+**    the order this rank runs them (gen/lua/layer.lua), on the buffers of the memory plan
+**    above; sizes are model.h's constants ------------------------------------------------- */
+
+#define LAYER(id) (a[GPT_M_##id])               /* a buffer of this layer and slot (L_, ML_) */
+#define STAGE(id) gpt_stage_buf(GPT_M_##id)     /* a buffer of the stage (S_, MS_, H_, X_) */
+#define TENSOR(f) (w[GPT_P_##f])                /* a tensor (the model's dtype) */
+#define GRAD(f) (dw[GPT_P_##f])                 /* its f32 gradient */
+#define GROUP(id) gpt_grp(GPT_GRP_##id)         /* a communicator */
+#define AT(p, n) ((void *)((char *)(p) + (size_t)(n) * CFG_ACT_SIZE))   /* n elements on */
+
+/* The transformer layer j of chunk c: its input -> res2 (N_SP, C); again = 1: the forward once
+** more before the backward (full recompute) */
+static void layer_fwd(int c, int slot, int j, int again)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    const void *x = gpt_layer_in(c, slot, j);   /* the chunk's input or layer j-1's output */
+    (void)again;
+    /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
+    layernorm_fwd(LAYER(L_LN1), LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), x, TENSOR(LN1_W),
+                  TENSOR(LN1_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    matmul_fwd(LAYER(L_QKV), LAYER(L_LN1), TENSOR(QKV_W), TENSOR(QKV_B), CFG_N, CFG_C,
+               CFG_QKV_LOCAL, CFG_ACT);
+    attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
+                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
+               CFG_ACT);
+    bias_fwd(STAGE(S_FULL), TENSOR(ATTN_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
+    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT);
+    layernorm_fwd(LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W),
+                  TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
+    matmul_fwd(LAYER(L_FC), LAYER(L_LN2), TENSOR(FC_W), TENSOR(FC_B), CFG_N, CFG_C, CFG_FF_LOCAL,
+               CFG_ACT);
+    gelu_fwd(LAYER(L_GELU), LAYER(L_FC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_GELU), TENSOR(MLP_PROJ_W), NULL, CFG_N, CFG_FF_LOCAL, CFG_C,
+               CFG_ACT);
+    bias_fwd(STAGE(S_FULL), TENSOR(MLP_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
+    add_fwd(LAYER(L_RES2), LAYER(L_RES1), STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT);
+}
+
+/* Its backward: dres holds d(res2) on entry and d(input) on return; the gradients accumulate */
+static void layer_bwd(int c, int slot, int j)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    float *const *dw = gpt_grads(c, j);         /* their f32 gradients */
+    const void *x = gpt_layer_in(c, slot, j);   /* its input */
+    void *dres = gpt_dy(c, slot);               /* d(its output) in, d(its input) out */
+    /* MLP backward */
+    bias_bwd(GRAD(MLP_PROJ_B), dres, CFG_N_SP, CFG_C, CFG_ACT);
+    matmul_bwd(STAGE(S_DFC), GRAD(MLP_PROJ_W), NULL, dres, LAYER(L_GELU), TENSOR(MLP_PROJ_W), CFG_N,
+               CFG_FF_LOCAL, CFG_C, CFG_ACT);
+    gelu_bwd(STAGE(S_DFC), LAYER(L_FC), STAGE(S_DFC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_bwd(STAGE(S_FULL), GRAD(FC_W), GRAD(FC_B), STAGE(S_DFC), LAYER(L_LN2), TENSOR(FC_W),
+               CFG_N, CFG_C, CFG_FF_LOCAL, CFG_ACT);
+    layernorm_bwd(dres, GRAD(LN2_W), GRAD(LN2_B), STAGE(S_FULL), LAYER(L_RES1), TENSOR(LN2_W),
+                  LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+    /* attention backward */
+    bias_bwd(GRAD(ATTN_PROJ_B), dres, CFG_N_SP, CFG_C, CFG_ACT);
+    matmul_bwd(STAGE(S_DATTY), GRAD(ATTN_PROJ_W), NULL, dres, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W),
+               CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
+    attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
+                  CFG_ACT);
+    matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), GRAD(QKV_B), STAGE(S_DQKV), LAYER(L_LN1), TENSOR(QKV_W),
+               CFG_N, CFG_C, CFG_QKV_LOCAL, CFG_ACT);
+    layernorm_bwd(dres, GRAD(LN1_W), GRAD(LN1_B), STAGE(S_FULL), x, TENSOR(LN1_W),
+                  LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+}
+
+/* The head: ln_f, logits, vocabulary-parallel cross-entropy and, fused, their backward into dy */
+static void head_fwd_bwd(int c, int mb, int slot)
+{
+    const void *x = gpt_out(c, slot);           /* the chunk's output (N_SP, C) */
+    void *dy = gpt_dy(c, slot);                 /* its gradient */
+    void *const *w = gpt_params(c, -1);         /* the head's tensors */
+    float *const *dw = gpt_grads(c, -1);        /* their f32 gradients */
+    float *loss = (float *)STAGE(X_LOSS) + mb;  /* the micro-batch's loss sum */
+    rt_memcpy(STAGE(S_TARGETS), gpt_targets(mb), CFG_N * sizeof(int), RT_H2D);
+    layernorm_fwd(STAGE(H_LNF), STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), x, TENSOR(LN_F_W),
+                  TENSOR(LN_F_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    linear_fwd(STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(H_LNF), TENSOR(HEAD_WTE), CFG_N, CFG_C,
+               CFG_V_LOCAL, CFG_ACT);
+    ce_rowmax(STAGE(S_CE), STAGE(S_LOGITS), CFG_N, CFG_V_LOCAL, gpt_vocab_valid(), CFG_ACT);
+    ce_sums(((float *)STAGE(S_CE) + CFG_N), STAGE(S_LOGITS), STAGE(S_CE), STAGE(S_TARGETS), CFG_N,
+            CFG_V_LOCAL, gpt_vocab_valid(), gpt_vocab_start(), CFG_ACT);
+    ce_loss(((float *)STAGE(S_CE) + 3 * CFG_N), ((float *)STAGE(S_CE) + CFG_N), STAGE(S_CE), CFG_N);
+    sum_rows(loss, ((float *)STAGE(S_CE) + 3 * CFG_N), CFG_N);
+    /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication
+    ** (docs/megatron.md §4.5) */
+    ce_bwd(STAGE(S_LOGITS), STAGE(S_CE), ((float *)STAGE(S_CE) + CFG_N), STAGE(S_TARGETS), CFG_N,
+           CFG_V_LOCAL, gpt_vocab_valid(), gpt_vocab_start(), CFG_DLOSS, CFG_ACT);
+    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(HEAD_WTE), STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(H_LNF),
+               TENSOR(HEAD_WTE), CFG_N, CFG_C, CFG_V_LOCAL, CFG_ACT);
+    rt_memset0(dy, CFG_N_SP * CFG_C * CFG_ACT_SIZE);
+    layernorm_bwd(dy, GRAD(LN_F_W), GRAD(LN_F_B), STAGE(S_FULL), x, TENSOR(LN_F_W),
+                  STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+}
+
+/* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: layer 3 */
 static void chunk0_forward(int mb, int slot)
 {
     (void)mb;
-    gpt_layer_fwd(0, 0, slot);   /* layer 3 */
+    layer_fwd(0, slot, 0, 0);   /* layer 3 */
 }
 
 static void chunk0_backward(int slot)
 {
-    gpt_layer_bwd(0, 0, slot);   /* layer 3 */
+    layer_bwd(0, slot, 0);   /* layer 3 */
 }
 
 /* chunk 1: no layers */
@@ -226,7 +329,7 @@ static void chunk1_backward(int slot)
 /* chunk 2: head + loss */
 static void chunk2_forward(int mb, int slot)
 {
-    gpt_head_fwd_bwd(2, mb, slot);   /* ln_f, head and loss of mb; its gradient -> dy */
+    head_fwd_bwd(2, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
 }
 
 static void chunk2_backward(int slot)
@@ -234,281 +337,89 @@ static void chunk2_backward(int slot)
     (void)slot;   /* no layers: the gradient of its output is that of its input */
 }
 
-/* -- The schedule: interleaved 1F1B over 3 chunks, 5 micro-batches -- */
+static void (*const chunk_forward[3])(int mb, int slot) = { chunk0_forward, chunk1_forward, chunk2_forward };
+static void (*const chunk_backward[3])(int slot) = { chunk0_backward, chunk1_backward, chunk2_backward };
+
+/* -- The schedule: interleaved 1F1B over 3 chunks, 5 micro-batches; one row per step -- */
+
+/* Each row: pipeline messages posted together -- activations sent to the next stage (TX_ACT)
+** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
+** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
+** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
+** (FWD), its backward (BWD), or nothing more (MSGS). "recv act 4.1": the activations of
+** micro-batch 4 for chunk 1. */
+#define FWD(mb, chunk, slot, ...) { GPT_STEP_F, mb, chunk, slot, { __VA_ARGS__ } }
+#define BWD(mb, chunk, slot, ...) { GPT_STEP_B, mb, chunk, slot, { __VA_ARGS__ } }
+#define MSGS(mb, chunk, slot, ...) { GPT_STEP_X, mb, chunk, slot, { __VA_ARGS__ } }
+#define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
+#define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
+#define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
+#define RX_GRAD(chunk, slot) { GPT_RECV_GRAD, chunk, slot }
+#define NO_MSG { GPT_NO_MSG, 0, 0 }
+static const gpt_sched_step schedule[33] = {
+    /* -- warm-up: forward passes only -- */
+    FWD(0, 0, 0, RX_ACT(0, 0)),   /* recv act 0.0; forward 0.0 */
+    FWD(1, 0, 1, RX_ACT(0, 1), TX_ACT(0, 0)),   /* recv act 1.0, send act 0.0; forward 1.0 */
+    FWD(2, 0, 2, RX_ACT(0, 2), TX_ACT(0, 1)),   /* recv act 2.0, send act 1.0; forward 2.0 */
+    FWD(0, 1, 0, RX_ACT(1, 0), TX_ACT(0, 2)),   /* recv act 0.1, send act 2.0; forward 0.1 */
+    FWD(1, 1, 1, RX_ACT(1, 1), TX_ACT(1, 0)),   /* recv act 1.1, send act 0.1; forward 1.1 */
+    FWD(2, 1, 2, RX_ACT(1, 2), TX_ACT(1, 1)),   /* recv act 2.1, send act 1.1; forward 2.1 */
+    MSGS(0, 0, 0, RX_ACT(2, 0), TX_ACT(1, 2)),   /* recv act 0.2, send act 2.1 */
+    /* -- steady state: one forward, one backward -- */
+    FWD(0, 2, 0, NO_MSG),   /* forward 0.2 */
+    BWD(0, 2, 0, NO_MSG),   /* backward 0.2 */
+    FWD(1, 2, 0, TX_GRAD(2, 0), RX_ACT(2, 0)),   /* send grad 0.2, recv act 1.2; forward 1.2 */
+    BWD(1, 2, 0, NO_MSG),   /* backward 1.2 */
+    /* send grad 1.2, recv act 2.2, recv grad 0.1; forward 2.2 */
+    FWD(2, 2, 0, TX_GRAD(2, 0), RX_ACT(2, 0), RX_GRAD(1, 0)),
+    BWD(2, 2, 0, NO_MSG),   /* backward 2.2 */
+    /* send grad 2.2, recv act 3.0, recv grad 1.1; forward 3.0 */
+    FWD(3, 0, 3, TX_GRAD(2, 0), RX_ACT(0, 3), RX_GRAD(1, 1)),
+    BWD(0, 1, 0, NO_MSG),   /* backward 0.1 */
+    /* send grad 0.1, recv act 4.0, send act 3.0, recv grad 2.1; forward 4.0 */
+    FWD(4, 0, 4, TX_GRAD(1, 0), RX_ACT(0, 4), TX_ACT(0, 3), RX_GRAD(1, 2)),
+    BWD(1, 1, 1, NO_MSG),   /* backward 1.1 */
+    /* send grad 1.1, recv act 3.1, send act 4.0, recv grad 0.0; forward 3.1 */
+    FWD(3, 1, 0, TX_GRAD(1, 1), RX_ACT(1, 0), TX_ACT(0, 4), RX_GRAD(0, 0)),
+    BWD(2, 1, 2, NO_MSG),   /* backward 2.1 */
+    /* send grad 2.1, recv act 4.1, send act 3.1, recv grad 1.0; forward 4.1 */
+    FWD(4, 1, 1, TX_GRAD(1, 2), RX_ACT(1, 1), TX_ACT(1, 0), RX_GRAD(0, 1)),
+    BWD(0, 0, 0, NO_MSG),   /* backward 0.0 */
+    /* send grad 0.0, recv act 3.2, send act 4.1, recv grad 2.0; forward 3.2 */
+    FWD(3, 2, 0, TX_GRAD(0, 0), RX_ACT(2, 0), TX_ACT(1, 1), RX_GRAD(0, 2)),
+    BWD(1, 0, 1, NO_MSG),   /* backward 1.0 */
+    FWD(4, 2, 1, TX_GRAD(0, 1), RX_ACT(2, 1)),   /* send grad 1.0, recv act 4.2; forward 4.2 */
+    BWD(2, 0, 2, NO_MSG),   /* backward 2.0 */
+    MSGS(0, 0, 0, TX_GRAD(0, 2)),   /* send grad 2.0 */
+    /* -- cool-down: backward passes only -- */
+    BWD(3, 2, 0, NO_MSG),   /* backward 3.2 */
+    BWD(4, 2, 1, TX_GRAD(2, 0)),   /* send grad 3.2; backward 4.2 */
+    BWD(3, 1, 0, TX_GRAD(2, 1), RX_GRAD(1, 0)),   /* send grad 4.2, recv grad 3.1; backward 3.1 */
+    BWD(4, 1, 1, TX_GRAD(1, 0), RX_GRAD(1, 1)),   /* send grad 3.1, recv grad 4.1; backward 4.1 */
+    BWD(3, 0, 3, TX_GRAD(1, 1), RX_GRAD(0, 3)),   /* send grad 4.1, recv grad 3.0; backward 3.0 */
+    BWD(4, 0, 4, TX_GRAD(0, 3), RX_GRAD(0, 4)),   /* send grad 3.0, recv grad 4.0; backward 4.0 */
+    MSGS(0, 0, 0, TX_GRAD(0, 4)),   /* send grad 4.0 */
+};
 
 static void run_schedule(void)
 {
-    /* -- warm-up: forward passes only -- */
-    {
-        /* <<< recv activations mb 0 (chunk 0) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* forward mb 0, chunk 0 (slot 0): layer 3 */
-    chunk0_forward(0, 0);
-    {
-        /* <<< recv activations mb 1 (chunk 0) from stage 0; >>> send activations mb 0 (chunk 0)
-        ** to stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 1, chunk 0 (slot 1): layer 3 */
-    chunk0_forward(1, 1);
-    {
-        /* <<< recv activations mb 2 (chunk 0) from stage 0; >>> send activations mb 1 (chunk 0)
-        ** to stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[2].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 2, chunk 0 (slot 2): layer 3 */
-    chunk0_forward(2, 2);
-    {
-        /* <<< recv activations mb 0 (chunk 1) from stage 0; >>> send activations mb 2 (chunk 0)
-        ** to stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 2), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 0, chunk 1 (slot 0): no layers (its input is its output) */
-    chunk1_forward(0, 0);
-    {
-        /* <<< recv activations mb 1 (chunk 1) from stage 0; >>> send activations mb 0 (chunk 1)
-        ** to stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 1, chunk 1 (slot 1): no layers (its input is its output) */
-    chunk1_forward(1, 1);
-    {
-        /* <<< recv activations mb 2 (chunk 1) from stage 0; >>> send activations mb 1 (chunk 1)
-        ** to stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[2].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 2, chunk 1 (slot 2): no layers (its input is its output) */
-    chunk1_forward(2, 2);
-    {
-        /* <<< recv activations mb 0 (chunk 2) from stage 0; >>> send activations mb 2 (chunk 1)
-        ** to stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[2].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 2), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* -- steady state: one forward, one backward -- */
-    /* forward mb 0, chunk 2 (slot 0): head + loss (and its backward) */
-    chunk2_forward(0, 0);
-    /* backward mb 0, chunk 2 (slot 0): no layers (its output's gradient is its input's) */
-    chunk2_backward(0);
-    {
-        /* >>> send gradient mb 0 (chunk 2) to stage 0; <<< recv activations mb 1 (chunk 2) from
-        ** stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[2].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[2].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 1, chunk 2 (slot 0): head + loss (and its backward) */
-    chunk2_forward(1, 0);
-    /* backward mb 1, chunk 2 (slot 0): no layers (its output's gradient is its input's) */
-    chunk2_backward(0);
-    {
-        /* >>> send gradient mb 1 (chunk 2) to stage 0; <<< recv activations mb 2 (chunk 2) from
-        ** stage 0; <<< recv gradient mb 0 (chunk 1) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[2].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[2].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 0, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 3);
-    }
-    /* forward mb 2, chunk 2 (slot 0): head + loss (and its backward) */
-    chunk2_forward(2, 0);
-    /* backward mb 2, chunk 2 (slot 0): no layers (its output's gradient is its input's) */
-    chunk2_backward(0);
-    {
-        /* >>> send gradient mb 2 (chunk 2) to stage 0; <<< recv activations mb 3 (chunk 0) from
-        ** stage 0; <<< recv gradient mb 1 (chunk 1) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[2].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[3].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 0, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 3);
-    }
-    /* forward mb 3, chunk 0 (slot 3): layer 3 */
-    chunk0_forward(3, 3);
-    /* backward mb 0, chunk 1 (slot 0): no layers (its output's gradient is its input's) */
-    chunk1_backward(0);
-    {
-        /* >>> send gradient mb 0 (chunk 1) to stage 0; <<< recv activations mb 4 (chunk 0) from
-        ** stage 0; >>> send activations mb 3 (chunk 0) to stage 0; <<< recv gradient mb 2 (chunk
-        ** 1) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[4].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 3), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-            { 0, gpt.chunk[1].acts[2].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 4);
-    }
-    /* forward mb 4, chunk 0 (slot 4): layer 3 */
-    chunk0_forward(4, 4);
-    /* backward mb 1, chunk 1 (slot 1): no layers (its output's gradient is its input's) */
-    chunk1_backward(1);
-    {
-        /* >>> send gradient mb 1 (chunk 1) to stage 0; <<< recv activations mb 3 (chunk 1) from
-        ** stage 0; >>> send activations mb 4 (chunk 0) to stage 0; <<< recv gradient mb 0 (chunk
-        ** 0) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 4), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 4);
-    }
-    /* forward mb 3, chunk 1 (slot 0): no layers (its input is its output) */
-    chunk1_forward(3, 0);
-    /* backward mb 2, chunk 1 (slot 2): no layers (its output's gradient is its input's) */
-    chunk1_backward(2);
-    {
-        /* >>> send gradient mb 2 (chunk 1) to stage 0; <<< recv activations mb 4 (chunk 1) from
-        ** stage 0; >>> send activations mb 3 (chunk 1) to stage 0; <<< recv gradient mb 1 (chunk
-        ** 0) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[2].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 4);
-    }
-    /* forward mb 4, chunk 1 (slot 1): no layers (its input is its output) */
-    chunk1_forward(4, 1);
-    /* backward mb 0, chunk 0 (slot 0): layer 3 */
-    chunk0_backward(0);
-    {
-        /* >>> send gradient mb 0 (chunk 0) to stage 0; <<< recv activations mb 3 (chunk 2) from
-        ** stage 0; >>> send activations mb 4 (chunk 1) to stage 0; <<< recv gradient mb 2 (chunk
-        ** 0) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[2].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-            { 0, gpt.chunk[0].acts[2].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 4);
-    }
-    /* forward mb 3, chunk 2 (slot 0): head + loss (and its backward) */
-    chunk2_forward(3, 0);
-    /* backward mb 1, chunk 0 (slot 1): layer 3 */
-    chunk0_backward(1);
-    {
-        /* >>> send gradient mb 1 (chunk 0) to stage 0; <<< recv activations mb 4 (chunk 2) from
-        ** stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[2].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 4, chunk 2 (slot 1): head + loss (and its backward) */
-    chunk2_forward(4, 1);
-    /* backward mb 2, chunk 0 (slot 2): layer 3 */
-    chunk0_backward(2);
-    {
-        /* >>> send gradient mb 2 (chunk 0) to stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[2].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* -- cool-down: backward passes only -- */
-    /* backward mb 3, chunk 2 (slot 0): no layers (its output's gradient is its input's) */
-    chunk2_backward(0);
-    {
-        /* >>> send gradient mb 3 (chunk 2) to stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[2].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* backward mb 4, chunk 2 (slot 1): no layers (its output's gradient is its input's) */
-    chunk2_backward(1);
-    {
-        /* >>> send gradient mb 4 (chunk 2) to stage 0; <<< recv gradient mb 3 (chunk 1) from
-        ** stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[2].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* backward mb 3, chunk 1 (slot 0): no layers (its output's gradient is its input's) */
-    chunk1_backward(0);
-    {
-        /* >>> send gradient mb 3 (chunk 1) to stage 0; <<< recv gradient mb 4 (chunk 1) from
-        ** stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* backward mb 4, chunk 1 (slot 1): no layers (its output's gradient is its input's) */
-    chunk1_backward(1);
-    {
-        /* >>> send gradient mb 4 (chunk 1) to stage 0; <<< recv gradient mb 3 (chunk 0) from
-        ** stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[3].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* backward mb 3, chunk 0 (slot 3): layer 3 */
-    chunk0_backward(3);
-    {
-        /* >>> send gradient mb 3 (chunk 0) to stage 0; <<< recv gradient mb 4 (chunk 0) from
-        ** stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[3].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[4].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* backward mb 4, chunk 0 (slot 4): layer 3 */
-    chunk0_backward(4);
-    {
-        /* >>> send gradient mb 4 (chunk 0) to stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[4].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
+    for (int i = 0; i < 33; i++) {
+        const gpt_sched_step *st = &schedule[i];
+        rt_p2p_op ops[GPT_SCHED_MSGS];
+        int n = 0;
+        while (n < GPT_SCHED_MSGS && st->msg[n].kind != GPT_NO_MSG) {
+            ops[n] = gpt_sched_op(&st->msg[n]);
+            n++;
+        }
+        /* >>> p2p with the neighbouring stages: the row's messages, posted together */
+        if (n > 0) rt_p2p(ops, n);
+        if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
     }
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
-**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss ---------------------------- */
 
 static void step(const gpt_step_in *in, gpt_step_out *out)
 {
@@ -517,19 +428,20 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    ** embedding's and the head's gradients (docs/megatron.md §7) */
-    gpt_grad_allreduce_range(1, 0, 16384, gpt.grp[GPT_GRP_EMBD]);
+    /* >>> all-reduce over embd (first and last stage): wte's gradient (docs/megatron.md §7) */
+    rt_allreduce(gpt_grad_buf(1), 16384, RT_F32, RT_SUM, GROUP(EMBD));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
-    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
-    gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
+    /* >>> all-reduce over mp: every stage and tp shard of this model replica (tp-pp) */
+    rt_allreduce(gpt_stat(0), 1, RT_F32, RT_SUM, GROUP(MP));
     /* the norm: sqrt of the reduced sums */
-    out->grad_norm = gpt_norm(0);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
-    ** and the ranks that want to stop (a signal, a time limit) */
-    gpt_loss_allreduce(in, rt_group_world(), out);
+    gpt_norm_set(out, 0);
+    gpt_loss_pack(in);
+    /* >>> all-reduce over the world: [the step's loss | stop], so that every rank takes the same
+    ** decisions */
+    rt_allreduce(gpt_stat(0), 2, RT_F32, RT_SUM, rt_group_world());
+    gpt_loss_unpack(out);
     /* clip to --clip, then AdamW; a step whose loss or gradient norm is not finite changes
     ** nothing (out->skipped) */
     gpt_adamw(in, out);

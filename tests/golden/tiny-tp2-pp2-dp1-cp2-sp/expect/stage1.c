@@ -6,6 +6,8 @@
 ** run by ranks 4-7; 1f1b schedule: 0 warm-up, 1 steady, 0 cool-down; 1 in flight
 ** regenerate: make MODEL=tiny TP=2 PP=2 DP=1 CP=2 SP=1
 */
+#include <math.h>
+
 #include "model.h"
 
 /* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
@@ -202,53 +204,295 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_X_SP_PACK]  = { GPT_MEM_ALLOC, 0,  6656, 0 },
 };
 
-/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
+/* -- The model's pieces: every kernel call, collective and message of one micro-batch, in
+**    the order this rank runs them (gen/lua/layer.lua), on the buffers of the memory plan
+**    above; sizes are model.h's constants ------------------------------------------------- */
+
+#define LAYER(id) (a[GPT_M_##id])               /* a buffer of this layer and slot (L_, ML_) */
+#define STAGE(id) gpt_stage_buf(GPT_M_##id)     /* a buffer of the stage (S_, MS_, H_, X_) */
+#define TENSOR(f) (w[GPT_P_##f])                /* a tensor (the model's dtype) */
+#define GRAD(f) (dw[GPT_P_##f])                 /* its f32 gradient */
+#define GROUP(id) gpt_grp(GPT_GRP_##id)         /* a communicator */
+#define AT(p, n) ((void *)((char *)(p) + (size_t)(n) * CFG_ACT_SIZE))   /* n elements on */
+
+/* The transformer layer j of chunk c: its input -> res2 (N_SP, C); again = 1: the forward once
+** more before the backward (full recompute) */
+static void layer_fwd(int c, int slot, int j, int again)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    const void *x = gpt_layer_in(c, slot, j);   /* the chunk's input or layer j-1's output */
+    (void)again;
+    /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
+    layernorm_fwd(LAYER(L_LN1), LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), x, TENSOR(LN1_W),
+                  TENSOR(LN1_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    /* >>> all-gather over tp: ln_1's output, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    matmul_fwd(LAYER(L_QKV), STAGE(S_GATHER), TENSOR(QKV_W), TENSOR(QKV_B), CFG_N, CFG_C,
+               CFG_QKV_LOCAL, CFG_ACT);
+    /* attention around the cp ring (docs/megatron.md §12): this rank's K|V block, then CP-1
+    ** hops; each block is attended to while the next one travels, merged into the f32 output and
+    ** log-sum-exp */
+    copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_C_LOCAL, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
+              3 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+    rt_memset0(STAGE(S_RING_ACC), 4 * CFG_N * CFG_C_LOCAL);
+    fill_f32(LAYER(L_LSE), CFG_B * CFG_HEADS_LOCAL * CFG_T, -INFINITY);
+    /* hops 0 .. CP-2 */
+    for (int i = 0; i < CFG_CP - 1; i++) {
+        {
+            /* >>> p2p on the cp ring: K|V block i to the next cp rank, the previous one's from
+            ** it (docs/megatron.md §12) */
+            rt_p2p_op ops[] = {
+                { 1, AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
+                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_KV },
+                { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
+                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
+            };
+            rt_p2p_start(ops, 2);
+        }
+        cp_ring_fwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE), LAYER(L_QKV),
+                          AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
+                          CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+        rt_p2p_wait();
+    }
+    cp_ring_fwd_block((CFG_CP - 1), CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE),
+                      LAYER(L_QKV),
+                      AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL), CFG_B,
+                      CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+    convert(LAYER(L_ATTY), CFG_ACT, STAGE(S_RING_ACC), RT_F32, CFG_N * CFG_C_LOCAL);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
+               CFG_ACT);
+    /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
+    ** (N_SP, C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    bias_fwd(STAGE(S_FULL_SP), TENSOR(ATTN_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
+    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
+    layernorm_fwd(LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W),
+                  TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
+    /* >>> all-gather over tp: ln_2's output, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN2), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    matmul_fwd(LAYER(L_FC), STAGE(S_GATHER), TENSOR(FC_W), TENSOR(FC_B), CFG_N, CFG_C, CFG_FF_LOCAL,
+               CFG_ACT);
+    gelu_fwd(LAYER(L_GELU), LAYER(L_FC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_GELU), TENSOR(MLP_PROJ_W), NULL, CFG_N, CFG_FF_LOCAL, CFG_C,
+               CFG_ACT);
+    /* >>> reduce-scatter over tp: the MLP's output, (N, C) partial sums -> this rank's (N_SP, C)
+    ** (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    bias_fwd(STAGE(S_FULL_SP), TENSOR(MLP_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
+    add_fwd(LAYER(L_RES2), LAYER(L_RES1), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
+}
+
+/* Its backward: dres holds d(res2) on entry and d(input) on return; the gradients accumulate */
+static void layer_bwd(int c, int slot, int j)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    float *const *dw = gpt_grads(c, j);         /* their f32 gradients */
+    const void *x = gpt_layer_in(c, slot, j);   /* its input */
+    void *dres = gpt_dy(c, slot);               /* d(its output) in, d(its input) out */
+    /* MLP backward */
+    /* >>> all-gather over tp: ln_2's output again, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN2), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    bias_bwd(GRAD(MLP_PROJ_B), dres, CFG_N_SP, CFG_C, CFG_ACT);
+    /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(dres, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    matmul_bwd(STAGE(S_DFC), GRAD(MLP_PROJ_W), NULL, STAGE(S_FULL), LAYER(L_GELU),
+               TENSOR(MLP_PROJ_W), CFG_N, CFG_FF_LOCAL, CFG_C, CFG_ACT);
+    gelu_bwd(STAGE(S_DFC), LAYER(L_FC), STAGE(S_DFC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_bwd(STAGE(S_FULL), GRAD(FC_W), GRAD(FC_B), STAGE(S_DFC), STAGE(S_GATHER), TENSOR(FC_W),
+               CFG_N, CFG_C, CFG_FF_LOCAL, CFG_ACT);
+    /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
+    ** C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    layernorm_bwd(dres, GRAD(LN2_W), GRAD(LN2_B), STAGE(S_FULL_SP), LAYER(L_RES1), TENSOR(LN2_W),
+                  LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+    /* attention backward */
+    /* >>> all-gather over tp: ln_1's output again, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    bias_bwd(GRAD(ATTN_PROJ_B), dres, CFG_N_SP, CFG_C, CFG_ACT);
+    /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(dres, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    matmul_bwd(STAGE(S_DATTY), GRAD(ATTN_PROJ_W), NULL, STAGE(S_FULL), LAYER(L_ATTY),
+               TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
+    /* its backward: the K|V blocks travel the ring again, each with the f32 dK|dV its visited
+    ** ranks added; one more hop brings every block's dK|dV home */
+    attention_dsum(STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), CFG_B, CFG_T, CFG_HEADS_LOCAL,
+                   CFG_HEAD_DIM, CFG_ACT);
+    copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_C_LOCAL, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
+              3 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+    rt_memset0(STAGE(S_RING_ACC), 4 * CFG_N * CFG_C_LOCAL);
+    rt_memset0(STAGE(S_RING_DKV), 8 * CFG_N * CFG_C_LOCAL);
+    /* hops 0 .. CP-2 */
+    for (int i = 0; i < CFG_CP - 1; i++) {
+        {
+            /* >>> p2p on the cp ring: K|V block i to the next cp rank, the previous one's from
+            ** it (docs/megatron.md §12) */
+            rt_p2p_op ops[] = {
+                { 1, AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
+                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_KV },
+                { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
+                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
+            };
+            rt_p2p_start(ops, 2);
+        }
+        cp_ring_bwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC),
+                          ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
+                          STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
+                          AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
+                          CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+        rt_p2p_wait();
+        {
+            /* >>> p2p on the cp ring: block i's dK|dV to the next cp rank, the previous one's
+            ** from it (docs/megatron.md §12) */
+            rt_p2p_op ops[] = {
+                { 1, ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
+                  2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_DKV },
+                { 0, ((float *)STAGE(S_RING_DKV) + 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
+                  2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_DKV },
+            };
+            rt_p2p(ops, 2);
+        }
+    }
+    cp_ring_bwd_block((CFG_CP - 1), CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC),
+                      ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL),
+                      STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
+                      AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL), CFG_B,
+                      CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+    {
+        /* >>> p2p on the cp ring: the last block's dK|dV to the next cp rank, the previous one's
+        ** from it (docs/megatron.md §12) */
+        rt_p2p_op ops[] = {
+            { 1, ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL),
+              2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_DKV },
+            { 0, ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_C_LOCAL),
+              2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_DKV },
+        };
+        rt_p2p(ops, 2);
+    }
+    copy_cols(STAGE(S_DQKV), CFG_ACT, 3 * CFG_C_LOCAL, STAGE(S_RING_ACC), RT_F32, CFG_C_LOCAL,
+              CFG_N, CFG_C_LOCAL);
+    copy_cols(AT(STAGE(S_DQKV), CFG_C_LOCAL), CFG_ACT, 3 * CFG_C_LOCAL,
+              ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_C_LOCAL), RT_F32,
+              2 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+    matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), GRAD(QKV_B), STAGE(S_DQKV), STAGE(S_GATHER),
+               TENSOR(QKV_W), CFG_N, CFG_C, CFG_QKV_LOCAL, CFG_ACT);
+    /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
+    ** C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    layernorm_bwd(dres, GRAD(LN1_W), GRAD(LN1_B), STAGE(S_FULL_SP), x, TENSOR(LN1_W),
+                  LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+}
+
+/* The head: ln_f, logits, vocabulary-parallel cross-entropy and, fused, their backward into dy */
+static void head_fwd_bwd(int c, int mb, int slot)
+{
+    const void *x = gpt_out(c, slot);           /* the chunk's output (N_SP, C) */
+    void *dy = gpt_dy(c, slot);                 /* its gradient */
+    void *const *w = gpt_params(c, -1);         /* the head's tensors */
+    float *const *dw = gpt_grads(c, -1);        /* their f32 gradients */
+    float *loss = (float *)STAGE(X_LOSS) + mb;  /* the micro-batch's loss sum */
+    rt_memcpy(STAGE(S_TARGETS), gpt_targets(mb), CFG_N * sizeof(int), RT_H2D);
+    layernorm_fwd(STAGE(H_LNF), STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), x, TENSOR(LN_F_W),
+                  TENSOR(LN_F_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    /* >>> all-gather over tp: ln_f's output, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(STAGE(H_LNF), STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    linear_fwd(STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(S_FULL), TENSOR(HEAD_WTE), CFG_N, CFG_C,
+               CFG_V_LOCAL, CFG_ACT);
+    ce_rowmax(STAGE(S_CE), STAGE(S_LOGITS), CFG_N, CFG_V_LOCAL, gpt_vocab_valid(), CFG_ACT);
+    /* >>> all-reduce MAX over tp: the row maxima over the whole vocabulary (docs/megatron.md
+    ** §4.5) */
+    rt_allreduce(STAGE(S_CE), CFG_N, RT_F32, RT_MAX, GROUP(TP));
+    ce_sums(((float *)STAGE(S_CE) + CFG_N), STAGE(S_LOGITS), STAGE(S_CE), STAGE(S_TARGETS), CFG_N,
+            CFG_V_LOCAL, gpt_vocab_valid(), gpt_vocab_start(), CFG_ACT);
+    /* >>> all-reduce over tp: [sum of exp | the target's logit] (its owner's) (docs/megatron.md
+    ** §4.5) */
+    rt_allreduce(((float *)STAGE(S_CE) + CFG_N), 2 * CFG_N, RT_F32, RT_SUM, GROUP(TP));
+    ce_loss(((float *)STAGE(S_CE) + 3 * CFG_N), ((float *)STAGE(S_CE) + CFG_N), STAGE(S_CE), CFG_N);
+    sum_rows(loss, ((float *)STAGE(S_CE) + 3 * CFG_N), CFG_N);
+    /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication
+    ** (docs/megatron.md §4.5) */
+    ce_bwd(STAGE(S_LOGITS), STAGE(S_CE), ((float *)STAGE(S_CE) + CFG_N), STAGE(S_TARGETS), CFG_N,
+           CFG_V_LOCAL, gpt_vocab_valid(), gpt_vocab_start(), CFG_DLOSS, CFG_ACT);
+    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(HEAD_WTE), STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(S_FULL),
+               TENSOR(HEAD_WTE), CFG_N, CFG_C, CFG_V_LOCAL, CFG_ACT);
+    /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
+    ** C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    rt_memset0(dy, CFG_N_SP * CFG_C * CFG_ACT_SIZE);
+    layernorm_bwd(dy, GRAD(LN_F_W), GRAD(LN_F_B), STAGE(S_FULL_SP), x, TENSOR(LN_F_W),
+                  STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+}
+
+/* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: layers 4..7, head + loss */
 static void chunk0_forward(int mb, int slot)
 {
-    gpt_layer_fwd(0, 0, slot);   /* layer 4 */
-    gpt_layer_fwd(0, 1, slot);   /* layer 5 */
-    gpt_layer_fwd(0, 2, slot);   /* layer 6 */
-    gpt_layer_fwd(0, 3, slot);   /* layer 7 */
-    gpt_head_fwd_bwd(0, mb, slot);   /* ln_f, head and loss of mb; its gradient -> dy */
+    for (int j = 0; j <= 3; j++)   /* layers 4..7 */
+        layer_fwd(0, slot, j, 0);
+    head_fwd_bwd(0, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
 }
 
 static void chunk0_backward(int slot)
 {
-    gpt_layer_bwd(0, 3, slot);   /* layer 7 */
-    gpt_layer_bwd(0, 2, slot);   /* layer 6 */
-    gpt_layer_bwd(0, 1, slot);   /* layer 5 */
-    gpt_layer_bwd(0, 0, slot);   /* layer 4 */
+    for (int j = 3; j >= 0; j--)   /* layers 7..4 */
+        layer_bwd(0, slot, j);
 }
 
-/* -- The schedule: 1F1B, 1 micro-batches -- */
+static void (*const chunk_forward[1])(int mb, int slot) = { chunk0_forward };
+static void (*const chunk_backward[1])(int slot) = { chunk0_backward };
+
+/* -- The schedule: 1F1B, 1 micro-batches; one row per step -- */
+
+/* Each row: pipeline messages posted together -- activations sent to the next stage (TX_ACT)
+** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
+** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
+** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
+** (FWD), its backward (BWD), or nothing more (MSGS). "recv act 4.1": the activations of
+** micro-batch 4 for chunk 1. */
+#define FWD(mb, chunk, slot, ...) { GPT_STEP_F, mb, chunk, slot, { __VA_ARGS__ } }
+#define BWD(mb, chunk, slot, ...) { GPT_STEP_B, mb, chunk, slot, { __VA_ARGS__ } }
+#define MSGS(mb, chunk, slot, ...) { GPT_STEP_X, mb, chunk, slot, { __VA_ARGS__ } }
+#define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
+#define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
+#define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
+#define RX_GRAD(chunk, slot) { GPT_RECV_GRAD, chunk, slot }
+#define NO_MSG { GPT_NO_MSG, 0, 0 }
+static const gpt_sched_step schedule[3] = {
+    /* -- steady state: one forward, one backward -- */
+    FWD(0, 0, 0, RX_ACT(0, 0)),   /* recv act 0; forward 0 */
+    BWD(0, 0, 0, NO_MSG),   /* backward 0 */
+    MSGS(0, 0, 0, TX_GRAD(0, 0)),   /* send grad 0 */
+};
 
 static void run_schedule(void)
 {
-    /* -- steady state: one forward, one backward -- */
-    {
-        /* <<< recv activations mb 0 (chunk 0) from stage 0 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* forward mb 0, chunk 0 (slot 0): layers 4..7, head + loss (and its backward) */
-    chunk0_forward(0, 0);
-    /* backward mb 0, chunk 0 (slot 0): layers 7..4 */
-    chunk0_backward(0);
-    {
-        /* >>> send gradient mb 0 (chunk 0) to stage 0 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
+    for (int i = 0; i < 3; i++) {
+        const gpt_sched_step *st = &schedule[i];
+        rt_p2p_op ops[GPT_SCHED_MSGS];
+        int n = 0;
+        while (n < GPT_SCHED_MSGS && st->msg[n].kind != GPT_NO_MSG) {
+            ops[n] = gpt_sched_op(&st->msg[n]);
+            n++;
+        }
+        /* >>> p2p with the neighbouring stages: the row's messages, posted together */
+        if (n > 0) rt_p2p(ops, n);
+        if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
     }
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
-**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss ---------------------------- */
 
 static void step(const gpt_step_in *in, gpt_step_out *out)
 {
@@ -257,27 +501,29 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* >>> all-reduce over tp: the gradients of the 26 sequence-parallel tensors, packed (1,664
-    ** elements; docs/megatron.md §4.6) */
-    gpt_sp_allreduce(gpt.grp[GPT_GRP_TP]);
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    ** embedding's and the head's gradients (docs/megatron.md §7) */
-    gpt_grad_allreduce_range(0, 0, 8192, gpt.grp[GPT_GRP_EMBD]);
+    gpt_sp_pack();
+    /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
+    rt_allreduce(STAGE(X_SP_PACK), 1664, RT_F32, RT_SUM, GROUP(TP));
+    gpt_sp_unpack();
+    /* >>> all-reduce over embd (first and last stage): wte's gradient (docs/megatron.md §7) */
+    rt_allreduce(gpt_grad_buf(0), 8192, RT_F32, RT_SUM, GROUP(EMBD));
     /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
     ** gradients hold the tokens of every replica) */
-    gpt_grad_scale(0, CFG_GRAD_SCALE);
-    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) */
-    gpt_grad_allreduce(0, gpt.grp[GPT_GRP_DPCP]);
+    scale_inplace(gpt_grad_buf(0), 109184, CFG_GRAD_SCALE);
+    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) (docs/megatron.md §5.3) */
+    rt_allreduce(gpt_grad_buf(0), 109184, RT_F32, RT_SUM, GROUP(DPCP));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
-    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
-    gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
+    /* >>> all-reduce over mp: every stage and tp shard of this model replica (tp-pp) */
+    rt_allreduce(gpt_stat(0), 1, RT_F32, RT_SUM, GROUP(MP));
     /* the norm: sqrt of the reduced sums */
-    out->grad_norm = gpt_norm(0);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
-    ** and the ranks that want to stop (a signal, a time limit) */
-    gpt_loss_allreduce(in, rt_group_world(), out);
+    gpt_norm_set(out, 0);
+    gpt_loss_pack(in);
+    /* >>> all-reduce over the world: [the step's loss | stop], so that every rank takes the same
+    ** decisions */
+    rt_allreduce(gpt_stat(0), 2, RT_F32, RT_SUM, rt_group_world());
+    gpt_loss_unpack(out);
     /* clip to --clip, then AdamW; a step whose loss or gradient norm is not finite changes
     ** nothing (out->skipped) */
     gpt_adamw(in, out);

@@ -6,6 +6,8 @@
 ** run by ranks 0-3; 1f1b schedule: 1 warm-up, 0 steady, 1 cool-down; 1 in flight
 ** regenerate: make MODEL=tiny_mixtral TP=2 PP=2 DP=2 EP=2 ETP=1 SP=1
 */
+#include <math.h>
+
 #include "model.h"
 
 /* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
@@ -257,51 +259,245 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,   5120, 0 },
 };
 
-/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
+/* -- The model's pieces: every kernel call, collective and message of one micro-batch, in
+**    the order this rank runs them (gen/lua/layer.lua), on the buffers of the memory plan
+**    above; sizes are model.h's constants ------------------------------------------------- */
+
+#define LAYER(id) (a[GPT_M_##id])               /* a buffer of this layer and slot (L_, ML_) */
+#define STAGE(id) gpt_stage_buf(GPT_M_##id)     /* a buffer of the stage (S_, MS_, H_, X_) */
+#define TENSOR(f) (w[GPT_P_##f])                /* a tensor (the model's dtype) */
+#define GRAD(f) (dw[GPT_P_##f])                 /* its f32 gradient */
+#define GROUP(id) gpt_grp(GPT_GRP_##id)         /* a communicator */
+#define AT(p, n) ((void *)((char *)(p) + (size_t)(n) * CFG_ACT_SIZE))   /* n elements on */
+
+/* The embedding: tokens of micro-batch mb -> the chunk's input x (N_SP, C) */
+static void embedding_fwd(int c, int mb, int slot)
+{
+    void *out = gpt_x(c, slot);                 /* the chunk's input (N_SP, C) */
+    int *tok = gpt_tokens(c, slot);             /* (N) token ids */
+    void *const *w = gpt_params(c, -1);         /* the embedding's tensors */
+    rt_memcpy(tok, gpt_inputs(mb), CFG_N * sizeof(int), RT_H2D);
+    embed_fwd(STAGE(S_FULL), tok, TENSOR(WTE), CFG_N, CFG_C, gpt_vocab_start(), CFG_V_LOCAL,
+              CFG_ACT);
+    /* >>> all-reduce over tp: each rank looked up the tokens of its vocabulary rows
+    ** (docs/megatron.md §4.4) */
+    rt_allreduce(STAGE(S_FULL), CFG_N * CFG_C, CFG_ACT, RT_SUM, GROUP(TP));
+    /* scatter to the sequence-parallel region: keep this rank's rows */
+    rt_memcpy(out, AT(STAGE(S_FULL), gpt_tp_rank() * CFG_N_SP * CFG_C),
+              CFG_N_SP * CFG_C * CFG_ACT_SIZE, RT_D2D);
+}
+
+/* Its backward: d(x) -> the wte and wpe gradients */
+static void embedding_bwd(int c, int slot)
+{
+    const void *dy = gpt_dy(c, slot);           /* d(the chunk's input) (N_SP, C) */
+    const int *tok = gpt_tokens(c, slot);       /* (N) token ids */
+    float *const *dw = gpt_grads(c, -1);        /* the embedding's f32 gradients */
+    /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(dy, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    embed_bwd(GRAD(WTE), STAGE(S_FULL), tok, CFG_N, CFG_C, gpt_vocab_start(), CFG_V_LOCAL, CFG_ACT);
+}
+
+/* The transformer layer j of chunk c: its input -> res2 (N_SP, C); again = 1: the forward once
+** more before the backward (full recompute) */
+static void layer_fwd(int c, int slot, int j, int again)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    const void *x = gpt_layer_in(c, slot, j);   /* the chunk's input or layer j-1's output */
+    gpt_moe *m = gpt_moe_of(c, slot, j);        /* its routing state */
+    const gpt_a2a *e;                           /* the counts of an all-to-all */
+    /* attention: res1 = x + o_proj(attention(rope(q|k|v(rmsnorm(x))))) */
+    rmsnorm_fwd(LAYER(L_LN1), LAYER(L_LN1_RSTD), x, TENSOR(LN1_W), CFG_N_SP, CFG_C, CFG_LN_EPS,
+                CFG_ACT);
+    /* >>> all-gather over tp: ln_1's output, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    linear_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
+               CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
+    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+               TENSOR(K_W), CFG_N, CFG_C, CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
+    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+               CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
+    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+             gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
+    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+             CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
+    kv_expand(LAYER(L_QKV), STAGE(S_QKVP), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
+              CFG_ACT);
+    attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
+                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+    linear_fwd(STAGE(S_FULL), CFG_C, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C,
+               CFG_ACT);
+    /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
+    ** (N_SP, C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
+    rmsnorm_fwd(LAYER(L_LN2), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W), CFG_N_SP, CFG_C,
+                CFG_LN_EPS, CFG_ACT);
+    /* res2 = res1 + the mixture of experts of ln_2's output */
+    /* the router: logits, top-k, probabilities; the aux loss's token counts of this rank's
+    ** tokens (docs/megatron.md §8.1) */
+    moe_router_fwd(m, w, LAYER(L_LN2), STAGE(MS_COUNTS));
+    /* >>> all-gather over tp: every sequence shard's token counts per expert, for the aux loss
+    ** (docs/megatron.md §8.1) */
+    rt_allgather(STAGE(MS_COUNTS), ((int *)STAGE(MS_COUNTS) + CFG_EXPERTS * CFG_AUX_SEQS),
+                 CFG_EXPERTS * CFG_AUX_SEQS, RT_I32, GROUP(TP));
+    moe_dispatch(m, w, LAYER(L_LN2), STAGE(MS_COUNTS), again);
+    /* >>> all-to-all over ep: how many rows go to each (peer, local expert) (docs/megatron.md
+    ** §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_COUNTS);
+    rt_alltoallv(STAGE(MS_COUNTS), e->scounts, e->sdispls,
+                 ((int *)STAGE(MS_COUNTS) + CFG_EP * CFG_EXPERTS_LOCAL), e->rcounts, e->rdispls,
+                 RT_I32, GROUP(EP));
+    moe_recv_plan(m, STAGE(MS_COUNTS));
+    /* >>> all-to-all over ep: the kept rows to their experts' ranks (docs/megatron.md §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_ROWS);
+    rt_alltoallv(STAGE(MS_XS), e->scounts, e->sdispls, STAGE(MS_XR), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    /* >>> all-to-all over ep: their probabilities */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_PROBS);
+    rt_alltoallv(STAGE(MS_PS), e->scounts, e->sdispls, STAGE(MS_PR), e->rcounts, e->rdispls, RT_F32,
+                 GROUP(EP));
+    moe_experts_fwd(m, w, STAGE(MS_XR), STAGE(MS_PR));
+    /* >>> all-to-all over ep: the outputs back to their tokens' ranks (docs/megatron.md §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_BACK);
+    rt_alltoallv(STAGE(MS_YG), e->scounts, e->sdispls, STAGE(MS_YS), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    moe_combine(m, STAGE(S_FULL_SP), STAGE(MS_YS));
+    add_fwd(LAYER(L_RES2), LAYER(L_RES1), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
+}
+
+/* Its backward: dres holds d(res2) on entry and d(input) on return; the gradients accumulate */
+static void layer_bwd(int c, int slot, int j)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    float *const *dw = gpt_grads(c, j);         /* their f32 gradients */
+    const void *x = gpt_layer_in(c, slot, j);   /* its input */
+    void *dres = gpt_dy(c, slot);               /* d(its output) in, d(its input) out */
+    gpt_moe *m = gpt_moe_of(c, slot, j);        /* its routing state */
+    const gpt_a2a *e;                           /* the counts of an all-to-all */
+    /* the experts' backward: each kept row's output gradient, the way its token went */
+    moe_bwd_rows(m, dres);
+    /* >>> all-to-all over ep: the output gradients to the experts' ranks (docs/megatron.md
+    ** §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_ROWS);
+    rt_alltoallv(STAGE(MS_YS), e->scounts, e->sdispls, STAGE(MS_YR), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    moe_experts_bwd(m, w, dw, STAGE(MS_YR));
+    /* >>> all-to-all over ep: the input gradients back to their tokens' ranks (docs/megatron.md
+    ** §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_BACK);
+    rt_alltoallv(STAGE(MS_YG), e->scounts, e->sdispls, STAGE(MS_YS), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    /* >>> all-to-all over ep: the probability gradients back */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_BACK_PROBS);
+    rt_alltoallv(STAGE(MS_DPG), e->scounts, e->sdispls, STAGE(MS_DPS), e->rcounts, e->rdispls,
+                 RT_F32, GROUP(EP));
+    /* the router's backward: through the top-k and the aux loss, then its GEMMs */
+    moe_router_bwd(m, w, dw, LAYER(L_LN2), STAGE(MS_YS), STAGE(MS_DPS), STAGE(S_FULL_SP));
+    rmsnorm_bwd(dres, GRAD(LN2_W), STAGE(S_FULL_SP), LAYER(L_RES1), TENSOR(LN2_W),
+                LAYER(L_LN2_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+    /* attention backward */
+    /* >>> all-gather over tp: ln_1's output again, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(dres, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    linear_bwd(STAGE(S_DATTY), 0.0f, GRAD(ATTN_PROJ_W), STAGE(S_FULL), CFG_C, LAYER(L_ATTY),
+               TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
+    attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
+                  CFG_ACT);
+    kv_reduce(STAGE(S_QKVP), STAGE(S_DQKV), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
+              CFG_ACT);
+    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+             gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
+    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+             CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
+    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+               TENSOR(QKV_W), CFG_N, CFG_C, CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
+    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
+               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
+               CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
+    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(V_W),
+               AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+               CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
+    /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
+    ** C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    rmsnorm_bwd(dres, GRAD(LN1_W), STAGE(S_FULL_SP), x, TENSOR(LN1_W), LAYER(L_LN1_RSTD), CFG_N_SP,
+                CFG_C, CFG_ACT);
+}
+
+/* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: embedding, layers 0..1 */
 static void chunk0_forward(int mb, int slot)
 {
-    gpt_embedding_fwd(0, mb, slot);   /* the embedding: tokens of mb -> x */
-    gpt_layer_fwd(0, 0, slot);   /* layer 0 */
-    gpt_layer_fwd(0, 1, slot);   /* layer 1 */
+    embedding_fwd(0, mb, slot);
+    for (int j = 0; j <= 1; j++)   /* layers 0..1 */
+        layer_fwd(0, slot, j, 0);
 }
 
 static void chunk0_backward(int slot)
 {
-    gpt_layer_bwd(0, 1, slot);   /* layer 1 */
-    gpt_layer_bwd(0, 0, slot);   /* layer 0 */
-    gpt_embedding_bwd(0, slot);   /* the embedding: wte, wpe gradients */
+    for (int j = 1; j >= 0; j--)   /* layers 1..0 */
+        layer_bwd(0, slot, j);
+    embedding_bwd(0, slot);
 }
 
-/* -- The schedule: 1F1B, 1 micro-batches -- */
+static void (*const chunk_forward[1])(int mb, int slot) = { chunk0_forward };
+static void (*const chunk_backward[1])(int slot) = { chunk0_backward };
+
+/* -- The schedule: 1F1B, 1 micro-batches; one row per step -- */
+
+/* Each row: pipeline messages posted together -- activations sent to the next stage (TX_ACT)
+** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
+** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
+** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
+** (FWD), its backward (BWD), or nothing more (MSGS). "recv act 4.1": the activations of
+** micro-batch 4 for chunk 1. */
+#define FWD(mb, chunk, slot, ...) { GPT_STEP_F, mb, chunk, slot, { __VA_ARGS__ } }
+#define BWD(mb, chunk, slot, ...) { GPT_STEP_B, mb, chunk, slot, { __VA_ARGS__ } }
+#define MSGS(mb, chunk, slot, ...) { GPT_STEP_X, mb, chunk, slot, { __VA_ARGS__ } }
+#define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
+#define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
+#define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
+#define RX_GRAD(chunk, slot) { GPT_RECV_GRAD, chunk, slot }
+#define NO_MSG { GPT_NO_MSG, 0, 0 }
+static const gpt_sched_step schedule[3] = {
+    /* -- warm-up: forward passes only -- */
+    FWD(0, 0, 0, NO_MSG),   /* forward 0 */
+    MSGS(0, 0, 0, TX_ACT(0, 0)),   /* send act 0 */
+    /* -- cool-down: backward passes only -- */
+    BWD(0, 0, 0, RX_GRAD(0, 0)),   /* recv grad 0; backward 0 */
+};
 
 static void run_schedule(void)
 {
-    /* -- warm-up: forward passes only -- */
-    /* forward mb 0, chunk 0 (slot 0): embedding, layers 0..1 */
-    chunk0_forward(0, 0);
-    {
-        /* >>> send activations mb 0 (chunk 0) to stage 1 */
-        rt_p2p_op ops[] = {
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 1);
+    for (int i = 0; i < 3; i++) {
+        const gpt_sched_step *st = &schedule[i];
+        rt_p2p_op ops[GPT_SCHED_MSGS];
+        int n = 0;
+        while (n < GPT_SCHED_MSGS && st->msg[n].kind != GPT_NO_MSG) {
+            ops[n] = gpt_sched_op(&st->msg[n]);
+            n++;
+        }
+        /* >>> p2p with the neighbouring stages: the row's messages, posted together */
+        if (n > 0) rt_p2p(ops, n);
+        if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
     }
-    /* -- cool-down: backward passes only -- */
-    {
-        /* <<< recv gradient mb 0 (chunk 0) from stage 1 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* backward mb 0, chunk 0 (slot 0): layers 1..0, embedding */
-    chunk0_backward(0);
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
-**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss ---------------------------- */
 
 static void step(const gpt_step_in *in, gpt_step_out *out)
 {
@@ -309,33 +505,38 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* >>> all-reduce over tp: the gradients of the 6 sequence-parallel tensors, packed (1,280
-    ** elements; docs/megatron.md §4.6) */
-    gpt_sp_allreduce(gpt.grp[GPT_GRP_TP]);
+    gpt_sp_pack();
+    /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
+    rt_allreduce(STAGE(X_SP_PACK), 1280, RT_F32, RT_SUM, GROUP(TP));
+    gpt_sp_unpack();
     /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
     ** gradients hold the tokens of every replica) */
-    gpt_grad_scale(0, CFG_GRAD_SCALE);
-    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) */
-    gpt_grad_allreduce(0, gpt.grp[GPT_GRP_DPCP]);
+    scale_inplace(gpt_grad_buf(0), 21760, CFG_GRAD_SCALE);
+    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) (docs/megatron.md §5.3) */
+    rt_allreduce(gpt_grad_buf(0), 21760, RT_F32, RT_SUM, GROUP(DPCP));
     /* buffer 1 (chunk 0, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
     ** their gradients hold the tokens of every replica) */
-    gpt_grad_scale(1, CFG_GRAD_SCALE);
-    /* >>> all-reduce over expt-dp: buffer 1 (chunk 0, experts) */
-    gpt_grad_allreduce(1, gpt.grp[GPT_GRP_EDP]);
+    scale_inplace(gpt_grad_buf(1), 196608, CFG_GRAD_SCALE);
+    /* >>> all-reduce over expt-dp: buffer 1 (chunk 0, experts) (docs/megatron.md §5.3) */
+    rt_allreduce(gpt_grad_buf(1), 196608, RT_F32, RT_SUM, GROUP(EDP));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
-    /* >>> all-reduce over mp (tp-pp): every stage and tp shard of this model replica */
-    gpt_norm_allreduce(0, gpt.grp[GPT_GRP_MP]);
+    /* >>> all-reduce over mp: every stage and tp shard of this model replica (tp-pp) */
+    rt_allreduce(gpt_stat(0), 1, RT_F32, RT_SUM, GROUP(MP));
     /* >>> all-reduce over tp-ep-pp: every expert of this replica */
-    gpt_norm_allreduce(1, gpt.grp[GPT_GRP_TPEPPP]);
+    rt_allreduce(gpt_stat(1), 1, RT_F32, RT_SUM, GROUP(TPEPPP));
     /* the norm: sqrt of the reduced sums */
-    out->grad_norm = gpt_norm(0);
+    gpt_norm_set(out, 0);
+    gpt_aux_pack();
     /* >>> all-reduce over the world: every rank's share of the aux loss */
-    gpt_aux_allreduce(rt_group_world(), out);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
-    ** and the ranks that want to stop (a signal, a time limit) */
-    gpt_loss_allreduce(in, rt_group_world(), out);
+    rt_allreduce(gpt_stat(2), 1, RT_F32, RT_SUM, rt_group_world());
+    gpt_aux_unpack(out);
+    gpt_loss_pack(in);
+    /* >>> all-reduce over the world: [the step's loss | stop], so that every rank takes the same
+    ** decisions */
+    rt_allreduce(gpt_stat(0), 2, RT_F32, RT_SUM, rt_group_world());
+    gpt_loss_unpack(out);
     /* clip to --clip, then AdamW; a step whose loss or gradient norm is not finite changes
     ** nothing (out->skipped) */
     gpt_adamw(in, out);

@@ -7,7 +7,7 @@
 #ifndef MODEL_H
 #define MODEL_H
 
-#include "gpt.h"   // defines: gpt_program, gpt_stage, gpt_layer_fwd, rt_p2p, ... (lib/gpt.h)
+#include "gpt.h"   // defines: gpt_program, gpt_stage, gpt_acts, layernorm_fwd, rt_p2p, ... (lib/gpt.h)
 
 /* -- Sizes: every number the program uses, with its origin --------------------------------- */
 
@@ -20,6 +20,7 @@
 #define CFG_VP              2                  /* virtual chunks per stage (VP) */
 #define CFG_SP              1                  /* sequence parallelism (SP=1) */
 #define CFG_ACT             RT_F32             /* parameters, activations, their communication: f32 */
+#define CFG_ACT_SIZE        4                  /* bytes of one element of CFG_ACT */
 #define CFG_RC_ATTN         0                  /* selective recompute of the attention core */
 #define CFG_RC_LN           0                  /* selective recompute of the two LayerNorms */
 #define CFG_RC_MLP          0                  /* selective recompute of the dense MLP */

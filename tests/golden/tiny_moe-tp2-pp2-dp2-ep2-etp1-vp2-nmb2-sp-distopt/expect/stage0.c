@@ -6,6 +6,8 @@
 ** run by ranks 0-3; interleaved schedule: 4 warm-up, 0 steady, 4 cool-down; 4 in flight
 ** regenerate: make MODEL=tiny_moe TP=2 PP=2 DP=2 EP=2 ETP=1 VP=2 NMB=2 SP=1 DIST_OPT=1
 */
+#include <math.h>
+
 #include "model.h"
 
 /* -- Buffers: per model chunk and kind, Megatron's DDP layout (docs/megatron.md §5.1); the
@@ -334,123 +336,239 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_X_SP_PACK]   = { GPT_MEM_ALLOC, 0,  6144, 0 },
 };
 
-/* -- Chunks: forward and backward of one micro-batch (layers in the library, lib/model.c) -- */
+/* -- The model's pieces: every kernel call, collective and message of one micro-batch, in
+**    the order this rank runs them (gen/lua/layer.lua), on the buffers of the memory plan
+**    above; sizes are model.h's constants ------------------------------------------------- */
+
+#define LAYER(id) (a[GPT_M_##id])               /* a buffer of this layer and slot (L_, ML_) */
+#define STAGE(id) gpt_stage_buf(GPT_M_##id)     /* a buffer of the stage (S_, MS_, H_, X_) */
+#define TENSOR(f) (w[GPT_P_##f])                /* a tensor (the model's dtype) */
+#define GRAD(f) (dw[GPT_P_##f])                 /* its f32 gradient */
+#define GROUP(id) gpt_grp(GPT_GRP_##id)         /* a communicator */
+#define AT(p, n) ((void *)((char *)(p) + (size_t)(n) * CFG_ACT_SIZE))   /* n elements on */
+
+/* The embedding: tokens of micro-batch mb -> the chunk's input x (N_SP, C) */
+static void embedding_fwd(int c, int mb, int slot)
+{
+    void *out = gpt_x(c, slot);                 /* the chunk's input (N_SP, C) */
+    int *tok = gpt_tokens(c, slot);             /* (N) token ids */
+    void *const *w = gpt_params(c, -1);         /* the embedding's tensors */
+    rt_memcpy(tok, gpt_inputs(mb), CFG_N * sizeof(int), RT_H2D);
+    embed_fwd(STAGE(S_FULL), tok, TENSOR(WTE), CFG_N, CFG_C, gpt_vocab_start(), CFG_V_LOCAL,
+              CFG_ACT);
+    /* >>> all-reduce over tp: each rank looked up the tokens of its vocabulary rows
+    ** (docs/megatron.md §4.4) */
+    rt_allreduce(STAGE(S_FULL), CFG_N * CFG_C, CFG_ACT, RT_SUM, GROUP(TP));
+    pos_fwd(STAGE(S_FULL), TENSOR(WPE), CFG_T_CHUNK, CFG_B, CFG_C, gpt_cp_position(0), CFG_ACT);
+    /* scatter to the sequence-parallel region: keep this rank's rows */
+    rt_memcpy(out, AT(STAGE(S_FULL), gpt_tp_rank() * CFG_N_SP * CFG_C),
+              CFG_N_SP * CFG_C * CFG_ACT_SIZE, RT_D2D);
+}
+
+/* Its backward: d(x) -> the wte and wpe gradients */
+static void embedding_bwd(int c, int slot)
+{
+    const void *dy = gpt_dy(c, slot);           /* d(the chunk's input) (N_SP, C) */
+    const int *tok = gpt_tokens(c, slot);       /* (N) token ids */
+    float *const *dw = gpt_grads(c, -1);        /* the embedding's f32 gradients */
+    /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(dy, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    embed_bwd(GRAD(WTE), STAGE(S_FULL), tok, CFG_N, CFG_C, gpt_vocab_start(), CFG_V_LOCAL, CFG_ACT);
+    pos_bwd(GRAD(WPE), STAGE(S_FULL), CFG_T_CHUNK, CFG_B, CFG_C, gpt_cp_position(0), CFG_ACT);
+}
+
+/* The transformer layer j of chunk c: its input -> res2 (N_SP, C); again = 1: the forward once
+** more before the backward (full recompute) */
+static void layer_fwd(int c, int slot, int j, int again)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    const void *x = gpt_layer_in(c, slot, j);   /* the chunk's input or layer j-1's output */
+    gpt_moe *m = gpt_moe_of(c, slot, j);        /* its routing state */
+    const gpt_a2a *e;                           /* the counts of an all-to-all */
+    /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
+    layernorm_fwd(LAYER(L_LN1), LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), x, TENSOR(LN1_W),
+                  TENSOR(LN1_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    /* >>> all-gather over tp: ln_1's output, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    matmul_fwd(LAYER(L_QKV), STAGE(S_GATHER), TENSOR(QKV_W), NULL, CFG_N, CFG_C, CFG_QKV_LOCAL,
+               CFG_ACT);
+    attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
+                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
+               CFG_ACT);
+    /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
+    ** (N_SP, C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
+    layernorm_fwd(LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W),
+                  TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    /* res2 = res1 + the mixture of experts of ln_2's output */
+    /* the router: logits, top-k, probabilities; the aux loss's token counts of this rank's
+    ** tokens (docs/megatron.md §8.1) */
+    moe_router_fwd(m, w, LAYER(L_LN2), STAGE(MS_COUNTS));
+    /* >>> all-gather over tp: every sequence shard's token counts per expert, for the aux loss
+    ** (docs/megatron.md §8.1) */
+    rt_allgather(STAGE(MS_COUNTS), ((int *)STAGE(MS_COUNTS) + CFG_EXPERTS * CFG_AUX_SEQS),
+                 CFG_EXPERTS * CFG_AUX_SEQS, RT_I32, GROUP(TP));
+    moe_dispatch(m, w, LAYER(L_LN2), STAGE(MS_COUNTS), again);
+    /* >>> all-to-all over ep: how many rows go to each (peer, local expert) (docs/megatron.md
+    ** §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_COUNTS);
+    rt_alltoallv(STAGE(MS_COUNTS), e->scounts, e->sdispls,
+                 ((int *)STAGE(MS_COUNTS) + CFG_EP * CFG_EXPERTS_LOCAL), e->rcounts, e->rdispls,
+                 RT_I32, GROUP(EP));
+    moe_recv_plan(m, STAGE(MS_COUNTS));
+    /* >>> all-to-all over ep: the kept rows to their experts' ranks (docs/megatron.md §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_ROWS);
+    rt_alltoallv(STAGE(MS_XS), e->scounts, e->sdispls, STAGE(MS_XR), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    /* >>> all-to-all over ep: their probabilities */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_PROBS);
+    rt_alltoallv(STAGE(MS_PS), e->scounts, e->sdispls, STAGE(MS_PR), e->rcounts, e->rdispls, RT_F32,
+                 GROUP(EP));
+    moe_experts_fwd(m, w, STAGE(MS_XR), STAGE(MS_PR));
+    /* >>> all-to-all over ep: the outputs back to their tokens' ranks (docs/megatron.md §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_BACK);
+    rt_alltoallv(STAGE(MS_YG), e->scounts, e->sdispls, STAGE(MS_YS), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    moe_combine(m, STAGE(S_FULL_SP), STAGE(MS_YS));
+    add_fwd(LAYER(L_RES2), LAYER(L_RES1), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
+}
+
+/* Its backward: dres holds d(res2) on entry and d(input) on return; the gradients accumulate */
+static void layer_bwd(int c, int slot, int j)
+{
+    void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
+    void *const *w = gpt_params(c, j);          /* its tensors */
+    float *const *dw = gpt_grads(c, j);         /* their f32 gradients */
+    const void *x = gpt_layer_in(c, slot, j);   /* its input */
+    void *dres = gpt_dy(c, slot);               /* d(its output) in, d(its input) out */
+    gpt_moe *m = gpt_moe_of(c, slot, j);        /* its routing state */
+    const gpt_a2a *e;                           /* the counts of an all-to-all */
+    /* the experts' backward: each kept row's output gradient, the way its token went */
+    moe_bwd_rows(m, dres);
+    /* >>> all-to-all over ep: the output gradients to the experts' ranks (docs/megatron.md
+    ** §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_ROWS);
+    rt_alltoallv(STAGE(MS_YS), e->scounts, e->sdispls, STAGE(MS_YR), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    moe_experts_bwd(m, w, dw, STAGE(MS_YR));
+    /* >>> all-to-all over ep: the input gradients back to their tokens' ranks (docs/megatron.md
+    ** §8.2) */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_BACK);
+    rt_alltoallv(STAGE(MS_YG), e->scounts, e->sdispls, STAGE(MS_YS), e->rcounts, e->rdispls,
+                 CFG_ACT, GROUP(EP));
+    /* >>> all-to-all over ep: the probability gradients back */
+    e = gpt_moe_a2a(m, GPT_A2A_EP_BACK_PROBS);
+    rt_alltoallv(STAGE(MS_DPG), e->scounts, e->sdispls, STAGE(MS_DPS), e->rcounts, e->rdispls,
+                 RT_F32, GROUP(EP));
+    /* the router's backward: through the top-k and the aux loss, then its GEMMs */
+    moe_router_bwd(m, w, dw, LAYER(L_LN2), STAGE(MS_YS), STAGE(MS_DPS), STAGE(S_FULL_SP));
+    layernorm_bwd(dres, GRAD(LN2_W), GRAD(LN2_B), STAGE(S_FULL_SP), LAYER(L_RES1), TENSOR(LN2_W),
+                  LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+    /* attention backward */
+    /* >>> all-gather over tp: ln_1's output again, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
+    ** (docs/megatron.md §4.1) */
+    rt_allgather(dres, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    matmul_bwd(STAGE(S_DATTY), GRAD(ATTN_PROJ_W), NULL, STAGE(S_FULL), LAYER(L_ATTY),
+               TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
+    attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
+                  CFG_ACT);
+    matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), NULL, STAGE(S_DQKV), STAGE(S_GATHER), TENSOR(QKV_W),
+               CFG_N, CFG_C, CFG_QKV_LOCAL, CFG_ACT);
+    /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
+    ** C) (docs/megatron.md §4.1) */
+    rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
+    layernorm_bwd(dres, GRAD(LN1_W), GRAD(LN1_B), STAGE(S_FULL_SP), x, TENSOR(LN1_W),
+                  LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
+}
+
+/* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: embedding, layer 0 */
 static void chunk0_forward(int mb, int slot)
 {
-    gpt_embedding_fwd(0, mb, slot);   /* the embedding: tokens of mb -> x */
-    gpt_layer_fwd(0, 0, slot);   /* layer 0 */
+    embedding_fwd(0, mb, slot);
+    layer_fwd(0, slot, 0, 0);   /* layer 0 */
 }
 
 static void chunk0_backward(int slot)
 {
-    gpt_layer_bwd(0, 0, slot);   /* layer 0 */
-    gpt_embedding_bwd(0, slot);   /* the embedding: wte, wpe gradients */
+    layer_bwd(0, slot, 0);   /* layer 0 */
+    embedding_bwd(0, slot);
 }
 
 /* chunk 1: layer 2 */
 static void chunk1_forward(int mb, int slot)
 {
     (void)mb;
-    gpt_layer_fwd(1, 0, slot);   /* layer 2 */
+    layer_fwd(1, slot, 0, 0);   /* layer 2 */
 }
 
 static void chunk1_backward(int slot)
 {
-    gpt_layer_bwd(1, 0, slot);   /* layer 2 */
+    layer_bwd(1, slot, 0);   /* layer 2 */
 }
 
-/* -- The schedule: interleaved 1F1B over 2 chunks, 2 micro-batches -- */
+static void (*const chunk_forward[2])(int mb, int slot) = { chunk0_forward, chunk1_forward };
+static void (*const chunk_backward[2])(int slot) = { chunk0_backward, chunk1_backward };
+
+/* -- The schedule: interleaved 1F1B over 2 chunks, 2 micro-batches; one row per step -- */
+
+/* Each row: pipeline messages posted together -- activations sent to the next stage (TX_ACT)
+** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
+** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
+** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
+** (FWD), its backward (BWD), or nothing more (MSGS). "recv act 4.1": the activations of
+** micro-batch 4 for chunk 1. */
+#define FWD(mb, chunk, slot, ...) { GPT_STEP_F, mb, chunk, slot, { __VA_ARGS__ } }
+#define BWD(mb, chunk, slot, ...) { GPT_STEP_B, mb, chunk, slot, { __VA_ARGS__ } }
+#define MSGS(mb, chunk, slot, ...) { GPT_STEP_X, mb, chunk, slot, { __VA_ARGS__ } }
+#define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
+#define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
+#define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
+#define RX_GRAD(chunk, slot) { GPT_RECV_GRAD, chunk, slot }
+#define NO_MSG { GPT_NO_MSG, 0, 0 }
+static const gpt_sched_step schedule[9] = {
+    /* -- warm-up: forward passes only -- */
+    FWD(0, 0, 0, NO_MSG),   /* forward 0.0 */
+    FWD(1, 0, 1, TX_ACT(0, 0)),   /* send act 0.0; forward 1.0 */
+    FWD(0, 1, 0, RX_ACT(1, 0), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0; forward 0.1 */
+    FWD(1, 1, 1, RX_ACT(1, 1), TX_ACT(1, 0)),   /* recv act 1.1, send act 0.1; forward 1.1 */
+    MSGS(0, 0, 0, TX_ACT(1, 1)),   /* send act 1.1 */
+    /* -- cool-down: backward passes only -- */
+    BWD(0, 1, 0, RX_GRAD(1, 0)),   /* recv grad 0.1; backward 0.1 */
+    BWD(1, 1, 1, TX_GRAD(1, 0), RX_GRAD(1, 1)),   /* send grad 0.1, recv grad 1.1; backward 1.1 */
+    BWD(0, 0, 0, TX_GRAD(1, 1), RX_GRAD(0, 0)),   /* send grad 1.1, recv grad 0.0; backward 0.0 */
+    BWD(1, 0, 1, RX_GRAD(0, 1)),   /* recv grad 1.0; backward 1.0 */
+};
 
 static void run_schedule(void)
 {
-    /* -- warm-up: forward passes only -- */
-    /* forward mb 0, chunk 0 (slot 0): embedding, layer 0 */
-    chunk0_forward(0, 0);
-    {
-        /* >>> send activations mb 0 (chunk 0) to stage 1 */
-        rt_p2p_op ops[] = {
-            { 1, gpt_chunk_output(0, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 1);
+    for (int i = 0; i < 9; i++) {
+        const gpt_sched_step *st = &schedule[i];
+        rt_p2p_op ops[GPT_SCHED_MSGS];
+        int n = 0;
+        while (n < GPT_SCHED_MSGS && st->msg[n].kind != GPT_NO_MSG) {
+            ops[n] = gpt_sched_op(&st->msg[n]);
+            n++;
+        }
+        /* >>> p2p with the neighbouring stages: the row's messages, posted together */
+        if (n > 0) rt_p2p(ops, n);
+        if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
     }
-    /* forward mb 1, chunk 0 (slot 1): embedding, layer 0 */
-    chunk0_forward(1, 1);
-    {
-        /* <<< recv activations mb 0 (chunk 1) from stage 1; >>> send activations mb 1 (chunk 0)
-        ** to stage 1 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[0].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(0, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 0, chunk 1 (slot 0): layer 2 */
-    chunk1_forward(0, 0);
-    {
-        /* <<< recv activations mb 1 (chunk 1) from stage 1; >>> send activations mb 0 (chunk 1)
-        ** to stage 1 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[1].x, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_ACT },
-            { 1, gpt_chunk_output(1, 0), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* forward mb 1, chunk 1 (slot 1): layer 2 */
-    chunk1_forward(1, 1);
-    {
-        /* >>> send activations mb 1 (chunk 1) to stage 1 */
-        rt_p2p_op ops[] = {
-            { 1, gpt_chunk_output(1, 1), CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_ACT },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* -- cool-down: backward passes only -- */
-    {
-        /* <<< recv gradient mb 0 (chunk 1) from stage 1 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* backward mb 0, chunk 1 (slot 0): layer 2 */
-    chunk1_backward(0);
-    {
-        /* >>> send gradient mb 0 (chunk 1) to stage 1; <<< recv gradient mb 1 (chunk 1) from
-        ** stage 1 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* backward mb 1, chunk 1 (slot 1): layer 2 */
-    chunk1_backward(1);
-    {
-        /* >>> send gradient mb 1 (chunk 1) to stage 1; <<< recv gradient mb 0 (chunk 0) from
-        ** stage 1 */
-        rt_p2p_op ops[] = {
-            { 1, gpt.chunk[1].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_prev, GPT_TAG_GRAD },
-            { 0, gpt.chunk[0].acts[0].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 2);
-    }
-    /* backward mb 0, chunk 0 (slot 0): layer 0, embedding */
-    chunk0_backward(0);
-    {
-        /* <<< recv gradient mb 1 (chunk 0) from stage 1 */
-        rt_p2p_op ops[] = {
-            { 0, gpt.chunk[0].acts[1].dy, CFG_P2P_N, CFG_ACT, gpt.pp_next, GPT_TAG_GRAD },
-        };
-        rt_p2p(ops, 1);
-    }
-    /* backward mb 1, chunk 0 (slot 1): layer 0, embedding */
-    chunk0_backward(1);
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
-**    the gradient norm (§6), clipping and AdamW (§5.4), the loss; one collective per call -- */
+**    the gradient norm (§6), clipping and AdamW (§5.4), the loss ---------------------------- */
 
 static void step(const gpt_step_in *in, gpt_step_out *out)
 {
@@ -458,64 +576,73 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* >>> all-reduce over tp: the gradients of the 10 sequence-parallel tensors, packed (1,536
-    ** elements; docs/megatron.md §4.6) */
-    gpt_sp_allreduce(gpt.grp[GPT_GRP_TP]);
-    /* >>> all-reduce over embd (first and last stage): both copies of wte get the sum of the
-    ** embedding's and the head's gradients (docs/megatron.md §7) */
-    gpt_grad_allreduce_range(0, 13056, 8192, gpt.grp[GPT_GRP_EMBD]);
+    gpt_sp_pack();
+    /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
+    rt_allreduce(STAGE(X_SP_PACK), 1536, RT_F32, RT_SUM, GROUP(TP));
+    gpt_sp_unpack();
+    /* >>> all-reduce over embd (first and last stage): wte's gradient (docs/megatron.md §7) */
+    rt_allreduce(gpt_grad_buf(0) + 13056, 8192, RT_F32, RT_SUM, GROUP(EMBD));
     /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
     ** gradients hold the tokens of every replica) */
-    gpt_grad_scale(0, CFG_GRAD_SCALE);
+    scale_inplace(gpt_grad_buf(0), 21248, CFG_GRAD_SCALE);
     /* >>> reduce-scatter over dp-cp, in place: buffer 0 (chunk 0, dense), bucket 0; this rank's
-    ** shard holds the sum */
-    gpt_grad_reduce_scatter(0, 0, gpt.grp[GPT_GRP_DPCP]);
+    ** shard holds the sum (docs/megatron.md §5.3) */
+    rt_reduce_scatter(gpt_grad_buf(0), gpt_grad_shard(0, 0), 6528, RT_F32, GROUP(DPCP));
     /* >>> reduce-scatter over dp-cp, in place: buffer 0 (chunk 0, dense), bucket 1; this rank's
-    ** shard holds the sum */
-    gpt_grad_reduce_scatter(0, 1, gpt.grp[GPT_GRP_DPCP]);
+    ** shard holds the sum (docs/megatron.md §5.3) */
+    rt_reduce_scatter(gpt_grad_buf(0) + 13056, gpt_grad_shard(0, 1), 4096, RT_F32, GROUP(DPCP));
     /* buffer 1 (chunk 0, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
     ** their gradients hold the tokens of every replica) */
-    gpt_grad_scale(1, CFG_GRAD_SCALE);
+    scale_inplace(gpt_grad_buf(1), 65536, CFG_GRAD_SCALE);
     /* >>> reduce-scatter over expt-dp, in place: buffer 1 (chunk 0, experts), bucket 0; this
-    ** rank's shard holds the sum */
-    gpt_grad_reduce_scatter(1, 0, gpt.grp[GPT_GRP_EDP]);
+    ** rank's shard holds the sum (docs/megatron.md §5.3) */
+    rt_reduce_scatter(gpt_grad_buf(1), gpt_grad_shard(1, 0), 32768, RT_F32, GROUP(EDP));
     /* buffer 2 (chunk 1, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
     ** gradients hold the tokens of every replica) */
-    gpt_grad_scale(2, CFG_GRAD_SCALE);
+    scale_inplace(gpt_grad_buf(2), 8960, CFG_GRAD_SCALE);
     /* >>> reduce-scatter over dp-cp, in place: buffer 2 (chunk 1, dense), bucket 0; this rank's
-    ** shard holds the sum */
-    gpt_grad_reduce_scatter(2, 0, gpt.grp[GPT_GRP_DPCP]);
+    ** shard holds the sum (docs/megatron.md §5.3) */
+    rt_reduce_scatter(gpt_grad_buf(2), gpt_grad_shard(2, 0), 4480, RT_F32, GROUP(DPCP));
     /* buffer 3 (chunk 1, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
     ** their gradients hold the tokens of every replica) */
-    gpt_grad_scale(3, CFG_GRAD_SCALE);
+    scale_inplace(gpt_grad_buf(3), 65536, CFG_GRAD_SCALE);
     /* >>> reduce-scatter over expt-dp, in place: buffer 3 (chunk 1, experts), bucket 0; this
-    ** rank's shard holds the sum */
-    gpt_grad_reduce_scatter(3, 0, gpt.grp[GPT_GRP_EDP]);
+    ** rank's shard holds the sum (docs/megatron.md §5.3) */
+    rt_reduce_scatter(gpt_grad_buf(3), gpt_grad_shard(3, 0), 32768, RT_F32, GROUP(EDP));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
     /* >>> all-reduce over the world: every rank holds a distinct shard */
-    gpt_norm_allreduce(2, rt_group_world());
+    rt_allreduce(gpt_stat(2), 1, RT_F32, RT_SUM, rt_group_world());
     /* the norm: sqrt of the reduced sums */
-    out->grad_norm = gpt_norm(1);
+    gpt_norm_set(out, 1);
+    gpt_aux_pack();
     /* >>> all-reduce over the world: every rank's share of the aux loss */
-    gpt_aux_allreduce(rt_group_world(), out);
-    /* >>> all-reduce over the world: the step's loss (the head stage's tp-rank-0 ranks hold it)
-    ** and the ranks that want to stop (a signal, a time limit) */
-    gpt_loss_allreduce(in, rt_group_world(), out);
+    rt_allreduce(gpt_stat(2), 1, RT_F32, RT_SUM, rt_group_world());
+    gpt_aux_unpack(out);
+    gpt_loss_pack(in);
+    /* >>> all-reduce over the world: [the step's loss | stop], so that every rank takes the same
+    ** decisions */
+    rt_allreduce(gpt_stat(0), 2, RT_F32, RT_SUM, rt_group_world());
+    gpt_loss_unpack(out);
     /* clip to --clip, then AdamW on this rank's shards; a step whose loss or gradient norm is
     ** not finite changes nothing (out->skipped) */
     gpt_adamw(in, out);
-    /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others (f32) */
-    gpt_param_allgather(0, 0, gpt.grp[GPT_GRP_DPCP]);
-    /* >>> all-gather over dp-cp: buffer 0, bucket 1: the updated shards of the others (f32) */
-    gpt_param_allgather(0, 1, gpt.grp[GPT_GRP_DPCP]);
-    /* >>> all-gather over expt-dp: buffer 1, bucket 0: the updated shards of the others (f32) */
-    gpt_param_allgather(1, 0, gpt.grp[GPT_GRP_EDP]);
-    /* >>> all-gather over dp-cp: buffer 2, bucket 0: the updated shards of the others (f32) */
-    gpt_param_allgather(2, 0, gpt.grp[GPT_GRP_DPCP]);
-    /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others (f32) */
-    gpt_param_allgather(3, 0, gpt.grp[GPT_GRP_EDP]);
+    /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others
+    ** (docs/megatron.md §5.4) */
+    rt_allgather(gpt_param_shard(0, 0), gpt_param_bucket(0, 0), 6528, RT_F32, GROUP(DPCP));
+    /* >>> all-gather over dp-cp: buffer 0, bucket 1: the updated shards of the others
+    ** (docs/megatron.md §5.4) */
+    rt_allgather(gpt_param_shard(0, 1), gpt_param_bucket(0, 1), 4096, RT_F32, GROUP(DPCP));
+    /* >>> all-gather over expt-dp: buffer 1, bucket 0: the updated shards of the others
+    ** (docs/megatron.md §5.4) */
+    rt_allgather(gpt_param_shard(1, 0), gpt_param_bucket(1, 0), 32768, RT_F32, GROUP(EDP));
+    /* >>> all-gather over dp-cp: buffer 2, bucket 0: the updated shards of the others
+    ** (docs/megatron.md §5.4) */
+    rt_allgather(gpt_param_shard(2, 0), gpt_param_bucket(2, 0), 4480, RT_F32, GROUP(DPCP));
+    /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others
+    ** (docs/megatron.md §5.4) */
+    rt_allgather(gpt_param_shard(3, 0), gpt_param_bucket(3, 0), 32768, RT_F32, GROUP(EDP));
 }
 
 const gpt_stage stage0 = {
