@@ -1,4 +1,5 @@
-# gen/gen.mk: rules for build/gen, the generator: the C host (main, host, tmpl, buf, diag) and
+# gen/gen.mk: rules for build/gen, the generator: the C host (main, host, tmpl, buf, diag, and
+# tables: the lists shared with the library, lib/gpt_tables.h) and
 # the re2c lexer of the template engine. The Lua passes (gen/lua/*.lua) are read at run time
 # from <root>/gen/lua and are not built. Included by the top-level Makefile, which defines
 # CC, RE2C, CFLAGS_C, LUA_CFLAGS, LUA_LIBS, Q and E.
@@ -8,7 +9,7 @@
 
 GEN_BIN  := build/gen
 GEN_ODIR := build/obj/gen
-GEN_OBJS := $(addprefix $(GEN_ODIR)/,main.o host.o tmpl.o buf.o diag.o tmpl_lex.o)
+GEN_OBJS := $(addprefix $(GEN_ODIR)/,main.o host.o tmpl.o buf.o diag.o tables.o tmpl_lex.o)
 
 ALL_TARGETS += $(GEN_BIN)
 

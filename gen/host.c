@@ -456,6 +456,7 @@ int host_open(lua_State *L)
 
     luaL_requiref(L, "host", luaopen_host, 0);
     luaL_requiref(L, "tmpl", luaopen_tmpl, 0);
-    lua_pop(L, 2);
+    luaL_requiref(L, "tables", luaopen_tables, 0);
+    lua_pop(L, 3);
     return 0;
 }

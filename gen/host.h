@@ -20,4 +20,7 @@ size_t host_set_mem_limit(lua_State *L, size_t limit);
 
 int luaopen_host(lua_State *L);
 
+/* The module `tables` (tables.c): the lists shared with the library (lib/gpt_tables.h). */
+int luaopen_tables(lua_State *L);
+
 #endif

@@ -19,6 +19,7 @@
 
 #include "kernels.h"   // defines: the kernels (layernorm_fwd, attention_fwd, adamw_step, ...)
 #include "ops.h"       // defines: matmul_fwd, linear_fwd, cp_ring_fwd_block, moe_dispatch, ...
+#include "gpt_tables.h"   // defines: GPT_GROUPS, GPT_FIELDS, GPT_MEMS, GPT_A2AS
 #include "rt.h"        // defines: rt_group, rt_p2p, rt_allreduce, RT_CHECK, ...
 
 #ifdef __cplusplus
@@ -106,10 +107,7 @@ typedef struct {
     int stride[GPT_NAXES];    /* rank = sum of coordinate * stride (the rank order) */
 } gpt_grid;
 
-/* ORDER GPT_GROUP: the communicators a program may use: enum suffix, kind (topology.json). */
-#define GPT_GROUPS(_) \
-    _(TP, "tp") _(DPCP, "dp-cp") _(PP, "pp") _(EMBD, "embd") _(MP, "mp") _(EP, "ep") \
-    _(ETP, "expt-tp") _(EDP, "expt-dp") _(TPEPPP, "tp-ep-pp") _(CP, "cp") _(TPCP, "tp-cp")
+/* The communicators a program may use (gpt_tables.h GPT_GROUPS). */
 typedef enum {
 #define GPT_GRP_ENUM(id, name) GPT_GRP_##id,
     GPT_GROUPS(GPT_GRP_ENUM)
@@ -131,23 +129,9 @@ typedef struct {
 
 /* -- One pipeline stage's tables --------------------------------------------------------- */
 
-/* ORDER GPT_FIELD: the parameter tensors of the model code: enum suffix, what it is. */
-#define GPT_FIELDS(_) \
-    _(WTE, "wte.weight") _(WPE, "wpe.weight") _(LN_F_W, "ln_f.weight") \
-    _(LN_F_B, "ln_f.bias") _(HEAD_WTE, "the head's copy of wte.weight") \
-    _(LN1_W, "ln_1.weight") _(LN1_B, "ln_1.bias") _(QKV_W, "attn.c_attn.weight") \
-    _(QKV_B, "attn.c_attn.bias") _(ATTN_PROJ_W, "attn.c_proj.weight") \
-    _(ATTN_PROJ_B, "attn.c_proj.bias") _(LN2_W, "ln_2.weight") _(LN2_B, "ln_2.bias") \
-    _(FC_W, "mlp.c_fc.weight") _(FC_B, "mlp.c_fc.bias") _(MLP_PROJ_W, "mlp.c_proj.weight") \
-    _(MLP_PROJ_B, "mlp.c_proj.bias") _(ROUTER_W, "mlp.router.weight") \
-    _(ROUTER_B, "mlp.router.bias") \
-    _(EXPERT_FC_W, "mlp.experts.c_fc.weight") _(EXPERT_FC_B, "mlp.experts.c_fc.bias") \
-    _(EXPERT_PROJ_W, "mlp.experts.c_proj.weight") _(EXPERT_PROJ_B, "mlp.experts.c_proj.bias") \
-    _(K_W, "self_attn.k_proj.weight") _(V_W, "self_attn.v_proj.weight") \
-    _(UP_W, "mlp.up_proj.weight") _(EXPERT_UP_W, "block_sparse_moe.experts.w3.weight") \
-    _(LM_HEAD, "lm_head.weight (untied)")
+/* The parameter tensors of the model code (gpt_tables.h GPT_FIELDS). */
 typedef enum {
-#define GPT_FIELD_ENUM(id, what) GPT_P_##id,
+#define GPT_FIELD_ENUM(id, what, roles) GPT_P_##id,
     GPT_FIELDS(GPT_FIELD_ENUM)
 #undef GPT_FIELD_ENUM
     GPT_NFIELDS
@@ -240,26 +224,10 @@ typedef struct {
     const gpt_layer_store *store;   /* [layers]; NULL: no recompute, all in the slot */
 } gpt_chunk_info;
 
-/* ORDER GPT_MEM: every device buffer the library allocates, with the generator's size.
-** L_: per layer and activation slot (or recompute workspace position); C_: per chunk slot;
-** H_: head; S_: stage scratch; ML_/MS_: mixture-of-experts layer activations / scratch;
-** X_: misc. The element types are the generator's (gen/lua/program.lua MEMS). */
-#define GPT_MEMS(_) \
-    _(L_LN1) _(L_LN1_MEAN) _(L_LN1_RSTD) _(L_QKV) _(L_LSE) _(L_ATTY) _(L_RES1) \
-    _(L_LN2) _(L_LN2_MEAN) _(L_LN2_RSTD) _(L_FC) _(L_GELU) _(L_RES2) _(L_QKV_SEQ) _(L_ATTY_SEQ) \
-    _(ML_SCORES) _(ML_PROB) _(ML_SEL) _(ML_POS) _(ML_SEND_TOK) _(ML_ORDER) _(ML_UNORDER) \
-    _(ML_XE) _(ML_PE) _(ML_FC) _(ML_H) _(ML_AUXG) _(ML_ZG) _(ML_SSUM) \
-    _(C_X) _(C_DY) _(C_TOKENS) \
-    _(H_LNF) _(H_LNF_MEAN) _(H_LNF_RSTD) \
-    _(S_FULL) _(S_FULL_SP) _(S_GATHER) _(S_DQKV) _(S_DATTY) _(S_DSUM) _(S_DFC) _(S_QKVP) \
-    _(S_DACT) _(S_DSHARED) _(S_LOGITS) _(S_CE) _(S_TARGETS) _(S_RING_KV) _(S_RING_DKV) _(S_RING_ACC) \
-    _(S_A2A_SEND) _(S_A2A_RECV) _(S_A2A_DOUT) \
-    _(MS_LOGITS) _(MS_XS) _(MS_PS) _(MS_XR) _(MS_PR) _(MS_XG) _(MS_PG) _(MS_ACT) _(MS_DFC) \
-    _(MS_YE) _(MS_YG) _(MS_YR) _(MS_YS) _(MS_DPE) _(MS_DPG) _(MS_DPR) _(MS_DPS) _(MS_DPROB) \
-    _(MS_DLOGITS) _(MS_COLSUM) _(MS_COUNTS) \
-    _(X_LOSS) _(X_STAT) _(X_SP_PACK)
+/* Every device buffer the library allocates, with the generator's size (gpt_tables.h
+** GPT_MEMS). */
 typedef enum {
-#define GPT_MEM_ENUM(id) GPT_M_##id,
+#define GPT_MEM_ENUM(id, dtype, what, llama) GPT_M_##id,
     GPT_MEMS(GPT_MEM_ENUM)
 #undef GPT_MEM_ENUM
     GPT_NMEMS
@@ -360,11 +328,7 @@ gpt_moe *gpt_moe_of(int chunk, int slot, int layer);
 typedef struct {
     const size_t *scounts, *sdispls, *rcounts, *rdispls;   /* elements, by group rank */
 } gpt_a2a;
-/* ORDER GPT_A2A: the exchanges: the rows per (peer, local expert); rows and probabilities to
-** the experts' ranks and back; over expt-tp the gathers and the reduce-scatters (as an
-** all-to-all of partial blocks), for rows (width C) and probabilities (width 1). */
-#define GPT_A2AS(_) _(EP_COUNTS) _(EP_ROWS) _(EP_PROBS) _(EP_BACK) _(EP_BACK_PROBS) \
-    _(ETP_ROWS) _(ETP_PROBS) _(ETP_SUM) _(ETP_SUM_PROBS)
+/* The exchanges (gpt_tables.h GPT_A2AS). */
 typedef enum {
 #define GPT_A2A_ENUM(id) GPT_A2A_##id,
     GPT_A2AS(GPT_A2A_ENUM)

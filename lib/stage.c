@@ -19,7 +19,7 @@ lib_state lib;
 /* -- Memory: the generator's plan ------------------------------------------------------------ */
 
 static const char *const mem_names[GPT_NMEMS] = {
-#define GPT_MEM_NAME(id) #id,
+#define GPT_MEM_NAME(id, dtype, what, llama) #id,
     GPT_MEMS(GPT_MEM_NAME)
 #undef GPT_MEM_NAME
 };

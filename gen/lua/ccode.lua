@@ -237,7 +237,8 @@ local PROTO = {
     layer_fwd = { "int c, int slot, int j, int again", {
         { "a", "void *const *a = gpt_acts(c, slot, j);", "its activations (memory plan)" },
         { "w", "void *const *w = gpt_params(c, j);", "its tensors" },
-        { "x", "const void *x = gpt_layer_in(c, slot, j);", "the chunk's input or layer j-1's output" },
+        { "x", "const void *x = gpt_layer_in(c, slot, j);",
+          "the chunk's input or layer j-1's output" },
         { "m", "gpt_moe *m = gpt_moe_of(c, slot, j);", "its routing state" },
         { "e", "const gpt_a2a *e;", "the counts of an all-to-all" } } },
     layer_bwd = { "int c, int slot, int j", {

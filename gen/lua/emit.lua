@@ -263,9 +263,9 @@ local function call_lines(calls, c)
                                               first.layer, lc[2], first.global, LAYER_WHAT[k.op])
             else
                 local up = d > 0
-                out[#out + 1] = string.format("for (int j = %d; j %s %d; j%s)   /* layers %d..%d%s */",
-                    first.layer, up and "<=" or ">=", last.layer, up and "++" or "--",
-                    first.global, last.global, LAYER_WHAT[k.op])
+                out[#out + 1] = string.format("for (int j = %d; j %s %d; j%s)   " ..
+                    "/* layers %d..%d%s */", first.layer, up and "<=" or ">=", last.layer,
+                    up and "++" or "--", first.global, last.global, LAYER_WHAT[k.op])
                 out[#out + 1] = string.format("    %s(%d, slot, j%s);", lc[1], c, lc[2])
             end
             i = j + 1
@@ -409,7 +409,8 @@ local function stage_view(cfg, prog, sp, part)
         local fv = v.chunks[i]
         if not (c.embedding or c.head) then table.insert(fv.fwd_lines, 1, "(void)mb;") end
         if #calls_of[c.vp].F == 0 then
-            fv.fwd_lines[#fv.fwd_lines + 1] = "(void)slot;   /* no layers: its input is its output */"
+            fv.fwd_lines[#fv.fwd_lines + 1] = "(void)slot;   /* no layers: its input is its " ..
+                                               "output */"
         end
         if #calls_of[c.vp].B == 0 then
             fv.bwd_lines[#fv.bwd_lines + 1] = "(void)slot;   /* no layers: the gradient of its " ..
@@ -462,8 +463,8 @@ local function stage_view(cfg, prog, sp, part)
     local TITLE = {
         embedding_fwd = "The embedding: tokens of micro-batch mb -> the chunk's input x (N_SP, C)",
         embedding_bwd = "Its backward: d(x) -> the wte and wpe gradients",
-        layer_fwd = "The transformer layer j of chunk c: its input -> res2 (N_SP, C); again = 1: " ..
-                    "the forward once more before the backward (full recompute)",
+        layer_fwd = "The transformer layer j of chunk c: its input -> res2 (N_SP, C); again " ..
+                    "= 1: the forward once more before the backward (full recompute)",
         layer_bwd = "Its backward: dres holds d(res2) on entry and d(input) on return; the " ..
                     "gradients accumulate",
         head = "The head: ln_f, logits, vocabulary-parallel cross-entropy and, fused, their " ..
@@ -478,7 +479,9 @@ local function stage_view(cfg, prog, sp, part)
     end
     -- the step: each tail op's statements, with its comment when the statements carry none
     local lines = {}
-    if cfg.model.moe == nil then lines[1] = "    out->aux_loss = 0.0;   /* no mixture of experts */" end
+    if cfg.model.moe == nil then
+        lines[1] = "    out->aux_loss = 0.0;   /* no mixture of experts */"
+    end
     for _, o in ipairs(sp.tail) do
         local has_coll = false
         for _, st in ipairs(o.stmts) do has_coll = has_coll or st.kind == "C" end

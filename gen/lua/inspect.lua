@@ -790,64 +790,48 @@ local function count_text(x)
     return string.format("%.1f", x)
 end
 
--- The expert block's communication on one rank, per MoE layer and micro-batch, for a balanced
--- load: the rank's N_SP tokens (its sequence shard of the micro-batch) make N_SP*K choices,
--- spread evenly over the E experts; with a capacity factor each expert keeps at most
--- cap = ceil(N_SP*K/E * factor) of the rank's choices, so a share min(1, cap / (N_SP*K/E)) is
--- sent; pad_to_capacity sends exactly E * min(cap, N_SP) rows.
--- The collectives are the program's (lib/moe.c): rows of C channels in the activations' dtype
--- (f32, or bf16 with BF16=1), "+1" where the routing probability (or its gradient, f32)
--- travels with the row:
---   forward   all-to-all over ep       the kept rows and probabilities to the experts' ranks
---             all-gather over expt-tp  every member's received rows          (ETP > 1)
---             reduce-scatter, expt-tp  each member's rows, the partial outputs summed (ETP > 1)
---             all-to-all over ep       the outputs back to the tokens' ranks
---   backward  the same, mirrored: output gradients out (C), input and probability gradients
---             back (C + 1).
--- Rows per peer are expectations (fractional when EP does not divide the kept choices).
+-- The token traffic of one MoE layer per micro-batch on one rank at a balanced load, summed
+-- from the collectives the generated layer runs (layer.lua: its all-to-alls over ep and
+-- expt-tp, each with the rows it moves per peer): the kept rows and their probabilities to
+-- the experts' ranks, over expt-tp the gather of every member's rows and the reduce-scatter of
+-- the partial outputs, the outputs back; backward the same, mirrored. A probabilities'
+-- exchange is counted with the rows' before it (one op of width C + 1).
 -- -> { tokens, choices, kept, capacity (nil without a factor), rows_ep (per EP peer),
 --      rows_etp (a member's received rows), ops = { {pass, op, group, what, width, peers,
 --      rows, bytes (per peer), off (to the other members), sent (all members, itself
---      included)} } (only ops whose group has 2 or more members), forward, backward
---      (off-rank bytes), sent }; nil for a dense model. Pure.
+--      included)} }, forward, backward (off-rank bytes), sent }; nil for a dense model. Pure.
+local A2A_OP = { EP = "all-to-all", ETP_ROWS = "all-gather", ETP_PROBS = "all-gather",
+                 ETP_SUM = "reduce-scatter", ETP_SUM_PROBS = "reduce-scatter" }
 function M.moe_traffic(cfg)
-    local moe = cfg.model.moe
-    if not moe then return nil end
-    local E, K, C = moe.experts, moe.top_k, cfg.model.hidden
-    local N = cfg.mbs * cfg.seq
-    local nsp = cfg.sp and N // cfg.tp or N
-    local choices = nsp * K
-    local kept, cap = choices, nil
-    if moe.capacity_factor then
-        local s = require("program").sizes(cfg)          -- the program's own numbers
-        cap = s.capacity
-        local even = nsp * K / E
-        if cap < even then kept = choices * cap / even end
-        if s.pad_rows > 0 then kept = E * s.pad_rows end
+    if not cfg.model.moe then return nil end
+    local program = require("program")
+    local layer = require("layer")
+    local s = program.sizes(cfg)
+    local t = layer.moe_load(cfg, s)
+    t.ops, t.forward, t.backward, t.sent = {}, 0, 0, 0
+    local lp = layer.build(cfg, s, {})
+    local peers = { ep = cfg.ep, ["expt-tp"] = cfg.etp }
+    for _, pc in ipairs({ { "forward", lp.layer_fwd }, { "backward", lp.layer_bwd } }) do
+        local last
+        for _, c in ipairs(pc[2].comm) do
+            if c.op == "alltoallv" and c.rows then
+                local es = c.dtype == "bf16" and 2 or 4
+                if c.what then
+                    last = { pass = pc[1], op = A2A_OP[c.a2a] or A2A_OP[c.a2a:match("^%u+")],
+                             group = c.group, what = c.what, width = 0, peers = peers[c.group],
+                             rows = c.rows, bytes = 0 }
+                    t.ops[#t.ops + 1] = last
+                end
+                last.width = last.width + c.width
+                last.bytes = last.bytes + c.rows * c.width * es
+            end
+        end
     end
-    local EP, ETP = cfg.ep, cfg.etp
-    local t = { tokens = nsp, choices = choices, kept = kept, capacity = cap,
-                rows_ep = kept / EP, rows_etp = kept, ops = {}, forward = 0, backward = 0,
-                sent = 0 }
-    local abytes = cfg.bf16 and 2 or 4
-    local function op(pass, name, group, what, width, peers, rows)
-        if peers < 2 then return end
-        local bytes = rows * (C * abytes + (width - C) * 4)
-        local rec = { pass = pass, op = name, group = group, what = what, width = width,
-                      peers = peers, rows = rows, bytes = bytes, off = (peers - 1) * bytes,
-                      sent = peers * bytes }
-        t.ops[#t.ops + 1] = rec
-        t[pass] = t[pass] + rec.off
-        t.sent = t.sent + rec.sent
+    for _, o in ipairs(t.ops) do
+        o.off, o.sent = (o.peers - 1) * o.bytes, o.peers * o.bytes
+        t[o.pass] = t[o.pass] + o.off
+        t.sent = t.sent + o.sent
     end
-    op("forward", "all-to-all", "ep", "rows + probs out", C + 1, EP, t.rows_ep)
-    op("forward", "all-gather", "expt-tp", "rows + probs", C + 1, ETP, kept)
-    op("forward", "reduce-scatter", "expt-tp", "partial outputs", C, ETP, kept)
-    op("forward", "all-to-all", "ep", "outputs back", C, EP, t.rows_ep)
-    op("backward", "all-to-all", "ep", "output grads out", C, EP, t.rows_ep)
-    op("backward", "all-gather", "expt-tp", "output grads", C, ETP, kept)
-    op("backward", "reduce-scatter", "expt-tp", "input + prob grads", C + 1, ETP, kept)
-    op("backward", "all-to-all", "ep", "input + prob grads back", C + 1, EP, t.rows_ep)
     return t
 end
 
@@ -860,29 +844,46 @@ end
 
 -- -- Context parallelism (docs/megatron.md §12) --------------------------------------------------
 
--- The attention's cp communication on one rank per attention layer and micro-batch, as
--- lib/model.c runs it (program.lua cp_fwd / cp_bwd list the same hops): the p2p ring sends a
--- K|V block of N = MBS*SEQ/CP rows of 2*C/TP channels (the activations' dtype) to the next cp
--- rank CP-1 times forward; backward CP-1 times with its f32 dK|dV, then the dK|dV alone once.
+-- The attention's cp communication on one rank per attention layer and micro-batch, summed
+-- from the hops and all-to-alls the generated layer runs (layer.lua): the p2p ring sends a K|V
+-- block of N = MBS*SEQ/CP rows of 2*C/TP channels (the activations' dtype) to the next cp rank
+-- CP-1 times forward; backward CP-1 times with its f32 dK|dV, then the dK|dV alone once (and,
+-- with selective recompute of the attention core, the forward's hops again).
 -- -> { rows, channels, kv (bytes of one K|V block), dkv (f32 dK|dV), forward, backward, hops
--- = { forward, backward } } in bytes sent by the rank; nil without CP. Pure.
+-- = { forward K|V, backward K|V, backward dK|dV } } in bytes sent by the rank; nil without CP.
 -- CP_COMM=a2a: forward, the rank's q|k|v (N rows of 3*C/TP channels) and then the attention
 -- output (C/TP) go to the other CP-1 cp ranks a head group each (1/CP of the columns);
 -- backward, the output gradient and then dq|dk|dv the same way: { rows, channels (q|k|v),
--- forward, backward } bytes sent off the rank, and a2a = true.
+-- forward, backward } bytes sent off the rank, and a2a = true. Pure.
 function M.cp_traffic(cfg)
     if cfg.cp == 1 then return nil end
+    local program = require("program")
+    local layer = require("layer")
     local CP, es = cfg.cp, cfg.bf16 and 2 or 4
-    local rows, cl = cfg.mbs * cfg.seq // CP, cfg.model.hidden // cfg.tp
-    if cfg.cp_comm == "a2a" then
-        local share = (CP - 1) * rows * (cl // CP) * es       -- one column of heads, off-rank
-        return { a2a = true, rows = rows, channels = 3 * cl, forward = 4 * share,
-                 backward = 4 * share }
+    local s = program.sizes(cfg)
+    local lp = layer.build(cfg, s, {})
+    local t = { rows = s.N, a2a = cfg.cp_comm == "a2a" or nil, hops = { 0, 0, 0 } }
+    for k, code in ipairs({ lp.layer_fwd, lp.layer_bwd }) do
+        local sent = 0
+        for _, c in ipairs(code.comm) do
+            local ces = c.dtype == "bf16" and 2 or 4
+            if c.op == "ring" then
+                sent = sent + c.n * ces + (c.n2 or 0) * 4
+                if c.n > 0 then t.hops[k] = t.hops[k] + 1 end
+                if c.n2 then t.hops[3] = t.hops[3] + 1 end
+            elseif c.op == "alltoall" and c.group == "cp" then
+                sent = sent + (CP - 1) * c.n * ces
+            end
+        end
+        t[k == 1 and "forward" or "backward"] = sent
     end
-    local ch = 2 * cl
-    local kv, dkv = rows * ch * es, rows * ch * 4
-    return { rows = rows, channels = ch, kv = kv, dkv = dkv, forward = (CP - 1) * kv,
-             backward = (CP - 1) * (kv + dkv) + dkv, hops = { CP - 1, CP } }
+    if t.a2a then
+        t.channels = 3 * s.c_local
+    else
+        t.channels = 2 * s.c_local
+        t.kv, t.dkv = s.N * t.channels * es, s.N * t.channels * 4
+    end
+    return t
 end
 
 -- Append rank r's context-parallel section to 'out' (CP > 1 only): its chunks, its ring
@@ -930,7 +931,7 @@ function M.cp_rank(cfg, topo, part, prog, r, out)
                                       cfg.bf16 and "bf16" or "f32", util.bytes(t.kv),
                                       util.bytes(t.dkv))
         line(string.format("forward: %d hops of K|V", t.hops[1]), t.forward)
-        line(string.format("backward: %d hops of K|V, %d of dK|dV", t.hops[1], t.hops[2]),
+        line(string.format("backward: %d hops of K|V, %d of dK|dV", t.hops[2], t.hops[3]),
              t.backward)
     end
     local layers = 0

@@ -461,6 +461,8 @@ record("Coll", {
                        "(EP_ROWS, ...)" },
     { "rows",  "num?", "alltoallv: rows per peer with a balanced load (make inspect)" },
     { "width", "int?", "alltoallv: elements per row" },
+    { "what",  "str?", "alltoallv: what it moves, for make inspect (nil: the probabilities " ..
+                       "that go with the rows of the exchange before it)" },
 })
 
 record("Stmt", {

@@ -301,6 +301,30 @@ function M.comm(stmts, out)
     return out
 end
 
+-- -- The mixture of experts' load ------------------------------------------------------------
+
+-- The rows of a MoE layer at a balanced load (every expert chosen alike), per micro-batch on
+-- one rank: what its all-to-alls move (make inspect's traffic; the Coll records' rows). Under SP
+-- a tp rank routes its own sequence shard; a capacity factor caps each expert's choices
+-- (Megatron's get_capacity on the router's own tokens); padding sends every expert exactly
+-- min(capacity, tokens) rows. -> { tokens, choices, kept, capacity (nil without a factor),
+-- rows_ep (to each EP peer; fractional when EP does not divide the kept choices), rows_etp
+-- (a rank's experts' rows, which the expert-TP group gathers) }; nil for a dense model.
+function M.moe_load(cfg, s)
+    local moe = cfg.model.moe
+    if not moe then return nil end
+    local choices = s.n_sp * s.K
+    local kept, cap = choices, nil
+    if moe.capacity_factor then
+        cap = s.capacity
+        local even = s.n_sp * s.K / s.E
+        if cap < even then kept = choices * cap / even end
+        if s.pad_rows > 0 then kept = s.E * s.pad_rows end
+    end
+    return { tokens = s.n_sp, choices = choices, kept = kept, capacity = cap,
+             rows_ep = kept / cfg.ep, rows_etp = kept }
+end
+
 -- -- The model pieces -------------------------------------------------------------------------
 
 -- The layer pieces of cfg (every stage runs the same layer): embedding_fwd, embedding_bwd,
@@ -575,18 +599,21 @@ function M.build(cfg, s, present)
     local MOE, W, DW = ident("m"), ident("w"), ident("dw")
     local counts = mem("MS_COUNTS")
     local G_AUX = cfg.cp > 1 and "tp-cp" or "tp"     -- the aux loss's tokens
-    -- rows an all-to-all moves per peer with a balanced load (for make inspect)
-    local expect = {}
-    if moe then
-        local t = require("inspect").moe_traffic(cfg)
-        expect = { ep = t.rows_ep, etp = t.rows_etp }
-    end
+    -- rows an all-to-all moves per peer with a balanced load (for make inspect), and what it
+    -- moves in the report's words (a probabilities' exchange adds to the rows' before it)
+    local load = M.moe_load(cfg, s) or {}
+    local WHAT = { fwd = { EP_ROWS = "rows + probs out", EP_BACK = "outputs back",
+                           ETP_ROWS = "rows + probs", ETP_SUM = "partial outputs" },
+                   bwd = { EP_ROWS = "output grads out", ETP_ROWS = "output grads",
+                           ETP_SUM = "input + prob grads", EP_BACK = "input + prob grads back" } }
+    local pass = "fwd"
     local function a2av(b, group, send, recv, dtype, which, width, text)
-        local per = group == "ep" and expect.ep or expect.etp
+        local per = group == "ep" and load.rows_ep or load.rows_etp
         b.coll("alltoallv", group, { dtype = dtype, send = send, recv = recv, a2a = which,
-               rows = per, width = width, text = text })
+               rows = per, width = width, what = WHAT[pass][which], text = text })
     end
     local function moe_fwd(b, x, out)
+        pass = "fwd"
         b.note("the router: logits, top-k, probabilities; the aux loss's token counts of this " ..
                "rank's tokens (docs/megatron.md §8.1)")
         b.k("moe_router_fwd", MOE, W, x, counts)
@@ -643,6 +670,7 @@ function M.build(cfg, s, present)
         b.k("moe_combine", MOE, out, y)
     end
     local function moe_bwd(b, x, dout, dx)
+        pass = "bwd"
         b.note("the experts' backward: each kept row's output gradient, the way its token went")
         b.k("moe_bwd_rows", MOE, dout)
         local dy = mem("MS_YS")

@@ -17,6 +17,7 @@ local ir = require("ir")
 local layer = require("layer")
 local schedule = require("schedule")
 local shards = require("shards")
+local tables = require("tables")
 local topology = require("topology")
 local util = require("util")
 local verify = require("verify")
@@ -322,24 +323,31 @@ end
 local function groups(cfg, topo)
     local moe = cfg.model.moe ~= nil
     local expert_buffer = moe and (cfg.ep > 1 or cfg.etp ~= cfg.tp)
-    local want = {
-        { "TP", "tp", cfg.tp > 1, "tensor-parallel group: the layers' collectives" },
-        { "DPCP", "dp-cp", cfg.dp * cfg.cp > 1, "data-parallel group: gradient reduction" },
-        { "PP", "pp", cfg.pp > 1, "pipeline group: neighbours" },
-        { "EMBD", "embd", cfg.pp > 1 and cfg.model.tie_embeddings,
-          "first and last stage: tied embedding gradients" },
-        { "MP", "mp", cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
-          "model-parallel group (tp-pp): gradient norm" },
-        { "EP", "ep", moe and cfg.ep > 1, "expert-parallel group: token all-to-all" },
-        { "ETP", "expt-tp", moe and cfg.etp > 1, "expert tensor-parallel group: experts' slices" },
-        { "EDP", "expt-dp", expert_buffer and cfg.edp > 1,
-          "expert data-parallel group: expert gradient reduction" },
-        { "TPEPPP", "tp-ep-pp", expert_buffer and not cfg.dist_opt and
-              cfg.etp * cfg.ep * cfg.pp > 1, "expert tp-ep-pp group: gradient norm of the experts" },
-        { "CP", "cp", cfg.cp > 1 and cfg.cp_comm == "a2a",
-          "context-parallel group: CP_COMM=a2a's all-to-all" },
-        { "TPCP", "tp-cp", moe and cfg.cp > 1, "tp-cp group: the MoE aux loss's token counts" },
+    -- when each is created, and what for, by its id; the ids, kinds and order are the
+    -- library's (lib/gpt_tables.h GPT_GROUPS)
+    local use = {
+        TP = { cfg.tp > 1, "tensor-parallel group: the layers' collectives" },
+        DPCP = { cfg.dp * cfg.cp > 1, "data-parallel group: gradient reduction" },
+        PP = { cfg.pp > 1, "pipeline group: neighbours" },
+        EMBD = { cfg.pp > 1 and cfg.model.tie_embeddings,
+                 "first and last stage: tied embedding gradients" },
+        MP = { cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
+               "model-parallel group (tp-pp): gradient norm" },
+        EP = { moe and cfg.ep > 1, "expert-parallel group: token all-to-all" },
+        ETP = { moe and cfg.etp > 1, "expert tensor-parallel group: experts' slices" },
+        EDP = { expert_buffer and cfg.edp > 1,
+                "expert data-parallel group: expert gradient reduction" },
+        TPEPPP = { expert_buffer and not cfg.dist_opt and cfg.etp * cfg.ep * cfg.pp > 1,
+                   "expert tp-ep-pp group: gradient norm of the experts" },
+        CP = { cfg.cp > 1 and cfg.cp_comm == "a2a",
+               "context-parallel group: CP_COMM=a2a's all-to-all" },
+        TPCP = { moe and cfg.cp > 1, "tp-cp group: the MoE aux loss's token counts" },
     }
+    local want = {}
+    for i, g in ipairs(tables.groups) do
+        local u = assert(use[g.id], "program: no use for group " .. g.id)
+        want[i] = { g.id, g.kind, u[1], u[2] }
+    end
     local out = {}
     for _, w in ipairs(want) do
         local kind = topology.kind(topo, w[2])
@@ -413,36 +421,12 @@ end
 
 -- -- One stage: buffers, tensor tables, pieces -------------------------------------------------
 
--- gpt_field of each role (lib/gpt.h GPT_FIELDS).
-local FIELD = {
-    ["wte.weight"] = "WTE", ["wpe.weight"] = "WPE", ["ln_f.weight"] = "LN_F_W",
-    ["ln_f.bias"] = "LN_F_B",
-    ["ln_1.weight"] = "LN1_W", ["ln_1.bias"] = "LN1_B",
-    ["attn.c_attn.weight"] = "QKV_W", ["attn.c_attn.bias"] = "QKV_B",
-    ["attn.c_proj.weight"] = "ATTN_PROJ_W", ["attn.c_proj.bias"] = "ATTN_PROJ_B",
-    ["ln_2.weight"] = "LN2_W", ["ln_2.bias"] = "LN2_B",
-    ["mlp.c_fc.weight"] = "FC_W", ["mlp.c_fc.bias"] = "FC_B",
-    ["mlp.c_proj.weight"] = "MLP_PROJ_W", ["mlp.c_proj.bias"] = "MLP_PROJ_B",
-    ["mlp.router.weight"] = "ROUTER_W", ["mlp.router.bias"] = "ROUTER_B",
-    ["mlp.experts.c_fc.weight"] = "EXPERT_FC_W", ["mlp.experts.c_fc.bias"] = "EXPERT_FC_B",
-    ["mlp.experts.c_proj.weight"] = "EXPERT_PROJ_W", ["mlp.experts.c_proj.bias"] = "EXPERT_PROJ_B",
-    -- the shared expert lives in the dense MLP's fields (lib/model.c)
-    ["mlp.shared_experts.c_fc.weight"] = "FC_W", ["mlp.shared_experts.c_fc.bias"] = "FC_B",
-    ["mlp.shared_experts.c_proj.weight"] = "MLP_PROJ_W",
-    ["mlp.shared_experts.c_proj.bias"] = "MLP_PROJ_B",
-    -- llama (Hugging Face LlamaForCausalLM, MixtralForCausalLM names)
-    ["embed_tokens.weight"] = "WTE", ["norm.weight"] = "LN_F_W", ["lm_head.weight"] = "LM_HEAD",
-    ["input_layernorm.weight"] = "LN1_W", ["post_attention_layernorm.weight"] = "LN2_W",
-    ["self_attn.q_proj.weight"] = "QKV_W", ["self_attn.k_proj.weight"] = "K_W",
-    ["self_attn.v_proj.weight"] = "V_W", ["self_attn.o_proj.weight"] = "ATTN_PROJ_W",
-    ["mlp.gate_proj.weight"] = "FC_W", ["mlp.up_proj.weight"] = "UP_W",
-    ["mlp.down_proj.weight"] = "MLP_PROJ_W", ["block_sparse_moe.gate.weight"] = "ROUTER_W",
-    ["block_sparse_moe.experts.w1.weight"] = "EXPERT_FC_W",
-    ["block_sparse_moe.experts.w2.weight"] = "EXPERT_PROJ_W",
-    ["block_sparse_moe.experts.w3.weight"] = "EXPERT_UP_W",
-    ["mlp.shared_expert.gate_proj.weight"] = "FC_W", ["mlp.shared_expert.up_proj.weight"] = "UP_W",
-    ["mlp.shared_expert.down_proj.weight"] = "MLP_PROJ_W",      -- Qwen2-MoE's shared expert
-}
+-- gpt_field of each role: the list the library compiles (lib/gpt_tables.h GPT_FIELDS, read
+-- through the module `tables`).
+local FIELD = {}
+for _, f in ipairs(tables.fields) do
+    for _, role in ipairs(f.roles) do FIELD[role] = f.id end
+end
 
 -- The field of a role (nil for none).
 function M.field_of(role) return FIELD[role] end
@@ -674,64 +658,15 @@ end
 
 -- -- One stage: memory plan -------------------------------------------------------------------
 
--- ORDER GPT_MEM (lib/gpt.h): id, element type (A: the activations' dtype, f32 or bf16; F: f32;
--- I: i32), what (and what it is in a Llama layer, where that differs). L_ and ML_ entries are one per layer and activation slot (or per recompute
--- workspace position), C_ per chunk slot, the rest one per stage.
-local MEMS = {
-    { "L_LN1", "A", "(N_SP, C) ln_1 output" }, { "L_LN1_MEAN", "F", "(N_SP)" },
-    { "L_LN1_RSTD", "F", "(N_SP)" }, { "L_QKV", "A", "(N, QKV_LOCAL)" },
-    { "L_LSE", "F", "(B, HEADS_LOCAL, T) attention log-sum-exp" },
-    { "L_ATTY", "A", "(N, C_LOCAL) attention output" }, { "L_RES1", "A", "(N_SP, C) x + attention" },
-    { "L_LN2", "A", "(N_SP, C) ln_2 output" }, { "L_LN2_MEAN", "F", "(N_SP)" },
-    { "L_LN2_RSTD", "F", "(N_SP)" },
-    { "L_FC", "A", "(N, FF_LOCAL) c_fc output", "(N, 2 FF_LOCAL) gate | up projections" },
-    { "L_GELU", "A", "(N, FF_LOCAL)", "(N, FF_LOCAL) SwiGLU output" }, { "L_RES2", "A", "(N_SP, C) the layer's output" },
-    { "L_QKV_SEQ", "A", "(N, QKV_LOCAL) CP_COMM=a2a: q|k|v, HEADS_LOCAL/CP heads, whole sequence" },
-    { "L_ATTY_SEQ", "A", "(N, C_LOCAL) CP_COMM=a2a: their attention output" },
-    { "ML_SCORES", "F", "(N_SP, EXPERTS) softmax over all experts" },
-    { "ML_PROB", "F", "(N_SP, TOPK) chosen probabilities" }, { "ML_SEL", "I", "(N_SP, TOPK)" },
-    { "ML_POS", "I", "(N_SP, TOPK)" }, { "ML_SEND_TOK", "I", "(SEND_MAX)" },
-    { "ML_ORDER", "I", "(ROWS_MAX)" }, { "ML_UNORDER", "I", "(ROWS_MAX)" },
-    { "ML_XE", "A", "(ROWS_MAX, C) expert inputs" }, { "ML_PE", "F", "(ROWS_MAX)" },
-    { "ML_FC", "A", "(ROWS_MAX, EFF_LOCAL)", "(ROWS_MAX, 2 EFF_LOCAL) w1 | w3 outputs" },
-    { "ML_H", "A", "(ROWS_MAX, EFF_LOCAL)" },
-    { "ML_AUXG", "F", "(AUX_SEQS, EXPERTS)" }, { "ML_ZG", "F", "(N_SP) d(z-loss)/d(logsumexp)" },
-    { "ML_SSUM", "F", "(N_SP) sigmoid scores: the sum of the row's sigmoids + 1e-20" },
-    { "C_X", "A", "(N_SP, C) the chunk's input" }, { "C_DY", "A", "(N_SP, C) its gradient" },
-    { "C_TOKENS", "I", "(N) token ids" },
-    { "H_LNF", "A", "(N_SP, C) ln_f output" }, { "H_LNF_MEAN", "F", "(N_SP)" },
-    { "H_LNF_RSTD", "F", "(N_SP)" },
-    { "S_FULL", "A", "(N, C) partial sums / the output gradient gathered" },
-    { "S_FULL_SP", "A", "(N_SP, C) reduce-scatter output" },
-    { "S_GATHER", "A", "(N, C) a column-parallel input gathered over tp" },
-    { "S_DQKV", "A", "(N, QKV_LOCAL)" }, { "S_DATTY", "A", "(N, C_LOCAL)" },
-    { "S_DSUM", "F", "(B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)" },
-    { "S_DFC", "A", "(N, FF_LOCAL)", "(N, 2 FF_LOCAL) d(gate | up)" },
-    { "S_QKVP", "A", "(N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads" },
-    { "S_DACT", "A", "(N, FF_LOCAL) d(SwiGLU output)" },
-    { "S_DSHARED", "A", "(N_SP, C) shared expert: the routed experts' input gradient" },
-    { "S_LOGITS", "A", "(N, V_LOCAL)" },
-    { "S_CE", "F", "(4N) row max | sum exp | target logit | loss" }, { "S_TARGETS", "I", "(N)" },
-    { "S_RING_KV", "A", "(2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the next" },
-    { "S_RING_DKV", "F", "(2, N, 2 C_LOCAL) their dK|dV (backward)" },
-    { "S_RING_ACC", "F", "(N, C_LOCAL) the merged attention output / dq" },
-    { "S_A2A_SEND", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks sent" },
-    { "S_A2A_RECV", "A", "(N, QKV_LOCAL) CP_COMM=a2a: the blocks received" },
-    { "S_A2A_DOUT", "A", "(N, C_LOCAL) CP_COMM=a2a: the output gradient, whole sequence" },
-    { "MS_LOGITS", "F", "(N_SP, EXPERTS)" }, { "MS_XS", "A", "(SEND_MAX, C)" },
-    { "MS_PS", "F", "(SEND_MAX)" }, { "MS_XR", "A", "(RECV_MAX, C)" }, { "MS_PR", "F", "(RECV_MAX)" },
-    { "MS_XG", "A", "(ROWS_MAX, C)" }, { "MS_PG", "F", "(ROWS_MAX)" },
-    { "MS_ACT", "A", "(ROWS_MAX, EFF_LOCAL)" },
-    { "MS_DFC", "A", "(ROWS_MAX, 2 EFF_LOCAL) d(w1 | w3 outputs)" }, { "MS_YE", "A", "(ROWS_MAX, C)" },
-    { "MS_YG", "A", "(ROWS_MAX, C)" }, { "MS_YR", "A", "(RECV_MAX, C)" },
-    { "MS_YS", "A", "(SEND_MAX, C)" }, { "MS_DPE", "F", "(ROWS_MAX)" }, { "MS_DPG", "F", "(ROWS_MAX)" },
-    { "MS_DPR", "F", "(RECV_MAX)" }, { "MS_DPS", "F", "(SEND_MAX)" },
-    { "MS_DPROB", "F", "(N_SP, TOPK)" }, { "MS_DLOGITS", "A", "(N_SP, EXPERTS)" },
-    { "MS_COLSUM", "F", "(AUX_SEQS, EXPERTS)" }, { "MS_COUNTS", "I", "(MOE_COUNTS)" },
-    { "X_LOSS", "F", "(NMB) loss sums per micro-batch" },
-    { "X_STAT", "F", "(tensors + 3) norm pieces, then dense | experts | total" },
-    { "X_SP_PACK", "F", "packed sequence-parallel gradients" },
-}
+-- Every buffer of the memory plan as the library knows it (lib/gpt_tables.h GPT_MEMS, read
+-- through the module `tables`): id, element type (A: the activations' dtype, f32 or bf16; F:
+-- f32; I: i32), what (and what it is in a Llama layer, where that differs). L_ and ML_ entries
+-- are one per layer and activation slot (or per recompute workspace position), C_ per chunk
+-- slot, the rest one per stage.
+local MEMS = {}
+for i, m in ipairs(tables.mems) do
+    MEMS[i] = { m.id, m.dtype, m.what, m.llama ~= "" and m.llama or nil }
+end
 M.MEMS = MEMS
 
 -- Stage buffers that carry data between ranks (the rest are the layers' scratch).
@@ -1008,6 +943,10 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
     local function n(v) return A.int(A.E(s, v)) end
     local function on(id) return groups_by_id[id].create end
     local GRAD = function(b) return A.lit(string.format("gpt_grad_buf(%d)", b)) end
+    local function grad_at(b, off)      -- buffer b's gradients from element off
+        if off == 0 then return GRAD(b) end
+        return A.lit(string.format("gpt_grad_buf(%d) + %d", b, off))
+    end
     op("BEGIN", "zero the gradients", nil, function(b) b.k("gpt_step_begin", A.ident("in")) end)
     op("SCHEDULE", "the pipeline schedule (run_schedule above)", nil,
        function(b) b.k("run_schedule") end)
@@ -1028,8 +967,7 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
            "head's gradients (docs/megatron.md §7)",
            { group = "EMBD", buf = embd.buf, offset = embd.offset, n = embd.n }, function(b)
                b.coll("allreduce", "embd", { n = embd.n, n_expr = A.E(s, embd.n), dtype = "f32",
-                      red = "sum", send = A.lit(embd.offset > 0 and string.format("gpt_grad_buf(%d) + %d",
-                                      embd.buf, embd.offset) or string.format("gpt_grad_buf(%d)", embd.buf)),
+                      red = "sum", send = grad_at(embd.buf, embd.offset),
                       text = ">>> all-reduce over embd (first and last stage): wte's gradient " ..
                              "(docs/megatron.md §7)" })
            end)
@@ -1052,8 +990,7 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
                        { group = bf.group, buf = i - 1, bucket = k - 1 }, function(b)
                            b.coll("reduce_scatter", g.kind, { n = bk.shard,
                                   n_expr = A.E(s, bk.shard), dtype = "f32",
-                                  send = A.lit(bk.start > 0 and string.format("gpt_grad_buf(%d) + %d",
-                                      i - 1, bk.start) or string.format("gpt_grad_buf(%d)", i - 1)),
+                                  send = grad_at(i - 1, bk.start),
                                   recv = A.lit(string.format("gpt_grad_shard(%d, %d)", i - 1,
                                                              k - 1)),
                                   text = string.format(">>> reduce-scatter over %s, in place: " ..
@@ -1223,7 +1160,10 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
     for _, m in ipairs(mem) do if m.how == "ALIAS" then elems[m.id] = elems[m.alias] end end
     local codes = {}
     for _, c in ipairs(chunks) do
-        if c.embedding then codes[#codes + 1] = lp.embedding_fwd; codes[#codes + 1] = lp.embedding_bwd end
+        if c.embedding then
+            codes[#codes + 1] = lp.embedding_fwd
+            codes[#codes + 1] = lp.embedding_bwd
+        end
         if c.layers > 0 then codes[#codes + 1] = lp.layer_fwd; codes[#codes + 1] = lp.layer_bwd end
         if c.head then codes[#codes + 1] = lp.head end
     end
