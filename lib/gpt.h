@@ -117,14 +117,17 @@ typedef enum {
 
 enum { GPT_GRID_DENSE, GPT_GRID_EXPERT, GPT_GRID_EMBD };
 
-/* A group kind: the axes that vary inside a group (mask bits 1 << GPT_AX_*; members ordered
-** with the fastest axis first, as Megatron's generate_masked_orthogonal_rank_groups), or
-** GPT_GRID_EMBD: the first and last rank of the pipeline group (first and last stage only). */
+/* A group kind: the axes that vary inside a group, members ordered with the fastest axis first
+** as Megatron's generate_masked_orthogonal_rank_groups (the generator lists their sizes and
+** strides in that order), or GPT_GRID_EMBD: the first and last rank of the pipeline group
+** (first and last stage only). */
 typedef struct {
     gpt_group id;
     int grid;                 /* GPT_GRID_* */
-    unsigned mask;
     int create;               /* 0: one member (or unused): not created, the handle is NULL */
+    int naxes;                /* the axes that vary inside a group (embd: the pp axis) */
+    int msize[GPT_NAXES];     /* their sizes, the fastest first (the generator's order) */
+    int mstride[GPT_NAXES];   /* their rank strides */
 } gpt_kind;
 
 /* -- One pipeline stage's tables --------------------------------------------------------- */

@@ -25,38 +25,30 @@ static int coord(const gpt_grid *g, int rank, int axis)
 /*
 ** The members of rank r's group of kind k, in group-rank order, into out (room for the world);
 ** returns their number, 0 when r is in no group of that kind (embd off the first and last
-** stage). The axes in k->mask vary inside the group, the fastest (smallest stride) first.
+** stage). The generator lists the axes that vary inside the group, the fastest first, with
+** their sizes and strides (gen/lua/topology.lua decides the order): the group's first member
+** is r without its coordinates on them, and member j adds j's mixed-radix digits.
 */
-static int members(const gpt_program *prog, const gpt_kind *k, int r, int *out)
+static int members(const gpt_kind *k, int r, int *out)
 {
-    const gpt_grid *dn = &prog->dense;
-    if (k->grid == GPT_GRID_EMBD) {
-        int P = dn->size[GPT_AX_PP], p = coord(dn, r, GPT_AX_PP);
+    if (k->grid == GPT_GRID_EMBD) {      /* the ends of the pipeline group */
+        int P = k->msize[0], s = k->mstride[0], p = (r / s) % P;
         if (p != 0 && p != P - 1) return 0;
-        int first = r - p * dn->stride[GPT_AX_PP];
-        out[0] = first;
+        out[0] = r - p * s;
         if (P == 1) return 1;
-        out[1] = first + (P - 1) * dn->stride[GPT_AX_PP];
+        out[1] = out[0] + (P - 1) * s;
         return 2;
     }
-    const gpt_grid *g = k->grid == GPT_GRID_DENSE ? dn : &prog->expert;
-    int axes[GPT_NAXES], na = 0, base = r, n = 1;
-    for (int a = 0; a < GPT_NAXES; a++) {
-        if (!(k->mask >> a & 1u)) continue;
-        int at = na++;
-        while (at > 0 && g->stride[axes[at - 1]] > g->stride[a]) {   /* by stride, ascending */
-            axes[at] = axes[at - 1];
-            at--;
-        }
-        axes[at] = a;
-        base -= coord(g, r, a) * g->stride[a];
-        n *= g->size[a];
+    int base = r, n = 1;
+    for (int i = 0; i < k->naxes; i++) {
+        base -= (r / k->mstride[i]) % k->msize[i] * k->mstride[i];
+        n *= k->msize[i];
     }
     for (int j = 0; j < n; j++) {
         int rem = j, rank = base;
-        for (int i = 0; i < na; i++) {
-            rank += (rem % g->size[axes[i]]) * g->stride[axes[i]];
-            rem /= g->size[axes[i]];
+        for (int i = 0; i < k->naxes; i++) {
+            rank += rem % k->msize[i] * k->mstride[i];
+            rem /= k->msize[i];
         }
         out[j] = rank;
     }
@@ -84,7 +76,7 @@ void lib_groups_create(const gpt_program *prog)
     for (int i = 0; i < prog->nkinds; i++) {
         const gpt_kind *k = &prog->kinds[i];
         if (!k->create) continue;
-        int n = members(prog, k, r, m);
+        int n = members(k, r, m);
         gpt.grp[k->id] = rt_group_create(group_names[k->id], m, n);
     }
     /* pipeline neighbours, wrapping (the last stage's next is stage 0) */
@@ -118,7 +110,7 @@ void lib_groups_print(const gpt_program *prog)
                    gpt.edp_rank);
             for (int i = 0; i < prog->nkinds; i++) {
                 const gpt_kind *k = &prog->kinds[i];
-                int n = members(prog, k, q, m);
+                int n = members(k, q, m);
                 printf("rank %d: %s", q, group_names[k->id]);
                 if (n == 0) printf(" -");
                 for (int j = 0; j < n; j++) printf("%s%d", j ? "," : " ", m[j]);

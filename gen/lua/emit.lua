@@ -451,7 +451,8 @@ local function stage_view(cfg, prog, sp, part)
     for i, c in ipairs(sp.chunks) do
         fl[i], bl[i] = "chunk" .. c.vp .. "_forward", "chunk" .. c.vp .. "_backward"
     end
-    v.chunk_fwd_list, v.chunk_bwd_list = table.concat(fl, ", "), table.concat(bl, ", ")
+    v.chunk_fwd_list = table.concat(fl, ", ") .. ","
+    v.chunk_bwd_list = table.concat(bl, ", ") .. ","
     -- the model's pieces this stage runs
     local mems, needs = {}, {}
     for _, m in ipairs(sp.mem) do mems[m.id] = m end
@@ -514,14 +515,15 @@ local function render_program(cfg, topo, part, prog, files, opts)
                       int(r.ndim), "GPT_INIT_" .. r.init, cfloat(r.std) }
     end
     local roles = aligned(rcells)
-    local AX = { tp = "TP", cp = "CP", ep = "EP", dp = "DP", pp = "PP" }
     local gcells, gnotes = {}, {}
     for i, g in ipairs(prog.groups) do
-        local mask = {}
-        for _, a in ipairs(g.axes) do mask[#mask + 1] = "1u << GPT_AX_" .. AX[a] end
-        gcells[i] = { "GPT_GRP_" .. g.id, "GPT_GRID_" .. g.grid,
-                      #mask > 0 and table.concat(mask, " | ") or "0", flag(g.create) }
-        gnotes[i] = string.format("%s, %d ranks: %s%s", g.kind, g.size, g.comment,
+        local ms, mt = {}, {}
+        for k = 1, #g.msizes do ms[k], mt[k] = int(g.msizes[k]), int(g.mstrides[k]) end
+        gcells[i] = { "GPT_GRP_" .. g.id, "GPT_GRID_" .. g.grid, flag(g.create),
+                      int(#g.msizes), "{ " .. (#ms > 0 and table.concat(ms, ", ") or "0") .. " }",
+                      "{ " .. (#mt > 0 and table.concat(mt, ", ") or "0") .. " }" }
+        gnotes[i] = string.format("%s, %d ranks%s: %s%s", g.kind, g.size, #g.axes > 0 and
+                                  (" varying " .. table.concat(g.axes, ", ")) or "", g.comment,
                                   g.create and "" or " (not created)")
     end
     local groups = aligned(gcells, gnotes)

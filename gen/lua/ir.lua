@@ -412,6 +412,10 @@ record("Group", {
     { "create",  "bool",  "the program creates it (used and more than one member)" },
     { "spans",   "bool",  "its groups span pipeline stages (pp varies, or embd)" },
     { "comment", "str",   "what the program uses it for" },
+    { "msizes",  "array", "sizes of the axes that vary inside a group, the fastest first " ..
+                          "(topology.lua's; embd: the pp axis)" },
+    { "mstrides", "array", "their rank strides: the members of rank r's group are r's base " ..
+                           "plus every mixed-radix combination of them" },
 })
 
 -- -- The code of the model pieces (layer.lua) --------------------------------------------------

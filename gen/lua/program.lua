@@ -326,22 +326,19 @@ local function groups(cfg, topo)
     -- when each is created, and what for, by its id; the ids, kinds and order are the
     -- library's (lib/gpt_tables.h GPT_GROUPS)
     local use = {
-        TP = { cfg.tp > 1, "tensor-parallel group: the layers' collectives" },
-        DPCP = { cfg.dp * cfg.cp > 1, "data-parallel group: gradient reduction" },
-        PP = { cfg.pp > 1, "pipeline group: neighbours" },
+        TP = { cfg.tp > 1, "the layers' collectives" },
+        DPCP = { cfg.dp * cfg.cp > 1, "gradient reduction" },
+        PP = { cfg.pp > 1, "neighbours" },
         EMBD = { cfg.pp > 1 and cfg.model.tie_embeddings,
-                 "first and last stage: tied embedding gradients" },
-        MP = { cfg.tp * cfg.pp > 1 and not cfg.dist_opt,
-               "model-parallel group (tp-pp): gradient norm" },
-        EP = { moe and cfg.ep > 1, "expert-parallel group: token all-to-all" },
-        ETP = { moe and cfg.etp > 1, "expert tensor-parallel group: experts' slices" },
-        EDP = { expert_buffer and cfg.edp > 1,
-                "expert data-parallel group: expert gradient reduction" },
+                 "tied embedding gradients, first and last stage" },
+        MP = { cfg.tp * cfg.pp > 1 and not cfg.dist_opt, "gradient norm" },
+        EP = { moe and cfg.ep > 1, "token all-to-all" },
+        ETP = { moe and cfg.etp > 1, "the experts' slices" },
+        EDP = { expert_buffer and cfg.edp > 1, "expert gradient reduction" },
         TPEPPP = { expert_buffer and not cfg.dist_opt and cfg.etp * cfg.ep * cfg.pp > 1,
-                   "expert tp-ep-pp group: gradient norm of the experts" },
-        CP = { cfg.cp > 1 and cfg.cp_comm == "a2a",
-               "context-parallel group: CP_COMM=a2a's all-to-all" },
-        TPCP = { moe and cfg.cp > 1, "tp-cp group: the MoE aux loss's token counts" },
+                   "gradient norm of the experts" },
+        CP = { cfg.cp > 1 and cfg.cp_comm == "a2a", "CP_COMM=a2a's all-to-all" },
+        TPCP = { moe and cfg.cp > 1, "the MoE aux loss's token counts" },
     }
     local want = {}
     for i, g in ipairs(tables.groups) do
@@ -363,6 +360,7 @@ local function groups(cfg, topo)
             id = w[1], kind = w[2], size = kind.size, axes = axes, spans = spans,
             grid = kind.grid == "pp" and "EMBD" or kind.grid == "dense" and "DENSE" or "EXPERT",
             create = w[3] and kind.size > 1, comment = w[4],
+            msizes = util.copy(kind.msizes), mstrides = util.copy(kind.mstrides),
         }
     end
     return out

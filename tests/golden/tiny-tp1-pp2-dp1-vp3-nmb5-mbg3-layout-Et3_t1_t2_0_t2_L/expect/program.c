@@ -27,31 +27,33 @@ static const gpt_role roles[16] = {   /* name, scope, rows, cols, ndim, init, st
     { "ln_f.bias",               GPT_AFTER,    1,  64, 1, GPT_INIT_ZERO,   0.0f },
 };
 
-/* -- Ranks (docs/megatron.md §1): rank = sum of coordinate * stride; the axes named in a kind's
-**    mask vary inside its groups, the fastest first ----------------------------------------- */
-static const gpt_kind kinds[11] = {   /* group, grid, axes varying inside, created */
-    /* tp, 1 ranks: tensor-parallel group: the layers' collectives (not created) */
-    { GPT_GRP_TP,     GPT_GRID_DENSE,  0,               0 },
-    /* dp-cp, 1 ranks: data-parallel group: gradient reduction (not created) */
-    { GPT_GRP_DPCP,   GPT_GRID_DENSE,  0,               0 },
-    /* pp, 2 ranks: pipeline group: neighbours */
-    { GPT_GRP_PP,     GPT_GRID_DENSE,  1u << GPT_AX_PP, 1 },
-    /* embd, 2 ranks: first and last stage: tied embedding gradients */
-    { GPT_GRP_EMBD,   GPT_GRID_EMBD,   0,               1 },
-    /* mp, 2 ranks: model-parallel group (tp-pp): gradient norm */
-    { GPT_GRP_MP,     GPT_GRID_DENSE,  1u << GPT_AX_PP, 1 },
-    /* ep, 1 ranks: expert-parallel group: token all-to-all (not created) */
-    { GPT_GRP_EP,     GPT_GRID_EXPERT, 0,               0 },
-    /* expt-tp, 1 ranks: expert tensor-parallel group: experts' slices (not created) */
-    { GPT_GRP_ETP,    GPT_GRID_EXPERT, 0,               0 },
-    /* expt-dp, 1 ranks: expert data-parallel group: expert gradient reduction (not created) */
-    { GPT_GRP_EDP,    GPT_GRID_EXPERT, 0,               0 },
-    /* tp-ep-pp, 2 ranks: expert tp-ep-pp group: gradient norm of the experts (not created) */
-    { GPT_GRP_TPEPPP, GPT_GRID_EXPERT, 1u << GPT_AX_PP, 0 },
-    /* cp, 1 ranks: context-parallel group: CP_COMM=a2a's all-to-all (not created) */
-    { GPT_GRP_CP,     GPT_GRID_DENSE,  0,               0 },
-    /* tp-cp, 1 ranks: tp-cp group: the MoE aux loss's token counts (not created) */
-    { GPT_GRP_TPCP,   GPT_GRID_DENSE,  0,               0 },
+/* -- Ranks (docs/megatron.md §1): rank = sum of coordinate * stride; the axes that vary inside
+**    a kind's groups, the fastest first, with their sizes and strides: a group's members are
+**    its first rank plus every combination of them ----------------------------------------- */
+/* group, grid, created, axes varying inside, their sizes, their strides */
+static const gpt_kind kinds[11] = {
+    /* tp, 1 ranks: the layers' collectives (not created) */
+    { GPT_GRP_TP,     GPT_GRID_DENSE,  0, 1, { 1 },       { 1 } },
+    /* dp-cp, 1 ranks: gradient reduction (not created) */
+    { GPT_GRP_DPCP,   GPT_GRID_DENSE,  0, 2, { 1, 1 },    { 1, 1 } },
+    /* pp, 2 ranks varying pp: neighbours */
+    { GPT_GRP_PP,     GPT_GRID_DENSE,  1, 1, { 2 },       { 1 } },
+    /* embd, 2 ranks: tied embedding gradients, first and last stage */
+    { GPT_GRP_EMBD,   GPT_GRID_EMBD,   1, 1, { 2 },       { 1 } },
+    /* mp, 2 ranks varying pp: gradient norm */
+    { GPT_GRP_MP,     GPT_GRID_DENSE,  1, 2, { 1, 2 },    { 1, 1 } },
+    /* ep, 1 ranks: token all-to-all (not created) */
+    { GPT_GRP_EP,     GPT_GRID_EXPERT, 0, 1, { 1 },       { 1 } },
+    /* expt-tp, 1 ranks: the experts' slices (not created) */
+    { GPT_GRP_ETP,    GPT_GRID_EXPERT, 0, 1, { 1 },       { 1 } },
+    /* expt-dp, 1 ranks: expert gradient reduction (not created) */
+    { GPT_GRP_EDP,    GPT_GRID_EXPERT, 0, 1, { 1 },       { 1 } },
+    /* tp-ep-pp, 2 ranks varying pp: gradient norm of the experts (not created) */
+    { GPT_GRP_TPEPPP, GPT_GRID_EXPERT, 0, 3, { 1, 1, 2 }, { 1, 1, 1 } },
+    /* cp, 1 ranks: CP_COMM=a2a's all-to-all (not created) */
+    { GPT_GRP_CP,     GPT_GRID_DENSE,  0, 1, { 1 },       { 1 } },
+    /* tp-cp, 1 ranks: the MoE aux loss's token counts (not created) */
+    { GPT_GRP_TPCP,   GPT_GRID_DENSE,  0, 2, { 1, 1 },    { 1, 1 } },
 };
 
 static const gpt_stage *const stages[CFG_PP] = {

@@ -469,8 +469,12 @@ static void chunk2_backward(int slot)
         layer_bwd(2, slot, j);
 }
 
-static void (*const chunk_forward[3])(int mb, int slot) = { chunk0_forward, chunk1_forward, chunk2_forward };
-static void (*const chunk_backward[3])(int slot) = { chunk0_backward, chunk1_backward, chunk2_backward };
+static void (*const chunk_forward[3])(int mb, int slot) = {
+    chunk0_forward, chunk1_forward, chunk2_forward,
+};
+static void (*const chunk_backward[3])(int slot) = {
+    chunk0_backward, chunk1_backward, chunk2_backward,
+};
 
 /* -- The schedule: interleaved 1F1B over 3 chunks, 5 micro-batches; one row per step -- */
 

@@ -337,8 +337,12 @@ static void chunk2_backward(int slot)
     (void)slot;   /* no layers: the gradient of its output is that of its input */
 }
 
-static void (*const chunk_forward[3])(int mb, int slot) = { chunk0_forward, chunk1_forward, chunk2_forward };
-static void (*const chunk_backward[3])(int slot) = { chunk0_backward, chunk1_backward, chunk2_backward };
+static void (*const chunk_forward[3])(int mb, int slot) = {
+    chunk0_forward, chunk1_forward, chunk2_forward,
+};
+static void (*const chunk_backward[3])(int slot) = {
+    chunk0_backward, chunk1_backward, chunk2_backward,
+};
 
 /* -- The schedule: interleaved 1F1B over 3 chunks, 5 micro-batches; one row per step -- */
 

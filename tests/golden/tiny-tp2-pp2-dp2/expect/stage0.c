@@ -303,8 +303,12 @@ static void chunk0_backward(int slot)
     embedding_bwd(0, slot);
 }
 
-static void (*const chunk_forward[1])(int mb, int slot) = { chunk0_forward };
-static void (*const chunk_backward[1])(int slot) = { chunk0_backward };
+static void (*const chunk_forward[1])(int mb, int slot) = {
+    chunk0_forward,
+};
+static void (*const chunk_backward[1])(int slot) = {
+    chunk0_backward,
+};
 
 /* -- The schedule: 1F1B, 1 micro-batches; one row per step -- */
 

@@ -543,8 +543,12 @@ static void chunk1_backward(int slot)
     layer_bwd(1, slot, 0);   /* layer 3 */
 }
 
-static void (*const chunk_forward[2])(int mb, int slot) = { chunk0_forward, chunk1_forward };
-static void (*const chunk_backward[2])(int slot) = { chunk0_backward, chunk1_backward };
+static void (*const chunk_forward[2])(int mb, int slot) = {
+    chunk0_forward, chunk1_forward,
+};
+static void (*const chunk_backward[2])(int slot) = {
+    chunk0_backward, chunk1_backward,
+};
 
 /* -- The schedule: interleaved 1F1B over 2 chunks, 2 micro-batches; one row per step -- */
 
