@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"   // defines: lib_fail_all
+#include "fail.h"     // defines: lib_fail_all
 #include "flags.h"
 
 #define STYLE_NAME(id, name) name,

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "stage.h"
 
 static const char *const group_names[GPT_NGROUPS] = {
 #define GPT_GRP_NAME(id, name) name,

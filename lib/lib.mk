@@ -6,7 +6,7 @@
 # -ffast-math): its CPU kernels are written for the vectoriser. Included by the top Makefile.
 
 LIB_BUILD   := build/lib
-LIB_COMMON  := model moe stage train flags data groups safetensors main
+LIB_COMMON  := fail flags lr data tensors stage model moe groups world faults weights ckpt train safetensors main
 LIB_CFLAGS   = -std=c11 $(GEN_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
 LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
 

@@ -12,7 +12,7 @@
 */
 #include <math.h>
 
-#include "internal.h"
+#include "stage.h"
 
 gpt_state gpt;
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "stage.h"
 
 #define MS lib.ms
 #define ACT (gpt.d.act)
