@@ -41,4 +41,18 @@ build/libgpt_cuda.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cuda.o
 ALL_TARGETS += build/libgpt_cuda.a
 endif
 
+# README.md's table of training flags, printed from LIB_FLAGS (lib/flags.h). readme-flags
+# writes it between README.md's train-flags markers; tests/train checks that it is current.
+build/lib/flags_doc: $(LIB_BUILD)/flags_doc.o build/libgpt_cpu.a build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $< $(GPT_CPU_SINGLE_LIBS)
+.PHONY: readme-flags
+readme-flags: build/lib/flags_doc
+	$(Q)build/lib/flags_doc > $(LIB_BUILD)/flags.md
+	$(Q)awk -v table=$(LIB_BUILD)/flags.md \
+	    '/^<!-- train-flags/ { print; while ((getline l < table) > 0) print l; skip = 1; next } \
+	     /^<!-- end of train-flags/ { skip = 0 } !skip' README.md > README.md.tmp
+	$(Q)if cmp -s README.md README.md.tmp; then rm README.md.tmp; \
+	    else mv README.md.tmp README.md && echo "README.md: table of training flags rewritten"; fi
+
 -include $(wildcard $(LIB_BUILD)/*.d)

@@ -15,60 +15,12 @@
 #include "data.h"     // defines: lib_tokens, lib_tokens_open_flags, lib_tokens_batch, ...
 #include "fail.h"     // defines: lib_fail_all
 #include "faults.h"   // defines: lib_faults_*, lib_signals_install, lib_check_outputs, ...
-#include "flags.h"    // defines: lib_flags, lib_flags_parse, lib_signal_name
+#include "flags.h"    // defines: lib_flags, lib_flags_parse, lib_flags_usage, lib_signal_name
 #include "lr.h"       // defines: lib_lr
 #include "stage.h"    // defines: lib, lib_stage_setup, lib_groups_create, lib_cp_position, ...
 #include "tensors.h"  // defines: lib_tensors_build
 #include "weights.h"  // defines: lib_weights_init, lib_weights_load, lib_weights_save, ...
 #include "world.h"    // defines: lib_world_allreduce_max
-
-/* -- Flags ---------------------------------------------------------------------------------- */
-
-/* The usage, for train --help. */
-static void usage(FILE *f, const char *run_hint)
-{
-    fprintf(f,
-        "usage: train [flags]   (%s)\n"
-        "  --data FILE          token file: uint16 ids, or an llm.c shard (magic 20240520),\n"
-        "                       or PREFIX of a Megatron indexed dataset (PREFIX.bin/.idx)\n"
-        "  --data-path [W] PREFIX [W PREFIX ...]   Megatron indexed datasets, blended with\n"
-        "                       weights W as Megatron's --data-path; sampled as GPTDataset\n"
-        "  --data-seed N        Megatron's --seed for the data indices (1234)\n"
-        "  --dump-samples K     print the first K samples' token ids (T+1 each) and exit\n"
-        "  --steps N            optimizer steps (default 10; 0 = only initialise / save)\n"
-        "  --init PATH          start from a Hugging Face checkpoint: one .safetensors file,\n"
-        "                       the model.safetensors.index.json of a sharded one (its shards\n"
-        "                       beside it), or a directory holding that index or one\n"
-        "                       model.safetensors; the model's Hugging Face tensor names and\n"
-        "                       shapes, in F32, BF16 or F16\n"
-        "  --save FILE          write the model after the last step (safetensors, F32)\n"
-        "  --log FILE           one JSON object per step\n"
-        "  --seed N             initialisation seed when there is no --init (default 1337)\n"
-        "  --lr X --min-lr X    peak and final learning rate (6e-4, 0.1*lr; Megatron's\n"
-        "                       --min-lr defaults to 0)\n"
-        "  --lr-decay-style S   cosine (default), constant, linear, inverse-square-root or WSD\n"
-        "  --warmup N           linear warm-up steps, Megatron's --lr-warmup-iters (0)\n"
-        "  --lr-warmup-init X   rate of the first warm-up step (0)\n"
-        "  --decay-steps N      decay ends at min-lr after N steps, Megatron's --lr-decay-iters\n"
-        "                       (max(steps, warmup))\n"
-        "  --lr-wsd-decay-iters N   WSD: the last N of the decay steps decay (required)\n"
-        "  --lr-wsd-decay-style S   WSD: exponential, linear, cosine or minus_sqrt\n"
-        "                       (exponential); schedules: README.md, \"Learning rate\"\n"
-        "  --beta1 X --beta2 X --eps X --wd X --clip X    AdamW (0.9 0.95 1e-8 0.1 1.0)\n"
-        "  --ckpt-dir DIR --ckpt-every N   resume checkpoints every N steps\n"
-        "  --resume             continue from the newest complete checkpoint in --ckpt-dir\n"
-        "  --exit-signal LIST   on these signals finish the step, save a checkpoint to\n"
-        "                       --ckpt-dir and exit 0 (SIGTERM,SIGUSR1; none: default action)\n"
-        "  --exit-grace S       abort S seconds after that signal if not done (0: no limit)\n"
-        "  --exit-duration-in-mins X   save and exit once X minutes have passed\n"
-        "  --exit-interval N    save and exit after every N-th step (Megatron's flag)\n"
-        "  --skip-bad-steps N   skip up to N steps whose loss or gradient norm is not finite\n"
-        "                       (default 0: stop at the first, naming the rank and tensor)\n"
-        "  --timeout S          abort a collective or receive stuck for S seconds (300)\n"
-        "  --quiet              no per-step line on stdout\n"
-        "  --show-groups        print every rank's coordinates and groups, then exit\n",
-        run_hint);
-}
 
 /* -- The log --------------------------------------------------------------------------------- */
 
@@ -153,7 +105,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     lib_flags f;
     lib_flags_parse(argc, argv, &f);
     if (f.help) {
-        if (rt_rank() == 0) usage(stdout, prog->run_hint);
+        if (rt_rank() == 0) lib_flags_usage(stdout, prog->run_hint);
         rt_finalize();
         return 0;
     }
