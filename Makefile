@@ -246,6 +246,7 @@ help:
 	@echo "make test SANITIZE=1          $(SANITIZE_SUITES) under ASan + UBSan (build/sanitize/)"
 	@echo "make check                    the fast tier: $(CHECK_SUITES) (seconds)"
 	@echo "make golden-update            rewrite the golden outputs (review the diff)"
+	@echo "make readme-flags             rewrite README.md's table of training flags (lib/flags.h)"
 	@echo "make clean                    remove build/ and out/"
 	@echo "variables: MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS"
 	@echo "           NMB SEQ BF16=1 RECOMPUTE RECOMPUTE_METHOD RECOMPUTE_LAYERS RECOMPUTE_MODULES"

@@ -4,10 +4,11 @@
 ** sample the "train" split of the whole corpus: the document index shuffled over epochs, the
 ** sample index of build_sample_idx, the shuffle index (all from NumPy's legacy RandomState,
 ** reproduced here), and for blends the blending indices of build_blending_indices.
-** Also the nanoGPT / llm.c token files (lib_tokens_open, at the end). Called by train.c: at
-** start-up (lib_data_open, lib_data_check_vocab) and for each sample of a step
-** (lib_data_sample). Every rank builds the same indices; a bad file is reported once, by rank
-** 0, through lib_fail_file. Files are read as little-endian, as on the hosts that write them.
+** Also the nanoGPT / llm.c token files (lib_tokens_open), and, at the end, what a run trains
+** on: the data the flags name and the token ids of each step's micro-batches (lib_tokens_*).
+** Called by gpt_main at start-up and for each step. Every rank builds the same indices; a bad
+** file is reported once, by rank 0, through lib_fail_file. Files are read as little-endian, as
+** on the hosts that write them. Calls only the runtime and fail.c (tests/fuzz includes it).
 */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,7 +20,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "internal.h"   // defines: lib_data, lib_fail_file, lib_fail_all, rt_rank, RT_CHECK
+#include "data.h"
+#include "fail.h"     // defines: lib_fail_file, lib_fail_all
 
 /* -- NumPy's legacy RandomState: MT19937 and shuffle ---------------------------------------- */
 
@@ -540,7 +542,7 @@ void lib_data_sample(const lib_data *d, long long i, int *out)
 
 /* The world's first bad position of n, from each rank's first ('bad', -1 if none): the
 ** maximum of n - position (0 when clean) over the world; -1 when every rank is clean. */
-static long long first_bad(long long bad, long long n, void (*world_max)(long long *))
+static long long first_bad(long long bad, long long n, lib_world_max_fn *world_max)
 {
     long long key = bad < 0 ? 0 : n - bad;
     world_max(&key);
@@ -552,7 +554,7 @@ static long long first_bad(long long bad, long long n, void (*world_max)(long lo
 ** reads the sequences whose first token lies in slice r of the tokens) and agree on the first
 ** bad position with world_max (a maximum over the world); then all fail alike, naming it.
 */
-void lib_data_check_vocab(const lib_data *d, int vocab, void (*world_max)(long long *))
+void lib_data_check_vocab(const lib_data *d, int vocab, lib_world_max_fn *world_max)
 {
     enum { CHUNK = 1 << 16 };
     int *buf = malloc(sizeof *buf * CHUNK);
@@ -622,7 +624,7 @@ static int32_t le32(const unsigned char *p)
 ** slices, so a large file costs each rank 1/world of a read) and agree on the first bad
 ** position with one all-reduce; then all fail alike, naming it.
 */
-static void tokens_check(const lib_tokens *d, int vocab, void (*world_max)(long long *))
+static void tokens_check(const lib_tokens *d, int vocab, lib_world_max_fn *world_max)
 {
     enum { CHUNK = 1 << 16 };
     static unsigned char raw[2 * CHUNK];
@@ -651,7 +653,7 @@ static void tokens_check(const lib_tokens *d, int vocab, void (*world_max)(long 
 
 /* Open and check a token file; every rank opens it (errors are the same everywhere). */
 void lib_tokens_open(lib_tokens *d, const char *path, int seq, int vocab,
-                     void (*world_max)(long long *))
+                     lib_world_max_fn *world_max)
 {
     struct stat st;
     d->path = path;
@@ -684,3 +686,149 @@ void lib_tokens_open(lib_tokens *d, const char *path, int seq, int vocab,
     tokens_check(d, vocab, world_max);
 }
 
+
+/* -- What a run trains on: the flags' data, a step's batches ------------------------------ */
+
+/*
+** A Megatron indexed dataset (--data PREFIX) or blend (--data-path [W] PREFIX ...), sampled as
+** Megatron's GPTDataset / BlendedDataset for steps*GBS samples of seq + 1 tokens, seed
+** --data-seed; every rank builds the same indices and checks the tokens < vocab.
+*/
+static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *prog,
+                         lib_world_max_fn *world_max)
+{
+    int n = f->ndata_path ? f->ndata_path : 1;
+    char **words = f->ndata_path ? f->data_path : &d->prefix;
+    double *w = NULL;
+    if (n > 1 && n % 2 == 0) {         /* Megatron's get_blend_from_list: W P W P ... */
+        w = malloc(sizeof *w * (size_t)(n / 2));
+        char **pre = malloc(sizeof *pre * (size_t)(n / 2));
+        RT_CHECK(w && pre, "out of memory");
+        int numbers = 0;
+        for (int k = 0; k < n / 2; k++) {
+            char *end;
+            w[k] = strtod(words[2 * k], &end);
+            numbers += end != words[2 * k] && !*end;
+            pre[k] = words[2 * k + 1];
+        }
+        if (numbers == n / 2) {
+            words = pre;
+            n /= 2;
+        } else {
+            if (numbers) lib_fail_all(2, "--data-path: give a weight before every prefix or none");
+            free(pre);
+            free(w);
+            w = NULL;
+        }
+    }
+    long long need = (long long)f->steps * prog->gbs;
+    d->path = words[0];
+    d->mm = lib_data_open(n, words, w, prog->dims.seq, need, f->data_seed,
+                          !f->quiet && !f->dump_samples);
+    d->nsamples = lib_data_size(d->mm);
+    if (d->nsamples < need)
+        lib_fail_file(d->path, "the blend holds %lld samples, %d steps of %d need %lld",
+                      d->nsamples, f->steps, prog->gbs, need);
+    if (!f->dump_samples) lib_data_check_vocab(d->mm, prog->vocab, world_max);   /* ids as is */
+    if (w) free(words);
+    free(w);
+}
+
+/*
+** Open the data the flags name for 'prog' (every rank alike): --data-path's datasets, --data's
+** Megatron dataset when it names one (lib_data_is_indexed), else --data's token file. Checks
+** the files (lib_fail_file) and every token id < vocab (with --dump-samples, a dataset's ids
+** are left unchecked: they are printed as they are). 't' is then read by lib_tokens_batch and
+** released by lib_tokens_close.
+*/
+void lib_tokens_open_flags(lib_tokens *t, const lib_flags *f, const gpt_program *prog,
+                           lib_world_max_fn *world_max)
+{
+    if (f->ndata_path || lib_data_is_indexed(f->data, &t->prefix))
+        open_indexed(t, f, prog, world_max);
+    else lib_tokens_open(t, f->data, prog->dims.seq, prog->vocab, world_max);
+}
+
+/*
+** --dump-samples K: "sample I: ids..." (seq + 1 ids) for samples 0..K-1 of the Megatron dataset
+** on rank 0's stdout. A token file, or K beyond the dataset, is a usage error on every rank.
+** The caller ends the run.
+*/
+void lib_tokens_dump(const lib_tokens *t, int count, int seq)
+{
+    if (!t->mm) lib_fail_all(2, "--dump-samples needs a Megatron dataset");
+    if (count > t->nsamples)
+        lib_fail_all(2, "--dump-samples %d: the dataset has %lld samples", count, t->nsamples);
+    int *tok = malloc(sizeof *tok * ((size_t)seq + 1));
+    RT_CHECK(tok, "out of memory");
+    for (int i = 0; i < count && rt_rank() == 0; i++) {
+        lib_data_sample(t->mm, i, tok);
+        printf("sample %d:", i);
+        for (int k = 0; k <= seq; k++) printf(" %d", tok[k]);
+        printf("\n");
+    }
+    fflush(stdout);
+    free(tok);
+}
+
+/*
+** Token ids of this rank's micro-batches for optimizer step 'step' (0-based), sequence-major:
+** inputs[k][t*B + b] for micro-batch k, sample b. Sample i is tokens [i*S, i*S + S] of a token
+** file (S = the sequence length), or sample i of a Megatron dataset; step s uses samples
+** (s*GBS + j) mod nsamples, j = 0..GBS-1. From a token file, data-parallel rank d ('dp') takes
+** j in [d*B*NMB, (d+1)*B*NMB), micro-batch k the B samples from d*B*NMB + k*B; from a Megatron
+** dataset, as Megatron's pretraining sampler hands them out, micro-batch k of rank d takes the
+** B samples from k*B*DP + d*B. Local position t (of the T a rank holds) is the sample's
+** position position[t]: under context parallelism the positions of the rank's two chunks.
+** A token file changed under the run fails this rank (RT_CHECK).
+*/
+void lib_tokens_batch(const lib_tokens *d, const gpt_program *prog, const int *position,
+                      int step, int dp, int *inputs, int *targets)
+{
+    const gpt_dims *D = &prog->dims;
+    int S = D->seq;
+    unsigned char *raw = malloc(2 * ((size_t)S + 1));
+    int *ids = malloc(sizeof *ids * ((size_t)S + 1));
+    RT_CHECK(raw && ids, "out of memory");
+    for (int k = 0; k < D->nmb; k++)
+        for (int b = 0; b < D->B; b++) {
+            long long j = (long long)dp * D->B * D->nmb + (long long)k * D->B + b;
+            if (d->mm)      /* Megatron's sampler: micro-batch k of every rank, then k + 1 */
+                j = (long long)k * (prog->gbs / D->nmb) + (long long)dp * D->B + b;
+            long long i = ((long long)step * prog->gbs + j) % d->nsamples;
+            if (d->mm) {
+                lib_data_sample(d->mm, i, ids);
+            } else {
+                off_t at = d->first + (off_t)2 * i * S;
+                ssize_t want = 2 * ((ssize_t)S + 1);
+                if (pread(d->fd, raw, (size_t)want, at) != want)
+                    RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i, strerror(errno));
+                for (int g = 0; g <= S; g++) ids[g] = raw[2 * g] | raw[2 * g + 1] << 8;
+            }
+            for (int t = 0; t < D->T; t++) {
+                int g = position[t];              /* input at g, target at g + 1 */
+                int tok = ids[g], next = ids[g + 1];
+                int bad = tok < 0 || tok >= prog->vocab ? tok : next < 0 || next >= prog->vocab ?
+                          next : -1;
+                RT_CHECK(bad < 0 || d->mm, "%s: token %d at position %lld is out of range for "
+                         "vocabulary %d (the file changed while training?)", d->path, bad,
+                         i * S + g + (tok < prog->vocab), prog->vocab);
+                RT_CHECK(bad < 0, "%s: token %d in sample %lld is out of range for vocabulary "
+                         "%d (the file changed while training?)", d->path, bad, i, prog->vocab);
+                inputs[(size_t)k * D->N + (size_t)t * D->B + b] = tok;
+                targets[(size_t)k * D->N + (size_t)t * D->B + b] = next;
+            }
+        }
+    free(ids);
+    free(raw);
+}
+
+/* Release what lib_tokens_open_flags holds (the datasets' indices and files, --data's prefix);
+** a token file's descriptor stays open until the process ends. */
+void lib_tokens_close(lib_tokens *t)
+{
+    lib_data_free(t->mm);
+    free(t->prefix);
+    t->mm = NULL;
+    t->prefix = NULL;
+}

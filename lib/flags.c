@@ -1,20 +1,52 @@
 /*
-** flags.c: the training program's command line (flags.h). Defaults are the ones README.md and
-** the usage give; every error names the flag and what it expects.
+** flags.c: the training program's command line (flags.h), read and documented from the one
+** table LIB_FLAGS: the parser (lib_flags_parse), the usage (train --help) and README.md's
+** table of training flags (lib_flags_markdown, `make readme-flags`). Every error names the
+** flag and what it expects. Calls only fail.c (tests/fuzz links it with tests/fuzz/libstub.c).
 */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "internal.h"   // defines: lib_fail_all
+
 #include "flags.h"
+#include "fail.h"     // defines: lib_fail_all
+
+/* -- The table -------------------------------------------------------------------------------- */
+
+/* How a flag's value is read (flags.h) and the type of the field it fills. */
+#define FLAG_KINDS(_) _(STRING, const char *) _(INT, int) _(NUM, double) \
+    _(U64, unsigned long long) _(U32, unsigned long long) _(FLAG, int) _(HELP, int) \
+    _(LR_STYLE, int) _(WSD_STYLE, int) _(SIGNALS, int) _(WORDS, char **)
+#define KIND_ENUM(kind, type) KIND_##kind,
+enum { FLAG_KINDS(KIND_ENUM) };
+
+/* Each row's field has its kind's type. */
+#define KIND_TYPE(kind, type) typedef type kind_type_##kind;
+FLAG_KINDS(KIND_TYPE)
+#define CHECK_FIELD(id, name, meta, kind, field, def, help) \
+    _Static_assert(_Generic(((lib_flags *)0)->field, kind_type_##kind: 1, default: 0), \
+                   "--" name ": the field " #field " is not of kind " #kind);
+LIB_FLAGS(CHECK_FIELD)
+
+typedef struct {
+    const char *name, *meta;    /* "data", "FILE" (the flag is --data FILE) */
+    int kind;                   /* KIND_* */
+    size_t field;               /* offset of the field in lib_flags */
+    const char *def, *help;     /* flags.h */
+} flag_def;
+
+#define FLAG_DEF(id, name, meta, kind, field, def, help) \
+    { name, meta, KIND_##kind, offsetof(lib_flags, field), def, help },
+static const flag_def flag_defs[] = { LIB_FLAGS(FLAG_DEF) };
 
 #define STYLE_NAME(id, name) name,
-const char *const lib_lr_style_names[] = { LR_STYLES(STYLE_NAME) NULL };
-const char *const lib_wsd_style_names[] = { WSD_STYLES(STYLE_NAME) NULL };
+static const char *const lr_style_names[] = { LR_STYLES(STYLE_NAME) NULL };
+static const char *const wsd_style_names[] = { WSD_STYLES(STYLE_NAME) NULL };
 
 /* The signals --exit-signal accepts (Slurm's --signal and preemption send one of these). */
 static const struct { int sig; const char *name; } exit_signals[] = {
@@ -23,6 +55,7 @@ static const struct { int sig; const char *name; } exit_signals[] = {
 };
 #define NSIGNALS (int)(sizeof exit_signals / sizeof exit_signals[0])
 
+/* "SIGTERM", "SIGUSR1", ... for the signals --exit-signal accepts; NULL for others. */
 const char *lib_signal_name(int sig)
 {
     for (int k = 0; k < NSIGNALS; k++)
@@ -30,7 +63,9 @@ const char *lib_signal_name(int sig)
     return NULL;
 }
 
-static int parse_num(const char *flag, const char *v, double *out)
+/* -- Reading values ----------------------------------------------------------------------- */
+
+static void parse_num(const char *flag, const char *v, double *out)
 {
     char *end;
     errno = 0;
@@ -38,10 +73,9 @@ static int parse_num(const char *flag, const char *v, double *out)
     if (errno || end == v || *end || !isfinite(d))
         lib_fail_all(2, "%s expects a number, got '%s'", flag, v);
     *out = d;
-    return 1;
 }
 
-static int parse_int(const char *flag, const char *v, int *out)
+static void parse_int(const char *flag, const char *v, int *out)
 {
     char *end;
     errno = 0;
@@ -49,20 +83,40 @@ static int parse_int(const char *flag, const char *v, int *out)
     if (errno || end == v || *end || n < 0 || n > 1000000000)
         lib_fail_all(2, "%s expects a non-negative integer, got '%s'", flag, v);
     *out = (int)n;
-    return 1;
+}
+
+/* An unsigned decimal (digits only) up to 'max'; 'expects' says what, for the message. */
+static void parse_unsigned(const char *flag, const char *v, unsigned long long max,
+                           const char *expects, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    *out = strtoull(v, &end, 10);
+    if (errno || *v < '0' || *v > '9' || *end || *out > max)
+        lib_fail_all(2, "%s expects %s, got '%s'", flag, expects, v);
+}
+
+/* "a, b, c or d" from the NULL-terminated 'names' into buf; quote: each in `backquotes`. */
+static const char *name_list(char *buf, size_t cap, const char *const *names, int quote)
+{
+    const char *q = quote ? "`" : "";
+    buf[0] = 0;
+    for (int k = 0; names[k]; k++)
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s%s%s",
+                 k == 0 ? "" : names[k + 1] ? ", " : " or ", q, names[k], q);
+    return buf;
 }
 
 /* The index of 'v' in the NULL-terminated 'names', or a usage error listing them. */
-static int parse_style(const char *flag, const char *v, const char *const *names, int *out)
+static void parse_style(const char *flag, const char *v, const char *const *names, int *out)
 {
     for (int k = 0; names[k]; k++)
-        if (!strcmp(v, names[k])) return *out = k, 1;
-    char list[160] = "";
-    for (int k = 0; names[k]; k++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
-                 k == 0 ? "" : names[k + 1] ? ", " : " or ", names[k]);
-    lib_fail_all(2, "%s must be %s, got '%s'", flag, list, v);
-    return 0;
+        if (!strcmp(v, names[k])) {
+            *out = k;
+            return;
+        }
+    char list[160];
+    lib_fail_all(2, "%s must be %s, got '%s'", flag, name_list(list, sizeof list, names, 0), v);
 }
 
 /* --exit-signal: "none", or names separated by commas, with or without "SIG" (SIGTERM,USR1). */
@@ -88,12 +142,42 @@ static void parse_signals(const char *flag, const char *v, int *mask)
     }
 }
 
+/* Value 'v' of the flag 'flag' (as written: "--lr") of definition d into its field of f. */
+static void set_value(const flag_def *d, const char *flag, const char *v, lib_flags *f)
+{
+    void *field = (char *)f + d->field;
+    switch (d->kind) {
+    case KIND_STRING: *(const char **)field = v; break;
+    case KIND_INT: parse_int(flag, v, field); break;
+    case KIND_NUM: parse_num(flag, v, field); break;
+    case KIND_U64: parse_unsigned(flag, v, ~0ull, "a non-negative integer", field); break;
+    case KIND_U32: parse_unsigned(flag, v, 0xffffffffull, "an integer in [0, 2^32)", field); break;
+    case KIND_LR_STYLE: parse_style(flag, v, lr_style_names, field); break;
+    case KIND_WSD_STYLE: parse_style(flag, v, wsd_style_names, field); break;
+    case KIND_SIGNALS: parse_signals(flag, v, field); break;
+    default: *(int *)field = 1; break;          /* FLAG, HELP */
+    }
+}
+
+/* The definition of "--NAME" (a word of the command line), or NULL. */
+static const flag_def *flag_named(const char *word, int *index)
+{
+    for (int k = 0; k < LIB_NFLAGS; k++)
+        if (!strcmp(word + 2, flag_defs[k].name)) {
+            *index = k;
+            return &flag_defs[k];
+        }
+    return NULL;
+}
+
 /* The value after flag argv[*i] (advancing *i), or a usage error naming the flag. */
 static const char *flag_value(int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) lib_fail_all(2, "%s needs a value (try --help)", argv[*i]);
     return argv[++*i];
 }
+
+/* -- Parsing ---------------------------------------------------------------------------------- */
 
 /* The schedule's flags make sense together (Megatron's scheduler asserts the same bounds, except
 ** that --decay-steps may equal --warmup: then the warm-up ends at min-lr's step). */
@@ -111,7 +195,7 @@ static void check_lr_flags(const lib_flags *f)
                      "min-lr)");
     if (f->lr_style != LR_WSD && f->wsd_flag)
         lib_fail_all(2, "%s needs --lr-decay-style WSD", f->wsd_flag);
-    if (f->lr_style == LR_WSD && f->wsd_iters < 0)
+    if (f->lr_style == LR_WSD && !f->given[LIB_FLAG_LR_WSD_DECAY_ITERS])
         lib_fail_all(2, "--lr-decay-style WSD needs --lr-wsd-decay-iters N (the number of "
                      "steps of its final decay)");
     if (f->lr_style == LR_WSD && f->wsd_iters > f->decay_steps)
@@ -119,23 +203,24 @@ static void check_lr_flags(const lib_flags *f)
                      f->decay_steps);
 }
 
+/*
+** Fill 'f' from argv[1..argc-1]: first every flag's default (LIB_FLAGS), then the command line
+** in order (a flag given twice: the last counts), then the derived defaults (--min-lr,
+** --decay-steps). -h or --help sets f->help and stops there. A bad flag, a bad value or a
+** combination that makes no sense is a usage error (lib_fail_all(2, ...), naming the flag).
+** f->data_path points into argv.
+*/
 void lib_flags_parse(int argc, char **argv, lib_flags *f)
 {
     memset(f, 0, sizeof *f);
-    f->steps = 10;
-    f->lr = 6e-4;
-    f->beta1 = 0.9;
-    f->beta2 = 0.95;
-    f->eps = 1e-8;
-    f->wd = 0.1;
-    f->clip = 1.0;
-    f->timeout = 300;
-    f->seed = 1337;
-    f->data_seed = 1234;
-    f->lr_style = LR_COSINE;
-    f->wsd_style = WSD_EXPONENTIAL;
-    f->wsd_iters = -1;
-    f->exit_signals = 1 << SIGTERM | 1 << SIGUSR1;
+    for (int k = 0; k < LIB_NFLAGS; k++) {
+        const flag_def *d = &flag_defs[k];
+        if (d->def && d->def[0] != '=') {
+            char flag[64];
+            snprintf(flag, sizeof flag, "--%s", d->name);
+            set_value(d, flag, d->def, f);
+        }
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -144,74 +229,27 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
         }
         if (strncmp(a, "--", 2))
             lib_fail_all(2, "unexpected argument '%s' (every flag starts with --; try --help)", a);
-        if (!strcmp(a, "--resume")) { f->resume = 1; continue; }
-        if (!strcmp(a, "--quiet")) { f->quiet = 1; continue; }
-        if (!strcmp(a, "--show-groups")) { f->show_groups = 1; continue; }
-        if (!strcmp(a, "--data")) f->data = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--data-path")) {
+        int k;
+        const flag_def *d = flag_named(a, &k);
+        if (!d) lib_fail_all(2, "unknown flag '%s' (try --help)", a);
+        if (d->kind == KIND_FLAG || d->kind == KIND_HELP) {
+            set_value(d, a, NULL, f);
+        } else if (d->kind == KIND_WORDS) {
             f->data_path = argv + i + 1;        /* its words: up to the next flag */
             f->ndata_path = 0;                  /* given twice: the last one counts */
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) i++, f->ndata_path++;
-            if (!f->ndata_path) lib_fail_all(2, "--data-path needs [WEIGHT] PREFIX ...");
-        } else if (!strcmp(a, "--data-seed")) {
-            const char *v = flag_value(argc, argv, &i);
-            char *end;
-            errno = 0;
-            f->data_seed = strtoull(v, &end, 10);
-            if (errno || *v < '0' || *v > '9' || *end || f->data_seed > 0xffffffffull)
-                lib_fail_all(2, "--data-seed expects an integer in [0, 2^32), got '%s'", v);
-        } else if (!strcmp(a, "--dump-samples"))
-            parse_int(a, flag_value(argc, argv, &i), &f->dump_samples);
-        else if (!strcmp(a, "--init")) f->init = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--save")) f->save = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--log")) f->log = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--ckpt-dir")) f->ckpt_dir = flag_value(argc, argv, &i);
-        else if (!strcmp(a, "--steps")) parse_int(a, flag_value(argc, argv, &i), &f->steps);
-        else if (!strcmp(a, "--warmup")) parse_int(a, flag_value(argc, argv, &i), &f->warmup);
-        else if (!strcmp(a, "--decay-steps"))
-            f->have_decay_steps = parse_int(a, flag_value(argc, argv, &i), &f->decay_steps);
-        else if (!strcmp(a, "--ckpt-every"))
-            parse_int(a, flag_value(argc, argv, &i), &f->ckpt_every);
-        else if (!strcmp(a, "--lr")) parse_num(a, flag_value(argc, argv, &i), &f->lr);
-        else if (!strcmp(a, "--min-lr"))
-            f->have_min_lr = parse_num(a, flag_value(argc, argv, &i), &f->min_lr);
-        else if (!strcmp(a, "--lr-warmup-init"))
-            parse_num(a, flag_value(argc, argv, &i), &f->lr_init);
-        else if (!strcmp(a, "--lr-decay-style"))
-            parse_style(a, flag_value(argc, argv, &i), lib_lr_style_names, &f->lr_style);
-        else if (!strcmp(a, "--lr-wsd-decay-style")) {
-            parse_style(a, flag_value(argc, argv, &i), lib_wsd_style_names, &f->wsd_style);
-            if (!f->wsd_flag) f->wsd_flag = a;
-        } else if (!strcmp(a, "--lr-wsd-decay-iters")) {
-            parse_int(a, flag_value(argc, argv, &i), &f->wsd_iters);
-            if (!f->wsd_flag) f->wsd_flag = a;
-        } else if (!strcmp(a, "--beta1")) parse_num(a, flag_value(argc, argv, &i), &f->beta1);
-        else if (!strcmp(a, "--beta2")) parse_num(a, flag_value(argc, argv, &i), &f->beta2);
-        else if (!strcmp(a, "--eps")) parse_num(a, flag_value(argc, argv, &i), &f->eps);
-        else if (!strcmp(a, "--wd")) parse_num(a, flag_value(argc, argv, &i), &f->wd);
-        else if (!strcmp(a, "--clip")) parse_num(a, flag_value(argc, argv, &i), &f->clip);
-        else if (!strcmp(a, "--timeout")) parse_num(a, flag_value(argc, argv, &i), &f->timeout);
-        else if (!strcmp(a, "--exit-signal"))
-            parse_signals(a, flag_value(argc, argv, &i), &f->exit_signals);
-        else if (!strcmp(a, "--exit-grace"))
-            parse_num(a, flag_value(argc, argv, &i), &f->exit_grace);
-        else if (!strcmp(a, "--exit-duration-in-mins"))
-            parse_num(a, flag_value(argc, argv, &i), &f->exit_minutes);
-        else if (!strcmp(a, "--exit-interval"))
-            parse_int(a, flag_value(argc, argv, &i), &f->exit_interval);
-        else if (!strcmp(a, "--skip-bad-steps"))
-            parse_int(a, flag_value(argc, argv, &i), &f->skip_bad_steps);
-        else if (!strcmp(a, "--seed")) {
-            const char *v = flag_value(argc, argv, &i);
-            char *end;
-            errno = 0;
-            f->seed = strtoull(v, &end, 10);
-            if (errno || *v < '0' || *v > '9' || *end)
-                lib_fail_all(2, "--seed expects a non-negative integer, got '%s'", v);
-        } else lib_fail_all(2, "unknown flag '%s' (try --help)", a);
+            if (!f->ndata_path) lib_fail_all(2, "%s needs [WEIGHT] PREFIX ...", a);
+        } else {
+            set_value(d, a, flag_value(argc, argv, &i), f);
+        }
+        f->given[k] = 1;
+        if ((k == LIB_FLAG_LR_WSD_DECAY_STYLE || k == LIB_FLAG_LR_WSD_DECAY_ITERS) &&
+            !f->wsd_flag)
+            f->wsd_flag = a;
     }
-    if (!f->have_min_lr) f->min_lr = 0.1 * f->lr;
-    if (!f->have_decay_steps) f->decay_steps = f->steps > f->warmup ? f->steps : f->warmup;
+    if (!f->given[LIB_FLAG_MIN_LR]) f->min_lr = 0.1 * f->lr;
+    if (!f->given[LIB_FLAG_DECAY_STEPS])
+        f->decay_steps = f->steps > f->warmup ? f->steps : f->warmup;
     check_lr_flags(f);
     if (f->steps > 0 && !f->data && !f->ndata_path && !f->show_groups)
         lib_fail_all(2, "--data FILE is needed to train (or --steps 0)");
@@ -225,4 +263,92 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
     if ((f->exit_minutes > 0 || f->exit_interval) && !f->ckpt_dir)
         lib_fail_all(2, "--exit-duration-in-mins and --exit-interval save a checkpoint to "
                      "resume from: they need --ckpt-dir DIR");
+}
+
+/* -- Printing the table ---------------------------------------------------------------------- */
+
+/* A flag's help with its kind's choices for "%s", `code` kept (markdown) or unquoted. */
+static const char *help_text(char *buf, size_t cap, const flag_def *d, int markdown)
+{
+    char choices[160] = "", *out = buf;
+    const char *signals[NSIGNALS + 1];
+    for (int k = 0; k < NSIGNALS; k++) signals[k] = exit_signals[k].name;
+    signals[NSIGNALS] = NULL;
+    if (d->kind == KIND_LR_STYLE) name_list(choices, sizeof choices, lr_style_names, 1);
+    if (d->kind == KIND_WSD_STYLE) name_list(choices, sizeof choices, wsd_style_names, 1);
+    if (d->kind == KIND_SIGNALS) name_list(choices, sizeof choices, signals, 1);
+    for (const char *h = d->help; *h && out + 1 < buf + cap; h++) {
+        if (h[0] == '%' && h[1] == 's') {
+            for (const char *c = choices; *c && out + 1 < buf + cap; c++)
+                if (markdown || *c != '`') *out++ = *c;
+            h++;
+        } else if (markdown || *h != '`') {
+            *out++ = *h;
+        }
+    }
+    *out = 0;
+    return buf;
+}
+
+/* "--name META" into buf. */
+static const char *flag_text(char *buf, size_t cap, const flag_def *d)
+{
+    snprintf(buf, cap, "--%s%s%s", d->name, d->meta[0] ? " " : "", d->meta);
+    return buf;
+}
+
+enum { USAGE_LEFT = 26, USAGE_WIDTH = 92 };   /* the help's column, the lines' length */
+
+/*
+** The usage, for train --help: "usage: train [flags]   (RUN_HINT)", then each flag of
+** LIB_FLAGS in order, "--name META" and its help (with its default) folded into a column.
+*/
+void lib_flags_usage(FILE *out, const char *run_hint)
+{
+    fprintf(out, "usage: train [flags]   (%s)\n", run_hint);
+    for (int k = 0; k < LIB_NFLAGS; k++) {
+        const flag_def *d = &flag_defs[k];
+        char left[64], help[1024];
+        flag_text(left, sizeof left, d);
+        help_text(help, sizeof help, d, 0);
+        if (d->def)             /* '\x1f': a space the folding keeps */
+            snprintf(help + strlen(help), sizeof help - strlen(help), " (default\x1f%s)",
+                     d->def + (d->def[0] == '='));
+        int col = fprintf(out, "  %s", left);
+        if (col + 2 > USAGE_LEFT) {
+            fputc('\n', out);
+            col = 0;
+        }
+        for (const char *w = help; *w; ) {      /* word by word, folded at USAGE_WIDTH */
+            size_t n = strcspn(w, " ");
+            int first = col <= USAGE_LEFT;
+            if (!first && col + 1 + (int)n > USAGE_WIDTH) {
+                fputc('\n', out);
+                col = 0;
+                first = 1;
+            }
+            if (first) col += fprintf(out, "%*s", USAGE_LEFT - col, "");
+            else col += fprintf(out, " ");
+            for (size_t c = 0; c < n; c++) fputc(w[c] == '\x1f' ? ' ' : w[c], out);
+            col += (int)n;
+            w += n + (w[n] == ' ');
+        }
+        fputc('\n', out);
+    }
+}
+
+/*
+** README.md's table of training flags (between its train-flags markers; `make readme-flags`
+** writes it there, tests/train checks it): a markdown table, one row per flag.
+*/
+void lib_flags_markdown(FILE *out)
+{
+    fprintf(out, "| flag | default | meaning |\n|---|---|---|\n");
+    for (int k = 0; k < LIB_NFLAGS; k++) {
+        const flag_def *d = &flag_defs[k];
+        char left[64], help[1024];
+        fprintf(out, "| `%s` | ", flag_text(left, sizeof left, d));
+        if (d->def) fprintf(out, "`%s`", d->def + (d->def[0] == '='));
+        fprintf(out, " | %s |\n", help_text(help, sizeof help, d, 1));
+    }
 }

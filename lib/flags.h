@@ -1,10 +1,14 @@
 /*
-** flags.h: the training program's command line (flags.c): the record every flag lands in and
-** the parser that fills it. The parser is pure but for its errors, which go through
-** lib_fail_all (code 2, "train: error: ..." on rank 0), so it is also what tests/fuzz drives.
+** flags.h: the training program's command line (flags.c): one table of every flag (LIB_FLAGS),
+** the record the flags land in, the parser that fills it and the texts printed from the table
+** (train --help; README.md's table, `make readme-flags`). The parser is pure but for its
+** errors, which go through lib_fail_all (code 2, "train: error: ..." on rank 0), so it is
+** also what tests/fuzz drives.
 */
 #ifndef GPT_FLAGS_H
 #define GPT_FLAGS_H
+
+#include <stdio.h>
 
 /* Learning-rate decay styles (--lr-decay-style) and WSD's final decay (--lr-wsd-decay-style),
 ** spelled as Megatron's --lr-decay-style and --lr-wsd-decay-style. */
@@ -17,6 +21,108 @@
 enum { LR_STYLES(LR_ENUM) };
 enum { WSD_STYLES(WSD_ENUM) };
 
+/*
+** Every flag, in the order of the usage and of README.md's table:
+**   _(ID, name, META, KIND, field, default, help)
+** ID names the flag in code (LIB_FLAG_<ID>: its index, as in lib_flags.given). KIND says how
+** the value is read into 'field' of lib_flags (flags.c checks the field's type):
+**   STRING  the word as is (const char *)     INT     0 .. 1e9 (int)
+**   NUM     a finite number (double)          U64     an unsigned decimal (unsigned long long)
+**   U32     an unsigned decimal < 2^32        FLAG    no value: sets the int to 1
+**   HELP    no value: sets the int to 1 and stops parsing (-h is the same)
+**   LR_STYLE, WSD_STYLE   one of LR_STYLES / WSD_STYLES' names (int: LR_* / WSD_*)
+**   SIGNALS "none" or names from flags.c's signals, comma-separated (int: 1 << SIGxxx each)
+**   WORDS   every word up to the next flag (char **: argv; --data-path, the one such flag,
+**           counts them in ndata_path)
+** The default is the text the parser reads before the command line, as if it were given (so
+** the documented default is the default), NULL for none (zero, NULL), or "=TEXT" for a value
+** lib_flags_parse derives after the command line (TEXT documents it). In the help, `code` is
+** printed as code in README.md and plainly in the usage; "%s" stands for the kind's choices.
+*/
+#define LIB_FLAGS(_) \
+    _(DATA, "data", "FILE", STRING, data, NULL, \
+      "token file: little-endian uint16 ids (nanoGPT `.bin`), an llm.c shard (1024-byte " \
+      "header, magic 20240520), or the `PREFIX` of a Megatron indexed dataset (`PREFIX.bin` " \
+      "+ `PREFIX.idx`)") \
+    _(DATA_PATH, "data-path", "[W] PREFIX [W PREFIX ...]", WORDS, data_path, NULL, \
+      "Megatron indexed datasets, blended with weights `W` as Megatron's `--data-path` " \
+      "(without weights: by their sizes); sampled as its `GPTDataset` and `BlendedDataset` " \
+      "(README.md, \"Megatron indexed datasets\")") \
+    _(DATA_SEED, "data-seed", "N", U32, data_seed, "1234", \
+      "Megatron's `--seed` for the data indices") \
+    _(DUMP_SAMPLES, "dump-samples", "K", INT, dump_samples, NULL, \
+      "print the token ids of the run's first K samples of a Megatron dataset (T+1 each, " \
+      "`sample I: ids`) and exit") \
+    _(STEPS, "steps", "N", INT, steps, "10", \
+      "optimizer steps; 0 only initialises, loads or saves the model") \
+    _(SEED, "seed", "N", U64, seed, "1337", \
+      "initialisation seed when there is no `--init`") \
+    _(INIT, "init", "PATH", STRING, init, NULL, \
+      "start from a Hugging Face checkpoint: one `.safetensors` file, the " \
+      "`model.safetensors.index.json` of a sharded one (its shards beside it), or a " \
+      "directory holding that index or one `model.safetensors`; the model's Hugging Face " \
+      "tensor names (GPT-2 or Llama) and shapes, in F32, BF16 or F16") \
+    _(SAVE, "save", "FILE", STRING, save, NULL, \
+      "write the whole model after the last step: safetensors, F32, the model's Hugging " \
+      "Face names (any layout loads it with `--init`)") \
+    _(LOG, "log", "FILE", STRING, log, NULL, \
+      "one JSON object per step: `step, loss, lr, grad_norm, ms, tok_s` (`aux_loss` with " \
+      "MoE; `\"skipped\":true` and `null` for non-finite numbers on a skipped step)") \
+    _(LR, "lr", "X", NUM, lr, "6e-4", "peak learning rate") \
+    _(MIN_LR, "min-lr", "X", NUM, min_lr, "=0.1*lr", \
+      "final learning rate; Megatron's `--min-lr` defaults to 0") \
+    _(LR_DECAY_STYLE, "lr-decay-style", "S", LR_STYLE, lr_style, "cosine", \
+      "the decay after the warm-up (README.md, \"Learning rate\"): %s") \
+    _(WARMUP, "warmup", "N", INT, warmup, "0", \
+      "linear warm-up steps, Megatron's `--lr-warmup-iters`") \
+    _(LR_WARMUP_INIT, "lr-warmup-init", "X", NUM, lr_init, "0", \
+      "the rate of the first warm-up step") \
+    _(DECAY_STEPS, "decay-steps", "N", INT, decay_steps, "=max(steps, warmup)", \
+      "the decay ends at `--min-lr` after N steps, Megatron's `--lr-decay-iters`") \
+    _(LR_WSD_DECAY_ITERS, "lr-wsd-decay-iters", "N", INT, wsd_iters, NULL, \
+      "WSD only, and required there: the last N of the decay steps decay") \
+    _(LR_WSD_DECAY_STYLE, "lr-wsd-decay-style", "S", WSD_STYLE, wsd_style, "exponential", \
+      "WSD only: how those last N steps decay: %s") \
+    _(BETA1, "beta1", "X", NUM, beta1, "0.9", "AdamW's beta1, in [0, 1)") \
+    _(BETA2, "beta2", "X", NUM, beta2, "0.95", "AdamW's beta2, in [0, 1)") \
+    _(EPS, "eps", "X", NUM, eps, "1e-8", "AdamW's epsilon") \
+    _(WD, "wd", "X", NUM, wd, "0.1", \
+      "AdamW's weight decay, applied to the 2-D weights and the embeddings only") \
+    _(CLIP, "clip", "X", NUM, clip, "1.0", "clip the gradient norm to X; 0: no clipping") \
+    _(CKPT_DIR, "ckpt-dir", "DIR", STRING, ckpt_dir, NULL, \
+      "the directory of resume checkpoints (`step_N/rank_R.bin`): written by `--ckpt-every`, " \
+      "the exit signals and the exit limits, read by `--resume`") \
+    _(CKPT_EVERY, "ckpt-every", "N", INT, ckpt_every, "0", \
+      "write a resume checkpoint after every N-th step, if N > 0") \
+    _(RESUME, "resume", "", FLAG, resume, NULL, \
+      "continue bit-exactly from the newest complete checkpoint in `--ckpt-dir` (none there: " \
+      "start from the beginning)") \
+    _(EXIT_SIGNAL, "exit-signal", "LIST", SIGNALS, exit_signals, "SIGTERM,SIGUSR1", \
+      "on these signals finish the step, save a checkpoint to `--ckpt-dir` and exit 0 " \
+      "(README.md, \"When things go wrong\"); LIST: `none` (the signals' default action) " \
+      "or comma-separated names, with or without `SIG`, from %s") \
+    _(EXIT_GRACE, "exit-grace", "S", NUM, exit_grace, "0", \
+      "abort S seconds after that signal if the checkpoint is not written by then; 0: no " \
+      "limit") \
+    _(EXIT_DURATION_IN_MINS, "exit-duration-in-mins", "X", NUM, exit_minutes, "0", \
+      "as Megatron's flag: save a checkpoint to `--ckpt-dir` and exit 0 once X minutes " \
+      "have passed, if X > 0") \
+    _(EXIT_INTERVAL, "exit-interval", "N", INT, exit_interval, "0", \
+      "as Megatron's flag: save a checkpoint to `--ckpt-dir` and exit 0 after every N-th " \
+      "step, if N > 0") \
+    _(SKIP_BAD_STEPS, "skip-bad-steps", "N", INT, skip_bad_steps, "0", \
+      "skip up to N steps whose loss or gradient norm is not finite; at the next such " \
+      "step, stop, naming the rank and the tensor") \
+    _(TIMEOUT, "timeout", "S", NUM, timeout, "300", \
+      "abort the job if a collective or receive is stuck for S seconds") \
+    _(QUIET, "quiet", "", FLAG, quiet, NULL, "no per-step line on stdout") \
+    _(SHOW_GROUPS, "show-groups", "", FLAG, show_groups, NULL, \
+      "print every rank's coordinates and groups (as `topology.json` lists them), then exit") \
+    _(HELP, "help", "", HELP, help, NULL, "print this help and exit (also `-h`)")
+
+#define LIB_FLAG_ID(id, name, meta, kind, field, def, help) LIB_FLAG_##id,
+enum { LIB_FLAGS(LIB_FLAG_ID) LIB_NFLAGS };
+
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
     char **data_path;         /* --data-path's words (argv); ndata_path of them */
@@ -25,10 +131,9 @@ typedef struct {
     int steps, warmup, decay_steps, ckpt_every, resume, quiet, show_groups;
     double lr, min_lr, beta1, beta2, eps, wd, clip, timeout;
     unsigned long long seed;
-    int have_min_lr, have_decay_steps;
     double lr_init;           /* --lr-warmup-init: the rate of the first warm-up step */
     int lr_style, wsd_style;  /* LR_* and WSD_* above */
-    int wsd_iters;            /* --lr-wsd-decay-iters; -1 when not given */
+    int wsd_iters;            /* --lr-wsd-decay-iters (given: LIB_FLAG_LR_WSD_DECAY_ITERS) */
     const char *wsd_flag;     /* the first WSD-only flag given, to report it without WSD */
     /* faults (README.md, "When things go wrong") */
     int exit_signals;         /* --exit-signal: a mask of 1 << SIGxxx; 0 = none */
@@ -37,16 +142,12 @@ typedef struct {
     int exit_interval;        /* --exit-interval N: save and exit after step k*N; 0 = never */
     int skip_bad_steps;       /* --skip-bad-steps N: non-finite steps skipped before stopping */
     int help;                 /* -h / --help: print the usage and exit 0 */
+    unsigned char given[LIB_NFLAGS];   /* flag LIB_FLAG_<ID> is on the command line */
 } lib_flags;
 
-/* Fill 'f' from argv[1..argc-1] with the defaults for what is not given; a bad flag or a
-** combination that makes no sense is a usage error (lib_fail_all(2, ...)). */
 void lib_flags_parse(int argc, char **argv, lib_flags *f);
-
-/* The names of the decay styles, NULL-terminated (for messages and the usage). */
-extern const char *const lib_lr_style_names[], *const lib_wsd_style_names[];
-
-/* "SIGTERM", "SIGUSR1", ... for the signals --exit-signal accepts; NULL for others. */
+void lib_flags_usage(FILE *out, const char *run_hint);
+void lib_flags_markdown(FILE *out);
 const char *lib_signal_name(int sig);
 
 #endif

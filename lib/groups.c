@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "stage.h"
 
 static const char *const group_names[GPT_NGROUPS] = {
 #define GPT_GRP_NAME(id, name) name,
@@ -94,6 +94,12 @@ void lib_groups_create(const gpt_program *prog)
     free(m);
 }
 
+/* The world's barrier between two ranks' lines of --show-groups. */
+static void show_barrier(void)
+{
+    rt_barrier(NULL);
+}
+
 /*
 ** --show-groups: print this rank's coordinates and groups, one line each, in rank order
 ** (the rank's own lines are gathered by rank 0 with one world barrier per rank: a check, not
@@ -118,7 +124,7 @@ void lib_groups_print(const gpt_program *prog)
             }
             fflush(stdout);
         }
-        rt_barrier(NULL);
+        show_barrier();
     }
     free(m);
 }

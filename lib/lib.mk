@@ -5,8 +5,32 @@
 # The library is compiled with the generated code's flags (GEN_OPT: -O3 -march=native, no
 # -ffast-math): its CPU kernels are written for the vectoriser. Included by the top Makefile.
 
+# The library's modules in layers, bottom first (docs/DESIGN.md §1 draws them). A module is its
+# header and its .c files; the stage is one module of four files (stage.h). A module calls only
+# into modules of lower layers, never up and never sideways, so there is no cycle; its includes
+# follow the same order (gpt.h, the generated programs' interface, and rt.h are everyone's).
+# tests/layering checks the built objects and the includes against this list.
+#
+#   9  main                                 the entry point: calls gpt_main
+#   8  train                                gpt_main: the step loop and its log
+#   7  weights  ckpt                        --init/--save (safetensors); resume checkpoints
+#   6  faults                               GPT_FAULT, exit signals, output checks, bad steps
+#   5  world                                host values reduced over the world, barriers
+#   4  stage (stage model moe groups)       setup, layers, MoE, groups: the stage's machinery
+#   3  lr  data  tensors                    learning rate, training data, the tensor list
+#   2  flags  ops                           the command line (one table: LIB_FLAGS); the
+#                                           linear layers and context-parallel steps
+#   1  fail  safetensors  kernels           failing alike; safetensors files; the kernels
+#
+# LIB_LAYERS writes the same bottom first: layers separated by spaces, modules in a layer by
+# commas, the files of a module by '+'. kernels is kernels_cpu.c or kernels_cuda.cu (one per
+# backend library).
+LIB_LAYERS  := fail,safetensors,kernels flags,ops lr,data,tensors stage+model+moe+groups world \
+               faults weights,ckpt train main
+
 LIB_BUILD   := build/lib
-LIB_COMMON  := model ops moe stage train flags data groups safetensors main
+lib_comma   := ,
+LIB_COMMON  := $(filter-out kernels,$(subst +, ,$(subst $(lib_comma), ,$(LIB_LAYERS))))
 LIB_CFLAGS   = -std=c11 $(GEN_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
 LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
 
@@ -41,4 +65,31 @@ build/libgpt_cuda.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cuda.o
 ALL_TARGETS += build/libgpt_cuda.a
 endif
 
--include $(wildcard $(LIB_BUILD)/*.d)
+# The same objects at -O0 (no inlining: each call stays in the function the source has it in),
+# one section per function, for tests/layering's check of which communication each function
+# issues (a function calls rt_X only if its name says X).
+LIB_SECT_BUILD := $(LIB_BUILD)/sections
+$(LIB_SECT_BUILD)/%.o: lib/%.c | $(LIB_SECT_BUILD)
+	$(E) "MPICC     $@"
+	$(Q)$(MPICC) $(LIB_CFLAGS) -O0 -ffunction-sections -c -o $@ $<
+$(LIB_SECT_BUILD):
+	$(Q)mkdir -p $@
+.PHONY: lib-sections lib-layers readme-flags
+lib-sections: $(LIB_COMMON:%=$(LIB_SECT_BUILD)/%.o)
+lib-layers:
+	@echo $(LIB_LAYERS)
+
+# README.md's table of training flags, printed from LIB_FLAGS (lib/flags.h). readme-flags
+# writes it between README.md's train-flags markers; tests/train checks that it is current.
+build/lib/flags_doc: $(LIB_BUILD)/flags_doc.o build/libgpt_cpu.a build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $< $(GPT_CPU_SINGLE_LIBS)
+readme-flags: build/lib/flags_doc
+	$(Q)build/lib/flags_doc > $(LIB_BUILD)/flags.md
+	$(Q)awk -v table=$(LIB_BUILD)/flags.md \
+	    '/^<!-- train-flags/ { print; while ((getline l < table) > 0) print l; skip = 1; next } \
+	     /^<!-- end of train-flags/ { skip = 0 } !skip' README.md > README.md.tmp
+	$(Q)if cmp -s README.md README.md.tmp; then rm README.md.tmp; \
+	    else mv README.md.tmp README.md && echo "README.md: table of training flags rewritten"; fi
+
+-include $(wildcard $(LIB_BUILD)/*.d $(LIB_SECT_BUILD)/*.d)

@@ -5,9 +5,7 @@
 ** context-parallel positions, and the pipeline messages of the schedule. What a layer computes
 ** and communicates is the generated code's (gen/lua/layer.lua); nothing here communicates.
 */
-#include "internal.h"
-
-gpt_state gpt;
+#include "stage.h"
 
 void *const *gpt_acts(int chunk, int slot, int layer)
 {

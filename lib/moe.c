@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "stage.h"
 
 #define ACT (gpt.d.act)
 #define MS(id) (lib.mem[GPT_M_MS_##id])     /* the stage's MoE buffers */

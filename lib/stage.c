@@ -12,8 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "stage.h"
 
+gpt_state gpt;
 lib_state lib;
 
 /* -- Memory: the generator's plan ------------------------------------------------------------ */
@@ -339,7 +340,7 @@ void lib_master_commit(void)
 
 /* bf16 training: the staging buffer gets the f32 main parameters, each rank's shards
 ** all-gathered over the buffer's data-parallel group with the distributed optimizer. */
-void lib_master_fetch(void)
+void lib_master_allgather(void)
 {
     if (!lib.main) return;
     for (int i = 0; i < gpt.stage->nbuffers; i++) {

@@ -5,7 +5,7 @@
 # writing a checkpoint must resume from its newest complete checkpoint and end with the clean
 # run's weights, bit for bit, and its log, step for step.
 #
-# Faults come from outside (kill, a small tmpfs) or from GPT_FAULT (lib/train.c: nan_grad,
+# Faults come from outside (kill, a small tmpfs) or from GPT_FAULT (lib/faults.c: nan_grad,
 # inf_loss, signal, kill_ckpt, stall_ckpt at a step or a point of checkpoint writing).
 # The full-disk cases need to mount a tmpfs (root): without that they are skipped, saying so.
 . "$(dirname "$0")/../lib.sh" faults
@@ -383,7 +383,7 @@ fi
 GPT_FAULT=nan_grad@3,inf_loss@5 run "$P1" 1 skip --skip-bad-steps 2 --ckpt-dir "$S/ck-skip" \
     --ckpt-every 1 --save "$S/skip.safetensors" > /dev/null 2>&1
 rc=$?
-H=64    # bytes of a checkpoint file's header (lib/train.c ckpt_header)
+H=64    # bytes of a checkpoint file's header (lib/ckpt.c ckpt_header)
 lr() { sed -n "s/^{\"step\":$1,.*\"lr\":\([^,]*\),.*/\1/p" "$S/skip.jsonl"; }
 if [ $rc != 0 ]; then fail skip-bad-steps "status $rc: $(first_error "$S/skip.log")"
 elif [ "$(grep -c '"skipped":true' "$S/skip.jsonl")" != 2 ] ||

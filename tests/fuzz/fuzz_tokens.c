@@ -31,6 +31,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (r == FZ_INTERNAL && !strstr(fz_msg, "out of memory")) {
         fz_bug("an internal check failed on a token file: %s", fz_msg);
     }
-    fz_release();           /* closes t.fd too (train.c keeps it open for the run) */
+    fz_release();           /* closes t.fd too (a run keeps it open: lib_tokens_close) */
     return 0;
 }

@@ -1,12 +1,12 @@
 /*
 ** libstub.c: stand-ins for what lib/data.c, lib/flags.c and lib/safetensors.c call outside
-** themselves (libstub.h): the failure exits of lib/train.c and runtime/rt_common.c, which here
+** themselves (libstub.h): the failure exits of lib/fail.c and runtime/rt_common.c, which here
 ** record the message and longjmp back to the harness, and a world of one rank.
 */
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "internal.h"   // defines: lib_fail_all, lib_fail_file, rt_fail, rt_rank, rt_world
+#include "fail.h"       // defines: lib_fail_all, lib_fail_file (and rt.h: rt_fail, rt_rank)
 #include "libstub.h"    // defines: fz_catch, fz_msg
 
 jmp_buf fz_catch;

@@ -3,7 +3,7 @@
 
 An independent implementation (standard library only) of what Megatron's training loop does
 with its OptimizerParamScheduler in iteration-based training, written from the published
-behaviour rather than from lib/train.c or tests/ref: the scheduler is built with every length
+behaviour rather than from lib/lr.c or tests/ref: the scheduler is built with every length
 in samples (iterations times the global batch size G), sets the rate once with 0 samples seen,
 and after each optimizer step advances by G samples. So the rate of iteration t is the one for
 (t - 1) * G samples. The rate's formula per style is Megatron's get_lr; the float operations are

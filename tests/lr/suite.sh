@@ -1,6 +1,6 @@
 #!/bin/bash
 # tests/lr/suite.sh: the learning-rate schedule (Megatron's, README.md "Learning rate") of the
-# generated program (lib/train.c) and of the reference (build/ref/gpt2_ref), each style against
+# generated program (lib/lr.c) and of the reference (build/ref/gpt2_ref), each style against
 # tests/lr/megatron_lr.py, an independent implementation of Megatron's scheduler as its
 # training loop drives it (evaluated before the first step, advanced by the global batch after
 # each). Both sides must agree exactly: the program's logged rate is the float32 of Megatron's

@@ -104,7 +104,7 @@ local function expand(prog, cfg, sp, cls)
     return out, pieces
 end
 
--- A tensor's name from its role pattern, layer and expert (as lib/train.c names it).
+-- A tensor's name from its role pattern, layer and expert (as lib/tensors.c names it).
 local function name_of(t)
     local n = t.role
     if t.layer then n = n:gsub("%%d", tostring(t.layer), 1) end

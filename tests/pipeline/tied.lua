@@ -47,7 +47,7 @@ local function wte_of(rank)
     if not cls then die("rank %d: no class with its coordinates", rank) end
     local data = slurp(string.format("%s/rank_%05d.bin", ckpt, rank))
     local nbytes = string.unpack("<I8", data, 33)       -- magic, world, stage, step, nbytes
-    -- version 3 (lib/train.c CKPT_MAGIC) adds the updates and skipped steps: 64 bytes
+    -- version 3 (lib/ckpt.c CKPT_MAGIC) adds the updates and skipped steps: 64 bytes
     local hsize = string.unpack("<I8", data, 1) == 0x33544b4350545047 and 64 or 48
     -- the moments are whole buffers, or dp shards with the distributed optimizer
     local whole, sharded = 0, 0

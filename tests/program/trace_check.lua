@@ -3,8 +3,8 @@
 -- every library call and of the step's tail, and every pipeline message, in order, with the
 -- same group, count and type, for every step, on every rank.
 -- Run: build/gen --lua tests/program/trace_check.lua PROGRAM.json TRACE_DIR WORLD STEPS
--- The trace of a rank is the data check's all-reduce (train.c, before the first step), then
--- STEPS times the step's list. Prints "ok <lines compared>" or the first difference (exit 1).
+-- The trace of a rank is the start-up's all-reduces (lib/faults.c, lib/data.c), then STEPS
+-- times the step's list. Prints "ok <lines compared>" or the first difference (exit 1).
 local host = require("host")
 package.path = host.root() .. "/tests/lua/?.lua;" .. package.path
 local T = require("harness")("trace")
@@ -79,8 +79,8 @@ for rank = 0, world - 1 do
     local path = string.format("%s/rank_%05d.trace", dir, rank)
     local lines = {}
     for l in io.lines(path) do lines[#lines + 1] = l end
-    -- start-up (lib/train.c): the checkpoint size summed and the outputs' verdict (check_outputs),
-    -- then the first bad token position (lib_tokens_open)
+    -- start-up: the checkpoint size summed and the outputs' verdict (lib_check_outputs), then
+    -- the first bad token position (lib_tokens_open)
     local want = { "allreduce world 1 i64 sum", "allreduce world 1 i64 max",
                    "allreduce world 1 i64 max" }
     local step = expected(rank)

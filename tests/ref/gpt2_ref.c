@@ -1949,7 +1949,7 @@ double ref_compute_grads(ref_model *m, ref_acts *a, const int *inputs, const int
 **     linear c = 1 - r, cosine c = (cos(pi r) + 1) / 2, WSD (D = wsd_steps * G): c = 1 while
 **     n <= S - D, then with q = (n - S + D) / D: exponential 2 * 0.5^q - 1, linear 1 - q,
 **     cosine (cos(pi q) + 1) / 2, minus_sqrt 1 - sqrt(q).
-** Written for this reference from the README, not shared with lib/train.c.
+** Written for this reference from the README, not shared with lib/lr.c.
 */
 double ref_lr(const ref_optim *o, int t)
 {

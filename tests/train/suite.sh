@@ -361,6 +361,15 @@ expect flag-steps-without-data 2 "train: error: --data FILE is needed to train (
     -- --steps 5
 expect flag-ckpt-without-dir 2 "train: error: --ckpt-every and --resume need --ckpt-dir DIR" \
     -- --steps 0 --ckpt-every 3
+# README.md's table of training flags is what the flags' table (LIB_FLAGS, lib/flags.h)
+# prints, as `make readme-flags` writes it; the usage and the parser come from the same table
+readme_flags() {
+    make -s --no-print-directory build/lib/flags_doc && build/lib/flags_doc > $S/flags.md &&
+    sed -n '/^<!-- train-flags/,/^<!-- end of train-flags/p' README.md | sed '1d;$d' |
+        diff $S/flags.md -
+}
+verdict readme-flags "README.md's table of training flags differs from LIB_FLAGS' (run make \
+readme-flags)" $S/v-readme.log readme_flags
 
 # -- (h) the tokenizer and make data ------------------------------------------------------------
 TOK=build/tools/tokenize

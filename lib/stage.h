@@ -1,13 +1,15 @@
 /*
-** internal.h: what the library's own files share and generated code never sees: the stage's
-** buffers and expanded tables (stage.c), the model's scratch and embedding/head tensors
-** (model.c), the mixture-of-experts scratch (moe.c), the model's tensor list (train.c), group
+** stage.h: what the stage's files (stage.c, model.c, moe.c, groups.c) share with each other and
+** with the library's upper modules (world, faults, weights, ckpt, train), and generated code
+** never sees: the library's state behind the generated code's accessors (model.c), the
+** stage's buffers and expanded tables (stage.c), a MoE layer's routing state (moe.c), group
 ** creation (groups.c). Everything here is set up once, by gpt_main, before the first step.
 */
-#ifndef GPT_INTERNAL_H
-#define GPT_INTERNAL_H
+#ifndef GPT_STAGE_H
+#define GPT_STAGE_H
 
-#include "gpt.h"   // defines: gpt_state, gpt_program, gpt_stage, gpt_param, gpt_piece, ...
+#include "gpt.h"       // defines: gpt_state, gpt_program, gpt_stage, gpt_param, gpt_piece, ...
+#include "tensors.h"   // defines: lib_tensor, lib_tensor_index
 
 /* -- The library's state ----------------------------------------------------------------- */
 
@@ -91,15 +93,6 @@ typedef struct {
     int flags;
 } lib_piece;
 
-/* The model's tensors in checkpoint order, expanded from the roles. */
-typedef struct {
-    char name[96];
-    int rows, cols, ndim;
-    gpt_init init;
-    float std;
-    uint64_t stream;            /* FNV-1a 64 of the name: its random values' stream */
-} lib_tensor;
-
 /* The expert bias of layer l (expert_bias; its host state in the layer's gpt_moe_params) is
 ** tensor lib.ebias_tensor + l, after every parameter; no piece holds it. */
 
@@ -117,7 +110,7 @@ typedef struct {
     int npieces;
     lib_piece *pieces;
     int ntensors;
-    lib_tensor *tensors;
+    lib_tensor *tensors;        /* the model's tensors (tensors.h: lib_tensors_build) */
     int ebias_tensor;           /* the first expert-bias tensor; -1: none */
     void *mem[GPT_NMEMS];       /* the stage's buffers (S_, MS_, H_, X_; NULL: none) */
     void *other_p[GPT_NFIELDS]; /* the embedding's and head's tensors by field */
@@ -130,10 +123,10 @@ typedef struct {
     size_t mem_bytes;           /* device bytes setup allocated: checked against the plan */
     size_t es;                  /* bytes of one element of the model's dtype */
     int head;                   /* the stage's last chunk holds the head and the loss */
-    int fault;                  /* LIB_FAULT_*: a fault train.c injects into this step */
+    int fault;                  /* LIB_FAULT_*: a fault gpt_main injects into this step */
 } lib_state;
 
-/* Faults injected for tests (GPT_FAULT, train.c): a NaN in this rank's first counted gradient
+/* Faults injected for tests (GPT_FAULT, faults.c): a NaN in this rank's first counted gradient
 ** before the norm; an infinite loss share. */
 enum { LIB_FAULT_NAN_GRAD = 1, LIB_FAULT_INF_LOSS = 2 };
 
@@ -151,11 +144,11 @@ size_t lib_state_bytes(void);                /* resume checkpoint: parameters an
 void lib_state_io(unsigned char *host, int save);
 /* The whole f32 parameters of buffer b, where --init and the initialisation write and --save
 ** reads: the parameters themselves in f32 training; in bf16, the gradient buffer (unused
-** between steps) as staging, made current by lib_master_fetch and made effective by
+** between steps) as staging, made current by lib_master_allgather and made effective by
 ** lib_master_commit (the main parameters and their bf16 copy). */
 float *lib_master(int b);
 void lib_master_commit(void);
-void lib_master_fetch(void);                 /* collective with the distributed optimizer */
+void lib_master_allgather(void);      /* all-gathered over dp with the distributed optimizer */
 /* This rank's first gradient element that is not finite, among those it counts in the norm:
 ** 1 with the tensor's name, the element's index in this rank's part and its value; 0 if none. */
 int lib_first_bad_grad(const char **name, long long *index, float *value);
@@ -164,43 +157,10 @@ int lib_first_bad_grad(const char **name, long long *index, float *value);
 void lib_groups_create(const gpt_program *prog);
 void lib_groups_print(const gpt_program *prog);   /* --show-groups */
 
-/* train.c: the tensor list, built from the roles; index of a role's tensor. */
-void lib_tensors_build(const gpt_program *prog);
-int lib_tensor_index(const gpt_program *prog, int role, int layer, int expert);
-
 /* stage.c: every local layer's expert bias in turn: 'fn' gets its global layer and its (E) values. */
 void lib_expert_bias_each(void (*fn)(int layer, float *bias, void *ctx), void *ctx);
 
 /* moe.c: a layer's routing state in one slot, set up once (host arrays). */
 void lib_moe_init(gpt_moe *m, void *const *a, lib_layer *layer);
-
-/* data.c: Megatron indexed datasets (PREFIX.bin + PREFIX.idx) sampled as its GPTDataset and
-** BlendedDataset ("train" split, whole corpus); every rank builds the same indices. */
-typedef struct lib_data lib_data;
-int lib_data_is_indexed(const char *path, char **prefix);   /* *prefix: new string */
-lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int seq,
-                        long long request, unsigned long long seed, int verbose);
-long long lib_data_size(const lib_data *d);
-void lib_data_sample(const lib_data *d, long long i, int *out);   /* (seq + 1) ids */
-void lib_data_check_vocab(const lib_data *d, int vocab, void (*world_max)(long long *));
-void lib_data_free(lib_data *d);
-
-/* A token file (--data FILE): nanoGPT's uint16 .bin or an llm.c shard; or, when mm is set, a
-** Megatron dataset or blend (train.c). lib_tokens_open checks the header and that every id is
-** < vocab (the ranks share the scan; world_max agrees on the first bad position), through
-** lib_fail_file. */
-typedef struct {
-    const char *path;
-    int fd;
-    long long first;          /* byte offset of token 0 */
-    long long ntok, nsamples;
-    lib_data *mm;             /* a Megatron indexed dataset or blend; NULL: a token file */
-} lib_tokens;
-void lib_tokens_open(lib_tokens *t, const char *path, int seq, int vocab,
-                     void (*world_max)(long long *));
-
-/* Errors that every rank detects alike: rank 0 reports "WHERE: error: ...", all exit. */
-void lib_fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
-void lib_fail_file(const char *path, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
 
 #endif

@@ -1,0 +1,17 @@
+/*
+** ckpt.h: resume checkpoints: every rank's parameters, optimizer state and step, in
+** --ckpt-dir/step_N/rank_R.bin, for --resume to continue bit-exactly (ckpt.c). Tied to the
+** program that wrote them (world, stage, size); whole-model files are weights.h's.
+*/
+#ifndef GPT_CKPT_H
+#define GPT_CKPT_H
+
+#include "flags.h"    // defines: lib_flags (ckpt_dir, seed)
+
+void lib_ckpt_save(const lib_flags *f, int step, int updates, int skipped);
+int lib_ckpt_newest(const char *dir);
+void lib_ckpt_clean(const char *dir);
+void lib_ckpt_load(const lib_flags *f, int step, int *updates, int *skipped);
+long long lib_ckpt_bytes(void);
+
+#endif

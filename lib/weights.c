@@ -1,0 +1,586 @@
+/*
+** weights.c: the whole model's parameters as Hugging Face safetensors, layout-free: --init
+** reads a file or the shards of an index (F32, BF16 or F16) after checking it against the
+** model's tensor list, --save writes one F32 file; without --init the seeded initialisation.
+** Every rank reads and writes its own pieces (stage.h: lib.pieces) in the f32 parameters
+** (lib_master). Called by gpt_main.
+*/
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "weights.h"
+#include "fail.h"         // defines: lib_fail_file, lib_report_error
+#include "faults.h"       // defines: lib_fault_point
+#include "safetensors.h"  // defines: st_file, st_index, st_open, st_read_f32, st_header, ...
+#include "stage.h"        // defines: lib (tensors, pieces), lib_master, lib_expert_bias_each
+#include "tensors.h"      // defines: lib_tensor, lib_tensor_find, lib_tensor_names
+#include "world.h"        // defines: lib_world_barrier
+
+/* -- Checking --init's checkpoint -------------------------------------------------------- */
+
+/* Problems with the tensors of a checkpoint: each reported (rank 0, at most 20), counted. */
+static int st_problems;
+
+static void st_problem(const char *path, const char *fmt, ...) RT_PRINTF(2, 3);
+static void st_problem(const char *path, const char *fmt, ...)
+{
+    if (st_problems++ < 20) {
+        va_list ap;
+        va_start(ap, fmt);
+        lib_report_error(path, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static const char *shape_text(char *buf, size_t cap, const long long *shape, int n)
+{
+    size_t at = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < n && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%lld", i ? ", " : "", shape[i]);
+    if (at < cap) snprintf(buf + at, cap - at, "]");
+    return buf;
+}
+
+/* Non-parameter buffers that Hugging Face checkpoints may hold, by name suffix; --init skips
+** them: GPT-2's causal masks, Llama's rotary frequencies. */
+static const char *const st_buffers[] = {
+    ".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"
+};
+
+static int st_buffer(const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t k = 0; k < sizeof st_buffers / sizeof *st_buffers; k++) {
+        size_t m = strlen(st_buffers[k]);
+        if (n > m && !strcmp(name + n - m, st_buffers[k])) return 1;
+    }
+    return 0;
+}
+
+/* Hugging Face families: told apart by a tensor name only they use (anchor) and, for a
+** mixture-of-experts variant, a part of a name (marker); the first row that fits is the
+** family (the variants come first). For the message about another architecture's checkpoint
+** and the closing line of the problems. */
+static const struct { const char *family, *anchor, *marker; } st_families[] = {
+    { "Mixtral", "model.embed_tokens.weight", ".block_sparse_moe." },
+    { "Llama", "model.embed_tokens.weight", NULL },
+    { "GPT-2", "wte.weight", NULL }, { "GPT-2", "transformer.wte.weight", NULL },
+};
+
+static const char *family_of(const char *const *names, int n)
+{
+    for (size_t k = 0; k < sizeof st_families / sizeof *st_families; k++) {
+        int anchor = 0, marker = !st_families[k].marker;
+        for (int i = 0; i < n; i++) {
+            anchor |= !strcmp(names[i], st_families[k].anchor);
+            marker |= st_families[k].marker && strstr(names[i], st_families[k].marker);
+        }
+        if (anchor && marker) return st_families[k].family;
+    }
+    return NULL;
+}
+
+/* The model's tensor names (a malloc'd array of lib.ntensors pointers). */
+static const char **model_names(void)
+{
+    return lib_tensor_names(lib.tensors, lib.ntensors);
+}
+
+/* The model's tensor named 'name', or -1. */
+static int tensor_named(const char *name)
+{
+    return lib_tensor_find(lib.tensors, lib.ntensors, name);
+}
+
+/* "'a', 'b', ..." from the first two of names[n] ("no tensors" when n = 0). */
+static const char *names_text(char *buf, size_t cap, const char *const *names, int n)
+{
+    if (n == 0) snprintf(buf, cap, "no tensors");
+    else snprintf(buf, cap, "'%s'%s%s%s%s", names[0], n > 1 ? ", '" : "", n > 1 ? names[1] : "",
+                  n > 1 ? "'" : "", n > 2 ? ", ..." : "");
+    return buf;
+}
+
+/* Where --init's tensors come from: one safetensors file, or the shards an index names. */
+typedef struct {
+    char path[ST_PATH_MAX];      /* the file, or the index (--init, or --init/NAME) */
+    int is_index;
+    st_index ix;                 /* is_index */
+    int nfiles;                  /* 1, or the index's shards */
+    st_file *files;              /* [nfiles]; fd < 0: could not be opened (err says why) */
+    char (*fpath)[ST_PATH_MAX];  /* [nfiles] */
+    char (*err)[256];            /* [nfiles] */
+    const st_tensor **found;     /* [ntensors]: each model tensor's entry, NULL if none */
+    int *found_file;             /* [ntensors]: the file of that entry */
+} init_src;
+
+/*
+** Resolve --init's path and open what it names. A path that is not there, a directory without
+** a checkpoint, a malformed index and (for a single file) a malformed header fail at once; the
+** shards of an index are opened quietly, their failures kept for init_check_index.
+*/
+static void init_open(init_src *s, const char *arg)
+{
+    char err[256];
+    memset(s, 0, sizeof *s);
+    if (st_resolve(arg, s->path, sizeof s->path, &s->is_index, err, sizeof err))
+        lib_fail_file(arg, "%s", err);
+    if (s->is_index && st_index_read(&s->ix, s->path, err, sizeof err))
+        lib_fail_file(s->path, "%s", err);
+    s->nfiles = s->is_index ? s->ix.nshards : 1;
+    int n = s->nfiles ? s->nfiles : 1;
+    s->files = calloc((size_t)n, sizeof *s->files);
+    s->fpath = calloc((size_t)n, sizeof *s->fpath);
+    s->err = calloc((size_t)n, sizeof *s->err);
+    s->found = calloc((size_t)lib.ntensors, sizeof *s->found);
+    s->found_file = calloc((size_t)lib.ntensors, sizeof *s->found_file);
+    RT_CHECK(s->files && s->fpath && s->err && s->found && s->found_file, "out of memory");
+    if (!s->is_index) {
+        snprintf(s->fpath[0], sizeof s->fpath[0], "%s", s->path);
+        if (st_open(&s->files[0], s->path, err, sizeof err)) lib_fail_file(s->path, "%s", err);
+        return;
+    }
+    for (int k = 0; k < s->nfiles; k++) {
+        st_index_shard_path(&s->ix, k, s->path, s->fpath[k], sizeof s->fpath[k]);
+        st_open(&s->files[k], s->fpath[k], s->err[k], sizeof s->err[k]);
+    }
+}
+
+static void init_close(init_src *s)
+{
+    for (int k = 0; k < s->nfiles; k++)
+        if (s->files[k].fd >= 0) st_close(&s->files[k]);
+    st_index_free(&s->ix);
+    free(s->files);
+    free(s->fpath);
+    free(s->err);
+    free(s->found);
+    free(s->found_file);
+}
+
+/* The first opened shard other than 'skip' that holds 'name', or -1. */
+static int shard_holding(const init_src *s, const char *name, int skip)
+{
+    for (int k = 0; k < s->nfiles; k++)
+        if (k != skip && s->files[k].fd >= 0 && st_find(&s->files[k], name)) return k;
+    return -1;
+}
+
+/*
+** A checkpoint of another architecture: when it is of another family (st_families) than the
+** model, or fewer than a tenth of the model's tensors are named in it (the index's weight_map
+** and its shards, or the file's header), fail with one line naming the first tensors of both
+** (their families where known), not a line per tensor.
+*/
+static void init_foreign(const init_src *s)
+{
+    int cap = s->is_index ? s->ix.n : 0, n = 0, matched = 0;
+    for (int k = 0; k < s->nfiles; k++) cap += s->files[k].fd >= 0 ? s->files[k].n : 0;
+    const char **names = malloc(sizeof *names * (size_t)(cap ? cap : 1));
+    char *seen = calloc((size_t)lib.ntensors, 1);
+    RT_CHECK(names && seen, "out of memory");
+    for (int i = 0; s->is_index && i < s->ix.n; i++)
+        if (!st_buffer(s->ix.map[i].name)) names[n++] = s->ix.map[i].name;
+    for (int k = 0; k < s->nfiles; k++)
+        for (int i = 0; s->files[k].fd >= 0 && i < s->files[k].n; i++) {
+            const char *name = s->files[k].t[i].name;
+            if (!st_buffer(name) && (!s->is_index || !st_index_find(&s->ix, name)))
+                names[n++] = name;
+        }
+    for (int i = 0; i < n; i++) {
+        int t = tensor_named(names[i]);
+        if (t >= 0 && !seen[t]) {
+            seen[t] = 1;
+            matched++;
+        }
+    }
+    free(seen);
+    const char **want = model_names();
+    const char *ff = family_of(names, n), *mf = family_of(want, lib.ntensors);
+    int other = ff && mf && strcmp(ff, mf);
+    if (10 * matched >= lib.ntensors && !other) {
+        free(names);
+        free(want);
+        return;
+    }
+    char have_text[2 * ST_NAME_MAX + 32], want_text[2 * ST_NAME_MAX + 32], needs[64];
+    names_text(have_text, sizeof have_text, names, n);
+    names_text(want_text, sizeof want_text, want, lib.ntensors);
+    const char *what = s->is_index ? "this checkpoint" : "this file";
+    free(names);
+    free(want);
+    if (mf) snprintf(needs, sizeof needs, "Hugging Face %s names", mf);
+    else snprintf(needs, sizeof needs, "the names");
+    if (other)
+        lib_fail_file(s->path, "%s holds %s tensor names (%s) but the model (%s) needs %s (%s): "
+                      "convert the checkpoint or pick the matching model", what, ff, have_text,
+                      gpt.prog->model, needs, want_text);
+    char count[32] = "none";
+    if (matched) snprintf(count, sizeof count, "only %d", matched);
+    lib_fail_file(s->path, "%s of the model's %d tensors are in %s, which holds %s, but the "
+                  "model (%s) needs %s (%s): convert the checkpoint or pick the matching model",
+                  count, lib.ntensors, what, have_text, gpt.prog->model, needs, want_text);
+}
+
+/* Entry e of file k for model tensor t: shape, dtype and data offsets, reported against the
+** file. The first entry of a tensor is the one read; a second is a problem. */
+static void check_entry(init_src *s, int k, const st_tensor *e, int t)
+{
+    char s1[64], s2[64];
+    const char *path = s->fpath[k];
+    const lib_tensor *ti = &lib.tensors[t];
+    long long want[2] = { ti->rows, ti->cols };
+    long long rows = e->ndim == 2 ? e->shape[0] : 1, cols = e->ndim == 2 ? e->shape[1]
+                                                                     : e->shape[0];
+    int ok_dtype = e->dtype == ST_F32 || e->dtype == ST_BF16 || e->dtype == ST_F16;
+    if (s->found[t])
+        st_problem(path, "tensor '%s' appears twice", e->name);
+    else if (e->ndim != ti->ndim || rows != ti->rows || cols != ti->cols)
+        st_problem(path, "tensor '%s' has shape %s, expected %s", e->name,
+                   shape_text(s1, sizeof s1, e->shape,
+                              e->ndim <= ST_MAX_DIMS ? e->ndim : ST_MAX_DIMS),
+                   shape_text(s2, sizeof s2, want + 2 - ti->ndim, ti->ndim));
+    else if (!ok_dtype)
+        st_problem(path, "tensor '%s' has dtype '%s'; expected F32, BF16 or F16", e->name,
+                   e->dtype_name);
+    else if (!st_extent_ok(&s->files[k], e))
+        st_problem(path, "tensor '%s' has data_offsets [%lld, %lld]: they must span its "
+                   "%lld bytes inside the file", e->name, e->begin, e->end,
+                   rows * cols * st_dtype_size(e->dtype));
+    if (!s->found[t]) {
+        s->found[t] = e;
+        s->found_file[t] = k;
+    }
+}
+
+/* One file: every tensor of its header is the model's (or a buffer), every model tensor is
+** in it. */
+static void init_check_file(init_src *s)
+{
+    const st_file *f = &s->files[0];
+    for (int i = 0; i < f->n; i++) {
+        const st_tensor *e = &f->t[i];
+        int t = tensor_named(e->name);
+        if (t >= 0) check_entry(s, 0, e, t);
+        else if (!st_buffer(e->name))
+            st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
+                       e->name);
+    }
+    for (int t = 0; t < lib.ntensors; t++)
+        if (!s->found[t]) {
+            char s1[64];
+            const lib_tensor *ti = &lib.tensors[t];
+            long long want[2] = { ti->rows, ti->cols };
+            st_problem(s->path, "missing tensor '%s' %s", ti->name,
+                       shape_text(s1, sizeof s1, want + 2 - ti->ndim, ti->ndim));
+        }
+}
+
+/*
+** An index and its shards: each shard opened; each model tensor in the weight_map, mapped to
+** a shard that holds it; each name of the weight_map and of the shards the model's (or a
+** buffer); each tensor in the shard the index names, once, and checked there.
+*/
+static void init_check_index(init_src *s)
+{
+    const st_index *ix = &s->ix;
+    char s1[64];
+    for (int k = 0; k < s->nfiles; k++) {
+        if (s->files[k].fd >= 0) continue;
+        int mapped = 0;
+        for (int i = 0; i < ix->n; i++) mapped += ix->map[i].shard == k;
+        st_problem(s->fpath[k], "%s; the index maps %d tensor%s to this shard", s->err[k],
+                   mapped, mapped == 1 ? "" : "s");
+    }
+    for (int t = 0; t < lib.ntensors; t++) {
+        const lib_tensor *ti = &lib.tensors[t];
+        const st_entry *e = st_index_find(ix, ti->name);
+        if (!e) {
+            long long want[2] = { ti->rows, ti->cols };
+            int k = shard_holding(s, ti->name, -1);
+            if (k >= 0)
+                st_problem(s->path, "tensor '%s' is in '%s' but not in the weight_map",
+                           ti->name, ix->shard[k]);
+            else
+                st_problem(s->path, "missing tensor '%s' %s", ti->name,
+                           shape_text(s1, sizeof s1, want + 2 - ti->ndim, ti->ndim));
+        } else if (s->files[e->shard].fd >= 0 && !st_find(&s->files[e->shard], ti->name)) {
+            int k = shard_holding(s, ti->name, e->shard);
+            char also[ST_NAME_MAX + 32] = "";
+            if (k >= 0) snprintf(also, sizeof also, " (it is in '%s')", ix->shard[k]);
+            st_problem(s->path, "tensor '%s' is mapped to '%s', which does not hold it%s",
+                       ti->name, ix->shard[e->shard], also);
+        }
+    }
+    for (int i = 0; i < ix->n; i++)
+        if (tensor_named(ix->map[i].name) < 0 && !st_buffer(ix->map[i].name))
+            st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
+                       ix->map[i].name);
+    for (int k = 0; k < s->nfiles; k++)
+        for (int i = 0; s->files[k].fd >= 0 && i < s->files[k].n; i++) {
+            const st_tensor *te = &s->files[k].t[i];
+            const st_entry *e = st_index_find(ix, te->name);
+            int t = tensor_named(te->name);
+            if (!e) {       /* a model tensor not in the index is reported above */
+                if (t < 0 && !st_buffer(te->name))
+                    st_problem(s->fpath[k], "unexpected tensor '%s' (not in the index, not a "
+                               "parameter of this model)", te->name);
+            } else if (t >= 0 && e->shard == k) {
+                check_entry(s, k, te, t);
+            } else if (t >= 0 && s->files[e->shard].fd >= 0 &&
+                       st_find(&s->files[e->shard], te->name)) {
+                st_problem(s->fpath[k], "tensor '%s' is also in this shard; the index maps it "
+                           "to '%s'", te->name, ix->shard[e->shard]);
+            }
+        }
+}
+
+/*
+** Open --init's checkpoint (a safetensors file, an index, or a directory holding one; see
+** init_open) and check it: every tensor of the model present once with its shape, in F32,
+** BF16 or F16, inside its file; nothing else but Hugging Face's buffers (st_buffers). A
+** checkpoint of another architecture fails in one line (init_foreign); other problems (up to
+** 20 shown) are all reported, then the load fails. Fills s->found and s->found_file.
+*/
+static void st_check(init_src *s, const char *arg)
+{
+    init_open(s, arg);
+    init_foreign(s);
+    st_problems = 0;
+    if (s->is_index) init_check_index(s);
+    else init_check_file(s);
+    if (st_problems) {
+        const char **want = model_names();
+        const char *mf = family_of(want, lib.ntensors);
+        free(want);
+        char names[64];
+        snprintf(names, sizeof names, "%s%s", mf ? "Hugging Face " : "their Hugging Face",
+                 mf ? mf : "");
+        lib_fail_file(s->path, "not loaded (%d problem%s): --init needs the %d tensors of this "
+                      "model, with %s names and shapes, in F32, BF16 or F16", st_problems,
+                      st_problems > 1 ? "s" : "", lib.ntensors, names);
+    }
+}
+
+/* -- Initialising, loading and saving ----------------------------------------------------- */
+
+/* Copy a host (rows, cols) block into / out of a local tensor at (lrow, lcol), stride ld, in
+** the f32 parameters (lib_master). */
+static void piece_copy(const lib_piece *pc, float *host, int to_device)
+{
+    const lib_param *lp = &lib.params[pc->param];
+    float *base = lib_master(lp->p.buf) + lp->p.offset + (size_t)pc->lrow * lp->p.ld + pc->lcol;
+    if (pc->cols == lp->p.ld) {
+        size_t bytes = (size_t)pc->rows * pc->cols * sizeof(float);
+        if (to_device) rt_memcpy(base, host, bytes, RT_H2D);
+        else rt_memcpy(host, base, bytes, RT_D2H);
+        return;
+    }
+    for (int r = 0; r < pc->rows; r++) {
+        float *row = base + (size_t)r * lp->p.ld, *h = host + (size_t)r * pc->cols;
+        if (to_device) rt_memcpy(row, h, (size_t)pc->cols * sizeof(float), RT_H2D);
+        else rt_memcpy(h, row, (size_t)pc->cols * sizeof(float), RT_D2H);
+    }
+}
+
+/* The expert bias of a layer from the --init files (every rank reads its layers' whole). */
+static void ebias_load(int layer, float *bias, void *ctx)
+{
+    init_src *s = ctx;
+    int t = lib.ebias_tensor + layer, k = s->found_file[t];
+    RT_CHECK(st_read_f32(&s->files[k], s->found[t], 0, lib.tensors[t].cols, bias) == 0,
+             "%s: read failed: %s", s->fpath[k], strerror(errno));
+}
+
+/*
+** --init PATH: every rank reads its own pieces straight from the files that hold them (no
+** communication; each rank opens the checkpoint's files and checks their headers alike, and a
+** bad checkpoint fails every rank alike, lib_fail_file). Then the parameters are effective
+** (lib_master_commit).
+*/
+void lib_weights_load(const char *arg)
+{
+    init_src s;
+    st_check(&s, arg);
+    for (int i = 0; i < lib.npieces; i++) {
+        const lib_piece *pc = &lib.pieces[i];
+        int t = lib.params[pc->param].tensor, k = s.found_file[t];
+        const lib_tensor *ti = &lib.tensors[t];
+        float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
+        RT_CHECK(host, "out of memory");
+        for (int r = 0; r < pc->rows; r++)
+            RT_CHECK(st_read_f32(&s.files[k], s.found[t],
+                                 (long long)(pc->grow + r) * ti->cols + pc->gcol, pc->cols,
+                                 host + (size_t)r * pc->cols) == 0,
+                     "%s: read failed: %s", s.fpath[k], strerror(errno));
+        piece_copy(pc, host, 1);
+        free(host);
+    }
+    if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_load, &s);
+    init_close(&s);
+    lib_master_commit();
+}
+
+static void ebias_zero(int layer, float *bias, void *ctx)
+{
+    (void)ctx;
+    memset(bias, 0, (size_t)lib.tensors[lib.ebias_tensor + layer].cols * sizeof(float));
+}
+
+/*
+** The initialisation without --init: element (r, c) of tensor t depends on (seed, t's name,
+** r*cols + c) only, so every layout initialises the same model; expert biases are zero.
+*/
+void lib_weights_init(unsigned long long seed)
+{
+    for (int i = 0; i < lib.npieces; i++) {
+        const lib_piece *pc = &lib.pieces[i];
+        const lib_param *lp = &lib.params[pc->param];
+        const lib_tensor *ti = &lib.tensors[lp->tensor];
+        float *base = lib_master(lp->p.buf) + lp->p.offset + (size_t)pc->lrow * lp->p.ld +
+                      pc->lcol;
+        if (ti->init == GPT_INIT_NORMAL) {
+            rt_rng_normal(base, pc->rows, pc->cols, lp->p.ld, seed, ti->stream,
+                          (uint64_t)pc->grow * ti->cols + pc->gcol, (uint64_t)ti->cols, 0.0f,
+                          ti->std);
+        } else {
+            size_t n = (size_t)pc->rows * pc->cols;
+            float *host = malloc(n * sizeof(float));
+            RT_CHECK(host, "out of memory");
+            for (size_t k = 0; k < n; k++) host[k] = ti->init == GPT_INIT_ONE ? 1.0f : 0.0f;
+            piece_copy(pc, host, 1);
+            free(host);
+        }
+    }
+    if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_zero, NULL);   /* Megatron: zeros */
+    lib_master_commit();
+}
+
+/* Where save_model writes: the temporary file, its data start, the header's tensors. */
+typedef struct {
+    int fd;
+    long long data0;
+    const st_tensor *ts;
+    const char *tmp;
+} save_dst;
+
+static void ebias_save(int layer, float *bias, void *ctx)
+{
+    const save_dst *d = ctx;
+    int t = lib.ebias_tensor + layer;
+    size_t bytes = (size_t)lib.tensors[t].cols * 4;
+    RT_CHECK(pwrite(d->fd, bias, bytes, (off_t)(d->data0 + d->ts[t].begin)) == (ssize_t)bytes,
+             "%s: write failed: %s", d->tmp, strerror(errno));
+}
+
+/* The --save file's tensors (F32, the model's Hugging Face names) and header; *len its size. */
+static st_tensor *save_tensors(unsigned char **h, size_t *len)
+{
+    st_tensor *ts = calloc((size_t)lib.ntensors, sizeof *ts);
+    RT_CHECK(ts, "out of memory");
+    for (int t = 0; t < lib.ntensors; t++) {
+        const lib_tensor *ti = &lib.tensors[t];
+        snprintf(ts[t].name, sizeof ts[t].name, "%s", ti->name);
+        ts[t].dtype = ST_F32;
+        ts[t].ndim = ti->ndim;
+        ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
+        ts[t].shape[1] = ti->cols;
+    }
+    *h = st_header(ts, lib.ntensors, len);
+    RT_CHECK(*h, "out of memory");
+    return ts;
+}
+
+/* The size in bytes of the --save file (for the start-up check of its room, faults.h). */
+long long lib_weights_save_bytes(void)
+{
+    unsigned char *h;
+    size_t len;
+    st_tensor *ts = save_tensors(&h, &len);
+    long long total = (long long)len + ts[lib.ntensors - 1].end;
+    free(h);
+    free(ts);
+    return total;
+}
+
+/*
+** --save PATH: rank 0 writes the header into PATH.tmp, sized to its final length; every owner of
+** a piece (data-parallel rank 0; tp rank 0 for replicated tensors; never the tied copy) writes
+** its rows at their offsets; after a barrier rank 0 syncs and renames. Written whole or not
+** at all. The values are the f32 (main) parameters. Collective over the world (every rank
+** calls it); an I/O error stops the job (RT_CHECK) before the rename.
+*/
+void lib_weights_save(const char *path)
+{
+    lib_master_allgather();
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    unsigned char *h;
+    size_t len;
+    st_tensor *ts = save_tensors(&h, &len);
+    long long data0 = (long long)len, total = data0 + ts[lib.ntensors - 1].end;
+    if (rt_rank() == 0) {
+        lib_fault_point();
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        RT_CHECK(fd >= 0, "%s: cannot create: %s", tmp, strerror(errno));
+        RT_CHECK(pwrite(fd, h, len, 0) == (ssize_t)len && ftruncate(fd, total) == 0,
+                 "%s: write failed: %s", tmp, strerror(errno));
+        close(fd);
+    }
+    lib_world_barrier();
+    if (lib.npieces > 0) {
+        int fd = open(tmp, O_WRONLY);
+        RT_CHECK(fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
+        for (int i = 0; i < lib.npieces; i++) {
+            const lib_piece *pc = &lib.pieces[i];
+            /* every piece is written by exactly one rank: a data-parallel replica's first
+            ** rank, tp rank 0 for tp-replicated tensors, never the tied copy */
+            int rep = pc->flags & GPT_REPLICATED;
+            int mine = (pc->flags & GPT_EXPERT_PIECE)
+                ? gpt.edp_rank == 0 && (!rep || gpt.etp_rank == 0)
+                : gpt.dp_rank == 0 && gpt.cp_rank == 0 && (!rep || gpt.tp_rank == 0);
+            if ((pc->flags & GPT_TIED_COPY) || !mine) continue;
+            int t = lib.params[pc->param].tensor;
+            const lib_tensor *ti = &lib.tensors[t];
+            float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
+            RT_CHECK(host, "out of memory");
+            piece_copy(pc, host, 0);
+            lib_fault_point();
+            for (int r = 0; r < pc->rows; r++) {
+                off_t at = data0 + ts[t].begin + ((off_t)(pc->grow + r) * ti->cols + pc->gcol) * 4;
+                size_t bytes = (size_t)pc->cols * 4;
+                RT_CHECK(pwrite(fd, host + (size_t)r * pc->cols, bytes, at) == (ssize_t)bytes,
+                         "%s: write failed: %s", tmp, strerror(errno));
+            }
+            free(host);
+        }
+        RT_CHECK(fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
+        close(fd);
+    }
+    /* the expert biases of a stage's layers: its first dense rank (tp, cp, dp 0) */
+    if (lib.ebias_tensor >= 0 && gpt.tp_rank == 0 && gpt.cp_rank == 0 && gpt.dp_rank == 0) {
+        save_dst dst = { open(tmp, O_WRONLY), data0, ts, tmp };
+        RT_CHECK(dst.fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
+        lib_expert_bias_each(ebias_save, &dst);
+        RT_CHECK(fsync(dst.fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
+        close(dst.fd);
+    }
+    lib_world_barrier();
+    if (rt_rank() == 0) {
+        lib_fault_point();
+        int fd = open(tmp, O_RDONLY);
+        RT_CHECK(fd >= 0 && fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
+        close(fd);
+        RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path,
+                 strerror(errno));
+    }
+    lib_world_barrier();
+    free(h);
+    free(ts);
+}
