@@ -351,6 +351,40 @@ local function tamper(opts, k, fn)
     return function() program.check(prog, cfg, topo) end
 end
 
+-- The bounds check (layer.check_bounds): every call of a layout's code stays inside the
+-- buffers its stage's plan allocates; with one buffer an element short, the generator's own
+-- check names the call, the buffer and the numbers (a short plan would be an overrun).
+T.test("the code's calls stay inside the memory plan; a plan one element short is refused",
+       function()
+    local layer = require("layer")
+    for _, l in ipairs(LAYOUTS) do
+        local _, _, _, _, _, prog = F.build(l[1], l[2])
+        for _, sp in ipairs(prog.stages) do
+            local elems = {}
+            for _, m in ipairs(sp.mem) do if m.how == "ALLOC" then elems[m.id] = m.elems end end
+            for _, m in ipairs(sp.mem) do
+                if m.how == "ALIAS" then elems[m.id] = elems[m.alias] end
+            end
+            local code = sp.chunks[1].layers > 0 and prog.layer.layer_bwd or prog.layer.head
+            T.eq(layer.check_bounds(code.stmts, elems, "x"), nil, "fits: stage " .. sp.stage)
+        end
+    end
+    local _, _, _, _, _, prog = F.build({ layers = 2 }, { tp = 2, sp = true })
+    local elems = {}
+    for _, m in ipairs(prog.stages[1].mem) do
+        if m.how == "ALLOC" then elems[m.id] = m.elems end
+    end
+    for _, id in ipairs({ "L_QKV", "S_GATHER", "L_LN1_RSTD", "S_DFC" }) do
+        local short = {}
+        for k, v in pairs(elems) do short[k] = v end
+        short[id] = short[id] - 1
+        local why = layer.check_bounds(prog.layer.layer_bwd.stmts, short, "stage 0") or
+                    layer.check_bounds(prog.layer.layer_fwd.stmts, short, "stage 0")
+        T.ok(why and why:find(id, 1, true) and why:find("the plan allocates", 1, true),
+             "%s one element short is refused: %s", id, tostring(why))
+    end
+end)
+
 T.test("the verifier reads the program's communication: a dropped collective hangs", function()
     local check = tamper({ tp = 2, pp = 2, nmb = 2 }, 1, function(tail)
         for i, o in ipairs(tail) do
