@@ -106,9 +106,10 @@ int lib_cp_position(int t)
 }
 
 /* One hop of the ring: send our block to the next cp rank, receive the previous rank's; the
-** K|V blocks (N, 2 C_LOCAL) are in the model's dtype, their dK|dV f32. kv: posted, completed
-** by rt_p2p_wait (the attention of the block in hand runs meanwhile); dkv: completed here. */
-static void ring_hop(const void *kv_out, void *kv_in, const float *dkv_out, float *dkv_in)
+** K|V blocks (N, 2 C_LOCAL) are in the model's dtype, their dK|dV f32. kv: posted, its request
+** returned for rt_wait (the attention of the block in hand runs meanwhile); dkv: completed
+** here (NULL returned). */
+static rt_req *ring_hop(const void *kv_out, void *kv_in, const float *dkv_out, float *dkv_in)
 {
     size_t n = (size_t)gpt.d.N * 2 * gpt.d.c_local;
     rt_p2p_op ops[4];
@@ -130,8 +131,9 @@ static void ring_hop(const void *kv_out, void *kv_in, const float *dkv_out, floa
                                 .peer = gpt.cp_prev, .tag = GPT_TAG_RING_DKV };
     }
     /* >>> p2p on the cp ring: to the next cp rank, from the previous one */
-    if (kv_out) rt_p2p_start(ops, k);
-    else rt_p2p(ops, k);
+    if (kv_out) return rt_p2p_start(ops, k);
+    rt_p2p(ops, k);
+    return NULL;
 }
 
 /*
@@ -175,8 +177,9 @@ static void ring_fwd(gpt_layer_acts *a)
     for (int i = 0; i < cp; i++) {
         int s = (gpt.cp_rank - i + cp) % cp;        /* the block held now is cp rank s's */
         const void *kv = lib_at(lib.s.ring_kv, (size_t)(i % 2) * kvn);
+        rt_req *hop = NULL;
         if (i < cp - 1)     /* the next block travels while this one is attended to */
-            ring_hop(kv, lib_at(lib.s.ring_kv, (size_t)((i + 1) % 2) * kvn), NULL, NULL);
+            hop = ring_hop(kv, lib_at(lib.s.ring_kv, (size_t)((i + 1) % 2) * kvn), NULL, NULL);
         cp_pair pr[4];
         for (int j = 0, n = cp_pairs(s, pr); j < n; j++) {
             size_t qh = (size_t)pr[j].qh, kh = (size_t)pr[j].kh;
@@ -187,7 +190,7 @@ static void ring_fwd(gpt_layer_acts *a)
                                 2 * cl, B, tc, tc, d->heads_local, d->head_dim, causal,
                                 d->att_scale, ACT);
         }
-        rt_p2p_wait();
+        rt_wait(hop);
     }
     convert(a->atty, ACT, lib.s.ring_acc, RT_F32, (size_t)d->N * cl);
 }
@@ -211,7 +214,8 @@ static void ring_bwd(const gpt_layer_acts *a)
         const void *kv = lib_at(lib.s.ring_kv, (size_t)cur * kvn);
         float *dkv = lib.s.ring_dkv + (size_t)cur * kvn;
         int more = i < cp - 1;      /* K|V travel on while this block's gradients are summed */
-        if (more) ring_hop(kv, lib_at(lib.s.ring_kv, (size_t)nxt * kvn), NULL, NULL);
+        rt_req *hop = more ? ring_hop(kv, lib_at(lib.s.ring_kv, (size_t)nxt * kvn), NULL, NULL)
+                           : NULL;
         cp_pair pr[4];
         for (int j = 0, n = cp_pairs(s, pr); j < n; j++) {
             size_t qh = (size_t)pr[j].qh, kh = (size_t)pr[j].kh;
@@ -224,7 +228,7 @@ static void ring_bwd(const gpt_layer_acts *a)
                                 3 * cl, k, lib_at(k, cl), 2 * cl, B, tc, tc, d->heads_local,
                                 d->head_dim, causal, d->att_scale, ACT);
         }
-        rt_p2p_wait();
+        rt_wait(hop);
         ring_hop(NULL, NULL, dkv, lib.s.ring_dkv + (size_t)nxt * kvn);   /* then their dK|dV */
     }
     /* dq from ring_acc, dK|dV of this rank's own block (home after CP hops) */
