@@ -55,11 +55,13 @@ typedef struct rt_group rt_group;
 ** different launch size prints, on rank 0 only, "[rank 0/8] built for 64 ranks (tp8 pp8 dp1),
 ** launched with 8" and every rank exits with status 1. expected_world <= 0 accepts any size.
 ** Works without mpirun (one rank). CUDA: one GPU per rank, local rank modulo the device
-** count; all runtime work (and generated kernels) on the legacy default stream; transport
-** NCCL, or MPI through pinned host staging when RT_TRANSPORT=mpi or when two ranks drive
-** the same GPU (same device UUID; NCCL refuses that). Environment: RT_TIMEOUT (watchdog
-** seconds, default 300, 0 = off), RT_THREADS (CPU pool size, see rt_threads),
-** RT_TRANSPORT=nccl|mpi (CUDA only), RT_TRACE (a directory: see "Trace" below).
+** count; kernels (the runtime's and generated ones) on the legacy default stream, the compute
+** stream; each NCCL communicator's operations on a communication stream of its own (see
+** "Asynchronous communication"); transport NCCL, or MPI through pinned host staging when
+** RT_TRANSPORT=mpi or when two ranks drive the same GPU (same device UUID; NCCL refuses that).
+** Environment: RT_TIMEOUT (watchdog seconds, default 300, 0 = off), RT_THREADS (CPU pool
+** size, see rt_threads), RT_TRANSPORT=nccl|mpi (CUDA only), RT_TRACE and RT_TRACE_TIMES (see
+** "Trace" below).
 ** A process that exits after rt_init without rt_finalize (exit(), return from main) aborts
 ** the whole job with "[rank r/w] exited without rt_finalize". */
 void        rt_init(int *argc, char ***argv, int expected_world, const char *layout);
@@ -91,21 +93,22 @@ const int  *rt_group_members(const rt_group *g);             /* global ranks, by
 
 /* Blocking and watchdog-guarded; buffers are device memory on CUDA. Every member calls with
 ** the same n, t, op and root. n = 0 returns at once on every member (no communication), so
-** it is a no-op that cannot hang. bf16: on the MPI paths the data travel as bf16 (half the
-** bytes of f32) and each member's share is reduced in f32 in group-rank order (bf16 -> f32
-** exactly, reduce, one round back to bf16 with round-to-nearest-even; NaN stays NaN); NCCL
-** reduces bf16 natively (rounding at each step). All members get the same bits. i32/i64 sums wrap as two's complement (MPI/NCCL semantics). On the MPI paths (CPU,
-** cuda-mpi) allreduce, broadcast and p2p move any size (split into 2^30-element pieces);
-** the per-member counts and displacements of allgather, reduce-scatter and alltoallv must
-** fit in an int (2^31-1 elements), else the call aborts saying so. */
+** it is a no-op that cannot hang. Reductions: on the MPI paths (CPU, cuda-mpi) every member
+** reduces its share of the data in group-rank order, ((x0 + x1) + x2) + ..., in f32 for f32 and
+** for bf16 (bf16 -> f32 exactly, one rounding back to bf16, to nearest even; NaN stays NaN),
+** whatever MPI's algorithms, so the bits depend on the values and the member count only
+** (rt_mpi.c); NCCL reduces in its own order (bf16 natively, rounding at each step). All
+** members get the same bits, and each call gives the bits of its asynchronous form (below).
+** i32/i64 sums wrap as two's complement (MPI/NCCL semantics). On the MPI paths allreduce,
+** allgather, reduce-scatter, broadcast and p2p move any size; the counts and displacements of
+** alltoallv must fit in an int (2^31-1 elements), else the call aborts saying so. */
 void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);    /* in place */
 /* recv[size * n]: block i (n elements) is member i's send[n]. send may be recv + rank*n
 ** (in place); other overlaps are not allowed. */
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 /* send[size * n] (block i destined for member i), recv[n] = sum over members of block
 ** rank(g). recv may be send + rank*n (in place; the other blocks of send are left as they
-** were; the CPU backend stages it through at most 8 MiB of scratch, a slice at a time). Pad
-** tensors whose length is not a multiple of the group size. */
+** were); other overlaps abort. Pad tensors whose length is not a multiple of the group size. */
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 /* Counts and displacements in elements, indexed by group rank; any count may be 0. Member
 ** i's scounts[j] must equal member j's rcounts[i]. */
@@ -120,12 +123,13 @@ void rt_barrier(rt_group *g);                                                /* 
 /* -- Point-to-point: all ops posted together and completed together ----------------------- */
 
 /* Watchdog-guarded. Peers are global ranks (self allowed). Messages are matched per
-** (sender, receiver, tag) in the order they appear in each side's ops; receive counts must
-** equal send counts. Tags (0 .. 32767) keep two kinds of message between the same pair apart
-** (pipeline activations and gradients when prev == next); on NCCL, which has no tags, each
-** side posts its ops sorted by (peer, tag), so the same rule holds as long as a call carries
-** at most one message per (peer, tag, direction). A simultaneous exchange (both sides send
-** and receive in one call) cannot deadlock. */
+** (sender, receiver, tag) in the order they appear in each side's ops (and, across requests in
+** flight, in start order); receive counts must equal send counts. Tags (0 .. 32767) keep two
+** kinds of message between the same pair apart (pipeline activations and gradients when
+** prev == next); on NCCL, which has no tags, each side posts its ops sorted by (peer, tag), so
+** the same rule holds as long as a call carries at most one message per (peer, tag,
+** direction). A simultaneous exchange (both sides send and receive in one call) cannot
+** deadlock. rt_p2p_start is its asynchronous form (below). */
 typedef struct {
     int         send;       /* 1 send, 0 receive */
     void       *buf;
@@ -136,13 +140,66 @@ typedef struct {
 } rt_p2p_op;
 
 void rt_p2p(const rt_p2p_op *ops, int nops);
-/* rt_p2p in two halves, to compute while messages travel: rt_p2p_start posts every op and
-** returns; rt_p2p_wait completes them (watchdog-guarded, as rt_p2p). One call in flight at a
-** time; until rt_p2p_wait returns, a send buffer must not be written and a receive buffer not
-** touched. The MPI transport moves data when it can (eager messages at once, the rest inside
-** rt_p2p_wait: no progress thread); the CUDA backend completes the exchange in rt_p2p_start. */
-void rt_p2p_start(const rt_p2p_op *ops, int nops);
-void rt_p2p_wait(void);
+
+/* -- Asynchronous communication: start, progress, wait -------------------------------------- */
+
+/* A communication in flight: started by an rt_*_start call, completed and freed by rt_wait.
+** Opaque; the caller holds it until then.
+**
+** Starts. rt_allreduce_start, rt_allgather_start and rt_reduce_scatter_start take the
+** arguments of the blocking calls with their semantics (in-place forms, dtypes, n = 0) and give
+** their bits: on every backend each blocking collective is its start followed by rt_wait, so a
+** program computes the same whether it overlaps its communication or not. rt_p2p_start posts
+** one rt_p2p call's ops. A start checks its arguments at once (a NULL group, a bad dtype or
+** peer aborts there) and never waits for another rank. n = 0, a group of one member or no ops
+** give a request that is complete already; it is still waited (and traced).
+**
+** Buffers. Until rt_wait returns, a send buffer (a collective's input, a p2p send) must not be
+** written and a receive buffer (a collective's output, which for allreduce and the in-place
+** forms is also its input; a p2p receive) neither read nor written -- on CUDA by kernels or by
+** the host; the runtime reads and writes them at any time in between.
+**
+** Order. Several requests may be in flight, on one group and on several. The members of a
+** group start its collectives in the same order (MPI's and NCCL's rule), a blocking collective
+** counting as its start followed by its wait, so a blocking call made while requests are
+** pending comes after them in its group's order; p2p messages are matched as rt_p2p says.
+** Requests may be waited in any order. Progress: data move only inside runtime calls on the
+** MPI paths (Open MPI has no progress thread), and the reductions of pending collectives are
+** done by this rank's main thread: rt_wait, rt_progress and every blocking call but
+** rt_alltoallv take every pending request as far as it goes. Call rt_progress between kernels
+** (every millisecond or so of compute) to overlap; without it a request still completes in its
+** rt_wait. CUDA with NCCL: a start orders the operation after the work enqueued on the compute
+** stream (an event) and enqueues it on its communicator's communication stream, which carries
+** all of that communicator's operations, blocking ones too, in call order; NCCL then runs them
+** on its own, and rt_progress only serves the MPI transport. NCCL runs one communicator's
+** operations one after another, so p2p requests (all on the world communicator) run in start
+** order: each must be able to complete given those started before it on every rank -- post
+** both directions of an exchange in one request (Megatron's batched isend/irecv); the MPI
+** paths match messages across requests and need not.
+**
+** Completion. rt_wait(r) returns when r is complete, its receive buffers holding the results
+** (CUDA: the host waits for the operation's event and the compute stream is ordered after it),
+** and frees r; NULL does nothing. It is watchdog-guarded like a blocking call, its time
+** counted from its entry. Each request is waited exactly once: rt_finalize, and rt_group_free
+** for the requests on its group, abort naming the oldest request not waited.
+** Memory: the MPI paths receive a reduction's blocks into host scratch, at most 2 (p-1) MiB
+** per pending request (p members), kept in a pool for later requests; the CUDA MPI transport
+** stages each request's buffers in pinned host memory, also pooled. */
+typedef struct rt_req rt_req;
+
+rt_req *rt_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);
+rt_req *rt_allgather_start(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
+rt_req *rt_reduce_scatter_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                rt_group *g);
+rt_req *rt_p2p_start(const rt_p2p_op *ops, int nops);
+void    rt_wait(rt_req *r);
+void    rt_progress(void);
+/* Communication time of this rank since rt_init, wall seconds on the main thread: *blocked in
+** blocking communication calls and rt_wait (the communication the rank waited for: exposed),
+** *inside in every communication call (blocked, plus the starts and rt_progress, where the MPI
+** paths do the reductions and copies of pending requests). Either may be NULL. Two clock
+** reads per call; read it per step (without RT_TRACE) to measure exposed communication. */
+void    rt_comm_stats(double *blocked, double *inside);
 
 /* -- Compute ------------------------------------------------------------------------------ */
 
@@ -209,9 +266,9 @@ void  rt_free(void *p);              /* NULL: no-op */
 **   CUDA: RT_CUDA_WORKSPACE_BYTES, cuBLAS's workspace, installed with cublasSetWorkspace so
 **         cuBLAS never allocates device memory of its own, and RT_CUDA_STAGE_BYTES, the f32
 **         staging of GEMMs with f32 inputs and a bf16 C (cuBLAS has no such GEMM).
-**   CPU:  none. Its host scratch, per thread and reused, is ordinary host memory outside the
-**         plan: MPI staging (bf16 allreduce in f32: up to 64 MiB; reduce-scatter in place or
-**         bf16: 8 MiB; an allgather whose send overlaps recv: the send buffer) and GEMM
+**   CPU:  none. Its host scratch, reused, is ordinary host memory outside the plan: the
+**         communication scratch of pending requests (above: 2 (p-1) MiB per reduction; an
+**         allgather whose send overlaps recv: a copy of send) and GEMM
 **         scratch (oneDNN's scratchpad, under 1 MiB at GPT-2 shapes; for f32 inputs with a
 **         bf16 C, one part of C in f32: up to 128 rows, or 256 columns).
 ** Not counted on CUDA: the CUDA context, and NCCL's buffers, which NCCL allocates itself:
@@ -282,14 +339,15 @@ void rt_fail_status(const char *file, int line, rt_err_kind kind, int status,
 #define RT_CUBLAS(x) RT_STATUS_(RT_ERR_CUBLAS, x)
 #define RT_NCCL(x)   RT_STATUS_(RT_ERR_NCCL, x)
 
-/* Watchdog: every collective, p2p transfer, barrier and NCCL call has a deadline. p2p and
-** barriers are nonblocking MPI calls completed by a polling loop (spin, then sched_yield,
-** then short sleeps) that checks it; MPI collectives (blocking calls: OpenMPI's blocking
-** algorithms ran up to 2x faster than its nonblocking ones) and NCCL calls plus their
-** completion are armed on a watchdog thread that checks every 50 ms. On expiry the job aborts
-** with "[rank r/w] watchdog: allreduce on group tp (ranks 0,1) did not complete within 5 s"
-** (p2p: "watchdog: p2p (recv 10 f32 from rank 1) did not complete within 5 s", naming the
-** pending ops); on CUDA every NCCL communicator is aborted first. Default 300 s or env
+/* Watchdog: every collective, p2p transfer, barrier, rt_wait and NCCL call has a deadline.
+** On the MPI paths allreduce, allgather, reduce-scatter, p2p and barriers are requests (blocking
+** calls a start and a wait) completed by a polling loop (spin, then sched_yield, then short
+** sleeps) that checks it; MPI_Alltoallv and MPI_Bcast, and NCCL calls plus their completion,
+** are armed on a watchdog thread that checks every 50 ms. On expiry the job aborts with
+** "[rank r/w] watchdog: allreduce on group tp (ranks 0,1) did not complete within 5 s
+** (waiting for rank 1)", naming the members not heard from where the MPI layer knows them
+** (p2p: "watchdog: p2p (recv 10 f32 from rank 1 tag 0) did not complete within 5 s", naming
+** the pending ops); on CUDA every NCCL communicator is aborted first. Default 300 s or env
 ** RT_TIMEOUT, read by rt_init; this call overrides both; 0 = off. A rank that dies makes its
 ** peers' pending calls expire (mpirun usually ends the job sooner). */
 void   rt_set_timeout(double seconds);
@@ -306,9 +364,16 @@ double rt_now(void);                     /* monotonic seconds */
 **   alltoall <group> <n> <dtype>             (n: elements per member)
 **   barrier <group>
 **   p2p send|recv <peer> <n> <dtype> <tag> ...   (every op of the call, in the order given)
-** The file is written whole by rt_finalize and flushed by an abort; the generator's tests
-** compare it with the collectives the program declares (build/gen --dump program). Unset, the
-** trace costs one branch per call. */
+** A start writes its blocking call's line followed by "start <id>", its request's number on
+** this rank (1, 2, ... in start order), and rt_wait writes "wait <id> <op> [<group>]" (op:
+** allreduce, allgather, reduce_scatter or p2p; no group for p2p); rt_progress writes nothing:
+**   allreduce dp 4096 f32 sum start 3   ...   wait 3 allreduce dp
+** With RT_TRACE_TIMES=1 the line of every blocking call and wait ends with " t=<seconds>", the
+** wall time the rank was blocked in it (rt_comm_stats' *blocked, call by call); without it a
+** trace depends on the program only, so two runs can be compared whole. The file is written
+** whole by rt_finalize and flushed by an abort (a call in progress is its last line); the
+** generator's tests compare it with the collectives the program declares (build/gen --dump
+** program). Unset, the trace costs one branch per call. */
 
 #ifdef __cplusplus
 }

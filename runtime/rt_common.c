@@ -868,10 +868,105 @@ uint64_t rt_fnv1a64(const char *s)
     return h;
 }
 
+/* -- Requests and accounting ------------------------------------------------------------------ */
+
+static void trace_end(double blocked);
+
+static struct {
+    rt_req *first, *last;        /* live requests, in start order */
+    long    ids;                 /* requests created so far */
+    double  blocked, inside;     /* rt_comm_stats */
+} req = { NULL, NULL, 0, 0, 0 };
+
+/*
+** A new request record for 'op' on group g (NULL: p2p), listed as live until rt__req_free;
+** a start's ('async') is numbered 1, 2, ... in start order (the trace), a blocking call's 0.
+** The layers fill in their parts (h, dev).
+*/
+rt_req *rt__req_new(const char *op, const rt_group *g, int async)
+{
+    rt_req *r = calloc(1, sizeof *r);
+    RT_CHECK(r, "out of memory");
+    r->op = op;
+    r->g = g;
+    r->id = async ? ++req.ids : 0;
+    r->prev = req.last;
+    if (req.last)
+        req.last->next = r;
+    else
+        req.first = r;
+    req.last = r;
+    return r;
+}
+
+void rt__req_free(rt_req *r)
+{
+    if (!r)
+        return;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        req.first = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        req.last = r->prev;
+    free(r);
+}
+
+/*
+** 'why' (rt_finalize, rt_group_free) needs no live request on g (NULL: on any group): die
+** naming the oldest one otherwise.
+*/
+void rt__req_none_live(const rt_group *g, const char *why)
+{
+    int n = 0;
+    const rt_req *first = NULL;
+    for (const rt_req *r = req.first; r; r = r->next)
+        if (!g || r->g == g) {
+            if (!first)
+                first = r;
+            n++;
+        }
+    if (first)
+        rt__die("%s with %d request%s not waited (the oldest: request %ld, %s%s%s; every "
+                "rt_*_start needs its rt_wait)", why, n, n == 1 ? "" : "s", first->id, first->op,
+                first->g ? " on " : "", first->g ? first->g->desc : "");
+}
+
+double rt__comm_begin(void)
+{
+    return rt_now();
+}
+
+void rt__comm_end(double t0, int blocked)
+{
+    double dt = rt_now() - t0;
+    req.inside += dt;
+    if (blocked)
+        req.blocked += dt;
+    if (rt__tracing)
+        trace_end(blocked ? dt : -1);
+}
+
+/*
+** rt.h: the seconds this rank spent in blocking communication and rt_wait (*blocked), and in
+** every communication call (*inside), since rt_init. Either may be NULL.
+*/
+void rt_comm_stats(double *blocked, double *inside)
+{
+    if (blocked)
+        *blocked = req.blocked;
+    if (inside)
+        *inside = req.inside;
+}
+
 /* -- Trace ------------------------------------------------------------------------------------ */
 
 int rt__tracing;
 static FILE *trace_file;
+static int trace_times;         /* RT_TRACE_TIMES: blocked seconds at the end of a line */
+static int trace_open_line;     /* a line is begun and not ended */
 
 /*
 ** Open DIR/rank_<r>.trace for this rank's trace (rt.h "Trace"); a failure aborts naming it.
@@ -883,47 +978,90 @@ void rt__trace_open(const char *dir, int rank)
     trace_file = fopen(path, "w");
     if (!trace_file)
         rt__die("RT_TRACE: cannot create %s: %s", path, strerror(errno));
+    const char *t = getenv("RT_TRACE_TIMES");
+    trace_times = t && *t && strcmp(t, "0") != 0;
     rt__tracing = 1;
+}
+
+/* End the open line: " t=<seconds>" when timing and 'blocked' >= 0, then the newline. */
+static void trace_end(double blocked)
+{
+    if (!trace_file || !trace_open_line)
+        return;
+    if (trace_times && blocked >= 0)
+        fprintf(trace_file, " t=%.6f", blocked);
+    fputc('\n', trace_file);
+    trace_open_line = 0;
+}
+
+/* Begin a line (a line still open from a call that did not end it is ended first). */
+static void trace_begin(void)
+{
+    if (trace_open_line)
+        trace_end(-1);
+    trace_open_line = 1;
 }
 
 void rt__trace(const char *fmt, ...)
 {
     if (!trace_file)
         return;
+    trace_begin();
     va_list ap;
     va_start(ap, fmt);
     vfprintf(trace_file, fmt, ap);
     va_end(ap);
-    fputc('\n', trace_file);
 }
 
-/* "<op> <group> [<n>] <dtype> [<red>]" for one collective. */
+/* A start's line is whole: " start <id>" and the newline. */
+static void trace_start(long id)
+{
+    if (id > 0) {
+        fprintf(trace_file, " start %ld", id);
+        trace_end(-1);
+    }
+}
+
+/* "<op> <group> [<n>] <dtype> [<red>] [start <id>]" for one collective. */
 void rt__trace_coll(const char *op, const rt_group *g, size_t n, rt_dtype t, int has_n,
-                    const char *red)
+                    const char *red, long id)
 {
     const char *name = g ? g->name : "world";
+    if (!trace_file)
+        return;
     if (has_n && red)
         rt__trace("%s %s %zu %s %s", op, name, n, rt_dtype_name(t), red);
     else if (has_n)
         rt__trace("%s %s %zu %s", op, name, n, rt_dtype_name(t));
     else
         rt__trace("%s %s %s", op, name, rt_dtype_name(t));
+    trace_start(id);
 }
 
-/* "p2p" and every op of one call, in the order given. */
-void rt__trace_p2p(const rt_p2p_op *ops, int nops)
+/* "p2p" and every op of one call, in the order given [start <id>]. */
+void rt__trace_p2p(const rt_p2p_op *ops, int nops, long id)
 {
     if (!trace_file)
         return;
-    fputs("p2p", trace_file);
+    rt__trace("p2p");
     for (int i = 0; i < nops; i++)
         fprintf(trace_file, " %s %d %zu %s %d", ops[i].send ? "send" : "recv", ops[i].peer,
                 ops[i].n, rt_dtype_name(ops[i].t), ops[i].tag);
-    fputc('\n', trace_file);
+    trace_start(id);
+}
+
+/* "wait <id> <op> [<group>]" */
+void rt__trace_wait(const rt_req *r)
+{
+    if (r->g)
+        rt__trace("wait %ld %s %s", r->id, r->op, r->g->name);
+    else
+        rt__trace("wait %ld %s", r->id, r->op);
 }
 
 void rt__trace_close(void)
 {
+    trace_end(-1);
     if (trace_file)
         fclose(trace_file);
     trace_file = NULL;

@@ -44,6 +44,7 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 */
 void rt_finalize(void)
 {
+    rt__req_none_live(NULL, "rt_finalize");
     rt__mpi_finalize();
     rt__pool_shutdown();
     gemm_shutdown();
@@ -61,70 +62,153 @@ void rt_group_free(rt_group *g)
     rt__group_destroy(g);
 }
 
+/* Every call: accounted (rt__comm_begin / rt__comm_end: rt_comm_stats, the trace line's end)
+** and traced; a blocking collective is its start and a wait inside the MPI layer. */
+
+static const char *red_name(rt_op op)
+{
+    return op == RT_MAX ? "max" : "sum";
+}
+
 void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
-    RT_TRACE_COLL("allreduce", g, n, t, 1, op == RT_MAX ? "max" : "sum");
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("allreduce", g, n, t, 1, red_name(op), 0);
     rt__h_allreduce(buf, n, t, op, g);
+    rt__comm_end(t0, 1);
 }
 
 void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
-    RT_TRACE_COLL("allgather", g, n, t, 1, NULL);
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("allgather", g, n, t, 1, NULL, 0);
     rt__h_allgather(send, recv, n, t, g);
+    rt__comm_end(t0, 1);
 }
 
 void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
-    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL);
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL, 0);
     rt__h_reduce_scatter(send, recv, n, t, g);
+    rt__comm_end(t0, 1);
 }
 
 void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
                   void *recv, const size_t *rcounts, const size_t *rdispls,
                   rt_dtype t, rt_group *g)
 {
-    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL);
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL, 0);
     rt__h_alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, g);
+    rt__comm_end(t0, 1);
 }
 
 void rt_alltoall(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
-    RT_TRACE_COLL("alltoall", g, n, t, 1, NULL);
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("alltoall", g, n, t, 1, NULL, 0);
     rt__group_check(g, "alltoall");
     size_t *c = rt__even_counts(g->size, n);
     rt__h_alltoallv(send, c, c + g->size, recv, c, c + g->size, t, g);
+    rt__comm_end(t0, 1);
 }
 
 void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
 {
-    RT_TRACE_COLL("broadcast", g, n, t, 1, NULL);
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("broadcast", g, n, t, 1, NULL, 0);
     rt__h_broadcast(buf, n, t, root, g);
+    rt__comm_end(t0, 1);
 }
 
 void rt_barrier(rt_group *g)
 {
+    double t0 = rt__comm_begin();
     if (rt__tracing)
         rt__trace("barrier %s", g ? g->name : "world");
     rt__h_barrier(g ? g : rt__world, "barrier");
+    rt__comm_end(t0, 1);
 }
 
 void rt_p2p(const rt_p2p_op *ops, int nops)
 {
+    double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace_p2p(ops, nops);
+        rt__trace_p2p(ops, nops, 0);
     rt__h_p2p(ops, nops);
+    rt__comm_end(t0, 1);
 }
 
-void rt_p2p_start(const rt_p2p_op *ops, int nops)
+/* -- Asynchronous communication: the MPI layer's requests ------------------------------------ */
+
+rt_req *rt_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
+    double t0 = rt__comm_begin();
+    rt_req *r = rt__req_new("allreduce", g, 1);
+    RT_TRACE_COLL("allreduce", g, n, t, 1, red_name(op), r->id);
+    r->h = rt__h_allreduce_start(buf, n, t, op, g);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+rt_req *rt_allgather_start(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = rt__req_new("allgather", g, 1);
+    RT_TRACE_COLL("allgather", g, n, t, 1, NULL, r->id);
+    r->h = rt__h_allgather_start(send, recv, n, t, g);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+rt_req *rt_reduce_scatter_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = rt__req_new("reduce_scatter", g, 1);
+    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL, r->id);
+    r->h = rt__h_reduce_scatter_start(send, recv, n, t, g);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+rt_req *rt_p2p_start(const rt_p2p_op *ops, int nops)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = rt__req_new("p2p", NULL, 1);
     if (rt__tracing)
-        rt__trace_p2p(ops, nops);
-    rt__h_p2p_post(ops, nops);
+        rt__trace_p2p(ops, nops, r->id);
+    r->h = rt__h_p2p_start(ops, nops);
+    rt__comm_end(t0, 0);
+    return r;
 }
 
-void rt_p2p_wait(void)
+void rt_wait(rt_req *r)
 {
-    rt__h_p2p_complete();
+    if (!r)
+        return;
+    double t0 = rt__comm_begin();
+    if (rt__tracing)
+        rt__trace_wait(r);
+    rt__h_wait(r->h);
+    rt__req_free(r);
+    rt__comm_end(t0, 1);
+}
+
+void rt_progress(void)
+{
+    double t0 = rt__comm_begin();
+    rt__h_progress();
+    rt__comm_end(t0, 0);
+}
+
+int rt_test(rt_req *r)
+{
+    double t0 = rt__comm_begin();
+    int done = !r || rt__h_test(r->h);
+    rt__comm_end(t0, 0);
+    return done;
 }
 
 void rt_sync(void)

@@ -3,10 +3,11 @@
 ** device count), device memory (counted for rt_mem_stats, cuBLAS's workspace included), cuBLAS
 ** GEMM (f32 without TF32; f32 or bf16 inputs and output), the Philox kernel, and
 ** communication over NCCL (one communicator per group, ids broadcast over the group's MPI
-** communicator) or, with RT_TRANSPORT=mpi or ranks sharing a GPU, over MPI through pinned host
-** staging. Everything runs on the legacy default stream; generated kernels launch there too.
-** NCCL calls and their completion are armed on the runtime's watchdog thread (rt_common.c),
-** which aborts the communicators and the job on expiry.
+** communicator, and a communication stream per communicator) or, with RT_TRANSPORT=mpi or
+** ranks sharing a GPU, over MPI through pinned host staging; blocking calls are a start and a
+** wait (rt.h's requests). Kernels, the runtime's and the generated ones, run on the legacy
+** default stream (the compute stream). NCCL calls and their completion are armed on the
+** runtime's watchdog thread (rt_common.c), which aborts the communicators and the job on expiry.
 */
 #include "rt_internal.h"   // defines: rt_group, rt__st, rt__h_*, rt__poll, rt__die, ...
 #include "rt_launch.h"     // defines: KERNEL_LAUNCH
@@ -26,11 +27,13 @@ static struct {
     cublasHandle_t  blas;
     ncclComm_t     *comms;           /* every live communicator (for ncclCommAbort) */
     int             ncomms, capcomms;
-    void           *stage[2];        /* pinned staging buffers (MPI transport) */
+    void           *stage[2];        /* pinned staging of alltoallv, broadcast (MPI transport) */
     size_t          stagecap[2];
     void           *workspace;       /* cuBLAS's, RT_CUDA_WORKSPACE_BYTES (counted) */
     float          *gemm_stage;      /* f32 GEMM results for a bf16 C, RT_CUDA_STAGE_BYTES */
 } cu;
+
+static void pool_free_all(void);
 
 /* -- Errors ---------------------------------------------------------------------------------- */
 
@@ -86,28 +89,13 @@ static void comm_forget(ncclComm_t c)
         }
 }
 
-/* Poll the default stream until the enqueued NCCL work is done, watching the communicator's
-** asynchronous error (the armed watchdog thread enforces the deadline). */
-static void stream_wait(ncclComm_t comm)
-{
-    rt__poll p;
-    rt__poll_start(&p, 0);
-    for (;;) {
-        cudaError_t e = cudaStreamQuery(0);
-        if (e == cudaSuccess)
-            return;
-        if (e != cudaErrorNotReady)
-            RT_CUDA(e);
-        if (comm) {
-            ncclResult_t ar = ncclSuccess;
-            RT_NCCL(ncclCommGetAsyncError(comm, &ar));
-            if (ar != ncclSuccess && ar != ncclInProgress)
-                rt_fail_status(__FILE__, __LINE__, RT_ERR_NCCL, (int)ar,
-                               "ncclCommGetAsyncError(comm)");
-        }
-        rt__poll_pause(&p);
-    }
-}
+/* A group's NCCL communicator (rt_group.dev), the stream its operations run on, and an event
+** for ordering that stream after the compute stream. */
+typedef struct {
+    ncclComm_t   comm;
+    cudaStream_t stream;
+    cudaEvent_t  ready;
+} nccl_comm;
 
 /* -- Launch ---------------------------------------------------------------------------------- */
 
@@ -141,12 +129,27 @@ static void nccl_setup(rt_group *g)
     if (g->rank == 0)
         RT_NCCL(ncclGetUniqueId(&id));
     rt__h_broadcast(&id, sizeof id / sizeof(int32_t), RT_I32, 0, g);
-    ncclComm_t c;
+    nccl_comm *c = (nccl_comm *)calloc(1, sizeof *c);
+    RT_CHECK(c, "out of memory");
     rt__wd_arm("NCCL communicator setup", g);
-    RT_NCCL(ncclCommInitRank(&c, g->size, id, g->rank));
+    RT_NCCL(ncclCommInitRank(&c->comm, g->size, id, g->rank));
     rt__wd_disarm();
-    comm_register(c);
+    RT_CUDA(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    RT_CUDA(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
+    comm_register(c->comm);
     g->dev = c;
+}
+
+/* Free a group's communicator record (its NCCL communicator destroyed by the caller). */
+static void nccl_free(rt_group *g)
+{
+    nccl_comm *c = (nccl_comm *)g->dev;
+    if (!c)
+        return;
+    cudaStreamDestroy(c->stream);
+    cudaEventDestroy(c->ready);
+    free(c);
+    g->dev = NULL;
 }
 
 /*
@@ -214,16 +217,18 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
 */
 void rt_finalize(void)
 {
+    rt__req_none_live(NULL, "rt_finalize");
     RT_CUDA(cudaDeviceSynchronize());
     rt__abort_hook = NULL;
     for (int i = 0; i < cu.ncomms; i++)         /* the world's and any group not freed */
         ncclCommDestroy(cu.comms[i]);
     cu.ncomms = 0;
     if (rt__world)
-        rt__world->dev = NULL;
+        nccl_free(rt__world);
     for (int i = 0; i < 2; i++)
         if (cu.stage[i])
             cudaFreeHost(cu.stage[i]);
+    pool_free_all();
     cublasDestroy(cu.blas);
     rt_free(cu.workspace);
     rt_free(cu.gemm_stage);
@@ -246,25 +251,117 @@ void rt_group_free(rt_group *g)
 {
     if (!g || g->is_world)
         return;
+    rt__req_none_live(g, "rt_group_free");
     if (g->dev) {
-        comm_forget((ncclComm_t)g->dev);
-        RT_NCCL(ncclCommDestroy((ncclComm_t)g->dev));
+        nccl_comm *c = (nccl_comm *)g->dev;
+        RT_CUDA(cudaStreamSynchronize(c->stream));
+        comm_forget(c->comm);
+        RT_NCCL(ncclCommDestroy(c->comm));
+        nccl_free(g);
     }
     rt__group_destroy(g);
 }
 
-/* -- Staging for the MPI transport ------------------------------------------------------------ */
+/* -- Communication: requests ------------------------------------------------------------------ */
 
-static void *stage(int i, size_t bytes)
+/*
+** NCCL. Each communicator has a communication stream of its own, which carries all its
+** operations, blocking ones too, in call order (so every member runs them in the same order,
+** as NCCL requires): a start records an event on the compute stream (the legacy default
+** stream, where the runtime's and the generated kernels run), makes the communication stream
+** wait for it, enqueues the NCCL operation and records a done event after it. rt_wait polls
+** that event on the host (with the communicator's asynchronous error; armed on the watchdog
+** thread), then orders the compute stream after it. A blocking call is a start and a wait.
+** MPI transport. A start copies the device inputs into pinned host staging (cudaMemcpy:
+** after the compute stream's work so far) and starts the MPI layer's request on them; rt_wait
+** completes it and copies the results back to the device. rt_progress drives those requests.
+*/
+enum { REQ_DONE, REQ_NCCL, REQ_STAGED };
+
+typedef struct {                     /* a copy back to the device at rt_wait */
+    void       *dev;
+    const void *host;
+    size_t      bytes;
+} copy_out;
+
+typedef struct {
+    int          kind;               /* REQ_*: complete at start, NCCL, MPI transport */
+    cudaEvent_t  done;               /* REQ_NCCL: recorded after the operation */
+    ncclComm_t   comm;
+    char         what[96];           /* REQ_NCCL p2p: the watchdog's name for it */
+    void        *stage;              /* REQ_STAGED: pinned host staging (the pool's) */
+    size_t       cap;
+    copy_out    *out;                /* results to copy back */
+    int          nout;
+} dev_req;
+
+/* Events and pinned staging, kept for later requests. */
+enum { POOL_MAX = 16 };
+static struct {
+    cudaEvent_t ev[64];
+    int         nev;
+    struct { void *p; size_t cap; } pin[POOL_MAX];
+    int         npin;
+} pool;
+
+static cudaEvent_t event_get(void)
 {
-    if (bytes > cu.stagecap[i]) {
-        if (cu.stage[i])
-            RT_CUDA(cudaFreeHost(cu.stage[i]));
-        size_t cap = bytes + bytes / 4 + 256;
-        RT_CUDA(cudaMallocHost(&cu.stage[i], cap));
-        cu.stagecap[i] = cap;
+    if (pool.nev > 0)
+        return pool.ev[--pool.nev];
+    cudaEvent_t e;
+    RT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+
+static void event_put(cudaEvent_t e)
+{
+    if (pool.nev < (int)(sizeof pool.ev / sizeof pool.ev[0]))
+        pool.ev[pool.nev++] = e;
+    else
+        RT_CUDA(cudaEventDestroy(e));
+}
+
+/* Pinned host memory of at least 'bytes' (the smallest pooled block that fits, else new). */
+static void *pinned_get(size_t bytes, size_t *cap)
+{
+    int best = -1;
+    for (int i = 0; i < pool.npin; i++)
+        if (pool.pin[i].cap >= bytes && (best < 0 || pool.pin[i].cap < pool.pin[best].cap))
+            best = i;
+    if (best >= 0) {
+        void *p = pool.pin[best].p;
+        *cap = pool.pin[best].cap;
+        pool.pin[best] = pool.pin[--pool.npin];
+        return p;
     }
-    return cu.stage[i];
+    *cap = bytes + bytes / 4 + 256;
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, *cap);
+    if (e != cudaSuccess)
+        rt__die("out of pinned host memory: communication staging of %zu bytes: %s", *cap,
+                cudaGetErrorString(e));
+    return p;
+}
+
+static void pinned_put(void *p, size_t cap)
+{
+    if (!p)
+        return;
+    if (pool.npin < POOL_MAX) {
+        pool.pin[pool.npin].p = p;
+        pool.pin[pool.npin++].cap = cap;
+    } else {
+        RT_CUDA(cudaFreeHost(p));
+    }
+}
+
+static void pool_free_all(void)
+{
+    for (int i = 0; i < pool.nev; i++)
+        cudaEventDestroy(pool.ev[i]);
+    for (int i = 0; i < pool.npin; i++)
+        cudaFreeHost(pool.pin[i].p);
+    pool.nev = pool.npin = 0;
 }
 
 static void d2h(void *h, const void *d, size_t bytes)
@@ -285,194 +382,178 @@ static void d2d(void *d, const void *s, size_t bytes)
         RT_CUDA(cudaMemcpy(d, s, bytes, cudaMemcpyDeviceToDevice));
 }
 
+/* A new request for 'op' on g (NULL: p2p) with its device part, complete until made NCCL or
+** staged; numbered for the trace when it is a start's ('async'), not a blocking call's. */
+static rt_req *req_new(const char *op, const rt_group *g, int async)
+{
+    rt_req *r = rt__req_new(op, g, async);
+    dev_req *d = (dev_req *)calloc(1, sizeof *d);
+    RT_CHECK(d, "out of memory");
+    d->kind = REQ_DONE;
+    r->dev = d;
+    return r;
+}
+
+/* The NCCL communicator's stream, ordered after the compute stream's work so far. */
+static cudaStream_t nccl_begin(const nccl_comm *c)
+{
+    RT_CUDA(cudaEventRecord(c->ready, 0));
+    RT_CUDA(cudaStreamWaitEvent(c->stream, c->ready, 0));
+    return c->stream;
+}
+
+/* The operation just enqueued on c's stream is r's: its done event. */
+static void nccl_end(rt_req *r, const nccl_comm *c)
+{
+    dev_req *d = (dev_req *)r->dev;
+    d->kind = REQ_NCCL;
+    d->comm = c->comm;
+    d->done = event_get();
+    RT_CUDA(cudaEventRecord(d->done, c->stream));
+}
+
+/* Pinned staging of 'bytes' for r (MPI transport). */
+static char *stage_for(rt_req *r, size_t bytes, int nout)
+{
+    dev_req *d = (dev_req *)r->dev;
+    d->kind = REQ_STAGED;
+    d->stage = pinned_get(bytes, &d->cap);
+    d->out = (copy_out *)calloc((size_t)(nout > 0 ? nout : 1), sizeof *d->out);
+    RT_CHECK(d->out, "out of memory");
+    return (char *)d->stage;
+}
+
+static void out_add(rt_req *r, void *dev, const void *host, size_t bytes)
+{
+    dev_req *d = (dev_req *)r->dev;
+    d->out[d->nout].dev = dev;
+    d->out[d->nout].host = host;
+    d->out[d->nout++].bytes = bytes;
+}
+
+/* Complete r's device part: NCCL: poll its event (the watchdog thread armed, the
+** communicator's asynchronous error checked), then order the compute stream after it; MPI
+** transport: the MPI layer's wait, then the copies back. Frees the device part. */
+static void dev_wait(rt_req *r)
+{
+    dev_req *d = (dev_req *)r->dev;
+    if (d->kind == REQ_NCCL) {
+        rt__wd_arm(d->what[0] ? d->what : r->op, r->g);
+        rt__poll p;
+        rt__poll_start(&p, 0);
+        for (;;) {
+            cudaError_t e = cudaEventQuery(d->done);
+            if (e == cudaSuccess)
+                break;
+            if (e != cudaErrorNotReady)
+                RT_CUDA(e);
+            ncclResult_t ar = ncclSuccess;
+            RT_NCCL(ncclCommGetAsyncError(d->comm, &ar));
+            if (ar != ncclSuccess && ar != ncclInProgress)
+                rt_fail_status(__FILE__, __LINE__, RT_ERR_NCCL, (int)ar,
+                               "ncclCommGetAsyncError(comm)");
+            rt__h_progress();
+            rt__poll_pause(&p);
+        }
+        rt__wd_disarm();
+        RT_CUDA(cudaStreamWaitEvent(0, d->done, 0));
+        event_put(d->done);
+    } else if (d->kind == REQ_STAGED) {
+        rt__h_wait(r->h);
+        r->h = NULL;
+        for (int i = 0; i < d->nout; i++)
+            h2d(d->out[i].dev, d->out[i].host, d->out[i].bytes);
+        pinned_put(d->stage, d->cap);
+        free(d->out);
+    }
+    free(d);
+    r->dev = NULL;
+}
+
 /* -- Collectives ------------------------------------------------------------------------------ */
 
-void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+/* Each rt.h collective is its start (below) and a wait, both accounted and traced by the
+** public functions at the end of this section. */
+
+static rt_req *allreduce_start(rt_req *r, void *buf, size_t n, rt_dtype t, rt_op op,
+                               rt_group *g)
 {
-    RT_TRACE_COLL("allreduce", g, n, t, 1, op == RT_MAX ? "max" : "sum");
     rt__group_check(g, "allreduce");
     RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
     size_t bytes = n * rt_dtype_size(t);
     if (n == 0 || g->size == 1)
-        return;
+        return r;
     if (!cu.nccl) {
-        void *h = stage(0, bytes);
+        char *h = stage_for(r, bytes, 1);
         d2h(h, buf, bytes);
-        rt__h_allreduce(h, n, t, op, g);
-        h2d(buf, h, bytes);
-        return;
+        r->h = rt__h_allreduce_start(h, n, t, op, g);
+        out_add(r, buf, h, bytes);
+        return r;
     }
-    ncclComm_t c = (ncclComm_t)g->dev;
-    rt__wd_arm("allreduce", g);
-    RT_NCCL(ncclAllReduce(buf, buf, n, nccl_type(t), op == RT_MAX ? ncclMax : ncclSum, c, 0));
-    stream_wait(c);
-    rt__wd_disarm();
+    const nccl_comm *c = (const nccl_comm *)g->dev;
+    RT_NCCL(ncclAllReduce(buf, buf, n, nccl_type(t), op == RT_MAX ? ncclMax : ncclSum, c->comm,
+                          nccl_begin(c)));
+    nccl_end(r, c);
+    return r;
 }
 
-void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+static rt_req *allgather_start(rt_req *r, const void *send, void *recv, size_t n, rt_dtype t,
+                               rt_group *g)
 {
-    RT_TRACE_COLL("allgather", g, n, t, 1, NULL);
     rt__group_check(g, "allgather");
-    size_t bytes = n * rt_dtype_size(t);
+    size_t bytes = n * rt_dtype_size(t), all = bytes * (size_t)g->size;
     if (n == 0)
-        return;
+        return r;
     if (g->size == 1) {
         d2d(recv, send, bytes);
-        return;
+        return r;
     }
-    if (!cu.nccl) {
-        void *hs = stage(0, bytes), *hr = stage(1, bytes * (size_t)g->size);
-        d2h(hs, send, bytes);
-        rt__h_allgather(hs, hr, n, t, g);
-        h2d(recv, hr, bytes * (size_t)g->size);
-        return;
+    if (!cu.nccl) {         /* gathered in place on the host */
+        char *h = stage_for(r, all, 1), *mine = h + (size_t)g->rank * bytes;
+        d2h(mine, send, bytes);
+        r->h = rt__h_allgather_start(mine, h, n, t, g);
+        out_add(r, recv, h, all);
+        return r;
     }
-    ncclComm_t c = (ncclComm_t)g->dev;
-    rt__wd_arm("allgather", g);
-    RT_NCCL(ncclAllGather(send, recv, n, nccl_type(t), c, 0));
-    stream_wait(c);
-    rt__wd_disarm();
+    const nccl_comm *c = (const nccl_comm *)g->dev;
+    RT_NCCL(ncclAllGather(send, recv, n, nccl_type(t), c->comm, nccl_begin(c)));
+    nccl_end(r, c);
+    return r;
 }
 
-void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+static rt_req *reduce_scatter_start(rt_req *r, const void *send, void *recv, size_t n,
+                                    rt_dtype t, rt_group *g)
 {
-    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL);
     rt__group_check(g, "reduce-scatter");
-    size_t bytes = n * rt_dtype_size(t);
+    size_t bytes = n * rt_dtype_size(t), all = bytes * (size_t)g->size;
     if (n == 0)
-        return;
+        return r;
     if (g->size == 1) {
         d2d(recv, send, bytes);
-        return;
+        return r;
     }
-    if (!cu.nccl) {
-        void *hs = stage(0, bytes * (size_t)g->size), *hr = stage(1, bytes);
-        d2h(hs, send, bytes * (size_t)g->size);
-        rt__h_reduce_scatter(hs, hr, n, t, g);
-        h2d(recv, hr, bytes);
-        return;
+    if (!cu.nccl) {         /* reduced in place on the host: only this rank's block comes back */
+        char *h = stage_for(r, all, 1), *mine = h + (size_t)g->rank * bytes;
+        d2h(h, send, all);
+        r->h = rt__h_reduce_scatter_start(h, mine, n, t, g);
+        out_add(r, recv, mine, bytes);
+        return r;
     }
-    ncclComm_t c = (ncclComm_t)g->dev;
-    rt__wd_arm("reduce-scatter", g);
-    RT_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, c, 0));
-    stream_wait(c);
-    rt__wd_disarm();
-}
-
-static void alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
-                      void *recv, const size_t *rcounts, const size_t *rdispls,
-                      rt_dtype t, rt_group *g)
-{
-    rt__group_check(g, "alltoallv");
-    RT_CHECK(scounts && sdispls && rcounts && rdispls, "alltoallv: NULL count array");
-    size_t es = rt_dtype_size(t);
-    int p = g->size, me = g->rank;
-    const char *s = (const char *)send;
-    char *r = (char *)recv;
-    if (p == 1 || !cu.nccl) {
-        if (p == 1) {
-            RT_CHECK(scounts[0] == rcounts[0], "alltoallv on %s: sends %zu to itself, expects %zu",
-                     g->desc, scounts[0], rcounts[0]);
-            d2d(r + rdispls[0] * es, s + sdispls[0] * es, scounts[0] * es);
-            return;
-        }
-        size_t sext = 0, rext = 0;
-        for (int i = 0; i < p; i++) {
-            if (scounts[i] && sdispls[i] + scounts[i] > sext)
-                sext = sdispls[i] + scounts[i];
-            if (rcounts[i] && rdispls[i] + rcounts[i] > rext)
-                rext = rdispls[i] + rcounts[i];
-        }
-        char *hs = (char *)stage(0, sext * es), *hr = (char *)stage(1, rext * es);
-        for (int i = 0; i < p; i++)
-            d2h(hs + sdispls[i] * es, s + sdispls[i] * es, scounts[i] * es);
-        rt__h_alltoallv(hs, scounts, sdispls, hr, rcounts, rdispls, t, g);
-        for (int i = 0; i < p; i++)
-            h2d(r + rdispls[i] * es, hr + rdispls[i] * es, rcounts[i] * es);
-        return;
-    }
-    ncclComm_t c = (ncclComm_t)g->dev;
-    rt__wd_arm("alltoallv", g);
-    RT_NCCL(ncclGroupStart());
-    for (int i = 0; i < p; i++) {
-        if (i == me) {
-            RT_CHECK(scounts[i] == rcounts[i], "alltoallv on %s: sends %zu to itself, expects %zu",
-                     g->desc, scounts[i], rcounts[i]);
-            if (scounts[i])
-                RT_CUDA(cudaMemcpyAsync(r + rdispls[i] * es, s + sdispls[i] * es, scounts[i] * es,
-                                        cudaMemcpyDeviceToDevice, 0));
-            continue;
-        }
-        if (scounts[i])
-            RT_NCCL(ncclSend(s + sdispls[i] * es, scounts[i], nccl_type(t), i, c, 0));
-        if (rcounts[i])
-            RT_NCCL(ncclRecv(r + rdispls[i] * es, rcounts[i], nccl_type(t), i, c, 0));
-    }
-    RT_NCCL(ncclGroupEnd());
-    stream_wait(c);
-    rt__wd_disarm();
-}
-
-void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
-                  void *recv, const size_t *rcounts, const size_t *rdispls,
-                  rt_dtype t, rt_group *g)
-{
-    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL);
-    alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, g);
-}
-
-void rt_alltoall(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
-{
-    RT_TRACE_COLL("alltoall", g, n, t, 1, NULL);
-    rt__group_check(g, "alltoall");
-    size_t *c = rt__even_counts(g->size, n);
-    alltoallv(send, c, c + g->size, recv, c, c + g->size, t, g);
-}
-
-void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
-{
-    RT_TRACE_COLL("broadcast", g, n, t, 1, NULL);
-    rt__group_check(g, "broadcast");
-    RT_CHECK(root >= 0 && root < g->size, "broadcast on %s: root %d is not a group rank",
-             g->desc, root);
-    size_t bytes = n * rt_dtype_size(t);
-    if (n == 0 || g->size == 1)
-        return;
-    if (!cu.nccl) {
-        void *h = stage(0, bytes);
-        if (g->rank == root)
-            d2h(h, buf, bytes);
-        rt__h_broadcast(h, n, t, root, g);
-        if (g->rank != root)
-            h2d(buf, h, bytes);
-        return;
-    }
-    ncclComm_t c = (ncclComm_t)g->dev;
-    rt__wd_arm("broadcast", g);
-    RT_NCCL(ncclBroadcast(buf, buf, n, nccl_type(t), root, c, 0));
-    stream_wait(c);
-    rt__wd_disarm();
-}
-
-void rt_barrier(rt_group *g)
-{
-    if (rt__tracing)
-        rt__trace("barrier %s", g ? g->name : "world");
-    RT_CUDA(cudaDeviceSynchronize());
-    rt__h_barrier(g ? g : rt__world, "barrier");
+    const nccl_comm *c = (const nccl_comm *)g->dev;
+    RT_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), ncclSum, c->comm, nccl_begin(c)));
+    nccl_end(r, c);
+    return r;
 }
 
 /*
-** Point-to-point over the world communicator: NCCL group of sends and receives (n = 0 ops
-** are skipped on both sides, messages to self are device copies), or staged through pinned
-** memory over MPI.
+** Point-to-point over the world communicator: an NCCL group of sends and receives on the
+** world's communication stream (n = 0 ops are skipped on both sides, messages to self are
+** device copies there), or staged through pinned memory over MPI.
 */
-void rt_p2p(const rt_p2p_op *ops, int nops)
+static rt_req *p2p_start(rt_req *r, const rt_p2p_op *ops, int nops)
 {
-    if (rt__tracing)
-        rt__trace_p2p(ops, nops);
     if (nops <= 0)
-        return;
+        return r;
     RT_CHECK(ops, "rt_p2p: NULL ops");
     for (int i = 0; i < nops; i++)
         if (ops[i].peer < 0 || ops[i].peer >= rt__st.world)
@@ -482,7 +563,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
         size_t total = 0;
         for (int i = 0; i < nops; i++)
             total += (ops[i].n * rt_dtype_size(ops[i].t) + 255) & ~(size_t)255;
-        char *h = (char *)stage(0, total);
+        char *h = stage_for(r, total, nops);
         rt_p2p_op *hops = (rt_p2p_op *)malloc((size_t)nops * sizeof *hops);
         RT_CHECK(hops, "out of memory");
         size_t off = 0;
@@ -492,20 +573,16 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
             hops[i].buf = h + off;
             if (ops[i].send)
                 d2h(h + off, ops[i].buf, b);
+            else
+                out_add(r, ops[i].buf, h + off, b);
             off += (b + 255) & ~(size_t)255;
         }
-        rt__h_p2p(hops, nops);
-        for (int i = 0; i < nops; i++)
-            if (!ops[i].send)
-                h2d(ops[i].buf, hops[i].buf, ops[i].n * rt_dtype_size(ops[i].t));
+        r->h = rt__h_p2p_start(hops, nops);
         free(hops);
-        return;
+        return r;
     }
-    ncclComm_t c = (ncclComm_t)rt__world->dev;
-    char what[160];
-    snprintf(what, sizeof what, "p2p (%d ops, first: %s rank %d)", nops,
-             ops[0].send ? "send to" : "recv from", ops[0].peer);
-    rt__wd_arm(what, NULL);
+    const nccl_comm *c = (const nccl_comm *)rt__world->dev;
+    cudaStream_t s = nccl_begin(c);
     /* messages to self: the k-th send to self goes to the k-th receive from self (a copy) */
     for (int i = 0, j = 0; i < nops; i++) {
         if (!ops[i].send || ops[i].peer != rt__st.rank)
@@ -517,7 +594,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
                  "p2p: send to self (op %d) and receive from self (op %d) differ in size", i, j);
         if (ops[i].n)
             RT_CUDA(cudaMemcpyAsync(ops[j].buf, ops[i].buf, ops[i].n * rt_dtype_size(ops[i].t),
-                                    cudaMemcpyDeviceToDevice, 0));
+                                    cudaMemcpyDeviceToDevice, s));
         j++;
     }
     /* NCCL matches in posting order and has no tags: post sorted by (peer, tag), stably */
@@ -539,25 +616,271 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
         if (o->n == 0 || o->peer == rt__st.rank)
             continue;
         if (o->send)
-            RT_NCCL(ncclSend(o->buf, o->n, nccl_type(o->t), o->peer, c, 0));
+            RT_NCCL(ncclSend(o->buf, o->n, nccl_type(o->t), o->peer, c->comm, s));
         else
-            RT_NCCL(ncclRecv(o->buf, o->n, nccl_type(o->t), o->peer, c, 0));
+            RT_NCCL(ncclRecv(o->buf, o->n, nccl_type(o->t), o->peer, c->comm, s));
     }
     RT_NCCL(ncclGroupEnd());
     free(order);
-    stream_wait(c);
-    rt__wd_disarm();
+    nccl_end(r, c);
+    snprintf(((dev_req *)r->dev)->what, sizeof ((dev_req *)r->dev)->what,
+             "p2p (%d ops, first: %s rank %d)", nops, ops[0].send ? "send to" : "recv from",
+             ops[0].peer);
+    return r;
 }
 
-/* The whole exchange at start: NCCL's p2p runs on the stream the kernels use, so it could not
-** overlap them anyway; a communication stream of its own is for the GPU work (rt.h). */
-void rt_p2p_start(const rt_p2p_op *ops, int nops)
+/* The MPI layer's or NCCL's part of a blocking call: its start's request, completed. */
+static void complete(rt_req *r)
 {
-    rt_p2p(ops, nops);
+    dev_wait(r);
+    rt__req_free(r);
 }
 
-void rt_p2p_wait(void)
+static const char *red_name(rt_op op)
 {
+    return op == RT_MAX ? "max" : "sum";
+}
+
+void rt_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("allreduce", g, n, t, 1, red_name(op), 0);
+    complete(allreduce_start(req_new("allreduce", g, 0), buf, n, t, op, g));
+    rt__comm_end(t0, 1);
+}
+
+void rt_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("allgather", g, n, t, 1, NULL, 0);
+    complete(allgather_start(req_new("allgather", g, 0), send, recv, n, t, g));
+    rt__comm_end(t0, 1);
+}
+
+void rt_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL, 0);
+    complete(reduce_scatter_start(req_new("reduce_scatter", g, 0), send, recv, n, t, g));
+    rt__comm_end(t0, 1);
+}
+
+void rt_p2p(const rt_p2p_op *ops, int nops)
+{
+    double t0 = rt__comm_begin();
+    if (rt__tracing)
+        rt__trace_p2p(ops, nops, 0);
+    complete(p2p_start(req_new("p2p", NULL, 0), ops, nops));
+    rt__comm_end(t0, 1);
+}
+
+rt_req *rt_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = req_new("allreduce", g, 1);
+    RT_TRACE_COLL("allreduce", g, n, t, 1, red_name(op), r->id);
+    allreduce_start(r, buf, n, t, op, g);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+rt_req *rt_allgather_start(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = req_new("allgather", g, 1);
+    RT_TRACE_COLL("allgather", g, n, t, 1, NULL, r->id);
+    allgather_start(r, send, recv, n, t, g);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+rt_req *rt_reduce_scatter_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = req_new("reduce_scatter", g, 1);
+    RT_TRACE_COLL("reduce_scatter", g, n, t, 1, NULL, r->id);
+    reduce_scatter_start(r, send, recv, n, t, g);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+rt_req *rt_p2p_start(const rt_p2p_op *ops, int nops)
+{
+    double t0 = rt__comm_begin();
+    rt_req *r = req_new("p2p", NULL, 1);
+    if (rt__tracing)
+        rt__trace_p2p(ops, nops, r->id);
+    p2p_start(r, ops, nops);
+    rt__comm_end(t0, 0);
+    return r;
+}
+
+void rt_wait(rt_req *r)
+{
+    if (!r)
+        return;
+    double t0 = rt__comm_begin();
+    if (rt__tracing)
+        rt__trace_wait(r);
+    complete(r);
+    rt__comm_end(t0, 1);
+}
+
+/* The MPI transport's requests move here; NCCL's run on their own. */
+void rt_progress(void)
+{
+    double t0 = rt__comm_begin();
+    rt__h_progress();
+    rt__comm_end(t0, 0);
+}
+
+int rt_test(rt_req *r)
+{
+    if (!r)
+        return 1;
+    dev_req *d = (dev_req *)r->dev;
+    if (d->kind == REQ_NCCL) {
+        cudaError_t e = cudaEventQuery(d->done);
+        if (e != cudaErrorNotReady)
+            RT_CUDA(e);
+        return e == cudaSuccess;
+    }
+    return d->kind == REQ_DONE || rt__h_test(r->h);
+}
+
+/* -- Blocking only: all-to-all, broadcast, barrier -------------------------------------------- */
+
+static void *stage(int i, size_t bytes)
+{
+    if (bytes > cu.stagecap[i]) {
+        if (cu.stage[i])
+            RT_CUDA(cudaFreeHost(cu.stage[i]));
+        size_t cap = bytes + bytes / 4 + 256;
+        RT_CUDA(cudaMallocHost(&cu.stage[i], cap));
+        cu.stagecap[i] = cap;
+    }
+    return cu.stage[i];
+}
+
+/* A blocking call's NCCL work: enqueued on blocking_begin's stream (after the compute
+** stream's work), then waited for as rt_wait does by blocking_end. */
+static cudaStream_t blocking_begin(const nccl_comm *c)
+{
+    return nccl_begin(c);
+}
+
+static void blocking_end(const nccl_comm *c, const char *op, rt_group *g)
+{
+    rt_req *r = req_new(op, g, 0);
+    nccl_end(r, c);
+    complete(r);
+}
+
+static void alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                      void *recv, const size_t *rcounts, const size_t *rdispls,
+                      rt_dtype t, rt_group *g)
+{
+    rt__group_check(g, "alltoallv");
+    RT_CHECK(scounts && sdispls && rcounts && rdispls, "alltoallv: NULL count array");
+    size_t es = rt_dtype_size(t);
+    int p = g->size, me = g->rank;
+    const char *s = (const char *)send;
+    char *r = (char *)recv;
+    if (p == 1) {
+        RT_CHECK(scounts[0] == rcounts[0], "alltoallv on %s: sends %zu to itself, expects %zu",
+                 g->desc, scounts[0], rcounts[0]);
+        d2d(r + rdispls[0] * es, s + sdispls[0] * es, scounts[0] * es);
+    } else if (!cu.nccl) {
+        size_t sext = 0, rext = 0;
+        for (int i = 0; i < p; i++) {
+            if (scounts[i] && sdispls[i] + scounts[i] > sext)
+                sext = sdispls[i] + scounts[i];
+            if (rcounts[i] && rdispls[i] + rcounts[i] > rext)
+                rext = rdispls[i] + rcounts[i];
+        }
+        char *hs = (char *)stage(0, sext * es), *hr = (char *)stage(1, rext * es);
+        for (int i = 0; i < p; i++)
+            d2h(hs + sdispls[i] * es, s + sdispls[i] * es, scounts[i] * es);
+        rt__h_alltoallv(hs, scounts, sdispls, hr, rcounts, rdispls, t, g);
+        for (int i = 0; i < p; i++)
+            h2d(r + rdispls[i] * es, hr + rdispls[i] * es, rcounts[i] * es);
+    } else {
+        const nccl_comm *c = (const nccl_comm *)g->dev;
+        cudaStream_t cs = blocking_begin(c);
+        RT_NCCL(ncclGroupStart());
+        for (int i = 0; i < p; i++) {
+            if (i == me) {
+                RT_CHECK(scounts[i] == rcounts[i],
+                         "alltoallv on %s: sends %zu to itself, expects %zu", g->desc,
+                         scounts[i], rcounts[i]);
+                if (scounts[i])
+                    RT_CUDA(cudaMemcpyAsync(r + rdispls[i] * es, s + sdispls[i] * es,
+                                            scounts[i] * es, cudaMemcpyDeviceToDevice, cs));
+                continue;
+            }
+            if (scounts[i])
+                RT_NCCL(ncclSend(s + sdispls[i] * es, scounts[i], nccl_type(t), i, c->comm, cs));
+            if (rcounts[i])
+                RT_NCCL(ncclRecv(r + rdispls[i] * es, rcounts[i], nccl_type(t), i, c->comm, cs));
+        }
+        RT_NCCL(ncclGroupEnd());
+        blocking_end(c, "alltoallv", g);
+    }
+}
+
+void rt_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
+                  void *recv, const size_t *rcounts, const size_t *rdispls,
+                  rt_dtype t, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("alltoallv", g, 0, t, 0, NULL, 0);
+    alltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, g);
+    rt__comm_end(t0, 1);
+}
+
+void rt_alltoall(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("alltoall", g, n, t, 1, NULL, 0);
+    rt__group_check(g, "alltoall");
+    size_t *c = rt__even_counts(g->size, n);
+    alltoallv(send, c, c + g->size, recv, c, c + g->size, t, g);
+    rt__comm_end(t0, 1);
+}
+
+void rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    RT_TRACE_COLL("broadcast", g, n, t, 1, NULL, 0);
+    rt__group_check(g, "broadcast");
+    RT_CHECK(root >= 0 && root < g->size, "broadcast on %s: root %d is not a group rank",
+             g->desc, root);
+    size_t bytes = n * rt_dtype_size(t);
+    if (n == 0 || g->size == 1) {
+    } else if (!cu.nccl) {
+        void *h = stage(0, bytes);
+        if (g->rank == root)
+            d2h(h, buf, bytes);
+        rt__h_broadcast(h, n, t, root, g);
+        if (g->rank != root)
+            h2d(buf, h, bytes);
+    } else {
+        const nccl_comm *c = (const nccl_comm *)g->dev;
+        RT_NCCL(ncclBroadcast(buf, buf, n, nccl_type(t), root, c->comm, blocking_begin(c)));
+        blocking_end(c, "broadcast", g);
+    }
+    rt__comm_end(t0, 1);
+}
+
+void rt_barrier(rt_group *g)
+{
+    double t0 = rt__comm_begin();
+    if (rt__tracing)
+        rt__trace("barrier %s", g ? g->name : "world");
+    RT_CUDA(cudaDeviceSynchronize());
+    rt__h_barrier(g ? g : rt__world, "barrier");
+    rt__comm_end(t0, 1);
 }
 
 void rt_sync(void)

@@ -64,6 +64,7 @@ struct rt_group {
     int      is_world;
     char     desc[128];          /* "group tp (ranks 0,1)" for messages */
     void    *dev;                /* backend data (CUDA: NCCL communicator) */
+    unsigned long seq;           /* collectives started on it (the MPI layer's message tags) */
 };
 
 /* -- Shared by the two start-up layers (rt_common.c) --------------------------------------- */
@@ -91,31 +92,48 @@ void      rt__group_release(rt_group *g);
 
 /* -- MPI layer (rt_mpi.c; rt_single.c without MPI): host buffers only ---------------------- */
 
-/* Collectives are blocking MPI calls armed on the watchdog thread (OpenMPI's blocking
-** algorithms ran up to 2x faster than its nonblocking ones here, see bench/); p2p and barriers
-** are nonblocking calls completed by a polling loop that backs off to sleeping. */
-
 /* MPI_Init_thread(MULTIPLE), world check (exits on mismatch), local rank, atexit guard, env. */
 void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout);
-void rt__mpi_finalize(void);
+void rt__mpi_finalize(void);     /* aborts when a request was never waited */
 extern rt_group *rt__world;      /* the world group (communicator: a dup of MPI_COMM_WORLD);
                                  ** defined in rt_common.c */
 
 rt_group *rt__group_create(const char *name, const int *members, int n);   /* rt.h contract */
-void      rt__group_destroy(rt_group *g);
+void      rt__group_destroy(rt_group *g);          /* aborts when a request on g is pending */
 rt_group *rt__group_check(rt_group *g, const char *op); /* fails on NULL */
+
+/* Requests on host buffers: the engine under rt.h's rt_req (rt_mpi.c). Allreduce and
+** reduce-scatter exchange blocks with point-to-point messages and reduce each block in f32
+** (bf16) or its own type in group-rank order, so the result does not depend on MPI's
+** algorithms; allgather, p2p and barriers are nonblocking MPI calls. A start posts the first
+** messages and returns; rt__h_progress takes every pending request as far as it can without
+** waiting; rt__h_wait polls (with back-off, under the watchdog deadline, naming the operation,
+** group and the peers not heard from on expiry) until r is complete, advancing every pending
+** request meanwhile, and frees r. The blocking rt__h_ calls are a start and a wait. Arguments
+** are checked at the start (aborting); contracts as rt.h's calls of the same names. */
+typedef struct rt__hreq rt__hreq;
+rt__hreq *rt__h_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);
+rt__hreq *rt__h_allgather_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                rt_group *g);
+rt__hreq *rt__h_reduce_scatter_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                     rt_group *g);
+rt__hreq *rt__h_barrier_start(rt_group *g, const char *op);
+rt__hreq *rt__h_p2p_start(const rt_p2p_op *ops, int nops);
+void      rt__h_wait(rt__hreq *r);
+void      rt__h_progress(void);
+int       rt__h_test(rt__hreq *r);       /* rt__h_progress, then: is r complete? */
 
 void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);
 void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
 void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g);
+void rt__h_barrier(rt_group *g, const char *op);
+void rt__h_p2p(const rt_p2p_op *ops, int nops);
+/* Blocking MPI collectives (MPI_Alltoallv, MPI_Bcast) armed on the watchdog thread: they move
+** the data of pending requests (MPI's progress) but take none of their steps. */
 void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
                      void *recv, const size_t *rcounts, const size_t *rdispls,
                      rt_dtype t, rt_group *g);
 void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
-void rt__h_barrier(rt_group *g, const char *op);
-void rt__h_p2p(const rt_p2p_op *ops, int nops);
-void rt__h_p2p_post(const rt_p2p_op *ops, int nops);     /* rt__h_p2p's two halves */
-void rt__h_p2p_complete(void);
 
 /* -- Polling with back-off (rt_common.c) ---------------------------------------------------- */
 
@@ -191,21 +209,47 @@ static inline uint16_t rt__f32_to_bf16(float f)
 void rt__bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
 void rt__f32_to_bf16_n(uint16_t *dst, const float *src, size_t n);
 
-/* -- Trace (rt_common.c; see rt.h) ------------------------------------------------------- */
+/* -- Requests, accounting and trace (rt_common.c; see rt.h) ----------------------------------- */
 
+/* rt.h's request: what every backend shares (created by rt__req_new, freed by rt__req_free,
+** which keep the list of live requests: started and not yet waited), the MPI layer's part and
+** the backend's own. */
+struct rt_req {
+    const char     *op;          /* "allreduce", "allgather", "reduce_scatter", "p2p" */
+    const rt_group *g;           /* NULL: p2p (the world) */
+    long            id;          /* a start's number on this rank, from 1 (trace); 0: blocking */
+    rt__hreq       *h;           /* the MPI layer's part, or NULL */
+    void           *dev;         /* the backend's part (CUDA), or NULL */
+    rt_req         *prev, *next; /* live requests, in start order */
+};
+rt_req *rt__req_new(const char *op, const rt_group *g, int async);  /* async: numbered */
+void    rt__req_free(rt_req *r);
+/* Dies naming the oldest live request when there is one on g (NULL: on any group) */
+void    rt__req_none_live(const rt_group *g, const char *why);
+
+/* Every communication call of rt.h: t0 = rt__comm_begin() at its entry, rt__comm_end(t0,
+** blocked) at its exit, which adds the time to rt_comm_stats' counters (to *blocked too when
+** the call waits: blocking calls, rt_wait) and ends the call's trace line. */
+double rt__comm_begin(void);
+void   rt__comm_end(double t0, int blocked);
+
+/* Trace lines (rt.h "Trace"). A blocking call's or a wait's line is begun before the call and
+** ended by rt__comm_end after it (its time appended when RT_TRACE_TIMES is set), so an abort
+** in the call leaves it as the last line; a start's line (id > 0) is written whole. */
 extern int rt__tracing;                          /* RT_TRACE was set: trace every call */
-void rt__trace_open(const char *dir, int rank);  /* rt__mpi_init */
-void rt__trace(const char *fmt, ...) RT_PRINTF(1, 2);   /* one line */
+void rt__trace_open(const char *dir, int rank);  /* rt__start_done */
+void rt__trace(const char *fmt, ...) RT_PRINTF(1, 2);   /* begins a line */
 void rt__trace_coll(const char *op, const rt_group *g, size_t n, rt_dtype t, int has_n,
-                    const char *red);
-void rt__trace_p2p(const rt_p2p_op *ops, int nops);
+                    const char *red, long id);
+void rt__trace_p2p(const rt_p2p_op *ops, int nops, long id);
+void rt__trace_wait(const rt_req *r);
 void rt__trace_close(void);                      /* rt_finalize, rt_abort */
 /* Counts then displacements (2p elements, per-thread scratch) of p even blocks of n: what
 ** rt_alltoall hands to the all-to-all with counts. */
 size_t *rt__even_counts(int p, size_t n);
 
-#define RT_TRACE_COLL(op, g, n, t, has_n, red) \
-    do { if (rt__tracing) rt__trace_coll(op, g, n, t, has_n, red); } while (0)
+#define RT_TRACE_COLL(op, g, n, t, has_n, red, id) \
+    do { if (rt__tracing) rt__trace_coll(op, g, n, t, has_n, red, id); } while (0)
 
 /* -- For the runtime's tests only (not part of rt.h's interface) ---------------------------- */
 
@@ -215,6 +259,9 @@ void   rt_group_free(rt_group *g);               /* collective over the members;
 /* Broadcast n elements from group rank 'root' (blocking, watchdog-guarded; device buffers on
 ** CUDA). */
 void   rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
+/* One rt_progress step, then 1 when r is complete (its results in place after rt_wait, which
+** is still needed: it frees r). Never waits. */
+int    rt_test(rt_req *r);
 void  *rt_host_malloc(size_t bytes);             /* zero-filled; pinned on CUDA; aborts on OOM */
 void   rt_host_free(void *p);
 /* The CPU GEMM's primitive cache: primitives created so far and those held now (at most

@@ -1,9 +1,12 @@
 /*
 ** rt_mpi.c: the MPI layer shared by both backends: start-up and the world-size check, local
 ** rank, groups, ending the job (rt_abort: MPI_Abort) and MPI's error text, and every
-** collective and point-to-point transfer on host buffers. Collectives are blocking MPI calls
-** armed on the watchdog thread; p2p and barriers are nonblocking calls completed by a polling
-** loop that checks the deadline itself.
+** collective and point-to-point transfer on host buffers, as requests of one engine (rt.h's
+** asynchronous calls; a blocking call is a start and a wait). Allreduce and reduce-scatter are
+** our own point-to-point algorithm, which reduces in group-rank order, so a result has the same
+** bits blocking or not whatever MPI's algorithms; allgather, p2p and barriers are nonblocking
+** MPI calls. Every wait polls (advancing every pending request) and checks the watchdog
+** deadline itself; alltoallv and broadcast stay blocking MPI calls armed on the watchdog thread.
 ** The CPU backend calls it directly; the CUDA backend calls it for bootstrap and for its MPI
 ** transport (device buffers staged through pinned host memory). What needs no MPI (group
 ** records, the exit guard, the error-kind names) is in rt_common.c; the single-rank libraries
@@ -19,12 +22,11 @@
 
 static MPI_Comm p2p_comm = MPI_COMM_NULL;
 
-/* Largest element count per MPI message (allreduce, broadcast and p2p are split into pieces
+/* Largest element count per MPI message (allgather, broadcast and p2p are split into pieces
 ** of at most this many elements; MPI counts are int). */
 #define CHUNK ((size_t)1 << 30)
-#define PACK_BYTES ((size_t)8 << 20)   /* scratch for a packed reduce-scatter or a bf16 sum */
 
-/* -- Errors and waiting -------------------------------------------------------------------- */
+/* -- Errors ---------------------------------------------------------------------------------- */
 
 static void mpi_fail(const char *file, int line, int rc, const char *call, const char *op,
                      const rt_group *g)
@@ -45,41 +47,15 @@ static void mpi_fail(const char *file, int line, int rc, const char *call, const
             mpi_fail(__FILE__, __LINE__, rc_, #x, op, g); \
     } while (0)
 
-/* Poll n requests (moving 'bytes' in all) to completion. Returns 0 when all completed, 1 when
-** the watchdog deadline passed first (the requests are then left as they are). */
-static int wait_reqs(MPI_Request *r, int n, size_t bytes, const char *op, const rt_group *g)
-{
-    rt__poll p;
-    rt__poll_start(&p, bytes);
-    for (;;) {
-        int done = 0;
-        int rc = MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS)
-            mpi_fail(__FILE__, __LINE__, rc, "MPI_Testall", op, g);
-        if (done)
-            return 0;
-        double waited = rt__poll_pause(&p);
-        if (rt__st.timeout > 0 && waited > rt__st.timeout)
-            return 1;
-    }
-}
-
 /* A blocking MPI collective under the watchdog thread. */
 #define COLL(x, op, g) \
     do { rt__wd_arm(op, g); CHECK_MPI(x, op, g); rt__wd_disarm(); } while (0)
-
-static void wait_coll(MPI_Request *r, int n, const char *op, const rt_group *g)
-{
-    if (wait_reqs(r, n, 0, op, g))
-        rt__die("watchdog: %s on %s did not complete within %g s", op, g->desc,
-                rt__st.timeout);
-}
 
 static MPI_Datatype mpi_type(rt_dtype t)
 {
     switch (t) {
     case RT_F32:  return MPI_FLOAT;
-    case RT_BF16: return MPI_UINT16_T;     /* moved as bits; reduced by bf16_reduce_block */
+    case RT_BF16: return MPI_UINT16_T;     /* moved as bits; reduced here */
     case RT_I32:  return MPI_INT32_T;
     case RT_I64:  return MPI_INT64_T;
     default:      break;
@@ -99,6 +75,596 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 {
     const char *pa = (const char *)a, *pb = (const char *)b;
     return na && nb && pa < pb + nb && pb < pa + na;
+}
+
+/* -- Requests: the engine --------------------------------------------------------------------- */
+
+/*
+** Every transfer is a request (rt_internal.h). REQ_MPI holds a set of nonblocking MPI calls
+** (allgather, barrier, p2p), complete when all are. REQ_REDUCE is an allreduce or a
+** reduce-scatter of our own:
+**
+** Why our own. Open MPI 4.1's MPI_Allreduce (coll/tuned) and MPI_Iallreduce (coll/libnbc) run
+** other algorithms that add in other orders: on 3 and 5 ranks most f32 sums differ in their
+** last bits (measured, bench/runtime_bench overlap reports it), so a program would train
+** differently with its gradient reductions overlapped than without. Here the order is fixed:
+** a slice of the data is cut into one block per member; every member sends block b to member b
+** (point to point); member b adds the blocks in group-rank order, ((x0 + x1) + x2) + ..., in
+** f32 for f32 and bf16 (bf16 widened exactly, rounded once at the end), wrapping for integers,
+** and an allreduce then sends each member's result to every member. The bytes are a ring's
+** (2 (p-1)/p of the buffer each way for an allreduce) in two steps instead of 2 (p-1), every
+** member computes its block in the same order, and all members get the same bits: blocking or
+** not, on the CPU and over the CUDA backend's MPI transport alike.
+**
+** Slices. A message carries at most MSG_BYTES, and DEPTH slices are in flight: the scratch of
+** a request is DEPTH (p-1) MSG_BYTES at most, and one slice is reduced while the next travels.
+** An allreduce of at most SMALL_BYTES sends the whole buffer to every member, which reduces
+** all of it in the same order (one step instead of two, the same bits).
+**
+** Order. A request's messages carry the tag 2 (seq mod TAG_SEQS) + step, seq counting the
+** collectives started on the group, the same on every member (rt.h: members start a group's
+** collectives in the same order); messages with one tag are matched in posting order, so the
+** slices of a request enter their second step in slice order on every member.
+**
+** Progress. Nothing moves unless a runtime call runs (no progress thread): rt__h_progress
+** takes one step of every pending request (a test of its MPI calls, a slice reduced, the next
+** messages posted), a wait takes them until its request completes.
+*/
+#define MSG_BYTES   ((size_t)1 << 20)
+#define DEPTH       2
+#define SMALL_BYTES ((size_t)4096)
+#define TAG_SEQS    16384          /* tags up to 32767, the least MPI_TAG_UB MPI allows */
+
+enum { REQ_MPI, REQ_REDUCE };
+enum { SLOT_FREE, SLOT_EXCHANGE, SLOT_GATHER };
+
+typedef struct {
+    int          state;        /* SLOT_*: free, blocks being exchanged, results being gathered */
+    size_t       slice;
+    char        *scr;          /* the peers' blocks, (p-1) x blk elements by peer */
+    size_t       cap;          /* bytes of scr (the pool's) */
+    MPI_Request *mr;           /* 2 (p-1): receives from the peers, then sends, by group rank */
+} slot;
+
+struct rt__hreq {
+    int             kind, done;
+    const char     *op;        /* "allreduce", ... for messages */
+    const rt_group *g;         /* NULL: p2p (the world) */
+    size_t          bytes;     /* this rank's share of the traffic (the wait's back-off) */
+    rt__hreq       *prev, *next;   /* pending requests, in start order */
+    /* REQ_MPI */
+    MPI_Request    *mr;
+    int             nmr;
+    int            *peer;      /* each MPI call's peer, group rank (-1: none) */
+    rt_p2p_op      *ops;       /* p2p: a copy of the ops; peer[] holds each call's op */
+    int             nops;
+    char           *copy;      /* allgather: a copy of a send buffer that overlaps recv */
+    /* REQ_REDUCE */
+    int             gather;    /* allreduce in two steps (results gathered back) */
+    int             small;     /* allreduce of whole buffers, one step */
+    const char     *in;        /* reduce-scatter: send (p blocks of n); allreduce: buf */
+    char           *out;       /* reduce-scatter: recv; allreduce: buf */
+    size_t          n, c, blk, es;  /* n: allreduce: elements; reduce-scatter: per member;
+                                ** c: slice length; blk: most elements of a received block */
+    rt_dtype        t;
+    rt_op           rop;
+    int             tag;
+    size_t          nslices, started, reduced, finished;
+    const void    **src;       /* p block pointers for the reduction */
+    slot            slots[DEPTH];
+};
+
+static rt__hreq *pend_first, *pend_last;    /* pending (incomplete) requests, in start order */
+
+/* -- Scratch pool: the reductions' receive buffers, kept for the next requests -- */
+
+enum { POOL_MAX = 16 };
+static struct { void *p; size_t cap; } pool[POOL_MAX];
+static int npool;
+
+/* A buffer of at least 'bytes' (the smallest pooled one that fits, else a new one); *cap its
+** size, for pool_put. */
+static void *pool_get(size_t bytes, size_t *cap)
+{
+    int best = -1;
+    for (int i = 0; i < npool; i++)
+        if (pool[i].cap >= bytes && (best < 0 || pool[i].cap < pool[best].cap))
+            best = i;
+    if (best >= 0) {
+        void *p = pool[best].p;
+        *cap = pool[best].cap;
+        pool[best] = pool[--npool];
+        return p;
+    }
+    *cap = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, *cap ? *cap : 64);
+    if (!p)
+        rt__die("out of host memory: communication scratch of %zu bytes", *cap);
+    return p;
+}
+
+/* Keep a buffer for later (the largest POOL_MAX are kept). */
+static void pool_put(void *p, size_t cap)
+{
+    if (!p)
+        return;
+    if (npool < POOL_MAX) {
+        pool[npool].p = p;
+        pool[npool++].cap = cap;
+        return;
+    }
+    int small = 0;
+    for (int i = 1; i < npool; i++)
+        if (pool[i].cap < pool[small].cap)
+            small = i;
+    if (pool[small].cap < cap) {
+        free(pool[small].p);
+        pool[small].p = p;
+        pool[small].cap = cap;
+    } else {
+        free(p);
+    }
+}
+
+static void pool_free_all(void)
+{
+    for (int i = 0; i < npool; i++)
+        free(pool[i].p);
+    npool = 0;
+}
+
+/* -- Requests ---------------------------------------------------------------------------------- */
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    RT_CHECK(p, "out of memory");
+    return p;
+}
+
+/* A new pending request of 'kind' for 'op' on g, with room for nmr MPI calls (REQ_MPI). */
+static rt__hreq *req_new(int kind, const char *op, const rt_group *g, int nmr)
+{
+    rt__hreq *r = xcalloc(1, sizeof *r);
+    r->kind = kind;
+    r->op = op;
+    r->g = g;
+    r->nmr = nmr;
+    if (kind == REQ_MPI) {
+        r->mr = xcalloc((size_t)nmr, sizeof *r->mr);
+        r->peer = xcalloc((size_t)nmr, sizeof *r->peer);
+        for (int i = 0; i < nmr; i++) {
+            r->mr[i] = MPI_REQUEST_NULL;
+            r->peer[i] = -1;
+        }
+    }
+    r->prev = pend_last;
+    if (pend_last)
+        pend_last->next = r;
+    else
+        pend_first = r;
+    pend_last = r;
+    return r;
+}
+
+static void req_unlink(rt__hreq *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (pend_first == r)
+        pend_first = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else if (pend_last == r)
+        pend_last = r->prev;
+    r->prev = r->next = NULL;
+}
+
+/* Mark complete (nothing left to do at start: n = 0, one member). */
+static rt__hreq *req_done(rt__hreq *r)
+{
+    r->done = 1;
+    req_unlink(r);
+    return r;
+}
+
+static void req_free(rt__hreq *r)
+{
+    req_unlink(r);
+    for (int i = 0; i < DEPTH; i++) {
+        pool_put(r->slots[i].scr, r->slots[i].cap);
+        free(r->slots[i].mr);
+    }
+    free(r->mr);
+    free(r->peer);
+    free(r->ops);
+    free(r->copy);
+    free(r->src);
+    free(r);
+}
+
+/* MPI_Testall for r's calls: 1 when all completed (they are then MPI_REQUEST_NULL). */
+static int testall(MPI_Request *mr, int n, const rt__hreq *r)
+{
+    int flag = 0;
+    int rc = MPI_Testall(n, mr, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS)
+        mpi_fail(__FILE__, __LINE__, rc, "MPI_Testall", r->op, r->g);
+    return flag;
+}
+
+/* Post a send (send = 1) or receive of n elements in pieces of at most CHUNK into r's calls
+** from index *k on (each recorded with 'peer', the group rank or op it belongs to). */
+static void post(rt__hreq *r, int *k, int send, void *buf, size_t n, rt_dtype t, int rank,
+                 int tag, MPI_Comm comm, int peer)
+{
+    size_t es = rt_dtype_size(t), off = 0;
+    do {
+        size_t c = n - off < CHUNK ? n - off : CHUNK;
+        char *b = (char *)buf + off * es;
+        if (send)
+            CHECK_MPI(MPI_Isend(b, (int)c, mpi_type(t), rank, tag, comm, &r->mr[*k]), r->op,
+                      r->g);
+        else
+            CHECK_MPI(MPI_Irecv(b, (int)c, mpi_type(t), rank, tag, comm, &r->mr[*k]), r->op,
+                      r->g);
+        r->peer[(*k)++] = peer;
+        off += c;
+    } while (off < n);
+}
+
+/* -- Reductions ------------------------------------------------------------------------------ */
+
+/* Group rank b's index among this rank's peers (its block in the scratch, its calls). */
+static int peer_index(const rt__hreq *r, int b)
+{
+    return b < r->g->rank ? b : b - 1;
+}
+
+/* The elements member b reduces in slice s of r: *at (from the start of r->in), the count. */
+static size_t part(const rt__hreq *r, size_t s, int b, size_t *at)
+{
+    size_t p = (size_t)r->g->size, off = s * r->c, len = r->n - off < r->c ? r->n - off : r->c;
+    if (r->small) {
+        *at = 0;
+        return r->n;
+    }
+    if (!r->gather) {
+        *at = (size_t)b * r->n + off;
+        return len;
+    }
+    size_t lo = len * (size_t)b / p, hi = len * (size_t)(b + 1) / p;
+    *at = off + lo;
+    return hi - lo;
+}
+
+/* Where slice s's result of this rank goes, from the start of r->out. */
+static size_t result_at(const rt__hreq *r, size_t s)
+{
+    size_t at;
+    if (r->small)
+        return 0;
+    if (!r->gather)
+        return s * r->c;
+    part(r, s, r->g->rank, &at);
+    return at;
+}
+
+/* out[cnt] = src[0] + src[1] + ... + src[p-1] (or the maximum), element by element in this
+** order, in f32 for f32 and bf16 (one rounding), wrapping for integers; out may be one of the
+** sources (each tile is read whole before it is written). */
+enum { TILE = 256 };
+
+static void reduce_f32(void *out, const void *const *src, int p, size_t cnt, int bf16,
+                       rt_op op)
+{
+    float acc[TILE];
+    for (size_t j0 = 0; j0 < cnt; j0 += TILE) {
+        size_t m = cnt - j0 < TILE ? cnt - j0 : TILE;
+        for (int b = 0; b < p; b++) {
+            const float *x = (const float *)src[b] + j0;
+            const uint16_t *h = (const uint16_t *)src[b] + j0;
+            float v[TILE];
+            if (bf16)
+                rt__bf16_to_f32_n(v, h, m);
+            else
+                memcpy(v, x, m * sizeof(float));
+            if (b == 0) {
+                memcpy(acc, v, m * sizeof(float));
+            } else if (op == RT_MAX) {
+                for (size_t j = 0; j < m; j++)
+                    if (v[j] > acc[j] || v[j] != v[j]) acc[j] = v[j];   /* NaN stays NaN */
+            } else if (m == TILE) {
+                for (size_t j = 0; j < TILE; j++) acc[j] += v[j];
+            } else {
+                for (size_t j = 0; j < m; j++) acc[j] += v[j];
+            }
+        }
+        if (bf16)
+            rt__f32_to_bf16_n((uint16_t *)out + j0, acc, m);
+        else
+            memcpy((float *)out + j0, acc, m * sizeof(float));
+    }
+}
+
+#define REDUCE_INT(type, utype) \
+    do { \
+        type *o = (type *)out; \
+        for (size_t j0 = 0; j0 < cnt; j0 += TILE) { \
+            size_t m = cnt - j0 < TILE ? cnt - j0 : TILE; \
+            type acc[TILE]; \
+            memcpy(acc, (const type *)src[0] + j0, m * sizeof(type)); \
+            for (int b = 1; b < p; b++) { \
+                const type *x = (const type *)src[b] + j0; \
+                if (op == RT_MAX) { \
+                    for (size_t j = 0; j < m; j++) if (x[j] > acc[j]) acc[j] = x[j]; \
+                } else { \
+                    for (size_t j = 0; j < m; j++) \
+                        acc[j] = (type)((utype)acc[j] + (utype)x[j]); \
+                } \
+            } \
+            memcpy(o + j0, acc, m * sizeof(type)); \
+        } \
+    } while (0)
+
+static void reduce(void *out, const void *const *src, int p, size_t cnt, rt_dtype t, rt_op op)
+{
+    switch (t) {
+    case RT_F32:  reduce_f32(out, src, p, cnt, 0, op); break;
+    case RT_BF16: reduce_f32(out, src, p, cnt, 1, op); break;
+    case RT_I32:  REDUCE_INT(int32_t, uint32_t); break;
+    default:      REDUCE_INT(int64_t, uint64_t); break;
+    }
+}
+
+/* Step 1 of slice s in slot k: receive this rank's block from every peer, send each peer its. */
+static void post_exchange(rt__hreq *r, slot *k, size_t s)
+{
+    const rt_group *g = r->g;
+    int p = g->size, me = g->rank, j = 0;
+    size_t at, mine = part(r, s, me, &at);
+    MPI_Datatype dt = mpi_type(r->t);
+    for (int b = 0; b < p; b++)
+        if (b != me)
+            CHECK_MPI(MPI_Irecv(k->scr + (size_t)peer_index(r, b) * r->blk * r->es, (int)mine,
+                                dt, b, r->tag, g->comm, &k->mr[j++]), r->op, g);
+    for (int b = 0; b < p; b++)
+        if (b != me) {
+            size_t cnt = part(r, s, b, &at);
+            CHECK_MPI(MPI_Isend(r->in + at * r->es, (int)cnt, dt, b, r->tag, g->comm,
+                                &k->mr[j++]), r->op, g);
+        }
+    k->slice = s;
+    k->state = SLOT_EXCHANGE;
+}
+
+/* The exchange of slot k is complete: reduce this rank's block in group-rank order. */
+static void reduce_slot(rt__hreq *r, slot *k)
+{
+    int p = r->g->size, me = r->g->rank;
+    size_t at, cnt = part(r, k->slice, me, &at);
+    for (int b = 0; b < p; b++)
+        r->src[b] = b == me ? (const void *)(r->in + at * r->es)
+                            : (const void *)(k->scr + (size_t)peer_index(r, b) * r->blk * r->es);
+    reduce(r->out + result_at(r, k->slice) * r->es, r->src, p, cnt, r->t, r->rop);
+}
+
+/* Step 2 of an allreduce's slice: this rank's result to every peer, theirs into place. */
+static void post_gather(rt__hreq *r, slot *k)
+{
+    const rt_group *g = r->g;
+    int p = g->size, me = g->rank, j = 0;
+    size_t at, mine = part(r, k->slice, me, &at), mine_at = at;
+    MPI_Datatype dt = mpi_type(r->t);
+    for (int b = 0; b < p; b++)
+        if (b != me) {
+            size_t cnt = part(r, k->slice, b, &at);
+            CHECK_MPI(MPI_Irecv(r->out + at * r->es, (int)cnt, dt, b, r->tag + 1, g->comm,
+                                &k->mr[j++]), r->op, g);
+        }
+    for (int b = 0; b < p; b++)
+        if (b != me)
+            CHECK_MPI(MPI_Isend(r->out + mine_at * r->es, (int)mine, dt, b, r->tag + 1, g->comm,
+                                &k->mr[j++]), r->op, g);
+    k->state = SLOT_GATHER;
+}
+
+/* Take r's steps that need no waiting, for at most 'rounds' rounds (0: as many as there are). */
+static void reduce_step(rt__hreq *r, int rounds)
+{
+    int nm = 2 * (r->g->size - 1);
+    for (int round = 0; rounds == 0 || round < rounds; round++) {
+        int moved = 0;
+        while (r->reduced < r->started) {       /* in slice order: see "Order" above */
+            slot *k = &r->slots[r->reduced % DEPTH];
+            if (!testall(k->mr, nm, r))
+                break;
+            reduce_slot(r, k);
+            r->reduced++;
+            moved = 1;
+            if (r->gather) {
+                post_gather(r, k);
+            } else {
+                k->state = SLOT_FREE;
+                r->finished++;
+            }
+        }
+        for (int i = 0; i < DEPTH; i++) {
+            slot *k = &r->slots[i];
+            if (k->state == SLOT_GATHER && testall(k->mr, nm, r)) {
+                k->state = SLOT_FREE;
+                r->finished++;
+                moved = 1;
+            }
+        }
+        while (r->started < r->nslices && r->slots[r->started % DEPTH].state == SLOT_FREE) {
+            post_exchange(r, &r->slots[r->started % DEPTH], r->started);
+            r->started++;
+            moved = 1;
+        }
+        if (r->finished == r->nslices) {
+            r->done = 1;
+            return;
+        }
+        if (!moved)
+            return;
+    }
+}
+
+/* A reduction request: 'in' to 'out' (see struct rt__hreq), posted as far as it goes. */
+static rt__hreq *reduce_start(rt__hreq *r, const void *in, void *out, size_t n, rt_dtype t,
+                              rt_op op, int gather)
+{
+    const rt_group *g = r->g;
+    size_t p = (size_t)g->size, es = rt_dtype_size(t), msg = MSG_BYTES / es;
+    r->kind = REQ_REDUCE;
+    r->in = (const char *)in;
+    r->out = (char *)out;
+    r->n = n;
+    r->t = t;
+    r->rop = op;
+    r->es = es;
+    r->tag = (int)(2 * (g->seq % TAG_SEQS));
+    if (gather && n * es <= SMALL_BYTES) {
+        r->small = 1;
+        r->c = r->blk = n;
+    } else if (gather) {
+        r->gather = 1;
+        r->c = msg * p;
+        r->blk = n < r->c ? (n + p - 1) / p : msg;
+    } else {
+        r->c = msg;
+        r->blk = n < msg ? n : msg;
+    }
+    r->nslices = (n + r->c - 1) / r->c;
+    r->bytes = (gather ? 2 : p) * n * es;
+    r->src = xcalloc(p, sizeof *r->src);
+    for (size_t i = 0; i < DEPTH && i < r->nslices; i++) {
+        r->slots[i].mr = xcalloc(2 * (p - 1), sizeof(MPI_Request));
+        r->slots[i].scr = pool_get((p - 1) * r->blk * es, &r->slots[i].cap);
+    }
+    reduce_step(r, 1);
+    if (r->done)
+        req_unlink(r);
+    return r;
+}
+
+/* -- Progress and waiting -------------------------------------------------------------------- */
+
+/* One request's steps (rounds as reduce_step); unlinked from the pending list when done. */
+static void step(rt__hreq *r, int rounds)
+{
+    if (r->kind == REQ_REDUCE)
+        reduce_step(r, rounds);
+    else if (testall(r->mr, r->nmr, r))
+        r->done = 1;
+    if (r->done)
+        req_unlink(r);
+}
+
+/*
+** Take every pending request one step further, without waiting (rt.h's rt_progress).
+*/
+void rt__h_progress(void)
+{
+    for (rt__hreq *r = pend_first, *next; r; r = next) {
+        next = r->next;
+        step(r, 1);
+    }
+}
+
+int rt__h_test(rt__hreq *r)
+{
+    rt__h_progress();
+    return r->done;
+}
+
+/* The watchdog's message for r, pending after the deadline: the operation, its group and the
+** peers it still waits for (p2p: the pending ops). */
+static void expire(rt__hreq *r) RT_NORETURN;
+static void expire(rt__hreq *r)
+{
+    char msg[1024];
+    int len = 0;
+    if (r->ops) {                       /* p2p: the ops with a pending call */
+        int last = -1;
+        for (int j = 0; j < r->nmr && len < (int)sizeof msg - 64; j++) {
+            int flag = 0;
+            if (r->mr[j] != MPI_REQUEST_NULL)
+                MPI_Test(&r->mr[j], &flag, MPI_STATUS_IGNORE);
+            else
+                flag = 1;
+            if (flag || r->peer[j] == last)
+                continue;
+            const rt_p2p_op *o = &r->ops[r->peer[j]];
+            len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s %zu %s %s rank %d tag %d",
+                            len ? ", " : "", o->send ? "send" : "recv", o->n, rt_dtype_name(o->t),
+                            o->send ? "to" : "from", o->peer, o->tag);
+            last = r->peer[j];
+        }
+        rt__die("watchdog: p2p (%s) did not complete within %g s", msg, rt__st.timeout);
+    }
+    /* a collective: the group ranks with a pending call */
+    int p = r->g->size, me = r->g->rank;
+    char *waiting = xcalloc((size_t)p, 1);
+    if (r->kind == REQ_MPI) {
+        for (int j = 0; j < r->nmr; j++) {
+            int flag = 1;
+            if (r->mr[j] != MPI_REQUEST_NULL)
+                MPI_Test(&r->mr[j], &flag, MPI_STATUS_IGNORE);
+            if (!flag && r->peer[j] >= 0)
+                waiting[r->peer[j]] = 1;
+        }
+    } else {
+        for (int i = 0; i < DEPTH; i++) {
+            slot *k = &r->slots[i];
+            if (k->state == SLOT_FREE)
+                continue;
+            for (int j = 0; j < 2 * (p - 1); j++) {
+                int flag = 1, b = j % (p - 1);
+                if (k->mr[j] != MPI_REQUEST_NULL)
+                    MPI_Test(&k->mr[j], &flag, MPI_STATUS_IGNORE);
+                if (!flag)
+                    waiting[b < me ? b : b + 1] = 1;
+            }
+        }
+    }
+    int nw = 0;
+    for (int b = 0; b < p && len < (int)sizeof msg - 16; b++)
+        if (waiting[b])
+            len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%d", nw++ ? "," : "",
+                            r->g->members ? r->g->members[b] : b);
+    free(waiting);
+    rt__die("watchdog: %s on %s did not complete within %g s%s%s%s", r->op, r->g->desc,
+            rt__st.timeout, nw ? (nw > 1 ? " (waiting for ranks " : " (waiting for rank ") : "",
+            nw ? msg : "", nw ? ")" : "");
+}
+
+/*
+** Complete r (see rt_internal.h): poll with back-off, taking every pending request's steps,
+** until r is done; past the watchdog deadline (counted from this call) die naming it. Frees r;
+** NULL is ignored.
+*/
+void rt__h_wait(rt__hreq *r)
+{
+    if (!r)
+        return;
+    if (!r->done) {
+        rt__poll p;
+        rt__poll_start(&p, r->bytes);
+        for (;;) {
+            for (rt__hreq *q = pend_first, *next; q; q = next) {
+                next = q->next;
+                step(q, 0);
+            }
+            if (r->done)
+                break;
+            double waited = rt__poll_pause(&p);
+            if (rt__st.timeout > 0 && waited > rt__st.timeout)
+                expire(r);
+        }
+    }
+    req_free(r);
 }
 
 /* -- Ending the job ------------------------------------------------------------------------ */
@@ -223,6 +789,7 @@ void rt__mpi_finalize(void)
     if (!rt__st.inited || rt__st.finalized)
         return;
     rt__h_barrier(rt__world, "finalize");
+    pool_free_all();
     RT_MPI(MPI_Comm_free(&p2p_comm));
     RT_MPI(MPI_Comm_free(&rt__world->comm));
     rt__finalize_done();
@@ -258,13 +825,13 @@ rt_group *rt__group_create(const char *name, const int *members, int n)
             h = (h ^ q[k]) * 0x100000001b3ull;
     }
     uint64_t v[2] = { h, ~h };
-    MPI_Request req;
     rt_group probe = { .comm = comm, .size = size };
     snprintf(probe.name, sizeof probe.name, "%s", name);
     snprintf(probe.desc, sizeof probe.desc, "group %s (being created)", name);
-    CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, comm, &req),
+    rt__hreq *r = req_new(REQ_MPI, "group creation", &probe, 1);
+    CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, comm, r->mr),
               "group creation", &probe);
-    wait_coll(&req, 1, "group creation", &probe);
+    rt__h_wait(r);
     if (size != n || v[0] != h || ~v[1] != h) {
         char list[160];
         int len = 0;
@@ -285,150 +852,129 @@ void rt__group_destroy(rt_group *g)
 {
     if (!g || g->is_world)
         return;
+    rt__req_none_live(g, "rt_group_free");
     CHECK_MPI(MPI_Comm_free(&g->comm), "group free", g);
     rt__group_release(g);
 }
 
 /* -- Collectives on host buffers ----------------------------------------------------------- */
 
-/*
-** bf16 reductions. MPI has no bf16 sum, and a user-defined one would round at every step of
-** MPI's algorithm. So bf16 travels as bf16 and is reduced here: pk holds one block of c
-** elements per member; an all-to-all gives each member its block from every member (the
-** bytes a ring reduce-scatter moves), which it reduces in f32 in group-rank order and rounds
-** once into out. Every member gets the same bits whatever MPI's algorithm (rt.h).
-*/
-static void bf16_reduce_block(uint16_t *out, const uint16_t *pk, size_t c, rt_op op,
-                              rt_group *g, const char *opn)
+/* A request for 'op' on g (checked: not NULL), counted in g's sequence (the tags). */
+static rt__hreq *coll_new(int kind, const char *op, rt_group *g, int nmr)
 {
-    size_t all = c * (size_t)g->size;
-    uint16_t *rv = rt__scratch(1, all * sizeof(uint16_t));
-    float *acc = rt__scratch(2, c * sizeof(float));
-    COLL(MPI_Alltoall(pk, (int)c, MPI_UINT16_T, rv, (int)c, MPI_UINT16_T, g->comm), opn, g);
-    rt__bf16_to_f32_n(acc, rv, c);
-    for (int b = 1; b < g->size; b++) {
-        const uint16_t *r = rv + (size_t)b * c;
-        if (op == RT_MAX) {
-            for (size_t j = 0; j < c; j++) {
-                float x = rt__bf16_to_f32(r[j]);
-                if (x > acc[j] || x != x) acc[j] = x;   /* NaN stays NaN */
-            }
-        } else {
-            for (size_t j = 0; j < c; j++) acc[j] += rt__bf16_to_f32(r[j]);
-        }
-    }
-    rt__f32_to_bf16_n(out, acc, c);
+    rt__group_check(g, op);
+    rt__hreq *r = req_new(kind, op, g, nmr);
+    g->seq++;
+    return r;
 }
 
 /*
-** In-place allreduce of n elements (sum or max). bf16: in slices of at most PACK_BYTES, each
-** cut into one block per member (the last padded with zeros), reduced by bf16_reduce_block and
-** all-gathered back.
+** In-place allreduce of n elements (sum or max), reduced in group-rank order (see "Requests:
+** the engine"); started, completed by rt__h_wait.
 */
+rt__hreq *rt__h_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+{
+    RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
+    rt_dtype_size(t);
+    rt__hreq *r = coll_new(REQ_REDUCE, "allreduce", g, 0);
+    if (n == 0 || g->size == 1)
+        return req_done(r);
+    RT_CHECK(buf, "allreduce on %s: NULL buffer", g->desc);
+    return reduce_start(r, buf, buf, n, t, op, 1);
+}
+
+/*
+** recv[n] <- sum over members of their send block rank(g) (send holds size*n elements), in
+** group-rank order. recv may be send + rank*n (in place: the other blocks of send are only
+** read); no other overlap.
+*/
+rt__hreq *rt__h_reduce_scatter_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                     rt_group *g)
+{
+    size_t es = rt_dtype_size(t);
+    rt__hreq *r = coll_new(REQ_REDUCE, "reduce-scatter", g, 0);
+    if (n == 0)
+        return req_done(r);
+    const char *mine = (const char *)send + (size_t)g->rank * n * es;
+    if ((const char *)recv != mine && overlaps(send, n * es * (size_t)g->size, recv, n * es))
+        rt__die("reduce-scatter on %s: recv overlaps send, not in place (recv = send + rank*n)",
+                g->desc);
+    if (g->size == 1) {
+        if (send != recv)
+            memcpy(recv, send, n * es);
+        return req_done(r);
+    }
+    return reduce_start(r, send, recv, n, t, RT_SUM, 0);
+}
+
+/*
+** recv[size*n] <- every member's send[n], by group rank. send may be recv + rank*n (in place);
+** a send that overlaps recv otherwise is copied first.
+*/
+rt__hreq *rt__h_allgather_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                rt_group *g)
+{
+    size_t es = rt_dtype_size(t), bytes = n * es, pieces = (n + CHUNK - 1) / CHUNK;
+    rt__group_check(g, "allgather");
+    int p = g->size, me = g->rank, k = 0;
+    rt__hreq *r = coll_new(REQ_MPI, "allgather", g, n ? (int)(2 * (size_t)(p - 1) * pieces) : 0);
+    if (n == 0)
+        return req_done(r);
+    char *mine = (char *)recv + (size_t)me * bytes;
+    if (send != mine) {
+        const void *src = send;
+        if (overlaps(send, bytes, recv, bytes * (size_t)p)) {
+            r->copy = malloc(bytes);
+            RT_CHECK(r->copy, "out of memory");
+            memcpy(r->copy, send, bytes);
+            src = r->copy;
+        }
+        memcpy(mine, src, bytes);
+    }
+    if (p == 1)
+        return req_done(r);
+    r->bytes = 2 * bytes * (size_t)(p - 1);
+    int tag = (int)(2 * (g->seq % TAG_SEQS));
+    for (int b = 0; b < p; b++)
+        if (b != me)
+            post(r, &k, 0, (char *)recv + (size_t)b * bytes, n, t, b, tag, g->comm, b);
+    for (int b = 0; b < p; b++)
+        if (b != me)
+            post(r, &k, 1, mine, n, t, b, tag, g->comm, b);
+    step(r, 1);
+    return r;
+}
+
+rt__hreq *rt__h_barrier_start(rt_group *g, const char *op)
+{
+    rt__hreq *r = coll_new(REQ_MPI, op, g, 1);
+    CHECK_MPI(MPI_Ibarrier(g->comm, r->mr), op, g);
+    return r;
+}
+
 void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
-    rt__group_check(g, "allreduce");
-    const char *opn = "allreduce";
-    MPI_Op mop = op == RT_MAX ? MPI_MAX : MPI_SUM;
-    RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
-    size_t es = rt_dtype_size(t);
-    if (n == 0 || g->size == 1)
-        return;
-    if (t == RT_BF16) {
-        uint16_t *h = (uint16_t *)buf;
-        size_t p = (size_t)g->size, slice = PACK_BYTES / sizeof(uint16_t) / p * p;
-        for (size_t off = 0; off < n; off += slice) {
-            size_t c = n - off < slice ? n - off : slice, blk = (c + p - 1) / p;
-            uint16_t *pk = rt__scratch(0, blk * p * sizeof(uint16_t));
-            uint16_t *mine = rt__scratch(3, blk * sizeof(uint16_t));
-            memcpy(pk, h + off, c * sizeof(uint16_t));
-            memset(pk + c, 0, (blk * p - c) * sizeof(uint16_t));
-            bf16_reduce_block(mine, pk, blk, op, g, opn);
-            COLL(MPI_Allgather(mine, (int)blk, MPI_UINT16_T, pk, (int)blk, MPI_UINT16_T,
-                               g->comm), opn, g);
-            memcpy(h + off, pk, c * sizeof(uint16_t));
-        }
-        return;
-    }
-    for (size_t off = 0; off < n; off += CHUNK) {
-        size_t c = n - off < CHUNK ? n - off : CHUNK;
-        COLL(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * es, (int)c, mpi_type(t), mop,
-                           g->comm), opn, g);
-    }
+    rt__h_wait(rt__h_allreduce_start(buf, n, t, op, g));
 }
 
-/*
-** recv[size*n] <- every member's send[n], by group rank. send may be recv + rank*n (in place).
-*/
 void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
-    rt__group_check(g, "allgather");
-    size_t es = rt_dtype_size(t), bytes = n * es;
-    if (n == 0)
-        return;
-    char *mine = (char *)recv + (size_t)g->rank * bytes;
-    if (g->size == 1) {
-        if (send != recv)
-            memmove(recv, send, bytes);
-        return;
-    }
-    int c = int_count(n, "count", "allgather", g);
-    const void *src = send;
-    if (send == mine) {
-        src = MPI_IN_PLACE;
-    } else if (overlaps(send, bytes, recv, bytes * (size_t)g->size)) {
-        void *tmp = rt__scratch(0, bytes);
-        memcpy(tmp, send, bytes);
-        src = tmp;
-    }
-    COLL(MPI_Allgather(src, c, mpi_type(t), recv, c, mpi_type(t), g->comm), "allgather", g);
+    rt__h_wait(rt__h_allgather_start(send, recv, n, t, g));
 }
 
-/*
-** recv[n] <- sum over members of their send block rank(g) (send holds size*n elements).
-** recv may alias send (in place: send + rank*n); bf16 is reduced by bf16_reduce_block. Those
-** two cases go through scratch, a slice of every block at a time (PACK_BYTES in all), so the
-** transient copy stays small however large the buffer -- the distributed optimizer
-** reduce-scatters its whole gradient buffer in place. A slice is packed before its result is
-** written, so the rest of send is read as it was.
-*/
 void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
 {
-    rt__group_check(g, "reduce-scatter");
-    const char *opn = "reduce-scatter";
-    size_t es = rt_dtype_size(t), all = n * (size_t)g->size;
-    if (n == 0)
-        return;
-    if (g->size == 1) {
-        if (send != recv)
-            memmove(recv, send, n * es);
-        return;
-    }
-    int bf16 = t == RT_BF16;
-    if (!bf16 && !overlaps(send, all * es, recv, n * es)) {
-        int c = int_count(n, "count", opn, g);
-        COLL(MPI_Reduce_scatter_block(send, recv, c, mpi_type(t), MPI_SUM, g->comm), opn, g);
-        return;
-    }
-    size_t slice = PACK_BYTES / (es * (size_t)g->size);
-    if (slice == 0)
-        slice = 1;
-    for (size_t off = 0; off < n; off += slice) {
-        size_t c = n - off < slice ? n - off : slice;
-        char *pk = rt__scratch(0, c * es * (size_t)g->size);
-        for (int b = 0; b < g->size; b++)
-            memcpy(pk + (size_t)b * c * es, (const char *)send + ((size_t)b * n + off) * es,
-                   c * es);
-        if (bf16)
-            bf16_reduce_block((uint16_t *)recv + off, (const uint16_t *)pk, c, RT_SUM, g, opn);
-        else
-            COLL(MPI_Reduce_scatter_block(pk, (char *)recv + off * es, (int)c, mpi_type(t),
-                                          MPI_SUM, g->comm), opn, g);
-    }
+    rt__h_wait(rt__h_reduce_scatter_start(send, recv, n, t, g));
+}
+
+void rt__h_barrier(rt_group *g, const char *op)
+{
+    rt__h_wait(rt__h_barrier_start(g, op));
 }
 
 /*
-** All-to-all with per-peer counts and displacements (elements, by group rank).
+** All-to-all with per-peer counts and displacements (elements, by group rank): MPI_Alltoallv,
+** blocking, armed on the watchdog thread.
 */
 void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
                      void *recv, const size_t *rcounts, const size_t *rdispls,
@@ -473,34 +1019,17 @@ void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
     }
 }
 
-void rt__h_barrier(rt_group *g, const char *op)
-{
-    MPI_Request req;
-    CHECK_MPI(MPI_Ibarrier(g->comm, &req), op, g);
-    wait_coll(&req, 1, op, g);
-}
-
 /* -- Point-to-point ------------------------------------------------------------------------ */
 
 /*
 ** Post every receive, then every send (in op order, each split into CHUNK pieces; n = 0 is
-** one empty message), and complete them together under the watchdog. On expiry the message
-** lists the operations still pending. rt__h_p2p_post and rt__h_p2p_complete are the two
-** halves (one call in flight at a time: its ops are copied, its requests kept here).
+** one empty message) as one request; messages between two ranks with one tag are matched in
+** posting order, across requests. On expiry the watchdog lists the ops still pending.
 */
-static struct {
-    int active, nops, nreq;
-    size_t bytes;
-    rt_p2p_op *ops;              /* a copy of the posted ops (the caller's may go away) */
-    MPI_Request *req;
-    int *owner;                  /* op of each request */
-} p2p_flight;
-
-void rt__h_p2p_post(const rt_p2p_op *ops, int nops)
+rt__hreq *rt__h_p2p_start(const rt_p2p_op *ops, int nops)
 {
-    RT_CHECK(!p2p_flight.active, "p2p: a call is posted while another is in flight (a bug)");
     if (nops <= 0)
-        return;
+        return req_done(req_new(REQ_MPI, "p2p", NULL, 0));
     RT_CHECK(ops, "rt_p2p: NULL ops");
     size_t nreq = 0, bytes = 0;
     for (int i = 0; i < nops; i++) {
@@ -514,72 +1043,22 @@ void rt__h_p2p_post(const rt_p2p_op *ops, int nops)
         nreq += ops[i].n == 0 ? 1 : (ops[i].n + CHUNK - 1) / CHUNK;
     }
     RT_CHECK(nreq <= INT_MAX, "p2p: too many operations");
-    /* requests, owners, then the ops' copies at an offset rounded up to 16 bytes (aligned) */
-    size_t at = (nreq * (sizeof(MPI_Request) + sizeof(int)) + 15) & ~(size_t)15;
-    char *mem = rt__scratch(3, at + (size_t)nops * sizeof(rt_p2p_op));
-    MPI_Request *req = (MPI_Request *)mem;
-    int *owner = (int *)(mem + nreq * sizeof(MPI_Request));
-    rt_p2p_op *copy = (rt_p2p_op *)(mem + at);
-    memcpy(copy, ops, (size_t)nops * sizeof *copy);
+    rt__hreq *r = req_new(REQ_MPI, "p2p", NULL, (int)nreq);
+    r->ops = xcalloc((size_t)nops, sizeof *r->ops);
+    memcpy(r->ops, ops, (size_t)nops * sizeof *r->ops);
+    r->nops = nops;
+    r->bytes = bytes;
     int k = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < nops; i++) {
-            const rt_p2p_op *o = &ops[i];
-            if (o->send != pass)
-                continue;
-            size_t es = rt_dtype_size(o->t), off = 0;
-            do {
-                size_t c = o->n - off < CHUNK ? o->n - off : CHUNK;
-                char *b = (char *)o->buf + off * es;
-                if (pass)
-                    CHECK_MPI(MPI_Isend(b, (int)c, mpi_type(o->t), o->peer, o->tag, p2p_comm,
-                                        &req[k]), "p2p send", rt__world);
-                else
-                    CHECK_MPI(MPI_Irecv(b, (int)c, mpi_type(o->t), o->peer, o->tag, p2p_comm,
-                                        &req[k]), "p2p receive", rt__world);
-                owner[k++] = i;
-                off += c;
-            } while (off < o->n);
-        }
-    }
-    p2p_flight.active = 1;
-    p2p_flight.nops = nops;
-    p2p_flight.nreq = k;
-    p2p_flight.bytes = bytes;
-    p2p_flight.ops = copy;
-    p2p_flight.req = req;
-    p2p_flight.owner = owner;
-}
-
-void rt__h_p2p_complete(void)
-{
-    if (!p2p_flight.active)
-        return;
-    MPI_Request *req = p2p_flight.req;
-    int k = p2p_flight.nreq, *owner = p2p_flight.owner;
-    const rt_p2p_op *ops = p2p_flight.ops;
-    p2p_flight.active = 0;
-    if (!wait_reqs(req, k, p2p_flight.bytes, "p2p", rt__world))
-        return;
-    char msg[1024];
-    int len = 0, last = -1;
-    for (int j = 0; j < k && len < (int)sizeof msg - 64; j++) {
-        int flag = 0;
-        if (req[j] != MPI_REQUEST_NULL)
-            MPI_Test(&req[j], &flag, MPI_STATUS_IGNORE);
-        if (flag || owner[j] == last)
-            continue;
-        const rt_p2p_op *o = &ops[owner[j]];
-        len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s %zu %s %s rank %d tag %d",
-                        len ? ", " : "", o->send ? "send" : "recv", o->n, rt_dtype_name(o->t),
-                        o->send ? "to" : "from", o->peer, o->tag);
-        last = owner[j];
-    }
-    rt__die("watchdog: p2p (%s) did not complete within %g s", msg, rt__st.timeout);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < nops; i++)
+            if (!!ops[i].send == pass)
+                post(r, &k, pass, ops[i].buf, ops[i].n, ops[i].t, ops[i].peer, ops[i].tag,
+                     p2p_comm, i);
+    step(r, 1);
+    return r;
 }
 
 void rt__h_p2p(const rt_p2p_op *ops, int nops)
 {
-    rt__h_p2p_post(ops, nops);
-    rt__h_p2p_complete();
+    rt__h_wait(rt__h_p2p_start(ops, nops));
 }

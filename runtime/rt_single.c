@@ -2,8 +2,9 @@
 ** rt_single.c: the start-up layer of the single-rank libraries (build/librt_cpu_single.a,
 ** build/librt_cuda_single.a, compiled with -DRT_NO_MPI): rt_mpi.c's internal interface for a
 ** world of one rank, with no MPI at all. Start-up checks that the program was built for one
-** rank; a group has the one member; collectives are the copies their semantics imply; p2p is
-** refused (a world of one has no peers); rt_abort exits. The backends (rt_cpu.c, rt_cuda.cu)
+** rank; a group has the one member; collectives are the copies their semantics imply, done
+** at their start (every request is complete at once); p2p is refused (a world of one has no
+** peers); rt_abort exits. The backends (rt_cpu.c, rt_cuda.cu)
 ** call it exactly as they call rt_mpi.c; what both layers share is in rt_common.c.
 */
 #define _GNU_SOURCE
@@ -125,37 +126,88 @@ void rt__group_destroy(rt_group *g)
 {
     if (!g || g->is_world)
         return;
+    rt__req_none_live(g, "rt_group_free");
     rt__group_release(g);
 }
 
 /* -- Collectives over one member ------------------------------------------------------------ */
 
 /* The arguments are checked as rt_mpi.c checks them; a one-member group's result is the
-** caller's own data, so each call is a copy (memmove: in place is allowed) or nothing. */
+** caller's own data, so each call is a copy (memmove: in place is allowed) or nothing, done at
+** the start: every request is complete when it is returned (the one record below; there is
+** nothing to free, progress or wait for). */
+struct rt__hreq { int done; };
+static rt__hreq done_req = { 1 };
 
-void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+rt__hreq *rt__h_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
 {
     (void)buf;
     (void)n;
     rt__group_check(g, "allreduce");
     RT_CHECK(op == RT_SUM || op == RT_MAX, "allreduce: invalid op %d", (int)op);
     rt_dtype_size(t);
+    return &done_req;
 }
 
-void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+rt__hreq *rt__h_allgather_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                rt_group *g)
 {
     rt__group_check(g, "allgather");
     size_t bytes = n * rt_dtype_size(t);
     if (bytes && send != recv)
         memmove(recv, send, bytes);
+    return &done_req;
 }
 
-void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+rt__hreq *rt__h_reduce_scatter_start(const void *send, void *recv, size_t n, rt_dtype t,
+                                     rt_group *g)
 {
     rt__group_check(g, "reduce-scatter");
     size_t bytes = n * rt_dtype_size(t);
     if (bytes && send != recv)
         memmove(recv, send, bytes);
+    return &done_req;
+}
+
+rt__hreq *rt__h_barrier_start(rt_group *g, const char *op)
+{
+    rt__group_check(g, op);
+    return &done_req;
+}
+
+void rt__h_wait(rt__hreq *r)
+{
+    (void)r;
+}
+
+void rt__h_progress(void)
+{
+}
+
+int rt__h_test(rt__hreq *r)
+{
+    (void)r;
+    return 1;
+}
+
+void rt__h_allreduce(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g)
+{
+    rt__h_allreduce_start(buf, n, t, op, g);
+}
+
+void rt__h_allgather(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    rt__h_allgather_start(send, recv, n, t, g);
+}
+
+void rt__h_reduce_scatter(const void *send, void *recv, size_t n, rt_dtype t, rt_group *g)
+{
+    rt__h_reduce_scatter_start(send, recv, n, t, g);
+}
+
+void rt__h_barrier(rt_group *g, const char *op)
+{
+    rt__h_barrier_start(g, op);
 }
 
 void rt__h_alltoallv(const void *send, const size_t *scounts, const size_t *sdispls,
@@ -181,21 +233,17 @@ void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g)
     rt_dtype_size(t);
 }
 
-void rt__h_barrier(rt_group *g, const char *op)
-{
-    rt__group_check(g, op);
-}
-
 /* -- Point-to-point: refused ---------------------------------------------------------------- */
 
 /*
 ** A world of one has no peers, and no generated layout of one rank transfers anything (p2p
-** carries the pipeline and the context-parallel ring): any op is a failure naming the first.
+** carries the pipeline and the context-parallel ring): any op is a failure naming the first;
+** no ops is a complete request.
 */
-void rt__h_p2p_post(const rt_p2p_op *ops, int nops)
+rt__hreq *rt__h_p2p_start(const rt_p2p_op *ops, int nops)
 {
     if (nops <= 0)
-        return;
+        return &done_req;
     RT_CHECK(ops, "rt_p2p: NULL ops");
     rt__die("p2p: %s %zu %s %s rank %d tag %d: this single-rank program (no MPI) has no peers "
             "(pipeline and context parallelism need several ranks); " USE_MPI,
@@ -203,11 +251,7 @@ void rt__h_p2p_post(const rt_p2p_op *ops, int nops)
             ops[0].send ? "to" : "from", ops[0].peer, ops[0].tag);
 }
 
-void rt__h_p2p_complete(void)
-{
-}
-
 void rt__h_p2p(const rt_p2p_op *ops, int nops)
 {
-    rt__h_p2p_post(ops, nops);
+    rt__h_p2p_start(ops, nops);
 }

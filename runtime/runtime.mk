@@ -99,7 +99,7 @@ ALL_TARGETS += build/librt_cpu_single.a $(if $(HAVE_CUDA),build/librt_cuda_singl
 # *_cuda against librt_cuda.a (same source: tests move data with rt_memcpy, as programs do).
 
 RT_TEST_DIR   := $(RT_BUILD)/test
-RT_TESTS      := coll gemm rng fault groups trace
+RT_TESTS      := coll async gemm rng fault groups trace
 RT_TEST_CPU   := $(patsubst %,$(RT_TEST_DIR)/t_%_cpu,$(RT_TESTS))
 RT_TEST_CUDA  := $(patsubst %,$(RT_TEST_DIR)/t_%_cuda,$(RT_TESTS))
 
@@ -138,7 +138,7 @@ $(RT_TEST_DIR):
 # The same sources without MPI, over librt_cpu_single.a (tests/single/suite.sh; not t_fault,
 # which calls MPI itself): build/runtime/test/single/t_<name>.
 RT_TEST_SINGLE_DIR := $(RT_TEST_DIR)/single
-RT_TEST_SINGLE     := $(patsubst %,$(RT_TEST_SINGLE_DIR)/t_%,coll gemm rng groups)
+RT_TEST_SINGLE     := $(patsubst %,$(RT_TEST_SINGLE_DIR)/t_%,coll async gemm rng groups)
 
 $(RT_TEST_SINGLE_DIR)/%.o: tests/runtime/%.c | $(RT_TEST_SINGLE_DIR)
 	$(E) "CC        $@"
@@ -160,6 +160,14 @@ $(RT_TEST_SINGLE_DIR)/t_%_cuda: $(RT_TEST_SINGLE_DIR)/t_%.o build/librt_cuda_sin
 
 $(RT_TEST_SINGLE_DIR):
 	$(Q)mkdir -p $@
+
+# The MPI ones over the CUDA emulation's runtime with MPI (tests/kernels/kernels.mk builds the
+# libraries: runtime/rt_cuda.cu on the CPU, its ranks on the MPI transport): run by
+# tests/runtime/suite.sh. (build/emu/t_<name>_cuda, the single-rank ones: tests/kernels.mk.)
+build/emu/t_%_cuda_mpi: $(RT_TEST_DIR)/t_%.o build/emu/librt_cuda_emu_mpi.a build/emu/libcuda_emu.a
+	$(E) "LINK      $@"
+	$(Q)$(MPICC) -o $@ $< build/emu/librt_cuda_emu_mpi.a build/emu/libcuda_emu.a -lstdc++ \
+	    -lpthread -lm
 
 .PHONY: runtime-tests runtime-tests-cuda runtime-tests-single
 runtime-tests: build/librt_cpu.a $(RT_TEST_CPU)

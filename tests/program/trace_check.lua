@@ -5,6 +5,11 @@
 -- Run: build/gen --lua tests/program/trace_check.lua PROGRAM.json TRACE_DIR WORLD STEPS
 -- The trace of a rank is the start-up's all-reduces (lib/faults.c, lib/data.c), then STEPS
 -- times the step's list. Prints "ok <lines compared>" or the first difference (exit 1).
+-- Asynchronous calls (runtime/rt.h "Trace"): a start's line ("<call> start <id>") stands for
+-- its call in the order; a wait ("wait <id> <op> [<group>]") must name a request started
+-- before it with that op and group, not waited yet, and is then left out (the declaration
+-- says which calls a step makes and in what order, not where they are waited); every start
+-- must be waited. " t=<seconds>" at the end of a line (RT_TRACE_TIMES=1) is ignored.
 local host = require("host")
 package.path = host.root() .. "/tests/lua/?.lua;" .. package.path
 local T = require("harness")("trace")
@@ -74,13 +79,59 @@ local function expected(rank)
     return out
 end
 
+-- A rank's trace as the calls it made, in order (see the header); nil and a message when a
+-- wait does not match a start.
+local function read_trace(path)
+    local lines, started = {}, {}
+    local n = 0
+    for l in io.lines(path) do
+        n = n + 1
+        l = l:gsub(" t=[%d.]+$", "")
+        local id, op, group = l:match("^wait (%d+) (%S+) ?(%S*)$")
+        if id then
+            local s = started[id]
+            if not s then
+                return nil, string.format("line %d: '%s' waits for no pending start", n, l)
+            end
+            local sop, sgroup = s.line:match("^(%S+) ?(%S*)")
+            if sop ~= op or (op ~= "p2p" and sgroup ~= group) then
+                return nil, string.format("line %d: '%s' waits for '%s' (line %d)", n, l, s.line,
+                                          s.at)
+            end
+            started[id] = nil
+        else
+            local call, sid = l:match("^(.-) start (%d+)$")
+            if call then
+                if started[sid] then
+                    return nil, string.format("line %d: request %s started twice", n, sid)
+                end
+                started[sid] = { line = call, at = n }
+                l = call
+            end
+            lines[#lines + 1] = l
+        end
+    end
+    local first
+    for id, s in pairs(started) do     -- the earliest, whatever the order pairs gives
+        if not first or s.at < first.at then first = { id = id, line = s.line, at = s.at } end
+    end
+    if first then
+        return nil, string.format("request %s ('%s', line %d) is never waited", first.id,
+                                  first.line, first.at)
+    end
+    return lines
+end
+
 local compared, bad = 0, 0
 for rank = 0, world - 1 do
     local path = string.format("%s/rank_%05d.trace", dir, rank)
-    local lines = {}
-    for l in io.lines(path) do lines[#lines + 1] = l end
-    -- start-up: the checkpoint size summed and the outputs' verdict (lib_check_outputs), then
-    -- the first bad token position (lib_tokens_open)
+    local lines, why = read_trace(path)
+    if not lines then
+        print(string.format("rank %d: %s", rank, why))
+        os.exit(1)
+    end
+    -- start-up (lib/faults.c, lib/data.c): the checkpoint size summed and the outputs'
+    -- verdict (lib_check_outputs), then the first bad token position (lib_tokens_open)
     local want = { "allreduce world 1 i64 sum", "allreduce world 1 i64 max",
                    "allreduce world 1 i64 max" }
     local step = expected(rank)

@@ -1,9 +1,11 @@
 #!/bin/bash
 # tests/runtime/suite.sh: the runtime's tests (docs/DESIGN.md §3). Builds the test programs
 # (make runtime-tests), runs every primitive on the CPU backend with 1, 2, 3, 4 and 8 ranks,
-# compute and randomness checks, groups from hand-written and generated tables, fault
-# injection (each bounded by `timeout`, message checked), and the CUDA build (+ GPU runs when
-# nvidia-smi lists a device). Prints PASS/FAIL/SKIP runtime/<name>; scratch in build/test/runtime.
+# the asynchronous calls against the blocking ones, compute and randomness checks, groups from
+# hand-written and generated tables, fault injection (each bounded by `timeout`, message
+# checked), the trace, the CUDA backend's communication on the CPU emulation of CUDA, and the
+# CUDA build (+ GPU runs when nvidia-smi lists a device). Prints PASS/FAIL/SKIP runtime/<name>;
+# scratch in build/test/runtime.
 . "$(dirname "$0")/../lib.sh" runtime
 B=build/runtime/test
 
@@ -51,7 +53,7 @@ fault() {
 }
 
 # -- Build ------------------------------------------------------------------------------------
-if make -s runtime-tests > "$S/build.log" 2>&1; then
+if make -s runtime-tests runtime-tests-single > "$S/build.log" 2>&1; then
     pass build-cpu
 else
     fail build-cpu "make runtime-tests: $(grep -m1 -E 'error|Error' "$S/build.log")"
@@ -107,6 +109,20 @@ run coll-large-np8 8 $B/t_coll_cpu --large 300007
 # and the reduce-scatter take several, at a member count that does not divide the slice
 run coll-large-np3-bf16-slices 3 $B/t_coll_cpu --large 4194311
 run coll-single-no-mpirun 0 $B/t_coll_cpu 0 1 5 1000
+
+# -- Asynchronous calls: against the blocking ones bit for bit (and the group-rank order of
+# reductions), several requests in flight, p2p requests, rt_progress alone completing one ----
+for np in 1 2 3 4 8; do
+    run "async-np$np" "$np" $B/t_async_cpu
+done
+# several slices of 1 MiB messages in flight (the reduction's pipeline), uneven last slices
+# (at 4 ranks the last slice has 3 elements: members with empty blocks)
+for np in 2 3 4; do
+    run "async-large-np$np" "$np" $B/t_async_cpu --large 1048579
+done
+run async-single-no-mpirun 0 $B/t_async_cpu
+# the single-rank library (no MPI): every request complete at its start
+run async-single-library 0 $B/single/t_async
 
 # -- Compute and memory (one rank, no mpirun): pool of 2 and of 1 ------------------------------
 RT_THREADS=2 run compute-2threads 0 $B/t_gemm_cpu
@@ -225,8 +241,9 @@ else
 fi
 # the same deaths with a launcher that does not abort the job: our watchdog ends it
 NOABORT="--mca orte_abort_on_non_zero_status 0"
+WD='did not complete within 3 s \(waiting for rank 1\)$'
 RT_TIMEOUT=3 fault fault-dead-rank-watchdog 20 \
-    '^\[rank 0/2\] watchdog: allreduce on group world \(ranks 0,1\) did not complete within 3 s$' \
+    "^\\[rank 0/2\\] watchdog: allreduce on group world \\(ranks 0,1\\) $WD" \
     $MPIRUN $NOABORT -np 2 $F _exit
 RT_TIMEOUT=3 fault fault-recv-without-send 20 \
     '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1 tag 0\) did not complete within 3 s$' \
@@ -234,35 +251,58 @@ RT_TIMEOUT=3 fault fault-recv-without-send 20 \
 RT_TIMEOUT=3 fault fault-recv-without-send-started 20 \
     '^\[rank 0/2\] watchdog: p2p \(recv 10 f32 from rank 1 tag 0\) did not complete within 3 s$' \
     $MPIRUN -np 2 $F norecv2
-fault fault-p2p-two-in-flight 30 \
-    'p2p: a call is posted while another is in flight' $MPIRUN -np 2 $F twostarts
+fault fault-request-not-waited 30 \
+    '^\[rank 0/2\] rt_finalize with 1 request not waited \(the oldest: request 1, allreduce on '\
+'group dp \(ranks 0,1\); every rt_\*_start needs its rt_wait\)$' $MPIRUN -np 2 $F nowait
 RT_TIMEOUT=3 fault fault-stuck-allreduce 20 \
-    '^\[rank 0/2\] watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 3 s$' \
-    $MPIRUN -np 2 $F stuck
+    "^\\[rank 0/2\\] watchdog: allreduce on group tp \\(ranks 0,1\\) $WD" $MPIRUN -np 2 $F stuck
+RT_TIMEOUT=3 fault fault-stuck-async-allreduce 20 \
+    "^\\[rank 0/2\\] watchdog: allreduce on group tp \\(ranks 0,1\\) $WD" \
+    $MPIRUN -np 2 $F asyncstuck
 fault fault-group-not-member 30 "group embd: rank 1 passed a group it is not in" \
     $MPIRUN -np 2 $F notmember
 fault fault-null-group 30 '^\[rank 1/2\] allreduce on a NULL group' $MPIRUN -np 2 $F nullgroup
 fault fault-group-mismatch 30 "group tp: ranks disagree on the members" $MPIRUN -np 2 $F badtable
 RT_TIMEOUT=abc fault fault-bad-timeout 30 "RT_TIMEOUT='abc': expected seconds" $F ok
 # -- Trace (RT_TRACE): every call kind, each rank's file exactly -----------------------------
-trace_check() {   # prog tag
-    d=$S/trace-$2
-    rm -rf "$d" && mkdir -p "$d"
-    if ! RT_TRACE=$d timeout 60 $MPIRUN -np 2 "$1" > "$d.log" 2>&1 < /dev/null; then
-        fail "trace-$2" "t_trace failed: $(head -n 1 "$d.log")"
-        return
-    fi
-    for r in 0 1; do
-        p=$((1 - r))
-        printf '%s\n' "allreduce tp 3 f32 sum" "allreduce world 2 i32 max" \
-            "allgather tp 4 f32" "reduce_scatter tp 5 f32" "alltoallv tp f32" \
-            "barrier world" "p2p send $p 6 f32 0 recv $p 6 f32 0" > "$d/want_$r"
-        if ! diff "$d/want_$r" "$d/rank_0000$r.trace" > "$d/diff_$r" 2>&1; then
-            fail "trace-$2" "rank $r's trace differs: $(grep -m1 '^[<>]' "$d/diff_$r")"
+# trace_check PROG TAG [LAUNCHER...]: two ranks; the lines of t_trace.c exactly, then with
+# RT_TRACE_TIMES=1 the same lines, each blocking call's and wait's ending in " t=<seconds>"
+trace_check() {
+    local prog=$1 tag=$2 d=$S/trace-$2 r p t
+    for t in 0 1; do
+        rm -rf "$d" && mkdir -p "$d"
+        if ! RT_TRACE=$d RT_TRACE_TIMES=$t timeout 60 $MPIRUN -np 2 "$prog" > "$d.log" 2>&1 \
+                < /dev/null; then
+            fail "trace-$tag" "t_trace failed: $(head -n 1 "$d.log")"
             return
         fi
+        for r in 0 1; do
+            p=$((1 - r))
+            printf '%s\n' "allreduce tp 3 f32 sum" "allreduce world 2 i32 max" \
+                "allgather tp 4 f32" "reduce_scatter tp 5 f32" "alltoallv tp f32" \
+                "barrier world" "p2p send $p 6 f32 0 recv $p 6 f32 0" \
+                "allreduce tp 7 f32 sum start 1" "p2p send $p 6 f32 0 recv $p 6 f32 0 start 2" \
+                "reduce_scatter tp 4 bf16 start 3" "allgather tp 2 i32 start 4" "wait 2 p2p" \
+                "wait 1 allreduce tp" "allreduce tp 0 f32 max" "wait 4 allgather tp" \
+                "wait 3 reduce_scatter tp" > "$d/want_$r"
+            if [ $t = 1 ]; then     # timed: every line but the starts', and only those
+                if grep -vE ' start [0-9]+$' "$d/rank_0000$r.trace" |
+                       grep -qvE ' t=[0-9]+\.[0-9]{6}$' ||
+                   grep -qE ' start [0-9]+ t=' "$d/rank_0000$r.trace"; then
+                    fail "trace-$tag" "RT_TRACE_TIMES=1: rank $r's lines lack (or starts" \
+                        "carry) ' t=<seconds>': $(head -n 2 "$d/rank_0000$r.trace" | tr '\n' '|')"
+                    return
+                fi
+                sed -i -E 's/ t=[0-9]+\.[0-9]{6}$//' "$d/rank_0000$r.trace"
+            fi
+            if ! diff "$d/want_$r" "$d/rank_0000$r.trace" > "$d/diff_$r" 2>&1; then
+                fail "trace-$tag" "rank $r's trace differs (RT_TRACE_TIMES=$t):" \
+                    "$(grep -m1 '^[<>]' "$d/diff_$r")"
+                return
+            fi
+        done
     done
-    pass "trace-$2"
+    pass "trace-$tag"
 }
 trace_check "$B/t_trace_cpu" cpu
 
@@ -275,24 +315,52 @@ else
     pass fault-control
 fi
 
+# -- The CUDA backend on the CPU emulation of CUDA (tests/kernels/emu) -------------------------
+# runtime/rt_cuda.cu compiled against the emulated runtime API: its request code (events,
+# communication streams, pinned staging) single-rank and, with MPI, on the MPI transport (the
+# ranks share the one emulated device)
+if ! command -v g++ > /dev/null 2>&1 || [ "$(uname -m)" != x86_64 ]; then
+    skip cuda-emu "needs g++ and x86-64 (the emulation's fibers)"
+elif ! make -s build/emu/t_async_cuda build/emu/t_async_cuda_mpi build/emu/t_coll_cuda_mpi \
+        build/emu/t_trace_cuda_mpi > "$S/build-emu.log" 2>&1; then
+    fail build-cuda-emu "$(grep -m1 -E 'error|Error' "$S/build-emu.log")"
+else
+    pass build-cuda-emu
+    run emu-async-single 0 build/emu/t_async_cuda
+    for np in 1 2 3; do
+        run "emu-async-mpi-np$np" "$np" build/emu/t_async_cuda_mpi
+    done
+    run emu-async-mpi-large-np2 2 build/emu/t_async_cuda_mpi --large 1048579
+    run emu-coll-mpi-np3 3 build/emu/t_coll_cuda_mpi $SIZES
+    trace_check build/emu/t_trace_cuda_mpi emu-cuda-mpi
+fi
+
 # -- CUDA backend ---------------------------------------------------------------------------
 if make -s runtime-tests-cuda > "$S/build-cuda.log" 2>&1; then
     pass build-cuda
     if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
         ngpu=$(nvidia-smi -L | grep -c '^GPU')
         run cuda-coll-np1 0 $B/t_coll_cuda $SIZES
+        run cuda-async-np1 0 $B/t_async_cuda
         run cuda-compute 0 $B/t_gemm_cuda
         run cuda-rng 0 $B/t_rng_cuda
         RT_TRANSPORT=mpi run cuda-coll-mpi-np2 2 $B/t_coll_cuda $SIZES
+        RT_TRANSPORT=mpi run cuda-async-mpi-np2 2 $B/t_async_cuda
         RT_TRANSPORT=mpi run cuda-groups-mpi-np4 4 $B/t_groups_cuda
         RT_TRANSPORT=mpi run cuda-rng-mpi-np2 2 $B/t_rng_cuda
         if [ "$ngpu" -ge 2 ]; then
             run cuda-coll-nccl-np2 2 $B/t_coll_cuda $SIZES
             run cuda-coll-nccl-large-np2 2 $B/t_coll_cuda --large 1048579
+            run cuda-async-nccl-np2 2 $B/t_async_cuda
+            run cuda-async-nccl-large-np2 2 $B/t_async_cuda --large 1048579
+            trace_check "$B/t_trace_cuda" cuda-nccl
             [ "$ngpu" -ge 4 ] && run cuda-groups-nccl-np4 4 $B/t_groups_cuda
             RT_TIMEOUT=5 fault cuda-fault-stuck-nccl 40 \
                 'watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 5 s' \
                 $MPIRUN -np 2 $B/t_fault_cuda stuck
+            RT_TIMEOUT=5 fault cuda-fault-stuck-async-nccl 40 \
+                'watchdog: allreduce on group tp \(ranks 0,1\) did not complete within 5 s' \
+                $MPIRUN -np 2 $B/t_fault_cuda asyncstuck
         else
             skip cuda-nccl "NCCL runs need 2 GPUs, nvidia-smi lists $ngpu"
         fi

@@ -303,7 +303,7 @@ static void test_group(rt_group *g, const size_t *sizes, int nsizes)
 
 /* -- Point-to-point (world) ------------------------------------------------------------------ */
 
-/* rt_p2p_start / rt_p2p_wait as the context-parallel ring uses them: three hops of a block
+/* rt_p2p_start / rt_wait as the context-parallel ring uses them: three hops of a block
 ** around the world's ring, double-buffered, with work on the block in hand between start and
 ** wait; after hop k every rank holds the block of rank r - k. */
 static void test_p2p_split(rt_dtype t, size_t n)
@@ -318,16 +318,16 @@ static void test_p2p_split(rt_dtype t, size_t n)
     for (int k = 0; k < 3; k++) {
         rt_p2p_op ops[] = { { 1, buf[k % 2], n, t, next, 2 },
                             { 0, buf[(k + 1) % 2], n, t, prev, 2 } };
-        rt_p2p_start(ops, 2);
+        rt_req *hop = rt_p2p_start(ops, 2);
         rt_memcpy(work, buf[k % 2], n * es, RT_D2D);    /* reading the block being sent */
-        rt_p2p_wait();
+        rt_wait(hop);
         t_to_host(g, buf[(k + 1) % 2], n * es);
         int from = ((r - k - 1) % w + w) % w;
         for (size_t i = 0; i < n; i++)
             T_EXPECT(has_key(g, t, i, key(from, 7, i)), "p2p_start %s n=%zu hop %d: [%zu] is not "
                      "rank %d's", rt_dtype_name(t), n, k, i, from);
     }
-    rt_p2p_wait();                  /* nothing in flight: returns */
+    rt_wait(NULL);                  /* no request: returns */
     rt_free(buf[0]);
     rt_free(buf[1]);
     rt_free(work);

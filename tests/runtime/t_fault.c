@@ -10,9 +10,10 @@
 **   hang PIDFILE  rank 1 writes its pid and waits in a receive; the suite kills it (kill -9)
 **              while rank 0 waits in an allreduce
 **   norecv     rank 0 receives from rank 1, which never sends (RT_TIMEOUT decides)
-**   norecv2    the same through rt_p2p_start / rt_p2p_wait
-**   twostarts  rank 0 starts a second exchange while one is in flight
+**   norecv2    the same through rt_p2p_start / rt_wait
+**   nowait     rank 0 finalizes with a started allreduce not waited
 **   stuck      rank 0 allreduces on group tp = {0,1}; rank 1 never joins
+**   asyncstuck rank 0 starts an allreduce on tp, computes, waits; rank 1 never starts it
 **   notmember  rank 1 passes a group it is not in
 **   nullgroup  a collective on the NULL group of a rank that is in no group
 **   badtable   two ranks list one group's members in different orders
@@ -77,29 +78,38 @@ int main(int argc, char **argv)
             float *d = rt_malloc(10 * sizeof(float));
             rt_p2p_op op = { 0, d, 10, RT_F32, 1, 0 };
             if (mode[6]) {
-                rt_p2p_start(&op, 1);
-                rt_p2p_wait();
+                rt_wait(rt_p2p_start(&op, 1));
             } else {
                 rt_p2p(&op, 1);
             }
         } else {
             sleep(30);
         }
-    } else if (!strcmp(mode, "twostarts")) {
-        if (r == 0) {
-            float *d = rt_malloc(10 * sizeof(float));
-            rt_p2p_op op = { 0, d, 10, RT_F32, 1, 0 };
-            rt_p2p_start(&op, 1);
-            rt_p2p_start(&op, 1);
-        } else {
-            sleep(30);
-        }
+    } else if (!strcmp(mode, "nowait")) {
+        static const int dp[] = { 0, 1 };
+        rt_group *g = rt_group_create("dp", dp, 2);
+        float *d = rt_malloc(10 * sizeof(float));
+        rt_req *q = rt_allreduce_start(d, 10, RT_F32, RT_SUM, g);
+        if (r == 1)
+            rt_wait(q);
     } else if (!strcmp(mode, "stuck")) {
         static const int tp[] = { 0, 1 };
         rt_group *g = rt_group_create("tp", tp, 2);
         if (r == 0) {
             float *d = rt_malloc(4);
             rt_allreduce(d, 1, RT_F32, RT_SUM, g);
+        } else {
+            sleep(30);
+        }
+    } else if (!strcmp(mode, "asyncstuck")) {
+        static const int tp[] = { 0, 1 };
+        rt_group *g = rt_group_create("tp", tp, 2);
+        if (r == 0) {
+            float *d = rt_malloc(100000 * sizeof(float));
+            rt_req *q = rt_allreduce_start(d, 100000, RT_F32, RT_SUM, g);
+            for (int i = 0; i < 100; i++)
+                rt_progress();
+            rt_wait(q);
         } else {
             sleep(30);
         }

@@ -1,7 +1,7 @@
 /*
 ** tests/kernels/emu/cuda_libs.cc: the CUDA runtime API, cuBLAS and NCCL calls of
 ** runtime/rt_cuda.cu, emulated for the CPU (cuda_runtime.h, cublas_v2.h, nccl.h here). Device
-** memory is host memory; the one stream is always idle (everything runs at the call). The
+** memory is host memory; streams are always idle (everything runs at the call). The
 ** GEMMs follow cuBLAS's documentation, written here without reference to rt_cuda.cu's use of
 ** them: column-major operands, op(A) of m x k and op(B) of k x n, C = alpha op(A) op(B) +
 ** beta C with C not read when beta is 0, products summed in f32 in a fixed order and rounded
@@ -59,7 +59,62 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaMemset(void *p, int v, size_t bytes) { memset(p, v, bytes); return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+/* Streams and events: records with a live mark (a handle not created, or destroyed, is
+** cudaErrorInvalidResourceHandle, as CUDA reports it); the legacy stream is 0. */
+struct emu_stream { unsigned live; };
+struct emu_event { unsigned live; };
+enum { LIVE = 0x51ee7u };
+
+static bool stream_ok(cudaStream_t s) { return !s || s->live == LIVE; }
+static bool event_ok(cudaEvent_t e) { return e && e->live == LIVE; }
+
+cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    return stream_ok(s) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
+{
+    *s = new emu_stream{LIVE};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    if (!s || !stream_ok(s)) return cudaErrorInvalidResourceHandle;
+    s->live = 0;            /* kept (not freed) so that a use after destruction is seen */
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cudaStreamQuery(s); }
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned)
+{
+    return stream_ok(s) && event_ok(e) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
+{
+    *e = new emu_event{LIVE};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    if (!event_ok(e)) return cudaErrorInvalidResourceHandle;
+    e->live = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    return stream_ok(s) && event_ok(e) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    return event_ok(e) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
 const char *cudaGetErrorName(cudaError_t e) { return e ? "cudaErrorEmulation" : "cudaSuccess"; }
 const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated CUDA error" : "no error"; }
 

@@ -46,14 +46,20 @@ struct dim3 {
 };
 
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorNotReady = 600 };
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidResourceHandle = 400,
+       cudaErrorNotReady = 600 };
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1,
                       cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+enum { cudaStreamNonBlocking = 1 };
+enum { cudaEventDisableTiming = 2 };
 
-/* -- The runtime API the CUDA runtime (runtime/rt_cuda.cu) calls: host memory, one device, one
-** stream that is always idle (cuda_libs.cc) -------------------------------------------------- */
+/* -- The runtime API the CUDA runtime (runtime/rt_cuda.cu) calls: host memory, one device,
+** streams that are always idle: work runs at the call, so an event is complete once recorded
+** (cuda_libs.cc; handles are checked: an event or stream not created, or destroyed, is an
+** error) ------------------------------------------------------------------------------------ */
 struct cudaDeviceProp {
     char name[256];
     struct { char bytes[16]; } uuid;
@@ -73,6 +79,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemset(void *p, int v, size_t bytes);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
+cudaError_t cudaEventQuery(cudaEvent_t e);
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 
