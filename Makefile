@@ -46,6 +46,8 @@ SEQ           ?=
 CP_COMM       ?=
 SP            ?=
 DIST_OPT      ?=
+OVERLAP       ?=
+BUCKET_SIZE   ?=
 BF16          ?=
 RECOMPUTE     ?=
 RECOMPUTE_METHOD ?=
@@ -148,7 +150,9 @@ GENFLAGS = $(MODEL) \
     $(if $(MICROBATCH_GROUP),--microbatch-group $(MICROBATCH_GROUP)) \
     $(if $(MBS),--mbs $(MBS)) $(if $(NMB),--nmb $(NMB)) $(if $(SEQ),--seq $(SEQ)) \
     $(if $(filter 1 yes,$(SP)),--sp) $(if $(filter 1 yes,$(DIST_OPT)),--dist-opt) \
-    $(if $(filter 1 yes,$(BF16)),--bf16) $(if $(RECOMPUTE),--recompute $(RECOMPUTE)) \
+    $(if $(filter 1 yes,$(BF16)),--bf16) $(if $(filter 0 no,$(OVERLAP)),--no-overlap) \
+    $(if $(BUCKET_SIZE),--bucket-size $(BUCKET_SIZE)) \
+    $(if $(RECOMPUTE),--recompute $(RECOMPUTE)) \
     $(if $(RECOMPUTE_METHOD),--recompute-method $(RECOMPUTE_METHOD)) \
     $(if $(RECOMPUTE_LAYERS),--recompute-layers $(RECOMPUTE_LAYERS)) \
     $(if $(RECOMPUTE_MODULES),--recompute-modules $(RECOMPUTE_MODULES))
@@ -254,7 +258,8 @@ help:
 	@echo "variables: MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS"
 	@echo "           NMB SEQ BF16=1 RECOMPUTE RECOMPUTE_METHOD RECOMPUTE_LAYERS RECOMPUTE_MODULES"
 	@echo "           ACCOUNT_EMBEDDING=1 ACCOUNT_LOSS=1 LAYOUT MICROBATCH_GROUP"
-	@echo "           SP=1 DIST_OPT=1 RANK STEPS DATA RUN_ARGS V=1 GEN_OPT (generated code's flags)"
+	@echo "           SP=1 DIST_OPT=1 OVERLAP=0 BUCKET_SIZE RANK STEPS DATA RUN_ARGS V=1"
+	@echo "           GEN_OPT (generated code's flags)"
 
 echo:
 	@echo "CC=$(CC) MPICC=$(MPICC) NVCC=$(NVCC) RE2C=$(RE2C) LUA_PKG=$(LUA_PKG)"

@@ -43,6 +43,8 @@
     _("sp",           FLAG, "",     "sequence parallelism") \
     _("dist-opt",     FLAG, "",     "distributed optimizer") \
     _("bf16",         FLAG, "",     "bf16 mixed precision (f32 main weights, gradients)") \
+    _("no-overlap",   FLAG, "",     "overlap no communication (the same numbers)") \
+    _("bucket-size",  INT,  "N",    "gradient bucket elements (default max(40M, 1M*DP*CP))") \
     _("recompute",    STR,  "G",    "activation recompute: selective or full") \
     _("recompute-method", STR, "M", "full: uniform or block") \
     _("recompute-layers", INT, "N", "full: layers per group (uniform) or chunk (block)") \

@@ -83,6 +83,7 @@ static int write_points(int fd, const void *buf, size_t n)
 void lib_ckpt_save(const lib_flags *f, int step, int updates, int skipped)
 {
     char dir[4096], file[4200];
+    lib_sync();
     ckpt_path(dir, sizeof dir, f->ckpt_dir, step, ".tmp", -1);
     if (rt_rank() == 0) {
         lib_fault_point();

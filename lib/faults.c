@@ -308,6 +308,7 @@ void lib_bad_step_stop(const lib_flags *f, int step, const gpt_step_out *out)
     const char *name;
     long long index;
     float value;
+    lib_sync();
     int found = lib_first_bad_grad(&name, &index, &value);
     long long key = found ? rt_world() - rt_rank() : 0;   /* the lowest rank wins */
     lib_world_allreduce_max(&key);

@@ -224,6 +224,8 @@ typedef struct {
     int npieces;
     const gpt_piece *pieces;  /* param: a row of 'params' */
     const size_t *bases;      /* [layers * nbuffers]: layer j's base offset in buffer b */
+    const long long *shifts;  /* [layers * nparams]: what layer j's tensor r adds to its row's
+                                 offset (a bucket's padding inside the layer); NULL: nothing */
     const gpt_layer_store *store;   /* [layers]; NULL: no recompute, all in the slot */
 } gpt_chunk_info;
 
@@ -267,6 +269,9 @@ typedef struct {
     int needs_inputs, needs_targets;       /* reads token ids / targets */
     int head_uses_wte;                     /* embedding and head on this stage: one wte */
     void (*step)(const gpt_step_in *in, gpt_step_out *out);
+    void (*sync)(void);                    /* waits for the communication a step leaves in
+                                              flight (the next step's parameters); NULL: none.
+                                              gpt_sync calls it */
 } gpt_stage;
 
 /* -- The whole program --------------------------------------------------------------------- */

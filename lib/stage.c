@@ -170,6 +170,7 @@ static void params_expand(void)
                 lib_param *lp = &ps[k++];
                 lp->p = *p;
                 lp->p.offset += ci->bases[(size_t)j * st->nbuffers + p->buf];
+                if (ci->shifts) lp->p.offset += ci->shifts[(size_t)j * ci->nparams + r];
                 lp->chunk = c;
                 lp->layer = j;
                 lp->global_layer = ci->first + j;
@@ -336,6 +337,11 @@ void lib_master_commit(void)
         }
         convert(lib.pbuf[i], gpt.d.act, lib.gbuf[i], RT_F32, b->size);
     }
+}
+
+void lib_sync(void)
+{
+    if (gpt.stage && gpt.stage->sync) gpt.stage->sync();
 }
 
 /* bf16 training: the staging buffer gets the f32 main parameters, each rank's shards

@@ -140,6 +140,10 @@ static inline void *lib_at(const void *p, size_t n)
 
 /* stage.c */
 void lib_stage_setup(void);                  /* buffers, views, activations: the plan */
+/* Waits for the communication a step leaves in flight (with overlap, the all-gathers of the
+** next step's parameters: gpt_stage.sync), so that the parameters can be read between steps.
+** Every rank calls it alike (before a checkpoint, --save, a stop, the end). */
+void lib_sync(void);
 size_t lib_state_bytes(void);                /* resume checkpoint: parameters and optimizer */
 void lib_state_io(unsigned char *host, int save);
 /* The whole f32 parameters of buffer b, where --init and the initialisation write and --save

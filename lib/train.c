@@ -194,6 +194,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         if (stopped && f.ckpt_dir && !saved) lib_ckpt_save(&f, s + 1, updates, skipped);
     }
     if (log) fclose(log);
+    lib_sync();
     int rc = 0;
     if (stopped && f.ckpt_dir) {
         if (rt_rank() == 0)

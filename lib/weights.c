@@ -518,6 +518,7 @@ long long lib_weights_save_bytes(void)
 */
 void lib_weights_save(const char *path)
 {
+    lib_sync();
     lib_master_allgather();
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);

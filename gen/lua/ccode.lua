@@ -128,6 +128,27 @@ end
 
 local RED = { sum = "RT_SUM", max = "RT_MAX" }
 
+-- The lines of one collective started into the stage's request slot st.req (rt.h's
+-- asynchronous forms: the blocking call's arguments, a request to wait).
+local function start_lines(st, indent, mems)
+    local c = st.coll
+    local A = function(a) return M.arg(a, mems) end
+    local dt, g = coll_dtype(c, mems), M.group(c.group)
+    local out = {}
+    if st.text then add(out, M.comment(st.text, indent)) end
+    local lhs = string.format("req[%d] = ", st.req)
+    if c.op == "allgather" or c.op == "reduce_scatter" then
+        add(out, M.call("rt_" .. c.op .. "_start", { A(c.send), A(c.recv), M.expr(c.n_expr), dt,
+                                                       g }, indent, lhs))
+    elseif c.op == "allreduce" then
+        add(out, M.call("rt_allreduce_start", { A(c.send), M.expr(c.n_expr), dt, RED[c.red], g },
+                        indent, lhs))
+    else
+        error("ccode: no asynchronous collective " .. c.op)
+    end
+    return out
+end
+
 -- The lines of one collective statement.
 local function coll_lines(st, indent, mems)
     local c = st.coll
@@ -165,7 +186,7 @@ local function p2p_lines(st, indent, mems)
                         " },"))
     end
     out[#out + 1] = pad .. "    };"
-    out[#out + 1] = string.format("%s    %s(ops, %d);", pad, st.start and "rt_p2p_start" or
+    out[#out + 1] = string.format("%s    %s(ops, %d);", pad, st.start and "hop = rt_p2p_start" or
                                   "rt_p2p", #st.msgs)
     out[#out + 1] = pad .. "}"
     return out
@@ -185,7 +206,11 @@ function M.stmts(stmts, indent, mems)
         elseif st.kind == "P" then
             add(out, p2p_lines(st, indent, mems))
         elseif st.kind == "W" then
-            out[#out + 1] = pad .. "rt_p2p_wait();"
+            out[#out + 1] = pad .. "rt_wait(hop);"
+        elseif st.kind == "S" then
+            add(out, start_lines(st, indent, mems))
+        elseif st.kind == "WAIT" then
+            out[#out + 1] = string.format("%swait_req(%d);", pad, st.req)
         elseif st.kind == "NOTE" then
             add(out, M.comment(st.text, indent))
         elseif st.kind == "LOOP" then
@@ -218,6 +243,7 @@ local function uses(stmts, set)
             if st.coll.a2a then set.e = true; set.m = true end
         end
         for _, m in ipairs(st.msgs or {}) do arg(m.buf) end
+        if st.kind == "P" and st.start then set.hop = true end
         if st.body then uses(st.body, set) end
     end
     return set
@@ -240,7 +266,8 @@ local PROTO = {
         { "x", "const void *x = gpt_layer_in(c, slot, j);",
           "the chunk's input or layer j-1's output" },
         { "m", "gpt_moe *m = gpt_moe_of(c, slot, j);", "its routing state" },
-        { "e", "const gpt_a2a *e;", "the counts of an all-to-all" } } },
+        { "e", "const gpt_a2a *e;", "the counts of an all-to-all" },
+        { "hop", "rt_req *hop;", "the ring's hop in flight" } } },
     layer_bwd = { "int c, int slot, int j", {
         { "a", "void *const *a = gpt_acts(c, slot, j);", "its activations (memory plan)" },
         { "w", "void *const *w = gpt_params(c, j);", "its tensors" },
@@ -248,7 +275,8 @@ local PROTO = {
         { "x", "const void *x = gpt_layer_in(c, slot, j);", "its input" },
         { "dres", "void *dres = gpt_dy(c, slot);", "d(its output) in, d(its input) out" },
         { "m", "gpt_moe *m = gpt_moe_of(c, slot, j);", "its routing state" },
-        { "e", "const gpt_a2a *e;", "the counts of an all-to-all" } } },
+        { "e", "const gpt_a2a *e;", "the counts of an all-to-all" },
+        { "hop", "rt_req *hop;", "the ring's hop in flight" } } },
     head_fwd_bwd = { "int c, int mb, int slot", {
         { "x", "const void *x = gpt_out(c, slot);", "the chunk's output (N_SP, C)" },
         { "dy", "void *dy = gpt_dy(c, slot);", "its gradient" },

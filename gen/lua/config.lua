@@ -671,6 +671,8 @@ local function naming(model, s)
     opt(s.sp, "-sp", "SP=1")
     opt(s.dist_opt, "-distopt", "DIST_OPT=1")
     opt(s.bf16, "-bf16", "BF16=1")
+    opt(not s.overlap, "-nooverlap", "OVERLAP=0")
+    opt(s.bucket ~= nil, "-bucket" .. tostring(s.bucket), "BUCKET_SIZE=" .. tostring(s.bucket))
     local rc = s.rc
     if rc.granularity == "selective" then
         local mods = table.concat(rc.modules, ",")
@@ -896,6 +898,20 @@ function M.configure(model, opts)
     local Te = size("etp", "ETP", T)
     local mbs, nmb = size("mbs", "MBS", 1), size("nmb", "NMB", 1)
     local seq = size("seq", "SEQ", model.seq_len)
+    -- Gradient buckets (docs/megatron.md §5.1): with overlap, Megatron's --ddp-bucket-size or
+    -- its default max(40M, 1M * the dp-cp size); without, one bucket per buffer
+    local bucket = opts.bucket_size
+    if bucket ~= nil then
+        if math.type(bucket) ~= "integer" or bucket < 1 then
+            errs.add(nil, "BUCKET_SIZE must be a positive number of elements (got %s)",
+                     tostring(bucket))
+            bucket = nil
+        elseif opts.no_overlap then
+            errs.add(nil, "BUCKET_SIZE (%d) needs the overlap: without it (OVERLAP=0) each " ..
+                     "buffer is one bucket, as in Megatron; drop one of them", bucket)
+            bucket = nil
+        end
+    end
     local function layers_opt(key, name)
         if opts[key] == 0 then
             errs.add(nil, "%s must be at least 1 (got 0): a pipeline stage with no layers is " ..
@@ -1201,7 +1217,7 @@ function M.configure(model, opts)
         order = order, first_layers = f, last_layers = l, mbs = mbs, nmb = nmb, seq = seq,
         cp_comm = cp_comm, mb_group = Ng, account_embedding = acc_e, account_loss = acc_l,
         layout = layout, sp = opts.sp == true, dist_opt = opts.dist_opt == true,
-        bf16 = opts.bf16 == true,
+        bf16 = opts.bf16 == true, overlap = opts.no_overlap ~= true, bucket = bucket,
         rc = rc,
     }
     local dirname, make = naming(model, s)
@@ -1212,6 +1228,8 @@ function M.configure(model, opts)
         cp_comm = cp_comm, mb_group = (V > 1 and P > 1) and (Ng or P) or nil,
         account_embedding = acc_e, account_loss = acc_l, layout = layout,
         mbs = mbs, nmb = nmb, seq = seq, sp = s.sp, dist_opt = s.dist_opt, bf16 = s.bf16,
+        overlap = s.overlap,
+        bucket_size = s.overlap and (bucket or math.max(40000000, 1000000 * D * C)) or nil,
         recompute = rc.granularity, recompute_method = rc.method,
         recompute_layers = rc.layers, recompute_modules = rc.modules,
         vocab_padded = util.round_up(model.vocab, vocab_mult), rank = opts.rank,

@@ -240,35 +240,67 @@ local LAYER_CALL = { layer_fwd = { "layer_fwd", ", 0" }, layer_recompute = { "la
 local LAYER_WHAT = { layer_fwd = "", layer_recompute = ": the forward again (full recompute)",
                      layer_bwd = "" }
 
-local function call_lines(calls, c)
+-- The lines of a chunk's forward or backward: its items (overlap.lua ChunkItem) in order --
+-- each call on a line, runs of the same call on consecutive layers as one loop; the async
+-- statements of the step's last micro-batch (the reductions its calls complete) in an
+-- if-block after their call, micro-batch 0's waits for the parameters before theirs; with
+-- communication in flight, rt_progress after every layer (Open MPI has no progress thread).
+local function call_lines(items, c, mems, progress)
     local out, i = {}, 1
-    while i <= #calls do
-        local k = calls[i]
-        local lc = LAYER_CALL[k.op]
-        if not lc then
-            out[#out + 1] = CALL_LINE[k.op](c)
+    while i <= #items do
+        local it = items[i]
+        if it.kind == "start" then
+            -- consecutive starts of the last micro-batch in one block
+            out[#out + 1] = "if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */"
+            while i <= #items and items[i].kind == "start" do
+                -- printed at the template's indent (4) plus the block's
+                for _, l in ipairs(ccode.stmts(items[i].op.stmts, 8, mems)) do
+                    out[#out + 1] = l:sub(5)
+                end
+                i = i + 1
+            end
+            out[#out + 1] = "}"
+        elseif it.kind == "wait" then
+            out[#out + 1] = string.format("if (mb == 0) wait_req(%d);   /* the parameters of %s */",
+                                          it.op.req, it.op.what)
             i = i + 1
         else
-            -- a run: the same op on layers layer, layer + d, layer + 2d ...
-            local j, d = i, 0
-            while j + 1 <= #calls and calls[j + 1].op == k.op and
-                  (d == 0 and math.abs(calls[j + 1].layer - calls[j].layer) == 1 or
-                   d ~= 0 and calls[j + 1].layer - calls[j].layer == d) do
-                d = calls[j + 1].layer - calls[j].layer
-                j = j + 1
-            end
-            local first, last = calls[i], calls[j]
-            if i == j then
-                out[#out + 1] = string.format("%s(%d, slot, %d%s);   /* layer %d%s */", lc[1], c,
-                                              first.layer, lc[2], first.global, LAYER_WHAT[k.op])
+            local k = it.call
+            local lc = LAYER_CALL[k.op]
+            if not lc then
+                out[#out + 1] = CALL_LINE[k.op](c)
+                i = i + 1
             else
-                local up = d > 0
-                out[#out + 1] = string.format("for (int j = %d; j %s %d; j%s)   " ..
-                    "/* layers %d..%d%s */", first.layer, up and "<=" or ">=", last.layer,
-                    up and "++" or "--", first.global, last.global, LAYER_WHAT[k.op])
-                out[#out + 1] = string.format("    %s(%d, slot, j%s);", lc[1], c, lc[2])
+                -- a run: the same op on layers layer, layer + d, layer + 2d ...
+                local j, d = i, 0
+                while j + 1 <= #items and items[j + 1].kind == "call" and
+                      items[j + 1].call.op == k.op and
+                      (d == 0 and math.abs(items[j + 1].call.layer - items[j].call.layer) == 1 or
+                       d ~= 0 and items[j + 1].call.layer - items[j].call.layer == d) do
+                    d = items[j + 1].call.layer - items[j].call.layer
+                    j = j + 1
+                end
+                local first, last = items[i].call, items[j].call
+                local body = string.format("%s(%d, slot, %s%s);", lc[1], c,
+                                           i == j and tostring(first.layer) or "j", lc[2])
+                if i == j then
+                    out[#out + 1] = string.format("%s   /* layer %d%s */", body, first.global,
+                                                  LAYER_WHAT[k.op])
+                    if progress then out[#out + 1] = "rt_progress();" end
+                else
+                    local up = d > 0
+                    out[#out + 1] = string.format("for (int j = %d; j %s %d; j%s)%s   " ..
+                        "/* layers %d..%d%s */", first.layer, up and "<=" or ">=", last.layer,
+                        up and "++" or "--", progress and " {" or "", first.global, last.global,
+                        LAYER_WHAT[k.op])
+                    out[#out + 1] = "    " .. body
+                    if progress then
+                        out[#out + 1] = "    rt_progress();"
+                        out[#out + 1] = "}"
+                    end
+                end
+                i = j + 1
             end
-            i = j + 1
         end
     end
     return out
@@ -360,13 +392,8 @@ local function stage_view(cfg, prog, sp, part)
         bnotes[i] = string.format("chunk %d, %s", b.chunk, b.expert and "experts" or "dense")
     end
     v.buffer_rows = aligned(bcells, bnotes)
-    local calls_of = {}      -- chunk -> {F, B}: the calls of its forward and backward
-    for _, o in ipairs(sp.schedule) do
-        if o.kind == "F" or o.kind == "B" then
-            calls_of[o.chunk] = calls_of[o.chunk] or {}
-            calls_of[o.chunk][o.kind] = o.calls
-        end
-    end
+    local mems = {}
+    for _, m in ipairs(sp.mem) do mems[m.id] = m end
     local ccells = {}
     for i, c in ipairs(sp.chunks) do
         -- a chunk without layers (a layout's "E|", "|L", "||") has no per-layer tables
@@ -376,6 +403,7 @@ local function stage_view(cfg, prog, sp, part)
         ccells[i] = { int(c.first), int(c.layers), int(c.slots), flag(c.embedding),
                       flag(c.head), int(#sp.layer_params[i]), tab("_params"),
                       int(#sp.layer_pieces[i]), tab("_pieces"), tab("_bases"),
+                      c.shifts and ("chunk" .. c.vp .. "_shifts") or "NULL",
                       has_store and ("chunk" .. c.vp .. "_store") or "NULL" }
         local scells, snotes = {}, {}
         for j, l in ipairs(c.store) do
@@ -388,6 +416,12 @@ local function stage_view(cfg, prog, sp, part)
             for k, x in ipairs(b) do vals[k] = int(x) end
             bases[j] = { values = table.concat(vals, ", ") .. ",", layer = int(c.first + j - 1) }
         end
+        local shifts = {}
+        for j, row in ipairs(c.shifts or {}) do
+            local vals = {}
+            for k, x in ipairs(row) do vals[k] = int(x) end
+            shifts[j] = { values = table.concat(vals, ", ") .. ",", layer = int(c.first + j - 1) }
+        end
         v.chunks[i] = {
             c = int(c.vp), first = int(c.first), layers = int(c.layers), slots = int(c.slots),
             embedding = flag(c.embedding), head = flag(c.head),
@@ -395,24 +429,31 @@ local function stage_view(cfg, prog, sp, part)
             params = param_rows(sp.layer_params[i]),
             pieces = piece_rows(sp.layer_pieces[i], sp.layer_params[i]),
             bases = bases, nbases = int(#c.bases * #sp.buffers),
+            has_shifts = c.shifts ~= nil, shifts = shifts,
+            nshifts = int(c.layers * #sp.layer_params[i]),
             has_layers = has_layers, has_store = has_store, store = aligned(scells, snotes),
             store_title = string.format("chunk %d, recompute %s", c.vp,
                 cfg.recompute == "full" and string.format("full (%s, %d)", cfg.recompute_method,
                                                           cfg.recompute_layers)
                 or "selective (" .. table.concat(cfg.recompute_modules, ", ") .. ")"),
             title = require("program").stage_title({ chunks = { st.chunks[i] } }),
-            fwd_lines = call_lines(calls_of[c.vp].F, c.vp),
-            bwd_lines = call_lines(calls_of[c.vp].B, c.vp),
+            fwd_lines = call_lines(sp.overlap.items[i].F, c.vp, mems, sp.overlap.progress),
+            bwd_lines = call_lines(sp.overlap.items[i].B, c.vp, mems, sp.overlap.progress),
         }
         -- parameters a chunk's calls do not read; a chunk without layers (a layout's
         -- "...||...") runs nothing on its slot
         local fv = v.chunks[i]
-        if not (c.embedding or c.head) then table.insert(fv.fwd_lines, 1, "(void)mb;") end
-        if #calls_of[c.vp].F == 0 then
+        local function uses_mb(lines)
+            for _, l in ipairs(lines) do if l:find("%f[%w_]mb%f[^%w_]") then return true end end
+            return false
+        end
+        if not uses_mb(fv.fwd_lines) then table.insert(fv.fwd_lines, 1, "(void)mb;") end
+        if not uses_mb(fv.bwd_lines) then table.insert(fv.bwd_lines, 1, "(void)mb;") end
+        if #sp.overlap.items[i].F == 0 then
             fv.fwd_lines[#fv.fwd_lines + 1] = "(void)slot;   /* no layers: its input is its " ..
                                                "output */"
         end
-        if #calls_of[c.vp].B == 0 then
+        if #sp.overlap.items[i].B == 0 then
             fv.bwd_lines[#fv.bwd_lines + 1] = "(void)slot;   /* no layers: the gradient of its " ..
                                                "output is that of its input */"
         end
@@ -454,8 +495,7 @@ local function stage_view(cfg, prog, sp, part)
     v.chunk_fwd_list = table.concat(fl, ", ") .. ","
     v.chunk_bwd_list = table.concat(bl, ", ") .. ","
     -- the model's pieces this stage runs
-    local mems, needs = {}, {}
-    for _, m in ipairs(sp.mem) do mems[m.id] = m end
+    local needs = {}
     for _, c in ipairs(sp.chunks) do
         if c.embedding then needs.embedding_fwd, needs.embedding_bwd = true, true end
         if c.layers > 0 then needs.layer_fwd, needs.layer_bwd = true, true end
@@ -492,6 +532,16 @@ local function stage_view(cfg, prog, sp, part)
         for _, l in ipairs(ccode.stmts(o.stmts, 4, mems)) do lines[#lines + 1] = l end
     end
     v.step_lines = lines
+    -- the requests in flight between a start and its wait
+    v.nreq = int(sp.overlap.nreq)
+    v.has_req = sp.overlap.nreq > 0
+    local reqs = {}
+    for _, a in ipairs(sp.overlap.reduce) do reqs[a.req + 1] = "reduction of " .. a.what end
+    for _, a in ipairs(sp.overlap.gather) do
+        reqs[a.req + 1] = "all-gather of the parameters of " .. a.what
+    end
+    v.reqs = {}
+    for i, t in ipairs(reqs) do v.reqs[i] = { i = int(i - 1), what = t } end
     return v
 end
 

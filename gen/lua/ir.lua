@@ -170,6 +170,14 @@ record("Config", {
     { "dist_opt",     "bool",  "distributed optimizer" },
     { "bf16",         "bool",  "bf16 mixed precision: bf16 parameters, activations and " ..
                                "communication; fp32 main weights, gradients, optimizer" },
+    { "overlap",      "bool",  "communication overlapped with computation (default): the " ..
+                               "data-parallel reductions started as each bucket is ready, the " ..
+                               "parameter all-gathers waited at their first use; false: each " ..
+                               "started where it is waited (the same numbers)" },
+    { "bucket_size",  "int?",  "with overlap: a new gradient bucket once a bucket holds this " ..
+                               "many elements, on pipeline stage 0's first chunk (Megatron's " ..
+                               "--ddp-bucket-size, default max(40M, 1M * DP * CP)); nil: one " ..
+                               "bucket per buffer" },
     { "recompute",    "str",   "activation recompute: none, selective or full" },
     { "recompute_method", "str?", "full: uniform or block" },
     { "recompute_layers", "int?", "full: layers per group (uniform), per chunk (block)" },
@@ -470,8 +478,10 @@ record("Coll", {
 })
 
 record("Stmt", {
-    { "kind",  "str",    "K (a call) | C (a collective) | P (p2p: blocking, or started) | W " ..
-                         "(the wait of the started p2p) | LOOP | NOTE (a comment)" },
+    { "kind",  "str",    "K (a call) | C (a collective) | S (a collective started into " ..
+                         "req[n]) | WAIT (rt_wait of req[n]) | P (p2p: blocking, or started) | " ..
+                         "W (the wait of the started p2p) | LOOP | NOTE (a comment)" },
+    { "req",   "int?",   "S, WAIT: the request slot" },
     { "fn",    "str?",   "K: the function (layer.lua SIGNATURES)" },
     { "args",  "array?", "K: Arg list" },
     { "coll",  "Coll?",  "C, P: what the verifier and the report see" },
@@ -481,6 +491,41 @@ record("Stmt", {
     { "var",   "str?",   "LOOP: the counter" },
     { "body",  "array?", "LOOP: Stmt list" },
     { "text",  "str?",   "C, P: the comment naming the group and the section; NOTE, LOOP" },
+})
+
+record("AsyncOp", {
+    { "req",    "int",   "its request slot in the stage's req[] (0-based)" },
+    { "kind",   "str",   "reduce (a bucket's gradients over its data-parallel group) | gather " ..
+                         "(a bucket's updated parameters, distributed optimizer)" },
+    { "buf",    "int",   "buffer index" },
+    { "bucket", "int",   "bucket index" },
+    { "group",  "str",   "topology kind it runs over" },
+    { "what",   "str",   "buffer and bucket, in words" },
+    { "lo",     "int",   "first element of the bucket in the buffer" },
+    { "hi",     "int",   "one past its last" },
+    { "stmts",  "array", "Stmt list that starts it (the scale, then the S statement)" },
+    { "at",     "str",   "reduce: after which call (F3: the 3rd of the chunk's forward; B2) " ..
+                         "the last micro-batch has written its gradients; gather: before which " ..
+                         "call micro-batch 0 first reads its parameters" },
+    { "chunk",  "int",   "the chunk (index in the stage) whose calls place it" },
+    { "grads",  "bool",  "it covers gradients (reduce) rather than parameters (gather)" },
+})
+
+record("ChunkItem", {
+    { "kind", "str",  "call | start (an AsyncOp's statements) | wait (its rt_wait)" },
+    { "call", "Call?", "call: the library call" },
+    { "when", "str?", "start: last (only on the step's last micro-batch); wait: first " ..
+                      "(only on micro-batch 0)" },
+    { "op",   "AsyncOp?", "start, wait" },
+})
+
+record("Overlap", {
+    { "items",    "array", "per chunk: { F = ChunkItem list, B = ChunkItem list }" },
+    { "reduce",   "array", "AsyncOp list of the data-parallel reductions, in start order" },
+    { "gather",   "array", "AsyncOp list of the parameter all-gathers, in start order" },
+    { "nreq",     "int",   "request slots" },
+    { "scale_only", "array", "buckets scaled by 1/(DP*CP) with no group to reduce over" },
+    { "progress", "bool",  "rt_progress between the layers (communication in flight)" },
 })
 
 record("Code", {
@@ -596,6 +641,8 @@ record("ProgChunk", {
     { "embedding", "bool",  "holds the embedding" },
     { "head",      "bool",  "holds the head and the loss" },
     { "bases",     "array", "per layer: its base offset in each buffer (array of arrays)" },
+    { "shifts",    "array?", "per layer, per tensor row: what its offset adds to the row's " ..
+                             "(a gradient bucket's padding inside the layer); nil: nothing" },
     { "store",     "array", "per layer: LayerStore, where its activations are kept" },
     { "slot_bytes", "int",  "device bytes of one activation slot" },
 })
@@ -651,6 +698,7 @@ record("StageProgram", {
     { "cooldown",      "int",   "schedule: cool-down backwards" },
     { "inflight",      "int",   "micro-batches in flight at most" },
     { "schedule",      "array", "Op list: the unrolled schedule (F, B, X, SECTION)" },
+    { "overlap",       "Overlap", "where the asynchronous communication starts and is waited" },
     { "tail",          "array", "Op list: the step around and after the schedule" },
 })
 

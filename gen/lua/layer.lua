@@ -215,6 +215,15 @@ local function builder()
         fields.op, fields.group = op, group
         b.stmts[#b.stmts + 1] = ir.Stmt { kind = "C", coll = ir.Coll(fields), text = text }
     end
+    -- an asynchronous collective started into request slot 'req' (rt_*_start), and its wait
+    function b.start(op, group, req, fields)
+        local text = fields.text
+        fields.text = nil
+        fields.op, fields.group = op, group
+        b.stmts[#b.stmts + 1] = ir.Stmt { kind = "S", coll = ir.Coll(fields), req = req,
+                                          text = text }
+    end
+    function b.wait_req(req) b.stmts[#b.stmts + 1] = ir.Stmt { kind = "WAIT", req = req } end
     function b.loop(count, var, text, body)
         local inner = builder()
         body(inner)
@@ -292,7 +301,7 @@ end
 function M.comm(stmts, out)
     out = out or {}
     for _, st in ipairs(stmts) do
-        if st.kind == "C" or st.kind == "P" then
+        if st.kind == "C" or st.kind == "P" or st.kind == "S" then
             out[#out + 1] = st.coll
         elseif st.kind == "LOOP" then
             for _ = 1, st.count.value do M.comm(st.body, out) end

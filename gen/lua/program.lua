@@ -15,6 +15,7 @@
 local diag = require("diag")
 local ir = require("ir")
 local layer = require("layer")
+local overlap = require("overlap")
 local schedule = require("schedule")
 local shards = require("shards")
 local tables = require("tables")
@@ -608,15 +609,19 @@ local function tensor_tables(cfg, st, classes, role_index)
             for _, pc in ipairs(p.pieces) do prows[#prows + 1] = piece_rec(p, pc, r - 1) end
             pieces_of[index_of[p]] = {}
         end
-        -- every layer has the same layout relative to its bases (checked), and its pieces
-        -- are layer 0's (the library adds the layer to the tensor index)
+        -- every layer has layer 0's tensors in the same buffers (checked) and its pieces (the
+        -- library adds the layer to the tensor index); the same offsets from its bases but
+        -- where a gradient bucket ends inside a layer (the bucket's padding): the shifts
+        local shifts, shifted = {}, false
         for j = 0, ch.count - 1 do
             assert(#by_layer[j] == #rows, "program: layers of a chunk differ in tensors")
+            shifts[j + 1] = {}
             for r, p in ipairs(by_layer[j]) do
                 local w = at[p.name]
-                assert(p.role == by_layer[0][r].role and w.buf == rows[r].buf and
-                       w.offset - bases[j + 1][w.buf + 1] == rows[r].offset,
+                assert(p.role == by_layer[0][r].role and w.buf == rows[r].buf,
                        "program: layer " .. p.layer .. " does not follow layer " .. ch.first)
+                shifts[j + 1][r] = w.offset - bases[j + 1][w.buf + 1] - rows[r].offset
+                shifted = shifted or shifts[j + 1][r] ~= 0
                 local list = {}
                 for _, pc in ipairs(p.pieces) do list[#list + 1] = piece_rec(p, pc, r - 1) end
                 pieces_of[index_of[p]] = list
@@ -628,7 +633,8 @@ local function tensor_tables(cfg, st, classes, role_index)
                 end
             end
         end
-        chunks[#chunks + 1] = { params = rows, pieces = prows, bases = bases }
+        chunks[#chunks + 1] = { params = rows, pieces = prows, bases = bases,
+                                shifts = shifted and shifts or nil }
     end
     for _, p in ipairs(ref.params) do
         if not p.layer then
@@ -926,7 +932,7 @@ end
 -- (§5.4 with the distributed optimizer), the loss. Each Op holds the statements the step
 -- runs for it (layer.lua Stmt: library calls and the collectives themselves) and their
 -- collectives (comm).
-local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers)
+local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers, plan)
     local A = layer.arg
     local ops = {}
     local function op(kind, text, fields, body)
@@ -948,6 +954,29 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
     op("BEGIN", "zero the gradients", nil, function(b) b.k("gpt_step_begin", A.ident("in")) end)
     op("SCHEDULE", "the pipeline schedule (run_schedule above)", nil,
        function(b) b.k("run_schedule") end)
+    -- the data-parallel reductions (docs/megatron.md §5.3): waited here in the order they
+    -- started inside the schedule, or (no overlap) each started and waited here
+    for _, a in ipairs(plan.reduce) do
+        if cfg.overlap then
+            op("DP_WAIT", string.format("wait: the %s of %s", a.group == "expt-dp" and
+               "expert reduction" or "reduction", a.what), { buf = a.buf, bucket = a.bucket },
+               function(b) b.wait_req(a.req) end)
+        else
+            op("DP_REDUCE", string.format("%s: scaled by 1/(DP*CP), then reduced", a.what),
+               { buf = a.buf, bucket = a.bucket }, function(b)
+                   for _, st in ipairs(a.stmts) do b.stmts[#b.stmts + 1] = st end
+                   b.wait_req(a.req)
+               end)
+        end
+    end
+    for _, so in ipairs(plan.scale_only) do
+        op("GRAD_SCALE", string.format("buffer %d, bucket at %d: scale by 1/(DP*CP), the " ..
+           "data-parallel mean (experts too: their gradients hold the tokens of every replica)",
+           so.buf, so.bucket.start), { buf = so.buf, scale = 1 / (cfg.dp * cfg.cp) }, function(b)
+               b.k("scale_inplace", grad_at(so.buf, so.bucket.start), n(so.bucket.size),
+                   A.num("CFG_GRAD_SCALE"))
+           end)
+    end
     if sp_total > 0 and on("TP") then
         op("SP_ALLREDUCE", string.format("the gradients of the %d sequence-parallel tensors, " ..
            "packed (%s elements; docs/megatron.md §4.6)", nsp, util.thousands(sp_total)),
@@ -969,42 +998,6 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
                       text = ">>> all-reduce over embd (first and last stage): wte's gradient " ..
                              "(docs/megatron.md §7)" })
            end)
-    end
-    for i, bf in ipairs(buffers) do
-        local what = string.format("buffer %d (chunk %d, %s)", i - 1, bf.chunk,
-                                   bf.expert and "experts" or "dense")
-        if cfg.dp * cfg.cp > 1 then
-            op("GRAD_SCALE", what .. ": scale by 1/(DP*CP), the data-parallel mean (experts " ..
-               "too: their gradients hold the tokens of every replica)",
-               { buf = i - 1, scale = 1 / (cfg.dp * cfg.cp) }, function(b)
-                   b.k("scale_inplace", GRAD(i - 1), n(bf.size), A.num("CFG_GRAD_SCALE"))
-               end)
-        end
-        local g = groups_by_id[bf.group]
-        if g.create then
-            if bf.sharded then
-                for k, bk in ipairs(bf.buckets) do
-                    op("GRAD_REDUCE_SCATTER", string.format("%s, bucket %d", what, k - 1),
-                       { group = bf.group, buf = i - 1, bucket = k - 1 }, function(b)
-                           b.coll("reduce_scatter", g.kind, { n = bk.shard,
-                                  n_expr = A.E(s, bk.shard), dtype = "f32",
-                                  send = grad_at(i - 1, bk.start),
-                                  recv = A.lit(string.format("gpt_grad_shard(%d, %d)", i - 1,
-                                                             k - 1)),
-                                  text = string.format(">>> reduce-scatter over %s, in place: " ..
-                                         "%s, bucket %d; this rank's shard holds the sum " ..
-                                         "(docs/megatron.md §5.3)", g.kind, what, k - 1) })
-                       end)
-                end
-            else
-                op("GRAD_ALLREDUCE", what, { group = bf.group, buf = i - 1 }, function(b)
-                    b.coll("allreduce", g.kind, { n = bf.size, n_expr = A.E(s, bf.size),
-                           dtype = "f32", red = "sum", send = GRAD(i - 1),
-                           text = string.format(">>> all-reduce over %s: %s " ..
-                                                "(docs/megatron.md §5.3)", g.kind, what) })
-                end)
-            end
-        end
     end
     op("NORM_LOCAL", "gradient norm (docs/megatron.md §6): this rank's sums of squares, " ..
        "every tensor counted once", nil, function(b) b.k("gpt_norm_local") end)
@@ -1048,26 +1041,16 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
     op("ADAMW", "clip to --clip, then AdamW" .. (cfg.dist_opt and " on this rank's shards" or "") ..
        "; a step whose loss or gradient norm is not finite changes nothing (out->skipped)", nil,
        function(b) b.k("gpt_adamw", A.ident("in"), A.ident("out")) end)
-    if cfg.dist_opt then
-        for i, bf in ipairs(buffers) do
-            local g = groups_by_id[bf.group]
-            if g.create then
-                for k, bk in ipairs(bf.buckets) do
-                    op("PARAM_ALLGATHER", string.format("buffer %d, bucket %d", i - 1, k - 1),
-                       { group = bf.group, buf = i - 1, bucket = k - 1 }, function(b)
-                           b.coll("allgather", g.kind, { n = bk.shard, n_expr = A.E(s, bk.shard),
-                                  dtype = act_dtype(cfg),
-                                  send = A.lit(string.format("gpt_param_shard(%d, %d)", i - 1,
-                                                             k - 1)),
-                                  recv = A.lit(string.format("gpt_param_bucket(%d, %d)", i - 1,
-                                                             k - 1)),
-                                  text = string.format(">>> all-gather over %s: buffer %d, " ..
-                                         "bucket %d: the updated shards of the others " ..
-                                         "(docs/megatron.md §5.4)", g.kind, i - 1, k - 1) })
-                       end)
-                end
-            end
-        end
+    -- with the distributed optimizer, the updated shards all-gathered (docs/megatron.md §5.4):
+    -- started here in the order the next step's forward reads them and waited there, or (no
+    -- overlap) started and waited here
+    for _, a in ipairs(plan.gather) do
+        op("PARAM_ALLGATHER", string.format("the parameters of %s", a.what),
+           { group = a.group == "expt-dp" and "EDP" or "DPCP", buf = a.buf, bucket = a.bucket },
+           function(b)
+               for _, st in ipairs(a.stmts) do b.stmts[#b.stmts + 1] = st end
+               if not cfg.overlap then b.wait_req(a.req) end
+           end)
     end
     local moe = cfg.model.moe
     if moe and moe.expert_bias and nlayers > 0 then
@@ -1130,7 +1113,8 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
         for j, x in ipairs(store) do store[j] = ir.LayerStore(x) end
         chunks[i] = ir.ProgChunk {
             vp = c.vp, first = c.first, layers = c.count, slots = slots.nslots[c.vp],
-            embedding = c.embedding, head = c.head, bases = t.bases, store = store,
+            embedding = c.embedding, head = c.head, bases = t.bases, shifts = t.shifts,
+            store = store,
             slot_bytes = 0,
         }
     end
@@ -1173,6 +1157,26 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
 
     local layer_params, layer_pieces = {}, {}
     for i, t in ipairs(tables) do layer_params[i], layer_pieces[i] = t.params, t.pieces end
+    -- the asynchronous communication (overlap.lua): the schedule's last forward and backward
+    -- of each chunk start the reductions of the buckets they complete; their collectives join
+    -- the op's in the order they run
+    local head_uses_wte = st.chunks[1].embedding and head and cfg.model.tie_embeddings
+    local sched_ops = schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
+    local plan = overlap.plan(cfg, s, { chunks = chunks, layer_params = layer_params,
+                                        other_params = others, head_uses_wte = head_uses_wte },
+                              buffers, sched_ops, groups_by_id)
+    for _, o in ipairs(sched_ops) do
+        if (o.kind == "F" or o.kind == "B") and o.mb == cfg.nmb - 1 then
+            local ci
+            for i, c in ipairs(chunks) do if c.vp == o.chunk then ci = i end end
+            local comm = {}
+            for _, it in ipairs(plan.items[ci][o.kind]) do
+                if it.kind == "call" then append(comm, it.call.comm)
+                elseif it.kind == "start" then append(comm, layer.comm(it.op.stmts)) end
+            end
+            o.comm = comm
+        end
+    end
     return ir.StageProgram {
         stage = r, title = string.format("stage %d of %d: %s", r, cfg.pp, M.stage_title(st)),
         ranks = stage_ranks(topo, r), buffers = buffers, chunks = chunks,
@@ -1180,11 +1184,11 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
         other_pieces = other_pieces, nparams = nparams, mem = mem, params = params,
         param_bytes = params.params + params.main + params.grads + params.moments,
         mem_bytes = mem_bytes, needs_inputs = r == 0, needs_targets = r == cfg.pp - 1,
-        head_uses_wte = st.chunks[1].embedding and head and cfg.model.tie_embeddings,
+        head_uses_wte = head_uses_wte,
         warmup = stage_sched.warmup, steady = stage_sched.steady,
         cooldown = stage_sched.cooldown, inflight = slots.inflight,
-        schedule = schedule_ops(cfg, s, lp, st, stage_sched, slots, r),
-        tail = tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers),
+        schedule = sched_ops, overlap = plan,
+        tail = tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers, plan),
     }
 end
 
@@ -1291,6 +1295,17 @@ function M.check(prog, cfg, topo)
             table.insert(lines, 1, diag.make(nil, "the pipeline schedule failed verification " ..
                                              "on %s (a generator bug): nothing written",
                                              transport == "mpi" and "MPI" or "NCCL"))
+            diag.raise(lines)
+        end
+    end
+    -- the communication in flight: no call touches what a request covers (overlap.lua)
+    for _, sp in ipairs(prog.stages) do
+        local ok, why = verify.check_async(overlap.events(sp, cfg), names[sp.stage])
+        if not ok then
+            local lines = {}
+            for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
+            table.insert(lines, 1, diag.make(nil, "the overlapped communication failed " ..
+                                             "verification (a generator bug): nothing written"))
             diag.raise(lines)
         end
     end

@@ -267,9 +267,10 @@ end
 
 -- The distributed optimizer's layout of one grad buffer (docs/megatron.md §5.1): params in
 -- reverse order, each start rounded up to 64 elements, the shared embedding in a bucket of
--- its own, every bucket padded to a multiple of lcm(dp_shards, 128). One bucket otherwise
--- (overlap_grad_reduce off: no size-based bucketing).
-function M.layout(params, chunk, kind, dp_shards)
+-- its own, every bucket padded to a multiple of lcm(dp_shards, 128); a new bucket once one
+-- holds bucket_size elements (nil: no size-based bucketing, Megatron's overlap_grad_reduce off,
+-- and always on later pipeline stages and chunks).
+function M.layout(params, chunk, kind, dp_shards, bucket_size)
     local align = util.lcm(dp_shards, M.BUCKET_ALIGN)
     local buckets, pos, numel, cur = {}, 0, 0, nil
     local function close()
@@ -288,7 +289,7 @@ function M.layout(params, chunk, kind, dp_shards)
         local start = util.round_up(pos, M.PARAM_ALIGN)
         cur.slots[#cur.slots + 1] = ir.Slot { name = p.name, offset = start, numel = p.numel }
         pos, numel = start + p.numel, numel + p.numel
-        if p.shared_embedding then close() end
+        if p.shared_embedding or (bucket_size and pos - cur.start >= bucket_size) then close() end
     end
     close()
     local shard = 0
@@ -297,8 +298,9 @@ function M.layout(params, chunk, kind, dp_shards)
                        size = pos, shard = shard, buckets = buckets }
 end
 
--- Buffers of one class: per chunk, the dense buffer then the expert buffer (if any).
-local function buffers(cfg, params)
+-- Buffers of one class: per chunk, the dense buffer then the expert buffer (if any). Only the
+-- first chunk of pipeline stage 0 splits its buffers by size (docs/megatron.md §5.1).
+local function buffers(cfg, params, pp)
     local out = {}
     local shards = { dense = cfg.dp * cfg.cp, expert = cfg.edp }
     for v = 0, cfg.vp - 1 do
@@ -307,7 +309,8 @@ local function buffers(cfg, params)
             for _, p in ipairs(params) do
                 if p.chunk == v and p.buffer == kind then list[#list + 1] = p end
             end
-            if #list > 0 then out[#out + 1] = M.layout(list, v, kind, shards[kind]) end
+            local size = pp == 0 and v == 0 and cfg.bucket_size or nil
+            if #list > 0 then out[#out + 1] = M.layout(list, v, kind, shards[kind], size) end
         end
     end
     return out
@@ -407,7 +410,7 @@ function M.build(cfg, topo, part)
         local numel = 0
         for _, p in ipairs(c.params) do numel = numel + p.numel end
         c.numel = numel
-        c.buffers = buffers(cfg, c.params)
+        c.buffers = buffers(cfg, c.params, c.pp)
         c.bytes = bytes(dtypes, numel, c.buffers)
         classes[i] = ir.Class(c)
         held = held + c.ranks * numel

@@ -472,4 +472,89 @@ function M.check_ring(ring, opts)
     return true
 end
 
+-- -- Communication in flight ------------------------------------------------------------------
+
+local function meets(ranges, r)
+    for _, x in ipairs(ranges or {}) do
+        if x.all or r.all or (x.buf == r.buf and x.lo < r.hi and r.lo < x.hi) then return x end
+    end
+end
+
+local function range_text(x, what)
+    if x.all then return "every " .. what:sub(1, -2) end
+    return string.format("%s [%d, %d) of buffer %d", what, x.lo, x.hi, x.buf)
+end
+
+--[[
+** check_async(events, where): the asynchronous communication of one stage's code (events from
+** overlap.events: two steps of calls, starts and waits, in the order they run) is safe:
+**   * a request is started only when it is not in flight, and waited only when it is -- but
+**     for a parameter all-gather's wait in the first step, before any was started (rt_wait of
+**     NULL: the initial parameters are whole);
+**   * while a gradient reduction is in flight nothing reads or writes the gradients it covers,
+**     and while a parameter all-gather is in flight nothing reads or writes its parameters;
+**   * every reduction is waited in the step that starts it; every request is started in each
+**     step.
+** Returns true, or nil and the lines of a counterexample. With these, the overlapped program
+** computes what its blocking form (each start followed by its wait) computes; that it cannot
+** hang follows from the blocking form's check (M.check), which sees each collective where it
+** starts: a start never waits for another rank, so waiting later only lets a rank go further.
+]]
+function M.check_async(events, where)
+    local inflight, started = {}, {}
+    local function fail(...)
+        return nil, { where .. ": " .. string.format(...) }
+    end
+    for _, e in ipairs(events) do
+        if e.start then
+            local a = e.start
+            if inflight[a.req] then
+                return fail("req[%d] (%s %s) is started at %s while still in flight since %s",
+                            a.req, a.kind, a.what, e.where, inflight[a.req].where)
+            end
+            inflight[a.req] = { op = a, where = e.where }
+            started[a.req] = true
+        elseif e.wait then
+            if not inflight[e.wait] then
+                if not (e.param_wait and e.where:match("^step 1,")) then
+                    return fail("req[%d] is waited at %s but not in flight", e.wait, e.where)
+                end
+            end
+            inflight[e.wait] = nil
+        elseif e.step_end then
+            for req, f in pairs(inflight) do
+                if f.op.kind == "reduce" then
+                    return fail("req[%d] (the reduction of %s), started at %s, is not waited " ..
+                                "by the end of its step", req, f.op.what, f.where)
+                end
+            end
+            for _, list in ipairs({ "reduce", "gather" }) do
+                for _, a in ipairs(events.plan and events.plan[list] or {}) do
+                    if not started[a.req] then
+                        return fail("req[%d] (%s of %s) is never started in step %d", a.req,
+                                    a.kind, a.what, e.step_end)
+                    end
+                end
+            end
+            started = {}
+        else
+            for req, f in pairs(inflight) do
+                local a = f.op
+                local r = { buf = a.buf, lo = a.lo, hi = a.hi }
+                local ranges, mode, what
+                if a.kind == "reduce" then ranges, mode, what = e.grads, e.gmode, "gradients"
+                else ranges, mode, what = e.params, e.pmode, "parameters" end
+                local x = meets(ranges, r)
+                if x then
+                    return fail("req[%d] (the %s of %s), started at %s, is in flight when %s " ..
+                                "%s %s", req, a.kind == "reduce" and "reduction" or
+                                "all-gather of the parameters", a.what, f.where, e.where,
+                                mode == "w" and "writes" or "reads", range_text(x, what))
+                end
+            end
+        end
+    end
+    return true
+end
+
 return M

@@ -85,11 +85,12 @@ local function expand(prog, cfg, sp, cls)
     for ci, ch in ipairs(sp.chunks) do
         for j = 0, ch.layers - 1 do
             local first = #out
-            for _, p in ipairs(sp.layer_params[ci]) do
+            for r, p in ipairs(sp.layer_params[ci]) do
                 out[#out + 1] = {
                     layer = ch.first + j, role = prog.roles[p.role + 1].name,
                     expert = p.expert >= 0 and p.expert + cls.ep * nl or nil, buf = p.buf,
-                    offset = ch.bases[j + 1][p.buf + 1] + p.offset, n = p.n, field = p.field,
+                    offset = ch.bases[j + 1][p.buf + 1] + p.offset +
+                             (ch.shifts and ch.shifts[j + 1][r] or 0), n = p.n, field = p.field,
                 }
             end
             add_pieces(sp.layer_pieces[ci], first)
@@ -311,13 +312,32 @@ T.test("communication: the layers' regions by TP and SP, the step's tail by layo
          { "allgather tp " .. nspc, "reduce_scatter tp " .. nspc, "allgather tp " .. nspc,
            "reduce_scatter tp " .. nspc }, "TP 2 + SP: gathered in, reduce-scattered out")
 
-    local _, _, _, _, _, prog = F.build({ layers = 8 }, { tp = 2, pp = 2, dp = 2 })
-    T.eq(comm_text(prog.stages[1].tail), { "allreduce embd 8192", "allreduce dp-cp 113152",
-         "allreduce mp 1", "allreduce world 2" }, "stage 0: wte, dp, norm over mp, loss and stop")
-    _, _, _, _, _, prog = F.build({ layers = 4 }, { dp = 2, dist_opt = true, sp = true, tp = 2 })
+    -- without overlap the tail reduces over dp first, as Megatron's finalize_model_grads: the
+    -- layers' bucket, then the shared embedding's own
+    local _, _, _, _, _, prog = F.build({ layers = 8 }, { tp = 2, pp = 2, dp = 2,
+                                                          no_overlap = true })
+    T.eq(comm_text(prog.stages[1].tail), { "allreduce dp-cp 104960", "allreduce dp-cp 8192",
+         "allreduce embd 8192", "allreduce mp 1", "allreduce world 2" },
+         "stage 0: dp, wte, norm over mp, loss and stop")
+    -- with it, the last micro-batch's last backward starts the dp reduction; the tail waits
+    _, _, _, _, _, prog = F.build({ layers = 8 }, { tp = 2, pp = 2, dp = 2 })
+    T.eq(comm_text(prog.stages[1].tail), { "allreduce embd 8192", "allreduce mp 1",
+         "allreduce world 2" }, "overlap: stage 0's tail without the dp reduction")
+    local last_b
+    for _, o in ipairs(prog.stages[1].schedule) do if o.kind == "B" then last_b = o end end
+    local b_comm = comm_text({ last_b })
+    T.eq({ table.unpack(b_comm, #b_comm - 1) }, { "allreduce dp-cp 104960", "allreduce dp-cp 8192" },
+         "overlap: the last backward starts the dp reductions, after the layers' own")
+    _, _, _, _, _, prog = F.build({ layers = 4 }, { dp = 2, dist_opt = true, sp = true, tp = 2,
+                                                    no_overlap = true })
     local tail = comm_text(prog.stages[1].tail)
     -- per layer ln_1, ln_2 (weight, bias), both row-parallel biases; then ln_f: (4*6 + 2) * 64
-    T.eq(tail[1], "allreduce tp " .. (4 * 6 + 2) * 64, "SP: the sequence-parallel gradients")
+    T.ok(tail[1]:match("^reduce_scatter dp%-cp"), "no overlap: the dp reduction first")
+    local sp_at
+    for i, t in ipairs(tail) do if t:match("^allreduce tp ") then sp_at = sp_at or i end end
+    T.eq(tail[sp_at], "allreduce tp " .. (4 * 6 + 2) * 64, "SP: the sequence-parallel gradients")
+    T.ok(not tail[sp_at - 1]:match("tp") and tail[sp_at - 1]:match("^reduce_scatter"),
+         "SP: after the dp reductions")
     local rs, ag = 0, 0
     for _, t in ipairs(tail) do
         if t:match("^reduce_scatter dp%-cp") then rs = rs + 1 end
@@ -408,6 +428,66 @@ T.test("the verifier reads the program's communication: two collectives swapped"
         tail[a], tail[b] = tail[b], tail[a]
     end)
     T.raises("failed verification", check)
+end)
+
+-- The overlapped communication (overlap.lua, verify.check_async): every layout of LAYOUTS,
+-- with small gradient buckets (several per buffer) passes; a start moved before the call that
+-- last writes its gradients, a parameter wait moved after the first read, and a dropped wait
+-- are each refused, the counterexample naming the request and the call.
+T.test("overlap: the requests in flight touch nothing; three misplacements are refused",
+       function()
+    local verify = require("verify")
+    local overlap = require("overlap")
+    for _, l in ipairs(LAYOUTS) do
+        for _, bucket in ipairs({ false, 3000 }) do
+            local o = {}
+            for k, v in pairs(l[2]) do o[k] = v end
+            o.bucket_size = bucket or nil
+            local cfg, _, _, _, _, prog = F.build(l[1], o)
+            for _, sp in ipairs(prog.stages) do
+                T.eq(verify.check_async(overlap.events(sp, cfg), "stage"), true,
+                     "stage %d of %s", sp.stage, json.encode(o))
+            end
+        end
+    end
+    local opts = { layers = 4 }
+    local function built()
+        local cfg, _, _, _, _, prog = F.build(opts, { dp = 2, dist_opt = true, bucket_size = 3000,
+                                                      nmb = 2 })
+        return cfg, prog.stages[1]
+    end
+    local function refused(cfg, sp, want)
+        local ok, why = verify.check_async(overlap.events(sp, cfg), "stage 0")
+        T.eq(ok, nil, "refused: " .. want)
+        local text = table.concat(why or {}, " ")
+        T.ok(text:find(want, 1, true), "the counterexample says %q: %s", want, text)
+    end
+    -- a start one call early: the call after it writes the bucket's gradients
+    local cfg, sp = built()
+    local items = sp.overlap.items[1].B
+    for i = 2, #items do
+        if items[i].kind == "start" and items[i - 1].kind == "call" then
+            items[i], items[i - 1] = items[i - 1], items[i]
+            break
+        end
+    end
+    refused(cfg, sp, "writes gradients")
+    -- a parameter wait one call late: the call before it reads them
+    cfg, sp = built()
+    items = sp.overlap.items[1].F
+    for i = 1, #items - 1 do
+        if items[i].kind == "wait" and items[i + 1].kind == "call" then
+            items[i], items[i + 1] = items[i + 1], items[i]
+            break
+        end
+    end
+    refused(cfg, sp, "reads parameters")
+    -- a reduction never waited: the norm reads its gradients in flight
+    cfg, sp = built()
+    for i, t in ipairs(sp.tail) do
+        if t.kind == "DP_WAIT" then table.remove(sp.tail, i); break end
+    end
+    refused(cfg, sp, "is in flight when step 1, the tail's NORM_LOCAL reads every gradient")
 end)
 
 T.test("deterministic: two builds give the same program and the same JSON", function()

@@ -185,11 +185,12 @@ static const gpt_piece other_pieces[2] = {
     { 1, 0, 0, 0, 0,  64, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },   /* wpe.weight */
 };
 
-/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
-** activations (NULL: all in its slot, no recompute) */
+/* first layer, layers, activation slots, embedding, head, tables (a layer's tensors, their
+** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
+** its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 0, 2, 4, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
-    { 4, 2, 2, 0, 0, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL },
+    { 0, 2, 4, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
+    { 4, 2, 2, 0, 0, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
@@ -356,8 +357,9 @@ static void chunk0_forward(int mb, int slot)
         layer_fwd(0, slot, j, 0);
 }
 
-static void chunk0_backward(int slot)
+static void chunk0_backward(int mb, int slot)
 {
+    (void)mb;
     for (int j = 1; j >= 0; j--)   /* layers 1..0 */
         layer_bwd(0, slot, j);
     embedding_bwd(0, slot);
@@ -371,8 +373,9 @@ static void chunk1_forward(int mb, int slot)
         layer_fwd(1, slot, j, 0);
 }
 
-static void chunk1_backward(int slot)
+static void chunk1_backward(int mb, int slot)
 {
+    (void)mb;
     for (int j = 1; j >= 0; j--)   /* layers 5..4 */
         layer_bwd(1, slot, j);
 }
@@ -380,7 +383,7 @@ static void chunk1_backward(int slot)
 static void (*const chunk_forward[2])(int mb, int slot) = {
     chunk0_forward, chunk1_forward,
 };
-static void (*const chunk_backward[2])(int slot) = {
+static void (*const chunk_backward[2])(int mb, int slot) = {
     chunk0_backward, chunk1_backward,
 };
 
@@ -440,7 +443,7 @@ static void run_schedule(void)
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
         if (n > 0) rt_p2p(ops, n);
         if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
 }
 

@@ -193,11 +193,12 @@ static const gpt_piece other_pieces[3] = {
     { 2, 0, 0, 0, 0, 256, 64, GPT_SPLIT_TP,   256, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
 };
 
-/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
-** activations (NULL: all in its slot, no recompute) */
+/* first layer, layers, activation slots, embedding, head, tables (a layer's tensors, their
+** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
+** its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 2, 2, 3, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
-    { 6, 2, 1, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL },
+    { 2, 2, 3, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
+    { 6, 2, 1, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
@@ -381,8 +382,9 @@ static void chunk0_forward(int mb, int slot)
         layer_fwd(0, slot, j, 0);
 }
 
-static void chunk0_backward(int slot)
+static void chunk0_backward(int mb, int slot)
 {
+    (void)mb;
     for (int j = 1; j >= 0; j--)   /* layers 3..2 */
         layer_bwd(0, slot, j);
 }
@@ -395,8 +397,9 @@ static void chunk1_forward(int mb, int slot)
     head_fwd_bwd(1, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
 }
 
-static void chunk1_backward(int slot)
+static void chunk1_backward(int mb, int slot)
 {
+    (void)mb;
     for (int j = 1; j >= 0; j--)   /* layers 7..6 */
         layer_bwd(1, slot, j);
 }
@@ -404,7 +407,7 @@ static void chunk1_backward(int slot)
 static void (*const chunk_forward[2])(int mb, int slot) = {
     chunk0_forward, chunk1_forward,
 };
-static void (*const chunk_backward[2])(int slot) = {
+static void (*const chunk_backward[2])(int mb, int slot) = {
     chunk0_backward, chunk1_backward,
 };
 
@@ -465,7 +468,7 @@ static void run_schedule(void)
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
         if (n > 0) rt_p2p(ops, n);
         if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
 }
 

@@ -121,12 +121,13 @@ static const gpt_piece other_pieces[3] = {
     { 2, 0, 0, 0, 0, 256, 64, GPT_SPLIT_TP,   256, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
 };
 
-/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
-** activations (NULL: all in its slot, no recompute) */
+/* first layer, layers, activation slots, embedding, head, tables (a layer's tensors, their
+** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
+** its slot, no recompute) */
 static const gpt_chunk_info chunks[3] = {
-    { 3, 1, 5, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
-    { 6, 0, 3, 0, 0,  0, NULL,           0, NULL,          NULL,         NULL },
-    { 8, 0, 2, 0, 1,  0, NULL,           0, NULL,          NULL,         NULL },
+    { 3, 1, 5, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
+    { 6, 0, 3, 0, 0,  0, NULL,           0, NULL,          NULL,         NULL, NULL },
+    { 8, 0, 2, 0, 1,  0, NULL,           0, NULL,          NULL,         NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
@@ -309,8 +310,9 @@ static void chunk0_forward(int mb, int slot)
     layer_fwd(0, slot, 0, 0);   /* layer 3 */
 }
 
-static void chunk0_backward(int slot)
+static void chunk0_backward(int mb, int slot)
 {
+    (void)mb;
     layer_bwd(0, slot, 0);   /* layer 3 */
 }
 
@@ -321,8 +323,9 @@ static void chunk1_forward(int mb, int slot)
     (void)slot;   /* no layers: its input is its output */
 }
 
-static void chunk1_backward(int slot)
+static void chunk1_backward(int mb, int slot)
 {
+    (void)mb;
     (void)slot;   /* no layers: the gradient of its output is that of its input */
 }
 
@@ -332,15 +335,16 @@ static void chunk2_forward(int mb, int slot)
     head_fwd_bwd(2, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
 }
 
-static void chunk2_backward(int slot)
+static void chunk2_backward(int mb, int slot)
 {
+    (void)mb;
     (void)slot;   /* no layers: the gradient of its output is that of its input */
 }
 
 static void (*const chunk_forward[3])(int mb, int slot) = {
     chunk0_forward, chunk1_forward, chunk2_forward,
 };
-static void (*const chunk_backward[3])(int slot) = {
+static void (*const chunk_backward[3])(int mb, int slot) = {
     chunk0_backward, chunk1_backward, chunk2_backward,
 };
 
@@ -418,7 +422,7 @@ static void run_schedule(void)
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
         if (n > 0) rt_p2p(ops, n);
         if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
 }
 

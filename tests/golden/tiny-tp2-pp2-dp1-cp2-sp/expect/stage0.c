@@ -111,10 +111,11 @@ static const gpt_piece other_pieces[2] = {
     { 1, 0, 0, 0, 0,  64, 64, GPT_SPLIT_NONE,   0, 0, GPT_REPLICATED },   /* wpe.weight */
 };
 
-/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
-** activations (NULL: all in its slot, no recompute) */
+/* first layer, layers, activation slots, embedding, head, tables (a layer's tensors, their
+** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
+** its slot, no recompute) */
 static const gpt_chunk_info chunks[1] = {
-    { 0, 4, 1, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL },
+    { 0, 4, 1, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
@@ -240,6 +241,7 @@ static void layer_fwd(int c, int slot, int j, int again)
     void *const *a = gpt_acts(c, slot, j);      /* its activations (memory plan) */
     void *const *w = gpt_params(c, j);          /* its tensors */
     const void *x = gpt_layer_in(c, slot, j);   /* the chunk's input or layer j-1's output */
+    rt_req *hop;                                /* the ring's hop in flight */
     (void)again;
     /* attention: res1 = x + c_proj(attention(c_attn(ln_1(x)))) */
     layernorm_fwd(LAYER(L_LN1), LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), x, TENSOR(LN1_W),
@@ -267,12 +269,12 @@ static void layer_fwd(int c, int slot, int j, int again)
                 { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
                   2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
             };
-            rt_p2p_start(ops, 2);
+            hop = rt_p2p_start(ops, 2);
         }
         cp_ring_fwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE), LAYER(L_QKV),
                           AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
                           CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
-        rt_p2p_wait();
+        rt_wait(hop);
     }
     cp_ring_fwd_block((CFG_CP - 1), CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE),
                       LAYER(L_QKV),
@@ -312,6 +314,7 @@ static void layer_bwd(int c, int slot, int j)
     float *const *dw = gpt_grads(c, j);         /* their f32 gradients */
     const void *x = gpt_layer_in(c, slot, j);   /* its input */
     void *dres = gpt_dy(c, slot);               /* d(its output) in, d(its input) out */
+    rt_req *hop;                                /* the ring's hop in flight */
     /* MLP backward */
     /* >>> all-gather over tp: ln_2's output again, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */
@@ -359,14 +362,14 @@ static void layer_bwd(int c, int slot, int j)
                 { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
                   2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
             };
-            rt_p2p_start(ops, 2);
+            hop = rt_p2p_start(ops, 2);
         }
         cp_ring_bwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC),
                           ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
                           STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
                           AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
                           CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
-        rt_p2p_wait();
+        rt_wait(hop);
         {
             /* >>> p2p on the cp ring: block i's dK|dV to the next cp rank, the previous one's
             ** from it (docs/megatron.md §12) */
@@ -409,27 +412,61 @@ static void layer_bwd(int c, int slot, int j)
                   LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
 }
 
+/* -- Communication in flight: each request from its start (rt.h's asynchronous forms) to its
+**    wait; the buffers it covers are not touched in between (checked by gen/lua/verify.lua) -- */
+
+static rt_req *req[2];
+/* req[0]: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+/* req[1]: the reduction of buffer 0 (chunk 0, dense), bucket 1 */
+
+static void wait_req(int k)
+{
+    rt_wait(req[k]);
+    req[k] = NULL;
+}
+
+/* every request still in flight (the library calls it before it reads the parameters between
+** steps, and at the end) */
+static void sync(void)
+{
+    for (int k = 0; k < 2; k++) wait_req(k);
+}
+
 /* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: embedding, layers 0..3 */
 static void chunk0_forward(int mb, int slot)
 {
     embedding_fwd(0, mb, slot);
-    for (int j = 0; j <= 3; j++)   /* layers 0..3 */
+    for (int j = 0; j <= 3; j++) {   /* layers 0..3 */
         layer_fwd(0, slot, j, 0);
+        rt_progress();
+    }
 }
 
-static void chunk0_backward(int slot)
+static void chunk0_backward(int mb, int slot)
 {
-    for (int j = 3; j >= 0; j--)   /* layers 3..0 */
+    for (int j = 3; j >= 0; j--) {   /* layers 3..0 */
         layer_bwd(0, slot, j);
+        rt_progress();
+    }
     embedding_bwd(0, slot);
+    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
+        scale_inplace(gpt_grad_buf(0), 104960, CFG_GRAD_SCALE);
+        /* >>> all-reduce over dp-cp, started: buffer 0 (chunk 0, dense), bucket 0
+        ** (docs/megatron.md §5.3) */
+        req[0] = rt_allreduce_start(gpt_grad_buf(0), 104960, RT_F32, RT_SUM, GROUP(DPCP));
+        scale_inplace(gpt_grad_buf(0) + 104960, 8192, CFG_GRAD_SCALE);
+        /* >>> all-reduce over dp-cp, started: buffer 0 (chunk 0, dense), bucket 1
+        ** (docs/megatron.md §5.3) */
+        req[1] = rt_allreduce_start(gpt_grad_buf(0) + 104960, 8192, RT_F32, RT_SUM, GROUP(DPCP));
+    }
 }
 
 static void (*const chunk_forward[1])(int mb, int slot) = {
     chunk0_forward,
 };
-static void (*const chunk_backward[1])(int slot) = {
+static void (*const chunk_backward[1])(int mb, int slot) = {
     chunk0_backward,
 };
 
@@ -470,7 +507,7 @@ static void run_schedule(void)
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
         if (n > 0) rt_p2p(ops, n);
         if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
 }
 
@@ -484,17 +521,16 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
+    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+    wait_req(0);
+    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 1 */
+    wait_req(1);
     gpt_sp_pack();
     /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
     rt_allreduce(STAGE(X_SP_PACK), 1536, RT_F32, RT_SUM, GROUP(TP));
     gpt_sp_unpack();
     /* >>> all-reduce over embd (first and last stage): wte's gradient (docs/megatron.md §7) */
     rt_allreduce(gpt_grad_buf(0) + 104960, 8192, RT_F32, RT_SUM, GROUP(EMBD));
-    /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
-    ** gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(0), 113152, CFG_GRAD_SCALE);
-    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) (docs/megatron.md §5.3) */
-    rt_allreduce(gpt_grad_buf(0), 113152, RT_F32, RT_SUM, GROUP(DPCP));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
@@ -522,4 +558,5 @@ const gpt_stage stage0 = {
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,
+    .sync = sync,
 };

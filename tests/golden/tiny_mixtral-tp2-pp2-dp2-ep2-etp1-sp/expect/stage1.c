@@ -135,10 +135,11 @@ static const gpt_piece other_pieces[2] = {
     { 1, 0, 0, 0, 0, 128, 64, GPT_SPLIT_TP,   128, 0, GPT_VOCAB_ROWS },   /* lm_head.weight */
 };
 
-/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
-** activations (NULL: all in its slot, no recompute) */
+/* first layer, layers, activation slots, embedding, head, tables (a layer's tensors, their
+** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
+** its slot, no recompute) */
 static const gpt_chunk_info chunks[1] = {
-    { 2, 2, 1, 0, 1, 19, chunk0_params, 19, chunk0_pieces, chunk0_bases, NULL },
+    { 2, 2, 1, 0, 1, 19, chunk0_params, 19, chunk0_pieces, chunk0_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
@@ -456,26 +457,60 @@ static void head_fwd_bwd(int c, int mb, int slot)
                 CFG_C, CFG_ACT);
 }
 
+/* -- Communication in flight: each request from its start (rt.h's asynchronous forms) to its
+**    wait; the buffers it covers are not touched in between (checked by gen/lua/verify.lua) -- */
+
+static rt_req *req[2];
+/* req[0]: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+/* req[1]: the reduction of buffer 1 (chunk 0, experts), bucket 0 */
+
+static void wait_req(int k)
+{
+    rt_wait(req[k]);
+    req[k] = NULL;
+}
+
+/* every request still in flight (the library calls it before it reads the parameters between
+** steps, and at the end) */
+static void sync(void)
+{
+    for (int k = 0; k < 2; k++) wait_req(k);
+}
+
 /* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: layers 2..3, head + loss */
 static void chunk0_forward(int mb, int slot)
 {
-    for (int j = 0; j <= 1; j++)   /* layers 2..3 */
+    for (int j = 0; j <= 1; j++) {   /* layers 2..3 */
         layer_fwd(0, slot, j, 0);
+        rt_progress();
+    }
     head_fwd_bwd(0, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
 }
 
-static void chunk0_backward(int slot)
+static void chunk0_backward(int mb, int slot)
 {
-    for (int j = 1; j >= 0; j--)   /* layers 3..2 */
+    for (int j = 1; j >= 0; j--) {   /* layers 3..2 */
         layer_bwd(0, slot, j);
+        rt_progress();
+    }
+    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
+        scale_inplace(gpt_grad_buf(0), 21888, CFG_GRAD_SCALE);
+        /* >>> all-reduce over dp-cp, started: buffer 0 (chunk 0, dense), bucket 0
+        ** (docs/megatron.md §5.3) */
+        req[0] = rt_allreduce_start(gpt_grad_buf(0), 21888, RT_F32, RT_SUM, GROUP(DPCP));
+        scale_inplace(gpt_grad_buf(1), 196608, CFG_GRAD_SCALE);
+        /* >>> all-reduce over expt-dp, started: buffer 1 (chunk 0, experts), bucket 0
+        ** (docs/megatron.md §5.3) */
+        req[1] = rt_allreduce_start(gpt_grad_buf(1), 196608, RT_F32, RT_SUM, GROUP(EDP));
+    }
 }
 
 static void (*const chunk_forward[1])(int mb, int slot) = {
     chunk0_forward,
 };
-static void (*const chunk_backward[1])(int slot) = {
+static void (*const chunk_backward[1])(int mb, int slot) = {
     chunk0_backward,
 };
 
@@ -515,7 +550,7 @@ static void run_schedule(void)
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
         if (n > 0) rt_p2p(ops, n);
         if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
 }
 
@@ -528,20 +563,14 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
+    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+    wait_req(0);
+    /* wait: the expert reduction of buffer 1 (chunk 0, experts), bucket 0 */
+    wait_req(1);
     gpt_sp_pack();
     /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
     rt_allreduce(STAGE(X_SP_PACK), 1344, RT_F32, RT_SUM, GROUP(TP));
     gpt_sp_unpack();
-    /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
-    ** gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(0), 21888, CFG_GRAD_SCALE);
-    /* >>> all-reduce over dp-cp: buffer 0 (chunk 0, dense) (docs/megatron.md §5.3) */
-    rt_allreduce(gpt_grad_buf(0), 21888, RT_F32, RT_SUM, GROUP(DPCP));
-    /* buffer 1 (chunk 0, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
-    ** their gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(1), 196608, CFG_GRAD_SCALE);
-    /* >>> all-reduce over expt-dp: buffer 1 (chunk 0, experts) (docs/megatron.md §5.3) */
-    rt_allreduce(gpt_grad_buf(1), 196608, RT_F32, RT_SUM, GROUP(EDP));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
@@ -575,4 +604,5 @@ const gpt_stage stage1 = {
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,
+    .sync = sync,
 };

@@ -217,11 +217,12 @@ static const gpt_piece other_pieces[3] = {
     { 2, 0, 0, 0, 0, 128, 64, GPT_SPLIT_TP,   128, 0, GPT_TIED_COPY | GPT_VOCAB_ROWS },
 };
 
-/* first layer, layers, activation slots, embedding, head, tables; where each layer keeps its
-** activations (NULL: all in its slot, no recompute) */
+/* first layer, layers, activation slots, embedding, head, tables (a layer's tensors, their
+** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
+** its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 1, 1, 2, 0, 0, 15, chunk0_params, 17, chunk0_pieces, chunk0_bases, NULL },
-    { 3, 1, 1, 0, 1, 15, chunk1_params, 17, chunk1_pieces, chunk1_bases, NULL },
+    { 1, 1, 2, 0, 0, 15, chunk0_params, 17, chunk0_pieces, chunk0_bases, NULL, NULL },
+    { 3, 1, 1, 0, 1, 15, chunk1_params, 17, chunk1_pieces, chunk1_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
@@ -517,36 +518,103 @@ static void head_fwd_bwd(int c, int mb, int slot)
                   STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
 }
 
+/* -- Communication in flight: each request from its start (rt.h's asynchronous forms) to its
+**    wait; the buffers it covers are not touched in between (checked by gen/lua/verify.lua) -- */
+
+static rt_req *req[10];
+/* req[0]: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+/* req[1]: the all-gather of the parameters of buffer 0 (chunk 0, dense), bucket 0 */
+/* req[2]: the reduction of buffer 1 (chunk 0, experts), bucket 0 */
+/* req[3]: the all-gather of the parameters of buffer 1 (chunk 0, experts), bucket 0 */
+/* req[4]: the reduction of buffer 2 (chunk 1, dense), bucket 0 */
+/* req[5]: the all-gather of the parameters of buffer 2 (chunk 1, dense), bucket 0 */
+/* req[6]: the reduction of buffer 2 (chunk 1, dense), bucket 1 */
+/* req[7]: the all-gather of the parameters of buffer 2 (chunk 1, dense), bucket 1 */
+/* req[8]: the reduction of buffer 3 (chunk 1, experts), bucket 0 */
+/* req[9]: the all-gather of the parameters of buffer 3 (chunk 1, experts), bucket 0 */
+
+static void wait_req(int k)
+{
+    rt_wait(req[k]);
+    req[k] = NULL;
+}
+
+/* every request still in flight (the library calls it before it reads the parameters between
+** steps, and at the end) */
+static void sync(void)
+{
+    for (int k = 0; k < 10; k++) wait_req(k);
+}
+
 /* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: layer 1 */
 static void chunk0_forward(int mb, int slot)
 {
-    (void)mb;
+    if (mb == 0) wait_req(1);   /* the parameters of buffer 0 (chunk 0, dense), bucket 0 */
+    if (mb == 0) wait_req(3);   /* the parameters of buffer 1 (chunk 0, experts), bucket 0 */
     layer_fwd(0, slot, 0, 0);   /* layer 1 */
+    rt_progress();
 }
 
-static void chunk0_backward(int slot)
+static void chunk0_backward(int mb, int slot)
 {
     layer_bwd(0, slot, 0);   /* layer 1 */
+    rt_progress();
+    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
+        scale_inplace(gpt_grad_buf(0), 8960, CFG_GRAD_SCALE);
+        /* >>> reduce-scatter over dp-cp, started: buffer 0 (chunk 0, dense), bucket 0, in place;
+        ** this rank's shard holds the sum (docs/megatron.md §5.3) */
+        req[0] = rt_reduce_scatter_start(gpt_grad_buf(0), gpt_grad_shard(0, 0), 4480, RT_F32,
+                                         GROUP(DPCP));
+        scale_inplace(gpt_grad_buf(1), 65536, CFG_GRAD_SCALE);
+        /* >>> reduce-scatter over expt-dp, started: buffer 1 (chunk 0, experts), bucket 0, in
+        ** place; this rank's shard holds the sum (docs/megatron.md §5.3) */
+        req[2] = rt_reduce_scatter_start(gpt_grad_buf(1), gpt_grad_shard(1, 0), 32768, RT_F32,
+                                         GROUP(EDP));
+    }
 }
 
 /* chunk 1: layer 3, head + loss */
 static void chunk1_forward(int mb, int slot)
 {
+    if (mb == 0) wait_req(7);   /* the parameters of buffer 2 (chunk 1, dense), bucket 1 */
+    if (mb == 0) wait_req(9);   /* the parameters of buffer 3 (chunk 1, experts), bucket 0 */
     layer_fwd(1, slot, 0, 0);   /* layer 3 */
+    rt_progress();
+    if (mb == 0) wait_req(5);   /* the parameters of buffer 2 (chunk 1, dense), bucket 0 */
     head_fwd_bwd(1, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
+    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
+        scale_inplace(gpt_grad_buf(2), 8192, CFG_GRAD_SCALE);
+        /* >>> reduce-scatter over dp-cp, started: buffer 2 (chunk 1, dense), bucket 0, in place;
+        ** this rank's shard holds the sum (docs/megatron.md §5.3) */
+        req[4] = rt_reduce_scatter_start(gpt_grad_buf(2), gpt_grad_shard(2, 0), 4096, RT_F32,
+                                         GROUP(DPCP));
+    }
 }
 
-static void chunk1_backward(int slot)
+static void chunk1_backward(int mb, int slot)
 {
     layer_bwd(1, slot, 0);   /* layer 3 */
+    rt_progress();
+    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
+        scale_inplace(gpt_grad_buf(2) + 8192, 9088, CFG_GRAD_SCALE);
+        /* >>> reduce-scatter over dp-cp, started: buffer 2 (chunk 1, dense), bucket 1, in place;
+        ** this rank's shard holds the sum (docs/megatron.md §5.3) */
+        req[6] = rt_reduce_scatter_start(gpt_grad_buf(2) + 8192, gpt_grad_shard(2, 1), 4544, RT_F32,
+                                         GROUP(DPCP));
+        scale_inplace(gpt_grad_buf(3), 65536, CFG_GRAD_SCALE);
+        /* >>> reduce-scatter over expt-dp, started: buffer 3 (chunk 1, experts), bucket 0, in
+        ** place; this rank's shard holds the sum (docs/megatron.md §5.3) */
+        req[8] = rt_reduce_scatter_start(gpt_grad_buf(3), gpt_grad_shard(3, 0), 32768, RT_F32,
+                                         GROUP(EDP));
+    }
 }
 
 static void (*const chunk_forward[2])(int mb, int slot) = {
     chunk0_forward, chunk1_forward,
 };
-static void (*const chunk_backward[2])(int slot) = {
+static void (*const chunk_backward[2])(int mb, int slot) = {
     chunk0_backward, chunk1_backward,
 };
 
@@ -596,7 +664,7 @@ static void run_schedule(void)
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
         if (n > 0) rt_p2p(ops, n);
         if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->slot);
+        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
 }
 
@@ -609,39 +677,22 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
+    /* wait: the reduction of buffer 2 (chunk 1, dense), bucket 0 */
+    wait_req(4);
+    /* wait: the reduction of buffer 2 (chunk 1, dense), bucket 1 */
+    wait_req(6);
+    /* wait: the expert reduction of buffer 3 (chunk 1, experts), bucket 0 */
+    wait_req(8);
+    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+    wait_req(0);
+    /* wait: the expert reduction of buffer 1 (chunk 0, experts), bucket 0 */
+    wait_req(2);
     gpt_sp_pack();
     /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
     rt_allreduce(STAGE(X_SP_PACK), 1664, RT_F32, RT_SUM, GROUP(TP));
     gpt_sp_unpack();
     /* >>> all-reduce over embd (first and last stage): wte's gradient (docs/megatron.md §7) */
     rt_allreduce(gpt_grad_buf(2), 8192, RT_F32, RT_SUM, GROUP(EMBD));
-    /* buffer 0 (chunk 0, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
-    ** gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(0), 8960, CFG_GRAD_SCALE);
-    /* >>> reduce-scatter over dp-cp, in place: buffer 0 (chunk 0, dense), bucket 0; this rank's
-    ** shard holds the sum (docs/megatron.md §5.3) */
-    rt_reduce_scatter(gpt_grad_buf(0), gpt_grad_shard(0, 0), 4480, RT_F32, GROUP(DPCP));
-    /* buffer 1 (chunk 0, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
-    ** their gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(1), 65536, CFG_GRAD_SCALE);
-    /* >>> reduce-scatter over expt-dp, in place: buffer 1 (chunk 0, experts), bucket 0; this
-    ** rank's shard holds the sum (docs/megatron.md §5.3) */
-    rt_reduce_scatter(gpt_grad_buf(1), gpt_grad_shard(1, 0), 32768, RT_F32, GROUP(EDP));
-    /* buffer 2 (chunk 1, dense): scale by 1/(DP*CP), the data-parallel mean (experts too: their
-    ** gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(2), 17280, CFG_GRAD_SCALE);
-    /* >>> reduce-scatter over dp-cp, in place: buffer 2 (chunk 1, dense), bucket 0; this rank's
-    ** shard holds the sum (docs/megatron.md §5.3) */
-    rt_reduce_scatter(gpt_grad_buf(2), gpt_grad_shard(2, 0), 4096, RT_F32, GROUP(DPCP));
-    /* >>> reduce-scatter over dp-cp, in place: buffer 2 (chunk 1, dense), bucket 1; this rank's
-    ** shard holds the sum (docs/megatron.md §5.3) */
-    rt_reduce_scatter(gpt_grad_buf(2) + 8192, gpt_grad_shard(2, 1), 4544, RT_F32, GROUP(DPCP));
-    /* buffer 3 (chunk 1, experts): scale by 1/(DP*CP), the data-parallel mean (experts too:
-    ** their gradients hold the tokens of every replica) */
-    scale_inplace(gpt_grad_buf(3), 65536, CFG_GRAD_SCALE);
-    /* >>> reduce-scatter over expt-dp, in place: buffer 3 (chunk 1, experts), bucket 0; this
-    ** rank's shard holds the sum (docs/megatron.md §5.3) */
-    rt_reduce_scatter(gpt_grad_buf(3), gpt_grad_shard(3, 0), 32768, RT_F32, GROUP(EDP));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted
     ** once */
     gpt_norm_local();
@@ -661,21 +712,31 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     /* clip to --clip, then AdamW on this rank's shards; a step whose loss or gradient norm is
     ** not finite changes nothing (out->skipped) */
     gpt_adamw(in, out);
-    /* >>> all-gather over dp-cp: buffer 0, bucket 0: the updated shards of the others
-    ** (docs/megatron.md §5.4) */
-    rt_allgather(gpt_param_shard(0, 0), gpt_param_bucket(0, 0), 4480, RT_F32, GROUP(DPCP));
-    /* >>> all-gather over expt-dp: buffer 1, bucket 0: the updated shards of the others
-    ** (docs/megatron.md §5.4) */
-    rt_allgather(gpt_param_shard(1, 0), gpt_param_bucket(1, 0), 32768, RT_F32, GROUP(EDP));
-    /* >>> all-gather over dp-cp: buffer 2, bucket 0: the updated shards of the others
-    ** (docs/megatron.md §5.4) */
-    rt_allgather(gpt_param_shard(2, 0), gpt_param_bucket(2, 0), 4096, RT_F32, GROUP(DPCP));
-    /* >>> all-gather over dp-cp: buffer 2, bucket 1: the updated shards of the others
-    ** (docs/megatron.md §5.4) */
-    rt_allgather(gpt_param_shard(2, 1), gpt_param_bucket(2, 1), 4544, RT_F32, GROUP(DPCP));
-    /* >>> all-gather over expt-dp: buffer 3, bucket 0: the updated shards of the others
-    ** (docs/megatron.md §5.4) */
-    rt_allgather(gpt_param_shard(3, 0), gpt_param_bucket(3, 0), 32768, RT_F32, GROUP(EDP));
+    /* the parameters of buffer 0 (chunk 0, dense), bucket 0 */
+    /* >>> all-gather over dp-cp, started: the parameters of buffer 0 (chunk 0, dense), bucket 0,
+    ** the updated shards of the others (docs/megatron.md §5.4) */
+    req[1] = rt_allgather_start(gpt_param_shard(0, 0), gpt_param_bucket(0, 0), 4480, RT_F32,
+                                GROUP(DPCP));
+    /* the parameters of buffer 1 (chunk 0, experts), bucket 0 */
+    /* >>> all-gather over expt-dp, started: the parameters of buffer 1 (chunk 0, experts),
+    ** bucket 0, the updated shards of the others (docs/megatron.md §5.4) */
+    req[3] = rt_allgather_start(gpt_param_shard(1, 0), gpt_param_bucket(1, 0), 32768, RT_F32,
+                                GROUP(EDP));
+    /* the parameters of buffer 2 (chunk 1, dense), bucket 1 */
+    /* >>> all-gather over dp-cp, started: the parameters of buffer 2 (chunk 1, dense), bucket 1,
+    ** the updated shards of the others (docs/megatron.md §5.4) */
+    req[7] = rt_allgather_start(gpt_param_shard(2, 1), gpt_param_bucket(2, 1), 4544, RT_F32,
+                                GROUP(DPCP));
+    /* the parameters of buffer 3 (chunk 1, experts), bucket 0 */
+    /* >>> all-gather over expt-dp, started: the parameters of buffer 3 (chunk 1, experts),
+    ** bucket 0, the updated shards of the others (docs/megatron.md §5.4) */
+    req[9] = rt_allgather_start(gpt_param_shard(3, 0), gpt_param_bucket(3, 0), 32768, RT_F32,
+                                GROUP(EDP));
+    /* the parameters of buffer 2 (chunk 1, dense), bucket 0 */
+    /* >>> all-gather over dp-cp, started: the parameters of buffer 2 (chunk 1, dense), bucket 0,
+    ** the updated shards of the others (docs/megatron.md §5.4) */
+    req[5] = rt_allgather_start(gpt_param_shard(2, 0), gpt_param_bucket(2, 0), 4096, RT_F32,
+                                GROUP(DPCP));
 }
 
 const gpt_stage stage1 = {
@@ -688,4 +749,5 @@ const gpt_stage stage1 = {
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,
+    .sync = sync,
 };
