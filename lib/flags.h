@@ -66,8 +66,10 @@ enum { WSD_STYLES(WSD_ENUM) };
       "write the whole model after the last step: safetensors, F32, the model's Hugging " \
       "Face names (any layout loads it with `--init`)") \
     _(LOG, "log", "FILE", STRING, log, NULL, \
-      "one JSON object per step: `step, loss, lr, grad_norm, ms, tok_s` (`aux_loss` with " \
-      "MoE; `\"skipped\":true` and `null` for non-finite numbers on a skipped step)") \
+      "one JSON object per step: `step, loss, lr, grad_norm, ms, comm_ms, tok_s` (`comm_ms`: " \
+      "rank 0's time blocked on communication in the step, the part not overlapped; " \
+      "`aux_loss` with MoE; `\"skipped\":true` and `null` for non-finite numbers on a " \
+      "skipped step)") \
     _(LR, "lr", "X", NUM, lr, "6e-4", "peak learning rate") \
     _(MIN_LR, "min-lr", "X", NUM, min_lr, "=0.1*lr", \
       "final learning rate; Megatron's `--min-lr` defaults to 0") \

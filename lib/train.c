@@ -60,7 +60,7 @@ static void log_truncate(const char *path, int upto)
 ** 'skipped': the steps skipped so far.
 */
 static void log_step(FILE *log, const lib_flags *f, int step, const gpt_step_in *in,
-                     const gpt_step_out *out, double ms, int skipped)
+                     const gpt_step_out *out, double ms, double comm_ms, int skipped)
 {
     double tok_s = (double)gpt.prog->tokens_per_step / (ms / 1e3);
     char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32];
@@ -80,8 +80,9 @@ static void log_step(FILE *log, const lib_flags *f, int step, const gpt_step_in 
                out->loss, out->grad_norm, skip);
     if (log) {
         fprintf(log, "{\"step\":%d,\"loss\":%s%s,\"lr\":%.9g,\"grad_norm\":%s,"
-                "\"ms\":%.3f,\"tok_s\":%.1f%s}\n", step, json_num(l, sizeof l, out->loss),
-                auxj, (double)in->lr, json_num(g, sizeof g, out->grad_norm), ms, tok_s,
+                "\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%.1f%s}\n", step,
+                json_num(l, sizeof l, out->loss), auxj, (double)in->lr,
+                json_num(g, sizeof g, out->grad_norm), ms, comm_ms, tok_s,
                 out->skipped ? ",\"skipped\":true" : "");
         fflush(log);
     }
@@ -164,7 +165,8 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     const char *stopped = NULL;     /* why the run stops before --steps */
     int s;
     for (s = start; s < f.steps && !stopped; s++) {
-        double t0 = rt_now();
+        double t0 = rt_now(), blocked0;
+        rt_comm_stats(&blocked0, NULL);
         lib_faults_step(&f, s + 1);
         if (st->needs_inputs || st->needs_targets)
             lib_tokens_batch(&data, prog, position, s, gpt.dp_rank, inputs, targets);
@@ -182,7 +184,12 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         lib.fault = 0;
         if (out.skipped && ++skipped > f.skip_bad_steps) lib_bad_step_stop(&f, s + 1, &out);
         updates += !out.skipped;
-        if (rt_rank() == 0) log_step(log, &f, s + 1, &in, &out, (rt_now() - t0) * 1e3, skipped);
+        if (rt_rank() == 0) {
+            double blocked;
+            rt_comm_stats(&blocked, NULL);
+            log_step(log, &f, s + 1, &in, &out, (rt_now() - t0) * 1e3,
+                     (blocked - blocked0) * 1e3, skipped);
+        }
         int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
         if (saved) lib_ckpt_save(&f, s + 1, updates, skipped);
         int sig = lib_exit_signal();

@@ -128,27 +128,6 @@ end
 
 local RED = { sum = "RT_SUM", max = "RT_MAX" }
 
--- The lines of one collective started into the stage's request slot st.req (rt.h's
--- asynchronous forms: the blocking call's arguments, a request to wait).
-local function start_lines(st, indent, mems)
-    local c = st.coll
-    local A = function(a) return M.arg(a, mems) end
-    local dt, g = coll_dtype(c, mems), M.group(c.group)
-    local out = {}
-    if st.text then add(out, M.comment(st.text, indent)) end
-    local lhs = string.format("req[%d] = ", st.req)
-    if c.op == "allgather" or c.op == "reduce_scatter" then
-        add(out, M.call("rt_" .. c.op .. "_start", { A(c.send), A(c.recv), M.expr(c.n_expr), dt,
-                                                       g }, indent, lhs))
-    elseif c.op == "allreduce" then
-        add(out, M.call("rt_allreduce_start", { A(c.send), M.expr(c.n_expr), dt, RED[c.red], g },
-                        indent, lhs))
-    else
-        error("ccode: no asynchronous collective " .. c.op)
-    end
-    return out
-end
-
 -- The lines of one collective statement.
 local function coll_lines(st, indent, mems)
     local c = st.coll
@@ -208,7 +187,19 @@ function M.stmts(stmts, indent, mems)
         elseif st.kind == "W" then
             out[#out + 1] = pad .. "rt_wait(hop);"
         elseif st.kind == "S" then
-            add(out, start_lines(st, indent, mems))
+            -- a call of the stage's helper that starts the collective, commented on its line
+            local args = {}
+            for i, a in ipairs(st.args) do args[i] = M.arg(a, mems) end
+            local lines = M.call(st.fn, args, indent)
+            if #lines == 1 and #lines[1] + #st.text + 9 <= WIDTH then
+                lines[1] = lines[1] .. "   /* " .. st.text .. " */"
+            else
+                add(out, M.comment(st.text, indent))
+            end
+            add(out, lines)
+        elseif st.kind == "WAIT" and st.nreq > 1 then
+            out[#out + 1] = string.format("%sfor (int k = %d; k < %d; k++) wait_req(k);", pad,
+                                          st.req, st.req + st.nreq)
         elseif st.kind == "WAIT" then
             out[#out + 1] = string.format("%swait_req(%d);", pad, st.req)
         elseif st.kind == "NOTE" then

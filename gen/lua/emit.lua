@@ -213,14 +213,28 @@ local function stage_ranks(topo, k)
 end
 
 -- schedule.svg: the schedule (program.build verifies the same one) on svg.lua's time model.
-local function schedule_svg(cfg, topo, sched)
+local function schedule_svg(cfg, topo, sched, prog)
     local labels = {}
     for r = 0, cfg.pp - 1 do labels[r] = string.format("stage %d (%s)", r, stage_ranks(topo, r)) end
     local _, bubble = inspect.pipeline_bubble(cfg)
     local title = string.format("%s, tp%d pp%d dp%d%s: %s", cfg.model.name, cfg.tp, cfg.pp,
                                 cfg.dp, cfg.vp > 1 and (" vp" .. cfg.vp) or "",
                                 inspect.schedule_text(cfg, sched.kind))
-    return svg.render(sched, { labels = labels, title = title,
+    local comm
+    if prog then
+        comm = {}
+        for stage, list in pairs(inspect.comm_lanes(cfg, prog)) do
+            comm[stage] = {}
+            for i, c in ipairs(list) do
+                local coll = c.op.stmts[1].coll
+                local name = ({ allreduce = "all-reduce", allgather = "all-gather",
+                                reduce_scatter = "reduce-scatter" })[coll.op]
+                comm[stage][i] = { kind = c.kind, at = c.at, text = string.format("%s of %s " ..
+                    "over %s", name, c.op.what, coll.group) }
+            end
+        end
+    end
+    return svg.render(sched, { labels = labels, title = title, comm = comm,
                                note = "predicted bubble " .. bubble })
 end
 
@@ -240,6 +254,58 @@ local LAYER_CALL = { layer_fwd = { "layer_fwd", ", 0" }, layer_recompute = { "la
 local LAYER_WHAT = { layer_fwd = "", layer_recompute = ": the forward again (full recompute)",
                      layer_bwd = "" }
 
+-- The stage's helpers that start a bucket's data-parallel collective (overlap.lua's S
+-- statements call them): the gradient reduction (scaled first by 1/(DP*CP) when that is not 1)
+-- and, with the distributed optimizer, the parameter all-gather; the group from the buffers
+-- table (dp-cp, or expt-dp for experts).
+local function async_helpers(cfg, ov)
+    local out = {}
+    local function groups(list)
+        local seen, names = {}, {}
+        for _, a in ipairs(list) do
+            if not seen[a.group] then seen[a.group] = true; names[#names + 1] = a.group end
+        end
+        return table.concat(names, " or ")
+    end
+    local function add(lines) for _, l in ipairs(lines) do out[#out + 1] = l end end
+    if #ov.reduce > 0 then
+        local rs = cfg.dist_opt
+        add({ "" })
+        add(ccode.comment(string.format("bucket k of buffer b: its gradients %s%s over the " ..
+            "buffer's data-parallel group (%s)%s, started into req[r] (docs/megatron.md §5.3)",
+            cfg.dp * cfg.cp > 1 and "scaled by 1/(DP*CP), the data-parallel mean, then " or "",
+            rs and "reduce-scattered" or "all-reduced", groups(ov.reduce),
+            rs and ", in place: this rank's shard holds the sum" or ""), 0))
+        add({ "static void grad_reduce_start(int r, int b, int k)", "{",
+              "    const gpt_bucket *bk = &buffers[b].buckets[k];",
+              "    float *g = gpt_grad_buf(b) + bk->start;" })
+        if cfg.dp * cfg.cp > 1 then add({ "    scale_inplace(g, bk->size, CFG_GRAD_SCALE);" }) end
+        add({ string.format("    /* >>> %s over %s, started */", rs and "reduce-scatter" or
+                            "all-reduce", groups(ov.reduce)) })
+        if rs then
+            add(ccode.call("rt_reduce_scatter_start", { "g", "gpt_grad_shard(b, k)", "bk->shard",
+                           "RT_F32", "gpt_grp(buffers[b].group)" }, 4, "req[r] = "))
+        else
+            add(ccode.call("rt_allreduce_start", { "g", "bk->size", "RT_F32", "RT_SUM",
+                           "gpt_grp(buffers[b].group)" }, 4, "req[r] = "))
+        end
+        add({ "}" })
+    end
+    if #ov.gather > 0 then
+        add({ "" })
+        add(ccode.comment(string.format("bucket k of buffer b: the updated shards of the " ..
+            "others, all-gathered over the buffer's data-parallel group (%s), started into " ..
+            "req[r] (docs/megatron.md §5.4)", groups(ov.gather)), 0))
+        add({ "static void param_gather_start(int r, int b, int k)", "{",
+              string.format("    /* >>> all-gather over %s, started */", groups(ov.gather)) })
+        add(ccode.call("rt_allgather_start", { "gpt_param_shard(b, k)", "gpt_param_bucket(b, k)",
+                       "buffers[b].buckets[k].shard", "CFG_ACT", "gpt_grp(buffers[b].group)" },
+                       4, "req[r] = "))
+        add({ "}" })
+    end
+    return out
+end
+
 -- The lines of a chunk's forward or backward: its items (overlap.lua ChunkItem) in order --
 -- each call on a line, runs of the same call on consecutive layers as one loop; the async
 -- statements of the step's last micro-batch (the reductions its calls complete) in an
@@ -251,18 +317,24 @@ local function call_lines(items, c, mems, progress)
         local it = items[i]
         if it.kind == "start" then
             -- consecutive starts of the last micro-batch in one block
-            out[#out + 1] = "if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */"
+            local block = {}
             while i <= #items and items[i].kind == "start" do
                 -- printed at the template's indent (4) plus the block's
                 for _, l in ipairs(ccode.stmts(items[i].op.stmts, 8, mems)) do
-                    out[#out + 1] = l:sub(5)
+                    block[#block + 1] = l:sub(5)
                 end
                 i = i + 1
             end
-            out[#out + 1] = "}"
+            if #block == 1 then
+                out[#out + 1] = "if (mb == CFG_NMB - 1)   /* the step's last micro-batch */"
+            else
+                out[#out + 1] = "if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */"
+            end
+            for _, l in ipairs(block) do out[#out + 1] = l end
+            if #block > 1 then out[#out + 1] = "}" end
         elseif it.kind == "wait" then
-            out[#out + 1] = string.format("if (mb == 0) wait_req(%d);   /* the parameters of %s */",
-                                          it.op.req, it.op.what)
+            out[#out + 1] = string.format("if (mb == 0) wait_req(%d);   /* buffer %d, bucket %d: " ..
+                                          "its parameters */", it.op.req, it.op.buf, it.op.bucket)
             i = i + 1
         else
             local k = it.call
@@ -532,16 +604,20 @@ local function stage_view(cfg, prog, sp, part)
         for _, l in ipairs(ccode.stmts(o.stmts, 4, mems)) do lines[#lines + 1] = l end
     end
     v.step_lines = lines
-    -- the requests in flight between a start and its wait
-    v.nreq = int(sp.overlap.nreq)
-    v.has_req = sp.overlap.nreq > 0
-    local reqs = {}
-    for _, a in ipairs(sp.overlap.reduce) do reqs[a.req + 1] = "reduction of " .. a.what end
-    for _, a in ipairs(sp.overlap.gather) do
-        reqs[a.req + 1] = "all-gather of the parameters of " .. a.what
+    -- the requests in flight between a start and its wait, and the helpers that start them
+    local ov = sp.overlap
+    v.nreq = int(ov.nreq)
+    v.has_req = ov.nreq > 0
+    local parts = {}
+    if #ov.reduce > 0 then
+        parts[#parts + 1] = string.format("req[0..%d]: the gradient reductions", #ov.reduce - 1)
     end
-    v.reqs = {}
-    for i, t in ipairs(reqs) do v.reqs[i] = { i = int(i - 1), what = t } end
+    if #ov.gather > 0 then
+        parts[#parts + 1] = string.format("req[%d..%d]: the parameter all-gathers",
+                                          #ov.reduce, ov.nreq - 1)
+    end
+    v.req_lines = ccode.comment(table.concat(parts, "; ") .. ", each in start order", 0)
+    v.helper_lines = async_helpers(cfg, ov)
     return v
 end
 
@@ -619,7 +695,7 @@ function M.render(cfg, topo, part, sh, sched, prog, opts)
                   what = "parameter pieces per rank class, buffer layout, bytes" },
         ir.File { name = "report.txt", text = inspect.summary(cfg, topo, part, sh, sched, prog),
                   what = "all ranks by stage, parameter counts, memory per rank (make inspect)" },
-        ir.File { name = "schedule.svg", text = schedule_svg(cfg, topo, sched),
+        ir.File { name = "schedule.svg", text = schedule_svg(cfg, topo, sched, prog),
                   what = "the pipeline schedule drawn: stages x time, F and B per micro-batch" },
     }
     if prog then render_program(cfg, topo, part, prog, files, opts) end

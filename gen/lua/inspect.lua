@@ -572,7 +572,7 @@ end
 -- What each tail op's collective carries (program.lua tail_ops).
 local TAIL_WHAT = {
     SP_ALLREDUCE = "sequence-parallel gradients", EMBD_ALLREDUCE = "the tied wte gradient",
-    GRAD_ALLREDUCE = "gradients", GRAD_REDUCE_SCATTER = "gradients (one bucket)",
+    DP_REDUCE = "gradients (one bucket)",
     NORM_ALLREDUCE = "the gradient norm", PARAM_ALLGATHER = "updated parameters (one bucket)",
     EXPERT_BIAS = "the step's rows per expert (expert bias)",
     AUX_ALLREDUCE = "the step's aux loss", LOSS_ALLREDUCE = "the step's loss",
@@ -587,6 +587,51 @@ local function group_text(topo, kind_name, r)
     local kind = topology.kind(topo, kind_name)
     return string.format("%s [%s]", kind_name, util.ranks(topology.members(kind, g), 1,
                                                           kind.size, 40))
+end
+
+--[[
+** The data-parallel collectives each stage keeps in flight (overlap.lua's plan), for the
+** communication lanes of schedule.svg and make inspect RANK=: per stage (0-based) a list of
+** { kind = "reduce" | "gather", op = AsyncOp, at = { kind = "F" | "B", mb, chunk, frac,
+** call } }: a reduction starts at 'at' (after the call: frac of the op's calls done) and is
+** waited after the schedule; an all-gather starts after the previous step's optimizer and is
+** waited at 'at' (before the call). Empty without overlap.
+]]
+function M.comm_lanes(cfg, prog)
+    local lanes = {}
+    for _, sp in ipairs(prog.stages) do
+        local list, ncalls = {}, {}
+        for _, o in ipairs(sp.schedule) do
+            if o.calls then
+                ncalls[o.chunk] = ncalls[o.chunk] or {}
+                ncalls[o.chunk][o.kind] = #o.calls
+            end
+        end
+        for _, name in ipairs(cfg.overlap and { "reduce", "gather" } or {}) do
+            for _, a in ipairs(sp.overlap[name]) do
+                local phase, call = a.at:match("^(%a)(%d+)$")
+                call = tonumber(call)
+                local vp = sp.chunks[a.chunk + 1].vp
+                local n = ncalls[vp][phase]
+                list[#list + 1] = { kind = name, op = a, at = {
+                    kind = phase, mb = name == "reduce" and cfg.nmb - 1 or 0, chunk = vp,
+                    frac = name == "reduce" and call / n or (call - 1) / n, call = call } }
+            end
+        end
+        lanes[sp.stage] = list
+    end
+    return lanes
+end
+
+-- The calls of the F or B op (micro-batch mb, chunk c) of stage sp.
+local function op_calls(sp, kind, mb, c)
+    for _, o in ipairs(sp.schedule) do
+        if o.kind == kind and o.mb == mb and o.chunk == c then return o.calls end
+    end
+end
+
+local function call_text(c)
+    return c.global and string.format("%s (layer %d)", c.op, c.global) or c.op
 end
 
 -- Append the rank's program to 'out': its stage source and its unrolled schedule.
@@ -619,14 +664,45 @@ function M.pipeline_rank(cfg, topo, part, sched, prog, r, out)
         for j = 2, #texts do rows[#rows + 1] = { "", "", "  and " .. texts[j] } end
     end
     for _, line in ipairs(util.columns(rows, "rll")) do out[#out + 1] = "  " .. line end
-    -- the collectives after the schedule, in the program's order (its step's tail)
     if not prog then return end
+    -- the communication lane: what is in flight while the schedule computes
+    local lane = M.comm_lanes(cfg, prog)[k]
+    if #lane > 0 then
+        local step_of = {}
+        for i, s in ipairs(pl.sched.stages[k + 1].steps) do
+            if s.kind == "F" or s.kind == "B" then step_of[s.kind .. s.mb .. "." .. s.chunk] = i end
+        end
+        out[#out + 1] = "  communication in flight (overlapped with the computation; " ..
+                        "docs/PROGRAM.md §4)"
+        for _, c in ipairs(lane) do
+            local a, at = c.op, c.at
+            local coll = a.stmts[1].coll
+            local calls = op_calls(prog.stages[k + 1], at.kind, at.mb, at.chunk)
+            local where = string.format("step %d (%s mb %d, chunk %d)",
+                step_of[at.kind .. at.mb .. "." .. at.chunk], at.kind == "F" and "forward" or
+                "backward", at.mb, at.chunk)
+            out[#out + 1] = string.format("    %s of %s (%s %s) over %s", OP_TEXT[coll.op],
+                a.what, util.thousands(coll.n), coll.dtype, group_text(topo, coll.group, r))
+            if c.kind == "reduce" then
+                out[#out + 1] = string.format("      started in %s after %s, waited after " ..
+                    "the schedule", where, call_text(calls[at.call]))
+            else
+                out[#out + 1] = string.format("      started after AdamW, waited in the next " ..
+                    "%s before %s", where, call_text(calls[at.call]))
+            end
+        end
+    end
+    -- the collectives after the schedule, in the program's order (its step's tail)
     out[#out + 1] = "  then"
     for _, o in ipairs(prog.stages[k + 1].tail) do
+        if o.kind == "DP_WAIT" then
+            out[#out + 1] = "    wait for the data-parallel reductions in flight"
+        end
         for _, c in ipairs(o.comm) do
             local where = c.group == "world" and "the world" or group_text(topo, c.group, r)
-            out[#out + 1] = string.format("    %s %s over %s", OP_TEXT[c.op],
-                                          TAIL_WHAT[o.kind], where)
+            out[#out + 1] = string.format("    %s %s over %s%s", OP_TEXT[c.op],
+                                          TAIL_WHAT[o.kind], where, (o.kind == "PARAM_ALLGATHER"
+                                          and cfg.overlap) and ", started" or "")
         end
     end
 end

@@ -481,9 +481,11 @@ record("Stmt", {
     { "kind",  "str",    "K (a call) | C (a collective) | S (a collective started into " ..
                          "req[n]) | WAIT (rt_wait of req[n]) | P (p2p: blocking, or started) | " ..
                          "W (the wait of the started p2p) | LOOP | NOTE (a comment)" },
-    { "req",   "int?",   "S, WAIT: the request slot" },
-    { "fn",    "str?",   "K: the function (layer.lua SIGNATURES)" },
-    { "args",  "array?", "K: Arg list" },
+    { "req",   "int?",   "S, WAIT: the request slot (WAIT: the first of nreq)" },
+    { "nreq",  "int?",   "WAIT: request slots waited, req .. req + nreq - 1" },
+    { "fn",    "str?",   "K: the function (layer.lua SIGNATURES); S: the stage's helper that " ..
+                         "starts it (grad_reduce_start, param_gather_start)" },
+    { "args",  "array?", "K, S: Arg list" },
     { "coll",  "Coll?",  "C, P: what the verifier and the report see" },
     { "msgs",  "array?", "P: Msg list, posted together" },
     { "start", "bool?",  "P: started (completed by the next W) rather than blocking" },
@@ -503,12 +505,11 @@ record("AsyncOp", {
     { "what",   "str",   "buffer and bucket, in words" },
     { "lo",     "int",   "first element of the bucket in the buffer" },
     { "hi",     "int",   "one past its last" },
-    { "stmts",  "array", "Stmt list that starts it (the scale, then the S statement)" },
+    { "stmts",  "array", "Stmt list that starts it (one S statement)" },
     { "at",     "str",   "reduce: after which call (F3: the 3rd of the chunk's forward; B2) " ..
                          "the last micro-batch has written its gradients; gather: before which " ..
                          "call micro-batch 0 first reads its parameters" },
     { "chunk",  "int",   "the chunk (index in the stage) whose calls place it" },
-    { "grads",  "bool",  "it covers gradients (reduce) rather than parameters (gather)" },
 })
 
 record("ChunkItem", {
@@ -564,10 +565,10 @@ record("P2P", {
 })
 
 record("Op", {
-    { "kind",   "str",    "F | B | X | SECTION | tail ops: BEGIN SCHEDULE SP_ALLREDUCE " ..
-                          "EMBD_ALLREDUCE GRAD_SCALE GRAD_ALLREDUCE GRAD_REDUCE_SCATTER " ..
-                          "NORM_LOCAL NORM_ALLREDUCE NORM ADAMW PARAM_ALLGATHER " ..
-                          "EXPERT_BIAS AUX_ALLREDUCE LOSS_ALLREDUCE" },
+    { "kind",   "str",    "F | B | X | SECTION | tail ops: BEGIN SCHEDULE DP_WAIT DP_REDUCE " ..
+                          "GRAD_SCALE SP_ALLREDUCE EMBD_ALLREDUCE NORM_LOCAL NORM_ALLREDUCE " ..
+                          "NORM ADAMW PARAM_ALLGATHER EXPERT_BIAS AUX_ALLREDUCE " ..
+                          "LOSS_ALLREDUCE" },
     { "text",   "str",    "one line for the generated comment" },
     { "mb",     "int?",   "F, B: micro-batch" },
     { "chunk",  "int?",   "F, B: local chunk" },

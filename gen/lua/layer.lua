@@ -223,7 +223,10 @@ local function builder()
         b.stmts[#b.stmts + 1] = ir.Stmt { kind = "S", coll = ir.Coll(fields), req = req,
                                           text = text }
     end
-    function b.wait_req(req) b.stmts[#b.stmts + 1] = ir.Stmt { kind = "WAIT", req = req } end
+    -- the wait of request slots req .. req + count - 1 (count: 1 if nil), in that order
+    function b.wait_req(req, count)
+        b.stmts[#b.stmts + 1] = ir.Stmt { kind = "WAIT", req = req, nreq = count or 1 }
+    end
     function b.loop(count, var, text, body)
         local inner = builder()
         body(inner)

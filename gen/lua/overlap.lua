@@ -103,111 +103,57 @@ function M.plan(cfg, s, st, buffers, schedule, groups_by_id)
     local A = layer.arg
     local chunks = st.chunks
     local first_f, last_f, last_b = chunk_ops(schedule, cfg.nmb)
-    local ops = { reduce = {}, gather = {} }
-    local nreq = 0
+    local ops = { reduce = {}, gather = {}, scale_only = {} }
     -- each chunk's calls (as every F and B op of it has them)
     local calls = {}
     for ci, c in ipairs(chunks) do
         local f, b = first_f[c.vp], last_b[c.vp]
         calls[ci] = { F = f and f.calls or {}, B = b and b.calls or {} }
     end
-    local function chunk_of_buf(b) return buffers[b + 1].chunk end
     local ci_of = {}
     for ci, c in ipairs(chunks) do ci_of[c.vp] = ci end
 
     -- per bucket: after which call the last micro-batch has written all of its gradients,
     -- and before which call micro-batch 0 first reads its parameters
-    local after = {}      -- [ci] = { F = { [call index] = { AsyncOp } }, B = ... }
-    local before = {}
-    for ci = 1, #chunks do after[ci], before[ci] = { F = {}, B = {} }, { F = {}, B = {} } end
     local dp = cfg.dp * cfg.cp > 1
     for bi, bf in ipairs(buffers) do
         local g = groups_by_id[bf.group]
-        local ci = ci_of[chunk_of_buf(bi - 1)]
+        local ci = ci_of[bf.chunk]
         for k, bk in ipairs(bf.buckets) do
             local lo, hi = bk.start, bk.start + bk.size
-            -- the last write: the B op's calls after the F op's
-            local ready
+            local ready, first
             for _, phase in ipairs({ "F", "B" }) do
                 for i, call in ipairs(calls[ci][phase]) do
                     local _, w = M.call_ranges(call, ci, st)
                     if meets(w, bi - 1, lo, hi) then ready = { phase = phase, call = i } end
                 end
             end
-            local first
             for i, call in ipairs(calls[ci].F) do
                 local rd = M.call_ranges(call, ci, st)
                 if not first and meets(rd, bi - 1, lo, hi) then first = { phase = "F", call = i } end
             end
             local what = string.format("buffer %d (chunk %d, %s), bucket %d", bi - 1, bf.chunk,
                                        bf.expert and "experts" or "dense", k - 1)
-            local send = A.lit(bk.start > 0 and string.format("gpt_grad_buf(%d) + %d", bi - 1,
-                               bk.start) or string.format("gpt_grad_buf(%d)", bi - 1))
+            local function op(kind, at)
+                return { kind = kind, buf = bi - 1, bucket = k - 1, group = g.kind, what = what,
+                         lo = lo, hi = hi, at = at.phase .. at.call, chunk = ci - 1, bk = bk,
+                         sharded = bf.sharded }
+            end
             if g.create and ready then
-                nreq = nreq + 1
-                local b = layer.builder()
-                if dp then
-                    b.k("scale_inplace", send, A.int(A.E(s, bk.size)), A.num("CFG_GRAD_SCALE"))
-                end
-                local text
-                if bf.sharded then
-                    text = string.format(">>> reduce-scatter over %s, started: %s, in place; " ..
-                                         "this rank's shard holds the sum (docs/megatron.md " ..
-                                         "§5.3)", g.kind, what)
-                    b.start("reduce_scatter", g.kind, nreq - 1, { n = bk.shard,
-                            n_expr = A.E(s, bk.shard), dtype = "f32", send = send,
-                            recv = A.lit(string.format("gpt_grad_shard(%d, %d)", bi - 1, k - 1)),
-                            text = text })
-                else
-                    text = string.format(">>> all-reduce over %s, started: %s " ..
-                                         "(docs/megatron.md §5.3)", g.kind, what)
-                    b.start("allreduce", g.kind, nreq - 1, { n = bk.size,
-                            n_expr = A.E(s, bk.size), dtype = "f32", red = "sum", send = send,
-                            text = text })
-                end
-                local op = ir.AsyncOp { req = nreq - 1, kind = "reduce", buf = bi - 1,
-                                        bucket = k - 1, group = g.kind, what = what,
-                                        lo = lo, hi = hi, stmts = b.stmts,
-                                        at = ready.phase .. ready.call, chunk = ci - 1,
-                                        grads = true }
-                ops.reduce[#ops.reduce + 1] = op
-                if cfg.overlap then
-                    local list = after[ci][ready.phase]
-                    list[ready.call] = list[ready.call] or {}
-                    table.insert(list[ready.call], op)
-                end
+                ops.reduce[#ops.reduce + 1] = op("reduce", ready)
             elseif ready and dp then
                 -- no group to reduce over (expert buffers when EDP is 1): the mean's scale only
-                ops.scale_only = ops.scale_only or {}
                 ops.scale_only[#ops.scale_only + 1] = { buf = bi - 1, bucket = bk }
             end
             if cfg.dist_opt and g.create and first then
-                nreq = nreq + 1
-                local b = layer.builder()
-                b.start("allgather", g.kind, nreq - 1, { n = bk.shard, n_expr = A.E(s, bk.shard),
-                        dtype = cfg.bf16 and "bf16" or "f32",
-                        send = A.lit(string.format("gpt_param_shard(%d, %d)", bi - 1, k - 1)),
-                        recv = A.lit(string.format("gpt_param_bucket(%d, %d)", bi - 1, k - 1)),
-                        text = string.format(">>> all-gather over %s, started: %s, the updated " ..
-                                             "shards of the others (docs/megatron.md §5.4)",
-                                             g.kind, what:gsub("^buffer", "the parameters of " ..
-                                             "buffer")) })
-                local op = ir.AsyncOp { req = nreq - 1, kind = "gather", buf = bi - 1,
-                                        bucket = k - 1, group = g.kind, what = what, lo = lo,
-                                        hi = hi, stmts = b.stmts, at = first.phase .. first.call,
-                                        chunk = ci - 1, grads = false }
-                ops.gather[#ops.gather + 1] = op
-                if cfg.overlap then
-                    local list = before[ci].F
-                    list[first.call] = list[first.call] or {}
-                    table.insert(list[first.call], op)
-                end
+                ops.gather[#ops.gather + 1] = op("gather", first)
             end
         end
     end
     -- the reductions start in the order they become ready (the schedule's position of the op
     -- and the call), the all-gathers in the order the next forward first reads them; a stable
-    -- sort keeps bucket order within a call
+    -- sort keeps bucket order within a call. Request slots: the reductions 0 .. R-1, then the
+    -- all-gathers, each in start order
     local index = {}
     for i, o in ipairs(schedule) do index[o] = i end
     local function key(op)
@@ -216,13 +162,61 @@ function M.plan(cfg, s, st, buffers, schedule, groups_by_id)
         local o = op.kind == "gather" and first_f[c] or (phase == "F" and last_f[c] or last_b[c])
         return index[o] * 100000 + tonumber(call)
     end
+    local nreq = 0
     for _, list in ipairs({ ops.reduce, ops.gather }) do
-        local k, seq = {}, {}
-        for i, op in ipairs(list) do k[op], seq[op] = key(op), i end
+        local kk, seq = {}, {}
+        for i, op in ipairs(list) do kk[op], seq[op] = key(op), i end
         table.sort(list, function(x, y)
-            if k[x] ~= k[y] then return k[x] < k[y] end
+            if kk[x] ~= kk[y] then return kk[x] < kk[y] end
             return seq[x] < seq[y]
         end)
+        for i, op in ipairs(list) do
+            op.req = nreq
+            nreq = nreq + 1
+            -- the statement: a call of the stage's helper (grad_reduce_start,
+            -- param_gather_start), with the collective it starts for the verifier and the trace
+            local bk, coll = op.bk, nil
+            if op.kind == "reduce" and op.sharded then
+                coll = { op = "reduce_scatter", n = bk.shard, n_expr = A.E(s, bk.shard),
+                         dtype = "f32" }
+            elseif op.kind == "reduce" then
+                coll = { op = "allreduce", n = bk.size, n_expr = A.E(s, bk.size), dtype = "f32",
+                         red = "sum" }
+            else
+                coll = { op = "allgather", n = bk.shard, n_expr = A.E(s, bk.shard),
+                         dtype = cfg.bf16 and "bf16" or "f32" }
+            end
+            coll.op, coll.group = coll.op, op.group
+            local b = layer.builder()
+            b.stmts[1] = ir.Stmt {
+                kind = "S", req = op.req, coll = ir.Coll(coll),
+                fn = op.kind == "reduce" and "grad_reduce_start" or "param_gather_start",
+                args = { A.int(A.E(s, op.req)), A.int(A.E(s, op.buf)), A.int(A.E(s, op.bucket)) },
+                text = string.format(">>> buffer %d, bucket %d%s", op.buf, op.bucket,
+                                     op.group == "expt-dp" and " (experts)" or ""),
+            }
+            op.stmts = b.stmts
+            op.bk, op.sharded = nil, nil
+            list[i] = ir.AsyncOp(op)
+        end
+    end
+    -- where each goes
+    local after, before = {}, {}
+    for ci = 1, #chunks do after[ci], before[ci] = { F = {}, B = {} }, { F = {}, B = {} } end
+    if cfg.overlap then
+        for _, op in ipairs(ops.reduce) do
+            local phase, call = op.at:match("^(%a)(%d+)$")
+            local list = after[op.chunk + 1][phase]
+            call = tonumber(call)
+            list[call] = list[call] or {}
+            table.insert(list[call], op)
+        end
+        for _, op in ipairs(ops.gather) do
+            local call = tonumber(op.at:match("^F(%d+)$"))
+            local list = before[op.chunk + 1].F
+            list[call] = list[call] or {}
+            table.insert(list[call], op)
+        end
     end
 
     -- each chunk's code: its calls with the statements after (the last micro-batch's) and
@@ -245,7 +239,7 @@ function M.plan(cfg, s, st, buffers, schedule, groups_by_id)
         end
     end
     return ir.Overlap { items = items, reduce = ops.reduce, gather = ops.gather, nreq = nreq,
-                        scale_only = ops.scale_only or {},
+                        scale_only = ops.scale_only,
                         progress = cfg.overlap and (#ops.reduce + #ops.gather) > 0 }
 end
 
@@ -299,11 +293,7 @@ function M.events(sp, cfg)
                                                 params = rd, pmode = "r", grads = wr,
                                                 gmode = "w" }
                             elseif it.kind == "start" and o.mb == cfg.nmb - 1 then
-                                local a = it.op
-                                ev[#ev + 1] = { where = where .. ": its scale", grads = {
-                                                { buf = a.buf, lo = a.lo, hi = a.hi } },
-                                                gmode = "w" }
-                                ev[#ev + 1] = { where = where, start = a }
+                                ev[#ev + 1] = { where = where, start = it.op }
                             elseif it.kind == "wait" and o.mb == 0 then
                                 ev[#ev + 1] = { where = where, wait = it.op.req, param_wait = true }
                             end
@@ -321,7 +311,9 @@ function M.events(sp, cfg)
                         ev[#ev + 1] = { where = where, start = assert(ops_of[st.req]) }
                     elseif st.kind == "WAIT" then
                         async = true
-                        ev[#ev + 1] = { where = where, wait = st.req }
+                        for k = st.req, st.req + st.nreq - 1 do
+                            ev[#ev + 1] = { where = where, wait = k }
+                        end
                     elseif not async then
                         -- the op's own work, before its start (DP_REDUCE's scale)
                         ev[#ev + 1] = { where = where, params = touch.params and ALL or {},

@@ -955,19 +955,20 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
     op("SCHEDULE", "the pipeline schedule (run_schedule above)", nil,
        function(b) b.k("run_schedule") end)
     -- the data-parallel reductions (docs/megatron.md §5.3): waited here in the order they
-    -- started inside the schedule, or (no overlap) each started and waited here
-    for _, a in ipairs(plan.reduce) do
-        if cfg.overlap then
-            op("DP_WAIT", string.format("wait: the %s of %s", a.group == "expt-dp" and
-               "expert reduction" or "reduction", a.what), { buf = a.buf, bucket = a.bucket },
-               function(b) b.wait_req(a.req) end)
-        else
-            op("DP_REDUCE", string.format("%s: scaled by 1/(DP*CP), then reduced", a.what),
-               { buf = a.buf, bucket = a.bucket }, function(b)
+    -- started inside the schedule, or (no overlap) started and waited here
+    local nred = #plan.reduce
+    if nred > 0 and cfg.overlap then
+        op("DP_WAIT", string.format("wait for the data-parallel reductions the schedule " ..
+           "started (req[0..%d], in start order)", nred - 1), nil,
+           function(b) b.wait_req(0, nred) end)
+    elseif nred > 0 then
+        op("DP_REDUCE", "each gradient bucket scaled by 1/(DP*CP), then reduced over its " ..
+           "data-parallel group (grad_reduce_start); then waited", nil, function(b)
+               for _, a in ipairs(plan.reduce) do
                    for _, st in ipairs(a.stmts) do b.stmts[#b.stmts + 1] = st end
-                   b.wait_req(a.req)
-               end)
-        end
+               end
+               b.wait_req(0, nred)
+           end)
     end
     for _, so in ipairs(plan.scale_only) do
         op("GRAD_SCALE", string.format("buffer %d, bucket at %d: scale by 1/(DP*CP), the " ..
@@ -1044,12 +1045,15 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
     -- with the distributed optimizer, the updated shards all-gathered (docs/megatron.md §5.4):
     -- started here in the order the next step's forward reads them and waited there, or (no
     -- overlap) started and waited here
-    for _, a in ipairs(plan.gather) do
-        op("PARAM_ALLGATHER", string.format("the parameters of %s", a.what),
-           { group = a.group == "expt-dp" and "EDP" or "DPCP", buf = a.buf, bucket = a.bucket },
-           function(b)
-               for _, st in ipairs(a.stmts) do b.stmts[#b.stmts + 1] = st end
-               if not cfg.overlap then b.wait_req(a.req) end
+    if #plan.gather > 0 then
+        op("PARAM_ALLGATHER", "each bucket's updated parameters all-gathered over its " ..
+           "data-parallel group (param_gather_start), " .. (cfg.overlap and "in the order the " ..
+           "next step's forward reads them, which waits for each before its first use" or
+           "then waited"), nil, function(b)
+               for _, a in ipairs(plan.gather) do
+                   for _, st in ipairs(a.stmts) do b.stmts[#b.stmts + 1] = st end
+               end
+               if not cfg.overlap then b.wait_req(plan.gather[1].req, #plan.gather) end
            end)
     end
     local moe = cfg.model.moe

@@ -6,7 +6,9 @@
 -- met its partner, at the later of the two posting times. It returns every compute box with
 -- its start and end and the makespan; the idle share it implies is the simulated bubble.
 -- svg.render(sched, opts) draws that timeline: one row per stage, one column per time unit,
--- an F or B box per (micro-batch, chunk), filled with the micro-batch's colour.
+-- an F or B box per (micro-batch, chunk), filled with the micro-batch's colour; with
+-- opts.comm, under each row a communication lane: each data-parallel collective in flight, from
+-- where the code starts it to where it is waited.
 -- Pure: returns tables and text; emit.lua writes the file, inspect.lua prints the numbers.
 
 local schedule = require("schedule")
@@ -107,9 +109,21 @@ local function esc(s)
     return (s:gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;"):gsub('"', "&quot;"))
 end
 
+-- Where, in stage r's timeline, a point inside a box lies: { kind, mb, chunk, frac } -> time.
+local function at_time(boxes, p)
+    for _, b in ipairs(boxes) do
+        if b.kind == p.kind and b.mb == p.mb and b.chunk == p.chunk then
+            return b.t0 + p.frac * (b.t1 - b.t0)
+        end
+    end
+end
+
 --[[
 ** The SVG text of sched's timeline. opts.labels[r]: the row label of stage r (default
-** "stage r"); opts.title: a line above the picture; opts.note: a line below it.
+** "stage r"); opts.title: a line above the picture; opts.note: a line below it; opts.comm[r]:
+** stage r's collectives in flight, each { kind = "reduce" (started at 'at', waited after the
+** schedule) | "gather" (started after the previous step's optimizer, waited at 'at'), at = {
+** kind, mb, chunk, frac: the point inside that box }, text }.
 ]]
 function M.render(sched, opts)
     opts = opts or {}
@@ -118,14 +132,18 @@ function M.render(sched, opts)
     local span = math.max(tl.makespan, 1)
     -- a unit is 10..28 pixels wide, the picture about 1600 pixels at most
     local unit = math.max(10, math.min(28, 1600 // span))
-    local row, gap, top = 26, 6, 44
+    local lane = 0
+    for r = 0, P - 1 do
+        if opts.comm and opts.comm[r] and #opts.comm[r] > 0 then lane = 8 end
+    end
+    local row, gap, top = 26, 6 + lane, 44
     local left = 0
     for r = 0, P - 1 do
         left = math.max(left, #(opts.labels and opts.labels[r] or ("stage " .. r)))
     end
     left = 24 + 7 * left         -- about 7 pixels a character at 11 pixels
     local width = left + span * unit + 20
-    local height = top + P * (row + gap) + 56
+    local height = top + P * (row + gap) + 56 + (lane > 0 and 18 or 0)
     local o = {}
     local function add(fmt, ...) o[#o + 1] = string.format(fmt, ...) end
     add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" ' ..
@@ -163,6 +181,20 @@ function M.render(sched, opts)
             end
             add("</g>")
         end
+        -- the communication lane: a bar per collective in flight
+        for _, c in ipairs(opts.comm and opts.comm[r] or {}) do
+            local t = at_time(tl.stages[r].boxes, c.at)
+            if t then
+                local t0, t1 = t, tl.stages[r].finish
+                if c.kind == "gather" then t0, t1 = 0, t end
+                add('<g><title>%s: %s, time %.1f-%.1f</title>', esc(label), esc(c.text), t0, t1)
+                add('<rect x="%d" y="%d" width="%d" height="5" fill="%s" fill-opacity="0.45"/>',
+                    math.floor(left + t0 * unit), y + row + 2,
+                    math.max(1, math.floor((t1 - t0) * unit)),
+                    c.kind == "gather" and "#2060c0" or "#c04020")
+                add("</g>")
+            end
+        end
     end
     local y = top + P * (row + gap) + 14
     add('<text x="8" y="%d" fill="#333333">F = forward of one chunk (1 unit), B = backward ' ..
@@ -171,6 +203,12 @@ function M.render(sched, opts)
     add('<text x="8" y="%d" fill="#333333">makespan %d units for %d of compute per stage: ' ..
         'bubble %.3f (simulated)%s</text>', y + 18, tl.makespan, tl.busy, M.bubble(tl),
         opts.note and ("; " .. esc(opts.note)) or "")
+    if lane > 0 then
+        add('<text x="8" y="%d" fill="#333333">under each stage: its data-parallel ' ..
+            'communication in flight -- red: a gradient bucket\'s reduction, from where the ' ..
+            'backward starts it to the wait after the schedule; blue: a bucket\'s parameter ' ..
+            'all-gather, from the previous step to its first use</text>', y + 36)
+    end
     add("</svg>")
     return table.concat(o, "\n") .. "\n"
 end

@@ -132,7 +132,8 @@ else
         $STC -q $WTOL $S/a.safetensors $S/ref-a.safetensors
 fi
 
-# -- (j) the log: stdout line per step; JSONL keys exactly step, loss, lr, grad_norm, ms, tok_s -
+# -- (j) the log: stdout line per step; JSONL keys exactly step, loss, lr, grad_norm, ms, comm_ms,
+#        tok_s
 LINE='^step +[0-9]+/10 \| loss [0-9]+\.[0-9]+ \| lr [0-9]\.[0-9]+e[-+][0-9]+ '
 LINE="$LINE"'\| norm [0-9]+\.[0-9]+ \| +[0-9]+\.[0-9] ms \| +[0-9]+ tok/s$'
 n=$(grep -c -E "$LINE" $S/a.stdout)
@@ -141,7 +142,7 @@ else
     show $S/a.stdout
     fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s'"
 fi
-verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, tok_s" \
+verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, comm_ms, tok_s" \
     $S/keys.log $FIX logkeys $S/a.jsonl 10
 
 # -- (b) gradient accumulation: (MBS=4, NMB=1) and (MBS=1, NMB=4) -------------------------------

@@ -287,12 +287,12 @@ static void layer_bwd(int c, int slot, int j)
                   LAYER(L_LN1_MEAN), LAYER(L_LN1_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
 }
 
-/* -- Communication in flight: each request from its start (rt.h's asynchronous forms) to its
-**    wait; the buffers it covers are not touched in between (checked by gen/lua/verify.lua) -- */
+/* -- Communication in flight: each data-parallel collective of a gradient bucket, started into
+**    a request slot (rt.h's asynchronous forms) and waited later; nothing touches what a
+**    request covers in between (gen/lua/verify.lua checks it) ------------------------------ */
 
+/* req[0..1]: the gradient reductions, each in start order */
 static rt_req *req[2];
-/* req[0]: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
-/* req[1]: the reduction of buffer 0 (chunk 0, dense), bucket 1 */
 
 static void wait_req(int k)
 {
@@ -305,6 +305,18 @@ static void wait_req(int k)
 static void sync(void)
 {
     for (int k = 0; k < 2; k++) wait_req(k);
+}
+
+/* bucket k of buffer b: its gradients scaled by 1/(DP*CP), the data-parallel mean, then
+** all-reduced over the buffer's data-parallel group (dp-cp), started into req[r]
+** (docs/megatron.md §5.3) */
+static void grad_reduce_start(int r, int b, int k)
+{
+    const gpt_bucket *bk = &buffers[b].buckets[k];
+    float *g = gpt_grad_buf(b) + bk->start;
+    scale_inplace(g, bk->size, CFG_GRAD_SCALE);
+    /* >>> all-reduce over dp-cp, started */
+    req[r] = rt_allreduce_start(g, bk->size, RT_F32, RT_SUM, gpt_grp(buffers[b].group));
 }
 
 /* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
@@ -327,14 +339,8 @@ static void chunk0_backward(int mb, int slot)
     }
     embedding_bwd(0, slot);
     if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
-        scale_inplace(gpt_grad_buf(0), 104960, CFG_GRAD_SCALE);
-        /* >>> all-reduce over dp-cp, started: buffer 0 (chunk 0, dense), bucket 0
-        ** (docs/megatron.md §5.3) */
-        req[0] = rt_allreduce_start(gpt_grad_buf(0), 104960, RT_F32, RT_SUM, GROUP(DPCP));
-        scale_inplace(gpt_grad_buf(0) + 104960, 8192, CFG_GRAD_SCALE);
-        /* >>> all-reduce over dp-cp, started: buffer 0 (chunk 0, dense), bucket 1
-        ** (docs/megatron.md §5.3) */
-        req[1] = rt_allreduce_start(gpt_grad_buf(0) + 104960, 8192, RT_F32, RT_SUM, GROUP(DPCP));
+        grad_reduce_start(0, 0, 0);   /* >>> buffer 0, bucket 0 */
+        grad_reduce_start(1, 0, 1);   /* >>> buffer 0, bucket 1 */
     }
 }
 
@@ -396,10 +402,8 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
-    wait_req(0);
-    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 1 */
-    wait_req(1);
+    /* wait for the data-parallel reductions the schedule started (req[0..1], in start order) */
+    for (int k = 0; k < 2; k++) wait_req(k);
     /* >>> all-reduce over embd (first and last stage): wte's gradient (docs/megatron.md §7) */
     rt_allreduce(gpt_grad_buf(0) + 104960, 8192, RT_F32, RT_SUM, GROUP(EMBD));
     /* gradient norm (docs/megatron.md §6): this rank's sums of squares, every tensor counted

@@ -419,11 +419,12 @@ static void layer_bwd(int c, int slot, int j)
                 CFG_C, CFG_ACT);
 }
 
-/* -- Communication in flight: each request from its start (rt.h's asynchronous forms) to its
-**    wait; the buffers it covers are not touched in between (checked by gen/lua/verify.lua) -- */
+/* -- Communication in flight: each data-parallel collective of a gradient bucket, started into
+**    a request slot (rt.h's asynchronous forms) and waited later; nothing touches what a
+**    request covers in between (gen/lua/verify.lua checks it) ------------------------------ */
 
+/* req[0..0]: the gradient reductions, each in start order */
 static rt_req *req[1];
-/* req[0]: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
 
 static void wait_req(int k)
 {
@@ -436,6 +437,18 @@ static void wait_req(int k)
 static void sync(void)
 {
     for (int k = 0; k < 1; k++) wait_req(k);
+}
+
+/* bucket k of buffer b: its gradients scaled by 1/(DP*CP), the data-parallel mean, then
+** all-reduced over the buffer's data-parallel group (dp-cp), started into req[r]
+** (docs/megatron.md §5.3) */
+static void grad_reduce_start(int r, int b, int k)
+{
+    const gpt_bucket *bk = &buffers[b].buckets[k];
+    float *g = gpt_grad_buf(b) + bk->start;
+    scale_inplace(g, bk->size, CFG_GRAD_SCALE);
+    /* >>> all-reduce over dp-cp, started */
+    req[r] = rt_allreduce_start(g, bk->size, RT_F32, RT_SUM, gpt_grp(buffers[b].group));
 }
 
 /* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
@@ -457,12 +470,8 @@ static void chunk0_backward(int mb, int slot)
         rt_progress();
     }
     embedding_bwd(0, slot);
-    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
-        scale_inplace(gpt_grad_buf(0), 82432, CFG_GRAD_SCALE);
-        /* >>> all-reduce over dp-cp, started: buffer 0 (chunk 0, dense), bucket 0
-        ** (docs/megatron.md §5.3) */
-        req[0] = rt_allreduce_start(gpt_grad_buf(0), 82432, RT_F32, RT_SUM, GROUP(DPCP));
-    }
+    if (mb == CFG_NMB - 1)   /* the step's last micro-batch */
+        grad_reduce_start(0, 0, 0);   /* >>> buffer 0, bucket 0 */
 }
 
 static void (*const chunk_forward[1])(int mb, int slot) = {
@@ -523,7 +532,7 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
+    /* wait for the data-parallel reductions the schedule started (req[0..0], in start order) */
     wait_req(0);
     gpt_sp_pack();
     /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */

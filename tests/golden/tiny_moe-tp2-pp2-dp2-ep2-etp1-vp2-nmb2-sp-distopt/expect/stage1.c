@@ -518,20 +518,12 @@ static void head_fwd_bwd(int c, int mb, int slot)
                   STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), CFG_N_SP, CFG_C, CFG_ACT);
 }
 
-/* -- Communication in flight: each request from its start (rt.h's asynchronous forms) to its
-**    wait; the buffers it covers are not touched in between (checked by gen/lua/verify.lua) -- */
+/* -- Communication in flight: each data-parallel collective of a gradient bucket, started into
+**    a request slot (rt.h's asynchronous forms) and waited later; nothing touches what a
+**    request covers in between (gen/lua/verify.lua checks it) ------------------------------ */
 
+/* req[0..4]: the gradient reductions; req[5..9]: the parameter all-gathers, each in start order */
 static rt_req *req[10];
-/* req[0]: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
-/* req[1]: the all-gather of the parameters of buffer 0 (chunk 0, dense), bucket 0 */
-/* req[2]: the reduction of buffer 1 (chunk 0, experts), bucket 0 */
-/* req[3]: the all-gather of the parameters of buffer 1 (chunk 0, experts), bucket 0 */
-/* req[4]: the reduction of buffer 2 (chunk 1, dense), bucket 0 */
-/* req[5]: the all-gather of the parameters of buffer 2 (chunk 1, dense), bucket 0 */
-/* req[6]: the reduction of buffer 2 (chunk 1, dense), bucket 1 */
-/* req[7]: the all-gather of the parameters of buffer 2 (chunk 1, dense), bucket 1 */
-/* req[8]: the reduction of buffer 3 (chunk 1, experts), bucket 0 */
-/* req[9]: the all-gather of the parameters of buffer 3 (chunk 1, experts), bucket 0 */
 
 static void wait_req(int k)
 {
@@ -546,13 +538,35 @@ static void sync(void)
     for (int k = 0; k < 10; k++) wait_req(k);
 }
 
+/* bucket k of buffer b: its gradients scaled by 1/(DP*CP), the data-parallel mean, then
+** reduce-scattered over the buffer's data-parallel group (dp-cp or expt-dp), in place: this
+** rank's shard holds the sum, started into req[r] (docs/megatron.md §5.3) */
+static void grad_reduce_start(int r, int b, int k)
+{
+    const gpt_bucket *bk = &buffers[b].buckets[k];
+    float *g = gpt_grad_buf(b) + bk->start;
+    scale_inplace(g, bk->size, CFG_GRAD_SCALE);
+    /* >>> reduce-scatter over dp-cp or expt-dp, started */
+    req[r] = rt_reduce_scatter_start(g, gpt_grad_shard(b, k), bk->shard, RT_F32,
+                                     gpt_grp(buffers[b].group));
+}
+
+/* bucket k of buffer b: the updated shards of the others, all-gathered over the buffer's
+** data-parallel group (dp-cp or expt-dp), started into req[r] (docs/megatron.md §5.4) */
+static void param_gather_start(int r, int b, int k)
+{
+    /* >>> all-gather over dp-cp or expt-dp, started */
+    req[r] = rt_allgather_start(gpt_param_shard(b, k), gpt_param_bucket(b, k),
+                                buffers[b].buckets[k].shard, CFG_ACT, gpt_grp(buffers[b].group));
+}
+
 /* -- Chunks: forward and backward of one micro-batch ---------------------------------------- */
 
 /* chunk 0: layer 1 */
 static void chunk0_forward(int mb, int slot)
 {
-    if (mb == 0) wait_req(1);   /* the parameters of buffer 0 (chunk 0, dense), bucket 0 */
-    if (mb == 0) wait_req(3);   /* the parameters of buffer 1 (chunk 0, experts), bucket 0 */
+    if (mb == 0) wait_req(5);   /* buffer 0, bucket 0: its parameters */
+    if (mb == 0) wait_req(6);   /* buffer 1, bucket 0: its parameters */
     layer_fwd(0, slot, 0, 0);   /* layer 1 */
     rt_progress();
 }
@@ -562,35 +576,22 @@ static void chunk0_backward(int mb, int slot)
     layer_bwd(0, slot, 0);   /* layer 1 */
     rt_progress();
     if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
-        scale_inplace(gpt_grad_buf(0), 8960, CFG_GRAD_SCALE);
-        /* >>> reduce-scatter over dp-cp, started: buffer 0 (chunk 0, dense), bucket 0, in place;
-        ** this rank's shard holds the sum (docs/megatron.md §5.3) */
-        req[0] = rt_reduce_scatter_start(gpt_grad_buf(0), gpt_grad_shard(0, 0), 4480, RT_F32,
-                                         GROUP(DPCP));
-        scale_inplace(gpt_grad_buf(1), 65536, CFG_GRAD_SCALE);
-        /* >>> reduce-scatter over expt-dp, started: buffer 1 (chunk 0, experts), bucket 0, in
-        ** place; this rank's shard holds the sum (docs/megatron.md §5.3) */
-        req[2] = rt_reduce_scatter_start(gpt_grad_buf(1), gpt_grad_shard(1, 0), 32768, RT_F32,
-                                         GROUP(EDP));
+        grad_reduce_start(3, 0, 0);   /* >>> buffer 0, bucket 0 */
+        grad_reduce_start(4, 1, 0);   /* >>> buffer 1, bucket 0 (experts) */
     }
 }
 
 /* chunk 1: layer 3, head + loss */
 static void chunk1_forward(int mb, int slot)
 {
-    if (mb == 0) wait_req(7);   /* the parameters of buffer 2 (chunk 1, dense), bucket 1 */
-    if (mb == 0) wait_req(9);   /* the parameters of buffer 3 (chunk 1, experts), bucket 0 */
+    if (mb == 0) wait_req(7);   /* buffer 2, bucket 1: its parameters */
+    if (mb == 0) wait_req(8);   /* buffer 3, bucket 0: its parameters */
     layer_fwd(1, slot, 0, 0);   /* layer 3 */
     rt_progress();
-    if (mb == 0) wait_req(5);   /* the parameters of buffer 2 (chunk 1, dense), bucket 0 */
+    if (mb == 0) wait_req(9);   /* buffer 2, bucket 0: its parameters */
     head_fwd_bwd(1, mb, slot);   /* ln_f, head and loss of mb; their gradient -> dy */
-    if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
-        scale_inplace(gpt_grad_buf(2), 8192, CFG_GRAD_SCALE);
-        /* >>> reduce-scatter over dp-cp, started: buffer 2 (chunk 1, dense), bucket 0, in place;
-        ** this rank's shard holds the sum (docs/megatron.md §5.3) */
-        req[4] = rt_reduce_scatter_start(gpt_grad_buf(2), gpt_grad_shard(2, 0), 4096, RT_F32,
-                                         GROUP(DPCP));
-    }
+    if (mb == CFG_NMB - 1)   /* the step's last micro-batch */
+        grad_reduce_start(0, 2, 0);   /* >>> buffer 2, bucket 0 */
 }
 
 static void chunk1_backward(int mb, int slot)
@@ -598,16 +599,8 @@ static void chunk1_backward(int mb, int slot)
     layer_bwd(1, slot, 0);   /* layer 3 */
     rt_progress();
     if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */
-        scale_inplace(gpt_grad_buf(2) + 8192, 9088, CFG_GRAD_SCALE);
-        /* >>> reduce-scatter over dp-cp, started: buffer 2 (chunk 1, dense), bucket 1, in place;
-        ** this rank's shard holds the sum (docs/megatron.md §5.3) */
-        req[6] = rt_reduce_scatter_start(gpt_grad_buf(2) + 8192, gpt_grad_shard(2, 1), 4544, RT_F32,
-                                         GROUP(DPCP));
-        scale_inplace(gpt_grad_buf(3), 65536, CFG_GRAD_SCALE);
-        /* >>> reduce-scatter over expt-dp, started: buffer 3 (chunk 1, experts), bucket 0, in
-        ** place; this rank's shard holds the sum (docs/megatron.md §5.3) */
-        req[8] = rt_reduce_scatter_start(gpt_grad_buf(3), gpt_grad_shard(3, 0), 32768, RT_F32,
-                                         GROUP(EDP));
+        grad_reduce_start(1, 2, 1);   /* >>> buffer 2, bucket 1 */
+        grad_reduce_start(2, 3, 0);   /* >>> buffer 3, bucket 0 (experts) */
     }
 }
 
@@ -677,16 +670,8 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_step_begin(in);
     /* the pipeline schedule (run_schedule above) */
     run_schedule();
-    /* wait: the reduction of buffer 2 (chunk 1, dense), bucket 0 */
-    wait_req(4);
-    /* wait: the reduction of buffer 2 (chunk 1, dense), bucket 1 */
-    wait_req(6);
-    /* wait: the expert reduction of buffer 3 (chunk 1, experts), bucket 0 */
-    wait_req(8);
-    /* wait: the reduction of buffer 0 (chunk 0, dense), bucket 0 */
-    wait_req(0);
-    /* wait: the expert reduction of buffer 1 (chunk 0, experts), bucket 0 */
-    wait_req(2);
+    /* wait for the data-parallel reductions the schedule started (req[0..4], in start order) */
+    for (int k = 0; k < 5; k++) wait_req(k);
     gpt_sp_pack();
     /* >>> all-reduce over tp: each tp rank saw its own tokens (docs/megatron.md §4.6) */
     rt_allreduce(STAGE(X_SP_PACK), 1664, RT_F32, RT_SUM, GROUP(TP));
@@ -712,31 +697,14 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     /* clip to --clip, then AdamW on this rank's shards; a step whose loss or gradient norm is
     ** not finite changes nothing (out->skipped) */
     gpt_adamw(in, out);
-    /* the parameters of buffer 0 (chunk 0, dense), bucket 0 */
-    /* >>> all-gather over dp-cp, started: the parameters of buffer 0 (chunk 0, dense), bucket 0,
-    ** the updated shards of the others (docs/megatron.md §5.4) */
-    req[1] = rt_allgather_start(gpt_param_shard(0, 0), gpt_param_bucket(0, 0), 4480, RT_F32,
-                                GROUP(DPCP));
-    /* the parameters of buffer 1 (chunk 0, experts), bucket 0 */
-    /* >>> all-gather over expt-dp, started: the parameters of buffer 1 (chunk 0, experts),
-    ** bucket 0, the updated shards of the others (docs/megatron.md §5.4) */
-    req[3] = rt_allgather_start(gpt_param_shard(1, 0), gpt_param_bucket(1, 0), 32768, RT_F32,
-                                GROUP(EDP));
-    /* the parameters of buffer 2 (chunk 1, dense), bucket 1 */
-    /* >>> all-gather over dp-cp, started: the parameters of buffer 2 (chunk 1, dense), bucket 1,
-    ** the updated shards of the others (docs/megatron.md §5.4) */
-    req[7] = rt_allgather_start(gpt_param_shard(2, 1), gpt_param_bucket(2, 1), 4544, RT_F32,
-                                GROUP(DPCP));
-    /* the parameters of buffer 3 (chunk 1, experts), bucket 0 */
-    /* >>> all-gather over expt-dp, started: the parameters of buffer 3 (chunk 1, experts),
-    ** bucket 0, the updated shards of the others (docs/megatron.md §5.4) */
-    req[9] = rt_allgather_start(gpt_param_shard(3, 0), gpt_param_bucket(3, 0), 32768, RT_F32,
-                                GROUP(EDP));
-    /* the parameters of buffer 2 (chunk 1, dense), bucket 0 */
-    /* >>> all-gather over dp-cp, started: the parameters of buffer 2 (chunk 1, dense), bucket 0,
-    ** the updated shards of the others (docs/megatron.md §5.4) */
-    req[5] = rt_allgather_start(gpt_param_shard(2, 0), gpt_param_bucket(2, 0), 4096, RT_F32,
-                                GROUP(DPCP));
+    /* each bucket's updated parameters all-gathered over its data-parallel group
+    ** (param_gather_start), in the order the next step's forward reads them, which waits for
+    ** each before its first use */
+    param_gather_start(5, 0, 0);   /* >>> buffer 0, bucket 0 */
+    param_gather_start(6, 1, 0);   /* >>> buffer 1, bucket 0 (experts) */
+    param_gather_start(7, 2, 1);   /* >>> buffer 2, bucket 1 */
+    param_gather_start(8, 3, 0);   /* >>> buffer 3, bucket 0 (experts) */
+    param_gather_start(9, 2, 0);   /* >>> buffer 2, bucket 0 */
 }
 
 const gpt_stage stage1 = {
