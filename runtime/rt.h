@@ -368,8 +368,11 @@ double rt_now(void);                     /* monotonic seconds */
 ** this rank (1, 2, ... in start order), and rt_wait writes "wait <id> <op> [<group>]" (op:
 ** allreduce, allgather, reduce_scatter or p2p; no group for p2p); rt_progress writes nothing:
 **   allreduce dp 4096 f32 sum start 3   ...   wait 3 allreduce dp
-** With RT_TRACE_TIMES=1 the line of every blocking call and wait ends with " t=<seconds>", the
-** wall time the rank was blocked in it (rt_comm_stats' *blocked, call by call); without it a
+** With RT_TRACE_SITES=1 every line then ends with " at <file>+0x<offset>": where the call was
+** made, the return address of the rt_ call in the executable or library that made it, minus its
+** load address (addr2line -e <file> <offset - 1> names the source line of the call). With
+** RT_TRACE_TIMES=1 the line of every blocking call and wait ends with " t=<seconds>", the wall
+** time the rank was blocked in it (rt_comm_stats' *blocked, call by call); without either a
 ** trace depends on the program only, so two runs can be compared whole. The file is written
 ** whole by rt_finalize and flushed by an abort (a call in progress is its last line); the
 ** generator's tests compare it with the collectives the program declares (build/gen --dump

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "rt_internal.h"   // defines: rt__state, rt__poll, rt__scratch, rt__bf16_to_f32, ...
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -964,9 +965,12 @@ void rt_comm_stats(double *blocked, double *inside)
 /* -- Trace ------------------------------------------------------------------------------------ */
 
 int rt__tracing;
+void *rt__trace_site;
 static FILE *trace_file;
 static int trace_times;         /* RT_TRACE_TIMES: blocked seconds at the end of a line */
+static int trace_sites;         /* RT_TRACE_SITES: each line's call site */
 static int trace_open_line;     /* a line is begun and not ended */
+static void *line_site;         /* the call site of the open line */
 
 /*
 ** Open DIR/rank_<r>.trace for this rank's trace (rt.h "Trace"); a failure aborts naming it.
@@ -980,7 +984,22 @@ void rt__trace_open(const char *dir, int rank)
         rt__die("RT_TRACE: cannot create %s: %s", path, strerror(errno));
     const char *t = getenv("RT_TRACE_TIMES");
     trace_times = t && *t && strcmp(t, "0") != 0;
+    t = getenv("RT_TRACE_SITES");
+    trace_sites = t && *t && strcmp(t, "0") != 0;
     rt__tracing = 1;
+}
+
+/* " at <file>+0x<offset>": the call site, relative to the object that holds it. */
+static void trace_site(void *site)
+{
+    Dl_info info;
+    if (site && dladdr(site, &info) && info.dli_fname && info.dli_fbase) {
+        const char *base = strrchr(info.dli_fname, '/');
+        fprintf(trace_file, " at %s+0x%lx", base ? base + 1 : info.dli_fname,
+                (unsigned long)((char *)site - (char *)info.dli_fbase));
+    } else {
+        fprintf(trace_file, " at ?");
+    }
 }
 
 /* End the open line: " t=<seconds>" when timing and 'blocked' >= 0, then the newline. */
@@ -988,6 +1007,8 @@ static void trace_end(double blocked)
 {
     if (!trace_file || !trace_open_line)
         return;
+    if (trace_sites)
+        trace_site(line_site);
     if (trace_times && blocked >= 0)
         fprintf(trace_file, " t=%.6f", blocked);
     fputc('\n', trace_file);
@@ -1000,6 +1021,8 @@ static void trace_begin(void)
     if (trace_open_line)
         trace_end(-1);
     trace_open_line = 1;
+    line_site = rt__trace_site;
+    rt__trace_site = NULL;
 }
 
 void rt__trace(const char *fmt, ...)

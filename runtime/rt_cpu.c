@@ -126,7 +126,7 @@ void rt_barrier(rt_group *g)
 {
     double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace("barrier %s", g ? g->name : "world");
+        { RT_TRACE_SITE(); rt__trace("barrier %s", g ? g->name : "world"); }
     rt__h_barrier(g ? g : rt__world, "barrier");
     rt__comm_end(t0, 1);
 }
@@ -135,7 +135,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
 {
     double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace_p2p(ops, nops, 0);
+        { RT_TRACE_SITE(); rt__trace_p2p(ops, nops, 0); }
     rt__h_p2p(ops, nops);
     rt__comm_end(t0, 1);
 }
@@ -178,7 +178,7 @@ rt_req *rt_p2p_start(const rt_p2p_op *ops, int nops)
     double t0 = rt__comm_begin();
     rt_req *r = rt__req_new("p2p", NULL, 1);
     if (rt__tracing)
-        rt__trace_p2p(ops, nops, r->id);
+        { RT_TRACE_SITE(); rt__trace_p2p(ops, nops, r->id); }
     r->h = rt__h_p2p_start(ops, nops);
     rt__comm_end(t0, 0);
     return r;
@@ -190,7 +190,7 @@ void rt_wait(rt_req *r)
         return;
     double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace_wait(r);
+        { RT_TRACE_SITE(); rt__trace_wait(r); }
     rt__h_wait(r->h);
     rt__req_free(r);
     rt__comm_end(t0, 1);

@@ -669,7 +669,7 @@ void rt_p2p(const rt_p2p_op *ops, int nops)
 {
     double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace_p2p(ops, nops, 0);
+        { RT_TRACE_SITE(); rt__trace_p2p(ops, nops, 0); }
     complete(p2p_start(req_new("p2p", NULL, 0), ops, nops));
     rt__comm_end(t0, 1);
 }
@@ -710,7 +710,7 @@ rt_req *rt_p2p_start(const rt_p2p_op *ops, int nops)
     double t0 = rt__comm_begin();
     rt_req *r = req_new("p2p", NULL, 1);
     if (rt__tracing)
-        rt__trace_p2p(ops, nops, r->id);
+        { RT_TRACE_SITE(); rt__trace_p2p(ops, nops, r->id); }
     p2p_start(r, ops, nops);
     rt__comm_end(t0, 0);
     return r;
@@ -722,7 +722,7 @@ void rt_wait(rt_req *r)
         return;
     double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace_wait(r);
+        { RT_TRACE_SITE(); rt__trace_wait(r); }
     complete(r);
     rt__comm_end(t0, 1);
 }
@@ -877,7 +877,7 @@ void rt_barrier(rt_group *g)
 {
     double t0 = rt__comm_begin();
     if (rt__tracing)
-        rt__trace("barrier %s", g ? g->name : "world");
+        { RT_TRACE_SITE(); rt__trace("barrier %s", g ? g->name : "world"); }
     RT_CUDA(cudaDeviceSynchronize());
     rt__h_barrier(g ? g : rt__world, "barrier");
     rt__comm_end(t0, 1);

@@ -248,8 +248,13 @@ void rt__trace_close(void);                      /* rt_finalize, rt_abort */
 ** rt_alltoall hands to the all-to-all with counts. */
 size_t *rt__even_counts(int p, size_t n);
 
+/* The call site of the rt_ call being traced (RT_TRACE_SITES): each traced entry point sets it
+** from its own return address before it writes its line. */
+extern void *rt__trace_site;
+#define RT_TRACE_SITE() (rt__trace_site = __builtin_return_address(0))
 #define RT_TRACE_COLL(op, g, n, t, has_n, red, id) \
-    do { if (rt__tracing) rt__trace_coll(op, g, n, t, has_n, red, id); } while (0)
+    do { if (rt__tracing) { RT_TRACE_SITE(); rt__trace_coll(op, g, n, t, has_n, red, id); } } \
+    while (0)
 
 /* -- For the runtime's tests only (not part of rt.h's interface) ---------------------------- */
 

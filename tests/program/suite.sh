@@ -5,6 +5,9 @@
 #   trace/<layout>    what every rank communicates (the runtime's RT_TRACE) is what the generator
 #                     declared (--dump program: every collective of every call and of the step's
 #                     tail, every pipeline message), in order, for two steps
+#   sites/<layout>    every one of those calls (RT_TRACE_SITES: each call's return address,
+#                     mapped by addr2line) is made at a line of the rank's stage<k>.c that names
+#                     the rt_ call (tests/program/sites_check.lua): the source shows it all
 #   dump/<pass>       build/gen --dump schedule and --dump program print the records as JSON
 # Scratch: build/test/program/. Run: tests/run.sh program
 . "$(dirname "$0")/../lib.sh" program
@@ -61,14 +64,22 @@ while IFS='|' read -r name world args; do
         fail "trace/$name" "--dump program failed: $(head -n 1 "$d.dump.txt")"
         continue
     fi
-    if ! RT_TRACE=$d/trace RUN_TIMEOUT=120 run_prog "$d/out/train" "$world" "$d.run.txt" \
-            --data "$TOKENS" --steps 2 --quiet; then
+    if ! RT_TRACE=$d/trace RT_TRACE_SITES=1 RUN_TIMEOUT=120 run_prog "$d/out/train" "$world" \
+            "$d.run.txt" --data "$TOKENS" --steps 2 --quiet; then
         fail "trace/$name" "training failed: $(grep -m1 -i 'error\|rank' "$d.run.txt")"
+        continue
     elif why=$(build/gen --lua tests/program/trace_check.lua "$d/program.json" "$d/trace" \
                    "$world" 2 2>&1); then
         pass "trace/$name"
     else
         fail "trace/$name" "$(echo "$why" | head -n 1)"
+    fi
+    # sites/<layout>: each of those calls is a line of the rank's stage source naming it
+    if why=$(build/gen --lua tests/program/sites_check.lua "$d/program.json" "$d/trace" \
+                 "$world" "$d/out" 2>&1); then
+        pass "sites/$name"
+    else
+        fail "sites/$name" "$(echo "$why" | head -n 1)"
     fi
 done <<'LAYOUTS'
 tiny-tp2-pp2-dp2-sp-distopt|8|tiny --tp 2 --pp 2 --dp 2 --sp --dist-opt --nmb 2
@@ -93,6 +104,23 @@ if [ -f "$d/trace/rank_00003.trace" ]; then
         pass trace/control-missing-collective-caught
     else
         fail trace/control-missing-collective-caught "a missing collective went unnoticed"
+    fi
+fi
+
+# control: a step's collective made from the library (the site of a start-up check) is caught
+if [ -f "$d/trace/rank_00003.trace" ]; then
+    mkdir -p "$d/control-site"
+    cp "$d"/trace/*.trace "$d/control-site/"
+    lib_site=$(sed -n '1s/.* at //p' "$d/trace/rank_00003.trace")
+    sed -i "0,/^reduce_scatter dp-cp.* at /s/^\(reduce_scatter dp-cp.*\) at .*/\1 at $lib_site/" \
+        "$d/control-site/rank_00003.trace"
+    if ! cmp -s "$d/trace/rank_00003.trace" "$d/control-site/rank_00003.trace" &&
+       ! build/gen --lua tests/program/sites_check.lua "$d/program.json" "$d/control-site" 8 \
+            "$d/out" > /dev/null 2>&1; then
+        pass sites/control-library-call-caught
+    else
+        fail sites/control-library-call-caught "a collective made outside the stage source " \
+             "went unnoticed"
     fi
 fi
 

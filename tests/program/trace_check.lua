@@ -9,7 +9,8 @@
 -- its call in the order; a wait ("wait <id> <op> [<group>]") must name a request started
 -- before it with that op and group, not waited yet, and is then left out (the declaration
 -- says which calls a step makes and in what order, not where they are waited); every start
--- must be waited. " t=<seconds>" at the end of a line (RT_TRACE_TIMES=1) is ignored.
+-- must be waited. " at <site>" and " t=<seconds>" at the end of a line (RT_TRACE_SITES=1,
+-- RT_TRACE_TIMES=1) are ignored (tests/program/sites_check.lua reads the sites).
 local host = require("host")
 package.path = host.root() .. "/tests/lua/?.lua;" .. package.path
 local T = require("harness")("trace")
@@ -86,7 +87,7 @@ local function read_trace(path)
     local n = 0
     for l in io.lines(path) do
         n = n + 1
-        l = l:gsub(" t=[%d.]+$", "")
+        l = l:gsub(" t=[%d.]+$", ""):gsub(" at %S+$", "")
         local id, op, group = l:match("^wait (%d+) (%S+) ?(%S*)$")
         if id then
             local s = started[id]
