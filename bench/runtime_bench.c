@@ -1,8 +1,18 @@
 /*
 ** bench/runtime_bench.c: what the CPU runtime costs, side by side with what it wraps. Not a
 ** test (nothing is asserted); run by bench/runtime_bench.sh.
-**   runtime_bench comm      (under mpirun) rt_allreduce / rt_allgather / rt_reduce_scatter vs
-**                           the blocking MPI calls on the same sizes: time and bus bandwidth
+**   runtime_bench comm [N...]   (under mpirun) rt_allreduce / rt_allgather / rt_reduce_scatter
+**                           / rt_p2p vs the blocking MPI calls and MPI's nonblocking ones (+
+**                           MPI_Wait) on the same sizes (N: f32 elements of the full buffer):
+**                           time and bus bandwidth
+**   runtime_bench overlap [N...] [--factor F]   (under mpirun) can communication overlap
+**                           compute here? An allreduce of N f32 (default 30 M) blocking, a
+**                           compute loop (rt_gemm parts of ~1 ms; F times the allreduce's time,
+**                           default 1) alone, then the allreduce started, the loop with
+**                           rt_progress after each part, and rt_wait: the time exposed in
+**                           rt_wait, against the blocking call's and the compute's
+**   runtime_bench rounding  (under mpirun) MPI_Allreduce vs MPI_Iallreduce f32 sums: elements
+**                           whose bits differ; rt_allreduce vs its start + rt_wait
 **   runtime_bench gemm [ROUNDS [THREADS]]
 **                           rt_gemm GFLOP/s at GPT-2 124M training shapes (B*T = 256) and
 **                           2048^3, f32 and bf16 inputs, vs cblas_sgemm with OpenBLAS's own
@@ -45,12 +55,14 @@ enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_P2P, NOPS };
 static const char *const op_name[NOPS] = { "allreduce", "allgather", "reduce-scatter",
                                            "p2p exchange" };
 
-/* One timed call (seconds, the slowest rank's): rt (impl 0) or raw MPI (impl 1). */
+/* One timed call (seconds, the slowest rank's): rt (impl 0: blocking, which is its start and
+** rt_wait), MPI's blocking call (1) or MPI's nonblocking one and MPI_Wait (2). */
 static double time_comm(int op, int impl, float *a, float *b, size_t n, MPI_Comm raw, int iters)
 {
-    int p = rt_world(), partner = rt_rank() ^ 1;
+    int p = rt_world(), partner = rt_rank() ^ 1, c = (int)(n / (size_t)p);
     if (partner >= p)
         partner = rt_rank();
+    MPI_Request q = MPI_REQUEST_NULL;
     MPI_Barrier(raw);
     double t0 = rt_now();
     for (int it = 0; it < iters; it++) {
@@ -66,17 +78,30 @@ static double time_comm(int op, int impl, float *a, float *b, size_t n, MPI_Comm
                                      { 1, a, n, RT_F32, partner, 0 } };
                 rt_p2p(ops, 2);
             }
-        } else {
+        } else if (impl == 1) {
             if (op == OP_ALLREDUCE)
                 MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, raw);
             else if (op == OP_ALLGATHER)
-                MPI_Allgather(a, (int)(n / (size_t)p), MPI_FLOAT, b, (int)(n / (size_t)p),
-                              MPI_FLOAT, raw);
+                MPI_Allgather(a, c, MPI_FLOAT, b, c, MPI_FLOAT, raw);
             else if (op == OP_REDUCE_SCATTER)
-                MPI_Reduce_scatter_block(a, b, (int)(n / (size_t)p), MPI_FLOAT, MPI_SUM, raw);
+                MPI_Reduce_scatter_block(a, b, c, MPI_FLOAT, MPI_SUM, raw);
             else
                 MPI_Sendrecv(a, (int)n, MPI_FLOAT, partner, 1, b, (int)n, MPI_FLOAT, partner, 1,
                              raw, MPI_STATUS_IGNORE);
+        } else {
+            if (op == OP_ALLREDUCE)
+                MPI_Iallreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, raw, &q);
+            else if (op == OP_ALLGATHER)
+                MPI_Iallgather(a, c, MPI_FLOAT, b, c, MPI_FLOAT, raw, &q);
+            else if (op == OP_REDUCE_SCATTER)
+                MPI_Ireduce_scatter_block(a, b, c, MPI_FLOAT, MPI_SUM, raw, &q);
+            else {
+                MPI_Request qq[2];
+                MPI_Irecv(b, (int)n, MPI_FLOAT, partner, 1, raw, &qq[0]);
+                MPI_Isend(a, (int)n, MPI_FLOAT, partner, 1, raw, &qq[1]);
+                MPI_Waitall(2, qq, MPI_STATUSES_IGNORE);
+            }
+            MPI_Wait(&q, MPI_STATUS_IGNORE);
         }
     }
     double t = (rt_now() - t0) / iters;
@@ -84,45 +109,230 @@ static double time_comm(int op, int impl, float *a, float *b, size_t n, MPI_Comm
     return t;
 }
 
-static void bench_comm(void)
+/* Element counts from the command line (from argv[first] on; "30M", "100K" allowed), or the
+** defaults; returns how many. */
+static int parse_sizes(int argc, char **argv, int first, size_t *out, int max, const size_t *def,
+                       int ndef)
+{
+    int n = 0;
+    for (int i = first; i < argc && n < max; i++) {
+        if (argv[i][0] == '-') {
+            i++;                        /* an option and its value */
+            continue;
+        }
+        char *end;
+        double v = strtod(argv[i], &end);
+        if (*end == 'K' || *end == 'k')
+            v *= 1e3;
+        else if (*end == 'M' || *end == 'm')
+            v *= 1e6;
+        out[n++] = (size_t)v;
+    }
+    if (n == 0)
+        for (; n < ndef && n < max; n++)
+            out[n] = def[n];
+    return n;
+}
+
+static void bench_comm(int argc, char **argv)
 {
     int p = rt_world(), me = rt_rank();
     MPI_Comm raw;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-    static const size_t sizes[] = { 1 << 8, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24 };
-    size_t maxn = sizes[sizeof sizes / sizeof sizes[0] - 1];
+    static const size_t def[] = { 1 << 8, 1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24 };
+    size_t sizes[16], maxn = 0;
+    int ns = parse_sizes(argc, argv, 2, sizes, 16, def, (int)(sizeof def / sizeof def[0]));
+    for (int s = 0; s < ns; s++)
+        maxn = sizes[s] > maxn ? sizes[s] : maxn;
     float *a = rt_malloc(maxn * sizeof(float)), *b = rt_malloc(maxn * sizeof(float));
     if (me == 0) {
         printf("comm: %d ranks, f32; time per call (median of 7 rounds, slowest rank), bus "
                "bandwidth GB/s (allreduce 2(p-1)/p, gather/scatter (p-1)/p of the full buffer, "
-               "p2p: bytes each way; rt_p2p vs MPI_Sendrecv with rank^1)\n", p);
-        printf("%-15s %10s %11s %11s %9s %9s %8s\n", "op", "bytes", "rt us", "MPI us",
-               "rt GB/s", "MPI GB/s", "rt/MPI");
+               "p2p: bytes each way; rt_p2p vs MPI_Sendrecv with rank^1); rt's blocking call is "
+               "its start + rt_wait; MPI nb: MPI_I<call> + MPI_Wait\n", p);
+        printf("%-15s %10s %11s %11s %11s %8s %8s %8s %7s %7s\n", "op", "bytes", "rt us",
+               "MPI us", "MPI nb us", "rt GB/s", "MPI GB/s", "nb GB/s", "rt/MPI", "nb/MPI");
     }
     for (int op = 0; op < NOPS; op++) {
-        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        for (int s = 0; s < ns; s++) {
             size_t n = sizes[s] / (size_t)p * (size_t)p;
             size_t bytes = n * sizeof(float);
-            int iters = bytes <= (1 << 16) ? 200 : bytes <= (1 << 22) ? 20 : 4;
-            double tr[7], tm[7];
-            time_comm(op, 0, a, b, n, raw, 2);
-            time_comm(op, 1, a, b, n, raw, 2);
-            for (int rep = 0; rep < 7; rep++) {     /* alternate to share any drift */
+            int iters = bytes <= (1 << 16) ? 200 : bytes <= (1 << 22) ? 20 : bytes <= (1 << 26)
+                        ? 4 : 1;
+            int reps = bytes <= (1 << 26) ? 7 : 3;
+            double tr[7], tm[7], tn[7];
+            time_comm(op, 0, a, b, n, raw, 1);
+            time_comm(op, 1, a, b, n, raw, 1);
+            time_comm(op, 2, a, b, n, raw, 1);
+            for (int rep = 0; rep < reps; rep++) {     /* alternate to share any drift */
                 tr[rep] = time_comm(op, 0, a, b, n, raw, iters);
                 tm[rep] = time_comm(op, 1, a, b, n, raw, iters);
+                tn[rep] = time_comm(op, 2, a, b, n, raw, iters);
             }
-            double r = median(tr, 7), m = median(tm, 7);
+            double r = median(tr, reps), m = median(tm, reps), nb = median(tn, reps);
             double f = op == OP_ALLREDUCE ? 2.0 * (p - 1) / p
                        : op == OP_P2P ? 1.0 : (double)(p - 1) / p;
             if (me == 0)
-                printf("%-15s %10zu %11.1f %11.1f %9.2f %9.2f %8.3f\n", op_name[op], bytes,
-                       r * 1e6, m * 1e6, f * (double)bytes / r * 1e-9,
-                       f * (double)bytes / m * 1e-9, r / m);
+                printf("%-15s %10zu %11.1f %11.1f %11.1f %8.2f %8.2f %8.2f %7.3f %7.3f\n",
+                       op_name[op], bytes, r * 1e6, m * 1e6, nb * 1e6,
+                       f * (double)bytes / r * 1e-9, f * (double)bytes / m * 1e-9,
+                       f * (double)bytes / nb * 1e-9, r / m, nb / m);
         }
     }
     rt_free(a);
     rt_free(b);
     MPI_Comm_free(&raw);
+}
+
+/* -- Overlap --------------------------------------------------------------------------------- */
+
+/* One part of the compute loop: a GEMM of GPT-2's attention projection on 64 tokens, about
+** 75 MFLOP (~1 ms on one core of the dev VM). */
+typedef struct { float *x, *w, *y; } compute_bufs;
+
+static void compute_part(const compute_bufs *c)
+{
+    rt_gemm(0, 1, 64, 768, 768, 1.0f, c->x, 768, 0, c->w, 768, 0, 0.0f, c->y, 768, 0, 1,
+            RT_F32, RT_F32);
+}
+
+/* The slowest rank's value. */
+static double max_over_ranks(double v)
+{
+    MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return v;
+}
+
+static void bench_overlap(int argc, char **argv)
+{
+    static const size_t def[] = { 30000000 };
+    size_t sizes[16];
+    int ns = parse_sizes(argc, argv, 2, sizes, 16, def, 1);
+    double factor = 1.0;
+    for (int i = 2; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--factor"))
+            factor = atof(argv[i + 1]);
+    int me = rt_rank(), p = rt_world();
+    rt_group *g = rt_group_world();
+    compute_bufs c = { rt_malloc(64 * 768 * 4), rt_malloc(768 * 768 * 4),
+                       rt_malloc(64 * 768 * 4) };
+    rt_rng_normal(c.x, 64, 768, 768, 1, 1, 0, 768, 0.0f, 1.0f);
+    rt_rng_normal(c.w, 768, 768, 768, 1, 2, 0, 768, 0.0f, 0.02f);
+    for (int i = 0; i < 20; i++)
+        compute_part(&c);
+    double t0 = rt_now();
+    for (int i = 0; i < 50; i++)
+        compute_part(&c);
+    double part = max_over_ranks((rt_now() - t0) / 50);
+    if (me == 0)
+        printf("overlap: %d ranks, %d thread%s each, f32 sum on world; compute parts of %.2f ms "
+               "(rt_gemm 64x768x768), rt_progress after each; times: median of 5 rounds, "
+               "slowest rank, ms\n", p, rt_threads(), rt_threads() == 1 ? "" : "s", part * 1e3);
+    if (me == 0)
+        printf("%11s %9s %9s %9s %9s %9s %9s %9s %7s\n", "elements", "blocking", "compute",
+               "sum", "overlap", "in wait", "progress", "hidden", "parts");
+    for (int s = 0; s < ns; s++) {
+        size_t n = sizes[s];
+        float *buf = rt_malloc(n * sizeof(float));
+        enum { REPS = 5 };
+        double tb[REPS], tc[REPS], to[REPS], tw[REPS], tp[REPS];
+        rt_allreduce(buf, n, RT_F32, RT_SUM, g);            /* first touch, scratch pool */
+        for (int rep = 0; rep < REPS; rep++) {
+            rt_barrier(NULL);
+            t0 = rt_now();
+            rt_allreduce(buf, n, RT_F32, RT_SUM, g);
+            tb[rep] = max_over_ranks(rt_now() - t0);
+        }
+        double block = median(tb, REPS);
+        int parts = (int)(factor * block / part + 0.5);
+        parts = parts < 1 ? 1 : parts;
+        for (int rep = 0; rep < REPS; rep++) {
+            rt_barrier(NULL);
+            t0 = rt_now();
+            for (int i = 0; i < parts; i++)
+                compute_part(&c);
+            tc[rep] = max_over_ranks(rt_now() - t0);
+
+            rt_barrier(NULL);
+            double b0, i0, b1, i1;
+            rt_comm_stats(&b0, &i0);
+            t0 = rt_now();
+            rt_req *q = rt_allreduce_start(buf, n, RT_F32, RT_SUM, g);
+            for (int i = 0; i < parts; i++) {
+                compute_part(&c);
+                rt_progress();
+            }
+            double tw0 = rt_now();
+            rt_wait(q);
+            double t1 = rt_now();
+            rt_comm_stats(&b1, &i1);
+            to[rep] = max_over_ranks(t1 - t0);
+            tw[rep] = max_over_ranks(t1 - tw0);
+            tp[rep] = max_over_ranks((i1 - i0) - (b1 - b0));   /* starts and rt_progress */
+        }
+        double comp = median(tc, REPS), ov = median(to, REPS);
+        if (me == 0)
+            printf("%11zu %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7d\n", n, block * 1e3,
+                   comp * 1e3, (block + comp) * 1e3, ov * 1e3, median(tw, REPS) * 1e3,
+                   median(tp, REPS) * 1e3, (block + comp - ov) * 1e3, parts);
+        rt_free(buf);
+    }
+    if (me == 0)
+        printf("(sum: blocking + compute, the time without overlap; overlap: start, the parts "
+               "with rt_progress, rt_wait; in wait: the time exposed in rt_wait; progress: the "
+               "time inside the start and rt_progress; hidden: sum - overlap)\n");
+    rt_free(c.x);
+    rt_free(c.w);
+    rt_free(c.y);
+}
+
+/* -- Rounding -------------------------------------------------------------------------------- */
+
+/* Elements of n whose bits differ between a and b, summed over the ranks. */
+static long count_diff(const float *a, const float *b, size_t n)
+{
+    long d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    MPI_Allreduce(MPI_IN_PLACE, &d, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return d;
+}
+
+static void bench_rounding(void)
+{
+    static const size_t sizes[] = { 7, 1000, 10000, 100000, 1000003 };
+    int me = rt_rank(), p = rt_world();
+    if (me == 0)
+        printf("rounding: %d ranks, f32 sums of values of mixed sign and magnitude; elements "
+               "whose bits differ (summed over ranks)\n%10s %26s %26s\n", p, "elements",
+               "MPI_Allreduce/Iallreduce", "rt_allreduce/start+wait");
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *x = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+        for (size_t i = 0; i < n; i++)
+            x[i] = ldexpf(sinf((float)i * 0.731f + (float)me * 1.37f),
+                          (int)((i * 7 + (size_t)me) % 21) - 10);
+        memcpy(a, x, n * 4);
+        memcpy(b, x, n * 4);
+        MPI_Request q;
+        MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Iallreduce(MPI_IN_PLACE, b, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+        long dm = count_diff(a, b, n);
+        float *da = rt_malloc(n * 4), *db = rt_malloc(n * 4);
+        memcpy(da, x, n * 4);
+        memcpy(db, x, n * 4);
+        rt_allreduce(da, n, RT_F32, RT_SUM, rt_group_world());
+        rt_wait(rt_allreduce_start(db, n, RT_F32, RT_SUM, rt_group_world()));
+        long dr = count_diff(da, db, n);
+        if (me == 0)
+            printf("%10zu %26ld %26ld\n", n, dm, dr);
+        rt_free(da);
+        rt_free(db);
+        free(x);
+        free(a);
+        free(b);
+    }
 }
 
 /* -- GEMM ------------------------------------------------------------------------------------ */
@@ -594,7 +804,11 @@ int main(int argc, char **argv)
     rt_init(&argc, &argv, 0, NULL);
     const char *what = argc > 1 ? argv[1] : "comm";
     if (!strcmp(what, "comm"))
-        bench_comm();
+        bench_comm(argc, argv);
+    else if (!strcmp(what, "overlap"))
+        bench_overlap(argc, argv);
+    else if (!strcmp(what, "rounding"))
+        bench_rounding();
     else if (!strcmp(what, "gemm") && rt_rank() == 0)
         bench_gemm(argc > 2 ? atoi(argv[2]) : 5, argc > 3 ? atoi(argv[3]) : 0);
     else if (!strcmp(what, "small") && rt_rank() == 0)

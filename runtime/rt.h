@@ -165,9 +165,10 @@ void rt_p2p(const rt_p2p_op *ops, int nops);
 ** pending comes after them in its group's order; p2p messages are matched as rt_p2p says.
 ** Requests may be waited in any order. Progress: data move only inside runtime calls on the
 ** MPI paths (Open MPI has no progress thread), and the reductions of pending collectives are
-** done by this rank's main thread: rt_wait, rt_progress and every blocking call but
-** rt_alltoallv take every pending request as far as it goes. Call rt_progress between kernels
-** (every millisecond or so of compute) to overlap; without it a request still completes in its
+** done by this rank's main thread: rt_wait, rt_progress and every blocking call take every
+** pending request as far as it goes, but rt_alltoallv (MPI_Alltoallv), which moves their data
+** and takes their steps only after it returns. Call rt_progress between kernels (every
+** millisecond or so of compute) to overlap; without it a request still completes in its
 ** rt_wait. CUDA with NCCL: a start orders the operation after the work enqueued on the compute
 ** stream (an event) and enqueues it on its communicator's communication stream, which carries
 ** all of that communicator's operations, blocking ones too, in call order; NCCL then runs them
@@ -182,9 +183,9 @@ void rt_p2p(const rt_p2p_op *ops, int nops);
 ** and frees r; NULL does nothing. It is watchdog-guarded like a blocking call, its time
 ** counted from its entry. Each request is waited exactly once: rt_finalize, and rt_group_free
 ** for the requests on its group, abort naming the oldest request not waited.
-** Memory: the MPI paths receive a reduction's blocks into host scratch, at most 2 (p-1) MiB
-** per pending request (p members), kept in a pool for later requests; the CUDA MPI transport
-** stages each request's buffers in pinned host memory, also pooled. */
+** Memory: the MPI paths receive a reduction's blocks into host scratch, at most 4 MiB per
+** pending request, kept in a pool for later requests; the CUDA MPI transport stages each
+** request's buffers in pinned host memory, also pooled. */
 typedef struct rt_req rt_req;
 
 rt_req *rt_allreduce_start(void *buf, size_t n, rt_dtype t, rt_op op, rt_group *g);
@@ -267,7 +268,7 @@ void  rt_free(void *p);              /* NULL: no-op */
 **         cuBLAS never allocates device memory of its own, and RT_CUDA_STAGE_BYTES, the f32
 **         staging of GEMMs with f32 inputs and a bf16 C (cuBLAS has no such GEMM).
 **   CPU:  none. Its host scratch, reused, is ordinary host memory outside the plan: the
-**         communication scratch of pending requests (above: 2 (p-1) MiB per reduction; an
+**         communication scratch of pending requests (above: 4 MiB per reduction; an
 **         allgather whose send overlaps recv: a copy of send) and GEMM
 **         scratch (oneDNN's scratchpad, under 1 MiB at GPT-2 shapes; for f32 inputs with a
 **         bf16 C, one part of C in f32: up to 128 rows, or 256 columns).

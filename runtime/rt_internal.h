@@ -137,10 +137,11 @@ void rt__h_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
 
 /* -- Polling with back-off (rt_common.c) ---------------------------------------------------- */
 
-/* A wait loop calls rt__poll_pause between tests: the first polls spin, then the thread
-** yields (for 2 ms, or the time 'bytes' take at 1 GB/s if longer), then sleeps with a delay
+/* A wait loop calls rt__poll_pause between tests: the first polls spin, then the thread keeps
+** polling (for 2 ms, or the time 'bytes' take at 1 GB/s if longer), spinning or, when the job
+** has more threads on this node than CPUs, yielding between polls; then it sleeps with a delay
 ** growing with the time already waited (capped at 1 ms). Returns the seconds waited so far. */
-typedef struct { double t0, yield_s; long polls; } rt__poll;
+typedef struct { double t0, yield_s; long polls; int spin; } rt__poll;
 void   rt__poll_start(rt__poll *p, size_t bytes);
 double rt__poll_pause(rt__poll *p);
 

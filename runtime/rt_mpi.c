@@ -96,10 +96,16 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 ** member computes its block in the same order, and all members get the same bits: blocking or
 ** not, on the CPU and over the CUDA backend's MPI transport alike.
 **
-** Slices. A message carries at most MSG_BYTES, and DEPTH slices are in flight: the scratch of
-** a request is DEPTH (p-1) MSG_BYTES at most, and one slice is reduced while the next travels.
-** An allreduce of at most SMALL_BYTES sends the whole buffer to every member, which reduces
-** all of it in the same order (one step instead of two, the same bits).
+** Slices. A slice's step receives at most SLOT_BYTES (a message from each of the p-1 peers),
+** and DEPTH slices are in flight: a request's scratch is DEPTH SLOT_BYTES (4 MiB) whatever the
+** group size, slices are reduced while the next travel, and each rt_progress can move DEPTH
+** slices a step on (measured with bench/runtime_bench overlap, 30 M f32 on 2 ranks: with 2
+** slices of 1 MiB in flight and one round per rt_progress, 200 ms of the 300 ms allreduce were
+** left to rt_wait; with 4, none).
+** An allreduce of at most SMALL_BYTES sends the whole buffer to every member, which reduces all
+** of it in the same order (one step instead of two, the same bits). (Whole slices on two
+** members, which move the same bytes in one step, measured slower from 100 K elements up: each
+** member adds twice as much.)
 **
 ** Order. A request's messages carry the tag 2 (seq mod TAG_SEQS) + step, seq counting the
 ** collectives started on the group, the same on every member (rt.h: members start a group's
@@ -107,11 +113,11 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb)
 ** slices of a request enter their second step in slice order on every member.
 **
 ** Progress. Nothing moves unless a runtime call runs (no progress thread): rt__h_progress
-** takes one step of every pending request (a test of its MPI calls, a slice reduced, the next
-** messages posted), a wait takes them until its request completes.
+** takes every pending request as far as it goes without waiting, reducing at most DEPTH slices
+** of each (a call stays short between kernels), a wait takes them until its request completes.
 */
-#define MSG_BYTES   ((size_t)1 << 20)
-#define DEPTH       2
+#define SLOT_BYTES  ((size_t)1 << 20)
+#define DEPTH       4
 #define SMALL_BYTES ((size_t)4096)
 #define TAG_SEQS    16384          /* tags up to 32767, the least MPI_TAG_UB MPI allows */
 
@@ -141,7 +147,7 @@ struct rt__hreq {
     char           *copy;      /* allgather: a copy of a send buffer that overlaps recv */
     /* REQ_REDUCE */
     int             gather;    /* allreduce in two steps (results gathered back) */
-    int             small;     /* allreduce of whole buffers, one step */
+    int             whole;     /* allreduce in one step: every member reduces all the data */
     const char     *in;        /* reduce-scatter: send (p blocks of n); allreduce: buf */
     char           *out;       /* reduce-scatter: recv; allreduce: buf */
     size_t          n, c, blk, es;  /* n: allreduce: elements; reduce-scatter: per member;
@@ -325,9 +331,9 @@ static int peer_index(const rt__hreq *r, int b)
 static size_t part(const rt__hreq *r, size_t s, int b, size_t *at)
 {
     size_t p = (size_t)r->g->size, off = s * r->c, len = r->n - off < r->c ? r->n - off : r->c;
-    if (r->small) {
-        *at = 0;
-        return r->n;
+    if (r->whole) {
+        *at = off;
+        return len;
     }
     if (!r->gather) {
         *at = (size_t)b * r->n + off;
@@ -342,9 +348,7 @@ static size_t part(const rt__hreq *r, size_t s, int b, size_t *at)
 static size_t result_at(const rt__hreq *r, size_t s)
 {
     size_t at;
-    if (r->small)
-        return 0;
-    if (!r->gather)
+    if (r->whole || !r->gather)
         return s * r->c;
     part(r, s, r->g->rank, &at);
     return at;
@@ -355,6 +359,12 @@ static size_t result_at(const rt__hreq *r, size_t s)
 ** sources (each tile is read whole before it is written). */
 enum { TILE = 256 };
 
+static void add_tile(float *restrict acc, const float *restrict v)
+{
+    for (size_t j = 0; j < TILE; j++)
+        acc[j] += v[j];
+}
+
 static void reduce_f32(void *out, const void *const *src, int p, size_t cnt, int bf16,
                        rt_op op)
 {
@@ -362,20 +372,19 @@ static void reduce_f32(void *out, const void *const *src, int p, size_t cnt, int
     for (size_t j0 = 0; j0 < cnt; j0 += TILE) {
         size_t m = cnt - j0 < TILE ? cnt - j0 : TILE;
         for (int b = 0; b < p; b++) {
-            const float *x = (const float *)src[b] + j0;
-            const uint16_t *h = (const uint16_t *)src[b] + j0;
-            float v[TILE];
-            if (bf16)
-                rt__bf16_to_f32_n(v, h, m);
-            else
-                memcpy(v, x, m * sizeof(float));
+            float w[TILE];
+            const float *v = (const float *)src[b] + j0;
+            if (bf16) {
+                rt__bf16_to_f32_n(w, (const uint16_t *)src[b] + j0, m);
+                v = w;
+            }
             if (b == 0) {
                 memcpy(acc, v, m * sizeof(float));
             } else if (op == RT_MAX) {
                 for (size_t j = 0; j < m; j++)
                     if (v[j] > acc[j] || v[j] != v[j]) acc[j] = v[j];   /* NaN stays NaN */
             } else if (m == TILE) {
-                for (size_t j = 0; j < TILE; j++) acc[j] += v[j];
+                add_tile(acc, v);
             } else {
                 for (size_t j = 0; j < m; j++) acc[j] += v[j];
             }
@@ -469,13 +478,14 @@ static void post_gather(rt__hreq *r, slot *k)
     k->state = SLOT_GATHER;
 }
 
-/* Take r's steps that need no waiting, for at most 'rounds' rounds (0: as many as there are). */
-static void reduce_step(rt__hreq *r, int rounds)
+/* Take r's steps that need no waiting, reducing at most 'budget' slices (0: no limit). */
+static void reduce_step(rt__hreq *r, size_t budget)
 {
     int nm = 2 * (r->g->size - 1);
-    for (int round = 0; rounds == 0 || round < rounds; round++) {
+    size_t stop = budget ? r->reduced + budget : r->nslices;
+    for (;;) {
         int moved = 0;
-        while (r->reduced < r->started) {       /* in slice order: see "Order" above */
+        while (r->reduced < r->started && r->reduced < stop) {  /* in slice order: "Order" */
             slot *k = &r->slots[r->reduced % DEPTH];
             if (!testall(k->mr, nm, r))
                 break;
@@ -516,7 +526,8 @@ static rt__hreq *reduce_start(rt__hreq *r, const void *in, void *out, size_t n, 
                               rt_op op, int gather)
 {
     const rt_group *g = r->g;
-    size_t p = (size_t)g->size, es = rt_dtype_size(t), msg = MSG_BYTES / es;
+    size_t p = (size_t)g->size, es = rt_dtype_size(t);
+    size_t msg = SLOT_BYTES / (p - 1) / es;     /* elements a message carries at most */
     r->kind = REQ_REDUCE;
     r->in = (const char *)in;
     r->out = (char *)out;
@@ -526,7 +537,7 @@ static rt__hreq *reduce_start(rt__hreq *r, const void *in, void *out, size_t n, 
     r->es = es;
     r->tag = (int)(2 * (g->seq % TAG_SEQS));
     if (gather && n * es <= SMALL_BYTES) {
-        r->small = 1;
+        r->whole = 1;
         r->c = r->blk = n;
     } else if (gather) {
         r->gather = 1;
@@ -551,11 +562,11 @@ static rt__hreq *reduce_start(rt__hreq *r, const void *in, void *out, size_t n, 
 
 /* -- Progress and waiting -------------------------------------------------------------------- */
 
-/* One request's steps (rounds as reduce_step); unlinked from the pending list when done. */
-static void step(rt__hreq *r, int rounds)
+/* One request's steps (budget as reduce_step's); unlinked from the pending list when done. */
+static void step(rt__hreq *r, size_t budget)
 {
     if (r->kind == REQ_REDUCE)
-        reduce_step(r, rounds);
+        reduce_step(r, budget);
     else if (testall(r->mr, r->nmr, r))
         r->done = 1;
     if (r->done)
@@ -569,7 +580,7 @@ void rt__h_progress(void)
 {
     for (rt__hreq *r = pend_first, *next; r; r = next) {
         next = r->next;
-        step(r, 1);
+        step(r, DEPTH);
     }
 }
 
