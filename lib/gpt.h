@@ -347,8 +347,10 @@ const gpt_a2a *gpt_moe_a2a(const gpt_moe *m, gpt_a2a_kind which);
 
 /* The schedule as data (generated stage<k>.c): each step posts its pipeline messages together
 ** (up to GPT_SCHED_MSGS, the first GPT_NO_MSG ends them), then runs a chunk's forward or
-** backward on an activation slot (or nothing more). */
-enum { GPT_STEP_F, GPT_STEP_B, GPT_STEP_X };
+** backward on an activation slot (or nothing more). GPT_STEP_OVERLAP added to the kind: the
+** messages (activations sent, nothing received) complete during that computation, waited
+** before the next step's. */
+enum { GPT_STEP_F, GPT_STEP_B, GPT_STEP_X, GPT_STEP_OVERLAP = 4 };
 enum { GPT_NO_MSG, GPT_SEND_ACT, GPT_RECV_ACT, GPT_SEND_GRAD, GPT_RECV_GRAD };
 #define GPT_SCHED_MSGS 4
 typedef struct { int kind, chunk, slot; } gpt_sched_msg;

@@ -408,10 +408,14 @@ local function schedule_rows(ops)
         local what = kind == "X" and "" or string.format("%s %d%s",
             kind == "F" and "forward" or "backward", o.mb, chunked and ("." .. o.chunk) or "")
         local note = table.concat(texts, ", ")
-        if what ~= "" then note = note ~= "" and (note .. "; " .. what) or what end
+        local overlapped = pending and pending.async
+        if what ~= "" then
+            note = note ~= "" and (note .. (overlapped and " during " or "; ") .. what) or what
+        end
         local args = { int(o and o.mb or 0), int(o and o.chunk or 0), int(o and o.slot or 0) }
         args[4] = #msgs > 0 and table.concat(msgs, ", ") or "NO_MSG"
-        cells[#cells + 1] = STEP_MACRO[kind] .. "(" .. table.concat(args, ", ") .. "),"
+        cells[#cells + 1] = STEP_MACRO[kind] .. (overlapped and "_OVL" or "") .. "(" ..
+                            table.concat(args, ", ") .. "),"
         notes[#notes + 1] = note
         rows[#rows + 1] = { section = false }
         at[#at + 1] = #rows

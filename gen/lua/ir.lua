@@ -365,6 +365,8 @@ record("Step", {
     { "mb",    "int?",   "F, B: micro-batch" },
     { "chunk", "int?",   "F, B: local chunk" },
     { "ops",   "array?", "X: Exchange list, posted together in this order" },
+    { "async", "bool?",  "X: completed only before the next exchange (activations sent " ..
+                         "during the computation that follows)" },
     { "group", "str?",   "C: the collective's group (verify's key)" },
     { "members", "array?", "C: the stages in the group" },
     { "name",  "str?",   "C: what it is, for counterexamples" },
@@ -575,6 +577,8 @@ record("Op", {
     { "slot",   "int?",   "F, B: activation slot" },
     { "calls",  "array?", "F, B: Call list" },
     { "p2p",    "array?", "X: P2P list, posted together" },
+    { "async",  "bool?",  "X: only activations sent, completed during the computation after " ..
+                          "it (overlap)" },
     { "group",  "str?",   "tail: the Group id it communicates on" },
     { "buf",    "int?",   "tail: buffer index" },
     { "bucket", "int?",   "tail: bucket index" },

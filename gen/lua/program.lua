@@ -920,8 +920,19 @@ local function schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
                     e.what == "act" and "activations" or "gradient", e.mb, e.chunk,
                     e.send and "to" or "from", peer)
             end
-            ops[#ops + 1] = ir.Op { kind = "X", p2p = list, comm = {},
+            -- with overlap, a row that only sends activations completes them during the
+            -- computation after it (waited before the next row's messages); not with CP > 1,
+            -- whose ring shares the world communicator (NCCL runs its operations in order)
+            local sends_only = cfg.overlap and cfg.cp == 1
+            for _, m in ipairs(list) do sends_only = sends_only and m.send and m.what == "act" end
+            ops[#ops + 1] = ir.Op { kind = "X", p2p = list, comm = {}, async = sends_only,
                                     text = table.concat(texts, ";  ") }
+        end
+    end
+    -- ... and only when a computation follows it (the row of a forward or backward)
+    for i, o in ipairs(ops) do
+        if o.async and not (ops[i + 1] and (ops[i + 1].kind == "F" or ops[i + 1].kind == "B")) then
+            o.async = false
         end
     end
     return ops
@@ -1243,7 +1254,7 @@ function M.events(prog, cfg)
                     ex[#ex + 1] = ir.Exchange { send = m.send, dir = m.dir, what = m.what,
                                                 mb = m.mb, chunk = m.chunk }
                 end
-                steps[#steps + 1] = ir.Step { kind = "X", ops = ex }
+                steps[#steps + 1] = ir.Step { kind = "X", ops = ex, async = o.async }
             end
         end
         for _, o in ipairs(sp.tail) do colls(o.comm) end

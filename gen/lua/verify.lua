@@ -6,8 +6,11 @@
 -- collectives inside each library call and those of the step's tail, so a collective the
 -- program runs cannot escape the check. The transport's blocking semantics: an exchange posts
 -- all its sends and receives together and completes when every one of them has met its
--- partner; a lone send waits for its receive (no eager buffering is assumed); a collective
--- completes once every member stage entered it. Messages match in posting order per (source,
+-- partner; a lone send waits for its receive (no eager buffering is assumed); an asynchronous
+-- exchange (async: activations sent only) lets the stage go on at once and must complete
+-- before its next exchange is posted (or before it finishes); a collective completes once
+-- every member stage entered it. A started collective (overlap.lua) counts where it starts: a
+-- start never waits, so waiting for it later only lets a rank go further. Messages match in posting order per (source,
 -- destination, tag) as MPI matches them (activations and gradients travel under different
 -- tags), or, for NCCL, which has no tags, per (source, destination) with each exchange posted
 -- sorted by (peer, tag) as the runtime posts it; program.lua checks both.
@@ -83,7 +86,7 @@ function M.check(sched, opts)
     local shape = opts.shape or function() return 1 end
     local transport = opts.transport or "mpi"
 
-    local pc, pending = {}, {}
+    local pc, pending, sending = {}, {}, {}
     local have_act, have_grad, fwd_done, bwd_done = {}, {}, {}, {}
     for r = 0, P - 1 do
         pc[r], have_act[r], have_grad[r], fwd_done[r], bwd_done[r] = 1, {}, {}, {}, {}
@@ -131,12 +134,30 @@ function M.check(sched, opts)
     local function advance(r)
         local steps = sched.stages[r + 1].steps
         local moved = false
-        while pc[r] <= #steps do
-            local st = steps[pc[r]]
-            if st.kind == "X" then
+        -- an asynchronous exchange (X with async: sends only) completes before the next
+        -- exchange is posted, or before the stage finishes
+        local function sent()
+            for _, item in ipairs(sending[r] or {}) do
+                if not item.done then return false end
+            end
+            sending[r] = nil
+            return true
+        end
+        while pc[r] <= #steps + 1 do
+            local st = steps[pc[r]] or { kind = "END" }
+            if st.kind == "END" then
+                if not sent() then return moved end
+            elseif st.kind == "X" then
+                if not pending[r] and not sent() then return moved end
                 if not pending[r] then
                     local posted = {}
                     for _, op in ipairs(posting_order(st.ops, P, r, transport)) do
+                        if st.async and not op.send then
+                            errors[#errors + 1] = ("%s would %s in an exchange it does not " ..
+                                "wait for before computing (only sends go on during a " ..
+                                "computation)"):format(names[r], describe(op, P, names, r))
+                            return false
+                        end
                         local made = op.what == "act" and fwd_done or bwd_done
                         if op.send and not made[r][key(op.mb, op.chunk)] then
                             errors[#errors + 1] = ("%s would %s before its %s ran"):format(
@@ -155,8 +176,12 @@ function M.check(sched, opts)
                     end
                     pending[r] = posted
                 end
-                for _, item in ipairs(pending[r]) do
-                    if not item.done then return moved end
+                if st.async then
+                    sending[r] = pending[r]
+                else
+                    for _, item in ipairs(pending[r]) do
+                        if not item.done then return moved end
+                    end
                 end
                 pending[r] = nil
             elseif st.kind == "C" then
@@ -231,11 +256,11 @@ function M.check(sched, opts)
     local stuck = {}
     for r = 0, P - 1 do
         local steps = sched.stages[r + 1].steps
-        if pc[r] <= #steps then
-            local st = steps[pc[r]]
+        if pc[r] <= #steps + 1 then
+            local st = steps[pc[r]] or { kind = "X" }
             if st.kind == "X" then
                 local waits = {}
-                for _, item in ipairs(pending[r] or {}) do
+                for _, item in ipairs(pending[r] or sending[r] or {}) do
                     if not item.done then waits[#waits + 1] = describe(item.op, P, names, r) end
                 end
                 stuck[#stuck + 1] = ("%s waits at step %d to %s"):format(

@@ -490,6 +490,45 @@ T.test("overlap: the requests in flight touch nothing; three misplacements are r
     refused(cfg, sp, "is in flight when step 1, the tail's NORM_LOCAL reads every gradient")
 end)
 
+-- Pipeline messages overlapped: only exchanges that send activations, followed by a forward
+-- or backward, go on during it (async); the verifier models them as still in flight: an
+-- exchange that receives, marked async, is refused (the computation after it would read what
+-- it receives before the wait).
+T.test("overlap: a row's activations sent during its computation, modelled as in flight",
+       function()
+    local cfg, topo, _, _, _, prog = F.build({ layers = 8 }, { pp = 4, dp = 2, nmb = 8 })
+    local n = 0
+    for _, sp in ipairs(prog.stages) do
+        for i, o in ipairs(sp.schedule) do
+            if o.async then
+                n = n + 1
+                for _, m in ipairs(o.p2p) do
+                    T.ok(m.send and m.what == "act", "async rows only send activations")
+                end
+                local nxt = sp.schedule[i + 1]
+                T.ok(nxt and (nxt.kind == "F" or nxt.kind == "B"), "a computation follows")
+            end
+        end
+    end
+    T.ok(n > 0, "some rows overlap their messages")
+    local _, _, _, _, _, off = F.build({ layers = 8 }, { pp = 4, dp = 2, nmb = 8,
+                                                         no_overlap = true })
+    for _, sp in ipairs(off.stages) do
+        for _, o in ipairs(sp.schedule) do T.ok(not o.async, "no overlap: none") end
+    end
+    program.check(prog, cfg, topo)
+    for _, o in ipairs(prog.stages[2].schedule) do
+        if o.kind == "X" and not o.async then
+            local recv = false
+            for _, m in ipairs(o.p2p) do recv = recv or not m.send end
+            if recv then o.async = true; break end
+        end
+    end
+    local lines = T.raises("failed verification", function() program.check(prog, cfg, topo) end)
+    T.ok(table.concat(lines, "\n"):find("does not wait for before computing", 1, true),
+         "the counterexample says why: %s", table.concat(lines, " | "))
+end)
+
 T.test("deterministic: two builds give the same program and the same JSON", function()
     local function dump()
         local _, _, _, _, _, prog = F.build({ layers = 8, add_bias_linear = false,

@@ -393,11 +393,15 @@ static void (*const chunk_backward[2])(int mb, int slot) = {
 ** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
 ** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
 ** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
-** (FWD), its backward (BWD), or nothing more (MSGS). "recv act 4.1": the activations of
-** micro-batch 4 for chunk 1. */
-#define FWD(mb, chunk, slot, ...) { GPT_STEP_F, mb, chunk, slot, { __VA_ARGS__ } }
-#define BWD(mb, chunk, slot, ...) { GPT_STEP_B, mb, chunk, slot, { __VA_ARGS__ } }
-#define MSGS(mb, chunk, slot, ...) { GPT_STEP_X, mb, chunk, slot, { __VA_ARGS__ } }
+** (FWD), its backward (BWD), or nothing more (MSGS); _OVL: the messages (activations sent,
+** nothing received) travel during the computation and are waited before the next row's.
+** "recv act 4.1": the activations of micro-batch 4 for chunk 1. */
+#define ROW(kind, mb, chunk, slot, ...) { kind, mb, chunk, slot, { __VA_ARGS__ } }
+#define FWD(...) ROW(GPT_STEP_F, __VA_ARGS__)
+#define BWD(...) ROW(GPT_STEP_B, __VA_ARGS__)
+#define MSGS(...) ROW(GPT_STEP_X, __VA_ARGS__)
+#define FWD_OVL(...) ROW(GPT_STEP_F | GPT_STEP_OVERLAP, __VA_ARGS__)
+#define BWD_OVL(...) ROW(GPT_STEP_B | GPT_STEP_OVERLAP, __VA_ARGS__)
 #define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
 #define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
 #define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
@@ -406,7 +410,7 @@ static void (*const chunk_backward[2])(int mb, int slot) = {
 static const gpt_sched_step schedule[18] = {
     /* -- warm-up: forward passes only -- */
     FWD(0, 0, 0, NO_MSG),   /* forward 0.0 */
-    FWD(1, 0, 1, TX_ACT(0, 0)),   /* send act 0.0; forward 1.0 */
+    FWD_OVL(1, 0, 1, TX_ACT(0, 0)),   /* send act 0.0 during forward 1.0 */
     FWD(0, 1, 0, RX_ACT(1, 0), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0; forward 0.1 */
     FWD(1, 1, 1, RX_ACT(1, 1), TX_ACT(1, 0)),   /* recv act 1.1, send act 0.1; forward 1.1 */
     MSGS(0, 0, 0, TX_ACT(1, 1), RX_GRAD(1, 0)),   /* send act 1.1, recv grad 0.1 */
@@ -432,6 +436,7 @@ static const gpt_sched_step schedule[18] = {
 
 static void run_schedule(void)
 {
+    rt_req *sending = NULL;     /* an _OVL row's messages, in flight during its computation */
     for (int i = 0; i < 18; i++) {
         const gpt_sched_step *st = &schedule[i];
         rt_p2p_op ops[GPT_SCHED_MSGS];
@@ -440,11 +445,16 @@ static void run_schedule(void)
             ops[n] = gpt_sched_op(&st->msg[n]);
             n++;
         }
+        rt_wait(sending);
+        sending = NULL;
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
-        if (n > 0) rt_p2p(ops, n);
-        if (st->kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
-        else if (st->kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
+        if (n > 0 && (st->kind & GPT_STEP_OVERLAP)) sending = rt_p2p_start(ops, n);
+        else if (n > 0) rt_p2p(ops, n);
+        int kind = st->kind & ~GPT_STEP_OVERLAP;
+        if (kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
+        else if (kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
+    rt_wait(sending);
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
