@@ -3,6 +3,8 @@
 -- Printing only: what is called, with which arguments and in which order was decided by
 -- layer.lua and program.lua; this module spells their records in C (docs/PROGRAM.md §2).
 
+local util = require("util")
+
 local M = {}
 
 local WIDTH = 100
@@ -105,16 +107,7 @@ function M.comment(text, indent)
     local pad = string.rep(" ", indent)
     local words = {}
     for w in text:gmatch("%S+") do words[#words + 1] = w end
-    local lines, cur = {}, nil
-    local room = WIDTH - indent - 6
-    for _, w in ipairs(words) do
-        if cur and #cur + 1 + #w <= room then cur = cur .. " " .. w
-        else
-            if cur then lines[#lines + 1] = cur end
-            cur = w
-        end
-    end
-    lines[#lines + 1] = cur
+    local lines = util.wrap(words, WIDTH - indent - 6)
     if #lines == 1 then return { pad .. "/* " .. lines[1] .. " */" } end
     for i, l in ipairs(lines) do
         lines[i] = pad .. (i == 1 and "/* " or "** ") .. l .. (i == #lines and " */" or "")

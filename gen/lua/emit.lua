@@ -91,19 +91,7 @@ local function const_view(consts)
     return out
 end
 
--- Words in lines of at most 'width' characters.
-local function wrap(words, width)
-    local lines, cur = {}, nil
-    for _, w in ipairs(words) do
-        if cur and #cur + 1 + #w <= width then cur = cur .. " " .. w
-        else
-            if cur then lines[#lines + 1] = cur end
-            cur = w
-        end
-    end
-    lines[#lines + 1] = cur
-    return lines
-end
+local wrap = util.wrap
 
 -- C initializer rows "{ a, b, c },", columns aligned (numbers to the right), each with its
 -- comment after it when the line stays within 100 columns, else on a line of its own above.
@@ -146,13 +134,8 @@ end
 -- A comment of several lines, at most 100 columns with 'indent' spaces before it: the lines
 -- to print after the indentation ("/* ...", "** ...", last with " */").
 local function comment(text, indent)
-    local words = {}
-    for w in text:gmatch("%S+") do words[#words + 1] = w end
-    local lines = wrap(words, 100 - indent - 6)
-    if #lines == 1 then return { "/* " .. lines[1] .. " */" } end
-    for i, l in ipairs(lines) do
-        lines[i] = (i == 1 and "/* " or "** ") .. l .. (i == #lines and " */" or "")
-    end
+    local lines = ccode.comment(text, indent)
+    for i, l in ipairs(lines) do lines[i] = l:sub(indent + 1) end
     return lines
 end
 

@@ -151,6 +151,20 @@ function M.columns(rows, align, gap)
 end
 
 -- Shallow copy of an array part.
+-- Words in lines of at most 'width' characters (a longer word alone on its line).
+function M.wrap(words, width)
+    local lines, cur = {}, nil
+    for _, w in ipairs(words) do
+        if cur and #cur + 1 + #w <= width then cur = cur .. " " .. w
+        else
+            if cur then lines[#lines + 1] = cur end
+            cur = w
+        end
+    end
+    lines[#lines + 1] = cur
+    return lines
+end
+
 function M.copy(list)
     local out = {}
     for i = 1, #list do out[i] = list[i] end
