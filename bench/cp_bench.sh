@@ -3,9 +3,12 @@
 # of make test. Each sequence of SEQ positions is cut into 2*CP chunks, cp rank r holds chunks r
 # and 2*CP-1-r, and attention runs around a p2p ring (lib/model.c ring_fwd, ring_bwd). Prints:
 #  1. ring traffic: the bytes one rank sends on the ring per step, measured twice (the runtime's
-#     trace, RT_TRACE, tags 2 = K|V and 3 = dK|dV; and what reached MPI_Isend, counted by the
-#     PMPI shim bench/parallel_mpicount.c) against the generator's declaration (--dump program,
-#     summed by bench/cp_ring.lua) and the closed form per layer and micro-batch
+#     trace, RT_TRACE, tags 2 = K|V and 3 = dK|dV; and what reached MPI_Isend with those tags on
+#     the runtime's point-to-point communicator, "p2p", counted by the PMPI shim
+#     bench/parallel_mpicount.c: the runtime's own collectives, MPI_Isend too, travel on their
+#     groups' communicators, and nothing else may use "p2p") against the generator's
+#     declaration (--dump program, summed by bench/cp_ring.lua) and the closed form per layer
+#     and micro-batch
 #        forward  (CP-1) * N*2*C_LOCAL * es
 #        backward (CP-1) * N*2*C_LOCAL * (es+4) + N*2*C_LOCAL * 4
 #     with N = MBS*SEQ/CP, C_LOCAL = hidden/TP, es = 4 (f32) or 2 (bf16): CP-1 hops carry the
@@ -131,23 +134,28 @@ ring() {
     local c_bwd=$(((cp - 1) * N * 2 * cl * (es + 4) + N * 2 * cl * 4))
     local closed=$((L * nmb * (c_fwd + c_bwd)))
     [ "$calls" = $((L * nmb)) ] || { echo "$name: $calls layer_fwd calls, not L*NMB"; bad=1; }
-    # measured: traced sends on tags 2 and 3, and the shim's MPI_Isend bytes, per rank
+    # measured: traced sends on tags 2 and 3, and the shim's MPI_Isend bytes with those tags on
+    # "p2p" (other sends there: "other", must be none), per rank
     rm -rf "$B/$name.trace" "$B/$name.count".*
     mkdir -p "$B/$name.trace"
     launch "$name" "$B/$name.run.log" RT_TRACE="$B/$name.trace" \
         MPICOUNT_OUT="$B/$name.count" LD_PRELOAD="$PWD/$B/mpicount.so" -- \
         --data "$B/tokens.bin" --steps "$STEPS" --quiet
-    local t2=0 t3=0 mpi=0 tr m
+    local t2=0 t3=0 mpi=0 other=0 tr m
     for ((r = w - 1; r >= 0; r--)); do        # rank 0 last: its numbers are the row's
         read -r t2 t3 < <(awk '$1 == "p2p" { for (i = 2; i + 4 <= NF; i += 5)
                 if ($i == "send") { b = $(i + 2) * ($(i + 3) == "bf16" ? 2 : 4)
                                     if ($(i + 4) == 2) t2 += b; if ($(i + 4) == 3) t3 += b } }
             END { printf "%d %d\n", t2, t3 }' "$B/$name.trace/rank_$(printf %05d "$r").trace")
-        mpi=$(awk '$1 ~ /^send/ { s += $4 } END { printf "%d\n", s }' "$B/$name.count.$r")
+        read -r mpi other < <(awk '$2 != "p2p" { next }
+                $1 == "send@tag2" || $1 == "send@tag3" { s += $5 }
+                $1 == "send" || $1 == "send.bf16" { all += $5 }
+                END { printf "%d %d\n", s, all - s }' "$B/$name.count.$r")
         tr=$(((t2 + t3) / STEPS)) m=$((mpi / STEPS))
-        if [ "$tr" != "$dump" ] || [ "$m" != "$dump" ] || [ $((t2 % STEPS + t3 % STEPS)) != 0 ]
-        then
-            echo "$name: rank $r sent $tr bytes a step (traced), $m (MPI); declared $dump"
+        if [ "$tr" != "$dump" ] || [ "$m" != "$dump" ] || [ $((t2 % STEPS + t3 % STEPS)) != 0 ] ||
+           [ "$other" != 0 ]; then
+            echo "$name: rank $r sent $tr bytes a step (traced), $m (MPI, $other more on p2p" \
+                 "with other tags); declared $dump"
             bad=1
         fi
     done
@@ -185,8 +193,9 @@ cat "$B/ring_layer.txt"
 echo
 echo "   measured per rank and step ($STEPS steps / $STEPS; every rank alike, rank 0 shown): K|V"
 echo "   (tag 2, forward and backward) and dK|dV (tag 3) from RT_TRACE, their sum, and the bytes"
-echo "   MPI_Isend was given (PMPI shim); against the step's ring records in --dump program"
-echo "   (\"hops\" of them) and the closed form x layers x micro-batches (L*NMB)"
+echo "   MPI_Isend was given with tags 2 and 3 on the runtime's p2p communicator (PMPI shim; no"
+echo "   other tag there); against the step's ring records in --dump program (\"hops\" of them)"
+echo "   and the closed form x layers x micro-batches (L*NMB)"
 printf "%-16s %5s %5s %4s | %9s %9s %9s %9s | %9s %9s | %7s %7s %7s\n" layout ranks L*NMB \
     hops "K|V tr" "dK|dV tr" traced MPI_Isend dump closed tr/dump mpi/dmp tr/clsd
 cat "$B/ring_step.txt"
