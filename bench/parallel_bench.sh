@@ -274,20 +274,21 @@ print_tables() {
     echo "   S = gradient-buffer elements per rank; the fp32 row of docs/megatron.md §5.7"
     echo "   saves 16S - (8 + 8/d)S,"
     echo "   as the program's buffers do: f32 params + grads on S (gradients reduce-scattered in"
-    echo "   place) and m + v on S/d; the runtime packs that in-place reduce-scatter through a"
-    echo "   scratch buffer of min(4S, 8 MiB) bytes (+25 % growth room), so predicted = §5.7 -"
-    echo "   scratch: a fixed cost that small models see and large ones do not)"
-    printf "%-24s %2s %11s %10s %10s %10s %10s %10s %10s\n" "layout" d S "off" "on" "saved" \
-        "§5.7" "scratch" "predicted"
+    echo "   place) and m + v on S/d. The runtime's reduction scratch (runtime/rt_mpi.c: per call"
+    echo "   up to 4 slices in flight of d-1 blocks, pooled) is the same for a bucket's all-reduce"
+    echo "   and its reduce-scatter (the same slices; not for buckets of 4 KiB or less, sent"
+    echo "   whole), and the all-gather needs none, so saved = §5.7; rt_malloc rounds each"
+    echo "   block up to 256 bytes, which a ratio off 1 by 1e-4 is)"
+    printf "%-24s %2s %11s %10s %10s %10s %10s %7s\n" "layout" d S "off" "on" "saved" "§5.7" \
+        ratio
     awk '{ peak[$1] = $3; S[$1] = $4; dp[$1] = $6; dop[$1] = $8; names[NR] = $1 }
         END { for (i = 1; i <= NR; i++) { n = names[i]; if (dop[n] != 1) continue
                   base = n; sub(/-distopt$/, "", base); if (!(base in peak)) continue
-                  d = dp[n]; s = S[n]; M = 1048576
-                  pack = 4 * s < 8 * M ? 4 * s : 8 * M
-                  scr = pack + int(pack / 4); scr = int((scr + 63) / 64) * 64
-                  printf "%-24s %2d %11d %8.2f M %8.2f M %8.2f M %8.2f M %8.2f M %8.2f M\n",
-                         base, d, s, peak[base] / M, peak[n] / M, (peak[base] - peak[n]) / M,
-                         (8 - 8 / d) * s / M, scr / M, ((8 - 8 / d) * s - scr) / M } }' "$B/memory.raw"
+                  d = dp[n]; s = S[n]; M = 1048576; saved = peak[base] - peak[n]
+                  want = (8 - 8 / d) * s
+                  printf "%-24s %2d %11d %8.2f M %8.2f M %8.2f M %8.2f M %7.4f\n",
+                         base, d, s, peak[base] / M, peak[n] / M, saved / M, want / M,
+                         saved / want } }' "$B/memory.raw"
 }
 
 # -- tiny: 8 layers, hidden 64, T 64; global batch 16 sequences (1024 tokens), 20 steps ------
