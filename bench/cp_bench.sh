@@ -16,11 +16,12 @@
 #     last hop brings each block's dK|dV home. Every ratio must be exactly 1.0000 (else exit 1);
 # 1b. all-to-all traffic (CP_COMM=a2a, no ring): the bytes one rank sends to the other cp ranks
 #     per step, measured by a PMPI shim on MPI_Alltoallv (bench/moe_a2a_count.c, used as is: the
-#     send counts less the rank's own block), against the closed form per layer and micro-batch
+#     send counts less the rank's own block; the CPU runtime's rt_alltoall is one
+#     MPI_Alltoallv), against the closed form per layer and micro-batch
 #        forward = backward = (CP-1) * N * (C_LOCAL/CP) * es * 4
 #     (forward q|k|v, 3 parts, out and the output back; backward the output gradient out and
 #     dq|dk|dv back; each a 1/CP share of the columns, a head group, to each other cp rank), and
-#     the call count against RT_TRACE and --dump program's alltoallv records; exactly 1.0000;
+#     the call count against RT_TRACE and --dump program's alltoall records; exactly 1.0000;
 #  2. tokens/s at a fixed global batch (DP 1, same MBS, same steps) for CP 1, 2 and 4, tiny and
 #     the long-sequence model, with the ratio to CP 1;
 #  3. the long sequence (bench/models/cp_long.lua, SEQ 8192): the memory plan per rank
@@ -208,12 +209,11 @@ fi
 # -- 1b. All-to-all traffic (CP_COMM=a2a) ----------------------------------------------------------
 # The same tiny layouts with --cp-comm a2a: per attention layer and micro-batch two all-to-alls
 # over cp forward (q|k|v by head group out, the attention output back) and two backward (the
-# output gradient out, dq|dk|dv back); lib/model.c a2a_exchange gives rt_alltoallv equal blocks,
-# one per cp rank, its own included, and the CPU runtime hands them to one MPI_Alltoallv. The
-# records in --dump program carry no counts, so bytes are measured only by the shim
-# (bench/moe_a2a_count.c: per communicator, the calls, the send counts' bytes and the same less
-# the rank's own block) and compared with the closed form; the trace (alltoallv lines on cp) and
-# the dump count the calls. A rank's own block must be 1/(CP-1) of what it sends the others
+# output gradient out, dq|dk|dv back); the layer (gen/lua/layer.lua) calls rt_alltoall, equal
+# blocks, one per cp rank, its own included, and the CPU runtime hands them to one
+# MPI_Alltoallv. Bytes are measured by the shim (bench/moe_a2a_count.c: per communicator, the
+# calls, the send counts' bytes and the same less the rank's own block) and compared with the
+# closed form; the trace (alltoall lines on cp) and the dump (alltoall records) count the calls. A rank's own block must be 1/(CP-1) of what it sends the others
 # (equal blocks), and no p2p traffic may be traced. Every rank is checked, rank 0 shown.
 
 : > "$B/a2a.txt"
@@ -238,7 +238,7 @@ a2a() {
     local closed=$((L * nmb * 2 * c_dir))
     if [ "$l_f" != 2 ] || [ "$l_b" != 2 ] || [ "$recs" != $((4 * L * nmb)) ] ||
        [ $((ring_f + ring_b)) != 0 ]; then
-        echo "$name: --dump program declares $l_f + $l_b alltoallv a layer, $recs a step" \
+        echo "$name: --dump program declares $l_f + $l_b alltoall a layer, $recs a step" \
              "(not 2 + 2, 4*L*NMB), ring bytes $ring_f + $ring_b"
         bad=1 a2a_bad=1
     fi
@@ -249,7 +249,7 @@ a2a() {
         --data "$B/tokens.bin" --steps "$STEPS" --quiet
     local tc=0 p2p=0 mc=0 mall=0 moff=0 nrec=0
     for ((r = w - 1; r >= 0; r--)); do        # rank 0 last: its numbers are the row's
-        read -r tc p2p < <(awk '$1 == "alltoallv" && $2 == "cp" { n++ } $1 == "p2p" { p++ }
+        read -r tc p2p < <(awk '$1 ~ /^alltoallv?$/ && $2 == "cp" { n++ } $1 == "p2p" { p++ }
             END { printf "%d %d\n", n, p }' "$B/$name.trace/rank_$(printf %05d "$r").trace")
         # the shim's lines: "a2a <members> <dtype> <calls> <bytes> <off-rank>"; every one must be
         # on a group of CP members that holds this rank (the cp group: nothing else all-to-alls)
@@ -263,7 +263,7 @@ a2a() {
            [ $((tc / STEPS)) != "$recs" ] || [ $((mc / STEPS)) != "$recs" ] ||
            [ $((moff / STEPS)) != "$closed" ] || [ $(((mall - moff) * (cp - 1))) != "$moff" ] ||
            [ "$p2p" != 0 ]; then
-            echo "$name: rank $r: $tc alltoallv traced, $mc counted ($nrec communicators), $p2p" \
+            echo "$name: rank $r: $tc alltoall traced, $mc counted ($nrec communicators), $p2p" \
                  "p2p calls; $moff bytes to the others, $((mall - moff)) to itself, in" \
                  "$STEPS steps; per step declared $recs calls, closed form $closed bytes"
             bad=1 a2a_bad=1
@@ -284,8 +284,8 @@ echo
 echo "== 1b. All-to-all traffic of tiny with CP_COMM=a2a (heads 4: TP 2 allows CP 2), per rank and"
 echo "   step ($STEPS steps / $STEPS; every rank alike, rank 0 shown). Closed form per layer and"
 echo "   micro-batch: fwd = bwd = (CP-1)*N*HW*es*4 bytes to the other cp ranks, HW = C_LOCAL/CP"
-echo "   (a head group's columns); calls: alltoallv records on cp in --dump program, RT_TRACE's"
-echo "   alltoallv lines on cp, MPI_Alltoallv calls (PMPI shim); bytes (shim): the rank's own"
+echo "   (a head group's columns); calls: alltoall records on cp in --dump program, RT_TRACE's"
+echo "   alltoall lines on cp, MPI_Alltoallv calls (PMPI shim); bytes (shim): the rank's own"
 echo "   block and what it sends to the others, against the closed form x L*NMB (both directions)"
 printf "%-20s %5s %3s %3s %5s %4s %3s | %8s %8s | %5s %6s %6s | %9s %9s %9s | %7s %7s\n" \
     layout ranks CP TP N HW es "fwd/lyr" "bwd/lyr" dump traced MPI own "to others" closed \
