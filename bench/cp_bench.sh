@@ -27,7 +27,8 @@
 #  3. the long sequence (bench/models/cp_long.lua, SEQ 8192): the memory plan per rank
 #     (--dump memory, bench/cp_mem.lua) for CP 1, 2, 4, and 3 steps of CP 4 that train.
 # One thread per rank (RT_THREADS=1; BENCH_THREADS=n to change). Usage: bench/cp_bench.sh
-# (ROUNDS=n: tiny's throughput rounds, default 3). Scratch and raw logs: build/bench/cp/.
+# [traffic] (traffic: sections 1 and 1b only, ~30 s; ROUNDS=n: tiny's throughput rounds,
+# default 3). Scratch and raw logs: build/bench/cp/.
 # About 85 s on the quiet 2-core dev VM (1b: ~5 s of it), ~2 minutes while other jobs run;
 # timings on a shared VM vary ~15 % (and far more while other jobs run: such rows are marked '*').
 set -euo pipefail
@@ -36,6 +37,9 @@ B=build/bench/cp
 mkdir -p "$B"
 export RT_THREADS=${BENCH_THREADS:-1}
 ROUNDS=${ROUNDS:-3}
+what=${1:-all}
+[ "$what" = all ] || [ "$what" = traffic ] ||
+    { echo "usage: bench/cp_bench.sh [traffic]" >&2; exit 2; }
 t_start=$(date +%s)
 
 # mpirun as tests/lib.sh runs it: oversubscribed, shared memory between the ranks, as root
@@ -296,6 +300,12 @@ if [ "$a2a_bad" = 0 ]; then
     echo "   (1.0000), each rank's own block = 1/(CP-1) of them, no p2p traffic"
 else
     echo "   FAILED: a measured count differs from the analytic one (above)"
+fi
+
+if [ "$what" = traffic ]; then
+    echo
+    echo "cp_bench: $(($(date +%s) - t_start)) s"
+    exit "$bad"
 fi
 
 # -- 2. Throughput at a fixed global batch ---------------------------------------------------------
