@@ -3,9 +3,12 @@
 # of make test. Each sequence of SEQ positions is cut into 2*CP chunks, cp rank r holds chunks r
 # and 2*CP-1-r, and attention runs around a p2p ring (lib/model.c ring_fwd, ring_bwd). Prints:
 #  1. ring traffic: the bytes one rank sends on the ring per step, measured twice (the runtime's
-#     trace, RT_TRACE, tags 2 = K|V and 3 = dK|dV; and what reached MPI_Isend, counted by the
-#     PMPI shim bench/parallel_mpicount.c) against the generator's declaration (--dump program,
-#     summed by bench/cp_ring.lua) and the closed form per layer and micro-batch
+#     trace, RT_TRACE, tags 2 = K|V and 3 = dK|dV; and what reached MPI_Isend with those tags on
+#     the runtime's point-to-point communicator, "p2p", counted by the PMPI shim
+#     bench/parallel_mpicount.c: the runtime's own collectives, MPI_Isend too, travel on their
+#     groups' communicators, and nothing else may use "p2p") against the generator's
+#     declaration (--dump program, summed by bench/cp_ring.lua) and the closed form per layer
+#     and micro-batch
 #        forward  (CP-1) * N*2*C_LOCAL * es
 #        backward (CP-1) * N*2*C_LOCAL * (es+4) + N*2*C_LOCAL * 4
 #     with N = MBS*SEQ/CP, C_LOCAL = hidden/TP, es = 4 (f32) or 2 (bf16): CP-1 hops carry the
@@ -13,17 +16,19 @@
 #     last hop brings each block's dK|dV home. Every ratio must be exactly 1.0000 (else exit 1);
 # 1b. all-to-all traffic (CP_COMM=a2a, no ring): the bytes one rank sends to the other cp ranks
 #     per step, measured by a PMPI shim on MPI_Alltoallv (bench/moe_a2a_count.c, used as is: the
-#     send counts less the rank's own block), against the closed form per layer and micro-batch
+#     send counts less the rank's own block; the CPU runtime's rt_alltoall is one
+#     MPI_Alltoallv), against the closed form per layer and micro-batch
 #        forward = backward = (CP-1) * N * (C_LOCAL/CP) * es * 4
 #     (forward q|k|v, 3 parts, out and the output back; backward the output gradient out and
 #     dq|dk|dv back; each a 1/CP share of the columns, a head group, to each other cp rank), and
-#     the call count against RT_TRACE and --dump program's alltoallv records; exactly 1.0000;
+#     the call count against RT_TRACE and --dump program's alltoall records; exactly 1.0000;
 #  2. tokens/s at a fixed global batch (DP 1, same MBS, same steps) for CP 1, 2 and 4, tiny and
 #     the long-sequence model, with the ratio to CP 1;
 #  3. the long sequence (bench/models/cp_long.lua, SEQ 8192): the memory plan per rank
 #     (--dump memory, bench/cp_mem.lua) for CP 1, 2, 4, and 3 steps of CP 4 that train.
 # One thread per rank (RT_THREADS=1; BENCH_THREADS=n to change). Usage: bench/cp_bench.sh
-# (ROUNDS=n: tiny's throughput rounds, default 3). Scratch and raw logs: build/bench/cp/.
+# [traffic] (traffic: sections 1 and 1b only, ~30 s; ROUNDS=n: tiny's throughput rounds,
+# default 3). Scratch and raw logs: build/bench/cp/.
 # About 85 s on the quiet 2-core dev VM (1b: ~5 s of it), ~2 minutes while other jobs run;
 # timings on a shared VM vary ~15 % (and far more while other jobs run: such rows are marked '*').
 set -euo pipefail
@@ -32,6 +37,9 @@ B=build/bench/cp
 mkdir -p "$B"
 export RT_THREADS=${BENCH_THREADS:-1}
 ROUNDS=${ROUNDS:-3}
+what=${1:-all}
+[ "$what" = all ] || [ "$what" = traffic ] ||
+    { echo "usage: bench/cp_bench.sh [traffic]" >&2; exit 2; }
 t_start=$(date +%s)
 
 # mpirun as tests/lib.sh runs it: oversubscribed, shared memory between the ranks, as root
@@ -131,23 +139,28 @@ ring() {
     local c_bwd=$(((cp - 1) * N * 2 * cl * (es + 4) + N * 2 * cl * 4))
     local closed=$((L * nmb * (c_fwd + c_bwd)))
     [ "$calls" = $((L * nmb)) ] || { echo "$name: $calls layer_fwd calls, not L*NMB"; bad=1; }
-    # measured: traced sends on tags 2 and 3, and the shim's MPI_Isend bytes, per rank
+    # measured: traced sends on tags 2 and 3, and the shim's MPI_Isend bytes with those tags on
+    # "p2p" (other sends there: "other", must be none), per rank
     rm -rf "$B/$name.trace" "$B/$name.count".*
     mkdir -p "$B/$name.trace"
     launch "$name" "$B/$name.run.log" RT_TRACE="$B/$name.trace" \
         MPICOUNT_OUT="$B/$name.count" LD_PRELOAD="$PWD/$B/mpicount.so" -- \
         --data "$B/tokens.bin" --steps "$STEPS" --quiet
-    local t2=0 t3=0 mpi=0 tr m
+    local t2=0 t3=0 mpi=0 other=0 tr m
     for ((r = w - 1; r >= 0; r--)); do        # rank 0 last: its numbers are the row's
         read -r t2 t3 < <(awk '$1 == "p2p" { for (i = 2; i + 4 <= NF; i += 5)
                 if ($i == "send") { b = $(i + 2) * ($(i + 3) == "bf16" ? 2 : 4)
                                     if ($(i + 4) == 2) t2 += b; if ($(i + 4) == 3) t3 += b } }
             END { printf "%d %d\n", t2, t3 }' "$B/$name.trace/rank_$(printf %05d "$r").trace")
-        mpi=$(awk '$1 ~ /^send/ { s += $4 } END { printf "%d\n", s }' "$B/$name.count.$r")
+        read -r mpi other < <(awk '$2 != "p2p" { next }
+                $1 == "send@tag2" || $1 == "send@tag3" { s += $5 }
+                $1 == "send" || $1 == "send.bf16" { all += $5 }
+                END { printf "%d %d\n", s, all - s }' "$B/$name.count.$r")
         tr=$(((t2 + t3) / STEPS)) m=$((mpi / STEPS))
-        if [ "$tr" != "$dump" ] || [ "$m" != "$dump" ] || [ $((t2 % STEPS + t3 % STEPS)) != 0 ]
-        then
-            echo "$name: rank $r sent $tr bytes a step (traced), $m (MPI); declared $dump"
+        if [ "$tr" != "$dump" ] || [ "$m" != "$dump" ] || [ $((t2 % STEPS + t3 % STEPS)) != 0 ] ||
+           [ "$other" != 0 ]; then
+            echo "$name: rank $r sent $tr bytes a step (traced), $m (MPI, $other more on p2p" \
+                 "with other tags); declared $dump"
             bad=1
         fi
     done
@@ -185,8 +198,9 @@ cat "$B/ring_layer.txt"
 echo
 echo "   measured per rank and step ($STEPS steps / $STEPS; every rank alike, rank 0 shown): K|V"
 echo "   (tag 2, forward and backward) and dK|dV (tag 3) from RT_TRACE, their sum, and the bytes"
-echo "   MPI_Isend was given (PMPI shim); against the step's ring records in --dump program"
-echo "   (\"hops\" of them) and the closed form x layers x micro-batches (L*NMB)"
+echo "   MPI_Isend was given with tags 2 and 3 on the runtime's p2p communicator (PMPI shim; no"
+echo "   other tag there); against the step's ring records in --dump program (\"hops\" of them)"
+echo "   and the closed form x layers x micro-batches (L*NMB)"
 printf "%-16s %5s %5s %4s | %9s %9s %9s %9s | %9s %9s | %7s %7s %7s\n" layout ranks L*NMB \
     hops "K|V tr" "dK|dV tr" traced MPI_Isend dump closed tr/dump mpi/dmp tr/clsd
 cat "$B/ring_step.txt"
@@ -199,12 +213,11 @@ fi
 # -- 1b. All-to-all traffic (CP_COMM=a2a) ----------------------------------------------------------
 # The same tiny layouts with --cp-comm a2a: per attention layer and micro-batch two all-to-alls
 # over cp forward (q|k|v by head group out, the attention output back) and two backward (the
-# output gradient out, dq|dk|dv back); lib/model.c a2a_exchange gives rt_alltoallv equal blocks,
-# one per cp rank, its own included, and the CPU runtime hands them to one MPI_Alltoallv. The
-# records in --dump program carry no counts, so bytes are measured only by the shim
-# (bench/moe_a2a_count.c: per communicator, the calls, the send counts' bytes and the same less
-# the rank's own block) and compared with the closed form; the trace (alltoallv lines on cp) and
-# the dump count the calls. A rank's own block must be 1/(CP-1) of what it sends the others
+# output gradient out, dq|dk|dv back); the layer (gen/lua/layer.lua) calls rt_alltoall, equal
+# blocks, one per cp rank, its own included, and the CPU runtime hands them to one
+# MPI_Alltoallv. Bytes are measured by the shim (bench/moe_a2a_count.c: per communicator, the
+# calls, the send counts' bytes and the same less the rank's own block) and compared with the
+# closed form; the trace (alltoall lines on cp) and the dump (alltoall records) count the calls. A rank's own block must be 1/(CP-1) of what it sends the others
 # (equal blocks), and no p2p traffic may be traced. Every rank is checked, rank 0 shown.
 
 : > "$B/a2a.txt"
@@ -229,7 +242,7 @@ a2a() {
     local closed=$((L * nmb * 2 * c_dir))
     if [ "$l_f" != 2 ] || [ "$l_b" != 2 ] || [ "$recs" != $((4 * L * nmb)) ] ||
        [ $((ring_f + ring_b)) != 0 ]; then
-        echo "$name: --dump program declares $l_f + $l_b alltoallv a layer, $recs a step" \
+        echo "$name: --dump program declares $l_f + $l_b alltoall a layer, $recs a step" \
              "(not 2 + 2, 4*L*NMB), ring bytes $ring_f + $ring_b"
         bad=1 a2a_bad=1
     fi
@@ -240,7 +253,7 @@ a2a() {
         --data "$B/tokens.bin" --steps "$STEPS" --quiet
     local tc=0 p2p=0 mc=0 mall=0 moff=0 nrec=0
     for ((r = w - 1; r >= 0; r--)); do        # rank 0 last: its numbers are the row's
-        read -r tc p2p < <(awk '$1 == "alltoallv" && $2 == "cp" { n++ } $1 == "p2p" { p++ }
+        read -r tc p2p < <(awk '$1 ~ /^alltoallv?$/ && $2 == "cp" { n++ } $1 == "p2p" { p++ }
             END { printf "%d %d\n", n, p }' "$B/$name.trace/rank_$(printf %05d "$r").trace")
         # the shim's lines: "a2a <members> <dtype> <calls> <bytes> <off-rank>"; every one must be
         # on a group of CP members that holds this rank (the cp group: nothing else all-to-alls)
@@ -254,7 +267,7 @@ a2a() {
            [ $((tc / STEPS)) != "$recs" ] || [ $((mc / STEPS)) != "$recs" ] ||
            [ $((moff / STEPS)) != "$closed" ] || [ $(((mall - moff) * (cp - 1))) != "$moff" ] ||
            [ "$p2p" != 0 ]; then
-            echo "$name: rank $r: $tc alltoallv traced, $mc counted ($nrec communicators), $p2p" \
+            echo "$name: rank $r: $tc alltoall traced, $mc counted ($nrec communicators), $p2p" \
                  "p2p calls; $moff bytes to the others, $((mall - moff)) to itself, in" \
                  "$STEPS steps; per step declared $recs calls, closed form $closed bytes"
             bad=1 a2a_bad=1
@@ -275,8 +288,8 @@ echo
 echo "== 1b. All-to-all traffic of tiny with CP_COMM=a2a (heads 4: TP 2 allows CP 2), per rank and"
 echo "   step ($STEPS steps / $STEPS; every rank alike, rank 0 shown). Closed form per layer and"
 echo "   micro-batch: fwd = bwd = (CP-1)*N*HW*es*4 bytes to the other cp ranks, HW = C_LOCAL/CP"
-echo "   (a head group's columns); calls: alltoallv records on cp in --dump program, RT_TRACE's"
-echo "   alltoallv lines on cp, MPI_Alltoallv calls (PMPI shim); bytes (shim): the rank's own"
+echo "   (a head group's columns); calls: alltoall records on cp in --dump program, RT_TRACE's"
+echo "   alltoall lines on cp, MPI_Alltoallv calls (PMPI shim); bytes (shim): the rank's own"
 echo "   block and what it sends to the others, against the closed form x L*NMB (both directions)"
 printf "%-20s %5s %3s %3s %5s %4s %3s | %8s %8s | %5s %6s %6s | %9s %9s %9s | %7s %7s\n" \
     layout ranks CP TP N HW es "fwd/lyr" "bwd/lyr" dump traced MPI own "to others" closed \
@@ -287,6 +300,12 @@ if [ "$a2a_bad" = 0 ]; then
     echo "   (1.0000), each rank's own block = 1/(CP-1) of them, no p2p traffic"
 else
     echo "   FAILED: a measured count differs from the analytic one (above)"
+fi
+
+if [ "$what" = traffic ]; then
+    echo
+    echo "cp_bench: $(($(date +%s) - t_start)) s"
+    exit "$bad"
 fi
 
 # -- 2. Throughput at a fixed global batch ---------------------------------------------------------

@@ -2,8 +2,8 @@
 -- bench/cp_bench.sh; not a test and not used by the generator. Each "ring" Coll record is one
 -- hop of lib/model.c ring_hop: this rank sends n elements of K|V in the record's dtype (tag 2)
 -- and, in the backward, n2 f32 elements of dK|dV (tag 3) to the next cp rank. With CP_COMM=a2a
--- there is no ring: each attention layer's exchanges are "alltoallv" Coll records on the cp group
--- (their counts are not in the record), counted here.
+-- there is no ring: each attention layer's exchanges are "alltoall" Coll records on the cp group
+-- (rt_alltoall, equal blocks; "alltoallv" counted too), counted here.
 -- Run: build/gen --lua bench/cp_ring.lua PROGRAM.json     (one pipeline stage: PP 1)
 -- Prints, in bytes one rank sends:
 --   step  FWD BWD TAG2 TAG3 HOPS   per step: the F and B schedule ops' ring records, the same
@@ -12,7 +12,7 @@
 --                                  records (every call declares the same), CALLS = layer_fwd calls
 --   grad BYTES                     per step: the gradients all-reduced over dp-cp (the cp ranks
 --                                  are data-parallel replicas of the weights)
---   a2a F B FWD BWD                per step: the alltoallv records on cp of the F and B schedule
+--   a2a F B FWD BWD                per step: the alltoall records on cp of the F and B schedule
 --                                  ops; per layer and micro-batch: those of one layer_fwd /
 --                                  layer_bwd call (every call declares the same); all 0 with
 --                                  CP_COMM=p2p
@@ -45,7 +45,10 @@ local step = { F = 0, B = 0, tag2 = 0, tag3 = 0, hops = 0 }
 local per_call = { layer_fwd = {}, layer_bwd = {} }   -- distinct bytes of one call -> true
 local a2a_step = { F = 0, B = 0 }
 local a2a_call = { layer_fwd = {}, layer_bwd = {} }   -- distinct record counts of one call -> true
-local function is_a2a(c) return get(c, "op") == "alltoallv" and get(c, "group") == "cp" end
+local function is_a2a(c)
+    local o = get(c, "op")
+    return (o == "alltoall" or o == "alltoallv") and get(c, "group") == "cp"
+end
 local calls = 0
 for _, op in ipairs(get(stages[1], "schedule")) do
     local kind = get(op, "kind")
@@ -79,7 +82,7 @@ local grad = 0
 for _, op in ipairs(get(stages[1], "tail")) do
     for _, c in ipairs(get(op, "comm")) do
         assert(not ring_bytes(c), "a ring record in the step's tail")
-        assert(not is_a2a(c), "an alltoallv record on cp in the step's tail")
+        assert(not is_a2a(c), "an alltoall record on cp in the step's tail")
         if get(c, "group") == "dp-cp" then
             grad = grad + get(c, "n") * assert(dtype_size[get(c, "dtype")], "unknown dtype")
         end
@@ -92,7 +95,7 @@ local function only(name, tab)
     for bytes in pairs((tab or per_call)[name]) do v, count = bytes, count + 1 end
     if count ~= 1 then
         io.stderr:write("cp_ring.lua: " .. name .. " calls declare " .. count ..
-                        (tab and " different alltoallv counts\n" or " different ring volumes\n"))
+                        (tab and " different alltoall counts\n" or " different ring volumes\n"))
         os.exit(1)
     end
     return v

@@ -3,12 +3,30 @@
 # backend (not part of make test). For a fixed global batch at world 1, 2 and 4:
 #   tokens/s    median over the steps after the first, from the program's --log, best of
 #               BENCH_REPEAT runs (tiny 3, gpt2 1);
-#   bytes       every collective the program issues, counted per communicator by an MPI
+#   bytes       what rank 0 hands MPI per step on each communicator, counted by an MPI
 #               profiling shim (bench/parallel_mpicount.c, LD_PRELOAD; a 1-step run is
-#               subtracted so only whole steps count), as bytes moved per rank per step with the
-#               ring formulas (all-reduce of N bytes over n ranks: 2N(n-1)/n; reduce-scatter,
-#               all-gather: N(n-1)/n), against the analytic count from Megatron's regions
-#               (docs/megatron.md §4-6) worked out below;
+#               subtracted so only whole steps count). The CPU runtime (runtime/rt_mpi.c) runs
+#               its all-reduces, reduce-scatters and all-gathers itself, as MPI_Isend /
+#               MPI_Irecv on the group's communicator (rt_p2p on a communicator of its own,
+#               "p2p"), so the bytes rank 0 sends on a group's communicator are the bytes it
+#               moves for that group (its receives, equal for these algorithms, beside them).
+#               Against the analytic count: Megatron's regions (docs/megatron.md §4-6, worked
+#               out below), call by call, each moved as the runtime's algorithm moves it. A
+#               collective of payload N bytes (es-byte elements) over p ranks sends from group
+#               rank r (rank 0 is group rank 0 in each of its groups):
+#                 reduce-scatter, all-gather  N(p-1)/p   (its block to each peer; N = the whole
+#                                                         buffer, p blocks)
+#                 all-reduce, N <= 4096       N(p-1)     (the whole buffer to every peer, each
+#                                                         reduces all of it: SMALL_BYTES)
+#                 all-reduce, N > 4096        per slice of l elements, (l + (p-2) l_r) es:
+#                     slices of p*m elements (the last one shorter), m = floor(2^20/((p-1) es))
+#                     (SLOT_BYTES); member b reduces elements [floor(l b/p), floor(l (b+1)/p))
+#                     of a slice, l_b of them: r sends each peer its block (l - l_r), then its
+#                     reduced block to every peer ((p-1) l_r); 2N(p-1)/p when p divides every
+#                     slice, the ring's bytes;
+#               and the ring formulas beside them (all-reduce 2N(p-1)/p, reduce-scatter and
+#               all-gather N(p-1)/p): on 2 ranks the same, on more the small all-reduces
+#               (loss, norm, the logits' maximum) move more;
 #   memory      each rank's peak resident set (VmHWM) with and without DIST_OPT, its
 #               difference against what the optimizer state should save, and the byte
 #               table of docs/megatron.md §5.7;
@@ -69,42 +87,59 @@ buffer_size() {
         awk '$1 == "buffer" && $2 == 0 { s += $7 } END { print s }'
 }
 
-# Analytic payload per step of rank 0's groups, one line per (group, op): "group op bytes".
+# The sizes of those buffers' buckets (elements), one data-parallel reduction each, on a line.
+bucket_sizes() {
+    build/gen --lua bench/parallel_buckets.lua "$B/out/$1/shards.json" |
+        awk '$1 == "bucket" { printf "%s%d", n++ ? " " : "", $4 } END { print "" }'
+}
+
+# Analytic collectives per step of rank 0's groups, f32, one line per (group, op, size):
+# "group op calls payload-bytes element-bytes".
 # Megatron's regions for this program (PP 1): per micro-batch of N = MBS*T tokens,
 #   no SP: all-reduce N*C after the embedding, after each of the 2 row-parallel layers of a
 #          layer and before each of the 2 column-parallel inputs in its backward, of the
-#          head's input gradient, and [max | sum exp, target logit] of 3N for the loss;
+#          head's input gradient, and for the loss the logits' max (N) and [sum exp | target
+#          logit] (2N);
 #   SP:    all-gather N*C before every column-parallel layer (2 per layer forward; in backward
 #          2 of the row-parallel outputs' gradients and 2 re-gathers of the column-parallel
 #          inputs for their weight gradients, docs/megatron.md §9.3), of the head's input and of
 #          the embedding's gradient; reduce-scatter N*C after every
 #          row-parallel layer (2 forward) and column-parallel input gradient (2 backward) and of
-#          the head's input gradient; all-reduce N*C after the embedding and 3N for the loss;
+#          the head's input gradient; all-reduce N*C after the embedding and N, 2N for the loss;
 #          once per step the gradients of the SP parameters, (6L + 2)*C;
-# then per step: data-parallel all-reduce of the buffer S (reduce-scatter + all-gather with the
-# distributed optimizer); the gradient norm (1 float, over tp or, with DIST_OPT, the world) and
-# the loss (1 float, world).
+# then per step: data-parallel all-reduce of each gradient bucket (reduce-scatter + all-gather
+# with the distributed optimizer); the gradient norm (1 float, over mp = tp or, with DIST_OPT,
+# the world) and [the loss | stop] (2 floats, world).
 analytic() {
-    local tp=$1 dp=$2 sp=$3 dop=$4 S=$5
-    awk -v tp="$tp" -v dp="$dp" -v sp="$sp" -v dop="$dop" -v S="$S" -v L="$L" -v C="$C" \
-        -v N="$((MBS_OF_DP * T))" -v M=1 'BEGIN {
+    local tp=$1 dp=$2 sp=$3 dop=$4 buckets=$5
+    awk -v tp="$tp" -v dp="$dp" -v sp="$sp" -v dop="$dop" -v buckets="$buckets" -v L="$L" \
+        -v C="$C" -v N="$((MBS_OF_DP * T))" -v M=1 'BEGIN {
         if (tp > 1) {
             if (sp) {
-                printf "tp allgather %d\n", 4 * M * (6 * L + 2) * N * C
-                printf "tp reduce_scatter %d\n", 4 * M * (4 * L + 1) * N * C
-                printf "tp allreduce %d\n", 4 * (M * (N * C + 3 * N) + (6 * L + 2) * C)
+                printf "tp allgather %d %d 4\n", M * (6 * L + 2), 4 * N * C
+                printf "tp reduce_scatter %d %d 4\n", M * (4 * L + 1), 4 * N * C
+                printf "tp allreduce %d %d 4\n", M, 4 * N * C
+                printf "tp allreduce 1 %d 4\n", 4 * (6 * L + 2) * C
             } else {
-                printf "tp allreduce %d\n", 4 * M * ((4 * L + 2) * N * C + 3 * N)
+                printf "tp allreduce %d %d 4\n", M * (4 * L + 2), 4 * N * C
             }
-            if (!dop) printf "tp allreduce 4\n"            # gradient norm over mp = tp
+            printf "tp allreduce %d %d 4\n", M, 4 * N           # the logits max
+            printf "tp allreduce %d %d 4\n", M, 8 * N           # [sum exp | target logit]
+            if (!dop) printf "tp allreduce 1 4 4\n"             # gradient norm over mp = tp
         }
         if (dp > 1) {
-            if (dop) { printf "dp reduce_scatter %d\n", 4 * S; printf "dp allgather %d\n", 4 * S }
-            else printf "dp allreduce %d\n", 4 * S
+            nb = split(buckets, b, " ")
+            for (i = 1; i <= nb; i++)
+                if (dop) {
+                    printf "dp reduce_scatter 1 %d 4\n", 4 * b[i]
+                    printf "dp allgather 1 %d 4\n", 4 * b[i]
+                } else {
+                    printf "dp allreduce 1 %d 4\n", 4 * b[i]
+                }
         }
         if (tp * dp > 1) {
-            printf "world allreduce 4\n"                   # the loss
-            if (dop) printf "world allreduce 4\n"          # gradient norm
+            printf "world allreduce 1 8 4\n"                    # [the loss | stop]
+            if (dop) printf "world allreduce 1 4 4\n"           # gradient norm
         }
     }'
 }
@@ -123,11 +158,11 @@ label() {   # members tp dp
     echo "${i// /=}"
 }
 
-# per_step NAME STEPS: rank 0's "op members bytes" per step, (STEPS-step run - 1-step run) /
-# (STEPS - 1), from the shim's counts of the runs tagged k and z
+# per_step NAME STEPS: rank 0's "op communicator members bytes" per step, (STEPS-step run -
+# 1-step run) / (STEPS - 1), from the shim's counts of the runs tagged k and z
 per_step() {
-    awk -v K="$(($2 - 1))" 'FNR == 1 { f++ } NF == 4 {
-            key = $1 " " $2; if (f == 1) z[key] += $4; else k[key] += $4; keys[key] = 1 }
+    awk -v K="$(($2 - 1))" 'FNR == 1 { f++ } NF == 5 {
+            key = $1 " " $2 " " $3; if (f == 1) z[key] += $5; else k[key] += $5; keys[key] = 1 }
         END { for (key in keys) printf "%s %.0f\n", key, (k[key] - z[key]) / K }' \
         "$B/$1.z.0" "$B/$1.k.0"
 }
@@ -162,14 +197,19 @@ measure() {
         "$(echo "$peak" | awk '{ print $1 / 1048576 }')" \
         >> "$B/throughput.txt"
     echo "$name $w $peak $S $tp $dp $sp $dop $hwm" >> "$B/memory.raw"
-    # bytes per step of rank 0 by group and op: (K-step run - 1-step run) / (K - 1)
+    # bytes per step of rank 0 by group: (K-step run - 1-step run) / (K - 1); the runtime's
+    # p2p communicator apart (its members are the world's)
     {
-        per_step "$name" "$steps" | while read -r op m bytes; do
+        per_step "$name" "$steps" | while read -r op comm m bytes; do
                 [ "$bytes" = 0 ] && continue
                 n=$(echo "$m" | tr ',' '\n' | wc -l)
-                echo "measured $(label "$m" "$tp" "$dp") $op $bytes $n"
+                g=$(label "$m" "$tp" "$dp")
+                [ -z "$g" ] && g="{$m}"
+                [ "$comm" = p2p ] && g=p2p
+                echo "measured $g $op $bytes $n"
             done
-        analytic "$tp" "$dp" "$sp" "$dop" "$S" | while read -r g op bytes; do
+        analytic "$tp" "$dp" "$sp" "$dop" "$(bucket_sizes "$name")" |
+        while read -r g op calls bytes es; do
             local n=$tp
             [ "$g" = dp ] && n=$dp
             [ "$g" = world ] && n=$w
@@ -178,17 +218,40 @@ measure() {
             [ "$g" = dp ] && [ "$tp" = 1 ] && g="dp=world"
             [ "$g" = world ] && [ "$dp" = 1 ] && g="tp=world"
             [ "$g" = world ] && [ "$tp" = 1 ] && g="dp=world"
-            echo "analytic $g $op $bytes $n"
+            echo "analytic $g $op $calls $bytes $es $n"
         done
     } | awk -v name="$name" '
-        { moved = ($3 == "allreduce") ? 2 * $4 * ($5 - 1) / $5 : $4 * ($5 - 1) / $5
-          key = $2 " " $3; if ($1 == "measured") { mp[key] += $4; mm[key] += moved }
-          else { ap[key] += $4; am[key] += moved }; keys[key] = 1; size[$2] = $5 }
-        END { for (key in keys) {
-                  split(key, p, " ")
-                  r = am[key] > 0 ? mm[key] / am[key] : 0
-                  printf "%-28s %-9s %-14s %5d %14.0f %14.0f %14.0f %7.4f\n", name, p[1], p[2],
-                         size[p[1]], mp[key], mm[key], am[key], r } }' | sort >> "$B/bytes.txt"
+        # ring bytes per rank of one call of N bytes over p ranks
+        function ring(op, N, p) { return op == "allreduce" ? 2 * N * (p - 1) / p : N * (p - 1) / p }
+        # bytes group rank r sends for one call of N bytes of es-byte elements over p ranks, by
+        # runtime/rt_mpi.c reduce_start and rt__h_allgather_start (the formulas in the header)
+        function algo(op, N, es, p, r,    E, m, full, rem, s) {
+            if (op != "allreduce") return N * (p - 1) / p
+            if (N <= 4096) return N * (p - 1)
+            E = N / es; m = int(1048576 / ((p - 1) * es))
+            full = int(E / (m * p)); rem = E - full * m * p
+            s = full * 2 * m * (p - 1)
+            if (rem > 0) s += rem + (p - 2) * (int(rem * (r + 1) / p) - int(rem * r / p))
+            return s * es
+        }
+        $1 == "measured" { g = $2; size[g] = $5; groups[g] = 1
+            if ($3 == "send" || $3 == "send.bf16") sent[g] += $4
+            else if ($3 == "recv" || $3 == "recv.bf16") recv[g] += $4
+            else if ($3 !~ /^send@/) coll[g] += $4 }       # an MPI collective
+        $1 == "analytic" { g = $2; size[g] = $7; groups[g] = 1; calls[g, $3] += $4
+            pay[g] += $4 * $5; rg[g] += $4 * ring($3, $5, $7)
+            al[g] += $4 * algo($3, $5, $6, $7, 0) }
+        END { for (g in groups) {
+                  ops = ""
+                  if (calls[g, "allreduce"]) ops = ops " ar:" calls[g, "allreduce"]
+                  if (calls[g, "reduce_scatter"]) ops = ops " rs:" calls[g, "reduce_scatter"]
+                  if (calls[g, "allgather"]) ops = ops " ag:" calls[g, "allgather"]
+                  note = recv[g] != sent[g] ? "  received != sent" : ""
+                  if (coll[g]) note = note sprintf("  + MPI collectives: %.0f", coll[g])
+                  printf "%-28s %-9s %5d %-16s %12.0f %12.0f %12.0f %12.0f %12.0f %7.4f%s\n",
+                         name, g, size[g], (ops == "" ? "-" : substr(ops, 2)), pay[g], rg[g],
+                         al[g], sent[g], recv[g], (al[g] > 0 ? sent[g] / al[g] : 0), note } }' |
+        sort >> "$B/bytes.txt"
 }
 
 print_tables() {
@@ -198,29 +261,34 @@ print_tables() {
     printf "%-28s %5s %10s %11s %11s\n" layout world "tokens/s" "VmHWM MiB" "rt_malloc"
     cat "$B/throughput.txt"
     echo
-    echo "== $1: bytes per step and rank, per group (measured by the MPI shim vs analytic)"
-    printf "%-28s %-9s %-14s %5s %14s %14s %14s %7s\n" layout group op ranks "payload N" \
-        "moved/rank" "analytic" ratio
+    echo "== $1: bytes rank 0 moves per step, per group: its collectives' calls (ar all-reduce,"
+    echo "   rs reduce-scatter, ag all-gather) and payload N from Megatron's regions, moved by a"
+    echo "   ring and by the runtime's algorithm (analytic, see the header), against what it sent"
+    echo "   and received on the group's communicator (MPI_Isend / MPI_Irecv, counted by the MPI"
+    echo "   shim); ratio = sent / algorithm"
+    printf "%-28s %-9s %5s %-16s %12s %12s %12s %12s %12s %7s\n" layout group ranks calls \
+        "payload N" ring algorithm sent received ratio
     cat "$B/bytes.txt"
     echo
     echo "== $1: memory per rank with and without DIST_OPT (peak rt_malloc bytes, max over ranks;"
     echo "   S = gradient-buffer elements per rank; the fp32 row of docs/megatron.md §5.7"
     echo "   saves 16S - (8 + 8/d)S,"
     echo "   as the program's buffers do: f32 params + grads on S (gradients reduce-scattered in"
-    echo "   place) and m + v on S/d; the runtime packs that in-place reduce-scatter through a"
-    echo "   scratch buffer of min(4S, 8 MiB) bytes (+25 % growth room), so predicted = §5.7 -"
-    echo "   scratch: a fixed cost that small models see and large ones do not)"
-    printf "%-24s %2s %11s %10s %10s %10s %10s %10s %10s\n" "layout" d S "off" "on" "saved" \
-        "§5.7" "scratch" "predicted"
+    echo "   place) and m + v on S/d. The runtime's reduction scratch (runtime/rt_mpi.c: per call"
+    echo "   up to 4 slices in flight of d-1 blocks, pooled) is the same for a bucket's all-reduce"
+    echo "   and its reduce-scatter (the same slices; not for buckets of 4 KiB or less, sent"
+    echo "   whole), and the all-gather needs none, so saved = §5.7; rt_malloc rounds each"
+    echo "   block up to 256 bytes, which a ratio off 1 by 1e-4 is)"
+    printf "%-24s %2s %11s %10s %10s %10s %10s %7s\n" "layout" d S "off" "on" "saved" "§5.7" \
+        ratio
     awk '{ peak[$1] = $3; S[$1] = $4; dp[$1] = $6; dop[$1] = $8; names[NR] = $1 }
         END { for (i = 1; i <= NR; i++) { n = names[i]; if (dop[n] != 1) continue
                   base = n; sub(/-distopt$/, "", base); if (!(base in peak)) continue
-                  d = dp[n]; s = S[n]; M = 1048576
-                  pack = 4 * s < 8 * M ? 4 * s : 8 * M
-                  scr = pack + int(pack / 4); scr = int((scr + 63) / 64) * 64
-                  printf "%-24s %2d %11d %8.2f M %8.2f M %8.2f M %8.2f M %8.2f M %8.2f M\n",
-                         base, d, s, peak[base] / M, peak[n] / M, (peak[base] - peak[n]) / M,
-                         (8 - 8 / d) * s / M, scr / M, ((8 - 8 / d) * s - scr) / M } }' "$B/memory.raw"
+                  d = dp[n]; s = S[n]; M = 1048576; saved = peak[base] - peak[n]
+                  want = (8 - 8 / d) * s
+                  printf "%-24s %2d %11d %8.2f M %8.2f M %8.2f M %8.2f M %7.4f\n",
+                         base, d, s, peak[base] / M, peak[n] / M, saved / M, want / M,
+                         saved / want } }' "$B/memory.raw"
 }
 
 # -- tiny: 8 layers, hidden 64, T 64; global batch 16 sequences (1024 tokens), 20 steps ------
@@ -260,25 +328,30 @@ if [[ " $what " == *" gpt2 "* ]]; then
     print_tables "gpt2_124m (seq 64)" "8 x 64 tokens" | tee "$B/gpt2.txt"
 fi
 
-# -- bf16 against f32 (tiny): bytes moved per step by rank 0, per communicator -----------------
+# -- bf16 against f32 (tiny): bytes sent per step by rank 0, per communicator -----------------
 # Megatron's --bf16 moves activations, their gradients and (DIST_OPT) the updated parameters in
-# bf16 and reduces the weight gradients in f32. The shim counts calls on 2-byte elements apart,
-# so for each communicator the table gives the bytes rank 0 moves per step (ring formulas, as
-# above) in the f32 run, and in the bf16 run those moved as f32 and as bf16; "same elements"
-# checks that the bf16 run moves exactly the f32 run's elements (f32 = as f32 + 2 x as bf16,
-# within the padding of a bf16 sum's blocks), so the ratio says what halving the activations
-# saves: 0.5 where only activations travel (tensor- and pipeline-parallel), 0.75 for the
-# data-parallel group with DIST_OPT (f32 gradients reduce-scattered, bf16 parameters gathered),
-# 1.0 for gradient all-reduces and the loss (with PP 2 the first and last stage also all-reduce
-# the tied embedding's f32 gradient over the same two ranks as their messages: 0.6 there).
+# bf16 and reduces the weight gradients in f32. The shim counts sends of 2-byte elements apart,
+# so for each communicator the table gives the bytes rank 0 sends per step (MPI_Isend: on a
+# group's communicator what the runtime's collectives move, on "p2p" the pipeline's messages)
+# in the f32 run, and in the bf16 run those sent as f32 and as bf16; communicators with the same
+# members are one row ({members}), the runtime's p2p communicator its own ("p2p"). "same
+# elements" checks that the bf16 run sends the f32 run's elements (f32 = as f32 + 2 x as bf16,
+# within 0.1 %: an all-reduce over more than 2 ranks may cut a buffer of 2-byte elements into
+# other slices, or send it whole where f32 would not), so the ratio says what halving the
+# activations saves: 0.5 where only activations travel (p2p), 0.75 for the data-parallel group
+# with DIST_OPT (f32 gradients reduce-scattered, bf16 parameters gathered), 1.0 for gradient
+# all-reduces and the loss (the PP 2 stages' pair: the tied embedding's gradient, the norm, the
+# loss); the tensor-parallel group in between, as the loss's f32 all-reduces (the logits' max,
+# [sum exp | target logit]) and with SP the SP parameters' f32 gradients travel beside the
+# activations.
 
-# traffic NAME WORLD STEPS: rank 0's "op members bytes-per-step" in $B/NAME.traffic
+# traffic NAME WORLD STEPS: rank 0's "op communicator members bytes-per-step" in $B/NAME.traffic
 traffic() {
     local name=$1 w=$2 steps=$3
     rm -f "$B/$name".k.* "$B/$name".z.*
     run "$name" "$w" 1 z && run "$name" "$w" "$steps" k ||
         { echo "$name: run failed: $(grep -m1 -E 'error|rank' "$B/$name".[zk].log)"; return 1; }
-    per_step "$name" "$steps" | awk '$3 > 0' > "$B/$name.traffic"
+    per_step "$name" "$steps" | awk '$4 > 0' > "$B/$name.traffic"
 }
 
 # bf16_pair NAME TP DP MBS SP DISTOPT FLAGS...: both precisions, one table row per communicator
@@ -292,13 +365,12 @@ bf16_pair() {
     traffic "$name" "$w" 6 && traffic "$name-bf16" "$w" 6 || return
     cat "$B/$name.traffic" - "$B/$name-bf16.traffic" <<< "--" | awk -v name="$name" '
         $1 == "--" { run = 2; next }
-        { n = split($2, m, ","); op = $1; half = sub(/\.bf16$/, "", op)
-          moved = (op == "allreduce") ? 2 * $3 * (n - 1) / n : (op == "send") ? $3 : $3 * (n - 1) / n
-          g[$2] = n
-          if (run != 2) f[$2] += moved; else if (half) b16[$2] += moved; else b32[$2] += moved }
+        $1 != "send" && $1 != "send.bf16" { next }      # receives (the same), tags, MPI calls
+        { k = $2 == "p2p" ? "p2p" : "{" $3 "}"; g[k] = 1
+          if (run != 2) f[k] += $4; else if ($1 == "send.bf16") b16[k] += $4; else b32[k] += $4 }
         END { for (k in g) {
                   t = b32[k] + b16[k]; e = b32[k] + 2 * b16[k]
-                  printf "%-20s %-10s %12.0f %12.0f %12.0f %12.0f %6.3f  %s\n", name, "{" k "}",
+                  printf "%-20s %-10s %12.0f %12.0f %12.0f %12.0f %6.3f  %s\n", name, k,
                          f[k], b32[k], b16[k], t, f[k] ? t / f[k] : 0,
                          (e >= f[k] && e <= f[k] * 1.001) ? "yes" : "NO" } }' | sort
 }
@@ -308,8 +380,8 @@ if [[ " $what " == *" bf16 "* ]]; then
     DATA=$B/tiny.bin INIT_ARG="" SEQ_ARG=""
     {
         echo
-        echo "== tiny: bytes moved per step by rank 0, per communicator (its members), f32 run"
-        echo "   against the --bf16 run (6 steps minus 1)"
+        echo "== tiny: bytes sent per step by rank 0, per communicator (its members; p2p: the"
+        echo "   runtime's point-to-point one), f32 run against the --bf16 run (6 steps minus 1)"
         printf "%-20s %-10s %12s %12s %12s %12s %6s  %s\n" layout group "f32 run" "bf16: as f32" \
             "as bf16" total ratio "same elements"
         bf16_pair tiny-tp2 2 1 16 0 0

@@ -1,22 +1,33 @@
 /*
-** parallel_mpicount.c: an MPI profiling (PMPI) shim for bench/parallel_bench.sh. Loaded with
-** LD_PRELOAD into a generated training program, it counts the collectives the program issues
-** (calls and payload bytes per communicator, the communicator named by its members as world
-** ranks) and, at MPI_Finalize, writes them with the rank's peak resident memory to
+** parallel_mpicount.c: an MPI profiling (PMPI) shim for bench/parallel_bench.sh and
+** bench/cp_bench.sh. Loaded with LD_PRELOAD into a generated training program, it counts what
+** the rank hands to MPI, per communicator (named by its MPI name and its members as world
+** ranks) and, at MPI_Finalize, writes it with the rank's peak resident memory to
 ** $MPICOUNT_OUT.<rank>. It changes nothing the program computes; not part of the runtime and
-** not used by the tests. Payload N of a call (what the bench's formulas take):
+** not used by the tests.
+** The CPU runtime (runtime/rt_mpi.c) moves its all-reduces, reduce-scatters and all-gathers
+** itself, as MPI_Isend / MPI_Irecv on the group's communicator (named after the group: "tp",
+** "dp-cp", "mp", "world", ...), and every rt_p2p (pipeline tags 0/1, CP ring tags 2/3) on its
+** own copy of the world named "p2p"; so what a rank sends on a communicator is what the
+** runtime's algorithms move, counted as:
+**   send             count * size of each MPI_Isend / MPI_Send (bytes this rank sends)
+**   recv             count * size of each MPI_Irecv / MPI_Recv (bytes it posts to receive; the
+**                    runtime posts exact sizes)
+** and the MPI collectives the runtime still calls (group creation's check, broadcast,
+** all-to-all), as payload N per call:
 **   allreduce        count * size            (each rank's whole buffer)
 **   allgather        group * recvcount * size (the gathered buffer)
 **   reduce_scatter   group * recvcount * size (the buffer before scattering)
-**   send             count * size            (point to point)
-** An MPI_Alltoall counts as a reduce_scatter (group * count * size): the runtime's only use of
-** it is the exchange of a bf16 sum (runtime/rt_mpi.c: bf16 travels as bf16 and each member
-** reduces its block), which moves what a ring reduce-scatter moves. A call on 2-byte elements
-** (bf16, moved as MPI_UINT16_T) is counted apart, as "<op>.bf16".
+**   bcast            count * size
+**   alltoallv        the send counts' bytes, the rank's own block included
+** A call on 2-byte elements (bf16, moved as MPI_UINT16_T) is counted apart, as "<op>.bf16".
+** On "p2p" the sends are also counted by tag, as "send@tag<t>" (t < 16, whatever the element
+** size; "send@tag16+" the others): the pipeline's tags 0/1 apart from the CP ring's 2/3.
 ** It also follows aligned_alloc / free, the allocator of the CPU runtime's rt_malloc (the
 ** program's "device" memory: parameters, gradients, optimizer state, activations, scratch),
 ** and reports the peak of the bytes it holds.
-** Output lines: "<op> <member,member,...> <calls> <payload bytes>", then "hwm_kib <VmHWM>" and
+** Output lines: "<op> <name> <member,member,...> <calls> <bytes>" (name "-" for a communicator
+** without one; the send@tag lines repeat bytes of the send lines), then "hwm_kib <VmHWM>" and
 ** "rt_peak_bytes <peak of aligned_alloc'd bytes held>".
 */
 #define _GNU_SOURCE
@@ -26,24 +37,39 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_COMMS 64
+#define MAX_COMMS 256
 #define MAX_OPS   16           /* 8 ops, then the same on 2-byte elements */
+#define MAX_TAGS  16           /* p2p sends counted by tag below this, the rest together */
 
 typedef struct {
-    MPI_Comm comm;
+    MPI_Comm comm;             /* MPI_COMM_NULL once freed (a later communicator may reuse
+                               ** the handle: it gets a record of its own) */
+    char name[MPI_MAX_OBJECT_NAME];
     char members[512];
     int size;
     long long calls[MAX_OPS], bytes[MAX_OPS];
+    long long tag_calls[MAX_TAGS + 1], tag_bytes[MAX_TAGS + 1];   /* "p2p" sends by tag */
 } comm_stat;
 
 static const char *const op_names[MAX_OPS] = {
-    "allreduce", "allgather", "reduce_scatter", "bcast", "send", "alltoallv", "", "",
-    "allreduce.bf16", "allgather.bf16", "reduce_scatter.bf16", "bcast.bf16", "send.bf16",
-    "alltoallv.bf16", "", "" };
-enum { OP_AR, OP_AG, OP_RS, OP_BC, OP_SEND, OP_A2A };
+    "send", "recv", "allreduce", "allgather", "reduce_scatter", "bcast", "alltoallv", "",
+    "send.bf16", "recv.bf16", "allreduce.bf16", "allgather.bf16", "reduce_scatter.bf16",
+    "bcast.bf16", "alltoallv.bf16", "" };
+enum { OP_SEND, OP_RECV, OP_AR, OP_AG, OP_RS, OP_BC, OP_A2A };
 
 static comm_stat stats[MAX_COMMS];
 static int nstats;
+
+/* comm's MPI name into out (spaces made '_', "-" when it has none). */
+static void name_of(MPI_Comm comm, char *out)
+{
+    int len = 0;
+    out[0] = 0;
+    PMPI_Comm_get_name(comm, out, &len);
+    for (char *c = out; *c; c++)
+        if (*c == ' ') *c = '_';
+    if (!out[0]) strcpy(out, "-");
+}
 
 /* The record of 'comm', created on first use with its members as world ranks. */
 static comm_stat *stat_of(MPI_Comm comm)
@@ -54,6 +80,7 @@ static comm_stat *stat_of(MPI_Comm comm)
     comm_stat *s = &stats[nstats++];
     memset(s, 0, sizeof *s);
     s->comm = comm;
+    name_of(comm, s->name);
     MPI_Group g, world;
     PMPI_Comm_size(comm, &s->size);
     PMPI_Comm_group(comm, &g);
@@ -70,6 +97,23 @@ static comm_stat *stat_of(MPI_Comm comm)
     PMPI_Group_free(&g);
     PMPI_Group_free(&world);
     return s;
+}
+
+/* The runtime names a group's communicator after its first call on it (group creation's
+** check): the record follows. */
+int MPI_Comm_set_name(MPI_Comm comm, const char *name)
+{
+    int rc = PMPI_Comm_set_name(comm, name);
+    for (int i = 0; i < nstats; i++)
+        if (stats[i].comm == comm) name_of(comm, stats[i].name);
+    return rc;
+}
+
+int MPI_Comm_free(MPI_Comm *comm)
+{
+    for (int i = 0; i < nstats; i++)
+        if (stats[i].comm == *comm) stats[i].comm = MPI_COMM_NULL;
+    return PMPI_Comm_free(comm);
 }
 
 static int type_size(MPI_Datatype t)
@@ -95,12 +139,52 @@ static void count_t(MPI_Comm comm, int op, long long bytes, MPI_Datatype t)
 }
 #define count(comm, op, bytes) count_t(comm, op, bytes, t)
 
+/* a send of 'bytes' with 'tag' on comm: by tag too when comm is the runtime's "p2p" */
+static void count_send(MPI_Comm comm, long long bytes, MPI_Datatype t, int tag)
+{
+    count(comm, OP_SEND, bytes);
+    comm_stat *s = stat_of(comm);
+    if (!s || strcmp(s->name, "p2p")) return;
+    int k = tag >= 0 && tag < MAX_TAGS ? tag : MAX_TAGS;
+    s->tag_calls[k]++;
+    s->tag_bytes[k] += bytes;
+}
+
 static int comm_size(MPI_Comm c)
 {
     int n = 1;
     PMPI_Comm_size(c, &n);
     return n;
 }
+
+/* -- Point to point: what the runtime's own collectives and rt_p2p move ---------------------- */
+
+int MPI_Isend(const void *b, int n, MPI_Datatype t, int dest, int tag, MPI_Comm c,
+              MPI_Request *q)
+{
+    count_send(c, type_bytes(t, n), t, tag);
+    return PMPI_Isend(b, n, t, dest, tag, c, q);
+}
+
+int MPI_Send(const void *b, int n, MPI_Datatype t, int dest, int tag, MPI_Comm c)
+{
+    count_send(c, type_bytes(t, n), t, tag);
+    return PMPI_Send(b, n, t, dest, tag, c);
+}
+
+int MPI_Irecv(void *b, int n, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Request *q)
+{
+    count(c, OP_RECV, type_bytes(t, n));
+    return PMPI_Irecv(b, n, t, src, tag, c, q);
+}
+
+int MPI_Recv(void *b, int n, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Status *st)
+{
+    count(c, OP_RECV, type_bytes(t, n));
+    return PMPI_Recv(b, n, t, src, tag, c, st);
+}
+
+/* -- MPI's collectives ------------------------------------------------------------------------ */
 
 int MPI_Allreduce(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c)
 {
@@ -122,6 +206,13 @@ int MPI_Allgather(const void *s, int sn, MPI_Datatype st, void *r, int rn, MPI_D
     return PMPI_Allgather(s, sn, st, r, rn, rt, c);
 }
 
+int MPI_Iallgather(const void *s, int sn, MPI_Datatype st, void *r, int rn, MPI_Datatype rt,
+                   MPI_Comm c, MPI_Request *q)
+{
+    count_t(c, OP_AG, type_bytes(rt, (long long)rn * comm_size(c)), rt);
+    return PMPI_Iallgather(s, sn, st, r, rn, rt, c, q);
+}
+
 int MPI_Reduce_scatter_block(const void *s, void *r, int n, MPI_Datatype t, MPI_Op op,
                              MPI_Comm c)
 {
@@ -133,13 +224,6 @@ int MPI_Bcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c)
 {
     count(c, OP_BC, type_bytes(t, n));
     return PMPI_Bcast(b, n, t, root, c);
-}
-
-int MPI_Isend(const void *b, int n, MPI_Datatype t, int dest, int tag, MPI_Comm c,
-              MPI_Request *q)
-{
-    count(c, OP_SEND, type_bytes(t, n));
-    return PMPI_Isend(b, n, t, dest, tag, c, q);
 }
 
 int MPI_Alltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype st, void *r,
@@ -154,7 +238,7 @@ int MPI_Alltoallv(const void *s, const int *sc, const int *sd, MPI_Datatype st, 
 int MPI_Alltoall(const void *s, int sn, MPI_Datatype st, void *r, int rn, MPI_Datatype rt,
                  MPI_Comm c)
 {
-    count_t(c, OP_RS, type_bytes(st, (long long)sn * comm_size(c)), st);
+    count_t(c, OP_A2A, type_bytes(st, (long long)sn * comm_size(c)), st);
     return PMPI_Alltoall(s, sn, st, r, rn, rt, c);
 }
 
@@ -230,8 +314,14 @@ int MPI_Finalize(void)
             for (int i = 0; i < nstats; i++)
                 for (int k = 0; k < MAX_OPS; k++)
                     if (stats[i].calls[k] && stats[i].size > 1)
-                        fprintf(f, "%s %s %lld %lld\n", op_names[k], stats[i].members,
-                                stats[i].calls[k], stats[i].bytes[k]);
+                        fprintf(f, "%s %s %s %lld %lld\n", op_names[k], stats[i].name,
+                                stats[i].members, stats[i].calls[k], stats[i].bytes[k]);
+            for (int i = 0; i < nstats; i++)
+                for (int k = 0; k <= MAX_TAGS; k++)
+                    if (stats[i].tag_calls[k] && stats[i].size > 1)
+                        fprintf(f, "send@tag%d%s %s %s %lld %lld\n", k, k == MAX_TAGS ? "+" : "",
+                                stats[i].name, stats[i].members, stats[i].tag_calls[k],
+                                stats[i].tag_bytes[k]);
             fprintf(f, "hwm_kib %ld\n", hwm_kib());
             fprintf(f, "rt_peak_bytes %lld\n", peak_bytes);
             fclose(f);

@@ -715,10 +715,13 @@ void rt_fail_status(const char *file, int line, rt_err_kind kind, int status, co
 
 /* -- Start-up ------------------------------------------------------------------------------ */
 
+/* A group record for comm, which takes the group's name (MPI_Comm_set_name: MPI tools and the
+** PMPI counting shims of bench/ tell the communicators apart by it). */
 static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, int size)
 {
     rt_group *g = rt__group_alloc(comm, name, members, size);
     CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "group setup", g);
+    CHECK_MPI(MPI_Comm_set_name(comm, g->name), "group setup", g);
     CHECK_MPI(MPI_Comm_rank(comm, &g->rank), "group setup", g);
     return g;
 }
@@ -727,8 +730,9 @@ static rt_group *group_new(MPI_Comm comm, const char *name, const int *members, 
 ** Start MPI (MPI_THREAD_MULTIPLE: the watchdog thread may call MPI_Abort), learn
 ** rank/world/local rank, read RT_TIMEOUT, and check the world size against 'expected_world'
 ** (mismatch: rank 0 prints the one message, every rank finalizes and exits 1). Creates the
-** world group and the p2p communicator, starts the watchdog thread, and arms the guard that
-** aborts the job when a rank exits without rt_finalize.
+** world group and the p2p communicator (named "world" and "p2p": two copies of
+** MPI_COMM_WORLD, so p2p tags never meet a collective's), starts the watchdog thread, and arms
+** the guard that aborts the job when a rank exits without rt_finalize.
 */
 void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layout)
 {
@@ -787,6 +791,7 @@ void rt__mpi_init(int *argc, char ***argv, int expected_world, const char *layou
     free(all);
     RT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &p2p_comm));
     RT_MPI(MPI_Comm_set_errhandler(p2p_comm, MPI_ERRORS_RETURN));
+    RT_MPI(MPI_Comm_set_name(p2p_comm, "p2p"));
 
     rt__start_done();
 }
