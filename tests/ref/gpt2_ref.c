@@ -1080,6 +1080,15 @@ static double logsumexp(const double *z, int n)
 ** division and the product in double exactly in this order (Megatron's get_capacity, with
 ** num_tokens = ntokens*k). 0 when moe->capacity <= 0 (no dropping).
 */
+static double drop_margin = 1.0;
+static long drop_ties;
+
+double ref_moe_drop_margin(long *ties)
+{
+    if (ties) *ties = drop_ties;
+    return drop_margin;
+}
+
 int ref_moe_capacity(int ntokens, const ref_moe_config *moe)
 {
     if (!(moe->capacity > 0.0))
@@ -1327,6 +1336,12 @@ void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,
                     for (; q > 0 && ma->prob[order[q - 1]] < ma->prob[v]; q--)
                         order[q] = order[q - 1];
                     order[q] = v;
+                }
+                if (moe->drop_probs && m > ma->capacity) {
+                    double kept = ma->prob[order[ma->capacity - 1]];
+                    double gap = (kept - ma->prob[order[ma->capacity]]) / kept;
+                    if (gap > 0 && gap < drop_margin) drop_margin = gap;
+                    drop_ties += gap == 0;
                 }
                 for (int i = ma->capacity; i < m; i++)
                     ma->keep[order[i]] = 0;

@@ -375,6 +375,13 @@ void ref_swiglu_bwd(double *dgate, double *dup, const double *dout, const double
 /* -- Mixture of experts --------------------------------------------------------------------- */
 
 int ref_moe_capacity(int ntokens, const ref_moe_config *moe);
+/* Over every router call so far, under the "probs" drop policy: the smallest relative gap
+** between the probability of the last choice an expert keeps and of the first it drops,
+** (kept - dropped) / kept > 0 (1 when nothing was dropped), and in *ties (if not NULL) how
+** many times those two were exactly equal (two sequences with the same prefix: kept in row
+** order here). A tie, or a gap near f32's rounding, lets an f32 program drop another choice
+** than this reference (tests/moe trains its capacity cases on data without either). */
+double ref_moe_drop_margin(long *ties);
 void ref_moe_acts_init(ref_moe_acts *ma, const ref_moe_config *moe, int N, int C);
 void ref_moe_acts_release(ref_moe_acts *ma);
 void ref_moe_fwd(double *out, ref_moe_acts *ma, const ref_moe_weights *w,

@@ -614,6 +614,12 @@ int main(int argc, char **argv)
         rc = ref_model_save(m, o.save_init);
     if (rc == 0 && o.steps > 0)
         rc = train(m, &o);
+    if (rc == 0 && o.cfg.moe.capacity > 0 && o.cfg.moe.drop_probs) {
+        long ties;
+        double margin = ref_moe_drop_margin(&ties);
+        printf("drop margin %.3g, exact ties %ld (a kept and a dropped choice's probabilities: "
+               "their smallest relative gap, how often equal)\n", margin, ties);
+    }
     if (rc == 0 && o.save != NULL)
         rc = ref_model_save(m, o.save);
     ref_model_free(m);
