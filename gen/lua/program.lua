@@ -725,11 +725,11 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
         S_LOGITS = head and s.N * s.v_local, S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
     }
-    if cfg.cp > 1 and cfg.cp_comm == "p2p" then     -- lib/model.c ring_fwd, ring_bwd
+    if cfg.cp > 1 and cfg.cp_comm == "p2p" then     -- layer.lua: the ring
         size.S_RING_KV = 2 * s.N * 2 * s.c_local
         size.S_RING_DKV = 2 * s.N * 2 * s.c_local
         size.S_RING_ACC = s.N * s.c_local
-    elseif cfg.cp > 1 then                          -- lib/model.c a2a_fwd, a2a_bwd
+    elseif cfg.cp > 1 then                          -- layer.lua: the all-to-all
         size.L_QKV_SEQ, size.L_ATTY_SEQ = s.N * s.qkv_local, s.N * s.c_local
         size.S_A2A_SEND, size.S_A2A_RECV = s.N * s.qkv_local, s.N * s.qkv_local
         size.S_A2A_DOUT = s.N * s.c_local
@@ -1265,7 +1265,7 @@ end
 
 -- The cp ring of stage sp as its CP ranks run it (verify.check_ring): every ring hop of the
 -- stage's library calls, in program order; cp rank r sends K|V (tag 2) and dK|dV (tag 3) to
--- r + 1 and receives them from r - 1 (lib/model.c ring_hop): the same hops on every cp rank
+-- r + 1 and receives them from r - 1 (layer.lua ring_hop): the same hops on every cp rank
 -- (ring.same, peers relative).
 function M.ring_events(sp, cfg)
     local CP, hops = cfg.cp, {}

@@ -27,7 +27,7 @@ local dense = get(prog, "dense")
 local pp_size, pp_stride = get(dense, "size")[5], get(dense, "stride")[5]
 local cp_size, cp_stride = get(dense, "size")[2], get(dense, "stride")[2]
 
--- One hop of the cp ring as lib/model.c ring_hop posts it: K|V (tag 2) then dK|dV (tag 3) to
+-- One hop of the cp ring as gen/lua/layer.lua ring_hop posts it: K|V (tag 2) then dK|dV (tag 3) to
 -- the next cp rank, then the same from the previous one.
 local function ring_line(c, rank)
     local n, dtype, n2 = get(c, "n"), get(c, "dtype"), get(c, "n2")
