@@ -17,7 +17,7 @@ FUZZER_CFLAGS   = -std=c11 -O1 -g $(WARN) -MMD -MP -fsanitize=fuzzer-no-link,add
 
 # What each harness links besides itself and fz.c (gen: the generator's C but main.c, which
 # fuzz_gen_cli.c includes; data.c is included by its harnesses, data_tracked.h).
-FUZZ_GEN       := host tmpl buf diag tmpl_lex
+FUZZ_GEN       := host tmpl buf diag tables tmpl_lex
 FUZZ_USES_tmpl_lex    := $(FUZZ_GEN)
 FUZZ_USES_tmpl_parse  := $(FUZZ_GEN)
 FUZZ_USES_model       := $(FUZZ_GEN)
