@@ -37,14 +37,9 @@ first_error() {
     grep -m1 -E 'error|Error|FAIL|abort|^\[rank' "$1" 2> /dev/null | cut -c1-200
 }
 
-# Every rank of a test job is on this machine: shared memory between ranks, no network
-# transports to probe (they cost a quarter of a second at every start of 8 ranks), where this
-# Open MPI has the shared-memory transport by that name.
-# (tests/run.sh asks ompi_info once for all suites: TEST_MCA.)
-if [ -z "${TEST_MCA+set}" ]; then
-    TEST_MCA=""
-    ompi_info 2> /dev/null | grep -q 'MCA btl: vader' && TEST_MCA="--mca pml ob1 --mca btl self,vader"
-fi
+# MPI's settings for the tests: TEST_MCA (mpirun's options) and the environment (tests/mpi.sh;
+# tests/run.sh found them once for every suite).
+. tests/mpi.sh
 MPIRUN="mpirun --oversubscribe $TEST_MCA"
 [ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 have_mpi() { command -v mpirun > /dev/null 2>&1; }

@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # tests/run.sh: run every test suite (tests/*/suite.sh) and tally the results.
 # Each suite prints "PASS name", "FAIL name: why" or "SKIP name: why" per test (tests/lib.sh has
 # the verdicts and the helpers every suite shares; docs/DESIGN.md §3 the layout of the tests).
@@ -11,10 +11,8 @@ else
     suites=$(ls tests/*/suite.sh 2>/dev/null | sort)
 fi
 mkdir -p build/test
-# the MPI options every suite's mpirun gets (tests/lib.sh), found once
-TEST_MCA=""
-ompi_info 2> /dev/null | grep -q 'MCA btl: vader' && TEST_MCA="--mca pml ob1 --mca btl self,vader"
-export TEST_MCA
+# MPI's settings for every suite (TEST_MCA, the environment), found once
+. tests/mpi.sh
 log=build/test/results.txt
 : > "$log"
 for s in $suites; do
