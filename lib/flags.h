@@ -43,6 +43,10 @@ typedef struct {
 ** combination that makes no sense is a usage error (lib_fail_all(2, ...)). */
 void lib_flags_parse(int argc, char **argv, lib_flags *f);
 
+/* The learning rate of the optimizer step after 'done' completed steps, for a global batch of
+** 'gbs' sequences: Megatron's schedule (lib/train.c). Pure. */
+double lib_lr_at(const lib_flags *f, long long gbs, int done);
+
 /* The names of the decay styles, NULL-terminated (for messages and the usage). */
 extern const char *const lib_lr_style_names[], *const lib_wsd_style_names[];
 

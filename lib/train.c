@@ -115,10 +115,11 @@ static void usage(FILE *f)
 ** The samples cancel in every ratio; they matter only to inverse-square-root without warm-up
 ** (max(W, 1) is 1 sample, not 1 step). The operations and their order are Megatron's, so the
 ** double is the one Megatron computes. The formula: README.md, "Learning rate".
+** 'gbs': the global batch G, in sequences. Pure (tests/lr calls it alone: tests/lr/lr_table.c).
 */
-static double lr_at(const lib_flags *f, int done)
+double lib_lr_at(const lib_flags *f, long long gbs, int done)
 {
-    long long g = P->gbs, n = done * g, w = f->warmup * g, s = f->decay_steps * g;
+    long long g = gbs, n = done * g, w = f->warmup * g, s = f->decay_steps * g;
     double max_lr = f->lr, min_lr = f->min_lr, coeff;
 
     if (w > 0 && n <= w) return f->lr_init + (max_lr - f->lr_init) * (double)n / (double)w;
@@ -1449,7 +1450,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
             data_batch(&data, s, gpt.dp_rank, inputs, targets);
         int late = f.exit_minutes > 0 && rt_now() - t_start > 60.0 * f.exit_minutes;
         /* the optimizer's step: updates made so far (a skipped step does not count) */
-        gpt_step_in in = { .step = updates, .lr = (float)lr_at(&f, updates),
+        gpt_step_in in = { .step = updates, .lr = (float)lib_lr_at(&f, P->gbs, updates),
                            .beta1 = (float)f.beta1, .beta2 = (float)f.beta2,
                            .eps = (float)f.eps, .wd = (float)f.wd, .clip = (float)f.clip,
                            .inputs = st->needs_inputs ? inputs : NULL,
