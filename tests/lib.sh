@@ -292,9 +292,15 @@ equiv_build() {
 }
 
 # equiv_row I: row I's run (unless a shared reference run was made already) and its
-# comparisons; writes $S/run/TAG.result: "pass", "fail<TAB>why" or "none" (a baseline), and
-# $S/run/TAG.ran once the run is there to be compared with.
-equiv_row() {
+# comparisons; writes $S/run/TAG.result: "pass", "fail<TAB>why" or "none" (a baseline),
+# $S/run/TAG.ran once the run is there to be compared with, and $S/run/TAG.time: when it
+# started and ended, then bash's times (this job's, its programs' CPU seconds: profiles).
+equiv_row() {       # (a job of its own: times counts this row's programs)
+    local t0=$EPOCHREALTIME
+    equiv_row_do "$@"
+    { echo "$t0 $EPOCHREALTIME"; times; } > "$S/run/${R_TAG[$1]}.time"
+}
+equiv_row_do() {
     local i=$1 tag=${R_TAG[$1]} name=${R_NAME[$1]} refs=${R_REFS[$1]} out
     out=$S/run/$tag.result
     if [ ! -f "$S/run/$tag.ran" ]; then
