@@ -16,10 +16,11 @@ cd "$(dirname "$0")/.." || exit 2
 R=${TEST_SCRATCH:-build/test}
 JOBS=${TEST_JOBS:-3}
 
-# The suites, longest first (seconds on the 2-core machine: tests/README.md). A suite not in
-# this list starts after them.
-LONGEST="moe kernels parallel faults cp pipeline llama single train precision refcheck
-         program hfload runtime data fuzz regions lr tmpl errors golden lua"
+# The suites, the most CPU first (tests/README.md), so that the last to run are short: moe is
+# the longest chain; runtime and faults hold tests bounded in wall time (better not among the
+# last, when everything else is short of CPU too). A suite not in this list starts after them.
+LONGEST="moe parallel precision kernels llama runtime single pipeline cp faults train program
+         data lr lua errors refcheck fuzz hfload regions tmpl golden"
 
 if [ $# -gt 0 ]; then
     suites="$*"
@@ -116,7 +117,8 @@ print_ready() {
         printed=$((printed + 1))
     done
 }
-# reap: wait until a suite ends; mark the ended ones done
+# reap: wait until a suite ends; mark the ended ones done (and on a terminal, say so: the
+# output waits for the suites before it in the sorted order)
 reap() {
     local s
     wait -n
@@ -125,6 +127,8 @@ reap() {
             DONE[$s]=1
             unset "PID[$s]"
             running=$((running - 1))
+            [ -t 2 ] && echo "tests/run.sh: $s ended ($(cut -d' ' -f2 "$R/$s.status") s);" \
+                "running: ${!PID[*]}" >&2
         fi
     done
     print_ready
