@@ -37,15 +37,12 @@ first_error() {
     grep -m1 -E 'error|Error|FAIL|abort|^\[rank' "$1" 2> /dev/null | cut -c1-200
 }
 
-# Every rank of a test job is on this machine: shared memory between ranks, no network
-# transports to probe (they cost a quarter of a second at every start of 8 ranks), where this
-# Open MPI has the shared-memory transport by that name.
-# (tests/run.sh asks ompi_info once for all suites: TEST_MCA.)
-if [ -z "${TEST_MCA+set}" ]; then
-    TEST_MCA=""
-    ompi_info 2> /dev/null | grep -q 'MCA btl: vader' && TEST_MCA="--mca pml ob1 --mca btl self,vader"
-fi
+# MPI's settings for the tests: TEST_MCA (mpirun's options) and the environment (tests/mpi.sh;
+# tests/run.sh found them once for every suite).
+. tests/mpi.sh
 MPIRUN="mpirun --oversubscribe $TEST_MCA"
+# the tokens tests/run.sh shares among the suites (fd 8; tests/lib.sh, equiv), when under it
+if [ -n "$TEST_TOKENS" ] && ! { true >&8; } 2> /dev/null; then TEST_TOKENS=""; fi
 [ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
 have_mpi() { command -v mpirun > /dev/null 2>&1; }
 
@@ -146,12 +143,13 @@ mem_check() {
     [ -z "$bad" ]
 }
 
-# equiv_compare NAME TAG REF RTAG TOLSET: compare run TAG with run RTAG (row REF) under the
-# tolerance set; 0 when they match. WHY says how they differ; CAUGHT is 1 when every comparison
-# the set asks for saw a difference (what a control needs).
+# equiv_compare NAME TAG REF RTAG TOLSPEC: compare run TAG with run RTAG (row REF) under the
+# tolerances TOLSPEC (a set's TOL[name]); 0 when they match. WHY says how they differ; CAUGHT
+# is 1 when every comparison the set asks for saw a difference (what a control needs). The
+# numbers go to $SUMMARY (default $S/summary.txt).
 equiv_compare() {
     local name=$1 tag=$2 ref=$3 rtag=$4 spec keys="" w="" out a r o h bad=0 lw="" ww=""
-    for spec in ${TOL[$5]}; do
+    for spec in $5; do
         case $spec in
         weights=exact) w="--exact" ;;
         weights=*)
@@ -170,7 +168,7 @@ equiv_compare() {
             bad=1
         fi
         lw=$(echo "$out" | tail -n 1)
-        echo "$name vs $ref: logs: $lw" >> "$S/summary.txt"
+        echo "$name vs $ref: logs: $lw" >> "${SUMMARY:-$S/summary.txt}"
     fi
     if [ -n "$w" ]; then
         # shellcheck disable=SC2086 # the options are words
@@ -181,7 +179,7 @@ equiv_compare() {
             bad=$((bad | 2))
         fi
         ww=$(echo "$out" | tail -n 1)
-        echo "$name vs $ref: weights: $ww" >> "$S/summary.txt"
+        echo "$name vs $ref: weights: $ww" >> "${SUMMARY:-$S/summary.txt}"
     fi
     case $bad in
     0) WHY="logs ($lw) and weights ($ww) match $ref" ;;
@@ -196,22 +194,34 @@ equiv_compare() {
 
 # ckpt_roundtrip RUN TRAINED NAME...: every named layout loads TRAINED and --save's it back bit
 # for bit (RUN NAME TAG ARGS... runs row NAME's program, writing $S/run/TAG.*; here with --init
-# TRAINED --steps 0). One verdict, checkpoint-roundtrip; every name must have been built.
+# TRAINED --steps 0). One verdict, checkpoint-roundtrip; every name must have been built. The
+# layouts run side by side (TEST_ROW_JOBS at a time).
 ckpt_roundtrip() {
     local run=$1 trained=$2 bad="" n=0 name verdict=${CKPT_VERDICT:-checkpoint-roundtrip}
     shift 2
+    pool_start "${TEST_ROW_JOBS:-2}"
     for name in "$@"; do
         [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
         n=$((n + 1))
-        if ! $run "$name" "$name.rt" --init "$trained" --steps 0 ||
-           ! $STCOMPARE -q --exact "$S/run/$name.rt.safetensors" "$trained" \
-                > "$S/run/$name.rt.cmp" 2>&1; then
-            bad="$bad $name"
-        fi
+        rm -f "$S/run/$name.rt.ok"
+        pool_add ckpt_roundtrip_one "$run" "$trained" "$name"
+    done
+    pool_wait
+    for name in "$@"; do
+        [ -n "${DIR[$name]}" ] && [ -f "$trained" ] || continue
+        [ -f "$S/run/$name.rt.ok" ] || bad="$bad $name"
     done
     if [ $n -lt $# ]; then fail "$verdict" "only $n of $# layouts could be checked"
     elif [ -n "$bad" ]; then fail "$verdict" "load + save is not the identity for:$bad"
     else pass "$verdict"; fi
+}
+ckpt_roundtrip_one() {      # RUN TRAINED NAME: $S/run/NAME.rt.ok when NAME's round trip holds
+    tokens_take
+    if $1 "$3" "$3.rt" --init "$2" --steps 0 &&
+       $STCOMPARE -q --exact "$S/run/$3.rt.safetensors" "$2" > "$S/run/$3.rt.cmp" 2>&1; then
+        touch "$S/run/$3.rt.ok"
+    fi
+    tokens_give
 }
 
 # resume_check RUN NAME STEPS: row NAME's program runs STEPS steps straight, and 4 steps with a
@@ -243,9 +253,127 @@ resume_check() {
     fi
 }
 
+# -- Running the rows side by side --------------------------------------------------------------
+#
+# A row's ranks run one thread each (RT_THREADS=1, unless set): the ranks of a row of several
+# get one anyway on 2 cores, and a row of one rank is a reference whose thread count no
+# comparison sees (thread-count identity is tests/kernels' and tests/runtime's; tests/train,
+# single and faults run one rank with the default threads). A second thread spins 1 ms after
+# each parallel loop (runtime/rt_common.c), which, suites side by side, cost a row of one rank
+# several times its CPU.
+#
+# A table is run in four steps, so that its independent work overlaps: read every row (the
+# table's own errors found), build every distinct program (TEST_BUILD_JOBS at a time, default
+# 2), run the rows and compare each with its references as soon as those have run
+# (TEST_ROW_JOBS at a time, default 2: a rank waiting at start-up or in a collective leaves the
+# core to another row's), then print the verdicts in the table's order. A row waits for the
+# rows it compares with and for those whose files its flags name ($S/run/<name>.*).
+# Under tests/run.sh the jobs of every suite also share TEST_TOKENS tokens (a FIFO on fd 8): a
+# build or a run takes one while it runs, so that the suites side by side do not run more
+# programs at once than the machine takes.
+
+# tokens_take / tokens_give: one token from the shared FIFO, and back (no-ops without it)
+tokens_take() { [ -n "$TEST_TOKENS" ] && read -r -n 1 -u 8 _; return 0; }
+tokens_give() { [ -n "$TEST_TOKENS" ] && printf x >&8; return 0; }
+
+# pool_start LIMIT: start a pool of background jobs; pool_add FUNC ARGS...: run FUNC ARGS in the
+# background, once fewer than LIMIT run; pool_wait: until all have ended; pool_reap: until one
+# has. A job reports through files (its output is its own).
+declare -A POOL_PID
+POOL_LIMIT=2
+pool_start() { POOL_LIMIT=$1; POOL_PID=(); }
+pool_reap() {       # wait until a job ends; forget the ended ones
+    local p
+    wait -n 2> /dev/null
+    for p in "${!POOL_PID[@]}"; do
+        kill -0 "$p" 2> /dev/null || unset "POOL_PID[$p]"
+    done
+}
+pool_add() {
+    while [ ${#POOL_PID[@]} -ge "$POOL_LIMIT" ]; do pool_reap; done
+    "$@" &
+    POOL_PID[$!]=1
+}
+pool_wait() { while [ ${#POOL_PID[@]} -gt 0 ]; do pool_reap; done; }
+
+# equiv_build DIR TARGET MK ARGS...: gen_build into DIR; writes DIR.TARGET.status: "ok" or why
+equiv_build() {
+    local dir=$1 target=$2 mk=$3
+    shift 3
+    tokens_take
+    if TARGET=$target GEN_MAKEFILES=$mk gen_build "$dir" "$@"; then
+        echo ok > "$dir.$target.status"
+    else
+        echo "$WHY" > "$dir.$target.status"
+    fi
+    tokens_give
+}
+
+# equiv_row I: row I's run (unless a shared reference run was made already) and its
+# comparisons; writes $S/run/TAG.result: "pass", "fail<TAB>why" or "none" (a baseline),
+# $S/run/TAG.ran once the run is there to be compared with, and $S/run/TAG.time: when it
+# started and ended, then bash's times (this job's, its programs' CPU seconds: profiles).
+equiv_row() {       # (a job of its own: times counts this row's programs)
+    local t0=$EPOCHREALTIME
+    equiv_row_do "$@"
+    { echo "$t0 $EPOCHREALTIME"; times; } > "$S/run/${R_TAG[$1]}.time"
+}
+equiv_row_do() {
+    local i=$1 tag=${R_TAG[$1]} name=${R_NAME[$1]} refs=${R_REFS[$1]} out
+    out=$S/run/$tag.result
+    if [ ! -f "$S/run/$tag.ran" ]; then
+        # shellcheck disable=SC2086 # the arguments and flags are words
+        local rc
+        tokens_take
+        RT_THREADS=${RT_THREADS:-1} run_prog "${R_PROG[$i]}" "${R_WORLD[$i]}" \
+            "$S/run/$tag.log" ${R_ARGV[$i]} ${R_FLAGS[$i]} --log "$S/run/$tag.jsonl" \
+            --save "$S/run/$tag.safetensors"
+        rc=$?
+        tokens_give
+        if [ $rc != 0 ]; then
+            printf 'fail\t%s\n' "training failed: $(first_error "$S/run/$tag.log")" > "$out"
+            return
+        fi
+        if [ -z "${REFPROG[$name]}" ] && ! mem_check "$S/run/$tag.log"; then
+            printf 'fail\t%s\n' "$WHY" > "$out"
+            return
+        fi
+        touch "$S/run/$tag.ran"
+    fi
+    if [ "$refs" = - ]; then
+        echo none > "$out"
+        return
+    fi
+    # compare it with every reference
+    local r rtag bad="" control
+    SUMMARY=$S/run/$tag.summary
+    for r in $refs; do
+        control=0
+        case $r in !*) control=1; r=${r#!} ;; esac
+        rtag=${R_PREFIX}$r
+        [ -n "${REFPROG[$r]}" ] && rtag=$r
+        if [ ! -f "$S/run/$rtag.ran" ]; then
+            bad="no run of $r to compare with"
+            break
+        fi
+        if [ $control = 0 ]; then
+            equiv_compare "$name" "$tag" "$r" "$rtag" "${R_TOL[$i]}" || { bad=$WHY; break; }
+        else
+            equiv_compare "$name" "$tag" "$r" "$rtag" "${R_TOL[$i]}"
+            if [ "$CAUGHT" != 1 ]; then
+                bad="a control went unnoticed: $WHY"
+                break
+            fi
+        fi
+    done
+    if [ -n "$bad" ]; then printf 'fail\t%s\n' "$bad" > "$out"; else echo pass > "$out"; fi
+}
+
 equiv() {
-    local table=$1 cuda=0 emu=0 line n=0 flags="" prefix="" vname
-    local -A seen
+    local table=$1 cuda=0 emu=0 line n=0 flags="" prefix="" vname target=train mk="" i
+    local -A seen idx
+    local -a ev         # what to print, in the table's order: "V<TAB>verdict<TAB>name<TAB>why"
+                        # (a verdict) or "R<TAB>i" (row i's)
     [ "$2" = --cuda ] && cuda=1
     if [ "$2" = --emu ]; then
         if ! command -v g++ > /dev/null 2>&1 || [ "$(uname -m)" != x86_64 ]; then
@@ -254,6 +382,8 @@ equiv() {
         fi
         emu=1
         prefix=emu.
+        target=train_cuda_emu_mpi
+        mk="-f Makefile -f tests/kernels/emu.mk"
     fi
     if [ $cuda = 1 ]; then
         if ! cuda_backend; then
@@ -261,10 +391,16 @@ equiv() {
             return
         fi
         prefix=cuda.
+        target=train_cuda
         have_gpu ||
             skip "cuda-run-$(basename "$table" .txt)" "no GPU (nvidia-smi lists none): built only"
     fi
     mkdir -p "$S/run" "$S/out"
+    R_NAME=() R_ARGS=() R_WORLD=() R_REFS=() R_TOL=() R_FLAGS=() R_TAG=() R_VNAME=()
+    R_PROG=() R_ARGV=() R_DIR=() R_PRE=() R_RUN=()
+    R_PREFIX=$prefix
+
+    # -- 1. Read the rows ----------------------------------------------------------------------
     while IFS= read -r line || [ -n "$line" ]; do
         n=$((n + 1))
         while [ "${line%\\}" != "$line" ] && IFS= read -r more; do   # continued lines
@@ -289,98 +425,158 @@ equiv() {
         read -r tol <<< "$tol"
         read -r args <<< "$args"
         if [ -z "$name" ] || [ -z "$args" ] || [ -z "$world" ] || [ -z "$refs" ]; then
-            fail table "$table:$n: want 'name | gen args | world | reference | tolerances'"
+            ev+=("V	fail	table	$table:$n: want 'name | gen args | world | reference | tolerances'")
             continue
         fi
         if [ -n "${seen[$name]}" ]; then
-            fail table "$table:$n: '$name' appears twice"
+            ev+=("V	fail	table	$table:$n: '$name' appears twice")
             continue
         fi
         if [ "$refs" != - ] && [ -z "${TOL[$tol]}" ]; then
-            fail table "$table:$n: no '@tol $tol' line before this row"
+            ev+=("V	fail	table	$table:$n: no '@tol $tol' line before this row")
             continue
         fi
         seen[$name]=1
         WORLD[$name]=$world
         args=${args//\$S/$S}
         args=${args//\$NAME/$name}
-        local f="$flags $extra" prog tag=$prefix$name
+        local f="$flags $extra" tag=$prefix$name
         f=${f//\$S/$S}
         f=${f//\$NAME/$tag}
         vname=$name
         [ $cuda = 1 ] && vname=cuda-run-$name
         [ $emu = 1 ] && vname=emu-run-$name
-        # the program: the reference, or the layout's (built once per distinct gen args)
         case $args in
         gpt2_ref\ *)
-            prog=build/ref/gpt2_ref
-            # shellcheck disable=SC2086 # the arguments are words
-            set -- ${args#gpt2_ref }
             tag=$name
-            REFPROG[$name]=1 ;;
+            REFPROG[$name]=1
+            R_PROG[$n]=build/ref/gpt2_ref
+            R_ARGV[$n]=${args#gpt2_ref } ;;
         *)
             if [ "$world" != 1 ] && ! have_mpi; then
-                skip "$vname" "mpirun not found (make deps)"
+                ev+=("V	skip	$vname	mpirun not found (make deps)")
                 continue
             fi
-            local dir=${BUILT[$args]:-$S/out/$name} target=train mk=""
-            [ $cuda = 1 ] && target=train_cuda
-            [ $emu = 1 ] && target=train_cuda_emu_mpi mk="-f Makefile -f tests/kernels/emu.mk"
-            # shellcheck disable=SC2086 # the arguments are words
-            if ! TARGET=$target GEN_MAKEFILES=$mk gen_build "$dir" $args; then
-                fail "$([ $cuda = 1 ] && echo cuda-build-)$([ $emu = 1 ] && echo emu-build-)$name" \
-                    "$WHY"
-                continue
-            fi
-            BUILT[$args]=$dir
-            DIR[$name]=$dir
-            if [ "$(world_of "$dir")" != "$world" ]; then
-                fail table "$table:$n: '$name' has world $(world_of "$dir"), not $world"
-                continue
-            fi
-            if [ $cuda = 1 ]; then
-                pass "cuda-build-$name"
-                have_gpu || continue
-            fi
-            prog=$dir/$target
-            set -- --quiet ;;
+            # built once per distinct gen args (in this suite)
+            [ -z "${BUILT[$args]}" ] && BUILT[$args]=$S/out/$name
+            R_DIR[$n]=${BUILT[$args]}
+            R_ARGV[$n]=--quiet ;;
         esac
-        # run it (a reference program's run is shared by every table of the suite)
-        if [ -z "${RAN[$tag]}" ]; then
-            # shellcheck disable=SC2086 # the flags are words
-            if ! run_prog "$prog" "$world" "$S/run/$tag.log" "$@" $f --log "$S/run/$tag.jsonl" \
-                    --save "$S/run/$tag.safetensors"; then
-                fail "$vname" "training failed: $(first_error "$S/run/$tag.log")"
-                continue
-            fi
-            if [ -z "${REFPROG[$name]}" ] && ! mem_check "$S/run/$tag.log"; then
-                fail "$vname" "$WHY"
-                continue
-            fi
-            RAN[$tag]=1
+        R_NAME[$n]=$name R_ARGS[$n]=$args R_WORLD[$n]=$world R_REFS[$n]=$refs
+        R_TOL[$n]=${TOL[$tol]} R_FLAGS[$n]=$f R_TAG[$n]=$tag R_VNAME[$n]=$vname
+        idx[$tag]=$n
+        ev+=("R	$n")
+    done < "$table"
+
+    # -- 2. Build each distinct program ---------------------------------------------------------
+    local -A building
+    pool_start "${TEST_BUILD_JOBS:-2}"
+    for i in "${!R_DIR[@]}"; do
+        local key="${R_DIR[$i]} $target"
+        [ -n "${building[$key]}" ] && continue
+        building[$key]=1
+        # shellcheck disable=SC2086 # the arguments are words
+        pool_add equiv_build "${R_DIR[$i]}" $target "$mk" ${R_ARGS[$i]}
+    done
+    pool_wait
+    local bprefix=""            # the build's verdict
+    [ $cuda = 1 ] && bprefix=cuda-build-
+    [ $emu = 1 ] && bprefix=emu-build-
+    for i in "${!R_DIR[@]}"; do
+        local dir=${R_DIR[$i]} st name=${R_NAME[$i]} w
+        st=$(cat "$dir.$target.status" 2> /dev/null)
+        if [ "$st" != ok ]; then
+            R_PRE[$i]="fail	$bprefix$name	$st"
+            continue
         fi
-        [ "$refs" = - ] && continue
-        # compare it with every reference
-        local r rtag bad=""
-        for r in $refs; do
-            local control=0
-            case $r in !*) control=1; r=${r#!} ;; esac
-            rtag=$prefix$r
-            [ -n "${REFPROG[$r]}" ] && rtag=$r
-            if [ -z "${RAN[$rtag]}" ]; then
-                bad="no run of $r to compare with"
-                break
-            fi
-            if [ $control = 0 ]; then
-                equiv_compare "$name" "$tag" "$r" "$rtag" "$tol" || { bad=$WHY; break; }
-            else
-                equiv_compare "$name" "$tag" "$r" "$rtag" "$tol"
-                if [ "$CAUGHT" != 1 ]; then
-                    bad="a control went unnoticed: $WHY"
+        DIR[$name]=$dir
+        w=$(world_of "$dir")
+        if [ "$w" != "${R_WORLD[$i]}" ]; then
+            R_PRE[$i]="fail	table	$table:$i: '$name' has world $w, not ${R_WORLD[$i]}"
+            continue
+        fi
+        R_PROG[$i]=$dir/$target
+        if [ $cuda = 1 ]; then
+            R_PRE[$i]="pass	cuda-build-$name"
+            have_gpu || continue
+        fi
+        R_RUN[$i]=1
+    done
+    for i in "${!R_NAME[@]}"; do
+        [ -z "${R_DIR[$i]}" ] && R_RUN[$i]=1       # the reference program's rows
+    done
+
+    # -- 3. Run and compare, each row once what it needs has run ------------------------------
+    local -A dep started
+    local -a todo
+    for i in "${!R_RUN[@]}"; do
+        local d="" r w
+        for r in ${R_REFS[$i]}; do
+            r=${r#!}
+            w=${idx[$prefix$r]:-${idx[$r]}}
+            [ -n "$w" ] && [ -n "${R_RUN[$w]}" ] && [ "$w" != "$i" ] && d="$d $w"
+        done
+        for w in ${R_FLAGS[$i]}; do
+            [ "${w#"$S/run/"}" != "$w" ] || continue
+            w=${w#"$S/run/"}
+            w=${idx[${w%.*}]}
+            [ -n "$w" ] && [ -n "${R_RUN[$w]}" ] && [ "$w" != "$i" ] && d="$d $w"
+        done
+        dep[$i]=$d
+        todo+=("$i")
+    done
+    pool_start "${TEST_ROW_JOBS:-2}"
+    for i in "${todo[@]}"; do rm -f "$S/run/${R_TAG[$i]}.result"; done
+    while [ ${#todo[@]} -gt 0 ]; do
+        local rest=() ready=""
+        for i in "${todo[@]}"; do
+            local ok=1 w
+            for w in ${dep[$i]}; do     # done: its result is written
+                if [ -z "${started[$w]}" ] || [ ! -f "$S/run/${R_TAG[$w]}.result" ]; then
+                    ok=0
                     break
                 fi
-            fi
+            done
+            if [ $ok = 1 ] && [ -z "$ready" ]; then ready=$i; else rest+=("$i"); fi
         done
-        if [ -n "$bad" ]; then fail "$vname" "$bad"; else pass "$vname"; fi
-    done < "$table"
+        if [ -z "$ready" ] && [ ${#POOL_PID[@]} -gt 0 ]; then
+            pool_reap
+            continue
+        fi
+        if [ -z "$ready" ]; then        # waits for no row that runs: cannot happen; go on
+            ready=${todo[0]}
+            rest=("${todo[@]:1}")
+        fi
+        pool_add equiv_row "$ready"
+        started[$ready]=1
+        todo=("${rest[@]}")
+    done
+    pool_wait
+
+    # -- 4. The verdicts, in the table's order --------------------------------------------------
+    local e kind a b c res why
+    for e in "${ev[@]}"; do
+        IFS='	' read -r kind a b c <<< "$e"
+        if [ "$kind" = V ]; then
+            "$a" "$b" "$c"
+            continue
+        fi
+        i=$a
+        if [ -n "${R_PRE[$i]}" ]; then
+            IFS='	' read -r a b c <<< "${R_PRE[$i]}"
+            "$a" "$b" "$c"
+        fi
+        [ -n "${R_RUN[$i]}" ] || continue
+        a=$S/run/${R_TAG[$i]}
+        [ -f "$a.ran" ] && RAN[${R_TAG[$i]}]=1
+        [ -f "$a.summary" ] && cat "$a.summary" >> "$S/summary.txt"
+        res="" why=""
+        [ -f "$a.result" ] && IFS='	' read -r res why < "$a.result"
+        case $res in
+        pass) pass "${R_VNAME[$i]}" ;;
+        fail) fail "${R_VNAME[$i]}" "$why" ;;
+        none) ;;
+        *) fail "${R_VNAME[$i]}" "the row's run ended without a result ($a.result)" ;;
+        esac
+    done
 }

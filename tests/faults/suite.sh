@@ -41,11 +41,13 @@ build() {
         finish
     fi
 }
+# The programs by absolute path: the signal tests find their processes by command line
+# (pkill -f), which must not match another tree's or another scratch's runs of this suite.
 build p1
-P1=$S/p1/train
+P1=$(cd "$S/p1" && pwd)/train
 if have_mpi; then
     build p4 --pp 2 --dp 2 --dist-opt
-    P4=$S/p4/train
+    P4=$(cd "$S/p4" && pwd)/train
 fi
 
 STEPS=8
@@ -188,14 +190,14 @@ fi
 # about 16 spread over the run (every checkpoint and --save), then the last 3; the number a
 # whole run passes comes from a run with a kill point it never reaches.
 kill_points() {
-    local name=$1 prog=$2 world=$3 clean=$4 rank=$5 bad="" ran=0 total k
-    rm -rf "$S/ck-kill"
-    GPT_FAULT=kill_ckpt@1000000:$rank run "$prog" "$world" kill --ckpt-dir "$S/ck-kill" \
-        --ckpt-every 2 --save "$S/kill.safetensors" > /dev/null 2>&1
-    total=$(sed -n "s/^train: rank $rank: GPT_FAULT: \([0-9]*\) points .*/\1/p" "$S/kill.log")
+    local name=$1 prog=$2 world=$3 clean=$4 rank=$5 bad="" ran=0 total k kill=kill-$1
+    rm -rf "$S/ck-$kill"
+    GPT_FAULT=kill_ckpt@1000000:$rank run "$prog" "$world" $kill --ckpt-dir "$S/ck-$kill" \
+        --ckpt-every 2 --save "$S/$kill.safetensors" > /dev/null 2>&1
+    total=$(sed -n "s/^train: rank $rank: GPT_FAULT: \([0-9]*\) points .*/\1/p" "$S/$kill.log")
     if [ -z "$total" ] || [ "$total" -lt 8 ]; then
         fail "$name" "a run passes ${total:-no} points of checkpoint writing: $(first_error \
-            "$S/kill.log")"
+            "$S/$kill.log")"
         return
     fi
     local stride=$(((total + 15) / 16)) points=""
@@ -205,32 +207,44 @@ kill_points() {
         fi
     done
     for k in $points; do
-        rm -rf "$S/ck-kill" "$S/kill.safetensors"
-        GPT_FAULT=kill_ckpt@$k:$rank run "$prog" "$world" kill --ckpt-dir "$S/ck-kill" \
-            --ckpt-every 2 --save "$S/kill.safetensors" > /dev/null 2>&1
+        rm -rf "$S/ck-$kill" "$S/$kill.safetensors"
+        GPT_FAULT=kill_ckpt@$k:$rank run "$prog" "$world" $kill --ckpt-dir "$S/ck-$kill" \
+            --ckpt-every 2 --save "$S/$kill.safetensors" > /dev/null 2>&1
         local rc=$?
         if [ $rc = 0 ]; then bad="point $k of $total: not killed"; break; fi
         ran=$((ran + 1))
-        if [ -e "$S/kill.safetensors" ]; then
+        if [ -e "$S/$kill.safetensors" ]; then
             bad="point $k of $total: --save's file exists after the kill"
             break
         fi
-        RESUME_FROM=none resumed "$name-$k" "$prog" "$world" kill "$clean" \
-            --ckpt-dir "$S/ck-kill" --ckpt-every 2 > "$S/kill-$k.verdict"
-        if ! grep -q "^PASS" "$S/kill-$k.verdict"; then
-            bad="point $k of $total: $(cat "$S/kill-$k.verdict")"
+        RESUME_FROM=none resumed "$name-$k" "$prog" "$world" $kill "$clean" \
+            --ckpt-dir "$S/ck-$kill" --ckpt-every 2 > "$S/$kill-$k.verdict"
+        if ! grep -q "^PASS" "$S/$kill-$k.verdict"; then
+            bad="point $k of $total: $(cat "$S/$kill-$k.verdict")"
             break
         fi
     done
     if [ -n "$bad" ]; then fail "$name" "$bad"
     else
         echo "  $name: killed at $ran of the $total points of checkpoint writing (rank $rank)," \
-            "each resumed bit-exactly" >> "$S/summary.txt"
+            "each resumed bit-exactly" > "$S/$kill.summary"
         pass "$name"
     fi
 }
-kill_points kill-every-point "$P1" 1 clean1 0
-[ -n "$P4" ] && kill_points kill-every-point-rank3 "$P4" 4 clean4 3
+# The two run beside each other and beside sections 4 and 5 (their own files, no signal sent
+# to them): they are most of this suite's time, and the tests below mostly wait. Their
+# verdicts come here, the later sections' after them.
+# They run copies of the programs (the same bytes), which the signals below (pkill -f by the
+# programs' paths) do not match.
+cp -p "$P1" "$P1-kill"
+(kill_points kill-every-point "$P1-kill" 1 clean1 0 > "$S/kill-p1.verdicts") &
+kill1=$!
+if [ -n "$P4" ]; then
+    cp -p "$P4" "$P4-kill"
+    (kill_points kill-every-point-rank3 "$P4-kill" 4 clean4 3 > "$S/kill-p4.verdicts") &
+    kill4=$!
+fi
+exec 9>&1 > "$S/later.out"      # sections 4 and 5, printed after the kill verdicts
 
 # -- 4. Preemption: signals, time limits --------------------------------------------------------
 
@@ -286,12 +300,16 @@ stopped exit-duration duration 1 $? && grep -q "^stopped by --exit-duration-in-m
 
 # A second signal while the checkpoint is being written (stalled by GPT_FAULT=stall_ckpt at its
 # first point): the rank stops at once, status 128 + 15, and the incomplete checkpoint is ignored.
+# The rank writes step 3's log line, then starts the checkpoint and stalls at its first point
+# (before step_00000003.tmp exists), for a minute: the signal comes 0.2 s after that line.
 (GPT_FAULT=signal@3,stall_ckpt@1 run "$P1" 1 second --ckpt-dir "$S/ck-second"
  echo $? > "$S/second.rc") &
-for _ in $(seq 200); do [ -d "$S/ck-second/step_00000003.tmp" ] && break; sleep 0.05; done
+second=$!
+for _ in $(seq 200); do grep -q '^{"step":3,' "$S/second.jsonl" 2> /dev/null && break; sleep 0.05
+done
 sleep 0.2
-pkill -TERM -f "^$P1 " 
-wait
+pkill -TERM -f "^$P1 "
+wait $second
 if [ "$(cat "$S/second.rc")" = 143 ] &&
    grep -q "^train: rank 0: a second signal: stopping now, without a checkpoint" "$S/second.log" &&
    [ ! -e "$S/ck-second/step_00000003" ]; then
@@ -313,35 +331,40 @@ else
 fi
 
 # Several ranks: SIGTERM sent to every rank at once (as Slurm does to each task) in the middle
-# of the run, and SIGUSR1 sent to mpirun (which passes it on); both resume bit-exactly.
+# of the run, and SIGUSR1 sent to mpirun (which passes it on); both resume bit-exactly. The run
+# has PSTEPS steps and is signalled once its log shows 5: the 35 left are far more than the
+# steps a rank can make while pkill starts, and the resumed run then trains 30 or more steps
+# from the checkpoint (each is compared, log and weights, with the clean run's).
+PSTEPS=40
 preempt() {
     local name=$1 target=$2 sig=$3
     rm -rf "$S/ck-$name"
-    (run "$P4" 4 "$name" --ckpt-dir "$S/ck-$name" --steps 400 --decay-steps 400 \
+    (run "$P4" 4 "$name" --ckpt-dir "$S/ck-$name" --steps $PSTEPS --decay-steps $PSTEPS \
          --save "$S/$name.safetensors"; echo $? > "$S/$name.rc") &
-    local n
+    local n job=$!
     for _ in $(seq 600); do
         n=$(grep -c '"step"' "$S/$name.jsonl" 2> /dev/null)
         [ "${n:-0}" -ge 5 ] && break
         sleep 0.05
     done
     pkill "-$sig" -f "$target"
-    wait
+    wait $job
     local at
-    at=$(sed -n "s/^stopped by SIG$sig after step \([0-9]*\) of 400: saved .*/\1/p" "$S/$name.log")
+    at=$(sed -n "s/^stopped by SIG$sig after step \([0-9]*\) of $PSTEPS: saved .*/\1/p" \
+         "$S/$name.log")
     if [ "$(cat "$S/$name.rc")" != 0 ] || [ -z "$at" ]; then
         fail "$name" "status $(cat "$S/$name.rc"), no 'stopped by SIG$sig' line: $(tail -n 2 \
             "$S/$name.log" | tr '\n' ' ')"
         return
     fi
     pass "$name"
-    # the clean run to 400 steps, once
-    if [ ! -f "$S/clean400.safetensors" ]; then
-        run "$P4" 4 clean400 --steps 400 --decay-steps 400 --save "$S/clean400.safetensors" \
-            > /dev/null 2>&1
+    # the clean run to $PSTEPS steps, once
+    if [ ! -f "$S/clean$PSTEPS.safetensors" ]; then
+        run "$P4" 4 clean$PSTEPS --steps $PSTEPS --decay-steps $PSTEPS \
+            --save "$S/clean$PSTEPS.safetensors" > /dev/null 2>&1
     fi
-    RESUME_FROM=none resumed "$name-resume" "$P4" 4 "$name" clean400 --ckpt-dir "$S/ck-$name" \
-        --steps 400 --decay-steps 400
+    RESUME_FROM=none resumed "$name-resume" "$P4" 4 "$name" clean$PSTEPS --ckpt-dir "$S/ck-$name" \
+        --steps $PSTEPS --decay-steps $PSTEPS
 }
 if [ -n "$P4" ]; then
     preempt preempt-ranks "^$P4 " TERM
@@ -438,4 +461,15 @@ if [ $rc = 2 ] && grep -q "^train: error: GPT_FAULT='nan_grad@0': expected KIND@
 else fail bad-fault-spec "status $rc: $(first_error "$S/badfault.log")"
 fi
 
+# -- The kill verdicts (section 3, run beside 4 and 5), then sections 4 and 5 -------------------
+exec 1>&9 9>&-
+wait $kill1
+cat "$S/kill-p1.verdicts"
+if [ -n "$P4" ]; then
+    wait $kill4
+    cat "$S/kill-p4.verdicts"
+fi
+cat "$S"/kill-*.summary >> "$S/summary.txt" 2> /dev/null
+grep -q '^FAIL ' "$S/kill-p1.verdicts" "$S/kill-p4.verdicts" 2> /dev/null && FAILED=1
+cat "$S/later.out"
 finish

@@ -8,9 +8,13 @@
 ** (data moves with rt_memcpy, as in the library). Run by tests/kernels/suite.sh; not a
 ** benchmark.
 **
-**   kernel_test PREFIX [--dump FILE.safetensors] [--dump-bf16 FILE.safetensors] [--first] [-v]
+**   kernel_test PREFIX [--dump FILE.safetensors] [--dump-bf16 FILE.safetensors] [--first]
+**               [--only OP[,OP...]] [-v]
 **
-** --first stops at the first failing op (the suite's mutants need no more).
+** --first stops at the first failing check, printing its op's FAIL line (the suite's mutants
+** need no more). --only runs the named ops alone (their names as printed: "attention" in both
+** dtypes, "attention-bf16" in one, "sumsq"), on the inputs the whole run gives them: each op
+** draws its random inputs from its own fixed point of the generator's sequence (tests[]).
 ** Prints "PASS PREFIX/<op>-<dtype>" or "FAIL PREFIX/<op>-<dtype>: why" per op, the first
 ** mismatches and the max errors of a failing check, and with -v the max errors of every check.
 ** --dump writes every output of the f32 pass (F32), --dump-bf16 those of the bf16 pass (the
@@ -64,27 +68,35 @@ static rt_dtype dt;             /* the storage dtype of this pass: RT_F32, then 
 
 static const char *dt_name(void) { return dt == RT_BF16 ? "bf16" : "f32"; }
 
+static const char *cur_op;      /* the op running (main's tests[]) */
+static int cur_typed;           /* it runs in this pass's storage dtype */
+static int stop_first;          /* --first: exit at the first failing check */
+
 static void op_begin(void)
 {
     op_failed = 0;
     op_why[0] = 0;
 }
 
-/* op: the name; typed: the op ran in this pass's storage dtype (its name gets "-f32"/"-bf16") */
-static int stop_first;          /* --first: exit after the first failing op */
-
-static void op_end(const char *op, int typed)
+static void op_line(void)
 {
     char name[64];
-    snprintf(name, sizeof name, typed ? "%s-%s" : "%s", op, dt_name());
+    snprintf(name, sizeof name, cur_typed ? "%s-%s" : "%s", cur_op, dt_name());
     if (op_failed) printf("FAIL %s/%s: %s\n", prefix, name, op_why);
     else printf("PASS %s/%s\n", prefix, name);
     fflush(stdout);
-    any_failed |= op_failed;
-    if (op_failed && stop_first) {           /* --first: the first failing op is the verdict */
-        rt_finalize();
-        exit(1);
+}
+
+/* op: the name; typed: the op ran in this pass's storage dtype (its name gets "-f32"/"-bf16") */
+static void op_end(const char *op, int typed)
+{
+    if (strcmp(op, cur_op) || typed != cur_typed) {
+        fprintf(stderr, "kernel_test: test '%s' ends op '%s': tests[] in main is out of date\n",
+                cur_op, op);
+        exit(2);
     }
+    op_line();
+    any_failed |= op_failed;
 }
 
 static void fail(const char *fmt, ...) RT_PRINTF(1, 2);
@@ -97,6 +109,11 @@ static void fail(const char *fmt, ...)
         va_end(ap);
     }
     op_failed = 1;
+    if (stop_first) {           /* --first: the first failing check is the verdict */
+        op_line();
+        rt_finalize();
+        exit(1);
+    }
 }
 
 /*
@@ -1976,48 +1993,94 @@ static void test_kv_heads(void)
 
 /* -- Main ------------------------------------------------------------------------------------ */
 
+/*
+** The ops in the order they run, each pass (f32, then bf16; the untyped ops in the f32 pass
+** only). draws: where in the random sequence the op's inputs start, in draws of rng_next from
+** the start (seed 20240520) of its pass; a pass starts PASS_DRAWS draws after the one before.
+** These are the points each op reached when they all drew from one running sequence, kept fixed
+** so that an op alone (--only) gets the inputs the whole run gives it. A new op takes an
+** offset past the last one's draws.
+*/
+#define PASS_DRAWS 3669490ull
+static const struct {
+    const char *op;
+    void (*run)(void);
+    int typed;                  /* runs in both dtypes (else in the f32 pass only) */
+    unsigned long long draws;
+} tests[] = {
+    { "embed_pos",     test_embed,       1,       0 },
+    { "layernorm",     test_layernorm,   1,  140078 },
+    { "gelu",          test_gelu,        1,  279789 },
+    { "bias",          test_bias,        1,  312711 },
+    { "add",           test_add,         1,  405087 },
+    { "attention",     test_attention,   1,  422147 },
+    { "attention_cp",  test_attention_cp, 1, 1626627 },
+    { "crossentropy",  test_ce,          1, 2100059 },
+    { "adamw",         test_adamw,       1, 2240733 },
+    { "moe",           test_moe,         1, 2373177 },
+    { "rmsnorm",       test_rmsnorm,     1, 2481344 },
+    { "rope",          test_rope,        1, 2631938 },
+    { "swiglu",        test_swiglu,      1, 3074414 },
+    { "kv_heads",      test_kv_heads,    1, 3264486 },
+    { "scale_inplace", test_scale,       0, 3484362 },
+    { "sumsq",         test_sumsq,       0, 3517172 },
+    { "convert",       test_convert,     0, 3617213 },
+    { "copy_cols",     test_copy_cols,   0, 3629598 },
+    { "fill_f32",      test_fill,        0, 3644798 },
+};
+
+/* only: NULL (every op), or a comma-separated list of "op" or "op-f32"/"op-bf16" */
+static int selected(const char *only, const char *op, int typed)
+{
+    if (!only) return 1;
+    size_t n = strlen(op);
+    for (const char *p = only; *p; ) {
+        size_t len = strcspn(p, ",");
+        if (len >= n && !strncmp(p, op, n) &&
+            (len == n || (typed && len == n + 1 + strlen(dt_name()) && p[n] == '-' &&
+                          !strncmp(p + n + 1, dt_name(), len - n - 1))))
+            return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     rt_init(&argc, &argv, 1, "kernel test");
-    const char *dump[2] = { NULL, NULL };
+    const char *dump[2] = { NULL, NULL }, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dump") && i + 1 < argc) dump[0] = argv[++i];
         else if (!strcmp(argv[i], "--dump-bf16") && i + 1 < argc) dump[1] = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "-v")) verbose = 1;
         else if (!strcmp(argv[i], "--first")) stop_first = 1;
         else if (!prefix && argv[i][0] != '-') prefix = argv[i];
         else {
             fprintf(stderr, "usage: kernel_test PREFIX [--dump FILE.safetensors] "
-                    "[--dump-bf16 FILE.safetensors] [--first] [-v]\n");
+                    "[--dump-bf16 FILE.safetensors] [--first] [--only OP[,OP...]] [-v]\n");
             rt_finalize();
             return 2;
         }
     }
     if (!prefix) prefix = "kernels";
-    rng_state = 20240520;
+    int ran = 0;
     for (int pass = 0; pass < 2; pass++) {
         dt = pass ? RT_BF16 : RT_F32;
-        test_embed();
-        test_layernorm();
-        test_gelu();
-        test_bias();
-        test_add();
-        test_attention();
-        test_attention_cp();
-        test_ce();
-        test_adamw();
-        test_moe();
-        test_rmsnorm();
-        test_rope();
-        test_swiglu();
-        test_kv_heads();
-        if (dt == RT_F32) {                         /* the ops without a storage dtype */
-            test_scale();
-            test_sumsq();
-            test_convert();
-            test_copy_cols();
-            test_fill();
+        for (size_t k = 0; k < sizeof tests / sizeof tests[0]; k++) {
+            if ((pass && !tests[k].typed) || !selected(only, tests[k].op, tests[k].typed))
+                continue;
+            rng_state = 20240520 + (pass * PASS_DRAWS + tests[k].draws) * 0x9e3779b97f4a7c15ull;
+            cur_op = tests[k].op;
+            cur_typed = tests[k].typed;
+            tests[k].run();
+            ran++;
         }
+    }
+    if (!ran) {
+        fprintf(stderr, "kernel_test: --only %s names no op\n", only);
+        rt_finalize();
+        return 2;
     }
     for (int k = 0; k < 2; k++)
         if (dump[k] && write_dump(&dumps[k], dump[k])) {

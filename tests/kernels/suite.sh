@@ -6,7 +6,7 @@
 # backend is, run and compared with the CPU results only where a GPU is present. Scratch:
 # build/test/kernels/. Run from the repository root by tests/run.sh (docs/DESIGN.md §3).
 . "$(dirname "$0")/../lib.sh" kernels
-MK="make -s --no-print-directory -f Makefile -f tests/kernels/kernels.mk"
+MK="make -s --no-print-directory -f Makefile -f tests/kernels/kernels.mk KT_BUILD=$S"
 
 # -- Build: the library's kernels (lib/; sizes are arguments) -------------------------------------
 if ! make -s --no-print-directory build/librt_cpu.a ref build/tools/stcompare \
@@ -57,9 +57,12 @@ for d in f32 bf16; do
 done
 
 # -- Mutants: each broken kernel must make kernel_test fail --------------------------------------
-# name | sed expression on the kernel sources | a line it must produce (proof that it applied).
-# Two mutants are built and run at a time (each in its own directory); verdicts in order.
-# mutate_cuda: the same on kernels_cuda.cu, run on the CUDA emulation (kernel_test_emu).
+# name | the op whose checks catch it | sed expression on the kernel sources | a line it must
+# produce (proof that it applied). A mutant runs only that op's checks (kernel_test --only, on
+# the inputs the whole test gives them) up to the first that fails (--first): a mutant needs
+# one failing check to be caught. Two mutants are built and run at a time (each in its own
+# directory); verdicts in order. mutate_cuda: the same on kernels_cuda.cu, run on the CUDA
+# emulation (kernel_test_emu).
 MUTANTS=""
 EMU=0           # can the CUDA emulation be built here (g++, x86-64)?
 command -v g++ >/dev/null 2>&1 && [ "$(uname -m)" = x86_64 ] && EMU=1
@@ -68,15 +71,20 @@ if [ $EMU = 1 ] && ! $MK build/emu/cuda_emu.o > $S/build-emu-sched.log 2>&1; the
     fail cuda-emu-sched "tests/kernels/emu/cuda_emu.cc: $(tail -1 $S/build-emu-sched.log)"
     EMU=0
 fi
-launch_mutant() {   # kind name ...
+pool_start 2
+launch_mutant() {   # kind name op expr proof
     MUTANTS="$MUTANTS $2"
-    (mutate_one "$@" > "$S/mutant-$2.verdict" 2>&1) &
-    [ $(( $(echo $MUTANTS | wc -w) % 2 )) = 0 ] && wait
+    pool_add mutant_job "$@"
+}
+mutant_job() {
+    tokens_take
+    mutate_one "$@" > "$S/mutant-$2.verdict" 2>&1
+    tokens_give
 }
 mutate() { launch_mutant cpu "$@"; }
 mutate_cuda() { launch_mutant emu "$@"; }
 mutate_one() {
-    kind=$1 name=$2 expr=$3 proof=$4
+    kind=$1 name=$2 op=$3 expr=$4 proof=$5
     d=$S/mutant-$name
     rm -rf $d && mkdir -p $d/src &&
         cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h $d/src/
@@ -87,72 +95,83 @@ mutate_one() {
         fail mutant-$name "the mutation no longer applies (the kernel source changed?)"
         return
     fi
-    # -O1: a mutant only has to be caught, not to be fast
-    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA=-Wno-error GEN_OPT=-O1 \
+    # -O1, no debug information: a mutant only has to be caught, not to be fast
+    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="-Wno-error -g0" GEN_OPT=-O1 \
             KT_TEST=$S/kernel_test.o kernel-test-$kind \
             > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
         fail mutant-$name "the mutant does not compile"
         return
     fi
-    # one thread each (two mutants run at a time); the first failing op is enough
-    RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_$kind kernels/mutant --first > $d/run.out 2>&1
+    # one thread each (two mutants run at a time); the op's first failing check is enough
+    RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_$kind kernels/mutant --first --only $op \
+        > $d/run.out 2>&1
     caught=$(grep '^FAIL ' $d/run.out | sed 's/^FAIL kernels\/mutant\/\([^:]*\):.*/\1/' |
              tr '\n' ' ' | sed 's/ $//')
     if [ -n "$caught" ]; then pass "mutant-$name (caught by: $caught)"
-    else fail mutant-$name "a broken kernel passed every check"; fi
+    else fail mutant-$name "a broken kernel passed every check of $op"; fi
 }
-mutate layernorm-unbiased-var 's|v /= (float)C;|v /= (float)(C - 1);|' 'v /= (float)(C - 1);'
-mutate pos-offset-ignored 's|wpe + (size_t)(t0 + t) \* C|wpe + (size_t)t * C|' \
+mutate layernorm-unbiased-var layernorm-f32 \
+    's|v /= (float)C;|v /= (float)(C - 1);|' 'v /= (float)(C - 1);'
+mutate pos-offset-ignored embed_pos-f32 's|wpe + (size_t)(t0 + t) \* C|wpe + (size_t)t * C|' \
     'wpe + (size_t)t * C'
-mutate gelu-grad 's|3.0f \* GELU_CUBE|GELU_CUBE|' 'GELU_SCALE * (1.0f + GELU_CUBE'
-mutate bias-bwd-last-column 's|MIN(hi \* COLS, a->OC)|MIN(hi * COLS, a->OC - 1)|' \
+mutate gelu-grad gelu-f32 's|3.0f \* GELU_CUBE|GELU_CUBE|' 'GELU_SCALE * (1.0f + GELU_CUBE'
+mutate bias-bwd-last-column bias-f32 's|MIN(hi \* COLS, a->OC)|MIN(hi * COLS, a->OC - 1)|' \
     'MIN(hi * COLS, a->OC - 1)'
-mutate ce-padding-kept '/for (int j = valid; j < Vl; j++) row\[j\] = KR_ST(0.0f);/d' \
+mutate ce-padding-kept crossentropy-f32 \
+    '/for (int j = valid; j < Vl; j++) row\[j\] = KR_ST(0.0f);/d' \
     'row[j] = KR_ST((p - (j == t ? 1.0f : 0.0f)) * dloss);'
-mutate ce-target-not-owned 's|? KR_LD(row\[t\]) : 0.0f;|? KR_LD(row[t]) : KR_LD(row[0]);|' \
+mutate ce-target-not-owned crossentropy-f32 \
+    's|? KR_LD(row\[t\]) : 0.0f;|? KR_LD(row[t]) : KR_LD(row[0]);|' \
     '? KR_LD(row[t]) : KR_LD(row[0]);'
-mutate ce-padding-in-max 's|j < valid; j++) m = |j < valid + 1; j++) m = |' \
+mutate ce-padding-in-max crossentropy-f32 's|j < valid; j++) m = |j < valid + 1; j++) m = |' \
     'j < valid + 1; j++) m ='
-mutate adamw-eps-inside-sqrt 's|sqrtf(\*v) / bc2_sqrt + eps|sqrtf(*v + eps) / bc2_sqrt|' \
+mutate adamw-eps-inside-sqrt adamw-f32 's|sqrtf(\*v) / bc2_sqrt + eps|sqrtf(*v + eps) / bc2_sqrt|' \
     'sqrtf(*v + eps) / bc2_sqrt'
-mutate adamw-decay-without-lr 's|\*p \*= 1.0f - lr \* wd;|*p *= 1.0f - wd;|' '*p *= 1.0f - wd;'
-mutate embed-bwd-unowned 's|if (v < 0 \|\| v >= vrows) continue;|if (v < 0) continue;|' \
+mutate adamw-decay-without-lr adamw-f32 \
+    's|\*p \*= 1.0f - lr \* wd;|*p *= 1.0f - wd;|' '*p *= 1.0f - wd;'
+mutate embed-bwd-unowned embed_pos-f32 \
+    's|if (v < 0 \|\| v >= vrows) continue;|if (v < 0) continue;|' \
     'if (v < 0) continue;'
-mutate sumsq-first-skipped 's|size_t n = i1 - i0, i = 0;|size_t n = i1 - i0, i = 1;|' \
+mutate sumsq-first-skipped sumsq 's|size_t n = i1 - i0, i = 0;|size_t n = i1 - i0, i = 1;|' \
     'size_t n = i1 - i0, i = 1;'
-mutate bf16-round-truncates 's|(u + 0x7fffu + ((u >> 16) \& 1u)) >> 16|u >> 16|' \
+mutate bf16-round-truncates convert 's|(u + 0x7fffu + ((u >> 16) \& 1u)) >> 16|u >> 16|' \
     'uint32_t rounded = u >> 16;'
 # attention: the causal mask, the tiles skipped, the online softmax, the saved statistics, the
 # backward's sums over tiles
-mutate attention-fwd-diagonal-unmasked \
+mutate attention-fwd-diagonal-unmasked attention-f32 \
     's|const int cmask_fwd = diag ? c : 0;|const int cmask_fwd = 0;|' 'const int cmask_fwd = 0;'
-mutate attention-bwd-diagonal-unmasked 's|const int cmask = diag ? c : 0;|const int cmask = 0;|' \
+mutate attention-bwd-diagonal-unmasked attention-f32 \
+    's|const int cmask = diag ? c : 0;|const int cmask = 0;|' \
     'const int cmask = 0;'
-mutate attention-first-tile-skipped \
+mutate attention-first-tile-skipped attention-f32 \
     's|for (int kj = 0; kj < whole; kj++)|for (int kj = qi > 0; kj < whole; kj++)|' \
     'for (int kj = qi > 0; kj < whole; kj++)'
 # context-parallel blocks: the merge of a block into the running output, the full blocks
-mutate attention-merge-unweighted \
+mutate attention-merge-unweighted attention_cp-f32 \
     's|acc\[d\] = acc\[d\] \* w0 + on\[i \* hdp + d\] \* w1;|acc[d] += on[i * hdp + d] * inv;|' \
     'acc[d] += on[i * hdp + d] * inv;'
-mutate attention-block-full-as-causal \
+mutate attention-block-full-as-causal attention_cp-f32 \
     's|int whole = a->causal ? qi : a->nkt;|int whole = qi;|
      s|int last = a->causal ? qi : a->nkt - 1;|int last = qi;|' 'int whole = qi;'
-mutate attention-no-rescale '/on\[i \* hdp + d\] \*= alpha;/d' 'l[i] *= alpha;'
-mutate attention-lse-without-max 's|return m + logf(l);|return logf(l);|' 'return logf(l);'
-mutate attention-dkdv-missing-query-tile 's|hdp, AT, hdp, nq);|hdp, AT, hdp, qi ? nq : 0);|' \
+mutate attention-no-rescale attention-f32 '/on\[i \* hdp + d\] \*= alpha;/d' 'l[i] *= alpha;'
+mutate attention-lse-without-max attention-f32 \
+    's|return m + logf(l);|return logf(l);|' 'return logf(l);'
+mutate attention-dkdv-missing-query-tile attention-f32 \
+    's|hdp, AT, hdp, nq);|hdp, AT, hdp, qi ? nq : 0);|' \
     'hdp, AT, hdp, qi ? nq : 0);'
 # the Llama layer: RMSNorm's input gradient, the rotary angle's precision and direction, the
 # sigmoid where exp(-g) overflows, the grouped-query sums
-mutate rmsnorm-dinp-unprojected \
+mutate rmsnorm-dinp-unprojected rmsnorm-f32 \
     's|return dx + rstd \* (g - xhat \* gx_mean);|return dx + rstd * g;|' 'return dx + rstd * g;'
-mutate rope-angle-in-f32 's|double a = (double)pos \* inv;|double a = (float)pos * (float)inv;|' \
+mutate rope-angle-in-f32 rope-f32 \
+    's|double a = (double)pos \* inv;|double a = (float)pos * (float)inv;|' \
     'double a = (float)pos * (float)inv;'
-mutate rope-inverse-ignored 's|(inverse ? -sin(a) : sin(a))|(sin(a))|' '*s = (float)(sin(a));'
-mutate swiglu-sigmoid-unguarded 's|return g < -EXP_MAX ? 0.0f : s;|return s + 0.0f;|' \
+mutate rope-inverse-ignored rope-f32 \
+    's|(inverse ? -sin(a) : sin(a))|(sin(a))|' '*s = (float)(sin(a));'
+mutate swiglu-sigmoid-unguarded swiglu-f32 's|return g < -EXP_MAX ? 0.0f : s;|return s + 0.0f;|' \
     'return s + 0.0f;'
-mutate kv-reduce-first-head-only \
+mutate kv-reduce-first-head-only kv_heads-f32 \
     's|for (int r = 1; r < rep; r++)|for (int r = rep; r < rep; r++)|' \
     'for (int r = rep; r < rep; r++)'
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
@@ -160,31 +179,36 @@ mutate kv-reduce-first-head-only \
 # separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
 # lanes skipping columns
 if [ $EMU = 1 ]; then
-mutate_cuda cuda-col-unroll-short 's|u < COL_UNROLL; u++) f(n|u < COL_UNROLL - 1; u++) f(n|' \
+mutate_cuda cuda-col-unroll-short layernorm-f32 \
+    's|u < COL_UNROLL; u++) f(n|u < COL_UNROLL - 1; u++) f(n|' \
     'u < COL_UNROLL - 1; u++) f(n'
-mutate_cuda cuda-warp-sum-short 's|off > 0; off /= 2) v +=|off > 1; off /= 2) v +=|' \
+mutate_cuda cuda-warp-sum-short layernorm-f32 's|off > 0; off /= 2) v +=|off > 1; off /= 2) v +=|' \
     'off > 1; off /= 2) v +='
-mutate_cuda cuda-block-first-warp 's|w < nw; w++) r = op|w < 1; w++) r = op|' 'w < 1; w++) r = op'
-mutate_cuda cuda-embed-groups-merged 's/ || v % EMB_GROUPS != (int)blockIdx.y//' \
+mutate_cuda cuda-block-first-warp crossentropy-f32 \
+    's|w < nw; w++) r = op|w < 1; w++) r = op|' 'w < 1; w++) r = op'
+mutate_cuda cuda-embed-groups-merged embed_pos-f32 's/ || v % EMB_GROUPS != (int)blockIdx.y//' \
     'if (v < 0 || v >= vrows) continue;'
-mutate_cuda cuda-sumsq-part-skipped 's|i < parts; i += WARP|i < parts - 1; i += WARP|' \
+mutate_cuda cuda-sumsq-part-skipped sumsq 's|i < parts; i += WARP|i < parts - 1; i += WARP|' \
     'i < parts - 1; i += WARP'
-mutate_cuda cuda-ce-padding-grad 's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
+mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
+    's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
     'if (j < Vl) g = (vexpf'
 # the tensor-core attention (bf16, head sizes 32, 64, 128): the online softmax's rescale, the
 # lo parts of the probabilities, the diagonal key tile of dk and dv, dq's scale
-mutate_cuda cuda-fa-no-rescale 's|os\[x\] \* arow\[x / hd\] + pvs|os[x] + pvs|' \
+mutate_cuda cuda-fa-no-rescale attention-bf16 's|os\[x\] \* arow\[x / hd\] + pvs|os[x] + pvs|' \
     'os[x] = os[x] + pvs[x];'
-mutate_cuda cuda-fa-lo-dropped '/wm::mma_sync(acc\[j\], lo, fb, acc\[j\]);/d' \
+mutate_cuda cuda-fa-lo-dropped attention-bf16 '/wm::mma_sync(acc\[j\], lo, fb, acc\[j\]);/d' \
     'wm::mma_sync(acc[j], hi, fb, acc[j]);'
-mutate_cuda cuda-fa-dkdv-diagonal-skipped 's|q0 = k0; q0 < a.Tq;|q0 = k0 + FA_TILE; q0 < a.Tq;|' \
+mutate_cuda cuda-fa-dkdv-diagonal-skipped attention-bf16 \
+    's|q0 = k0; q0 < a.Tq;|q0 = k0 + FA_TILE; q0 < a.Tq;|' \
     'q0 = k0 + FA_TILE; q0 < a.Tq;'
-mutate_cuda cuda-fa-dq-unscaled 's|nr, dq, s.f0, hd, a.scale);|nr, dq, s.f0, hd, 1.0f);|' \
+mutate_cuda cuda-fa-dq-unscaled attention-bf16 \
+    's|nr, dq, s.f0, hd, a.scale);|nr, dq, s.f0, hd, 1.0f);|' \
     'nr, dq, s.f0, hd, 1.0f);'
-mutate_cuda cuda-layernorm-lanes-skip 's|i += WARP) sum +=|i += 2 * WARP) sum +=|' \
+mutate_cuda cuda-layernorm-lanes-skip layernorm-f32 's|i += WARP) sum +=|i += 2 * WARP) sum +=|' \
     'i += 2 * WARP) sum +='
 fi
-wait
+pool_wait
 for name in $MUTANTS; do
     cat "$S/mutant-$name.verdict"
     grep -q '^FAIL ' "$S/mutant-$name.verdict" && FAILED=1

@@ -3,9 +3,14 @@
 # generated program (lib/lr.c) and of the reference (build/ref/gpt2_ref), each style against
 # tests/lr/megatron_lr.py, an independent implementation of Megatron's scheduler as its
 # training loop drives it (evaluated before the first step, advanced by the global batch after
-# each). Both sides must agree exactly: the program's logged rate is the float32 of Megatron's
-# double, the reference's is that double. Also: a WSD run resumes bit-exactly, and every bad
-# combination of the LR flags is a usage error naming the flag, in both programs.
+# each). Both sides must agree exactly: the program's rate is the float32 of Megatron's double,
+# the reference's is that double. The program's side is the library's schedule as a function
+# (build/lr/lr_table: lib_lr over the flags as the program parses them), and once, for the
+# style where the global batch counts, a whole run of the program (its log: the step count,
+# the global batch and the rate as the program passes them). The reference's side is its log,
+# from a model of one small layer (the rate does not depend on the model). Also: a WSD run
+# resumes bit-exactly, and every bad combination of the LR flags is a usage error naming the
+# flag, in both programs.
 # Prints PASS/FAIL/SKIP lr/<name> (tests/lib.sh); scratch in build/test/lr/.
 . "$(dirname "$0")/../lib.sh" lr
 REF=build/ref/gpt2_ref
@@ -17,11 +22,12 @@ if ! command -v "$PY" > /dev/null; then
     finish
 fi
 if ! make -s --no-print-directory build/gen build/librt_cpu.a build/libgpt_cpu.a ref \
-        build/tools/stcompare > "$S/make.log" 2>&1; then
+        build/tools/stcompare build/lr/lr_table > "$S/make.log" 2>&1; then
     head -n 20 "$S/make.log"
-    fail setup "make build/gen librt_cpu.a libgpt_cpu.a ref stcompare failed"
+    fail setup "make build/gen librt_cpu.a libgpt_cpu.a ref stcompare lr_table failed"
     finish
 fi
+LRT=build/lr/lr_table
 
 # tiny (8 layers, C 64, T 64, V 256) with a global batch of 4 = mbs 2 x nmb 2: the scheduler
 # counts samples, 4 a step, which inverse-square-root without warm-up can tell from steps.
@@ -43,20 +49,31 @@ fi
 STEPS=14
 W="--warmup 3 --decay-steps 10"
 WSD="--lr-decay-style WSD --warmup 2 --decay-steps 10 --lr-wsd-decay-iters 4"
-# style NAME LR-FLAGS...: the program and the reference with LR-FLAGS, each log against
-# megatron_lr.py; PASS NAME when both agree with it exactly
+# the reference's model for the schedules: one small layer (its rate is the schedule's alone)
+REFS="--layers 1 --hidden 8 --heads 1 --seq 8 --vocab 256 --random-init 7"
+# the style whose rates the program's whole run must give too: inverse square root without
+# warm-up, the one where the global batch counts (max(W, 1) is one sample)
+RUN=inverse-sqrt-nowarmup
+# style NAME LR-FLAGS...: the library's schedule and the reference with LR-FLAGS, each against
+# megatron_lr.py (and for $RUN the program's log); PASS NAME when all agree with it exactly
 style() {
     local name=$1 why=""
     shift
-    run_prog "$A" 1 "$S/$name.prog.log" --quiet --init "$S/init.safetensors" \
-        --data "$S/tok.bin" --steps $STEPS --log "$S/$name.prog.jsonl" "$@" ||
+    $LRT --gbs $GBS --data "$S/tok.bin" --steps $STEPS "$@" > "$S/$name.lib.jsonl" \
+        2> "$S/$name.lib.log" || why="lr_table failed: $(head -n 1 "$S/$name.lib.log")"
+    [ -z "$why" ] && [ $name = $RUN ] && ! run_prog "$A" 1 "$S/$name.prog.log" --quiet \
+            --init "$S/init.safetensors" --data "$S/tok.bin" --steps $STEPS \
+            --log "$S/$name.prog.jsonl" "$@" &&
         why="the program failed: $(first_error "$S/$name.prog.log")"
-    [ -z "$why" ] && ! $REF $REFM --init "$S/init.safetensors" --data "$S/tok.bin" \
-            --steps $STEPS --mbs $MBS --nmb $NMB --log "$S/$name.ref.jsonl" "$@" \
-            > "$S/$name.ref.log" 2>&1 &&
+    # shellcheck disable=SC2086 # the model's flags are words
+    [ -z "$why" ] && ! $REF $REFS --data "$S/tok.bin" --steps $STEPS --mbs $MBS --nmb $NMB \
+            --log "$S/$name.ref.jsonl" "$@" > "$S/$name.ref.log" 2>&1 &&
         why="the reference failed: $(first_error "$S/$name.ref.log")"
-    [ -z "$why" ] && ! $MEG --steps $STEPS --gbs $GBS "$@" --log "$S/$name.prog.jsonl" --f32 \
-            > "$S/$name.cmp" 2>&1 && why="the program's rates are not Megatron's"
+    [ -z "$why" ] && ! $MEG --steps $STEPS --gbs $GBS "$@" --log "$S/$name.lib.jsonl" --f32 \
+            > "$S/$name.cmp" 2>&1 && why="the library's rates (lib_lr) are not Megatron's"
+    [ -z "$why" ] && [ $name = $RUN ] &&
+        ! $MEG --steps $STEPS --gbs $GBS "$@" --log "$S/$name.prog.jsonl" --f32 \
+            >> "$S/$name.cmp" 2>&1 && why="the program's rates are not Megatron's"
     [ -z "$why" ] && ! $MEG --steps $STEPS --gbs $GBS "$@" --log "$S/$name.ref.jsonl" --f64 \
             >> "$S/$name.cmp" 2>&1 && why="the reference's rates are not Megatron's"
     if [ -n "$why" ]; then

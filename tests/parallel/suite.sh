@@ -39,18 +39,31 @@ fi
 
 # Every layout of the matrix loads the single-rank run's trained weights (biases and LayerNorms
 # no longer 0 and 1) and --save's them back unchanged, bit for bit (--steps 0: no training).
+# rt_one NAME SRC: $S/run/NAME.rt.ok when NAME loads SRC's weights and saves them unchanged
+rt_one() {
+    tokens_take
+    if run_prog "${DIR[$1]}/train" "${WORLD[$1]}" "$S/run/$1.rt.log" --quiet \
+            --init "$S/run/$2.safetensors" --steps 0 --save "$S/run/$1.rt.safetensors" &&
+       $STCOMPARE -q --exact "$S/run/$1.rt.safetensors" "$S/run/$2.safetensors" \
+            > "$S/run/$1.rt.cmp" 2>&1; then
+        touch "$S/run/$1.rt.ok"
+    fi
+    tokens_give
+}
 rt_bad=""
 rt_n=0
+declare -A rt_src
+pool_start "${TEST_ROW_JOBS:-2}"       # side by side, as equiv's rows
 for name in "${!DIR[@]}"; do
     case $name in tiny-*) src=tiny-tp1-dp1 ;; odd-*) src=odd-tp1-dp1 ;; *) continue ;; esac
     [ -f "$S/run/$src.safetensors" ] || continue
     rt_n=$((rt_n + 1))
-    if ! run_prog "${DIR[$name]}/train" "${WORLD[$name]}" "$S/run/$name.rt.log" --quiet \
-            --init "$S/run/$src.safetensors" --steps 0 --save "$S/run/$name.rt.safetensors" ||
-       ! $STCOMPARE -q --exact "$S/run/$name.rt.safetensors" "$S/run/$src.safetensors" \
-            > "$S/run/$name.rt.cmp" 2>&1; then
-        rt_bad="$rt_bad $name"
-    fi
+    rt_src[$name]=$src
+    pool_add rt_one "$name" "$src"
+done
+pool_wait
+for name in "${!rt_src[@]}"; do
+    [ -f "$S/run/$name.rt.ok" ] || rt_bad="$rt_bad $name"
 done
 if [ $rt_n -lt 30 ]; then
     fail checkpoint-roundtrip "only $rt_n layouts could be checked"
