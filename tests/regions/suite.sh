@@ -1,13 +1,18 @@
 #!/bin/bash
-# tests/regions/suite.sh: every tensor-parallel region of the library's model.c, forward and
-# backward, against the unsplit computation of the double-precision reference (a worked
-# check of each region): column- and row-parallel linear, the "f"/"g" and sequence-
-# parallel all-gather / reduce-scatter regions, vocabulary-parallel embedding and cross-entropy,
-# and a whole layer. One program per layout (tests/regions/t_regions.c, built by regions.mk
-# against that layout's generated sources), run under mpirun with TP ranks; it prints
-# PASS/FAIL regions/<layout>/<region>-<fwd|bwd>. Layouts: TP 2 with and without SP, TP 4
-# (two ranks hold only vocabulary padding) and the odd-sized model at TP 5 with SP.
-# Scratch: build/test/regions/.
+# tests/regions/suite.sh: every tensor-parallel region as the generated program runs it, forward
+# and backward, against the unsplit computation of the double-precision reference (a worked
+# check of each region). Through the layout's generated stage0.c (its static model code, called
+# on the stage's buffers of the memory plan): a whole layer (column-parallel c_attn and c_fc,
+# row-parallel c_proj, the sequence regions; every activation it keeps, every gradient), the
+# vocabulary-parallel embedding and the vocabulary-parallel cross-entropy head. On their own,
+# with synthetic inputs: the column- and row-parallel linear and the "f"/"g" and sequence-
+# parallel all-gather / reduce-scatter regions (the library's ops between the collectives the
+# generated code emits for them). A control: the generated layer with a wrong shard must fail.
+# One program per layout (tests/regions/t_regions.c, built by regions.mk against that layout's
+# generated sources), run under mpirun with TP ranks; it prints 15 verdicts
+# PASS/FAIL regions/<layout>/<region>-<fwd|bwd>. Layouts (f32, DP 1, PP 1): TP 2 with and
+# without SP, TP 4 (two ranks hold only vocabulary padding) and the odd-sized model at TP 5
+# with SP. Scratch: build/test/regions/.
 . "$(dirname "$0")/../lib.sh" regions
 
 if ! make -s --no-print-directory build/gen build/libgpt_cpu.a build/librt_cpu.a ref \

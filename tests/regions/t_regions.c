@@ -1,17 +1,26 @@
 /*
-** t_regions.c: each tensor-parallel region of the library's model code (lib/model.c), forward
-** and backward, against the unsplit computation of the double-precision reference
+** t_regions.c: each tensor-parallel region as the generated program runs it, forward and
+** backward, against the unsplit computation of the double-precision reference
 ** (build/ref/libref.a), as one checks a ColumnParallelLinear by hand. Not a training test: the
 ** model is never trained; every rank builds the same global tensors, takes its shards, runs
-** the library's code and compares its shard of each result with the unsplit one.
-** Compiled by tests/regions/regions.mk against one output directory (a TP > 1, DP 1, PP 1
-** layout): this file #includes lib/model.c, so its static regions (gather_seq, reduce_seq,
-** matmul_fwd/bwd) are the code under test, and links that layout's tables (program.c and its
-** stage) and the library for the rest (groups, the stage's buffers as the plan sizes them).
-** Run: mpirun -np TP t_regions TAG; rank 0 prints "PASS regions/TAG/<test>" or "FAIL ...".
+** the code under test and compares its shard of each result with the unsplit one.
+**
+** The code under test is the layout's generated stage0.c, #included here so that its static
+** model code can be called: layer_fwd and layer_bwd (a whole layer: column-parallel c_attn and
+** c_fc, row-parallel c_proj, the sequence regions between them), embedding_fwd/bwd (the
+** vocabulary-parallel embedding) and head_fwd_bwd (the vocabulary-parallel cross-entropy).
+** The test sets the stage up as the program does (groups, the memory plan's buffers), writes
+** its weights into the stage's parameter buffers and its inputs into the activation buffers
+** where the program would have them, calls the generated function and reads what it wrote.
+** The column- and row-parallel linear and the sequence regions are also checked on their own,
+** with synthetic inputs: the library's ops (matmul_fwd/bwd, bias) between the collectives the
+** generated code emits for them, issued here (gather_seq, reduce_seq below).
+**
+** Compiled by tests/regions/regions.mk against one output directory (a TP > 1, DP 1, PP 1, f32
+** layout), with its program.c and the library. Run: mpirun -np TP t_regions TAG; rank 0 prints
+** "PASS regions/TAG/<test>" or "FAIL ...".
 */
-#include "model.h"   // defines: the layout's CFG_ constants, gpt_program_desc
-#include "model.c"   // defines: gather_seq, reduce_seq, matmul_fwd, matmul_bwd, layer_fwd, ...
+#include "stage0.c"   // defines: layer_fwd, layer_bwd, embedding_fwd, embedding_bwd, head_fwd_bwd
 
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +28,7 @@
 #include <string.h>
 
 #include "gpt2_ref.h"   // defines: ref_linear_fwd, ref_embed_fwd, ref_xent_fwd, ...
+#include "stage.h"      // defines: gpt, lib, lib_groups_create, lib_stage_setup
 
 /* -- Sizes of this layout ------------------------------------------------------------------- */
 
@@ -30,6 +40,10 @@ enum {
 #define SP (NSP < N)        /* sequence parallel: each rank holds rows [r0, r0 + NSP) */
 static int r0;              /* first sequence-major row of this rank's slab (0 without SP) */
 static const char *tag;
+
+/* Where the generated code is run: a PP 1 layout's one model chunk, and its one activation
+** slot (one micro-batch in flight), micro-batch 0 of the step. */
+enum { CHUNK = 0, SLOT = 0, MB = 0 };
 
 /* Relative tolerance: |got - want| <= TOL * (max |want| of the tensor + |want|). f32 results
 ** of sums over at most a few hundred terms carry ~1e-6 of the tensor's scale. */
@@ -58,6 +72,21 @@ static double *rnd(size_t n, uint64_t seed, double mean, double scale)
 
 static double *zeros(size_t n) { return ref_xcalloc(n, sizeof(double)); }
 
+/* N token ids in [0, V) from 'seed', both ends of the vocabulary among them. */
+static int *token_ids(uint64_t seed)
+{
+    int *tok = malloc(sizeof(int) * N);
+    RT_CHECK(tok, "out of memory");
+    rng_state = seed;
+    for (int i = 0; i < N; i++) {
+        uniform();
+        tok[i] = (int)(rng_state % (uint64_t)V);
+    }
+    tok[0] = 0;
+    tok[N - 1] = V - 1;
+    return tok;
+}
+
 /* The (nr, nc) block at (rr, cc) of a row-major matrix with 'ld' columns, as a new array. */
 static double *block(const double *src, int ld, int rr, int cc, int nr, int nc)
 {
@@ -67,14 +96,30 @@ static double *block(const double *src, int ld, int rr, int cc, int nr, int nc)
     return out;
 }
 
-/* Device (f32) copy of n doubles. */
-static float *dev(const double *src, size_t n)
+/* Tensor-parallel rank t's vocabulary rows of a (V, C) matrix: (VL, C), the padding rows 0. */
+static double *vocab_rows(const double *m, int t)
 {
-    float *h = malloc(n * sizeof(float)), *d = rt_malloc(n * sizeof(float));
+    double *out = zeros((size_t)VL * C);
+    int start = t * VL, valid = V - start < VL ? V - start : VL;
+    if (valid > 0) memcpy(out, m + (size_t)start * C, sizeof(double) * C * (size_t)valid);
+    return out;
+}
+
+/* n doubles as f32 into device memory 'dst' (the layouts are f32: CFG_ACT is RT_F32). */
+static void put(void *dst, const double *src, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
     RT_CHECK(h, "out of memory");
     for (size_t i = 0; i < n; i++) h[i] = (float)src[i];
-    rt_memcpy(d, h, n * sizeof(float), RT_H2D);
+    rt_memcpy(dst, h, n * sizeof(float), RT_H2D);
     free(h);
+}
+
+/* A new device (f32) copy of n doubles; a new zeroed device array. */
+static float *dev(const double *src, size_t n)
+{
+    float *d = rt_malloc(n * sizeof(float));
+    put(d, src, n);
     return d;
 }
 
@@ -101,11 +146,63 @@ static double *to_batch(const double *sm, int cols)
     return bm;
 }
 
-/* Sum a device vector over the tp group in place (what finalize_grads does for the gradients
-** of sequence-parallel parameters; docs/megatron.md §4.6). */
+/* -- The program's step around the generated model code --------------------------------------- */
+
+/* The start of a step as the program's (gpt_step_begin): the gradients zeroed, and the
+** micro-batch's host token ids and targets where embedding_fwd and head_fwd_bwd read them
+** (gpt_inputs, gpt_targets; NULL: not read). */
+static gpt_step_in step_in;
+
+static void begin_step(const int *inputs, const int *targets)
+{
+    step_in = (gpt_step_in){ .inputs = inputs, .targets = targets };
+    gpt_step_begin(&step_in);
+}
+
+/* The gradients of the sequence-parallel parameters (LayerNorms, row-parallel biases) summed
+** over tp, as the generated step does after its schedule: packed, all-reduced over the tp
+** group, unpacked (docs/megatron.md §4.6). Without SP each rank saw every token: none. */
+static void sp_grads_reduce(void)
+{
+    if (!SP) return;
+    gpt_sp_pack();
+    rt_allreduce(gpt_stage_buf(GPT_M_X_SP_PACK), lib.sp_total, RT_F32, RT_SUM,
+                 gpt_grp(GPT_GRP_TP));
+    gpt_sp_unpack();
+}
+
+/* -- The sequence regions, for the standalone tests ----------------------------------------- */
+
+/*
+** The collectives the generated code emits around a column- or row-parallel linear (the ">>>"
+** lines of stage0.c's layer_fwd and layer_bwd); the library has no function for them, each is
+** a line of the generated source. gather_seq: under SP the all-gather over tp of the (N_SP, C)
+** slabs into (N, C) ("gather from the sequence-parallel region"), else the identity ("f"
+** forward). reduce_seq: under SP the reduce-scatter over tp of (N, C) partial sums into this
+** rank's slab, else their all-reduce in place ("g" forward). Both return the result.
+*/
+static const float *gather_seq(float *full, const float *slab)
+{
+    if (!SP) return slab;
+    rt_allgather(slab, full, (size_t)NSP * C, CFG_ACT, gpt_grp(GPT_GRP_TP));
+    return full;
+}
+
+static float *reduce_seq(float *partial, float *slab)
+{
+    if (!SP) {
+        rt_allreduce(partial, (size_t)N * C, CFG_ACT, RT_SUM, gpt_grp(GPT_GRP_TP));
+        return partial;
+    }
+    rt_reduce_scatter(partial, slab, (size_t)NSP * C, CFG_ACT, gpt_grp(GPT_GRP_TP));
+    return slab;
+}
+
+/* The sum over tp of a device vector in place, as the generated step's all-reduce does for the
+** gradients of sequence-parallel parameters (sp_grads_reduce, for the stage's own tensors). */
 static void tp_sum(float *x, size_t n)
 {
-    rt_allreduce(x, n, RT_F32, RT_SUM, gpt.grp[GPT_GRP_TP]);
+    rt_allreduce(x, n, RT_F32, RT_SUM, gpt_grp(GPT_GRP_TP));
 }
 
 /* -- Checks and verdicts ----------------------------------------------------------------------- */
@@ -115,7 +212,7 @@ static int quiet;           /* 1: do not print mismatches (the control expects t
 static double worst;        /* largest |got - want| / (max|want| + |want|) seen */
 
 /* Compare n device floats with n doubles; print the first 5 mismatches of this rank. */
-static void check(const char *what, const float *got_dev, const double *want, size_t n)
+static void check(const char *what, const void *got_dev, const double *want, size_t n)
 {
     float *got = malloc(n * sizeof(float));
     RT_CHECK(got, "out of memory");
@@ -135,6 +232,13 @@ static void check(const char *what, const float *got_dev, const double *want, si
         }
     }
     free(got);
+}
+
+/* This rank's slab (its NSP rows under SP, else all) of a batch-major (N, cols) reference
+** tensor, against the sequence-major slab the program holds. */
+static void check_slab(const char *what, const void *got_dev, const double *want_bm, int cols)
+{
+    check(what, got_dev, to_seq(want_bm, cols) + (size_t)r0 * cols, (size_t)NSP * cols);
 }
 
 static int verdict(const char *name)
@@ -178,16 +282,16 @@ static int test_column(void)
     float *bias = dev(b + col, FFL), *full = dev_zeros((size_t)N * C);
     float *y = dev_zeros((size_t)N * FFL);
     const float *h = gather_seq(full, x);
-    matmul_fwd(y, h, w, bias, N, C, FFL);
+    matmul_fwd(y, h, w, bias, N, C, FFL, CFG_ACT);
     check("column.gathered_input", h, X, (size_t)N * C);
     check("column.Y_t", y, block(Y, FF, 0, col, N, FFL), (size_t)N * FFL);
     int failed = verdict("column-parallel-fwd");
 
     float *dy = dev(block(dY, FF, 0, col, N, FFL), (size_t)N * FFL);
     float *dw = dev_zeros((size_t)C * FFL), *dbias = dev_zeros(FFL);
-    matmul_bwd(lib.s.full, dw, dbias, dy, h, w, N, C, FFL);
-    const float *dx = reduce_seq(lib.s.full);
-    check("column.dX", dx, dX + (size_t)r0 * C, (size_t)NSP * C);
+    float *partial = dev_zeros((size_t)N * C), *slab = dev_zeros((size_t)NSP * C);
+    matmul_bwd(partial, dw, dbias, dy, h, w, N, C, FFL, CFG_ACT);
+    check("column.dX", reduce_seq(partial, slab), dX + (size_t)r0 * C, (size_t)NSP * C);
     check("column.dW_t", dw, block(dW, FF, 0, col, C, FFL), (size_t)C * FFL);
     check("column.db_t", dbias, db + col, FFL);
     return failed + verdict("column-parallel-bwd");
@@ -212,18 +316,18 @@ static int test_row(void)
 
     float *x = dev(block(X, FF, 0, row, N, FFL), (size_t)N * FFL);
     float *w = dev(W + (size_t)row * C, (size_t)FFL * C), *bias = dev(b, C);
-    matmul_fwd(lib.s.full, x, w, NULL, N, FFL, C);
-    float *y = reduce_seq(lib.s.full);
-    bias_fwd(y, bias, NSP, C, RT_F32);
+    float *partial = dev_zeros((size_t)N * C), *slab = dev_zeros((size_t)NSP * C);
+    matmul_fwd(partial, x, w, NULL, N, FFL, C, CFG_ACT);
+    float *y = reduce_seq(partial, slab);
+    bias_fwd(y, bias, NSP, C, CFG_ACT);
     check("row.Y", y, Y + (size_t)r0 * C, (size_t)NSP * C);
     int failed = verdict("row-parallel-fwd");
 
     float *dy = dev(dY + (size_t)r0 * C, (size_t)NSP * C), *full = dev_zeros((size_t)N * C);
     float *dbias = dev_zeros(C), *dw = dev_zeros((size_t)FFL * C), *dx = dev_zeros((size_t)N * FFL);
-    bias_bwd(dbias, dy, NSP, C, RT_F32);
+    bias_bwd(dbias, dy, NSP, C, CFG_ACT);
     if (SP) tp_sum(dbias, C);
-    const float *d = gather_seq(full, dy);
-    matmul_bwd(dx, dw, NULL, d, x, w, N, FFL, C);
+    matmul_bwd(dx, dw, NULL, gather_seq(full, dy), x, w, N, FFL, C, CFG_ACT);
     check("row.dX_t", dx, block(dX, FF, 0, row, N, FFL), (size_t)N * FFL);
     check("row.dW_t", dw, dW + (size_t)row * C, (size_t)FFL * C);
     check("row.db", dbias, db, C);
@@ -249,14 +353,14 @@ static void check_gather(uint64_t seed)
 static void check_reduce(uint64_t seed)
 {
     double *sum = zeros((size_t)N * C);
-    float *mine = NULL;
+    float *mine = NULL, *slab = dev_zeros((size_t)NSP * C);
     for (int k = 0; k < TP; k++) {
         double *P = rnd((size_t)N * C, seed + (uint64_t)k, 0, 1);
         for (size_t i = 0; i < (size_t)N * C; i++) sum[i] += P[i];
         if (k == gpt.tp_rank) mine = dev(P, (size_t)N * C);
         free(P);
     }
-    check("reduce_seq", reduce_seq(mine), sum + (size_t)r0 * C, (size_t)NSP * C);
+    check("reduce_seq", reduce_seq(mine, slab), sum + (size_t)r0 * C, (size_t)NSP * C);
 }
 
 static int test_seq_regions(void)
@@ -278,72 +382,52 @@ static int test_seq_regions(void)
     return failed + verdict(name);
 }
 
-/* -- Vocabulary-parallel embedding ------------------------------------------------------------- */
+/* -- Vocabulary-parallel embedding: the generated embedding_fwd and embedding_bwd ------------- */
 
 /*
 ** Forward: rank t looks up the tokens in its vocabulary rows [t*VL, t*VL + VL) (zero rows for
-** the others), all-reduce, + wpe; under SP each rank keeps its slab. Backward: the gradient of
-** every row (gathered under SP) lands in the owner's wte rows; wpe gets every position's sum.
+** the others), all-reduce, + wpe; under SP each rank keeps its slab (the chunk's input x).
+** Backward from d(x): the gradient of every row (gathered under SP) lands in the owner's wte
+** rows; wpe gets every position's sum.
 */
 static int test_embedding(void)
 {
     double *wte = rnd((size_t)V * C, 51, 0, 1), *wpe = rnd((size_t)CFG_T_MODEL * C, 52, 0, 1);
-    int *tok_bm = malloc(sizeof(int) * N), *tok = malloc(sizeof(int) * N);
-    RT_CHECK(tok_bm && tok, "out of memory");
-    rng_state = 53;
-    for (int i = 0; i < N; i++) {
-        uniform();
-        tok_bm[i] = (int)(rng_state % (uint64_t)V);
-    }
-    tok_bm[0] = 0;
-    tok_bm[N - 1] = V - 1;                       /* both ends of the vocabulary */
+    int *tok_bm = token_ids(53), *tok = malloc(sizeof(int) * N);
+    RT_CHECK(tok, "out of memory");
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) tok[t * B + b] = tok_bm[b * T + t];
     double *out = zeros((size_t)N * C);
     ref_embed_fwd(out, tok_bm, wte, wpe, B, T, C);
-    double *out_sm = to_seq(out, C);
 
-    double *wte_local = zeros((size_t)VL * C);   /* this rank's rows, zero padding */
-    for (int i = 0; i < gpt.vocab_valid; i++)
-        memcpy(wte_local + (size_t)i * C, wte + (size_t)(gpt.vocab_start + i) * C, sizeof(double) * C);
-    lib_embed p = { dev(wte_local, (size_t)VL * C), dev(wpe, (size_t)CFG_T_MODEL * C) };
-    int *tok_dev = rt_malloc(sizeof(int) * N);
-    rt_memcpy(tok_dev, tok, sizeof(int) * N, RT_H2D);
-    float *x = dev_zeros((size_t)NSP * C);
-    embedding_fwd(&p, x, tok_dev);
-    check("embedding.out", x, out_sm + (size_t)r0 * C, (size_t)NSP * C);
+    begin_step(tok, NULL);
+    void *const *w = gpt_params(CHUNK, -1);
+    put(w[GPT_P_WTE], vocab_rows(wte, gpt.tp_rank), (size_t)VL * C);
+    put(w[GPT_P_WPE], wpe, (size_t)CFG_T_MODEL * C);
+    embedding_fwd(CHUNK, MB, SLOT);
+    check_slab("embedding.out", gpt_x(CHUNK, SLOT), out, C);
     int failed = verdict("vocab-embedding-fwd");
 
     double *dout_sm = rnd((size_t)N * C, 54, 0, 1), *dout = to_batch(dout_sm, C);
     double *dwte = zeros((size_t)V * C), *dwpe = zeros((size_t)CFG_T_MODEL * C);
     ref_embed_bwd(dwte, dwpe, dout, tok_bm, B, T, C);
-    double *dwte_local = zeros((size_t)VL * C);
-    for (int i = 0; i < gpt.vocab_valid; i++)
-        memcpy(dwte_local + (size_t)i * C, dwte + (size_t)(gpt.vocab_start + i) * C,
-               sizeof(double) * C);
-    lib_embed g = { dev_zeros((size_t)VL * C), dev_zeros((size_t)CFG_T_MODEL * C) };
-    embedding_bwd(&g, dev(dout_sm + (size_t)r0 * C, (size_t)NSP * C), tok_dev);
-    check("embedding.dwte_t (padding rows 0)", g.wte, dwte_local, (size_t)VL * C);
-    check("embedding.dwpe", g.wpe, dwpe, (size_t)CFG_T_MODEL * C);
+    put(gpt_dy(CHUNK, SLOT), dout_sm + (size_t)r0 * C, (size_t)NSP * C);
+    embedding_bwd(CHUNK, SLOT);
+    float *const *dw = gpt_grads(CHUNK, -1);
+    check("embedding.dwte_t (padding rows 0)", dw[GPT_P_WTE], vocab_rows(dwte, gpt.tp_rank),
+          (size_t)VL * C);
+    check("embedding.dwpe", dw[GPT_P_WPE], dwpe, (size_t)CFG_T_MODEL * C);
     return failed + verdict("vocab-embedding-bwd");
 }
 
-/* -- Vocabulary-parallel cross-entropy (head_fwd_bwd: ln_f, logits on the rank's vocabulary
-** columns, max / sum-exp / target-logit all-reduces, and the backward) ------------------------- */
+/* -- Vocabulary-parallel cross-entropy: the generated head_fwd_bwd (ln_f, logits on the rank's
+** vocabulary columns, max / sum-exp / target-logit all-reduces, and the backward) ------------- */
 
 static int test_cross_entropy(void)
 {
     double *X = rnd((size_t)N * C, 61, 0, 1), *lw = rnd(C, 62, 1, 0.1), *lb = rnd(C, 63, 0, 0.1);
     double *wte = rnd((size_t)V * C, 64, 0, 0.5);
-    int *tgt = malloc(sizeof(int) * N);
-    RT_CHECK(tgt, "out of memory");
-    rng_state = 65;
-    for (int i = 0; i < N; i++) {
-        uniform();
-        tgt[i] = (int)(rng_state % (uint64_t)V);
-    }
-    tgt[0] = 0;
-    tgt[N - 1] = V - 1;
+    int *tgt = token_ids(65);
     double *ln = zeros((size_t)N * C), *mean = zeros(N), *rstd = zeros(N);
     double *logits = zeros((size_t)N * V), *losses = zeros(N);
     ref_layernorm_fwd(ln, mean, rstd, X, lw, lb, N, C, (double)CFG_LN_EPS);
@@ -358,175 +442,235 @@ static int test_cross_entropy(void)
     ref_head_bwd(dln, dwte, dlogits, ln, wte, N, V, C);
     ref_layernorm_bwd(dX, dlw, dlb, dln, X, lw, mean, rstd, N, C);
 
-    double *wte_local = zeros((size_t)VL * C), *dwte_local = zeros((size_t)VL * C);
-    for (int i = 0; i < gpt.vocab_valid; i++) {
-        memcpy(wte_local + (size_t)i * C, wte + (size_t)(gpt.vocab_start + i) * C, sizeof(double) * C);
-        memcpy(dwte_local + (size_t)i * C, dwte + (size_t)(gpt.vocab_start + i) * C,
-               sizeof(double) * C);
-    }
-    lib_head p = { dev(lw, C), dev(lb, C), dev(wte_local, (size_t)VL * C) };
-    lib_head g = { dev_zeros(C), dev_zeros(C), dev_zeros((size_t)VL * C) };
-    lib_head_acts a = { dev_zeros((size_t)NSP * C), dev_zeros(NSP), dev_zeros(NSP) };
-    int *tgt_dev = rt_malloc(sizeof(int) * N);
-    rt_memcpy(tgt_dev, tgt, sizeof(int) * N, RT_H2D);
-    float *loss_dev = dev_zeros(1), *dx = dev_zeros((size_t)NSP * C);
-    head_fwd_bwd(&p, &g, &a, dev(X + (size_t)r0 * C, (size_t)NSP * C), tgt_dev, loss_dev, dx);
-    check("cross_entropy.loss_sum", loss_dev, &loss, 1);
+    /* the rows of X are the program's rows (the targets are per row; no order to convert) */
+    begin_step(NULL, tgt);
+    void *const *w = gpt_params(CHUNK, -1);
+    put(w[GPT_P_LN_F_W], lw, C);
+    put(w[GPT_P_LN_F_B], lb, C);
+    put(w[GPT_P_HEAD_WTE], vocab_rows(wte, gpt.tp_rank), (size_t)VL * C);   /* wte, tied */
+    put(gpt_out(CHUNK, SLOT), X + (size_t)r0 * C, (size_t)NSP * C);   /* the last layer's res2 */
+    head_fwd_bwd(CHUNK, MB, SLOT);
+    check("cross_entropy.loss_sum", (float *)gpt_stage_buf(GPT_M_X_LOSS) + MB, &loss, 1);
     int failed = verdict("vocab-cross-entropy-fwd");
 
-    if (SP) {
-        tp_sum(g.ln_f_w, C);
-        tp_sum(g.ln_f_b, C);
-    }
-    check("cross_entropy.dx", dx, dX + (size_t)r0 * C, (size_t)NSP * C);
-    check("cross_entropy.dwte_t (padding rows 0)", g.wte, dwte_local, (size_t)VL * C);
-    check("cross_entropy.dln_f.weight", g.ln_f_w, dlw, C);
-    check("cross_entropy.dln_f.bias", g.ln_f_b, dlb, C);
+    sp_grads_reduce();
+    float *const *dw = gpt_grads(CHUNK, -1);
+    check("cross_entropy.dx", gpt_dy(CHUNK, SLOT), dX + (size_t)r0 * C, (size_t)NSP * C);
+    check("cross_entropy.dwte_t (padding rows 0)", dw[GPT_P_HEAD_WTE],
+          vocab_rows(dwte, gpt.tp_rank), (size_t)VL * C);
+    check("cross_entropy.dln_f.weight", dw[GPT_P_LN_F_W], dlw, C);
+    check("cross_entropy.dln_f.bias", dw[GPT_P_LN_F_B], dlb, C);
     return failed + verdict("vocab-cross-entropy-bwd");
 }
 
-/* -- A whole layer: the regions composed as Megatron's block (attention heads split) ----------- */
+/* -- A whole layer: the generated layer_fwd and layer_bwd (attention heads split) ------------- */
 
-typedef struct {
-    double *ln1w, *ln1b, *qkvw, *qkvb, *pw, *pb, *ln2w, *ln2b, *fcw, *fcb, *p2w, *p2b;
-} layer_full;
+/* The GPT-2 layer's tensors: their field in the stage's tables, name, whole shape, random
+** values (mean, scale) and how tp splits them as Megatron does: c_attn column-parallel per
+** q, k, v block, c_fc column-parallel, the c_proj weights row-parallel, the rest replicated. */
+enum { WHOLE, SPLIT_QKV, SPLIT_COLS, SPLIT_ROWS };
+enum {
+    LT_LN1_W, LT_LN1_B, LT_QKV_W, LT_QKV_B, LT_PROJ_W, LT_PROJ_B, LT_LN2_W, LT_LN2_B,
+    LT_FC_W, LT_FC_B, LT_P2_W, LT_P2_B, NLT
+};
+static const struct {
+    int field;
+    const char *name;
+    int rows, cols, split;
+    double mean, scale;
+} LT[NLT] = {
+    [LT_LN1_W] = { GPT_P_LN1_W, "ln_1.w", 1, C, WHOLE, 1, 0.1 },
+    [LT_LN1_B] = { GPT_P_LN1_B, "ln_1.b", 1, C, WHOLE, 0, 0.1 },
+    [LT_QKV_W] = { GPT_P_QKV_W, "c_attn.w", C, 3 * C, SPLIT_QKV, 0, 0.15 },
+    [LT_QKV_B] = { GPT_P_QKV_B, "c_attn.b", 1, 3 * C, SPLIT_QKV, 0, 0.1 },
+    [LT_PROJ_W] = { GPT_P_ATTN_PROJ_W, "attn.c_proj.w", C, C, SPLIT_ROWS, 0, 0.1 },
+    [LT_PROJ_B] = { GPT_P_ATTN_PROJ_B, "attn.c_proj.b", 1, C, WHOLE, 0, 0.1 },
+    [LT_LN2_W] = { GPT_P_LN2_W, "ln_2.w", 1, C, WHOLE, 1, 0.1 },
+    [LT_LN2_B] = { GPT_P_LN2_B, "ln_2.b", 1, C, WHOLE, 0, 0.1 },
+    [LT_FC_W] = { GPT_P_FC_W, "c_fc.w", C, FF, SPLIT_COLS, 0, 0.1 },
+    [LT_FC_B] = { GPT_P_FC_B, "c_fc.b", 1, FF, SPLIT_COLS, 0, 0.1 },
+    [LT_P2_W] = { GPT_P_MLP_PROJ_W, "mlp.c_proj.w", FF, C, SPLIT_ROWS, 0, 0.1 },
+    [LT_P2_B] = { GPT_P_MLP_PROJ_B, "mlp.c_proj.b", 1, C, WHOLE, 0, 0.1 },
+};
+
+typedef struct { double *t[NLT]; } layer_w;   /* whole tensors (or their gradients), by LT row */
+
+static layer_w layer_weights(void)
+{
+    layer_w w;
+    for (int i = 0; i < NLT; i++)
+        w.t[i] = rnd((size_t)LT[i].rows * LT[i].cols, 71 + (uint64_t)i, LT[i].mean, LT[i].scale);
+    return w;
+}
 
 /* c_attn's columns of rank t: q_t | k_t | v_t, CL columns from each of the three C blocks. */
-static double *qkv_cols(const double *m, int rows)
+static double *qkv_cols(const double *m, int rows, int t)
 {
     double *out = zeros((size_t)rows * 3 * CL);
     for (int i = 0; i < rows; i++)
         for (int part = 0; part < 3; part++)
-            memcpy(out + (size_t)i * 3 * CL + part * CL,
-                   m + (size_t)i * 3 * C + part * C + gpt.tp_rank * CL, sizeof(double) * CL);
+            memcpy(out + (size_t)i * 3 * CL + part * CL, m + (size_t)i * 3 * C + part * C + t * CL,
+                   sizeof(double) * CL);
     return out;
 }
 
-static gpt_layer_params layer_shard(const layer_full *f)
+/* Rank t's shard of whole tensor m of LT row i, as the stage holds it; *n: its elements. */
+static double *shard(int i, const double *m, int t, size_t *n)
 {
-    gpt_layer_params p = {       /* the GPT-2 layer's tensors; the rest NULL */
-        .ln_1_w = dev(f->ln1w, C), .ln_1_b = dev(f->ln1b, C),
-        .c_attn_w = dev(qkv_cols(f->qkvw, C), (size_t)C * 3 * CL),
-        .c_attn_b = dev(qkv_cols(f->qkvb, 1), 3 * CL),
-        .attn_proj_w = dev(f->pw + (size_t)gpt.tp_rank * CL * C, (size_t)CL * C),
-        .attn_proj_b = dev(f->pb, C), .ln_2_w = dev(f->ln2w, C), .ln_2_b = dev(f->ln2b, C),
-        .c_fc_w = dev(block(f->fcw, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL),
-        .c_fc_b = dev(f->fcb + gpt.tp_rank * FFL, FFL),
-        .mlp_proj_w = dev(f->p2w + (size_t)gpt.tp_rank * FFL * C, (size_t)FFL * C),
-        .mlp_proj_b = dev(f->p2b, C),
-    };
-    return p;
+    int r = LT[i].rows, c = LT[i].cols;
+    switch (LT[i].split) {
+    case SPLIT_QKV:
+        *n = (size_t)r * 3 * CL;
+        return qkv_cols(m, r, t);
+    case SPLIT_COLS:
+        *n = (size_t)r * (c / TP);
+        return block(m, c, 0, t * (c / TP), r, c / TP);
+    case SPLIT_ROWS:
+        *n = (size_t)(r / TP) * c;
+        return block(m, c, t * (r / TP), 0, r / TP, c);
+    default:
+        *n = (size_t)r * c;
+        return block(m, c, 0, 0, r, c);
+    }
 }
 
+/* The reference layer, batch-major: its activations and, from d(res2), its gradients. */
+typedef struct {
+    double *x, *ln1, *m1, *s1, *qkv, *att, *y, *res1, *ln2, *m2, *s2, *h, *a, *res2;
+    layer_w dw;
+    double *dx;
+} layer_ref;
+
+static void layer_ref_fwd(layer_ref *r, const layer_w *w, const double *x_sm)
+{
+    size_t nc = (size_t)N * C;
+    double *const *p = w->t;
+    double *proj = zeros(nc), *mlp = zeros(nc);
+    *r = (layer_ref){
+        .x = to_batch(x_sm, C), .ln1 = zeros(nc), .m1 = zeros(N), .s1 = zeros(N),
+        .qkv = zeros(nc * 3), .att = zeros((size_t)B * H * T * T), .y = zeros(nc),
+        .res1 = zeros(nc), .ln2 = zeros(nc), .m2 = zeros(N), .s2 = zeros(N),
+        .h = zeros((size_t)N * FF), .a = zeros((size_t)N * FF), .res2 = zeros(nc),
+    };
+    ref_layernorm_fwd(r->ln1, r->m1, r->s1, r->x, p[LT_LN1_W], p[LT_LN1_B], N, C,
+                      (double)CFG_LN_EPS);
+    ref_linear_fwd(r->qkv, r->ln1, p[LT_QKV_W], p[LT_QKV_B], N, C, 3 * C);
+    ref_attention_fwd(r->y, r->att, r->qkv, B, T, C, H);
+    ref_linear_fwd(proj, r->y, p[LT_PROJ_W], p[LT_PROJ_B], N, C, C);
+    for (size_t i = 0; i < nc; i++) r->res1[i] = r->x[i] + proj[i];
+    ref_layernorm_fwd(r->ln2, r->m2, r->s2, r->res1, p[LT_LN2_W], p[LT_LN2_B], N, C,
+                      (double)CFG_LN_EPS);
+    ref_linear_fwd(r->h, r->ln2, p[LT_FC_W], p[LT_FC_B], N, C, FF);
+    ref_gelu_fwd(r->a, r->h, (size_t)N * FF);
+    ref_linear_fwd(mlp, r->a, p[LT_P2_W], p[LT_P2_B], N, FF, C);
+    for (size_t i = 0; i < nc; i++) r->res2[i] = r->res1[i] + mlp[i];
+}
+
+static void layer_ref_bwd(layer_ref *r, const layer_w *w, const double *dres)
+{
+    size_t nc = (size_t)N * C;
+    double *const *p = w->t, *const *g = r->dw.t;
+    for (int i = 0; i < NLT; i++) r->dw.t[i] = zeros((size_t)LT[i].rows * LT[i].cols);
+    double *da = zeros((size_t)N * FF), *dh = zeros((size_t)N * FF), *dln2 = zeros(nc);
+    double *dy = zeros(nc), *dqkv = zeros(nc * 3), *dln1 = zeros(nc), *dres1 = zeros(nc);
+    r->dx = zeros(nc);
+    ref_linear_bwd(da, g[LT_P2_W], g[LT_P2_B], dres, r->a, p[LT_P2_W], N, FF, C);
+    ref_gelu_bwd(dh, da, r->h, (size_t)N * FF);
+    ref_linear_bwd(dln2, g[LT_FC_W], g[LT_FC_B], dh, r->ln2, p[LT_FC_W], N, C, FF);
+    memcpy(dres1, dres, nc * sizeof(double));
+    ref_layernorm_bwd(dres1, g[LT_LN2_W], g[LT_LN2_B], dln2, r->res1, p[LT_LN2_W], r->m2, r->s2,
+                      N, C);
+    ref_linear_bwd(dy, g[LT_PROJ_W], g[LT_PROJ_B], dres1, r->y, p[LT_PROJ_W], N, C, C);
+    ref_attention_bwd(dqkv, dy, r->qkv, r->att, B, T, C, H);
+    ref_linear_bwd(dln1, g[LT_QKV_W], g[LT_QKV_B], dqkv, r->ln1, p[LT_QKV_W], N, C, 3 * C);
+    memcpy(r->dx, dres1, nc * sizeof(double));
+    ref_layernorm_bwd(r->dx, g[LT_LN1_W], g[LT_LN1_B], dln1, r->x, p[LT_LN1_W], r->m1, r->s1, N,
+                      C);
+}
+
+/* Layer 0 of the stage run forward by the generated code on this rank's slab of x_sm: this
+** rank's shards of w written into the layer's tensors, x into the chunk's input, as the program
+** holds them. 'wrong': an LT row given the next tp rank's shard instead (the control), or -1. */
+static void layer_run_fwd(const layer_w *w, const double *x_sm, int wrong)
+{
+    void *const *p = gpt_params(CHUNK, 0);
+    for (int i = 0; i < NLT; i++) {
+        size_t n;
+        double *s = shard(i, w->t[i], (gpt.tp_rank + (i == wrong)) % TP, &n);
+        put(p[LT[i].field], s, n);
+        free(s);
+    }
+    put(gpt_x(CHUNK, SLOT), x_sm + (size_t)r0 * C, (size_t)NSP * C);
+    layer_fwd(CHUNK, SLOT, 0, 0);
+}
+
+/*
+** Forward: every activation the generated layer keeps in its slot for the backward, each
+** region's output among them (c_attn and c_fc column-parallel on the gathered LayerNorm
+** outputs; res1 and res2 after the row-parallel c_proj's reduction), and the output res2.
+** Backward from d(res2) in the chunk's dy: every tensor's gradient (sequence-parallel ones
+** summed over tp as the step does) and d(x), which layer_bwd leaves in dy.
+*/
 static int test_layer(void)
 {
-    layer_full w = {
-        rnd(C, 71, 1, 0.1), rnd(C, 72, 0, 0.1), rnd((size_t)C * 3 * C, 73, 0, 0.15),
-        rnd(3 * C, 74, 0, 0.1), rnd((size_t)C * C, 75, 0, 0.1), rnd(C, 76, 0, 0.1),
-        rnd(C, 77, 1, 0.1), rnd(C, 78, 0, 0.1), rnd((size_t)C * FF, 79, 0, 0.1),
-        rnd(FF, 80, 0, 0.1), rnd((size_t)FF * C, 81, 0, 0.1), rnd(C, 82, 0, 0.1),
-    };
-    layer_full dw = {
-        zeros(C), zeros(C), zeros((size_t)C * 3 * C), zeros(3 * C), zeros((size_t)C * C),
-        zeros(C), zeros(C), zeros(C), zeros((size_t)C * FF), zeros(FF), zeros((size_t)FF * C),
-        zeros(C),
-    };
-    /* reference, batch-major */
-    size_t nc = (size_t)N * C;
-    double *x_sm = rnd(nc, 83, 0, 1), *x = to_batch(x_sm, C);
-    double *ln1 = zeros(nc), *m1 = zeros(N), *s1 = zeros(N), *qkv = zeros(nc * 3);
-    double *att = zeros((size_t)B * H * T * T), *y = zeros(nc), *proj = zeros(nc);
-    double *res1 = zeros(nc), *ln2 = zeros(nc), *m2 = zeros(N), *s2 = zeros(N);
-    double *h = zeros((size_t)N * FF), *a = zeros((size_t)N * FF), *mlp = zeros(nc);
-    double *res2 = zeros(nc);
-    ref_layernorm_fwd(ln1, m1, s1, x, w.ln1w, w.ln1b, N, C, (double)CFG_LN_EPS);
-    ref_linear_fwd(qkv, ln1, w.qkvw, w.qkvb, N, C, 3 * C);
-    ref_attention_fwd(y, att, qkv, B, T, C, H);
-    ref_linear_fwd(proj, y, w.pw, w.pb, N, C, C);
-    for (size_t i = 0; i < nc; i++) res1[i] = x[i] + proj[i];
-    ref_layernorm_fwd(ln2, m2, s2, res1, w.ln2w, w.ln2b, N, C, (double)CFG_LN_EPS);
-    ref_linear_fwd(h, ln2, w.fcw, w.fcb, N, C, FF);
-    ref_gelu_fwd(a, h, (size_t)N * FF);
-    ref_linear_fwd(mlp, a, w.p2w, w.p2b, N, FF, C);
-    for (size_t i = 0; i < nc; i++) res2[i] = res1[i] + mlp[i];
-
-    gpt_layer_params p = layer_shard(&w);
-    gpt_layer_acts acts;
-    lib_layer_acts_alloc(&acts, NULL);
-    float *xin = dev(x_sm + (size_t)r0 * C, (size_t)NSP * C);
-    layer_fwd(&p, &acts, xin);
-    check("layer.res2", acts.res2, to_seq(res2, C) + (size_t)r0 * C, (size_t)NSP * C);
+    const int t = gpt.tp_rank;
+    layer_w w = layer_weights();
+    double *x_sm = rnd((size_t)N * C, 83, 0, 1);
+    layer_ref r;
+    layer_ref_fwd(&r, &w, x_sm);
+    layer_run_fwd(&w, x_sm, -1);
+    void *const *a = gpt_acts(CHUNK, SLOT, 0);
+    check_slab("layer.ln_1", a[GPT_M_L_LN1], r.ln1, C);
+    check_slab("layer.ln_1.mean", a[GPT_M_L_LN1_MEAN], r.m1, 1);
+    check_slab("layer.ln_1.rstd", a[GPT_M_L_LN1_RSTD], r.s1, 1);
+    check("layer.c_attn (column-parallel)", a[GPT_M_L_QKV],
+          qkv_cols(to_seq(r.qkv, 3 * C), N, t), (size_t)N * 3 * CL);
+    check("layer.attention (local heads)", a[GPT_M_L_ATTY],
+          block(to_seq(r.y, C), C, 0, t * CL, N, CL), (size_t)N * CL);
+    check_slab("layer.res1 (row-parallel c_proj + x)", a[GPT_M_L_RES1], r.res1, C);
+    check_slab("layer.ln_2", a[GPT_M_L_LN2], r.ln2, C);
+    check_slab("layer.ln_2.mean", a[GPT_M_L_LN2_MEAN], r.m2, 1);
+    check_slab("layer.ln_2.rstd", a[GPT_M_L_LN2_RSTD], r.s2, 1);
+    check("layer.c_fc (column-parallel)", a[GPT_M_L_FC],
+          block(to_seq(r.h, FF), FF, 0, t * FFL, N, FFL), (size_t)N * FFL);
+    check("layer.gelu", a[GPT_M_L_GELU], block(to_seq(r.a, FF), FF, 0, t * FFL, N, FFL),
+          (size_t)N * FFL);
+    check_slab("layer.res2 (row-parallel c_proj + res1)", a[GPT_M_L_RES2], r.res2, C);
     int failed = verdict("layer-fwd");
 
-    /* backward from d(res2) */
-    double *dres_sm = rnd(nc, 84, 0, 1), *dres = to_batch(dres_sm, C);
-    double *da = zeros((size_t)N * FF), *dh = zeros((size_t)N * FF), *dln2 = zeros(nc);
-    double *dy = zeros(nc), *dqkv = zeros(nc * 3), *dln1 = zeros(nc);
-    double *dres1 = zeros(nc), *dx = zeros(nc);
-    ref_linear_bwd(da, dw.p2w, dw.p2b, dres, a, w.p2w, N, FF, C);
-    ref_gelu_bwd(dh, da, h, (size_t)N * FF);
-    ref_linear_bwd(dln2, dw.fcw, dw.fcb, dh, ln2, w.fcw, N, C, FF);
-    memcpy(dres1, dres, nc * sizeof(double));
-    ref_layernorm_bwd(dres1, dw.ln2w, dw.ln2b, dln2, res1, w.ln2w, m2, s2, N, C);
-    ref_linear_bwd(dy, dw.pw, dw.pb, dres1, y, w.pw, N, C, C);
-    ref_attention_bwd(dqkv, dy, qkv, att, B, T, C, H);
-    ref_linear_bwd(dln1, dw.qkvw, dw.qkvb, dqkv, ln1, w.qkvw, N, C, 3 * C);
-    memcpy(dx, dres1, nc * sizeof(double));
-    ref_layernorm_bwd(dx, dw.ln1w, dw.ln1b, dln1, x, w.ln1w, m1, s1, N, C);
-
-    gpt_layer_params g = {
-        .ln_1_w = dev_zeros(C), .ln_1_b = dev_zeros(C), .c_attn_w = dev_zeros((size_t)C * 3 * CL),
-        .c_attn_b = dev_zeros(3 * CL), .attn_proj_w = dev_zeros((size_t)CL * C),
-        .attn_proj_b = dev_zeros(C), .ln_2_w = dev_zeros(C), .ln_2_b = dev_zeros(C),
-        .c_fc_w = dev_zeros((size_t)C * FFL), .c_fc_b = dev_zeros(FFL),
-        .mlp_proj_w = dev_zeros((size_t)FFL * C), .mlp_proj_b = dev_zeros(C),
-    };
-    float *d = dev(dres_sm + (size_t)r0 * C, (size_t)NSP * C);
-    layer_bwd(&p, &g, &acts, xin, d);
-    if (SP) {   /* the sequence-parallel parameters: LayerNorms, row-parallel biases */
-        float *sp[] = { g.ln_1_w, g.ln_1_b, g.attn_proj_b, g.ln_2_w, g.ln_2_b, g.mlp_proj_b };
-        for (int i = 0; i < 6; i++) tp_sum(sp[i], C);
+    double *dres_sm = rnd((size_t)N * C, 84, 0, 1);
+    layer_ref_bwd(&r, &w, to_batch(dres_sm, C));
+    begin_step(NULL, NULL);
+    put(gpt_dy(CHUNK, SLOT), dres_sm + (size_t)r0 * C, (size_t)NSP * C);
+    layer_bwd(CHUNK, SLOT, 0);
+    sp_grads_reduce();
+    float *const *dw = gpt_grads(CHUNK, 0);
+    for (int i = 0; i < NLT; i++) {
+        size_t n;
+        double *want = shard(i, r.dw.t[i], t, &n);   /* the unsplit gradient, sharded */
+        check(LT[i].name, dw[LT[i].field], want, n);
+        free(want);
     }
-    gpt_layer_params want = layer_shard(&dw);   /* the unsplit gradients, sharded as the weights */
-    float *got[] = { g.ln_1_w, g.ln_1_b, g.c_attn_w, g.c_attn_b, g.attn_proj_w, g.attn_proj_b,
-                     g.ln_2_w, g.ln_2_b, g.c_fc_w, g.c_fc_b, g.mlp_proj_w, g.mlp_proj_b };
-    float *exp_[] = { want.ln_1_w, want.ln_1_b, want.c_attn_w, want.c_attn_b, want.attn_proj_w,
-                      want.attn_proj_b, want.ln_2_w, want.ln_2_b, want.c_fc_w, want.c_fc_b,
-                      want.mlp_proj_w, want.mlp_proj_b };
-    size_t len[] = { C, C, (size_t)C * 3 * CL, 3 * CL, (size_t)CL * C, C, C, C,
-                     (size_t)C * FFL, FFL, (size_t)FFL * C, C };
-    const char *names[] = { "ln_1.w", "ln_1.b", "c_attn.w", "c_attn.b", "attn.c_proj.w",
-                            "attn.c_proj.b", "ln_2.w", "ln_2.b", "c_fc.w", "c_fc.b",
-                            "mlp.c_proj.w", "mlp.c_proj.b" };
-    for (int i = 0; i < 12; i++) {
-        double *ref = zeros(len[i]);
-        float *tmp = malloc(len[i] * sizeof(float));
-        RT_CHECK(tmp, "out of memory");
-        rt_memcpy(tmp, exp_[i], len[i] * sizeof(float), RT_D2H);   /* f32 of the double ref */
-        for (size_t k = 0; k < len[i]; k++) ref[k] = tmp[k];
-        check(names[i], got[i], ref, len[i]);
-        free(tmp);
-        free(ref);
-    }
-    check("layer.dx", d, to_seq(dx, C) + (size_t)r0 * C, (size_t)NSP * C);
+    check_slab("layer.dx", gpt_dy(CHUNK, SLOT), r.dx, C);
     return failed + verdict("layer-bwd");
 }
 
 /* -- Control: the checks can fail ------------------------------------------------------------- */
 
-/* The column-parallel output compared with the next rank's columns must mismatch. */
+/*
+** The generated layer run with c_fc's shard of the next tp rank (its columns then no longer
+** meet this rank's rows of c_proj) must not match the reference's res2. (Every tensor's shard
+** of the next rank would not do: that only permutes the ranks' work, and the sum is right.)
+*/
 static int test_control(void)
 {
-    const int other = ((gpt.tp_rank + 1) % TP) * FFL;
-    double *X = rnd((size_t)N * C, 11, 0, 1), *W = rnd((size_t)C * FF, 12, 0, 0.1);
-    double *b = rnd(FF, 13, 0, 0.1), *Y = zeros((size_t)N * FF);
-    ref_linear_fwd(Y, X, W, b, N, C, FF);
-    float *w = dev(block(W, FF, 0, gpt.tp_rank * FFL, C, FFL), (size_t)C * FFL);
-    float *y = dev_zeros((size_t)N * FFL), *full = dev_zeros((size_t)N * C);
-    matmul_fwd(y, gather_seq(full, dev(X + (size_t)r0 * C, (size_t)NSP * C)), w,
-               dev(b + gpt.tp_rank * FFL, FFL), N, C, FFL);
+    layer_w w = layer_weights();
+    double *x_sm = rnd((size_t)N * C, 83, 0, 1);
+    layer_ref r;
+    layer_ref_fwd(&r, &w, x_sm);
+    layer_run_fwd(&w, x_sm, LT_FC_W);
     quiet = 1;
-    check("control", y, block(Y, FF, 0, other, N, FFL), (size_t)N * FFL);
+    check_slab("control", gpt_acts(CHUNK, SLOT, 0)[GPT_M_L_RES2], r.res2, C);
     quiet = 0;
     long caught = bad;
     bad = 0;
@@ -535,17 +679,18 @@ static int test_control(void)
     return verdict("control-wrong-shard-is-caught");
 }
 
+/* The stage set up as gpt_main does (lib/train.c): the groups, then every buffer of the
+** layout's memory plan (parameters, gradients, activation slots, scratch). */
 int main(int argc, char **argv)
 {
     rt_init(&argc, &argv, CFG_WORLD, CFG_LAYOUT);
-    RT_CHECK(CFG_TP > 1 && CFG_DP == 1 && CFG_PP == 1, "t_regions needs a TP > 1, DP 1, PP 1 "
-             "layout (built for %s)", CFG_LAYOUT);
+    RT_CHECK(CFG_TP > 1 && CFG_DP == 1 && CFG_PP == 1 && CFG_ACT == RT_F32, "t_regions needs "
+             "a TP > 1, DP 1, PP 1, f32 layout (built for %s)", CFG_LAYOUT);
     tag = argc > 1 ? argv[1] : CFG_LAYOUT;
-    gpt.prog = &gpt_program_desc;   /* the layout's groups and scratch, as a program sets them up */
+    gpt.prog = &gpt_program_desc;
     gpt.d = gpt_program_desc.dims;
     lib_groups_create(&gpt_program_desc);
     gpt.stage = gpt_program_desc.stages[gpt.pp_rank];
-    lib_tensors_build(&gpt_program_desc);
     lib_stage_setup();
     r0 = SP ? gpt.tp_rank * NSP : 0;
     int failed = test_column() + test_row() + test_seq_regions() + test_embedding() +
