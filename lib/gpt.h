@@ -1,14 +1,14 @@
 /*
 ** gpt.h: the training library's interface to generated programs. The library (lib/, compiled
 ** once per backend into build/libgpt_cpu.a and build/libgpt_cuda.a) holds everything that does
-** not depend on the model or the layout: the kernels, the GPT-2 and Llama layers, embedding,
-** head and mixture-of-experts block with their tensor- and sequence-parallel communication,
-** the stage machinery (buffers, parameter views, gradient reduction, norm, AdamW, checkpoint
+** not depend on the model or the layout: the kernels and the layers' operations (lib/ops.h:
+** each GEMM, norm, attention and mixture-of-experts step a generated layer calls), the stage
+** machinery (buffers, parameter views, gradient reduction, norm, AdamW, checkpoint
 ** state, initialisation, loading and saving) and main (flags, data, checkpoints, log). A generated
 ** program (out/<dir>/, docs/PROGRAM.md) supplies only what varies, as constant tables: the
 ** sizes (gpt_dims), the model's tensors (gpt_role), the rank grid (gpt_grid, gpt_kind), and per
-** pipeline stage its tables, its chunks' forward and backward and its unrolled schedule
-** (gpt_stage). Every table is computed by the generator; the library decides nothing about the
+** pipeline stage its tables, its layers' forward and backward as kernel calls and
+** collectives, its chunks and its schedule as a table of steps (gpt_stage). Every table is computed by the generator; the library decides nothing about the
 ** layout, it follows the tables (and checks them where a mistake would be silent).
 */
 #ifndef GPT_H

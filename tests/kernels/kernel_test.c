@@ -1023,7 +1023,7 @@ static void test_attention(void)
 }
 
 /*
-** Context-parallel attention as lib/model.c (ring_fwd, ring_bwd) runs it, all ranks' blocks in
+** Context-parallel attention as a generated layer's ring (gen/lua/layer.lua) runs it, all ranks' blocks in
 ** one process: a sequence of T = nch * tc positions cut into nch chunks of tc (nch = 2 CP: the
 ** load-balanced chunks; nch = 1: one causal block, the whole sequence). Query chunk a sees key
 ** chunk b < a whole (causal = 0), b = a under the causal rule (causal = 1), b > a not at all.
@@ -1033,9 +1033,9 @@ static void test_attention(void)
 ** into -inf is a full block (a >= 1) or the causal one (a = 0), and from a = 2 on the causal
 ** block comes between full ones. The result must be the causal attention of the whole sequence:
 ** ref_attention_fwd and the log-sum-exp in double. Backward: attention_dsum of (dout, out
-** stored in this pass's dtype, as ring_fwd's convert does), then attention_bwd_block over the
+** stored in this pass's dtype, as the ring's forward converts it), then attention_bwd_block over the
 ** same blocks adds into f32 dq (rows of C) and dK|dV (rows of 2C): ref_attention_bwd's
-** gradients. copy_cols writes them into dqkv in this pass's dtype, as ring_bwd does.
+** gradients. copy_cols writes them into dqkv in this pass's dtype, as the ring's backward does.
 **
 ** Tolerances. acc, lse, dsum and the gradients stay in f32 whatever the storage dtype:
 ** F32_RTOL, as attention_fwd's lse. Each merge adds to a row a log-sum-exp rounded to f32
@@ -1154,7 +1154,7 @@ static void test_attention_cp(void)
 
 /*
 ** N rows, vocabulary V padded to TP * Vl columns and split over TP simulated ranks the way the
-** model does it (model.c head_fwd_bwd): ce_rowmax per rank, max over ranks, ce_sums per rank
+** generated head does it (head_fwd_bwd in a stage source): ce_rowmax per rank, max over ranks, ce_sums per rank
 ** with the global max, sums over ranks, ce_loss, ce_bwd per rank. Padding columns hold
 ** garbage that must not matter; a rank may own no valid column; targets are spread over all
 ** ranks (so most are outside any one rank's range). Logits in [-amp, amp]; with 'peaked' every
