@@ -1,7 +1,8 @@
 -- moe_cap: models/tiny_moe.lua with a capacity factor of 1 (each expert keeps at most
--- ceil(N*K/E) = 32 of a micro-batch's 128 tokens x 2 choices, the earliest rows t*B + b
--- first; tests/ref/README.md "Capacity"), for tests/moe. Random routing is uneven enough
--- that every step drops choices.
+-- ceil(N*K/E) of a router call's N tokens x K = 2 choices, those of highest probability,
+-- Megatron's default drop policy "probs": 16 of 64 x 2 for a micro-batch of one sequence;
+-- tests/ref/README.md "Capacity"), for tests/moe. Random routing is uneven enough that every
+-- step drops choices.
 return gpt {
     description = "tiny MoE GPT with capacity factor 1",
     layers  = 4,
