@@ -85,7 +85,7 @@ for w in $what; do
         m=$(mid ${ms[$form]}) c=$(mid ${comm[$form]})
         awk -v w="$w" -v l="$label" -v m="$m" -v c="$c" -v om="$off_ms" -v oc="$off_comm" \
             'BEGIN { printf "%-12s %-22s %10.1f %10.1f %8.3f %8.3f\n", w, l, m, c, m / om,
-                     oc > 0 ? c / oc : 0 }'
+                     (oc > 0 ? c / oc : 0) }'
     done
     unset path ms comm
 done
