@@ -43,3 +43,16 @@ if [ -n "$TEST_MCA" ]; then
     export OMPI_MCA_ess_singleton_isolated=1 HWLOC_COMPONENTS=-pci,-linuxio
 fi
 unset mpi_words mpi_i
+
+# Open MPI keeps its session directories under $TMPDIR/ompi.<node>.<uid>/ and removes that
+# directory when a job ends and finds it empty; a job starting at that moment beside it (the
+# suites run side by side, and one-rank programs start without mpirun) fails ("A call to mkdir
+# was unable to create the desired directory ... No such file or directory"). An empty
+# directory of ours in it keeps it from ever being empty (a file would not do: the job's clean-up
+# deletes the files it finds there, but does not descend into directories).
+mpi_node=$(uname -n)
+for mpi_top in "ompi.$mpi_node.$(id -u)" "ompi.${mpi_node%%.*}.$(id -u)"; do
+    mpi_top=${TMPDIR:-${TEMP:-${TMP:-/tmp}}}/$mpi_top
+    mkdir -p -m 700 "$mpi_top" "$mpi_top/kept-by-tests" 2> /dev/null
+done
+unset mpi_node mpi_top
