@@ -81,6 +81,10 @@ gen_prog() {
 }
 
 prepare() {
+    # The GPU machine's processor is not this one: the generated code and the library are
+    # built for any x86-64 with AVX2 (GEN_OPT's -march=native would not run there). Run prepare
+    # in a clean clone (objects built with -march=native here would be reused as they are).
+    export GEN_OPT="${GEN_OPT:--O3 -march=x86-64-v3 -fno-math-errno -fno-trapping-math}"
     make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled' ||
         die "the CUDA backend is not built here (make echo): prepare needs nvcc, cuBLAS, NCCL"
     local llmc=/work/.mirror/karpathy+llm.c/repo
@@ -166,6 +170,14 @@ prepare() {
     grep -q 'cudaMemLocation{cudaMemLocationTypeHost, 0}' "$D/llm.c/llmc/cuda_utils.cuh" ||
         die "llm.c's cudaMemAdvise call changed: check the CUDA 13 fix in bench/gpu_batch.sh"
     git -C "$llmc" rev-parse HEAD > "$D/llm.c/COMMIT"
+    # llm.c built here as its README builds it (make train_gpt2cu), for the GPU it will run on
+    # (sm_90: no GPU here to detect it), with the driver's NVML stub to link against: libraries
+    # go in NVCC_LDLIBS, which adds to llm.c's own list (NVCC_LDFLAGS on the command line would
+    # replace it and lose -lcublas -lcublasLt).
+    (cd "$D/llm.c" && make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 \
+        GPU_COMPUTE_CAPABILITY=90 "NVCC_LDLIBS=-L/usr/local/cuda/lib64/stubs" \
+        > ../llmc-build.log 2>&1) || die "building llm.c: $(grep -m1 -i error "$D/llmc-build.log")"
+    rm -rf "$D/llm.c/llmc" "$D/llm.c/train_gpt2.cu" "$D/llm.c/build"
     strip --strip-debug "$D"/bin/* "$D"/prog/*
     tar -czf "$D/prog.tgz" -C "$D" prog && rm -rf "$D/prog"    # 22 MiB of fatbins: 7 packed
     echo "gpu_batch prepared $(git rev-parse --short HEAD)$(git diff --quiet || echo +)" \
@@ -207,7 +219,7 @@ libpath() {
 part_kernels() {
     local k
     for k in 1 2; do
-        timeout 300 "$D/bin/kernel_test_cuda" kernels/cuda \
+        timeout 90 "$D/bin/kernel_test_cuda" kernels/cuda \
             --dump "$OUTD/k$k.safetensors" --dump-bf16 "$OUTD/k$k-bf16.safetensors" \
             > "$OUTD/kernels-$k.log" 2>&1
         local rc=$?
@@ -228,7 +240,7 @@ part_kernels() {
     else bad kernels-vs-cpu "$(tail -1 "$OUTD/kernels-vs-cpu.log")"; fi
     rm -f "$OUTD"/k2*.safetensors "$OUTD"/k1-bf16.safetensors
     for k in gemm rng; do
-        if timeout 120 "$D/bin/t_${k}_cuda" > "$OUTD/runtime-$k.log" 2>&1 &&
+        if timeout 60 "$D/bin/t_${k}_cuda" > "$OUTD/runtime-$k.log" 2>&1 &&
            grep -q '^ok ' "$OUTD/runtime-$k.log"; then ok "runtime-$k"
         else bad "runtime-$k" "$(grep -m1 -iv '^ok' "$OUTD/runtime-$k.log")"; fi
     done
@@ -263,7 +275,7 @@ part_train() {
     local name out wout
     for name in tiny tiny_llama tiny_bf16 tiny_moe; do
         # shellcheck disable=SC2086 # the flags are words
-        if ! timeout 300 "$P/$name" --data "$D/ref/tok.bin" $TRAIN_FLAGS \
+        if ! timeout 60 "$P/$name" --data "$D/ref/tok.bin" $TRAIN_FLAGS \
                 --log "$OUTD/$name.jsonl" --save "$OUTD/$name.safetensors" \
                 > "$OUTD/$name.log" 2>&1; then
             bad "train-$name" "train_cuda_single failed: $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')"
@@ -304,7 +316,7 @@ part_multi() {
     local name args ranks ref="" out wout mf="--data $D/ref/tok.bin $TRAIN_FLAGS"
     while IFS='|' read -r name args ranks; do
         # shellcheck disable=SC2086 # the flags are words
-        if ! timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$ranks" \
+        if ! timeout 90 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$ranks" \
                 "$P/$name" $mf --log "$OUTD/$name.jsonl" --save "$OUTD/$name.safetensors" \
                 > "$OUTD/$name.log" 2>&1 < /dev/null; then
             bad "multi-$name" "$ranks ranks: $(tail -2 "$OUTD/$name.log" | tr '\n' ' ')"
@@ -351,54 +363,38 @@ N = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 print(f"{100 * t * (6 * N + 6 * L * C * T) / 989e12:.1f}" if t == t else "nan")' "$@"
 }
 
-part_bench() {
-    local W=${BENCH_WARMUP:-3}
-    local shard=$PWD/$D/ref/gpt2_tokens.bin
-    echo "gpu_batch: building llm.c (train_gpt2cu, NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0)"
-    rm -rf "$OUTD/llm.c" && cp -r "$D/llm.c" "$OUTD/llm.c"
-    # llm.c links -lnvidia-ml: the driver's libnvidia-ml.so.1, through an unversioned link
-    local nvml
-    nvml=$(ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 / { print $NF; exit }')
-    [ -z "$nvml" ] && nvml=$(ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 \
-        /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1 /usr/lib64/libnvidia-ml.so.1 2>/dev/null |
-        head -1)
-    mkdir -p "$OUTD/nvml"
-    [ -n "$nvml" ] && ln -sf "$nvml" "$OUTD/nvml/libnvidia-ml.so"
-    if ! (cd "$OUTD/llm.c" && timeout 400 make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 \
-            USE_CUDNN=0 "NVCC_LDFLAGS=-L$OUTD/nvml" > ../llmc-build.log 2>&1); then
-        bad llmc-build "$(grep -m1 -i error "$OUTD/llmc-build.log")"
-    fi
-    local rows="" m toks ms lt lms mem
-    for m in "gpt2_124m 12 768 64 d12" "gpt2_1558m 48 1600 8 d48"; do
-        # shellcheck disable=SC2086 # model layers hidden micro-batch llm.c-descriptor
-        set -- $m
-        timeout 400 "$P/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
-            --lr 6e-4 --warmup 2 --quiet --log "$OUTD/$1.jsonl" > "$OUTD/$1.log" 2>&1 ||
-            bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
-        mem=$(grep -m1 '^memory:' "$OUTD/$1.log")
-        [ -n "$mem" ] && note "$1: $mem (the program stops at start unless they are equal)"
-        ms=$(jmedian "$OUTD/$1.jsonl" ms "$W" 2>/dev/null || echo nan)
-        toks=$(tokps "$4" "$ms")
-        rows="$rows$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" ours "$4" "$ms" "$toks" \
-            "$(mfu "$toks" "$2" "$3" 1024 50257)")"$'\n'
-        if [ -x "$OUTD/llm.c/train_gpt2cu" ]; then
-            (cd "$OUTD/llm.c" && timeout 400 ./train_gpt2cu -i "$shard" -j "$shard" -e "$5" \
-                -b "$4" -t 1024 -d $(( $4 * 1024 )) -x "$BENCH_STEPS" -v 0 -s 0 -h 0 \
-                > "../llmc-$1.log" 2>&1) ||
-                bad "bench-$1-llmc" "llm.c failed: $(tail -2 "$OUTD/llmc-$1.log" | tr '\n' ' ')"
-            lms=$(llmc_median "$OUTD/llmc-$1.log" ms "$W")
-            lt=$(tokps "$4" "$lms")
-            rows="$rows$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" llm.c "$4" "$lms" "$lt" \
-                "$(mfu "$lt" "$2" "$3" 1024 50257)")"$'\n'
-        fi
-    done
+# bench_model NAME LAYERS HIDDEN B LLMC-DESCRIPTOR: our program and llm.c, each BENCH_STEPS steps
+bench_model() {
+    local W=${BENCH_WARMUP:-3} shard=$PWD/$D/ref/gpt2_tokens.bin rows="" toks ms lt lms mem
+    timeout 150 "$P/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
+        --lr 6e-4 --warmup 2 --quiet --log "$OUTD/$1.jsonl" > "$OUTD/$1.log" 2>&1 ||
+        bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
+    mem=$(grep -m1 '^memory:' "$OUTD/$1.log")
+    [ -n "$mem" ] && note "$1: $mem"
+    ms=$(jmedian "$OUTD/$1.jsonl" ms "$W" 2>/dev/null || echo nan)
+    toks=$(tokps "$4" "$ms")
+    rows="$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" ours "$4" "$ms" "$toks" \
+        "$(mfu "$toks" "$2" "$3" 1024 50257)")"
+    # llm.c: random init (-e d12 / d48), no validation, sampling or HellaSwag; its defaults
+    # otherwise (GELU recompute, no ZeRO)
+    (cd "$D/llm.c" && timeout 150 ./train_gpt2cu -i "$shard" -j "$shard" -e "$5" -b "$4" -t 1024 \
+        -d $(( $4 * 1024 )) -x "$BENCH_STEPS" -v 0 -s 0 -h 0 \
+        > "$OUTD/llmc-$1.log" 2>&1) ||
+        bad "bench-$1-llmc" "llm.c failed: $(tail -2 "$OUTD/llmc-$1.log" | tr '\n' ' ')"
+    lms=$(llmc_median "$OUTD/llmc-$1.log" ms "$W")
+    lt=$(tokps "$4" "$lms")
+    rows="$rows"$'\n'"$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" llm.c "$4" "$lms" "$lt" \
+        "$(mfu "$lt" "$2" "$3" 1024 50257)")"
     note ""
     note "$(printf '%-11s %-7s %4s %10s %10s %6s' model program B ms/step tok/s MFU%)"
-    note "${rows%$'\n'}"
+    note "$rows"
 }
 
+part_bench() { bench_model gpt2_124m 12 768 64 d12; }
+part_big() { bench_model gpt2_1558m 48 1600 8 d48; }
+
 part_profile() {
-    PROFILE_WARMUP=2 timeout 400 "$P/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
+    PROFILE_WARMUP=2 timeout 120 "$P/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
         --steps 8 --lr 6e-4 --warmup 2 --quiet > "$OUTD/profile.log" 2>&1 ||
         bad profile "$(tail -2 "$OUTD/profile.log" | tr '\n' ' ')"
     note ""
@@ -413,11 +409,11 @@ run() {
     tar -xzf "$D/prog.tgz" -C "$OUTD" || die "cannot unpack $D/prog.tgz"
     libpath
     note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1)"
-    local parts=${*:-kernels train multi bench profile} p
+    local parts=${*:-kernels train bench profile multi big} p
     for p in $parts; do
         case $p in
-        kernels|train|multi|bench|profile) "part_$p"; pack ;;
-        *) die "unknown part '$p' (kernels train multi bench profile)" ;;
+        kernels|train|bench|profile|multi|big) note "-- $p ($(date +%T))"; "part_$p"; pack ;;
+        *) die "unknown part '$p' (kernels train bench profile multi big)" ;;
         esac
     done
     note ""
@@ -428,6 +424,6 @@ run() {
 case $MODE in
 prepare) prepare ;;
 run) run "$@" ;;
-*) echo "usage: bench/gpu_batch.sh prepare | run [kernels train multi bench profile]" >&2
+*) echo "usage: bench/gpu_batch.sh prepare | run [kernels train bench profile multi big]" >&2
    exit 2 ;;
 esac
