@@ -5,12 +5,14 @@
 #   bench/gpu_batch.sh prepare        here (Debian, the CUDA toolkit, the project's deps): build
 #                                     build/device/ (about 20 MiB), with the CPU references
 #   bench/gpu_batch.sh run [PART...]  on the GPU machine, from the repository root, with
-#                                     build/device carried; PART: kernels train multi bench
-#                                     profile (default: all five). Work files go to $GPU_BATCH_WORK
-#                                     (default /tmp/gpu_batch); $OUT (default build/device/out)
-#                                     gets summary.txt and logs.tgz (the logs and JSON logs).
+#                                     build/device carried; PART: peak kernels train bench
+#                                     profile multi big (default: all, in that order; a first
+#                                     call runs the first five). Work files go to
+#                                     $GPU_BATCH_WORK (default /tmp/gpu_batch); $OUT (default
+#                                     build/device/out) gets summary.txt and logs.tgz.
 #
 # The parts (each prints PASS/FAIL lines and a table; the exit status is 1 if anything failed):
+#   peak     the card's bf16 GEMM rate and copy bandwidth as found (PyTorch, CUDA events).
 #   kernels  kernel_test_cuda (single-rank runtime, no MPI): every kernel in f32 and bf16
 #            against the double-precision reference (tolerances: tests/kernels/kernel_test.c),
 #            twice (bit-identical runs), and its f32 outputs against the CPU kernels' (1e-5
@@ -30,13 +32,13 @@
 #            1e-5; weights 1e-6 + 1e-5|w| with at most 0.1 % out, each within 1e-4). MPI is
 #            Debian 12's Open MPI, its packages' files carried in build/device/mpi-root.tgz and
 #            run from where they are unpacked (OPAL_PREFIX).
-#   bench    GPT-2 124M (T = 1024, micro-batch 64) and GPT-2 1558M (T = 1024, micro-batch 8,
-#            selective recompute), bf16, one GPU, beside llm.c (its train_gpt2cu built there
-#            from the source carried in build/device/llm.c, with NO_MULTI_GPU=1 and
-#            NO_USE_MPI=1, USE_CUDNN=0, random init -e d12 / d48, the same token shard).
+#   bench    GPT-2 124M (T = 1024, micro-batch 64), bf16, one GPU, beside llm.c (train_gpt2cu
+#            built in prepare as its README builds it, for sm_90, with NO_MULTI_GPU=1,
+#            NO_USE_MPI=1, USE_CUDNN=0; random init -e d12, the same token shard).
 #            ms/step is the median over the steps after BENCH_WARMUP (3) of BENCH_STEPS (12);
 #            tokens/s = B T / that; MFU counts 6N + 6 L C T FLOPs per token (N with the
-#            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 dense bf16).
+#            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 and H200 dense bf16).
+#   big      the same for GPT-2 1558M (micro-batch 8, selective recompute; llm.c -e d48).
 #   profile  GPT-2 124M's step per kernel family (bench/step_profile.c with -DPROFILE_CUDA:
 #            each library call timed between two cudaDeviceSynchronize).
 # Without the prepared build/device, `run` says so and stops.
@@ -171,11 +173,18 @@ prepare() {
         die "llm.c's cudaMemAdvise call changed: check the CUDA 13 fix in bench/gpu_batch.sh"
     git -C "$llmc" rev-parse HEAD > "$D/llm.c/COMMIT"
     # llm.c built here as its README builds it (make train_gpt2cu), for the GPU it will run on
-    # (sm_90: no GPU here to detect it), with the driver's NVML stub to link against: libraries
-    # go in NVCC_LDLIBS, which adds to llm.c's own list (NVCC_LDFLAGS on the command line would
-    # replace it and lose -lcublas -lcublasLt).
+    # (sm_90: no GPU here to detect it). It links -lnvidia-ml, which is the driver's: without
+    # nvml.h here it calls none of it (its GPU-utilisation printout is compiled out), so an
+    # empty stub of that name satisfies the link; the GPU machine's driver provides the real
+    # one. Link options go in NVCC_LDLIBS, which adds to llm.c's own list (NVCC_LDFLAGS on the
+    # command line would replace it and lose -lcublas -lcublasLt).
+    mkdir -p build/device-obj/nvml
+    echo 'void llmc_nvml_stub(void);' > build/device-obj/nvml/stub.c
+    gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o build/device-obj/nvml/libnvidia-ml.so \
+        build/device-obj/nvml/stub.c || die "the NVML stub"
+    local stub=$PWD/build/device-obj/nvml
     (cd "$D/llm.c" && make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 \
-        GPU_COMPUTE_CAPABILITY=90 "NVCC_LDLIBS=-L/usr/local/cuda/lib64/stubs" \
+        GPU_COMPUTE_CAPABILITY=90 "NVCC_LDLIBS=-L$stub" \
         > ../llmc-build.log 2>&1) || die "building llm.c: $(grep -m1 -i error "$D/llmc-build.log")"
     rm -rf "$D/llm.c/llmc" "$D/llm.c/train_gpt2.cu" "$D/llm.c/build"
     strip --strip-debug "$D"/bin/* "$D"/prog/*
@@ -393,6 +402,30 @@ bench_model() {
 part_bench() { bench_model gpt2_124m 12 768 64 d12; }
 part_big() { bench_model gpt2_1558m 48 1600 8 d48; }
 
+# the card's ceilings as found (PyTorch): a bf16 8192^3 product on random data and a 4 GiB
+# device-to-device copy, each the median of 10 after 3 warm-ups, timed with CUDA events
+part_peak() {
+    timeout 90 python3 - > "$OUTD/peak.log" 2>&1 <<'PY'
+import torch, statistics
+def t(f, n=10):
+    for _ in range(3): f()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); f(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+n = 8192
+x, y = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+ms = t(lambda: x @ y)
+print(f"peak: bf16 GEMM {2 * n**3 / ms / 1e9:.0f} TFLOP/s", end="; ")
+src = torch.empty(1 << 31, device="cuda", dtype=torch.int16); dst = torch.empty_like(src)
+ms = t(lambda: dst.copy_(src))
+print(f"copy {2 * src.numel() * 2 / ms / 1e9:.2f} TB/s (read + write)")
+PY
+    if grep -q '^peak:' "$OUTD/peak.log"; then note "$(grep '^peak:' "$OUTD/peak.log")"
+    else bad peak "$(tail -1 "$OUTD/peak.log")"; fi
+}
+
 part_profile() {
     PROFILE_WARMUP=2 timeout 120 "$P/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
         --steps 8 --lr 6e-4 --warmup 2 --quiet > "$OUTD/profile.log" 2>&1 ||
@@ -408,12 +441,14 @@ run() {
     rm -f "$RESULTS/summary.txt" "$RESULTS/logs.tgz"
     tar -xzf "$D/prog.tgz" -C "$OUTD" || die "cannot unpack $D/prog.tgz"
     libpath
-    note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1)"
-    local parts=${*:-kernels train bench profile multi big} p
+    note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1); driver $(nvidia-smi \
+        --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1); CPU $(sed -n \
+        's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"
+    local parts=${*:-peak kernels train bench profile multi big} p
     for p in $parts; do
         case $p in
-        kernels|train|bench|profile|multi|big) note "-- $p ($(date +%T))"; "part_$p"; pack ;;
-        *) die "unknown part '$p' (kernels train bench profile multi big)" ;;
+        peak|kernels|train|bench|profile|multi|big) note "-- $p ($(date +%T))"; "part_$p"; pack ;;
+        *) die "unknown part '$p' (peak kernels train bench profile multi big)" ;;
         esac
     done
     note ""
@@ -424,6 +459,6 @@ run() {
 case $MODE in
 prepare) prepare ;;
 run) run "$@" ;;
-*) echo "usage: bench/gpu_batch.sh prepare | run [kernels train bench profile multi big]" >&2
+*) echo "usage: bench/gpu_batch.sh prepare | run [peak kernels train bench profile multi big]" >&2
    exit 2 ;;
 esac
