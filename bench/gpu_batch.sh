@@ -387,7 +387,7 @@ bench_model() {
     # llm.c: random init (-e d12 / d48), no validation, sampling or HellaSwag; its defaults
     # otherwise (GELU recompute, no ZeRO)
     (cd "$D/llm.c" && timeout 150 ./train_gpt2cu -i "$shard" -j "$shard" -e "$5" -b "$4" -t 1024 \
-        -d $(( $4 * 1024 )) -x "$BENCH_STEPS" -v 0 -s 0 -h 0 \
+        -d $(( $4 * 1024 )) -x "$BENCH_STEPS" -v 100000 -s 100000 -h 0 \
         > "$OUTD/llmc-$1.log" 2>&1) ||
         bad "bench-$1-llmc" "llm.c failed: $(tail -2 "$OUTD/llmc-$1.log" | tr '\n' ' ')"
     lms=$(llmc_median "$OUTD/llmc-$1.log" ms "$W")

@@ -809,30 +809,29 @@ template <class S> static void attention_bwd_t(const att_call &a)
 /*
 ** attention_fwd and attention_bwd in bf16 with head sizes a multiple of 16 (up to FA_HD_MAX)
 ** run here; f32, other head sizes and the context-parallel blocks run the tiles above. The
-** products go through the warp matrix operations (wmma: 16 x 16 x 16, bf16 in, f32 sums),
-** arranged as FlashAttention-2 does: a block of FA_WARPS warps per tile of FA_BQ queries
-** (forward, dq) or FA_BK keys (dk, dv), each warp owning 16 of its rows, while the other
-** operand's tiles pass through shared memory. Scores and their gradients are f32 (scaled,
-** masked and exponentiated by the warp's lanes in shared memory). The probabilities and score
-** gradients enter the second product as two bf16 parts, hi = bf16(x) and lo = bf16(x - hi),
-** each multiplied in full: 16 bits of mantissa instead of 8, so the results keep the f32
-** tiles' accuracy (the kernel tests' tolerances are the same) for 1.5 times the products. The
-** forward keeps its output in shared memory in f32, rescaled per row by the online softmax;
-** dq, dk and dv stay in accumulator fragments. Every block's work and sum has a fixed shape:
-** deterministic, no atomics. Shared memory (bytes): the bf16 tiles, then per warp its f32
-** rows, then per warp its bf16 rows (fa_smem).
+** products are the tensor cores' m16n8k16 (bf16 in, f32 sums: fa_mma), arranged as
+** FlashAttention-2 does: a block of FA_WARPS warps per tile of FA_TILE queries (forward, dq)
+** or keys (dk, dv), each warp owning 16 of its rows, while the other operand's tiles pass
+** through shared memory (bf16, rows padded by 16 bytes: the fragment loads of a warp hit 32
+** different banks; the operands a product reads along its columns kept transposed as well).
+** Scores, probabilities and their gradients never leave registers: the accumulator fragment of
+** a 16 x 16 block of scores is, lane by lane, the operand fragment of the next product (hence
+** the softmax's row statistics need only the 4 lanes that share a row). The probabilities and
+** score gradients enter the second product as two bf16 parts, hi = bf16(x) and lo =
+** bf16(x - hi), each multiplied in full: 16 bits of mantissa instead of 8, so the results keep
+** the f32 tiles' accuracy (the kernel tests' tolerances are the same) for 1.5 times the
+** products. dq is summed over key tiles by its own blocks (the scores and their gradients are
+** recomputed there: 3 products per tile pair, beside dk and dv's 4), so every sum has a fixed
+** shape: deterministic, no atomics.
 */
-#define FA_TILE 64                        /* queries (FA_BQ) and keys (FA_BK) of a tile */
+#define FA_TILE 64                        /* queries and keys of a tile */
 #define FA_WARPS (FA_TILE / 16)
 #define FA_THREADS (FA_WARPS * WARP)
 #define FA_HD_MAX 128
+#define FA_PAD 8                          /* bf16 elements of padding per shared row */
+#define FA_TP (FA_TILE + FA_PAD)          /* row length of a transposed tile (hd rows) */
 
 typedef __nv_bfloat16 bf16_t;
-namespace wm = nvcuda::wmma;
-typedef wm::fragment<wm::matrix_a, 16, 16, 16, bf16_t, wm::row_major> fa_a_row;
-typedef wm::fragment<wm::matrix_b, 16, 16, 16, bf16_t, wm::row_major> fa_b_row;
-typedef wm::fragment<wm::matrix_b, 16, 16, 16, bf16_t, wm::col_major> fa_b_col;
-typedef wm::fragment<wm::accumulator, 16, 16, 16, float> fa_acc;
 
 /* May this path run the call? (bf16, causal whole sequences, written not added) */
 static bool fa_ok(const att_call &a, rt_dtype t)
@@ -841,83 +840,156 @@ static bool fa_ok(const att_call &a, rt_dtype t)
            !a.add;
 }
 
-/* The f32 elements each warp keeps: the forward's scores, output, product and 3 row
-** statistics; the backward's scores and their gradients (reused to stage the result). */
-static __host__ __device__ int fa_warp_f32(int hd, int bwd)
+/* Shared bf16 elements: row tiles (FA_TILE rows of hd + FA_PAD) and transposed tiles (hd rows
+** of FA_TP), per kernel: forward q, k and v^T; dk/dv k, v, q, dout, q^T, dout^T; dq q, dout, k,
+** v, k^T. The backward's lse and dsum rows (f32) follow. */
+static size_t fa_smem(int hd, int rows, int transposed, int stats)
 {
-    return bwd ? 2 * 16 * FA_TILE : 16 * FA_TILE + 32 * hd + 3 * 16;
+    return ((size_t)rows * FA_TILE * (hd + FA_PAD) + (size_t)transposed * hd * FA_TP) * 2 +
+           (size_t)stats * FA_TILE * 4;
 }
 
-/* Bytes of shared memory: 3 (forward) or 4 (backward) bf16 tiles, the backward's lse and dsum
-** rows, each warp's f32 elements, each warp's bf16 rows (hi and lo parts of 16 x FA_TILE: the
-** probabilities; the backward's also the score gradients). */
-static __host__ __device__ size_t fa_smem(int hd, int bwd)
+/* Two bf16 (lo at the lower index) as one 32-bit operand register */
+static __device__ uint32_t fa_pack(bf16_t lo, bf16_t hi)
 {
-    return (size_t)(3 + bwd) * FA_TILE * hd * 2 + (bwd ? 2 * FA_TILE * 4 : 0) +
-           (size_t)FA_WARPS * fa_warp_f32(hd, bwd) * 4 + (size_t)FA_WARPS * (2 + 2 * bwd) * 16 *
-           FA_TILE * 2;
+    uint16_t l, h;
+    memcpy(&l, &lo, 2);
+    memcpy(&h, &hi, 2);
+    return (uint32_t)l | (uint32_t)h << 16;
 }
 
-/* x as hi + lo, two bf16 values (x - hi is exact in f32; lo rounds it) */
-static __device__ void fa_split(bf16_t *hi, bf16_t *lo, float x)
+/* x and y as hi and lo parts: hi = bf16(x), bf16(y) packed; lo = their rounding residuals */
+static __device__ void fa_split2(uint32_t *hi, uint32_t *lo, float x, float y)
 {
-    *hi = __float2bfloat16_rn(x);
-    *lo = __float2bfloat16_rn(x - __bfloat162float(*hi));
+    bf16_t hx = __float2bfloat16_rn(x), hy = __float2bfloat16_rn(y);
+    *hi = fa_pack(hx, hy);
+    *lo = fa_pack(__float2bfloat16_rn(x - __bfloat162float(hx)),
+                  __float2bfloat16_rn(y - __bfloat162float(hy)));
 }
 
-/* rows [0, FA_TILE) of hd channels: bf16 bits copied from rows of stride ld (nr valid, else 0) */
-static __device__ void fa_tile_in(bf16_t *dst, const uint16_t *src, size_t ld, int nr, int hd)
+/* the 32 bits at bf16 element e of shared memory (e even) */
+static __device__ uint32_t fa_ld(const bf16_t *p, int e)
 {
-    uint16_t *d = reinterpret_cast<uint16_t *>(dst);
-    for (int x = threadIdx.x; x < FA_TILE * hd; x += blockDim.x) {
-        int r = x / hd, c = x % hd;
-        d[x] = r < nr ? src[r * ld + c] : (uint16_t)0;
+    return *reinterpret_cast<const uint32_t *>(p + e);
+}
+
+/* The lane's m16n8k16 operand fragments (PTX ISA, "mma.m16n8k16"): with g = lane / 4 and
+** c = 2 (lane % 4), A (16 x 16, rows at stride ld from p) holds (g, c..c+1), (g+8, c..c+1),
+** (g, c+8..c+9), (g+8, c+8..c+9); B (16 x 8) given as its transpose (8 rows of 16 at stride ld)
+** holds column g's (c..c+1) and (c+8..c+9); the f32 sums D (16 x 8): (g, c..c+1), (g+8,
+** c..c+1). */
+static __device__ void fa_frag_a(uint32_t a[4], const bf16_t *p, int ld, int lane)
+{
+    int g = lane / 4, c = 2 * (lane % 4);
+    a[0] = fa_ld(p, g * ld + c);
+    a[1] = fa_ld(p, (g + 8) * ld + c);
+    a[2] = fa_ld(p, g * ld + c + 8);
+    a[3] = fa_ld(p, (g + 8) * ld + c + 8);
+}
+
+static __device__ void fa_frag_b(uint32_t b[2], const bf16_t *p, int ld, int lane)
+{
+    int g = lane / 4, c = 2 * (lane % 4);
+    b[0] = fa_ld(p, g * ld + c);
+    b[1] = fa_ld(p, g * ld + c + 8);
+}
+
+/* d += a b: one m16n8k16 on the tensor cores (the emulation: the same fragments, products in
+** k order in f32) */
+static __device__ void fa_mma(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+#ifdef GPT_CUDA_EMU
+    emu::mma_m16n8k16_bf16(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* S (16 x FA_TILE f32: 8 fragments of 16 x 8) = A B^T: A 16 rows of hd at stride ld, B a row
+** tile (FA_TILE rows of hd at stride ld). */
+static __device__ void fa_abt(float s[FA_TILE / 8][4], const bf16_t *A, const bf16_t *B,
+                              int hd, int ld, int lane)
+{
+    for (int n = 0; n < FA_TILE / 8; n++)
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int k = 0; k < hd; k += 16) {
+        uint32_t a[4];
+        fa_frag_a(a, A + k, ld, lane);
+        for (int n = 0; n < FA_TILE / 8; n++) {
+            uint32_t b[2];
+            fa_frag_b(b, B + n * 8 * ld + k, ld, lane);
+            fa_mma(s[n], a, b);
+        }
     }
 }
 
-/* The warp's S (16 x FA_TILE f32, rows of FA_TILE) = A B^T: A its 16 x hd rows, B a tile. */
-static __device__ void fa_abt(float *S, const bf16_t *A, const bf16_t *B, int hd)
+/* acc (16 x hd: hd / 8 fragments) += P X: P the 16 x FA_TILE values of the f32 fragments p
+** (as hi and lo bf16 parts), X given transposed (hd rows of FA_TP). Fragments 2j and 2j+1 of
+** p are, lane by lane, the A operand of keys 16j .. 16j+15. */
+static __device__ void fa_px(float acc[][4], const float p[FA_TILE / 8][4], const bf16_t *Xt,
+                             int hd, int lane)
 {
     for (int j = 0; j < FA_TILE / 16; j++) {
-        fa_acc c;
-        wm::fill_fragment(c, 0.0f);
-        for (int k = 0; k < hd; k += 16) {
-            fa_a_row fa;
-            fa_b_col fb;
-            wm::load_matrix_sync(fa, A + k, hd);
-            wm::load_matrix_sync(fb, B + j * 16 * hd + k, hd);
-            wm::mma_sync(c, fa, fb, c);
+        uint32_t hi[4], lo[4];
+        fa_split2(&hi[0], &lo[0], p[2 * j][0], p[2 * j][1]);
+        fa_split2(&hi[1], &lo[1], p[2 * j][2], p[2 * j][3]);
+        fa_split2(&hi[2], &lo[2], p[2 * j + 1][0], p[2 * j + 1][1]);
+        fa_split2(&hi[3], &lo[3], p[2 * j + 1][2], p[2 * j + 1][3]);
+        for (int n = 0; n < hd / 8; n++) {
+            uint32_t b[2];
+            fa_frag_b(b, Xt + n * 8 * FA_TP + 16 * j, FA_TP, lane);
+            fa_mma(acc[n], hi, b);
+            fa_mma(acc[n], lo, b);
         }
-        wm::store_matrix_sync(S + j * 16, c, FA_TILE, wm::mem_row_major);
     }
 }
 
-/* acc[j], the 16 x 16 blocks of the warp's 16 x hd sum, += P X: P the warp's 16 x FA_TILE rows
-** as hi and lo bf16 parts (16 x FA_TILE each, hi then lo), X a tile. */
-static __device__ void fa_px(fa_acc *acc, const bf16_t *P, const bf16_t *X, int hd)
+/* Rows [0, FA_TILE) of hd bf16 from global rows of stride ld (nr valid, the rest 0) into a row
+** tile rows (rows of hd + FA_PAD; NULL: none) and, if t, transposed into t (hd rows of FA_TP).
+** 16 bytes per load where the rows are aligned so, else 2. Consecutive threads take consecutive
+** rows: the transposed stores of a warp are then consecutive too (no bank conflicts). */
+static __device__ void fa_tile_in(bf16_t *rows, bf16_t *t, const uint16_t *src, size_t ld,
+                                  int nr, int hd)
 {
-    for (int j = 0; j < hd / 16; j++)
-        for (int k = 0; k < FA_TILE; k += 16) {
-            fa_a_row hi, lo;
-            fa_b_row fb;
-            wm::load_matrix_sync(hi, P + k, FA_TILE);
-            wm::load_matrix_sync(lo, P + 16 * FA_TILE + k, FA_TILE);
-            wm::load_matrix_sync(fb, X + k * hd + j * 16, hd);
-            wm::mma_sync(acc[j], hi, fb, acc[j]);
-            wm::mma_sync(acc[j], lo, fb, acc[j]);
+    uint16_t *d = reinterpret_cast<uint16_t *>(rows), *dt = reinterpret_cast<uint16_t *>(t);
+    int ldr = hd + FA_PAD;
+    if (((uintptr_t)src | ld * 2) % 16 == 0) {
+        for (int x = threadIdx.x; x < FA_TILE * (hd / 8); x += blockDim.x) {
+            int r = x % FA_TILE, c = x / FA_TILE * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (r < nr) v = *reinterpret_cast<const uint4 *>(src + r * ld + c);
+            if (d) *reinterpret_cast<uint4 *>(d + r * ldr + c) = v;
+            if (dt) {
+                uint16_t e[8];
+                memcpy(e, &v, sizeof e);
+                for (int i = 0; i < 8; i++) dt[(c + i) * FA_TP + r] = e[i];
+            }
         }
+    } else {
+        for (int x = threadIdx.x; x < FA_TILE * hd; x += blockDim.x) {
+            int r = x % FA_TILE, c = x / FA_TILE;
+            uint16_t e = r < nr ? src[r * ld + c] : (uint16_t)0;
+            if (d) d[r * ldr + c] = e;
+            if (dt) dt[c * FA_TP + r] = e;
+        }
+    }
 }
 
-/* The warp's 16 x hd sum times mul, rounded to bf16 into nr rows of stride ld (through its
-** 16 x hd f32 stage). */
-static __device__ void fa_rows_out(uint16_t *dst, size_t ld, int nr, const fa_acc *acc,
-                                   float *stage, int hd, float mul)
+/* The 16 x hd sum of the warp's fragments times mul, rounded to bf16, to its rows r0 + g and
+** r0 + g + 8 (those below nr) of stride ld. */
+static __device__ void fa_rows_out(uint16_t *dst, size_t ld, int nr, const float acc[][4],
+                                   int hd, float mul, int lane)
 {
-    for (int j = 0; j < hd / 16; j++)
-        wm::store_matrix_sync(stage + j * 16, acc[j], hd, wm::mem_row_major);
-    __syncwarp();
-    for (int x = threadIdx.x % WARP; x < nr * hd; x += WARP)
-        kr_store(dst + (size_t)(x / hd) * ld + x % hd, stage[x] * mul);
+    int g = lane / 4, c = 2 * (lane % 4);
+    for (int n = 0; n < hd / 8; n++)
+        for (int h = 0; h < 2; h++)
+            if (g + 8 * h < nr)
+                for (int e = 0; e < 2; e++)
+                    kr_store(dst + (size_t)(g + 8 * h) * ld + n * 8 + c + e,
+                             acc[n][2 * h + e] * mul);
 }
 
 /* The block's head: blockIdx.y = b * Hl + h. Its q, k, v and dout (bf16 bits) start at the
@@ -945,110 +1017,85 @@ static __device__ fa_head fa_head_of(const att_call &a, int hd)
     return f;
 }
 
-/* One query tile: blockIdx.x = tile, blockIdx.y = b * Hl + h; warp w owns rows 16w .. 16w+15. */
+/* The causal mask of fragment element (n, i) of a warp's rows from row0 (queries: q; keys: k)
+** against a tile's columns from col0: may the query see the key, both inside their tiles? */
+static __device__ bool fa_vis(int qrow, int nq_end, int key, int nk_end)
+{
+    return qrow < nq_end && key < nk_end && key <= qrow;
+}
+
+/* One query tile: blockIdx.x = tile, blockIdx.y = b * Hl + h; warp w owns rows 16w .. 16w+15,
+** lane l rows 16w + l/4 and 16w + l/4 + 8 of them. */
 template <int HD> static __global__ void fa_fwd_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int ld = hd + FA_PAD, g = lane / 4, c = 2 * (lane % 4);
     const fa_head f = fa_head_of(a, hd);
     int q0 = blockIdx.x * FA_TILE, nq = MIN(FA_TILE, a.Tq - q0);
-    bf16_t *qs = reinterpret_cast<bf16_t *>(sm), *ks = qs + FA_TILE * hd, *vs = ks + FA_TILE * hd;
-    float *ss = reinterpret_cast<float *>(vs + FA_TILE * hd) + (size_t)w * fa_warp_f32(hd, 0);
-    float *os = ss + 16 * FA_TILE, *pvs = os + 16 * hd, *mrow = pvs + 16 * hd;
-    float *lrow = mrow + 16, *arow = lrow + 16;
-    bf16_t *ps = reinterpret_cast<bf16_t *>(reinterpret_cast<float *>(vs + FA_TILE * hd) +
-                 (size_t)FA_WARPS * fa_warp_f32(hd, 0)) + (size_t)w * 2 * 16 * FA_TILE;
-    fa_tile_in(qs, f.q + q0 * f.ldq, f.ldq, nq, hd);
-    for (int x = lane; x < 16 * hd; x += WARP) os[x] = 0.0f;
-    if (lane < 16) {
-        mrow[lane] = -INFINITY;
-        lrow[lane] = 0.0f;
-    }
+    bf16_t *qs = reinterpret_cast<bf16_t *>(sm), *ks = qs + FA_TILE * ld, *vt = ks + FA_TILE * ld;
+    int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
+    float o[FA_HD_MAX / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int n = 0; n < hd / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    fa_tile_in(qs, NULL, f.q + q0 * f.ldq, f.ldq, nq, hd);
     for (int k0 = 0; k0 < q0 + nq; k0 += FA_TILE) {     /* causal: up to the last query */
         int nk = MIN(FA_TILE, a.Tk - k0);
         __syncthreads();                                 /* the previous tiles are consumed */
-        fa_tile_in(ks, f.k + k0 * f.ldk, f.ldk, nk, hd);
-        fa_tile_in(vs, f.v + k0 * f.ldk, f.ldk, nk, hd);
+        fa_tile_in(ks, NULL, f.k + k0 * f.ldk, f.ldk, nk, hd);
+        fa_tile_in(NULL, vt, f.v + k0 * f.ldk, f.ldk, nk, hd);
         __syncthreads();
-        fa_abt(ss, qs + (size_t)w * 16 * hd, ks, hd);
-        __syncwarp();
-        for (int r = 0; r < 16; r++) {                   /* the online softmax of row r */
-            int row = w * 16 + r, qi = q0 + row;
-            float sv[FA_TILE / WARP], mt = -INFINITY, psum = 0.0f;
-            for (int u = 0; u < FA_TILE / WARP; u++) {
-                int c = lane + u * WARP;
-                bool vis = row < nq && c < nk && k0 + c <= qi;
-                sv[u] = vis ? ss[r * FA_TILE + c] * a.scale : -INFINITY;
-                mt = fmaxf(mt, sv[u]);
+        float s[FA_TILE / 8][4];
+        fa_abt(s, qs + w * 16 * ld, ks, hd, ld, lane);
+        float mx[2] = {-INFINITY, -INFINITY};
+        for (int n = 0; n < FA_TILE / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                int h = i / 2, key = k0 + n * 8 + c + i % 2;
+                s[n][i] = fa_vis(row[h], q0 + nq, key, k0 + nk) ? s[n][i] * a.scale : -INFINITY;
+                mx[h] = fmaxf(mx[h], s[n][i]);
             }
-            float mold = mrow[r], mnew = fmaxf(mold, warp_max(mt));
-            for (int u = 0; u < FA_TILE / WARP; u++) {
-                float p = sv[u] == -INFINITY ? 0.0f : vexpf(sv[u] - mnew);
-                psum += p;
-                int e = r * FA_TILE + lane + u * WARP;
-                fa_split(ps + e, ps + 16 * FA_TILE + e, p);
-            }
-            psum = warp_sum(psum);                       /* every lane has read mrow[r] */
-            if (lane == 0) {
-                float alpha = mold == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f)
-                                                : vexpf(mold - mnew);
-                mrow[r] = mnew;
-                lrow[r] = lrow[r] * alpha + psum;
-                arow[r] = alpha;
-            }
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+        for (int h = 0; h < 2; h++) {                    /* the row's 4 lanes: l ^ 1, l ^ 2 */
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float mnew = fmaxf(m[h], mx[h]);
+            alpha[h] = m[h] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f)
+                                         : vexpf(m[h] - mnew);
+            m[h] = mnew;
         }
-        __syncwarp();
-        fa_acc acc[FA_HD_MAX / 16];
-        for (int j = 0; j < hd / 16; j++) wm::fill_fragment(acc[j], 0.0f);
-        fa_px(acc, ps, vs, hd);
-        for (int j = 0; j < hd / 16; j++)
-            wm::store_matrix_sync(pvs + j * 16, acc[j], hd, wm::mem_row_major);
-        __syncwarp();
-        for (int x = lane; x < 16 * hd; x += WARP) os[x] = os[x] * arow[x / hd] + pvs[x];
-        __syncwarp();
+        for (int n = 0; n < FA_TILE / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                int h = i / 2;
+                s[n][i] = s[n][i] == -INFINITY ? 0.0f : vexpf(s[n][i] - m[h]);
+                sum[h] += s[n][i];
+            }
+        for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + sum[h];   /* the lane's part */
+        for (int n = 0; n < hd / 8; n++)
+            for (int i = 0; i < 4; i++) o[n][i] *= alpha[i / 2];
+        fa_px(o, s, vt, hd, lane);
+    }
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
     int nr = MIN(16, nq - w * 16);
     uint16_t *out = as<uint16_t>(a.out) + att_head(a.Hl * hd, f.b, f.h, hd) +
                     (size_t)(q0 + w * 16) * f.ldo;
-    for (int x = lane; x < nr * hd; x += WARP)
-        kr_store(out + (size_t)(x / hd) * f.ldo + x % hd, os[x] / lrow[x / hd]);
-    if (lane < nr)
-        a.lse[(size_t)f.bh * a.lse_ld + q0 + w * 16 + lane] = mrow[lane] + logf(lrow[lane]);
-}
-
-/* The backward's shared memory: the two tiles the block keeps (own: its queries or keys, and
-** their dout or v), the two that pass, the passing or own query rows' lse and dsum, and the
-** warp's rows. */
-struct fa_bwd_smem {
-    bf16_t *t0, *t1, *t2, *t3;
-    float *lse, *dsum, *f0, *f1;           /* f0, f1: the warp's 16 x FA_TILE f32 rows */
-    bf16_t *b0, *b1;                       /* the warp's hi and lo bf16 rows (2 x 16 x FA_TILE) */
-};
-
-static __device__ fa_bwd_smem fa_bwd_carve(float *sm, int hd, int w)
-{
-    fa_bwd_smem s;
-    size_t tile = (size_t)FA_TILE * hd;
-    s.t0 = reinterpret_cast<bf16_t *>(sm);
-    s.t1 = s.t0 + tile;
-    s.t2 = s.t1 + tile;
-    s.t3 = s.t2 + tile;
-    s.lse = reinterpret_cast<float *>(s.t3 + tile);
-    s.dsum = s.lse + FA_TILE;
-    s.f0 = s.dsum + FA_TILE + (size_t)w * fa_warp_f32(hd, 1);
-    s.f1 = s.f0 + 16 * FA_TILE;
-    s.b0 = reinterpret_cast<bf16_t *>(s.dsum + FA_TILE + (size_t)FA_WARPS * fa_warp_f32(hd, 1)) +
-           (size_t)w * 4 * 16 * FA_TILE;
-    s.b1 = s.b0 + 2 * 16 * FA_TILE;
-    return s;
+    for (int n = 0; n < hd / 8; n++)
+        for (int i = 0; i < 4; i++) o[n][i] /= l[i / 2];
+    fa_rows_out(out, f.ldo, nr, o, hd, 1.0f, lane);
+    if (lane % 4 == 0)
+        for (int h = 0; h < 2; h++)
+            if (g + 8 * h < nr)
+                a.lse[(size_t)f.bh * a.lse_ld + row[h]] = m[h] + logf(l[h]);
 }
 
 /* lse and dsum of the nr query rows from row i0 of the call's (b, h) rows. */
-static __device__ void fa_rows_in(fa_bwd_smem &s, const att_call &a, int bh, int i0, int nr)
+static __device__ void fa_stats_in(float *lse, float *dsum, const att_call &a, int bh, int i0,
+                                   int nr)
 {
     for (int x = threadIdx.x; x < FA_TILE; x += blockDim.x) {
-        s.lse[x] = x < nr ? a.clse[(size_t)bh * a.lse_ld + i0 + x] : 0.0f;
-        s.dsum[x] = x < nr ? a.dsum[(size_t)bh * a.lse_ld + i0 + x] : 0.0f;
+        lse[x] = x < nr ? a.clse[(size_t)bh * a.lse_ld + i0 + x] : 0.0f;
+        dsum[x] = x < nr ? a.dsum[(size_t)bh * a.lse_ld + i0 + x] : 0.0f;
     }
 }
 
@@ -1059,46 +1106,43 @@ template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int ld = hd + FA_PAD, g = lane / 4, c = 2 * (lane % 4);
     const fa_head f = fa_head_of(a, hd);
     int k0 = blockIdx.x * FA_TILE, nk = MIN(FA_TILE, a.Tk - k0);
-    fa_bwd_smem s = fa_bwd_carve(sm, hd, w);
-    bf16_t *ks = s.t0, *vs = s.t1, *qs = s.t2, *dos = s.t3;
-
-    fa_tile_in(ks, f.k + k0 * f.ldk, f.ldk, nk, hd);
-    fa_tile_in(vs, f.v + k0 * f.ldk, f.ldk, nk, hd);
-    fa_acc dk[FA_HD_MAX / 16], dv[FA_HD_MAX / 16];
-    for (int j = 0; j < hd / 16; j++) {
-        wm::fill_fragment(dk[j], 0.0f);
-        wm::fill_fragment(dv[j], 0.0f);
-    }
+    bf16_t *ks = reinterpret_cast<bf16_t *>(sm), *vs = ks + FA_TILE * ld, *qs = vs + FA_TILE * ld;
+    bf16_t *dos = qs + FA_TILE * ld, *qt = dos + FA_TILE * ld, *dot = qt + hd * FA_TP;
+    float *lse = reinterpret_cast<float *>(dot + hd * FA_TP), *dsum = lse + FA_TILE;
+    int key[2] = {k0 + w * 16 + g, k0 + w * 16 + g + 8};
+    float dk[FA_HD_MAX / 8][4], dv[FA_HD_MAX / 8][4];
+    for (int n = 0; n < hd / 8; n++)
+        for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
+    fa_tile_in(ks, NULL, f.k + k0 * f.ldk, f.ldk, nk, hd);
+    fa_tile_in(vs, NULL, f.v + k0 * f.ldk, f.ldk, nk, hd);
     for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE) {       /* causal: the queries at or after */
         int nq = MIN(FA_TILE, a.Tq - q0);
         __syncthreads();
-        fa_tile_in(qs, f.q + q0 * f.ldq, f.ldq, nq, hd);
-        fa_tile_in(dos, f.dout + q0 * f.ldo, f.ldo, nq, hd);
-        fa_rows_in(s, a, f.bh, q0, nq);
+        fa_tile_in(qs, qt, f.q + q0 * f.ldq, f.ldq, nq, hd);
+        fa_tile_in(dos, dot, f.dout + q0 * f.ldo, f.ldo, nq, hd);
+        fa_stats_in(lse, dsum, a, f.bh, q0, nq);
         __syncthreads();
-        fa_abt(s.f0, ks + (size_t)w * 16 * hd, qs, hd);     /* s^T: keys x queries */
-        fa_abt(s.f1, vs + (size_t)w * 16 * hd, dos, hd);    /* dp^T */
-        __syncwarp();
-        for (int x = lane; x < 16 * FA_TILE; x += WARP) {
-            int r = x / FA_TILE, c = x % FA_TILE, key = k0 + w * 16 + r;
-            bool vis = w * 16 + r < nk && c < nq && key <= q0 + c;
-            float p = vis ? vexpf(s.f0[x] * a.scale - s.lse[c]) : 0.0f;
-            fa_split(s.b0 + x, s.b0 + 16 * FA_TILE + x, p);
-            fa_split(s.b1 + x, s.b1 + 16 * FA_TILE + x, p * (s.f1[x] - s.dsum[c]));
-        }
-        __syncwarp();
-        fa_px(dv, s.b0, dos, hd);
-        fa_px(dk, s.b1, qs, hd);
+        float p[FA_TILE / 8][4], ds[FA_TILE / 8][4];
+        fa_abt(p, ks + w * 16 * ld, qs, hd, ld, lane);      /* s^T: keys x queries */
+        fa_abt(ds, vs + w * 16 * ld, dos, hd, ld, lane);    /* dp^T */
+        for (int n = 0; n < FA_TILE / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                int col = n * 8 + c + i % 2;
+                bool vis = fa_vis(q0 + col, q0 + nq, key[i / 2], k0 + nk);
+                p[n][i] = vis ? vexpf(p[n][i] * a.scale - lse[col]) : 0.0f;
+                ds[n][i] = p[n][i] * (ds[n][i] - dsum[col]);
+            }
+        fa_px(dv, p, dot, hd, lane);
+        fa_px(dk, ds, qt, hd, lane);
     }
-    __syncwarp();
     int nr = MIN(16, nk - w * 16);
     size_t ldg = (size_t)a.B * a.lddkv, at = att_head(a.lddkv, f.b, f.h, hd) + (k0 + w * 16) * ldg;
     if (nr <= 0) return;                                /* no barrier follows */
-    fa_rows_out(as<uint16_t>(a.dk) + at, ldg, nr, dk, s.f0, hd, a.scale);
-    __syncwarp();
-    fa_rows_out(as<uint16_t>(a.dv) + at, ldg, nr, dv, s.f0, hd, 1.0f);
+    fa_rows_out(as<uint16_t>(a.dk) + at, ldg, nr, dk, hd, a.scale, lane);
+    fa_rows_out(as<uint16_t>(a.dv) + at, ldg, nr, dv, hd, 1.0f, lane);
 }
 
 /* One query tile: warp w owns queries 16w .. 16w+15. Over the key tiles it sees: s = q k^T,
@@ -1107,46 +1151,47 @@ template <int HD> static __global__ void fa_dq_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int ld = hd + FA_PAD, g = lane / 4, c = 2 * (lane % 4);
     const fa_head f = fa_head_of(a, hd);
     int q0 = blockIdx.x * FA_TILE, nq = MIN(FA_TILE, a.Tq - q0);
-    fa_bwd_smem s = fa_bwd_carve(sm, hd, w);
-    bf16_t *qs = s.t0, *dos = s.t1, *ks = s.t2, *vs = s.t3;
-
-    fa_tile_in(qs, f.q + q0 * f.ldq, f.ldq, nq, hd);
-    fa_tile_in(dos, f.dout + q0 * f.ldo, f.ldo, nq, hd);
-    fa_rows_in(s, a, f.bh, q0, nq);
-    fa_acc dq[FA_HD_MAX / 16];
-    for (int j = 0; j < hd / 16; j++) wm::fill_fragment(dq[j], 0.0f);
+    bf16_t *qs = reinterpret_cast<bf16_t *>(sm), *dos = qs + FA_TILE * ld, *ks = dos + FA_TILE * ld;
+    bf16_t *vs = ks + FA_TILE * ld, *kt = vs + FA_TILE * ld;
+    float *lse = reinterpret_cast<float *>(kt + hd * FA_TP), *dsum = lse + FA_TILE;
+    int row[2] = {q0 + w * 16 + g, q0 + w * 16 + g + 8};
+    float dq[FA_HD_MAX / 8][4];
+    for (int n = 0; n < hd / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    fa_tile_in(qs, NULL, f.q + q0 * f.ldq, f.ldq, nq, hd);
+    fa_tile_in(dos, NULL, f.dout + q0 * f.ldo, f.ldo, nq, hd);
+    fa_stats_in(lse, dsum, a, f.bh, q0, nq);
     for (int k0 = 0; k0 < q0 + nq; k0 += FA_TILE) {     /* causal: up to the last query */
         int nk = MIN(FA_TILE, a.Tk - k0);
         __syncthreads();
-        fa_tile_in(ks, f.k + k0 * f.ldk, f.ldk, nk, hd);
-        fa_tile_in(vs, f.v + k0 * f.ldk, f.ldk, nk, hd);
+        fa_tile_in(ks, kt, f.k + k0 * f.ldk, f.ldk, nk, hd);
+        fa_tile_in(vs, NULL, f.v + k0 * f.ldk, f.ldk, nk, hd);
         __syncthreads();
-        fa_abt(s.f0, qs + (size_t)w * 16 * hd, ks, hd);     /* s: queries x keys */
-        fa_abt(s.f1, dos + (size_t)w * 16 * hd, vs, hd);    /* dp */
-        __syncwarp();
-        for (int x = lane; x < 16 * FA_TILE; x += WARP) {
-            int r = x / FA_TILE, c = x % FA_TILE, row = w * 16 + r;
-            bool vis = row < nq && c < nk && k0 + c <= q0 + row;
-            float p = vis ? vexpf(s.f0[x] * a.scale - s.lse[row]) : 0.0f;
-            fa_split(s.b1 + x, s.b1 + 16 * FA_TILE + x, p * (s.f1[x] - s.dsum[row]));
-        }
-        __syncwarp();
-        fa_px(dq, s.b1, ks, hd);
+        float p[FA_TILE / 8][4], ds[FA_TILE / 8][4];
+        fa_abt(p, qs + w * 16 * ld, ks, hd, ld, lane);      /* s: queries x keys */
+        fa_abt(ds, dos + w * 16 * ld, vs, hd, ld, lane);    /* dp */
+        for (int n = 0; n < FA_TILE / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                int r = w * 16 + g + 8 * (i / 2), key = k0 + n * 8 + c + i % 2;
+                bool vis = fa_vis(row[i / 2], q0 + nq, key, k0 + nk);
+                float pv = vis ? vexpf(p[n][i] * a.scale - lse[r]) : 0.0f;
+                ds[n][i] = pv * (ds[n][i] - dsum[r]);
+            }
+        fa_px(dq, ds, kt, hd, lane);
     }
-    __syncwarp();
     int nr = MIN(16, nq - w * 16);
     size_t ldg = (size_t)a.B * a.lddq;
     if (nr > 0)
-        fa_rows_out(as<uint16_t>(a.dq) + att_head(a.lddq, f.b, f.h, hd) + (q0 + w * 16) * ldg, ldg,
-                    nr, dq, s.f0, hd, a.scale);
+        fa_rows_out(as<uint16_t>(a.dq) + att_head(a.lddq, f.b, f.h, hd) + (q0 + w * 16) * ldg,
+                    ldg, nr, dq, hd, a.scale, lane);
 }
 
 /* HD: the head size as a constant (the fragments then live in registers), or 0 (any). */
 template <int HD> static void fa_fwd_t(const att_call &a)
 {
-    size_t bytes = fa_smem(a.hd, 0);
+    size_t bytes = fa_smem(a.hd, 2, 1, 0);
     att_smem(fa_fwd_kernel<HD>, bytes);
     dim3 grid(CEIL_DIV(a.Tq, FA_TILE), a.B * a.Hl);
     KERNEL_LAUNCH(grid, FA_THREADS, bytes, fa_fwd_kernel<HD>)(a);
@@ -1155,13 +1200,13 @@ template <int HD> static void fa_fwd_t(const att_call &a)
 
 template <int HD> static void fa_bwd_t(const att_call &a)
 {
-    size_t bytes = fa_smem(a.hd, 1);
-    att_smem(fa_dkdv_kernel<HD>, bytes);
-    att_smem(fa_dq_kernel<HD>, bytes);
+    size_t kv = fa_smem(a.hd, 4, 2, 2), q = fa_smem(a.hd, 4, 1, 2);
+    att_smem(fa_dkdv_kernel<HD>, kv);
+    att_smem(fa_dq_kernel<HD>, q);
     dim3 grid(CEIL_DIV(a.Tq, FA_TILE), a.B * a.Hl);
-    KERNEL_LAUNCH(grid, FA_THREADS, bytes, fa_dkdv_kernel<HD>)(a);
+    KERNEL_LAUNCH(grid, FA_THREADS, kv, fa_dkdv_kernel<HD>)(a);
     RT_CUDA(cudaGetLastError());
-    KERNEL_LAUNCH(grid, FA_THREADS, bytes, fa_dq_kernel<HD>)(a);
+    KERNEL_LAUNCH(grid, FA_THREADS, q, fa_dq_kernel<HD>)(a);
     RT_CUDA(cudaGetLastError());
 }
 

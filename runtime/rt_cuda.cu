@@ -997,11 +997,16 @@ static int grid_for(long total)
     return (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
 }
 
-/* f32 inputs, bf16 C (cuBLAS has no such GEMM): f32 results into the staging buffer, a block of
-** rows (and columns, for very wide C) of one batch item at a time, then rounded into C. */
-static void gemm_f32_to_bf16(int ta, int tb, int m, int n, int k, float alpha, const float *A,
-                             int lda, long sA, const float *B, int ldb, long sB, float beta,
-                             __nv_bfloat16 *C, int ldc, long sC, int batch)
+/* A bf16 C through f32 staging: f32 results (alpha op(A) op(B), inputs of type 'in', elements
+** of 'size' bytes) into the staging buffer, a block of rows (and columns, for very wide C) of
+** one batch item at a time, then bf16(t + beta C) rounded once into C. For f32 inputs (cuBLAS
+** has no such GEMM), and for bf16 inputs with beta != 0: there cuBLAS's kernels round the
+** product to bf16 before adding beta C (seen on an H200, CUDA 13: off by one bf16 step from
+** the single rounding rt.h promises). */
+static void gemm_staged_bf16(int ta, int tb, int m, int n, int k, float alpha, const void *A,
+                             int lda, long sA, const void *B, int ldb, long sB, float beta,
+                             __nv_bfloat16 *C, int ldc, long sC, int batch, cudaDataType_t in,
+                             size_t size)
 {
     const float zero = 0.0f;
     long cap = (long)(RT_CUDA_STAGE_BYTES / sizeof(float));
@@ -1011,11 +1016,13 @@ static void gemm_f32_to_bf16(int ta, int tb, int m, int n, int k, float alpha, c
         for (int i0 = 0; i0 < m; i0 += rows)
             for (int j0 = 0; j0 < n; j0 += cols) {
                 int mr = m - i0 < rows ? m - i0 : rows, nc = n - j0 < cols ? n - j0 : cols;
-                const float *Ap = A + b * sA + (ta ? (long)i0 : (long)i0 * lda);
-                const float *Bp = B + b * sB + (tb ? (long)j0 * ldb : (long)j0);
+                const char *Ap = (const char *)A +
+                                 (b * sA + (ta ? (long)i0 : (long)i0 * lda)) * (long)size;
+                const char *Bp = (const char *)B +
+                                 (b * sB + (tb ? (long)j0 * ldb : (long)j0)) * (long)size;
                 RT_CUBLAS(cublasGemmEx(cu.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                        ta ? CUBLAS_OP_T : CUBLAS_OP_N, nc, mr, k, &alpha,
-                                       Bp, CUDA_R_32F, ldb, Ap, CUDA_R_32F, lda, &zero,
+                                       Bp, in, ldb, Ap, in, lda, &zero,
                                        cu.gemm_stage, CUDA_R_32F, nc, CUBLAS_COMPUTE_32F,
                                        CUBLAS_GEMM_DEFAULT));
                 KERNEL_LAUNCH(grid_for((long)mr * nc), 256, 0, round_bf16_kernel)(
@@ -1028,7 +1035,8 @@ static void gemm_f32_to_bf16(int ta, int tb, int m, int n, int k, float alpha, c
 ** rt.h's row-major GEMM as cuBLAS's column-major C^T = op(B)^T op(A)^T: one
 ** cublasGemmStridedBatchedEx with f32 or bf16 inputs, an f32 or bf16 C and CUBLAS_COMPUTE_32F
 ** (the handle's default math mode never substitutes TF32; alpha * acc + beta * C is formed in
-** f32 and rounded once to C's type). f32 inputs with a bf16 C go through f32 staging.
+** f32 and rounded once to C's type). A bf16 C goes through f32 staging where its inputs are f32
+** or beta is not 0 (gemm_staged_bf16).
 */
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
@@ -1047,9 +1055,10 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
         RT_CUDA(cudaGetLastError());
         return;
     }
-    if (ab == RT_F32 && c == RT_BF16) {
-        gemm_f32_to_bf16(ta, tb, m, n, k, alpha, (const float *)A, lda, sA, (const float *)B,
-                         ldb, sB, beta, (__nv_bfloat16 *)C, ldc, sC, batch);
+    if (c == RT_BF16 && (ab == RT_F32 || beta != 0.0f)) {
+        gemm_staged_bf16(ta, tb, m, n, k, alpha, A, lda, sA, B, ldb, sB, beta,
+                         (__nv_bfloat16 *)C, ldc, sC, batch,
+                         ab == RT_BF16 ? CUDA_R_16BF : CUDA_R_32F, rt_dtype_size(ab));
         return;
     }
     cudaDataType_t in = ab == RT_BF16 ? CUDA_R_16BF : CUDA_R_32F;

@@ -283,6 +283,49 @@ void mma_sync(fragment<accumulator, M, N, K, float> &d,
 } // namespace wmma
 } // namespace nvcuda
 
+/* -- The tensor cores' m16n8k16 (PTX mma.sync), 16-byte vectors --------------------------------- */
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    return uint4{x, y, z, w};
+}
+
+namespace emu {
+/*
+** d += a b, mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the lanes' registers in the
+** PTX ISA's fragment layout (g = lane / 4, c = 2 (lane % 4)): a[0..3] hold A's (g, c..c+1),
+** (g+8, c..c+1), (g, c+8..c+9), (g+8, c+8..c+9), the lower index in the lower 16 bits; b[0..1]
+** B's (c..c+1, g) and (c+8..c+9, g); d[0..3] D's (g, c), (g, c+1), (g+8, c), (g+8, c+1). A
+** warp collective: the lanes publish their fragments, then each forms its 4 sums in k order
+** in f32. (Blocks and their threads run one at a time: one scratch per warp of a block.)
+*/
+static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    static uint32_t sa[32][32][4], sb[32][32][2];
+    int t = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+    int w = t / 32, lane = t % 32, g = lane / 4, c = 2 * (lane % 4);
+    memcpy(sa[w][lane], a, sizeof sa[w][lane]);
+    memcpy(sb[w][lane], b, sizeof sb[w][lane]);
+    __syncwarp();
+    auto bf = [](uint32_t reg, int half) {
+        __nv_bfloat16 v;
+        v.bits = (uint16_t)(reg >> (16 * half));
+        return __bfloat162float(v);
+    };
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i / 2), col = c + i % 2;
+        float s = d[i];
+        for (int k = 0; k < 16; k++)
+            s += bf(sa[w][(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2) *
+                 bf(sb[w][col * 4 + (k % 8) / 2][k / 8], k % 2);
+        out[i] = s;
+    }
+    __syncwarp();
+    memcpy(d, out, sizeof out);
+}
+} // namespace emu
+
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 /* __expf and __logf: glibc declares them (plain expf, logf) */
 static inline float __fdividef(float a, float b) { return a / b; }
