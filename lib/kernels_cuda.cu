@@ -161,12 +161,17 @@ static unsigned col_blocks(int C) { return (unsigned)CEIL_DIV(C, WARP); }
 */
 #define EMB_GROUPS 64
 
+/* Element k = n C + i of the token embeddings: one thread per element (embed_fwd_rows' values) */
 template <class S> static __global__
 void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, int vstart,
                       int vrows)
 {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < N) embed_fwd_rows(as<S>(out), tok, as<S>(wte), C, vstart, vrows, n, n + 1);
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)N * C) return;
+    int v = tok[k / C] - vstart;
+    S *o = as<S>(out) + k;
+    if (v >= 0 && v < vrows) *o = as<S>(wte)[(size_t)v * C + k % C];
+    else kr_store(o, 0.0f);
 }
 
 template <class S> static __global__
@@ -183,11 +188,16 @@ void embed_bwd_kernel(float *dwte, const void *dout, const int *tok, int N, int 
     }
 }
 
+/* Element k = (t B + b) C + i: += the position's row (pos_fwd_rows' arithmetic), one thread
+** per element */
 template <class S> static __global__
 void pos_fwd_kernel(void *out, const void *wpe, int T, int B, int C, int t0)
 {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < T) pos_fwd_rows(as<S>(out), as<S>(wpe), B, C, t0, t, t + 1);
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)T * B * C) return;
+    size_t t = k / ((size_t)B * C);
+    S *o = as<S>(out) + k;
+    kr_store(o, kr_load(o) + kr_load(as<S>(wpe) + (t0 + t) * C + k % C));
 }
 
 /* Element (t, i) of the position gradient: += the B rows of position t, in order. */
@@ -206,7 +216,7 @@ void pos_bwd_kernel(float *dwpe, const void *dout, int T, int B, int C, int t0)
 void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vstart, int vrows,
                rt_dtype t)
 {
-    LAUNCH(t, embed_fwd_kernel, grid_for(N), out, tok, wte, N, C, vstart, vrows);
+    LAUNCH(t, embed_fwd_kernel, grid_for((size_t)N * C), out, tok, wte, N, C, vstart, vrows);
 }
 
 void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
@@ -218,7 +228,7 @@ void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int 
 
 void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
 {
-    LAUNCH(t, pos_fwd_kernel, grid_for(T), out, wpe, T, B, C, t0);
+    LAUNCH(t, pos_fwd_kernel, grid_for((size_t)T * B * C), out, wpe, T, B, C, t0);
 }
 
 void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t)
