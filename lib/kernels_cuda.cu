@@ -66,8 +66,9 @@ static const void *elem(const void *p, size_t i, rt_dtype t)
 ** Every sum has a fixed shape, so results are the same run to run: a warp adds its lanes in a
 ** butterfly (each step adds two values that every lane of a pair holds alike, and addition
 ** commutes exactly); a block adds its warps' results in warp order; a column reduction gives
-** each of COL_WARPS warps every COL_WARPS-th row, in COL_UNROLL partial sums (loads in flight)
-** added in order, then adds the warps in order. No atomics.
+** each of COL_WARPS warps every COL_WARPS-th row of its block's chunk of rows, in COL_UNROLL
+** partial sums (loads in flight) added in order, then adds the warps in order, then the chunks
+** in order. No atomics.
 */
 
 #define WARP 32
@@ -119,22 +120,30 @@ static __device__ float block_max(float v, float *sh)
 /*
 ** Column c = blockIdx.x * WARP + lane of K (1 or 2) column sums over rows [0, N): f(n, c, acc)
 ** adds row n's terms to acc[0..K); the totals are added to out0[c] (and out1[c]). Blocks of
-** COL_WARPS warps (launch: col_blocks(C) blocks of COL_WARPS * WARP threads); the lanes of a
-** warp read 32 neighbouring columns of one row.
+** COL_WARPS warps, the lanes of a warp reading 32 neighbouring columns of one row. The rows are
+** split into gridDim.y chunks (col_grid: enough blocks to fill the GPU, a function of C only);
+** with more than one, each block stores its chunk's sums in col_part, and col_finish adds the
+** chunks in order. Launch through COL_LAUNCH.
 */
+#define COL_GRID_BLOCKS 264             /* blocks a column reduction aims at: H100, 132 SMs x 2 */
+#define COL_PART_MAX (2 * COL_GRID_BLOCKS * WARP)   /* K chunks x columns, at most */
+static __device__ float col_part[COL_PART_MAX];
+
 template <int K, class F> static __device__ void col_reduce(float *out0, float *out1, int N,
                                                              int C, F f)
 {
     __shared__ float part[K][COL_WARPS][WARP];
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, c = blockIdx.x * WARP + lane;
+    int lo = (int)((long)N * blockIdx.y / gridDim.y), hi = (int)((long)N * (blockIdx.y + 1) /
+                                                                 gridDim.y);
     float acc[COL_UNROLL][K];
     for (int u = 0; u < COL_UNROLL; u++)
         for (int k = 0; k < K; k++) acc[u][k] = 0.0f;
     if (c < C) {
-        int n = w;
-        for (; n + (COL_UNROLL - 1) * COL_WARPS < N; n += COL_UNROLL * COL_WARPS)
+        int n = lo + w;
+        for (; n + (COL_UNROLL - 1) * COL_WARPS < hi; n += COL_UNROLL * COL_WARPS)
             for (int u = 0; u < COL_UNROLL; u++) f(n + u * COL_WARPS, c, acc[u]);
-        for (int u = 0; n < N; n += COL_WARPS, u++) f(n, c, acc[u]);
+        for (int u = 0; n < hi; n += COL_WARPS, u++) f(n, c, acc[u]);
     }
     for (int k = 0; k < K; k++) {
         float s = acc[0][k];
@@ -146,11 +155,48 @@ template <int K, class F> static __device__ void col_reduce(float *out0, float *
         for (int k = 0; k < K; k++) {
             float s = part[k][0][lane];
             for (int i = 1; i < COL_WARPS; i++) s += part[k][i][lane];
-            (k == 0 ? out0 : out1)[c] += s;
+            if (gridDim.y == 1) (k == 0 ? out0 : out1)[c] += s;
+            else col_part[((size_t)blockIdx.y * K + k) * C + c] = s;
         }
 }
 
-static unsigned col_blocks(int C) { return (unsigned)CEIL_DIV(C, WARP); }
+/* out0[c] (and out1[c]) += the chunks' sums of column c, in chunk order */
+static __global__ void col_total_kernel(float *out0, float *out1, int C, int K, int chunks)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int k = 0; k < K; k++) {
+        float s = col_part[(size_t)k * C + c];
+        for (int y = 1; y < chunks; y++) s += col_part[((size_t)y * K + k) * C + c];
+        (k == 0 ? out0 : out1)[c] += s;
+    }
+}
+
+/* The grid of a column reduction over C columns: 32 per block, rows in chunks to fill the GPU */
+static dim3 col_grid(int C, int K)
+{
+    unsigned x = (unsigned)CEIL_DIV(C, WARP), y = COL_GRID_BLOCKS / x;
+    y = y < 1 ? 1 : y > 16 ? 16 : y;
+    while (y > 1 && (size_t)K * y * C > COL_PART_MAX) y--;
+    return dim3(x, y);
+}
+
+static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
+{
+    if (chunks > 1) {
+        KERNEL_LAUNCH(grid_for((size_t)C), BLOCK, 0, col_total_kernel)(out0, out1, C, K,
+                                                                      (int)chunks);
+        RT_CUDA(cudaGetLastError());
+    }
+}
+
+/* kernel<S> (a col_reduce of K sums into out0, out1 over C columns), then the chunks' total */
+#define COL_LAUNCH(t, K, kernel, C, out0, out1, ...)                                         \
+    do {                                                                                     \
+        dim3 g_ = col_grid((C), (K));                                                        \
+        LAUNCH_WITH(t, kernel, g_, COL_WARPS * WARP, __VA_ARGS__);                           \
+        col_finish((out0), (out1), (C), (K), g_.y);                                         \
+    } while (0)
 
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
 /*
@@ -312,8 +358,8 @@ void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const voi
 {
     LAUNCH(t, layernorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, mean, rstd, N, C);
     if (C > 0)
-        LAUNCH_WITH(t, layernorm_bwd_cols_kernel, col_blocks(C), COL_WARPS * WARP, dw, db, dout,
-                    inp, mean, rstd, N, C);
+        COL_LAUNCH(t, 2, layernorm_bwd_cols_kernel, C, dw, db, dw, db, dout, inp, mean, rstd,
+                   N, C);
 }
 
 /* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
@@ -403,7 +449,7 @@ void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t)
 void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
 {
     if (OC > 0)
-        LAUNCH_WITH(t, bias_bwd_kernel, col_blocks(OC), COL_WARPS * WARP, dbias, dout, N, OC);
+        COL_LAUNCH(t, 1, bias_bwd_kernel, OC, dbias, NULL, dbias, dout, N, OC);
 }
 
 void add_fwd(void *out, const void *a, const void *b, size_t n, rt_dtype t)
@@ -1478,8 +1524,7 @@ void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const
 {
     LAUNCH(t, rmsnorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, rstd, N, C);
     if (C > 0)
-        LAUNCH_WITH(t, rmsnorm_bwd_cols_kernel, col_blocks(C), COL_WARPS * WARP, dw, dout, inp,
-                    rstd, N, C);
+        COL_LAUNCH(t, 1, rmsnorm_bwd_cols_kernel, C, dw, NULL, dw, dout, inp, rstd, N, C);
 }
 
 void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
@@ -1839,7 +1884,7 @@ void add_scaled_bias(void *y, const float *s, const void *b, int n, int C, rt_dt
 void scaled_bias_bwd(float *db, const float *s, const void *dy, int n, int C, rt_dtype t)
 {
     if (C > 0)
-        LAUNCH_WITH(t, scaled_bias_bwd_kernel, col_blocks(C), COL_WARPS * WARP, db, s, dy, n, C);
+        COL_LAUNCH(t, 1, scaled_bias_bwd_kernel, C, db, NULL, db, s, dy, n, C);
 }
 
 void sum_blocks(void *out, const void *in, int nblocks, size_t n, rt_dtype t)

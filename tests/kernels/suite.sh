@@ -194,17 +194,23 @@ mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
     's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
     'if (j < Vl) g = (vexpf'
 # the tensor-core attention (bf16, head sizes 32, 64, 128): the online softmax's rescale, the
-# lo parts of the probabilities, the diagonal key tile of dk and dv, dq's scale
-mutate_cuda cuda-fa-no-rescale attention-bf16 's|os\[x\] \* arow\[x / hd\] + pvs|os[x] + pvs|' \
-    'os[x] = os[x] + pvs[x];'
-mutate_cuda cuda-fa-lo-dropped attention-bf16 '/wm::mma_sync(acc\[j\], lo, fb, acc\[j\]);/d' \
-    'wm::mma_sync(acc[j], hi, fb, acc[j]);'
+# lo parts of the probabilities, the diagonal key tile of dk and dv, dq's scale, the m16n8k16
+# operand layout; a column reduction's row chunk left out of the total
+mutate_cuda cuda-fa-no-rescale attention-bf16 \
+    's|o\[n\]\[i\] \*= alpha\[i / 2\];|o[n][i] *= 1.0f;|' 'o[n][i] *= 1.0f;'
+mutate_cuda cuda-fa-lo-dropped attention-bf16 's|fa_mma(acc\[n\], lo, b);|(void)lo;|' '(void)lo;'
 mutate_cuda cuda-fa-dkdv-diagonal-skipped attention-bf16 \
     's|q0 = k0; q0 < a.Tq;|q0 = k0 + FA_TILE; q0 < a.Tq;|' \
     'q0 = k0 + FA_TILE; q0 < a.Tq;'
 mutate_cuda cuda-fa-dq-unscaled attention-bf16 \
-    's|nr, dq, s.f0, hd, a.scale);|nr, dq, s.f0, hd, 1.0f);|' \
-    'nr, dq, s.f0, hd, 1.0f);'
+    's|ldg, nr, dq, hd, a.scale, lane);|ldg, nr, dq, hd, 1.0f, lane);|' \
+    'ldg, nr, dq, hd, 1.0f, lane);'
+mutate_cuda cuda-fa-fragment-order attention-bf16 \
+    's|a\[1\] = fa_ld(p, (g + 8) \* ld + c);|a[1] = fa_ld(p, g * ld + c + 8);|' \
+    'a[1] = fa_ld(p, g * ld + c + 8);'
+mutate_cuda cuda-col-chunk-dropped layernorm-f32 \
+    's|for (int y = 1; y < chunks; y++)|for (int y = 2; y < chunks; y++)|' \
+    'for (int y = 2; y < chunks; y++)'
 mutate_cuda cuda-layernorm-lanes-skip layernorm-f32 's|i += WARP) sum +=|i += 2 * WARP) sum +=|' \
     'i += 2 * WARP) sum +='
 fi
