@@ -588,6 +588,8 @@ static void test_layernorm(void)
     test_layernorm_case(1, 5, 0);
     test_layernorm_case(301, 150, 0);
     test_layernorm_case(7, 37, 3);                  /* constant rows */
+    test_layernorm_case(2100, 8, 0);                /* CUDA: 16 chunks of rows, each past the
+                                                       column loop's unrolled part */
     op_end("layernorm", 1);
 }
 
