@@ -364,28 +364,79 @@ void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const voi
 
 /* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
 
-template <class S> static __global__
-void gelu_fwd_kernel(void *out, const void *inp, size_t n)
+/*
+** The elementwise kernels give each thread 16 bytes of every operand (VEC(S) elements: 8 bf16,
+** 4 f32), loaded and stored as one vector where the call's pointers are 16-byte aligned
+** (vec_ok; the bias add also needs rows of a multiple of VEC(S)), and run kernel_rows.h's
+** arithmetic on them in registers; the last partial group, and unaligned calls, element by
+** element (the same arithmetic, so the results are the same bits either way).
+*/
+#define VEC(S) (16 / sizeof(S))
+
+template <class S> static __device__ void v16(S *dst, const S *src)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) gelu_fwd_span(as<S>(out), as<S>(inp), i, i + 1);
+#ifdef GPT_CUDA_EMU
+    memcpy(dst, src, 16);                /* C++'s aliasing rules, on the CPU */
+#else
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+#endif
+}
+
+static bool vec_ok(const void *a, const void *b, const void *c)
+{
+    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
+
+/* Blocks for n elements, 16 bytes of them per thread */
+static unsigned grid_vec(size_t n, rt_dtype t)
+{
+    return grid_for(CEIL_DIV(n, 16 / rt_dtype_size(t)));
+}
+
+/* The first element of the thread's group */
+#define VEC_FIRST(S) (((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC(S))
+
+template <class S> static __global__
+void gelu_fwd_kernel(void *out, const void *inp, size_t n, int vec)
+{
+    size_t i = VEC_FIRST(S);
+    if (vec && i + VEC(S) <= n) {
+        alignas(16) S x[VEC(S)], y[VEC(S)];
+        v16(x, as<S>(inp) + i);
+        gelu_fwd_span(y, x, 0, VEC(S));
+        v16(as<S>(out) + i, y);
+    } else if (i < n) gelu_fwd_span(as<S>(out), as<S>(inp), i, MIN(i + VEC(S), n));
 }
 
 template <class S> static __global__
-void gelu_bwd_kernel(void *dinp, const void *inp, const void *dout, size_t n)
+void gelu_bwd_kernel(void *dinp, const void *inp, const void *dout, size_t n, int vec)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) gelu_bwd_span(as<S>(dinp), as<S>(inp), as<S>(dout), i, i + 1);
+    size_t i = VEC_FIRST(S);
+    if (vec && i + VEC(S) <= n) {
+        alignas(16) S x[VEC(S)], d[VEC(S)], y[VEC(S)];
+        v16(x, as<S>(inp) + i);
+        v16(d, as<S>(dout) + i);
+        gelu_bwd_span(y, x, d, 0, VEC(S));
+        v16(as<S>(dinp) + i, y);
+    } else if (i < n) gelu_bwd_span(as<S>(dinp), as<S>(inp), as<S>(dout), i, MIN(i + VEC(S), n));
 }
 
+/* vec: also OC a multiple of VEC(S), so a group is one row's and its bias is aligned */
 template <class S> static __global__
-void bias_fwd_kernel(void *out, const void *bias, size_t n, int OC)
+void bias_fwd_kernel(void *out, const void *bias, size_t n, int OC, int vec)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        int row = (int)(i / OC), col = (int)(i % OC);
-        bias_fwd_block(as<S>(out), as<S>(bias), OC, row, row + 1, col, col + 1);
-    }
+    size_t i = VEC_FIRST(S);
+    if (vec && i + VEC(S) <= n) {
+        alignas(16) S x[VEC(S)], b[VEC(S)];
+        v16(x, as<S>(out) + i);
+        v16(b, as<S>(bias) + i % OC);
+        bias_fwd_block(x, b, (int)VEC(S), 0, 1, 0, (int)VEC(S));
+        v16(as<S>(out) + i, x);
+    } else
+        for (size_t j = i; j < MIN(i + VEC(S), n); j++) {
+            int row = (int)(j / OC), col = (int)(j % OC);
+            bias_fwd_block(as<S>(out), as<S>(bias), OC, row, row + 1, col, col + 1);
+        }
 }
 
 template <class S> static __global__
@@ -398,10 +449,16 @@ void bias_bwd_kernel(float *dbias, const void *dout, int N, int OC)
 }
 
 template <class S> static __global__
-void add_kernel(void *out, const void *a, const void *b, size_t n)
+void add_kernel(void *out, const void *a, const void *b, size_t n, int vec)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) add_span(as<S>(out), as<S>(a), as<S>(b), i, i + 1);
+    size_t i = VEC_FIRST(S);
+    if (vec && i + VEC(S) <= n) {
+        alignas(16) S x[VEC(S)], y[VEC(S)];
+        v16(x, as<S>(a) + i);
+        v16(y, as<S>(b) + i);
+        add_span(x, x, y, 0, VEC(S));
+        v16(as<S>(out) + i, x);
+    } else if (i < n) add_span(as<S>(out), as<S>(a), as<S>(b), i, MIN(i + VEC(S), n));
 }
 
 template <class S> static __global__
@@ -432,18 +489,19 @@ void copy_cols_kernel(void *dst, size_t ldd, const void *src, size_t lds, int ro
 
 void gelu_fwd(void *out, const void *inp, size_t n, rt_dtype t)
 {
-    LAUNCH(t, gelu_fwd_kernel, grid_for(n), out, inp, n);
+    LAUNCH(t, gelu_fwd_kernel, grid_vec(n, t), out, inp, n, vec_ok(out, inp, NULL));
 }
 
 void gelu_bwd(void *dinp, const void *inp, const void *dout, size_t n, rt_dtype t)
 {
-    LAUNCH(t, gelu_bwd_kernel, grid_for(n), dinp, inp, dout, n);
+    LAUNCH(t, gelu_bwd_kernel, grid_vec(n, t), dinp, inp, dout, n, vec_ok(dinp, inp, dout));
 }
 
 void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t)
 {
     size_t n = (size_t)N * OC;
-    LAUNCH(t, bias_fwd_kernel, grid_for(n), out, bias, n, OC);
+    int vec = vec_ok(out, bias, NULL) && OC % (int)(16 / rt_dtype_size(t)) == 0;
+    LAUNCH(t, bias_fwd_kernel, grid_vec(n, t), out, bias, n, OC, vec);
 }
 
 void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
@@ -454,12 +512,12 @@ void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
 
 void add_fwd(void *out, const void *a, const void *b, size_t n, rt_dtype t)
 {
-    LAUNCH(t, add_kernel, grid_for(n), out, a, b, n);
+    LAUNCH(t, add_kernel, grid_vec(n, t), out, a, b, n, vec_ok(out, a, b));
 }
 
 void add_inplace(void *y, const void *x, size_t n, rt_dtype t)
 {
-    LAUNCH(t, add_kernel, grid_for(n), y, y, x, n);
+    LAUNCH(t, add_kernel, grid_vec(n, t), y, y, x, n, vec_ok(y, x, NULL));
 }
 
 void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n)
