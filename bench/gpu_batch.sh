@@ -3,7 +3,7 @@
 # machine that has CUDA, nvcc and python3 but no MPI, no package manager and no network.
 #
 #   bench/gpu_batch.sh prepare        here (Debian, the CUDA toolkit, the project's deps): build
-#                                     build/device/ (about 20 MiB), with the CPU references
+#                                     build/device/ (about 50 MiB): programs, CPU references, llm.c
 #   bench/gpu_batch.sh run [PART...]  on the GPU machine, from the repository root, with
 #                                     build/device carried; PART: peak kernels train bench
 #                                     profile multi big (default: all, in that order; a first

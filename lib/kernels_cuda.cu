@@ -1339,8 +1339,16 @@ static void fa_bwd(const att_call &a)
     else fa_bwd_t<0>(a);
 }
 
+/* The kernels' grid.y is B x Hl: CUDA allows 65,535 */
+static void att_grid_check(const att_call &a)
+{
+    RT_CHECK(a.B * a.Hl <= 65535, "attention: micro-batch x heads per rank (%d x %d) is over "
+             "CUDA's 65535 blocks in grid.y: lower the micro-batch size", a.B, a.Hl);
+}
+
 static void att_fwd(const att_call &a, rt_dtype t)
 {
+    att_grid_check(a);
     if (a.out && fa_ok(a, storage(t))) fa_fwd(a);
     else if (storage(t) == RT_BF16) attention_fwd_t<uint16_t>(a);
     else attention_fwd_t<float>(a);
@@ -1348,6 +1356,7 @@ static void att_fwd(const att_call &a, rt_dtype t)
 
 static void att_bwd(const att_call &a, rt_dtype t)
 {
+    att_grid_check(a);
     if (fa_ok(a, storage(t))) fa_bwd(a);
     else if (storage(t) == RT_BF16) attention_bwd_t<uint16_t>(a);
     else attention_bwd_t<float>(a);

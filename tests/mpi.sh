@@ -49,10 +49,14 @@ unset mpi_words mpi_i
 # suites run side by side, and one-rank programs start without mpirun) fails ("A call to mkdir
 # was unable to create the desired directory ... No such file or directory"). An empty
 # directory of ours in it keeps it from ever being empty (a file would not do: the job's clean-up
-# deletes the files it finds there, but does not descend into directories).
+# deletes the files it finds there, but does not descend into directories). The programs
+# started without mpirun (isolated singletons, below) all use the same job directories in it,
+# jf.0 and jf.0/1, which the same race empties (seen: "Directory: /tmp/ompi.vm.0/jf.0/1"):
+# they get one of ours too.
 mpi_node=$(uname -n)
 for mpi_top in "ompi.$mpi_node.$(id -u)" "ompi.${mpi_node%%.*}.$(id -u)"; do
     mpi_top=${TMPDIR:-${TEMP:-${TMP:-/tmp}}}/$mpi_top
-    mkdir -p -m 700 "$mpi_top" "$mpi_top/kept-by-tests" 2> /dev/null
+    mkdir -p -m 700 "$mpi_top" "$mpi_top/kept-by-tests" "$mpi_top/jf.0/kept-by-tests" \
+        "$mpi_top/jf.0/1/kept-by-tests" 2> /dev/null
 done
 unset mpi_node mpi_top

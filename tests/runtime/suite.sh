@@ -106,8 +106,9 @@ for np in 1 2 3 4; do
 done
 run coll-large-np8 8 $B/t_coll_cpu --large 300007
 # bf16 sums travel as bf16 in slices of 8 MiB (rt_mpi.c): above 4 Mi elements the allreduce
-# and the reduce-scatter take several, at a member count that does not divide the slice
-run coll-large-np3-bf16-slices 3 $B/t_coll_cpu --large 4194311
+# and the reduce-scatter take several, at a member count that does not divide the slice (bf16
+# alone: the other dtypes' slices are the runs above)
+run coll-large-np3-bf16-slices 3 $B/t_coll_cpu --large 4194311 --dtype bf16
 run coll-single-no-mpirun 0 $B/t_coll_cpu 0 1 5 1000
 
 # -- Asynchronous calls: against the blocking ones bit for bit (and the group-rank order of
@@ -126,7 +127,8 @@ run async-single-library 0 $B/single/t_async
 
 # -- Compute and memory (one rank, no mpirun): pool of 2 and of 1 ------------------------------
 RT_THREADS=2 run compute-2threads 0 $B/t_gemm_cpu
-RT_THREADS=1 run compute-1thread 0 $B/t_gemm_cpu
+# (the GPT-2 shapes once: a pool of 1 takes no other path through them)
+RT_THREADS=1 run compute-1thread 0 $B/t_gemm_cpu --no-gpt2
 
 # -- Randomness -----------------------------------------------------------------------------
 run rng-np1 0 $B/t_rng_cpu

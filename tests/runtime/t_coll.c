@@ -6,6 +6,7 @@
 **   t_coll SIZE...           all primitives on all groups for each size
 **   t_coll --large SIZE      allreduce / allgather / reduce-scatter (also in place, which
 **                            goes in slices above 8 MiB) / broadcast / p2p on world
+**   ... --dtype T            the large tests in dtype T alone (f32, bf16, i32, i64)
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
@@ -425,11 +426,17 @@ int main(int argc, char **argv)
     rt_init(&argc, &argv, 0, NULL);
     int w = rt_world(), r = rt_rank();
     size_t sizes[64];
-    int nsizes = 0, large = 0;
+    int nsizes = 0, large = 0, only = -1;
+    static const char *names[] = { "f32", "bf16", "i32", "i64" };
     for (int i = 1; i < argc && nsizes < 64; i++) {
         if (!strcmp(argv[i], "--large"))
             large = 1;
-        else
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            for (int k = 0; k < 4; k++)
+                if (!strcmp(argv[i + 1], names[k])) only = k;
+            T_EXPECT(only >= 0, "--dtype %s: not one of f32, bf16, i32, i64", argv[i + 1]);
+            i++;
+        } else
             sizes[nsizes++] = (size_t)strtoull(argv[i], NULL, 10);
     }
     if (nsizes == 0) {
@@ -443,6 +450,7 @@ int main(int argc, char **argv)
         for (int s = 0; s < nsizes; s++) {
             for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++) {
                 rt_dtype t = dtypes[k];
+                if (only >= 0 && (int)k != only) continue;
                 test_allreduce(g, t, sizes[s], RT_SUM);
                 test_allgather(g, t, sizes[s], 0);
                 test_reduce_scatter(g, t, sizes[s], 0);

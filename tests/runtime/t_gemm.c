@@ -5,7 +5,8 @@
 ** shapes, rt_gemm inside rt_parallel_for), bf16 results bit for bit where the exact value is
 ** known, results bit-identical for 1, 2 and 3 threads and when nested (CPU), the CPU primitive
 ** cache, rt_parallel_for coverage, rt_malloc / rt_memcpy / rt_memset0 and rt_mem_stats.
-** Either backend.
+** Either backend. --no-gpt2 leaves the GPT-2 shapes out (their double-precision loops are most
+** of the time).
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
@@ -673,7 +674,8 @@ int main(int argc, char **argv)
     ** (out, in): forward Y = X W^T, input grad dX = dY W, weight grad dW += dY^T X. f32, and
     ** bf16 inputs with bf16 activations and f32 weight grads. */
     static const int gpt2[][2] = { { 2304, 768 }, { 3072, 768 }, { 768, 3072 }, { 50304, 768 } };
-    for (int ai = 0; ai < 2; ai++)
+    int gpt2_shapes = !(argc > 1 && !strcmp(argv[1], "--no-gpt2"));
+    for (int ai = 0; ai < 2 * gpt2_shapes; ai++)
         for (size_t g = 0; g < sizeof gpt2 / sizeof gpt2[0]; g++) {
             rt_dtype ab = ai ? RT_BF16 : RT_F32, act = ab;
             int out = gpt2[g][0], in = gpt2[g][1];
