@@ -121,7 +121,7 @@ static __device__ float block_max(float v, float *sh)
 ** Column c = blockIdx.x * WARP + lane of K (1 or 2) column sums over rows [0, N): f(n, c, acc)
 ** adds row n's terms to acc[0..K); the totals are added to out0[c] (and out1[c]). Blocks of
 ** COL_WARPS warps, the lanes of a warp reading 32 neighbouring columns of one row. The rows are
-** split into gridDim.y chunks (col_grid: enough blocks to fill the GPU, a function of C only);
+** split into gridDim.y chunks (col_grid: enough blocks to fill the GPU, a function of N and C);
 ** with more than one, each block stores its chunk's sums in col_part, and col_finish adds the
 ** chunks in order. Launch through COL_LAUNCH.
 */
@@ -172,11 +172,16 @@ static __global__ void col_total_kernel(float *out0, float *out1, int C, int K, 
     }
 }
 
-/* The grid of a column reduction over C columns: 32 per block, rows in chunks to fill the GPU */
-static dim3 col_grid(int C, int K)
+/* The grid of a column reduction over N rows and C columns: 32 columns per block, the rows in
+** chunks to fill the GPU, each of at least a block's unrolled step (COL_WARPS x COL_UNROLL
+** rows) */
+static dim3 col_grid(int N, int C, int K)
 {
     unsigned x = (unsigned)CEIL_DIV(C, WARP), y = COL_GRID_BLOCKS / x;
-    y = y < 1 ? 1 : y > 16 ? 16 : y;
+    unsigned most = (unsigned)(N / (COL_WARPS * COL_UNROLL));
+    y = y > 16 ? 16 : y;
+    y = y > most ? most : y;
+    y = y < 1 ? 1 : y;
     while (y > 1 && (size_t)K * y * C > COL_PART_MAX) y--;
     return dim3(x, y);
 }
@@ -190,10 +195,11 @@ static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
     }
 }
 
-/* kernel<S> (a col_reduce of K sums into out0, out1 over C columns), then the chunks' total */
-#define COL_LAUNCH(t, K, kernel, C, out0, out1, ...)                                         \
+/* kernel<S> (a col_reduce of K sums over N rows into out0, out1 over C columns), then the
+** chunks' total */
+#define COL_LAUNCH(t, K, kernel, N, C, out0, out1, ...)                                      \
     do {                                                                                     \
-        dim3 g_ = col_grid((C), (K));                                                        \
+        dim3 g_ = col_grid((N), (C), (K));                                                   \
         LAUNCH_WITH(t, kernel, g_, COL_WARPS * WARP, __VA_ARGS__);                           \
         col_finish((out0), (out1), (C), (K), g_.y);                                         \
     } while (0)
@@ -358,7 +364,7 @@ void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const voi
 {
     LAUNCH(t, layernorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, mean, rstd, N, C);
     if (C > 0)
-        COL_LAUNCH(t, 2, layernorm_bwd_cols_kernel, C, dw, db, dw, db, dout, inp, mean, rstd,
+        COL_LAUNCH(t, 2, layernorm_bwd_cols_kernel, N, C, dw, db, dw, db, dout, inp, mean, rstd,
                    N, C);
 }
 
@@ -507,7 +513,7 @@ void bias_fwd(void *out, const void *bias, int N, int OC, rt_dtype t)
 void bias_bwd(float *dbias, const void *dout, int N, int OC, rt_dtype t)
 {
     if (OC > 0)
-        COL_LAUNCH(t, 1, bias_bwd_kernel, OC, dbias, NULL, dbias, dout, N, OC);
+        COL_LAUNCH(t, 1, bias_bwd_kernel, N, OC, dbias, NULL, dbias, dout, N, OC);
 }
 
 void add_fwd(void *out, const void *a, const void *b, size_t n, rt_dtype t)
@@ -1591,7 +1597,7 @@ void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const
 {
     LAUNCH(t, rmsnorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, rstd, N, C);
     if (C > 0)
-        COL_LAUNCH(t, 1, rmsnorm_bwd_cols_kernel, C, dw, NULL, dw, dout, inp, rstd, N, C);
+        COL_LAUNCH(t, 1, rmsnorm_bwd_cols_kernel, N, C, dw, NULL, dw, dout, inp, rstd, N, C);
 }
 
 void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float theta,
@@ -1951,7 +1957,7 @@ void add_scaled_bias(void *y, const float *s, const void *b, int n, int C, rt_dt
 void scaled_bias_bwd(float *db, const float *s, const void *dy, int n, int C, rt_dtype t)
 {
     if (C > 0)
-        COL_LAUNCH(t, 1, scaled_bias_bwd_kernel, C, db, NULL, db, s, dy, n, C);
+        COL_LAUNCH(t, 1, scaled_bias_bwd_kernel, n, C, db, NULL, db, s, dy, n, C);
 }
 
 void sum_blocks(void *out, const void *in, int nblocks, size_t n, rt_dtype t)
