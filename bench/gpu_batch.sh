@@ -40,7 +40,8 @@
 #            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 and H200 dense bf16).
 #   big      the same for GPT-2 1558M (micro-batch 8, selective recompute; llm.c -e d48).
 #   profile  GPT-2 124M's step per kernel family (bench/step_profile.c with -DPROFILE_CUDA:
-#            each library call timed between two cudaDeviceSynchronize).
+#            each library call timed between two cudaDeviceSynchronize), beside what
+#            bench/cost_model.py predicts for each family.
 # Without the prepared build/device, `run` says so and stops.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -433,6 +434,8 @@ part_profile() {
     note ""
     note "GPT-2 124M, bf16, B 64, T 1024: ms per step by kernel family (synchronised calls)"
     note "$(grep '^profile:' "$OUTD/profile.log" | sed 's/^profile: //')"
+    note ""
+    note "$(python3 bench/cost_model.py 124m --profile "$OUTD/profile.log" 2>&1)"
 }
 
 run() {
