@@ -143,7 +143,8 @@ def main():
     for r in s.rows:
         if r[0] not in fams:
             fams.append(r[0])
-    print(f"GPT-2 {a.model}, B {m['B']}, T {T}, bf16: {sum(r[4] for r in s.rows)} launches per step, at "
+    launches = sum(r[4] for r in s.rows)
+    print(f"GPT-2 {a.model}, B {m['B']}, T {T}, bf16: {launches} launches per step, at "
           f"{a.bw} TB/s, {a.flops} TFLOP/s, {LAUNCH_US} us per launch")
     print(f"{'family':<14} {'launches':>8} {'GB':>8} {'TFLOP':>7} {'as built':>9} {'floor':>8}"
           + (f" {'measured':>9} {'meas/built':>10}" if measured else ""))
@@ -155,7 +156,8 @@ def main():
         built = sum(s.ms(r) for r in rows)
         floor = sum(s.ms(r, floor=True) for r in rows)
         tb, tf = tb + built, tf + floor
-        line = f"{fam:<14} {sum(r[4] for r in rows):>8} {gb:>8.2f} {tfl:>7.2f} {built:>9.2f} {floor:>8.2f}"
+        n = sum(r[4] for r in rows)
+        line = f"{fam:<14} {n:>8} {gb:>8.2f} {tfl:>7.2f} {built:>9.2f} {floor:>8.2f}"
         if measured:
             got = measured.get(fam)
             tm += got or 0.0
@@ -164,7 +166,7 @@ def main():
     tokens = m["B"] * T
     mfu = lambda ms: 100 * tokens / (ms / 1e3) * (6 * P + 6 * m["L"] * m["C"] * T) / PEAK_MFU
     tail = f" {tm:>9.2f} {tm / tb:>10.2f}" if measured else ""
-    print(f"{'step':<14} {sum(r[4] for r in s.rows):>8} {'':>8} {'':>7} {tb:>9.2f} {tf:>8.2f}{tail}")
+    print(f"{'step':<14} {launches:>8} {'':>8} {'':>7} {tb:>9.2f} {tf:>8.2f}{tail}")
     print(f"MFU: as built {mfu(tb):.1f} %, floor {mfu(tf):.1f} %"
           + (f", measured {mfu(tm):.1f} % (synchronised calls)" if measured else ""))
     return 0
