@@ -198,7 +198,8 @@ mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
 # operand layout; a column reduction's row chunk left out of the total
 mutate_cuda cuda-fa-no-rescale attention-bf16 \
     's|o\[n\]\[i\] \*= alpha\[i / 2\];|o[n][i] *= 1.0f;|' 'o[n][i] *= 1.0f;'
-mutate_cuda cuda-fa-lo-dropped attention-bf16 's|fa_mma(acc\[n\], lo, b);|(void)lo;|' '(void)lo;'
+mutate_cuda cuda-fa-lo-dropped attention-bf16 's|if (FA_SPLIT) fa_mma(acc\[n\], lo, b);|(void)lo;|' \
+    '(void)lo;'
 mutate_cuda cuda-fa-dkdv-diagonal-skipped attention-bf16 \
     's|q0 = k0; q0 < a.Tq;|q0 = k0 + FA_TILE; q0 < a.Tq;|' \
     'q0 = k0 + FA_TILE; q0 < a.Tq;'
