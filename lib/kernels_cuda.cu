@@ -402,29 +402,36 @@ static unsigned grid_vec(size_t n, rt_dtype t)
 /* The first element of the thread's group */
 #define VEC_FIRST(S) (((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC(S))
 
-template <class S> static __global__
-void gelu_fwd_kernel(void *out, const void *inp, size_t n, int vec)
+/* out = span(a, b) over [0, n), a thread per group: span(o, x, y, i0, i1) is a kernel_rows.h
+** span over elements [i0, i1) of o, x and y (b may be NULL: then y is not read). */
+template <class S, class F> static __device__
+void vec_map(S *out, const S *a, const S *b, size_t n, int vec, F span)
 {
     size_t i = VEC_FIRST(S);
     if (vec && i + VEC(S) <= n) {
-        alignas(16) S x[VEC(S)], y[VEC(S)];
-        v16(x, as<S>(inp) + i);
-        gelu_fwd_span(y, x, 0, VEC(S));
-        v16(as<S>(out) + i, y);
-    } else if (i < n) gelu_fwd_span(as<S>(out), as<S>(inp), i, MIN(i + VEC(S), n));
+        alignas(16) S x[VEC(S)], y[VEC(S)], o[VEC(S)];
+        v16(x, a + i);
+        if (b) v16(y, b + i);
+        span(o, x, y, 0, VEC(S));
+        v16(out + i, o);
+    } else if (i < n) span(out, a, b, i, MIN(i + VEC(S), n));
 }
 
 template <class S> static __global__
+void gelu_fwd_kernel(void *out, const void *inp, size_t n, int vec)
+{
+    vec_map(as<S>(out), as<S>(inp), (const S *)NULL, n, vec,
+            [](S *o, const S *x, const S *, size_t i0, size_t i1) { gelu_fwd_span(o, x, i0, i1); });
+}
+
+/* dinp may be dout (in place) */
+template <class S> static __global__
 void gelu_bwd_kernel(void *dinp, const void *inp, const void *dout, size_t n, int vec)
 {
-    size_t i = VEC_FIRST(S);
-    if (vec && i + VEC(S) <= n) {
-        alignas(16) S x[VEC(S)], d[VEC(S)], y[VEC(S)];
-        v16(x, as<S>(inp) + i);
-        v16(d, as<S>(dout) + i);
-        gelu_bwd_span(y, x, d, 0, VEC(S));
-        v16(as<S>(dinp) + i, y);
-    } else if (i < n) gelu_bwd_span(as<S>(dinp), as<S>(inp), as<S>(dout), i, MIN(i + VEC(S), n));
+    vec_map(as<S>(dinp), as<S>(inp), as<S>(dout), n, vec,
+            [](S *o, const S *x, const S *d, size_t i0, size_t i1) {
+                gelu_bwd_span(o, x, d, i0, i1);
+            });
 }
 
 /* vec: also OC a multiple of VEC(S), so a group is one row's and its bias is aligned */
@@ -454,17 +461,12 @@ void bias_bwd_kernel(float *dbias, const void *dout, int N, int OC)
     });
 }
 
+/* out may be a (in place) */
 template <class S> static __global__
 void add_kernel(void *out, const void *a, const void *b, size_t n, int vec)
 {
-    size_t i = VEC_FIRST(S);
-    if (vec && i + VEC(S) <= n) {
-        alignas(16) S x[VEC(S)], y[VEC(S)];
-        v16(x, as<S>(a) + i);
-        v16(y, as<S>(b) + i);
-        add_span(x, x, y, 0, VEC(S));
-        v16(as<S>(out) + i, x);
-    } else if (i < n) add_span(as<S>(out), as<S>(a), as<S>(b), i, MIN(i + VEC(S), n));
+    vec_map(as<S>(out), as<S>(a), as<S>(b), n, vec,
+            [](S *o, const S *x, const S *y, size_t i0, size_t i1) { add_span(o, x, y, i0, i1); });
 }
 
 template <class S> static __global__
@@ -1143,8 +1145,8 @@ static __device__ fa_head fa_head_of(const att_call &a, int hd)
     return f;
 }
 
-/* The causal mask of fragment element (n, i) of a warp's rows from row0 (queries: q; keys: k)
-** against a tile's columns from col0: may the query see the key, both inside their tiles? */
+/* The causal mask: may query qrow see key 'key', both before their tiles' ends (nq_end,
+** nk_end)? */
 static __device__ bool fa_vis(int qrow, int nq_end, int key, int nk_end)
 {
     return qrow < nq_end && key < nk_end && key <= qrow;
