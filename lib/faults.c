@@ -5,7 +5,9 @@
 ** stop take their decision on every rank alike (world.h), then report once.
 */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
@@ -122,17 +124,23 @@ void lib_faults_report(void)
 /* -- Exit signals ------------------------------------------------------------------------- */
 
 /*
-** Exit signals (--exit-signal): the first sets got_signal (the step loop stops after the step
+** Exit signals (--exit-signal): before the first step (start-up: loading, opening the files)
+** one ends this rank at once, as nothing is trained yet; then the first sets got_signal (the step loop stops after the step
 ** and saves) and starts the --exit-grace alarm; a second one, or the alarm, ends this rank at
 ** once with a line on stderr (async-signal-safe: write and _exit only). The checkpoint being
 ** written is then incomplete, which --resume ignores.
 */
-static volatile sig_atomic_t got_signal;
+static volatile sig_atomic_t got_signal, stepping;
 static unsigned grace_s;
-static char abort_second[256], abort_grace[256];
+static char abort_second[256], abort_grace[256], abort_start[256];
 
 static void on_exit_signal(int sig)
 {
+    if (!stepping) {          /* start-up: nothing to save; a blocking open or read ends too */
+        ssize_t r = write(2, abort_start, strlen(abort_start));
+        (void)r;
+        _exit(128 + sig);
+    }
     if (got_signal) {
         ssize_t r = write(2, abort_second, strlen(abort_second));
         (void)r;
@@ -157,6 +165,8 @@ void lib_signals_install(const lib_flags *f)
     if (!f->exit_signals) return;
     snprintf(abort_second, sizeof abort_second, "train: rank %d: a second signal: stopping "
              "now, without a checkpoint (the newest complete one is intact)\n", rt_rank());
+    snprintf(abort_start, sizeof abort_start, "train: rank %d: an exit signal before the first "
+             "step: stopping now (nothing trained yet, nothing to save)\n", rt_rank());
     grace_s = (unsigned)ceil(f->exit_grace);
     snprintf(abort_grace, sizeof abort_grace, "train: rank %d: --exit-grace %u s ran out: "
              "stopping now, without a checkpoint (the newest complete one is intact)\n",
@@ -170,6 +180,12 @@ void lib_signals_install(const lib_flags *f)
         if ((unsigned)f->exit_signals & 1u << sig) sigaction(sig, &sa, NULL);
     sa.sa_handler = on_grace_alarm;
     sigaction(SIGALRM, &sa, NULL);
+}
+
+/* The step loop starts: from now on an exit signal stops the run after the step that runs. */
+void lib_signals_stepping(void)
+{
+    stepping = 1;
 }
 
 /* The exit signal received (the first one), or 0: the run stops after the step that runs. */
@@ -243,12 +259,157 @@ static int can_create(const char *probe, char *msg, size_t cap)
     return 1;
 }
 
+/* -- The files of a run, checked at start-up --------------------------------------------- */
+
+/* Every file the run reads (inputs) or writes (outputs), for the checks below. */
+enum { IO_MAX = 64 };
+typedef struct {
+    char path[4200];
+    const char *flag;         /* the flag that names it: "--init", "--log", ... */
+    int exists;
+    struct stat st;           /* when it exists (stat: symbolic links followed) */
+} io_file;
+typedef struct { io_file f[IO_MAX]; int n; } io_list;
+
+static void io_add(io_list *l, const char *flag, const char *fmt, const char *path,
+                   const char *suffix)
+{
+    if (l->n == IO_MAX) return;
+    io_file *e = &l->f[l->n++];
+    if (snprintf(e->path, sizeof e->path, fmt, path, suffix) >= (int)sizeof e->path) {
+        l->n--;               /* beyond PATH_MAX: no such file */
+        return;
+    }
+    e->flag = flag;
+    e->exists = stat(e->path, &e->st) == 0;
+}
+
+static int same_inode(const io_file *a, const io_file *b)
+{
+    return a->exists && b->exists && a->st.st_dev == b->st.st_dev && a->st.st_ino == b->st.st_ino;
+}
+
+static int ends_with(const char *s, const char *end)
+{
+    size_t n = strlen(s), k = strlen(end);
+    return n >= k && !strcmp(s + n - k, end);
+}
+
+/* --init's files: the path; for a directory, or an index beside its shards, every
+** .safetensors and .json file there (the shards an index names live beside it). */
+static void io_add_init(io_list *l, const char *init)
+{
+    struct stat st;
+    char dir[4096];
+    io_add(l, "--init", "%s%s", init, "");
+    const char *d = !stat(init, &st) && S_ISDIR(st.st_mode) ? init :
+                    ends_with(init, ".json") ? dir_of(init, dir, sizeof dir) : NULL;
+    DIR *dp = d ? opendir(d) : NULL;
+    struct dirent *e;
+    while (dp && (e = readdir(dp))) {
+        if (!ends_with(e->d_name, ".safetensors") && !ends_with(e->d_name, ".json")) continue;
+        io_add(l, "--init", "%s/%s", d, e->d_name);
+        if (same_inode(&l->f[l->n - 1], &l->f[0])) l->n--;     /* --init itself */
+    }
+    if (dp) closedir(dp);
+}
+
+/* What a file is, for a message, when it is not a regular file. */
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ?
+           "a character device" : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" :
+           "not a regular file";
+}
+
+/* The same file: one inode, or (not yet made) one path, its directory's real path compared. */
+static int same_file(const io_file *a, const io_file *b)
+{
+    if (a->exists && b->exists) return same_inode(a, b);
+    if (a->exists || b->exists) return 0;
+    char da[4096], db[4096], ra[PATH_MAX], rb[PATH_MAX];
+    const char *ba = strrchr(a->path, '/'), *bb = strrchr(b->path, '/');
+    ba = ba ? ba + 1 : a->path;
+    bb = bb ? bb + 1 : b->path;
+    return !strcmp(ba, bb) && realpath(dir_of(a->path, da, sizeof da), ra) &&
+           realpath(dir_of(b->path, db, sizeof db), rb) && !strcmp(ra, rb);
+}
+
 /*
-** Before any training: every output (--log, --ckpt-dir, --save) can be written, its directory
-** made, and there is room for what the run will write there (one resume checkpoint of every
-** rank, 'ckpt_bytes' each; the --save file of 'save_bytes'; both when they share a file
-** system). Rank 0 looks, as it writes the directories; every rank stops alike
-** (lib_fail_file), and a long run never finds out at its end. Collective over the world.
+** The paths of the run's files, before anything is opened (rank 0; a message into msg and
+** the file into *where when one is wrong): every path, with the longest suffix the run adds to
+** it, fits the system's PATH_MAX, so that no write fails half-way at the first checkpoint; an
+** input that exists is a regular file (--init: or a directory), and an output that exists is a
+** regular file (--ckpt-dir: a directory): a FIFO or a device would block or swallow the run's
+** writes; no output is an input (by inode: the output would destroy it) or another output.
+*/
+static void check_paths(const lib_flags *f, char *msg, size_t cap, const char **where)
+{
+    /* the longest names the run makes of each output (ckpt.c, weights.c, train.c) */
+    static const struct { const char *flag, *longest; } suffix[] = {
+        { "--ckpt-dir", "/step_00000000.old/rank_00000.bin" },
+        { "--save", ".tmp" }, { "--log", ".tmp" },
+    };
+    static io_list io;        /* large: not on the stack */
+    const char *out[3] = { f->ckpt_dir, f->save, f->log };
+    for (int k = 0; k < 3; k++) {
+        if (!out[k]) continue;
+        size_t n = strlen(out[k]), most = PATH_MAX - 1 - strlen(suffix[k].longest);
+        if (n > most) {
+            *where = suffix[k].flag;
+            snprintf(msg, cap, "the path is %zu characters long: at most %zu, so that the "
+                     "files the run writes there (PATH%s) fit the system's %d", n, most,
+                     suffix[k].longest, PATH_MAX);
+            return;
+        }
+    }
+    io.n = 0;
+    if (f->init) io_add_init(&io, f->init);
+    if (f->data) {
+        io_add(&io, "--data", "%s%s", f->data, "");
+        io_add(&io, "--data", "%s%s", f->data, ".bin");
+        io_add(&io, "--data", "%s%s", f->data, ".idx");
+    }
+    for (int k = 0; k < f->ndata_path; k++) {
+        io_add(&io, "--data-path", "%s%s", f->data_path[k], ".bin");
+        io_add(&io, "--data-path", "%s%s", f->data_path[k], ".idx");
+    }
+    int inputs = io.n;
+    if (f->log) io_add(&io, "--log", "%s%s", f->log, "");
+    if (f->save) io_add(&io, "--save", "%s%s", f->save, "");
+    for (int i = 0; i < io.n; i++) {
+        const io_file *e = &io.f[i];
+        int dir_ok = !strcmp(e->flag, "--init") && i == 0;
+        if (e->exists && !S_ISREG(e->st.st_mode) && !(dir_ok && S_ISDIR(e->st.st_mode)) &&
+            !(i >= inputs && S_ISDIR(e->st.st_mode))) {   /* outputs: the checks below */
+            *where = e->path;
+            snprintf(msg, cap, "is %s: %s takes a regular file%s", file_kind(e->st.st_mode),
+                     e->flag, dir_ok ? " or a directory" : i < inputs ? "" :
+                     " (a FIFO or device would block or lose the run's writes)");
+            return;
+        }
+    }
+    for (int i = inputs; i < io.n; i++)
+        for (int j = 0; j < i; j++)
+            if (same_file(&io.f[i], &io.f[j])) {
+                *where = io.f[i].path;
+                if (j < inputs)
+                    snprintf(msg, cap, "%s would overwrite the input %s reads; give %s "
+                             "another path", io.f[i].flag, io.f[j].flag, io.f[i].flag);
+                else
+                    snprintf(msg, cap, "%s and %s name the same file; give %s another path",
+                             io.f[i].flag, io.f[j].flag, io.f[i].flag);
+                return;
+            }
+}
+
+/*
+** Before any training: the paths of every input and output (check_paths), then every output
+** (--log, --ckpt-dir, --save) can be written, its directory made, and there is room for what
+** the run will write there (one resume checkpoint of every rank, 'ckpt_bytes' each; the --save
+** file of 'save_bytes'; both when they share a file system). Rank 0 looks, as it writes the
+** directories; every rank stops alike (lib_fail_file), and a long run never finds out at its
+** end. Collective over the world.
 */
 void lib_check_outputs(const lib_flags *f, long long ckpt_bytes, long long save_bytes)
 {
@@ -257,7 +418,8 @@ void lib_check_outputs(const lib_flags *f, long long ckpt_bytes, long long save_
     char msg[600] = "", d[4096], probe[4200];
     const char *where = "train";
     struct stat st, sd;
-    if (rt_rank() == 0 && f->log) {
+    if (rt_rank() == 0) check_paths(f, msg, sizeof msg, &where);
+    if (rt_rank() == 0 && !*msg && f->log) {
         FILE *fp = NULL;
         where = f->log;
         if (make_dirs(dir_of(f->log, d, sizeof d)) || !(fp = fopen(f->log, "a")))
@@ -280,15 +442,16 @@ void lib_check_outputs(const lib_flags *f, long long ckpt_bytes, long long save_
         }
     }
     if (rt_rank() == 0 && !*msg && f->save) {
+        const char *save_dir;
         where = f->save;
         snprintf(probe, sizeof probe, "%s.tmp", f->save);
         if (!stat(f->save, &st) && S_ISDIR(st.st_mode))
             snprintf(msg, sizeof msg, "is a directory (--save takes a file name)");
-        else if (make_dirs(dir_of(f->save, d, sizeof d)))
+        else if (make_dirs(save_dir = dir_of(f->save, d, sizeof d)))
             snprintf(msg, sizeof msg, "cannot create its directory: %s (--save)",
                      strerror(errno));
         else if (can_create(probe, msg, sizeof msg) && !same_fs)
-            room_for(d, save, "--save", msg, sizeof msg);
+            room_for(save_dir, save, "--save", msg, sizeof msg);   /* "." is not in d */
     }
     long long bad = *msg != 0;
     lib_world_allreduce_max(&bad);

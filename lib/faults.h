@@ -17,6 +17,7 @@ void lib_fault_point(void);
 void lib_faults_report(void);
 
 void lib_signals_install(const lib_flags *f);
+void lib_signals_stepping(void);
 int lib_exit_signal(void);
 
 void lib_check_outputs(const lib_flags *f, long long ckpt_bytes, long long save_bytes);

@@ -6,10 +6,12 @@
 */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt.h"     // defines: lib_ckpt_save, lib_ckpt_load, lib_ckpt_newest, lib_ckpt_clean
 #include "data.h"     // defines: lib_tokens, lib_tokens_open_flags, lib_tokens_batch, ...
@@ -49,21 +51,42 @@ static void log_truncate(const char *path, int upto)
         if (sscanf(line, "{\"step\":%d", &step) == 1) keep = step <= upto;
         if (keep) fputs(line, out);
     }
-    RT_CHECK(!ferror(in) && fclose(out) == 0, "%s: cannot rewrite: %s", path, strerror(errno));
+    RT_CHECK(!ferror(in) && !ferror(out) && fclose(out) == 0, "%s: cannot rewrite: %s", path,
+             strerror(errno));
     fclose(in);
     RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
 }
 
 /*
-** Step 'step' (1-based) of f->steps on rank 0: its line on stdout (unless --quiet; a skipped
-** step is reported even then) and its JSON object in the --log file 'log' (NULL: none).
-** 'skipped': the steps skipped so far.
+** Append 'line' to the log 'fd' whole or not at all: a write that fails part-way (a full disk)
+** is cut back to the line before. 0, or the errno of the failure.
 */
-static void log_step(FILE *log, const lib_flags *f, int step, const gpt_step_in *in,
-                     const gpt_step_out *out, double ms, double comm_ms, int skipped)
+static int log_write(int fd, const char *line, size_t n)
+{
+    off_t at = lseek(fd, 0, SEEK_END);
+    for (size_t done = 0; done < n; ) {
+        ssize_t w = write(fd, line + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int why = w < 0 ? errno : ENOSPC;
+            if (at >= 0 && ftruncate(fd, at)) { /* the cut failed too: the line stays cut */ }
+            return why;
+        }
+        done += (size_t)w;
+    }
+    return 0;
+}
+
+/*
+** Step 'step' (1-based) of f->steps on rank 0: its line on stdout (unless --quiet; a skipped
+** step is reported even then) and its JSON object in the --log file 'log' (-1: none).
+** 'skipped': the steps skipped so far. Returns 0, or the errno of a failed write of the log.
+*/
+static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in,
+                    const gpt_step_out *out, double ms, double comm_ms, int skipped)
 {
     double tok_s = (double)gpt.prog->tokens_per_step / (ms / 1e3);
-    char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32];
+    char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32], line[512];
     if (gpt.prog->dims.moe) {
         snprintf(aux, sizeof aux, " | aux %.6f", out->aux_loss);
         snprintf(auxj, sizeof auxj, ",\"aux_loss\":%s", json_num(a, sizeof a, out->aux_loss));
@@ -78,15 +101,14 @@ static void log_step(FILE *log, const lib_flags *f, int step, const gpt_step_in 
     if (out->skipped && f->quiet)
         printf("step %d/%d: loss %g, gradient norm %g: not finite%s\n", step, f->steps,
                out->loss, out->grad_norm, skip);
-    if (log) {
-        fprintf(log, "{\"step\":%d,\"loss\":%s%s,\"lr\":%.9g,\"grad_norm\":%s,"
-                "\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%.1f%s}\n", step,
-                json_num(l, sizeof l, out->loss), auxj, (double)in->lr,
-                json_num(g, sizeof g, out->grad_norm), ms, comm_ms, tok_s,
-                out->skipped ? ",\"skipped\":true" : "");
-        fflush(log);
-    }
     fflush(stdout);
+    if (log < 0) return 0;
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s%s,\"lr\":%.9g,"
+                     "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%.1f%s}\n", step,
+                     json_num(l, sizeof l, out->loss), auxj, (double)in->lr,
+                     json_num(g, sizeof g, out->grad_norm), ms, comm_ms, tok_s,
+                     out->skipped ? ",\"skipped\":true" : "");
+    return log_write(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 /* -- Main ----------------------------------------------------------------------------------- */
@@ -157,13 +179,15 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         RT_CHECK(inputs && targets && position, "out of memory");
         for (int t = 0; t < D->T; t++) position[t] = gpt_cp_position(t);
     }
-    FILE *log = NULL;
+    int log = -1, log_err = 0, log_lost = 0;   /* --log (rank 0); a failed write: errno, step */
     if (f.log && rt_rank() == 0) {
-        log = fopen(f.log, start > 0 ? "a" : "w");
-        RT_CHECK(log, "%s: cannot open: %s", f.log, strerror(errno));
+        log = open(f.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (start > 0 ? 0 : O_TRUNC),
+                   0644);
+        RT_CHECK(log >= 0, "%s: cannot open: %s", f.log, strerror(errno));
     }
     const char *stopped = NULL;     /* why the run stops before --steps */
     int s;
+    lib_signals_stepping();
     for (s = start; s < f.steps && !stopped; s++) {
         double t0 = rt_now(), blocked0;
         rt_comm_stats(&blocked0, NULL);
@@ -177,7 +201,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
                            .eps = (float)f.eps, .wd = (float)f.wd, .clip = (float)f.clip,
                            .inputs = st->needs_inputs ? inputs : NULL,
                            .targets = st->needs_targets ? targets : NULL,
-                           .stop = lib_exit_signal() || late };
+                           .stop = lib_exit_signal() || late || log_err };
         gpt_step_out out;
         st->step(&in, &out);
         rt_sync();
@@ -187,22 +211,34 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         if (rt_rank() == 0) {
             double blocked;
             rt_comm_stats(&blocked, NULL);
-            log_step(log, &f, s + 1, &in, &out, (rt_now() - t0) * 1e3,
-                     (blocked - blocked0) * 1e3, skipped);
+            int err = log_step(log, &f, s + 1, &in, &out, (rt_now() - t0) * 1e3,
+                               (blocked - blocked0) * 1e3, skipped);
+            if (err && !log_err) {  /* stop logging; every rank stops after the next step */
+                log_err = err, log_lost = s + 1;
+                close(log);
+                log = -1;
+            }
         }
         int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
         if (saved) lib_ckpt_save(&f, s + 1, updates, skipped);
         int sig = lib_exit_signal();
         if (s + 1 < f.steps && out.stop)
-            stopped = sig ? lib_signal_name(sig) : late ? "--exit-duration-in-mins"
-                                                        : "another rank's signal or time limit";
+            stopped = sig ? lib_signal_name(sig) : late ? "--exit-duration-in-mins" : log_err ?
+                      "a failed write of --log" : "another rank's signal or time limit";
         else if (s + 1 < f.steps && f.exit_interval && (s + 1) % f.exit_interval == 0)
             stopped = "--exit-interval";
         if (stopped && f.ckpt_dir && !saved) lib_ckpt_save(&f, s + 1, updates, skipped);
     }
-    if (log) fclose(log);
+    if (log >= 0 && close(log) && !log_err) log_err = errno, log_lost = s;
     lib_sync();
     int rc = 0;
+    if (log_err) {          /* rank 0 alone knows: its status says it (mpirun passes it on) */
+        fprintf(stderr, "train: error: %s: cannot write the line of step %d: %s; the log has "
+                "the steps before it%s\n", f.log, log_lost, strerror(log_err),
+                s > log_lost ? " (the run stopped after the next step, which no line records)" :
+                "");
+        rc = 1;
+    }
     if (stopped && f.ckpt_dir) {
         if (rt_rank() == 0)
             printf("stopped by %s after step %d of %d: saved %s/step_%08d; continue with "

@@ -131,6 +131,43 @@ startup ckpt-unwritable "$S/a-file/ck: error: cannot create the checkpoint direc
     --ckpt-dir "$S/a-file/ck" --ckpt-every 2
 startup log-unwritable "$S/a-file/log.jsonl: error: cannot write the log: Not a directory\
  (--log); checked before training, nothing was run" --log "$S/a-file/log.jsonl"
+# An output that is an input, or another output, or not a regular file, and a --ckpt-dir whose
+# checkpoint paths would not fit PATH_MAX: refused before anything is opened (a FIFO would
+# block the run at its open; --log on the data truncated it; a long --ckpt-dir failed at the
+# first checkpoint, its message cut).
+cp "$S/tok.bin" "$S/in.bin"
+startup log-is-data "$S/in.bin: error: --log would overwrite the input --data reads; give --log\
+ another path; checked before training, nothing was run" --data "$S/in.bin" --log "$S/in.bin"
+startup save-is-data "$S/in.bin: error: --save would overwrite the input --data reads; give\
+ --save another path; checked before training, nothing was run" --data "$S/in.bin" \
+    --save "$S/in.bin"
+ln -sf in.bin "$S/in-link.bin"
+startup log-links-to-data "$S/in-link.bin: error: --log would overwrite the input --data reads;\
+ give --log another path; checked before training, nothing was run" --data "$S/in.bin" \
+    --log "$S/in-link.bin"
+startup save-is-log "$S/./same.out: error: --save and --log name the same file; give --save\
+ another path; checked before training, nothing was run" --log "$S/same.out" \
+    --save "$S/./same.out"
+if run "$P1" 1 init-src --steps 0 --save "$S/init.safetensors" > /dev/null 2>&1; then
+    startup log-is-init "$S/init.safetensors: error: --log would overwrite the input --init\
+ reads; give --log another path; checked before training, nothing was run" \
+        --init "$S/init.safetensors" --log "$S/init.safetensors"
+else
+    fail log-is-init "--steps 0 --save failed: $(first_error "$S/init-src.log")"
+fi
+[ -p "$S/fifo" ] || mkfifo "$S/fifo"
+startup log-fifo "$S/fifo: error: is a FIFO: --log takes a regular file (a FIFO or device would\
+ block or lose the run's writes); checked before training, nothing was run" --log "$S/fifo"
+startup init-fifo "$S/fifo: error: is a FIFO: --init takes a regular file or a directory;\
+ checked before training, nothing was run" --init "$S/fifo"
+startup log-device "/dev/full: error: is a character device: --log takes a regular file (a\
+ FIFO or device would block or lose the run's writes); checked before training, nothing was\
+ run" --log /dev/full
+long=$S/$(printf 'd%.0s' $(seq $((4070 - ${#S} - 1))))
+startup ckpt-dir-too-long "--ckpt-dir: error: the path is 4070 characters long: at most 4062,\
+ so that the files the run writes there (PATH/step_00000000.old/rank_00000.bin) fit the\
+ system's 4096; checked before training, nothing was run" --ckpt-dir "$long" --ckpt-every 2
+[ ! -e "$long" ] || fail ckpt-dir-too-long "the directory was made"
 # directories that do not exist yet are made
 if run "$P1" 1 mkdirs --save "$S/new/a/model.safetensors" --ckpt-dir "$S/new/b/ck" \
         --ckpt-every 4 > /dev/null 2>&1 && [ -f "$S/new/a/model.safetensors" ] &&
@@ -180,6 +217,39 @@ if mount -t tmpfs -o size=64k tmpfs "$TMPFS" 2> /dev/null; then
 else
     skip disk-startup "cannot mount a tmpfs here (needs root)"
     skip disk-full "cannot mount a tmpfs here (needs root)"
+fi
+
+# The log on a full disk (4 KiB: about 30 lines): the line that does not fit is not written
+# (the log ends with whole lines), the job stops after the next step with a checkpoint, names
+# the failed write and exits 1 (it went on with its log cut mid-line and exited 0). --save's
+# room is checked where --save goes, not on the log's file system.
+TL=$S/tmpfs-log
+mkdir -p "$TL"
+if mount -t tmpfs -o size=4k tmpfs "$TL" 2> /dev/null; then
+    trap 'umount "$TL" 2> /dev/null' EXIT
+    run "$P1" 1 log-full --steps 40 --decay-steps 40 --log "$TL/log.jsonl" \
+        --ckpt-dir "$S/ck-log-full" --save "$S/log-full.safetensors" > /dev/null 2>&1
+    rc=$?
+    n=$(grep -c '}$' "$TL/log.jsonl")
+    after=$((n + 2))
+    if [ $rc != 1 ]; then fail log-full "status $rc, want 1: $(first_error "$S/log-full.log")"
+    elif ! grep -q "^train: error: $TL/log.jsonl: cannot write the line of step $((n + 1)): No\
+ space left on device; the log has the steps before it (the run stopped after the next step,\
+ which no line records)$" "$S/log-full.log"; then
+        fail log-full "want the failed write named: $(first_error "$S/log-full.log")"
+    elif [ "$(tail -c 1 "$TL/log.jsonl" | od -An -c | tr -d ' ')" != '\n' ] ||
+         [ "$(wc -l < "$TL/log.jsonl")" != "$n" ]; then
+        fail log-full "the log does not end with a whole line: $(tail -c 80 "$TL/log.jsonl")"
+    elif ! grep -q "^stopped by a failed write of --log after step $after of 40: saved\
+ $S/ck-log-full/step_$(printf %08d $after); continue with --resume$" "$S/log-full.log" ||
+         [ ! -d "$S/ck-log-full/step_$(printf %08d $after)" ]; then
+        fail log-full "want a checkpoint of step $after: $(grep stopped "$S/log-full.log")"
+    else pass log-full
+    fi
+    umount "$TL"
+    trap - EXIT
+else
+    skip log-full "cannot mount a tmpfs here (needs root)"
 fi
 
 # -- 3. Killed while writing a checkpoint, at every point --------------------------------------
