@@ -56,6 +56,7 @@ struct fiber {
     void *sp;                 /* saved stack pointer while switched out */
     unsigned mask;            /* AT_WARP: the collective's mask */
     uint64_t value;           /* AT_WARP: the published bytes */
+    uint64_t snap;            /* 'value' when the collective was released, read by the lanes */
     int kind_tag;             /* AT_WARP: which collective (exchange 1, sync 2) */
 };
 
@@ -77,11 +78,26 @@ static std::map<const void *, int> max_smem;
     abort();
 }
 
+/* The running fiber stops (its state set): switch straight to the next READY fiber of the
+** scheduler's round, or back to the scheduler at the round's end (one switch, not two). */
+static void yield_next()
+{
+    fiber *me = running, *end = fibers.data() + fibers.size();
+    for (fiber *f = me + 1; f < end; f++)
+        if (f->state == READY) {
+            running = f;
+            cur = &f->ts;
+            emu_switch(&me->sp, f->sp);
+            return;
+        }
+    emu_switch(&me->sp, sched_sp);
+}
+
 static void fiber_main()
 {
     (*body)();
     running->state = DONE;
-    emu_switch(&running->sp, sched_sp);
+    yield_next();
     abort();                              /* never resumed */
 }
 
@@ -99,7 +115,7 @@ static void fiber_start(fiber &f, int i)
 static void wait(wait_kind k)
 {
     running->state = k;
-    emu_switch(&running->sp, sched_sp);
+    yield_next();
 }
 
 void sync_block() { wait(AT_BLOCK); }
@@ -110,6 +126,11 @@ static int lane_of(const fiber &f)
                   f.ts.tid.z * block_dim.x * block_dim.y) % WARP);
 }
 
+/*
+** One wait per exchange: the release copies every waiting lane's published value to its snap,
+** which the lanes read. A released lane runs (and reads) in the scheduler's next round, before
+** any later release can overwrite a snap, so a lane that publishes again first is harmless.
+*/
 uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_of(int, int, int), int arg,
                        int width)
 {
@@ -125,10 +146,8 @@ uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_of(int, int, int), 
     uint64_t r = mine;
     if (src >= 0 && src != lane) {
         if (!(mask >> src & 1u)) die("%s", "a warp shuffle reads a lane its mask leaves out");
-        r = fibers[base + src].value;
+        r = fibers[base + src].snap;
     }
-    me->kind_tag = 2;                     /* every lane has read before anyone publishes again */
-    wait(AT_WARP);
     return r;
 }
 
@@ -196,7 +215,10 @@ static bool release(size_t n)
                 die("%s", "a warp collective's mask names lanes past the block's last thread");
         }
         for (size_t i = w; i < end; i++)
-            if (fibers[i].state == AT_WARP) fibers[i].state = READY;
+            if (fibers[i].state == AT_WARP) {
+                fibers[i].snap = fibers[i].value;
+                fibers[i].state = READY;
+            }
         any = true;
     }
     if (any) return true;
@@ -251,8 +273,10 @@ void run(const char *what, const void *fn, dim3 grid, dim3 block, size_t smem,
             fiber_start(fibers[i], (int)i);
         }
         for (;;) {
+            /* a round: the first READY fiber runs, and each one that stops hands on to the
+            ** next READY one (yield_next); the last returns here */
             bool ran = false;
-            for (size_t i = 0; i < n; i++) {
+            for (size_t i = 0; i < n && !ran; i++) {
                 if (fibers[i].state != READY) continue;
                 running = &fibers[i];
                 cur = &fibers[i].ts;
