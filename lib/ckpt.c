@@ -105,9 +105,9 @@ static const char *text_value(const char *text, const char *key, size_t klen, in
     return NULL;
 }
 
-/* The first field of 'a' that 'b' has not alike (its key and both values into 'out' as
-** "KEY A there, B here" when 'a' is the file's text, with 'swap' the other way round);
-** 0 when every field of 'a' is in 'b' alike. */
+/* The first field of text 'a' whose key 'b' lacks or gives another value, into 'out' as
+** "KEY VALUE there, VALUE here" (there: the file's text; 'swap': 'a' is this program's, 'b'
+** the file's); 0 when 'b' has every field of 'a' alike. */
 static int text_diff(const char *a, const char *b, int swap, char *out, size_t cap)
 {
     for (const char *l = a; *l; ) {
@@ -141,9 +141,9 @@ static void first_difference(const char *there, const char *here, char *out, siz
 }
 
 /*
-** Whether this rank's file of a checkpoint, read whole into 'hd', 'texts' and 'data', belongs to
-** this program: its model, its layout, the rank and its coordinates, world, stage and size.
-** Returns 0, or -1 with the first difference in 'msg'.
+** Whether this rank's file of a checkpoint (its header 'hd' and its 'texts', read by
+** ckpt_read) was written by this program: its model, its layout, the rank and its
+** coordinates, world, stage and size. Returns 0, or -1 with the first difference in 'msg'.
 */
 static int ckpt_same_program(const ckpt_header *hd, const char *texts, char *msg, size_t cap)
 {
@@ -348,8 +348,14 @@ static int ckpt_read(const char *file, ckpt_header *hd, char **texts, unsigned c
     memset(hd, 0, sizeof *hd);
     *texts = NULL;
     FILE *fp = fopen(file, "rb");
-    if (!fp || fstat(fileno(fp), &st) || fread(&hd->magic, sizeof hd->magic, 1, fp) != 1) {
-        snprintf(msg, cap, "cannot read: %s", fp && !ferror(fp) ? "empty file" : strerror(errno));
+    if (!fp || fstat(fileno(fp), &st)) {
+        snprintf(msg, cap, "cannot read: %s", strerror(errno));
+        goto out;
+    }
+    if (fread(&hd->magic, sizeof hd->magic, 1, fp) != 1) {
+        if (ferror(fp)) snprintf(msg, cap, "cannot read: %s", strerror(errno));
+        else snprintf(msg, cap, "truncated: %lld bytes, shorter than its header",
+                      (long long)st.st_size);
         goto out;
     }
     version = hd->magic == CKPT_MAGIC ? 4 : hd->magic == CKPT_MAGIC3 ? 3 :
@@ -367,13 +373,21 @@ static int ckpt_read(const char *file, ckpt_header *hd, char **texts, unsigned c
         goto out;
     }
     if (version == 2) hd->updates = hd->step;
+    if (hd->model_len > CKPT_TEXT_MAX || hd->layout_len > CKPT_TEXT_MAX ||
+        hd->made_len > CKPT_TEXT_MAX || hd->nbytes > (unsigned long long)st.st_size) {
+        snprintf(msg, cap, "damaged: its header's sizes cannot be (texts of %llu, %llu and %llu "
+                 "bytes, a state of %llu bytes in a file of %lld)",
+                 (unsigned long long)hd->model_len, (unsigned long long)hd->layout_len,
+                 (unsigned long long)hd->made_len, (unsigned long long)hd->nbytes,
+                 (long long)st.st_size);
+        version = 0;
+        goto out;
+    }
     unsigned long long ntext = version < 4 ? 0 : hd->model_len + hd->layout_len + hd->made_len;
     unsigned long long want = words * sizeof hd->magic + ntext + hd->nbytes;
-    if (hd->model_len > CKPT_TEXT_MAX || hd->layout_len > CKPT_TEXT_MAX ||
-        hd->made_len > CKPT_TEXT_MAX || want != (unsigned long long)st.st_size) {
-        snprintf(msg, cap, "truncated or damaged: %lld bytes, its header says %llu",
-                 (long long)st.st_size, hd->model_len > CKPT_TEXT_MAX ||
-                 hd->layout_len > CKPT_TEXT_MAX || hd->made_len > CKPT_TEXT_MAX ? 0 : want);
+    if (want != (unsigned long long)st.st_size) {
+        snprintf(msg, cap, "truncated or damaged: %lld bytes, not the %llu its header says",
+                 (long long)st.st_size, want);
         version = 0;
         goto out;
     }
