@@ -463,8 +463,8 @@ void lib_ckpt_load(const lib_flags *f, int step, int *updates, int *skipped)
         snprintf(msg + used, sizeof msg - used, "; to resume from the checkpoint before it, "
                  "move %s/step_%08d aside", f->ckpt_dir, step);
     else if (version == 4) ckpt_same_program(&hd, texts, msg, sizeof msg);
-    else if (version && (hd.world != (unsigned long long)gpt.prog->world ||
-                         hd.stage != (unsigned long long)gpt.pp_rank || hd.nbytes != n))
+    else if (hd.world != (unsigned long long)gpt.prog->world ||
+             hd.stage != (unsigned long long)gpt.pp_rank || hd.nbytes != n)
         snprintf(msg, sizeof msg, "written by a different program (world %llu, stage %llu, "
                  "%llu bytes; here world %d, stage %d, %zu bytes)",
                  (unsigned long long)hd.world, (unsigned long long)hd.stage,
