@@ -279,6 +279,11 @@ typedef struct {
 typedef struct {
     const char *model;                     /* "models/tiny.lua" */
     const char *layout;                    /* "tp2 pp2 dp2", for messages */
+    const char *model_text;                /* the resolved model, "key=value\n" lines in a
+                                              fixed order (gen/lua/program.lua model_text) */
+    const char *layout_text;               /* the layout the same way (sizes, rank order,
+                                              pipeline split, SP, DIST_OPT, BF16, ...) */
+    const char *made_by;                   /* the command that regenerates the program */
     const char *run_hint;                  /* how to launch it, for --help */
     int world, tp, pp, dp, cp, vp;
     int gbs;                               /* global batch: MBS*NMB*DP */

@@ -34,12 +34,15 @@ LIB_COMMON  := $(filter-out kernels,$(subst +, ,$(subst $(lib_comma), ,$(LIB_LAY
 LIB_CFLAGS   = -std=c11 $(GEN_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
 LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
 
-GPT_CPU_LIBS  = -Lbuild -lgpt_cpu $(RT_CPU_LIBS)
-GPT_CUDA_LIBS = -Lbuild -lgpt_cuda $(RT_CUDA_LIBS)
+# GPT_SYS_LIBS: what the library itself needs besides the runtime (ckpt.c's checksums: xxHash,
+# Debian's libxxhash-dev, installed by make deps).
+GPT_SYS_LIBS  = -lxxhash
+GPT_CPU_LIBS  = -Lbuild -lgpt_cpu $(GPT_SYS_LIBS) $(RT_CPU_LIBS)
+GPT_CUDA_LIBS = -Lbuild -lgpt_cuda $(GPT_SYS_LIBS) $(RT_CUDA_LIBS)
 # Single-rank programs without MPI, linked by $(CC): the same library (it calls no MPI itself)
 # over the runtime's single-rank build (runtime/runtime.mk).
-GPT_CPU_SINGLE_LIBS  = -Lbuild -lgpt_cpu $(RT_CPU_SINGLE_LIBS)
-GPT_CUDA_SINGLE_LIBS = -Lbuild -lgpt_cuda $(RT_CUDA_SINGLE_LIBS)
+GPT_CPU_SINGLE_LIBS  = -Lbuild -lgpt_cpu $(GPT_SYS_LIBS) $(RT_CPU_SINGLE_LIBS)
+GPT_CUDA_SINGLE_LIBS = -Lbuild -lgpt_cuda $(GPT_SYS_LIBS) $(RT_CUDA_SINGLE_LIBS)
 
 $(LIB_BUILD)/%.o: lib/%.c | $(LIB_BUILD)
 	$(E) "MPICC     $@"

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt.h"     // defines: lib_ckpt_save, lib_ckpt_load, lib_ckpt_newest, lib_ckpt_clean
+#include "ckpt.h"     // defines: lib_ckpt_lock, lib_ckpt_save, lib_ckpt_load, lib_ckpt_newest, ...
 #include "data.h"     // defines: lib_tokens, lib_tokens_open_flags, lib_tokens_batch, ...
 #include "fail.h"     // defines: lib_fail_all
 #include "faults.h"   // defines: lib_faults_*, lib_signals_install, lib_check_outputs, ...
@@ -151,6 +151,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     lib_signals_install(&f);
 
     int start = 0, updates = 0, skipped = 0;  /* steps done; optimizer updates; steps skipped */
+    lib_ckpt_lock(&f);                        /* one job per --ckpt-dir, for the whole run */
     if (f.ckpt_dir && rt_rank() == 0) lib_ckpt_clean(f.ckpt_dir);
     if (f.resume && (start = lib_ckpt_newest(f.ckpt_dir)) >= 0) {
         lib_ckpt_load(&f, start, &updates, &skipped);

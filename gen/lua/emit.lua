@@ -93,6 +93,16 @@ end
 
 local wrap = util.wrap
 
+-- A text of lines as C string literals, one per line ("line\n"), the last followed by ','.
+local function c_lines(text)
+    local out = {}
+    for line in text:gmatch("([^\n]*)\n") do
+        out[#out + 1] = '"' .. (line:gsub('[\\"]', "\\%0")) .. '\\n"'
+    end
+    out[#out] = out[#out] .. ","
+    return out
+end
+
 -- C initializer rows "{ a, b, c },", columns aligned (numbers to the right), each with its
 -- comment after it when the line stays within 100 columns, else on a line of its own above.
 -- Returns a list of {has_above, above (comment), line} for the template.
@@ -654,7 +664,9 @@ local function render_program(cfg, topo, part, prog, files, opts)
           llama = cfg.model.arch == "llama", roles = roles,
           nroles = int(#prog.roles),
           dense = grid(prog.dense), expert = grid(prog.expert), groups = groups,
-          ngroups = int(#prog.groups), stages = stages },
+          ngroups = int(#prog.groups), stages = stages,
+          model_text = c_lines(prog.model_text), layout_text = c_lines(prog.layout_text),
+          made_by = (prog.made_by:gsub('[\\"]', "\\%0")) },
         "main: the model's tensors, the rank grid and groups, the stages; the library runs them")
     for _, sp in ipairs(prog.stages) do
         local tmpl_name = T .. "stage.c.tmpl"

@@ -710,6 +710,9 @@ record("StageProgram", {
 record("Program", {
     { "model",    "str",   "model file" },
     { "layout",   "str",   "tp2 pp2 dp2 (for messages)" },
+    { "model_text", "str", "the resolved model as key=value lines (resume checkpoints)" },
+    { "layout_text", "str", "the layout as key=value lines (resume checkpoints)" },
+    { "made_by",  "str",   "the command that regenerates the program (cfg.make)" },
     { "schedule_kind", "str", "none | 1f1b | interleaved" },
     { "consts",   "array", "Const list (model.h)" },
     { "roles",    "array", "Role list: the model's tensors in checkpoint order" },

@@ -1343,6 +1343,72 @@ function M.check(prog, cfg, topo)
     end
 end
 
+-- -- What a checkpoint records of its program -----------------------------------------------------
+
+-- A number as the shortest text that reads back as the same number ("1e-05", not
+-- "1.0000000000000001e-05"); integers as integers.
+local function num_text(x)
+    if math.type(x) == "integer" then return string.format("%d", x) end
+    for digits = 1, 17 do
+        local t = string.format("%." .. digits .. "g", x)
+        if tonumber(t) == x then return t end
+    end
+    return string.format("%.17g", x)
+end
+
+local function value_text(v)
+    if v == nil then return "none" end
+    if type(v) == "number" then return num_text(v) end
+    return tostring(v)
+end
+
+-- Fields of a model record that are where it was written, not what it is.
+local NOT_MODEL = { name = true, file = true, line = true, lines = true, description = true }
+
+-- The resolved model (config.lua's Model, defaults filled in) as "key=value" lines in the
+-- record's declared order (ir.lua), every field that decides the parameters or what they
+-- compute; a mixture of experts adds "moe=yes" and its fields as "moe.key=value" ("moe=none"
+-- without). The same model gives the same text, whatever its file is called. Resume
+-- checkpoints record it (lib/ckpt.c), and --resume names the first field that differs.
+function M.model_text(m)
+    local out = {}
+    for _, k in ipairs(ir.fields(m)) do
+        if k == "moe" then
+            out[#out + 1] = "moe=" .. (m.moe and "yes" or "none")
+            if m.moe then
+                for _, mk in ipairs(ir.fields(m.moe)) do
+                    if not NOT_MODEL[mk] then
+                        out[#out + 1] = "moe." .. mk .. "=" .. value_text(m.moe[mk])
+                    end
+                end
+            end
+        elseif not NOT_MODEL[k] then
+            out[#out + 1] = k .. "=" .. value_text(m[k])
+        end
+    end
+    return table.concat(out, "\n") .. "\n"
+end
+
+-- The layout as "key=value" lines: what decides which parameters and optimizer state a rank
+-- holds and where (the parallel sizes, the rank order with the axes Megatron appends, the
+-- pipeline split as given, sequence parallelism, the distributed optimizer and its buckets,
+-- bf16, the padded vocabulary). Resume checkpoints record it beside the model's text.
+function M.layout_text(cfg)
+    local fields = {
+        { "world", cfg.world }, { "tp", cfg.tp }, { "pp", cfg.pp }, { "dp", cfg.dp },
+        { "cp", cfg.cp }, { "ep", cfg.ep }, { "etp", cfg.etp }, { "vp", cfg.vp },
+        { "order", table.concat(cfg.axes, "-") },
+        { "pipeline_layout", cfg.layout or "even" },
+        { "first_layers", cfg.first_layers }, { "last_layers", cfg.last_layers },
+        { "account_embedding", cfg.account_embedding }, { "account_loss", cfg.account_loss },
+        { "sp", cfg.sp }, { "dist_opt", cfg.dist_opt }, { "bucket_size", cfg.bucket_size },
+        { "bf16", cfg.bf16 }, { "vocab_padded", cfg.vocab_padded },
+    }
+    local out = {}
+    for i, f in ipairs(fields) do out[i] = f[1] .. "=" .. value_text(f[2]) end
+    return table.concat(out, "\n") .. "\n"
+end
+
 -- -- The program ---------------------------------------------------------------------------------
 
 -- Layouts the training programs do not support yet (the topology can still be inspected).
@@ -1378,6 +1444,8 @@ function M.build(cfg, topo, part, sh, sched)
     end
     local prog = ir.Program {
         model = cfg.model.file, layout = layout, schedule_kind = sched.kind,
+        model_text = M.model_text(cfg.model), layout_text = M.layout_text(cfg),
+        made_by = cfg.make,
         consts = consts(cfg, s, layout), roles = role_list, dense = grid_axes(topo.dense),
         expert = grid_axes(topo.expert), groups = group_list, stages = stages, layer = lp,
     }

@@ -74,6 +74,10 @@ same() {
     fi
 }
 
+# the state bytes of a checkpoint file: its last NBYTES, NBYTES the header's fifth uint64
+# (lib/ckpt.c ckpt_header)
+state() { tail -c "$(od -An -tu8 -j32 -N8 "$1" | tr -d ' ')" "$1"; }
+
 # The clean runs, with a checkpoint every 2 steps (what the faulty runs also do).
 run "$P1" 1 clean1 --save "$S/clean1.safetensors" --ckpt-every 2 --ckpt-dir "$S/ck-clean1" ||
     { show "$S/clean1.log"; fail setup "the clean one-rank run failed"; finish; }
@@ -476,7 +480,6 @@ fi
 GPT_FAULT=nan_grad@3,inf_loss@5 run "$P1" 1 skip --skip-bad-steps 2 --ckpt-dir "$S/ck-skip" \
     --ckpt-every 1 --save "$S/skip.safetensors" > /dev/null 2>&1
 rc=$?
-H=64    # bytes of a checkpoint file's header (lib/ckpt.c ckpt_header)
 lr() { sed -n "s/^{\"step\":$1,.*\"lr\":\([^,]*\),.*/\1/p" "$S/skip.jsonl"; }
 if [ $rc != 0 ]; then fail skip-bad-steps "status $rc: $(first_error "$S/skip.log")"
 elif [ "$(grep -c '"skipped":true' "$S/skip.jsonl")" != 2 ] ||
@@ -485,8 +488,8 @@ elif [ "$(grep -c '"skipped":true' "$S/skip.jsonl")" != 2 ] ||
      ! grep -q '^{"step":5,"loss":null,.*"skipped":true}$' "$S/skip.jsonl"; then
     fail skip-bad-steps "the log does not show steps 3 and 5 skipped: $(grep -c skipped \
         "$S/skip.jsonl")"
-elif ! cmp -s <(tail -c +$((H + 1)) "$S/ck-skip/step_00000002/rank_00000.bin") \
-              <(tail -c +$((H + 1)) "$S/ck-skip/step_00000003/rank_00000.bin"); then
+elif ! cmp -s <(state "$S/ck-skip/step_00000002/rank_00000.bin") \
+              <(state "$S/ck-skip/step_00000003/rank_00000.bin"); then
     fail skip-bad-steps "the skipped step 3 changed the parameters or optimizer state"
 elif [ "$(lr 3)" != "$(lr 4)" ] || [ "$(lr 5)" != "$(lr 6)" ]; then
     fail skip-bad-steps "a skipped step advanced the schedule: lr $(lr 3) $(lr 4) $(lr 5) $(lr 6)"
@@ -529,6 +532,130 @@ rc=$?
 if [ $rc = 2 ] && grep -q "^train: error: GPT_FAULT='nan_grad@0': expected KIND@N\[:RANK\]" \
         "$S/badfault.log"; then pass bad-fault-spec
 else fail bad-fault-spec "status $rc: $(first_error "$S/badfault.log")"
+fi
+
+# -- 6. Checkpoints that know what wrote them; one job per checkpoint directory ----------------
+#
+# A resume checkpoint records its program (the model's text, the layout's, the rank) and a
+# checksum (lib/ckpt.c, README.md "Resume checkpoints"): --resume refuses, every rank alike, a
+# file of another layout or model or a damaged one, naming the difference; version 3 files
+# still load, with a warning. Rank 0 holds --ckpt-dir/LOCK for the run: a second job on the
+# same directory stops before training, naming the holder; a killed job's lock does not stay.
+
+# refused NAME TAG WANT PROG WORLD ARGS...: PROG --resume with ARGS stops before any step with
+# status 1 and the first error line WANT (a bash pattern: * and [...] match; the messages
+# hold no other pattern characters).
+refused() {
+    local name=$1 tag=$2 want=$3 prog=$4 world=$5 got
+    shift 5
+    run "$prog" "$world" "$tag" --resume "$@" > /dev/null 2>&1
+    local rc=$?
+    got=$(grep -m1 "error:" "$S/$tag.log")
+    if [ $rc != 1 ]; then
+        fail "$name" "status $rc, want 1: $(grep -m1 -e "error:" -e "^resumed" "$S/$tag.log")"
+    elif [[ $got != $want ]]; then fail "$name" "got '$got'"
+    elif grep -q "^resumed from" "$S/$tag.log" || [ -s "$S/$tag.jsonl" ]; then
+        fail "$name" "it resumed or ran a step before the error"
+    else pass "$name"
+    fi
+}
+# flip FILE: XOR 0x40 into a byte of FILE's state (4 KiB before its end)
+flip() {
+    local off b
+    off=$(($(stat -c %s "$1") - 4096))
+    b=$(od -An -tu1 -j "$off" -N1 "$1" | tr -d ' ')
+    printf "$(printf '\\%03o' $((b ^ 0x40)))" | dd of="$1" bs=1 seek="$off" conv=notrunc \
+        status=none
+}
+HINT="; resume with the program that wrote it"
+
+# Another rank order, the same sizes: each rank's shards would be another rank's
+if have_mpi; then
+    build order-a --tp 2 --dp 2
+    build order-b --tp 2 --dp 2 --order dp-tp-cp-ep-pp
+    rm -rf "$S/ck-order"
+    if run "$S/order-a/train" 4 order-a --ckpt-dir "$S/ck-order" --exit-interval 4 \
+            > /dev/null 2>&1; then
+        refused ckpt-other-order order-b "$S/ck-order/step_00000004/rank_00000.bin: error:\
+ written by a different layout: order tp-cp-ep-dp-pp there, dp-tp-cp-ep-pp here$HINT (make\
+ MODEL=tiny TP=2 PP=1 DP=2), or give this run another --ckpt-dir" "$S/order-b/train" 4 \
+            --ckpt-dir "$S/ck-order"
+    else
+        fail ckpt-other-order "the tp2 dp2 run failed: $(first_error "$S/order-a.log")"
+    fi
+fi
+
+# Another model of the same bytes (tests/models/tiny_v128_t192.lua: wte's rows would be wpe's)
+if ! gen_build "$S/other-model" tests/models/tiny_v128_t192.lua; then
+    fail ckpt-other-model "$WHY"
+elif ! build/ref/make_tokens --vocab 128 --tokens 20000 "$S/tok128.bin" > "$S/tok128.log" 2>&1
+then
+    fail ckpt-other-model "cannot make the token file of vocabulary 128"
+elif ! run "$P1" 1 model-a --ckpt-dir "$S/ck-model" --exit-interval 4 > /dev/null 2>&1; then
+    fail ckpt-other-model "the tiny run failed: $(first_error "$S/model-a.log")"
+else
+    refused ckpt-other-model model-b "$S/ck-model/step_00000004/rank_00000.bin: error:\
+ written by a different model: seq_len 64 there, 192 here$HINT (make MODEL=tiny TP=1 PP=1\
+ DP=1), or give this run another --ckpt-dir" "$S/other-model/train" 1 \
+        --data "$S/tok128.bin" --ckpt-dir "$S/ck-model"
+fi
+
+# A flipped bit in the state: damaged, named; moved aside, the checkpoint before it resumes
+rm -rf "$S/ck-flip" "$S/flip-aside"
+mkdir -p "$S/ck-flip"
+cp -r "$S/ck-clean1/step_00000002" "$S/ck-clean1/step_00000004" "$S/ck-flip/"
+flip "$S/ck-flip/step_00000004/rank_00000.bin"
+refused ckpt-damaged flip "$S/ck-flip/step_00000004/rank_00000.bin: error: damaged: its\
+ checksum does not match (XXH3-64 written *, read *): its bytes changed on the disk or\
+ on the way; to resume from the checkpoint before it, move $S/ck-flip/step_00000004 aside" \
+    "$P1" 1 --ckpt-dir "$S/ck-flip"
+mv "$S/ck-flip/step_00000004" "$S/flip-aside"
+cp "$S/clean1.jsonl" "$S/flip.jsonl"       # its steps 1 and 2 stay (the resumed run's log)
+RESUME_FROM=2 resumed ckpt-damaged-aside "$P1" 1 flip clean1 --ckpt-dir "$S/ck-flip"
+
+# ... in one rank's file of four: every rank stops (status 1, no hang), the message names it
+if [ -n "$P4" ]; then
+    rm -rf "$S/ck-flip4"
+    mkdir -p "$S/ck-flip4"
+    cp -r "$S/ck-clean4/step_00000004" "$S/ck-flip4/"
+    flip "$S/ck-flip4/step_00000004/rank_00003.bin"
+    refused ckpt-damaged-rank3 flip4 "$S/ck-flip4/step_00000004/rank_00003.bin: error:\
+ damaged: its checksum does not match*" "$P4" 4 --ckpt-dir "$S/ck-flip4"
+fi
+
+# A version 3 file (the header's first 8 words, then the state) loads, with a warning
+rm -rf "$S/ck-v3"
+mkdir -p "$S/ck-v3/step_00000004"
+f4=$S/ck-clean1/step_00000004/rank_00000.bin
+{ printf GPTPCKT3; head -c 64 "$f4" | tail -c 56; state "$f4"; } \
+    > "$S/ck-v3/step_00000004/rank_00000.bin"
+cp "$S/clean1.jsonl" "$S/v3.jsonl"
+RESUME_FROM=4 resumed ckpt-version3 "$P1" 1 v3 clean1 --ckpt-dir "$S/ck-v3"
+grep -q "^$S/ck-v3/step_00000004: warning: a version 3 checkpoint records no model or layout:\
+ only its world, stage and size are checked; resume it only with the program that wrote it$" \
+    "$S/v3.log" || fail ckpt-version3-warning "no warning: $(head -n 2 "$S/v3.log" | tr '\n' ' ')"
+
+# Two jobs on one --ckpt-dir: the second stops before training, naming the first (host, pid,
+# start time); once the first is killed (-9), its lock is gone and a third job runs.
+rm -rf "$S/ck-lock"
+"$P1" "${HP[@]}" --log "$S/lock-a.jsonl" --ckpt-dir "$S/ck-lock" --steps 100000 \
+    --decay-steps 100000 > "$S/lock-a.log" 2>&1 < /dev/null &
+apid=$!
+for _ in $(seq 400); do grep -q "pid" "$S/ck-lock/LOCK" 2> /dev/null && break; sleep 0.05; done
+refused ckpt-lock lock-b "$S/ck-lock/LOCK: error: another job is using this checkpoint\
+ directory (host $(hostname), pid $apid, started [0-9-]*T[0-9:]*Z); one job per --ckpt-dir:\
+ wait for it to end, or give this run another --ckpt-dir; nothing was run" \
+    "$P1" 1 --ckpt-dir "$S/ck-lock"
+kill -KILL $apid
+{ wait $apid; } 2> /dev/null
+run "$P1" 1 lock-c --ckpt-dir "$S/ck-lock" --ckpt-every 4 > /dev/null 2>&1
+rc=$?
+cpid=$(sed -n 's/^host .*, pid \([0-9]*\), started .*/\1/p' "$S/ck-lock/LOCK" 2> /dev/null)
+if [ $rc != 0 ] || [ ! -d "$S/ck-lock/step_00000008" ]; then
+    fail ckpt-lock-stale "status $rc after the holder's kill -9: $(first_error "$S/lock-c.log")"
+elif [ -z "$cpid" ] || [ "$cpid" = $apid ]; then
+    fail ckpt-lock-stale "the third job did not take the lock: $(cat "$S/ck-lock/LOCK")"
+else pass ckpt-lock-stale
 fi
 
 # -- The kill verdicts (section 3, run beside 4 and 5), then sections 4 and 5 -------------------

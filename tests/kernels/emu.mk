@@ -12,16 +12,16 @@ $(GEN_DIR)/train_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/libcuda
                       build/librt_cpu_single.a
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/libcuda_emu.a \
-	    $(RT_CPU_SINGLE_LIBS) -lstdc++
+	    $(GPT_SYS_LIBS) $(RT_CPU_SINGLE_LIBS) -lstdc++
 
 $(GEN_DIR)/train_cuda_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/librt_cuda_emu.a \
                            $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
-	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_CUDA_LIBS)
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(GPT_SYS_LIBS) $(EMU_CUDA_LIBS)
 
 $(GEN_DIR)/train_cuda_emu_mpi: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a \
                                $(EMU_BUILD)/librt_cuda_emu_mpi.a $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
 	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/librt_cuda_emu_mpi.a \
-	    $(EMU_BUILD)/libcuda_emu.a -lstdc++ -lpthread -lm
+	    $(EMU_BUILD)/libcuda_emu.a $(GPT_SYS_LIBS) -lstdc++ -lpthread -lm
 endif

@@ -9,7 +9,9 @@
 --     for MoE models, the total = parameters + every planned buffer;
 --   * the communication of the library's calls and of the step's tail, per layout;
 --   * the verifier consumes that list: a stage that drops or reorders a collective of a group
---     spanning stages is refused; the program and its JSON dump are deterministic.
+--     spanning stages is refused; the program and its JSON dump are deterministic;
+--   * the model's and the layout's texts (resume checkpoints): defaults filled in, the same
+--     model under another file name alike, each field that differs seen.
 -- Run: build/gen --lua tests/lua/program_test.lua (tests/lua/suite.sh).
 
 local host = require("host")
@@ -557,6 +559,37 @@ T.test("the schedule is the one given: slots and counts agree with schedule.lua"
             T.eq(n, 2 * cfg.nmb * cfg.vp, label(cfg) .. ": F and B of every micro-batch")
         end
     end)
+end)
+
+T.test("the model's and the layout's texts: resolved, canonical, every field", function()
+    local config = require("config")
+    local src = F.source({})
+    local a = program.model_text(config.model_from_source(src, "a.lua", "a"))
+    local b = program.model_text(config.model_from_source(src, "b/other.lua", "other"))
+    T.eq(a, b, "the same model under another file name")
+    T.ok(a:find("\nffn_hidden=256\n", 1, true) and a:find("\nnorm_eps=1e-05\n", 1, true) and
+         a:find("\nmoe=none\n", 1, true), "defaults filled in: %s", a)
+    T.ok(not a:find("name=") and not a:find("file=") and not a:find("description="),
+         "where the model was written is not in it: %s", a)
+    for _, f in ipairs({ { vocab = 128 }, { seq_len = 32 }, { init_std = 0.01 },
+                         { add_bias_linear = false }, { moe = { experts = 4, top_k = 2 } } }) do
+        T.ok(program.model_text(F.model(f)) ~= a, "a model with %s differs",
+             next(f))
+    end
+    local moe = program.model_text(F.model({ add_bias_linear = false,
+                                             moe = { experts = 4, top_k = 2 } }))
+    T.ok(moe:find("\nmoe=yes\nmoe.experts=4\nmoe.top_k=2\n", 1, true), "MoE fields: %s", moe)
+    local base = program.layout_text(F.config({}, { tp = 2, dp = 2 }))
+    T.eq(program.layout_text(F.config({}, { tp = 2, dp = 2, order = "tp-cp-ep-dp-pp" })), base,
+         "the default order given")
+    local other = program.layout_text(F.config({}, { tp = 2, dp = 2, order = "dp-tp-cp-ep-pp" }))
+    T.eq(other:gsub("order=[%w-]+", ""), (base:gsub("order=[%w-]+", "")),
+         "another order: only its line differs")
+    T.ok(other ~= base, "another order differs")
+    for _, o in ipairs({ { tp = 2, dp = 2, sp = true }, { tp = 2, dp = 2, dist_opt = true },
+                         { tp = 2, dp = 2, bf16 = true }, { tp = 2, pp = 2 } }) do
+        T.ok(program.layout_text(F.config({}, o)) ~= base, "a layout differs")
+    end
 end)
 
 T.done()

@@ -3,9 +3,9 @@
 -- first stage's bit for bit, and the first stage's must be what --save wrote.
 -- Run: build/gen --lua tests/pipeline/tied.lua OUTDIR CKPT_STEP_DIR SAVED.safetensors
 --   OUTDIR         the generated directory (shards.json, topology.json: buffer layout, ranks)
---   CKPT_STEP_DIR  a resume checkpoint of an f32 program (rank_NNNNN.bin: header (48 bytes,
---                  or 64 in version 3), then per
---                  buffer params, first and second moments)
+--   CKPT_STEP_DIR  a resume checkpoint of an f32 program (rank_NNNNN.bin: header and texts
+--                  (lib/ckpt.c), then the state, its last nbytes: per buffer params, first and
+--                  second moments)
 -- Prints one line; exits 1 on a difference.
 
 local host = require("host")
@@ -47,8 +47,8 @@ local function wte_of(rank)
     if not cls then die("rank %d: no class with its coordinates", rank) end
     local data = slurp(string.format("%s/rank_%05d.bin", ckpt, rank))
     local nbytes = string.unpack("<I8", data, 33)       -- magic, world, stage, step, nbytes
-    -- version 3 (lib/ckpt.c CKPT_MAGIC) adds the updates and skipped steps: 64 bytes
-    local hsize = string.unpack("<I8", data, 1) == 0x33544b4350545047 and 64 or 48
+    -- the state is the file's last nbytes, after the header (and from version 4 its texts)
+    local hsize = #data - nbytes
     -- the moments are whole buffers, or dp shards with the distributed optimizer
     local whole, sharded = 0, 0
     for _, b in ipairs(cls.buffers) do

@@ -61,6 +61,45 @@ static const gpt_stage *const stages[CFG_PP] = {
 const gpt_program gpt_program_desc = {
     .model = "models/tiny_llama.lua",
     .layout = CFG_LAYOUT,
+    /* what resume checkpoints record and --resume compares (lib/ckpt.c) */
+    .model_text =
+        "layers=8\n"
+        "hidden=64\n"
+        "heads=8\n"
+        "head_dim=8\n"
+        "seq_len=64\n"
+        "vocab=256\n"
+        "ffn_hidden=128\n"
+        "norm_eps=1e-05\n"
+        "init_std=0.02\n"
+        "vocab_pad=128\n"
+        "moe=none\n"
+        "bias=false\n"
+        "arch=llama\n"
+        "kv_heads=4\n"
+        "rope_theta=1e+04\n"
+        "tie_embeddings=false\n",
+    .layout_text =
+        "world=8\n"
+        "tp=2\n"
+        "pp=2\n"
+        "dp=1\n"
+        "cp=2\n"
+        "ep=1\n"
+        "etp=2\n"
+        "vp=1\n"
+        "order=tp-cp-ep-dp-pp\n"
+        "pipeline_layout=even\n"
+        "first_layers=none\n"
+        "last_layers=none\n"
+        "account_embedding=false\n"
+        "account_loss=false\n"
+        "sp=true\n"
+        "dist_opt=false\n"
+        "bucket_size=40000000\n"
+        "bf16=false\n"
+        "vocab_padded=256\n",
+    .made_by = "make MODEL=tiny_llama TP=2 PP=2 DP=1 CP=2 SP=1",
     .run_hint = "under mpirun -np 8",
     .world = CFG_WORLD, .tp = CFG_TP, .pp = CFG_PP, .dp = CFG_DP, .cp = CFG_CP, .vp = CFG_VP,
     .gbs = CFG_GBS, .tokens_per_step = CFG_TOKENS_PER_STEP, .vocab = CFG_V,
