@@ -79,9 +79,9 @@ static void log_step(FILE *log, const lib_flags *f, int step, const gpt_step_in 
         printf("step %d/%d: loss %g, gradient norm %g: not finite%s\n", step, f->steps,
                out->loss, out->grad_norm, skip);
     if (log) {
-        fprintf(log, "{\"step\":%d,\"loss\":%s%s,\"lr\":%.9g,\"grad_norm\":%s,"
+        fprintf(log, "{\"step\":%d,\"loss\":%s%s,\"lr\":%s,\"grad_norm\":%s,"
                 "\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%.1f%s}\n", step,
-                json_num(l, sizeof l, out->loss), auxj, (double)in->lr,
+                json_num(l, sizeof l, out->loss), auxj, json_num((char[32]){ 0 }, 32, in->lr),
                 json_num(g, sizeof g, out->grad_norm), ms, comm_ms, tok_s,
                 out->skipped ? ",\"skipped\":true" : "");
         fflush(log);

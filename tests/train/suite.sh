@@ -362,6 +362,21 @@ expect flag-steps-without-data 2 "train: error: --data FILE is needed to train (
     -- --steps 5
 expect flag-ckpt-without-dir 2 "train: error: --ckpt-every and --resume need --ckpt-dir DIR" \
     -- --steps 0 --ckpt-every 3
+# the optimizer's numbers are 32-bit floats (gpt_step_in): each is checked as the float it becomes
+F="train: error: --lr must be at most 3.40282e+38 in magnitude (the optimizer's numbers are \
+32-bit floats)"
+expect flag-lr-not-a-float 2 "$F, got 1e+39" -- --steps 0 --lr 1e39
+expect flag-lr-above-float-max 2 "$F, got 3.5e+38" -- --steps 0 --lr 3.5e38
+expect flag-beta1-rounds-to-1 2 "train: error: --beta1 must be in [0, 1), got 0.999999999999 \
+(1 as the optimizer's 32-bit float)" -- --steps 0 --beta1 0.999999999999
+expect flag-eps-negative 2 "train: error: --eps must be > 0, got -1" -- --steps 0 --eps -1
+expect flag-eps-float-zero 2 "train: error: --eps must be > 0, got 1e-50 (0 as the optimizer's \
+32-bit float)" -- --steps 0 --eps 1e-50
+expect flag-wd-negative 2 "train: error: --wd must be >= 0, got -1" -- --steps 0 --wd -1
+expect flag-clip-negative 2 "train: error: --clip must be >= 0 (0: no clipping), got -1" \
+    -- --steps 0 --clip -1
+expect flag-exit-grace-range 2 "train: error: --exit-grace must be at most 4294967295 seconds, \
+got 1e+10" -- --steps 0 --exit-grace 1e10
 # README.md's table of training flags is what the flags' table (LIB_FLAGS, lib/flags.h)
 # prints, as `make readme-flags` writes it; the usage and the parser come from the same table
 readme_flags() {
