@@ -315,6 +315,23 @@ expect data-too-short 1 "$S/short.bin: error: $m" -- $D $S/short.bin
 expect data-missing 1 "$S/none.bin: error: cannot open: No such file or directory" \
     -- $D $S/none.bin
 
+# a token file truncated while training: the read comes up short (errno is stale there)
+truncated_in_use() {
+    cp $S/tok.bin $S/shrinks.bin && rm -f $S/shrinks.jsonl
+    $A --init $INIT --data $S/shrinks.bin --steps 2000 --quiet --log $S/shrinks.jsonl \
+        > $S/shrinks.out 2> $S/shrinks.err &
+    local pid=$! i
+    for i in $(seq 1 1200); do [ -s $S/shrinks.jsonl ] && break; sleep 0.05; done
+    : > $S/shrinks.bin
+    wait $pid
+    local rc=$?
+    cat $S/shrinks.err
+    [ $rc != 0 ] && grep -q "$S/shrinks.bin: cannot read sample [0-9]*: short read: 0 of \
+[0-9]* bytes at byte [0-9]* (the file is shorter than when it was opened: truncated while in \
+use?)" $S/shrinks.err
+}
+verdict data-truncated-in-use "a short read is not named as one" $S/shrinks.log truncated_in_use
+
 NOT="error: not loaded (1 problem): --init needs the $NTENSORS tensors of this model, with"
 NOT="$NOT Hugging Face GPT-2 names and shapes, in F32, BF16 or F16"
 $FIX extra $INIT $S/extra.safetensors h.3.ln_2.scale
