@@ -365,6 +365,16 @@ expect init-header-length 1 "$f: error: not a safetensors file (header length $s
 $size bytes)" -- $I $f
 f=$S/none.safetensors
 expect init-missing-file 1 "$f: error: cannot open: No such file or directory" -- $I $f
+# every weight --init loads is finite: the first that is not is named (a NaN would otherwise
+# surface as a gradient, an inf be saved as is)
+FIN="every weight --init loads must be a finite number"
+$FIX poke $INIT $S/nan.safetensors ln_f.bias 5 nan
+$FIX poke $INIT $S/inf.safetensors h.1.attn.c_attn.weight 1000 inf
+f=$S/nan.safetensors
+expect init-nan-weight 1 "$f: error: tensor 'ln_f.bias' element 5 is nan: $FIN" -- $I $f
+f=$S/inf.safetensors
+expect init-inf-weight-save 1 "$f: error: tensor 'h.1.attn.c_attn.weight' element 1000 (row \
+$((1000 / (3 * C))), column $((1000 % (3 * C)))) is inf: $FIN" -- $I $f --save $S/inf-out.st
 
 expect flag-unknown 2 "train: error: unknown flag '--bogus' (try --help)" -- --bogus 1
 expect flag-not-a-number 2 "train: error: --lr expects a number, got 'abc'" -- --lr abc
