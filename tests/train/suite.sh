@@ -332,6 +332,20 @@ use?)" $S/shrinks.err
 }
 verdict data-truncated-in-use "a short read is not named as one" $S/shrinks.log truncated_in_use
 
+# RT_THREADS above the online CPUs is capped to them, with one line saying so (1024 spinning
+# threads on 2 CPUs made one tiny step take 90 s)
+threads_capped() {
+    local cpus
+    cpus=$(getconf _NPROCESSORS_ONLN)
+    RT_THREADS=1024 timeout -s KILL 60 $A --init $INIT --data $S/tok.bin --steps 1 --quiet \
+        2> $S/threads.err || return 1
+    cat $S/threads.err
+    [ "$(cat $S/threads.err)" = "[rank 0/1] warning: RT_THREADS=1024 exceeds the $cpus online \
+CPUs: using $cpus threads (more only wait on each other)" ]
+}
+verdict rt-threads-capped "RT_THREADS=1024 is not capped to the CPUs with one warning" \
+    $S/threads.log threads_capped
+
 NOT="error: not loaded (1 problem): --init needs the $NTENSORS tensors of this model, with"
 NOT="$NOT Hugging Face GPT-2 names and shapes, in F32, BF16 or F16"
 $FIX extra $INIT $S/extra.safetensors h.3.ln_2.scale
