@@ -243,10 +243,11 @@ static void check_number_flags(const lib_flags *f)
     const char *beta[2] = { "beta1", "beta2" };
     double bv[2] = { f->beta1, f->beta2 };
     for (int k = 0; k < 2; k++) {
-        float b = (float)bv[k];
-        if (!(bv[k] >= 0 && b < 1))
-            lib_fail_all(2, "--%s must be in [0, 1), got %s%s", beta[k],
-                         num_text(t, sizeof t, bv[k]), as_float(why, sizeof why, bv[k], b));
+        double x = bv[k];
+        int below1 = x >= 0 && x < 1;           /* then the float is defined, maybe 1 */
+        if (!below1 || (float)x >= 1)
+            lib_fail_all(2, "--%s must be in [0, 1), got %s%s", beta[k], num_text(t, sizeof t, x),
+                         below1 ? as_float(why, sizeof why, x, (float)x) : "");
     }
     check_float("eps", f->eps);
     if (!((float)f->eps > 0))
