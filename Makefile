@@ -128,8 +128,40 @@ CLEAN_FILES :=
 include $(wildcard gen/gen.mk runtime/runtime.mk lib/lib.mk tools/tools.mk tests/tests.mk \
     bench/bench.mk)
 
-# make run without MODEL trains the CPU demo: tiny, 8 sequences per micro-batch.
+# -- User values that reach a shell -------------------------------------------------------------
+# The variables below are pasted into recipes' shell commands (GENFLAGS, make run, make test),
+# so each may hold only letters, digits and SAFE_PUNCT: no quote, space, ';', '|', '&', '<',
+# '>', '`', '(', '*', ... that the shell would read as syntax (MODEL='tiny;rm -rf x'). LAYOUT,
+# which is single-quoted, may also hold | * ( ); RUN_ARGS (several flags) and SUITE (several
+# suites) spaces. A $ in a value is expanded by make itself, before anything can check it.
+comma  := ,
+lparen := (
+rparen := )
+SAFE_PUNCT := _ - . / + : =
+SAFE_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z \
+              A B C D E F G H I J K L M N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 $(SAFE_PUNCT)
+# $(call strip_chars,TEXT,CHARS): TEXT without each of the words CHARS
+strip_chars = $(if $(2),$(call strip_chars,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,\
+                  $(words $(2)),$(2))),$(1))
+# $(call check_var,NAME,EXTRA CHARS,spaces): nothing, or stop: $(NAME) holds other characters
+check_var = $(if $(or $(strip $(call strip_chars,$(subst $(comma),,$($(1))),$(SAFE_CHARS) \
+                $(2))),$(if $(3),,$(word 2,$($(1))))),$(error $(1)='$($(1))': only letters, \
+                digits and $(SAFE_PUNCT) $(comma)$(if $(2), $(2))$(if $(3), and spaces) may be \
+                used (the value is pasted into shell commands)))
+GEN_VARS := MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS \
+            MICROBATCH_GROUP MBS NMB SEQ BUCKET_SIZE RECOMPUTE RECOMPUTE_METHOD \
+            RECOMPUTE_LAYERS RECOMPUTE_MODULES RANK
+# Expands to nothing when every generator variable is safe and MODEL names a model, else stops.
+CHECK_GEN_VARS = $(foreach v,$(GEN_VARS),$(call check_var,$(v)))$(call check_var,LAYOUT,| * \
+                 $(lparen) $(rparen))$(if $(MODEL),$(if $(or $(wildcard models/$(MODEL).lua),\
+                 $(wildcard $(MODEL))),,$(error MODEL='$(MODEL)': no models/$(MODEL).lua and no \
+                 file $(MODEL))))
+CHECK_RUN_VARS = $(call check_var,STEPS)$(call check_var,DATA)$(call check_var,RUN_ARGS,,spaces)
+
+# make run without MODEL trains the CPU demo: tiny, 8 sequences per micro-batch. Its own
+# variables are checked before anything is built.
 ifneq ($(filter run,$(MAKECMDGOALS)),)
+$(CHECK_RUN_VARS)
 ifeq ($(MODEL),)
 MODEL := tiny
 MBS   := $(or $(MBS),8)
@@ -137,7 +169,7 @@ endif
 endif
 
 # Generator arguments from the make variables above (only the ones given).
-GENFLAGS = $(MODEL) \
+GENFLAGS = $(CHECK_GEN_VARS)$(MODEL) \
     $(if $(TP),--tp $(TP)) $(if $(PP),--pp $(PP)) $(if $(DP),--dp $(DP)) \
     $(if $(CP),--cp $(CP)) $(if $(CP_COMM),--cp-comm $(CP_COMM)) \
     $(if $(EP),--ep $(EP)) $(if $(ETP),--etp $(ETP)) \
@@ -222,10 +254,10 @@ deps:
 
 ifeq ($(SANITIZE)$(SANITIZE_TREE),1)
 test:
-	$(Q)tests/fuzz/sanitize.sh $(or $(SUITE),$(SANITIZE_SUITES))
+	$(Q)tests/fuzz/sanitize.sh $(call check_var,SUITE,,spaces)$(or $(SUITE),$(SANITIZE_SUITES))
 else
 test: all
-	$(Q)tests/run.sh $(SUITE)
+	$(Q)tests/run.sh $(call check_var,SUITE,,spaces)$(SUITE)
 endif
 
 # The fast tier for the edit-compile loop: the generator alone (no MPI runs, no C of a model).

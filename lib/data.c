@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -233,6 +234,16 @@ static void mm_open(mm_dataset *m, const char *prefix)
         lib_fail_file(m->idx, "%lld tokens: a dataset needs at least 2", m->ntok);
 }
 
+/* Why a pread of 'want' bytes at byte 'at' returned 'got': the system's error, or a short
+** read (errno is stale then: the file ended early, truncated since it was opened?). */
+static const char *read_failure(char *buf, size_t cap, ssize_t got, size_t want, off_t at)
+{
+    if (got < 0) return strerror(errno);
+    snprintf(buf, cap, "short read: %zd of %zu bytes at byte %lld (the file is shorter than "
+             "when it was opened: truncated while in use?)", got, want, (long long)at);
+    return buf;
+}
+
 /* 'n' tokens of sequence 's' from token 'off' on, as ints. */
 static void mm_read(const mm_dataset *m, long long s, long long off, long long n, int *out)
 {
@@ -244,8 +255,11 @@ static void mm_read(const mm_dataset *m, long long s, long long off, long long n
     for (long long k = 0; k < n; k += CHUNK) {
         size_t c = (size_t)(n - k < CHUNK ? n - k : CHUNK), bytes = c * (size_t)m->width;
         off_t at = (off_t)m->ptr[s] + (off_t)(off + k) * m->width;
-        if (pread(m->fd, raw, bytes, at) != (ssize_t)bytes)
-            RT_CHECK(0, "%s: cannot read sequence %lld: %s", m->bin, s, strerror(errno));
+        ssize_t got = pread(m->fd, raw, bytes, at);
+        char why[160];
+        if (got != (ssize_t)bytes)
+            RT_CHECK(0, "%s: cannot read sequence %lld: %s", m->bin, s,
+                     read_failure(why, sizeof why, got, bytes, at));
         for (size_t i = 0; i < c; i++) {        /* ids beyond int read as -1: out of range */
             long long v = token_at(raw, m->code, i);
             out[k + (long long)i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int)v;
@@ -482,10 +496,17 @@ lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int
     if (weights) {
         /* _get_size_per_split_per_dataset: the target (ceil(N w)) and the built (with surplus) */
         for (int k = 0; k < n; k++) {
-            if (!(weights[k] > 0))
-                lib_fail_all(2, "--data-path: weight %g of %s must be positive", weights[k],
-                             prefixes[k]);
+            if (!(weights[k] > 0) || isinf(weights[k]))
+                lib_fail_all(2, "--data-path: weight %g of %s must be a finite number > 0",
+                             weights[k], prefixes[k]);
             w[k] = weights[k];
+        }
+        if (isinf(np_sum(w, n))) {          /* normalising would make every share 0 */
+            int big = 0;
+            for (int k = 1; k < n; k++) if (w[k] > w[big]) big = k;
+            lib_fail_all(2, "--data-path: the weights sum to more than the largest double "
+                         "(%g; the largest weight is %g of %s): scale them down", DBL_MAX,
+                         w[big], prefixes[big]);
         }
         normalize(w, n);
         d->size = 0;
@@ -633,8 +654,12 @@ static void tokens_check(const lib_tokens *d, int vocab, lib_world_max_fn *world
     long long bad = -1;
     for (long long at = lo; at < hi && bad < 0; at += CHUNK) {
         size_t n = (size_t)(hi - at < CHUNK ? hi - at : CHUNK);
-        if (pread(d->fd, raw, 2 * n, d->first + 2 * (off_t)at) != (ssize_t)(2 * n))
-            RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
+        off_t from = d->first + 2 * (off_t)at;
+        ssize_t got = pread(d->fd, raw, 2 * n, from);
+        char why[160];
+        if (got != (ssize_t)(2 * n))
+            RT_CHECK(0, "%s: cannot read tokens: %s", d->path,
+                     read_failure(why, sizeof why, got, 2 * n, from));
         for (size_t k = 0; k < n; k++)
             if ((raw[2 * k] | raw[2 * k + 1] << 8) >= vocab) {
                 bad = at + (long long)k;
@@ -644,8 +669,11 @@ static void tokens_check(const lib_tokens *d, int vocab, lib_world_max_fn *world
     long long pos = first_bad(bad, d->ntok, world_max);
     if (pos < 0) return;
     unsigned char t2[2] = { 0, 0 };
-    if (pread(d->fd, t2, 2, d->first + 2 * (off_t)pos) != 2)
-        RT_CHECK(0, "%s: cannot read tokens: %s", d->path, strerror(errno));
+    char why[160];
+    ssize_t got = pread(d->fd, t2, 2, d->first + 2 * (off_t)pos);
+    if (got != 2)
+        RT_CHECK(0, "%s: cannot read tokens: %s", d->path,
+                 read_failure(why, sizeof why, got, 2, d->first + 2 * (off_t)pos));
     lib_fail_file(d->path, "token %d at position %lld is out of range: the model's vocabulary has "
               "%d ids (0..%d); was the file made for another tokenizer?", t2[0] | t2[1] << 8,
               pos, vocab, vocab - 1);
@@ -801,8 +829,11 @@ void lib_tokens_batch(const lib_tokens *d, const gpt_program *prog, const int *p
             } else {
                 off_t at = d->first + (off_t)2 * i * S;
                 ssize_t want = 2 * ((ssize_t)S + 1);
-                if (pread(d->fd, raw, (size_t)want, at) != want)
-                    RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i, strerror(errno));
+                ssize_t got = pread(d->fd, raw, (size_t)want, at);
+                char why[160];
+                if (got != want)
+                    RT_CHECK(0, "%s: cannot read sample %lld: %s", d->path, i,
+                             read_failure(why, sizeof why, got, (size_t)want, at));
                 for (int g = 0; g <= S; g++) ids[g] = raw[2 * g] | raw[2 * g + 1] << 8;
             }
             for (int t = 0; t < D->T; t++) {

@@ -6,6 +6,8 @@
 */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stddef.h>
@@ -203,6 +205,67 @@ static void check_lr_flags(const lib_flags *f)
                      f->decay_steps);
 }
 
+/* 'x' as the shortest %g text that reads back as it ("0.999999999999", not "1"), into buf. */
+static const char *num_text(char *buf, size_t cap, double x)
+{
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    return buf;
+}
+
+/* The flag 'name' (value x) becomes a 32-bit float (gpt_step_in): it must be one, not inf. */
+static void check_float(const char *name, double x)
+{
+    char t[32];
+    if (fabs(x) > FLT_MAX)
+        lib_fail_all(2, "--%s must be at most %g in magnitude (the optimizer's numbers are 32-bit "
+                     "floats), got %s", name, FLT_MAX, num_text(t, sizeof t, x));
+}
+
+/* " (0 as the optimizer's 32-bit float)" when 'x' rounds to another float 'xf', else "". */
+static const char *as_float(char *buf, size_t cap, double x, float xf)
+{
+    if ((double)xf == x) return "";
+    snprintf(buf, cap, " (%g as the optimizer's 32-bit float)", (double)xf);
+    return buf;
+}
+
+/* The numbers the optimizer uses (as floats: train.c's gpt_step_in) and the exit limits are in
+** their ranges, checked on the values they become. */
+static void check_number_flags(const lib_flags *f)
+{
+    char t[32], why[64];
+    check_float("lr", f->lr);
+    check_float("min-lr", f->min_lr);
+    check_float("lr-warmup-init", f->lr_init);
+    const char *beta[2] = { "beta1", "beta2" };
+    double bv[2] = { f->beta1, f->beta2 };
+    for (int k = 0; k < 2; k++) {
+        double x = bv[k];
+        int below1 = x >= 0 && x < 1;           /* then the float is defined, maybe 1 */
+        if (!below1 || (float)x >= 1)
+            lib_fail_all(2, "--%s must be in [0, 1), got %s%s", beta[k], num_text(t, sizeof t, x),
+                         below1 ? as_float(why, sizeof why, x, (float)x) : "");
+    }
+    check_float("eps", f->eps);
+    if (!((float)f->eps > 0))
+        lib_fail_all(2, "--eps must be > 0, got %s%s", num_text(t, sizeof t, f->eps),
+                     as_float(why, sizeof why, f->eps, (float)f->eps));
+    check_float("wd", f->wd);
+    if (f->wd < 0) lib_fail_all(2, "--wd must be >= 0, got %s", num_text(t, sizeof t, f->wd));
+    check_float("clip", f->clip);
+    if (f->clip < 0)
+        lib_fail_all(2, "--clip must be >= 0 (0: no clipping), got %s",
+                     num_text(t, sizeof t, f->clip));
+    if (f->exit_grace < 0 || f->exit_minutes < 0)
+        lib_fail_all(2, "--exit-grace and --exit-duration-in-mins must be >= 0");
+    if (f->exit_grace > UINT_MAX)       /* faults.c: alarm(ceil(S)) */
+        lib_fail_all(2, "--exit-grace must be at most %u seconds, got %s", UINT_MAX,
+                     num_text(t, sizeof t, f->exit_grace));
+}
+
 /*
 ** Fill 'f' from argv[1..argc-1]: first every flag's default (LIB_FLAGS), then the command line
 ** in order (a flag given twice: the last counts), then the derived defaults (--min-lr,
@@ -256,10 +319,7 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
     if (f->data && f->ndata_path) lib_fail_all(2, "--data and --data-path exclude each other");
     if ((f->ckpt_every || f->resume) && !f->ckpt_dir)
         lib_fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
-    if (f->beta1 < 0 || f->beta1 >= 1 || f->beta2 < 0 || f->beta2 >= 1)
-        lib_fail_all(2, "--beta1 and --beta2 must be in [0, 1)");
-    if (f->exit_grace < 0 || f->exit_minutes < 0)
-        lib_fail_all(2, "--exit-grace and --exit-duration-in-mins must be >= 0");
+    check_number_flags(f);
     if ((f->exit_minutes > 0 || f->exit_interval) && !f->ckpt_dir)
         lib_fail_all(2, "--exit-duration-in-mins and --exit-interval save a checkpoint to "
                      "resume from: they need --ckpt-dir DIR");

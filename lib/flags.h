@@ -70,7 +70,8 @@ enum { WSD_STYLES(WSD_ENUM) };
       "rank 0's time blocked on communication in the step, the part not overlapped; " \
       "`aux_loss` with MoE; `\"skipped\":true` and `null` for non-finite numbers on a " \
       "skipped step)") \
-    _(LR, "lr", "X", NUM, lr, "6e-4", "peak learning rate") \
+    _(LR, "lr", "X", NUM, lr, "6e-4", \
+      "peak learning rate (the optimizer's numbers are 32-bit floats: at most 3.4e38)") \
     _(MIN_LR, "min-lr", "X", NUM, min_lr, "=0.1*lr", \
       "final learning rate; Megatron's `--min-lr` defaults to 0") \
     _(LR_DECAY_STYLE, "lr-decay-style", "S", LR_STYLE, lr_style, "cosine", \
@@ -87,10 +88,10 @@ enum { WSD_STYLES(WSD_ENUM) };
       "WSD only: how those last N steps decay: %s") \
     _(BETA1, "beta1", "X", NUM, beta1, "0.9", "AdamW's beta1, in [0, 1)") \
     _(BETA2, "beta2", "X", NUM, beta2, "0.95", "AdamW's beta2, in [0, 1)") \
-    _(EPS, "eps", "X", NUM, eps, "1e-8", "AdamW's epsilon") \
+    _(EPS, "eps", "X", NUM, eps, "1e-8", "AdamW's epsilon, > 0") \
     _(WD, "wd", "X", NUM, wd, "0.1", \
-      "AdamW's weight decay, applied to the 2-D weights and the embeddings only") \
-    _(CLIP, "clip", "X", NUM, clip, "1.0", "clip the gradient norm to X; 0: no clipping") \
+      "AdamW's weight decay, >= 0, applied to the 2-D weights and the embeddings only") \
+    _(CLIP, "clip", "X", NUM, clip, "1.0", "clip the gradient norm to X, >= 0; 0: no clipping") \
     _(CKPT_DIR, "ckpt-dir", "DIR", STRING, ckpt_dir, NULL, \
       "the directory of resume checkpoints (`step_N/rank_R.bin`): written by `--ckpt-every`, " \
       "the exit signals and the exit limits, read by `--resume`") \

@@ -26,12 +26,17 @@
 
 /* -- The log --------------------------------------------------------------------------------- */
 
-/* A number for the JSON log: null when it is not finite (JSON has no NaN). */
-static const char *json_num(char *buf, size_t cap, double x)
+/* A number for the JSON log in printf's 'fmt': null when it is not finite (JSON has no NaN). */
+static const char *json_fmt(char *buf, size_t cap, const char *fmt, double x)
 {
-    if (isfinite(x)) snprintf(buf, cap, "%.9g", x);
+    if (isfinite(x)) snprintf(buf, cap, fmt, x);
     else snprintf(buf, cap, "null");
     return buf;
+}
+
+static const char *json_num(char *buf, size_t cap, double x)
+{
+    return json_fmt(buf, cap, "%.9g", x);
 }
 
 /*
@@ -86,7 +91,8 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
                     const gpt_step_out *out, double ms, double comm_ms, int skipped)
 {
     double tok_s = (double)gpt.prog->tokens_per_step / (ms / 1e3);
-    char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32], line[512];
+    char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32], r[32], t[32];
+    char line[512];
     if (gpt.prog->dims.moe) {
         snprintf(aux, sizeof aux, " | aux %.6f", out->aux_loss);
         snprintf(auxj, sizeof auxj, ",\"aux_loss\":%s", json_num(a, sizeof a, out->aux_loss));
@@ -103,11 +109,11 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
                out->loss, out->grad_norm, skip);
     fflush(stdout);
     if (log < 0) return 0;
-    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s%s,\"lr\":%.9g,"
-                     "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%.1f%s}\n", step,
-                     json_num(l, sizeof l, out->loss), auxj, (double)in->lr,
-                     json_num(g, sizeof g, out->grad_norm), ms, comm_ms, tok_s,
-                     out->skipped ? ",\"skipped\":true" : "");
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s%s,\"lr\":%s,"
+                     "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%s%s}\n", step,
+                     json_num(l, sizeof l, out->loss), auxj, json_num(r, sizeof r, in->lr),
+                     json_num(g, sizeof g, out->grad_norm), ms, comm_ms,
+                     json_fmt(t, sizeof t, "%.1f", tok_s), out->skipped ? ",\"skipped\":true" : "");
     return log_write(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 

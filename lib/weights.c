@@ -8,6 +8,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,7 @@
 #include "safetensors.h"  // defines: st_file, st_index, st_open, st_read_f32, st_header, ...
 #include "stage.h"        // defines: lib (tensors, pieces), lib_master, lib_expert_bias_each
 #include "tensors.h"      // defines: lib_tensor, lib_tensor_find, lib_tensor_names
-#include "world.h"        // defines: lib_world_barrier
+#include "world.h"        // defines: lib_world_barrier, lib_world_allreduce_max
 
 /* -- Checking --init's checkpoint -------------------------------------------------------- */
 
@@ -389,40 +391,87 @@ static void piece_copy(const lib_piece *pc, float *host, int to_device)
     }
 }
 
+enum { ELEM_BITS = 40 };         /* a non-finite weight's key: tensor << 40 | element */
+
+/* The first non-finite of the n values v, elements first.. of tensor t: its key into *bad
+** when smaller (-1: none yet), so that every rank can agree on the first of the world's. */
+static void find_nonfinite(const float *v, size_t n, int t, long long first, long long *bad)
+{
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(v[k])) {
+            long long key = (long long)t << ELEM_BITS | (first + (long long)k);
+            if (*bad < 0 || key < *bad) *bad = key;
+            return;
+        }
+}
+
+typedef struct { init_src *s; long long bad; } ebias_ctx;
+
 /* The expert bias of a layer from the --init files (every rank reads its layers' whole). */
 static void ebias_load(int layer, float *bias, void *ctx)
 {
-    init_src *s = ctx;
+    ebias_ctx *c = ctx;
+    init_src *s = c->s;
     int t = lib.ebias_tensor + layer, k = s->found_file[t];
     RT_CHECK(st_read_f32(&s->files[k], s->found[t], 0, lib.tensors[t].cols, bias) == 0,
              "%s: read failed: %s", s->fpath[k], strerror(errno));
+    find_nonfinite(bias, (size_t)lib.tensors[t].cols, t, 0, &c->bad);
+}
+
+/* Every rank alike: when a rank read a weight that is not finite (its first: 'bad', -1 if
+** none), fail naming the world's first, its tensor, element and value. */
+static void check_finite(init_src *s, long long bad)
+{
+    long long key = bad < 0 ? 0 : LLONG_MAX - bad;
+    lib_world_allreduce_max(&key);
+    if (!key) return;
+    bad = LLONG_MAX - key;
+    int t = (int)(bad >> ELEM_BITS), k = s->found_file[t];
+    long long e = bad & ((1ll << ELEM_BITS) - 1);
+    const lib_tensor *ti = &lib.tensors[t];
+    float x = 0;
+    RT_CHECK(st_read_f32(&s->files[k], s->found[t], e, 1, &x) == 0, "%s: read failed: %s",
+             s->fpath[k], strerror(errno));
+    char at[64] = "";
+    if (ti->ndim == 2)
+        snprintf(at, sizeof at, " (row %lld, column %lld)", e / ti->cols, e % ti->cols);
+    char value[32] = "nan";
+    if (!isnan(x)) snprintf(value, sizeof value, "%g", (double)x);
+    lib_fail_file(s->fpath[k], "tensor '%s' element %lld%s is %s: every weight --init loads "
+                  "must be a finite number", ti->name, e, at, value);
 }
 
 /*
 ** --init PATH: every rank reads its own pieces straight from the files that hold them (no
 ** communication; each rank opens the checkpoint's files and checks their headers alike, and a
-** bad checkpoint fails every rank alike, lib_fail_file). Then the parameters are effective
+** bad checkpoint fails every rank alike, lib_fail_file), and every weight must be finite (the
+** first that is not is named, check_finite). Then the parameters are effective
 ** (lib_master_commit).
 */
 void lib_weights_load(const char *arg)
 {
     init_src s;
     st_check(&s, arg);
+    long long bad = -1;         /* the first non-finite weight this rank read (find_nonfinite) */
     for (int i = 0; i < lib.npieces; i++) {
         const lib_piece *pc = &lib.pieces[i];
         int t = lib.params[pc->param].tensor, k = s.found_file[t];
         const lib_tensor *ti = &lib.tensors[t];
         float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
         RT_CHECK(host, "out of memory");
-        for (int r = 0; r < pc->rows; r++)
-            RT_CHECK(st_read_f32(&s.files[k], s.found[t],
-                                 (long long)(pc->grow + r) * ti->cols + pc->gcol, pc->cols,
+        for (int r = 0; r < pc->rows; r++) {
+            long long first = (long long)(pc->grow + r) * ti->cols + pc->gcol;
+            RT_CHECK(st_read_f32(&s.files[k], s.found[t], first, pc->cols,
                                  host + (size_t)r * pc->cols) == 0,
                      "%s: read failed: %s", s.fpath[k], strerror(errno));
+            find_nonfinite(host + (size_t)r * pc->cols, (size_t)pc->cols, t, first, &bad);
+        }
         piece_copy(pc, host, 1);
         free(host);
     }
-    if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_load, &s);
+    ebias_ctx ec = { &s, bad };
+    if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_load, &ec);
+    check_finite(&s, ec.bad);
     init_close(&s);
     lib_master_commit();
 }

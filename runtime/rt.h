@@ -239,8 +239,9 @@ void rt_sync(void);                  /* wait for the device (cudaDeviceSynchroni
 ** spins while the pool runs elementwise loops; see runtime/rt_cpu.c and bench/). The CPU
 ** runtime sets OpenMP's thread count to 1 on every thread that calls rt_gemm (OpenMP is
 ** oneDNN's threading runtime): generated code does not use OpenMP.
-** Size: RT_THREADS if set, else the CPUs in this process's affinity mask (when the launcher
-** bound it), else the online CPUs divided by the ranks on this node; at least 1. Note that
+** Size: RT_THREADS if set (capped, with a warning, to the online CPUs), else the CPUs in this
+** process's affinity mask (when the launcher bound it), else the online CPUs divided by the
+** ranks on this node; at least 1. Note that
 ** OpenMPI's mpirun binds each rank to one core by default when np <= 2: give a rank several
 ** cores with --bind-to none or --map-by slot:PE=N.
 ** rt_parallel_for splits [0, n) into at most rt_threads() contiguous ranges of near-equal

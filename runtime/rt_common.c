@@ -629,8 +629,10 @@ void rt__pool_shutdown(void)
 }
 
 /*
-** Pool size for this rank: RT_THREADS, else the CPUs of the affinity mask when a launcher
-** bound the process to fewer than all CPUs, else online CPUs / ranks on this node (min 1).
+** Pool size for this rank: RT_THREADS (1 to 1024; above the online CPUs it is capped to them,
+** with a warning: more threads than CPUs only wait on each other), else the CPUs of the
+** affinity mask when a launcher bound the process to fewer than all CPUs, else online CPUs /
+** ranks on this node (min 1).
 */
 int rt__default_threads(void)
 {
@@ -644,12 +646,16 @@ int rt__default_threads(void)
         long v = strtol(e, &end, 10);
         if (*end || v < 1 || v > 1024)
             rt__die("RT_THREADS='%s': expected a whole number from 1 to 1024", e);
-        if (naff > 0 && naff < online && v > naff && rt__st.rank == 0)
+        if (online > 0 && v > online) {
+            if (rt__st.rank == 0)
+                rt_log("warning: RT_THREADS=%ld exceeds the %ld online CPUs: using %ld threads "
+                       "(more only wait on each other)", v, online, online);
+            v = online;
+        } else if (naff > 0 && naff < online && v > naff && rt__st.rank == 0) {
             rt_log("warning: RT_THREADS=%ld but this rank is bound to %d CPU%s (mpirun binds "
                    "to cores by default: add --bind-to none or --map-by slot:PE=%ld)", v, naff,
                    naff == 1 ? "" : "s", v);
-        else if (v > online && rt__st.rank == 0)
-            rt_log("warning: RT_THREADS=%ld exceeds the %ld online CPUs", v, online);
+        }
         return (int)v;
     }
     if (naff > 0 && naff < online)

@@ -21,6 +21,8 @@ M.AXES = { tp = true, cp = true, ep = true, dp = true, pp = true }
 M.APPEND_ORDER = { "tp", "pp", "dp", "ep", "cp" }
 M.MAX_SIZE = 1 << 20            -- largest world (and parallel size) the generator accepts
 M.MAX_CP = 4096                 -- largest CP (lib/gpt.h GPT_MAX_CP)
+M.MAX_NMB = 4096                -- largest NMB: the stage files list every micro-batch's rows,
+                                -- and 4096 generate in about 2 s (65536: 30 s, 1.2 GB)
 M.MAX_PARAMS = 1 << 42          -- largest model it counts exactly (bytes summed over ranks)
 
 -- -- Reading model descriptions ------------------------------------------------------------
@@ -897,6 +899,11 @@ function M.configure(model, opts)
     local C, E, V = size("cp", "CP", 1), size("ep", "EP", 1), size("vp", "VP", 1)
     local Te = size("etp", "ETP", T)
     local mbs, nmb = size("mbs", "MBS", 1), size("nmb", "NMB", 1)
+    if nmb > M.MAX_NMB then
+        errs.add(nil, "NMB (%d) is too large (at most %d: the generated schedule lists every " ..
+                 "micro-batch; for a larger batch raise MBS or DP)", nmb, M.MAX_NMB)
+        nmb = 1
+    end
     local seq = size("seq", "SEQ", model.seq_len)
     -- Gradient buckets (docs/megatron.md §5.1): with overlap, Megatron's --ddp-bucket-size or
     -- its default max(40M, 1M * the dp-cp size); without, one bucket per buffer

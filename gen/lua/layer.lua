@@ -13,6 +13,7 @@
 -- (M.SIGNATURES): the argument count and kinds, and for every memory-plan buffer argument that
 -- the elements the call touches lie inside the buffer the plan allocates (M.check_bounds).
 
+local diag = require("diag")
 local ir = require("ir")
 
 local M = {}
@@ -32,7 +33,21 @@ local SIZE_KEY = {
 }
 M.SIZE_KEY = SIZE_KEY
 
--- The product of the integers and names in ..., as an Expr of one term.
+local INT_MAX = 2147483647      -- the generated code computes an Expr in C int arithmetic
+
+-- 'value' of the C expression 'text' fits an int, or a user error names it (the sizes are
+-- the user's: MBS, SEQ, the model's).
+local function check_fits(text, value)
+    if value > INT_MAX or value < -INT_MAX - 1 then
+        diag.error(nil, "the generated code computes %s = %d in C int arithmetic, which " ..
+                   "overflows (at most %d): lower the sizes it is made of (MBS, SEQ, the " ..
+                   "model's)", text, value, INT_MAX)
+    end
+end
+
+-- The product of the integers and names in ..., as an Expr of one term. Each step of the
+-- product as C computes it (coefficient first, then the factors in order) must fit an int,
+-- as far as the factors are known here.
 local function E(s, ...)
     local c, f, v = 1, {}, 1
     for _, x in ipairs({ ... }) do
@@ -46,6 +61,15 @@ local function E(s, ...)
             if v and n then v = v * n else v = nil end
         end
     end
+    local p, text = c, (c ~= 1 or #f == 0) and tostring(c) or nil
+    if text then check_fits(text, p) end
+    for _, x in ipairs(f) do
+        local key = SIZE_KEY[x]
+        local n = key and s[key]
+        if not n then break end
+        p, text = p * n, (text and text .. " * " or "") .. "CFG_" .. x
+        check_fits(text, p)
+    end
     return ir.Expr { terms = { ir.Term { c = c, f = f } }, value = v }
 end
 M.E = E
@@ -55,7 +79,9 @@ local function plus(a, b)
     local terms = {}
     for _, t in ipairs(a.terms) do terms[#terms + 1] = t end
     for _, t in ipairs(b.terms) do terms[#terms + 1] = t end
-    return ir.Expr { terms = terms, value = a.value and b.value and a.value + b.value }
+    local v = a.value and b.value and a.value + b.value
+    if v then check_fits("a sum of offsets", v) end
+    return ir.Expr { terms = terms, value = v }
 end
 
 -- Argument constructors (ir.lua Arg).

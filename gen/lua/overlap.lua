@@ -278,12 +278,19 @@ function M.events(sp, cfg)
     local ci_of = {}
     for ci, c in ipairs(sp.chunks) do ci_of[c.vp] = ci end
     local ev = {}
+    -- Calls only read what is in flight, which only starts and waits change (the first and
+    -- last micro-batch's): a chunk's forward or backward is listed once per such change, not
+    -- once per micro-batch (NMB of them would only repeat the same checks).
+    local epoch, listed = 0, {}
     for step = 1, 2 do
         for _, t in ipairs(sp.tail) do
             if t.kind == "SCHEDULE" then
                 for _, o in ipairs(sp.schedule) do
-                    if o.kind == "F" or o.kind == "B" then
-                        local ci = ci_of[o.chunk]
+                    local ci = ci_of[o.chunk]
+                    local key = (o.kind == "F" or o.kind == "B") and o.kind .. ci
+                    local ends = o.mb == 0 or o.mb == cfg.nmb - 1     -- may start or wait
+                    if key and (ends or listed[key] ~= epoch) then
+                        if not ends then listed[key] = epoch end
                         local where = string.format("step %d, %s of micro-batch %d (chunk %d)",
                             step, o.kind == "F" and "forward" or "backward", o.mb, o.chunk)
                         for _, it in ipairs(sp.overlap.items[ci][o.kind]) do
@@ -298,9 +305,11 @@ function M.events(sp, cfg)
                                 ev[#ev + 1] = { where = where, wait = it.op.req, param_wait = true }
                             end
                         end
+                        if ends then epoch = epoch + 1 end
                     end
                 end
             else
+                epoch = epoch + 1
                 local touch = assert(TAIL[t.kind], "overlap: what does tail op " .. t.kind ..
                                      " touch?")
                 local where = string.format("step %d, the tail's %s", step, t.kind)

@@ -92,8 +92,21 @@ end
 
 local FLT_MIN, FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38
 
-local function const(list, name, kind, value, comment)
-    if kind == "int" then check_int(value, name) end
+local INT_MAX = 2147483647                  -- C's int, as gpt.h's fields hold the constants
+
+-- Constant 'name' of 'kind' (ir.Const) into 'list'. An int must fit the C type it is emitted
+-- as: 'ctype' "long long" (math.maxinteger), else int; a float a float. Derived constants are
+-- added after the ones they are made of, so a product is checked before it can wrap around.
+local function const(list, name, kind, value, comment, ctype)
+    if kind == "int" then
+        check_int(value, name)
+        local max = ctype == "long long" and math.maxinteger or INT_MAX
+        if value > max or value < -max - 1 then
+            diag.error(nil, "%s = %d (%s) does not fit the C %s it is emitted as (at most " ..
+                       "%d): lower the sizes it is made of", name, value, comment,
+                       ctype or "int", max)
+        end
+    end
     -- a float the model's numbers make out of range would not compile, or be 0 or inf
     if kind == "float" and (value ~= value or math.abs(value) > FLT_MAX or
                             (value ~= 0 and math.abs(value) < FLT_MIN)) then
@@ -176,7 +189,8 @@ local function consts(cfg, s, layout)
     float("CFG_ATT_SCALE", 1 / math.sqrt(s.head_dim), "1/sqrt(head_dim)")
     float("CFG_DLOSS", 1 / (s.N * cfg.nmb), "d(step loss)/d(token loss) = 1/(N*NMB)")
     float("CFG_GRAD_SCALE", 1 / (cfg.dp * cfg.cp), "1/(DP*CP): data-parallel mean")
-    int("CFG_TOKENS_PER_STEP", s.B * cfg.nmb * cfg.dp * s.seq, "GBS*SEQ")
+    const(out, "CFG_TOKENS_PER_STEP", "int", s.B * cfg.nmb * cfg.dp * s.seq, "GBS*SEQ",
+          "long long")
     int("CFG_P2P_N", s.n_sp * s.C, "elements of one pipeline message = N_SP*C")
     local moe = m.moe
     if moe then

@@ -233,5 +233,10 @@ print(s, p)")
     bad no-bin "--data $B/nobin" "$B/nobin.bin: error: cannot open: No such file or directory"
     bad weights "--data-path 0.5 $T/v $T/w $T/v" \
         "train: error: --data-path: give a weight before every prefix or none"
+    bad weight-inf "--data-path inf $T/v 1 $T/w" \
+        "train: error: --data-path: weight inf of $T/v must be a finite number > 0"
+    bad weight-sum "--data-path 1e308 $T/v 1e308 $T/w" \
+        "train: error: --data-path: the weights sum to more than the largest double " \
+        "(1.79769e+308; the largest weight is 1e+308 of $T/v): scale them down"
 fi
 finish

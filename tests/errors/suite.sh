@@ -49,4 +49,40 @@ for cmd in tests/errors/*.cmd; do
         pass "$case"
     fi
 done
+
+# -- make variables: pasted into shell commands, so only plain values get that far ---------------
+# make_refuses CASE WANT GOAL VAR=VALUE...: make GOAL exits 2, its first stderr line is "*** WANT"
+# (after the Makefile's line), and the command a value slips in (touch $scratch/pwned) never runs
+make_refuses() {
+    local case=$1 want=$2 goal=$3 got rc
+    shift 3
+    rm -f "$scratch/pwned"
+    make -s --no-print-directory "$@" "$goal" > "$scratch/$case.stdout" 2> "$scratch/$case.stderr"
+    rc=$?
+    got=$(head -n 1 "$scratch/$case.stderr" | sed 's/^Makefile:[0-9]*: \*\*\* //')
+    if [ "$rc" != 2 ]; then
+        fail "$case" "make exited $rc, want 2 (stderr: $got)"
+    elif [ -e "$scratch/pwned" ]; then
+        fail "$case" "the command in the value ran: $scratch/pwned exists"
+    elif [ "$got" != "$want" ]; then
+        fail "$case" "first stderr line differs"
+        echo "    got:  $got"
+        echo "    want: $want"
+    else
+        pass "$case"
+    fi
+}
+only="only letters, digits and _ - . / + : = ,"
+shell="may be used (the value is pasted into shell commands).  Stop."
+v="tiny;touch $scratch/pwned"
+make_refuses make_model_injection "MODEL='$v': $only $shell" print-out "MODEL=$v"
+v="E|t*4|t*4|L';touch $scratch/pwned;'"
+make_refuses make_layout_quote "LAYOUT='$v': $only | * ( ) $shell" print-out MODEL=tiny \
+    "LAYOUT=$v"
+v="2 --pp 2"
+make_refuses make_tp_words "TP='$v': $only $shell" print-out MODEL=tiny "TP=$v"
+v="--quiet \`touch $scratch/pwned\`"
+make_refuses make_run_args "RUN_ARGS='$v': $only and spaces $shell" run "RUN_ARGS=$v"
+make_refuses make_model_missing "MODEL='no_such_model': no models/no_such_model.lua and no \
+file no_such_model.  Stop." print-out "MODEL=no_such_model"
 finish

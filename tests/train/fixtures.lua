@@ -11,6 +11,7 @@
 --   lua5.4 fixtures.lua corrupt IN OUT            break the JSON (a key without its value)
 --   lua5.4 fixtures.lua hlen IN OUT               a header length larger than the file
 --   lua5.4 fixtures.lua nudge IN OUT NAME I       F32 element I of NAME one ulp up
+--   lua5.4 fixtures.lua poke IN OUT NAME I X      F32 element I of NAME set to X (nan, inf, ...)
 --   lua5.4 fixtures.lua unaligned IN OUT          header padded to 8k + 1 bytes
 --   lua5.4 fixtures.lua gap IN OUT                4 unused bytes after the first tensor
 --   lua5.4 fixtures.lua decode IN OUT             uint16 tokens (bare or llm.c shard) to bytes
@@ -147,6 +148,14 @@ elseif cmd == "nudge" then
     local at = 4 * math.tointeger(tonumber(arg[5])) + 1
     local u = string.unpack("<I4", t.bytes, at)
     t.bytes = t.bytes:sub(1, at - 1) .. string.pack("<I4", u + 1) .. t.bytes:sub(at + 4)
+    st_write(arg[3], ts)
+elseif cmd == "poke" then
+    local ts = st_read(arg[2])
+    local _, t = find(ts, arg[4])
+    local at = 4 * math.tointeger(tonumber(arg[5])) + 1
+    local x = arg[6] == "nan" and 0 / 0 or arg[6] == "inf" and math.huge or
+              arg[6] == "-inf" and -math.huge or tonumber(arg[6]) or die("bad value %s", arg[6])
+    t.bytes = t.bytes:sub(1, at - 1) .. string.pack("<f", x) .. t.bytes:sub(at + 4)
     st_write(arg[3], ts)
 elseif cmd == "unaligned" then
     st_write(arg[3], st_read(arg[2]), nil, 1)

@@ -315,6 +315,37 @@ expect data-too-short 1 "$S/short.bin: error: $m" -- $D $S/short.bin
 expect data-missing 1 "$S/none.bin: error: cannot open: No such file or directory" \
     -- $D $S/none.bin
 
+# a token file truncated while training: the read comes up short (errno is stale there)
+truncated_in_use() {
+    cp $S/tok.bin $S/shrinks.bin && rm -f $S/shrinks.jsonl
+    $A --init $INIT --data $S/shrinks.bin --steps 2000 --quiet --log $S/shrinks.jsonl \
+        > $S/shrinks.out 2> $S/shrinks.err &
+    local pid=$! i
+    for i in $(seq 1 1200); do [ -s $S/shrinks.jsonl ] && break; sleep 0.05; done
+    : > $S/shrinks.bin
+    wait $pid
+    local rc=$?
+    cat $S/shrinks.err
+    [ $rc != 0 ] && grep -q "$S/shrinks.bin: cannot read sample [0-9]*: short read: 0 of \
+[0-9]* bytes at byte [0-9]* (the file is shorter than when it was opened: truncated while in \
+use?)" $S/shrinks.err
+}
+verdict data-truncated-in-use "a short read is not named as one" $S/shrinks.log truncated_in_use
+
+# RT_THREADS above the online CPUs is capped to them, with one line saying so (1024 spinning
+# threads on 2 CPUs made one tiny step take 90 s)
+threads_capped() {
+    local cpus
+    cpus=$(getconf _NPROCESSORS_ONLN)
+    RT_THREADS=1024 timeout -s KILL 60 $A --init $INIT --data $S/tok.bin --steps 1 --quiet \
+        2> $S/threads.err || return 1
+    cat $S/threads.err
+    [ "$(cat $S/threads.err)" = "[rank 0/1] warning: RT_THREADS=1024 exceeds the $cpus online \
+CPUs: using $cpus threads (more only wait on each other)" ]
+}
+verdict rt-threads-capped "RT_THREADS=1024 is not capped to the CPUs with one warning" \
+    $S/threads.log threads_capped
+
 NOT="error: not loaded (1 problem): --init needs the $NTENSORS tensors of this model, with"
 NOT="$NOT Hugging Face GPT-2 names and shapes, in F32, BF16 or F16"
 $FIX extra $INIT $S/extra.safetensors h.3.ln_2.scale
@@ -348,6 +379,16 @@ expect init-header-length 1 "$f: error: not a safetensors file (header length $s
 $size bytes)" -- $I $f
 f=$S/none.safetensors
 expect init-missing-file 1 "$f: error: cannot open: No such file or directory" -- $I $f
+# every weight --init loads is finite: the first that is not is named (a NaN would otherwise
+# surface as a gradient, an inf be saved as is)
+FIN="every weight --init loads must be a finite number"
+$FIX poke $INIT $S/nan.safetensors ln_f.bias 5 nan
+$FIX poke $INIT $S/inf.safetensors h.1.attn.c_attn.weight 1000 inf
+f=$S/nan.safetensors
+expect init-nan-weight 1 "$f: error: tensor 'ln_f.bias' element 5 is nan: $FIN" -- $I $f
+f=$S/inf.safetensors
+expect init-inf-weight-save 1 "$f: error: tensor 'h.1.attn.c_attn.weight' element 1000 (row \
+$((1000 / (3 * C))), column $((1000 % (3 * C)))) is inf: $FIN" -- $I $f --save $S/inf-out.st
 
 expect flag-unknown 2 "train: error: unknown flag '--bogus' (try --help)" -- --bogus 1
 expect flag-not-a-number 2 "train: error: --lr expects a number, got 'abc'" -- --lr abc
@@ -362,6 +403,21 @@ expect flag-steps-without-data 2 "train: error: --data FILE is needed to train (
     -- --steps 5
 expect flag-ckpt-without-dir 2 "train: error: --ckpt-every and --resume need --ckpt-dir DIR" \
     -- --steps 0 --ckpt-every 3
+# the optimizer's numbers are 32-bit floats (gpt_step_in): each is checked as the float it becomes
+F="train: error: --lr must be at most 3.40282e+38 in magnitude (the optimizer's numbers are \
+32-bit floats)"
+expect flag-lr-not-a-float 2 "$F, got 1e+39" -- --steps 0 --lr 1e39
+expect flag-lr-above-float-max 2 "$F, got 3.5e+38" -- --steps 0 --lr 3.5e38
+expect flag-beta1-rounds-to-1 2 "train: error: --beta1 must be in [0, 1), got 0.999999999999 \
+(1 as the optimizer's 32-bit float)" -- --steps 0 --beta1 0.999999999999
+expect flag-eps-negative 2 "train: error: --eps must be > 0, got -1" -- --steps 0 --eps -1
+expect flag-eps-float-zero 2 "train: error: --eps must be > 0, got 1e-50 (0 as the optimizer's \
+32-bit float)" -- --steps 0 --eps 1e-50
+expect flag-wd-negative 2 "train: error: --wd must be >= 0, got -1" -- --steps 0 --wd -1
+expect flag-clip-negative 2 "train: error: --clip must be >= 0 (0: no clipping), got -1" \
+    -- --steps 0 --clip -1
+expect flag-exit-grace-range 2 "train: error: --exit-grace must be at most 4294967295 seconds, \
+got 1e+10" -- --steps 0 --exit-grace 1e10
 # README.md's table of training flags is what the flags' table (LIB_FLAGS, lib/flags.h)
 # prints, as `make readme-flags` writes it; the usage and the parser come from the same table
 readme_flags() {
