@@ -8,8 +8,9 @@ local text = f:read("a")
 f:close()
 local v = T.json(text)
 local want = { schedule = { "kind", "P", "V", "M", "N", "stages" },
-               program = { "model", "layout", "schedule_kind", "consts", "roles", "dense",
-                           "expert", "groups", "stages", "layer" } }
+               program = { "model", "layout", "model_text", "layout_text", "made_by",
+                           "schedule_kind", "consts", "roles", "dense", "expert", "groups",
+                           "stages", "layer" } }
 local keys = table.concat(v.keys, ",")
 if keys ~= table.concat(want[arg[2]], ",") then
     print("keys " .. keys)
