@@ -12,16 +12,24 @@ local M = {}
 
 local registry = {}     -- record name -> { mt = metatable, fields = {...} }
 
-local function type_ok(v, ty)
-    if ty == "int" then return math.type(v) == "integer"
-    elseif ty == "num" then return type(v) == "number"
-    elseif ty == "str" then return type(v) == "string"
-    elseif ty == "bool" then return type(v) == "boolean"
-    elseif ty == "array" or ty == "map" then return type(v) == "table"
-    elseif ty == "any" then return true
+-- The check of a value of type 'ty' (a function of the value), made once per declared field:
+-- records are built by the hundred thousand (schedules), so the constructor does no string
+-- comparison of type names per value.
+local math_type = math.type
+local CHECKS = {
+    int = function(v) return math_type(v) == "integer" end,
+    num = function(v) return type(v) == "number" end,
+    str = function(v) return type(v) == "string" end,
+    bool = function(v) return type(v) == "boolean" end,
+    array = function(v) return type(v) == "table" end,
+    map = function(v) return type(v) == "table" end,
+    any = function() return true end,
+}
+local function checker(ty)
+    return CHECKS[ty] or function(v)
+        local rec = registry[ty]
+        return rec ~= nil and getmetatable(v) == rec.mt
     end
-    local rec = registry[ty]
-    return rec ~= nil and getmetatable(v) == rec.mt
 end
 
 local function record(name, spec)
@@ -45,19 +53,22 @@ local function record(name, spec)
         rawset(t, k, v)
     end
     registry[name] = { mt = mt, fields = fields }
+    local checks, nfields = {}, #fields
+    for i, field in ipairs(fields) do checks[i] = checker(types[field]) end
     M[name] = function(t)
         for k in pairs(t) do
             if not types[k] then
                 error(string.format("ir: %s has no field '%s'", name, tostring(k)), 2)
             end
         end
-        for _, field in ipairs(fields) do
+        for i = 1, nfields do
+            local field = fields[i]
             local v = t[field]
             if v == nil then
                 if not optional[field] then
                     error(string.format("ir: %s.%s is required", name, field), 2)
                 end
-            elseif not type_ok(v, types[field]) then
+            elseif not checks[i](v) then
                 error(string.format("ir: %s.%s must be %s, got %s (%s)", name, field,
                                     types[field], tostring(v), math.type(v) or type(v)), 2)
             end
