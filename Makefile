@@ -42,6 +42,7 @@ LAYOUT        ?=
 MICROBATCH_GROUP ?=
 MBS           ?=
 NMB           ?=
+GBS           ?=
 SEQ           ?=
 CP_COMM       ?=
 SP            ?=
@@ -149,7 +150,7 @@ check_var = $(if $(or $(strip $(call strip_chars,$(subst $(comma),,$($(1))),$(SA
                 digits and $(SAFE_PUNCT) $(comma)$(if $(2), $(2))$(if $(3), and spaces) may be \
                 used (the value is pasted into shell commands)))
 GEN_VARS := MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS \
-            MICROBATCH_GROUP MBS NMB SEQ BUCKET_SIZE RECOMPUTE RECOMPUTE_METHOD \
+            MICROBATCH_GROUP MBS NMB GBS SEQ BUCKET_SIZE RECOMPUTE RECOMPUTE_METHOD \
             RECOMPUTE_LAYERS RECOMPUTE_MODULES RANK
 # Expands to nothing when every generator variable is safe and MODEL names a model, else stops.
 CHECK_GEN_VARS = $(foreach v,$(GEN_VARS),$(call check_var,$(v)))$(call check_var,LAYOUT,| * \
@@ -180,7 +181,8 @@ GENFLAGS = $(CHECK_GEN_VARS)$(MODEL) \
     $(if $(filter 1 yes,$(ACCOUNT_LOSS)),--account-loss) \
     $(if $(LAYOUT),--layout '$(LAYOUT)') \
     $(if $(MICROBATCH_GROUP),--microbatch-group $(MICROBATCH_GROUP)) \
-    $(if $(MBS),--mbs $(MBS)) $(if $(NMB),--nmb $(NMB)) $(if $(SEQ),--seq $(SEQ)) \
+    $(if $(MBS),--mbs $(MBS)) $(if $(NMB),--nmb $(NMB)) $(if $(GBS),--gbs $(GBS)) \
+    $(if $(SEQ),--seq $(SEQ)) \
     $(if $(filter 1 yes,$(SP)),--sp) $(if $(filter 1 yes,$(DIST_OPT)),--dist-opt) \
     $(if $(filter 1 yes,$(BF16)),--bf16) $(if $(filter 0 no,$(OVERLAP)),--no-overlap) \
     $(if $(BUCKET_SIZE),--bucket-size $(BUCKET_SIZE)) \
@@ -289,7 +291,8 @@ help:
 	@echo "make readme-flags             rewrite README.md's table of training flags (lib/flags.h)"
 	@echo "make clean                    remove build/ and out/"
 	@echo "variables: MODEL TP PP DP CP CP_COMM EP ETP VP ORDER FIRST_LAYERS LAST_LAYERS MBS"
-	@echo "           NMB SEQ BF16=1 RECOMPUTE RECOMPUTE_METHOD RECOMPUTE_LAYERS RECOMPUTE_MODULES"
+	@echo "           NMB GBS SEQ BF16=1 RECOMPUTE RECOMPUTE_METHOD RECOMPUTE_LAYERS"
+	@echo "           RECOMPUTE_MODULES"
 	@echo "           ACCOUNT_EMBEDDING=1 ACCOUNT_LOSS=1 LAYOUT MICROBATCH_GROUP"
 	@echo "           SP=1 DIST_OPT=1 OVERLAP=0 BUCKET_SIZE RANK STEPS DATA RUN_ARGS V=1"
 	@echo "           GEN_OPT (generated code's flags)"

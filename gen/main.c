@@ -38,6 +38,7 @@
     _("microbatch-group", INT, "N", "interleaved: micro-batches per group (default pp)") \
     _("mbs",          INT,  "N",    "micro-batch size") \
     _("nmb",          INT,  "N",    "micro-batches per step") \
+    _("gbs",          INT,  "N",    "global batch (sequences): NMB = GBS/(MBS*DP)") \
     _("seq",          INT,  "N",    "sequence length") \
     _("cp-comm",      STR,  "C",    "context-parallel attention: p2p (ring, default) or a2a") \
     _("sp",           FLAG, "",     "sequence parallelism") \

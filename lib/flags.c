@@ -162,6 +162,12 @@ static void set_value(const flag_def *d, const char *flag, const char *v, lib_fl
 }
 
 /* The definition of "--NAME" (a word of the command line), or NULL. */
+#define FLAG_ALIAS(alias, id) { alias, LIB_FLAG_##id },
+static const struct { const char *name; int flag; } flag_aliases[] = {
+    LIB_FLAG_ALIASES(FLAG_ALIAS)
+};
+#define NALIASES (int)(sizeof flag_aliases / sizeof flag_aliases[0])
+
 static const flag_def *flag_named(const char *word, int *index)
 {
     for (int k = 0; k < LIB_NFLAGS; k++)
@@ -169,7 +175,25 @@ static const flag_def *flag_named(const char *word, int *index)
             *index = k;
             return &flag_defs[k];
         }
+    for (int a = 0; a < NALIASES; a++)          /* Megatron's spelling: the flag itself */
+        if (!strcmp(word + 2, flag_aliases[a].name)) {
+            *index = flag_aliases[a].flag;
+            return &flag_defs[*index];
+        }
     return NULL;
+}
+
+/* ", also Megatron's `--train-iters`" for flag k's aliases, appended to 'buf' (its help). */
+static void alias_note(char *buf, size_t cap, int k, int markdown)
+{
+    const char *q = markdown ? "`" : "";
+    int n = 0;
+    for (int a = 0; a < NALIASES; a++) {
+        if (flag_aliases[a].flag != k) continue;
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s%s--%s%s", n++ ? ", " : "; also Megatron's ", q,
+                 flag_aliases[a].name, q);
+    }
 }
 
 /* The value after flag argv[*i] (advancing *i), or a usage error naming the flag. */
@@ -371,6 +395,7 @@ void lib_flags_usage(FILE *out, const char *run_hint)
         char left[64], help[1024];
         flag_text(left, sizeof left, d);
         help_text(help, sizeof help, d, 0);
+        alias_note(help, sizeof help, k, 0);
         if (d->def)             /* '\x1f': a space the folding keeps */
             snprintf(help + strlen(help), sizeof help - strlen(help), " (default\x1f%s)",
                      d->def + (d->def[0] == '='));
@@ -409,6 +434,8 @@ void lib_flags_markdown(FILE *out)
         char left[64], help[1024];
         fprintf(out, "| `%s` | ", flag_text(left, sizeof left, d));
         if (d->def) fprintf(out, "`%s`", d->def + (d->def[0] == '='));
-        fprintf(out, " | %s |\n", help_text(help, sizeof help, d, 1));
+        help_text(help, sizeof help, d, 1);
+        alias_note(help, sizeof help, k, 1);
+        fprintf(out, " | %s |\n", help);
     }
 }

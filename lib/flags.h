@@ -77,11 +77,11 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(LR_DECAY_STYLE, "lr-decay-style", "S", LR_STYLE, lr_style, "cosine", \
       "the decay after the warm-up (README.md, \"Learning rate\"): %s") \
     _(WARMUP, "warmup", "N", INT, warmup, "0", \
-      "linear warm-up steps, Megatron's `--lr-warmup-iters`") \
+      "linear warm-up steps") \
     _(LR_WARMUP_INIT, "lr-warmup-init", "X", NUM, lr_init, "0", \
       "the rate of the first warm-up step") \
     _(DECAY_STEPS, "decay-steps", "N", INT, decay_steps, "=max(steps, warmup)", \
-      "the decay ends at `--min-lr` after N steps, Megatron's `--lr-decay-iters`") \
+      "the decay ends at `--min-lr` after N steps") \
     _(LR_WSD_DECAY_ITERS, "lr-wsd-decay-iters", "N", INT, wsd_iters, NULL, \
       "WSD only, and required there: the last N of the decay steps decay") \
     _(LR_WSD_DECAY_STYLE, "lr-wsd-decay-style", "S", WSD_STYLE, wsd_style, "exponential", \
@@ -125,6 +125,17 @@ enum { WSD_STYLES(WSD_ENUM) };
 
 #define LIB_FLAG_ID(id, name, meta, kind, field, def, help) LIB_FLAG_##id,
 enum { LIB_FLAGS(LIB_FLAG_ID) LIB_NFLAGS };
+
+/*
+** Megatron-LM's spellings of flags that mean the same here, accepted as the flag itself
+** (docs/megatron-flags.md maps every Megatron flag: these, the ones spelled alike, the layout's
+** make variables, and those we do not have): _(ALIAS, ID) with ID a LIB_FLAGS ID. Only the
+** defaults may differ from Megatron's (the usage and README's table give ours).
+*/
+#define LIB_FLAG_ALIASES(_) \
+    _("train-iters", STEPS) _("lr-warmup-iters", WARMUP) _("lr-decay-iters", DECAY_STEPS) \
+    _("weight-decay", WD) _("adam-beta1", BETA1) _("adam-beta2", BETA2) _("adam-eps", EPS) \
+    _("clip-grad", CLIP) _("save-interval", CKPT_EVERY)
 
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;

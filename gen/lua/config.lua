@@ -899,6 +899,20 @@ function M.configure(model, opts)
     local C, E, V = size("cp", "CP", 1), size("ep", "EP", 1), size("vp", "VP", 1)
     local Te = size("etp", "ETP", T)
     local mbs, nmb = size("mbs", "MBS", 1), size("nmb", "NMB", 1)
+    -- GBS (Megatron's --global-batch-size, in sequences): the micro-batches it takes
+    local gbs = size("gbs", "GBS", nil)
+    if gbs and opts.nmb ~= nil and gbs ~= mbs * D * nmb then
+        errs.add(nil, "GBS (%d) and NMB (%d) disagree: MBS (%d) x DP (%d) x NMB = %d; give " ..
+                 "one of them", gbs, nmb, mbs, D, mbs * D * nmb)
+    elseif gbs and gbs % (mbs * D) ~= 0 then
+        local per = mbs * D
+        local lo, hi = gbs - gbs % per, gbs - gbs % per + per
+        errs.add(nil, "GBS (%d) must be a multiple of MBS (%d) x DP (%d) = %d (use %s)", gbs,
+                 mbs, D, per, lo > 0 and ("GBS=%d or GBS=%d"):format(lo, hi)
+                 or ("GBS=%d"):format(hi))
+    elseif gbs then
+        nmb = gbs // (mbs * D)
+    end
     if nmb > M.MAX_NMB then
         errs.add(nil, "NMB (%d) is too large (at most %d: the generated schedule lists every " ..
                  "micro-batch; for a larger batch raise MBS or DP)", nmb, M.MAX_NMB)

@@ -212,6 +212,10 @@ T.test("output directory names and the regenerate command", function()
                       "-first2-last2", "every knob")
     T.eq(cfg.make, "make MODEL=tiny_moe TP=2 PP=2 DP=2 CP=2 EP=2 ETP=1 VP=2 MBS=4 NMB=8 SEQ=32 " ..
                    "SP=1 DIST_OPT=1 FIRST_LAYERS=2 LAST_LAYERS=2", "make")
+    cfg = config.configure(m, { dp = 2, mbs = 2, gbs = 12 })
+    T.eq({ cfg.nmb, cfg.dirname, cfg.make }, { 3, "tiny_moe-tp1-pp1-dp2-mbs2-nmb3",
+         "make MODEL=tiny_moe TP=1 PP=1 DP=2 MBS=2 NMB=3" },
+         "GBS 12 = MBS 2 x DP 2 x NMB 3 (the micro-batches derived; the directory names NMB)")
     cfg = config.configure(m, { tp = 2, dp = 2, order = "dp-tp-pp", out = "elsewhere" })
     T.eq({ cfg.dirname, cfg.outdir }, { "tiny_moe-tp2-pp1-dp2-orderdp-tp-pp", "elsewhere" },
          "order and --out")

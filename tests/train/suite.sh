@@ -401,6 +401,21 @@ expect flag-decay-before-warmup 2 "train: error: --decay-steps (3) must be >= --
     -- --data $S/tok.bin --warmup 5 --decay-steps 3
 expect flag-steps-without-data 2 "train: error: --data FILE is needed to train (or --steps 0)" \
     -- --steps 5
+# Megatron's spellings (lib/flags.h LIB_FLAG_ALIASES) are the flags themselves: the same run,
+# log for log
+if $A --init $INIT --data $S/tok.bin --train-iters 3 --lr-warmup-iters 1 --lr-decay-iters 3 \
+       --weight-decay 0.05 --adam-beta1 0.8 --adam-beta2 0.99 --adam-eps 1e-7 --clip-grad 0.5 \
+       --quiet --log $S/alias-megatron.jsonl > $S/alias.out 2>&1 &&
+   $A --init $INIT --data $S/tok.bin --steps 3 --warmup 1 --decay-steps 3 --wd 0.05 \
+       --beta1 0.8 --beta2 0.99 --eps 1e-7 --clip 0.5 --quiet --log $S/alias-ours.jsonl \
+       >> $S/alias.out 2>&1 &&
+   diff <(sed 's/,"ms".*//' $S/alias-megatron.jsonl) <(sed 's/,"ms".*//' $S/alias-ours.jsonl) \
+       > /dev/null && [ "$(wc -l < $S/alias-ours.jsonl)" = 3 ]; then
+    pass megatron-flag-spellings
+else
+    show $S/alias.out 5
+    fail megatron-flag-spellings "--train-iters ... --clip-grad did not run as --steps ... --clip"
+fi
 expect flag-ckpt-without-dir 2 "train: error: --ckpt-every and --resume need --ckpt-dir DIR" \
     -- --steps 0 --ckpt-every 3
 # the optimizer's numbers are 32-bit floats (gpt_step_in): each is checked as the float it becomes
