@@ -310,3 +310,24 @@ echo:
 
 clean:
 	rm -rf build out $(CLEAN_FILES)
+
+# -- Make variables no makefile reads -----------------------------------------------------------
+# A variable given on the command line that no makefile of this make reads (MSB=4 for MBS=4,
+# GBS in a make that predates it) would be ignored in silence: every goal first checks them
+# (an order-only prerequisite, so that it runs after every -f makefile is read) and stops,
+# naming them. Known: every name the makefiles read refer to as $(NAME), ${NAME} or $(NAME:...),
+# and ENV_VARS, which the scripts make runs read from the environment.
+ENV_VARS := TEST_JOBS TEST_TOKENS TEST_SCRATCH RUN_TIMEOUT RT_THREADS RT_TIMEOUT RT_TRACE
+CMDLINE_VARS = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+MAKE_TEXT = $(foreach f,$(MAKEFILE_LIST),$(file < $(f)))
+dollar := $$
+unknown_vars = $(strip $(foreach v,$(1),$(if $(or $(filter $(v),$(ENV_VARS)),\
+                   $(findstring $(dollar)$(lparen)$(v)$(rparen),$(2)),\
+                   $(findstring $(dollar){$(v)},$(2)),\
+                   $(findstring $(dollar)$(lparen)$(v):,$(2))),,$(v))))
+.PHONY: check-make-vars
+check-make-vars:
+	$(if $(CMDLINE_VARS),$(if $(call unknown_vars,$(CMDLINE_VARS),$(MAKE_TEXT)),$(error \
+	    unknown make variable: $(call unknown_vars,$(CMDLINE_VARS),$(MAKE_TEXT)) (no makefile \
+	    reads it; `make help` lists the variables))))
+$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)): | check-make-vars

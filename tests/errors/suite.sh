@@ -88,4 +88,11 @@ v="--quiet \`touch $scratch/pwned\`"
 make_refuses make_run_args "RUN_ARGS='$v': $only and spaces $shell" run "RUN_ARGS=$v"
 make_refuses make_model_missing "MODEL='no_such_model': no models/no_such_model.lua and no \
 file no_such_model.  Stop." print-out "MODEL=no_such_model"
+# a variable no makefile reads (MSB for MBS) is named, not ignored; GBS is known
+make_refuses make_unknown_variable "unknown make variable: MSB (no makefile reads it; \
+\`make help\` lists the variables).  Stop." print-out MODEL=tiny MSB=4
+if [ "$(make -s --no-print-directory print-out MODEL=tiny DP=2 MBS=2 GBS=8 2>&1)" = \
+     out/tiny-tp1-pp1-dp2-mbs2-nmb2 ]; then pass make_gbs
+else fail make_gbs "make print-out MODEL=tiny DP=2 MBS=2 GBS=8 is not NMB 2"
+fi
 finish
