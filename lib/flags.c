@@ -240,12 +240,23 @@ static const char *num_text(char *buf, size_t cap, double x)
 }
 
 /* The flag 'name' (value x) becomes a 32-bit float (gpt_step_in): it must be one, not inf. */
-static void check_float(const char *name, double x)
+/* Each given flag as the command line spelled it (Megatron's spelling or ours), for errors. */
+static const char *spelled[LIB_NFLAGS];
+
+static const char *as_given(int k)
+{
+    static char canon[LIB_NFLAGS][48];
+    if (spelled[k]) return spelled[k];
+    snprintf(canon[k], sizeof canon[k], "--%s", flag_defs[k].name);
+    return canon[k];
+}
+
+static void check_float(int k, double x)
 {
     char t[32];
     if (fabs(x) > FLT_MAX)
-        lib_fail_all(2, "--%s must be at most %g in magnitude (the optimizer's numbers are 32-bit "
-                     "floats), got %s", name, FLT_MAX, num_text(t, sizeof t, x));
+        lib_fail_all(2, "%s must be at most %g in magnitude (the optimizer's numbers are 32-bit "
+                     "floats), got %s", as_given(k), FLT_MAX, num_text(t, sizeof t, x));
 }
 
 /* " (0 as the optimizer's 32-bit float)" when 'x' rounds to another float 'xf', else "". */
@@ -261,27 +272,31 @@ static const char *as_float(char *buf, size_t cap, double x, float xf)
 static void check_number_flags(const lib_flags *f)
 {
     char t[32], why[64];
-    check_float("lr", f->lr);
-    check_float("min-lr", f->min_lr);
-    check_float("lr-warmup-init", f->lr_init);
-    const char *beta[2] = { "beta1", "beta2" };
+    check_float(LIB_FLAG_LR, f->lr);
+    check_float(LIB_FLAG_MIN_LR, f->min_lr);
+    check_float(LIB_FLAG_LR_WARMUP_INIT, f->lr_init);
+    const int beta[2] = { LIB_FLAG_BETA1, LIB_FLAG_BETA2 };
     double bv[2] = { f->beta1, f->beta2 };
     for (int k = 0; k < 2; k++) {
         double x = bv[k];
         int below1 = x >= 0 && x < 1;           /* then the float is defined, maybe 1 */
         if (!below1 || (float)x >= 1)
-            lib_fail_all(2, "--%s must be in [0, 1), got %s%s", beta[k], num_text(t, sizeof t, x),
+            lib_fail_all(2, "%s must be in [0, 1), got %s%s", as_given(beta[k]),
+                         num_text(t, sizeof t, x),
                          below1 ? as_float(why, sizeof why, x, (float)x) : "");
     }
-    check_float("eps", f->eps);
+    check_float(LIB_FLAG_EPS, f->eps);
     if (!((float)f->eps > 0))
-        lib_fail_all(2, "--eps must be > 0, got %s%s", num_text(t, sizeof t, f->eps),
+        lib_fail_all(2, "%s must be > 0, got %s%s", as_given(LIB_FLAG_EPS),
+                     num_text(t, sizeof t, f->eps),
                      as_float(why, sizeof why, f->eps, (float)f->eps));
-    check_float("wd", f->wd);
-    if (f->wd < 0) lib_fail_all(2, "--wd must be >= 0, got %s", num_text(t, sizeof t, f->wd));
-    check_float("clip", f->clip);
+    check_float(LIB_FLAG_WD, f->wd);
+    if (f->wd < 0)
+        lib_fail_all(2, "%s must be >= 0, got %s", as_given(LIB_FLAG_WD),
+                     num_text(t, sizeof t, f->wd));
+    check_float(LIB_FLAG_CLIP, f->clip);
     if (f->clip < 0)
-        lib_fail_all(2, "--clip must be >= 0 (0: no clipping), got %s",
+        lib_fail_all(2, "%s must be >= 0 (0: no clipping), got %s", as_given(LIB_FLAG_CLIP),
                      num_text(t, sizeof t, f->clip));
     if (f->exit_grace < 0 || f->exit_minutes < 0)
         lib_fail_all(2, "--exit-grace and --exit-duration-in-mins must be >= 0");
@@ -300,6 +315,7 @@ static void check_number_flags(const lib_flags *f)
 void lib_flags_parse(int argc, char **argv, lib_flags *f)
 {
     memset(f, 0, sizeof *f);
+    memset(spelled, 0, sizeof spelled);
     for (int k = 0; k < LIB_NFLAGS; k++) {
         const flag_def *d = &flag_defs[k];
         if (d->def && d->def[0] != '=') {
@@ -319,6 +335,7 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
         int k;
         const flag_def *d = flag_named(a, &k);
         if (!d) lib_fail_all(2, "unknown flag '%s' (try --help)", a);
+        spelled[k] = a;
         if (d->kind == KIND_FLAG || d->kind == KIND_HELP) {
             set_value(d, a, NULL, f);
         } else if (d->kind == KIND_WORDS) {

@@ -416,6 +416,8 @@ else
     show $S/alias.out 5
     fail megatron-flag-spellings "--train-iters ... --clip-grad did not run as --steps ... --clip"
 fi
+expect flag-megatron-spelling-named 2 "train: error: --weight-decay must be >= 0, got -1" \
+    -- --steps 0 --weight-decay -1
 expect flag-ckpt-without-dir 2 "train: error: --ckpt-every and --resume need --ckpt-dir DIR" \
     -- --steps 0 --ckpt-every 3
 # the optimizer's numbers are 32-bit floats (gpt_step_in): each is checked as the float it becomes
