@@ -118,7 +118,9 @@ enum { WSD_STYLES(WSD_ENUM) };
       "step, stop, naming the rank and the tensor") \
     _(TIMEOUT, "timeout", "S", NUM, timeout, "300", \
       "abort the job if a collective or receive is stuck for S seconds") \
-    _(QUIET, "quiet", "", FLAG, quiet, NULL, "no per-step line on stdout") \
+    _(QUIET, "quiet", "", FLAG, quiet, NULL, \
+      "no per-step line on stdout (nor the first line: model, parameters, layout, global " \
+      "batch; nor the `--ckpt-every` checkpoints' lines)") \
     _(SHOW_GROUPS, "show-groups", "", FLAG, show_groups, NULL, \
       "print every rank's coordinates and groups (as `topology.json` lists them), then exit") \
     _(HELP, "help", "", HELP, help, NULL, "print this help and exit (also `-h`)")

@@ -117,6 +117,19 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
     return log_write(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+/* The run's first line on stdout (rank 0): the model and its parameters, the layout, the
+** global batch and the tokens of a step; 'start': the steps already done (--resume). */
+static void header(const gpt_program *prog, int start)
+{
+    long long params = 0;
+    int n = lib.ebias_tensor >= 0 ? lib.ebias_tensor : lib.ntensors;  /* biases: not trained */
+    for (int i = 0; i < n; i++) params += (long long)lib.tensors[i].rows * lib.tensors[i].cols;
+    printf("train: %s, %.3f M parameters, %s (world %d): global batch %d sequences (MBS %d x "
+           "NMB %d x DP %d) of %d tokens, %lld tokens per step; from step %d\n", prog->model,
+           (double)params / 1e6, prog->layout, prog->world, prog->gbs, prog->dims.B,
+           prog->dims.nmb, prog->dp, prog->dims.seq, prog->tokens_per_step, start + 1);
+}
+
 /* -- Main ----------------------------------------------------------------------------------- */
 
 /*
@@ -192,6 +205,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
                    0644);
         RT_CHECK(log >= 0, "%s: cannot open: %s", f.log, strerror(errno));
     }
+    if (rt_rank() == 0 && !f.quiet && f.steps > start) header(prog, start);
     const char *stopped = NULL;     /* why the run stops before --steps */
     int s;
     lib_signals_stepping();
@@ -228,6 +242,8 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         }
         int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
         if (saved) lib_ckpt_save(&f, s + 1, updates, skipped);
+        if (saved && rt_rank() == 0 && !f.quiet)
+            printf("saved %s/step_%08d (--ckpt-every %d)\n", f.ckpt_dir, s + 1, f.ckpt_every);
         int sig = lib_exit_signal();
         if (s + 1 < f.steps && out.stop)
             stopped = sig ? lib_signal_name(sig) : late ? "--exit-duration-in-mins" : log_err ?

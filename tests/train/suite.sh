@@ -142,6 +142,15 @@ else
     show $S/a.stdout
     fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s'"
 fi
+# the first line: the model, its parameters (GPT-2: V*C + T*C + L*(12C^2 + 13C) + 2C, counted
+# here from the model's sizes), the layout and the batch; a periodic checkpoint says so
+P=$((V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C))
+want="train: models/tiny.lua, $((P / 1000000)).$(printf %03d $((P % 1000000 / 1000))) M parameters, tp1\
+ pp1 dp1 (world 1): global batch 8 sequences (MBS 4 x NMB 2 x DP 1) of $T tokens, $((8 * T)) tokens\
+ per step; from step 1"
+if [ "$(grep -m1 '^train: ' $S/a.stdout)" = "$want" ]; then pass log-header
+else fail log-header "got '$(grep -m1 '^train: ' $S/a.stdout)', want '$want'"
+fi
 verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, comm_ms, tok_s" \
     $S/keys.log $FIX logkeys $S/a.jsonl 10
 
