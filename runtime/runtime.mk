@@ -22,7 +22,8 @@ RT_CUDA_SINGLE_LIBS := -Lbuild -lrt_cuda_single $(RT_CUDA_SYS)
 # PTX for later parts.
 RT_CUDA_ARCH   ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                   -gencode arch=compute_90,code=compute_90
-RT_MPI_CFLAGS  := $(shell $(MPICC) --showme:compile 2>/dev/null)
+# (mpicc --showme:compile repeats the flags it is given: not the sanitizer's, which nvcc refuses)
+RT_MPI_CFLAGS  := $(filter-out $(SAN_FLAGS),$(shell $(MPICC) --showme:compile 2>/dev/null))
 RT_NVCC_BASE   := -std=c++17 $(OPT) -g $(RT_CUDA_ARCH) -Werror all-warnings \
                   -Xcompiler -Wall,-Wextra,-Wshadow,-Werror
 RT_NVCC_FLAGS  := $(RT_NVCC_BASE) $(RT_MPI_CFLAGS) -Iruntime
