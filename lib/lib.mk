@@ -36,7 +36,7 @@ LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
 
 # GPT_SYS_LIBS: what the library itself needs besides the runtime (ckpt.c's checksums: xxHash,
 # Debian's libxxhash-dev, installed by make deps).
-GPT_SYS_LIBS  = -lxxhash
+GPT_SYS_LIBS  = $(LD_FAST) -lxxhash
 GPT_CPU_LIBS  = -Lbuild -lgpt_cpu $(GPT_SYS_LIBS) $(RT_CPU_LIBS)
 GPT_CUDA_LIBS = -Lbuild -lgpt_cuda $(GPT_SYS_LIBS) $(RT_CUDA_LIBS)
 # Single-rank programs without MPI, linked by $(CC): the same library (it calls no MPI itself)

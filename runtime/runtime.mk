@@ -11,11 +11,11 @@
 
 RT_BUILD     := build/runtime
 RT_CFLAGS    := -Iruntime
-RT_CPU_LIBS  = -Lbuild -lrt_cpu $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
-RT_CUDA_SYS  := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+RT_CPU_LIBS  = $(LD_FAST) -Lbuild -lrt_cpu $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
+RT_CUDA_SYS  := $(LD_FAST) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                 -lcublasLt -lcublas -lnccl -lcudart -lstdc++ -lpthread -lm -ldl -lrt
 RT_CUDA_LIBS := -Lbuild -lrt_cuda $(RT_CUDA_SYS)
-RT_CPU_SINGLE_LIBS  = -Lbuild -lrt_cpu_single $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
+RT_CPU_SINGLE_LIBS  = $(LD_FAST) -Lbuild -lrt_cpu_single $(BLAS_LIBS) $(DNNL_LIBS) -lpthread -lm
 RT_CUDA_SINGLE_LIBS := -Lbuild -lrt_cuda_single $(RT_CUDA_SYS)
 
 # nvcc compiles rt_cuda.cu (C++17) against MPI's headers; GPU code for A100 and H100 plus

@@ -23,5 +23,5 @@ $(GEN_DIR)/train_cuda_emu_mpi: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a \
                                $(EMU_BUILD)/librt_cuda_emu_mpi.a $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
 	$(Q)$(MPICC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/librt_cuda_emu_mpi.a \
-	    $(EMU_BUILD)/libcuda_emu.a $(GPT_SYS_LIBS) -lstdc++ -lpthread -lm
+	    $(EMU_BUILD)/libcuda_emu.a $(GPT_SYS_LIBS) $(BLAS_LIBS) -lstdc++ -lpthread -lm
 endif

@@ -93,7 +93,7 @@ $(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o build/
 $(EMU_BUILD)/%.o: tests/kernels/emu/%.cc $(EMU_HDRS)
 	$(E) "CXX       $@"
 	$(Q)mkdir -p $(@D)
-	$(Q)$(EMU_CXX) $(EMU_FLAGS) -c -o $@ $<
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(BLAS_CFLAGS) -c -o $@ $<
 
 EMU_RT_FLAGS = -DRT_NO_MPI
 $(EMU_BUILD)/rt_cuda_emu_mpi.o: EMU_RT_FLAGS = $(RT_MPI_CFLAGS)
@@ -112,7 +112,9 @@ $(EMU_BUILD)/librt_cuda_emu_mpi.a:
 	$(E) "AR        $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-EMU_CUDA_LIBS := $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a -lstdc++ -lpthread -lm
+# (the emulated cuBLAS multiplies with OpenBLAS)
+EMU_CUDA_LIBS = $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a $(BLAS_LIBS) -lstdc++ \
+                -lpthread -lm
 
 # The runtime's GEMM and RNG tests over the emulated CUDA runtime (tests/single).
 $(EMU_BUILD)/t_%_cuda: $(RT_TEST_SINGLE_DIR)/t_%.o $(EMU_BUILD)/librt_cuda_emu.a \

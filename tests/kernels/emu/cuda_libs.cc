@@ -4,16 +4,19 @@
 ** memory is host memory; streams are always idle (everything runs at the call). The
 ** GEMMs follow cuBLAS's documentation, written here without reference to rt_cuda.cu's use of
 ** them: column-major operands, op(A) of m x k and op(B) of k x n, C = alpha op(A) op(B) +
-** beta C with C not read when beta is 0, products summed in f32 in a fixed order and rounded
-** once to C's type (bf16: to nearest even). Anything else (another type, compute mode, a
+** beta C with C not read when beta is 0, the product op(A) op(B) in f32 (OpenBLAS's sgemm on
+** one thread: a fixed order) and alpha op(A) op(B) + beta C rounded once to C's type (bf16: to
+** nearest even). Anything else (another type, compute mode, a
 ** transpose kind) returns CUBLAS_STATUS_NOT_SUPPORTED; NCCL returns ncclInvalidUsage.
 */
 #include "cublas_v2.h"
 #include "nccl.h"
 
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <vector>
 
 #define DEVICE_BYTES ((size_t)80 << 30)     /* an H100's memory, for the properties */
@@ -176,9 +179,14 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
         ldb < ((tb == CUBLAS_OP_N ? k : n) > 1 ? (tb == CUBLAS_OP_N ? k : n) : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
-    /* op(A) as f32 rows of k and op(B) as f32 columns of k, so each element of C is a dot
-    ** product of two contiguous rows, summed in 8 interleaved partial sums added in order */
-    std::vector<float> ar((size_t)m * k), bc((size_t)n * k);
+    /* op(A) as f32 rows of k and op(B) as f32 columns of k, multiplied by OpenBLAS's f32 GEMM
+    ** (cuBLAS's f32 compute: products and sums in f32, in an order of its own), then scaled
+    ** and stored as C's type. A loop of our own here took 55 s of CPU in the runtime's GEMM
+    ** test (GPT-2's shapes). The work arrays are kept from call to call (only grown). */
+    static thread_local std::vector<float> ar, bc, t;
+    if (ar.size() < (size_t)m * k) ar.resize((size_t)m * k);
+    if (bc.size() < (size_t)n * k) bc.resize((size_t)n * k);
+    if (t.size() < (size_t)n * m) t.resize((size_t)n * m);
     for (int b = 0; b < batch; b++) {
         for (int i = 0; i < m; i++)
             for (int l = 0; l < k; l++)
@@ -188,19 +196,18 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
             for (int l = 0; l < k; l++)
                 bc[(size_t)j * k + l] = load(B, bt, b * sB + (tb == CUBLAS_OP_N
                                         ? l + (long long)j * ldb : j + (long long)l * ldb));
+        if (m > 0 && n > 0) {
+            if (k > 0)      /* t[j][i] = sum_l bc[j][l] ar[i][l]: C transposed, row-major */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, bc.data(),
+                            k, ar.data(), k, 0.0f, t.data(), m);
+            else
+                std::fill(t.begin(), t.begin() + (size_t)n * m, 0.0f);
+        }
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
-                const float *x = &ar[(size_t)i * k], *y = &bc[(size_t)j * k];
-                float acc[8] = { 0 };
-                int l = 0;
-                for (; l + 8 <= k; l += 8)
-                    for (int u = 0; u < 8; u++) acc[u] += x[l + u] * y[l + u];
-                float s = 0.0f;
-                for (int u = 0; u < 8; u++) s += acc[u];
-                for (; l < k; l++) s += x[l] * y[l];
                 long long ci = b * sC + i + (long long)j * ldc;
                 float c = be == 0.0f ? 0.0f : be * load(C, ct, ci);
-                store(C, ct, ci, al * s + c);
+                store(C, ct, ci, al * t[(size_t)j * m + i] + c);
             }
     }
     return CUBLAS_STATUS_SUCCESS;
