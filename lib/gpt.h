@@ -264,6 +264,10 @@ typedef struct {
     int nother_pieces;
     const gpt_piece *other_pieces;         /* param: a row of other_params */
     const gpt_mem *mem;                    /* [GPT_NMEMS] */
+    int pool_slots;                        /* 0: each chunk's activation slots its own; else
+                                              the chunks share this many (every chunk has as
+                                              many): slot k of each is the same memory, a
+                                              per-layer buffer one per layer position */
     size_t mem_bytes;                      /* the generator's plan: every device byte of setup
                                               (the CUDA runtime adds RT_CUDA_WORKSPACE_BYTES) */
     int needs_inputs, needs_targets;       /* reads token ids / targets */

@@ -51,17 +51,33 @@ static void *mem(gpt_mem_id id, void *alias)
 }
 
 /*
-** A per-layer entry of a layer kept as 'st': in the recompute workspace at the layer's
-** position when the plan marks the entry 'work' and the layer has a position (its output
-** excepted when it keeps it), allocated there once and shared by every layer at that
-** position; else a new instance of its own.
+** Entry 'id' of activation slot 's' at layer position 'j' of a chunk (-1: the chunk's own
+** C_ entries): a new instance, or where the chunks share one pool of slots
+** (gpt_stage.pool_slots) the instance of pool slot s at position j, made by the first chunk
+** that asks and shared by the others: one micro-batch at a time holds a slot of the pool.
 */
-static void *layer_mem(gpt_mem_id id, const gpt_layer_store *st)
+static void *slot_mem(gpt_mem_id id, int s, int j)
+{
+    if (!gpt.stage->pool_slots)
+        return mem(id, NULL);
+    size_t at = ((size_t)s * (size_t)(lib.pool_pos + 1) + (size_t)(j + 1)) * GPT_NMEMS + id;
+    if (!lib.pool[at])
+        lib.pool[at] = mem(id, NULL);
+    return lib.pool[at];
+}
+
+/*
+** A per-layer entry of the layer at position j of a chunk, kept as 'st', in slot s: in the
+** recompute workspace at the layer's position when the plan marks the entry 'work' and the
+** layer has a position (its output excepted when it keeps it), allocated there once and
+** shared by every layer at that position; else the slot's (slot_mem).
+*/
+static void *layer_mem(gpt_mem_id id, const gpt_layer_store *st, int s, int j)
 {
     const gpt_mem *m = &gpt.stage->mem[id];
     if (!st || st->work < 0 || !m->work || m->how != GPT_MEM_ALLOC ||
         (id == GPT_M_L_RES2 && st->keep_out))
-        return mem(id, NULL);
+        return slot_mem(id, s, j);
     if (st->work >= lib.nwork) {
         int n = st->work + 1;
         void **w = realloc(lib.work, (size_t)n * GPT_NMEMS * sizeof *w);
@@ -76,13 +92,15 @@ static void *layer_mem(gpt_mem_id id, const gpt_layer_store *st)
     return *slot;
 }
 
-/* One layer's activations in one slot: its L_, ML_ entries, as the plan and the layer's store
-** say (NULL: all its own); the routing state of a MoE layer. */
-static void layer_acts_alloc(lib_layer_acts *a, const gpt_layer_store *st, lib_layer *layer)
+/* The activations of the layer at position j of a chunk in slot s: its L_, ML_ entries, as
+** the plan and the layer's store say (NULL: all in the slot); the routing state of a MoE
+** layer. */
+static void layer_acts_alloc(lib_layer_acts *a, const gpt_layer_store *st, lib_layer *layer,
+                             int s, int j)
 {
     for (int id = 0; id < GPT_NMEMS; id++) {
         const char *n = mem_names[id];
-        if (!strncmp(n, "L_", 2) || !strncmp(n, "ML_", 3)) a->m[id] = layer_mem(id, st);
+        if (!strncmp(n, "L_", 2) || !strncmp(n, "ML_", 3)) a->m[id] = layer_mem(id, st, s, j);
     }
     if (gpt.d.moe) lib_moe_init(&a->moe, a->m, layer);
 }
@@ -249,6 +267,19 @@ void lib_stage_setup(void)
         lib.vbuf[i] = counted(b->state * sizeof(float));
     }
 
+    RT_CHECK(st->nchunks > 0, "stage %d has no chunk (a generator bug)", gpt.pp_rank);
+    lib.pool_pos = 0;
+    for (int c = 0; c < st->nchunks; c++)
+        if (st->chunks[c].layers > lib.pool_pos) lib.pool_pos = st->chunks[c].layers;
+    if (st->pool_slots) {
+        lib.pool = calloc((size_t)st->pool_slots * (size_t)(lib.pool_pos + 1) * GPT_NMEMS,
+                          sizeof *lib.pool);
+        RT_CHECK(lib.pool, "out of memory");
+        for (int c = 0; c < st->nchunks; c++)
+            RT_CHECK(st->chunks[c].slots == st->pool_slots, "memory plan: chunk %d has %d "
+                     "slots, the stage's pool %d (a generator bug)", c, st->chunks[c].slots,
+                     st->pool_slots);
+    }
     lib.head = st->chunks[st->nchunks - 1].head;
     gpt.chunk = calloc((size_t)st->nchunks, sizeof *gpt.chunk);
     RT_CHECK(gpt.chunk, "out of memory");
@@ -273,13 +304,14 @@ void lib_stage_setup(void)
         }
         for (int s = 0; s < ci->slots; s++) {
             lib_chunk_acts *a = &ch->acts[s];
-            a->x = mem(GPT_M_C_X, NULL);
-            a->dy = mem(GPT_M_C_DY, NULL);
-            a->tokens = ci->embedding ? mem(GPT_M_C_TOKENS, NULL) : NULL;
+            a->x = slot_mem(GPT_M_C_X, s, -1);
+            a->dy = slot_mem(GPT_M_C_DY, s, -1);
+            a->tokens = ci->embedding ? slot_mem(GPT_M_C_TOKENS, s, -1) : NULL;
             a->layer = calloc((size_t)ci->layers + 1, sizeof *a->layer);
             RT_CHECK(a->layer, "out of memory");
             for (int j = 0; j < ci->layers; j++)
-                layer_acts_alloc(&a->layer[j], ci->store ? &ci->store[j] : NULL, &ch->layers[j]);
+                layer_acts_alloc(&a->layer[j], ci->store ? &ci->store[j] : NULL, &ch->layers[j],
+                                 s, j);
         }
     }
     stage_mem_alloc();

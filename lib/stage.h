@@ -105,6 +105,9 @@ typedef struct {
     float **mbuf, **vbuf;       /* [nbuffers]: AdamW moments (state elements) */
     void **work;                /* [positions * GPT_NMEMS]: the recompute workspace */
     int nwork;                  /* positions allocated so far */
+    void **pool;                /* [pool slots * (pool_pos + 1) * GPT_NMEMS]: the shared
+                                   activation slots (gpt_stage.pool_slots; slot_mem) */
+    int pool_pos;               /* layer positions in a slot: the largest chunk's layers */
     int nparams;
     lib_param *params;          /* buffer order (buffer, then offset) */
     int npieces;

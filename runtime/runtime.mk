@@ -167,8 +167,8 @@ $(RT_TEST_SINGLE_DIR):
 # tests/runtime/suite.sh. (build/emu/t_<name>_cuda, the single-rank ones: tests/kernels.mk.)
 build/emu/t_%_cuda_mpi: $(RT_TEST_DIR)/t_%.o build/emu/librt_cuda_emu_mpi.a build/emu/libcuda_emu.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $< build/emu/librt_cuda_emu_mpi.a build/emu/libcuda_emu.a -lstdc++ \
-	    -lpthread -lm
+	$(Q)$(MPICC) -o $@ $< build/emu/librt_cuda_emu_mpi.a build/emu/libcuda_emu.a $(BLAS_LIBS) \
+	    -lstdc++ -lpthread -lm
 
 .PHONY: runtime-tests runtime-tests-cuda runtime-tests-single
 runtime-tests: build/librt_cpu.a $(RT_TEST_CPU)

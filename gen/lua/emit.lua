@@ -441,7 +441,9 @@ local function stage_view(cfg, prog, sp, part)
     local v = {
         cname = "stage" .. sp.stage, title = sp.title, nbuffers = int(#sp.buffers),
         nchunks = int(#sp.chunks), buffers = {}, chunks = {}, schedule = {}, tail = {},
-        mem = {}, mem_total = int(sp.mem_bytes), needs_inputs = flag(sp.needs_inputs),
+        mem = {}, mem_total = int(sp.mem_bytes), pool_slots = int(sp.pool_slots),
+        has_pool = sp.pool_slots > 0,
+        needs_inputs = flag(sp.needs_inputs),
         needs_targets = flag(sp.needs_targets), head_uses_wte = flag(sp.head_uses_wte),
         has_others = #sp.other_params > 0, nothers = int(#sp.other_params),
         nother_pieces = int(#sp.other_pieces), others = param_rows(sp.other_params),

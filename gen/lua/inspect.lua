@@ -354,8 +354,9 @@ end
 
 -- The schedule and what it costs on every stage: {sched, kind, timeline, bubble (formula),
 -- bubble_text, stages = {[r] = {warmup, steady, cooldown, inflight, slots = {}, bytes = {},
--- peak, slot_of}}}. Slots and bytes are the program's (program.build, what the library
--- allocates); without a program (a layout it does not support) bytes and peak are nil.
+-- pool, pool_bytes, peak, slot_of}}}. Slots and bytes are the program's (program.build, what
+-- the library allocates): each chunk's, or (pool > 0) one pool of slots the chunks share;
+-- without a program (a layout it does not support) bytes and peak are nil.
 function M.pipeline(cfg, sched, prog)
     local P, V = cfg.pp, cfg.vp
     local out = { sched = sched, kind = sched.kind, stages = {},
@@ -363,17 +364,20 @@ function M.pipeline(cfg, sched, prog)
     out.bubble, out.bubble_text = M.pipeline_bubble(cfg)
     for r = 0, P - 1 do
         local st = sched.stages[r + 1]
-        local slots = schedule.assign_slots(st, V)
+        local sp = prog and prog.stages[r + 1]
+        local pool = sp and sp.pool_slots or 0
+        local slots = schedule.assign_slots(st, V, pool > 0)
         local rec = { warmup = st.warmup, steady = st.steady, cooldown = st.cooldown,
                       inflight = slots.inflight, slots = {}, bytes = {}, peak = nil,
+                      pool = pool, pool_bytes = sp and sp.pool_slot_bytes or 0,
                       slot_of = slots.slot }
         for v = 0, V - 1 do rec.slots[v + 1] = slots.nslots[v] end
-        if prog then
-            rec.peak = 0
-            for i, ch in ipairs(prog.stages[r + 1].chunks) do
+        if sp then
+            rec.peak = pool * rec.pool_bytes
+            for i, ch in ipairs(sp.chunks) do
                 assert(ch.slots == rec.slots[i], "inspect: slots differ from the program's")
                 rec.bytes[i] = ch.slot_bytes
-                rec.peak = rec.peak + ch.slots * ch.slot_bytes
+                if pool == 0 then rec.peak = rec.peak + ch.slots * ch.slot_bytes end
             end
         end
         out.stages[r] = rec
@@ -416,15 +420,22 @@ function M.pipeline_summary(cfg, part, sched, prog, out)
             slots[i] = tostring(n)
             bytes[i] = s.bytes[i] and util.bytes(s.bytes[i]) or "-"
         end
+        local slots_text, bytes_text = table.concat(slots, "+"), table.concat(bytes, " + ")
+        if s.pool > 0 then
+            slots_text, bytes_text = s.pool .. " shared", util.bytes(s.pool_bytes)
+        end
         rows[#rows + 1] = { tostring(r), tostring(s.warmup), tostring(s.steady),
-                            tostring(s.cooldown), tostring(s.inflight),
-                            table.concat(slots, "+"),
-                            s.peak and table.concat(bytes, " + ") or "-",
+                            tostring(s.cooldown), tostring(s.inflight), slots_text,
+                            s.peak and bytes_text or "-",
                             s.peak and util.bytes(s.peak) or "-" }
     end
     for _, line in ipairs(util.columns(rows, "rrrrrrlr")) do out[#out + 1] = "  " .. line end
     out[#out + 1] = "  (slots: activation buffers of each chunk, one per micro-batch in flight; " ..
                     "peak: slots x bytes)"
+    if cfg.vp > 1 then
+        out[#out + 1] = "  (shared: the chunks draw their slots from one pool, as many as " ..
+                        "micro-batches in flight)"
+    end
     if not prog then
         out[#out + 1] = "  (activation bytes: no training program for this layout yet)"
         return
@@ -440,7 +451,8 @@ M.NCCL_BYTES_PER_COMM = 2 * 8 * (4 << 20)
 -- The device memory of every stage as the program allocates it (program.build's plan, which
 -- the library checks at start) and, on the GPU, what the runtime and NCCL add: per stage
 -- { stage, ranks, parameters, main_parameters, gradients, optimizer_state, activations =
--- { per_slot = {per chunk}, slots = {per chunk}, bytes }, recompute_workspace,
+-- { per_slot = {per chunk}, slots = {per chunk}, bytes, pool, pool_bytes (pool > 0: the
+-- chunks share that many slots of pool_bytes) }, recompute_workspace,
 -- communication, workspace, peak_bytes (= the allocated total on the CPU), cuda = {
 -- cublas_workspace, gemm_staging, nccl_communicators, nccl_estimate, allocated, peak_bytes } }.
 function M.memory(cfg, prog)
@@ -450,10 +462,10 @@ function M.memory(cfg, prog)
     end
     local out = {}
     for _, sp in ipairs(prog.stages) do
-        local per_slot, slots, acts = {}, {}, 0
+        local per_slot, slots, acts = {}, {}, sp.pool_slots * sp.pool_slot_bytes
         for i, c in ipairs(sp.chunks) do
             per_slot[i], slots[i] = c.slot_bytes, c.slots
-            acts = acts + c.slots * c.slot_bytes
+            if sp.pool_slots == 0 then acts = acts + c.slots * c.slot_bytes end
         end
         local by = { activations = 0, communication = 0, workspace = 0 }
         local work = 0
@@ -468,7 +480,8 @@ function M.memory(cfg, prog)
             stage = sp.stage, ranks = sp.ranks, parameters = sp.params.params,
             main_parameters = sp.params.main, gradients = sp.params.grads,
             optimizer_state = sp.params.moments,
-            activations = { per_slot = per_slot, slots = slots, bytes = acts },
+            activations = { per_slot = per_slot, slots = slots, bytes = acts,
+                            pool = sp.pool_slots, pool_bytes = sp.pool_slot_bytes },
             recompute_workspace = work, communication = by.communication,
             workspace = by.workspace, peak_bytes = sp.mem_bytes,
             cuda = { cublas_workspace = program.CUDA_WORKSPACE_BYTES,

@@ -713,6 +713,9 @@ record("StageProgram", {
     { "steady",        "int",   "schedule: steady pairs" },
     { "cooldown",      "int",   "schedule: cool-down backwards" },
     { "inflight",      "int",   "micro-batches in flight at most" },
+    { "pool_slots",    "int",   "0: each chunk's activation slots its own; else the slots " ..
+                                "the chunks share (slot k of every chunk is the same memory)" },
+    { "pool_slot_bytes", "int", "device bytes of one slot of that pool (0 without one)" },
     { "schedule",      "array", "Op list: the unrolled schedule (F, B, X, SECTION)" },
     { "overlap",       "Overlap", "where the asynchronous communication starts and is waited" },
     { "tail",          "array", "Op list: the step around and after the schedule" },

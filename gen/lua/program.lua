@@ -712,10 +712,15 @@ local function in_work(id, st, recomputed)
 end
 
 -- The device memory of stage r as the library allocates it (lib/stage.c lib_stage_setup):
--- returns the Mem list (ORDER GPT_MEM), the bytes of one activation slot per chunk, the bytes
--- of the recompute workspace and of the parameter buffers (a MemParams), and the total.
--- 'nparams': local tensors; 'sp_total': elements of the sequence-parallel gradients.
-local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
+-- returns the Mem list (ORDER GPT_MEM), the bytes of one activation slot per chunk, the
+-- parameter buffers' bytes (a MemParams), the total, and the bytes of one slot of the pool.
+-- 'nparams': local tensors; 'sp_total': elements of the sequence-parallel gradients. 'pool':
+-- nil, every chunk's slots its own; else the number of slots the chunks share (every chunk
+-- has that many): slot k of every chunk is the same memory, a per-layer buffer shared by the
+-- chunks' layers at the same position (lib/stage.c slot_mem), so one slot of the pool holds
+-- the input, its gradient, the tokens where the stage embeds, and at each layer position the
+-- buffers some chunk keeps there.
+local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, pool)
     local moe = cfg.model.moe ~= nil
     local embedding = chunks[1].embedding
     local lse = s.B * s.heads_local * s.T
@@ -787,19 +792,22 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
     local function instances(id)
         local per_layer = id:match("^L_") or id:match("^ML_")
         if per_layer then
-            local slot, used = 0, {}
+            local slot, used, kept = 0, {}, {}
             for _, c in ipairs(chunks) do
-                for _, st in ipairs(c.store) do
+                for j, st in ipairs(c.store) do
                     if in_work(id, st, recomputed) then used[st.work] = true
+                    elseif pool then kept[j] = true
                     else slot = slot + c.slots end
                 end
             end
+            for _ in pairs(kept) do slot = slot + pool end
             local work = 0
             for _ in pairs(used) do work = work + 1 end
             return slot, work
         end
         if id == "C_TOKENS" then return chunks[1].slots, 0 end
         if id:match("^C_") then
+            if pool then return pool, 0 end
             local n = 0
             for _, c in ipairs(chunks) do n = n + c.slots end
             return n, 0
@@ -847,6 +855,22 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
         end
         slot_bytes[i] = b
     end
+    local pool_bytes = 0
+    if pool then
+        pool_bytes = (size.C_X + size.C_DY) * abytes + (embedding and 4 * s.N or 0)
+        for _, m in ipairs(MEMS) do
+            local id, v = m[1], size[m[1]]
+            if (id:match("^L_") or id:match("^ML_")) and type(v) == "number" then
+                local kept = {}
+                for _, c in ipairs(chunks) do
+                    for j, st in ipairs(c.store) do
+                        if not in_work(id, st, recomputed) then kept[j] = true end
+                    end
+                end
+                for _ in pairs(kept) do pool_bytes = pool_bytes + v * esize(m[2]) end
+            end
+        end
+    end
 
     -- the parameter buffers: model parameters (activation dtype), f32 main gradients, the
     -- f32 main parameters of bf16 training and the two AdamW moments (the shard with the
@@ -859,7 +883,7 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers)
         pb.moments = pb.moments + 8 * b.state
     end
     local param_bytes = pb.params + pb.main + pb.grads + pb.moments
-    return list, slot_bytes, ir.MemParams(pb), param_bytes + total
+    return list, slot_bytes, ir.MemParams(pb), param_bytes + total, pool_bytes
 end
 
 -- -- One stage: the unrolled schedule and the step's tail ----------------------------------------
@@ -1164,6 +1188,23 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
     for _, c in ipairs(chunks) do nlayers = nlayers + c.layers end
     local mem, slot_bytes, params, mem_bytes = memory_plan(cfg, s, chunks, head, nparams,
                                                            sp_total, buffers)
+    -- interleaved: one pool of slots for the stage's chunks where it takes less memory (it
+    -- holds the stage's peak in flight where each chunk's own slots hold the sum of the
+    -- chunks' peaks; only chunks of very different sizes make it larger)
+    local pool, pool_bytes = 0, 0
+    if cfg.vp > 1 then
+        local pooled = schedule.assign_slots(stage_sched, cfg.vp, true)
+        local own = {}
+        for i, c in ipairs(chunks) do own[i], c.slots = c.slots, pooled.nslots[c.vp] end
+        local pmem, _, _, ptotal, pbytes = memory_plan(cfg, s, chunks, head, nparams, sp_total,
+                                                       buffers, pooled.nslots[0])
+        if ptotal < mem_bytes then
+            mem, mem_bytes, slots = pmem, ptotal, pooled
+            pool, pool_bytes = pooled.nslots[0], pbytes
+        else
+            for i, c in ipairs(chunks) do c.slots = own[i] end
+        end
+    end
     for i, c in ipairs(chunks) do c.slot_bytes = slot_bytes[i] end
     -- every call of the stage's code stays inside the buffers the plan gives it
     local elems = {}
@@ -1216,6 +1257,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
         head_uses_wte = head_uses_wte,
         warmup = stage_sched.warmup, steady = stage_sched.steady,
         cooldown = stage_sched.cooldown, inflight = slots.inflight,
+        pool_slots = pool, pool_slot_bytes = pool_bytes,
         schedule = sched_ops, overlap = plan,
         tail = tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers, plan),
     }

@@ -297,24 +297,30 @@ end
 --[[
 ** Activation slots of one stage: a micro-batch occupies a slot of its chunk from the moment
 ** its input arrives (or its forward starts) until its backward ends, so only in-flight
-** micro-batches hold activations. Returns {slot = {["mb.chunk"] = index (0-based)},
-** nslots = {[chunk] = n}, inflight = peak number of micro-batches held at once}.
+** micro-batches hold activations. 'pooled': the chunks draw from one pool of slots (a slot
+** freed by one chunk's backward serves the next forward of any chunk), so the stage holds as
+** many slots as micro-batches in flight at once; else each chunk has slots of its own (as
+** many as its own micro-batches in flight: their sum can exceed the stage's peak). The lowest
+** free slot is taken first. Returns {slot = {["mb.chunk"] = index (0-based)}, nslots =
+** {[chunk] = n} (pooled: the pool's size for every chunk), inflight = peak number of
+** micro-batches held at once}.
 ]]
-function M.assign_slots(stage, V)
+function M.assign_slots(stage, V, pooled)
     local free, nslots, slot = {}, {}, {}
     for c = 0, V - 1 do free[c], nslots[c] = {}, 0 end
+    local function list(c) return pooled and 0 or c end     -- whose free list and count
     local held, peak = 0, 0
     local function acquire(mb, c)
         local key = mb .. "." .. c
         if slot[key] then return end
-        local f = free[c]
+        local f = free[list(c)]
         local idx
         if #f > 0 then
             table.sort(f)
             idx = table.remove(f, 1)
         else
-            idx = nslots[c]
-            nslots[c] = idx + 1
+            idx = nslots[list(c)]
+            nslots[list(c)] = idx + 1
         end
         slot[key] = idx
         held = held + 1
@@ -329,10 +335,13 @@ function M.assign_slots(stage, V)
             acquire(st.mb, st.chunk)
         elseif st.kind == "B" then
             local key = st.mb .. "." .. st.chunk
-            local f = free[st.chunk]
+            local f = free[list(st.chunk)]
             f[#f + 1] = slot[key]
             held = held - 1
         end
+    end
+    if pooled then
+        for c = 1, V - 1 do nslots[c] = nslots[0] end
     end
     return { slot = slot, nslots = nslots, inflight = peak }
 end

@@ -561,6 +561,53 @@ T.test("the schedule is the one given: slots and counts agree with schedule.lua"
     end)
 end)
 
+-- The activation bytes of a stage's plan: its Mem entries of that category.
+local function activation_bytes(sp)
+    local n = 0
+    for _, m in ipairs(sp.mem) do
+        if m.category == "activations" then n = n + m.bytes - m.work_bytes end
+    end
+    return n
+end
+
+T.test("interleaved stages share one pool of activation slots, as many as in flight", function()
+    local pooled = 0
+    each_layout(function(cfg, _, _, _, sched, prog)
+        for r = 0, cfg.pp - 1 do
+            local sp = prog.stages[r + 1]
+            local own = schedule.assign_slots(sched.stages[r + 1], cfg.vp)
+            local sum, most = 0, 0        -- the chunks' own slots; the largest chunk's slot
+            for _, c in ipairs(sp.chunks) do
+                sum = sum + own.nslots[c.vp] * c.slot_bytes
+                most = math.max(most, c.slot_bytes)
+            end
+            if cfg.vp == 1 then
+                T.eq(sp.pool_slots, 0, label(cfg) .. ": no pool without interleaving")
+            elseif sp.pool_slots == 0 then
+                -- kept only where a pool would not take less (a pool slot holds the largest
+                -- chunk's at least)
+                T.ok(sum <= sp.inflight * most, "%s stage %d: no pool, yet the chunks' own " ..
+                     "slots (%d bytes) exceed %d in flight x %d", label(cfg), r, sum,
+                     sp.inflight, most)
+            else
+                pooled = pooled + 1
+                T.eq(sp.pool_slots, sp.inflight, label(cfg) .. ": pool of stage " .. r)
+                for _, c in ipairs(sp.chunks) do
+                    T.eq(c.slots, sp.pool_slots, label(cfg) .. ": a chunk's slots are the pool's")
+                    T.ok(c.slot_bytes <= sp.pool_slot_bytes, "%s: a chunk's slot (%d bytes) " ..
+                         "fits the pool's (%d)", label(cfg), c.slot_bytes, sp.pool_slot_bytes)
+                end
+                T.eq(activation_bytes(sp), sp.pool_slots * sp.pool_slot_bytes,
+                     label(cfg) .. ": activations = pool x slot bytes")
+                -- the chunks' own slots would hold the sum of their peaks: more
+                T.ok(activation_bytes(sp) < sum, "%s stage %d: the pool (%d bytes) takes less " ..
+                     "than each chunk's own slots (%d)", label(cfg), r, activation_bytes(sp), sum)
+            end
+        end
+    end)
+    T.ok(pooled >= 2, "stages with a pool checked: %d", pooled)
+end)
+
 T.test("the model's and the layout's texts: resolved, canonical, every field", function()
     local config = require("config")
     local src = F.source({})

@@ -335,14 +335,19 @@ end)
 
 -- -- Every generated schedule passes -------------------------------------------------------------
 
--- Replay a stage's steps with its slots: no slot holds two micro-batches at once, every
--- micro-batch's input lands in the slot its forward and backward use.
-local function check_slots(st, V, slots)
-    local busy = {}          -- "chunk:slot" -> "mb.chunk"
+-- Replay a stage's steps with its slots: no slot holds two micro-batches at once (with a
+-- pool: no slot index, whichever the chunk), every micro-batch's input lands in the slot its
+-- forward and backward use.
+local function check_slots(st, V, slots, pooled)
+    local busy = {}          -- "chunk:slot" (pooled: "slot") -> "mb.chunk"
     local held, peak = 0, 0
-    local function hold(mb, c)
+    local function where(mb, c)
         local k = mb .. "." .. c
-        local s = c .. ":" .. assert(slots.slot[k], "no slot for " .. k)
+        local idx = assert(slots.slot[k], "no slot for " .. k)
+        return k, pooled and tostring(idx) or (c .. ":" .. idx)
+    end
+    local function hold(mb, c)
+        local k, s = where(mb, c)
         if busy[s] == k then return end
         T.ok(busy[s] == nil, "slot %s holds %s and %s", s, tostring(busy[s]), k)
         busy[s] = k
@@ -357,8 +362,7 @@ local function check_slots(st, V, slots)
         elseif s.kind == "F" then
             hold(s.mb, s.chunk)
         elseif s.kind == "B" then
-            local k = s.mb .. "." .. s.chunk
-            local key = s.chunk .. ":" .. slots.slot[k]
+            local k, key = where(s.mb, s.chunk)
             T.ok(busy[key] == k, "backward of %s finds %s in its slot", k, tostring(busy[key]))
             busy[key] = nil
             held = held - 1
@@ -367,7 +371,11 @@ local function check_slots(st, V, slots)
     T.eq(held, 0, "micro-batches left in flight")
     T.eq(peak, slots.inflight, "peak in flight")
     for c = 0, V - 1 do
-        T.ok(slots.nslots[c] <= slots.inflight, "chunk %d has more slots than in flight", c)
+        if pooled then
+            T.eq(slots.nslots[c], slots.inflight, "pool: chunk %d's slots are the stage's peak", c)
+        else
+            T.ok(slots.nslots[c] <= slots.inflight, "chunk %d has more slots than in flight", c)
+        end
     end
 end
 
@@ -398,6 +406,7 @@ T.test("hundreds of random valid sizes: generated schedules verify", function()
             T.eq(st.warmup, w, ("warm-up of P=%d V=%d M=%d r%d"):format(P, V, Mb, r))
             local slots = schedule.assign_slots(st, V)
             check_slots(st, V, slots)
+            check_slots(st, V, schedule.assign_slots(st, V, true), true)
             if V == 1 then
                 T.eq(slots.inflight, math.min(w + 1, Mb),
                      ("in flight on P=%d M=%d r%d (3.3: warm-up + 1)"):format(P, Mb, r))

@@ -189,13 +189,16 @@ static const gpt_piece other_pieces[2] = {
 ** pieces, each layer's bases and shifts); where each layer keeps its activations (NULL: all in
 ** its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
-    { 0, 2, 4, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
-    { 4, 2, 2, 0, 0, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL, NULL },
+    { 0, 2, 5, 1, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
+    { 4, 2, 5, 0, 0, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 7043300 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    recompute workspace holds some instances; 6482404 bytes in all with the
+**    parameters, checked at start.
+**    The chunks share one pool of 5 activation slots: slot k of every chunk is
+**    the same memory (the stage's micro-batches in flight at most).
+**    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
 **    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM H_LNF H_LNF_MEAN H_LNF_RSTD S_GATHER S_QKVP
 **    S_DACT S_DSHARED S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND
@@ -204,37 +207,37 @@ static const gpt_chunk_info chunks[2] = {
 **    X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
-    /* f32 (N_SP, C) ln_1 output, x 12 */
+    /* f32 (N_SP, C) ln_1 output, x 10 */
     [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP), x 12 */
+    /* f32 (N_SP), x 10 */
     [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N_SP), x 12 */
+    /* f32 (N_SP), x 10 */
     [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N, QKV_LOCAL), x 12 */
+    /* f32 (N, QKV_LOCAL), x 10 */
     [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            49152, 0 },
-    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 12 */
+    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 10 */
     [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,             1024, 0 },
-    /* f32 (N, C_LOCAL) attention output, x 12 */
+    /* f32 (N, C_LOCAL) attention output, x 10 */
     [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) x + attention, x 12 */
+    /* f32 (N_SP, C) x + attention, x 10 */
     [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) ln_2 output, x 12 */
+    /* f32 (N_SP, C) ln_2 output, x 10 */
     [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP), x 12 */
+    /* f32 (N_SP), x 10 */
     [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N_SP), x 12 */
+    /* f32 (N_SP), x 10 */
     [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N, FF_LOCAL) c_fc output, x 12 */
+    /* f32 (N, FF_LOCAL) c_fc output, x 10 */
     [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            65536, 0 },
-    /* f32 (N, FF_LOCAL), x 12 */
+    /* f32 (N, FF_LOCAL), x 10 */
     [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            65536, 0 },
-    /* f32 (N_SP, C) the layer's output, x 12 */
+    /* f32 (N_SP, C) the layer's output, x 10 */
     [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) the chunk's input, x 6 */
+    /* f32 (N_SP, C) the chunk's input, x 5 */
     [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) its gradient, x 6 */
+    /* f32 (N_SP, C) its gradient, x 5 */
     [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* i32 (N) token ids, x 4 */
+    /* i32 (N) token ids, x 5 */
     [GPT_M_C_TOKENS]   = { GPT_MEM_ALLOC, 0,              256, 0 },
     /* f32 (N, C) partial sums / the output gradient gathered */
     [GPT_M_S_FULL]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
@@ -411,27 +414,27 @@ static const gpt_sched_step schedule[18] = {
     /* -- warm-up: forward passes only -- */
     FWD(0, 0, 0, NO_MSG),   /* forward 0.0 */
     FWD_OVL(1, 0, 1, TX_ACT(0, 0)),   /* send act 0.0 during forward 1.0 */
-    FWD(0, 1, 0, RX_ACT(1, 0), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0; forward 0.1 */
-    FWD(1, 1, 1, RX_ACT(1, 1), TX_ACT(1, 0)),   /* recv act 1.1, send act 0.1; forward 1.1 */
-    MSGS(0, 0, 0, TX_ACT(1, 1), RX_GRAD(1, 0)),   /* send act 1.1, recv grad 0.1 */
+    FWD(0, 1, 2, RX_ACT(1, 2), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0; forward 0.1 */
+    FWD(1, 1, 3, RX_ACT(1, 3), TX_ACT(1, 2)),   /* recv act 1.1, send act 0.1; forward 1.1 */
+    MSGS(0, 0, 0, TX_ACT(1, 3), RX_GRAD(1, 2)),   /* send act 1.1, recv grad 0.1 */
     /* -- steady state: one forward, one backward -- */
-    FWD(2, 0, 2, NO_MSG),   /* forward 2.0 */
-    BWD(0, 1, 0, NO_MSG),   /* backward 0.1 */
+    FWD(2, 0, 4, NO_MSG),   /* forward 2.0 */
+    BWD(0, 1, 2, NO_MSG),   /* backward 0.1 */
     /* send grad 0.1, send act 2.0, recv grad 1.1; forward 3.0 */
-    FWD(3, 0, 3, TX_GRAD(1, 0), TX_ACT(0, 2), RX_GRAD(1, 1)),
-    BWD(1, 1, 1, NO_MSG),   /* backward 1.1 */
+    FWD(3, 0, 2, TX_GRAD(1, 2), TX_ACT(0, 4), RX_GRAD(1, 3)),
+    BWD(1, 1, 3, NO_MSG),   /* backward 1.1 */
     /* send grad 1.1, recv act 2.1, send act 3.0, recv grad 0.0; forward 2.1 */
-    FWD(2, 1, 0, TX_GRAD(1, 1), RX_ACT(1, 0), TX_ACT(0, 3), RX_GRAD(0, 0)),
+    FWD(2, 1, 3, TX_GRAD(1, 3), RX_ACT(1, 3), TX_ACT(0, 2), RX_GRAD(0, 0)),
     BWD(0, 0, 0, NO_MSG),   /* backward 0.0 */
     /* recv act 3.1, send act 2.1, recv grad 1.0; forward 3.1 */
-    FWD(3, 1, 1, RX_ACT(1, 1), TX_ACT(1, 0), RX_GRAD(0, 1)),
+    FWD(3, 1, 0, RX_ACT(1, 0), TX_ACT(1, 3), RX_GRAD(0, 1)),
     BWD(1, 0, 1, NO_MSG),   /* backward 1.0 */
-    MSGS(0, 0, 0, TX_ACT(1, 1), RX_GRAD(1, 0)),   /* send act 3.1, recv grad 2.1 */
+    MSGS(0, 0, 0, TX_ACT(1, 0), RX_GRAD(1, 3)),   /* send act 3.1, recv grad 2.1 */
     /* -- cool-down: backward passes only -- */
-    BWD(2, 1, 0, NO_MSG),   /* backward 2.1 */
-    BWD(3, 1, 1, TX_GRAD(1, 0), RX_GRAD(1, 1)),   /* send grad 2.1, recv grad 3.1; backward 3.1 */
-    BWD(2, 0, 2, TX_GRAD(1, 1), RX_GRAD(0, 2)),   /* send grad 3.1, recv grad 2.0; backward 2.0 */
-    BWD(3, 0, 3, RX_GRAD(0, 3)),   /* recv grad 3.0; backward 3.0 */
+    BWD(2, 1, 3, NO_MSG),   /* backward 2.1 */
+    BWD(3, 1, 0, TX_GRAD(1, 3), RX_GRAD(1, 0)),   /* send grad 2.1, recv grad 3.1; backward 3.1 */
+    BWD(2, 0, 4, TX_GRAD(1, 0), RX_GRAD(0, 4)),   /* send grad 3.1, recv grad 2.0; backward 2.0 */
+    BWD(3, 0, 2, RX_GRAD(0, 2)),   /* recv grad 3.0; backward 3.0 */
 };
 
 static void run_schedule(void)
@@ -492,7 +495,7 @@ const gpt_stage stage0 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 7043300,
+    .mem = mem, .pool_slots = 5, .mem_bytes = 6482404,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,

@@ -198,12 +198,15 @@ static const gpt_piece other_pieces[3] = {
 ** its slot, no recompute) */
 static const gpt_chunk_info chunks[2] = {
     { 2, 2, 3, 0, 0, 12, chunk0_params, 16, chunk0_pieces, chunk0_bases, NULL, NULL },
-    { 6, 2, 1, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL, NULL },
+    { 6, 2, 3, 0, 1, 12, chunk1_params, 16, chunk1_pieces, chunk1_bases, NULL, NULL },
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 5940200 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    recompute workspace holds some instances; 5379048 bytes in all with the
+**    parameters, checked at start.
+**    The chunks share one pool of 3 activation slots: slot k of every chunk is
+**    the same memory (the stage's micro-batches in flight at most).
+**    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
 **    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_GATHER S_QKVP S_DACT S_DSHARED
 **    S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS
@@ -211,35 +214,35 @@ static const gpt_chunk_info chunks[2] = {
 **    MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
-    /* f32 (N_SP, C) ln_1 output, x 8 */
+    /* f32 (N_SP, C) ln_1 output, x 6 */
     [GPT_M_L_LN1]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP), x 8 */
+    /* f32 (N_SP), x 6 */
     [GPT_M_L_LN1_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N_SP), x 8 */
+    /* f32 (N_SP), x 6 */
     [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N, QKV_LOCAL), x 8 */
+    /* f32 (N, QKV_LOCAL), x 6 */
     [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,            49152, 0 },
-    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 8 */
+    /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 6 */
     [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,             1024, 0 },
-    /* f32 (N, C_LOCAL) attention output, x 8 */
+    /* f32 (N, C_LOCAL) attention output, x 6 */
     [GPT_M_L_ATTY]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) x + attention, x 8 */
+    /* f32 (N_SP, C) x + attention, x 6 */
     [GPT_M_L_RES1]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) ln_2 output, x 8 */
+    /* f32 (N_SP, C) ln_2 output, x 6 */
     [GPT_M_L_LN2]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP), x 8 */
+    /* f32 (N_SP), x 6 */
     [GPT_M_L_LN2_MEAN] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N_SP), x 8 */
+    /* f32 (N_SP), x 6 */
     [GPT_M_L_LN2_RSTD] = { GPT_MEM_ALLOC, 0,              256, 0 },
-    /* f32 (N, FF_LOCAL) c_fc output, x 8 */
+    /* f32 (N, FF_LOCAL) c_fc output, x 6 */
     [GPT_M_L_FC]       = { GPT_MEM_ALLOC, 0,            65536, 0 },
-    /* f32 (N, FF_LOCAL), x 8 */
+    /* f32 (N, FF_LOCAL), x 6 */
     [GPT_M_L_GELU]     = { GPT_MEM_ALLOC, 0,            65536, 0 },
-    /* f32 (N_SP, C) the layer's output, x 8 */
+    /* f32 (N_SP, C) the layer's output, x 6 */
     [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) the chunk's input, x 4 */
+    /* f32 (N_SP, C) the chunk's input, x 3 */
     [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) its gradient, x 4 */
+    /* f32 (N_SP, C) its gradient, x 3 */
     [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            16384, 0 },
     /* f32 (N_SP, C) ln_f output */
     [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
@@ -435,24 +438,24 @@ static const gpt_sched_step schedule[19] = {
     /* -- warm-up: forward passes only -- */
     FWD(0, 0, 0, RX_ACT(0, 0)),   /* recv act 0.0; forward 0.0 */
     FWD(1, 0, 1, RX_ACT(0, 1), TX_ACT(0, 0)),   /* recv act 1.0, send act 0.0; forward 1.0 */
-    MSGS(0, 0, 0, RX_ACT(1, 0), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0 */
+    MSGS(0, 0, 0, RX_ACT(1, 2), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0 */
     /* -- steady state: one forward, one backward -- */
-    FWD(0, 1, 0, NO_MSG),   /* forward 0.1 */
-    BWD(0, 1, 0, NO_MSG),   /* backward 0.1 */
-    FWD(1, 1, 0, TX_GRAD(1, 0), RX_ACT(1, 0)),   /* send grad 0.1, recv act 1.1; forward 1.1 */
-    BWD(1, 1, 0, NO_MSG),   /* backward 1.1 */
+    FWD(0, 1, 2, NO_MSG),   /* forward 0.1 */
+    BWD(0, 1, 2, NO_MSG),   /* backward 0.1 */
+    FWD(1, 1, 2, TX_GRAD(1, 2), RX_ACT(1, 2)),   /* send grad 0.1, recv act 1.1; forward 1.1 */
+    BWD(1, 1, 2, NO_MSG),   /* backward 1.1 */
     /* send grad 1.1, recv act 2.0, recv grad 0.0; forward 2.0 */
-    FWD(2, 0, 2, TX_GRAD(1, 0), RX_ACT(0, 2), RX_GRAD(0, 0)),
+    FWD(2, 0, 2, TX_GRAD(1, 2), RX_ACT(0, 2), RX_GRAD(0, 0)),
     BWD(0, 0, 0, NO_MSG),   /* backward 0.0 */
     /* send grad 0.0, recv act 3.0, send act 2.0, recv grad 1.0; forward 3.0 */
     FWD(3, 0, 0, TX_GRAD(0, 0), RX_ACT(0, 0), TX_ACT(0, 2), RX_GRAD(0, 1)),
     BWD(1, 0, 1, NO_MSG),   /* backward 1.0 */
     /* send grad 1.0, recv act 2.1, send act 3.0; forward 2.1 */
-    FWD(2, 1, 0, TX_GRAD(0, 1), RX_ACT(1, 0), TX_ACT(0, 0)),
-    BWD(2, 1, 0, NO_MSG),   /* backward 2.1 */
-    FWD(3, 1, 0, TX_GRAD(1, 0), RX_ACT(1, 0)),   /* send grad 2.1, recv act 3.1; forward 3.1 */
-    BWD(3, 1, 0, NO_MSG),   /* backward 3.1 */
-    MSGS(0, 0, 0, TX_GRAD(1, 0), RX_GRAD(0, 2)),   /* send grad 3.1, recv grad 2.0 */
+    FWD(2, 1, 1, TX_GRAD(0, 1), RX_ACT(1, 1), TX_ACT(0, 0)),
+    BWD(2, 1, 1, NO_MSG),   /* backward 2.1 */
+    FWD(3, 1, 1, TX_GRAD(1, 1), RX_ACT(1, 1)),   /* send grad 2.1, recv act 3.1; forward 3.1 */
+    BWD(3, 1, 1, NO_MSG),   /* backward 3.1 */
+    MSGS(0, 0, 0, TX_GRAD(1, 1), RX_GRAD(0, 2)),   /* send grad 3.1, recv grad 2.0 */
     /* -- cool-down: backward passes only -- */
     BWD(2, 0, 2, NO_MSG),   /* backward 2.0 */
     BWD(3, 0, 0, TX_GRAD(0, 2), RX_GRAD(0, 0)),   /* send grad 2.0, recv grad 3.0; backward 3.0 */
@@ -517,7 +520,7 @@ const gpt_stage stage1 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 5940200,
+    .mem = mem, .pool_slots = 3, .mem_bytes = 5379048,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

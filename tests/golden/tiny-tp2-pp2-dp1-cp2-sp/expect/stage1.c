@@ -128,7 +128,8 @@ static const gpt_chunk_info chunks[1] = {
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 2137820 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    parameters, checked at start.
+**    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
 **    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_QKVP S_DACT S_DSHARED S_A2A_SEND
 **    S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_DFC MS_YE
@@ -589,7 +590,7 @@ const gpt_stage stage1 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 2137820,
+    .mem = mem, .pool_slots = 0, .mem_bytes = 2137820,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

@@ -120,7 +120,8 @@ static const gpt_chunk_info chunks[1] = {
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 2587608 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    parameters, checked at start.
+**    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
 **    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM H_LNF H_LNF_MEAN H_LNF_RSTD S_GATHER S_QKVP
 **    S_DACT S_DSHARED S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND
@@ -439,7 +440,7 @@ const gpt_stage stage0 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 2587608,
+    .mem = mem, .pool_slots = 0, .mem_bytes = 2587608,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,

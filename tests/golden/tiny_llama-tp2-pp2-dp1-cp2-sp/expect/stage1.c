@@ -101,7 +101,8 @@ static const gpt_chunk_info chunks[1] = {
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 1691752 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    parameters, checked at start.
+**    Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK
 **    ML_ORDER ML_UNORDER ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS H_LNF_MEAN
 **    S_DSHARED S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG
@@ -591,7 +592,7 @@ const gpt_stage stage1 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 1691752,
+    .mem = mem, .pool_slots = 0, .mem_bytes = 1691752,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

@@ -144,7 +144,8 @@ static const gpt_chunk_info chunks[1] = {
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 4649840 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    parameters, checked at start.
+**    Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS H_LNF_MEAN
 **    S_DFC S_DACT S_DSHARED S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT
 */
@@ -614,7 +615,7 @@ const gpt_stage stage1 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 4649840,
+    .mem = mem, .pool_slots = 0, .mem_bytes = 4649840,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

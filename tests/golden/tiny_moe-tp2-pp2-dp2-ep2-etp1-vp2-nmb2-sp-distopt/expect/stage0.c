@@ -219,7 +219,8 @@ static const gpt_chunk_info chunks[2] = {
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
 **    recompute workspace holds some instances; 3285780 bytes in all with the
-**    parameters, checked at start. Not used here:
+**    parameters, checked at start.
+**    Not used here:
 **    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM H_LNF H_LNF_MEAN H_LNF_RSTD S_DFC S_QKVP
 **    S_DACT S_DSHARED S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND
 **    S_A2A_RECV S_A2A_DOUT MS_DFC
@@ -694,7 +695,7 @@ const gpt_stage stage0 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
-    .mem = mem, .mem_bytes = 3285780,
+    .mem = mem, .pool_slots = 0, .mem_bytes = 3285780,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step,
