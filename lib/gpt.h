@@ -264,6 +264,10 @@ typedef struct {
     int nother_pieces;
     const gpt_piece *other_pieces;         /* param: a row of other_params */
     const gpt_mem *mem;                    /* [GPT_NMEMS] */
+    int grad_buffers;                      /* the gradients of the chunks' outputs (one
+                                              gpt_sched_step.dy each), held from their arrival
+                                              to the send of the input's: a slot's dy is one
+                                              of them while its micro-batch needs it */
     int pool_slots;                        /* 0: each chunk's activation slots its own; else
                                               the chunks share this many (every chunk has as
                                               many): slot k of each is the same memory, a
@@ -362,15 +366,23 @@ const gpt_a2a *gpt_moe_a2a(const gpt_moe *m, gpt_a2a_kind which);
 enum { GPT_STEP_F, GPT_STEP_B, GPT_STEP_X, GPT_STEP_OVERLAP = 4 };
 enum { GPT_NO_MSG, GPT_SEND_ACT, GPT_RECV_ACT, GPT_SEND_GRAD, GPT_RECV_GRAD };
 #define GPT_SCHED_MSGS 4
-typedef struct { int kind, chunk, slot; } gpt_sched_msg;
+typedef struct {
+    int kind, chunk;
+    int slot;                 /* activations: the chunk's slot; gradients: the gradient buffer */
+} gpt_sched_msg;
 typedef struct {
     int kind, mb, chunk, slot;
+    int dy;                   /* F, B: the gradient buffer the slot's dy is; -1: none */
     gpt_sched_msg msg[GPT_SCHED_MSGS];
 } gpt_sched_step;
-/* The p2p op of a message: activations sent from the chunk's output to the next stage or
-** received into its input from the previous one; gradients sent from its dy to the previous
-** stage or received into its dy from the next (N_SP*C elements, the model's dtype). */
+/* The p2p op of a message: activations sent from the chunk's output (in its slot) to the next
+** stage or received into its input from the previous one; gradients sent from one of the
+** stage's gradient buffers to the previous stage or received into one from the next (N_SP*C
+** elements, the model's dtype). */
 rt_p2p_op gpt_sched_op(const gpt_sched_msg *g);
+/* Before a row's forward or backward: the slot's dy (gpt_dy) becomes gradient buffer st->dy,
+** or NULL when st->dy < 0 (a forward that makes no gradient: nothing may touch it). */
+void gpt_sched_bind(const gpt_sched_step *st);
 
 struct gpt_step_in {
     int step;                              /* 0-based optimizer step */

@@ -82,6 +82,11 @@ gpt_moe *gpt_moe_of(int chunk, int slot, int layer)
     return &gpt.chunk[chunk].acts[slot].layer[layer].moe;
 }
 
+void gpt_sched_bind(const gpt_sched_step *st)
+{
+    gpt.chunk[st->chunk].acts[st->slot].dy = st->dy >= 0 ? lib_grad_buffer(st->dy) : NULL;
+}
+
 rt_p2p_op gpt_sched_op(const gpt_sched_msg *g)
 {
     size_t n = (size_t)gpt.d.n_sp * gpt.d.C;
@@ -93,10 +98,10 @@ rt_p2p_op gpt_sched_op(const gpt_sched_msg *g)
         return (rt_p2p_op){ 0, gpt_x(g->chunk, g->slot), n, gpt.d.act, gpt.pp_prev,
                             GPT_TAG_ACT };
     case GPT_SEND_GRAD:
-        return (rt_p2p_op){ 1, gpt_dy(g->chunk, g->slot), n, gpt.d.act, gpt.pp_prev,
+        return (rt_p2p_op){ 1, lib_grad_buffer(g->slot), n, gpt.d.act, gpt.pp_prev,
                             GPT_TAG_GRAD };
     case GPT_RECV_GRAD:
-        return (rt_p2p_op){ 0, gpt_dy(g->chunk, g->slot), n, gpt.d.act, gpt.pp_next,
+        return (rt_p2p_op){ 0, lib_grad_buffer(g->slot), n, gpt.d.act, gpt.pp_next,
                             GPT_TAG_GRAD };
     default:
         RT_CHECK(0, "schedule: a message of kind %d (a generator bug)", g->kind);

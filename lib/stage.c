@@ -50,6 +50,13 @@ static void *mem(gpt_mem_id id, void *alias)
     return NULL;
 }
 
+void *lib_grad_buffer(int i)
+{
+    RT_CHECK(i >= 0 && i < gpt.stage->grad_buffers, "schedule: gradient buffer %d of %d (a "
+             "generator bug)", i, gpt.stage->grad_buffers);
+    return lib.grad[i];
+}
+
 /*
 ** Entry 'id' of activation slot 's' at layer position 'j' of a chunk (-1: the chunk's own
 ** C_ entries): a new instance, or where the chunks share one pool of slots
@@ -305,7 +312,7 @@ void lib_stage_setup(void)
         for (int s = 0; s < ci->slots; s++) {
             lib_chunk_acts *a = &ch->acts[s];
             a->x = slot_mem(GPT_M_C_X, s, -1);
-            a->dy = slot_mem(GPT_M_C_DY, s, -1);
+            a->dy = NULL;       /* a gradient buffer while its micro-batch needs one */
             a->tokens = ci->embedding ? slot_mem(GPT_M_C_TOKENS, s, -1) : NULL;
             a->layer = calloc((size_t)ci->layers + 1, sizeof *a->layer);
             RT_CHECK(a->layer, "out of memory");
@@ -314,6 +321,10 @@ void lib_stage_setup(void)
                                  s, j);
         }
     }
+    lib.grad = calloc((size_t)st->grad_buffers + 1, sizeof *lib.grad);
+    RT_CHECK(lib.grad, "out of memory");
+    for (int i = 0; i < st->grad_buffers; i++)
+        lib.grad[i] = mem(GPT_M_C_DY, NULL);
     stage_mem_alloc();
 
     params_expand();

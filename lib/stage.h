@@ -105,6 +105,7 @@ typedef struct {
     float **mbuf, **vbuf;       /* [nbuffers]: AdamW moments (state elements) */
     void **work;                /* [positions * GPT_NMEMS]: the recompute workspace */
     int nwork;                  /* positions allocated so far */
+    void **grad;                /* [gpt_stage.grad_buffers]: the gradient buffers */
     void **pool;                /* [pool slots * (pool_pos + 1) * GPT_NMEMS]: the shared
                                    activation slots (gpt_stage.pool_slots; slot_mem) */
     int pool_pos;               /* layer positions in a slot: the largest chunk's layers */
@@ -143,6 +144,7 @@ static inline void *lib_at(const void *p, size_t n)
 
 /* stage.c */
 void lib_stage_setup(void);                  /* buffers, views, activations: the plan */
+void *lib_grad_buffer(int i);                /* gradient buffer i (gpt_sched_step.dy) */
 /* Waits for the communication a step leaves in flight (with overlap, the all-gathers of the
 ** next step's parameters: gpt_stage.sync), so that the parameters can be read between steps.
 ** Every rank calls it alike (before a checkpoint, --save, a stop, the end). */

@@ -122,12 +122,14 @@ $(RT_TEST_DIR)/t_groups_cuda: $(RT_TEST_DIR)/t_groups.o $(RT_TEST_DIR)/tables.o 
 	$(Q)$(MPICC) -o $@ $(RT_TEST_DIR)/t_groups.o $(RT_TEST_DIR)/tables.o $(RT_CUDA_LIBS)
 
 # Tables converted from the generator's topology.json (tests/runtime/topo2c.lua) by the suite:
-# build/test/runtime/<config>/tables.c -> build/test/runtime/<config>/t_groups.
-build/test/runtime/%/t_groups: build/test/runtime/%/tables.c $(RT_TEST_DIR)/t_groups.o \
-                               build/librt_cpu.a
+# GROUPS_DIR/tables.c -> GROUPS_DIR/t_groups (make GROUPS_DIR=<dir> <dir>/t_groups; the
+# directory is in the suite's scratch, wherever TEST_SCRATCH puts it).
+ifdef GROUPS_DIR
+$(GROUPS_DIR)/t_groups: $(GROUPS_DIR)/tables.c $(RT_TEST_DIR)/t_groups.o build/librt_cpu.a
 	$(E) "LINK      $@"
 	$(Q)$(MPICC) $(CFLAGS_C) $(RT_CFLAGS) -Itests/runtime -o $@ $< $(RT_TEST_DIR)/t_groups.o \
 	    $(RT_CPU_LIBS)
+endif
 
 $(RT_TEST_DIR)/t_%_cuda: $(RT_TEST_DIR)/t_%.o build/librt_cuda.a
 	$(E) "LINK      $@"

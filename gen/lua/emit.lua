@@ -405,8 +405,9 @@ local function schedule_rows(ops)
         if what ~= "" then
             note = note ~= "" and (note .. (overlapped and " during " or "; ") .. what) or what
         end
-        local args = { int(o and o.mb or 0), int(o and o.chunk or 0), int(o and o.slot or 0) }
-        args[4] = #msgs > 0 and table.concat(msgs, ", ") or "NO_MSG"
+        local args = { int(o and o.mb or 0), int(o and o.chunk or 0), int(o and o.slot or 0),
+                       int(o and o.dy or -1) }
+        args[5] = #msgs > 0 and table.concat(msgs, ", ") or "NO_MSG"
         cells[#cells + 1] = STEP_MACRO[kind] .. (overlapped and "_OVL" or "") .. "(" ..
                             table.concat(args, ", ") .. "),"
         notes[#notes + 1] = note
@@ -442,6 +443,7 @@ local function stage_view(cfg, prog, sp, part)
         cname = "stage" .. sp.stage, title = sp.title, nbuffers = int(#sp.buffers),
         nchunks = int(#sp.chunks), buffers = {}, chunks = {}, schedule = {}, tail = {},
         mem = {}, mem_total = int(sp.mem_bytes), pool_slots = int(sp.pool_slots),
+        grad_buffers = int(sp.grad_buffers),
         has_pool = sp.pool_slots > 0,
         needs_inputs = flag(sp.needs_inputs),
         needs_targets = flag(sp.needs_targets), head_uses_wte = flag(sp.head_uses_wte),

@@ -373,7 +373,8 @@ function M.pipeline(cfg, sched, prog)
                       slot_of = slots.slot }
         for v = 0, V - 1 do rec.slots[v + 1] = slots.nslots[v] end
         if sp then
-            rec.peak = pool * rec.pool_bytes
+            rec.grads, rec.grad_bytes = sp.grad_buffers, M.grad_bytes(sp)
+            rec.peak = pool * rec.pool_bytes + rec.grads * rec.grad_bytes
             for i, ch in ipairs(sp.chunks) do
                 assert(ch.slots == rec.slots[i], "inspect: slots differ from the program's")
                 rec.bytes[i] = ch.slot_bytes
@@ -401,6 +402,14 @@ function M.schedule_text(cfg, kind)
                          cfg.mbs)
 end
 
+-- The bytes of one of a stage's gradient buffers (its C_DY entry's instance).
+function M.grad_bytes(sp)
+    for _, m in ipairs(sp.mem) do
+        if m.id == "C_DY" then return m.instance end
+    end
+    return 0
+end
+
 -- Append the pipeline section of the summary to 'out'.
 function M.pipeline_summary(cfg, part, sched, prog, out)
     local pl = M.pipeline(cfg, sched, prog)
@@ -412,7 +421,7 @@ function M.pipeline_summary(cfg, part, sched, prog, out)
                                   "stage (units: F 1, B 2, p2p 0)", svg.bubble(tl),
                                   tl.makespan, tl.busy)
     local rows = { { "stage", "warm-up", "steady", "cool-down", "in flight", "slots",
-                     "bytes/slot", "peak activations" } }
+                     "bytes/slot", "grads", "peak activations" } }
     for r = 0, cfg.pp - 1 do
         local s = pl.stages[r]
         local slots, bytes = {}, {}
@@ -427,11 +436,15 @@ function M.pipeline_summary(cfg, part, sched, prog, out)
         rows[#rows + 1] = { tostring(r), tostring(s.warmup), tostring(s.steady),
                             tostring(s.cooldown), tostring(s.inflight), slots_text,
                             s.peak and bytes_text or "-",
+                            s.peak and string.format("%d x %s", s.grads,
+                                                     util.bytes(s.grad_bytes)) or "-",
                             s.peak and util.bytes(s.peak) or "-" }
     end
-    for _, line in ipairs(util.columns(rows, "rrrrrrlr")) do out[#out + 1] = "  " .. line end
+    for _, line in ipairs(util.columns(rows, "rrrrrrlrr")) do out[#out + 1] = "  " .. line end
     out[#out + 1] = "  (slots: activation buffers of each chunk, one per micro-batch in flight; " ..
-                    "peak: slots x bytes)"
+                    "peak: slots + grads)"
+    out[#out + 1] = "  (grads: buffers for the gradients of the stage's outputs, each held " ..
+                    "until its input's is sent)"
     if cfg.vp > 1 then
         out[#out + 1] = "  (shared: the chunks draw their slots from one pool, as many as " ..
                         "micro-batches in flight)"
@@ -462,7 +475,8 @@ function M.memory(cfg, prog)
     end
     local out = {}
     for _, sp in ipairs(prog.stages) do
-        local per_slot, slots, acts = {}, {}, sp.pool_slots * sp.pool_slot_bytes
+        local per_slot, slots = {}, {}
+        local acts = sp.pool_slots * sp.pool_slot_bytes + sp.grad_buffers * M.grad_bytes(sp)
         for i, c in ipairs(sp.chunks) do
             per_slot[i], slots[i] = c.slot_bytes, c.slots
             if sp.pool_slots == 0 then acts = acts + c.slots * c.slot_bytes end
@@ -481,7 +495,8 @@ function M.memory(cfg, prog)
             main_parameters = sp.params.main, gradients = sp.params.grads,
             optimizer_state = sp.params.moments,
             activations = { per_slot = per_slot, slots = slots, bytes = acts,
-                            pool = sp.pool_slots, pool_bytes = sp.pool_slot_bytes },
+                            pool = sp.pool_slots, pool_bytes = sp.pool_slot_bytes,
+                            grads = sp.grad_buffers, grad_bytes = M.grad_bytes(sp) },
             recompute_workspace = work, communication = by.communication,
             workspace = by.workspace, peak_bytes = sp.mem_bytes,
             cuda = { cublas_workspace = program.CUDA_WORKSPACE_BYTES,

@@ -569,7 +569,7 @@ record("P2P", {
     { "what",  "str",  "act | grad" },
     { "mb",    "int",  "micro-batch" },
     { "chunk", "int",  "local chunk of the buffer" },
-    { "slot",  "int",  "activation slot of the buffer" },
+    { "slot",  "int",  "act: the activation slot of the buffer; grad: the gradient buffer" },
     { "dir",   "str",  "prev | next" },
     { "peer",  "int",  "the peer's stage" },
     { "tag",   "str",  "ACT | GRAD" },
@@ -586,6 +586,7 @@ record("Op", {
     { "mb",     "int?",   "F, B: micro-batch" },
     { "chunk",  "int?",   "F, B: local chunk" },
     { "slot",   "int?",   "F, B: activation slot" },
+    { "dy",     "int?",   "F, B: the gradient buffer its slot's dy is (-1: none yet)" },
     { "calls",  "array?", "F, B: Call list" },
     { "p2p",    "array?", "X: P2P list, posted together" },
     { "async",  "bool?",  "X: only activations sent, completed during the computation after " ..
@@ -716,6 +717,8 @@ record("StageProgram", {
     { "pool_slots",    "int",   "0: each chunk's activation slots its own; else the slots " ..
                                 "the chunks share (slot k of every chunk is the same memory)" },
     { "pool_slot_bytes", "int", "device bytes of one slot of that pool (0 without one)" },
+    { "grad_buffers",  "int",   "buffers for the gradients of the chunks' outputs, held from " ..
+                                "their arrival to the send of the input's (schedule.assign_dy)" },
     { "schedule",      "array", "Op list: the unrolled schedule (F, B, X, SECTION)" },
     { "overlap",       "Overlap", "where the asynchronous communication starts and is waited" },
     { "tail",          "array", "Op list: the step around and after the schedule" },

@@ -720,7 +720,7 @@ end
 -- chunks' layers at the same position (lib/stage.c slot_mem), so one slot of the pool holds
 -- the input, its gradient, the tokens where the stage embeds, and at each layer position the
 -- buffers some chunk keeps there.
-local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, pool)
+local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, pool, ngrad)
     local moe = cfg.model.moe ~= nil
     local embedding = chunks[1].embedding
     local lse = s.B * s.heads_local * s.T
@@ -806,6 +806,7 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, poo
             return slot, work
         end
         if id == "C_TOKENS" then return chunks[1].slots, 0 end
+        if id == "C_DY" then return ngrad, 0 end
         if id:match("^C_") then
             if pool then return pool, 0 end
             local n = 0
@@ -844,7 +845,7 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, poo
     -- one activation slot of each chunk: its input, gradient, tokens, the layers' buffers
     local slot_bytes = {}
     for i, c in ipairs(chunks) do
-        local b = (size.C_X + size.C_DY) * abytes + (c.embedding and 4 * s.N or 0)
+        local b = size.C_X * abytes + (c.embedding and 4 * s.N or 0)
         for _, m in ipairs(MEMS) do
             local id, v = m[1], size[m[1]]
             if (id:match("^L_") or id:match("^ML_")) and type(v) == "number" then
@@ -857,7 +858,7 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, poo
     end
     local pool_bytes = 0
     if pool then
-        pool_bytes = (size.C_X + size.C_DY) * abytes + (embedding and 4 * s.N or 0)
+        pool_bytes = size.C_X * abytes + (embedding and 4 * s.N or 0)
         for _, m in ipairs(MEMS) do
             local id, v = m[1], size[m[1]]
             if (id:match("^L_") or id:match("^ML_")) and type(v) == "number" then
@@ -894,10 +895,11 @@ local HEADER = { warmup = "warm-up: forward passes only",
 
 -- The schedule of stage r as Ops: F and B with the library calls and their collectives, X
 -- with the messages, SECTION markers between phases.
-local function schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
+local function schedule_ops(cfg, s, lp, st, stage_sched, slots, dys, r)
     local P = cfg.pp
     local ops, phase = {}, nil
     local function slot(mb, c) return slots.slot[mb .. "." .. c] end
+    local function grad(mb, c) return dys.dy[mb .. "." .. c] end
     for _, step in ipairs(stage_sched.steps) do
         if step.phase ~= phase then
             phase = step.phase
@@ -938,7 +940,8 @@ local function schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
             for _, c in ipairs(calls) do append(comm, c.comm) end
             local sl = slot(step.mb, step.chunk)
             ops[#ops + 1] = ir.Op {
-                kind = step.kind, mb = step.mb, chunk = step.chunk, slot = sl, calls = calls,
+                kind = step.kind, mb = step.mb, chunk = step.chunk, slot = sl,
+                dy = grad(step.mb, step.chunk) or -1, calls = calls,
                 comm = comm, text = string.format("%s mb %d, chunk %d (slot %d): %s",
                                                   fwd and "forward " or "backward", step.mb,
                                                   step.chunk, sl, what),
@@ -949,7 +952,8 @@ local function schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
                 local peer = schedule.peer(P, r, e.dir)
                 list[#list + 1] = ir.P2P {
                     send = e.send, what = e.what, mb = e.mb, chunk = e.chunk,
-                    slot = slot(e.mb, e.chunk), dir = e.dir, peer = peer,
+                    slot = e.what == "act" and slot(e.mb, e.chunk) or grad(e.mb, e.chunk),
+                    dir = e.dir, peer = peer,
                     tag = e.what == "act" and "ACT" or "GRAD", n = s.n_sp * s.C,
                     dtype = act_dtype(cfg),
                 }
@@ -1186,8 +1190,9 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
 
     local nlayers = 0         -- the stage's layers, every chunk's
     for _, c in ipairs(chunks) do nlayers = nlayers + c.layers end
+    local dys = schedule.assign_dy(stage_sched)
     local mem, slot_bytes, params, mem_bytes = memory_plan(cfg, s, chunks, head, nparams,
-                                                           sp_total, buffers)
+                                                           sp_total, buffers, nil, dys.n)
     -- interleaved: one pool of slots for the stage's chunks where it takes less memory (it
     -- holds the stage's peak in flight where each chunk's own slots hold the sum of the
     -- chunks' peaks; only chunks of very different sizes make it larger)
@@ -1197,7 +1202,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
         local own = {}
         for i, c in ipairs(chunks) do own[i], c.slots = c.slots, pooled.nslots[c.vp] end
         local pmem, _, _, ptotal, pbytes = memory_plan(cfg, s, chunks, head, nparams, sp_total,
-                                                       buffers, pooled.nslots[0])
+                                                       buffers, pooled.nslots[0], dys.n)
         if ptotal < mem_bytes then
             mem, mem_bytes, slots = pmem, ptotal, pooled
             pool, pool_bytes = pooled.nslots[0], pbytes
@@ -1231,7 +1236,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
     -- of each chunk start the reductions of the buckets they complete; their collectives join
     -- the op's in the order they run
     local head_uses_wte = st.chunks[1].embedding and head and cfg.model.tie_embeddings
-    local sched_ops = schedule_ops(cfg, s, lp, st, stage_sched, slots, r)
+    local sched_ops = schedule_ops(cfg, s, lp, st, stage_sched, slots, dys, r)
     local plan = overlap.plan(cfg, s, { chunks = chunks, layer_params = layer_params,
                                         other_params = others, head_uses_wte = head_uses_wte },
                               buffers, sched_ops, groups_by_id)
@@ -1257,7 +1262,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
         head_uses_wte = head_uses_wte,
         warmup = stage_sched.warmup, steady = stage_sched.steady,
         cooldown = stage_sched.cooldown, inflight = slots.inflight,
-        pool_slots = pool, pool_slot_bytes = pool_bytes,
+        pool_slots = pool, pool_slot_bytes = pool_bytes, grad_buffers = dys.n,
         schedule = sched_ops, overlap = plan,
         tail = tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers, plan),
     }

@@ -346,6 +346,56 @@ function M.assign_slots(stage, V, pooled)
     return { slot = slot, nslots = nslots, inflight = peak }
 end
 
+--[[
+** Gradient buffers of one stage: the gradient of a micro-batch's chunk output arrives as a
+** message from the next stage just before its backward (on the last stage the head's forward
+** makes the loss's own), and the backward turns it into its input's gradient in place, which
+** goes to the previous stage in the next row's messages (not from stage 0's first chunk). A
+** buffer is held from that receive (or forward) to that send (or the backward's end): far
+** fewer than the activation slots, since the receives never run ahead of the backward by more
+** than a row. Freed buffers return after the row's messages (posted together: a receive never
+** lands in a buffer its row sends from); the lowest free one is taken. Returns {dy =
+** {["mb.chunk"] = index (0-based)}, n = buffers}.
+]]
+function M.assign_dy(stage)
+    local sent, received = {}, {}
+    for _, st in ipairs(stage.steps) do
+        if st.kind == "X" then
+            for _, op in ipairs(st.ops) do
+                local key = op.mb .. "." .. op.chunk
+                if op.what == "grad" and op.send then sent[key] = true
+                elseif op.what == "grad" then received[key] = true end
+            end
+        end
+    end
+    local free, n, dy = {}, 0, {}
+    local function acquire(key)
+        if dy[key] then return end
+        table.sort(free)
+        local idx = table.remove(free, 1)
+        if not idx then idx, n = n, n + 1 end
+        dy[key] = idx
+    end
+    for _, st in ipairs(stage.steps) do
+        local key = st.mb and (st.mb .. "." .. st.chunk)
+        if st.kind == "X" then
+            local done = {}
+            for _, op in ipairs(st.ops) do
+                local k = op.mb .. "." .. op.chunk
+                if op.what == "grad" and op.send then done[#done + 1] = dy[k]
+                elseif op.what == "grad" then acquire(k) end
+            end
+            for _, idx in ipairs(done) do free[#free + 1] = idx end
+        elseif st.kind == "F" then
+            if not received[key] then acquire(key) end     -- the head's forward makes it
+        elseif st.kind == "B" then
+            acquire(key)
+            if not sent[key] then free[#free + 1] = dy[key] end
+        end
+    end
+    return { dy = dy, n = n }
+end
+
 -- The compute order of a stage as a compact string ("F0.0 F1.0 B0.0 ..."), for tests and
 -- reports: micro-batch, then local chunk when V > 1.
 function M.order_string(stage, V)

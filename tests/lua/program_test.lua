@@ -561,6 +561,13 @@ T.test("the schedule is the one given: slots and counts agree with schedule.lua"
     end)
 end)
 
+-- One gradient buffer's bytes (the C_DY entry's instance).
+local function grad_bytes(sp)
+    for _, m in ipairs(sp.mem) do
+        if m.id == "C_DY" then return m.instance end
+    end
+end
+
 -- The activation bytes of a stage's plan: its Mem entries of that category.
 local function activation_bytes(sp)
     local n = 0
@@ -577,6 +584,10 @@ T.test("interleaved stages share one pool of activation slots, as many as in fli
             local sp = prog.stages[r + 1]
             local own = schedule.assign_slots(sched.stages[r + 1], cfg.vp)
             local sum, most = 0, 0        -- the chunks' own slots; the largest chunk's slot
+            -- gradient buffers: far fewer than micro-batches in flight (1F1B: one; interleaved:
+            -- two), each held from its arrival to the send of its input's
+            T.ok(sp.grad_buffers >= 1 and sp.grad_buffers <= (cfg.vp > 1 and 2 or 1),
+                 "%s stage %d: %d gradient buffers", label(cfg), r, sp.grad_buffers)
             for _, c in ipairs(sp.chunks) do
                 sum = sum + own.nslots[c.vp] * c.slot_bytes
                 most = math.max(most, c.slot_bytes)
@@ -597,8 +608,9 @@ T.test("interleaved stages share one pool of activation slots, as many as in fli
                     T.ok(c.slot_bytes <= sp.pool_slot_bytes, "%s: a chunk's slot (%d bytes) " ..
                          "fits the pool's (%d)", label(cfg), c.slot_bytes, sp.pool_slot_bytes)
                 end
-                T.eq(activation_bytes(sp), sp.pool_slots * sp.pool_slot_bytes,
-                     label(cfg) .. ": activations = pool x slot bytes")
+                T.eq(activation_bytes(sp), sp.pool_slots * sp.pool_slot_bytes +
+                     sp.grad_buffers * grad_bytes(sp),
+                     label(cfg) .. ": activations = pool x slot bytes + gradient buffers")
                 -- the chunks' own slots would hold the sum of their peaks: more
                 T.ok(activation_bytes(sp) < sum, "%s stage %d: the pool (%d bytes) takes less " ..
                      "than each chunk's own slots (%d)", label(cfg), r, activation_bytes(sp), sum)

@@ -335,19 +335,30 @@ end)
 
 -- -- Every generated schedule passes -------------------------------------------------------------
 
--- Replay a stage's steps with its slots: no slot holds two micro-batches at once (with a
--- pool: no slot index, whichever the chunk), every micro-batch's input lands in the slot its
--- forward and backward use, and the gradient a backward leaves in its slot's dy (or a
--- message brings there) is still there when it is sent, though the slot is free again by
--- then (lib/model.c gpt_sched_op: a gradient goes out of and comes into the slot's dy).
-local function check_slots(st, V, slots, pooled)
+-- Replay a stage's steps with its slots and gradient buffers (schedule.assign_slots,
+-- assign_dy): no slot holds two micro-batches at once (with a pool: no slot index, whichever
+-- the chunk); every micro-batch's input lands in the slot its forward and backward use; the
+-- gradient buffer a backward uses holds its own gradient (the last to write it: its receive,
+-- or the head's forward that makes it), and the input's gradient it leaves there is still
+-- there when it is sent in a later row (lib/model.c gpt_sched_op: gradients go out of and
+-- come into the buffers), with no receive of the same row landing in it.
+local function check_slots(st, V, slots, pooled, dys)
     local busy = {}          -- "chunk:slot" (pooled: "slot") -> "mb.chunk"
-    local dy = {}            -- the same -> whose gradient its dy holds
+    local last = {}          -- gradient buffer -> the micro-batch that wrote it last
+    local received = {}      -- micro-batches whose gradient comes in a message
     local held, peak = 0, 0
+    for _, s in ipairs(st.steps) do
+        for _, op in ipairs(s.kind == "X" and s.ops or {}) do
+            if not op.send and op.what == "grad" then received[op.mb .. "." .. op.chunk] = true end
+        end
+    end
     local function where(mb, c)
         local k = mb .. "." .. c
         local idx = assert(slots.slot[k], "no slot for " .. k)
         return k, pooled and tostring(idx) or (c .. ":" .. idx)
+    end
+    local function buffer(k)
+        return assert(dys.dy[k], "no gradient buffer for " .. k)
     end
     local function hold(mb, c)
         local k, s = where(mb, c)
@@ -362,30 +373,36 @@ local function check_slots(st, V, slots, pooled)
             local sent = {}      -- a row's messages are posted together
             for _, op in ipairs(s.ops) do
                 if op.send and op.what == "grad" then
-                    local k, key = where(op.mb, op.chunk)
-                    T.ok(dy[key] == k, "gradient of %s sent from slot %s, which holds %s's",
-                         k, key, tostring(dy[key]))
-                    sent[key] = k
+                    local k = op.mb .. "." .. op.chunk
+                    local b = buffer(k)
+                    T.ok(last[b] == k, "gradient of %s sent from buffer %d, last written by %s",
+                         k, b, tostring(last[b]))
+                    sent[b] = k
                 end
             end
             for _, op in ipairs(s.ops) do
                 if not op.send and op.what == "act" then hold(op.mb, op.chunk) end
                 if not op.send and op.what == "grad" then
                     local k, key = where(op.mb, op.chunk)
-                    T.ok(busy[key] == k, "gradient of %s received into slot %s, held by %s", k,
+                    local b = buffer(k)
+                    T.ok(busy[key] == k, "gradient of %s received for slot %s, held by %s", k,
                          key, tostring(busy[key]))
-                    T.ok(sent[key] == nil, "gradient of %s received into slot %s while %s's " ..
-                         "goes out of it", k, key, tostring(sent[key]))
-                    dy[key] = k
+                    T.ok(sent[b] == nil, "gradient of %s received into buffer %d while %s's " ..
+                         "goes out of it", k, b, tostring(sent[b]))
+                    last[b] = k
                 end
             end
         elseif s.kind == "F" then
             hold(s.mb, s.chunk)
+            local k = s.mb .. "." .. s.chunk
+            if not received[k] then last[buffer(k)] = k end    -- the head makes its gradient
         elseif s.kind == "B" then
             local k, key = where(s.mb, s.chunk)
             T.ok(busy[key] == k, "backward of %s finds %s in its slot", k, tostring(busy[key]))
+            local b = buffer(k)
+            T.ok(last[b] == k, "backward of %s finds buffer %d last written by %s", k, b,
+                 tostring(last[b]))
             busy[key] = nil
-            dy[key] = k          -- its input's gradient, to send
             held = held - 1
         end
     end
@@ -398,6 +415,7 @@ local function check_slots(st, V, slots, pooled)
             T.ok(slots.nslots[c] <= slots.inflight, "chunk %d has more slots than in flight", c)
         end
     end
+    T.ok(dys.n <= (V > 1 and 2 or 1), "%d gradient buffers", dys.n)
 end
 
 T.test("hundreds of random valid sizes: generated schedules verify", function()
@@ -425,9 +443,9 @@ T.test("hundreds of random valid sizes: generated schedules verify", function()
                      ("order of P=%d V=%d M=%d r%d"):format(P, V, Mb, r))
             end
             T.eq(st.warmup, w, ("warm-up of P=%d V=%d M=%d r%d"):format(P, V, Mb, r))
-            local slots = schedule.assign_slots(st, V)
-            check_slots(st, V, slots)
-            check_slots(st, V, schedule.assign_slots(st, V, true), true)
+            local slots, dys = schedule.assign_slots(st, V), schedule.assign_dy(st)
+            check_slots(st, V, slots, false, dys)
+            check_slots(st, V, schedule.assign_slots(st, V, true), true, dys)
             if V == 1 then
                 T.eq(slots.inflight, math.min(w + 1, Mb),
                      ("in flight on P=%d M=%d r%d (3.3: warm-up + 1)"):format(P, Mb, r))
@@ -501,12 +519,15 @@ T.test("inspect: bubble, in-flight micro-batches and activation bytes (1F1B P=4 
     T.eq(inflight, { 4, 3, 2, 1 }, "in flight = warm-up + 1 (3.3)")
     -- tiny, T=64, B=1, C=64, 4 heads, FF 256: per layer ln_1, attention output, x +
     -- attention, ln_2, output 5*64*64; 2 means and rstds 4*64; q|k|v 64*192; log-sum-exp
-    -- 4*64; c_fc, GELU 2*64*256 floats; x and dy 2*64*64; 2 layers a stage; tokens on stage 0
+    -- 4*64; c_fc, GELU 2*64*256 floats; x 64*64; 2 layers a stage; tokens on stage 0; and
+    -- one gradient buffer dy of 64*64 a stage (1F1B: a gradient arrives just before its
+    -- backward, and its input's leaves in the next row)
     local layer = 5 * 4096 + 256 + 12288 + 256 + 32768
-    local slot = 4 * (2 * 4096 + 2 * layer)
+    local slot = 4 * (4096 + 2 * layer)
     T.eq(pl.stages[1].bytes, { slot }, "bytes per slot, stage 1")
     T.eq(pl.stages[0].bytes, { slot + 4 * 64 }, "bytes per slot, stage 0 (token ids)")
-    T.eq(pl.stages[0].peak, 4 * (slot + 256), "peak on stage 0: 4 slots")
+    for k = 0, 3 do T.eq(pl.stages[k].grads, 1, "gradient buffers, stage " .. k) end
+    T.eq(pl.stages[0].peak, 4 * (slot + 256) + 4 * 4096, "peak on stage 0: 4 slots, 1 dy")
     local text = inspect.summary(r.config, r.topology, r.partition, r.shards, r.schedule,
                                  r.program)
     T.ok(text:find("bubble     (P-1)/M = 3/8 = 0.375", 1, true), "summary lacks the bubble")

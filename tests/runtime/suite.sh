@@ -180,7 +180,7 @@ else
             fail "$name" "topo2c.lua: $(head -1 "$S/$name.lua.log")"
             continue
         fi
-        if ! make -s "$dir/t_groups" > "$S/$name.make.log" 2>&1; then
+        if ! make -s GROUPS_DIR="$dir" "$dir/t_groups" > "$S/$name.make.log" 2>&1; then
             fail "$name" "build: $(grep -m1 error "$S/$name.make.log")"
             continue
         fi

@@ -202,7 +202,7 @@ static const gpt_chunk_info chunks[2] = {
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 5379048 bytes in all with the
+**    recompute workspace holds some instances; 5362664 bytes in all with the
 **    parameters, checked at start.
 **    The chunks share one pool of 3 activation slots: slot k of every chunk is
 **    the same memory (the stage's micro-batches in flight at most).
@@ -242,7 +242,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     [GPT_M_L_RES2]     = { GPT_MEM_ALLOC, 0,            16384, 0 },
     /* f32 (N_SP, C) the chunk's input, x 3 */
     [GPT_M_C_X]        = { GPT_MEM_ALLOC, 0,            16384, 0 },
-    /* f32 (N_SP, C) its gradient, x 3 */
+    /* f32 (N_SP, C) its gradient, x 2 */
     [GPT_M_C_DY]       = { GPT_MEM_ALLOC, 0,            16384, 0 },
     /* f32 (N_SP, C) ln_f output */
     [GPT_M_H_LNF]      = { GPT_MEM_ALLOC, 0,            16384, 0 },
@@ -417,13 +417,15 @@ static void (*const chunk_backward[2])(int mb, int slot) = {
 /* -- The schedule: interleaved 1F1B over 2 chunks, 4 micro-batches; one row per step -- */
 
 /* Each row: pipeline messages posted together -- activations sent to the next stage (TX_ACT)
-** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
-** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
-** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
-** (FWD), its backward (BWD), or nothing more (MSGS); _OVL: the messages (activations sent,
-** nothing received) travel during the computation and are waited before the next row's.
-** "recv act 4.1": the activations of micro-batch 4 for chunk 1. */
-#define ROW(kind, mb, chunk, slot, ...) { kind, mb, chunk, slot, { __VA_ARGS__ } }
+** from a chunk's activation slot or received into one from the previous stage (RX_ACT),
+** gradients sent to the previous stage (TX_GRAD) from one of the stage's gradient buffers or
+** received into one from the next (RX_GRAD) (docs/megatron.md §3) -- then the forward of
+** micro-batch mb on a chunk's activation slot (FWD), its backward (BWD), or nothing more
+** (MSGS), the slot's gradient being buffer dy (-1: none: a forward that makes no gradient);
+** _OVL: the messages (activations sent, nothing received) travel during the computation and
+** are waited before the next row's. "recv act 4.1": the activations of micro-batch 4 for
+** chunk 1. */
+#define ROW(kind, mb, chunk, slot, dy, ...) { kind, mb, chunk, slot, dy, { __VA_ARGS__ } }
 #define FWD(...) ROW(GPT_STEP_F, __VA_ARGS__)
 #define BWD(...) ROW(GPT_STEP_B, __VA_ARGS__)
 #define MSGS(...) ROW(GPT_STEP_X, __VA_ARGS__)
@@ -431,35 +433,36 @@ static void (*const chunk_backward[2])(int mb, int slot) = {
 #define BWD_OVL(...) ROW(GPT_STEP_B | GPT_STEP_OVERLAP, __VA_ARGS__)
 #define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
 #define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
-#define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
-#define RX_GRAD(chunk, slot) { GPT_RECV_GRAD, chunk, slot }
+#define TX_GRAD(chunk, buf) { GPT_SEND_GRAD, chunk, buf }
+#define RX_GRAD(chunk, buf) { GPT_RECV_GRAD, chunk, buf }
 #define NO_MSG { GPT_NO_MSG, 0, 0 }
 static const gpt_sched_step schedule[19] = {
     /* -- warm-up: forward passes only -- */
-    FWD(0, 0, 0, RX_ACT(0, 0)),   /* recv act 0.0; forward 0.0 */
-    FWD(1, 0, 1, RX_ACT(0, 1), TX_ACT(0, 0)),   /* recv act 1.0, send act 0.0; forward 1.0 */
-    MSGS(0, 0, 0, RX_ACT(1, 2), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0 */
+    FWD(0, 0, 0, 1, RX_ACT(0, 0)),   /* recv act 0.0; forward 0.0 */
+    FWD(1, 0, 1, 0, RX_ACT(0, 1), TX_ACT(0, 0)),   /* recv act 1.0, send act 0.0; forward 1.0 */
+    MSGS(0, 0, 0, -1, RX_ACT(1, 2), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0 */
     /* -- steady state: one forward, one backward -- */
-    FWD(0, 1, 2, NO_MSG),   /* forward 0.1 */
-    BWD(0, 1, 2, NO_MSG),   /* backward 0.1 */
-    FWD(1, 1, 2, TX_GRAD(1, 2), RX_ACT(1, 2)),   /* send grad 0.1, recv act 1.1; forward 1.1 */
-    BWD(1, 1, 2, NO_MSG),   /* backward 1.1 */
+    FWD(0, 1, 2, 0, NO_MSG),   /* forward 0.1 */
+    BWD(0, 1, 2, 0, NO_MSG),   /* backward 0.1 */
+    FWD(1, 1, 2, 0, TX_GRAD(1, 0), RX_ACT(1, 2)),   /* send grad 0.1, recv act 1.1; forward 1.1 */
+    BWD(1, 1, 2, 0, NO_MSG),   /* backward 1.1 */
     /* send grad 1.1, recv act 2.0, recv grad 0.0; forward 2.0 */
-    FWD(2, 0, 2, TX_GRAD(1, 2), RX_ACT(0, 2), RX_GRAD(0, 0)),
-    BWD(0, 0, 0, NO_MSG),   /* backward 0.0 */
+    FWD(2, 0, 2, 1, TX_GRAD(1, 0), RX_ACT(0, 2), RX_GRAD(0, 1)),
+    BWD(0, 0, 0, 1, NO_MSG),   /* backward 0.0 */
     /* send grad 0.0, recv act 3.0, send act 2.0, recv grad 1.0; forward 3.0 */
-    FWD(3, 0, 0, TX_GRAD(0, 0), RX_ACT(0, 0), TX_ACT(0, 2), RX_GRAD(0, 1)),
-    BWD(1, 0, 1, NO_MSG),   /* backward 1.0 */
+    FWD(3, 0, 0, 0, TX_GRAD(0, 1), RX_ACT(0, 0), TX_ACT(0, 2), RX_GRAD(0, 0)),
+    BWD(1, 0, 1, 0, NO_MSG),   /* backward 1.0 */
     /* send grad 1.0, recv act 2.1, send act 3.0; forward 2.1 */
-    FWD(2, 1, 1, TX_GRAD(0, 1), RX_ACT(1, 1), TX_ACT(0, 0)),
-    BWD(2, 1, 1, NO_MSG),   /* backward 2.1 */
-    FWD(3, 1, 1, TX_GRAD(1, 1), RX_ACT(1, 1)),   /* send grad 2.1, recv act 3.1; forward 3.1 */
-    BWD(3, 1, 1, NO_MSG),   /* backward 3.1 */
-    MSGS(0, 0, 0, TX_GRAD(1, 1), RX_GRAD(0, 2)),   /* send grad 3.1, recv grad 2.0 */
+    FWD(2, 1, 1, 0, TX_GRAD(0, 0), RX_ACT(1, 1), TX_ACT(0, 0)),
+    BWD(2, 1, 1, 0, NO_MSG),   /* backward 2.1 */
+    FWD(3, 1, 1, 0, TX_GRAD(1, 0), RX_ACT(1, 1)),   /* send grad 2.1, recv act 3.1; forward 3.1 */
+    BWD(3, 1, 1, 0, NO_MSG),   /* backward 3.1 */
+    MSGS(0, 0, 0, -1, TX_GRAD(1, 0), RX_GRAD(0, 1)),   /* send grad 3.1, recv grad 2.0 */
     /* -- cool-down: backward passes only -- */
-    BWD(2, 0, 2, NO_MSG),   /* backward 2.0 */
-    BWD(3, 0, 0, TX_GRAD(0, 2), RX_GRAD(0, 0)),   /* send grad 2.0, recv grad 3.0; backward 3.0 */
-    MSGS(0, 0, 0, TX_GRAD(0, 0)),   /* send grad 3.0 */
+    BWD(2, 0, 2, 1, NO_MSG),   /* backward 2.0 */
+    /* send grad 2.0, recv grad 3.0; backward 3.0 */
+    BWD(3, 0, 0, 0, TX_GRAD(0, 1), RX_GRAD(0, 0)),
+    MSGS(0, 0, 0, -1, TX_GRAD(0, 0)),   /* send grad 3.0 */
 };
 
 static void run_schedule(void)
@@ -479,6 +482,7 @@ static void run_schedule(void)
         if (n > 0 && (st->kind & GPT_STEP_OVERLAP)) sending = rt_p2p_start(ops, n);
         else if (n > 0) rt_p2p(ops, n);
         int kind = st->kind & ~GPT_STEP_OVERLAP;
+        if (kind != GPT_STEP_X) gpt_sched_bind(st);   /* the slot's dy: buffer st->dy */
         if (kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
         else if (kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
@@ -520,7 +524,8 @@ const gpt_stage stage1 = {
     .nchunks = 2, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .pool_slots = 3, .mem_bytes = 5379048,
+    .mem = mem, .pool_slots = 3, .grad_buffers = 2,
+    .mem_bytes = 5362664,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,

@@ -385,13 +385,15 @@ static void (*const chunk_backward[1])(int mb, int slot) = {
 /* -- The schedule: 1F1B, 1 micro-batches; one row per step -- */
 
 /* Each row: pipeline messages posted together -- activations sent to the next stage (TX_ACT)
-** or received from the previous one (RX_ACT), gradients sent to the previous stage (TX_GRAD) or
-** received from the next (RX_GRAD), each from or into the buffers of (chunk, slot)
-** (docs/megatron.md §3) -- then the forward of micro-batch mb on a chunk's activation slot
-** (FWD), its backward (BWD), or nothing more (MSGS); _OVL: the messages (activations sent,
-** nothing received) travel during the computation and are waited before the next row's.
-** "recv act 4.1": the activations of micro-batch 4 for chunk 1. */
-#define ROW(kind, mb, chunk, slot, ...) { kind, mb, chunk, slot, { __VA_ARGS__ } }
+** from a chunk's activation slot or received into one from the previous stage (RX_ACT),
+** gradients sent to the previous stage (TX_GRAD) from one of the stage's gradient buffers or
+** received into one from the next (RX_GRAD) (docs/megatron.md §3) -- then the forward of
+** micro-batch mb on a chunk's activation slot (FWD), its backward (BWD), or nothing more
+** (MSGS), the slot's gradient being buffer dy (-1: none: a forward that makes no gradient);
+** _OVL: the messages (activations sent, nothing received) travel during the computation and
+** are waited before the next row's. "recv act 4.1": the activations of micro-batch 4 for
+** chunk 1. */
+#define ROW(kind, mb, chunk, slot, dy, ...) { kind, mb, chunk, slot, dy, { __VA_ARGS__ } }
 #define FWD(...) ROW(GPT_STEP_F, __VA_ARGS__)
 #define BWD(...) ROW(GPT_STEP_B, __VA_ARGS__)
 #define MSGS(...) ROW(GPT_STEP_X, __VA_ARGS__)
@@ -399,14 +401,14 @@ static void (*const chunk_backward[1])(int mb, int slot) = {
 #define BWD_OVL(...) ROW(GPT_STEP_B | GPT_STEP_OVERLAP, __VA_ARGS__)
 #define TX_ACT(chunk, slot) { GPT_SEND_ACT, chunk, slot }
 #define RX_ACT(chunk, slot) { GPT_RECV_ACT, chunk, slot }
-#define TX_GRAD(chunk, slot) { GPT_SEND_GRAD, chunk, slot }
-#define RX_GRAD(chunk, slot) { GPT_RECV_GRAD, chunk, slot }
+#define TX_GRAD(chunk, buf) { GPT_SEND_GRAD, chunk, buf }
+#define RX_GRAD(chunk, buf) { GPT_RECV_GRAD, chunk, buf }
 #define NO_MSG { GPT_NO_MSG, 0, 0 }
 static const gpt_sched_step schedule[3] = {
     /* -- steady state: one forward, one backward -- */
-    FWD(0, 0, 0, RX_ACT(0, 0)),   /* recv act 0; forward 0 */
-    BWD(0, 0, 0, NO_MSG),   /* backward 0 */
-    MSGS(0, 0, 0, TX_GRAD(0, 0)),   /* send grad 0 */
+    FWD(0, 0, 0, 0, RX_ACT(0, 0)),   /* recv act 0; forward 0 */
+    BWD(0, 0, 0, 0, NO_MSG),   /* backward 0 */
+    MSGS(0, 0, 0, -1, TX_GRAD(0, 0)),   /* send grad 0 */
 };
 
 static void run_schedule(void)
@@ -426,6 +428,7 @@ static void run_schedule(void)
         if (n > 0 && (st->kind & GPT_STEP_OVERLAP)) sending = rt_p2p_start(ops, n);
         else if (n > 0) rt_p2p(ops, n);
         int kind = st->kind & ~GPT_STEP_OVERLAP;
+        if (kind != GPT_STEP_X) gpt_sched_bind(st);   /* the slot's dy: buffer st->dy */
         if (kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
         else if (kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
@@ -469,7 +472,8 @@ const gpt_stage stage1 = {
     .nchunks = 1, .chunks = chunks,
     .nother_params = 3, .other_params = other_params,
     .nother_pieces = 3, .other_pieces = other_pieces,
-    .mem = mem, .pool_slots = 0, .mem_bytes = 2574812,
+    .mem = mem, .pool_slots = 0, .grad_buffers = 1,
+    .mem_bytes = 2574812,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step,
