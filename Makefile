@@ -85,11 +85,7 @@ endif
 LUA_CFLAGS  = $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null)
 LUA_LIBS    = $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
 BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
-# The runtime holds OpenBLAS to one thread inside its own pool, so it links the serial build
-# (libopenblas0-serial) where it is installed: the threaded one starts a thread per core when it
-# loads, before main, and they spin (0.14 CPU s of every start of a small program, measured).
-BLAS_SERIAL = $(firstword $(wildcard /usr/lib/$(shell gcc -print-multiarch 2>/dev/null)/openblas-serial/libopenblas.so.0))
-BLAS_LIBS   = $(if $(BLAS_SERIAL),$(BLAS_SERIAL) -Wl$(comma)-rpath$(comma)$(dir $(BLAS_SERIAL)),$(shell pkg-config --libs openblas 2>/dev/null))
+BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null)
 # Every program and test links with gold where binutils has it: a tiny program's link took
 # 0.16 CPU s against the default linker's 0.41 (3 runs each), and make test links ~300 times.
 LD_FAST    := $(if $(wildcard /usr/bin/ld.gold),-fuse-ld=gold)
@@ -252,7 +248,7 @@ topology: need-model build/gen
 	$(Q)build/gen --topology-only $(GENFLAGS)
 
 DEBS := gcc g++ make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
-        libopenblas-dev libopenblas0-serial libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev procps \
+        libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev procps \
         libxxhash-dev
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -48,6 +48,12 @@ if [ -n "$TEST_MCA" ]; then
     export OMPI_MCA_ess_singleton_isolated=1 HWLOC_COMPONENTS=-pci,-linuxio \
         HWLOC_PLUGINS_PATH=/dev/null/none
 fi
+# OpenBLAS (Debian's threaded build, the one that may be called from several threads at once:
+# its serial build may not, it gave other bits under the runtime's pool) starts a thread per
+# core as it loads, before main, and they spin until the runtime holds it to one thread; in a
+# one-rank program (not bound to a core by mpirun) that was 0.14 of its 0.35 CPU s (tiny, one
+# step). The programs call OpenBLAS on one thread each way: the results are the same.
+export OPENBLAS_NUM_THREADS=1
 unset mpi_words mpi_i
 
 # Open MPI keeps its session directories under $TMPDIR/ompi.<node>.<uid>/ and removes that
