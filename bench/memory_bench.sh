@@ -1,7 +1,8 @@
 #!/bin/bash
-# bench/memory_bench.sh: the activation memory of interleaved layouts per stage, before and
-# after the chunks of a stage shared one pool of activation slots (issue: "memory the schedule
-# never uses"). For each layout it prints, per pipeline stage, the micro-batches in flight at
+# bench/memory_bench.sh: the activation memory per pipeline stage, before and after the
+# chunks of an interleaved stage shared one pool of activation slots and the gradients of the
+# stage's outputs got buffers of their own (one or two, not one per slot) (issue: "memory the
+# schedule never uses"). For each layout it prints, per stage, the micro-batches in flight at
 # most (the schedule's), the slots and the peak activation bytes per rank at REV and at HEAD,
 # as `make inspect` reports them (the exact plan each program allocates and checks at start).
 # Not part of make test; builds build/gen of REV in build/bench/memory-<rev>/.
@@ -30,6 +31,7 @@ LAYOUTS=(
     "llama3_70b --tp 8 --pp 4 --vp 2 --dp 1 --nmb 16 --sp --bf16 --recompute selective"
     "mixtral_8x7b --tp 2 --pp 4 --vp 2 --dp 8 --ep 8 --nmb 16 --sp --bf16"
     "gpt3_175b --tp 8 --pp 8 --vp 2 --dp 16 --nmb 64 --sp --dist-opt --bf16"
+    "gpt3_175b --tp 8 --pp 8 --dp 16 --nmb 64 --sp --dist-opt --bf16 --recompute full --recompute-method uniform --recompute-layers 1"
 )
 
 # rows GEN ARGS...: "stage inflight slots peak" per stage of the pipeline table of --inspect

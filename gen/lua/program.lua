@@ -718,7 +718,7 @@ end
 -- nil, every chunk's slots its own; else the number of slots the chunks share (every chunk
 -- has that many): slot k of every chunk is the same memory, a per-layer buffer shared by the
 -- chunks' layers at the same position (lib/stage.c slot_mem), so one slot of the pool holds
--- the input, its gradient, the tokens where the stage embeds, and at each layer position the
+-- the input, the tokens where the stage embeds, and at each layer position the
 -- buffers some chunk keeps there.
 local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, pool, ngrad)
     local moe = cfg.model.moe ~= nil
