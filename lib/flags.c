@@ -298,6 +298,12 @@ static void check_number_flags(const lib_flags *f)
     if (f->clip < 0)
         lib_fail_all(2, "%s must be >= 0 (0: no clipping), got %s", as_given(LIB_FLAG_CLIP),
                      num_text(t, sizeof t, f->clip));
+    if (f->log_interval < 1)
+        lib_fail_all(2, "%s must be >= 1, got %d", as_given(LIB_FLAG_LOG_INTERVAL),
+                     f->log_interval);
+    if (f->given[LIB_FLAG_PEAK_TFLOPS] && !(f->peak_tflops > 0 && f->peak_tflops < 1e9))
+        lib_fail_all(2, "%s must be a device's peak in TFLOP/s, > 0 and below 1e9, got %s",
+                     as_given(LIB_FLAG_PEAK_TFLOPS), num_text(t, sizeof t, f->peak_tflops));
     if (f->exit_grace < 0 || f->exit_minutes < 0)
         lib_fail_all(2, "--exit-grace and --exit-duration-in-mins must be >= 0");
     if (f->exit_grace > UINT_MAX)       /* faults.c: alarm(ceil(S)) */

@@ -66,8 +66,10 @@ enum { WSD_STYLES(WSD_ENUM) };
       "write the whole model after the last step: safetensors, F32, the model's Hugging " \
       "Face names (any layout loads it with `--init`)") \
     _(LOG, "log", "FILE", STRING, log, NULL, \
-      "one JSON object per step: `step, loss, lr, grad_norm, ms, comm_ms, tok_s` (`comm_ms`: " \
-      "rank 0's time blocked on communication in the step, the part not overlapped; " \
+      "one JSON object per step: `step, loss, lr, grad_norm, ms, comm_ms, tok_s, tflops` " \
+      "(`comm_ms`: rank 0's time blocked on communication in the step, the part not " \
+      "overlapped; `tflops`: the model's FLOPs of the step, as Megatron counts them, per " \
+      "second and device; `mfu` with `--peak-tflops`; " \
       "`aux_loss` with MoE; `\"skipped\":true` and `null` for non-finite numbers on a " \
       "skipped step)") \
     _(LR, "lr", "X", NUM, lr, "6e-4", \
@@ -118,6 +120,13 @@ enum { WSD_STYLES(WSD_ENUM) };
       "step, stop, naming the rank and the tensor") \
     _(TIMEOUT, "timeout", "S", NUM, timeout, "300", \
       "abort the job if a collective or receive is stuck for S seconds") \
+    _(LOG_INTERVAL, "log-interval", "N", INT, log_interval, "1", \
+      "print the step line on stdout every N-th step, N >= 1 (and the first and the last); " \
+      "the `--log` file has every step") \
+    _(PEAK_TFLOPS, "peak-tflops", "X", NUM, peak_tflops, NULL, \
+      "one device's peak TFLOP/s at the run's precision (e.g. 989 for an H100 SXM in bf16, " \
+      "dense), for the model FLOPs utilization: the step line and the `--log` file report " \
+      "`mfu` = TFLOP/s per device / X") \
     _(QUIET, "quiet", "", FLAG, quiet, NULL, \
       "no per-step line on stdout (nor the first line: model, parameters, layout, global " \
       "batch; nor the `--ckpt-every` checkpoints' lines)") \
@@ -145,7 +154,9 @@ typedef struct {
     int ndata_path, dump_samples;
     unsigned long long data_seed;
     int steps, warmup, decay_steps, ckpt_every, resume, quiet, show_groups;
+    int log_interval;         /* --log-interval N: the step line every N-th step */
     double lr, min_lr, beta1, beta2, eps, wd, clip, timeout;
+    double peak_tflops;       /* --peak-tflops X: for the MFU; 0: not given */
     unsigned long long seed;
     double lr_init;           /* --lr-warmup-init: the rate of the first warm-up step */
     int lr_style, wsd_style;  /* LR_* and WSD_* above */

@@ -296,6 +296,7 @@ typedef struct {
     int world, tp, pp, dp, cp, vp;
     int gbs;                               /* global batch: MBS*NMB*DP */
     long long tokens_per_step;             /* GBS*T */
+    double model_flops;                    /* of a step, as Megatron counts them */
     int vocab;                             /* real vocabulary (token ids must be below it) */
     gpt_dims dims;
     int nroles;

@@ -91,8 +91,15 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
                     const gpt_step_out *out, double ms, double comm_ms, int skipped)
 {
     double tok_s = (double)gpt.prog->tokens_per_step / (ms / 1e3);
+    /* the model's FLOPs per second and device, and their share of the device's peak */
+    double tflops = gpt.prog->model_flops / (ms / 1e3) / gpt.prog->world / 1e12;
     char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32], r[32], t[32];
-    char line[512];
+    char fl[32], mfu[48] = "", mfuj[48] = "", mu[32], line[640];
+    if (f->peak_tflops > 0) {
+        snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100 * tflops / f->peak_tflops);
+        snprintf(mfuj, sizeof mfuj, ",\"mfu\":%s",
+                 json_fmt(mu, sizeof mu, "%.4f", tflops / f->peak_tflops));
+    }
     if (gpt.prog->dims.moe) {
         snprintf(aux, sizeof aux, " | aux %.6f", out->aux_loss);
         snprintf(auxj, sizeof auxj, ",\"aux_loss\":%s", json_num(a, sizeof a, out->aux_loss));
@@ -100,20 +107,24 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
     if (out->skipped)
         snprintf(skip, sizeof skip, " | skipped (%d of --skip-bad-steps %d): nothing "
                  "updated", skipped, f->skip_bad_steps);
-    if (!f->quiet)
+    int shown = step % f->log_interval == 0 || step == 1 || step == f->steps || out->skipped;
+    if (!f->quiet && shown)
         printf("step %5d/%d | loss %.6f%s | lr %.4e | norm %.4f | %8.1f ms | "
-               "%9.0f tok/s%s\n", step, f->steps, out->loss, aux, (double)in->lr,
-               out->grad_norm, ms, tok_s, skip);
+               "%9.0f tok/s | %7.3f TFLOP/s%s%s\n", step, f->steps, out->loss, aux,
+               (double)in->lr, out->grad_norm, ms, tok_s, tflops, mfu, skip);
     if (out->skipped && f->quiet)
         printf("step %d/%d: loss %g, gradient norm %g: not finite%s\n", step, f->steps,
                out->loss, out->grad_norm, skip);
     fflush(stdout);
     if (log < 0) return 0;
     int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s%s,\"lr\":%s,"
-                     "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%s%s}\n", step,
+                     "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%s,"
+                     "\"tflops\":%s%s%s}\n", step,
                      json_num(l, sizeof l, out->loss), auxj, json_num(r, sizeof r, in->lr),
                      json_num(g, sizeof g, out->grad_norm), ms, comm_ms,
-                     json_fmt(t, sizeof t, "%.1f", tok_s), out->skipped ? ",\"skipped\":true" : "");
+                     json_fmt(t, sizeof t, "%.1f", tok_s),
+                     json_fmt(fl, sizeof fl, "%.6g", tflops), mfuj,
+                     out->skipped ? ",\"skipped\":true" : "");
     return log_write(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 

@@ -67,6 +67,12 @@ local function cfloat(x)
     return t .. "f"
 end
 
+local function cdouble(x)
+    local t = string.format("%.17g", x)
+    if not t:find("[.eEn]") then t = t .. ".0" end
+    return t
+end
+
 local function int(x)
     assert(math.type(x) == "integer", "emit: expected an integer")
     return string.format("%d", x)
@@ -79,6 +85,7 @@ local function const_view(consts)
     local rows, w1, w2 = {}, 0, 0
     for i, c in ipairs(consts) do
         local v = c.kind == "int" and int(c.value) or c.kind == "float" and cfloat(c.value)
+                  or c.kind == "double" and cdouble(c.value)
                   or c.kind == "ident" and c.value or '"' .. c.value .. '"'
         rows[i] = { c.name, v, c.comment }
         w1, w2 = math.max(w1, #c.name), math.max(w2, #v)

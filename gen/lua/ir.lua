@@ -404,7 +404,7 @@ record("Schedule", {
 
 record("Const", {
     { "name",    "str", "CFG_ name in model.h" },
-    { "kind",    "str", "int | float | str | ident (a C name, printed as is)" },
+    { "kind",    "str", "int | float | double | str | ident (a C name, printed as is)" },
     { "value",   "any", "its value: an integer, a number or a string" },
     { "comment", "str", "its origin" },
 })

@@ -116,6 +116,32 @@ local function const(list, name, kind, value, comment, ctype)
     list[#list + 1] = ir.Const { name = name, kind = kind, value = value, comment = comment }
 end
 
+--[[
+** The model FLOPs of one step as Megatron-LM counts them for its throughput and MFU
+** (docs/megatron.md §13): every GEMM of the model, 2 FLOPs per multiply-add, 3 passes (the
+** backward is twice the forward), full attention (the causal half is not taken off) and no
+** recompute. Per token and layer: the q, k, v projections 2 C (C_Q + 2 KV_HEADS HEAD_DIM), the
+** output projection 2 C_Q C, attention 2 * 2 SEQ C_Q (scores and values), the MLP 2 C F per
+** matrix (2 matrices; 3 with SwiGLU; MoE: the top-k experts' and the shared expert's); per
+** token the LM head 2 C V_PADDED. For GPT this is the known 72 B s l h^2 (1 + s/(6h) +
+** V/(12 l h)).
+]]
+function M.model_flops(cfg, s)
+    local m = cfg.model
+    local C, seq = m.hidden, s.seq
+    local cq = m.heads * s.head_dim
+    local ckv = (m.kv_heads or m.heads) * s.head_dim
+    local mats = s.llama and 3 or 2
+    local mlp = mats * 2 * C * m.ffn_hidden
+    if m.moe then
+        mlp = mats * 2 * C * m.moe.ffn_hidden * m.moe.top_k
+        if m.moe.shared_expert_ffn then mlp = mlp + mats * 2 * C * m.moe.shared_expert_ffn end
+    end
+    local layer = 2 * C * (cq + 2 * ckv) + 2 * cq * C + 2 * 2 * seq * cq + mlp
+    local tokens = s.B * cfg.nmb * cfg.dp * seq
+    return 3.0 * tokens * (m.layers * layer + 2 * C * cfg.vocab_padded)
+end
+
 -- Every number the program uses, named, with its origin (model.h).
 local function consts(cfg, s, layout)
     local m, out = cfg.model, {}
@@ -191,6 +217,8 @@ local function consts(cfg, s, layout)
     float("CFG_GRAD_SCALE", 1 / (cfg.dp * cfg.cp), "1/(DP*CP): data-parallel mean")
     const(out, "CFG_TOKENS_PER_STEP", "int", s.B * cfg.nmb * cfg.dp * s.seq, "GBS*SEQ",
           "long long")
+    const(out, "CFG_MODEL_FLOPS", "double", M.model_flops(cfg, s),
+          "model FLOPs of a step, as Megatron counts them (model_flops)")
     int("CFG_P2P_N", s.n_sp * s.C, "elements of one pipeline message = N_SP*C")
     local moe = m.moe
     if moe then

@@ -620,6 +620,43 @@ T.test("interleaved stages share one pool of activation slots, as many as in fli
     T.ok(pooled >= 2, "stages with a pool checked: %d", pooled)
 end)
 
+-- Megatron-LM's count of a step's FLOPs (its throughput report), written out independently:
+-- 12 x tokens x l h^2 x ((1 + g/n + s/h) (q projection / h) + (F/h) k gated + shared/h gated
+-- + V/(2 l h)), gated = 3/2 with SwiGLU; for GPT the known 72 x tokens x l h^2 (1 + s/(6h) +
+-- V/(12 l h)).
+T.test("model FLOPs of a step: Megatron's count", function()
+    local config = require("config")
+    local cases = {
+        { "gpt3_175b", { tp = 8, pp = 8, dp = 16, nmb = 64, mbs = 1 } },
+        { "gpt2_124m", { mbs = 4, nmb = 2 } },
+        { "llama3_70b", { tp = 8, pp = 4, vp = 2, nmb = 16 } },
+        { "mixtral_8x7b", { tp = 2, pp = 4, dp = 8, ep = 8, nmb = 16, sp = true } },
+    }
+    for _, c in ipairs(cases) do
+        local cfg = config.configure(config.load_model(c[1]), c[2])
+        local m, s = cfg.model, program.sizes(cfg)
+        local l, h, seq, V = m.layers, m.hidden, cfg.seq, cfg.vocab_padded
+        local tokens = cfg.mbs * cfg.nmb * cfg.dp * seq
+        local want
+        if m.arch == "llama" then
+            local n, g = m.heads, m.kv_heads
+            local q = n * (h // n) / h
+            local F, k, shared = m.ffn_hidden, 1, 0
+            if m.moe then
+                F, k, shared = m.moe.ffn_hidden, m.moe.top_k, m.moe.shared_expert_ffn or 0
+            end
+            want = 12 * tokens * l * h * h * ((1 + g / n + seq / h) * q + F / h * k * 1.5 +
+                                              shared / h * 1.5 + V / (2 * l * h))
+        else
+            T.eq(m.ffn_hidden, 4 * h, c[1] .. ": GPT's MLP is 4h (the closed form's)")
+            want = 72 * tokens * l * h * h * (1 + seq / (6 * h) + V / (12 * l * h))
+        end
+        local got = program.model_flops(cfg, s)
+        T.ok(math.abs(got - want) <= 1e-12 * want, "%s: %.17g FLOPs, Megatron's count %.17g",
+             c[1], got, want)
+    end
+end)
+
 T.test("the model's and the layout's texts: resolved, canonical, every field", function()
     local config = require("config")
     local src = F.source({})

@@ -444,6 +444,36 @@ expect flag-clip-negative 2 "train: error: --clip must be >= 0 (0: no clipping),
     -- --steps 0 --clip -1
 expect flag-exit-grace-range 2 "train: error: --exit-grace must be at most 4294967295 seconds, \
 got 1e+10" -- --steps 0 --exit-grace 1e10
+expect flag-log-interval-zero 2 "train: error: --log-interval must be >= 1, got 0" \
+    -- --steps 0 --log-interval 0
+expect flag-peak-tflops-zero 2 "train: error: --peak-tflops must be a device's peak in TFLOP/s, \
+> 0 and below 1e9, got 0" -- --steps 0 --peak-tflops 0
+# --log-interval N: the step line every N-th step and the first and the last, the log every
+# step; tflops: the model's FLOPs of a step (model.h CFG_MODEL_FLOPS, as Megatron counts them)
+# per second and device; --peak-tflops X: mfu = tflops / X, in the line and the log
+flops=$(sed -n 's/^#define CFG_MODEL_FLOPS *\([0-9.eE+]*\) .*/\1/p' $S/a/model.h)
+if ! $A --init $INIT --data $S/tok.bin --steps 5 --log-interval 2 --peak-tflops 0.5 \
+        --log $S/mfu.jsonl > $S/mfu.out 2>&1; then
+    show $S/mfu.out 5
+    fail log-interval-mfu "the run failed"
+elif [ "$(grep -o '^step *[0-9]*' $S/mfu.out | tr -s ' ' | tr '\n' ,)" != \
+       "step 1,step 2,step 4,step 5," ] || [ "$(wc -l < $S/mfu.jsonl)" != 5 ]; then
+    show $S/mfu.out 8
+    fail log-interval-mfu "want the lines of steps 1, 2, 4, 5 on stdout and 5 in the log"
+elif ! awk -v flops="$flops" -F'[:,}]' '
+        { for (i = 1; i < NF; i++) v[$i] = $(i + 1)
+          want = flops / (v["\"ms\""] / 1e3) / 1 / 1e12
+          if (want <= 0 || (v["\"tflops\""] - want) / want > 1e-3 ||
+              (want - v["\"tflops\""]) / want > 1e-3 ||
+              v["\"mfu\""] - v["\"tflops\""] / 0.5 > 6e-5 ||
+              v["\"tflops\""] / 0.5 - v["\"mfu\""] > 6e-5) bad = 1 }
+        END { exit bad || NR != 5 || flops == "" }' $S/mfu.jsonl ||
+     ! grep -q '^step     1/5 .* TFLOP/s | MFU ' $S/mfu.out; then
+    head -n 2 $S/mfu.jsonl | sed 's/^/  /'
+    fail log-interval-mfu "tflops is not CFG_MODEL_FLOPS ($flops) / ms, or mfu not tflops / 0.5"
+else
+    pass log-interval-mfu
+fi
 # README.md's table of training flags is what the flags' table (LIB_FLAGS, lib/flags.h)
 # prints, as `make readme-flags` writes it; the usage and the parser come from the same table
 readme_flags() {

@@ -51,6 +51,7 @@
 #define CFG_DLOSS           0.003125f          /* d(step loss)/d(token loss) = 1/(N*NMB) */
 #define CFG_GRAD_SCALE      1.0f               /* 1/(DP*CP): data-parallel mean */
 #define CFG_TOKENS_PER_STEP 320                /* GBS*SEQ */
+#define CFG_MODEL_FLOPS     912261120.0        /* model FLOPs of a step, as Megatron counts them (model_flops) */
 #define CFG_P2P_N           4096               /* elements of one pipeline message = N_SP*C */
 
 /* -- The stage programs (stage<k>.c) ------------------------------------------------------- */

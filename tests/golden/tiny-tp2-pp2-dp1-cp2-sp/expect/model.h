@@ -51,6 +51,7 @@
 #define CFG_DLOSS           0.03125f           /* d(step loss)/d(token loss) = 1/(N*NMB) */
 #define CFG_GRAD_SCALE      0.5f               /* 1/(DP*CP): data-parallel mean */
 #define CFG_TOKENS_PER_STEP 64                 /* GBS*SEQ */
+#define CFG_MODEL_FLOPS     182452224.0        /* model FLOPs of a step, as Megatron counts them (model_flops) */
 #define CFG_P2P_N           1024               /* elements of one pipeline message = N_SP*C */
 
 /* -- The stage programs (stage<k>.c) ------------------------------------------------------- */

@@ -102,7 +102,8 @@ const gpt_program gpt_program_desc = {
     .made_by = "make MODEL=tiny_llama TP=2 PP=2 DP=1 CP=2 SP=1",
     .run_hint = "under mpirun -np 8",
     .world = CFG_WORLD, .tp = CFG_TP, .pp = CFG_PP, .dp = CFG_DP, .cp = CFG_CP, .vp = CFG_VP,
-    .gbs = CFG_GBS, .tokens_per_step = CFG_TOKENS_PER_STEP, .vocab = CFG_V,
+    .gbs = CFG_GBS, .tokens_per_step = CFG_TOKENS_PER_STEP, .model_flops = CFG_MODEL_FLOPS,
+    .vocab = CFG_V,
     .dims = {
         .B = CFG_B, .T = CFG_T, .C = CFG_C, .seq = CFG_SEQ, .cp = CFG_CP,
         .cp_a2a = CFG_CP_A2A, .t_chunk = CFG_T_CHUNK, .N = CFG_N, .n_sp = CFG_N_SP,

@@ -56,6 +56,7 @@
 #define CFG_DLOSS           0.015625f      /* d(step loss)/d(token loss) = 1/(N*NMB) */
 #define CFG_GRAD_SCALE      0.5f           /* 1/(DP*CP): data-parallel mean */
 #define CFG_TOKENS_PER_STEP 128            /* GBS*SEQ */
+#define CFG_MODEL_FLOPS     226492416.0    /* model FLOPs of a step, as Megatron counts them (model_flops) */
 #define CFG_P2P_N           2048           /* elements of one pipeline message = N_SP*C */
 #define CFG_EXPERTS         8              /* experts per MoE layer (model.moe.experts) */
 #define CFG_TOPK            2              /* experts per token (model.moe.top_k) */

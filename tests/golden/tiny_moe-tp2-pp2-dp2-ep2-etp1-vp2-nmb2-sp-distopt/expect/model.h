@@ -51,6 +51,7 @@
 #define CFG_DLOSS           0.0078125f         /* d(step loss)/d(token loss) = 1/(N*NMB) */
 #define CFG_GRAD_SCALE      0.5f               /* 1/(DP*CP): data-parallel mean */
 #define CFG_TOKENS_PER_STEP 256                /* GBS*SEQ */
+#define CFG_MODEL_FLOPS     377487360.0        /* model FLOPs of a step, as Megatron counts them (model_flops) */
 #define CFG_P2P_N           2048               /* elements of one pipeline message = N_SP*C */
 #define CFG_EXPERTS         8                  /* experts per MoE layer (model.moe.experts) */
 #define CFG_TOPK            2                  /* experts per token (model.moe.top_k) */
