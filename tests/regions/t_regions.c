@@ -692,6 +692,9 @@ int main(int argc, char **argv)
     lib_groups_create(&gpt_program_desc);
     gpt.stage = gpt_program_desc.stages[gpt.pp_rank];
     lib_stage_setup();
+    /* the slot's dy is a gradient buffer while a schedule row runs; here, all along */
+    gpt_sched_bind(&(gpt_sched_step){ .kind = GPT_STEP_B, .chunk = CHUNK, .slot = SLOT,
+                                      .dy = 0 });
     r0 = SP ? gpt.tp_rank * NSP : 0;
     int failed = test_column() + test_row() + test_seq_regions() + test_embedding() +
                  test_cross_entropy() + test_layer() + test_control();
