@@ -120,6 +120,11 @@ enum { WSD_STYLES(WSD_ENUM) };
       "step, stop, naming the rank and the tensor") \
     _(TIMEOUT, "timeout", "S", NUM, timeout, "300", \
       "abort the job if a collective or receive is stuck for S seconds") \
+    _(TENSORBOARD_DIR, "tensorboard-dir", "DIR", STRING, tb_dir, NULL, \
+      "also write every step's scalars to a TensorBoard event file in DIR (created if " \
+      "missing): `lm loss`, `learning-rate`, `grad-norm`, `iteration-time` (s), " \
+      "`tokens-per-second`, `throughput` (TFLOP/s per device), `mfu` with `--peak-tflops`, " \
+      "`aux-loss` with MoE; a resumed run's file makes TensorBoard drop the steps it repeats") \
     _(LOG_INTERVAL, "log-interval", "N", INT, log_interval, "1", \
       "print the step line on stdout every N-th step, N >= 1 (and the first and the last); " \
       "the `--log` file has every step") \
@@ -150,6 +155,7 @@ enum { LIB_FLAGS(LIB_FLAG_ID) LIB_NFLAGS };
 
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
+    const char *tb_dir;       /* --tensorboard-dir */
     char **data_path;         /* --data-path's words (argv); ndata_path of them */
     int ndata_path, dump_samples;
     unsigned long long data_seed;

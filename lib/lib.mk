@@ -20,12 +20,13 @@
 #   3  lr  data  tensors                    learning rate, training data, the tensor list
 #   2  flags  ops                           the command line (one table: LIB_FLAGS); the
 #                                           linear layers and context-parallel steps
-#   1  fail  safetensors  kernels           failing alike; safetensors files; the kernels
+#   1  fail  safetensors  tboard  kernels   failing alike; safetensors files; TensorBoard's
+#                                           event files; the kernels
 #
 # LIB_LAYERS writes the same bottom first: layers separated by spaces, modules in a layer by
 # commas, the files of a module by '+'. kernels is kernels_cpu.c or kernels_cuda.cu (one per
 # backend library).
-LIB_LAYERS  := fail,safetensors,kernels flags,ops lr,data,tensors stage+model+moe+groups world \
+LIB_LAYERS  := fail,safetensors,tboard,kernels flags,ops lr,data,tensors stage+model+moe+groups world \
                faults weights,ckpt train main
 
 LIB_BUILD   := build/lib

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt.h"     // defines: lib_ckpt_lock, lib_ckpt_save, lib_ckpt_load, lib_ckpt_newest, ...
@@ -20,6 +21,7 @@
 #include "flags.h"    // defines: lib_flags, lib_flags_parse, lib_flags_usage, lib_signal_name
 #include "lr.h"       // defines: lib_lr
 #include "stage.h"    // defines: lib, lib_stage_setup, lib_groups_create, ...
+#include "tboard.h"   // defines: lib_tb_open, lib_tb_scalars, lib_append_whole
 #include "tensors.h"  // defines: lib_tensors_build
 #include "weights.h"  // defines: lib_weights_init, lib_weights_load, lib_weights_save, ...
 #include "world.h"    // defines: lib_world_allreduce_max
@@ -63,32 +65,14 @@ static void log_truncate(const char *path, int upto)
 }
 
 /*
-** Append 'line' to the log 'fd' whole or not at all: a write that fails part-way (a full disk)
-** is cut back to the line before. 0, or the errno of the failure.
+** Step 'step' (1-based) of f->steps on rank 0: its line on stdout (unless --quiet or
+** --log-interval; a skipped step is reported even then), its JSON object in the --log file
+** 'log' and its scalars in the event file 'tb' (-1: none). 'skipped': the steps skipped so far.
+** Returns 0, or the errno of a failed write, *tb_failed saying whether the event file's.
 */
-static int log_write(int fd, const char *line, size_t n)
-{
-    off_t at = lseek(fd, 0, SEEK_END);
-    for (size_t done = 0; done < n; ) {
-        ssize_t w = write(fd, line + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int why = w < 0 ? errno : ENOSPC;
-            if (at >= 0 && ftruncate(fd, at)) { /* the cut failed too: the line stays cut */ }
-            return why;
-        }
-        done += (size_t)w;
-    }
-    return 0;
-}
-
-/*
-** Step 'step' (1-based) of f->steps on rank 0: its line on stdout (unless --quiet; a skipped
-** step is reported even then) and its JSON object in the --log file 'log' (-1: none).
-** 'skipped': the steps skipped so far. Returns 0, or the errno of a failed write of the log.
-*/
-static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in,
-                    const gpt_step_out *out, double ms, double comm_ms, int skipped)
+static int log_step(int log, int tb, const lib_flags *f, int step, const gpt_step_in *in,
+                    const gpt_step_out *out, double ms, double comm_ms, int skipped,
+                    int *tb_failed)
 {
     double tok_s = (double)gpt.prog->tokens_per_step / (ms / 1e3);
     /* the model's FLOPs per second and device, and their share of the device's peak */
@@ -116,6 +100,24 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
         printf("step %d/%d: loss %g, gradient norm %g: not finite%s\n", step, f->steps,
                out->loss, out->grad_norm, skip);
     fflush(stdout);
+    *tb_failed = 0;
+    if (tb >= 0) {
+        lib_tb_value v[8] = {
+            { "lm loss", out->loss }, { "learning-rate", in->lr },
+            { "grad-norm", out->grad_norm }, { "iteration-time", ms / 1e3 },
+            { "tokens-per-second", tok_s }, { "throughput", tflops },
+        };
+        int nv = 6;
+        if (f->peak_tflops > 0) v[nv++] = (lib_tb_value){ "mfu", tflops / f->peak_tflops };
+        if (gpt.prog->dims.moe) v[nv++] = (lib_tb_value){ "aux-loss", out->aux_loss };
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        int err = lib_tb_scalars(tb, (double)now.tv_sec + now.tv_nsec * 1e-9, step, v, nv);
+        if (err) {
+            *tb_failed = 1;
+            return err;
+        }
+    }
     if (log < 0) return 0;
     int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s%s,\"lr\":%s,"
                      "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%s,"
@@ -125,7 +127,7 @@ static int log_step(int log, const lib_flags *f, int step, const gpt_step_in *in
                      json_fmt(t, sizeof t, "%.1f", tok_s),
                      json_fmt(fl, sizeof fl, "%.6g", tflops), mfuj,
                      out->skipped ? ",\"skipped\":true" : "");
-    return log_write(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    return lib_append_whole(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 /* The run's first line on stdout (rank 0): the model and its parameters, the layout, the
@@ -216,6 +218,16 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
                    0644);
         RT_CHECK(log >= 0, "%s: cannot open: %s", f.log, strerror(errno));
     }
+    int tb = -1, tb_lost = 0;                   /* --tensorboard-dir's event file (rank 0) */
+    char tb_path[4096] = "";
+    if (f.tb_dir && rt_rank() == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        tb = lib_tb_open(f.tb_dir, (double)now.tv_sec + now.tv_nsec * 1e-9, start, tb_path,
+                         sizeof tb_path);
+        RT_CHECK(tb >= 0, "--tensorboard-dir %s: cannot create an event file there: %s",
+                 f.tb_dir, strerror(errno));
+    }
     if (rt_rank() == 0 && !f.quiet && f.steps > start) header(prog, start);
     const char *stopped = NULL;     /* why the run stops before --steps */
     int s;
@@ -243,12 +255,14 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         if (rt_rank() == 0) {
             double blocked;
             rt_comm_stats(&blocked, NULL);
-            int err = log_step(log, &f, s + 1, &in, &out, (rt_now() - t0) * 1e3,
-                               (blocked - blocked0) * 1e3, skipped);
+            int tb_failed;
+            int err = log_step(log, tb, &f, s + 1, &in, &out, (rt_now() - t0) * 1e3,
+                               (blocked - blocked0) * 1e3, skipped, &tb_failed);
             if (err && !log_err) {  /* stop logging; every rank stops after the next step */
-                log_err = err, log_lost = s + 1;
-                close(log);
-                log = -1;
+                log_err = err, log_lost = s + 1, tb_lost = tb_failed;
+                if (log >= 0) close(log);
+                if (tb >= 0) close(tb);
+                log = tb = -1;
             }
         }
         int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
@@ -258,17 +272,20 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         int sig = lib_exit_signal();
         if (s + 1 < f.steps && out.stop)
             stopped = sig ? lib_signal_name(sig) : late ? "--exit-duration-in-mins" : log_err ?
-                      "a failed write of --log" : "another rank's signal or time limit";
+                      (tb_lost ? "a failed write of --tensorboard-dir's event file" :
+                       "a failed write of --log") : "another rank's signal or time limit";
         else if (s + 1 < f.steps && f.exit_interval && (s + 1) % f.exit_interval == 0)
             stopped = "--exit-interval";
         if (stopped && f.ckpt_dir && !saved) lib_ckpt_save(&f, s + 1, updates, skipped);
     }
     if (log >= 0 && close(log) && !log_err) log_err = errno, log_lost = s;
+    if (tb >= 0 && close(tb) && !log_err) log_err = errno, log_lost = s, tb_lost = 1;
     lib_sync();
     int rc = 0;
     if (log_err) {          /* rank 0 alone knows: its status says it (mpirun passes it on) */
-        fprintf(stderr, "train: error: %s: cannot write the line of step %d: %s; the log has "
-                "the steps before it%s\n", f.log, log_lost, strerror(log_err),
+        fprintf(stderr, "train: error: %s: cannot write the %s of step %d: %s; the %s has "
+                "the steps before it%s\n", tb_lost ? tb_path : f.log, tb_lost ? "event" : "line",
+                log_lost, strerror(log_err), tb_lost ? "event file" : "log",
                 s > log_lost ? " (the run stopped after the next step, which no line records)" :
                 "");
         rc = 1;

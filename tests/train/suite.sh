@@ -133,14 +133,15 @@ else
 fi
 
 # -- (j) the log: stdout line per step; JSONL keys exactly step, loss, lr, grad_norm, ms, comm_ms,
-#        tok_s
+#        tok_s, tflops
 LINE='^step +[0-9]+/10 \| loss [0-9]+\.[0-9]+ \| lr [0-9]\.[0-9]+e[-+][0-9]+ '
-LINE="$LINE"'\| norm [0-9]+\.[0-9]+ \| +[0-9]+\.[0-9] ms \| +[0-9]+ tok/s$'
+LINE="$LINE"'\| norm [0-9]+\.[0-9]+ \| +[0-9]+\.[0-9] ms \| +[0-9]+ tok/s \| +[0-9]+\.[0-9]{3} '
+LINE="$LINE"'TFLOP/s$'
 n=$(grep -c -E "$LINE" $S/a.stdout)
 if [ "$n" = 10 ]; then pass log-stdout
 else
     show $S/a.stdout
-    fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s'"
+    fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s | TFLOP/s'"
 fi
 # the first line: the model, its parameters (GPT-2: V*C + T*C + L*(12C^2 + 13C) + 2C, counted
 # here from the model's sizes), the layout and the batch; a periodic checkpoint says so
@@ -151,7 +152,8 @@ want="train: models/tiny.lua, $((P / 1000000)).$(printf %03d $((P % 1000000 / 10
 if [ "$(grep -m1 '^train: ' $S/a.stdout)" = "$want" ]; then pass log-header
 else fail log-header "got '$(grep -m1 '^train: ' $S/a.stdout)', want '$want'"
 fi
-verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, comm_ms, tok_s" \
+verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, comm_ms, tok_s, \
+tflops" \
     $S/keys.log $FIX logkeys $S/a.jsonl 10
 
 # -- (b) gradient accumulation: (MBS=4, NMB=1) and (MBS=1, NMB=4) -------------------------------
@@ -444,6 +446,57 @@ expect flag-clip-negative 2 "train: error: --clip must be >= 0 (0: no clipping),
     -- --steps 0 --clip -1
 expect flag-exit-grace-range 2 "train: error: --exit-grace must be at most 4294967295 seconds, \
 got 1e+10" -- --steps 0 --exit-grace 1e10
+# --tensorboard-dir: an event file whose records and messages an independent reader
+# (tests/train/tb_read.py: the TFRecord framing, CRC-32C, the protocol buffers) accepts, the
+# file_version first, and per step the log's loss, rate and gradient norm as floats, the
+# throughput and the MFU; a second run beside it gets a file of its own; a resumed run's file
+# starts with a SessionLog START at its first step
+rm -rf $S/tb
+if ! $A --init $INIT --data $S/tok.bin --steps 3 --tensorboard-dir $S/tb --peak-tflops 1 \
+        --log $S/tb.jsonl --quiet > $S/tb.out 2>&1 ||
+   ! python3 tests/train/tb_read.py $S/tb/events.out.tfevents.* > $S/tb.txt 2>&1; then
+    show $S/tb.out 5
+    show $S/tb.txt 5
+    fail tensorboard "the run or the reader failed"
+elif [ "$(head -n 1 $S/tb.txt)" != "version brain.Event:2" ] ||
+     [ "$(grep -c ' throughput ' $S/tb.txt)" != 3 ] || [ "$(grep -c ' mfu ' $S/tb.txt)" != 3 ] ||
+     ! python3 - $S/tb.jsonl $S/tb.txt <<'PY'
+import json, struct, sys
+f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
+log = [json.loads(l) for l in open(sys.argv[1])]
+tb = {}
+for line in open(sys.argv[2]):
+    w = line.split()
+    if w[0].isdigit():
+        tb[(int(w[0]), " ".join(w[1:-1]))] = float(w[-1])
+for e in log:
+    for key, tag in (("loss", "lm loss"), ("lr", "learning-rate"), ("grad_norm", "grad-norm")):
+        got = tb.get((e["step"], tag))
+        if got is None or f32(got) != f32(e[key]):
+            sys.exit("step %d %s: %s in the event file, %s in the log" % (e["step"], tag, got, e[key]))
+    if abs(tb[(e["step"], "mfu")] - tb[(e["step"], "throughput")]) > 1e-6 * tb[(e["step"], "mfu")]:
+        sys.exit("step %d: mfu is not throughput / 1" % e["step"])
+PY
+then
+    head -n 8 $S/tb.txt | sed 's/^/  /'
+    fail tensorboard "the event file does not hold the log's numbers (above)"
+elif ! $A --init $INIT --data $S/tok.bin --steps 1 --tensorboard-dir $S/tb --quiet \
+        > $S/tb2.out 2>&1 || [ "$(ls $S/tb | wc -l)" != 2 ]; then
+    show $S/tb2.out 5
+    fail tensorboard "a second run did not write a file of its own beside the first"
+elif ! { rm -rf $S/tbck $S/tb3 &&
+         $A --init $INIT --data $S/tok.bin --steps 2 --ckpt-dir $S/tbck --ckpt-every 2 \
+            --quiet && $A --init $INIT --data $S/tok.bin --steps 3 --ckpt-dir $S/tbck --resume \
+            --tensorboard-dir $S/tb3 --quiet; } > $S/tb3.out 2>&1 ||
+     [ "$(python3 tests/train/tb_read.py $S/tb3/events.out.tfevents.* 2>&1 |
+          sed -n '2p;3p' | cut -d' ' -f1-3 | tr '\n' ,)" != "start 2,3 lm loss," ]; then
+    show $S/tb3.out 5
+    python3 tests/train/tb_read.py $S/tb3/events.out.tfevents.* 2>&1 | head -n 4 | sed 's/^/  /'
+    fail tensorboard "a resumed run's file does not start with a SessionLog START at step 2, \
+then step 3"
+else
+    pass tensorboard
+fi
 expect flag-log-interval-zero 2 "train: error: --log-interval must be >= 1, got 0" \
     -- --steps 0 --log-interval 0
 expect flag-peak-tflops-zero 2 "train: error: --peak-tflops must be a device's peak in TFLOP/s, \
