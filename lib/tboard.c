@@ -100,24 +100,27 @@ static void varint(pb *m, uint64_t v)
 
 static void key(pb *m, int field, int wire) { varint(m, (uint64_t)field << 3 | (uint64_t)wire); }
 
+/* A fixed-width field: 8 bytes (wire type 1: a double) or 4 (wire type 5: a float). */
+static void fixed(pb *m, int field, uint64_t bits, int bytes)
+{
+    unsigned char t[8];
+    le(t, bits, bytes);
+    key(m, field, bytes == 8 ? 1 : 5);
+    put(m, t, (size_t)bytes);
+}
+
 static void f_double(pb *m, int field, double x)
 {
     uint64_t u;
-    unsigned char t[8];
     memcpy(&u, &x, 8);
-    le(t, u, 8);
-    key(m, field, 1);
-    put(m, t, 8);
+    fixed(m, field, u, 8);
 }
 
 static void f_float(pb *m, int field, float x)
 {
     uint32_t u;
-    unsigned char t[4];
     memcpy(&u, &x, 4);
-    le(t, u, 4);
-    key(m, field, 5);
-    put(m, t, 4);
+    fixed(m, field, u, 4);
 }
 
 static void f_bytes(pb *m, int field, const void *p, size_t n)

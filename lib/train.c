@@ -64,6 +64,14 @@ static void log_truncate(const char *path, int upto)
     RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
 }
 
+/* Seconds since the epoch, for the event file's wall_time. */
+static double wall_now(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (double)now.tv_sec + now.tv_nsec * 1e-9;
+}
+
 /*
 ** Step 'step' (1-based) of f->steps on rank 0: its line on stdout (unless --quiet or
 ** --log-interval; a skipped step is reported even then), its JSON object in the --log file
@@ -110,9 +118,7 @@ static int log_step(int log, int tb, const lib_flags *f, int step, const gpt_ste
         int nv = 6;
         if (f->peak_tflops > 0) v[nv++] = (lib_tb_value){ "mfu", tflops / f->peak_tflops };
         if (gpt.prog->dims.moe) v[nv++] = (lib_tb_value){ "aux-loss", out->aux_loss };
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        int err = lib_tb_scalars(tb, (double)now.tv_sec + now.tv_nsec * 1e-9, step, v, nv);
+        int err = lib_tb_scalars(tb, wall_now(), step, v, nv);
         if (err) {
             *tb_failed = 1;
             return err;
@@ -221,10 +227,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     int tb = -1, tb_lost = 0;                   /* --tensorboard-dir's event file (rank 0) */
     char tb_path[4096] = "";
     if (f.tb_dir && rt_rank() == 0) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        tb = lib_tb_open(f.tb_dir, (double)now.tv_sec + now.tv_nsec * 1e-9, start, tb_path,
-                         sizeof tb_path);
+        tb = lib_tb_open(f.tb_dir, wall_now(), start, tb_path, sizeof tb_path);
         RT_CHECK(tb >= 0, "--tensorboard-dir %s: cannot create an event file there: %s",
                  f.tb_dir, strerror(errno));
     }

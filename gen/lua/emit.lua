@@ -61,17 +61,15 @@ local function banner(cfg, template, extra)
 end
 
 -- A float as a C literal ("1.0f", not "1f").
-local function cfloat(x)
-    local t = string.format("%.9g", x)
+-- A C floating literal of x to 'digits' significant digits ('suffix': "f" for a float).
+local function cnum(x, digits, suffix)
+    local t = string.format("%." .. digits .. "g", x)
     if not t:find("[.eEn]") then t = t .. ".0" end
-    return t .. "f"
+    return t .. suffix
 end
 
-local function cdouble(x)
-    local t = string.format("%.17g", x)
-    if not t:find("[.eEn]") then t = t .. ".0" end
-    return t
-end
+local function cfloat(x) return cnum(x, 9, "f") end
+local function cdouble(x) return cnum(x, 17, "") end
 
 local function int(x)
     assert(math.type(x) == "integer", "emit: expected an integer")

@@ -815,20 +815,30 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, poo
         end
     end
 
+    -- the layer positions at which some chunk keeps per-layer entry 'id' in its slot (with a
+    -- pool, each is one instance per pool slot, shared by the chunks)
+    local function kept_positions(id)
+        local kept, n = {}, 0
+        for _, c in ipairs(chunks) do
+            for j, st in ipairs(c.store) do
+                if not in_work(id, st, recomputed) and not kept[j] then kept[j], n = true, n + 1 end
+            end
+        end
+        return n
+    end
+
     -- instances: per layer and slot where the layer keeps it, per workspace position used;
     -- per chunk slot (tokens: the embedding chunk's); else one
     local function instances(id)
         local per_layer = id:match("^L_") or id:match("^ML_")
         if per_layer then
-            local slot, used, kept = 0, {}, {}
+            local slot, used = pool and pool * kept_positions(id) or 0, {}
             for _, c in ipairs(chunks) do
-                for j, st in ipairs(c.store) do
+                for _, st in ipairs(c.store) do
                     if in_work(id, st, recomputed) then used[st.work] = true
-                    elseif pool then kept[j] = true
-                    else slot = slot + c.slots end
+                    elseif not pool then slot = slot + c.slots end
                 end
             end
-            for _ in pairs(kept) do slot = slot + pool end
             local work = 0
             for _ in pairs(used) do work = work + 1 end
             return slot, work
@@ -890,13 +900,7 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, poo
         for _, m in ipairs(MEMS) do
             local id, v = m[1], size[m[1]]
             if (id:match("^L_") or id:match("^ML_")) and type(v) == "number" then
-                local kept = {}
-                for _, c in ipairs(chunks) do
-                    for j, st in ipairs(c.store) do
-                        if not in_work(id, st, recomputed) then kept[j] = true end
-                    end
-                end
-                for _ in pairs(kept) do pool_bytes = pool_bytes + v * esize(m[2]) end
+                pool_bytes = pool_bytes + kept_positions(id) * v * esize(m[2])
             end
         end
     end

@@ -294,6 +294,14 @@ function M.build(P, V, Mb, N)
     return ir.Schedule { kind = kind, P = P, V = V, M = Mb, N = N, stages = stages }
 end
 
+-- The lowest free index of a pool of n: the smallest in 'free' (taken out of it), else a new
+-- one, n; returns it and the pool's size after.
+local function take_lowest(free, n)
+    if #free == 0 then return n, n + 1 end
+    table.sort(free)
+    return table.remove(free, 1), n
+end
+
 --[[
 ** Activation slots of one stage: a micro-batch occupies a slot of its chunk from the moment
 ** its input arrives (or its forward starts) until its backward ends, so only in-flight
@@ -313,16 +321,7 @@ function M.assign_slots(stage, V, pooled)
     local function acquire(mb, c)
         local key = mb .. "." .. c
         if slot[key] then return end
-        local f = free[list(c)]
-        local idx
-        if #f > 0 then
-            table.sort(f)
-            idx = table.remove(f, 1)
-        else
-            idx = nslots[list(c)]
-            nslots[list(c)] = idx + 1
-        end
-        slot[key] = idx
+        slot[key], nslots[list(c)] = take_lowest(free[list(c)], nslots[list(c)])
         held = held + 1
         if held > peak then peak = held end
     end
@@ -370,11 +369,7 @@ function M.assign_dy(stage)
     end
     local free, n, dy = {}, 0, {}
     local function acquire(key)
-        if dy[key] then return end
-        table.sort(free)
-        local idx = table.remove(free, 1)
-        if not idx then idx, n = n, n + 1 end
-        dy[key] = idx
+        if not dy[key] then dy[key], n = take_lowest(free, n) end
     end
     for _, st in ipairs(stage.steps) do
         local key = st.mb and (st.mb .. "." .. st.chunk)
