@@ -35,3 +35,11 @@ build/tools/stshard: tools/stshard.c lib/safetensors.c lib/safetensors.h
 	$(E) "CC        $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS_C) -Ilib -o $@ tools/stshard.c lib/safetensors.c
+
+# plot: the JSONL logs of training runs (train --log) as one SVG picture; reads JSON with jansson.
+TOOLS += build/tools/plot
+ALL_TARGETS += build/tools/plot
+build/tools/plot: tools/plot.c
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS_C) -o $@ $< -ljansson -lm
