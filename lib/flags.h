@@ -70,7 +70,9 @@ enum { WSD_STYLES(WSD_ENUM) };
       "(`comm_ms`: rank 0's time blocked on communication in the step, the part not " \
       "overlapped; `tflops`: the model's FLOPs of the step, as Megatron counts them, per " \
       "second and device; `mfu` with `--peak-tflops`; " \
-      "`aux_loss` with MoE; `\"skipped\":true` and `null` for non-finite numbers on a " \
+      "`aux_loss` with MoE; `mem_mib, mem_peak_mib`: rank 0's device memory held now and " \
+      "at most, as the runtime counts it (the memory plan); `rss_mib`: rank 0's resident " \
+      "host memory; `\"skipped\":true` and `null` for non-finite numbers on a " \
       "skipped step)") \
     _(LR, "lr", "X", NUM, lr, "6e-4", \
       "peak learning rate (the optimizer's numbers are 32-bit floats: at most 3.4e38)") \
@@ -123,7 +125,8 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(TENSORBOARD_DIR, "tensorboard-dir", "DIR", STRING, tb_dir, NULL, \
       "also write every step's scalars to a TensorBoard event file in DIR (created if " \
       "missing): `lm loss`, `learning-rate`, `grad-norm`, `iteration-time` (s), " \
-      "`tokens-per-second`, `throughput` (TFLOP/s per device), `mfu` with `--peak-tflops`, " \
+      "`tokens-per-second`, `throughput` (TFLOP/s per device), `mem-allocated-bytes`, " \
+      "`mem-max-allocated-bytes`, `mem-host-resident-bytes`, `mfu` with `--peak-tflops`, " \
       "`aux-loss` with MoE; a resumed run's file makes TensorBoard drop the steps it repeats") \
     _(LOG_INTERVAL, "log-interval", "N", INT, log_interval, "1", \
       "print the step line on stdout every N-th step, N >= 1 (and the first and the last); " \

@@ -64,6 +64,16 @@ static void log_truncate(const char *path, int upto)
     RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
 }
 
+/* The process's resident host memory in bytes (/proc/self/statm), 0 where it cannot be read. */
+static double host_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    int ok = f && fscanf(f, "%ld %ld", &pages, &resident) == 2;
+    if (f) fclose(f);
+    return ok ? (double)resident * (double)sysconf(_SC_PAGESIZE) : 0;
+}
+
 /* Seconds since the epoch, for the event file's wall_time. */
 static double wall_now(void)
 {
@@ -83,10 +93,16 @@ static int log_step(int log, int tb, const lib_flags *f, int step, const gpt_ste
                     int *tb_failed)
 {
     double tok_s = (double)gpt.prog->tokens_per_step / (ms / 1e3);
+    /* rank 0's memory: device bytes held now and at most (the runtime's count: the plan), and
+    ** the process's resident host memory */
+    size_t live, peak;
+    rt_mem_stats(&live, &peak);
+    double mib = 1024.0 * 1024.0, live_mib = live / mib, peak_mib = peak / mib;
+    double rss_mib = host_rss_bytes() / mib;
     /* the model's FLOPs per second and device, and their share of the device's peak */
     double tflops = gpt.prog->model_flops / (ms / 1e3) / gpt.prog->world / 1e12;
     char aux[64] = "", auxj[64] = "", skip[96] = "", l[32], g[32], a[32], r[32], t[32];
-    char fl[32], mfu[48] = "", mfuj[48] = "", mu[32], line[640];
+    char fl[32], mfu[48] = "", mfuj[48] = "", mu[32], line[768];
     if (f->peak_tflops > 0) {
         snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100 * tflops / f->peak_tflops);
         snprintf(mfuj, sizeof mfuj, ",\"mfu\":%s",
@@ -102,20 +118,22 @@ static int log_step(int log, int tb, const lib_flags *f, int step, const gpt_ste
     int shown = step % f->log_interval == 0 || step == 1 || step == f->steps || out->skipped;
     if (!f->quiet && shown)
         printf("step %5d/%d | loss %.6f%s | lr %.4e | norm %.4f | %8.1f ms | "
-               "%9.0f tok/s | %7.3f TFLOP/s%s%s\n", step, f->steps, out->loss, aux,
-               (double)in->lr, out->grad_norm, ms, tok_s, tflops, mfu, skip);
+               "%9.0f tok/s | %7.3f TFLOP/s%s | mem %.1f MiB%s\n", step, f->steps, out->loss,
+               aux, (double)in->lr, out->grad_norm, ms, tok_s, tflops, mfu, live_mib, skip);
     if (out->skipped && f->quiet)
         printf("step %d/%d: loss %g, gradient norm %g: not finite%s\n", step, f->steps,
                out->loss, out->grad_norm, skip);
     fflush(stdout);
     *tb_failed = 0;
     if (tb >= 0) {
-        lib_tb_value v[8] = {
+        lib_tb_value v[11] = {
             { "lm loss", out->loss }, { "learning-rate", in->lr },
             { "grad-norm", out->grad_norm }, { "iteration-time", ms / 1e3 },
             { "tokens-per-second", tok_s }, { "throughput", tflops },
+            { "mem-allocated-bytes", (double)live }, { "mem-max-allocated-bytes", (double)peak },
+            { "mem-host-resident-bytes", rss_mib * mib },
         };
-        int nv = 6;
+        int nv = 9;
         if (f->peak_tflops > 0) v[nv++] = (lib_tb_value){ "mfu", tflops / f->peak_tflops };
         if (gpt.prog->dims.moe) v[nv++] = (lib_tb_value){ "aux-loss", out->aux_loss };
         int err = lib_tb_scalars(tb, wall_now(), step, v, nv);
@@ -127,11 +145,13 @@ static int log_step(int log, int tb, const lib_flags *f, int step, const gpt_ste
     if (log < 0) return 0;
     int n = snprintf(line, sizeof line, "{\"step\":%d,\"loss\":%s%s,\"lr\":%s,"
                      "\"grad_norm\":%s,\"ms\":%.3f,\"comm_ms\":%.3f,\"tok_s\":%s,"
-                     "\"tflops\":%s%s%s}\n", step,
+                     "\"tflops\":%s%s,\"mem_mib\":%.1f,\"mem_peak_mib\":%.1f,"
+                     "\"rss_mib\":%.1f%s}\n", step,
                      json_num(l, sizeof l, out->loss), auxj, json_num(r, sizeof r, in->lr),
                      json_num(g, sizeof g, out->grad_norm), ms, comm_ms,
                      json_fmt(t, sizeof t, "%.1f", tok_s),
-                     json_fmt(fl, sizeof fl, "%.6g", tflops), mfuj,
+                     json_fmt(fl, sizeof fl, "%.6g", tflops), mfuj, live_mib, peak_mib,
+                     rss_mib,
                      out->skipped ? ",\"skipped\":true" : "");
     return lib_append_whole(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }

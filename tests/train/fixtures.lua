@@ -16,7 +16,8 @@
 --   lua5.4 fixtures.lua gap IN OUT                4 unused bytes after the first tensor
 --   lua5.4 fixtures.lua decode IN OUT             uint16 tokens (bare or llm.c shard) to bytes
 --   lua5.4 fixtures.lua logkeys FILE N            N lines, steps 1..N, keys exactly step, loss,
---                                                 lr, grad_norm, ms, comm_ms, tok_s, tflops
+--                                                 lr, grad_norm, ms, comm_ms, tok_s, tflops, mem_mib,
+--                                                 mem_peak_mib, rss_mib
 --                                                 with number values
 
 local function die(fmt, ...)
@@ -179,7 +180,7 @@ elseif cmd == "decode" then
     end
     spit(arg[3], table.concat(out))
 elseif cmd == "logkeys" then
-    local want, n = "step,loss,lr,grad_norm,ms,comm_ms,tok_s,tflops", 0
+    local want, n = "step,loss,lr,grad_norm,ms,comm_ms,tok_s,tflops,mem_mib,mem_peak_mib,rss_mib", 0
     for line in io.lines(arg[2]) do
         n = n + 1
         local keys, vals = {}, {}

@@ -133,15 +133,15 @@ else
 fi
 
 # -- (j) the log: stdout line per step; JSONL keys exactly step, loss, lr, grad_norm, ms, comm_ms,
-#        tok_s, tflops
+#        tok_s, tflops, mem_mib, mem_peak_mib, rss_mib
 LINE='^step +[0-9]+/10 \| loss [0-9]+\.[0-9]+ \| lr [0-9]\.[0-9]+e[-+][0-9]+ '
 LINE="$LINE"'\| norm [0-9]+\.[0-9]+ \| +[0-9]+\.[0-9] ms \| +[0-9]+ tok/s \| +[0-9]+\.[0-9]{3} '
-LINE="$LINE"'TFLOP/s$'
+LINE="$LINE"'TFLOP/s \| mem [0-9]+\.[0-9] MiB$'
 n=$(grep -c -E "$LINE" $S/a.stdout)
 if [ "$n" = 10 ]; then pass log-stdout
 else
     show $S/a.stdout
-    fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s | TFLOP/s'"
+    fail log-stdout "$n of 10 lines read 'step N/10 | loss | lr | norm | ms | tok/s | TFLOP/s | mem'"
 fi
 # the first line: the model, its parameters (GPT-2: V*C + T*C + L*(12C^2 + 13C) + 2C, counted
 # here from the model's sizes), the layout and the batch; a periodic checkpoint says so
@@ -153,7 +153,7 @@ if [ "$(grep -m1 '^train: ' $S/a.stdout)" = "$want" ]; then pass log-header
 else fail log-header "got '$(grep -m1 '^train: ' $S/a.stdout)', want '$want'"
 fi
 verdict log-jsonl "the --log file is not 10 lines of step, loss, lr, grad_norm, ms, comm_ms, tok_s, \
-tflops" \
+tflops, mem_mib, mem_peak_mib, rss_mib" \
     $S/keys.log $FIX logkeys $S/a.jsonl 10
 
 # -- (b) gradient accumulation: (MBS=4, NMB=1) and (MBS=1, NMB=4) -------------------------------
@@ -476,6 +476,11 @@ for e in log:
             sys.exit("step %d %s: %s in the event file, %s in the log" % (e["step"], tag, got, e[key]))
     if abs(tb[(e["step"], "mfu")] - tb[(e["step"], "throughput")]) > 1e-6 * tb[(e["step"], "mfu")]:
         sys.exit("step %d: mfu is not throughput / 1" % e["step"])
+    for key, tag in (("mem_mib", "mem-allocated-bytes"), ("mem_peak_mib", "mem-max-allocated-bytes"),
+                     ("rss_mib", "mem-host-resident-bytes")):
+        got = tb.get((e["step"], tag))
+        if got is None or "%.1f" % (got / 2**20) != "%.1f" % e[key]:
+            sys.exit("step %d %s: %s in the event file, %s MiB in the log" % (e["step"], tag, got, e[key]))
 PY
 then
     head -n 8 $S/tb.txt | sed 's/^/  /'
@@ -526,6 +531,23 @@ elif ! awk -v flops="$flops" -F'[:,}]' '
     fail log-interval-mfu "tflops is not CFG_MODEL_FLOPS ($flops) / ms, or mfu not tflops / 0.5"
 else
     pass log-interval-mfu
+fi
+# memory in the log: mem_mib is the device memory the run printed as planned (and allocated) at
+# start, in MiB to 0.1; its peak the same on the CPU (nothing is allocated after the setup);
+# rss_mib the host's resident memory, at least what the run touched
+planned=$(sed -n 's/^memory: planned \([0-9]*\) bytes.*/\1/p' $S/mfu.out)
+if ! awk -v p="$planned" -F'[:,}]' '
+        { for (i = 1; i < NF; i++) v[$i] = $(i + 1)
+          want = sprintf("%.1f", p / 1048576)
+          if (v["\"mem_mib\""] != want || v["\"mem_peak_mib\""] != want ||
+              v["\"rss_mib\""] + 0 < 1) bad = 1 }
+        END { exit bad || NR != 5 || p == "" }' $S/mfu.jsonl ||
+     ! grep -q "^step     1/5 .* | mem $(awk -v p="$planned" 'BEGIN { printf "%.1f", p / 1048576 }') MiB$" \
+        $S/mfu.out; then
+    head -n 2 $S/mfu.jsonl | sed 's/^/  /'
+    fail log-memory "mem_mib / mem_peak_mib are not the planned $planned bytes in MiB, or no rss_mib"
+else
+    pass log-memory
 fi
 # README.md's table of training flags is what the flags' table (LIB_FLAGS, lib/flags.h)
 # prints, as `make readme-flags` writes it; the usage and the parser come from the same table
