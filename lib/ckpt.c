@@ -486,8 +486,10 @@ void lib_ckpt_load(const lib_flags *f, int step, int *updates, int *skipped)
 /*
 ** One job per checkpoint directory (--ckpt-dir): rank 0 takes an exclusive flock on DIR/LOCK,
 ** held until the process ends (the kernel then drops it, a kill -9 included, so a crashed job
-** leaves no stale lock), and writes "host H, pid P, started T" into it. When another job holds
-** it, every rank stops alike (exit 1) naming the holder, before any checkpoint is cleaned,
+** leaves no stale lock), and writes "host H, pid P, started T" into it, and on a second line
+** "mark M", a number of this run that every other rank must then read there: a directory that
+** is not the same for every rank (not on a shared file system) stops the job. When another job
+** holds it, every rank stops alike (exit 1) naming the holder, before any checkpoint is cleaned,
 ** loaded or written. Nothing without --ckpt-dir or with --dump-samples. Call it after
 ** lib_check_outputs made the directory; once (a second call does nothing). Collective over the
 ** world.
@@ -499,6 +501,7 @@ static int locked;                /* every rank: lib_ckpt_lock has run */
 void lib_ckpt_lock(const lib_flags *f)
 {
     char path[4200], msg[800] = "";
+    long long mark = 0;             /* rank 0's: a number every rank must read in the lock */
     if (!f->ckpt_dir || f->dump_samples || locked) return;
     snprintf(path, sizeof path, "%s/LOCK", f->ckpt_dir);
     if (rt_rank() == 0) {
@@ -525,9 +528,15 @@ void lib_ckpt_lock(const lib_flags *f)
             gethostname(host, sizeof host - 1);
             host[sizeof host - 1] = 0;
             if (gmtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-            int len = snprintf(line, sizeof line, "host %s, pid %d, started %s\n", host,
-                               (int)getpid(), when);
-            if (ftruncate(fd, 0) || pwrite(fd, line, (size_t)len, 0) != len)
+            /* the second line: a number the other ranks look for (below) */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            mark = ((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec) ^ (long long)getpid();
+            if (mark < 0) mark = -(mark + 1);
+            int len = snprintf(line, sizeof line, "host %s, pid %d, started %s\nmark %lld\n",
+                               host, (int)getpid(), when, mark);
+            /* synced: on a network file system the other nodes read it next */
+            if (ftruncate(fd, 0) || pwrite(fd, line, (size_t)len, 0) != len || fsync(fd))
                 snprintf(msg, sizeof msg, "cannot write the lock of --ckpt-dir: %s",
                          strerror(errno));
             lock_fd = fd;
@@ -536,6 +545,25 @@ void lib_ckpt_lock(const lib_flags *f)
     long long bad = *msg != 0;
     lib_world_allreduce_max(&bad);
     if (bad) lib_fail_file(path, "%s; nothing was run", msg);
+    /* Every rank writes its checkpoint file into the directory and rank 0 renames the step's
+    ** directory into place: all must see the same directory. Each rank looks for rank 0's
+    ** mark in the lock file (the highest rank that does not find it is named). */
+    lib_world_allreduce_max(&mark);
+    if (rt_rank() != 0) {
+        char text[600] = "";
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t k = fd >= 0 ? pread(fd, text, sizeof text - 1, 0) : -1;
+        if (fd >= 0) close(fd);
+        text[k > 0 ? k : 0] = 0;
+        char *m = strstr(text, "\nmark ");
+        if (!m || strtoll(m + 6, NULL, 10) != mark) bad = rt_rank();
+    }
+    lib_world_allreduce_max(&bad);
+    if (bad)
+        lib_fail_file(f->ckpt_dir, "rank %lld does not see the lock file rank 0 wrote in it: "
+                      "--ckpt-dir must be one directory every rank sees (a file system shared "
+                      "by all nodes: rank 0 renames the ranks' checkpoint files into place); "
+                      "nothing was run", bad);
     locked = 1;
 }
 

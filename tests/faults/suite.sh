@@ -658,6 +658,37 @@ elif [ -z "$cpid" ] || [ "$cpid" = $apid ]; then
 else pass ckpt-lock-stale
 fi
 
+# A --ckpt-dir that is not one directory for every rank (here: rank 1 in a mount namespace of
+# its own, a tmpfs over the directory, as on a node that does not mount the shared file
+# system) stops the job before training, naming the rank. Needs root's unshare and mount.
+cat > "$S/private.sh" << 'SH'
+#!/bin/bash
+if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then
+    exec unshare -m bash -c 'mount -t tmpfs none "$0" && exec "$@"' "$PRIVATE_DIR" "$@"
+fi
+exec "$@"
+SH
+chmod +x "$S/private.sh"
+mkdir -p "$S/ck-private"
+if [ -z "$P4" ]; then skip ckpt-not-shared "needs mpirun (make deps)"
+elif ! unshare -m bash -c "mount -t tmpfs none '$S/ck-private'" 2> /dev/null; then
+    skip ckpt-not-shared "cannot make a mount namespace here (needs root: unshare -m, mount)"
+else
+    PRIVATE_DIR=$S/ck-private RUN_TIMEOUT=120 run_prog "$S/private.sh" 4 "$S/private.log" \
+        "$P4" "${HP[@]}" --ckpt-dir "$S/ck-private" > /dev/null 2>&1
+    rc=$?
+    want="$S/ck-private: error: rank 1 does not see the lock file rank 0 wrote in it: --ckpt-dir\
+ must be one directory every rank sees (a file system shared by all nodes: rank 0 renames the\
+ ranks' checkpoint files into place); nothing was run"
+    if [ $rc = 0 ]; then fail ckpt-not-shared "the job ran"
+    elif [ "$(grep -m1 'error:' "$S/private.log")" != "$want" ]; then
+        fail ckpt-not-shared "got '$(grep -m1 'error:' "$S/private.log")'"
+    elif grep -q '^step' "$S/private.log" || ls -d "$S"/ck-private/step_* > /dev/null 2>&1; then
+        fail ckpt-not-shared "a step ran or a checkpoint was written"
+    else pass ckpt-not-shared
+    fi
+fi
+
 # -- The kill verdicts (section 3, run beside 4 and 5), then sections 4 and 5 -------------------
 exec 1>&9 9>&-
 wait $kill1
