@@ -235,6 +235,24 @@ run: model $(if $(filter data/corpus.bin,$(DATA)),data/corpus.bin)
 	if [ "$$w" -gt 1 ]; then set -x; $(MPIRUN) -np $$w $$d/train --data $(DATA) --steps $(STEPS) $(RUN_ARGS); \
 	else set -x; $$d/$(if $(HAVE_MPI),train,train_single) --data $(DATA) --steps $(STEPS) $(RUN_ARGS); fi
 
+# A Slurm batch script for the layout (gen --sbatch, gen/lua/launch.lua): out/<dir>/job.sbatch,
+# written whole; the training flags are make run's (DATA, STEPS, RUN_ARGS).
+CHECK_SBATCH_VARS = $(foreach v,NODES GPUS_PER_NODE BACKEND TIME PARTITION SLURM_ACCOUNT \
+                      CKPT_DIR WARN_SECONDS,$(call check_var,$(v)))$(CHECK_RUN_VARS)
+SBATCH_FLAGS = $(CHECK_SBATCH_VARS)$(if $(NODES),--nodes $(NODES)) \
+    $(if $(GPUS_PER_NODE),--tasks-per-node $(GPUS_PER_NODE)) \
+    $(if $(BACKEND),--backend $(BACKEND)) $(if $(TIME),--time $(TIME)) \
+    $(if $(PARTITION),--partition $(PARTITION)) $(if $(SLURM_ACCOUNT),--account $(SLURM_ACCOUNT)) \
+    $(if $(CKPT_DIR),--ckpt-dir $(CKPT_DIR)) $(if $(WARN_SECONDS),--warn $(WARN_SECONDS)) \
+    --train-args "--data $(DATA) --steps $(STEPS) $(RUN_ARGS)"
+.PHONY: sbatch
+sbatch: model
+	$(Q)d=$$(build/gen --print-out $(GENFLAGS)); \
+	if build/gen --sbatch $(SBATCH_FLAGS) $(GENFLAGS) > $$d/job.sbatch.tmp; then \
+	    mv $$d/job.sbatch.tmp $$d/job.sbatch && \
+	    echo "wrote $$d/job.sbatch: submit it from here with: sbatch $$d/job.sbatch"; \
+	else rm -f $$d/job.sbatch.tmp; exit 1; fi
+
 print-out: need-model build/gen
 	@build/gen --print-out $(GENFLAGS)
 
@@ -249,7 +267,7 @@ topology: need-model build/gen
 
 DEBS := gcc g++ make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
         libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev procps \
-        libxxhash-dev libjansson-dev
+        libxxhash-dev libjansson-dev slurm-wlm
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -285,6 +303,8 @@ help:
 	@echo "make gen MODEL=m ...          only generate"
 	@echo "make topology MODEL=m ...     only the build-time picture (any layout)"
 	@echo "make inspect MODEL=m ... [RANK=r]   print the report of all ranks, or of rank r"
+	@echo "make sbatch MODEL=m ... NODES=n GPUS_PER_NODE=g   write out/<dir>/job.sbatch (Slurm;"
+	@echo "                              BACKEND=cpu, TIME=, PARTITION=, SLURM_ACCOUNT=, CKPT_DIR=, WARN_SECONDS=)"
 	@echo "make print-out MODEL=m ...    print the output directory"
 	@echo "make data                     build data/corpus.bin from Debian's fortunes"
 	@echo "make test [SUITE=name]        run the tests; ends with 'N passed, N failed, N skipped'"

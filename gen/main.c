@@ -57,7 +57,17 @@
     _("dump",         STR,  "PASS", "print a pass's result (config|topology|...)") \
     _("check",        FLAG, "",     "validate only; write nothing") \
     _("topology-only", FLAG, "",    "write only the build-time picture, no program") \
-    _("line-dirs",    FLAG, "",     "emit #line directives into generated sources")
+    _("line-dirs",    FLAG, "",     "emit #line directives into generated sources") \
+    _("sbatch",       FLAG, "",     "print a Slurm batch script (write nothing)") \
+    _("nodes",        INT,  "N",    "--sbatch: nodes (N x tasks-per-node = the world)") \
+    _("tasks-per-node", INT, "N",   "--sbatch: ranks per node (a GPU each with cuda)") \
+    _("backend",      STR,  "B",    "--sbatch: cuda (train_cuda, default) or cpu (train)") \
+    _("time",         STR,  "T",    "--sbatch: time limit, [D-]HH:MM:SS (default 24:00:00)") \
+    _("partition",    STR,  "P",    "--sbatch: Slurm partition (default: the cluster's)") \
+    _("account",      STR,  "A",    "--sbatch: Slurm account (default: the user's)") \
+    _("ckpt-dir",     STR,  "DIR",  "--sbatch: checkpoints (default ckpt/<out dir name>)") \
+    _("warn",         INT,  "S",    "--sbatch: seconds of warning before the limit (120)") \
+    _("train-args",   STR,  "ARGS", "--sbatch: the training flags (--data F --steps N ...)")
 
 typedef enum { OPT_INT, OPT_STR, OPT_FLAG } opt_kind;
 

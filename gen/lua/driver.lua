@@ -2,7 +2,8 @@
 -- calls (opts: the parsed command line, docs/DESIGN.md 4.1; absent options are nil).
 --   cfg -> topology -> partition -> shards -> schedule -> program (verified) -> emit
 -- Modes, at most one: --print-out (print the output directory), --dump PASS (a pass's result
--- as JSON), --check (validate only), --inspect [--rank R] (print a report); otherwise render
+-- as JSON), --check (validate only), --inspect [--rank R] (print a report), --sbatch (print a
+-- Slurm batch script, launch.lua); otherwise render
 -- every file in memory and write out/<dir>/. Nothing is written unless every pass succeeded.
 
 require("strict")
@@ -11,6 +12,7 @@ local config = require("config")
 local diag = require("diag")
 local emit = require("emit")
 local inspect = require("inspect")
+local launch = require("launch")
 local ir = require("ir")
 local json = require("json")
 local partition = require("partition")
@@ -25,9 +27,9 @@ local M = {}
 M.DUMPS = { { "config", 1 }, { "topology", 2 }, { "partition", 3 }, { "shards", 4 },
             { "schedule", 5 }, { "program", 6 }, { "memory", 6 }, { "schema", 0 } }
 
-local MODES = { "print_out", "dump", "check", "inspect" }
+local MODES = { "print_out", "dump", "check", "inspect", "sbatch" }
 local MODE_FLAG = { print_out = "--print-out", dump = "--dump", check = "--check",
-                    inspect = "--inspect" }
+                    inspect = "--inspect", sbatch = "--sbatch" }
 
 -- Run the passes: stop after 'n' of config, topology, partition, shards, schedule, program.
 -- The schedule is built once; the program only where the layout has one (--topology-only and
@@ -87,6 +89,11 @@ function M.run(opts)
         return
     end
 
+    if opts.sbatch then
+        local r = M.passes(opts, 2)
+        io.write(emit.sbatch(r.config, launch.sbatch(r.config, r.topology, opts)))
+        return
+    end
     local only_picture = opts.inspect or opts.topology_only or opts.check
     local r = M.passes(opts, 6, only_picture)
     local cfg, topo, part, sh, sched = r.config, r.topology, r.partition, r.shards, r.schedule

@@ -693,6 +693,16 @@ local function render_program(cfg, topo, part, prog, files, opts)
         { sources = sources, regen = cfg.make }, "make rules for train and train_cuda")
 end
 
+-- The Slurm batch script of a layout (gen --sbatch): the Launch view of launch.sbatch.
+function M.sbatch(cfg, view)
+    local T = "templates/launch/job.sbatch.tmpl"
+    local make = cfg.make:gsub("^make ", "make sbatch ", 1) ..
+                 string.format(" NODES=%d GPUS_PER_NODE=%d", view.nodes, view.per_node)
+    local b = banner(cfg, T)
+    b[#b] = "regenerate: " .. make .. " (and the run's variables)"
+    return tmpl.render(T, { banner = b, l = view })
+end
+
 -- Every output file, rendered. The MANIFEST comes last and lists the others. 'prog' (from
 -- program.build) adds the training program's sources; without it only the build-time picture.
 function M.render(cfg, topo, part, sh, sched, prog, opts)
