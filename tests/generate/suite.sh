@@ -10,6 +10,8 @@
 #                 each token), sampled so that the sequence wanders: the same tokens, logits
 #                 within 1e-5 (measured 2.4e-7: only the GEMMs' shapes differ); a cache bug
 #                 (a wrong position, a stale or missing row) moves them by the logits' size
+#   cuda-emu-*    generate_cuda over the CPU emulation of CUDA: the CPU program's tokens,
+#                 logits within 1e-5
 #   layout        the generate program of a TP=2 directory gives the TP=1 one's tokens and
 #                 logits bit for bit (it runs the model on one process, not the layout)
 #   seed, top-k-1, top-p-tiny, eos, prompt-text   decoding: the same seed the same text and
@@ -93,6 +95,35 @@ if cmp -s "$S/llama2.out" "$S/llama.out" && cmp -s "$S/llama2.f32" "$S/llama.f32
 else
     fail layout "the TP=2 directory's generate differs from the TP=1 one's:" \
         "$(first_error "$S/llama2.err")"
+fi
+
+# -- The CUDA backend on the CPU emulation of CUDA (tests/kernels/emu.mk: generate_cuda_emu) ---
+# generate_cuda's whole path (its kernels, device memory, cuBLAS's arguments) without a GPU:
+# the CPU program's greedy tokens, logits within the same 1e-5 (measured 1.8e-7).
+if ! command -v g++ > /dev/null 2>&1 || [ "$(uname -m)" != x86_64 ]; then
+    skip cuda-emu "needs g++ (make deps installs it) and x86-64 (the emulation's fibers)"
+else
+    for arch in gpt llama; do
+        if [ $arch = gpt ]; then dir=$GPT; else dir=$LLAMA; fi
+        if ! GEN_MAKEFILES="-f Makefile -f tests/kernels/emu.mk" TARGET=generate_cuda_emu \
+                gen_build "$dir"; then
+            fail "cuda-emu-$arch" "$WHY"
+            continue
+        fi
+        for p in generate generate_cuda_emu; do
+            "$dir/$p" --init "$S/$arch.st" --prompt-ids $PROMPT --max-new-tokens 8 \
+                --temperature 0 --logits "$S/$arch.$p.f32" > "$S/$arch.$p.out" 2> "$S/$arch.$p.err"
+        done
+        if ! cmp -s "$S/$arch.generate.out" "$S/$arch.generate_cuda_emu.out"; then
+            fail "cuda-emu-$arch" "tokens differ from the CPU program's:" \
+                "$(first_error "$S/$arch.generate_cuda_emu.err")"
+        elif ! python3 tests/generate/logits_cmp.py "$S/$arch.generate_cuda_emu.f32" \
+                "$S/$arch.generate.f32" 256 $TOL > "$S/$arch.emu.cmp" 2>&1; then
+            fail "cuda-emu-$arch" "logits: $(tail -n 1 "$S/$arch.emu.cmp") > $TOL"
+        else
+            pass "cuda-emu-$arch"
+        fi
+    done
 fi
 
 # -- Decoding ------------------------------------------------------------------------------------
