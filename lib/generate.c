@@ -111,6 +111,15 @@ static float *tensor(const gen_model *m, int required, const char *fmt, int laye
     return t >= 0 ? m->dev[t] : NULL;
 }
 
+/* A tensor read from --init (lib_weights_read) into device memory. */
+static void tensor_take(int t, const float *data, void *ctx)
+{
+    gen_model *m = ctx;
+    size_t bytes = (size_t)m->tensors[t].rows * m->tensors[t].cols * sizeof(float);
+    m->dev[t] = rt_malloc(bytes);
+    rt_memcpy(m->dev[t], data, bytes, RT_H2D);
+}
+
 /* The model's sizes from the program (dims are per tp rank: multiplied back), its tensors
 ** from --init into device memory. A mixture of experts is refused. */
 static void model_load(gen_model *m, const gpt_program *prog, const char *init)
@@ -134,17 +143,9 @@ static void model_load(gen_model *m, const gpt_program *prog, const char *init)
     m->theta = d->rope_theta;
     int ebias;
     m->ntensors = lib_tensors_build(prog, &m->tensors, &ebias);
-    float **host = calloc((size_t)m->ntensors, sizeof *host);
     m->dev = calloc((size_t)m->ntensors, sizeof *m->dev);
-    RT_CHECK(host && m->dev, "out of memory");
-    lib_weights_read(init, m->tensors, m->ntensors, prog->model, host);
-    for (int t = 0; t < m->ntensors; t++) {
-        size_t bytes = (size_t)m->tensors[t].rows * m->tensors[t].cols * sizeof(float);
-        m->dev[t] = rt_malloc(bytes);
-        rt_memcpy(m->dev[t], host[t], bytes, RT_H2D);
-        free(host[t]);
-    }
-    free(host);
+    RT_CHECK(m->dev, "out of memory");
+    lib_weights_read(init, m->tensors, m->ntensors, prog->model, tensor_take, m);
     m->h = calloc((size_t)m->L, sizeof *m->h);
     RT_CHECK(m->h, "out of memory");
     if (m->llama) {

@@ -489,13 +489,14 @@ void lib_weights_load(const char *arg)
 
 /*
 ** --init PATH for a one-process program (generate): every tensor of ts[0..n) read whole, as
-** f32, into out[t] (malloc'd, rows*cols; the caller frees them), after the same checks as
-** lib_weights_load (st_check: missing, extra, misshapen tensors, another architecture); a
-** weight that is not finite fails naming it. 'model' names the model in messages. Needs no
-** stage and issues no communication.
+** f32, and handed to take(t, data, ctx) in order (data: rows*cols floats, valid during the
+** call: one tensor in host memory at a time), after the same checks as lib_weights_load
+** (st_check: missing, extra, misshapen tensors, another architecture); a weight that is not
+** finite fails naming it. 'model' names the model in messages. Needs no stage and issues no
+** communication.
 */
 void lib_weights_read(const char *arg, const lib_tensor *ts, int n, const char *model,
-                      float **out)
+                      void (*take)(int t, const float *data, void *ctx), void *ctx)
 {
     init_src s;
     chk.tensors = ts;
@@ -505,12 +506,12 @@ void lib_weights_read(const char *arg, const lib_tensor *ts, int n, const char *
     for (int t = 0; t < n; t++) {
         size_t count = (size_t)ts[t].rows * ts[t].cols;
         int k = s.found_file[t];
-        out[t] = malloc(count * sizeof(float));
-        RT_CHECK(out[t], "out of memory");
-        RT_CHECK(st_read_f32(&s.files[k], s.found[t], 0, (long long)count, out[t]) == 0,
+        float *data = malloc(count * sizeof(float));
+        RT_CHECK(data, "out of memory");
+        RT_CHECK(st_read_f32(&s.files[k], s.found[t], 0, (long long)count, data) == 0,
                  "%s: read failed: %s", s.fpath[k], strerror(errno));
         long long bad = -1;
-        find_nonfinite(out[t], count, t, 0, &bad);
+        find_nonfinite(data, count, t, 0, &bad);
         if (bad >= 0) {
             long long e = bad & ((1ll << ELEM_BITS) - 1);
             char at[64] = "";
@@ -518,9 +519,10 @@ void lib_weights_read(const char *arg, const lib_tensor *ts, int n, const char *
                 snprintf(at, sizeof at, " (row %lld, column %lld)", e / ts[t].cols,
                          e % ts[t].cols);
             lib_fail_file(s.fpath[k], "tensor '%s' element %lld%s is %g: every weight --init "
-                          "loads must be a finite number", ts[t].name, e, at,
-                          (double)out[t][e]);
+                          "loads must be a finite number", ts[t].name, e, at, (double)data[e]);
         }
+        take(t, data, ctx);
+        free(data);
     }
     init_close(&s);
 }

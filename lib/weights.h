@@ -14,8 +14,8 @@ void lib_weights_init(unsigned long long seed);
 void lib_weights_load(const char *arg);
 void lib_weights_save(const char *path);
 long long lib_weights_save_bytes(void);
-/* the whole tensors ts[0..n) from --init's checkpoint into out[t] (f32, malloc'd), one process */
+/* the whole tensors ts[0..n) from --init's checkpoint, each handed to take (f32), one process */
 void lib_weights_read(const char *arg, const lib_tensor *ts, int n, const char *model,
-                      float **out);
+                      void (*take)(int t, const float *data, void *ctx), void *ctx);
 
 #endif
