@@ -74,6 +74,6 @@ for model in $what; do
         same=no
         [ "$ours_ids" = "$torch_ids" ] && same=yes
         printf '%-11s %d thr  PyTorch: prefill %9.1f tok/s  decode %8.1f tok/s  ours/PyTorch: %.2fx, %.2fx; same tokens: %s\n' \
-            "$model" "$t" "$tp" "$td" "$(echo "$1 / $tp" | bc -l)" "$(echo "$2 / $td" | bc -l)" "$same"
+            "$model" "$t" "$tp" "$td" "$(awk "BEGIN { print $1 / $tp }")" "$(awk "BEGIN { print $2 / $td }")" "$same"
     done
 done
