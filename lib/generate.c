@@ -205,9 +205,10 @@ static void model_free(gen_model *m)
 
 /* -- The forward pass with a key/value cache ---------------------------------------------------- */
 
-/* Device buffers for up to T positions at once, and each layer's cache of T keys and values
-** (for every query head: grouped-query heads are expanded as the training forward expands
-** them, kv_expand, so one attention call serves both architectures). */
+/* Device buffers for up to T positions at once (the run's: the prompt and the new tokens), and
+** each layer's cache of T keys and values (for every query head: grouped-query heads are
+** expanded as the training forward expands them, kv_expand, so one attention call serves
+** both architectures). */
 typedef struct {
     int *tok;                         /* (T) token ids */
     float *x, *ln, *mean, *rstd;      /* (T, C), (T, C), (T), (T) */
@@ -226,9 +227,9 @@ static float *dev_floats(size_t n)
     return rt_malloc(n * sizeof(float));
 }
 
-static void bufs_alloc(gen_bufs *b, const gen_model *m)
+static void bufs_alloc(gen_bufs *b, const gen_model *m, int positions)
 {
-    size_t T = (size_t)m->T, A = (size_t)m->H * m->hd;
+    size_t T = (size_t)positions, A = (size_t)m->H * m->hd;
     b->tok = rt_malloc(T * sizeof(int));
     b->x = dev_floats(T * m->C);
     b->ln = dev_floats(T * m->C);
@@ -526,11 +527,13 @@ int gpt_generate(int argc, char **argv, const gpt_program *prog)
     gen_model m;
     model_load(&m, prog, f.init);
     gen_bufs b;
-    bufs_alloc(&b, &m);
+    bufs_alloc(&b, &m, P + f.max_new);
 
     int *seq = malloc((size_t)T * sizeof *seq), *idx = malloc((size_t)V * sizeof *idx);
     double *p = malloc((size_t)V * sizeof *p);
-    float *logits = malloc(((size_t)f.max_new + 1) * V * sizeof *logits);
+    /* every new token's row with --logits, else one row */
+    size_t rows = f.logits ? (size_t)f.max_new + 1 : 1;
+    float *logits = malloc(rows * V * sizeof *logits);
     RT_CHECK(seq && idx && p && logits, "out of memory");
     memcpy(seq, prompt, (size_t)P * sizeof *seq);
     for (int i = 0; i < P; i++) emit_token(prompt[i], V);
@@ -538,7 +541,7 @@ int gpt_generate(int argc, char **argv, const gpt_program *prog)
     double t0 = rt_now(), t1 = t0;
     int len = P, made = 0;
     while (made < f.max_new) {
-        float *row = logits + (size_t)made * V;
+        float *row = logits + (f.logits ? (size_t)made * V : 0);
         if (f.no_cache) forward(&b, &m, seq, 0, len, row);
         else if (made == 0) forward(&b, &m, seq, 0, P, row);
         else forward(&b, &m, seq + len - 1, len - 1, 1, row);
