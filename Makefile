@@ -220,7 +220,8 @@ include $(GEN_DIR)/build.mk
 # A layout of one rank also gets the single-rank programs without MPI (train_single, ...).
 GEN_WORLD := $(shell sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' \
                  $(GEN_DIR)/topology.json 2>/dev/null)
-build-gen-dir: $(if $(HAVE_MPI),$(GEN_TARGETS)) $(if $(filter 1,$(GEN_WORLD)),$(GEN_SINGLE_TARGETS))
+build-gen-dir: $(if $(HAVE_MPI),$(GEN_TARGETS)) $(if $(filter 1,$(GEN_WORLD)),$(GEN_SINGLE_TARGETS)) \
+               $(GEN_GENERATE_TARGETS)
 	@test -n "$(HAVE_MPI)" -o "$(GEN_WORLD)" = 1 || { echo "make: error: mpicc not found: a" \
 	    "layout of $(GEN_WORLD) ranks needs MPI (make deps); without it only layouts of one rank" \
 	    "build (train_single, train_cuda_single)"; exit 2; }

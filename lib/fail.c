@@ -20,6 +20,14 @@ void lib_report_error(const char *where, const char *fmt, va_list ap)
     fputc('\n', stderr);
 }
 
+static const char *prog_name = "train";   /* WHERE of lib_fail_all's errors */
+
+/* The program lib_fail_all names ("train" unless set: "generate"). */
+void lib_fail_name(const char *name)
+{
+    prog_name = name;
+}
+
 /*
 ** A usage error (code 2) or a problem without a file (code 1): "train: error: ..." on rank 0,
 ** then every rank finalizes the runtime and exits with 'code'. Every rank must call it alike.
@@ -28,7 +36,7 @@ void lib_fail_all(int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    lib_report_error("train", fmt, ap);
+    lib_report_error(prog_name, fmt, ap);
     va_end(ap);
     rt_finalize();
     exit(code);

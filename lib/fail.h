@@ -13,6 +13,7 @@
 
 void lib_fail_all(int code, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
 void lib_fail_file(const char *path, const char *fmt, ...) RT_PRINTF(2, 3) RT_NORETURN;
+void lib_fail_name(const char *name);
 void lib_report_error(const char *where, const char *fmt, va_list ap);
 
 #endif

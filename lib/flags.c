@@ -20,27 +20,15 @@
 
 /* -- The table -------------------------------------------------------------------------------- */
 
-/* How a flag's value is read (flags.h) and the type of the field it fills. */
-#define FLAG_KINDS(_) _(STRING, const char *) _(INT, int) _(NUM, double) \
-    _(U64, unsigned long long) _(U32, unsigned long long) _(FLAG, int) _(HELP, int) \
-    _(LR_STYLE, int) _(WSD_STYLE, int) _(SIGNALS, int) _(WORDS, char **)
-#define KIND_ENUM(kind, type) KIND_##kind,
-enum { FLAG_KINDS(KIND_ENUM) };
-
-/* Each row's field has its kind's type. */
+/* Each row's field has its kind's type (LIB_FLAG_KINDS, flags.h). */
 #define KIND_TYPE(kind, type) typedef type kind_type_##kind;
-FLAG_KINDS(KIND_TYPE)
+LIB_FLAG_KINDS(KIND_TYPE)
 #define CHECK_FIELD(id, name, meta, kind, field, def, help) \
     _Static_assert(_Generic(((lib_flags *)0)->field, kind_type_##kind: 1, default: 0), \
                    "--" name ": the field " #field " is not of kind " #kind);
 LIB_FLAGS(CHECK_FIELD)
 
-typedef struct {
-    const char *name, *meta;    /* "data", "FILE" (the flag is --data FILE) */
-    int kind;                   /* KIND_* */
-    size_t field;               /* offset of the field in lib_flags */
-    const char *def, *help;     /* flags.h */
-} flag_def;
+typedef lib_flag_def flag_def;
 
 #define FLAG_DEF(id, name, meta, kind, field, def, help) \
     { name, meta, KIND_##kind, offsetof(lib_flags, field), def, help },
@@ -145,9 +133,9 @@ static void parse_signals(const char *flag, const char *v, int *mask)
 }
 
 /* Value 'v' of the flag 'flag' (as written: "--lr") of definition d into its field of f. */
-static void set_value(const flag_def *d, const char *flag, const char *v, lib_flags *f)
+static void set_value(const flag_def *d, const char *flag, const char *v, void *rec)
 {
-    void *field = (char *)f + d->field;
+    void *field = (char *)rec + d->field;
     switch (d->kind) {
     case KIND_STRING: *(const char **)field = v; break;
     case KIND_INT: parse_int(flag, v, field); break;
@@ -372,6 +360,39 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
                      "resume from: they need --ckpt-dir DIR");
 }
 
+/*
+** Another program's flags (generate: its own table of the same kinds, without aliases or
+** WORDS): the defaults of defs[0..n), then argv[1..argc-1] into the record 'rec' (the fields
+** at the rows' offsets), given[k] set for each flag on the command line. Returns 1 on -h or
+** --help (parsing stops there), else 0. Errors as lib_flags_parse's (lib_fail_all).
+*/
+int lib_flags_table(int argc, char **argv, const lib_flag_def *defs, int n, void *rec,
+                    unsigned char *given)
+{
+    for (int k = 0; k < n; k++)
+        if (defs[k].def && defs[k].def[0] != '=') {
+            char flag[64];
+            snprintf(flag, sizeof flag, "--%s", defs[k].name);
+            set_value(&defs[k], flag, defs[k].def, rec);
+        }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+        if (strncmp(a, "--", 2))
+            lib_fail_all(2, "unexpected argument '%s' (every flag starts with --; try --help)", a);
+        int k = 0;
+        while (k < n && strcmp(a + 2, defs[k].name)) k++;
+        if (k == n) lib_fail_all(2, "unknown flag '%s' (try --help)", a);
+        RT_CHECK(defs[k].kind != KIND_WORDS, "--%s: WORDS flags are train's only", defs[k].name);
+        if (defs[k].kind == KIND_FLAG || defs[k].kind == KIND_HELP)
+            set_value(&defs[k], a, NULL, rec);
+        else
+            set_value(&defs[k], a, flag_value(argc, argv, &i), rec);
+        given[k] = 1;
+    }
+    return 0;
+}
+
 /* -- Printing the table ---------------------------------------------------------------------- */
 
 /* A flag's help with its kind's choices for "%s", `code` kept (markdown) or unquoted. */
@@ -406,6 +427,8 @@ static const char *flag_text(char *buf, size_t cap, const flag_def *d)
 
 enum { USAGE_LEFT = 26, USAGE_WIDTH = 92 };   /* the help's column, the lines' length */
 
+static void usage_rows(FILE *out, const flag_def *defs, int count, int aliases);
+
 /*
 ** The usage, for train --help: "usage: train [flags]   (RUN_HINT)", then each flag of
 ** LIB_FLAGS in order, "--name META" and its help (with its default) folded into a column.
@@ -413,12 +436,26 @@ enum { USAGE_LEFT = 26, USAGE_WIDTH = 92 };   /* the help's column, the lines' l
 void lib_flags_usage(FILE *out, const char *run_hint)
 {
     fprintf(out, "usage: train [flags]   (%s)\n", run_hint);
-    for (int k = 0; k < LIB_NFLAGS; k++) {
-        const flag_def *d = &flag_defs[k];
+    usage_rows(out, flag_defs, LIB_NFLAGS, 1);
+}
+
+/* Another program's table, after its first line 'usage' (lib_flags_table). */
+void lib_flags_table_usage(FILE *out, const char *usage, const lib_flag_def *defs, int n)
+{
+    fprintf(out, "%s\n", usage);
+    usage_rows(out, defs, n, 0);
+}
+
+/* Each flag of defs[0..count) in order, "--name META" and its help (with its default and, for
+** LIB_FLAGS, its Megatron aliases) folded into a column. */
+static void usage_rows(FILE *out, const flag_def *defs, int count, int aliases)
+{
+    for (int k = 0; k < count; k++) {
+        const flag_def *d = &defs[k];
         char left[64], help[1024];
         flag_text(left, sizeof left, d);
         help_text(help, sizeof help, d, 0);
-        alias_note(help, sizeof help, k, 0);
+        if (aliases) alias_note(help, sizeof help, k, 0);
         if (d->def)             /* '\x1f': a space the folding keeps */
             snprintf(help + strlen(help), sizeof help - strlen(help), " (default\x1f%s)",
                      d->def + (d->def[0] == '='));

@@ -3,7 +3,8 @@
 ** the record the flags land in, the parser that fills it and the texts printed from the table
 ** (train --help; README.md's table, `make readme-flags`). The parser is pure but for its
 ** errors, which go through lib_fail_all (code 2, "train: error: ..." on rank 0), so it is
-** also what tests/fuzz drives.
+** also what tests/fuzz drives. Another program (generate) parses its own table of the same
+** kinds with the same parser (lib_flags_table).
 */
 #ifndef GPT_FLAGS_H
 #define GPT_FLAGS_H
@@ -156,6 +157,21 @@ enum { LIB_FLAGS(LIB_FLAG_ID) LIB_NFLAGS };
     _("weight-decay", WD) _("adam-beta1", BETA1) _("adam-beta2", BETA2) _("adam-eps", EPS) \
     _("clip-grad", CLIP) _("save-interval", CKPT_EVERY)
 
+/* How a flag's value is read (the KIND column above) and the type of the field it fills. */
+#define LIB_FLAG_KINDS(_) _(STRING, const char *) _(INT, int) _(NUM, double) \
+    _(U64, unsigned long long) _(U32, unsigned long long) _(FLAG, int) _(HELP, int) \
+    _(LR_STYLE, int) _(WSD_STYLE, int) _(SIGNALS, int) _(WORDS, char **)
+#define LIB_FLAG_KIND_ENUM(kind, type) KIND_##kind,
+enum { LIB_FLAG_KINDS(LIB_FLAG_KIND_ENUM) };
+
+/* A row of a flag table: LIB_FLAGS's, or another program's (generate's, lib_flags_table). */
+typedef struct {
+    const char *name, *meta;    /* "data", "FILE" (the flag is --data FILE) */
+    int kind;                   /* KIND_* */
+    size_t field;               /* offset of the field in the record (lib_flags) */
+    const char *def, *help;     /* as in LIB_FLAGS */
+} lib_flag_def;
+
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
     const char *tb_dir;       /* --tensorboard-dir */
@@ -184,6 +200,9 @@ typedef struct {
 void lib_flags_parse(int argc, char **argv, lib_flags *f);
 void lib_flags_usage(FILE *out, const char *run_hint);
 void lib_flags_markdown(FILE *out);
+int lib_flags_table(int argc, char **argv, const lib_flag_def *defs, int n, void *rec,
+                    unsigned char *given);
+void lib_flags_table_usage(FILE *out, const char *usage, const lib_flag_def *defs, int n);
 const char *lib_signal_name(int sig);
 
 #endif

@@ -11,8 +11,9 @@
 # follow the same order (gpt.h, the generated programs' interface, and rt.h are everyone's).
 # tests/layering checks the built objects and the includes against this list.
 #
-#   9  main                                 the entry point: calls gpt_main
-#   8  train                                gpt_main: the step loop and its log
+#   9  main  generate_main                  the entry points: call gpt_main, gpt_generate
+#   8  train  generate                      gpt_main: the step loop and its log; gpt_generate:
+#                                           the generate program (KV cache, sampling, text)
 #   7  weights  ckpt                        --init/--save (safetensors); resume checkpoints
 #   6  faults                               GPT_FAULT, exit signals, output checks, bad steps
 #   5  world                                host values reduced over the world, barriers
@@ -27,13 +28,16 @@
 # commas, the files of a module by '+'. kernels is kernels_cpu.c or kernels_cuda.cu (one per
 # backend library).
 LIB_LAYERS  := fail,safetensors,tboard,kernels flags,ops lr,data,tensors stage+model+moe+groups world \
-               faults weights,ckpt train main
+               faults weights,ckpt train,generate main,generate_main
 
 LIB_BUILD   := build/lib
 lib_comma   := ,
 LIB_COMMON  := $(filter-out kernels,$(subst +, ,$(subst $(lib_comma), ,$(LIB_LAYERS))))
 LIB_CFLAGS   = -std=c11 $(GEN_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
-LIB_OBJS    := $(LIB_COMMON:%=$(LIB_BUILD)/%.o)
+# generate_main.o, the generate programs' main, is linked as an object (build.mk), not from the
+# archive, whose main is train's (main.o): an archive with two mains would give either.
+LIB_OBJS    := $(filter-out %/generate_main.o,$(LIB_COMMON:%=$(LIB_BUILD)/%.o))
+GPT_GENERATE_MAIN := $(LIB_BUILD)/generate_main.o
 
 # GPT_SYS_LIBS: what the library itself needs besides the runtime (ckpt.c's checksums: xxHash,
 # Debian's libxxhash-dev, installed by make deps).
@@ -60,7 +64,7 @@ build/libgpt_cpu.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cpu.o
 $(LIB_BUILD):
 	$(Q)mkdir -p $@
 
-ALL_TARGETS += build/libgpt_cpu.a
+ALL_TARGETS += build/libgpt_cpu.a $(GPT_GENERATE_MAIN)
 
 ifeq ($(HAVE_CUDA),1)
 build/libgpt_cuda.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cuda.o
@@ -79,7 +83,7 @@ $(LIB_SECT_BUILD)/%.o: lib/%.c | $(LIB_SECT_BUILD)
 $(LIB_SECT_BUILD):
 	$(Q)mkdir -p $@
 .PHONY: lib-sections lib-layers readme-flags
-lib-sections: $(LIB_COMMON:%=$(LIB_SECT_BUILD)/%.o)
+lib-sections: $(LIB_COMMON:%=$(LIB_SECT_BUILD)/%.o) $(GPT_GENERATE_MAIN)
 lib-layers:
 	@echo $(LIB_LAYERS)
 

@@ -88,16 +88,24 @@ static const char *family_of(const char *const *names, int n)
     return NULL;
 }
 
-/* The model's tensor names (a malloc'd array of lib.ntensors pointers). */
+/* The model --init's checkpoint is checked against: its tensors and, for messages, its name
+** (set by lib_weights_load and lib_weights_read before st_check). */
+static struct {
+    const lib_tensor *tensors;
+    int n;
+    const char *model;
+} chk;
+
+/* The model's tensor names (a malloc'd array of chk.n pointers). */
 static const char **model_names(void)
 {
-    return lib_tensor_names(lib.tensors, lib.ntensors);
+    return lib_tensor_names(chk.tensors, chk.n);
 }
 
 /* The model's tensor named 'name', or -1. */
 static int tensor_named(const char *name)
 {
-    return lib_tensor_find(lib.tensors, lib.ntensors, name);
+    return lib_tensor_find(chk.tensors, chk.n, name);
 }
 
 /* "'a', 'b', ..." from the first two of names[n] ("no tensors" when n = 0). */
@@ -140,8 +148,8 @@ static void init_open(init_src *s, const char *arg)
     s->files = calloc((size_t)n, sizeof *s->files);
     s->fpath = calloc((size_t)n, sizeof *s->fpath);
     s->err = calloc((size_t)n, sizeof *s->err);
-    s->found = calloc((size_t)lib.ntensors, sizeof *s->found);
-    s->found_file = calloc((size_t)lib.ntensors, sizeof *s->found_file);
+    s->found = calloc((size_t)chk.n, sizeof *s->found);
+    s->found_file = calloc((size_t)chk.n, sizeof *s->found_file);
     RT_CHECK(s->files && s->fpath && s->err && s->found && s->found_file, "out of memory");
     if (!s->is_index) {
         snprintf(s->fpath[0], sizeof s->fpath[0], "%s", s->path);
@@ -185,7 +193,7 @@ static void init_foreign(const init_src *s)
     int cap = s->is_index ? s->ix.n : 0, n = 0, matched = 0;
     for (int k = 0; k < s->nfiles; k++) cap += s->files[k].fd >= 0 ? s->files[k].n : 0;
     const char **names = malloc(sizeof *names * (size_t)(cap ? cap : 1));
-    char *seen = calloc((size_t)lib.ntensors, 1);
+    char *seen = calloc((size_t)chk.n, 1);
     RT_CHECK(names && seen, "out of memory");
     for (int i = 0; s->is_index && i < s->ix.n; i++)
         if (!st_buffer(s->ix.map[i].name)) names[n++] = s->ix.map[i].name;
@@ -204,16 +212,16 @@ static void init_foreign(const init_src *s)
     }
     free(seen);
     const char **want = model_names();
-    const char *ff = family_of(names, n), *mf = family_of(want, lib.ntensors);
+    const char *ff = family_of(names, n), *mf = family_of(want, chk.n);
     int other = ff && mf && strcmp(ff, mf);
-    if (10 * matched >= lib.ntensors && !other) {
+    if (10 * matched >= chk.n && !other) {
         free(names);
         free(want);
         return;
     }
     char have_text[2 * ST_NAME_MAX + 32], want_text[2 * ST_NAME_MAX + 32], needs[64];
     names_text(have_text, sizeof have_text, names, n);
-    names_text(want_text, sizeof want_text, want, lib.ntensors);
+    names_text(want_text, sizeof want_text, want, chk.n);
     const char *what = s->is_index ? "this checkpoint" : "this file";
     free(names);
     free(want);
@@ -222,12 +230,12 @@ static void init_foreign(const init_src *s)
     if (other)
         lib_fail_file(s->path, "%s holds %s tensor names (%s) but the model (%s) needs %s (%s): "
                       "convert the checkpoint or pick the matching model", what, ff, have_text,
-                      gpt.prog->model, needs, want_text);
+                      chk.model, needs, want_text);
     char count[32] = "none";
     if (matched) snprintf(count, sizeof count, "only %d", matched);
     lib_fail_file(s->path, "%s of the model's %d tensors are in %s, which holds %s, but the "
                   "model (%s) needs %s (%s): convert the checkpoint or pick the matching model",
-                  count, lib.ntensors, what, have_text, gpt.prog->model, needs, want_text);
+                  count, chk.n, what, have_text, chk.model, needs, want_text);
 }
 
 /* Entry e of file k for model tensor t: shape, dtype and data offsets, reported against the
@@ -236,7 +244,7 @@ static void check_entry(init_src *s, int k, const st_tensor *e, int t)
 {
     char s1[64], s2[64];
     const char *path = s->fpath[k];
-    const lib_tensor *ti = &lib.tensors[t];
+    const lib_tensor *ti = &chk.tensors[t];
     long long want[2] = { ti->rows, ti->cols };
     long long rows = e->ndim == 2 ? e->shape[0] : 1, cols = e->ndim == 2 ? e->shape[1]
                                                                      : e->shape[0];
@@ -274,10 +282,10 @@ static void init_check_file(init_src *s)
             st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
                        e->name);
     }
-    for (int t = 0; t < lib.ntensors; t++)
+    for (int t = 0; t < chk.n; t++)
         if (!s->found[t]) {
             char s1[64];
-            const lib_tensor *ti = &lib.tensors[t];
+            const lib_tensor *ti = &chk.tensors[t];
             long long want[2] = { ti->rows, ti->cols };
             st_problem(s->path, "missing tensor '%s' %s", ti->name,
                        shape_text(s1, sizeof s1, want + 2 - ti->ndim, ti->ndim));
@@ -300,8 +308,8 @@ static void init_check_index(init_src *s)
         st_problem(s->fpath[k], "%s; the index maps %d tensor%s to this shard", s->err[k],
                    mapped, mapped == 1 ? "" : "s");
     }
-    for (int t = 0; t < lib.ntensors; t++) {
-        const lib_tensor *ti = &lib.tensors[t];
+    for (int t = 0; t < chk.n; t++) {
+        const lib_tensor *ti = &chk.tensors[t];
         const st_entry *e = st_index_find(ix, ti->name);
         if (!e) {
             long long want[2] = { ti->rows, ti->cols };
@@ -359,14 +367,14 @@ static void st_check(init_src *s, const char *arg)
     else init_check_file(s);
     if (st_problems) {
         const char **want = model_names();
-        const char *mf = family_of(want, lib.ntensors);
+        const char *mf = family_of(want, chk.n);
         free(want);
         char names[64];
         snprintf(names, sizeof names, "%s%s", mf ? "Hugging Face " : "their Hugging Face",
                  mf ? mf : "");
         lib_fail_file(s->path, "not loaded (%d problem%s): --init needs the %d tensors of this "
                       "model, with %s names and shapes, in F32, BF16 or F16", st_problems,
-                      st_problems > 1 ? "s" : "", lib.ntensors, names);
+                      st_problems > 1 ? "s" : "", chk.n, names);
     }
 }
 
@@ -451,6 +459,9 @@ static void check_finite(init_src *s, long long bad)
 void lib_weights_load(const char *arg)
 {
     init_src s;
+    chk.tensors = lib.tensors;
+    chk.n = lib.ntensors;
+    chk.model = gpt.prog->model;
     st_check(&s, arg);
     long long bad = -1;         /* the first non-finite weight this rank read (find_nonfinite) */
     for (int i = 0; i < lib.npieces; i++) {
@@ -474,6 +485,46 @@ void lib_weights_load(const char *arg)
     check_finite(&s, ec.bad);
     init_close(&s);
     lib_master_commit();
+}
+
+/*
+** --init PATH for a one-process program (generate): every tensor of ts[0..n) read whole, as
+** f32, and handed to take(t, data, ctx) in order (data: rows*cols floats, valid during the
+** call: one tensor in host memory at a time), after the same checks as lib_weights_load
+** (st_check: missing, extra, misshapen tensors, another architecture); a weight that is not
+** finite fails naming it. 'model' names the model in messages. Needs no stage and issues no
+** communication.
+*/
+void lib_weights_read(const char *arg, const lib_tensor *ts, int n, const char *model,
+                      void (*take)(int t, const float *data, void *ctx), void *ctx)
+{
+    init_src s;
+    chk.tensors = ts;
+    chk.n = n;
+    chk.model = model;
+    st_check(&s, arg);
+    for (int t = 0; t < n; t++) {
+        size_t count = (size_t)ts[t].rows * ts[t].cols;
+        int k = s.found_file[t];
+        float *data = malloc(count * sizeof(float));
+        RT_CHECK(data, "out of memory");
+        RT_CHECK(st_read_f32(&s.files[k], s.found[t], 0, (long long)count, data) == 0,
+                 "%s: read failed: %s", s.fpath[k], strerror(errno));
+        long long bad = -1;
+        find_nonfinite(data, count, t, 0, &bad);
+        if (bad >= 0) {
+            long long e = bad & ((1ll << ELEM_BITS) - 1);
+            char at[64] = "";
+            if (ts[t].ndim == 2)
+                snprintf(at, sizeof at, " (row %lld, column %lld)", e / ts[t].cols,
+                         e % ts[t].cols);
+            lib_fail_file(s.fpath[k], "tensor '%s' element %lld%s is %g: every weight --init "
+                          "loads must be a finite number", ts[t].name, e, at, (double)data[e]);
+        }
+        take(t, data, ctx);
+        free(data);
+    }
+    init_close(&s);
 }
 
 static void ebias_zero(int layer, float *bias, void *ctx)

@@ -443,6 +443,9 @@ void rt_host_free(void *p)
 ** 96x96x64 (1.2) 14.5 vs 16.5, 112x112x64 (1.6) even, 128x128x64 (2.1) 24.5 vs 23.5,
 ** 256x256x64 (8.4) 91-96 vs 84-91. */
 #define GEMM_SMALL_FLOPS 1.5e6
+/* GEMM_GEMV: a call of one f32 row (m = 1: generation's decoding, one token a step) runs as
+** matrix-vector products, sgemv on each part, which read B once; sgemm would pack B first
+** and oneDNN's primitive costs more than the product at these sizes. */
 /* From this k (the length of each sum) on, the gemm-based implementation instead of brgemm,
 ** which loses rate as k grows (128-row parts, n = 768, GFLOP/s f32 and bf16, brg vs gemm:jit:
 ** k 3072 105 / 111 and 206 / 200; k 12288 97 / 111 and 185 / 189; k 50304, the LM head's
@@ -706,6 +709,7 @@ typedef struct {
     int split_n;                /* blocks of columns (else rows) */
     int blk, nblk;              /* rows (columns) per block, blocks per batch item */
     prim_entry *prim[2];        /* a whole block and the last one; NULL: OpenBLAS */
+    int gemv;                   /* m = 1, all f32: each part one OpenBLAS sgemv (GEMM_GEMV) */
 } gemm_job;
 
 /* C = bf16(t + beta * C) for an mp x np block; t is packed f32 (row stride np). */
@@ -746,6 +750,14 @@ static void gemm_part(const gemm_job *j, int p)
     const prim_entry *e = j->prim[hi - lo == j->blk ? 0 : 1];
     float *t = j->to_bf16 ? rt__scratch(5, (size_t)mp * (size_t)np * sizeof(float)) : NULL;
     void *out = t ? (void *)t : (void *)C;
+    if (j->gemv) {              /* one f32 row: C's row = A's row (or column) times op(B) */
+        if (j->beta == 0.0f)    /* C is written, never read (sgemv's beta 0 may scale NaN) */
+            memset(C, 0, (size_t)np * sizeof(float));
+        cblas_sgemv(CblasRowMajor, j->tb ? CblasNoTrans : CblasTrans, j->tb ? np : j->k,
+                    j->tb ? j->k : np, j->alpha, (const float *)B, j->ldb, (const float *)A,
+                    j->ta ? j->lda : 1, j->beta, (float *)C, 1);
+        return;
+    }
     if (e)
         prim_run(e, A, B, out);
     else
@@ -823,7 +835,7 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
     long es = ab == RT_BF16 ? 2 : 4, cs = c == RT_BF16 ? 2 : 4;
     gemm_job j = { ta != 0, tb != 0, m, n, k, alpha, beta, A, B, C, lda, ldb, ldc,
                    sA * es, sB * es, sC * cs, ab, c, ab == RT_F32 && c == RT_BF16, 0, m, 1,
-                   { NULL, NULL } };
+                   { NULL, NULL }, m == 1 && ab == RT_F32 && c == RT_F32 };
     double item = 2.0 * m * n * (double)k;
     if (item >= GEMM_SPLIT_MIN_FLOPS) {
         if (m > GEMM_ROW_BLK) {
@@ -836,8 +848,9 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
         j.nblk = (dim + j.blk - 1) / j.blk;
     }
     int dim = j.split_n ? n : m, last = dim - (j.nblk - 1) * j.blk;
-    j.prim[0] = j.split_n ? block_prim(&j, m, j.blk) : block_prim(&j, j.blk, n);
-    if (last != j.blk)
+    if (!j.gemv)
+        j.prim[0] = j.split_n ? block_prim(&j, m, j.blk) : block_prim(&j, j.blk, n);
+    if (last != j.blk && !j.gemv)
         j.prim[1] = j.split_n ? block_prim(&j, m, last) : block_prim(&j, last, n);
     int parts = batch * j.nblk;
     if (parts == 1 || rt_threads() <= 1 || rt__in_parallel() || item * batch < GEMM_PAR_MIN_FLOPS)

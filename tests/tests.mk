@@ -16,7 +16,7 @@ include tests/fuzz/fuzz.mk
 # libraries are built only for the suites that link them.
 TEST_SUITES ?= $(patsubst tests/%/suite.sh,%,$(wildcard tests/*/suite.sh))
 TEST_GEN_ONLY := tmpl lua golden errors
-TEST_EMU_USERS := kernels single parallel moe
+TEST_EMU_USERS := kernels single parallel moe generate
 EMU_OK := $(shell command -v $(EMU_CXX) > /dev/null 2>&1 && [ "$$(uname -m)" = x86_64 ] && echo 1)
 TEST_DEPS_EMU := $(addprefix $(EMU_BUILD)/,cuda_emu.o libcuda_emu.a libgpt_emu.a \
                  librt_cuda_emu.a librt_cuda_emu_mpi.a)

@@ -5,7 +5,8 @@
 #   train_emu            the CUDA kernels, the CPU runtime (its GEMMs and collectives)
 #   train_cuda_emu       the CUDA kernels and runtime/rt_cuda.cu: train_cuda_single, emulated
 #   train_cuda_emu_mpi   the same with MPI: train_cuda, emulated, for layouts of several ranks
-# (tests/single; tests/*/gpu.txt through equiv --emu).
+#   generate_cuda_emu    generate_cuda (lib/generate.c over the CUDA backend), emulated
+# (tests/single, tests/generate; tests/*/gpu.txt through equiv --emu).
 
 ifdef GEN_DIR
 $(GEN_DIR)/train_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/libcuda_emu.a \
@@ -18,6 +19,12 @@ $(GEN_DIR)/train_cuda_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/li
                            $(EMU_BUILD)/libcuda_emu.a
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(GPT_SYS_LIBS) $(EMU_CUDA_LIBS)
+
+$(GEN_DIR)/generate_cuda_emu: $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(EMU_BUILD)/libgpt_emu.a \
+                              $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(EMU_BUILD)/libgpt_emu.a $(GPT_SYS_LIBS) \
+	    $(EMU_CUDA_LIBS)
 
 $(GEN_DIR)/train_cuda_emu_mpi: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a \
                                $(EMU_BUILD)/librt_cuda_emu_mpi.a $(EMU_BUILD)/libcuda_emu.a

@@ -94,7 +94,12 @@ static const char usage_text[] =
     "  --lr-wsd-decay-style S    WSD: exponential (default), linear, cosine or minus_sqrt\n"
     "  --beta1 0.9 --beta2 0.95 --eps 1e-8 --wd 0.1 --clip 1.0 (0: no clipping)\n"
     "  --log FILE         one JSON object per step: step, loss, [aux_loss,] lr, grad_norm\n"
-    "  --save FILE        F32 weights after the last step; --save-init FILE: before the first\n";
+    "  --save FILE        F32 weights after the last step; --save-init FILE: before the first\n"
+    "  --generate N --prompt-ids LIST [--gen-logits FILE]\n"
+    "                     after the steps: N tokens greedily after the prompt (ids separated\n"
+    "                     by commas), each from a whole forward pass over the sequence so far\n"
+    "                     (no cache); prints 'tokens: ' and the whole sequence; FILE gets the\n"
+    "                     logits each new token was chosen from, f64 rows of V\n";
 
 typedef struct options {
     ref_config cfg;
@@ -110,6 +115,8 @@ typedef struct options {
     int have_drop;              /* --drop-policy or --router-shards given (need --capacity) */
     int lb_none;                /* --load-balancing none: no aux loss whatever --aux-coeff */
     ref_optim opt;
+    int have_generate, gen_new;     /* --generate N: greedy, N new tokens after --prompt-ids */
+    const char *prompt_ids, *gen_logits;
 } options;
 
 /* -- Argument parsing -------------------------------------------------------------------------- */
@@ -329,6 +336,10 @@ static int parse_args(options *o, int argc, char **argv)
         else if (strcmp(a, "--log") == 0) rc = (o->log = v, 0);
         else if (strcmp(a, "--save") == 0) rc = (o->save = v, 0);
         else if (strcmp(a, "--save-init") == 0) rc = (o->save_init = v, 0);
+        else if (strcmp(a, "--generate") == 0) rc = (o->have_generate = 1,
+                                                     parse_int(a, v, &o->gen_new));
+        else if (strcmp(a, "--prompt-ids") == 0) rc = (o->prompt_ids = v, 0);
+        else if (strcmp(a, "--gen-logits") == 0) rc = (o->gen_logits = v, 0);
         else return usage_error("unknown flag '%s'", a);
         if (rc < 0)
             return -1;
@@ -461,6 +472,8 @@ static int check_args(options *o)
         return -1;
     if (c->ffn == 0)
         c->ffn = c->moe.ffn;    /* a Llama MoE has no dense MLP: any width >= 1 will do */
+    if (o->have_generate && (o->gen_new < 1 || o->prompt_ids == NULL))
+        return usage_error("--generate N needs N >= 1 and --prompt-ids LIST");
     if ((o->init != NULL) == o->have_seed)
         return usage_error("give exactly one of --init FILE and --random-init SEED");
     if (o->steps < 0)
@@ -560,6 +573,71 @@ static int train(ref_model *m, const options *o)
     return rc;
 }
 
+/* -- Generation ------------------------------------------------------------------------------- */
+
+/*
+** Greedy generation, written for clarity: the prompt's ids, then o->gen_new times the whole
+** forward pass over the sequence so far (the rest of the T positions are padding, which the
+** causal mask keeps from the earlier positions), the logits of its last position (final norm
+** row times lm_head) and their first maximum. Prints the sequence; --gen-logits gets each
+** chosen-from row (f64). Returns 0, or -1 after reporting an error.
+*/
+static int generate(const ref_model *m, const options *o)
+{
+    const ref_config *c = &m->cfg;
+    int T = c->seq, V = c->vocab, C = c->hidden, n = 0;
+    int *seq = ref_xcalloc((size_t)T, sizeof *seq), *targets = ref_xcalloc((size_t)T, sizeof *seq);
+    for (const char *s = o->prompt_ids; ; ) {
+        char *end;
+        long id = strtol(s, &end, 10);
+        if (end == s || (*end && *end != ',') || id < 0 || id >= V || n >= T) {
+            free(seq);
+            free(targets);
+            return usage_error("--prompt-ids: bad list '%s' (ids in [0, %d), fewer than %d)",
+                               o->prompt_ids, V, T);
+        }
+        seq[n++] = (int)id;
+        if (!*end) break;
+        s = end + 1;
+    }
+    if (n + o->gen_new > T) {
+        free(seq);
+        free(targets);
+        return usage_error("the prompt (%d) and --generate %d exceed --seq %d", n, o->gen_new, T);
+    }
+    FILE *lf = o->gen_logits ? fopen(o->gen_logits, "wb") : NULL;
+    if (o->gen_logits && !lf) {
+        fprintf(stderr, PROG ": %s: cannot create: %s\n", o->gen_logits, strerror(errno));
+        free(seq);
+        free(targets);
+        return -1;
+    }
+    ref_acts *a = ref_acts_new(c, 1);
+    double *logits = ref_xmalloc((size_t)V * sizeof *logits);
+    for (int k = 0; k < o->gen_new; k++) {
+        ref_forward(m, a, seq, targets);
+        ref_head_fwd(logits, a->lnf + (size_t)(n - 1) * C, m->w.lm_head, 1, V, C);
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        seq[n++] = best;
+        if (lf && fwrite(logits, sizeof *logits, (size_t)V, lf) != (size_t)V) break;
+    }
+    int rc = 0;
+    if (lf && (ferror(lf) | fclose(lf))) {
+        fprintf(stderr, PROG ": %s: write failed\n", o->gen_logits);
+        rc = -1;
+    }
+    printf("tokens:");
+    for (int i = 0; i < n; i++) printf(" %d", seq[i]);
+    printf("\n");
+    free(logits);
+    ref_acts_free(a, c);
+    free(seq);
+    free(targets);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -622,6 +700,8 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && o.save != NULL)
         rc = ref_model_save(m, o.save);
+    if (rc == 0 && o.have_generate)
+        rc = generate(m, &o);
     ref_model_free(m);
     return rc == 0 ? 0 : 1;
 }

@@ -10,6 +10,9 @@
 #               only (a bigger one is refused at start), so the top Makefile builds them
 #               (GEN_SINGLE_TARGETS) for those; `make <this directory>/train_single` does it
 #               for any layout.
+#   generate, generate_cuda   text generation (lib/generate.c): the model of this directory on
+#               one process whatever its layout (the same sources: only the model's roles and
+#               sizes are used), linked like train_single, with the library's generate_main.o
 
 GEN_OUT  := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
 GEN_OBJ  ?= build/$(GEN_OUT)
@@ -39,7 +42,16 @@ $(GEN_OUT)/train_cuda_single: $(GEN_OBJS) build/libgpt_cuda.a build/librt_cuda_s
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_CUDA_SINGLE_LIBS)
 
+$(GEN_OUT)/generate: $(GEN_OBJS) $(GPT_GENERATE_MAIN) build/libgpt_cpu.a build/librt_cpu_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(GPT_CPU_SINGLE_LIBS)
+
+$(GEN_OUT)/generate_cuda: $(GEN_OBJS) $(GPT_GENERATE_MAIN) build/libgpt_cuda.a build/librt_cuda_single.a
+	$(E) "LINK      $@"
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(GPT_CUDA_SINGLE_LIBS)
+
 GEN_TARGETS := $(GEN_OUT)/train $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda)
 GEN_SINGLE_TARGETS := $(GEN_OUT)/train_single $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda_single)
+GEN_GENERATE_TARGETS := $(GEN_OUT)/generate $(if $(HAVE_CUDA),$(GEN_OUT)/generate_cuda)
 
 -include $(GEN_OBJS:.o=.d)
