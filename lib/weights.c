@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 
 #include "weights.h"
 #include "fail.h"         // defines: lib_fail_file, lib_report_error
+#include "hfdir.h"        // defines: lib_hf_is_dir, lib_hf_shards, lib_hf_begin, lib_hf_finish
 #include "faults.h"       // defines: lib_fault_point
 #include "safetensors.h"  // defines: st_file, st_index, st_open, st_read_f32, st_header, ...
 #include "stage.h"        // defines: lib (tensors, pieces), lib_master, lib_expert_bias_each
@@ -511,126 +513,221 @@ void lib_weights_init(unsigned long long seed)
     lib_master_commit();
 }
 
-/* Where save_model writes: the temporary file, its data start, the header's tensors. */
+/*
+** Where --save writes: one file (PATH.tmp, renamed to PATH) or a Hugging Face directory's
+** safetensors files (DIR.tmp/NAME, hfdir.h), every tensor in one of them at its offset. All
+** ranks make the same plan from the model's tensor list.
+*/
 typedef struct {
-    int fd;
-    long long data0;
-    const st_tensor *ts;
-    const char *tmp;
-} save_dst;
+    int dir;                     /* --save DIR */
+    st_dtype dtype;              /* F32, or BF16 (--save-dtype bf16) */
+    int nfiles;
+    char tmpdir[ST_PATH_MAX];    /* dir: DIR.tmp */
+    char (*path)[ST_PATH_MAX];   /* [nfiles] where each file is written */
+    int *file_of;                /* [ntensors] */
+    st_tensor *ts;               /* [ntensors] names, shapes, offsets in their file's data */
+    long long *data0;            /* [nfiles] header bytes: where the data starts */
+    unsigned char **hdr;         /* [nfiles] */
+    long long bytes;             /* every file's bytes */
+} save_plan;
+
+static void plan_make(save_plan *p, const lib_flags *f)
+{
+    int n = lib.ntensors;
+    memset(p, 0, sizeof *p);
+    p->dir = lib_hf_is_dir(f->save);
+    p->dtype = f->save_bf16 ? ST_BF16 : ST_F32;
+    p->ts = calloc((size_t)n, sizeof *p->ts);
+    p->file_of = calloc((size_t)n, sizeof *p->file_of);
+    long long *bytes = calloc((size_t)n, sizeof *bytes);
+    st_tensor *one = calloc((size_t)n, sizeof *one);
+    RT_CHECK(p->ts && p->file_of && bytes && one, "out of memory");
+    for (int t = 0; t < n; t++) {
+        const lib_tensor *ti = &lib.tensors[t];
+        snprintf(p->ts[t].name, sizeof p->ts[t].name, "%s", ti->name);
+        p->ts[t].dtype = p->dtype;
+        p->ts[t].ndim = ti->ndim;
+        p->ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
+        p->ts[t].shape[1] = ti->cols;
+        bytes[t] = (long long)ti->rows * ti->cols * st_dtype_size(p->dtype);
+    }
+    p->nfiles = p->dir ? lib_hf_shards(bytes, n, f->save_shard_bytes, p->file_of) : 1;
+    p->path = calloc((size_t)p->nfiles, sizeof *p->path);
+    p->data0 = calloc((size_t)p->nfiles, sizeof *p->data0);
+    p->hdr = calloc((size_t)p->nfiles, sizeof *p->hdr);
+    RT_CHECK(p->path && p->data0 && p->hdr, "out of memory");
+    if (p->dir) snprintf(p->tmpdir, sizeof p->tmpdir, "%s%s", f->save, HF_TMP_SUFFIX);
+    for (int k = 0; k < p->nfiles; k++) {
+        int m = 0;                  /* file k's tensors, in checkpoint order */
+        for (int t = 0; t < n; t++)
+            if (p->file_of[t] == k) one[m++] = p->ts[t];
+        size_t len;
+        p->hdr[k] = st_header(one, m, &len);
+        RT_CHECK(p->hdr[k], "out of memory");
+        p->data0[k] = (long long)len;
+        p->bytes += (long long)len + (m ? one[m - 1].end : 0);
+        for (int t = 0, j = 0; t < n; t++)
+            if (p->file_of[t] == k) p->ts[t] = one[j++];
+        char name[64];
+        lib_hf_file_name(k, p->nfiles, name, sizeof name);
+        if (p->dir) snprintf(p->path[k], sizeof p->path[k], "%.4000s/%s", p->tmpdir, name);
+        else snprintf(p->path[k], sizeof p->path[k], "%.4000s.tmp", f->save);
+    }
+    free(bytes);
+    free(one);
+}
+
+static void plan_free(save_plan *p)
+{
+    for (int k = 0; k < p->nfiles; k++) free(p->hdr[k]);
+    free(p->hdr);
+    free(p->data0);
+    free(p->path);
+    free(p->file_of);
+    free(p->ts);
+}
+
+/* F32 bits to BF16 bits, rounded to nearest even as torch's .to(torch.bfloat16); a NaN stays
+** a quiet NaN. */
+static uint16_t to_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40);
+    return (uint16_t)((u + 0x7fffu + (u >> 16 & 1)) >> 16);
+}
+
+/* Write n values of tensor t, elements first.., at their place in the plan (fds: each file's
+** descriptor, opened on first use). */
+static void plan_write(const save_plan *p, int *fds, int t, long long first, const float *v,
+                       size_t n)
+{
+    int k = p->file_of[t], size = st_dtype_size(p->dtype);
+    if (fds[k] < 0) {
+        fds[k] = open(p->path[k], O_WRONLY);
+        RT_CHECK(fds[k] >= 0, "%s: cannot open: %s", p->path[k], strerror(errno));
+    }
+    const void *bytes = v;
+    uint16_t *half = NULL;
+    if (p->dtype == ST_BF16) {
+        half = malloc(n * sizeof *half + 1);
+        RT_CHECK(half, "out of memory");
+        for (size_t i = 0; i < n; i++) half[i] = to_bf16(v[i]);  /* little-endian hosts */
+        bytes = half;
+    }
+    off_t at = (off_t)(p->data0[k] + p->ts[t].begin + first * size);
+    RT_CHECK(pwrite(fds[k], bytes, n * (size_t)size, at) == (ssize_t)(n * (size_t)size),
+             "%s: write failed: %s", p->path[k], strerror(errno));
+    free(half);
+}
+
+static void plan_close(const save_plan *p, int *fds)
+{
+    for (int k = 0; k < p->nfiles; k++)
+        if (fds[k] >= 0) {
+            RT_CHECK(fsync(fds[k]) == 0, "%s: fsync failed: %s", p->path[k], strerror(errno));
+            close(fds[k]);
+            fds[k] = -1;
+        }
+}
+
+typedef struct { const save_plan *p; int *fds; } save_dst;
 
 static void ebias_save(int layer, float *bias, void *ctx)
 {
     const save_dst *d = ctx;
     int t = lib.ebias_tensor + layer;
-    size_t bytes = (size_t)lib.tensors[t].cols * 4;
-    RT_CHECK(pwrite(d->fd, bias, bytes, (off_t)(d->data0 + d->ts[t].begin)) == (ssize_t)bytes,
-             "%s: write failed: %s", d->tmp, strerror(errno));
+    plan_write(d->p, d->fds, t, 0, bias, (size_t)lib.tensors[t].cols);
 }
 
-/* The --save file's tensors (F32, the model's Hugging Face names) and header; *len its size. */
-static st_tensor *save_tensors(unsigned char **h, size_t *len)
+/* The bytes --save writes (for the start-up check of its room, faults.h). */
+long long lib_weights_save_bytes(const lib_flags *f)
 {
-    st_tensor *ts = calloc((size_t)lib.ntensors, sizeof *ts);
-    RT_CHECK(ts, "out of memory");
-    for (int t = 0; t < lib.ntensors; t++) {
-        const lib_tensor *ti = &lib.tensors[t];
-        snprintf(ts[t].name, sizeof ts[t].name, "%s", ti->name);
-        ts[t].dtype = ST_F32;
-        ts[t].ndim = ti->ndim;
-        ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
-        ts[t].shape[1] = ti->cols;
-    }
-    *h = st_header(ts, lib.ntensors, len);
-    RT_CHECK(*h, "out of memory");
-    return ts;
-}
-
-/* The size in bytes of the --save file (for the start-up check of its room, faults.h). */
-long long lib_weights_save_bytes(void)
-{
-    unsigned char *h;
-    size_t len;
-    st_tensor *ts = save_tensors(&h, &len);
-    long long total = (long long)len + ts[lib.ntensors - 1].end;
-    free(h);
-    free(ts);
+    save_plan p;
+    plan_make(&p, f);
+    long long total = p.bytes;
+    plan_free(&p);
     return total;
 }
 
 /*
-** --save PATH: rank 0 writes the header into PATH.tmp, sized to its final length; every owner of
-** a piece (data-parallel rank 0; tp rank 0 for replicated tensors; never the tied copy) writes
-** its rows at their offsets; after a barrier rank 0 syncs and renames. Written whole or not
-** at all. The values are the f32 (main) parameters. Collective over the world (every rank
-** calls it); an I/O error stops the job (RT_CHECK) before the rename.
+** --save PATH: rank 0 makes the files (DIR.tmp first for a directory), each with its header
+** and sized to its final length; every owner of a piece (data-parallel rank 0; tp rank 0 for
+** replicated tensors; never the tied copy) writes its rows at their offsets, converted to the
+** --save-dtype; after a barrier rank 0 syncs, then renames PATH.tmp to PATH, or finishes the
+** directory (hfdir.h: index, config, tokenizer, rename). Written whole or not at all. The
+** values are the f32 (main) parameters. Collective over the world (every rank calls it); an
+** I/O error stops the job (RT_CHECK) before the rename.
 */
-void lib_weights_save(const char *path)
+void lib_weights_save(const lib_flags *f)
 {
     lib_sync();
     lib_master_allgather();
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    unsigned char *h;
-    size_t len;
-    st_tensor *ts = save_tensors(&h, &len);
-    long long data0 = (long long)len, total = data0 + ts[lib.ntensors - 1].end;
+    save_plan p;
+    plan_make(&p, f);
+    int *fds = malloc(sizeof *fds * (size_t)p.nfiles);
+    RT_CHECK(fds, "out of memory");
+    for (int k = 0; k < p.nfiles; k++) fds[k] = -1;
     if (rt_rank() == 0) {
         lib_fault_point();
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        RT_CHECK(fd >= 0, "%s: cannot create: %s", tmp, strerror(errno));
-        RT_CHECK(pwrite(fd, h, len, 0) == (ssize_t)len && ftruncate(fd, total) == 0,
-                 "%s: write failed: %s", tmp, strerror(errno));
-        close(fd);
+        if (p.dir) lib_hf_begin(f->save, p.tmpdir, sizeof p.tmpdir);
+        for (int k = 0; k < p.nfiles; k++) {
+            int fd = open(p.path[k], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            long long end = p.data0[k];
+            for (int t = 0; t < lib.ntensors; t++)
+                if (p.file_of[t] == k && p.data0[k] + p.ts[t].end > end)
+                    end = p.data0[k] + p.ts[t].end;
+            RT_CHECK(fd >= 0, "%s: cannot create: %s", p.path[k], strerror(errno));
+            RT_CHECK(pwrite(fd, p.hdr[k], (size_t)p.data0[k], 0) == (ssize_t)p.data0[k] &&
+                     ftruncate(fd, end) == 0, "%s: write failed: %s", p.path[k],
+                     strerror(errno));
+            close(fd);
+        }
     }
     lib_world_barrier();
-    if (lib.npieces > 0) {
-        int fd = open(tmp, O_WRONLY);
-        RT_CHECK(fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
-        for (int i = 0; i < lib.npieces; i++) {
-            const lib_piece *pc = &lib.pieces[i];
-            /* every piece is written by exactly one rank: a data-parallel replica's first
-            ** rank, tp rank 0 for tp-replicated tensors, never the tied copy */
-            int rep = pc->flags & GPT_REPLICATED;
-            int mine = (pc->flags & GPT_EXPERT_PIECE)
-                ? gpt.edp_rank == 0 && (!rep || gpt.etp_rank == 0)
-                : gpt.dp_rank == 0 && gpt.cp_rank == 0 && (!rep || gpt.tp_rank == 0);
-            if ((pc->flags & GPT_TIED_COPY) || !mine) continue;
-            int t = lib.params[pc->param].tensor;
-            const lib_tensor *ti = &lib.tensors[t];
-            float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
-            RT_CHECK(host, "out of memory");
-            piece_copy(pc, host, 0);
-            lib_fault_point();
-            for (int r = 0; r < pc->rows; r++) {
-                off_t at = data0 + ts[t].begin + ((off_t)(pc->grow + r) * ti->cols + pc->gcol) * 4;
-                size_t bytes = (size_t)pc->cols * 4;
-                RT_CHECK(pwrite(fd, host + (size_t)r * pc->cols, bytes, at) == (ssize_t)bytes,
-                         "%s: write failed: %s", tmp, strerror(errno));
-            }
-            free(host);
-        }
-        RT_CHECK(fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(fd);
+    for (int i = 0; i < lib.npieces; i++) {
+        const lib_piece *pc = &lib.pieces[i];
+        /* every piece is written by exactly one rank: a data-parallel replica's first rank,
+        ** tp rank 0 for tp-replicated tensors, never the tied copy */
+        int rep = pc->flags & GPT_REPLICATED;
+        int mine = (pc->flags & GPT_EXPERT_PIECE)
+            ? gpt.edp_rank == 0 && (!rep || gpt.etp_rank == 0)
+            : gpt.dp_rank == 0 && gpt.cp_rank == 0 && (!rep || gpt.tp_rank == 0);
+        if ((pc->flags & GPT_TIED_COPY) || !mine) continue;
+        int t = lib.params[pc->param].tensor;
+        const lib_tensor *ti = &lib.tensors[t];
+        float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
+        RT_CHECK(host, "out of memory");
+        piece_copy(pc, host, 0);
+        lib_fault_point();
+        for (int r = 0; r < pc->rows; r++)
+            plan_write(&p, fds, t, (long long)(pc->grow + r) * ti->cols + pc->gcol,
+                       host + (size_t)r * pc->cols, (size_t)pc->cols);
+        free(host);
     }
     /* the expert biases of a stage's layers: its first dense rank (tp, cp, dp 0) */
     if (lib.ebias_tensor >= 0 && gpt.tp_rank == 0 && gpt.cp_rank == 0 && gpt.dp_rank == 0) {
-        save_dst dst = { open(tmp, O_WRONLY), data0, ts, tmp };
-        RT_CHECK(dst.fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
+        save_dst dst = { &p, fds };
         lib_expert_bias_each(ebias_save, &dst);
-        RT_CHECK(fsync(dst.fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(dst.fd);
     }
+    plan_close(&p, fds);
     lib_world_barrier();
     if (rt_rank() == 0) {
         lib_fault_point();
-        int fd = open(tmp, O_RDONLY);
-        RT_CHECK(fd >= 0 && fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(fd);
-        RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path,
-                 strerror(errno));
+        for (int k = 0; k < p.nfiles; k++) {
+            int fd = open(p.path[k], O_RDONLY);
+            RT_CHECK(fd >= 0 && fsync(fd) == 0, "%s: fsync failed: %s", p.path[k],
+                     strerror(errno));
+            close(fd);
+        }
+        if (p.dir)
+            lib_hf_finish(f->save, p.tmpdir, p.ts, p.file_of, lib.ntensors, p.nfiles, p.dtype,
+                          f->tokenizer);
+        else
+            RT_CHECK(rename(p.path[0], f->save) == 0, "cannot rename %s to %s: %s", p.path[0],
+                     f->save, strerror(errno));
     }
     lib_world_barrier();
-    free(h);
-    free(ts);
+    free(fds);
+    plan_free(&p);
 }
