@@ -60,8 +60,10 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(INIT, "init", "PATH", STRING, init, NULL, \
       "start from a Hugging Face checkpoint: one `.safetensors` file, the " \
       "`model.safetensors.index.json` of a sharded one (its shards beside it), or a " \
-      "directory holding that index or one `model.safetensors`; the model's Hugging Face " \
-      "tensor names (GPT-2 or Llama) and shapes, in F32, BF16 or F16") \
+      "directory holding that index or one `model.safetensors` (as `--save DIR` writes); the " \
+      "model's Hugging Face tensor names (GPT-2's with or without `transformer.`, Llama, " \
+      "Mixtral) and shapes, in F32, BF16 or F16; a tied model's `lm_head.weight` must equal " \
+      "the embedding") \
     _(SAVE, "save", "PATH", STRING, save, NULL, \
       "write the whole model after the last step, with its Hugging Face names (any layout " \
       "loads it with `--init`): `FILE.safetensors` writes one file; any other path a " \

@@ -1,7 +1,8 @@
 /*
 ** weights.c: the whole model's parameters as Hugging Face safetensors, layout-free: --init
 ** reads a file or the shards of an index (F32, BF16 or F16) after checking it against the
-** model's tensor list, --save writes one F32 file; without --init the seeded initialisation.
+** model's tensor list, --save writes one file or a Hugging Face directory's files (hfdir.h)
+** in F32 or BF16; without --init the seeded initialisation.
 ** Every rank reads and writes its own pieces (stage.h: lib.pieces) in the f32 parameters
 ** (lib_master). Called by gpt_main.
 */
@@ -96,10 +97,34 @@ static const char **model_names(void)
     return lib_tensor_names(lib.tensors, lib.ntensors);
 }
 
-/* The model's tensor named 'name', or -1. */
+/* GPT2LMHeadModel.save_pretrained writes GPT-2's names under this prefix (GPT2Model, and
+** Hugging Face's gpt2 checkpoints, without). */
+static const char gpt2_prefix[] = "transformer.";
+
+/* The model's tensor named 'name' (GPT-2's with or without gpt2_prefix), or -1. */
 static int tensor_named(const char *name)
 {
-    return lib_tensor_find(lib.tensors, lib.ntensors, name);
+    int t = lib_tensor_find(lib.tensors, lib.ntensors, name);
+    size_t n = strlen(gpt2_prefix);
+    if (t < 0 && !strncmp(name, gpt2_prefix, n))
+        t = lib_tensor_find(lib.tensors, lib.ntensors, name + n);
+    return t;
+}
+
+/* A model whose LM head is its embedding (GPT-2; Llama with tie_embeddings) has no
+** "lm_head.weight"; a checkpoint may still hold the head as a copy of the embedding (a
+** state_dict of GPT2LMHeadModel). For that name: the embedding's tensor; else -1. */
+static const char head_name[] = "lm_head.weight";
+static const char *const embedding_names[] = { "wte.weight", "model.embed_tokens.weight" };
+
+static int tied_head_of(const char *name)
+{
+    if (strcmp(name, head_name) || tensor_named(name) >= 0) return -1;
+    for (size_t k = 0; k < sizeof embedding_names / sizeof *embedding_names; k++) {
+        int t = tensor_named(embedding_names[k]);
+        if (t >= 0) return t;
+    }
+    return -1;
 }
 
 /* "'a', 'b', ..." from the first two of names[n] ("no tensors" when n = 0). */
@@ -122,6 +147,8 @@ typedef struct {
     char (*err)[256];            /* [nfiles] */
     const st_tensor **found;     /* [ntensors]: each model tensor's entry, NULL if none */
     int *found_file;             /* [ntensors]: the file of that entry */
+    const st_tensor *head;       /* a tied model's lm_head.weight in the checkpoint, or NULL */
+    int head_file, head_of;      /* its file; the embedding tensor it must equal */
 } init_src;
 
 /*
@@ -232,10 +259,13 @@ static void init_foreign(const init_src *s)
                   count, lib.ntensors, what, have_text, gpt.prog->model, needs, want_text);
 }
 
-/* Entry e of file k for model tensor t: shape, dtype and data offsets, reported against the
-** file. The first entry of a tensor is the one read; a second is a problem. */
-static void check_entry(init_src *s, int k, const st_tensor *e, int t)
+/* Entry e of file k for model tensor t (head: the tied head, which has t's shape): shape,
+** dtype and data offsets, reported against the file. The first entry of a tensor is the one
+** read; a second is a problem. */
+static void check_entry_of(init_src *s, int k, const st_tensor *e, int t, int head)
 {
+    const st_tensor **found = head ? &s->head : &s->found[t];
+    int *found_file = head ? &s->head_file : &s->found_file[t];
     char s1[64], s2[64];
     const char *path = s->fpath[k];
     const lib_tensor *ti = &lib.tensors[t];
@@ -243,7 +273,7 @@ static void check_entry(init_src *s, int k, const st_tensor *e, int t)
     long long rows = e->ndim == 2 ? e->shape[0] : 1, cols = e->ndim == 2 ? e->shape[1]
                                                                      : e->shape[0];
     int ok_dtype = e->dtype == ST_F32 || e->dtype == ST_BF16 || e->dtype == ST_F16;
-    if (s->found[t])
+    if (*found)
         st_problem(path, "tensor '%s' appears twice", e->name);
     else if (e->ndim != ti->ndim || rows != ti->rows || cols != ti->cols)
         st_problem(path, "tensor '%s' has shape %s, expected %s", e->name,
@@ -257,10 +287,16 @@ static void check_entry(init_src *s, int k, const st_tensor *e, int t)
         st_problem(path, "tensor '%s' has data_offsets [%lld, %lld]: they must span its "
                    "%lld bytes inside the file", e->name, e->begin, e->end,
                    rows * cols * st_dtype_size(e->dtype));
-    if (!s->found[t]) {
-        s->found[t] = e;
-        s->found_file[t] = k;
+    if (!*found) {
+        *found = e;
+        *found_file = k;
+        if (head) s->head_of = t;
     }
+}
+
+static void check_entry(init_src *s, int k, const st_tensor *e, int t)
+{
+    check_entry_of(s, k, e, t, 0);
 }
 
 /* One file: every tensor of its header is the model's (or a buffer), every model tensor is
@@ -270,8 +306,9 @@ static void init_check_file(init_src *s)
     const st_file *f = &s->files[0];
     for (int i = 0; i < f->n; i++) {
         const st_tensor *e = &f->t[i];
-        int t = tensor_named(e->name);
+        int t = tensor_named(e->name), h = tied_head_of(e->name);
         if (t >= 0) check_entry(s, 0, e, t);
+        else if (h >= 0) check_entry_of(s, 0, e, h, 1);
         else if (!st_buffer(e->name))
             st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
                        e->name);
@@ -323,16 +360,18 @@ static void init_check_index(init_src *s)
         }
     }
     for (int i = 0; i < ix->n; i++)
-        if (tensor_named(ix->map[i].name) < 0 && !st_buffer(ix->map[i].name))
+        if (tensor_named(ix->map[i].name) < 0 && !st_buffer(ix->map[i].name) &&
+            tied_head_of(ix->map[i].name) < 0)
             st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
                        ix->map[i].name);
     for (int k = 0; k < s->nfiles; k++)
         for (int i = 0; s->files[k].fd >= 0 && i < s->files[k].n; i++) {
             const st_tensor *te = &s->files[k].t[i];
             const st_entry *e = st_index_find(ix, te->name);
-            int t = tensor_named(te->name);
+            int t = tensor_named(te->name), h = tied_head_of(te->name);
+            if (h >= 0 && e && e->shard == k) check_entry_of(s, k, te, h, 1);
             if (!e) {       /* a model tensor not in the index is reported above */
-                if (t < 0 && !st_buffer(te->name))
+                if (t < 0 && h < 0 && !st_buffer(te->name))
                     st_problem(s->fpath[k], "unexpected tensor '%s' (not in the index, not a "
                                "parameter of this model)", te->name);
             } else if (t >= 0 && e->shard == k) {
@@ -348,7 +387,9 @@ static void init_check_index(init_src *s)
 /*
 ** Open --init's checkpoint (a safetensors file, an index, or a directory holding one; see
 ** init_open) and check it: every tensor of the model present once with its shape, in F32,
-** BF16 or F16, inside its file; nothing else but Hugging Face's buffers (st_buffers). A
+** BF16 or F16, inside its file; nothing else but Hugging Face's buffers (st_buffers) and a
+** tied model's head (tied_head_of, checked equal to the embedding when loaded). GPT-2's names
+** may carry GPT2LMHeadModel's "transformer." prefix. A
 ** checkpoint of another architecture fails in one line (init_foreign); other problems (up to
 ** 20 shown) are all reported, then the load fails. Fills s->found and s->found_file.
 */
@@ -444,6 +485,48 @@ static void check_finite(init_src *s, long long bad)
 }
 
 /*
+** A tied head in the checkpoint must be the embedding's copy: each rank compares the rows of
+** the embedding it read (v: n values from element 'first') with the head's; the first that
+** differs (bit for bit, as f32) into *bad, as find_nonfinite.
+*/
+static void compare_head(init_src *s, const float *v, size_t n, long long first, long long *bad)
+{
+    float *h = malloc(n * sizeof *h + 1);
+    RT_CHECK(h, "out of memory");
+    RT_CHECK(st_read_f32(&s->files[s->head_file], s->head, first, (long long)n, h) == 0,
+             "%s: read failed: %s", s->fpath[s->head_file], strerror(errno));
+    for (size_t k = 0; k < n; k++)
+        if (memcmp(&h[k], &v[k], sizeof *h)) {
+            long long key = first + (long long)k;
+            if (*bad < 0 || key < *bad) *bad = key;
+            break;
+        }
+    free(h);
+}
+
+/* Every rank alike: when some rank's embedding rows differ from the tied head's (its first
+** such element 'bad', -1 if none), fail naming the world's first. Hugging Face ties the head
+** after loading and ignores the copy; a head that differs means an untied model, which this
+** one is not, so it is refused rather than dropped. */
+static void check_head(init_src *s, long long bad)
+{
+    long long key = bad < 0 ? 0 : LLONG_MAX - bad;
+    lib_world_allreduce_max(&key);
+    if (!key) return;
+    bad = LLONG_MAX - key;
+    const lib_tensor *ti = &lib.tensors[s->head_of];
+    float x = 0, y = 0;
+    RT_CHECK(st_read_f32(&s->files[s->head_file], s->head, bad, 1, &x) == 0 &&
+             st_read_f32(&s->files[s->found_file[s->head_of]], s->found[s->head_of], bad, 1,
+                         &y) == 0, "%s: read failed: %s", s->path, strerror(errno));
+    lib_fail_file(s->fpath[s->head_file], "tensor '%s' differs from '%s' at element %lld (row "
+                  "%lld, column %lld: %.9g, not %.9g): the model (%s) ties its LM head to the "
+                  "embedding, so a checkpoint may hold the head only as the embedding's copy",
+                  head_name, s->found[s->head_of]->name, bad, bad / ti->cols, bad % ti->cols,
+                  (double)x, (double)y, gpt.prog->model);
+}
+
+/*
 ** --init PATH: every rank reads its own pieces straight from the files that hold them (no
 ** communication; each rank opens the checkpoint's files and checks their headers alike, and a
 ** bad checkpoint fails every rank alike, lib_fail_file), and every weight must be finite (the
@@ -455,6 +538,7 @@ void lib_weights_load(const char *arg)
     init_src s;
     st_check(&s, arg);
     long long bad = -1;         /* the first non-finite weight this rank read (find_nonfinite) */
+    long long head_bad = -1;    /* the first element of a tied head that differs (compare_head) */
     for (int i = 0; i < lib.npieces; i++) {
         const lib_piece *pc = &lib.pieces[i];
         int t = lib.params[pc->param].tensor, k = s.found_file[t];
@@ -467,6 +551,9 @@ void lib_weights_load(const char *arg)
                                  host + (size_t)r * pc->cols) == 0,
                      "%s: read failed: %s", s.fpath[k], strerror(errno));
             find_nonfinite(host + (size_t)r * pc->cols, (size_t)pc->cols, t, first, &bad);
+            if (s.head && t == s.head_of)
+                compare_head(&s, host + (size_t)r * pc->cols, (size_t)pc->cols, first,
+                             &head_bad);
         }
         piece_copy(pc, host, 1);
         free(host);
@@ -474,6 +561,7 @@ void lib_weights_load(const char *arg)
     ebias_ctx ec = { &s, bad };
     if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_load, &ec);
     check_finite(&s, ec.bad);
+    check_head(&s, head_bad);
     init_close(&s);
     lib_master_commit();
 }
