@@ -406,7 +406,8 @@ static void check_paths(const lib_flags *f, char *msg, size_t cap, const char **
 
 /*
 ** Before any training: the paths of every input and output (check_paths), then every output
-** (--log, --ckpt-dir, --save) can be written, its directory made, and there is room for what
+** (--log, --ckpt-dir, --save: a file, or a Hugging Face directory as lib_hf_check allows) can
+** be written, its directory made, and there is room for what
 ** the run will write there (one resume checkpoint of every rank, 'ckpt_bytes' each; the --save
 ** file of 'save_bytes'; both when they share a file system). Rank 0 looks, as it writes the
 ** directories; every rank stops alike (lib_fail_file), and a long run never finds out at its
@@ -443,11 +444,13 @@ void lib_check_outputs(const lib_flags *f, long long ckpt_bytes, long long save_
         }
     }
     int save_dir_form = f->save && lib_hf_is_dir(f->save);
-    if (rt_rank() == 0 && !*msg && f->save && !save_dir_form && (f->tokenizer ||
-                                                                 f->given[LIB_FLAG_SAVE_SHARD_SIZE]))
+    int dir_only = f->tokenizer || f->given[LIB_FLAG_SAVE_SHARD_SIZE];   /* DIR's flags */
+    if (rt_rank() == 0 && !*msg && f->save && !save_dir_form && dir_only) {
+        where = f->save;
         snprintf(msg, sizeof msg, "%s is about --save DIR (a Hugging Face directory), and this "
                  "--save names one .safetensors file", f->tokenizer ? "--tokenizer" :
                  "--save-shard-size");
+    }
     if (rt_rank() == 0 && !*msg && save_dir_form) {
         const char *save_dir;
         where = f->save;
