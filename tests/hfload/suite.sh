@@ -513,5 +513,15 @@ a Hugging Face tokenizer.json, a JSON object, or a directory holding one)$BEFORE
     --save "$S/x" --tokenizer "$TOKS"
 expect_run tokenizer-no-save 2 "train: error: --tokenizer is about --save, which is not given" \
     --steps 0 --tokenizer "$TK"
+# a model Hugging Face has no architecture for: refused before training (one file still works)
+if [ ! -f models/tiny_moe.lua ]; then
+    skip err-no-architecture "models/tiny_moe.lua is not there"
+elif ! gen_build "$S/tiny_moe" tiny_moe; then
+    fail err-no-architecture "$WHY"
+else
+    A=$S/tiny_moe/train expect_run no-architecture 1 "models/tiny_moe.lua: error: --save DIR \
+writes a Hugging Face model directory, and a GPT model with a mixture of experts has no Hugging \
+Face architecture; write one file with --save FILE.safetensors$BEFORE" --steps 0 --save "$S/x"
+fi
 
 finish
