@@ -38,17 +38,17 @@ void lib_hf_file_name(int k, int nfiles, char *out, size_t cap)
 }
 
 /* The files an export writes besides the safetensors files; a directory holding only these
-** and model*.safetensors files is an earlier export, which --save DIR replaces. */
+** and model*.safetensors files is an earlier export, which --save DIR replaces. The tokenizer's
+** companions are copied from beside its tokenizer.json when they are there. */
+#define TOKENIZER_EXTRA "tokenizer_config.json", "special_tokens_map.json"
 static const char *const hf_files[] = {
-    "config.json", "generation_config.json", ST_INDEX_NAME, "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json",
+    "config.json", "generation_config.json", ST_INDEX_NAME, "tokenizer.json", TOKENIZER_EXTRA
 };
-#define HF_NFILES (int)(sizeof hf_files / sizeof *hf_files)
-enum { HF_TOKENIZER_FIRST = 3 };   /* hf_files[3..]: the tokenizer's, copied from --tokenizer */
+static const char *const tokenizer_extra[] = { TOKENIZER_EXTRA };
 
 static int export_file(const char *name)
 {
-    for (int k = 0; k < HF_NFILES; k++)
+    for (size_t k = 0; k < sizeof hf_files / sizeof *hf_files; k++)
         if (!strcmp(name, hf_files[k])) return 1;
     size_t n = strlen(name), m = strlen(st_ext);
     return !strncmp(name, "model", 5) && n > m && !strcmp(name + n - m, st_ext);
@@ -460,10 +460,10 @@ static void copy_tokenizer(const char *tokenizer, const char *tmp)
     copy_file(tj, tmp, "tokenizer.json");
     const char *slash = strrchr(tj, '/');
     int dirlen = slash ? (int)(slash - tj + 1) : 0;
-    for (int k = HF_TOKENIZER_FIRST + 1; k < HF_NFILES; k++) {
+    for (size_t k = 0; k < sizeof tokenizer_extra / sizeof *tokenizer_extra; k++) {
         struct stat st;
-        snprintf(other, sizeof other, "%.*s%s", dirlen, tj, hf_files[k]);
-        if (!stat(other, &st) && S_ISREG(st.st_mode)) copy_file(other, tmp, hf_files[k]);
+        snprintf(other, sizeof other, "%.*s%s", dirlen, tj, tokenizer_extra[k]);
+        if (!stat(other, &st) && S_ISREG(st.st_mode)) copy_file(other, tmp, tokenizer_extra[k]);
     }
 }
 

@@ -359,11 +359,16 @@ static void init_check_index(init_src *s)
                        ti->name, ix->shard[e->shard], also);
         }
     }
-    for (int i = 0; i < ix->n; i++)
-        if (tensor_named(ix->map[i].name) < 0 && !st_buffer(ix->map[i].name) &&
-            tied_head_of(ix->map[i].name) < 0)
+    for (int i = 0; i < ix->n; i++) {
+        const st_entry *e = &ix->map[i];
+        int head = tied_head_of(e->name) >= 0;
+        if (tensor_named(e->name) < 0 && !st_buffer(e->name) && !head)
             st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
-                       ix->map[i].name);
+                       e->name);
+        if (head && s->files[e->shard].fd >= 0 && !st_find(&s->files[e->shard], e->name))
+            st_problem(s->path, "tensor '%s' is mapped to '%s', which does not hold it",
+                       e->name, ix->shard[e->shard]);
+    }
     for (int k = 0; k < s->nfiles; k++)
         for (int i = 0; s->files[k].fd >= 0 && i < s->files[k].n; i++) {
             const st_tensor *te = &s->files[k].t[i];

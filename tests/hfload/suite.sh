@@ -396,10 +396,16 @@ ex_bf16() {
     export_dir ex-bf16 "$A" --init "$INIT" --save-dtype bf16 --save-shard-size 0.1MB &&
     $CHECK shards "$S/single.safetensors" "$S/ex-bf16" 100000 BF16 &&
     load ex-bf16-back --init "$S/ex-bf16" &&
-    cmp "$S/ex-bf16-back.safetensors" "$S/bf16-one.safetensors"
+    cmp "$S/ex-bf16-back.safetensors" "$S/bf16-one.safetensors" &&
+    "$A" --steps 0 --init "$INIT" --save-dtype bf16 --save "$S/ex-bf16-file.safetensors" &&
+    grep -q '"dtype":"BF16"' "$S/ex-bf16-file.safetensors" &&
+    ! grep -q '"dtype":"F32"' "$S/ex-bf16-file.safetensors" &&
+    load ex-bf16-file-back --init "$S/ex-bf16-file.safetensors" &&
+    cmp "$S/ex-bf16-file-back.safetensors" "$S/bf16-one.safetensors"
 }
-verdict export-bf16 "the BF16 export is not the model rounded to nearest even in save_pretrained's \
-split, or does not load back as those values" "$S/v-ex-bf16.log" ex_bf16
+verdict export-bf16 "the BF16 export (a directory, or one file) is not the model rounded to \
+nearest even in save_pretrained's split, or does not load back as those values" \
+    "$S/v-ex-bf16.log" ex_bf16
 ex_one() {
     export_dir ex-one "$A" --init "$INIT" && $CHECK shards "$S/single.safetensors" "$S/ex-one" \
         5000000000 F32 && $CHECK config "$S/config.json" "$S/ex-one" float32
