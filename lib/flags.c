@@ -399,6 +399,13 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
         lib_fail_all(2, "%s must be f32 or bf16, got '%s'", as_given(LIB_FLAG_SAVE_DTYPE),
                      f->save_dtype);
     f->save_bf16 = !strcmp(f->save_dtype, "bf16");
+    static char save_path[4096];    /* --save DIR/ is DIR: DIR.tmp goes beside it, not in it */
+    size_t n = f->save ? strlen(f->save) : 0;
+    while (n > 1 && f->save[n - 1] == '/') n--;
+    if (f->save && f->save[n] && n < sizeof save_path) {
+        snprintf(save_path, sizeof save_path, "%.*s", (int)n, f->save);
+        f->save = save_path;
+    }
     f->save_shard_bytes = parse_size(as_given(LIB_FLAG_SAVE_SHARD_SIZE), f->save_shard_size);
     if (!f->save && (f->given[LIB_FLAG_SAVE_DTYPE] || f->given[LIB_FLAG_SAVE_SHARD_SIZE] ||
                      f->tokenizer))

@@ -426,7 +426,8 @@ if have_mpi && [ -x "$S/tiny-tp2-pp2-dp2/train" ]; then
 else
     skip export-tp2-pp2-dp2 "mpirun or the TP2 PP2 DP2 program is not there"
 fi
-# an earlier export is replaced whole (its shards gone); the tokenizer's files are copied
+# an earlier export is replaced whole (its shards gone; DIR/ is DIR); the tokenizer's files are
+# copied
 TK=$S/tokenizer
 mkdir -p "$TK"
 printf '{"version": "1.0", "added_tokens": [], "model": {"type": "BPE"}}\n' > "$TK/tokenizer.json"
@@ -434,7 +435,7 @@ printf '{"eos_token": "<|endoftext|>"}\n' > "$TK/tokenizer_config.json"
 printf '{"eos_token": "<|endoftext|>"}\n' > "$TK/special_tokens_map.json"
 ex_replace() {
     cp -r "$S/ex-f32" "$S/ex-again"
-    "$A" --steps 0 --init "$INIT" --save "$S/ex-again" --tokenizer "$TK" > "$S/ex-again.log" \
+    "$A" --steps 0 --init "$INIT" --save "$S/ex-again/" --tokenizer "$TK" > "$S/ex-again.log" \
         2>&1 || { cat "$S/ex-again.log"; return 1; }
     [ "$(ls "$S/ex-again" | tr '\n' ' ')" = "config.json generation_config.json \
 model.safetensors special_tokens_map.json tokenizer.json tokenizer_config.json " ] &&
