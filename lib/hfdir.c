@@ -239,22 +239,33 @@ int lib_hf_check(const char *dir, const char *tokenizer, char *msg, size_t cap,
 
 /* -- Writing ----------------------------------------------------------------------------------- */
 
+/* The tensors from 'first' still waiting for a file (-1) get file 'k'. */
+static void close_shard(int *file_of, int first, int end, int k)
+{
+    for (int j = first; j < end; j++)
+        if (file_of[j] < 0) file_of[j] = k;
+}
+
 int lib_hf_shards(const long long *bytes, int n, long long limit, int *file_of)
 {
-    int files = 0, current = -1;      /* the file being filled, -1: none yet */
+    /* files are numbered in the order they are complete, as save_pretrained's list: a tensor
+    ** above the limit at once, the file being filled when the next tensor would overflow it */
+    int files = 0, first = -1;        /* the first tensor of the file being filled, -1: none */
     long long used = 0;
     for (int i = 0; i < n; i++) {
-        if (bytes[i] > limit) {       /* a file of its own; the current one stays open */
+        if (bytes[i] > limit) {
             file_of[i] = files++;
             continue;
         }
-        if (current < 0 || used + bytes[i] > limit) {
-            current = files++;
-            used = 0;
+        if (first >= 0 && used + bytes[i] > limit) {
+            close_shard(file_of, first, i, files++);
+            first = -1;
         }
-        file_of[i] = current;
+        if (first < 0) first = i, used = 0;
+        file_of[i] = -1;
         used += bytes[i];
     }
+    if (first >= 0) close_shard(file_of, first, n, files++);
     return files ? files : 1;
 }
 

@@ -22,8 +22,10 @@ int lib_hf_is_dir(const char *save);
 
 /*
 ** save_pretrained's split of n tensors of bytes[i] (in checkpoint order) into files of at most
-** 'limit' bytes: a tensor that would overflow the current file starts a new one; a tensor
-** larger than the limit gets a file of its own. Sets file_of[i]; returns the number of files.
+** 'limit' bytes: a tensor that would overflow the file being filled closes it, a tensor larger
+** than the limit gets a file of its own at once, and the files are numbered in the order they
+** are closed (so a large tensor's file may come before the smaller ones around it). Sets
+** file_of[i]; returns the number of files.
 */
 int lib_hf_shards(const long long *bytes, int n, long long limit, int *file_of);
 

@@ -67,19 +67,23 @@ def bf16(data):
 def shards(single, d, limit, dtype):
     ref = tensors(single)
     size = {"F32": 4, "BF16": 2}[dtype]
-    # save_pretrained's rule, as its documentation states it: tensors in order; one that
-    # would overflow the current shard starts a new one; one above the limit gets its own
-    files, cur, used = [], None, 0
+    # save_pretrained's rule (huggingface_hub's split_torch_state_dict_into_shards): tensors
+    # in order; one above the limit is a shard of its own, listed at once; one that would
+    # overflow the shard being filled lists that shard and starts another; the last is listed
+    # at the end. Shards are numbered in the order listed.
+    files, cur, used = [], [], 0
     for name, _, shape, data in ref:
         nbytes = len(data) // 4 * size
         if nbytes > limit:
             files.append([name])
             continue
-        if cur is None or used + nbytes > limit:
-            cur, used = [], 0
+        if used + nbytes > limit:
             files.append(cur)
+            cur, used = [], 0
         cur.append(name)
         used += nbytes
+    if cur:
+        files.append(cur)
     n = len(files)
     names = ["model.safetensors"] if n == 1 else \
         ["model-%05d-of-%05d.safetensors" % (k + 1, n) for k in range(n)]
