@@ -2,8 +2,8 @@
 ** hfdir.c: the Hugging Face model directory of --save DIR (hfdir.h). The model's facts come
 ** from the generated program's resolved model (gpt_program.model_text: "key=value" lines);
 ** what Hugging Face needs and the model does not say is fixed here and documented in
-** README.md ("Hugging Face checkpoints"): no dropout, the token ids of bos/eos unknown (null),
-** no rope scaling. Rank 0 alone calls the writers; weights.c orders the ranks around them.
+** README.md ("Hugging Face checkpoints"): no dropout, no rope scaling, bos/eos from the
+** --tokenizer's files (null without). Rank 0 alone calls the writers; weights.c orders the ranks around them.
 */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -120,6 +120,210 @@ static int tokenizer_json(const char *path, char *out, size_t cap, char *msg, si
     return 0;
 }
 
+/* -- The tokenizer's special tokens -------------------------------------------------------- */
+
+/*
+** The ids of the tokenizer's bos and eos tokens: tokenizer_config.json beside tokenizer.json
+** names them ("eos_token": "<|end_of_text|>", or {"content": ...}); tokenizer.json's
+** "added_tokens" (or its model's "vocab") gives their ids. A reader of just that JSON: strings
+** (escapes decoded to UTF-8), integers, and every other value skipped.
+*/
+typedef struct { const char *p, *end; } jr;
+
+static void jr_ws(jr *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r' || *j->p == '\n'))
+        j->p++;
+}
+
+static int jr_eat(jr *j, char c)
+{
+    jr_ws(j);
+    if (j->p < j->end && *j->p == c) return ++j->p, 1;
+    return 0;
+}
+
+static int jr_hex4(jr *j, unsigned *v)
+{
+    *v = 0;
+    for (int k = 0; k < 4; k++, j->p++) {
+        char h = j->p < j->end ? *j->p : 0;
+        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 :
+                h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        *v = *v * 16 + (unsigned)d;
+    }
+    return 1;
+}
+
+/* A string into out[cap] as UTF-8; one that does not fit reads as "" (it matches nothing). */
+static int jr_str(jr *j, char *out, size_t cap)
+{
+    size_t n = 0;
+    int cut = 0;
+    if (!jr_eat(j, '"')) return 0;
+    while (j->p < j->end && *j->p != '"') {
+        unsigned c = (unsigned char)*j->p++, lo;
+        char u[4];
+        int len = 1;
+        if (c == '\\' && j->p < j->end) {
+            char e = *j->p++;
+            c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b' :
+                e == 'f' ? '\f' : (unsigned char)e;
+            if (e == 'u' && !jr_hex4(j, &c)) return 0;
+            if (e == 'u' && c >= 0xd800 && c < 0xdc00 && j->end - j->p >= 6 && j->p[0] == '\\' &&
+                j->p[1] == 'u') {
+                j->p += 2;
+                if (!jr_hex4(j, &lo)) return 0;
+                c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            if (e == 'u') len = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+        }
+        static const unsigned char lead[5] = { 0, 0, 0xc0, 0xe0, 0xf0 };
+        if (len == 1) u[0] = (char)c;
+        else for (int k = len - 1; k >= 0; k--, c >>= 6)
+            u[k] = (char)(k ? 0x80 | (c & 0x3f) : lead[len] | c);
+        if (n + (size_t)len < cap) memcpy(out + n, u, (size_t)len), n += (size_t)len;
+        else cut = 1;
+    }
+    if (cap) out[cut ? 0 : n] = 0;
+    return jr_eat(j, '"');
+}
+
+static int jr_int(jr *j, long long *v)
+{
+    char *end;
+    jr_ws(j);
+    errno = 0;
+    *v = strtoll(j->p, &end, 10);
+    if (end == j->p || errno || end > j->end) return 0;
+    j->p = end;
+    return 1;
+}
+
+static int jr_skip(jr *j, int depth)
+{
+    char tmp[8];
+    jr_ws(j);
+    if (j->p >= j->end || depth > 64) return 0;
+    if (*j->p == '"') return jr_str(j, tmp, sizeof tmp);
+    if (*j->p == '{' || *j->p == '[') {
+        char close = *j->p++ == '{' ? '}' : ']';
+        if (jr_eat(j, close)) return 1;
+        do {
+            if (close == '}' && (!jr_str(j, tmp, sizeof tmp) || !jr_eat(j, ':'))) return 0;
+            if (!jr_skip(j, depth + 1)) return 0;
+        } while (jr_eat(j, ','));
+        return jr_eat(j, close);
+    }
+    const char *s = j->p;
+    while (j->p < j->end && strchr("+-.0123456789eEtruefalsn", *j->p)) j->p++;
+    return j->p > s;
+}
+
+/* At an object: move to the value of 'key' (1), or past the object (0: absent or malformed). */
+static int jr_find(jr *j, const char *key)
+{
+    char k[256];
+    if (!jr_eat(j, '{') || jr_eat(j, '}')) return 0;
+    do {
+        if (!jr_str(j, k, sizeof k) || !jr_eat(j, ':')) return 0;
+        if (!strcmp(k, key)) return 1;
+        if (!jr_skip(j, 0)) return 0;
+    } while (jr_eat(j, ','));
+    return 0;
+}
+
+/* The whole file 'path' (NUL-terminated, malloc'd; *len bytes), or NULL. */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long n = -1;
+    if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
+        (text = malloc((size_t)n + 1)) && fread(text, 1, (size_t)n, f) == (size_t)n) {
+        text[n] = 0;
+        *len = (size_t)n;
+    } else {
+        free(text);
+        text = NULL;
+    }
+    if (f) fclose(f);
+    return text;
+}
+
+/* The content of tokenizer_config.json's 'key' (a string, or an object's "content") into
+** out; "" when absent. */
+static void special_token(const char *text, size_t len, const char *key, char *out, size_t cap)
+{
+    jr j = { text, text + len };
+    out[0] = 0;
+    if (!jr_find(&j, key)) return;
+    jr_ws(&j);
+    if (j.p < j.end && *j.p == '{' && !jr_find(&j, "content")) return;
+    if (!jr_str(&j, out, cap)) out[0] = 0;
+}
+
+/* The id of the token whose text is 'content' in tokenizer.json: its added_tokens, then its
+** model's vocab (an object); -1 when neither has it. */
+static long long token_id(const char *text, size_t len, const char *content)
+{
+    char buf[256];
+    long long id = -1, found = -1;
+    jr j = { text, text + len };
+    if (jr_find(&j, "added_tokens") && jr_eat(&j, '[') && !jr_eat(&j, ']')) do {
+        int match = 0;
+        id = -1;
+        if (!jr_eat(&j, '{')) break;
+        if (!jr_eat(&j, '}')) do {
+            if (!jr_str(&j, buf, sizeof buf) || !jr_eat(&j, ':')) return -1;
+            if (!strcmp(buf, "id")) {
+                if (!jr_int(&j, &id)) return -1;
+            } else if (!strcmp(buf, "content")) {
+                if (!jr_str(&j, buf, sizeof buf)) return -1;
+                match = !strcmp(buf, content);
+            } else if (!jr_skip(&j, 0)) {
+                return -1;
+            }
+        } while (jr_eat(&j, ','));
+        if (!jr_eat(&j, '}')) return -1;
+        if (match && id >= 0) return id;
+    } while (jr_eat(&j, ','));
+    j.p = text;
+    if (!jr_find(&j, "model") || !jr_find(&j, "vocab") || !jr_eat(&j, '{') || jr_eat(&j, '}'))
+        return -1;
+    do {
+        if (!jr_str(&j, buf, sizeof buf) || !jr_eat(&j, ':')) return -1;
+        if (!strcmp(buf, content)) return jr_int(&j, &found) ? found : -1;
+        if (!jr_skip(&j, 0)) return -1;
+    } while (jr_eat(&j, ','));
+    return -1;
+}
+
+/* The tokenizer's bos and eos: their texts (bos_text, eos_text: cap bytes each, "" when not
+** named) and ids (-1 when unknown). */
+typedef struct { char text[2][256]; long long id[2]; } hf_special;
+static const char *const special_keys[2] = { "bos_token", "eos_token" };
+
+static void special_ids(const char *tokenizer, hf_special *sp)
+{
+    char tj[ST_PATH_MAX], conf[ST_PATH_MAX + 32], msg[256];
+    size_t tlen = 0, clen = 0;
+    memset(sp, 0, sizeof *sp);
+    sp->id[0] = sp->id[1] = -1;
+    if (!tokenizer || tokenizer_json(tokenizer, tj, sizeof tj, msg, sizeof msg)) return;
+    const char *slash = strrchr(tj, '/');
+    snprintf(conf, sizeof conf, "%.*stokenizer_config.json", slash ? (int)(slash - tj + 1) : 0,
+             tj);
+    char *ctext = slurp(conf, &clen), *ttext = ctext ? slurp(tj, &tlen) : NULL;
+    for (int k = 0; k < 2 && ttext; k++) {
+        special_token(ctext, clen, special_keys[k], sp->text[k], sizeof sp->text[k]);
+        if (sp->text[k][0]) sp->id[k] = token_id(ttext, tlen, sp->text[k]);
+    }
+    free(ctext);
+    free(ttext);
+}
+
 /* -- The model's facts ------------------------------------------------------------------------ */
 
 /* The value of "key=value" in the resolved model (gpt.prog->model_text) into buf; "" if none. */
@@ -234,6 +438,17 @@ int lib_hf_check(const char *dir, const char *tokenizer, char *msg, size_t cap,
         *where = tokenizer;
         return 0;
     }
+    hf_special sp;
+    special_ids(tokenizer, &sp);
+    long long vocab = strtoll(fact("vocab", why, sizeof why), NULL, 10);
+    for (int k = 0; k < 2; k++)
+        if (sp.id[k] >= vocab) {
+            *where = tokenizer;
+            snprintf(msg, cap, "its %s '%.100s' is id %lld, outside the model's vocabulary of "
+                     "%lld: --tokenizer must be the model's own tokenizer", special_keys[k],
+                     sp.text[k], sp.id[k], vocab);
+            return 0;
+        }
     return 1;
 }
 
@@ -378,17 +593,25 @@ static void write_object(const char *tmp, const char *name, kv_list *l)
 
 /*
 ** config.json: every fact of the model under its Hugging Face name; what the model does not
-** say is decided here: dropout 0 (we train without), bos/eos null (the model does not know
-** its tokenizer's ids; transformers' tokenizer files have them), no rope scaling.
+** say is decided here: dropout 0 (we train without), no rope scaling, and bos/eos the ids of
+** --tokenizer's bos_token and eos_token (special_ids), null when not known (without null,
+** GPT2Config would claim 50256, LlamaConfig 1 and 2).
 */
-static void write_config(const char *tmp, hf_arch a, st_dtype dtype)
+static void write_config(const char *tmp, hf_arch a, st_dtype dtype, const hf_special *sp)
 {
-    kv_list l = { 0 };
+    kv_list l = { 0 }, g = { 0 };
     char b[64];
     const char *dt = dtype == ST_BF16 ? "\"bfloat16\"" : "\"float32\"";
+    const char *id_keys[2] = { "bos_token_id", "eos_token_id" };
     put_text(&l, "torch_dtype", dt);
-    put_text(&l, "bos_token_id", "null");
-    put_text(&l, "eos_token_id", "null");
+    for (int k = 0; k < 2; k++) {
+        if (sp->id[k] < 0) {
+            put_text(&l, id_keys[k], "null");
+            continue;
+        }
+        snprintf(put(&l, id_keys[k]), sizeof l.e[0].value, "%lld", sp->id[k]);
+        snprintf(put(&g, id_keys[k]), sizeof g.e[0].value, "%lld", sp->id[k]);
+    }
     put_fact(&l, "vocab_size", "vocab", 0);
     put_fact(&l, "initializer_range", "init_std", 1);
     put_text(&l, "tie_word_embeddings", fact("tie_embeddings", b, sizeof b));
@@ -440,8 +663,8 @@ static void write_config(const char *tmp, hf_arch a, st_dtype dtype)
         }
     }
     write_object(tmp, "config.json", &l);
-    /* generate()'s defaults: the whole context (transformers' own default is 20 tokens) */
-    kv_list g = { 0 };
+    /* generate()'s defaults: the whole context (transformers' own default is 20 tokens), and
+    ** the tokenizer's bos and eos where known */
     put_fact(&g, "max_length", "seq_len", 0);
     write_object(tmp, "generation_config.json", &g);
 }
@@ -502,7 +725,9 @@ void lib_hf_finish(const char *dir, const char *tmp, const st_tensor *ts, const 
     char why[256];
     RT_CHECK(arch_of(&a, why, sizeof why), "--save %s: %s", dir, why);
     if (nfiles > 1) write_index(tmp, ts, file_of, n, nfiles);
-    write_config(tmp, a, dtype);
+    hf_special sp;
+    special_ids(tokenizer, &sp);
+    write_config(tmp, a, dtype, &sp);
     if (tokenizer) copy_tokenizer(tokenizer, tmp);
     sync_dir(tmp);
     /* an earlier DIR (checked at start-up: an export's files alone) is swapped out in one

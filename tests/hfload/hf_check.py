@@ -1,15 +1,17 @@
 """tests/hfload/hf_check.py: checks of a --save DIR export against what it must hold, each
 computed here from its own inputs (python3 alone, no numpy):
 
-    hf_check.py config DUMP DIR DTYPE
+    hf_check.py config DUMP DIR DTYPE [BOS EOS]
         config.json's every field against the model as the generator resolved it (DUMP: the
-        JSON of `build/gen MODEL --dump config`), torch_dtype DTYPE (float32, bfloat16), and
-        generation_config.json's max_length.
+        JSON of `build/gen MODEL --dump config`), torch_dtype DTYPE (float32, bfloat16), the
+        token ids BOS and EOS (null when not given), and generation_config.json's.
     hf_check.py shards SINGLE DIR LIMIT DTYPE
         the safetensors files of DIR against SINGLE (the model saved as one F32 file):
         save_pretrained's split at LIMIT bytes (file names, which tensors each holds, in
         order), the index (sorted weight_map, metadata.total_size), and every tensor's bytes:
         SINGLE's (F32), or SINGLE's rounded to nearest even (BF16).
+    hf_check.py tokenizer DIR EOS
+        a fixture: a tokenizer in DIR whose bos is id 3 and eos id EOS.
     hf_check.py value FILE NAME I
         prints element I of the F32 tensor NAME of FILE as C's %.9g.
     hf_check.py head IN OUT FLIP
@@ -121,14 +123,14 @@ def shards(single, d, limit, dtype):
             check(data == (exp if dtype == "F32" else bf16(exp)), "%s: values differ" % name)
 
 
-def config(dump, d, dtype):
+def config(dump, d, dtype, bos=None, eos=None):
     with open(dump) as f:
         m = json.load(f)["model"]
     with open(os.path.join(d, "config.json")) as f:
         c = json.load(f)
     moe = m.get("moe")
-    common = {"vocab_size": m["vocab"], "torch_dtype": dtype, "bos_token_id": None,
-              "eos_token_id": None, "tie_word_embeddings": m["tie_embeddings"],
+    common = {"vocab_size": m["vocab"], "torch_dtype": dtype, "bos_token_id": bos,
+              "eos_token_id": eos, "tie_word_embeddings": m["tie_embeddings"],
               "initializer_range": m["init_std"], "use_cache": True}
     if m["arch"] == "gpt":
         want = dict(common, architectures=["GPT2LMHeadModel"], model_type="gpt2",
@@ -163,7 +165,9 @@ def config(dump, d, dtype):
     check(list(c) == sorted(c), "config.json keys not sorted")
     with open(os.path.join(d, "generation_config.json")) as f:
         g = json.load(f)
-    check(g == {"max_length": m["seq_len"]}, "generation_config.json %r" % g)
+    want = {"max_length": m["seq_len"]}
+    want.update({k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None})
+    check(g == want, "generation_config.json %r, expected %r" % (g, want))
 
 
 def add_head(src, dst, flip):
@@ -185,9 +189,30 @@ def add_head(src, dst, flip):
         f.write(struct.pack("<Q", len(j)) + j + blob)
 
 
+def tokenizer(d, eos_id):
+    """A tokenizer.json and tokenizer_config.json in d: bos '<s>' (id 3, an added token, named
+    as an object), eos 'end\u2603' (id eos_id, in the model's vocab, escaped in the JSON)."""
+    os.makedirs(d, exist_ok=True)
+    tok = {"version": "1.0", "added_tokens": [{"id": 7, "content": "x", "special": True},
+                                              {"special": True, "content": "<s>", "id": 3}],
+           "model": {"type": "BPE", "vocab": {"a": 0, "\u00e9t\u00e9": 1, "end\u2603": eos_id},
+                     "merges": []}}
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, indent=2)
+    with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False},
+                   "eos_token": "end\u2603"}, f, ensure_ascii=False)
+    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "end\u2603"}, f)
+
+
 def main():
+    if sys.argv[1] == "tokenizer":
+        tokenizer(sys.argv[2], int(sys.argv[3]))
+        return
     if sys.argv[1] == "config":
-        config(sys.argv[2], sys.argv[3], sys.argv[4])
+        ids = [int(x) for x in sys.argv[5:7]] + [None, None]
+        config(sys.argv[2], sys.argv[3], sys.argv[4], ids[0], ids[1])
     elif sys.argv[1] == "value":
         data = [t for t in tensors(sys.argv[2]) if t[0] == sys.argv[3]][0][3]
         print("%.9g" % struct.unpack_from("<f", data, 4 * int(sys.argv[4]))[0])

@@ -428,11 +428,10 @@ else
 fi
 # an earlier export is replaced whole (its shards gone; DIR/ is DIR); the tokenizer's files are
 # copied
+# (hf_check.py's: bos '<s>' id 3 among the added tokens, eos id 5 in the vocabulary), and its
+# bos and eos ids are config.json's and generation_config.json's
 TK=$S/tokenizer
-mkdir -p "$TK"
-printf '{"version": "1.0", "added_tokens": [], "model": {"type": "BPE"}}\n' > "$TK/tokenizer.json"
-printf '{"eos_token": "<|endoftext|>"}\n' > "$TK/tokenizer_config.json"
-printf '{"eos_token": "<|endoftext|>"}\n' > "$TK/special_tokens_map.json"
+$CHECK tokenizer "$TK" 5
 ex_replace() {
     cp -r "$S/ex-f32" "$S/ex-again"
     "$A" --steps 0 --init "$INIT" --save "$S/ex-again/" --tokenizer "$TK" > "$S/ex-again.log" \
@@ -443,7 +442,8 @@ model.safetensors special_tokens_map.json tokenizer.json tokenizer_config.json "
     for f in tokenizer.json tokenizer_config.json special_tokens_map.json; do
         cmp "$TK/$f" "$S/ex-again/$f" || return 1
     done &&
-    cmp "$S/ex-again/model.safetensors" "$S/ex-one/model.safetensors"
+    cmp "$S/ex-again/model.safetensors" "$S/ex-one/model.safetensors" &&
+    $CHECK config "$S/config.json" "$S/ex-again" float32 3 5
 }
 verdict export-replace-tokenizer "an export over an earlier one does not replace it whole, or \
 the tokenizer files are not copied" "$S/v-ex-again.log" ex_replace
@@ -518,6 +518,10 @@ takes a Hugging Face tokenizer.json or a directory holding one)$BEFORE" --steps 
 expect_run tokenizer-not-json 1 "$S/tokens.bin: error: is not a JSON object (--tokenizer takes \
 a Hugging Face tokenizer.json, a JSON object, or a directory holding one)$BEFORE" --steps 0 \
     --save "$S/x" --tokenizer "$TOKS"
+$CHECK tokenizer "$S/tokenizer-big" "$V"
+expect_run tokenizer-vocab 1 "$S/tokenizer-big: error: its eos_token 'end☃' is id $V, outside \
+the model's vocabulary of $V: --tokenizer must be the model's own tokenizer$BEFORE" --steps 0 \
+    --save "$S/x" --tokenizer "$S/tokenizer-big"
 expect_run tokenizer-no-save 2 "train: error: --tokenizer is about --save, which is not given" \
     --steps 0 --tokenizer "$TK"
 # a model Hugging Face has no architecture for: refused before training (one file still works)
