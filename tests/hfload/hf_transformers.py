@@ -32,7 +32,8 @@ def main():
                                                        output_loading_info=True)
     model.eval()
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-    bad = {k: v for k, v in info.items() if k != "error_msgs" and set(map(str, v)) - tied}
+    bad = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")
+           if set(map(str, info.get(k, []))) - tied}
     if bad or info.get("error_msgs"):
         sys.exit("%s: transformers did not load every weight: %r" % (d, info))
     tok = read_tokens(tokens)
