@@ -20,6 +20,7 @@
 
 #include "faults.h"
 #include "fail.h"     // defines: lib_fail_all, lib_fail_file
+#include "hfdir.h"    // defines: lib_hf_is_dir, lib_hf_check
 #include "stage.h"    // defines: lib (fault), LIB_FAULT_*, lib_first_bad_grad
 #include "world.h"    // defines: lib_world_allreduce, lib_world_allreduce_max, lib_world_barrier
 
@@ -348,7 +349,7 @@ static void check_paths(const lib_flags *f, char *msg, size_t cap, const char **
     /* the longest names the run makes of each output (ckpt.c, weights.c, train.c) */
     static const struct { const char *flag, *longest; } suffix[] = {
         { "--ckpt-dir", "/step_00000000.old/rank_00000.bin" },
-        { "--save", ".tmp" }, { "--log", ".tmp" },
+        { "--save", ".tmp/model.safetensors.index.json" }, { "--log", ".tmp" },
     };
     static io_list io;        /* large: not on the stack */
     const char *out[3] = { f->ckpt_dir, f->save, f->log };
@@ -405,7 +406,8 @@ static void check_paths(const lib_flags *f, char *msg, size_t cap, const char **
 
 /*
 ** Before any training: the paths of every input and output (check_paths), then every output
-** (--log, --ckpt-dir, --save) can be written, its directory made, and there is room for what
+** (--log, --ckpt-dir, --save: a file, or a Hugging Face directory as lib_hf_check allows) can
+** be written, its directory made, and there is room for what
 ** the run will write there (one resume checkpoint of every rank, 'ckpt_bytes' each; the --save
 ** file of 'save_bytes'; both when they share a file system). Rank 0 looks, as it writes the
 ** directories; every rank stops alike (lib_fail_file), and a long run never finds out at its
@@ -441,13 +443,27 @@ void lib_check_outputs(const lib_flags *f, long long ckpt_bytes, long long save_
                      "parameters and optimizer state)", msg, sizeof msg);
         }
     }
-    if (rt_rank() == 0 && !*msg && f->save) {
+    int save_dir_form = f->save && lib_hf_is_dir(f->save);
+    int dir_only = f->tokenizer || f->given[LIB_FLAG_SAVE_SHARD_SIZE];   /* DIR's flags */
+    if (rt_rank() == 0 && !*msg && f->save && !save_dir_form && dir_only) {
+        where = f->save;
+        snprintf(msg, sizeof msg, "%s is about --save DIR (a Hugging Face directory), and this "
+                 "--save names one .safetensors file", f->tokenizer ? "--tokenizer" :
+                 "--save-shard-size");
+    }
+    if (rt_rank() == 0 && !*msg && save_dir_form) {
+        const char *save_dir;
+        where = f->save;
+        if (make_dirs(save_dir = dir_of(f->save, d, sizeof d)))
+            snprintf(msg, sizeof msg, "cannot create its directory: %s (--save)",
+                     strerror(errno));
+        else if (lib_hf_check(f->save, f->tokenizer, msg, sizeof msg, &where) && !same_fs)
+            room_for(save_dir, save, "--save", msg, sizeof msg);
+    } else if (rt_rank() == 0 && !*msg && f->save) {
         const char *save_dir;
         where = f->save;
         snprintf(probe, sizeof probe, "%s.tmp", f->save);
-        if (!stat(f->save, &st) && S_ISDIR(st.st_mode))
-            snprintf(msg, sizeof msg, "is a directory (--save takes a file name)");
-        else if (make_dirs(save_dir = dir_of(f->save, d, sizeof d)))
+        if (make_dirs(save_dir = dir_of(f->save, d, sizeof d)))
             snprintf(msg, sizeof msg, "cannot create its directory: %s (--save)",
                      strerror(errno));
         else if (can_create(probe, msg, sizeof msg) && !same_fs)

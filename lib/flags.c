@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "flags.h"
 #include "fail.h"     // defines: lib_fail_all
@@ -300,6 +301,33 @@ static void check_number_flags(const lib_flags *f)
 }
 
 /*
+** --save-shard-size: bytes, or a number with a unit as Hugging Face's max_shard_size ("5GB":
+** 5e9 bytes; "500MiB"); the bytes rounded down, at least 1.
+*/
+static long long parse_size(const char *flag, const char *v)
+{
+    static const struct { const char *unit; double bytes; } units[] = {
+        { "KB", 1e3 }, { "MB", 1e6 }, { "GB", 1e9 }, { "TB", 1e12 },
+        { "KiB", 1024.0 }, { "MiB", 1048576.0 }, { "GiB", 1073741824.0 },
+        { "TiB", 1099511627776.0 }, { "B", 1 }, { "", 1 },
+    };
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    double mult = 0;
+    while (*end == ' ') end++;
+    for (size_t k = 0; k < sizeof units / sizeof *units && !mult; k++)
+        if (!strcasecmp(end, units[k].unit)) mult = units[k].bytes;
+    double bytes = floor(x * mult);
+    if (errno || end == v || !mult || !(bytes >= 1) || bytes > 9e18 || !(v[0] >= '0' &&
+        v[0] <= '9'))
+        lib_fail_all(2, "%s expects a size of at least 1 byte: bytes, or a number with KB, MB, "
+                     "GB, TB (powers of 1000) or KiB, MiB, GiB, TiB, as Hugging Face's "
+                     "max_shard_size (\"5GB\"); got '%s'", flag, v);
+    return (long long)bytes;
+}
+
+/*
 ** Fill 'f' from argv[1..argc-1]: first every flag's default (LIB_FLAGS), then the command line
 ** in order (a flag given twice: the last counts), then the derived defaults (--min-lr,
 ** --decay-steps). -h or --help sets f->help and stops there. A bad flag, a bad value or a
@@ -355,6 +383,24 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
     if ((f->ckpt_every || f->resume) && !f->ckpt_dir)
         lib_fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
     check_number_flags(f);
+    if (strcmp(f->save_dtype, "f32") && strcmp(f->save_dtype, "bf16"))
+        lib_fail_all(2, "%s must be f32 or bf16, got '%s'", as_given(LIB_FLAG_SAVE_DTYPE),
+                     f->save_dtype);
+    f->save_bf16 = !strcmp(f->save_dtype, "bf16");
+    static char save_path[4096];    /* --save DIR/ is DIR: DIR.tmp goes beside it, not in it */
+    size_t n = f->save ? strlen(f->save) : 0;
+    while (n > 1 && f->save[n - 1] == '/') n--;
+    if (f->save && f->save[n] && n < sizeof save_path) {
+        snprintf(save_path, sizeof save_path, "%.*s", (int)n, f->save);
+        f->save = save_path;
+    }
+    f->save_shard_bytes = parse_size(as_given(LIB_FLAG_SAVE_SHARD_SIZE), f->save_shard_size);
+    if (!f->save && (f->given[LIB_FLAG_SAVE_DTYPE] || f->given[LIB_FLAG_SAVE_SHARD_SIZE] ||
+                     f->tokenizer))
+        lib_fail_all(2, "%s is about --save, which is not given",
+                     as_given(f->given[LIB_FLAG_SAVE_DTYPE] ? LIB_FLAG_SAVE_DTYPE :
+                              f->given[LIB_FLAG_SAVE_SHARD_SIZE] ? LIB_FLAG_SAVE_SHARD_SIZE :
+                              LIB_FLAG_TOKENIZER));
     if ((f->exit_minutes > 0 || f->exit_interval) && !f->ckpt_dir)
         lib_fail_all(2, "--exit-duration-in-mins and --exit-interval save a checkpoint to "
                      "resume from: they need --ckpt-dir DIR");

@@ -61,11 +61,25 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(INIT, "init", "PATH", STRING, init, NULL, \
       "start from a Hugging Face checkpoint: one `.safetensors` file, the " \
       "`model.safetensors.index.json` of a sharded one (its shards beside it), or a " \
-      "directory holding that index or one `model.safetensors`; the model's Hugging Face " \
-      "tensor names (GPT-2 or Llama) and shapes, in F32, BF16 or F16") \
-    _(SAVE, "save", "FILE", STRING, save, NULL, \
-      "write the whole model after the last step: safetensors, F32, the model's Hugging " \
-      "Face names (any layout loads it with `--init`)") \
+      "directory holding that index or one `model.safetensors` (as `--save DIR` writes); the " \
+      "model's Hugging Face tensor names (GPT-2's with or without `transformer.`, Llama, " \
+      "Mixtral) and shapes, in F32, BF16 or F16; a tied model's `lm_head.weight` must equal " \
+      "the embedding") \
+    _(SAVE, "save", "PATH", STRING, save, NULL, \
+      "write the whole model after the last step, with its Hugging Face names (any layout " \
+      "loads it with `--init`): `FILE.safetensors` writes one file; any other path a " \
+      "directory `transformers` loads (`config.json`, `generation_config.json`, safetensors " \
+      "shards past `--save-shard-size` with their index, the `--tokenizer` files; README.md, " \
+      "\"Hugging Face checkpoints\"), replacing an earlier export there") \
+    _(SAVE_DTYPE, "save-dtype", "D", STRING, save_dtype, "f32", \
+      "the dtype `--save` writes: `f32`, or `bf16` (rounded to nearest even, as torch does)") \
+    _(SAVE_SHARD_SIZE, "save-shard-size", "SIZE", STRING, save_shard_size, "5GB", \
+      "`--save DIR`: the largest safetensors file, as `save_pretrained`'s `max_shard_size`: " \
+      "bytes, or a number with `KB`, `MB`, `GB`, `TB` (powers of 1000) or `KiB`, `MiB`, " \
+      "`GiB`, `TiB`") \
+    _(TOKENIZER, "tokenizer", "PATH", STRING, tokenizer, NULL, \
+      "`--save DIR`: copy this Hugging Face `tokenizer.json` (or a directory's), and the " \
+      "`tokenizer_config.json` and `special_tokens_map.json` beside it, into the export") \
     _(LOG, "log", "FILE", STRING, log, NULL, \
       "one JSON object per step: `step, loss, lr, grad_norm, ms, comm_ms, tok_s, tflops` " \
       "(`comm_ms`: rank 0's time blocked on communication in the step, the part not " \
@@ -175,6 +189,9 @@ typedef struct {
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
     const char *tb_dir;       /* --tensorboard-dir */
+    const char *save_dtype, *save_shard_size, *tokenizer;   /* --save's form (hfdir.h) */
+    int save_bf16;            /* --save-dtype bf16 */
+    long long save_shard_bytes;   /* --save-shard-size in bytes */
     char **data_path;         /* --data-path's words (argv); ndata_path of them */
     int ndata_path, dump_samples;
     unsigned long long data_seed;

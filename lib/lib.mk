@@ -16,7 +16,8 @@
 #                                           the generate program (KV cache, sampling, text)
 #   7  weights  ckpt                        --init/--save (safetensors); resume checkpoints
 #   6  faults                               GPT_FAULT, exit signals, output checks, bad steps
-#   5  world                                host values reduced over the world, barriers
+#   5  world  hfdir                         host values reduced over the world, barriers;
+#                                           the Hugging Face directory of --save DIR
 #   4  stage (stage model moe groups)       setup, layers, MoE, groups: the stage's machinery
 #   3  lr  data  tensors                    learning rate, training data, the tensor list
 #   2  flags  ops                           the command line (one table: LIB_FLAGS); the
@@ -27,7 +28,7 @@
 # LIB_LAYERS writes the same bottom first: layers separated by spaces, modules in a layer by
 # commas, the files of a module by '+'. kernels is kernels_cpu.c or kernels_cuda.cu (one per
 # backend library).
-LIB_LAYERS  := fail,safetensors,tboard,kernels flags,ops lr,data,tensors stage+model+moe+groups world \
+LIB_LAYERS  := fail,safetensors,tboard,kernels flags,ops lr,data,tensors stage+model+moe+groups world,hfdir \
                faults weights,ckpt train,generate main,generate_main
 
 LIB_BUILD   := build/lib

@@ -205,7 +205,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     lib_stage_setup();
     const gpt_stage *st = gpt.stage;
     if (!f.dump_samples)
-        lib_check_outputs(&f, lib_ckpt_bytes(), f.save ? lib_weights_save_bytes() : 0);
+        lib_check_outputs(&f, lib_ckpt_bytes(), f.save ? lib_weights_save_bytes(&f) : 0);
     lib_signals_install(&f);
 
     int start = 0, updates = 0, skipped = 0;  /* steps done; optimizer updates; steps skipped */
@@ -322,9 +322,9 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
             fprintf(stderr, "train: stopped by %s after step %d of %d: no --ckpt-dir, so no "
                     "checkpoint to resume from%s\n", stopped, s, f.steps,
                     f.save ? "; writing --save" : "");
-        if (f.save) lib_weights_save(f.save);
+        if (f.save) lib_weights_save(&f);
         rc = 1;
-    } else if (f.save) lib_weights_save(f.save);
+    } else if (f.save) lib_weights_save(&f);
     lib_faults_report();
     free(inputs);
     free(targets);

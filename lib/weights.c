@@ -1,7 +1,8 @@
 /*
 ** weights.c: the whole model's parameters as Hugging Face safetensors, layout-free: --init
 ** reads a file or the shards of an index (F32, BF16 or F16) after checking it against the
-** model's tensor list, --save writes one F32 file; without --init the seeded initialisation.
+** model's tensor list, --save writes one file or a Hugging Face directory's files (hfdir.h)
+** in F32 or BF16; without --init the seeded initialisation.
 ** Every rank reads and writes its own pieces (stage.h: lib.pieces) in the f32 parameters
 ** (lib_master). Called by gpt_main.
 */
@@ -11,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 
 #include "weights.h"
 #include "fail.h"         // defines: lib_fail_file, lib_report_error
+#include "hfdir.h"        // defines: lib_hf_is_dir, lib_hf_shards, lib_hf_begin, lib_hf_finish
 #include "faults.h"       // defines: lib_fault_point
 #include "safetensors.h"  // defines: st_file, st_index, st_open, st_read_f32, st_header, ...
 #include "stage.h"        // defines: lib (tensors, pieces), lib_master, lib_expert_bias_each
@@ -102,10 +105,34 @@ static const char **model_names(void)
     return lib_tensor_names(chk.tensors, chk.n);
 }
 
-/* The model's tensor named 'name', or -1. */
+/* GPT2LMHeadModel.save_pretrained writes GPT-2's names under this prefix (GPT2Model, and
+** Hugging Face's gpt2 checkpoints, without). */
+static const char gpt2_prefix[] = "transformer.";
+
+/* The model's tensor named 'name' (GPT-2's with or without gpt2_prefix), or -1. */
 static int tensor_named(const char *name)
 {
-    return lib_tensor_find(chk.tensors, chk.n, name);
+    int t = lib_tensor_find(chk.tensors, chk.n, name);
+    size_t n = strlen(gpt2_prefix);
+    if (t < 0 && !strncmp(name, gpt2_prefix, n))
+        t = lib_tensor_find(chk.tensors, chk.n, name + n);
+    return t;
+}
+
+/* A model whose LM head is its embedding (GPT-2; Llama with tie_embeddings) has no
+** "lm_head.weight"; a checkpoint may still hold the head as a copy of the embedding (a
+** state_dict of GPT2LMHeadModel). For that name: the embedding's tensor; else -1. */
+static const char head_name[] = "lm_head.weight";
+static const char *const embedding_names[] = { "wte.weight", "model.embed_tokens.weight" };
+
+static int tied_head_of(const char *name)
+{
+    if (strcmp(name, head_name) || tensor_named(name) >= 0) return -1;
+    for (size_t k = 0; k < sizeof embedding_names / sizeof *embedding_names; k++) {
+        int t = tensor_named(embedding_names[k]);
+        if (t >= 0) return t;
+    }
+    return -1;
 }
 
 /* "'a', 'b', ..." from the first two of names[n] ("no tensors" when n = 0). */
@@ -128,6 +155,8 @@ typedef struct {
     char (*err)[256];            /* [nfiles] */
     const st_tensor **found;     /* [ntensors]: each model tensor's entry, NULL if none */
     int *found_file;             /* [ntensors]: the file of that entry */
+    const st_tensor *head;       /* a tied model's lm_head.weight in the checkpoint, or NULL */
+    int head_file, head_of;      /* its file; the embedding tensor it must equal */
 } init_src;
 
 /*
@@ -238,10 +267,13 @@ static void init_foreign(const init_src *s)
                   count, chk.n, what, have_text, chk.model, needs, want_text);
 }
 
-/* Entry e of file k for model tensor t: shape, dtype and data offsets, reported against the
-** file. The first entry of a tensor is the one read; a second is a problem. */
-static void check_entry(init_src *s, int k, const st_tensor *e, int t)
+/* Entry e of file k for model tensor t (head: the tied head, which has t's shape): shape,
+** dtype and data offsets, reported against the file. The first entry of a tensor is the one
+** read; a second is a problem. */
+static void check_entry_of(init_src *s, int k, const st_tensor *e, int t, int head)
 {
+    const st_tensor **found = head ? &s->head : &s->found[t];
+    int *found_file = head ? &s->head_file : &s->found_file[t];
     char s1[64], s2[64];
     const char *path = s->fpath[k];
     const lib_tensor *ti = &chk.tensors[t];
@@ -249,7 +281,7 @@ static void check_entry(init_src *s, int k, const st_tensor *e, int t)
     long long rows = e->ndim == 2 ? e->shape[0] : 1, cols = e->ndim == 2 ? e->shape[1]
                                                                      : e->shape[0];
     int ok_dtype = e->dtype == ST_F32 || e->dtype == ST_BF16 || e->dtype == ST_F16;
-    if (s->found[t])
+    if (*found)
         st_problem(path, "tensor '%s' appears twice", e->name);
     else if (e->ndim != ti->ndim || rows != ti->rows || cols != ti->cols)
         st_problem(path, "tensor '%s' has shape %s, expected %s", e->name,
@@ -263,10 +295,16 @@ static void check_entry(init_src *s, int k, const st_tensor *e, int t)
         st_problem(path, "tensor '%s' has data_offsets [%lld, %lld]: they must span its "
                    "%lld bytes inside the file", e->name, e->begin, e->end,
                    rows * cols * st_dtype_size(e->dtype));
-    if (!s->found[t]) {
-        s->found[t] = e;
-        s->found_file[t] = k;
+    if (!*found) {
+        *found = e;
+        *found_file = k;
+        if (head) s->head_of = t;
     }
+}
+
+static void check_entry(init_src *s, int k, const st_tensor *e, int t)
+{
+    check_entry_of(s, k, e, t, 0);
 }
 
 /* One file: every tensor of its header is the model's (or a buffer), every model tensor is
@@ -276,8 +314,9 @@ static void init_check_file(init_src *s)
     const st_file *f = &s->files[0];
     for (int i = 0; i < f->n; i++) {
         const st_tensor *e = &f->t[i];
-        int t = tensor_named(e->name);
+        int t = tensor_named(e->name), h = tied_head_of(e->name);
         if (t >= 0) check_entry(s, 0, e, t);
+        else if (h >= 0) check_entry_of(s, 0, e, h, 1);
         else if (!st_buffer(e->name))
             st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
                        e->name);
@@ -328,17 +367,24 @@ static void init_check_index(init_src *s)
                        ti->name, ix->shard[e->shard], also);
         }
     }
-    for (int i = 0; i < ix->n; i++)
-        if (tensor_named(ix->map[i].name) < 0 && !st_buffer(ix->map[i].name))
+    for (int i = 0; i < ix->n; i++) {
+        const st_entry *e = &ix->map[i];
+        int head = tied_head_of(e->name) >= 0;
+        if (tensor_named(e->name) < 0 && !st_buffer(e->name) && !head)
             st_problem(s->path, "unexpected tensor '%s' (not a parameter of this model)",
-                       ix->map[i].name);
+                       e->name);
+        if (head && s->files[e->shard].fd >= 0 && !st_find(&s->files[e->shard], e->name))
+            st_problem(s->path, "tensor '%s' is mapped to '%s', which does not hold it",
+                       e->name, ix->shard[e->shard]);
+    }
     for (int k = 0; k < s->nfiles; k++)
         for (int i = 0; s->files[k].fd >= 0 && i < s->files[k].n; i++) {
             const st_tensor *te = &s->files[k].t[i];
             const st_entry *e = st_index_find(ix, te->name);
-            int t = tensor_named(te->name);
+            int t = tensor_named(te->name), h = tied_head_of(te->name);
+            if (h >= 0 && e && e->shard == k) check_entry_of(s, k, te, h, 1);
             if (!e) {       /* a model tensor not in the index is reported above */
-                if (t < 0 && !st_buffer(te->name))
+                if (t < 0 && h < 0 && !st_buffer(te->name))
                     st_problem(s->fpath[k], "unexpected tensor '%s' (not in the index, not a "
                                "parameter of this model)", te->name);
             } else if (t >= 0 && e->shard == k) {
@@ -354,7 +400,9 @@ static void init_check_index(init_src *s)
 /*
 ** Open --init's checkpoint (a safetensors file, an index, or a directory holding one; see
 ** init_open) and check it: every tensor of the model present once with its shape, in F32,
-** BF16 or F16, inside its file; nothing else but Hugging Face's buffers (st_buffers). A
+** BF16 or F16, inside its file; nothing else but Hugging Face's buffers (st_buffers) and a
+** tied model's head (tied_head_of, checked equal to the embedding when loaded). GPT-2's names
+** may carry GPT2LMHeadModel's "transformer." prefix. A
 ** checkpoint of another architecture fails in one line (init_foreign); other problems (up to
 ** 20 shown) are all reported, then the load fails. Fills s->found and s->found_file.
 */
@@ -450,6 +498,48 @@ static void check_finite(init_src *s, long long bad)
 }
 
 /*
+** A tied head in the checkpoint must be the embedding's copy: each rank compares the rows of
+** the embedding it read (v: n values from element 'first') with the head's; the first that
+** differs (bit for bit, as f32) into *bad, as find_nonfinite.
+*/
+static void compare_head(init_src *s, const float *v, size_t n, long long first, long long *bad)
+{
+    float *h = malloc(n * sizeof *h + 1);
+    RT_CHECK(h, "out of memory");
+    RT_CHECK(st_read_f32(&s->files[s->head_file], s->head, first, (long long)n, h) == 0,
+             "%s: read failed: %s", s->fpath[s->head_file], strerror(errno));
+    for (size_t k = 0; k < n; k++)
+        if (memcmp(&h[k], &v[k], sizeof *h)) {
+            long long key = first + (long long)k;
+            if (*bad < 0 || key < *bad) *bad = key;
+            break;
+        }
+    free(h);
+}
+
+/* Every rank alike: when some rank's embedding rows differ from the tied head's (its first
+** such element 'bad', -1 if none), fail naming the world's first. Hugging Face ties the head
+** after loading and ignores the copy; a head that differs means an untied model, which this
+** one is not, so it is refused rather than dropped. */
+static void check_head(init_src *s, long long bad)
+{
+    long long key = bad < 0 ? 0 : LLONG_MAX - bad;
+    lib_world_allreduce_max(&key);
+    if (!key) return;
+    bad = LLONG_MAX - key;
+    const lib_tensor *ti = &chk.tensors[s->head_of];
+    float x = 0, y = 0;
+    RT_CHECK(st_read_f32(&s->files[s->head_file], s->head, bad, 1, &x) == 0 &&
+             st_read_f32(&s->files[s->found_file[s->head_of]], s->found[s->head_of], bad, 1,
+                         &y) == 0, "%s: read failed: %s", s->path, strerror(errno));
+    lib_fail_file(s->fpath[s->head_file], "tensor '%s' differs from '%s' at element %lld (row "
+                  "%lld, column %lld: %.9g, not %.9g): the model (%s) ties its LM head to the "
+                  "embedding, so a checkpoint may hold the head only as the embedding's copy",
+                  head_name, s->found[s->head_of]->name, bad, bad / ti->cols, bad % ti->cols,
+                  (double)x, (double)y, chk.model);
+}
+
+/*
 ** --init PATH: every rank reads its own pieces straight from the files that hold them (no
 ** communication; each rank opens the checkpoint's files and checks their headers alike, and a
 ** bad checkpoint fails every rank alike, lib_fail_file), and every weight must be finite (the
@@ -464,6 +554,7 @@ void lib_weights_load(const char *arg)
     chk.model = gpt.prog->model;
     st_check(&s, arg);
     long long bad = -1;         /* the first non-finite weight this rank read (find_nonfinite) */
+    long long head_bad = -1;    /* the first element of a tied head that differs (compare_head) */
     for (int i = 0; i < lib.npieces; i++) {
         const lib_piece *pc = &lib.pieces[i];
         int t = lib.params[pc->param].tensor, k = s.found_file[t];
@@ -476,6 +567,9 @@ void lib_weights_load(const char *arg)
                                  host + (size_t)r * pc->cols) == 0,
                      "%s: read failed: %s", s.fpath[k], strerror(errno));
             find_nonfinite(host + (size_t)r * pc->cols, (size_t)pc->cols, t, first, &bad);
+            if (s.head && t == s.head_of)
+                compare_head(&s, host + (size_t)r * pc->cols, (size_t)pc->cols, first,
+                             &head_bad);
         }
         piece_copy(pc, host, 1);
         free(host);
@@ -483,6 +577,7 @@ void lib_weights_load(const char *arg)
     ebias_ctx ec = { &s, bad };
     if (lib.ebias_tensor >= 0) lib_expert_bias_each(ebias_load, &ec);
     check_finite(&s, ec.bad);
+    check_head(&s, head_bad);
     init_close(&s);
     lib_master_commit();
 }
@@ -562,126 +657,221 @@ void lib_weights_init(unsigned long long seed)
     lib_master_commit();
 }
 
-/* Where save_model writes: the temporary file, its data start, the header's tensors. */
+/*
+** Where --save writes: one file (PATH.tmp, renamed to PATH) or a Hugging Face directory's
+** safetensors files (DIR.tmp/NAME, hfdir.h), every tensor in one of them at its offset. All
+** ranks make the same plan from the model's tensor list.
+*/
 typedef struct {
-    int fd;
-    long long data0;
-    const st_tensor *ts;
-    const char *tmp;
-} save_dst;
+    int dir;                     /* --save DIR */
+    st_dtype dtype;              /* F32, or BF16 (--save-dtype bf16) */
+    int nfiles;
+    char tmpdir[ST_PATH_MAX];    /* dir: DIR.tmp */
+    char (*path)[ST_PATH_MAX];   /* [nfiles] where each file is written */
+    int *file_of;                /* [ntensors] */
+    st_tensor *ts;               /* [ntensors] names, shapes, offsets in their file's data */
+    long long *data0;            /* [nfiles] header bytes: where the data starts */
+    unsigned char **hdr;         /* [nfiles] */
+    long long bytes;             /* every file's bytes */
+} save_plan;
+
+static void plan_make(save_plan *p, const lib_flags *f)
+{
+    int n = lib.ntensors;
+    memset(p, 0, sizeof *p);
+    p->dir = lib_hf_is_dir(f->save);
+    p->dtype = f->save_bf16 ? ST_BF16 : ST_F32;
+    p->ts = calloc((size_t)n, sizeof *p->ts);
+    p->file_of = calloc((size_t)n, sizeof *p->file_of);
+    long long *bytes = calloc((size_t)n, sizeof *bytes);
+    st_tensor *one = calloc((size_t)n, sizeof *one);
+    RT_CHECK(p->ts && p->file_of && bytes && one, "out of memory");
+    for (int t = 0; t < n; t++) {
+        const lib_tensor *ti = &lib.tensors[t];
+        snprintf(p->ts[t].name, sizeof p->ts[t].name, "%s", ti->name);
+        p->ts[t].dtype = p->dtype;
+        p->ts[t].ndim = ti->ndim;
+        p->ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
+        p->ts[t].shape[1] = ti->cols;
+        bytes[t] = (long long)ti->rows * ti->cols * st_dtype_size(p->dtype);
+    }
+    p->nfiles = p->dir ? lib_hf_shards(bytes, n, f->save_shard_bytes, p->file_of) : 1;
+    p->path = calloc((size_t)p->nfiles, sizeof *p->path);
+    p->data0 = calloc((size_t)p->nfiles, sizeof *p->data0);
+    p->hdr = calloc((size_t)p->nfiles, sizeof *p->hdr);
+    RT_CHECK(p->path && p->data0 && p->hdr, "out of memory");
+    if (p->dir) snprintf(p->tmpdir, sizeof p->tmpdir, "%s%s", f->save, HF_TMP_SUFFIX);
+    for (int k = 0; k < p->nfiles; k++) {
+        int m = 0;                  /* file k's tensors, in checkpoint order */
+        for (int t = 0; t < n; t++)
+            if (p->file_of[t] == k) one[m++] = p->ts[t];
+        size_t len;
+        p->hdr[k] = st_header(one, m, &len);
+        RT_CHECK(p->hdr[k], "out of memory");
+        p->data0[k] = (long long)len;
+        p->bytes += (long long)len + (m ? one[m - 1].end : 0);
+        for (int t = 0, j = 0; t < n; t++)
+            if (p->file_of[t] == k) p->ts[t] = one[j++];
+        char name[64];
+        lib_hf_file_name(k, p->nfiles, name, sizeof name);
+        if (p->dir) snprintf(p->path[k], sizeof p->path[k], "%.4000s/%s", p->tmpdir, name);
+        else snprintf(p->path[k], sizeof p->path[k], "%.4000s.tmp", f->save);
+    }
+    free(bytes);
+    free(one);
+}
+
+static void plan_free(save_plan *p)
+{
+    for (int k = 0; k < p->nfiles; k++) free(p->hdr[k]);
+    free(p->hdr);
+    free(p->data0);
+    free(p->path);
+    free(p->file_of);
+    free(p->ts);
+}
+
+/* F32 bits to BF16 bits, rounded to nearest even as torch's .to(torch.bfloat16); a NaN stays
+** a quiet NaN. */
+static uint16_t to_bf16(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40);
+    return (uint16_t)((u + 0x7fffu + (u >> 16 & 1)) >> 16);
+}
+
+/* Write n values of tensor t, elements first.., at their place in the plan (fds: each file's
+** descriptor, opened on first use). */
+static void plan_write(const save_plan *p, int *fds, int t, long long first, const float *v,
+                       size_t n)
+{
+    int k = p->file_of[t], size = st_dtype_size(p->dtype);
+    if (fds[k] < 0) {
+        fds[k] = open(p->path[k], O_WRONLY);
+        RT_CHECK(fds[k] >= 0, "%s: cannot open: %s", p->path[k], strerror(errno));
+    }
+    const void *bytes = v;
+    uint16_t *half = NULL;
+    if (p->dtype == ST_BF16) {
+        half = malloc(n * sizeof *half + 1);
+        RT_CHECK(half, "out of memory");
+        for (size_t i = 0; i < n; i++) half[i] = to_bf16(v[i]);  /* little-endian hosts */
+        bytes = half;
+    }
+    off_t at = (off_t)(p->data0[k] + p->ts[t].begin + first * size);
+    RT_CHECK(pwrite(fds[k], bytes, n * (size_t)size, at) == (ssize_t)(n * (size_t)size),
+             "%s: write failed: %s", p->path[k], strerror(errno));
+    free(half);
+}
+
+static void plan_close(const save_plan *p, int *fds)
+{
+    for (int k = 0; k < p->nfiles; k++)
+        if (fds[k] >= 0) {
+            RT_CHECK(fsync(fds[k]) == 0, "%s: fsync failed: %s", p->path[k], strerror(errno));
+            close(fds[k]);
+            fds[k] = -1;
+        }
+}
+
+typedef struct { const save_plan *p; int *fds; } save_dst;
 
 static void ebias_save(int layer, float *bias, void *ctx)
 {
     const save_dst *d = ctx;
     int t = lib.ebias_tensor + layer;
-    size_t bytes = (size_t)lib.tensors[t].cols * 4;
-    RT_CHECK(pwrite(d->fd, bias, bytes, (off_t)(d->data0 + d->ts[t].begin)) == (ssize_t)bytes,
-             "%s: write failed: %s", d->tmp, strerror(errno));
+    plan_write(d->p, d->fds, t, 0, bias, (size_t)lib.tensors[t].cols);
 }
 
-/* The --save file's tensors (F32, the model's Hugging Face names) and header; *len its size. */
-static st_tensor *save_tensors(unsigned char **h, size_t *len)
+/* The bytes --save writes (for the start-up check of its room, faults.h). */
+long long lib_weights_save_bytes(const lib_flags *f)
 {
-    st_tensor *ts = calloc((size_t)lib.ntensors, sizeof *ts);
-    RT_CHECK(ts, "out of memory");
-    for (int t = 0; t < lib.ntensors; t++) {
-        const lib_tensor *ti = &lib.tensors[t];
-        snprintf(ts[t].name, sizeof ts[t].name, "%s", ti->name);
-        ts[t].dtype = ST_F32;
-        ts[t].ndim = ti->ndim;
-        ts[t].shape[0] = ti->ndim == 2 ? ti->rows : ti->cols;
-        ts[t].shape[1] = ti->cols;
-    }
-    *h = st_header(ts, lib.ntensors, len);
-    RT_CHECK(*h, "out of memory");
-    return ts;
-}
-
-/* The size in bytes of the --save file (for the start-up check of its room, faults.h). */
-long long lib_weights_save_bytes(void)
-{
-    unsigned char *h;
-    size_t len;
-    st_tensor *ts = save_tensors(&h, &len);
-    long long total = (long long)len + ts[lib.ntensors - 1].end;
-    free(h);
-    free(ts);
+    save_plan p;
+    plan_make(&p, f);
+    long long total = p.bytes;
+    plan_free(&p);
     return total;
 }
 
 /*
-** --save PATH: rank 0 writes the header into PATH.tmp, sized to its final length; every owner of
-** a piece (data-parallel rank 0; tp rank 0 for replicated tensors; never the tied copy) writes
-** its rows at their offsets; after a barrier rank 0 syncs and renames. Written whole or not
-** at all. The values are the f32 (main) parameters. Collective over the world (every rank
-** calls it); an I/O error stops the job (RT_CHECK) before the rename.
+** --save PATH: rank 0 makes the files (DIR.tmp first for a directory), each with its header
+** and sized to its final length; every owner of a piece (data-parallel rank 0; tp rank 0 for
+** replicated tensors; never the tied copy) writes its rows at their offsets, converted to the
+** --save-dtype; after a barrier rank 0 syncs, then renames PATH.tmp to PATH, or finishes the
+** directory (hfdir.h: index, config, tokenizer, rename). Written whole or not at all. The
+** values are the f32 (main) parameters. Collective over the world (every rank calls it); an
+** I/O error stops the job (RT_CHECK) before the rename.
 */
-void lib_weights_save(const char *path)
+void lib_weights_save(const lib_flags *f)
 {
     lib_sync();
     lib_master_allgather();
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    unsigned char *h;
-    size_t len;
-    st_tensor *ts = save_tensors(&h, &len);
-    long long data0 = (long long)len, total = data0 + ts[lib.ntensors - 1].end;
+    save_plan p;
+    plan_make(&p, f);
+    int *fds = malloc(sizeof *fds * (size_t)p.nfiles);
+    RT_CHECK(fds, "out of memory");
+    for (int k = 0; k < p.nfiles; k++) fds[k] = -1;
     if (rt_rank() == 0) {
         lib_fault_point();
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        RT_CHECK(fd >= 0, "%s: cannot create: %s", tmp, strerror(errno));
-        RT_CHECK(pwrite(fd, h, len, 0) == (ssize_t)len && ftruncate(fd, total) == 0,
-                 "%s: write failed: %s", tmp, strerror(errno));
-        close(fd);
+        if (p.dir) lib_hf_begin(f->save, p.tmpdir, sizeof p.tmpdir);
+        for (int k = 0; k < p.nfiles; k++) {
+            int fd = open(p.path[k], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            long long end = p.data0[k];
+            for (int t = 0; t < lib.ntensors; t++)
+                if (p.file_of[t] == k && p.data0[k] + p.ts[t].end > end)
+                    end = p.data0[k] + p.ts[t].end;
+            RT_CHECK(fd >= 0, "%s: cannot create: %s", p.path[k], strerror(errno));
+            RT_CHECK(pwrite(fd, p.hdr[k], (size_t)p.data0[k], 0) == (ssize_t)p.data0[k] &&
+                     ftruncate(fd, end) == 0, "%s: write failed: %s", p.path[k],
+                     strerror(errno));
+            close(fd);
+        }
     }
     lib_world_barrier();
-    if (lib.npieces > 0) {
-        int fd = open(tmp, O_WRONLY);
-        RT_CHECK(fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
-        for (int i = 0; i < lib.npieces; i++) {
-            const lib_piece *pc = &lib.pieces[i];
-            /* every piece is written by exactly one rank: a data-parallel replica's first
-            ** rank, tp rank 0 for tp-replicated tensors, never the tied copy */
-            int rep = pc->flags & GPT_REPLICATED;
-            int mine = (pc->flags & GPT_EXPERT_PIECE)
-                ? gpt.edp_rank == 0 && (!rep || gpt.etp_rank == 0)
-                : gpt.dp_rank == 0 && gpt.cp_rank == 0 && (!rep || gpt.tp_rank == 0);
-            if ((pc->flags & GPT_TIED_COPY) || !mine) continue;
-            int t = lib.params[pc->param].tensor;
-            const lib_tensor *ti = &lib.tensors[t];
-            float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
-            RT_CHECK(host, "out of memory");
-            piece_copy(pc, host, 0);
-            lib_fault_point();
-            for (int r = 0; r < pc->rows; r++) {
-                off_t at = data0 + ts[t].begin + ((off_t)(pc->grow + r) * ti->cols + pc->gcol) * 4;
-                size_t bytes = (size_t)pc->cols * 4;
-                RT_CHECK(pwrite(fd, host + (size_t)r * pc->cols, bytes, at) == (ssize_t)bytes,
-                         "%s: write failed: %s", tmp, strerror(errno));
-            }
-            free(host);
-        }
-        RT_CHECK(fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(fd);
+    for (int i = 0; i < lib.npieces; i++) {
+        const lib_piece *pc = &lib.pieces[i];
+        /* every piece is written by exactly one rank: a data-parallel replica's first rank,
+        ** tp rank 0 for tp-replicated tensors, never the tied copy */
+        int rep = pc->flags & GPT_REPLICATED;
+        int mine = (pc->flags & GPT_EXPERT_PIECE)
+            ? gpt.edp_rank == 0 && (!rep || gpt.etp_rank == 0)
+            : gpt.dp_rank == 0 && gpt.cp_rank == 0 && (!rep || gpt.tp_rank == 0);
+        if ((pc->flags & GPT_TIED_COPY) || !mine) continue;
+        int t = lib.params[pc->param].tensor;
+        const lib_tensor *ti = &lib.tensors[t];
+        float *host = malloc((size_t)pc->rows * pc->cols * sizeof(float));
+        RT_CHECK(host, "out of memory");
+        piece_copy(pc, host, 0);
+        lib_fault_point();
+        for (int r = 0; r < pc->rows; r++)
+            plan_write(&p, fds, t, (long long)(pc->grow + r) * ti->cols + pc->gcol,
+                       host + (size_t)r * pc->cols, (size_t)pc->cols);
+        free(host);
     }
     /* the expert biases of a stage's layers: its first dense rank (tp, cp, dp 0) */
     if (lib.ebias_tensor >= 0 && gpt.tp_rank == 0 && gpt.cp_rank == 0 && gpt.dp_rank == 0) {
-        save_dst dst = { open(tmp, O_WRONLY), data0, ts, tmp };
-        RT_CHECK(dst.fd >= 0, "%s: cannot open: %s", tmp, strerror(errno));
+        save_dst dst = { &p, fds };
         lib_expert_bias_each(ebias_save, &dst);
-        RT_CHECK(fsync(dst.fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(dst.fd);
     }
+    plan_close(&p, fds);
     lib_world_barrier();
     if (rt_rank() == 0) {
         lib_fault_point();
-        int fd = open(tmp, O_RDONLY);
-        RT_CHECK(fd >= 0 && fsync(fd) == 0, "%s: fsync failed: %s", tmp, strerror(errno));
-        close(fd);
-        RT_CHECK(rename(tmp, path) == 0, "cannot rename %s to %s: %s", tmp, path,
-                 strerror(errno));
+        for (int k = 0; k < p.nfiles; k++) {
+            int fd = open(p.path[k], O_RDONLY);
+            RT_CHECK(fd >= 0 && fsync(fd) == 0, "%s: fsync failed: %s", p.path[k],
+                     strerror(errno));
+            close(fd);
+        }
+        if (p.dir)
+            lib_hf_finish(f->save, p.tmpdir, p.ts, p.file_of, lib.ntensors, p.nfiles, p.dtype,
+                          f->tokenizer);
+        else
+            RT_CHECK(rename(p.path[0], f->save) == 0, "cannot rename %s to %s: %s", p.path[0],
+                     f->save, strerror(errno));
     }
     lib_world_barrier();
-    free(h);
-    free(ts);
+    free(fds);
+    plan_free(&p);
 }

@@ -128,8 +128,10 @@ mkdir -p "$S/a-dir"
 startup save-unwritable "$S/a-file/model.safetensors: error: cannot create its directory: Not\
  a directory (--save); checked before training, nothing was run" \
     --save "$S/a-file/model.safetensors"
-startup save-is-dir "$S/a-dir: error: is a directory (--save takes a file name); checked\
- before training, nothing was run" --save "$S/a-dir"
+echo notes > "$S/a-dir/notes.txt"
+startup save-is-dir "$S/a-dir: error: holds 'notes.txt', which an export does not write: --save\
+ DIR replaces a directory only when it holds a Hugging Face export's files alone; remove it or\
+ name another directory; checked before training, nothing was run" --save "$S/a-dir"
 startup ckpt-unwritable "$S/a-file/ck: error: cannot create the checkpoint directory: Not a\
  directory (--ckpt-dir); checked before training, nothing was run" \
     --ckpt-dir "$S/a-file/ck" --ckpt-every 2
