@@ -53,6 +53,19 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(DUMP_SAMPLES, "dump-samples", "K", INT, dump_samples, NULL, \
       "print the token ids of the run's first K samples of a Megatron dataset (T+1 each, " \
       "`sample I: ids`) and exit") \
+    _(DUMP_SPLIT, "dump-split", "S", STRING, dump_split, "train", \
+      "the split `--dump-samples` prints: `train`, `valid` (the samples the evaluations read, " \
+      "in their order) or `test`") \
+    _(SPLIT, "split", "A,B,C", STRING, split, NULL, \
+      "as Megatron's `--split`: the train, valid and test shares of every Megatron dataset's " \
+      "documents (e.g. `969,30,1`); training reads the train split (README.md, " \
+      "\"Validation\")") \
+    _(EVAL_INTERVAL, "eval-interval", "N", INT, eval_interval, NULL, \
+      "evaluate on the valid split after every N-th step and after the last (needs `--split`): " \
+      "forward only, the loss of `--eval-iters` global batches, logged as `eval_loss` and " \
+      "`eval_ppl`") \
+    _(EVAL_ITERS, "eval-iters", "K", INT, eval_iters, "100", \
+      "global batches of the valid split per evaluation, K >= 1") \
     _(STEPS, "steps", "N", INT, steps, "10", \
       "optimizer steps; 0 only initialises, loads or saves the model") \
     _(SEED, "seed", "N", U64, seed, "1337", \
@@ -156,6 +169,10 @@ enum { LIB_FLAGS(LIB_FLAG_ID) LIB_NFLAGS };
 typedef struct {
     const char *data, *init, *save, *log, *ckpt_dir;
     const char *tb_dir;       /* --tensorboard-dir */
+    const char *split;        /* --split "A,B,C" (data.c reads it); NULL: no split */
+    const char *dump_split;   /* --dump-split: train, valid or test */
+    int eval_interval;        /* --eval-interval N; 0: no evaluation */
+    int eval_iters;           /* --eval-iters K */
     char **data_path;         /* --data-path's words (argv); ndata_path of them */
     int ndata_path, dump_samples;
     unsigned long long data_seed;

@@ -419,6 +419,35 @@ void gpt_step_begin(const gpt_step_in *in)
     gpt.moe_aux = 0.0;
 }
 
+/*
+** An evaluation between two steps (train.c): its forwards read the parameters (any all-gather
+** still in flight is waited first) and write only what the next step overwrites or zeroes
+** (activations, the gradient buffers, the loss sums), but for what the step's tail consumes:
+** the aux loss and the expert counts, which gpt_eval_end puts back (the step's tail left the
+** counts at zero, gpt_ebias_update).
+*/
+void gpt_eval_begin(const gpt_step_in *in)
+{
+    lib_sync();
+    gpt.in = in;
+    gpt.evaluating = 1;
+}
+
+void gpt_eval_end(void)
+{
+    gpt.evaluating = 0;
+    gpt.moe_aux = 0.0;
+    for (int c = 0; c < gpt.stage->nchunks; c++)
+        for (int j = 0; j < gpt.stage->chunks[c].layers; j++)
+            if (gpt.chunk[c].layers[j].ecount)
+                memset(gpt.chunk[c].layers[j].ecount, 0, (size_t)gpt.d.experts * sizeof(int));
+}
+
+int gpt_evaluating(void)
+{
+    return gpt.evaluating;
+}
+
 /* Sequence-parallel parameters: each tp rank saw N_SP of the tokens, so their gradients are
 ** summed over tp (docs/megatron.md §4.6): packed into X_SP_PACK for one all-reduce, and back. */
 static void sp_copy(int pack)
