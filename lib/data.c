@@ -607,17 +607,22 @@ lib_data *lib_data_open(int n, char *const *prefixes, const double *weights,
             const mm_dataset *m = &d->ds[k];
             printf("data: %s: %lld sequences, %lld %s tokens", m->bin, m->nseq, m->ntok,
                    mm_dtype_name[m->code]);
+            for (int j = 0; split && j < LIB_NSPLITS; j++) {     /* every split's documents */
+                long long lo, hi;
+                if (lib_split_bounds(split, j, m->nseq, &lo, &hi))
+                    printf("%s %s [%lld, %lld)", j ? "," : "; split:", lib_split_name[j], lo, hi);
+                else printf("%s %s none", j ? "," : "; split:", lib_split_name[j]);
+            }
             if (split)
-                printf("; %s split: sequences [%lld, %lld), %lld tokens", lib_split_name[which],
-                       m->lo, m->hi, m->stok);
+                printf("; the %s split's %lld tokens", lib_split_name[which], m->stok);
             printf("; %d epoch%s%s, %lld samples of %d tokens", m->epochs,
                    m->epochs > 1 ? "s" : "", m->separate ? " (last apart)" : "", m->nsamples,
                    seq + 1);
             if (d->which) printf("; weight %.6g", w[k]);
             printf("\n");
         }
-        printf("data: %lld %s samples%s, seed %llu\n", d->size, lib_split_name[which],
-               d->which ? " blended" : "", seed);
+        printf("data: %lld %s%ssamples%s, seed %llu\n", d->size, split ? lib_split_name[which] :
+               "", split ? " " : "", d->which ? " blended" : "", seed);
     }
     free(w);
     return d;
@@ -847,7 +852,7 @@ static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *p
     long long need = split_request(f, prog, which);
     d->path = words[0];
     d->mm = lib_data_open(n, words, w, f->split ? split : NULL, which, prog->dims.seq, need,
-                          f->data_seed, !f->quiet && !f->dump_samples);
+                          f->data_seed, !f->quiet);
     d->nsamples = lib_data_size(d->mm);
     if (d->nsamples < need)
         lib_fail_file(d->path, "the blend's %s split holds %lld samples, %lld are needed (%d "

@@ -13,7 +13,7 @@
       dataset's documents, bounded as Megatron's builder bounds them. An independent
       implementation: NumPy's own RandomState, plain loops.
   bounds A,B,C N
-      the document bounds "lo hi" (or "none") of the three splits of N documents
+      the documents of the three splits of N documents: "train [lo, hi), valid ..., test none"
 
 Used by tests/data/suite.sh, which compares its output with `train --dump-samples K`.
 """
@@ -222,8 +222,9 @@ def main(argv):
     global np
     import numpy as np
     if argv[0] == "bounds":
-        for b in split_bounds(argv[1], int(argv[2])):
-            print("none" if b is None else "%d %d" % b)
+        names = ("train", "valid", "test")
+        print(", ".join("%s %s" % (n, "none" if b is None else "[%d, %d)" % b)
+                        for n, b in zip(names, split_bounds(argv[1], int(argv[2])))))
         return
     opts, words, i = {"--split": None, "--which": "train"}, [], 1
     while i < len(argv):
