@@ -1207,7 +1207,7 @@ end
 ]]
 function M.forward_only(ops)
     local out = {}
-    for _, o in ipairs(ops) do
+    for i, o in ipairs(ops) do
         if o.kind == "F" then
             local comm = {}
             for _, c in ipairs(o.calls) do append(comm, c.comm) end
@@ -1216,16 +1216,15 @@ function M.forward_only(ops)
         elseif o.kind == "X" then
             local list = {}
             for _, m in ipairs(o.p2p) do if m.what == "act" then list[#list + 1] = m end end
+            -- sent during the computation after it only when that is the training step's
+            -- next op, a forward: the step's slots keep the sent activations apart from what
+            -- it writes (a slot a backward freed in between could be the one in flight)
+            local next = ops[i + 1]
             if #list > 0 then
-                out[#out + 1] = ir.Op { kind = "X", p2p = list, comm = {}, async = o.async,
+                out[#out + 1] = ir.Op { kind = "X", p2p = list, comm = {},
+                                        async = o.async and next ~= nil and next.kind == "F",
                                         text = o.text }
             end
-        end
-    end
-    -- an exchange travels during a computation only when one follows it
-    for i, o in ipairs(out) do
-        if o.kind == "X" and o.async and not (out[i + 1] and out[i + 1].kind == "F") then
-            o.async = false
         end
     end
     return out
