@@ -84,7 +84,8 @@ enum { WSD_STYLES(WSD_ENUM) };
       "overlapped; `tflops`: the model's FLOPs of the step, as Megatron counts them, per " \
       "second and device; `mfu` with `--peak-tflops`; " \
       "`aux_loss` with MoE; `\"skipped\":true` and `null` for non-finite numbers on a " \
-      "skipped step)") \
+      "skipped step); with `--eval-interval` also one per evaluation: `step, eval_loss, " \
+      "eval_ppl, eval_ms` (`\"final\":true` on the one after the last step)") \
     _(LR, "lr", "X", NUM, lr, "6e-4", \
       "peak learning rate (the optimizer's numbers are 32-bit floats: at most 3.4e38)") \
     _(MIN_LR, "min-lr", "X", NUM, min_lr, "=0.1*lr", \
@@ -137,7 +138,8 @@ enum { WSD_STYLES(WSD_ENUM) };
       "also write every step's scalars to a TensorBoard event file in DIR (created if " \
       "missing): `lm loss`, `learning-rate`, `grad-norm`, `iteration-time` (s), " \
       "`tokens-per-second`, `throughput` (TFLOP/s per device), `mfu` with `--peak-tflops`, " \
-      "`aux-loss` with MoE; a resumed run's file makes TensorBoard drop the steps it repeats") \
+      "`aux-loss` with MoE, `lm loss validation` and `lm loss validation ppl` with " \
+      "`--eval-interval`; a resumed run's file makes TensorBoard drop the steps it repeats") \
     _(LOG_INTERVAL, "log-interval", "N", INT, log_interval, "1", \
       "print the step line on stdout every N-th step, N >= 1 (and the first and the last); " \
       "the `--log` file has every step") \
