@@ -10,6 +10,7 @@
 #  * the evaluations come after every --eval-interval-th step and once more at the end (the
 #    final one), each from the valid split's next samples; a resumed run goes on with the
 #    samples the first run would have read;
+#  * the evaluations' scalars in the TensorBoard event file, read by tests/train/tb_read.py;
 #  * the final evaluation's eval_loss is the double-precision reference's (tests/ref gpt2_ref)
 #    mean loss on the same samples (the valid split's, as --dump-split valid prints them) with
 #    the run's final weights;
@@ -111,6 +112,32 @@ elif ! cmp -s <(sed 's/,"ms".*//; s/,"eval_ms".*//' $R.jsonl) \
     fail resume "stopped at step 2 and resumed, the run's log differs from the whole run's"
 else
     pass resume
+fi
+
+# -- The evaluations in the event file --------------------------------------------------------------
+# (tests/train/tb_read.py reads it independently): Megatron's tags, the --log file's values
+T=$S/tb
+rm -rf $T
+run_prog ${DIR[base]}/train 1 $T.log --init $S/init.safetensors --data $S/v --split 90,8,2 \
+    --steps 2 --eval-interval 2 --eval-iters 1 --tensorboard-dir $T --log $T.jsonl --quiet
+if [ $? != 0 ] || ! $PY tests/train/tb_read.py $T/events.out.tfevents.* > $T.txt 2>&1; then
+    show $T.log
+    show $T.txt
+    fail tensorboard "the run with --tensorboard-dir failed, or tb_read.py refused its file"
+else
+    got=$(grep ' lm loss validation' $T.txt | awk '{ print $1, $NF }' | tr '\n' ' ')
+    want=$(grep '"eval_loss"' $T.jsonl | sed 's/{"step":\([0-9]*\),"eval_loss":\([^,]*\),"eval_ppl":\([^,]*\),.*/\1 \2 \1 \3/' |
+           tr '\n' ' ')
+    if ! awk -v g="$got" -v w="$want" 'BEGIN { n = split(g, a, " "); m = split(w, b, " ")
+            if (n != 8 || m != 8) exit 1
+            for (i = 1; i <= n; i++) { d = a[i] - b[i]; if (d < 0) d = -d
+                                       if (d > 1e-6 * (b[i] < 0 ? -b[i] : b[i])) exit 1 }
+            exit 0 }'; then
+        fail tensorboard "the event file's 'lm loss validation' and its ppl ($got) are not " \
+            "the log's eval_loss and eval_ppl ($want)"
+    else
+        pass tensorboard
+    fi
 fi
 
 # -- The final evaluation against the double-precision reference ---------------------------------
