@@ -341,7 +341,8 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
                 log = tb = -1;
             }
         }
-        /* an evaluation after every --eval-interval-th step, and one after the last (below) */
+        /* an evaluation after every --eval-interval-th step, and one more after the last step
+        ** (Megatron's final evaluation) */
         for (int final = 0; final < 2 && f.eval_interval; final++) {
             if (final ? s + 1 != f.steps : (s + 1) % f.eval_interval != 0) continue;
             double e0 = rt_now();
