@@ -15,7 +15,9 @@
 #    mean loss on the same samples (the valid split's, as --dump-split valid prints them) with
 #    the run's final weights;
 #  * the errors: --eval-interval without --split, bad --split strings, --eval-iters 0, a valid
-#    split of no share, --split on a token file, --dump-split misuse.
+#    split of no share, --split on a token file, --dump-split misuse;
+#  * tests/eval/gpu.txt: train_cuda evaluates as the CPU does, on a GPU (built only without
+#    one) and on the CPU emulation of CUDA.
 # The valid split's sample order itself is checked against NumPy in tests/data. Protocol:
 # tests/lib.sh; scratch in build/test/eval/.
 . "$(dirname "$0")/../lib.sh" eval
@@ -217,4 +219,9 @@ bad dump-split "$D --dump-samples 2 --dump-split valid" \
     "train: error: --dump-split valid needs --split A,B,C"
 bad dump-split-name "$D --split 9,1,0 --dump-samples 2 --dump-split dev" \
     "train: error: --dump-split must be train, valid or test, got 'dev'"
+
+# -- CUDA: the evaluation on train_cuda, on a GPU (built only without one) and on the CPU
+# emulation of CUDA (every machine) ----------------------------------------------------------------
+equiv tests/eval/gpu.txt --cuda
+equiv tests/eval/gpu.txt --emu
 finish
