@@ -5,7 +5,7 @@
 ** of a training step between the collectives the generated step issues (docs/megatron.md
 ** §5.6): zeroing and packing gradients, the gradient norm (§6), clipping, AdamW on the whole
 ** buffer or on this rank's shard of the distributed optimizer (§5.4), the loss, the expert
-** bias. Also the resume checkpoint's state.
+** bias; an evaluation's begin and end (§14). Also the resume checkpoint's state.
 */
 #include <math.h>
 #include <stdio.h>
