@@ -487,12 +487,15 @@ const char *lib_split_parse(const char *text, double frac[LIB_NSPLITS])
     const char *p = text;
     for (int k = 0; k < LIB_NSPLITS; k++) {
         while (*p == ' ') p++;
-        if (!(*p >= '0' && *p <= '9') && *p != '.')
+        size_t n = strspn(p, "0123456789.");     /* a number as Megatron's pattern [.0-9]+ */
+        char num[64], *end;
+        if (n == 0 || n >= sizeof num)
             return *p == '-' ? "a share is negative" : "expected three numbers, e.g. 969,30,1";
-        char *end;
-        frac[k] = strtod(p, &end);
-        if (end == p || !isfinite(frac[k])) return "expected three numbers, e.g. 969,30,1";
-        p = end;
+        memcpy(num, p, n);
+        num[n] = 0;
+        frac[k] = strtod(num, &end);
+        if (*end || !isfinite(frac[k])) return "expected three numbers, e.g. 969,30,1";
+        p += n;
         while (*p == ' ') p++;
         if (k < LIB_NSPLITS - 1 && *p++ != ',')
             return "expected three numbers separated by commas (train,valid,test), e.g. "
@@ -852,12 +855,14 @@ static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *p
     long long need = split_request(f, prog, which);
     d->path = words[0];
     d->mm = lib_data_open(n, words, w, f->split ? split : NULL, which, prog->dims.seq, need,
-                          f->data_seed, !f->quiet);
+                          f->data_seed, !f->quiet && (!f->dump_samples || f->split));
     d->nsamples = lib_data_size(d->mm);
+    if (d->nsamples < need && !f->split)
+        lib_fail_file(d->path, "the blend holds %lld samples, %d steps of %d need %lld",
+                      d->nsamples, f->steps, prog->gbs, need);
     if (d->nsamples < need)
-        lib_fail_file(d->path, "the blend's %s split holds %lld samples, %lld are needed (%d "
-                      "steps of %d)", lib_split_name[which], d->nsamples, need, f->steps,
-                      prog->gbs);
+        lib_fail_file(d->path, "the blend's %s split holds %lld samples, %lld are needed",
+                      lib_split_name[which], d->nsamples, need);
     if (!f->dump_samples) lib_data_check_vocab(d->mm, prog->vocab, world_max);   /* ids as is */
     if (w) free(words);
     free(w);
