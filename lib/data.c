@@ -112,7 +112,8 @@ typedef struct {
     long long nseq, ntok;       /* sequences ("documents" to GPTDataset), their tokens */
     int32_t *len;               /* (nseq) tokens of each sequence */
     int64_t *ptr;               /* (nseq) byte offset of each in PREFIX.bin */
-    /* the GPTDataset over all sequences */
+    /* the GPTDataset over the split's sequences [lo, hi) (all without a split) */
+    long long lo, hi, stok;     /* the split's first and end sequence, its tokens */
     long long request;          /* num_samples asked for; -1: none (one epoch) */
     int epochs, separate;       /* epochs, and whether the last one is shuffled apart */
     long long ndoc;             /* epochs * nseq */
@@ -285,7 +286,7 @@ static void shuffled_range(mt19937 *rs, int64_t *a, long long lo, long long hi)
 */
 static void mm_build(mm_dataset *m, long long request, int seq, uint32_t seed)
 {
-    long long tpe = m->ntok, sans = 0;
+    long long tpe = m->stok, sans = 0, ndocs = m->hi - m->lo;
     m->request = request;
     m->epochs = 1;
     if (request >= 0) {
@@ -305,16 +306,16 @@ static void mm_build(mm_dataset *m, long long request, int seq, uint32_t seed)
     RT_CHECK(rs, "out of memory");
     mt_seed(rs, seed);
 
-    m->ndoc = m->epochs * m->nseq;
+    m->ndoc = m->epochs * ndocs;
     RT_CHECK(m->ndoc < INT32_MAX, "%s: %d epochs of %lld sequences: the document index holds "
-             "int32", m->idx, m->epochs, m->nseq);
+             "int32", m->idx, m->epochs, ndocs);
     m->doc = malloc(sizeof *m->doc * (size_t)m->ndoc);
     RT_CHECK(m->doc, "out of memory");
-    for (long long i = 0; i < m->ndoc; i++) m->doc[i] = (int32_t)(i % m->nseq);
+    for (long long i = 0; i < m->ndoc; i++) m->doc[i] = (int32_t)(m->lo + i % ndocs);
     if (m->separate) {
-        long long first = (m->epochs - 1) * m->nseq;
+        long long first = (m->epochs - 1) * ndocs;
         mt_shuffle(rs, m->doc, sizeof *m->doc, first);
-        mt_shuffle(rs, m->doc + first, sizeof *m->doc, m->nseq);
+        mt_shuffle(rs, m->doc + first, sizeof *m->doc, ndocs);
     } else {
         mt_shuffle(rs, m->doc, sizeof *m->doc, m->ndoc);
     }
@@ -472,16 +473,86 @@ int lib_data_is_indexed(const char *path, char **prefix)
     return yes;
 }
 
+/* -- Megatron's --split ------------------------------------------------------------------- */
+
+const char *const lib_split_name[LIB_NSPLITS] = { "train", "valid", "test" };
+
+/*
+** --split "A,B,C": three numbers >= 0, not all zero (Megatron pads fewer with zeros and reads
+** any digits in any text; we ask for the three, so that a typo is an error), normalised as
+** Megatron's utils.normalize (each / numpy.sum). Returns NULL, or why the text is refused.
+*/
+const char *lib_split_parse(const char *text, double frac[LIB_NSPLITS])
+{
+    const char *p = text;
+    for (int k = 0; k < LIB_NSPLITS; k++) {
+        while (*p == ' ') p++;
+        size_t n = strspn(p, "0123456789.");     /* a number as Megatron's pattern [.0-9]+ */
+        char num[64], *end;
+        if (n == 0 || n >= sizeof num)
+            return *p == '-' ? "a share is negative" : "expected three numbers, e.g. 969,30,1";
+        memcpy(num, p, n);
+        num[n] = 0;
+        frac[k] = strtod(num, &end);
+        if (*end || !isfinite(frac[k])) return "expected three numbers, e.g. 969,30,1";
+        p += n;
+        while (*p == ' ') p++;
+        if (k < LIB_NSPLITS - 1 && *p++ != ',')
+            return "expected three numbers separated by commas (train,valid,test), e.g. "
+                   "969,30,1 (Megatron reads 99,1 as 99,1,0: write the zero)";
+    }
+    if (*p) return "expected three numbers separated by commas (train,valid,test), e.g. 969,30,1";
+    if (np_sum(frac, LIB_NSPLITS) <= 0) return "all three shares are zero";
+    normalize(frac, LIB_NSPLITS);
+    return NULL;
+}
+
+/*
+** The documents [lo, hi) of split 'which' among n (blended_megatron_dataset_builder): the
+** bounds are the running sums of the fractions (0, f0, f0 + f1, f0 + f1 + f2, summed in that
+** order) times n, rounded half to even as Python's round; a split whose bounds are equal as
+** fractions (a zero share) does not exist: returns 0 (Megatron builds no dataset for it).
+** The last bound rounds to n, as the sum is 1 within a rounding error.
+*/
+int lib_split_bounds(const double frac[LIB_NSPLITS], int which, long long n, long long *lo,
+                     long long *hi)
+{
+    double at[LIB_NSPLITS + 1] = { 0.0 };
+    for (int k = 0; k < LIB_NSPLITS; k++) at[k + 1] = at[k] + frac[k];
+    if (at[which + 1] <= at[which]) return 0;
+    *lo = (long long)nearbyint(at[which] * (double)n);       /* FE_TONEAREST: half to even */
+    *hi = (long long)nearbyint(at[which + 1] * (double)n);
+    return 1;
+}
+
+/* The split's documents of m, or all of them (split NULL); fails naming the dataset when the
+** split holds no tokens. */
+static void mm_split(mm_dataset *m, const double *split, int which)
+{
+    m->lo = 0;
+    m->hi = m->nseq;
+    if (split && !lib_split_bounds(split, which, m->nseq, &m->lo, &m->hi))
+        lib_fail_all(2, "--split: the %s split has a share of zero", lib_split_name[which]);
+    m->stok = 0;
+    for (long long i = m->lo; i < m->hi; i++) m->stok += m->len[i];
+    if (m->stok < 2)
+        lib_fail_file(m->idx, "the %s split holds %lld sequences [%lld, %lld) of %lld, %lld "
+                      "tokens: too few for a sample (--split gives it a larger share?)",
+                      lib_split_name[which], m->hi - m->lo, m->lo, m->hi, m->nseq, m->stok);
+}
+
 /*
 ** Open the n datasets 'prefixes' and build Megatron's indices for 'request' samples of seq + 1
-** tokens with seed 'seed'. weights NULL and n == 1: one GPTDataset of 'request' samples.
+** tokens with seed 'seed', over split 'which' of --split's fractions 'split' (NULL: no split,
+** every document). weights NULL and n == 1: one GPTDataset of 'request' samples.
 ** weights given: a BlendedDataset of Megatron's size (the sum of ceil(request * w)), each
 ** dataset built for its share plus Megatron's 0.5 % surplus. weights NULL and n > 1: one epoch
 ** of each, blended by their lengths, as Megatron blends a list of prefixes without weights.
 ** 'verbose': rank 0 prints one line per dataset. Bad files: lib_fail_file (every rank exits).
 */
-lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int seq,
-                        long long request, unsigned long long seed, int verbose)
+lib_data *lib_data_open(int n, char *const *prefixes, const double *weights,
+                        const double *split, int which, int seq, long long request,
+                        unsigned long long seed, int verbose)
 {
     if (seq < 2) lib_fail_all(2, "a Megatron dataset needs a sequence length of at least 2");
     if (n < 1 || n >= 32767) lib_fail_all(2, "a blend has 1 to 32766 datasets, not %d", n);
@@ -492,7 +563,10 @@ lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int
     d->ds = calloc((size_t)n, sizeof *d->ds);
     double *w = malloc(sizeof *w * (size_t)n);
     RT_CHECK(d->ds && w, "out of memory");
-    for (int k = 0; k < n; k++) mm_open(&d->ds[k], prefixes[k]);
+    for (int k = 0; k < n; k++) {
+        mm_open(&d->ds[k], prefixes[k]);
+        mm_split(&d->ds[k], split, which);
+    }
     if (weights) {
         /* _get_size_per_split_per_dataset: the target (ceil(N w)) and the built (with surplus) */
         for (int k = 0; k < n; k++) {
@@ -534,14 +608,24 @@ lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int
     if (verbose && rt_rank() == 0) {
         for (int k = 0; k < n; k++) {
             const mm_dataset *m = &d->ds[k];
-            printf("data: %s: %lld sequences, %lld %s tokens; %d epoch%s%s, %lld samples of %d "
-                   "tokens", m->bin, m->nseq, m->ntok, mm_dtype_name[m->code], m->epochs,
+            printf("data: %s: %lld sequences, %lld %s tokens", m->bin, m->nseq, m->ntok,
+                   mm_dtype_name[m->code]);
+            for (int j = 0; split && j < LIB_NSPLITS; j++) {     /* every split's documents */
+                long long lo, hi;
+                if (lib_split_bounds(split, j, m->nseq, &lo, &hi))
+                    printf("%s %s [%lld, %lld)", j ? "," : "; split:", lib_split_name[j], lo, hi);
+                else printf("%s %s none", j ? "," : "; split:", lib_split_name[j]);
+            }
+            if (split)
+                printf("; the %s split's %lld tokens", lib_split_name[which], m->stok);
+            printf("; %d epoch%s%s, %lld samples of %d tokens", m->epochs,
                    m->epochs > 1 ? "s" : "", m->separate ? " (last apart)" : "", m->nsamples,
                    seq + 1);
             if (d->which) printf("; weight %.6g", w[k]);
             printf("\n");
         }
-        printf("data: %lld samples%s, seed %llu\n", d->size, d->which ? " blended" : "", seed);
+        printf("data: %lld %s%ssamples%s, seed %llu\n", d->size, split ? lib_split_name[which] :
+               "", split ? " " : "", d->which ? " blended" : "", seed);
     }
     free(w);
     return d;
@@ -718,13 +802,32 @@ void lib_tokens_open(lib_tokens *d, const char *path, int seq, int vocab,
 /* -- What a run trains on: the flags' data, a step's batches ------------------------------ */
 
 /*
-** A Megatron indexed dataset (--data PREFIX) or blend (--data-path [W] PREFIX ...), sampled as
-** Megatron's GPTDataset / BlendedDataset for steps*GBS samples of seq + 1 tokens, seed
-** --data-seed; every rank builds the same indices and checks the tokens < vocab.
+** The samples Megatron's training.py asks of split 'which' (get_train_valid_test_num_samples):
+** train: the steps' global batches; valid: --eval-iters global batches at each evaluation,
+** after every --eval-interval-th step and once more at the end; test: one evaluation's.
 */
-static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *prog,
+static long long split_request(const lib_flags *f, const gpt_program *prog, int which)
+{
+    if (which == LIB_SPLIT_TRAIN) return (long long)f->steps * prog->gbs;
+    long long iters = f->eval_iters;
+    if (which == LIB_SPLIT_VALID) iters *= f->steps / f->eval_interval + 1;
+    return iters * prog->gbs;
+}
+
+/*
+** A Megatron indexed dataset (--data PREFIX) or blend (--data-path [W] PREFIX ...), sampled as
+** Megatron's GPTDataset / BlendedDataset for split_request's samples of split 'which' of
+** --split (all documents without it) of seq + 1 tokens, seed --data-seed; every rank builds
+** the same indices and checks the tokens < vocab.
+*/
+static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *prog, int which,
                          lib_world_max_fn *world_max)
 {
+    double split[LIB_NSPLITS];
+    if (f->split) {
+        const char *why = lib_split_parse(f->split, split);
+        if (why) lib_fail_all(2, "--split '%s': %s", f->split, why);
+    }
     int n = f->ndata_path ? f->ndata_path : 1;
     char **words = f->ndata_path ? f->data_path : &d->prefix;
     double *w = NULL;
@@ -749,14 +852,17 @@ static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *p
             w = NULL;
         }
     }
-    long long need = (long long)f->steps * prog->gbs;
+    long long need = split_request(f, prog, which);
     d->path = words[0];
-    d->mm = lib_data_open(n, words, w, prog->dims.seq, need, f->data_seed,
-                          !f->quiet && !f->dump_samples);
+    d->mm = lib_data_open(n, words, w, f->split ? split : NULL, which, prog->dims.seq, need,
+                          f->data_seed, !f->quiet && (!f->dump_samples || f->split));
     d->nsamples = lib_data_size(d->mm);
-    if (d->nsamples < need)
+    if (d->nsamples < need && !f->split)
         lib_fail_file(d->path, "the blend holds %lld samples, %d steps of %d need %lld",
                       d->nsamples, f->steps, prog->gbs, need);
+    if (d->nsamples < need)
+        lib_fail_file(d->path, "the blend's %s split holds %lld samples, %lld are needed",
+                      lib_split_name[which], d->nsamples, need);
     if (!f->dump_samples) lib_data_check_vocab(d->mm, prog->vocab, world_max);   /* ids as is */
     if (w) free(words);
     free(w);
@@ -773,8 +879,36 @@ void lib_tokens_open_flags(lib_tokens *t, const lib_flags *f, const gpt_program 
                            lib_world_max_fn *world_max)
 {
     if (f->ndata_path || lib_data_is_indexed(f->data, &t->prefix))
-        open_indexed(t, f, prog, world_max);
+        open_indexed(t, f, prog, LIB_SPLIT_TRAIN, world_max);
+    else if (f->split)
+        lib_fail_all(2, "--split divides the documents of a Megatron dataset (--data PREFIX, "
+                     "--data-path); %s is a token file", f->data);
     else lib_tokens_open(t, f->data, prog->dims.seq, prog->vocab, world_max);
+}
+
+/*
+** Split 'which' (valid or test) of the Megatron datasets the flags name, after
+** lib_tokens_open_flags opened the train split into 'train' (which says whether they are
+** Megatron datasets): for the evaluations (--eval-interval) and --dump-split.
+*/
+void lib_tokens_open_split(lib_tokens *t, const lib_tokens *train, const lib_flags *f,
+                           const gpt_program *prog, int which, lib_world_max_fn *world_max)
+{
+    RT_CHECK(train->mm && f->split, "lib_tokens_open_split: no split (a library bug)");
+    if (which == LIB_SPLIT_VALID && !f->eval_interval)
+        lib_fail_all(2, "the valid split's samples depend on --eval-interval (Megatron builds "
+                     "the split for every evaluation of the run): give it");
+    if (!f->ndata_path) t->prefix = cat(train->prefix, "");
+    open_indexed(t, f, prog, which, world_max);
+}
+
+/* The split --dump-split names (LIB_SPLIT_*); a name that is none is a usage error. */
+int lib_split_named(const char *name)
+{
+    for (int k = 0; k < LIB_NSPLITS; k++)
+        if (!strcmp(name, lib_split_name[k])) return k;
+    lib_fail_all(2, "--dump-split must be train, valid or test, got '%s'", name);
+    return -1;
 }
 
 /*

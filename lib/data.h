@@ -17,10 +17,18 @@ typedef void lib_world_max_fn(long long *v);
 
 /* -- Megatron indexed datasets ------------------------------------------------------------ */
 
+/* Megatron's --split: the train, valid and test shares of every dataset's documents. */
+enum { LIB_SPLIT_TRAIN, LIB_SPLIT_VALID, LIB_SPLIT_TEST, LIB_NSPLITS };
+extern const char *const lib_split_name[LIB_NSPLITS];       /* "train", "valid", "test" */
+const char *lib_split_parse(const char *text, double frac[LIB_NSPLITS]);   /* NULL or why */
+int lib_split_bounds(const double frac[LIB_NSPLITS], int which, long long n, long long *lo,
+                     long long *hi);
+
 typedef struct lib_data lib_data;
 int lib_data_is_indexed(const char *path, char **prefix);   /* *prefix: new string */
-lib_data *lib_data_open(int n, char *const *prefixes, const double *weights, int seq,
-                        long long request, unsigned long long seed, int verbose);
+lib_data *lib_data_open(int n, char *const *prefixes, const double *weights,
+                        const double *split, int which, int seq, long long request,
+                        unsigned long long seed, int verbose);
 long long lib_data_size(const lib_data *d);
 void lib_data_sample(const lib_data *d, long long i, int *out);   /* (seq + 1) ids */
 void lib_data_check_vocab(const lib_data *d, int vocab, lib_world_max_fn *world_max);
@@ -42,6 +50,9 @@ void lib_tokens_open(lib_tokens *t, const char *path, int seq, int vocab,
                      lib_world_max_fn *world_max);
 void lib_tokens_open_flags(lib_tokens *t, const lib_flags *f, const gpt_program *prog,
                            lib_world_max_fn *world_max);
+void lib_tokens_open_split(lib_tokens *t, const lib_tokens *train, const lib_flags *f,
+                           const gpt_program *prog, int which, lib_world_max_fn *world_max);
+int lib_split_named(const char *name);
 void lib_tokens_dump(const lib_tokens *t, int count, int seq);
 void lib_tokens_batch(const lib_tokens *t, const gpt_program *prog, const int *position,
                       int step, int dp, int *inputs, int *targets);

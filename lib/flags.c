@@ -401,6 +401,16 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
                      as_given(f->given[LIB_FLAG_SAVE_DTYPE] ? LIB_FLAG_SAVE_DTYPE :
                               f->given[LIB_FLAG_SAVE_SHARD_SIZE] ? LIB_FLAG_SAVE_SHARD_SIZE :
                               LIB_FLAG_TOKENIZER));
+    if (f->eval_interval && !f->split)
+        lib_fail_all(2, "--eval-interval evaluates on the valid split: it needs --split A,B,C "
+                     "(e.g. --split 969,30,1) and a Megatron dataset");
+    if (f->given[LIB_FLAG_EVAL_INTERVAL] && f->eval_interval < 1)
+        lib_fail_all(2, "--eval-interval must be >= 1, got %d", f->eval_interval);
+    if (f->eval_iters < 1)
+        lib_fail_all(2, "--eval-iters must be >= 1 (the global batches of one evaluation), "
+                     "got %d", f->eval_iters);
+    if (f->given[LIB_FLAG_DUMP_SPLIT] && !f->dump_samples)
+        lib_fail_all(2, "--dump-split names the split --dump-samples K prints: give both");
     if ((f->exit_minutes > 0 || f->exit_interval) && !f->ckpt_dir)
         lib_fail_all(2, "--exit-duration-in-mins and --exit-interval save a checkpoint to "
                      "resume from: they need --ckpt-dir DIR");

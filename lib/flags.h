@@ -54,6 +54,19 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(DUMP_SAMPLES, "dump-samples", "K", INT, dump_samples, NULL, \
       "print the token ids of the run's first K samples of a Megatron dataset (T+1 each, " \
       "`sample I: ids`) and exit") \
+    _(DUMP_SPLIT, "dump-split", "S", STRING, dump_split, "train", \
+      "the split `--dump-samples` prints: `train`, `valid` (the samples the evaluations read, " \
+      "in their order) or `test`") \
+    _(SPLIT, "split", "A,B,C", STRING, split, NULL, \
+      "as Megatron's `--split`: the train, valid and test shares of every Megatron dataset's " \
+      "documents (e.g. `969,30,1`); training reads the train split (README.md, " \
+      "\"Validation\")") \
+    _(EVAL_INTERVAL, "eval-interval", "N", INT, eval_interval, NULL, \
+      "evaluate on the valid split after every N-th step and after the last (needs `--split`): " \
+      "forward only, the loss of `--eval-iters` global batches, logged as `eval_loss` and " \
+      "`eval_ppl`") \
+    _(EVAL_ITERS, "eval-iters", "K", INT, eval_iters, "100", \
+      "global batches of the valid split per evaluation, K >= 1") \
     _(STEPS, "steps", "N", INT, steps, "10", \
       "optimizer steps; 0 only initialises, loads or saves the model") \
     _(SEED, "seed", "N", U64, seed, "1337", \
@@ -88,7 +101,8 @@ enum { WSD_STYLES(WSD_ENUM) };
       "`aux_loss` with MoE; `mem_mib, mem_peak_mib`: rank 0's device memory held now and " \
       "at most, as the runtime counts it (the memory plan); `rss_mib`: rank 0's resident " \
       "host memory; `\"skipped\":true` and `null` for non-finite numbers on a " \
-      "skipped step)") \
+      "skipped step); with `--eval-interval` also one per evaluation: `step, eval_loss, " \
+      "eval_ppl, eval_ms` (`\"final\":true` on the one after the last step)") \
     _(LR, "lr", "X", NUM, lr, "6e-4", \
       "peak learning rate (the optimizer's numbers are 32-bit floats: at most 3.4e38)") \
     _(MIN_LR, "min-lr", "X", NUM, min_lr, "=0.1*lr", \
@@ -142,7 +156,8 @@ enum { WSD_STYLES(WSD_ENUM) };
       "missing): `lm loss`, `learning-rate`, `grad-norm`, `iteration-time` (s), " \
       "`tokens-per-second`, `throughput` (TFLOP/s per device), `mem-allocated-bytes`, " \
       "`mem-max-allocated-bytes`, `mem-host-resident-bytes`, `mfu` with `--peak-tflops`, " \
-      "`aux-loss` with MoE; a resumed run's file makes TensorBoard drop the steps it repeats") \
+      "`aux-loss` with MoE, `lm loss validation` and `lm loss validation ppl` with " \
+      "`--eval-interval`; a resumed run's file makes TensorBoard drop the steps it repeats") \
     _(LOG_INTERVAL, "log-interval", "N", INT, log_interval, "1", \
       "print the step line on stdout every N-th step, N >= 1 (and the first and the last); " \
       "the `--log` file has every step") \
@@ -192,6 +207,10 @@ typedef struct {
     const char *save_dtype, *save_shard_size, *tokenizer;   /* --save's form (hfdir.h) */
     int save_bf16;            /* --save-dtype bf16 */
     long long save_shard_bytes;   /* --save-shard-size in bytes */
+    const char *split;        /* --split "A,B,C" (data.c reads it); NULL: no split */
+    const char *dump_split;   /* --dump-split: train, valid or test */
+    int eval_interval;        /* --eval-interval N; 0: no evaluation */
+    int eval_iters;           /* --eval-iters K */
     char **data_path;         /* --data-path's words (argv); ndata_path of them */
     int ndata_path, dump_samples;
     unsigned long long data_seed;

@@ -277,6 +277,9 @@ typedef struct {
     int needs_inputs, needs_targets;       /* reads token ids / targets */
     int head_uses_wte;                     /* embedding and head on this stage: one wte */
     void (*step)(const gpt_step_in *in, gpt_step_out *out);
+    void (*eval)(const gpt_step_in *in, gpt_step_out *out);   /* forward only: out->loss,
+                                              the loss of in's micro-batches; the training
+                                              state untouched (docs/PROGRAM.md §4) */
     void (*sync)(void);                    /* waits for the communication a step leaves in
                                               flight (the next step's parameters); NULL: none.
                                               gpt_sync calls it */
@@ -418,6 +421,12 @@ void gpt_aux_pack(void);                /* this rank's share of the aux loss int
 void gpt_aux_unpack(gpt_step_out *out);
 void gpt_loss_pack(const gpt_step_in *in);   /* [this rank's loss share, stop] into stat 0, 1 */
 void gpt_loss_unpack(gpt_step_out *out);
+/* an evaluation (the generated eval): begin waits for the parameters in flight and reads in's
+** batch; end puts back what the forwards counted for the training step (aux loss, the expert
+** counts); between the two gpt_evaluating() is 1 and a forward starts no reduction */
+void gpt_eval_begin(const gpt_step_in *in);
+void gpt_eval_end(void);
+int gpt_evaluating(void);
 /* clip and update (this rank's shard); when out's loss, aux loss or gradient norm is not
 ** finite, sets out->skipped and changes nothing (README.md, "When things go wrong") */
 void gpt_adamw(const gpt_step_in *in, gpt_step_out *out);

@@ -5,7 +5,7 @@
 ** of a training step between the collectives the generated step issues (docs/megatron.md
 ** §5.6): zeroing and packing gradients, the gradient norm (§6), clipping, AdamW on the whole
 ** buffer or on this rank's shard of the distributed optimizer (§5.4), the loss, the expert
-** bias. Also the resume checkpoint's state.
+** bias; an evaluation's begin and end (§14). Also the resume checkpoint's state.
 */
 #include <math.h>
 #include <stdio.h>
@@ -417,6 +417,35 @@ void gpt_step_begin(const gpt_step_in *in)
     for (int i = 0; i < gpt.stage->nbuffers; i++)
         rt_memset0(lib.gbuf[i], gpt.stage->buffers[i].size * sizeof(float));
     gpt.moe_aux = 0.0;
+}
+
+/*
+** An evaluation between two steps (train.c): its forwards read the parameters (any all-gather
+** still in flight is waited first) and write only what the next step overwrites or zeroes
+** (activations, the gradient buffers, the loss sums), but for what the step's tail consumes:
+** the aux loss and the expert counts, which gpt_eval_end puts back (the step's tail left the
+** counts at zero, gpt_ebias_update).
+*/
+void gpt_eval_begin(const gpt_step_in *in)
+{
+    lib_sync();
+    gpt.in = in;
+    gpt.evaluating = 1;
+}
+
+void gpt_eval_end(void)
+{
+    gpt.evaluating = 0;
+    gpt.moe_aux = 0.0;
+    for (int c = 0; c < gpt.stage->nchunks; c++)
+        for (int j = 0; j < gpt.stage->chunks[c].layers; j++)
+            if (gpt.chunk[c].layers[j].ecount)
+                memset(gpt.chunk[c].layers[j].ecount, 0, (size_t)gpt.d.experts * sizeof(int));
+}
+
+int gpt_evaluating(void)
+{
+    return gpt.evaluating;
 }
 
 /* Sequence-parallel parameters: each tp rank saw N_SP of the tokens, so their gradients are

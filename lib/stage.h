@@ -70,6 +70,7 @@ typedef struct {
     lib_chunk *chunk;                      /* [stage->nchunks]                               */
     const gpt_step_in *in;                 /* the step being run                             */
     double moe_aux;                        /* this rank's share of the step's aux loss       */
+    int evaluating;                        /* inside gpt_eval_begin .. gpt_eval_end          */
 } gpt_state;
 
 extern gpt_state gpt;

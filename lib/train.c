@@ -156,6 +156,67 @@ static int log_step(int log, int tb, const lib_flags *f, int step, const gpt_ste
     return lib_append_whole(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+/* Megatron caps the exponent of the perplexity it reports (evaluate_and_print_results). */
+#define PPL_MAX_LOSS 20.0
+
+/*
+** An evaluation after step 'step' on rank 0: its line on stdout (unless --quiet), its object in
+** the --log file 'log' ("final": the one after the last step) and its scalars in the event
+** file 'tb' under Megatron's names. Returns 0 or the errno of a failed write, *tb_failed
+** saying whether the event file's.
+*/
+static int log_eval(int log, int tb, const lib_flags *f, int step, int final, double loss,
+                    double ms, int *tb_failed)
+{
+    double ppl = exp(fmin(loss, PPL_MAX_LOSS));
+    char l[32], p[32], line[256];
+    if (!f->quiet)
+        printf("eval  %5d/%d | eval_loss %.6f | eval_ppl %.4f | %d batches of %d | %8.1f ms%s\n",
+               step, f->steps, loss, ppl, f->eval_iters, gpt.prog->gbs, ms,
+               final ? " | final" : "");
+    fflush(stdout);
+    *tb_failed = 0;
+    if (tb >= 0) {
+        lib_tb_value v[2] = { { "lm loss validation", loss }, { "lm loss validation ppl", ppl } };
+        int err = lib_tb_scalars(tb, wall_now(), step, v, 2);
+        if (err) {
+            *tb_failed = 1;
+            return err;
+        }
+    }
+    if (log < 0) return 0;
+    int n = snprintf(line, sizeof line, "{\"step\":%d,\"eval_loss\":%s,\"eval_ppl\":%s,"
+                     "\"eval_ms\":%.3f%s}\n", step, json_num(l, sizeof l, loss),
+                     json_num(p, sizeof p, ppl), ms, final ? ",\"final\":true" : "");
+    return lib_append_whole(log, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/*
+** One evaluation, as Megatron's evaluate(): --eval-iters global batches of the valid split
+** from its next samples (*next: the global batches the evaluations read so far), forward only
+** (gpt_stage.eval); the loss averaged over every token of them (each batch's is the mean over
+** its tokens, reduced over the world as the step's). Every rank calls it alike.
+*/
+static double evaluate(const lib_flags *f, const lib_tokens *valid, long long *next,
+                       const int *position, int *inputs, int *targets)
+{
+    const gpt_stage *st = gpt.stage;
+    double sum = 0.0, tokens = 0.0;
+    for (int k = 0; k < f->eval_iters; k++, (*next)++) {
+        if (st->needs_inputs || st->needs_targets)
+            lib_tokens_batch(valid, gpt.prog, position, (int)*next, gpt.dp_rank, inputs,
+                             targets);
+        gpt_step_in in = { .inputs = st->needs_inputs ? inputs : NULL,
+                           .targets = st->needs_targets ? targets : NULL };
+        gpt_step_out out = { 0 };
+        st->eval(&in, &out);
+        rt_sync();
+        sum += out.loss * (double)gpt.prog->tokens_per_step;
+        tokens += (double)gpt.prog->tokens_per_step;
+    }
+    return sum / tokens;
+}
+
 /* The run's first line on stdout (rank 0): the model and its parameters, the layout, the
 ** global batch and the tokens of a step; 'start': the steps already done (--resume). */
 static void header(const gpt_program *prog, int start)
@@ -224,14 +285,26 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     }
 
     lib_tokens data = { 0 };  /* every rank checks the file, so a bad one fails everywhere alike */
+    lib_tokens valid = { 0 }; /* --eval-interval's valid split, or the split --dump-split names */
+    long long valid_next = 0; /* the valid split's global batches read by the evaluations */
     int *inputs = NULL, *targets = NULL, *position = NULL;
     if (f.steps > start) {
+        int dump = f.dump_samples ? lib_split_named(f.dump_split) : LIB_SPLIT_TRAIN;
+        if (dump != LIB_SPLIT_TRAIN && !f.split)
+            lib_fail_all(2, "--dump-split %s needs --split A,B,C", f.dump_split);
         lib_tokens_open_flags(&data, &f, prog, lib_world_allreduce_max);
+        if (dump != LIB_SPLIT_TRAIN || (f.eval_interval && !f.dump_samples))
+            lib_tokens_open_split(&valid, &data, &f, prog,
+                                  dump != LIB_SPLIT_TRAIN ? dump : LIB_SPLIT_VALID,
+                                  lib_world_allreduce_max);
         if (f.dump_samples) {
-            lib_tokens_dump(&data, f.dump_samples, D->seq);
+            lib_tokens_dump(dump != LIB_SPLIT_TRAIN ? &valid : &data, f.dump_samples, D->seq);
             rt_finalize();
             exit(0);
         }
+        /* a resumed run's evaluations go on where the first run's stopped (Megatron's
+        ** consumed_valid_samples on resume) */
+        if (f.eval_interval) valid_next = (long long)(start / f.eval_interval) * f.eval_iters;
         inputs = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         targets = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         position = malloc(sizeof(int) * (size_t)D->T);
@@ -288,6 +361,23 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
                 log = tb = -1;
             }
         }
+        /* an evaluation after every --eval-interval-th step, and one more after the last step
+        ** (Megatron's final evaluation) */
+        for (int final = 0; final < 2 && f.eval_interval; final++) {
+            if (final ? s + 1 != f.steps : (s + 1) % f.eval_interval != 0) continue;
+            double e0 = rt_now();
+            double eval_loss = evaluate(&f, &valid, &valid_next, position, inputs, targets);
+            int tb_failed, err = 0;
+            if (rt_rank() == 0 && !log_err)
+                err = log_eval(log, tb, &f, s + 1, final, eval_loss, (rt_now() - e0) * 1e3,
+                               &tb_failed);
+            if (err) {          /* as a step's failed write: the run stops after the next step */
+                log_err = err, log_lost = s + 1, tb_lost = tb_failed;
+                if (log >= 0) close(log);
+                if (tb >= 0) close(tb);
+                log = tb = -1;
+            }
+        }
         int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
         if (saved) lib_ckpt_save(&f, s + 1, updates, skipped);
         if (saved && rt_rank() == 0 && !f.quiet)
@@ -330,6 +420,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     free(targets);
     free(position);
     lib_tokens_close(&data);
+    lib_tokens_close(&valid);
     rt_finalize();
     return rc;
 }

@@ -6,7 +6,9 @@
 -- B is the reference. Both logs must have the same number of lines and the same step on each
 -- line; for every KEY given, every line's value of A must be within TOL of B's, relative:
 -- |a - b| <= TOL * |b| (TOL * 1 when b is 0). TOL "exact": the same text. A key missing from a
--- line is a mismatch. Prints the first mismatches, then one line: the largest relative
+-- line of one log is a mismatch; missing from the lines of both, it is not compared there (a
+-- log's evaluation lines have eval_loss but no loss, its step lines the reverse), but a key that
+-- no line of B has is a mismatch. Prints the first mismatches, then one line: the largest relative
 -- difference per key over the steps, and the first mismatch. Exit 0 same, 1 different, 2 usage
 -- or unreadable file.
 
@@ -39,7 +41,8 @@ for i = 3, #arg do
     if not key or (tol ~= "exact" and not tonumber(tol)) then
         usage("'" .. arg[i] .. "' is not KEY=TOL")
     end
-    keys[#keys + 1] = { name = key, exact = tol == "exact", tol = tonumber(tol), worst = 0 }
+    keys[#keys + 1] = { name = key, exact = tol == "exact", tol = tonumber(tol), worst = 0,
+                        seen = 0 }
 end
 
 local bad, first, shown = 0, nil, 0
@@ -61,7 +64,10 @@ for n = 1, math.min(#a, #b) do
     for _, k in ipairs(keys) do
         local x, y = a[n][k.name], b[n][k.name]
         local nx, ny = tonumber(x), tonumber(y)
-        if not nx or not ny then
+        if y then k.seen = k.seen + 1 end
+        if not x and not y then
+            -- neither line has it: another kind of line
+        elseif not nx or not ny then
             mismatch(("step %s: %s is %s vs %s"):format(sb, k.name, x or "missing",
                                                          y or "missing"))
         else
@@ -75,6 +81,9 @@ for n = 1, math.min(#a, #b) do
     end
 end
 
+for _, k in ipairs(keys) do
+    if k.seen == 0 and #b > 0 then mismatch(("%s: in no line of %s"):format(k.name, arg[2])) end
+end
 local parts = {}
 for _, k in ipairs(keys) do
     parts[#parts + 1] = ("%s %.2g"):format(k.name, k.worst)

@@ -309,7 +309,7 @@ end
 -- statements of the step's last micro-batch (the reductions its calls complete) in an
 -- if-block after their call, micro-batch 0's waits for the parameters before theirs; with
 -- communication in flight, rt_progress after every layer (Open MPI has no progress thread).
-local function call_lines(items, c, mems, progress)
+local function call_lines(items, c, mems, progress, fwd)
     local out, i = {}, 1
     while i <= #items do
         local it = items[i]
@@ -323,11 +323,10 @@ local function call_lines(items, c, mems, progress)
                 end
                 i = i + 1
             end
-            if #block == 1 then
-                out[#out + 1] = "if (mb == CFG_NMB - 1)   /* the step's last micro-batch */"
-            else
-                out[#out + 1] = "if (mb == CFG_NMB - 1) {   /* the step's last micro-batch */"
-            end
+            -- a forward's: not in an evaluation (gpt_evaluating), which reduces no gradient
+            local cond = fwd and "mb == CFG_NMB - 1 && !gpt_evaluating()" or "mb == CFG_NMB - 1"
+            out[#out + 1] = string.format("if (%s)%s   /* the step's last micro-batch */", cond,
+                                          #block == 1 and "" or " {")
             for _, l in ipairs(block) do out[#out + 1] = l end
             if #block > 1 then out[#out + 1] = "}" end
         elseif it.kind == "wait" then
@@ -515,7 +514,7 @@ local function stage_view(cfg, prog, sp, part)
                                                           cfg.recompute_layers)
                 or "selective (" .. table.concat(cfg.recompute_modules, ", ") .. ")"),
             title = require("program").stage_title({ chunks = { st.chunks[i] } }),
-            fwd_lines = call_lines(sp.overlap.items[i].F, c.vp, mems, sp.overlap.progress),
+            fwd_lines = call_lines(sp.overlap.items[i].F, c.vp, mems, sp.overlap.progress, true),
             bwd_lines = call_lines(sp.overlap.items[i].B, c.vp, mems, sp.overlap.progress),
         }
         -- parameters a chunk's calls do not read; a chunk without layers (a layout's
@@ -566,6 +565,8 @@ local function stage_view(cfg, prog, sp, part)
     v.mem_unused = wrap(#unused > 0 and unused or { "none" }, 88)
     v.rows, v.nsteps = schedule_rows(sp.schedule)
     v.nsteps = int(v.nsteps)
+    v.eval_rows, v.neval_steps = schedule_rows(sp.eval_schedule)
+    v.neval_steps = int(v.neval_steps)
     local fl, bl = {}, {}
     for i, c in ipairs(sp.chunks) do
         fl[i], bl[i] = "chunk" .. c.vp .. "_forward", "chunk" .. c.vp .. "_backward"
@@ -601,15 +602,20 @@ local function stage_view(cfg, prog, sp, part)
     if cfg.model.moe == nil then
         lines[1] = "    out->aux_loss = 0.0;   /* no mixture of experts */"
     end
-    for _, o in ipairs(sp.tail) do
-        local has_coll = false
-        for _, st in ipairs(o.stmts) do has_coll = has_coll or st.kind == "C" end
-        if not has_coll then
-            for _, l in ipairs(comment(o.text, 4)) do lines[#lines + 1] = "    " .. l end
+    local function op_lines(ops)
+        for _, o in ipairs(ops) do
+            local has_coll = false
+            for _, st in ipairs(o.stmts) do has_coll = has_coll or st.kind == "C" end
+            if not has_coll then
+                for _, l in ipairs(comment(o.text, 4)) do lines[#lines + 1] = "    " .. l end
+            end
+            for _, l in ipairs(ccode.stmts(o.stmts, 4, mems)) do lines[#lines + 1] = l end
         end
-        for _, l in ipairs(ccode.stmts(o.stmts, 4, mems)) do lines[#lines + 1] = l end
+        return lines
     end
-    v.step_lines = lines
+    v.step_lines = op_lines(sp.tail)
+    lines = {}
+    v.eval_lines = op_lines(sp.eval_tail)    -- the evaluation: the same, around its schedule
     -- the requests in flight between a start and its wait, and the helpers that start them
     local ov = sp.overlap
     v.nreq = int(ov.nreq)

@@ -722,6 +722,9 @@ record("StageProgram", {
     { "schedule",      "array", "Op list: the unrolled schedule (F, B, X, SECTION)" },
     { "overlap",       "Overlap", "where the asynchronous communication starts and is waited" },
     { "tail",          "array", "Op list: the step around and after the schedule" },
+    { "eval_schedule", "array", "Op list: the forward-only schedule of an evaluation (F, X): " ..
+                                "the schedule less its backwards and gradient messages" },
+    { "eval_tail",     "array", "Op list: the evaluation's loss after its schedule" },
 })
 
 record("Program", {

@@ -207,6 +207,9 @@ sig("moe_router_bwd", { "m", "w", "dw", { "x", "A", "N", "C" }, { "dxs", "A" }, 
 -- the step around the schedule (lib/gpt.h): its pieces between the collectives
 sig("gpt_step_begin", { "in" })
 sig("run_schedule", {})
+sig("run_eval_schedule", {})
+sig("gpt_eval_begin", { "in" })
+sig("gpt_eval_end", {})
 sig("gpt_sp_pack", {})
 sig("gpt_sp_unpack", {})
 sig("gpt_norm_local", {})

@@ -1163,6 +1163,73 @@ local function tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlay
     return ops
 end
 
+-- The evaluation of stage r (Megatron's forward_only=True): the library's begin, the
+-- forward-only schedule (run_eval_schedule), the loss's world all-reduce as the step's, the
+-- library's end. No gradient reduction, norm or optimizer.
+local function eval_tail_ops(s)
+    local A = layer.arg
+    local ops = {}
+    local function op(kind, text, fields, body)
+        fields = fields or {}
+        fields.kind, fields.text = kind, text
+        local b = layer.builder()
+        body(b)
+        fields.stmts = b.stmts
+        fields.comm = layer.comm(b.stmts)
+        ops[#ops + 1] = ir.Op(fields)
+    end
+    op("EVAL_BEGIN", "wait for the parameters in flight; until the end no forward starts a " ..
+       "gradient reduction", nil,
+       function(b) b.k("gpt_eval_begin", A.ident("in")) end)
+    op("SCHEDULE", "the forward-only schedule (run_eval_schedule above)", nil,
+       function(b) b.k("run_eval_schedule") end)
+    op("LOSS_ALLREDUCE", "the evaluation's loss (the head stage's tp-rank-0 ranks hold it)",
+       { group = "WORLD" }, function(b)
+           b.k("gpt_loss_pack", A.ident("in"))
+           b.coll("allreduce", "world", { n = 2, n_expr = A.E(s, 2), dtype = "f32", red = "sum",
+                  send = A.lit("gpt_stat(0)"),
+                  text = ">>> all-reduce over the world: [the loss | stop], as the step's" })
+           b.k("gpt_loss_unpack", A.ident("out"))
+       end)
+    op("EVAL_END", "what the forwards counted for the training step (the aux loss, the " ..
+       "expert counts) back to where the step left it", nil,
+       function(b) b.k("gpt_eval_end") end)
+    return ops
+end
+
+--[[
+** The forward-only schedule of an evaluation, from the training schedule's ops: its forwards
+** in the same order, on the same slots, with the activation messages of its exchanges; the
+** backwards and the gradient messages dropped (an exchange left with none goes too). Each
+** forward's collectives are its calls' alone: the asynchronous starts of the training step's
+** last micro-batch do not run in an evaluation (gpt_evaluating). A subset of the training
+** schedule's rows: it needs no slot, buffer or message the training schedule does not have.
+]]
+function M.forward_only(ops)
+    local out = {}
+    for i, o in ipairs(ops) do
+        if o.kind == "F" then
+            local comm = {}
+            for _, c in ipairs(o.calls) do append(comm, c.comm) end
+            out[#out + 1] = ir.Op { kind = "F", mb = o.mb, chunk = o.chunk, slot = o.slot,
+                                    dy = o.dy, calls = o.calls, comm = comm, text = o.text }
+        elseif o.kind == "X" then
+            local list = {}
+            for _, m in ipairs(o.p2p) do if m.what == "act" then list[#list + 1] = m end end
+            -- sent during the computation after it only when that is the training step's
+            -- next op, a forward: the step's slots keep the sent activations apart from what
+            -- it writes (a slot a backward freed in between could be the one in flight)
+            local next = ops[i + 1]
+            if #list > 0 then
+                out[#out + 1] = ir.Op { kind = "X", p2p = list, comm = {},
+                                        async = o.async and next ~= nil and next.kind == "F",
+                                        text = o.text }
+            end
+        end
+    end
+    return out
+end
+
 -- -- One stage --------------------------------------------------------------------------------
 
 -- Ranks that run stage 'k', compactly ("4-7", "1,3,5,7").
@@ -1297,6 +1364,7 @@ local function build_stage(cfg, topo, part, sh, sched, s, lp, role_index, groups
         pool_slots = pool, pool_slot_bytes = pool_bytes, grad_buffers = dys.n,
         schedule = sched_ops, overlap = plan,
         tail = tail_ops(cfg, s, buffers, embd, sp_total, nsp, groups_by_id, nlayers, plan),
+        eval_schedule = M.forward_only(sched_ops), eval_tail = eval_tail_ops(s),
     }
 end
 
@@ -1324,8 +1392,9 @@ local function members_of(prog, cfg, kind, r)
 end
 
 -- The verifier's view of the program: per stage its schedule steps with every collective of
--- the library calls and of the tail as C steps, in program order.
-function M.events(prog, cfg)
+-- the library calls and of the tail as C steps, in program order; 'eval': the evaluation's
+-- (its forward-only schedule and its tail).
+function M.events(prog, cfg, eval)
     local stages = {}
     for _, sp in ipairs(prog.stages) do
         local r = sp.stage
@@ -1337,7 +1406,7 @@ function M.events(prog, cfg)
                                               name = c.op .. " on " .. c.group }
             end
         end
-        for _, o in ipairs(sp.schedule) do
+        for _, o in ipairs(eval and sp.eval_schedule or sp.schedule) do
             if o.kind == "F" or o.kind == "B" then
                 steps[#steps + 1] = ir.Step { kind = o.kind, mb = o.mb, chunk = o.chunk }
                 colls(o.comm)
@@ -1350,7 +1419,7 @@ function M.events(prog, cfg)
                 steps[#steps + 1] = ir.Step { kind = "X", ops = ex, async = o.async }
             end
         end
-        for _, o in ipairs(sp.tail) do colls(o.comm) end
+        for _, o in ipairs(eval and sp.eval_tail or sp.tail) do colls(o.comm) end
         stages[#stages + 1] = { steps = steps }
     end
     return { P = cfg.pp, V = cfg.vp, M = cfg.nmb, stages = stages }
@@ -1360,20 +1429,20 @@ end
 -- stage's library calls, in program order; cp rank r sends K|V (tag 2) and dK|dV (tag 3) to
 -- r + 1 and receives them from r - 1 (layer.lua ring_hop): the same hops on every cp rank
 -- (ring.same, peers relative).
-function M.ring_events(sp, cfg)
+function M.ring_events(sp, cfg, eval)
     local CP, hops = cfg.cp, {}
     local function add(o, what)
         for _, c in ipairs(o.comm) do
             if c.op == "ring" then hops[#hops + 1] = { c = c, what = what } end
         end
     end
-    for _, o in ipairs(sp.schedule) do
+    for _, o in ipairs(eval and sp.eval_schedule or sp.schedule) do
         if o.kind == "F" or o.kind == "B" then
             add(o, string.format("%s of mb %d (chunk %d)", o.kind == "F" and "forward"
                                  or "backward", o.mb, o.chunk))
         end
     end
-    for _, o in ipairs(sp.tail) do add(o, "the step's tail") end
+    for _, o in ipairs(eval and sp.eval_tail or sp.tail) do add(o, "the step's tail") end
     local same = {}
     for i, h in ipairs(hops) do
         local ops, c = {}, h.c
@@ -1393,17 +1462,23 @@ function M.check(prog, cfg, topo)
     for r = 0, cfg.pp - 1 do
         names[r] = string.format("stage %d (rank %d)", r, pp[r + 1])
     end
-    local ev = M.events(prog, cfg)
-    -- the same stage sources run over MPI (messages matched per tag) and NCCL (no tags)
-    for _, transport in ipairs({ "mpi", "nccl" }) do
-        local ok, why = verify.check(ev, { names = names, transport = transport })
-        if not ok then
-            local lines = {}
-            for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
-            table.insert(lines, 1, diag.make(nil, "the pipeline schedule failed verification " ..
-                                             "on %s (a generator bug): nothing written",
-                                             transport == "mpi" and "MPI" or "NCCL"))
-            diag.raise(lines)
+    -- the same stage sources run over MPI (messages matched per tag) and NCCL (no tags); the
+    -- training step's schedule, then the evaluation's forward-only one
+    for _, eval in ipairs({ false, true }) do
+        local ev = M.events(prog, cfg, eval)
+        for _, transport in ipairs({ "mpi", "nccl" }) do
+            local ok, why = verify.check(ev, { names = names, transport = transport,
+                                               forward_only = eval })
+            if not ok then
+                local lines = {}
+                for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
+                table.insert(lines, 1, diag.make(nil, "the %s failed verification on %s (a " ..
+                                                 "generator bug): nothing written",
+                                                 eval and "forward-only schedule of the " ..
+                                                 "evaluation" or "pipeline schedule",
+                                                 transport == "mpi" and "MPI" or "NCCL"))
+                diag.raise(lines)
+            end
         end
     end
     -- the communication in flight: no call touches what a request covers (overlap.lua)
@@ -1419,18 +1494,21 @@ function M.check(prog, cfg, topo)
     end
     if cfg.cp == 1 then return end
     for _, sp in ipairs(prog.stages) do
-        local ring = M.ring_events(sp, cfg)
-        for _, transport in ipairs({ "mpi", "nccl" }) do
-            local ok, why = verify.check_ring(ring, { transport = transport,
-                                              where = "the cp ring of " .. names[sp.stage] })
-            if not ok then
-                local lines = {}
-                for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
-                table.insert(lines, 1, diag.make(nil, "the context-parallel ring failed " ..
-                                                 "verification on %s (a generator bug): " ..
-                                                 "nothing written",
-                                                 transport == "mpi" and "MPI" or "NCCL"))
-                diag.raise(lines)
+        for _, eval in ipairs({ false, true }) do       -- the step's ring, the evaluation's
+            local ring = M.ring_events(sp, cfg, eval)
+            for _, transport in ipairs({ "mpi", "nccl" }) do
+                local ok, why = verify.check_ring(ring, { transport = transport,
+                                                  where = "the cp ring of " .. names[sp.stage] ..
+                                                  (eval and " (evaluation)" or "") })
+                if not ok then
+                    local lines = {}
+                    for i, l in ipairs(why) do lines[i] = diag.make(nil, "%s", l) end
+                    table.insert(lines, 1, diag.make(nil, "the context-parallel ring failed " ..
+                                                     "verification on %s (a generator bug): " ..
+                                                     "nothing written",
+                                                     transport == "mpi" and "MPI" or "NCCL"))
+                    diag.raise(lines)
+                end
             end
         end
     end

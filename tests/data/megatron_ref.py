@@ -5,16 +5,21 @@
       a Megatron indexed dataset (PREFIX.bin + PREFIX.idx, the MMIDIDX version-1 layout) of N
       documents of random lengths (1 to L tokens, a few longer than a sample) and random ids
       in [0, V), dtype D (uint8, int8, int16, int32, int64, uint16); plain Python
-  sample --seq T --samples N --seed S --dump K WORDS...
+  sample --seq T --samples N --seed S --dump K [--split A,B,C --which SPLIT] WORDS...
       the first K samples (T + 1 ids each, "sample I: ids") of the dataset that Megatron's
       GPTDataset (WORDS = PREFIX) or BlendedDataset (WORDS = W1 P1 W2 P2 ..., or P1 P2 ...
-      without weights) gives for N samples of sequence length T and seed S, "train" split over
-      the whole corpus. An independent implementation: NumPy's own RandomState, plain loops.
+      without weights) gives for N samples of sequence length T and seed S: the "train" split
+      over the whole corpus, or with --split the split SPLIT (train, valid, test) of each
+      dataset's documents, bounded as Megatron's builder bounds them. An independent
+      implementation: NumPy's own RandomState, plain loops.
+  bounds A,B,C N
+      the documents of the three splits of N documents: "train [lo, hi), valid ..., test none"
 
 Used by tests/data/suite.sh, which compares its output with `train --dump-samples K`.
 """
 import math
 import random
+import re
 import struct
 import sys
 
@@ -67,9 +72,10 @@ class Indexed:
 class GPT:
     """GPTDataset over every sequence: document, sample and shuffle indices; __getitem__."""
 
-    def __init__(self, ds, num_samples, seq, seed):
+    def __init__(self, ds, num_samples, seq, seed, docs=None):
         self.ds, self.seq = ds, seq
-        per_epoch_tokens = int(np.sum(ds.lengths))
+        lo, hi = docs if docs else (0, len(ds.lengths))
+        per_epoch_tokens = int(np.sum(ds.lengths[lo:hi]))
         epochs = 1
         if num_samples is not None:
             while epochs * per_epoch_tokens < num_samples * seq + 1:
@@ -80,7 +86,7 @@ class GPT:
             per_epoch = (per_epoch_tokens - 1) // seq
             separate = num_samples - sans < int(0.80 * per_epoch)
         rs = np.random.RandomState(seed)
-        docs = np.arange(len(ds.lengths), dtype=np.int32)
+        docs = np.arange(lo, hi, dtype=np.int32)
         if separate:
             first = np.tile(docs, epochs - 1)
             rs.shuffle(first)
@@ -164,9 +170,32 @@ class Blend:
         return self.datasets[self.which[i]][self.within[i]]
 
 
-def build(words, num_samples, seq, seed):
+def split_bounds(text, n):
+    """Megatron's split: any numbers in the text, three (zeros added), normalised; bounds the
+    running sums times n, rounded by Python's round; a zero share: no split (None)."""
+    shares = [float(x) for x in re.findall(r"[.0-9]+", text)]
+    shares += [0.0] * (3 - len(shares))
+    shares = normalize(shares)
+    ends = [0]
+    for f in shares:
+        ends.append(ends[-1] + f)
+    out = []
+    for k in range(3):
+        if ends[k + 1] <= ends[k]:
+            out.append(None)
+        else:
+            out.append((int(round(ends[k] * float(n))), int(round(ends[k + 1] * float(n)))))
+    return out
+
+
+def build(words, num_samples, seq, seed, split=None, which=0):
+    def gpt(prefix, n):
+        ds = Indexed(prefix)
+        docs = split_bounds(split, len(ds.lengths))[which] if split else None
+        assert docs is None or docs[1] > docs[0]
+        return GPT(ds, n, seq, seed, docs)
     if len(words) == 1:
-        return GPT(Indexed(words[0]), num_samples, seq, seed)
+        return gpt(words[0], num_samples)
     weights = None
     if len(words) % 2 == 0:
         try:
@@ -175,12 +204,12 @@ def build(words, num_samples, seq, seed):
         except ValueError:
             weights = None
     if weights is None:           # one epoch of each, blended by their lengths
-        parts = [GPT(Indexed(p), None, seq, seed) for p in words]
+        parts = [gpt(p, None) for p in words]
         return Blend(parts, [len(p) for p in parts], min(num_samples, sum(map(len, parts))))
     weights = normalize(weights)
     target = [int(math.ceil(num_samples * w)) for w in weights]
     built = [int(math.ceil(math.ceil(num_samples * w) * (1 + 0.005))) for w in weights]
-    parts = [GPT(Indexed(p), n, seq, seed) for p, n in zip(words, built)]
+    parts = [gpt(p, n) for p, n in zip(words, built)]
     return Blend(parts, weights, sum(target))
 
 
@@ -192,15 +221,24 @@ def main(argv):
         return
     global np
     import numpy as np
-    opts, words, i = {}, [], 1
+    if argv[0] == "bounds":
+        names = ("train", "valid", "test")
+        print(", ".join("%s %s" % (n, "none" if b is None else "[%d, %d)" % b)
+                        for n, b in zip(names, split_bounds(argv[1], int(argv[2])))))
+        return
+    opts, words, i = {"--split": None, "--which": "train"}, [], 1
     while i < len(argv):
-        if argv[i].startswith("--"):
+        if argv[i] in ("--split", "--which"):
+            opts[argv[i]] = argv[i + 1]
+            i += 2
+        elif argv[i].startswith("--"):
             opts[argv[i]] = int(argv[i + 1])
             i += 2
         else:
             words.append(argv[i])
             i += 1
-    data = build(words, opts["--samples"], opts["--seq"], opts["--seed"])
+    data = build(words, opts["--samples"], opts["--seq"], opts["--seed"], opts["--split"],
+                 ["train", "valid", "test"].index(opts["--which"]))
     out = []
     for i in range(opts["--dump"]):
         out.append("sample %d: %s" % (i, " ".join(str(int(t)) for t in data[i])))

@@ -121,6 +121,80 @@ else
     same blend-unweighted 30 $C/a $C/b $C/c
 fi
 
+# -- --split: the splits' documents and samples against the NumPy implementation --------------
+# split NAME SPLIT WHICH STEPS INTERVAL ITERS WORDS...: --dump-split WHICH of --split SPLIT for a
+# run of STEPS steps evaluating every INTERVAL steps, ITERS global batches: as many samples as
+# Megatron's training.py asks of that split (train: STEPS global batches; valid: ITERS at each
+# of STEPS // INTERVAL + 1 evaluations; test: ITERS), all of them, against NumPy's
+split() {
+    local name=$1 spl=$2 which=$3 steps=$4 interval=$5 iters=$6 k
+    shift 6
+    local words=("$@") data
+    case $which in
+        train) k=$((steps * GBS)) ;;
+        valid) k=$(((steps / interval + 1) * iters * GBS)) ;;
+        test) k=$((iters * GBS)) ;;
+    esac
+    data=(--data-path "${words[@]}")
+    [ ${#words[@]} = 1 ] && data=(--data "${words[0]}")
+    if ! run_prog $TRAIN 1 $S/$name.log --steps $steps --split $spl --eval-interval $interval \
+            --eval-iters $iters --dump-samples $k --dump-split $which "${data[@]}"; then
+        show $S/$name.log
+        fail "$name" "train --dump-samples $k --dump-split $which failed: $(first_error $S/$name.log)"
+        return
+    fi
+    grep '^sample ' $S/$name.log > $S/$name.c.txt
+    if ! $NPY $REFPY sample --seq 64 --samples $k --seed 1234 --dump $k --split $spl \
+            --which $which "${words[@]}" > $S/$name.py.txt 2> $S/$name.py.err; then
+        show $S/$name.py.err
+        fail "$name" "megatron_ref.py sample --split failed"
+        return
+    fi
+    if cmp -s $S/$name.c.txt $S/$name.py.txt && [ $(wc -l < $S/$name.py.txt) = $k ]; then
+        pass "$name"
+    else
+        diff $S/$name.c.txt $S/$name.py.txt | head -n 6 | cut -c1-160 | sed 's/^/  /'
+        fail "$name" "the $which split's samples differ from NumPy's (first differences above)"
+    fi
+}
+
+# bounds NAME PREFIX SPLIT...: for each split string, the documents of the three splits the
+# training program prints ("split: train [lo, hi), valid [lo, hi), test none") against NumPy's
+# rounding of Megatron's bounds
+bounds() {
+    local name=$1 prefix=$2 spl got want n ok=1
+    shift 2
+    n=$($PY -c "import struct
+print(struct.unpack_from('<Q', open('$prefix.idx', 'rb').read(), 18)[0])")
+    for spl; do
+        run_prog $TRAIN 1 $S/$name.log --steps 1 --split $spl --data $prefix --dump-samples 1
+        got=$(sed -n 's/.*; split: \([^;]*\);.*/\1/p' $S/$name.log | head -n 1)
+        [ -z "$got" ] && got=$(first_error $S/$name.log)
+        want=$($NPY $REFPY bounds $spl $n)
+        if [ "$got" != "$want" ]; then
+            echo "  --split $spl of $n documents: the program's '$got', NumPy's '$want'"
+            ok=0
+        fi
+    done
+    if [ $ok = 1 ]; then pass "$name"; else fail "$name" "the split bounds differ (above)"; fi
+}
+
+if [ -z "$NPY" ]; then
+    skip split "NumPy not found (python3-numpy: make deps): cannot check the splits"
+else
+    # five: 5 documents of 195, 79, 1, 35 and 18 tokens; 1,1,2 puts the train/valid bound at
+    # 1.25 and the valid/test one at 2.5, which Python's round takes to 2 (half to even)
+    corpus $C/five --dtype uint16 --docs 5 --seed 9 --max-id 256 --max-len 100
+    bounds split-bounds-small $C/five 1,1,2 3,1,1 1,2,3
+    bounds split-bounds $C/a 969,30,1 98,1,1 0.5,0.3,0.2 7,2,1 1,0,1
+    split split-train 969,30,1 train 20 5 2 $C/a
+    split split-valid 90,8,2 valid 12 3 2 $C/a           # 5 evaluations of 2: 40 samples
+    split split-valid-epochs 95,5,0 valid 20 2 3 $C/a    # 11 x 3 x 4 = 132: two epochs
+    split split-test 90,5,5 test 10 5 3 $C/a
+    split split-valid-blend 90,8,2 valid 12 3 2 0.3 $C/a 0.7 $C/b
+    split split-valid-unweighted 80,15,5 valid 4 2 1 $C/a $C/c
+fi
+
 # -- Training on an indexed dataset ---------------------------------------------------------------
 # v, w: ids < 256 (the model's vocabulary)
 T=$S/t

@@ -42,8 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char *pre;
         if (!lib_data_is_indexed(prefix, &pre)) fz_bug("d.idx not seen as an index");
         fz_free(pre);
-        d = lib_data_open(opt & 1 ? 2 : 1, prefixes, opt & 1 ? weights : NULL, seq, request,
-                          opt, 0);
+        d = lib_data_open(opt & 1 ? 2 : 1, prefixes, opt & 1 ? weights : NULL, NULL,
+                          LIB_SPLIT_TRAIN, seq, request, opt, 0);
         lib_data_check_vocab(d, VOCAB, world_max_one);
         long long n = lib_data_size(d);
         int out[16];

@@ -10,6 +10,8 @@
 --   * the communication of the library's calls and of the step's tail, per layout;
 --   * the verifier consumes that list: a stage that drops or reorders a collective of a group
 --     spanning stages is refused; the program and its JSON dump are deterministic;
+--   * the evaluation's forward-only schedule: the step's forwards and activation messages, no
+--     backward, verified (and refused with a message lost);
 --   * the model's and the layout's texts (resume checkpoints): defaults filled in, the same
 --     model under another file name alike, each field that differs seen.
 -- Run: build/gen --lua tests/lua/program_test.lua (tests/lua/suite.sh).
@@ -372,6 +374,62 @@ local function tamper(opts, k, fn)
     fn(prog.stages[k + 1].tail)
     return function() program.check(prog, cfg, topo) end
 end
+
+-- The evaluation's forward-only schedule (program.forward_only): the training schedule's
+-- forwards in order on their slots, its activation messages in order, no backward and no
+-- gradient message; an exchange travels during a computation only where the training step's
+-- does during that same forward; the verifier proves it (every layout builds) and refuses it
+-- with an activation message lost.
+T.test("the forward-only schedule: the step's forwards and activations; verified", function()
+    local verify = require("verify")
+    each_layout(function(cfg, topo, _, _, _, prog)
+        for _, sp in ipairs(prog.stages) do
+            local fw, acts, efw, eacts, at = {}, {}, {}, {}, {}
+            for i, o in ipairs(sp.schedule) do
+                if o.kind == "F" then
+                    fw[#fw + 1] = { o.mb, o.chunk, o.slot, o.dy }
+                    at[o.mb .. "." .. o.chunk] = i
+                end
+                for _, m in ipairs(o.kind == "X" and o.p2p or {}) do
+                    if m.what == "act" then acts[#acts + 1] = { m.send, m.mb, m.chunk, m.slot } end
+                end
+            end
+            for i, o in ipairs(sp.eval_schedule) do
+                T.ok(o.kind == "F" or o.kind == "X", "%s: an op %s in the evaluation",
+                     label(cfg), o.kind)
+                if o.kind == "F" then efw[#efw + 1] = { o.mb, o.chunk, o.slot, o.dy } end
+                for _, m in ipairs(o.kind == "X" and o.p2p or {}) do
+                    T.eq(m.what, "act", label(cfg) .. ": only activations travel")
+                    eacts[#eacts + 1] = { m.send, m.mb, m.chunk, m.slot }
+                end
+                if o.kind == "X" then
+                    T.ok(#o.p2p > 0, "%s: an empty exchange", label(cfg))
+                    -- async: the training step sends during the same forward
+                    local nxt = sp.eval_schedule[i + 1]
+                    local before = nxt and nxt.kind == "F" and
+                                   sp.schedule[at[nxt.mb .. "." .. nxt.chunk] - 1]
+                    T.ok(not o.async or (before and before.kind == "X" and before.async),
+                         "%s: an exchange travels during a forward the step's does not",
+                         label(cfg))
+                end
+            end
+            T.eq(efw, fw, label(cfg) .. ": the forwards")
+            T.eq(eacts, acts, label(cfg) .. ": the activation messages")
+            local last = sp.eval_tail[#sp.eval_tail - 1]
+            T.eq(last.kind, "LOSS_ALLREDUCE", label(cfg) .. ": the loss reduced")
+        end
+        if cfg.pp > 1 then          -- a stage that loses a receive: refused
+            local ev = program.events(prog, cfg, true)
+            local steps = ev.stages[2].steps
+            for i, st in ipairs(steps) do
+                if st.kind == "X" then table.remove(steps, i); break end
+            end
+            local ok, why = verify.check(ev, { forward_only = true })
+            T.ok(not ok and why, "%s: an evaluation that lost a message is refused", label(cfg))
+        end
+        local _ = topo
+    end)
+end)
 
 -- The bounds check (layer.check_bounds): every call of a layout's code stays inside the
 -- buffers its stage's plan allocates; with one buffer an element short, the generator's own

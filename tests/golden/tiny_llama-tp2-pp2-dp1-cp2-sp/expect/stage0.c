@@ -512,11 +512,19 @@ static const gpt_sched_step schedule[3] = {
     BWD(0, 0, 0, 0, RX_GRAD(0, 0)),   /* recv grad 0; backward 0 */
 };
 
-static void run_schedule(void)
+/* The evaluation's schedule (Megatron's forward_only): the rows above less the backwards and
+** the gradient messages, forwards in the same order on the same slots (docs/PROGRAM.md §4). */
+static const gpt_sched_step eval_schedule[2] = {
+    FWD(0, 0, 0, 0, NO_MSG),   /* forward 0 */
+    MSGS(0, 0, 0, -1, TX_ACT(0, 0)),   /* send act 0 */
+};
+
+/* Run the rows of a schedule table in order. */
+static void run_rows(const gpt_sched_step *rows, int nrows)
 {
     rt_req *sending = NULL;     /* an _OVL row's messages, in flight during its computation */
-    for (int i = 0; i < 3; i++) {
-        const gpt_sched_step *st = &schedule[i];
+    for (int i = 0; i < nrows; i++) {
+        const gpt_sched_step *st = &rows[i];
         rt_p2p_op ops[GPT_SCHED_MSGS];
         int n = 0;
         while (n < GPT_SCHED_MSGS && st->msg[n].kind != GPT_NO_MSG) {
@@ -534,6 +542,16 @@ static void run_schedule(void)
         else if (kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
     }
     rt_wait(sending);
+}
+
+static void run_schedule(void)
+{
+    run_rows(schedule, 3);
+}
+
+static void run_eval_schedule(void)
+{
+    run_rows(eval_schedule, 2);
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
@@ -569,6 +587,24 @@ static void step(const gpt_step_in *in, gpt_step_out *out)
     gpt_adamw(in, out);
 }
 
+/* -- An evaluation: forward only, the loss over the global batch; the training state (the
+**    parameters, the optimizer, the expert biases) is left as it is ---------------------------- */
+
+static void eval(const gpt_step_in *in, gpt_step_out *out)
+{
+    /* wait for the parameters in flight; until the end no forward starts a gradient reduction */
+    gpt_eval_begin(in);
+    /* the forward-only schedule (run_eval_schedule above) */
+    run_eval_schedule();
+    gpt_loss_pack(in);
+    /* >>> all-reduce over the world: [the loss | stop], as the step's */
+    rt_allreduce(gpt_stat(0), 2, RT_F32, RT_SUM, rt_group_world());
+    gpt_loss_unpack(out);
+    /* what the forwards counted for the training step (the aux loss, the expert counts) back to
+    ** where the step left it */
+    gpt_eval_end();
+}
+
 const gpt_stage stage0 = {
     .title = "stage 0 of 2: embedding, layers 0..3",
     .nbuffers = 1, .buffers = buffers,
@@ -579,6 +615,6 @@ const gpt_stage stage0 = {
     .mem_bytes = 1668388,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
-    .step = step,
+    .step = step, .eval = eval,
     .sync = sync,
 };
