@@ -385,7 +385,7 @@ local STEP_MACRO = { F = "FWD", B = "BWD", X = "MSGS" }
 -- before it (an exchange step of the schedule), or one of messages alone; SECTION markers as
 -- comments. Each row's comment says what it does in words.
 local function schedule_rows(ops)
-    local rows, cells, notes, at = {}, {}, {}, {}
+    local rows, cells, notes, at, recs = {}, {}, {}, {}, {}
     local pending = nil                 -- an exchange waiting for the step after it
     local chunked = false             -- name the chunk only when there are several
     for _, o in ipairs(ops) do chunked = chunked or (o.chunk or 0) > 0 end
@@ -414,6 +414,9 @@ local function schedule_rows(ops)
         args[5] = #msgs > 0 and table.concat(msgs, ", ") or "NO_MSG"
         cells[#cells + 1] = STEP_MACRO[kind] .. (overlapped and "_OVL" or "") .. "(" ..
                             table.concat(args, ", ") .. "),"
+        recs[#recs + 1] = { kind = kind, overlap = overlapped and true or false,
+                            args = kind == "X" and "" or table.concat(args, ", ", 1, 4),
+                            msgs = msgs }
         notes[#notes + 1] = note
         rows[#rows + 1] = { section = false }
         at[#at + 1] = #rows
@@ -437,7 +440,56 @@ local function schedule_rows(ops)
         r.has_above, r.above = not fits, note
         r.line = fits and (line .. "   /* " .. note .. " */") or line
     end
-    return rows, #cells
+    return rows, #cells, recs
+end
+
+-- The rows of an evaluation as the stage's run_rows makes them from the training rows
+-- (forward_only, stage.c.tmpl): the activation messages alone; a backward's row becomes one of
+-- messages alone, not overlapped; a row of messages left with none is skipped.
+local function forward_only_rows(recs)
+    local out = {}
+    for _, r in ipairs(recs) do
+        local msgs = {}
+        for _, m in ipairs(r.msgs) do
+            if m:match("^[TR]X_ACT%(") then msgs[#msgs + 1] = m end
+        end
+        local kind, overlap = r.kind, r.overlap
+        if kind == "B" then kind, overlap = "X", false end
+        if kind ~= "X" or #msgs > 0 then
+            out[#out + 1] = { kind = kind, overlap = overlap, msgs = msgs,
+                              args = kind == "X" and "" or r.args }
+        end
+    end
+    return out
+end
+
+-- What a list of rows does, in order: each row's messages (exchanged before its computation,
+-- or in flight during it and waited after: "async"), then its forward or backward. Rows that
+-- split one exchange and a computation differently do the same when these agree.
+local function row_actions(recs)
+    local out = {}
+    for _, r in ipairs(recs) do
+        if #r.msgs > 0 then
+            out[#out + 1] = (r.overlap and "async " or "p2p ") .. table.concat(r.msgs, ", ")
+        end
+        if r.kind ~= "X" then out[#out + 1] = r.kind .. "(" .. r.args .. ")" end
+        if #r.msgs > 0 and r.overlap then out[#out + 1] = "wait" end
+    end
+    return out
+end
+
+-- The evaluation's rows, as the stage's loop filters them from the training rows, must do
+-- what the forward-only schedule the verifier proved does (program.forward_only); an error is
+-- a generator bug.
+local function check_eval_rows(train, eval, stage)
+    local got, want = row_actions(forward_only_rows(train)), row_actions(eval)
+    for i = 1, math.max(#got, #want) do
+        if got[i] ~= want[i] then
+            error(string.format("emit: stage %d: action %d of the training rows filtered for " ..
+                                "an evaluation is %s, the verified forward-only schedule's %s",
+                                stage, i, got[i] or "none", want[i] or "none"), 0)
+        end
+    end
 end
 
 -- The view of one stage for stage.c.tmpl.
@@ -563,10 +615,11 @@ local function stage_view(cfg, prog, sp, part)
         m.has_above, m.above, m.line = rows[i].has_above, rows[i].above, rows[i].line
     end
     v.mem_unused = wrap(#unused > 0 and unused or { "none" }, 88)
-    v.rows, v.nsteps = schedule_rows(sp.schedule)
+    local train_recs
+    v.rows, v.nsteps, train_recs = schedule_rows(sp.schedule)
     v.nsteps = int(v.nsteps)
-    v.eval_rows, v.neval_steps = schedule_rows(sp.eval_schedule)
-    v.neval_steps = int(v.neval_steps)
+    local _, _, eval_recs = schedule_rows(sp.eval_schedule)
+    check_eval_rows(train_recs, eval_recs, sp.stage)
     local fl, bl = {}, {}
     for i, c in ipairs(sp.chunks) do
         fl[i], bl[i] = "chunk" .. c.vp .. "_forward", "chunk" .. c.vp .. "_backward"

@@ -182,4 +182,21 @@ else
     fi
 fi
 
+# The sources stay bounded (at most 64 KiB a file) at the README's large
+# batch: gpt3_175b TP 8 PP 8 DP 16, 64 micro-batches, VP 2, SP, the distributed optimizer, bf16
+# (the schedule is a table of rows; an evaluation runs the same rows, filtered).
+big=$S/gpt3-big
+if ! $GEN gpt3_175b --tp 8 --pp 8 --dp 16 --nmb 64 --vp 2 --sp --dist-opt --bf16 --out "$big" \
+        > "$big.gen.txt" 2>&1; then
+    fail gpt3-175b-file-bound "gen failed: $(grep -m1 error "$big.gen.txt")"
+else
+    largest=$(cd "$big" && ls -S -- *.c *.h build.mk | head -n 1)     # the sources
+    size=$(stat -c %s "$big/$largest")
+    if [ "$size" -gt 65536 ]; then
+        fail gpt3-175b-file-bound "$largest is $size bytes, more than 64 KiB"
+    else
+        pass gpt3-175b-file-bound
+    fi
+fi
+
 finish

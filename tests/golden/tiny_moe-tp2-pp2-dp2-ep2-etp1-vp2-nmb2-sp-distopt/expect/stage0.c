@@ -624,34 +624,30 @@ static const gpt_sched_step schedule[9] = {
     BWD(1, 0, 1, 0, RX_GRAD(0, 0)),   /* recv grad 1.0; backward 1.0 */
 };
 
-/* The evaluation's schedule (Megatron's forward_only): the rows above less the backwards and
-** the gradient messages, forwards in the same order on the same slots (docs/PROGRAM.md §4). */
-static const gpt_sched_step eval_schedule[5] = {
-    FWD(0, 0, 0, 0, NO_MSG),   /* forward 0.0 */
-    FWD_OVL(1, 0, 1, 0, TX_ACT(0, 0)),   /* send act 0.0 during forward 1.0 */
-    FWD(0, 1, 0, 0, RX_ACT(1, 0), TX_ACT(0, 1)),   /* recv act 0.1, send act 1.0; forward 0.1 */
-    FWD(1, 1, 1, 1, RX_ACT(1, 1), TX_ACT(1, 0)),   /* recv act 1.1, send act 0.1; forward 1.1 */
-    MSGS(0, 0, 0, -1, TX_ACT(1, 1)),   /* send act 1.1 */
-};
-
-/* Run the rows of a schedule table in order. */
-static void run_rows(const gpt_sched_step *rows, int nrows)
+/* Run the rows of the schedule table in order; forward_only: an evaluation's (Megatron's
+** forward_only, docs/PROGRAM.md §4): the forwards in the same order on the same slots with the
+** activation messages alone, a backward's row reduced to its activation messages (exchanged
+** before the next row, not overlapped), a row left with no message skipped. The generator
+** checked that this is the forward-only schedule its verifier proved. */
+static void run_rows(int forward_only)
 {
     rt_req *sending = NULL;     /* an _OVL row's messages, in flight during its computation */
-    for (int i = 0; i < nrows; i++) {
-        const gpt_sched_step *st = &rows[i];
+    for (int i = 0; i < 9; i++) {
+        const gpt_sched_step *st = &schedule[i];
+        int kind = st->kind & ~GPT_STEP_OVERLAP, overlap = st->kind & GPT_STEP_OVERLAP;
         rt_p2p_op ops[GPT_SCHED_MSGS];
         int n = 0;
-        while (n < GPT_SCHED_MSGS && st->msg[n].kind != GPT_NO_MSG) {
-            ops[n] = gpt_sched_op(&st->msg[n]);
-            n++;
-        }
+        for (int k = 0; k < GPT_SCHED_MSGS && st->msg[k].kind != GPT_NO_MSG; k++)
+            if (!forward_only || st->msg[k].kind == GPT_SEND_ACT ||
+                st->msg[k].kind == GPT_RECV_ACT)
+                ops[n++] = gpt_sched_op(&st->msg[k]);
+        if (forward_only && kind == GPT_STEP_B) kind = GPT_STEP_X, overlap = 0;
+        if (kind == GPT_STEP_X && n == 0) continue;
         rt_wait(sending);
         sending = NULL;
         /* >>> p2p with the neighbouring stages: the row's messages, posted together */
-        if (n > 0 && (st->kind & GPT_STEP_OVERLAP)) sending = rt_p2p_start(ops, n);
+        if (n > 0 && overlap) sending = rt_p2p_start(ops, n);
         else if (n > 0) rt_p2p(ops, n);
-        int kind = st->kind & ~GPT_STEP_OVERLAP;
         if (kind != GPT_STEP_X) gpt_sched_bind(st);   /* the slot's dy: buffer st->dy */
         if (kind == GPT_STEP_F) chunk_forward[st->chunk](st->mb, st->slot);
         else if (kind == GPT_STEP_B) chunk_backward[st->chunk](st->mb, st->slot);
@@ -661,12 +657,12 @@ static void run_rows(const gpt_sched_step *rows, int nrows)
 
 static void run_schedule(void)
 {
-    run_rows(schedule, 9);
+    run_rows(0);
 }
 
 static void run_eval_schedule(void)
 {
-    run_rows(eval_schedule, 5);
+    run_rows(1);
 }
 
 /* -- The step: the schedule, then Megatron's finalize_model_grads (docs/megatron.md §5.6),
