@@ -249,7 +249,7 @@ topology: need-model build/gen
 
 DEBS := gcc g++ make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
         libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev procps \
-        libxxhash-dev
+        libxxhash-dev libpcre2-dev libjansson-dev
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
