@@ -1,8 +1,8 @@
 // tests/tokenizer/ref.mjs: the independent implementation the suite and the bench compare
 // against: Hugging Face's tokenizers.js (@huggingface/tokenizers) on a tokenizer.json, or the
 // tiktoken port (js-tiktoken, GPT-2's ranks). Installed by `make deps` (tests/tokenizer/deps.sh).
-//   node ref.mjs encode TOKENIZER.json FILE...   ids of each file (one document), a line each
-//   node ref.mjs jsonl TOKENIZER.json FILE KEY    ids of each JSONL line's KEY, a line each
+//   node ref.mjs encode TOKENIZER.json FILE...   ids of each file (one document), a line each;
+//                                                a FILE.jsonl: of each line's "text", a line each
 //   node ref.mjs bench hf|tiktoken TOKENIZER.json FILE...   MB/s of encoding the files
 // Files are read as UTF-8 (invalid bytes become U+FFFD, as node's decoder does).
 import { readFileSync } from "node:fs";
@@ -30,11 +30,11 @@ function tiktoken() {
 const [cmd, ...args] = process.argv.slice(2);
 if (cmd === "encode") {
     const enc = hf(args[0]);
-    for (const f of args.slice(1)) console.log(enc(readFileSync(f, "utf8")).join(" "));
-} else if (cmd === "jsonl") {
-    const enc = hf(args[0]);
-    for (const line of readFileSync(args[1], "utf8").split("\n"))
-        if (line.trim()) console.log(enc(JSON.parse(line)[args[2]]).join(" "));
+    for (const f of args.slice(1)) {
+        if (!f.endsWith(".jsonl")) console.log(enc(readFileSync(f, "utf8")).join(" "));
+        else for (const line of readFileSync(f, "utf8").split("\n"))
+            if (line.trim()) console.log(enc(JSON.parse(line).text).join(" "));
+    }
 } else if (cmd === "bench") {
     const enc = args[0] === "tiktoken" ? tiktoken() : hf(args[1]);
     const texts = args.slice(2).map((f) => readFileSync(f, "utf8"));
@@ -46,6 +46,6 @@ if (cmd === "encode") {
     const dt = Number(process.hrtime.bigint() - t0) / 1e9;
     console.log(`${(bytes / 1e6 / dt).toFixed(2)} MB/s ${n} tokens`);
 } else {
-    console.error("usage: node ref.mjs encode|jsonl|bench ...");
+    console.error("usage: node ref.mjs encode|bench ...");
     process.exit(2);
 }
