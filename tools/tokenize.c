@@ -223,7 +223,13 @@ typedef struct {
     doc *docs;
     int ndocs;
     int next;                   /* the next document to take */
-    pthread_mutex_t lock;
+    pthread_mutex_t lock;       /* next, round, busy, quit */
+    pthread_cond_t start, done;
+    long round;                 /* batches started */
+    int busy;                   /* workers still on this batch */
+    int quit;
+    pthread_t threads[MAX_WORKERS];
+    int nthreads;               /* workers besides the main thread */
 } batch;
 
 static char *fmt_err(const char *fmt, ...)
@@ -286,28 +292,73 @@ static void encode_doc(const batch *b, doc *d)
     json_decref(root);
 }
 
-static void *worker(void *arg)
+/* Take documents of the current batch until none is left. */
+static void work(batch *b)
 {
-    batch *b = arg;
     for (;;) {
         pthread_mutex_lock(&b->lock);
         int i = b->next++;
         pthread_mutex_unlock(&b->lock);
-        if (i >= b->ndocs) return NULL;
+        if (i >= b->ndocs) return;
         encode_doc(b, &b->docs[i]);
     }
 }
 
-static void encode_batch(batch *b, int workers)
+/* A worker thread: lives for the whole run (its tokenizer cache stays warm), takes part in
+** each batch the main thread starts. */
+static void *worker(void *arg)
 {
-    pthread_t th[MAX_WORKERS];
-    int n = workers < b->ndocs ? workers : b->ndocs, started = 0;
+    batch *b = arg;
+    long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&b->lock);
+        while (b->round == seen && !b->quit) pthread_cond_wait(&b->start, &b->lock);
+        if (b->quit) {
+            pthread_mutex_unlock(&b->lock);
+            return NULL;
+        }
+        seen = b->round;
+        pthread_mutex_unlock(&b->lock);
+        work(b);
+        pthread_mutex_lock(&b->lock);
+        if (--b->busy == 0) pthread_cond_signal(&b->done);
+        pthread_mutex_unlock(&b->lock);
+    }
+}
+
+/* Encode the batch on the main thread and the workers; return when every document is done. */
+static void encode_batch(batch *b)
+{
+    pthread_mutex_lock(&b->lock);
     b->next = 0;
-    for (int i = 1; i < n; i++)
-        if (!pthread_create(&th[i], NULL, worker, b)) started = i;
-        else break;
-    worker(b);
-    for (int i = 1; i <= started; i++) pthread_join(th[i], NULL);
+    b->busy = b->nthreads;
+    b->round++;
+    pthread_cond_broadcast(&b->start);
+    pthread_mutex_unlock(&b->lock);
+    work(b);
+    pthread_mutex_lock(&b->lock);
+    while (b->busy) pthread_cond_wait(&b->done, &b->lock);
+    pthread_mutex_unlock(&b->lock);
+}
+
+static void start_workers(batch *b, int workers)
+{
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->start, NULL);
+    pthread_cond_init(&b->done, NULL);
+    for (int i = 0; i + 1 < workers; i++) {
+        if (pthread_create(&b->threads[i], NULL, worker, b)) break;
+        b->nthreads++;
+    }
+}
+
+static void stop_workers(batch *b)
+{
+    pthread_mutex_lock(&b->lock);
+    b->quit = 1;
+    pthread_cond_broadcast(&b->start);
+    pthread_mutex_unlock(&b->lock);
+    for (int i = 0; i < b->nthreads; i++) pthread_join(b->threads[i], NULL);
 }
 
 /* -- Input ------------------------------------------------------------------------------------ */
@@ -397,7 +448,17 @@ typedef struct {
 
 static void sink_put(sink *s, const int32_t *ids, size_t n)
 {
-    for (size_t i = 0; i < n; i++) put_le(s->bin.f, (uint32_t)ids[i], s->width);
+    unsigned char buf[4096];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ids[i];
+        for (int b = 0; b < s->width; b++) buf[k++] = (unsigned char)(v >> (8 * b));
+        if (k + 4 > sizeof buf || i + 1 == n) {
+            if (fwrite(buf, 1, k, s->bin.f) != k)
+                die("cannot write '%s': %s", s->bin.tmp, strerror(errno));
+            k = 0;
+        }
+    }
     s->ntok += (long long)n;
 }
 
@@ -624,8 +685,9 @@ int main(int argc, char **argv)
     }
 
     int workers = op.workers ? op.workers : online_cpus();
-    batch b = { .op = &op, .tok = tok, .eod = eod };
-    pthread_mutex_init(&b.lock, NULL);
+    static batch b;
+    b.op = &op, b.tok = tok, b.eod = eod;
+    start_workers(&b, workers);
     int maxdocs = BATCH_DOCS * workers;
     b.docs = xrealloc(NULL, (size_t)maxdocs * sizeof *b.docs);
     reader r = { .op = &op };
@@ -640,7 +702,7 @@ int main(int argc, char **argv)
             if (!(more = read_doc(&r, &b.docs[b.ndocs]))) break;
             batch_bytes += b.docs[b.ndocs++].len;
         }
-        encode_batch(&b, workers);
+        encode_batch(&b);
         for (int i = 0; i < b.ndocs; i++) {
             doc *d = &b.docs[i];
             if (d->err) die("%s", d->err);
@@ -662,6 +724,7 @@ int main(int argc, char **argv)
                     (double)bytes / 1e6, (double)bytes / 1e6 / (shown - t0));
         }
     }
+    stop_workers(&b);
     if (op.print && (fflush(stdout) || ferror(stdout)))
         die("cannot write the ids: %s", strerror(errno));
 

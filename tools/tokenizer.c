@@ -753,10 +753,6 @@ static int encode_piece(tok_out *o, const char *s, size_t n)
 {
     const tok_model *t = o->t;
     if (!n) return 0;
-    if (t->ignore_merges) {
-        int32_t id = vocab_find(t, s, n);
-        if (id >= 0) return emit(o, &id, 1);
-    }
     tok_thread *th = o->th;
     uint64_t h = 0;
     tok_slot *sl = NULL;
@@ -771,8 +767,11 @@ static int encode_piece(tok_out *o, const char *s, size_t n)
     }
     if (grow((void **)&th->work, &th->workcap, 12 * n + 16, sizeof *th->work)) return -1;
     int32_t *id = th->work;
-    for (size_t i = 0; i < n; i++) id[i] = t->byte_id[(unsigned char)s[i]];
-    size_t k = bpe_merge(t, id, n, th->work + n + (n & 1));
+    size_t k = 1;
+    if (!t->ignore_merges || (id[0] = vocab_find(t, s, n)) < 0) {
+        for (size_t i = 0; i < n; i++) id[i] = t->byte_id[(unsigned char)s[i]];
+        k = bpe_merge(t, id, n, th->work + n + (n & 1));
+    }
     if (sl) {
         char *p = malloc(n + k * sizeof *id);
         if (p) {

@@ -3,7 +3,7 @@
 // tiktoken port (js-tiktoken, GPT-2's ranks). Installed by `make deps` (tests/tokenizer/deps.sh).
 //   node ref.mjs encode TOKENIZER.json FILE...   ids of each file (one document), a line each;
 //                                                a FILE.jsonl: of each line's "text", a line each
-//   node ref.mjs bench hf|tiktoken TOKENIZER.json FILE...   MB/s of encoding the files
+//   node ref.mjs bench hf|tiktoken TOKENIZER.json FILE...   MB/s of encoding them (one thread)
 // Files are read as UTF-8 (invalid bytes become U+FFFD, as node's decoder does).
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -37,7 +37,8 @@ if (cmd === "encode") {
     }
 } else if (cmd === "bench") {
     const enc = args[0] === "tiktoken" ? tiktoken() : hf(args[1]);
-    const texts = args.slice(2).map((f) => readFileSync(f, "utf8"));
+    const texts = args.slice(2).flatMap((f) => !f.endsWith(".jsonl") ? [readFileSync(f, "utf8")]
+        : readFileSync(f, "utf8").split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l).text));
     const bytes = texts.reduce((a, s) => a + Buffer.byteLength(s), 0);
     enc(texts[0].slice(0, 10000));   // warm up
     const t0 = process.hrtime.bigint();
