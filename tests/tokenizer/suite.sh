@@ -168,8 +168,8 @@ readback() {
         :   # id is a number: refused (below); the dataset of text alone follows
     fi
     if [ -n "$4" ] && { ! grep -q "fortunes.jsonl:1: error: 'id' is not a string" $S/$name.log ||
-       ls $S/$name* 2> /dev/null | grep -q -v "$name.log"; }; then
-        fail $name "a non-string key: $(head -c 200 $S/$name.log); left: $(ls $S/$name* | tr '\n' ' ')"
+       compgen -G "$S/${name}_*" > /dev/null; }; then
+        fail $name "a non-string key: $(head -c 200 $S/$name.log); left: $(echo $S/${name}_*)"
         return
     fi
     $TOK --quiet --tokenizer "$t" --append-eod --workers 2 --json-keys text \
