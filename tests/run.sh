@@ -20,7 +20,7 @@ JOBS=${TEST_JOBS:-3}
 # the longest chain; runtime and faults hold tests bounded in wall time (better not among the
 # last, when everything else is short of CPU too). A suite not in this list starts after them.
 LONGEST="moe parallel precision kernels llama runtime single pipeline cp faults train program
-         data lr lua errors refcheck fuzz hfload regions tmpl golden"
+         data tokenizer lr lua errors refcheck fuzz hfload regions tmpl golden"
 
 if [ $# -gt 0 ]; then
     suites="$*"

@@ -1,6 +1,6 @@
 # tools/tools.mk: user tools (tokenizer) and the demo corpus. Included by the top Makefile.
 
-TOOLS := build/tools/tokenize
+TOOLS := build/tools/tokenize build/tools/libtokenizer.a
 ALL_TARGETS += $(TOOLS)
 
 # libtokenizer.a: byte-level BPE from a Hugging Face tokenizer.json (tools/tokenizer.h), on PCRE2
