@@ -126,13 +126,15 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: %s [--tokenizer PATH] [--json-keys KEY...] [--append-eod] [--workers N]\n"
-        "          (--output-prefix P | -o FILE [--llmc] | --print) INPUT...\n"
+        "          (--output-prefix P | -o FILE [--llmc] | --print) [--input] INPUT...\n"
         "       %s [--tokenizer PATH] --decode [DATASET]\n"
         "  Turn INPUT files into token ids: each file one document, or with --json-keys one\n"
         "  document per JSONL line (the string under KEY, as Megatron's preprocess_data.py).\n"
         "  --tokenizer PATH    a Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3),\n"
         "                      or a directory holding one; without it one token per byte\n"
-        "  --json-keys KEY...  JSONL input; several keys make one dataset each\n"
+        "  --json-keys KEY...  JSONL input; several keys make one dataset each (the keys\n"
+        "                      run to the next flag: inputs before, or after --input or --)\n"
+        "  --input FILE        an input (as Megatron's flag; also plain words, '-': stdin)\n"
         "  --append-eod        the end-of-document token after each non-empty document\n"
         "  --output-prefix P   Megatron indexed datasets P_KEY_document.bin/.idx (KEY: text\n"
         "                      for text files); uint16 ids below 65,500 ids, else int32\n"
@@ -158,12 +160,14 @@ typedef struct {
 
 static void parse_args(options *op, int argc, char **argv)
 {
+    op->inputs = xrealloc(NULL, (size_t)argc * sizeof *op->inputs);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
         if (!strcmp(a, "--tokenizer") && more) op->tokenizer = argv[++i];
         else if (!strcmp(a, "--output-prefix") && more) op->prefix = argv[++i];
         else if (!strcmp(a, "-o") && more) op->out = argv[++i];
+        else if (!strcmp(a, "--input") && more) op->inputs[op->ninputs++] = argv[++i];
         else if (!strcmp(a, "--llmc")) op->llmc = 1;
         else if (!strcmp(a, "--print")) op->print = 1;
         else if (!strcmp(a, "--append-eod")) op->eod = 1;
@@ -177,17 +181,19 @@ static void parse_args(options *op, int argc, char **argv)
                     MAX_WORKERS);
             op->workers = (int)n;
         } else if (!strcmp(a, "--json-keys") && more) {
+            /* the keys: the words up to the next flag, as Megatron's nargs='+' */
+            struct stat st;
             op->jsonl = 1;
             while (i + 1 < argc && argv[i + 1][0] != '-') {
                 if (op->nkeys == MAX_KEYS) die("--json-keys: at most %d keys", MAX_KEYS);
+                if (!stat(argv[i + 1], &st) && S_ISREG(st.st_mode))
+                    die("--json-keys: '%s' is a file, not a key: give the inputs before "
+                        "--json-keys, after --input or after --", argv[i + 1]);
                 op->keys[op->nkeys++] = argv[++i];
             }
             if (!op->nkeys) die("--json-keys: no key given (e.g. --json-keys text)");
-            /* the keys take the words up to the next flag: inputs follow a flag or -- */
         } else if (!strcmp(a, "--")) {
-            op->inputs = argv + i + 1;
-            op->ninputs = argc - i - 1;
-            break;
+            while (++i < argc) op->inputs[op->ninputs++] = argv[i];
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             exit(0);
@@ -195,11 +201,7 @@ static void parse_args(options *op, int argc, char **argv)
             fprintf(stderr, "%s: error: unknown or incomplete option '%s'\n", progname, a);
             usage(stderr);
             exit(2);
-        } else {
-            op->inputs = argv + i;
-            op->ninputs = argc - i;
-            break;
-        }
+        } else op->inputs[op->ninputs++] = argv[i];
     }
     if (!op->jsonl) op->keys[op->nkeys++] = "text";
 }
@@ -372,7 +374,7 @@ typedef struct {
 
 static char *read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) die("cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *s = xrealloc(NULL, cap);
@@ -382,7 +384,7 @@ static char *read_file(const char *path, size_t *len)
         s = xrealloc(s, cap *= 2);
     }
     if (ferror(f)) die("cannot read '%s': %s", path, strerror(errno));
-    fclose(f);
+    if (f != stdin) fclose(f);
     *len = n;
     return s;
 }
@@ -691,7 +693,7 @@ int main(int argc, char **argv)
     int maxdocs = BATCH_DOCS * workers;
     b.docs = xrealloc(NULL, (size_t)maxdocs * sizeof *b.docs);
     reader r = { .op = &op };
-    long long ndocs = 0, bytes = 0;
+    long long ndocs = 0, bytes = 0, ntok = 0;
     double t0 = now(), shown = t0;
     int tty = isatty(2) && !op.quiet, more = 1;
     while (more) {
@@ -708,6 +710,7 @@ int main(int argc, char **argv)
             if (d->err) die("%s", d->err);
             for (int k = 0; k < op.nkeys; k++) {
                 if (op.print) {
+                    ntok += (long long)d->nids[k];
                     for (size_t j = 0; j < d->nids[k]; j++)
                         printf(j ? " %d" : "%d", d->ids[k][j]);
                     putchar('\n');
@@ -729,7 +732,6 @@ int main(int argc, char **argv)
         die("cannot write the ids: %s", strerror(errno));
 
     /* finish the files, then rename them all */
-    long long ntok = 0;
     for (int k = 0; k < op.nkeys && !op.print; k++) {
         sink *s = &sinks[k];
         ntok += s->ntok;

@@ -578,6 +578,8 @@ int tok_id_of(const tok_model *t, const char *s)
     return n ? vocab_find(t, s, n) : -1;
 }
 
+/* The bytes of id (raw bytes: byte-level characters mapped back; an added token: its text),
+** owned by t; NULL for an id outside the vocabulary. */
 const char *tok_bytes(const tok_model *t, int32_t id, size_t *len)
 {
     if (id < 0 || id >= t->nid || !t->bytes[id]) return NULL;

@@ -220,11 +220,11 @@ if [ -n "$BIG" ]; then readback megatron_int32 $BIG 4
 else skip megatron_int32 "$why"
 fi
 
-# threads: 1 and 3 workers write the same files (documents in input order)
+# threads: 1 and 3 workers write the same files (documents in input order; --input as --)
 $TOK --quiet --tokenizer $T --append-eod --workers 1 --json-keys text \
     --output-prefix $S/w1 -- $S/fortunes.jsonl $S/fortunes.jsonl > $S/w.log 2>&1
 $TOK --quiet --tokenizer $T --append-eod --workers 3 --json-keys text \
-    --output-prefix $S/w3 -- $S/fortunes.jsonl $S/fortunes.jsonl >> $S/w.log 2>&1
+    --output-prefix $S/w3 --input $S/fortunes.jsonl --input $S/fortunes.jsonl >> $S/w.log 2>&1
 if [ -s $S/w1_text_document.bin ] && cmp -s $S/w1_text_document.bin $S/w3_text_document.bin &&
    cmp -s $S/w1_text_document.idx $S/w3_text_document.idx; then pass workers
 else fail workers "1 and 3 workers differ: $(head -c 200 $S/w.log)"
@@ -350,6 +350,8 @@ err error_no_input "cannot open '$S/nosuch.txt'" \
     $TOK --tokenizer $S/mini.json --output-prefix $S/out/p tests/tokenizer/hard.txt $S/nosuch.txt
 err error_eod_bytes "--append-eod: byte tokens (no --tokenizer) has no end-of-document token" \
     $TOK --append-eod -o $S/out/x.bin tests/tokenizer/hard.txt
+err error_key_is_file "'$S/nokey.jsonl' is a file, not a key" \
+    $TOK --tokenizer $S/mini.json --json-keys text $S/nokey.jsonl --output-prefix $S/out/p
 err error_decode_id "stdin: id 99999 is not in the vocabulary" \
     sh -c "echo 1 2 99999 | $TOK --tokenizer $S/mini.json --decode"
 
