@@ -520,8 +520,31 @@ tok_model *tok_load(const char *path, char *err, size_t errcap)
         free(file);
         return NULL;
     }
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+    /* whole, then parsed from memory (jansson reads a FILE a character at a time) */
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int oom = 0;
+    while (!feof(f) && !ferror(f)) {
+        if (len == cap) {
+            char *p = realloc(text, cap = cap ? 2 * cap : 1 << 20);
+            if (!p) {
+                oom = 1;
+                break;
+            }
+            text = p;
+        }
+        len += fread(text + len, 1, cap - len, f);
+    }
+    if (oom || ferror(f)) {
+        report(&e, oom ? "out of memory" : "cannot read: %s", strerror(errno));
+        fclose(f);
+        free(text);
+        free(file);
+        return NULL;
+    }
     fclose(f);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!root) {
         snprintf(err, errcap, "%s:%d:%d: error: %s (not a JSON file: a tokenizer.json "
                  "expected)", file, je.line, je.column, je.text);
