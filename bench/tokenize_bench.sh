@@ -39,19 +39,26 @@ print("\n".join(out))
 PY
 ours() {   # ours TOKENIZER WORKERS: MB/s from the tool's summary line
     build/tools/tokenize --tokenizer "$1" --workers "$2" --json-keys text \
-        --output-prefix $B/out -- $B/corpus.jsonl 2>&1 | sed -n 's/.*(\([0-9.]*\) MB\/s).*/\1/p'
+        --output-prefix $B/out --input $B/corpus.jsonl 2>&1 |
+        sed -n 's/.*(\([0-9.]*\) MB\/s).*/\1/p'
 }
 js() { node tests/tokenizer/ref.mjs bench "$@" $B/corpus.jsonl | cut -d' ' -f1; }
-echo "text: $(du -m $B/corpus.jsonl | cut -f1) MB of JSONL ($(wc -l < $B/corpus.jsonl) documents); $(nproc) CPUs; MB/s of text"
+echo "text: $(du -m $B/corpus.jsonl | cut -f1) MB of JSONL" \
+    "($(wc -l < $B/corpus.jsonl) documents);" \
+    "$(nproc) CPUs; MB/s of text"
+ratio() { echo "$1 / $2" | bc -l; }
 for v in gpt2 llama3; do
     t=$GPT2
     [ $v = llama3 ] && t=$LLAMA3
     o1=$(ours $t 1) oN=$(ours $t "$THREADS") hf=$(js hf $t)
-    printf '%-7s ours 1 thread %7.2f   ours %d threads %7.2f   tokenizers.js %6.2f   ratio 1 thread %5.1fx   %d threads %5.1fx\n' \
-        $v "$o1" "$THREADS" "$oN" "$hf" "$(echo "$o1 / $hf" | bc -l)" "$THREADS" "$(echo "$oN / $hf" | bc -l)"
+    printf '%-7s ours 1 thread %7.2f   ours %d threads %7.2f   tokenizers.js %6.2f' \
+        $v "$o1" "$THREADS" "$oN" "$hf"
+    printf '   ratio 1 thread %5.1fx   %d threads %5.1fx\n' \
+        "$(ratio "$o1" "$hf")" "$THREADS" "$(ratio "$oN" "$hf")"
     if [ $v = gpt2 ]; then
         tk=$(js tiktoken x)
-        printf '%-7s js-tiktoken %6.2f   ratio 1 thread %5.1fx\n' gpt2 "$tk" "$(echo "$o1 / $tk" | bc -l)"
+        printf '%-7s js-tiktoken %6.2f   ratio 1 thread %5.1fx   %d threads %5.1fx\n' gpt2 "$tk" \
+            "$(ratio "$o1" "$tk")" "$THREADS" "$(ratio "$oN" "$tk")"
     fi
 done
 rm -f $B/out_text_document.*

@@ -44,7 +44,7 @@ enum { MM_VERSION = 1, MM_HEADER = 9 + 8 + 1 + 8 + 8 };
 
 static const char *progname = "tokenize";
 
-/* -- Errors and the files being written --------------------------------------------------------- */
+/* -- Errors and the files being written -------------------------------------------------------- */
 
 static char *tmp_paths[MAX_TMP];   /* removed when we die, so nothing half-written remains */
 static volatile sig_atomic_t ntmp;
@@ -206,7 +206,7 @@ static void parse_args(options *op, int argc, char **argv)
     if (!op->jsonl) op->keys[op->nkeys++] = "text";
 }
 
-/* -- Documents and their encoding ----------------------------------------------------------------- */
+/* -- Documents and their encoding -------------------------------------------------------------- */
 
 typedef struct {
     char *text;                 /* a file's bytes, or a JSONL line */

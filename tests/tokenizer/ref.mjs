@@ -37,8 +37,9 @@ if (cmd === "encode") {
     }
 } else if (cmd === "bench") {
     const enc = args[0] === "tiktoken" ? tiktoken() : hf(args[1]);
+    const lines = (f) => readFileSync(f, "utf8").split("\n").filter((l) => l.trim());
     const texts = args.slice(2).flatMap((f) => !f.endsWith(".jsonl") ? [readFileSync(f, "utf8")]
-        : readFileSync(f, "utf8").split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l).text));
+        : lines(f).map((l) => JSON.parse(l).text));
     const bytes = texts.reduce((a, s) => a + Buffer.byteLength(s), 0);
     enc(texts[0].slice(0, 10000));   // warm up
     const t0 = process.hrtime.bigint();

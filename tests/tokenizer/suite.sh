@@ -6,7 +6,8 @@
 # an empty document and Debian's fortunes as JSONL; the merges written as pairs; threads; several
 # --json-keys; the Megatron .bin/.idx read back (independently in Python, and by a training
 # program's --dump-samples); decoding back to the text; byte tokens as before; every error
-# message, with nothing left behind. Prints PASS/FAIL/SKIP tokenizer/<name>; scratch in build/test/tokenizer/.
+# message, with nothing left behind. Prints PASS/FAIL/SKIP tokenizer/<name>; scratch in
+# build/test/tokenizer/.
 . "$(dirname "$0")/../lib.sh" tokenizer
 TOK=build/tools/tokenize
 NPM=${TOK_NPM_DIR:-build/npm}/node_modules
@@ -104,7 +105,8 @@ same() {
     if [ ! -s $S/$name.ref ]; then
         fail $name "tokenizers.js failed: $(head -c 300 $S/$name.referr)"
     elif ! cmp -s $S/$name.ours $S/$name.ref; then
-        fail $name "ids differ from tokenizers.js: $(diff $S/$name.ours $S/$name.ref | head -c 300) $(head -c 200 $S/$name.err)"
+        fail $name "ids differ from tokenizers.js: $(diff $S/$name.ours $S/$name.ref |
+            head -c 300) $(head -c 200 $S/$name.err)"
     elif [ "$(wc -l < $S/$name.ref)" -lt 100 ] || [ "$(wc -w < $S/$name.ref)" -lt 30000 ]; then
         fail $name "too few documents or ids compared: $(wc -lw < $S/$name.ref)"
     else
@@ -133,7 +135,8 @@ else
       $TOK --quiet --tokenizer $GPT2 --print --json-keys text -- $S/fortunes.jsonl; } \
         > $S/tiktoken.ours 2>&1
     if cmp -s $S/tiktoken.ours $S/tiktoken.ref; then pass gpt2_tiktoken
-    else fail gpt2_tiktoken "ids differ from js-tiktoken: $(diff $S/tiktoken.ours $S/tiktoken.ref | head -c 300)"
+    else fail gpt2_tiktoken "ids differ from js-tiktoken: $(diff $S/tiktoken.ours $S/tiktoken.ref |
+        head -c 300)"
     fi
     # merges written as [a, b] pairs (newer tokenizer.json) give the same ids as "a b" strings
     python3 -c '
@@ -141,7 +144,8 @@ import json, sys
 t = json.load(open(sys.argv[1]))
 t["model"]["merges"] = [m.split(" ", 1) for m in t["model"]["merges"]]
 json.dump(t, open(sys.argv[2], "w"))' "$GPT2" $S/gpt2_pairs.json
-    $TOK --quiet --tokenizer $S/gpt2_pairs.json --print tests/tokenizer/hard.txt > $S/pairs.ours 2>&1
+    $TOK --quiet --tokenizer $S/gpt2_pairs.json --print tests/tokenizer/hard.txt \
+        > $S/pairs.ours 2>&1
     head -n 1 $S/gpt2.ref > $S/pairs.ref
     if cmp -s $S/pairs.ours $S/pairs.ref; then pass merge_pairs
     else fail merge_pairs "ids differ with [a, b] merges: $(head -c 200 $S/pairs.ours)"
@@ -153,7 +157,7 @@ json.dump(t, open(sys.argv[2], "w"))' "$GPT2" $S/gpt2_pairs.json
     fi
 fi
 
-# -- Megatron datasets ------------------------------------------------------------------------------
+# -- Megatron datasets -----------------------------------------------------------------------------
 # The tokenizer for the rest: GPT-2's when npm gave it (uint16 ids), Llama 3's for int32, else
 # the mini one (the dataset tests then use uint16 only).
 BIG="" T=$S/mini.json
@@ -176,7 +180,12 @@ readback() {
         --output-prefix $S/$name -- $S/fortunes.jsonl > $S/$name.log 2>&1
     $TOK --quiet --tokenizer "$t" --print --json-keys text -- $S/fortunes.jsonl > $S/$name.ids
     local eod
-    eod=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); print([a["id"] for a in t["added_tokens"] if a["content"] in ("<|endoftext|>","<|end_of_text|>")][0])' "$t")
+    eod=$(python3 -c '
+import json, sys
+t = json.load(open(sys.argv[1]))
+ends = ("<|endoftext|>", "<|end_of_text|>")
+print([a["id"] for a in t["added_tokens"] if a["content"] in ends][0])
+' "$t")
     if python3 - $S/${name}_text_document $S/$name.ids $eod $code > $S/$name.check 2>&1 << 'EOF'
 import struct, sys
 prefix, idsfile, eod, code = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -280,7 +289,7 @@ else
     fail dump_samples_uint16 "$WHY"
 fi
 
-# -- Decoding ---------------------------------------------------------------------------------------
+# -- Decoding --------------------------------------------------------------------------------------
 # roundtrip NAME TOKENIZER: text -> dataset / nanoGPT .bin / llm.c shard / stdin ids -> text,
 # byte for byte
 roundtrip() {
@@ -294,7 +303,8 @@ roundtrip() {
         $TOK ${t:+--tokenizer $t} --print tests/tokenizer/hard.txt 2> /dev/null |
             $TOK ${t:+--tokenizer $t} --decode > $S/$name.stdin 2>> $S/$name.log
         cmp -s $S/$name.stdin tests/tokenizer/hard.txt || ok=0
-        $TOK --quiet ${t:+--tokenizer $t} -o $S/$name.bin tests/tokenizer/hard.txt >> $S/$name.log 2>&1
+        $TOK --quiet ${t:+--tokenizer $t} -o $S/$name.bin tests/tokenizer/hard.txt \
+            >> $S/$name.log 2>&1
         $TOK ${t:+--tokenizer $t} --decode $S/$name.bin > $S/$name.nano 2>> $S/$name.log
         cmp -s $S/$name.nano tests/tokenizer/hard.txt || ok=0
         $TOK --quiet ${t:+--tokenizer $t} --llmc -o $S/$name.llmc tests/tokenizer/hard.txt \
@@ -313,7 +323,9 @@ fi
 roundtrip decode_roundtrip_bytes ""
 # invalid UTF-8 decodes as U+FFFD where each bad sequence was (as a UTF-8 decoder replaces them)
 $TOK --quiet --tokenizer $T --print $S/bad.txt | $TOK --tokenizer $T --decode > $S/bad.dec 2>&1
-python3 -c 'import sys; sys.stdout.buffer.write(open(sys.argv[1], "rb").read().decode("utf-8", "replace").encode())' \
+python3 -c '
+import sys
+sys.stdout.buffer.write(open(sys.argv[1], "rb").read().decode("utf-8", "replace").encode())' \
     $S/bad.txt > $S/bad.want
 if cmp -s $S/bad.dec $S/bad.want; then pass invalid_utf8
 else fail invalid_utf8 "decoded: $(head -c 200 $S/bad.dec)"
@@ -355,7 +367,8 @@ printf '{"text": "one"}\n{"text": "two"}\n{"body": "three"}\n' > $S/nokey.jsonl
 printf '{"text": "one"}\n{"text": "two\n' > $S/broken.jsonl
 err error_not_json "notjson.json:2:[0-9]*: error: .*not a JSON file" \
     $TOK --tokenizer $S/notjson.json --output-prefix $S/out/p tests/tokenizer/hard.txt
-err error_unigram "unigram.json: error: model type 'Unigram' is not supported (byte-level BPE only)" \
+err error_unigram \
+    "unigram.json: error: model type 'Unigram' is not supported (byte-level BPE only)" \
     $TOK --tokenizer $S/unigram.json --output-prefix $S/out/p tests/tokenizer/hard.txt
 err error_normalizer "nfc.json: error: normalizer 'NFC' is not supported" \
     $TOK --tokenizer $S/nfc.json --output-prefix $S/out/p tests/tokenizer/hard.txt
