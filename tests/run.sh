@@ -19,8 +19,9 @@ JOBS=${TEST_JOBS:-3}
 # The suites, the most CPU first (tests/README.md), so that the last to run are short: moe is
 # the longest chain; runtime and faults hold tests bounded in wall time (better not among the
 # last, when everything else is short of CPU too). A suite not in this list starts after them.
-LONGEST="moe parallel precision kernels llama runtime single pipeline cp faults train program
-         data eval lr lua errors refcheck fuzz hfload regions tmpl golden"
+LONGEST="moe parallel precision kernels llama runtime launch single pipeline cp faults train
+         program data eval tokenizer generate hfload lr lua errors refcheck fuzz regions tmpl
+         golden plot layering"
 
 if [ $# -gt 0 ]; then
     suites="$*"

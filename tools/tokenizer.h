@@ -24,7 +24,9 @@ void tok_free(tok_model *t);
 int tok_vocab_size(const tok_model *t);
 
 /* The id that ends a document (GPT-2's <|endoftext|>, Llama 3's <|end_of_text|>), and the one
-** that begins one (Llama 3's <|begin_of_text|>; -1 when the tokenizer has none: GPT-2). */
+** that begins one (Llama 3's <|begin_of_text|>; -1 when the tokenizer has none: GPT-2). Found
+** by name: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> (and <|begin_of_text|>,
+** <s>, <bos>) that the tokenizer has; the end id too is -1 when it has none. */
 int tok_eod_id(const tok_model *t);
 int tok_bod_id(const tok_model *t);
 

@@ -1,7 +1,22 @@
 # tools/tools.mk: user tools (tokenizer) and the demo corpus. Included by the top Makefile.
 
-TOOLS := build/tools/tokenize
+TOOLS := build/tools/tokenize build/tools/libtokenizer.a
 ALL_TARGETS += $(TOOLS)
+
+# libtokenizer.a: byte-level BPE from a Hugging Face tokenizer.json (tools/tokenizer.h), on PCRE2
+# and jansson (Debian's libpcre2-dev, libjansson-dev). A program linking it adds TOKENIZER_LIBS.
+TOKENIZER_LIBS := -lpcre2-8 -ljansson -lpthread
+build/tools/tokenizer.o: tools/tokenizer.c tools/tokenizer.h
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS_C) -O3 -c -o $@ $<
+build/tools/libtokenizer.a: build/tools/tokenizer.o
+	$(E) "AR        $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+build/tools/tokenize: tools/tokenize.c tools/tokenizer.h build/tools/libtokenizer.a
+	$(E) "CC        $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(CC) $(CFLAGS_C) -o $@ $< build/tools/libtokenizer.a $(TOKENIZER_LIBS) $(LDFLAGS_TOOLS)
 
 build/tools/%: tools/%.c
 	$(E) "CC        $@"
