@@ -33,8 +33,13 @@
     _(INIT, "init", "PATH", STRING, init, NULL, \
       "the model's weights (required): a `.safetensors` file, an index, or a directory " \
       "holding one, as train's `--init` (train's `--save` writes one)") \
+    _(TOKENIZER, "tokenizer", "PATH", STRING, tokenizer, NULL, \
+      "a Hugging Face `tokenizer.json`, or a directory holding one (as train's `--save DIR` " \
+      "writes): `--prompt` is encoded with it (after its begin-of-document id, if it has " \
+      "one), the tokens are printed as text, and `--eos` defaults to its end-of-document id") \
     _(PROMPT, "prompt", "TEXT", STRING, prompt, NULL, \
-      "the prompt as text: one token per byte (models with a vocabulary of 256)") \
+      "the prompt as text: with `--tokenizer`, its tokens; without, one token per byte " \
+      "(models with a vocabulary of 256)") \
     _(PROMPT_IDS, "prompt-ids", "LIST", STRING, prompt_ids, NULL, \
       "the prompt as token ids, comma-separated (`15496,11,995`), for any model") \
     _(MAX_NEW_TOKENS, "max-new-tokens", "N", INT, max_new, "=the model's positions left", \
@@ -59,7 +64,7 @@
     _(HELP, "help", "", HELP, help, NULL, "print this help and exit (also `-h`)")
 
 typedef struct {
-    const char *init, *prompt, *prompt_ids, *logits;
+    const char *init, *tokenizer, *prompt, *prompt_ids, *logits;
     int max_new, top_k, eos, no_cache, help;
     double temperature, top_p;
     unsigned long long seed;
@@ -413,25 +418,66 @@ static int pick(const float *logits, int V, const gen_flags *f, uint64_t *rng, i
 
 /* -- Text in and out ---------------------------------------------------------------------------- */
 /*
-** The one place that knows how text becomes tokens and tokens become text. Without a tokenizer:
-** a model of 256 tokens reads --prompt as bytes (one token per byte) and prints its tokens as
-** bytes; any model reads --prompt-ids and, past 256 tokens, prints ids. A tokenizer
-** (tools/tokenizer.h: tok_encode for the prompt, tok_bytes for each token) replaces the byte
-** rules here.
+** The one place that knows how text becomes tokens and tokens become text. With --tokenizer
+** (the entry point's gen_tokenizer_api): --prompt encoded by it, after its begin-of-document
+** id when it has one (as Hugging Face's tokenizers add it), and every token printed as its
+** bytes. Without: a model of 256 tokens reads --prompt as bytes (one token per byte) and prints
+** its tokens as bytes; any model reads --prompt-ids and, past 256 tokens, prints ids.
 */
 enum { BYTE_VOCAB = 256 };
 
+typedef struct {
+    const gen_tokenizer_api *api;
+    void *t;                    /* the loaded tokenizer, or NULL */
+} gen_text;
+
+/* The tokenizer --tokenizer names into tx (nothing without the flag); it must fit the model. */
+static void text_open(gen_text *tx, const gen_flags *f, const gen_tokenizer_api *api, int V)
+{
+    tx->api = api;
+    tx->t = NULL;
+    if (!f->tokenizer) return;
+    if (!api) lib_fail_all(2, "--tokenizer: this program has no tokenizer library");
+    char err[512];
+    tx->t = api->load(f->tokenizer, err, sizeof err);
+    if (!tx->t) lib_fail_all(2, "--tokenizer: %s", err);
+    int n = api->vocab_size(tx->t);
+    if (n > V)
+        lib_fail_all(2, "--tokenizer %s has %d ids, the model %d: it is another model's "
+                     "tokenizer", f->tokenizer, n, V);
+}
+
 /* The prompt's tokens (malloc'd) into *out; returns their number. */
-static int prompt_tokens(const gen_flags *f, int V, int **out)
+static int prompt_tokens(const gen_flags *f, const gen_text *tx, int V, int **out)
 {
     if (!f->prompt == !f->prompt_ids)
         lib_fail_all(2, f->prompt ? "--prompt and --prompt-ids exclude each other"
                                   : "a prompt is needed: --prompt TEXT or --prompt-ids LIST");
+    if (f->prompt && tx->t) {
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
+        int bod = tx->api->bod_id(tx->t);
+        if (bod >= 0) {
+            ids = malloc(sizeof *ids);
+            RT_CHECK(ids, "out of memory");
+            ids[n++] = bod;
+            cap = 1;
+        }
+        RT_CHECK(tx->api->encode(tx->t, f->prompt, strlen(f->prompt), &ids, &n, &cap) == 0,
+                 "out of memory");
+        if (n == 0) lib_fail_all(2, "--prompt is empty: the model needs at least one token");
+        int *out_ids = malloc(n * sizeof *out_ids);
+        RT_CHECK(out_ids, "out of memory");
+        for (size_t i = 0; i < n; i++) out_ids[i] = ids[i];
+        free(ids);
+        *out = out_ids;
+        return (int)n;
+    }
     if (f->prompt) {
         if (V != BYTE_VOCAB)
             lib_fail_all(2, "--prompt reads one token per byte, for models of %d tokens; this "
-                         "model has %d: give the prompt's token ids (--prompt-ids)",
-                         BYTE_VOCAB, V);
+                         "model has %d: give its tokenizer (--tokenizer) or the prompt's token "
+                         "ids (--prompt-ids)", BYTE_VOCAB, V);
         size_t n = strlen(f->prompt);
         if (n == 0) lib_fail_all(2, "--prompt is empty: the model needs at least one token");
         int *ids = malloc(n * sizeof *ids);
@@ -461,10 +507,14 @@ static int prompt_tokens(const gen_flags *f, int V, int **out)
     return n;
 }
 
-/* A token on stdout as it comes: its byte (byte models) or its id and a space. */
-static void emit_token(int id, int V)
+/* A token on stdout as it comes: its bytes (a tokenizer's), its byte (byte models) or its id
+** and a space. */
+static void emit_token(int id, const gen_text *tx, int V)
 {
-    if (V == BYTE_VOCAB) putchar(id);
+    size_t n;
+    const char *b = tx->t ? tx->api->bytes(tx->t, id, &n) : NULL;
+    if (b) fwrite(b, 1, n, stdout);
+    else if (V == BYTE_VOCAB) putchar(id);
     else printf("%d ", id);
     fflush(stdout);
 }
@@ -495,7 +545,7 @@ static void write_logits(const char *path, const float *rows, size_t n)
     if (rename(tmp, path)) lib_fail_file(path, "cannot rename %s: %s", tmp, strerror(errno));
 }
 
-int gpt_generate(int argc, char **argv, const gpt_program *prog)
+int gpt_generate(int argc, char **argv, const gpt_program *prog, const gen_tokenizer_api *tok)
 {
     lib_fail_name("generate");
     rt_init(&argc, &argv, 1, "one rank");
@@ -511,7 +561,14 @@ int gpt_generate(int argc, char **argv, const gpt_program *prog)
         return 0;
     }
     check_flags(&f);
-    int V = prog->vocab, *prompt, P = prompt_tokens(&f, V, &prompt);
+    int V = prog->vocab, *prompt;
+    gen_text tx;
+    text_open(&tx, &f, tok, V);
+    int P = prompt_tokens(&f, &tx, V, &prompt);
+    if (!given[GEN_FLAG_EOS] && tx.t && tx.api->eod_id(tx.t) >= 0) {
+        f.eos = tx.api->eod_id(tx.t);
+        given[GEN_FLAG_EOS] = 1;
+    }
     int T = prog->dims.t_model;
     if (given[GEN_FLAG_EOS] && f.eos >= V)
         lib_fail_all(2, "--eos %d is outside the model's vocabulary [0, %d)", f.eos, V);
@@ -536,7 +593,9 @@ int gpt_generate(int argc, char **argv, const gpt_program *prog)
     float *logits = malloc(rows * V * sizeof *logits);
     RT_CHECK(seq && idx && p && logits, "out of memory");
     memcpy(seq, prompt, (size_t)P * sizeof *seq);
-    for (int i = 0; i < P; i++) emit_token(prompt[i], V);
+    int bod = tx.t ? tx.api->bod_id(tx.t) : -1;
+    for (int i = 0; i < P; i++)
+        if (i > 0 || prompt[0] != bod) emit_token(prompt[i], &tx, V);   /* not <|begin...|> */
     uint64_t rng = f.seed;
     double t0 = rt_now(), t1 = t0;
     int len = P, made = 0;
@@ -550,11 +609,11 @@ int gpt_generate(int argc, char **argv, const gpt_program *prog)
         int id = pick(row, V, &f, &rng, idx, p);
         seq[len++] = id;
         made++;
-        emit_token(id, V);
+        emit_token(id, &tx, V);
         if (given[GEN_FLAG_EOS] && id == f.eos) break;
     }
     double t2 = rt_now();
-    if (V != BYTE_VOCAB || made) putchar('\n');
+    if (V != BYTE_VOCAB || tx.t || made) putchar('\n');
     fflush(stdout);
     /* the first new token comes from the prefill; the others from one decoding step each */
     double pre = t1 - t0, dec = t2 - t1;

@@ -8,8 +8,27 @@
 #ifndef GPT_GENERATE_H
 #define GPT_GENERATE_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "gpt.h"      // defines: gpt_program
 
-int gpt_generate(int argc, char **argv, const gpt_program *prog);
+/* A tokenizer for --tokenizer, as the program's entry point supplies it (generate_main.c: the
+** tokenizer library, tools/tokenizer.h, which the library itself does not link): load a
+** tokenizer.json (NULL and a message in err when it cannot), its number of ids, the ids that
+** begin and end a document (-1: none), a text's ids appended to *ids, an id's bytes. */
+typedef struct {
+    void *(*load)(const char *path, char *err, size_t errcap);
+    int (*vocab_size)(const void *t);
+    int (*bod_id)(const void *t);
+    int (*eod_id)(const void *t);
+    int (*encode)(const void *t, const char *text, size_t len, int32_t **ids, size_t *n,
+                  size_t *cap);
+    const char *(*bytes)(const void *t, int32_t id, size_t *len);
+} gen_tokenizer_api;
+
+/* The generate program: its flags, the model from --init, the text. 'tok': the tokenizer
+** --tokenizer loads (NULL: the program has none, and refuses --tokenizer). */
+int gpt_generate(int argc, char **argv, const gpt_program *prog, const gen_tokenizer_api *tok);
 
 #endif

@@ -21,10 +21,11 @@ $(GEN_DIR)/train_cuda_emu: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/li
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a $(GPT_SYS_LIBS) $(EMU_CUDA_LIBS)
 
 $(GEN_DIR)/generate_cuda_emu: $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(EMU_BUILD)/libgpt_emu.a \
-                              $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a
+                              $(EMU_BUILD)/librt_cuda_emu.a $(EMU_BUILD)/libcuda_emu.a \
+                              build/tools/libtokenizer.a
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(EMU_BUILD)/libgpt_emu.a $(GPT_SYS_LIBS) \
-	    $(EMU_CUDA_LIBS)
+	    $(EMU_CUDA_LIBS) build/tools/libtokenizer.a $(TOKENIZER_LIBS)
 
 $(GEN_DIR)/train_cuda_emu_mpi: $(GEN_OBJS) $(EMU_BUILD)/libgpt_emu.a \
                                $(EMU_BUILD)/librt_cuda_emu_mpi.a $(EMU_BUILD)/libcuda_emu.a

@@ -90,6 +90,8 @@ while read -r f mod lay; do
         for h in $(sed -n 's/^#include "\([^"]*\)\.h".*/\1/p' "$src"); do
             case $h in
             gpt | rt | rt_launch) continue ;;             # everyone's interfaces
+            ../tools/tokenizer)                           # the tokenizer library: generate's
+                [ "$f" = generate_main ] && continue ;;  # entry point links it, nothing else
             kernels | kernel_rows) h=kernels_cpu ;;
             esac
             hmod=${MOD[$h]} hlay=${LAYER[$h]}

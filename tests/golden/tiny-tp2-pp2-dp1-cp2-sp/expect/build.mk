@@ -42,13 +42,17 @@ $(GEN_OUT)/train_cuda_single: $(GEN_OBJS) build/libgpt_cuda.a build/librt_cuda_s
 	$(E) "LINK      $@"
 	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_CUDA_SINGLE_LIBS)
 
-$(GEN_OUT)/generate: $(GEN_OBJS) $(GPT_GENERATE_MAIN) build/libgpt_cpu.a build/librt_cpu_single.a
+$(GEN_OUT)/generate: $(GEN_OBJS) $(GPT_GENERATE_MAIN) build/libgpt_cpu.a build/librt_cpu_single.a \
+                     build/tools/libtokenizer.a
 	$(E) "LINK      $@"
-	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(GPT_CPU_SINGLE_LIBS)
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(GPT_CPU_SINGLE_LIBS) \
+	    build/tools/libtokenizer.a $(TOKENIZER_LIBS)
 
-$(GEN_OUT)/generate_cuda: $(GEN_OBJS) $(GPT_GENERATE_MAIN) build/libgpt_cuda.a build/librt_cuda_single.a
+$(GEN_OUT)/generate_cuda: $(GEN_OBJS) $(GPT_GENERATE_MAIN) build/libgpt_cuda.a \
+                          build/librt_cuda_single.a build/tools/libtokenizer.a
 	$(E) "LINK      $@"
-	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(GPT_CUDA_SINGLE_LIBS)
+	$(Q)$(CC) -o $@ $(GEN_OBJS) $(GPT_GENERATE_MAIN) $(GPT_CUDA_SINGLE_LIBS) \
+	    build/tools/libtokenizer.a $(TOKENIZER_LIBS)
 
 GEN_TARGETS := $(GEN_OUT)/train $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda)
 GEN_SINGLE_TARGETS := $(GEN_OUT)/train_single $(if $(HAVE_CUDA),$(GEN_OUT)/train_cuda_single)
