@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,179 +126,50 @@ static int tokenizer_json(const char *path, char *out, size_t cap, char *msg, si
 /*
 ** The ids of the tokenizer's bos and eos tokens: tokenizer_config.json beside tokenizer.json
 ** names them ("eos_token": "<|end_of_text|>", or {"content": ...}); tokenizer.json's
-** "added_tokens" (or its model's "vocab") gives their ids. A reader of just that JSON: strings
-** (escapes decoded to UTF-8), integers, and every other value skipped.
+** "added_tokens" (or its model's "vocab") gives their ids. Read with jansson.
 */
-typedef struct { const char *p, *end; } jr;
 
-static void jr_ws(jr *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r' || *j->p == '\n'))
-        j->p++;
-}
-
-static int jr_eat(jr *j, char c)
-{
-    jr_ws(j);
-    if (j->p < j->end && *j->p == c) return ++j->p, 1;
-    return 0;
-}
-
-static int jr_hex4(jr *j, unsigned *v)
-{
-    *v = 0;
-    for (int k = 0; k < 4; k++, j->p++) {
-        char h = j->p < j->end ? *j->p : 0;
-        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 :
-                h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-        if (d < 0) return 0;
-        *v = *v * 16 + (unsigned)d;
-    }
-    return 1;
-}
-
-/* A string into out[cap] as UTF-8; one that does not fit reads as "" (it matches nothing). */
-static int jr_str(jr *j, char *out, size_t cap)
-{
-    size_t n = 0;
-    int cut = 0;
-    if (!jr_eat(j, '"')) return 0;
-    while (j->p < j->end && *j->p != '"') {
-        unsigned c = (unsigned char)*j->p++, lo;
-        char u[4];
-        int len = 1;
-        if (c == '\\' && j->p < j->end) {
-            char e = *j->p++;
-            c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b' :
-                e == 'f' ? '\f' : (unsigned char)e;
-            if (e == 'u' && !jr_hex4(j, &c)) return 0;
-            if (e == 'u' && c >= 0xd800 && c < 0xdc00 && j->end - j->p >= 6 && j->p[0] == '\\' &&
-                j->p[1] == 'u') {
-                j->p += 2;
-                if (!jr_hex4(j, &lo)) return 0;
-                c = 0x10000 + ((c - 0xd800) << 10) + (lo - 0xdc00);
-            }
-            if (e == 'u') len = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-        }
-        static const unsigned char lead[5] = { 0, 0, 0xc0, 0xe0, 0xf0 };
-        if (len == 1) u[0] = (char)c;
-        else for (int k = len - 1; k >= 0; k--, c >>= 6)
-            u[k] = (char)(k ? 0x80 | (c & 0x3f) : lead[len] | c);
-        if (n + (size_t)len < cap) memcpy(out + n, u, (size_t)len), n += (size_t)len;
-        else cut = 1;
-    }
-    if (cap) out[cut ? 0 : n] = 0;
-    return jr_eat(j, '"');
-}
-
-static int jr_int(jr *j, long long *v)
-{
-    char *end;
-    jr_ws(j);
-    errno = 0;
-    *v = strtoll(j->p, &end, 10);
-    if (end == j->p || errno || end > j->end) return 0;
-    j->p = end;
-    return 1;
-}
-
-static int jr_skip(jr *j, int depth)
-{
-    char tmp[8];
-    jr_ws(j);
-    if (j->p >= j->end || depth > 64) return 0;
-    if (*j->p == '"') return jr_str(j, tmp, sizeof tmp);
-    if (*j->p == '{' || *j->p == '[') {
-        char close = *j->p++ == '{' ? '}' : ']';
-        if (jr_eat(j, close)) return 1;
-        do {
-            if (close == '}' && (!jr_str(j, tmp, sizeof tmp) || !jr_eat(j, ':'))) return 0;
-            if (!jr_skip(j, depth + 1)) return 0;
-        } while (jr_eat(j, ','));
-        return jr_eat(j, close);
-    }
-    const char *s = j->p;
-    while (j->p < j->end && strchr("+-.0123456789eEtruefalsn", *j->p)) j->p++;
-    return j->p > s;
-}
-
-/* At an object: move to the value of 'key' (1), or past the object (0: absent or malformed). */
-static int jr_find(jr *j, const char *key)
-{
-    char k[256];
-    if (!jr_eat(j, '{') || jr_eat(j, '}')) return 0;
-    do {
-        if (!jr_str(j, k, sizeof k) || !jr_eat(j, ':')) return 0;
-        if (!strcmp(k, key)) return 1;
-        if (!jr_skip(j, 0)) return 0;
-    } while (jr_eat(j, ','));
-    return 0;
-}
-
-/* The whole file 'path' (NUL-terminated, malloc'd; *len bytes), or NULL. */
-static char *slurp(const char *path, size_t *len)
+/* The JSON of the file 'path', or NULL (missing, unreadable, not JSON). Read whole first:
+** jansson reads a FILE a byte at a time, and Llama 3's tokenizer.json is 9 MB. */
+static json_t *load_json(const char *path)
 {
     FILE *f = fopen(path, "rb");
     char *text = NULL;
     long n = -1;
+    json_t *v = NULL;
     if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) &&
         (text = malloc((size_t)n + 1)) && fread(text, 1, (size_t)n, f) == (size_t)n) {
-        text[n] = 0;
-        *len = (size_t)n;
-    } else {
-        free(text);
-        text = NULL;
+        json_error_t err;
+        v = json_loadb(text, (size_t)n, 0, &err);
     }
+    free(text);
     if (f) fclose(f);
-    return text;
+    return v;
 }
 
 /* The content of tokenizer_config.json's 'key' (a string, or an object's "content") into
 ** out; "" when absent. */
-static void special_token(const char *text, size_t len, const char *key, char *out, size_t cap)
+static void special_token(json_t *conf, const char *key, char *out, size_t cap)
 {
-    jr j = { text, text + len };
-    out[0] = 0;
-    if (!jr_find(&j, key)) return;
-    jr_ws(&j);
-    if (j.p < j.end && *j.p == '{' && !jr_find(&j, "content")) return;
-    if (!jr_str(&j, out, cap)) out[0] = 0;
+    json_t *v = json_object_get(conf, key);
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    snprintf(out, cap, "%s", json_is_string(v) ? json_string_value(v) : "");
 }
 
 /* The id of the token whose text is 'content' in tokenizer.json: its added_tokens, then its
 ** model's vocab (an object); -1 when neither has it. */
-static long long token_id(const char *text, size_t len, const char *content)
+static long long token_id(json_t *tok, const char *content)
 {
-    char buf[256];
-    long long id = -1, found = -1;
-    jr j = { text, text + len };
-    if (jr_find(&j, "added_tokens") && jr_eat(&j, '[') && !jr_eat(&j, ']')) do {
-        int match = 0;
-        id = -1;
-        if (!jr_eat(&j, '{')) break;
-        if (!jr_eat(&j, '}')) do {
-            if (!jr_str(&j, buf, sizeof buf) || !jr_eat(&j, ':')) return -1;
-            if (!strcmp(buf, "id")) {
-                if (!jr_int(&j, &id)) return -1;
-            } else if (!strcmp(buf, "content")) {
-                if (!jr_str(&j, buf, sizeof buf)) return -1;
-                match = !strcmp(buf, content);
-            } else if (!jr_skip(&j, 0)) {
-                return -1;
-            }
-        } while (jr_eat(&j, ','));
-        if (!jr_eat(&j, '}')) return -1;
-        if (match && id >= 0) return id;
-    } while (jr_eat(&j, ','));
-    j.p = text;
-    if (!jr_find(&j, "model") || !jr_find(&j, "vocab") || !jr_eat(&j, '{') || jr_eat(&j, '}'))
-        return -1;
-    do {
-        if (!jr_str(&j, buf, sizeof buf) || !jr_eat(&j, ':')) return -1;
-        if (!strcmp(buf, content)) return jr_int(&j, &found) ? found : -1;
-        if (!jr_skip(&j, 0)) return -1;
-    } while (jr_eat(&j, ','));
-    return -1;
+    json_t *t, *id;
+    size_t i;
+    json_array_foreach(json_object_get(tok, "added_tokens"), i, t) {
+        json_t *c = json_object_get(t, "content");
+        id = json_object_get(t, "id");
+        if (json_is_string(c) && json_is_integer(id) && !strcmp(json_string_value(c), content))
+            return json_integer_value(id);
+    }
+    id = json_object_get(json_object_get(json_object_get(tok, "model"), "vocab"), content);
+    return json_is_integer(id) ? json_integer_value(id) : -1;
 }
 
 /* The tokenizer's bos and eos: their texts (bos_text, eos_text: cap bytes each, "" when not
@@ -308,20 +180,19 @@ static const char *const special_keys[2] = { "bos_token", "eos_token" };
 static void special_ids(const char *tokenizer, hf_special *sp)
 {
     char tj[ST_PATH_MAX], conf[ST_PATH_MAX + 32], msg[256];
-    size_t tlen = 0, clen = 0;
     memset(sp, 0, sizeof *sp);
     sp->id[0] = sp->id[1] = -1;
     if (!tokenizer || tokenizer_json(tokenizer, tj, sizeof tj, msg, sizeof msg)) return;
     const char *slash = strrchr(tj, '/');
     snprintf(conf, sizeof conf, "%.*stokenizer_config.json", slash ? (int)(slash - tj + 1) : 0,
              tj);
-    char *ctext = slurp(conf, &clen), *ttext = ctext ? slurp(tj, &tlen) : NULL;
-    for (int k = 0; k < 2 && ttext; k++) {
-        special_token(ctext, clen, special_keys[k], sp->text[k], sizeof sp->text[k]);
-        if (sp->text[k][0]) sp->id[k] = token_id(ttext, tlen, sp->text[k]);
+    json_t *cj = load_json(conf), *tjs = cj ? load_json(tj) : NULL;
+    for (int k = 0; k < 2 && tjs; k++) {
+        special_token(cj, special_keys[k], sp->text[k], sizeof sp->text[k]);
+        if (sp->text[k][0]) sp->id[k] = token_id(tjs, sp->text[k]);
     }
-    free(ctext);
-    free(ttext);
+    json_decref(cj);
+    json_decref(tjs);
 }
 
 /* -- The model's facts ------------------------------------------------------------------------ */

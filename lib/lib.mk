@@ -41,8 +41,8 @@ LIB_OBJS    := $(filter-out %/generate_main.o,$(LIB_COMMON:%=$(LIB_BUILD)/%.o))
 GPT_GENERATE_MAIN := $(LIB_BUILD)/generate_main.o
 
 # GPT_SYS_LIBS: what the library itself needs besides the runtime (ckpt.c's checksums: xxHash,
-# Debian's libxxhash-dev, installed by make deps).
-GPT_SYS_LIBS  = $(LD_FAST) -lxxhash
+# Debian's libxxhash-dev; hfdir.c's JSON: jansson, libjansson-dev; both installed by make deps).
+GPT_SYS_LIBS  = $(LD_FAST) -lxxhash -ljansson
 GPT_CPU_LIBS  = -Lbuild -lgpt_cpu $(GPT_SYS_LIBS) $(RT_CPU_LIBS)
 GPT_CUDA_LIBS = -Lbuild -lgpt_cuda $(GPT_SYS_LIBS) $(RT_CUDA_LIBS)
 # Single-rank programs without MPI, linked by $(CC): the same library (it calls no MPI itself)
