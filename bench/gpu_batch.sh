@@ -5,9 +5,9 @@
 #   bench/gpu_batch.sh prepare        here (Debian, the CUDA toolkit, the project's deps): build
 #                                     build/device/ (about 50 MiB): programs, CPU references, llm.c
 #   bench/gpu_batch.sh run [PART...]  on the GPU machine, from the repository root, with
-#                                     build/device carried; PART: peak kernels train bench
+#                                     build/device carried; PART: peak kernels train hf bench
 #                                     profile multi big (default: all, in that order; a first
-#                                     call runs the first five). Work files go to
+#                                     call runs the first six). Work files go to
 #                                     $GPU_BATCH_WORK (default /tmp/gpu_batch); $OUT (default
 #                                     build/device/out) gets summary.txt and logs.tgz.
 #
@@ -24,6 +24,9 @@
 #            bf16 with tests/precision's "bf16" set (loss 2e-4, grad_norm 1e-2, weights 1e-4 +
 #            1e-2|w| with at most 0.5 % out, each within 5e-3), which the emulated CUDA kernels
 #            meet here (tests/single cuda-emu-train).
+#   hf       transformers (on the GPU machine) loads our Hugging Face exports of tiny and
+#            tiny_llama (train --save DIR, made here) from their files alone and computes the
+#            program's first-step loss on the same tokens (tests/hfload/hf_transformers.py).
 #   multi    layouts of several ranks sharing the GPU over the MPI transport, as
 #            tests/parallel/gpu.txt and tests/moe/gpu.txt do: tiny with TP 2 x DP 2, SP and the
 #            distributed optimizer (4 ranks), tiny with PP 2 (2 ranks), tiny_moe with TP 2 x
@@ -131,6 +134,22 @@ prepare() {
             --log "$D/ref/$name.jsonl" --save "$D/ref/$name.safetensors" \
             > "$D/ref/$name.log" 2>&1 || die "train_single $name: $(tail -1 "$D/ref/$name.log")"
         cp "build/device-obj/$name.src/train_cuda_single" "$D/prog/$name"
+    done
+
+    # Hugging Face exports of tiny and tiny_llama (train --save DIR) for transformers there, each
+    # with the program's first-step loss on tok.bin from the export (learning rate 0)
+    mkdir -p "$D/hf"
+    for name in tiny tiny_llama; do
+        local p=build/device-obj/$name.src/train_single e=$D/hf/$name
+        rm -rf "$e"
+        "$p" --init "$D/ref/$name.safetensors" --steps 0 --save "$e" > "$e.log" 2>&1 &&
+        "$p" --init "$e" --data "$D/ref/tok.bin" --steps 1 --lr 0 --log "$e.jsonl" \
+            >> "$e.log" 2>&1 || die "export $name: $(tail -1 "$e.log")"
+        # GBS T LOSS, for tests/hfload/hf_transformers.py
+        sed -n 's/.*global batch \([0-9]*\) sequences .* of \([0-9]*\) tokens,.*/\1 \2/p' "$e.log" |
+            head -n 1 | tr '\n' ' ' > "$e.args"
+        sed -n 's/^{"step":1,"loss":\([^,]*\),.*/\1/p' "$e.jsonl" >> "$e.args"
+        [ "$(wc -w < "$e.args")" = 3 ] || die "export $name: no batch or loss in $e.log"
     done
 
     # the multi-rank layouts and their single-rank references (train_cuda: MPI)
@@ -425,6 +444,21 @@ part_bench() {
 }
 part_big() { bench_model gpt2_1558m 48 1600 8 d48; }
 
+# transformers loads our exports (train --save DIR) from their files alone, in float64, and
+# computes the training program's loss on the same tokens (tests/hfload/hf_transformers.py)
+part_hf() {
+    local name out
+    for name in tiny tiny_llama; do
+        # shellcheck disable=SC2046 # GBS T LOSS are words
+        if out=$(timeout 120 python3 tests/hfload/hf_transformers.py "$D/hf/$name" \
+                "$D/ref/tok.bin" $(cat "$D/hf/$name.args") 2>&1); then
+            ok "hf-$name: $(echo "$out" | tail -n 1)"
+        else
+            bad "hf-$name" "$(echo "$out" | tail -n 2 | tr '\n' ' ')"
+        fi
+    done
+}
+
 # the card's ceilings as found (PyTorch): a bf16 8192^3 product on random data and a 4 GiB
 # device-to-device copy, each the median of 10 after 3 warm-ups, timed with CUDA events
 part_peak() {
@@ -469,11 +503,12 @@ run() {
     note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1); driver $(nvidia-smi \
         --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1); CPU $(sed -n \
         's/^model name[^:]*: //p' /proc/cpuinfo | head -1)"
-    local parts=${*:-peak kernels train bench profile multi big} p
+    local parts=${*:-peak kernels train hf bench profile multi big} p
     for p in $parts; do
         case $p in
-        peak|kernels|train|bench|profile|multi|big) note "-- $p ($(date +%T))"; "part_$p"; pack ;;
-        *) die "unknown part '$p' (peak kernels train bench profile multi big)" ;;
+        peak|kernels|train|hf|bench|profile|multi|big)
+            note "-- $p ($(date +%T))"; "part_$p"; pack ;;
+        *) die "unknown part '$p' (peak kernels train hf bench profile multi big)" ;;
         esac
     done
     note ""
@@ -484,6 +519,6 @@ run() {
 case $MODE in
 prepare) prepare ;;
 run) run "$@" ;;
-*) echo "usage: bench/gpu_batch.sh prepare | run [peak kernels train bench profile multi big]" >&2
+*) echo "usage: bench/gpu_batch.sh prepare | run [peak kernels train hf bench profile multi big]" >&2
    exit 2 ;;
 esac
