@@ -127,6 +127,14 @@ end
 ** V/(12 l h)).
 ]]
 function M.model_flops(cfg, s)
+    local layer, head = M.flops_per_token(cfg, s)
+    local tokens = s.B * cfg.nmb * cfg.dp * s.seq
+    return 3.0 * tokens * (cfg.model.layers * layer + head)
+end
+
+-- The forward FLOPs of one token in one layer and in the LM head, as model_flops counts them
+-- (the planner, plan.lua, prices each stage's share).
+function M.flops_per_token(cfg, s)
     local m = cfg.model
     local C, seq = m.hidden, s.seq
     local cq = m.heads * s.head_dim
@@ -138,8 +146,7 @@ function M.model_flops(cfg, s)
         if m.moe.shared_expert_ffn then mlp = mlp + mats * 2 * C * m.moe.shared_expert_ffn end
     end
     local layer = 2 * C * (cq + 2 * ckv) + 2 * cq * C + 2 * 2 * seq * cq + mlp
-    local tokens = s.B * cfg.nmb * cfg.dp * seq
-    return 3.0 * tokens * (m.layers * layer + 2 * C * cfg.vocab_padded)
+    return layer, 2 * C * cfg.vocab_padded, 2 * 2 * seq * cq
 end
 
 -- Every number the program uses, named, with its origin (model.h).
