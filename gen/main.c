@@ -68,7 +68,7 @@
     _("ckpt-dir",     STR,  "DIR",  "--sbatch: checkpoints (default ckpt/<out dir name>)") \
     _("warn",         INT,  "S",    "--sbatch: seconds of warning before the limit (120)") \
     _("train-args",   STR,  "ARGS", "--sbatch: the training flags (--data F --steps N ...)") \
-    _("plan",         FLAG, "",     "print the layouts of --gpus ranks that fit, fastest first") \
+    _("plan",         FLAG, "",     "print the layouts of --gpus ranks that fit, fastest") \
     _("gpus",         INT,  "N",    "--plan: ranks (GPUs) to lay the model out on") \
     _("gpus-per-node", INT, "N",    "--plan: ranks per node (default 8; cpu: all)") \
     _("gpu",          STR,  "G",    "--plan and warnings: h100 (default), h200, a100 or cpu") \

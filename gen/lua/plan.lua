@@ -50,11 +50,11 @@ M.DEVICES = {
     a100 = { text = "NVIDIA A100 SXM 80 GB", mem = 81920 * MIB, gemm = 247e12, bw = 1.82e12,
              peak = 312e12, launch = 4e-6, nvlink = 300e9, nvlink_lat = 3e-6, net = 25e9,
              net_lat = 8e-6, bf16 = true },
-    -- this machine's cores; gemm and bw per core are the defaults bench/plan_bench.sh
-    -- measured (single-thread OpenBLAS sgemm at 1024^3 and a STREAM-like copy); --cpu-rates
-    -- gives others. Ranks share the cores (and the memory); MPI's shared-memory transport
-    -- copies at mpi_bw with mpi_lat per message.
-    cpu = { text = "CPU", gemm = 60e9, bw = 8e9, peak = 60e9, launch = 0, nvlink = 3e9,
+    -- one core of this machine, as bench/plan_bench.sh measured it: oneDNN's f32 matmul at
+    -- 512^3 (gemm) and the library's element-wise kernels (bw, bench/elem_rate.c); --cpu-rates
+    -- gives others. Ranks share the cores and the memory; MPI's shared-memory transport moves
+    -- nvlink bytes/s with nvlink_lat per message (assumed, docs/PLAN.md).
+    cpu = { text = "CPU", gemm = 190e9, bw = 9.2e9, peak = 190e9, launch = 0, nvlink = 3e9,
             nvlink_lat = 5e-6, net = 3e9, net_lat = 5e-6, bf16 = false },
 }
 M.GPU_NAMES = { "h100", "h200", "a100", "cpu" }
@@ -72,6 +72,7 @@ M.MAX_VP = 8                     -- virtual stages tried
 M.MAX_MBS = 8                    -- largest micro-batch tried
 M.MAX_CP = 8
 M.FULL_EVALS = 16                -- most layouts run through every pass (the rest: estimate)
+M.MAX_FULL_EVALS = 64            -- ... while none of them fits
 
 -- -- Devices ------------------------------------------------------------------------------------
 
@@ -121,9 +122,18 @@ end
 
 -- Per-rank compute rates of a layout of 'per_node' ranks on one node: on the CPU, ranks
 -- beyond the cores share them.
-local function rates(dev, per_node)
+-- A rank waiting in the pipeline's bubble yields its core (MPI's wait on an oversubscribed
+-- node), so the ranks that compute at once are per_node x (1 - idle), idle the schedule's idle
+-- fraction (P-1)/(V M + P-1).
+local function rates(dev, per_node, cfg)
     local share = 1.0
-    if dev.name == "cpu" then share = math.min(1.0, dev.cores / per_node) end
+    if dev.name == "cpu" then
+        local busy = per_node
+        if cfg and cfg.pp > 1 then
+            busy = per_node * (1 - (cfg.pp - 1) / (cfg.vp * cfg.nmb + cfg.pp - 1))
+        end
+        share = math.min(1.0, dev.cores / busy)
+    end
     return dev.gemm * share, dev.bw * share
 end
 
@@ -184,10 +194,10 @@ end
 local function build_nmb(cfg)
     local g = cfg.vp > 1 and cfg.mb_group or 1
     if cfg.nmb % g ~= 0 then return cfg.nmb end
-    local full
     for _, m in ipairs({ util.round_up(cfg.pp, g), util.round_up(2 * cfg.pp, g) }) do
         if m >= cfg.nmb then return cfg.nmb end
-        full = full or schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group)
+        -- against twice as many (or all): in flight stops growing once the warm-up is full
+        local full = schedule.build(cfg.pp, cfg.vp, math.min(2 * m, cfg.nmb), cfg.mb_group)
         local small = schedule.build(cfg.pp, cfg.vp, m, cfg.mb_group)
         local same = true
         for r = 1, cfg.pp do
@@ -201,6 +211,38 @@ local function build_nmb(cfg)
         if same then return m end
     end
     return cfg.nmb
+end
+
+-- The simulated schedule of cfg (svg.timeline) with 'cost'. Beyond 4 x m micro-batches (m:
+-- the count the program was built with) the schedules of m and 2 m are simulated and the
+-- steady state extended to NMB: each further micro-batch adds what the m between them added
+-- per micro-batch (exact once the pipeline is full; tests/plan compares). The boxes are those
+-- of the 2 m schedule, the last micro-batch's renumbered and moved to the end.
+function M.timeline(cfg, m, cost)
+    if cfg.nmb <= 4 * m then
+        return svg.timeline(schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group), cost)
+    end
+    local t1 = svg.timeline(schedule.build(cfg.pp, cfg.vp, m, cfg.mb_group), cost)
+    local t2 = svg.timeline(schedule.build(cfg.pp, cfg.vp, 2 * m, cfg.mb_group), cost)
+    local k = (cfg.nmb - 2 * m) / m
+    local out = { makespan = t2.makespan + k * (t2.makespan - t1.makespan), stages = {} }
+    for r = 0, cfg.pp - 1 do
+        local a, b = t1.stages[r], t2.stages[r]
+        local shift = k * (b.finish - a.finish)
+        local boxes = {}
+        local busy1, busy2 = 0, 0
+        for _, x in ipairs(a.boxes) do busy1 = busy1 + (x.t1 - x.t0) end
+        for _, x in ipairs(b.boxes) do
+            busy2 = busy2 + (x.t1 - x.t0)
+            if x.mb == 2 * m - 1 then
+                boxes[#boxes + 1] = { kind = x.kind, mb = cfg.nmb - 1, chunk = x.chunk,
+                                      t0 = x.t0 + shift, t1 = x.t1 + shift }
+            end
+        end
+        out.stages[r] = { finish = b.finish + shift, boxes = boxes,
+                          busy = busy2 + k * (busy2 - busy1) }
+    end
+    return out
 end
 
 -- The largest items of a stage's memory (inspect.memory's record), "params 3.2 GiB, ...".
@@ -260,7 +302,7 @@ end
 
 -- The full evaluation of a valid cfg: memory, communication, time. Returns a record or nil,
 -- reason.
-function M.evaluate(cfg, dev, per_node)
+function M.evaluate(cfg, dev, per_node, verify)
     local nmb = build_nmb(cfg)
     local bcfg = cfg
     if nmb ~= cfg.nmb then
@@ -271,7 +313,7 @@ function M.evaluate(cfg, dev, per_node)
         local part = partition.build(bcfg, topo)
         local sh = shards.build(bcfg, topo, part)
         local sched = schedule.build(bcfg.pp, bcfg.vp, bcfg.nmb, bcfg.mb_group)
-        local prog = program.build(bcfg, topo, part, sh, sched)
+        local prog = program.build(bcfg, topo, part, sh, sched, { verify = verify == true })
         return { topo = topo, part = part, prog = prog }
     end)
     if not ok then
@@ -286,11 +328,11 @@ function M.evaluate(cfg, dev, per_node)
     -- memory: the program's plan (the loss array grows with NMB: 4 bytes a micro-batch)
     local misfit, peak = M.misfit(bcfg, prog, dev, per_node)
     peak = peak + 4 * (cfg.nmb - nmb)
-    if misfit then return nil, misfit end
+    if misfit then return nil, misfit, peak end
     local mem = inspect.memory(bcfg, prog)
 
     local links = group_links(cfg, topo, per_node)
-    local gemm, bw = rates(dev, math.min(per_node, cfg.world))
+    local gemm, bw = rates(dev, math.min(per_node, cfg.world), cfg)
     local s = program.sizes(cfg)
     local f_layer, f_head, f_attn = program.flops_per_token(cfg, s)
     local tok = cfg.mbs * cfg.seq / cfg.cp        -- this rank's tokens of a micro-batch
@@ -410,15 +452,17 @@ function M.evaluate(cfg, dev, per_node)
                      recompute = recompute_extra }
     end
 
-    local sched = schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group)
-    local tl = svg.timeline(sched, function(r, kind, chunk) return cost[r][chunk][kind] end)
+    local tl = M.timeline(cfg, nmb, function(r, kind, chunk) return cost[r][chunk][kind] end)
     local lanes = cfg.overlap and inspect.comm_lanes(bcfg, prog) or {}
     local step, busy_max = 0, 0
     for r = 0, cfg.pp - 1 do
         local t = tails[r]
         local fin = tl.stages[r].finish
-        local busy = 0
-        for _, b in ipairs(tl.stages[r].boxes) do busy = busy + (b.t1 - b.t0) end
+        local busy = tl.stages[r].busy
+        if not busy then
+            busy = 0
+            for _, b in ipairs(tl.stages[r].boxes) do busy = busy + (b.t1 - b.t0) end
+        end
         busy_max = math.max(busy_max, busy)
         -- reductions start where the last micro-batch's backward wrote their gradients
         local comm_end = fin
@@ -561,14 +605,29 @@ function M.candidates(model, N, per_node, gbs, bf16)
     return out
 end
 
--- A lower bound of the bytes a rank of layout l holds: its share of the parameters with their
--- gradients and optimizer state (every parameter lives on some rank of a model replica).
-local function params_bound(nparams, l)
-    local per = nparams / (l.tp * l.pp)
+-- A lower bound of the bytes the fullest rank of layout l holds (M.mem_bound): its share of
+-- the GEMM weights with their gradients and optimizer state (every parameter lives on some
+-- rank of a model replica), and the activations the first stage keeps: of the program's
+-- per-layer buffers (program.lua memory_plan) only the layer norms' and residuals' outputs
+-- (4 C a token, split by SP), the q|k|v, attention and MLP outputs (split by TP; dropped by
+-- the recompute that drops them), for floor(L/PP) layers and min(PP, NMB) micro-batches in
+-- flight (one with interleaving).
+function M.mem_bound(model, nweights, l, seq)
+    local per = nweights / (l.tp * l.pp)
     local A = l.bf16 and 2 or 4
     local state = (l.bf16 and 4 or 0) + 8
     local shard = l.dist_opt and (l.dp * l.cp) or 1
-    return per * (A + 4 + state / shard)
+    local params = per * (A + 4 + state / shard)
+    local C = model.hidden
+    local ffn = model.moe and 0 or model.ffn_hidden
+    local sp = l.sp and l.tp or 1
+    local per_tok
+    if l.recompute == "full" then per_tok = 0
+    elseif l.recompute == "selective" then per_tok = 4 * C / sp + (3 * C + 2 * ffn) / l.tp
+    else per_tok = 4 * C / sp + (4 * C + 2 * ffn) / l.tp end
+    local inflight = l.vp > 1 and 1 or math.min(l.pp, l.nmb)
+    local acts = per_tok * A * (l.mbs * seq / l.cp) * (model.layers // l.pp) * inflight
+    return params + acts
 end
 
 -- The estimate that orders the full evaluations: compute at the GEMM rate (recompute
@@ -589,6 +648,21 @@ local function estimate(model, dev, nparams, N, per_node, l, seq)
                 (N > per_node and dev.net or dev.nvlink) or 0
     if l.dist_opt then dpc = dpc * 0.5 end
     return (f / gemm + tpc) * (1 + bub) + dpc * 0.3
+end
+
+-- Memory only grows with the micro-batch, with less recompute, without SP and without the
+-- distributed optimizer: the layout of 'failed' (those that did not fit) that l needs at least
+-- as much memory as, or nil.
+local RC_RANK = { full = 0, selective = 1, none = 2 }
+local function dominated(failed, l)
+    for _, f in ipairs(failed) do
+        local x = f.l
+        if x.tp == l.tp and x.pp == l.pp and x.dp == l.dp and x.cp == l.cp and x.vp == l.vp
+           and x.ep == l.ep and l.mbs >= x.mbs and RC_RANK[l.recompute] >= RC_RANK[x.recompute]
+           and (x.sp or not l.sp) and (x.dist_opt or not l.dist_opt) then
+            return f
+        end
+    end
 end
 
 -- The plan: { rows = ranked fitting records, rejected = { {l, why} }, considered, evaluated,
@@ -639,40 +713,58 @@ function M.plan(model, opts, dev)
     local cap = dev.name == "cpu" and dev.node_mem / math.min(per_node, N) or dev.mem
     for _, l in ipairs(cands) do
         l.seq = opts.seq
-        local lb = params_bound(nweights, l)
+        local lb = M.mem_bound(model, nweights, l, seq)
         local cfg, why = passes(model, layout_opts(opts, l))
         if not cfg then
             rejected[#rejected + 1] = { l = l, why = why }
         elseif lb > cap then
-            rejected[#rejected + 1] = { l = l, why = string.format("parameters, gradients and " ..
-                "optimizer state alone need at least %.1f GiB > %.1f GiB", lb / GIB, cap / GIB),
-                bytes = lb }
+            rejected[#rejected + 1] = { l = l, why = string.format("parameters, optimizer state " ..
+                "and the activations kept need at least %.1f GiB > %.1f GiB", lb / GIB,
+                cap / GIB), bytes = lb }
         else
             l.cfg, l.est = cfg, estimate(model, dev, nparams, N, per_node, l, seq)
             valid[#valid + 1] = l
         end
     end
     table.sort(valid, function(a, b) return a.est < b.est end)
-    local rows, evaluated, skipped = {}, 0, {}
+    local rows, evaluated, skipped, capped, failed = {}, 0, {}, false, {}
     local top = opts.top or M.TOP
     for i, l in ipairs(valid) do
         local enough = #rows >= top and l.est > rows[top].step
-        if enough or evaluated >= M.FULL_EVALS then
+        local cap_evals = #rows > 0 and M.FULL_EVALS or M.MAX_FULL_EVALS
+        if enough or evaluated >= cap_evals then
             for j = i, #valid do skipped[#skipped + 1] = valid[j] end
+            capped = not enough
             break
         end
-        evaluated = evaluated + 1
-        local rec, why = M.evaluate(l.cfg, dev, per_node)
-        if rec then
-            rec.l = l
-            rows[#rows + 1] = rec
-            table.sort(rows, function(a, b) return a.step < b.step end)
+        local by = dominated(failed, l)
+        if by then
+            rejected[#rejected + 1] = { l = l, why = string.format("needs at least the memory " ..
+                "of %s (larger micro-batches, less recompute, no SP or distributed optimizer " ..
+                "where it has them): %s", M.layout_text(by.l), by.why) }
         else
-            rejected[#rejected + 1] = { l = l, why = why }
+            evaluated = evaluated + 1
+            local rec, why, peak = M.evaluate(l.cfg, dev, per_node)
+            if rec then
+                rec.l = l
+                rows[#rows + 1] = rec
+                table.sort(rows, function(a, b) return a.step < b.step end)
+            else
+                rejected[#rejected + 1] = { l = l, why = why }
+                if peak then failed[#failed + 1] = { l = l, why = why } end
+            end
         end
     end
+    -- the recommended layout's program through the verifier too (program.check), as the
+    -- generator runs it: a layout it would refuse is dropped
+    while rows[1] do
+        local rec, why = M.evaluate(rows[1].cfg, dev, per_node, true)
+        if rec then break end
+        rejected[#rejected + 1] = { l = rows[1].l, why = why }
+        table.remove(rows, 1)
+    end
     return { rows = rows, rejected = rejected, considered = #cands, evaluated = evaluated,
-             skipped = skipped, gbs = gbs, seq = seq, N = N, per_node = per_node }
+             skipped = skipped, capped = capped, nweights = nweights, gbs = gbs, seq = seq, N = N, per_node = per_node }
 end
 
 -- -- The report ---------------------------------------------------------------------------------
@@ -697,13 +789,16 @@ function M.report(model, opts, dev, p)
                                   (dev.name == "cpu" and dev.node_mem / math.min(p.N, p.per_node)
                                    or dev.mem) / GIB, p.gbs, p.seq)
     out[#out + 1] = string.format("  %d layouts considered, %d rejected before the full passes" ..
-                                  ", %d evaluated in full, %d fit; %d not evaluated (estimated " ..
-                                  "slower than the %d best)", p.considered,
-                                  p.considered - p.evaluated - #p.skipped, p.evaluated,
-                                  #p.rows, #p.skipped, opts.top or M.TOP)
-    out[#out + 1] = string.format("  rates: GEMM %.3g TFLOP/s, memory %.3g TB/s, NVLink %.3g GB/s, " ..
+                                  ", %d evaluated in full, %d fit; %d not evaluated (%s)",
+                                  p.considered, p.considered - p.evaluated - #p.skipped,
+                                  p.evaluated, #p.rows, #p.skipped, p.capped and
+                                  string.format("the first %d by the estimate were", M.FULL_EVALS)
+                                  or string.format("estimated slower than the %d best",
+                                                   opts.top or M.TOP))
+    out[#out + 1] = string.format("  rates: GEMM %.3g TFLOP/s, memory %.3g TB/s, %s %.3g GB/s, " ..
                                   "network %.3g GB/s per rank (docs/PLAN.md)", dev.gemm / 1e12,
-                                  dev.bw / 1e12, dev.nvlink / 1e9, dev.net / 1e9)
+                                  dev.bw / 1e12, dev.name == "cpu" and "MPI shared memory"
+                                  or "NVLink", dev.nvlink / 1e9, dev.net / 1e9)
     out[#out + 1] = ""
     if #p.rows == 0 then
         local best

@@ -45,6 +45,16 @@ for _, r in ipairs(p.rows) do
 end
 verdict("listed-valid-fitting-exact", ok, why)
 
+-- 1b. the bound that prunes before the full passes is below every exact plan
+ok, why = true, nil
+for _, r in ipairs(p.rows) do
+    local lb = plan.mem_bound(model, p.nweights, r.l, p.seq)
+    if lb > r.peak then
+        ok, why = false, string.format("%s: bound %d > plan %d", key(r.l), lb, r.peak)
+    end
+end
+verdict("memory-bound-below-plan", ok, why)
+
 -- 2. a rejected layout's reason is the generator's own error
 ok, why = true, nil
 local n_gen = 0
@@ -116,3 +126,26 @@ local fast = step_of({ model = "tiny", gpu = "cpu", gpu_mem = "1", cores = 2, gp
 local slow = step_of({ model = "tiny", gpu = "cpu", gpu_mem = "1", cores = 2, gpus = 2,
                        cpu_rates = "50,10", tp = 2, pp = 1, mbs = 4, top = 1000 })
 verdict("slower-gemm-slower-step", slow > fast, string.format("%g vs %g", slow, fast))
+
+-- 6. the extended schedule (plan.timeline beyond 4 m micro-batches) is the simulated one
+local svg = require("svg")
+ok, why = true, nil
+for _, c in ipairs({ { pp = 4, vp = 1, nmb = 64, m = 4 }, { pp = 4, vp = 2, nmb = 64, m = 8 },
+                     { pp = 3, vp = 1, nmb = 40, m = 3 } }) do
+    local cfgx = { pp = c.pp, vp = c.vp, nmb = c.nmb, mb_group = c.pp }
+    local function cost(r, kind, chunk) return (kind == "F" and 1 or 2.1) * (1 + 0.3 * r) + 0.1 * chunk end
+    local ext = plan.timeline(cfgx, c.m, cost)
+    local full = svg.timeline(schedule.build(c.pp, c.vp, c.nmb, c.pp), cost)
+    if math.abs(ext.makespan - full.makespan) > 1e-9 * full.makespan then
+        ok, why = false, string.format("pp%d vp%d nmb%d: %g vs %g", c.pp, c.vp, c.nmb,
+                                       ext.makespan, full.makespan)
+    end
+    for r = 0, c.pp - 1 do
+        if math.abs(ext.stages[r].finish - full.stages[r].finish) > 1e-9 * full.makespan then
+            ok, why = false, string.format("pp%d vp%d stage %d finishes at %g, simulated %g",
+                                           c.pp, c.vp, r, ext.stages[r].finish,
+                                           full.stages[r].finish)
+        end
+    end
+end
+verdict("extended-schedule-is-simulated", ok, why)
