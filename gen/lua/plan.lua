@@ -214,12 +214,14 @@ local function build_nmb(cfg)
 end
 
 -- The simulated schedule of cfg (svg.timeline) with 'cost'. Beyond 4 x m micro-batches (m:
--- the count the program was built with) the schedules of m and 2 m are simulated and the
+-- the count the program was built with, at least 2 P V) the schedules of m and 2 m are simulated and the
 -- steady state extended to NMB: each further micro-batch adds what the m between them added
 -- per micro-batch (exact once the pipeline is full; tests/plan compares). The boxes are those
 -- of the 2 m schedule, the last micro-batch's renumbered and moved to the end.
 function M.timeline(cfg, m, cost)
-    if cfg.nmb <= 4 * m then
+    -- the steady state: past the warm-up of every stage (2 P V chunk steps)
+    m = util.round_up(math.max(m, 2 * cfg.pp * cfg.vp), cfg.vp > 1 and cfg.mb_group or 1)
+    if cfg.nmb <= 4 * m or cfg.nmb % m ~= 0 then
         return svg.timeline(schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group), cost)
     end
     local t1 = svg.timeline(schedule.build(cfg.pp, cfg.vp, m, cfg.mb_group), cost)
@@ -380,7 +382,7 @@ function M.evaluate(cfg, dev, per_node, verify)
         end
         for v, ch in ipairs(st.chunks) do
             local nl = ch.count
-            local ff = nl * f_layer * tok / (TP * cfg.cp)
+            local ff = nl * f_layer * tok / TP
             local fb = lbytes * nl
             local F = ff / gemm + M.FWD_SHARE * fb / bw + nl * M.LAUNCHES_PER_LAYER * 0.4 * dev.launch
             local B = 2 * ff / gemm + (1 - M.FWD_SHARE) * fb / bw +
@@ -391,9 +393,9 @@ function M.evaluate(cfg, dev, per_node, verify)
             elseif cfg.recompute == "selective" then
                 local x = 0
                 for _, mod in ipairs(cfg.recompute_modules) do
-                    if mod == "core_attn" then x = x + nl * f_attn * tok / (TP * cfg.cp) / gemm
+                    if mod == "core_attn" then x = x + nl * f_attn * tok / TP / gemm
                     elseif mod == "mlp" then
-                        x = x + nl * 2 * C * cfg.model.ffn_hidden * tok / (TP * cfg.cp) / gemm
+                        x = x + nl * 2 * C * cfg.model.ffn_hidden * tok / TP / gemm
                     else x = x + 4 * nl * C * A * tok / (cfg.sp and TP or 1) / bw end
                 end
                 B = B + x
@@ -561,7 +563,7 @@ function M.layout_text(l)
 end
 
 -- Every candidate layout of N ranks (the sizes only: validity is configure's).
-function M.candidates(model, N, per_node, gbs, bf16)
+function M.candidates(model, N, per_node, gbs, bf16, only_mbs)
     local out = {}
     local moe = model.moe
     for _, tp in ipairs(divisors(math.min(N, per_node))) do
@@ -582,8 +584,8 @@ function M.candidates(model, N, per_node, gbs, bf16)
                             for _, sp in ipairs(tp > 1 and { true, false } or { false }) do
                                 for _, dopt in ipairs(dp * cp > 1 and { true, false } or { false }) do
                                     for _, rc in ipairs(RECOMPUTE) do
-                                        local mbs = 1
-                                        while mbs <= M.MAX_MBS do
+                                        local mbs = only_mbs or 1
+                                        while mbs <= (only_mbs or M.MAX_MBS) do
                                             if gbs % (mbs * dp) == 0 then
                                                 out[#out + 1] = {
                                                     tp = tp, cp = cp, pp = pp, dp = dp, vp = vp,
@@ -687,7 +689,7 @@ function M.plan(model, opts, dev)
     -- attention's FLOPs are no parameters: the bound counts the GEMM weights only
     local _, _, f_attn = program.flops_per_token(cfg1, s1)
     local nweights = (model.layers * (f_layer - f_attn) + f_head) / 2
-    local cands = M.candidates(model, N, per_node, gbs, bf16)
+    local cands = M.candidates(model, N, per_node, gbs, bf16, opts.mbs)
     if #cands == 0 then
         diag.error(nil, "no layout of GPUS=%d ranks divides GBS=%d (GBS must be a multiple of " ..
                    "MBS x DP for some DP dividing %d)", N, gbs, N)
@@ -788,11 +790,11 @@ function M.report(model, opts, dev, p)
                                   model.name, p.N, dev.text, node_text,
                                   (dev.name == "cpu" and dev.node_mem / math.min(p.N, p.per_node)
                                    or dev.mem) / GIB, p.gbs, p.seq)
-    out[#out + 1] = string.format("  %d layouts considered, %d rejected before the full passes" ..
+    out[#out + 1] = string.format("  %d layouts considered, %d rejected without a full evaluation" ..
                                   ", %d evaluated in full, %d fit; %d not evaluated (%s)",
                                   p.considered, p.considered - p.evaluated - #p.skipped,
                                   p.evaluated, #p.rows, #p.skipped, p.capped and
-                                  string.format("the first %d by the estimate were", M.FULL_EVALS)
+                                  "the cap on full evaluations was reached"
                                   or string.format("estimated slower than the %d best",
                                                    opts.top or M.TOP))
     out[#out + 1] = string.format("  rates: GEMM %.3g TFLOP/s, memory %.3g TB/s, %s %.3g GB/s, " ..

@@ -131,7 +131,8 @@ verdict("slower-gemm-slower-step", slow > fast, string.format("%g vs %g", slow, 
 local svg = require("svg")
 ok, why = true, nil
 for _, c in ipairs({ { pp = 4, vp = 1, nmb = 64, m = 4 }, { pp = 4, vp = 2, nmb = 64, m = 8 },
-                     { pp = 3, vp = 1, nmb = 40, m = 3 } }) do
+                     { pp = 3, vp = 1, nmb = 40, m = 3 }, { pp = 2, vp = 8, nmb = 160, m = 2 },
+                     { pp = 4, vp = 3, nmb = 240, m = 4 } }) do
     local cfgx = { pp = c.pp, vp = c.vp, nmb = c.nmb, mb_group = c.pp }
     local function cost(r, kind, chunk) return (kind == "F" and 1 or 2.1) * (1 + 0.3 * r) + 0.1 * chunk end
     local ext = plan.timeline(cfgx, c.m, cost)
