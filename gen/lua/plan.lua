@@ -189,8 +189,8 @@ end
 
 -- The micro-batch count the program is built with: the schedule's slots (what memory depends
 -- on) are those of NMB once NMB is large enough, so larger counts are built at the smallest
--- multiple of the micro-batch group from PP (or 2 x PP) whose slots match NMB's, and the per-micro-batch counts scaled (checked: the
--- slots of both schedules are compared).
+-- multiple of the micro-batch group from PP (or 2 x PP) whose slots match twice as many, and
+-- the per-micro-batch counts scaled.
 local function build_nmb(cfg)
     local g = cfg.vp > 1 and cfg.mb_group or 1
     if cfg.nmb % g ~= 0 then return cfg.nmb end
@@ -214,10 +214,10 @@ local function build_nmb(cfg)
 end
 
 -- The simulated schedule of cfg (svg.timeline) with 'cost'. Beyond 4 x m micro-batches (m:
--- the count the program was built with, at least 2 P V) the schedules of m and 2 m are simulated and the
--- steady state extended to NMB: each further micro-batch adds what the m between them added
--- per micro-batch (exact once the pipeline is full; tests/plan compares). The boxes are those
--- of the 2 m schedule, the last micro-batch's renumbered and moved to the end.
+-- the count the program was built with, at least 2 P V) the schedules of m and 2 m are
+-- simulated and the steady state extended to NMB: each further micro-batch adds what the m
+-- between them added per micro-batch (exact once the pipeline is full; tests/plan compares).
+-- The boxes are those of the 2 m schedule, the last micro-batch's renumbered and moved.
 function M.timeline(cfg, m, cost)
     -- the steady state: past the warm-up of every stage (2 P V chunk steps)
     m = util.round_up(math.max(m, 2 * cfg.pp * cfg.vp), cfg.vp > 1 and cfg.mb_group or 1)
@@ -384,7 +384,8 @@ function M.evaluate(cfg, dev, per_node, verify)
             local nl = ch.count
             local ff = nl * f_layer * tok / TP
             local fb = lbytes * nl
-            local F = ff / gemm + M.FWD_SHARE * fb / bw + nl * M.LAUNCHES_PER_LAYER * 0.4 * dev.launch
+            local F = ff / gemm + M.FWD_SHARE * fb / bw +
+                      nl * M.LAUNCHES_PER_LAYER * 0.4 * dev.launch
             local B = 2 * ff / gemm + (1 - M.FWD_SHARE) * fb / bw +
                       nl * M.LAUNCHES_PER_LAYER * 0.6 * dev.launch
             if cfg.recompute == "full" then
@@ -470,7 +471,7 @@ function M.evaluate(cfg, dev, per_node, verify)
         local comm_end = fin
         if #t.red > 0 then
             local clock = 0
-            for i, lane in ipairs(lanes[r] or {}) do
+            for _, lane in ipairs(lanes[r] or {}) do
                 if lane.kind == "reduce" then
                     local ready = fin
                     for _, b in ipairs(tl.stages[r].boxes) do
@@ -482,7 +483,6 @@ function M.evaluate(cfg, dev, per_node, verify)
                     for _, x in ipairs(t.red) do if x.op == lane.op then rt = x.t end end
                     clock = math.max(clock, ready) + rt
                 end
-                local _ = i
             end
             comm_end = math.max(fin, clock)
         end
@@ -497,7 +497,9 @@ function M.evaluate(cfg, dev, per_node, verify)
     local flops = program.model_flops(cfg, s)
     local comm_list = {}
     for k, e in util.sortedpairs(comm) do
-        if e.bytes > 0 then comm_list[#comm_list + 1] = { kind = k, bytes = e.bytes, inter = e.inter } end
+        if e.bytes > 0 then
+            comm_list[#comm_list + 1] = { kind = k, bytes = e.bytes, inter = e.inter }
+        end
     end
     return {
         cfg = cfg, peak = peak, mem = mem, step = step, makespan = tl.makespan,
@@ -582,7 +584,8 @@ function M.candidates(model, N, per_node, gbs, bf16, only_mbs)
                     for _, vp in ipairs(vps) do
                         for _, ep in ipairs(eps) do
                             for _, sp in ipairs(tp > 1 and { true, false } or { false }) do
-                                for _, dopt in ipairs(dp * cp > 1 and { true, false } or { false }) do
+                                local dopts = dp * cp > 1 and { true, false } or { false }
+                                for _, dopt in ipairs(dopts) do
                                     for _, rc in ipairs(RECOMPUTE) do
                                         local mbs = only_mbs or 1
                                         while mbs <= (only_mbs or M.MAX_MBS) do
@@ -634,7 +637,8 @@ end
 
 -- The estimate that orders the full evaluations: compute at the GEMM rate (recompute
 -- included) stretched by the bubble formula, the TP all-reduces (4 per layer of a
--- micro-batch's activations) and the DP gradient all-reduce; a ranking aid, not the prediction.
+-- micro-batch's activations), the CP ring and the DP gradient all-reduce; a ranking aid, not
+-- the prediction.
 local function estimate(model, dev, nparams, N, per_node, l, seq)
     local gemm = rates(dev, math.min(per_node, N))
     local tok = l.mbs * seq
@@ -649,7 +653,10 @@ local function estimate(model, dev, nparams, N, per_node, l, seq)
     local dpc = l.dp > 1 and 2 * 4 * nparams / (l.tp * l.pp) /
                 (N > per_node and dev.net or dev.nvlink) or 0
     if l.dist_opt then dpc = dpc * 0.5 end
-    return (f / gemm + tpc) * (1 + bub) + dpc * 0.3
+    -- the cp ring: K|V forward, K|V and dK|dV backward, each layer and micro-batch
+    local cpc = l.cp > 1 and model.layers / l.pp * l.nmb * 8 * tok / l.cp * model.hidden * A
+                / (l.tp * l.cp > per_node and dev.net or dev.nvlink) or 0
+    return (f / gemm + tpc + cpc) * (1 + bub) + dpc * 0.3
 end
 
 -- Memory only grows with the micro-batch, with less recompute, without SP and without the
@@ -766,7 +773,8 @@ function M.plan(model, opts, dev)
         table.remove(rows, 1)
     end
     return { rows = rows, rejected = rejected, considered = #cands, evaluated = evaluated,
-             skipped = skipped, capped = capped, nweights = nweights, gbs = gbs, seq = seq, N = N, per_node = per_node }
+             skipped = skipped, capped = capped, nweights = nweights, gbs = gbs, seq = seq,
+             N = N, per_node = per_node }
 end
 
 -- -- The report ---------------------------------------------------------------------------------
@@ -790,8 +798,8 @@ function M.report(model, opts, dev, p)
                                   model.name, p.N, dev.text, node_text,
                                   (dev.name == "cpu" and dev.node_mem / math.min(p.N, p.per_node)
                                    or dev.mem) / GIB, p.gbs, p.seq)
-    out[#out + 1] = string.format("  %d layouts considered, %d rejected without a full evaluation" ..
-                                  ", %d evaluated in full, %d fit; %d not evaluated (%s)",
+    out[#out + 1] = string.format("  %d layouts considered, %d rejected without a full " ..
+                                  "evaluation, %d evaluated in full, %d fit; %d not evaluated (%s)",
                                   p.considered, p.considered - p.evaluated - #p.skipped,
                                   p.evaluated, #p.rows, #p.skipped, p.capped and
                                   "the cap on full evaluations was reached"
@@ -832,9 +840,9 @@ function M.report(model, opts, dev, p)
     end
     for _, line in ipairs(util.columns(rows, "rllrrlrrr")) do out[#out + 1] = line end
     out[#out + 1] = ""
-    out[#out + 1] = "  (mem/rank: the largest stage's plan with the runtime's workspaces and NCCL's " ..
-                    "buffers; communication: bytes a rank sends per step by group, net = " ..
-                    "between nodes)"
+    out[#out + 1] = "  (mem/rank: the largest stage's plan with the runtime's workspaces and " ..
+                    "NCCL's buffers; communication: bytes a rank sends per step by group, " ..
+                    "net = between nodes)"
     local best = p.rows[1]
     out[#out + 1] = "best: " .. M.make_command(model.name, best.l)
     if opts.verbose then
