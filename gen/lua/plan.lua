@@ -691,10 +691,9 @@ function M.plan(model, opts, dev)
     -- the parameter count (configure on one rank: the generator's own count)
     local cfg1 = config.configure(model, { model = opts.model, seq = opts.seq, mbs = 1 })
     local s1 = program.sizes(cfg1)
-    local f_layer, f_head = program.flops_per_token(cfg1, s1)
+    local f_layer, f_head, f_attn = program.flops_per_token(cfg1, s1)
     local nparams = (model.layers * f_layer + f_head) / 2     -- FLOPs ~ 2 x parameters
     -- attention's FLOPs are no parameters: the bound counts the GEMM weights only
-    local _, _, f_attn = program.flops_per_token(cfg1, s1)
     local nweights = (model.layers * (f_layer - f_attn) + f_head) / 2
     local cands = M.candidates(model, N, per_node, gbs, bf16, opts.mbs)
     if #cands == 0 then

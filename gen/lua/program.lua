@@ -132,8 +132,9 @@ function M.model_flops(cfg, s)
     return 3.0 * tokens * (cfg.model.layers * layer + head)
 end
 
--- The forward FLOPs of one token in one layer and in the LM head, as model_flops counts them
--- (the planner, plan.lua, prices each stage's share).
+-- The forward FLOPs of one token in one layer, in the LM head, and of the layer's attention
+-- core (scores and values), as model_flops counts them (the planner, plan.lua, prices each
+-- stage's share).
 function M.flops_per_token(cfg, s)
     local m = cfg.model
     local C, seq = m.hidden, s.seq
