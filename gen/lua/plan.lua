@@ -851,8 +851,10 @@ function M.report(model, opts, dev, p)
             out[#out + 1] = string.format("  %s nmb %d: %s", M.layout_text(r.l), r.l.nmb, r.why)
         end
         if #p.skipped > 0 then
-            out[#out + 1] = string.format("not evaluated (%d, estimated slower than the best " ..
-                                          "%d):", #p.skipped, opts.top or M.TOP)
+            out[#out + 1] = string.format("not evaluated (%d, %s):", #p.skipped, p.capped and
+                                          "after the cap on full evaluations" or
+                                          string.format("estimated slower than the best %d",
+                                                        opts.top or M.TOP))
             for _, l in ipairs(p.skipped) do
                 out[#out + 1] = string.format("  %s nmb %d: estimate %.1f ms", M.layout_text(l),
                                               l.nmb, 1e3 * l.est)
