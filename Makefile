@@ -208,7 +208,7 @@ need-model:
 	@test -n "$(MODEL)" || { echo "make: error: set MODEL=<name> (see models/)"; exit 2; }
 
 gen: need-model build/gen
-	$(Q)build/gen $(GENFLAGS)
+	$(Q)build/gen $(DEVICE_FLAGS) $(GENFLAGS)
 
 # Build what the generated directory needs: its build.mk is included by a second make.
 model: gen
@@ -254,11 +254,32 @@ sbatch: model
 	    echo "wrote $$d/job.sbatch: submit it from here with: sbatch $$d/job.sbatch"; \
 	else rm -f $$d/job.sbatch.tmp; exit 1; fi
 
+# The layouts of GPUS ranks that fit GPU's memory, fastest first (gen --plan, gen/lua/plan.lua;
+# docs/PLAN.md). GPU=cpu: this machine (its memory and cores; rates: bench/plan_bench.sh).
+# Layout variables given (TP=8 ...) fix those sizes. WHY=1: every rejected layout and why.
+GPU           ?=
+GPU_MEM       ?=
+GPUS          ?=
+GPUS_PER_NODE ?=
+CPU_RATES     ?=
+MACHINE_GIB    = $(shell awk '/^MemTotal/ {printf "%.1f", $$2 / 1048576}' /proc/meminfo)
+CHECK_PLAN_VARS = $(foreach v,GPU GPU_MEM GPUS GPUS_PER_NODE CPU_RATES WHY,$(call check_var,$(v)))
+DEVICE_FLAGS = $(if $(GPU),--gpu $(GPU)) \
+    $(if $(GPU_MEM),--gpu-mem $(GPU_MEM),$(if $(filter cpu,$(GPU)),--gpu-mem $(MACHINE_GIB)))
+PLAN_FLAGS = $(CHECK_PLAN_VARS)$(DEVICE_FLAGS) $(if $(GPUS),--gpus $(GPUS)) \
+    $(if $(GPUS_PER_NODE),--gpus-per-node $(GPUS_PER_NODE)) \
+    $(if $(CPU_RATES),--cpu-rates $(CPU_RATES)) \
+    $(if $(filter cpu,$(GPU)),--cores $(shell nproc)) $(if $(filter 1 yes,$(WHY)),--verbose)
+.PHONY: plan
+plan: need-model build/gen
+	@test -n "$(GPUS)" || { echo "make: error: make plan needs GPUS=N (the ranks to lay $(MODEL) out on)"; exit 2; }
+	@build/gen --plan $(PLAN_FLAGS) $(GENFLAGS)
+
 print-out: need-model build/gen
 	@build/gen --print-out $(GENFLAGS)
 
 inspect: need-model build/gen
-	@build/gen --inspect $(if $(RANK),--rank $(RANK)) $(GENFLAGS)
+	@build/gen --inspect $(if $(RANK),--rank $(RANK)) $(DEVICE_FLAGS) $(GENFLAGS)
 
 # Only the build-time picture (topology.json, shards.json, report.txt): any layout, also those
 # the training programs do not support yet (CP > 1).
@@ -327,6 +348,8 @@ help:
 	@echo "make inspect MODEL=m ... [RANK=r]   print the report of all ranks, or of rank r"
 	@echo "make sbatch MODEL=m ... NODES=n GPUS_PER_NODE=g   write out/<dir>/job.sbatch (Slurm;"
 	@echo "                              BACKEND=cpu, TIME=, PARTITION=, SLURM_ACCOUNT=, CKPT_DIR=, WARN_SECONDS=)"
+	@echo "make plan MODEL=m GPUS=n [GPU=h100|h200|a100|cpu] [GPU_MEM=GiB] [GBS=] [SEQ=] [WHY=1]"
+	@echo "                              the layouts that fit, fastest first (docs/PLAN.md)"
 	@echo "make print-out MODEL=m ...    print the output directory"
 	@echo "make data                     build data/corpus.bin from Debian's fortunes"
 	@echo "make test [SUITE=name]        run the tests; ends with 'N passed, N failed, N skipped'"

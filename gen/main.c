@@ -67,7 +67,16 @@
     _("account",      STR,  "A",    "--sbatch: Slurm account (default: the user's)") \
     _("ckpt-dir",     STR,  "DIR",  "--sbatch: checkpoints (default ckpt/<out dir name>)") \
     _("warn",         INT,  "S",    "--sbatch: seconds of warning before the limit (120)") \
-    _("train-args",   STR,  "ARGS", "--sbatch: the training flags (--data F --steps N ...)")
+    _("train-args",   STR,  "ARGS", "--sbatch: the training flags (--data F --steps N ...)") \
+    _("plan",         FLAG, "",     "print the layouts of --gpus ranks that fit, fastest") \
+    _("gpus",         INT,  "N",    "--plan: ranks (GPUs) to lay the model out on") \
+    _("gpus-per-node", INT, "N",    "--plan: ranks per node (default 8; cpu: all)") \
+    _("gpu",          STR,  "G",    "--plan and warnings: h100 (default), h200, a100 or cpu") \
+    _("gpu-mem",      STR,  "GIB",  "memory of one device in GiB (--plan; warn above it)") \
+    _("cpu-rates",    STR,  "F,B",  "--plan GPU=cpu: GFLOP/s and GB/s of one core") \
+    _("cores",        INT,  "N",    "--plan GPU=cpu: the machine's cores") \
+    _("top",          INT,  "N",    "--plan: layouts in the table (default 10)") \
+    _("verbose",      FLAG, "",     "--plan: also every rejected layout and why")
 
 typedef enum { OPT_INT, OPT_STR, OPT_FLAG } opt_kind;
 

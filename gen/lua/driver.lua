@@ -3,7 +3,8 @@
 --   cfg -> topology -> partition -> shards -> schedule -> program (verified) -> emit
 -- Modes, at most one: --print-out (print the output directory), --dump PASS (a pass's result
 -- as JSON), --check (validate only), --inspect [--rank R] (print a report), --sbatch (print a
--- Slurm batch script, launch.lua); otherwise render
+-- Slurm batch script, launch.lua), --plan (the layouts that fit, fastest first, plan.lua);
+-- otherwise render
 -- every file in memory and write out/<dir>/. Nothing is written unless every pass succeeded.
 
 require("strict")
@@ -13,6 +14,7 @@ local diag = require("diag")
 local emit = require("emit")
 local inspect = require("inspect")
 local launch = require("launch")
+local plan = require("plan")
 local ir = require("ir")
 local json = require("json")
 local partition = require("partition")
@@ -27,9 +29,9 @@ local M = {}
 M.DUMPS = { { "config", 1 }, { "topology", 2 }, { "partition", 3 }, { "shards", 4 },
             { "schedule", 5 }, { "program", 6 }, { "memory", 6 }, { "schema", 0 } }
 
-local MODES = { "print_out", "dump", "check", "inspect", "sbatch" }
+local MODES = { "print_out", "dump", "check", "inspect", "sbatch", "plan" }
 local MODE_FLAG = { print_out = "--print-out", dump = "--dump", check = "--check",
-                    inspect = "--inspect", sbatch = "--sbatch" }
+                    inspect = "--inspect", sbatch = "--sbatch", plan = "--plan" }
 
 -- Run the passes: stop after 'n' of config, topology, partition, shards, schedule, program.
 -- The schedule is built once; the program only where the layout has one (--topology-only and
@@ -46,6 +48,15 @@ function M.passes(opts, n, optional_program)
         r.program = program.build(cfg, r.topology, r.partition, r.shards, r.schedule)
     end
     return r
+end
+
+-- With GPU= or GPU_MEM= given: warn when a stage's plan exceeds the device's memory.
+function M.warn_memory(opts, cfg, prog)
+    if not prog or not (opts.gpu or opts.gpu_mem) then return end
+    local dev = plan.device(opts)
+    local why = plan.misfit(cfg, prog, dev, opts.gpus_per_node or
+                            (dev.name == "cpu" and cfg.world or 8))
+    if why then diag.warn(nil, "the plan does not fit %s: %s", dev.text, why) end
 end
 
 function M.run(opts)
@@ -89,6 +100,13 @@ function M.run(opts)
         return
     end
 
+    if opts.plan then
+        local model = config.load_model(opts.model)
+        local dev = plan.device(opts)
+        io.write(plan.report(model, opts, dev, plan.plan(model, opts, dev)))
+        return
+    end
+
     if opts.sbatch then
         local r = M.passes(opts, 2)
         io.write(emit.sbatch(r.config, launch.sbatch(r.config, r.topology, opts)))
@@ -99,6 +117,7 @@ function M.run(opts)
     local cfg, topo, part, sh, sched = r.config, r.topology, r.partition, r.shards, r.schedule
     if opts.check then return end
     if opts.inspect then
+        M.warn_memory(opts, cfg, r.program)
         if opts.rank ~= nil then
             io.write(inspect.rank(cfg, topo, part, sh, sched, r.program, opts.rank))
         else
@@ -106,6 +125,7 @@ function M.run(opts)
         end
         return
     end
+    M.warn_memory(opts, cfg, r.program)
     local prog = not opts.topology_only and r.program or nil
     local files = emit.render(cfg, topo, part, sh, sched, prog, { line_dirs = opts.line_dirs })
     emit.write(cfg.outdir, files)

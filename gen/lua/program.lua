@@ -127,6 +127,15 @@ end
 ** V/(12 l h)).
 ]]
 function M.model_flops(cfg, s)
+    local layer, head = M.flops_per_token(cfg, s)
+    local tokens = s.B * cfg.nmb * cfg.dp * s.seq
+    return 3.0 * tokens * (cfg.model.layers * layer + head)
+end
+
+-- The forward FLOPs of one token in one layer, in the LM head, and of the layer's attention
+-- core (scores and values), as model_flops counts them (the planner, plan.lua, prices each
+-- stage's share).
+function M.flops_per_token(cfg, s)
     local m = cfg.model
     local C, seq = m.hidden, s.seq
     local cq = m.heads * s.head_dim
@@ -138,8 +147,7 @@ function M.model_flops(cfg, s)
         if m.moe.shared_expert_ffn then mlp = mlp + mats * 2 * C * m.moe.shared_expert_ffn end
     end
     local layer = 2 * C * (cq + 2 * ckv) + 2 * cq * C + 2 * 2 * seq * cq + mlp
-    local tokens = s.B * cfg.nmb * cfg.dp * seq
-    return 3.0 * tokens * (m.layers * layer + 2 * C * cfg.vocab_padded)
+    return layer, 2 * C * cfg.vocab_padded, 2 * 2 * seq * cq
 end
 
 -- Every number the program uses, named, with its origin (model.h).
@@ -1592,7 +1600,9 @@ function M.supported(cfg)
     return true
 end
 
-function M.build(cfg, topo, part, sh, sched)
+-- opts.verify = false: skip M.check (the planner, plan.lua, verifies only the layout it
+-- recommends; every program the generator writes is checked).
+function M.build(cfg, topo, part, sh, sched, opts)
     local ok, why = M.supported(cfg)
     if not ok then diag.error(nil, "%s", why) end
     local layout = string.format("tp%d pp%d dp%d", cfg.tp, cfg.pp, cfg.dp)
@@ -1620,7 +1630,7 @@ function M.build(cfg, topo, part, sh, sched)
         consts = consts(cfg, s, layout), roles = role_list, dense = grid_axes(topo.dense),
         expert = grid_axes(topo.expert), groups = group_list, stages = stages, layer = lp,
     }
-    M.check(prog, cfg, topo)
+    if not (opts and opts.verify == false) then M.check(prog, cfg, topo) end
     return prog
 end
 

@@ -18,7 +18,8 @@ local M = {}
 M.COST = { F = 1, B = 2 }
 
 --[[
-** Simulate sched.stages[1..P] (steps F, B, X; collective steps C are ignored). Returns
+** Simulate sched.stages[1..P] (steps F, B, X; collective steps C are ignored). 'cost': the
+** time of an F and a B ({F =, B =}), or a function (stage, kind, chunk) -> time. Returns
 ** {makespan =, busy =, stages = {[r] = {boxes = {{kind, mb, chunk, t0, t1}...}, finish =}}}.
 ** Raises an internal error if the schedule cannot finish (verify.check rejects those first).
 ]]
@@ -48,7 +49,8 @@ function M.timeline(sched, cost)
             local st = steps[pc[r]]
             if st.kind == "F" or st.kind == "B" then
                 local t0 = clock[r]
-                clock[r] = t0 + cost[st.kind]
+                clock[r] = t0 + (type(cost) == "function" and cost(r, st.kind, st.chunk)
+                                 or cost[st.kind])
                 local b = out[r].boxes
                 b[#b + 1] = { kind = st.kind, mb = st.mb, chunk = st.chunk, t0 = t0, t1 = clock[r] }
             elseif st.kind == "X" then
