@@ -428,7 +428,7 @@ enum { BYTE_VOCAB = 256 };
 
 typedef struct {
     const gen_tokenizer_api *api;
-    void *t;                    /* the loaded tokenizer, or NULL */
+    struct tok_model *t;        /* the loaded tokenizer, or NULL */
 } gen_text;
 
 /* The tokenizer --tokenizer names into tx (nothing without the flag); it must fit the model. */

@@ -14,17 +14,19 @@
 #include "gpt.h"      // defines: gpt_program
 
 /* A tokenizer for --tokenizer, as the program's entry point supplies it (generate_main.c: the
-** tokenizer library, tools/tokenizer.h, which the library itself does not link): load a
-** tokenizer.json (NULL and a message in err when it cannot), its number of ids, the ids that
-** begin and end a document (-1: none), a text's ids appended to *ids, an id's bytes. */
+** functions of tools/tokenizer.h, whose library the training library does not link; its type
+** is opaque here): load a tokenizer.json (NULL and a message in err when it cannot), its
+** number of ids, the ids that begin and end a document (-1: none), a text's ids appended to
+** *ids, an id's bytes. */
+struct tok_model;
 typedef struct {
-    void *(*load)(const char *path, char *err, size_t errcap);
-    int (*vocab_size)(const void *t);
-    int (*bod_id)(const void *t);
-    int (*eod_id)(const void *t);
-    int (*encode)(const void *t, const char *text, size_t len, int32_t **ids, size_t *n,
-                  size_t *cap);
-    const char *(*bytes)(const void *t, int32_t id, size_t *len);
+    struct tok_model *(*load)(const char *path, char *err, size_t errcap);
+    int (*vocab_size)(const struct tok_model *t);
+    int (*bod_id)(const struct tok_model *t);
+    int (*eod_id)(const struct tok_model *t);
+    int (*encode)(const struct tok_model *t, const char *text, size_t len, int32_t **ids,
+                  size_t *n, size_t *cap);
+    const char *(*bytes)(const struct tok_model *t, int32_t id, size_t *len);
 } gen_tokenizer_api;
 
 /* The generate program: its flags, the model from --init, the text. 'tok': the tokenizer

@@ -564,6 +564,17 @@ function M.layout_text(l)
     return table.concat(w, " ")
 end
 
+-- Every combination of the choice lists axes[i] = { name, values } (the first varying
+-- slowest), each handed to f as a table name -> value.
+local function each_product(axes, f, i, pick)
+    i, pick = i or 1, pick or {}
+    if i > #axes then return f(pick) end
+    for _, v in ipairs(axes[i][2]) do
+        pick[axes[i][1]] = v
+        each_product(axes, f, i + 1, pick)
+    end
+end
+
 -- Every candidate layout of N ranks (the sizes only: validity is configure's).
 function M.candidates(model, N, per_node, gbs, bf16, only_mbs)
     local out = {}
@@ -573,36 +584,26 @@ function M.candidates(model, N, per_node, gbs, bf16, only_mbs)
             for _, cp in ipairs(divisors(N // tp, M.MAX_CP)) do
                 for _, pp in ipairs(divisors(N // (tp * cp), model.layers)) do
                     local dp = N // (tp * cp * pp)
-                    local vps = { 1 }
-                    if pp > 1 then
-                        for v = 2, M.MAX_VP do
-                            if model.layers % (pp * v) == 0 then vps[#vps + 1] = v end
-                        end
+                    local vps, mbss = { 1 }, {}
+                    for v = 2, pp > 1 and M.MAX_VP or 1 do
+                        if model.layers % (pp * v) == 0 then vps[#vps + 1] = v end
                     end
-                    local eps = { 1 }
-                    if moe then eps = divisors(dp * cp, moe.experts) end
-                    for _, vp in ipairs(vps) do
-                        for _, ep in ipairs(eps) do
-                            for _, sp in ipairs(tp > 1 and { true, false } or { false }) do
-                                local dopts = dp * cp > 1 and { true, false } or { false }
-                                for _, dopt in ipairs(dopts) do
-                                    for _, rc in ipairs(RECOMPUTE) do
-                                        local mbs = only_mbs or 1
-                                        while mbs <= (only_mbs or M.MAX_MBS) do
-                                            if gbs % (mbs * dp) == 0 then
-                                                out[#out + 1] = {
-                                                    tp = tp, cp = cp, pp = pp, dp = dp, vp = vp,
-                                                    ep = ep, sp = sp, dist_opt = dopt,
-                                                    recompute = rc, mbs = mbs,
-                                                    nmb = gbs // (mbs * dp), bf16 = bf16 }
-                                            end
-                                            mbs = mbs * 2
-                                        end
-                                    end
-                                end
-                            end
-                        end
+                    local mbs = only_mbs or 1    -- MBS given, or 1, 2, 4, ... MAX_MBS
+                    while mbs <= (only_mbs or M.MAX_MBS) do
+                        if gbs % (mbs * dp) == 0 then mbss[#mbss + 1] = mbs end
+                        mbs = mbs * 2
                     end
+                    each_product({
+                        { "vp", vps }, { "ep", moe and divisors(dp * cp, moe.experts) or { 1 } },
+                        { "sp", tp > 1 and { true, false } or { false } },
+                        { "dist_opt", dp * cp > 1 and { true, false } or { false } },
+                        { "recompute", RECOMPUTE }, { "mbs", mbss },
+                    }, function(c)
+                        out[#out + 1] = { tp = tp, cp = cp, pp = pp, dp = dp, vp = c.vp,
+                                          ep = c.ep, sp = c.sp, dist_opt = c.dist_opt,
+                                          recompute = c.recompute, mbs = c.mbs,
+                                          nmb = gbs // (c.mbs * dp), bf16 = bf16 }
+                    end)
                 end
             end
         end

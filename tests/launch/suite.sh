@@ -74,14 +74,20 @@ if ! gen_build "$S/p" tiny --tp 2 --dp 2 > /dev/null 2>&1; then
     fail slurm-requeue "$WHY"
     finish
 fi
-build/ref/make_tokens --vocab 256 --tokens 40000 --seed 9 "$S/tok.bin" > /dev/null 2>&1 ||
-    make -s --no-print-directory ref > /dev/null 2>&1 &&
-    build/ref/make_tokens --vocab 256 --tokens 40000 --seed 9 "$S/tok.bin" > /dev/null 2>&1
+if ! make -s --no-print-directory build/ref/make_tokens > "$S/make.log" 2>&1 ||
+   ! build/ref/make_tokens --vocab 256 --tokens 40000 --seed 9 "$S/tok.bin" > /dev/null 2>&1
+then
+    fail slurm-requeue "cannot make the token file: $(first_error "$S/make.log")"
+    finish
+fi
 STEPS=400
 TA=(--data "$S/tok.bin" --steps $STEPS --decay-steps $STEPS --quiet)
 # the uninterrupted run
-RUN_TIMEOUT=120 run_prog "$S/p/train" 4 "$S/ref.log" "${TA[@]}" --log "$S/ref.jsonl" \
-    --save "$S/ref.safetensors"
+if ! RUN_TIMEOUT=120 run_prog "$S/p/train" 4 "$S/ref.log" "${TA[@]}" --log "$S/ref.jsonl" \
+        --save "$S/ref.safetensors"; then
+    fail slurm-requeue "the uninterrupted run failed: $(first_error "$S/ref.log")"
+    finish
+fi
 
 # the cluster: this host, 8 CPUs (slurmd told so), ports of this run's own
 SL=$(cd "$S" && pwd)/slurm

@@ -251,7 +251,8 @@ else fail cli/no-error "exit $rc"; fi
 
 # any current directory: the root comes from the executable's location
 mkdir -p "$S/elsewhere"
-run cli/any-cwd sh -c "cd $S/elsewhere && ../../../gen --lua ../../../../tests/tmpl/cli/cwd.lua"
+up=$(realpath --relative-to="$S/elsewhere" .)     # the root, relative (any TEST_SCRATCH)
+run cli/any-cwd sh -c "cd $S/elsewhere && $up/build/gen --lua $up/tests/tmpl/cli/cwd.lua"
 if [ "$rc" -eq 0 ] && cmp -s "$C/include.out" "$out"; then pass cli/any-cwd
 else fail cli/any-cwd "exit $rc: $(head -n 1 "$err")"; fi
 
