@@ -14,6 +14,7 @@ void lib_ckpt_save(const lib_flags *f, int step, int updates, int skipped);
 int lib_ckpt_newest(const char *dir);
 void lib_ckpt_clean(const char *dir);
 void lib_ckpt_load(const lib_flags *f, int step, int *updates, int *skipped);
+void lib_ckpt_reshard(const lib_flags *f, int *step, int *updates, int *skipped);
 long long lib_ckpt_bytes(void);
 
 #endif

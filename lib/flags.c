@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "flags.h"
 #include "fail.h"     // defines: lib_fail_all
@@ -382,6 +383,15 @@ void lib_flags_parse(int argc, char **argv, lib_flags *f)
     if (f->data && f->ndata_path) lib_fail_all(2, "--data and --data-path exclude each other");
     if ((f->ckpt_every || f->resume) && !f->ckpt_dir)
         lib_fail_all(2, "--ckpt-every and --resume need --ckpt-dir DIR");
+    struct stat from_st, to_st;
+    if (f->reshard_from && f->ckpt_dir && stat(f->reshard_from, &from_st) == 0 &&
+        stat(f->ckpt_dir, &to_st) == 0 && from_st.st_dev == to_st.st_dev &&
+        from_st.st_ino == to_st.st_ino)
+        lib_fail_all(2, "--reshard-from %s is --ckpt-dir: this layout's checkpoints go to a "
+                     "directory of their own (give --ckpt-dir another one)", f->reshard_from);
+    if (f->reshard_from && f->init)
+        lib_fail_all(2, "--reshard-from and --init exclude each other: a run starts from one "
+                     "of them");
     check_number_flags(f);
     if (strcmp(f->save_dtype, "f32") && strcmp(f->save_dtype, "bf16"))
         lib_fail_all(2, "%s must be f32 or bf16, got '%s'", as_given(LIB_FLAG_SAVE_DTYPE),

@@ -133,6 +133,11 @@ enum { WSD_STYLES(WSD_ENUM) };
     _(RESUME, "resume", "", FLAG, resume, NULL, \
       "continue bit-exactly from the newest complete checkpoint in `--ckpt-dir` (none there: " \
       "start from the beginning)") \
+    _(RESHARD_FROM, "reshard-from", "DIR", STRING, reshard_from, NULL, \
+      "start from the newest complete checkpoint in DIR, written by another layout (TP, PP, " \
+      "VP, DP, CP, EP, ETP, SP, DIST_OPT, BF16) of the same model and global batch: its " \
+      "parameters, AdamW moments, step and data position, redistributed to this layout; " \
+      "with `--resume`, only when `--ckpt-dir` has no checkpoint yet") \
     _(EXIT_SIGNAL, "exit-signal", "LIST", SIGNALS, exit_signals, "SIGTERM,SIGUSR1", \
       "on these signals finish the step, save a checkpoint to `--ckpt-dir` and exit 0 " \
       "(README.md, \"When things go wrong\"); LIST: `none` (the signals' default action) " \
@@ -202,7 +207,7 @@ typedef struct {
 } lib_flag_def;
 
 typedef struct {
-    const char *data, *init, *save, *log, *ckpt_dir;
+    const char *data, *init, *save, *log, *ckpt_dir, *reshard_from;
     const char *tb_dir;       /* --tensorboard-dir */
     const char *save_dtype, *save_shard_size, *tokenizer;   /* --save's form (hfdir.h) */
     int save_bf16;            /* --save-dtype bf16 */

@@ -782,6 +782,106 @@ static void ebias_in(int layer, float *bias, void *ctx)
     *host += (size_t)gpt.d.experts * sizeof(float);
 }
 
+/* -- The state's index: its blocks (stage.h lib_state_block) ---------------------------------- */
+
+typedef struct {
+    lib_state_block *b;
+    int n, cap;
+} block_list;
+
+static lib_state_block *block_add(block_list *l)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->b = realloc(l->b, sizeof *l->b * (size_t)l->cap);
+        RT_CHECK(l->b, "out of memory for the checkpoint's index");
+    }
+    memset(&l->b[l->n], 0, sizeof *l->b);
+    return &l->b[l->n++];
+}
+
+/* The blocks of piece pc in a state area of 'size'-byte elements holding buffer elements
+** [s0, s1) at byte 'at0' (buffer element s0 there): whole rows inside the range merge into
+** one block, a row the range cuts is a block of its own. */
+static void piece_blocks(block_list *l, const lib_piece *pc, uint64_t kind, uint64_t size,
+                         size_t s0, size_t s1, size_t at0)
+{
+    const lib_param *lp = &lib.params[pc->param];
+    size_t ld = (size_t)lp->p.ld, q = lp->p.offset + (size_t)pc->lrow * ld + (size_t)pc->lcol;
+    size_t cols = (size_t)pc->cols;
+    if (q + (size_t)(pc->rows - 1) * ld + cols <= s0 || q >= s1) return;
+    lib_state_block *last = NULL;
+    for (int r = 0; r < pc->rows; r++) {
+        size_t lo = q + (size_t)r * ld, hi = lo + cols;
+        size_t a = lo > s0 ? lo : s0, e = hi < s1 ? hi : s1;
+        if (a >= e) {
+            last = NULL;
+            continue;
+        }
+        int whole = a == lo && e == hi;
+        if (whole && last && last->cols == cols && last->grow + last->rows ==
+            (uint64_t)(pc->grow + r)) {
+            last->rows++;
+            continue;
+        }
+        lib_state_block *k = block_add(l);
+        *k = (lib_state_block){ .tensor = (uint64_t)lp->tensor, .kind = kind, .size = size,
+                                .grow = (uint64_t)(pc->grow + r),
+                                .gcol = (uint64_t)pc->gcol + (a - lo), .rows = 1,
+                                .cols = e - a, .ld = ld, .at = at0 + (a - s0) * size,
+                                .buf = lp->p.buf, .pos = a };
+        last = whole ? k : NULL;
+    }
+}
+
+int lib_state_blocks(lib_state_block **out)
+{
+    block_list l = { 0 };
+    size_t at = 0;
+    for (int i = 0; i < gpt.stage->nbuffers; i++) {
+        const gpt_buffer *b = &gpt.stage->buffers[i];
+        /* lib_state_io's order: parameters, first and second moment, main parameters */
+        size_t area[4] = { at, 0, 0, 0 };
+        area[1] = area[0] + b->size * lib.es;
+        area[2] = area[1] + b->state * sizeof(float);
+        area[3] = area[2] + b->state * sizeof(float);
+        const uint64_t kinds[3] = { LIB_STATE_EXP_AVG, LIB_STATE_EXP_AVG_SQ, LIB_STATE_MAIN };
+        for (int j = 0; j < lib.npieces; j++) {
+            const lib_piece *pc = &lib.pieces[j];
+            if (lib.params[pc->param].p.buf != i) continue;
+            piece_blocks(&l, pc, LIB_STATE_PARAM, lib.es, 0, b->size, area[0]);
+            for (int m = 0; m < (lib.main ? 3 : 2); m++) {
+                if (!b->sharded) {
+                    piece_blocks(&l, pc, kinds[m], sizeof(float), 0, b->size, area[1 + m]);
+                    continue;
+                }
+                for (int k = 0; k < b->nbuckets; k++) {
+                    const gpt_bucket *bk = &b->buckets[k];
+                    size_t s0 = shard_start(b, bk);
+                    piece_blocks(&l, pc, kinds[m], sizeof(float), s0, s0 + bk->shard,
+                                 area[1 + m] + bk->base * sizeof(float));
+                }
+            }
+        }
+        at += b->size * lib.es + (lib.main ? 3 : 2) * b->state * sizeof(float);
+    }
+    if (gpt.d.expert_bias)
+        for (int c = 0; c < gpt.stage->nchunks; c++)
+            for (int j = 0; j < gpt.stage->chunks[c].layers; j++) {
+                lib_state_block *k = block_add(&l);
+                *k = (lib_state_block){ .tensor = (uint64_t)(lib.ebias_tensor +
+                                                             gpt.stage->chunks[c].first + j),
+                                        .kind = LIB_STATE_EBIAS, .size = sizeof(float),
+                                        .rows = 1, .cols = (uint64_t)gpt.d.experts,
+                                        .ld = (uint64_t)gpt.d.experts, .at = at, .buf = -1 };
+                at += (size_t)gpt.d.experts * sizeof(float);
+            }
+    RT_CHECK(at == lib_state_bytes(), "the state's index covers %zu bytes of %zu (a library "
+             "bug)", at, lib_state_bytes());
+    *out = l.b;
+    return l.n;
+}
+
 /* Copy every buffer's state to (save) or from 'host', buffer by buffer, then the expert
 ** biases. */
 void lib_state_io(unsigned char *host, int save)

@@ -152,6 +152,29 @@ void *lib_grad_buffer(int i);                /* gradient buffer i (gpt_sched_ste
 void lib_sync(void);
 size_t lib_state_bytes(void);                /* resume checkpoint: parameters and optimizer */
 void lib_state_io(unsigned char *host, int save);
+
+/* Where the values of lib_state_io's bytes belong in the model, layout-free: a block holds
+** element (r, c), r < rows, c < cols, of the rectangle of tensor 'tensor' (lib.tensors) at
+** (grow, gcol), at byte at + (r * ld + c) * size of the state. Every piece of every
+** parameter (the tied copy too), per kind; the moments and the main parameters of a
+** distributed optimizer's shards only where this rank holds them (a piece cut by a shard's
+** edge gives up to three blocks); the expert biases. A resume checkpoint stores the list
+** (ckpt.c), so that a program of another layout can find any value in it. */
+enum {
+    LIB_STATE_PARAM,            /* the parameters in the model's dtype ('size' 4 or 2) */
+    LIB_STATE_MAIN,             /* bf16 training's f32 main parameters */
+    LIB_STATE_EXP_AVG,          /* AdamW's first moment */
+    LIB_STATE_EXP_AVG_SQ,       /* its second moment */
+    LIB_STATE_EBIAS,            /* the expert biases (f32 state, not parameters) */
+    LIB_STATE_KINDS
+};
+typedef struct {
+    uint64_t tensor, kind, size, grow, gcol, rows, cols, ld, at;
+    int buf;                    /* LIB_STATE_PARAM: its buffer, and 'pos' the buffer element */
+    size_t pos;                 /* of its (0, 0) (not stored: this rank's own layout) */
+} lib_state_block;
+enum { LIB_STATE_BLOCK_WORDS = 9 };   /* the stored words: tensor .. at */
+int lib_state_blocks(lib_state_block **out);     /* malloc'd; returns the count */
 /* The whole f32 parameters of buffer b, where --init and the initialisation write and --save
 ** reads: the parameters themselves in f32 training; in bf16, the gradient buffer (unused
 ** between steps) as staging, made current by lib_master_allgather and made effective by

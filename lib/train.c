@@ -276,6 +276,11 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         lib_ckpt_load(&f, start, &updates, &skipped);
         if (rt_rank() == 0) printf("resumed from %s/step_%08d\n", f.ckpt_dir, start);
         if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
+    } else if (f.reshard_from) {
+        lib_ckpt_reshard(&f, &start, &updates, &skipped);
+        if (rt_rank() == 0)
+            printf("resharded from %s/step_%08d to %s\n", f.reshard_from, start, prog->layout);
+        if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
     } else {
         if (f.resume && rt_rank() == 0)
             printf("no complete checkpoint in %s: starting from the beginning\n", f.ckpt_dir);

@@ -20,7 +20,7 @@ JOBS=${TEST_JOBS:-3}
 # the longest chain; runtime and faults hold tests bounded in wall time (better not among the
 # last, when everything else is short of CPU too). A suite not in this list starts after them.
 LONGEST="moe parallel precision kernels llama runtime launch single pipeline cp faults train
-         program eval walkthrough data tokenizer generate hfload lr lua errors refcheck fuzz
+         program reshard eval walkthrough data tokenizer generate hfload lr lua errors refcheck fuzz
          regions tmpl golden plot layering"
 
 if [ $# -gt 0 ]; then

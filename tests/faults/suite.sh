@@ -580,7 +580,8 @@ if have_mpi; then
             > /dev/null 2>&1; then
         refused ckpt-other-order order-b "$S/ck-order/step_00000004/rank_00000.bin: error:\
  written by a different layout: order tp-cp-ep-dp-pp there, dp-tp-cp-ep-pp here$HINT (make\
- MODEL=tiny TP=2 PP=1 DP=2), or give this run another --ckpt-dir" "$S/order-b/train" 4 \
+ MODEL=tiny TP=2 PP=1 DP=2), or start this layout from it with --reshard-from and another\
+ --ckpt-dir" "$S/order-b/train" 4 \
             --ckpt-dir "$S/ck-order"
     else
         fail ckpt-other-order "the tp2 dp2 run failed: $(first_error "$S/order-a.log")"
