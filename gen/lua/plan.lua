@@ -344,7 +344,8 @@ function M.evaluate(cfg, dev, per_node, verify)
     local lbytes = (M.LAYER_BYTES_SPLIT / TP + M.LAYER_BYTES_REPL / (cfg.sp and TP or 1))
                    * C * A * tok
     local scale = cfg.nmb / nmb                   -- per-micro-batch counts of the built program
-    local comm = {}                               -- kind -> { bytes, inter }
+    -- the bytes a rank of each stage sends per step, by group: kind -> { bytes, inter }
+    local comm_of, comm = {}, nil
     local function add_comm(kind, bytes)
         local l = links[kind] or { inter = false }
         local e = comm[kind] or { bytes = 0, inter = l.inter }
@@ -365,6 +366,8 @@ function M.evaluate(cfg, dev, per_node, verify)
     for _, sp in ipairs(prog.stages) do
         local r = sp.stage
         local st = part.stages[r + 1]
+        comm = {}
+        comm_of[r] = comm
         local c_r = {}
         local recompute_extra = 0
         local n_f, sends = 0, { act = 0, grad = 0 }
@@ -495,6 +498,13 @@ function M.evaluate(cfg, dev, per_node, verify)
         step = math.max(step, total)
     end
     local flops = program.model_flops(cfg, s)
+    -- per group, the most a rank of any stage sends (the stages' ranks send at once)
+    comm = {}
+    for r = 0, cfg.pp - 1 do
+        for k, e in pairs(comm_of[r] or {}) do
+            if not comm[k] or e.bytes > comm[k].bytes then comm[k] = e end
+        end
+    end
     local comm_list = {}
     for k, e in util.sortedpairs(comm) do
         if e.bytes > 0 then
@@ -841,7 +851,8 @@ function M.report(model, opts, dev, p)
     for _, line in ipairs(util.columns(rows, "rllrrlrrr")) do out[#out + 1] = line end
     out[#out + 1] = ""
     out[#out + 1] = "  (mem/rank: the largest stage's plan with the runtime's workspaces and " ..
-                    "NCCL's buffers; communication: bytes a rank sends per step by group, " ..
+                    "NCCL's buffers; communication: bytes a rank sends per step by group, the " ..
+                    "busiest stage's, " ..
                     "net = between nodes)"
     local best = p.rows[1]
     out[#out + 1] = "best: " .. M.make_command(model.name, best.l)
