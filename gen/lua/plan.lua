@@ -220,7 +220,11 @@ end
 -- The boxes are those of the 2 m schedule, the last micro-batch's renumbered and moved.
 function M.timeline(cfg, m, cost)
     -- the steady state: past the warm-up of every stage (2 P V chunk steps)
-    m = util.round_up(math.max(m, 2 * cfg.pp * cfg.vp), cfg.vp > 1 and cfg.mb_group or 1)
+    local g = cfg.vp > 1 and cfg.mb_group or 1
+    m = util.round_up(math.max(m, 2 * cfg.pp * cfg.vp), g)
+    -- the extension goes in steps of m: the next multiple of g that divides NMB, if one is
+    -- small enough (gpt3_175b PP 32 VP 3 NMB 2048: 256, not 192, which would simulate all)
+    while m <= cfg.nmb // 4 and cfg.nmb % m ~= 0 do m = m + g end
     if cfg.nmb <= 4 * m or cfg.nmb % m ~= 0 then
         return svg.timeline(schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group), cost)
     end
