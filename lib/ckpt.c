@@ -55,7 +55,8 @@ typedef struct {
     uint64_t model_hash, layout_hash;   /* XXH3-64 of the model's and the layout's texts */
     uint64_t model_len, layout_len, made_len;   /* bytes of the three texts after the header */
     uint64_t checksum;        /* XXH3-64 of the whole file, this field counted as 0 */
-    uint64_t gbs, nblocks;    /* version 5: the global batch; the blocks of the state's index */
+    uint64_t gbs, nblocks;    /* version 5: the global batch; the blocks of the state's index; */
+    uint64_t samples, valid_samples;   /* the samples the steps and the evaluations read */
 } ckpt_header;
 
 /* The header's words in a file of this version. */
@@ -279,8 +280,9 @@ static int write_points(int fd, const void *buf, size_t n)
 ** newest complete checkpoint stays. An older step_N (a run started again without --resume) is
 ** moved aside and removed only after the new one is in place. Collective over the world.
 */
-void lib_ckpt_save(const lib_flags *f, int step, int updates, int skipped)
+void lib_ckpt_save(const lib_flags *f, const lib_ckpt_pos *at)
 {
+    int step = at->step;
     char dir[4096], file[4200];
     lib_sync();
     ckpt_path(dir, sizeof dir, f->ckpt_dir, step, ".tmp", -1);
@@ -295,7 +297,9 @@ void lib_ckpt_save(const lib_flags *f, int step, int updates, int skipped)
     RT_CHECK(buf, "out of memory for the checkpoint");
     lib_state_io(buf, 1);
     /* the header, the texts and the index, written as one piece before the state */
-    ckpt_header hd = ckpt_header_here(f->seed, step, n, updates, skipped);
+    ckpt_header hd = ckpt_header_here(f->seed, step, n, at->updates, at->skipped);
+    hd.samples = (uint64_t)at->samples;
+    hd.valid_samples = (uint64_t)at->valid_samples;
     uint64_t *index = index_here(&hd.nblocks);
     size_t ntext = (size_t)(hd.model_len + hd.layout_len + hd.made_len);
     unsigned char *head = malloc(sizeof hd + ntext + index_bytes(&hd));
@@ -509,7 +513,7 @@ static void ckpt_fail_any(const char *file, const char *msg)
 ** (world, stage, size), with a warning on rank 0, so that a run begun before version 4
 ** continues. Collective over the world.
 */
-void lib_ckpt_load(const lib_flags *f, int step, int *updates, int *skipped)
+void lib_ckpt_load(const lib_flags *f, int step, lib_ckpt_pos *at)
 {
     char file[4200], msg[1400] = "", *texts = NULL;
     ckpt_path(file, sizeof file, f->ckpt_dir, step, "", rt_rank());
@@ -539,8 +543,9 @@ void lib_ckpt_load(const lib_flags *f, int step, int *updates, int *skipped)
                "that wrote it\n", f->ckpt_dir, step, old);
     lib_state_io(buf, 0);
     free(buf);
-    *updates = (int)hd.updates;
-    *skipped = (int)hd.skipped;
+    *at = (lib_ckpt_pos){ .step = step, .updates = (int)hd.updates, .skipped = (int)hd.skipped,
+                          .samples = version == 5 ? (long long)hd.samples : -1,
+                          .valid_samples = version == 5 ? (long long)hd.valid_samples : -1 };
 }
 
 /*
@@ -830,7 +835,8 @@ static int block_ok(const uint64_t *w, uint64_t nbytes)
 
 /*
 ** --reshard-from DIR: this run starts from the newest complete checkpoint in DIR, written by
-** any layout of the same model with the same global batch. Every rank reads every file's
+** any layout of the same model (its global batch too may differ: the samples read so far
+** carry over, *at's). Every rank reads every file's
 ** header and index (rank_R.bin of each rank R of that run), checks them all (each file there,
 ** the same model, step and global batch, an index that fits the model), then reads whole the
 ** files that hold values it still needs, checking each one's checksum, and takes from them its
@@ -838,7 +844,7 @@ static int block_ok(const uint64_t *w, uint64_t nbytes)
 ** value. Anything wrong stops every rank alike before anything is loaded or written. *step,
 ** *updates, *skipped: the checkpoint's. Collective over the world.
 */
-void lib_ckpt_reshard(const lib_flags *f, int *step, int *updates, int *skipped)
+void lib_ckpt_reshard(const lib_flags *f, lib_ckpt_pos *at)
 {
     const char *dir = f->reshard_from;
     char file[4200], msg[1400] = "", *texts = NULL;
@@ -855,12 +861,6 @@ void lib_ckpt_reshard(const lib_flags *f, int *step, int *updates, int *skipped)
             first_difference(tm, gpt.prog->model_text, diff, sizeof diff);
             snprintf(msg, sizeof msg, "written by a program of a different model: %s; only "
                      "the layout can change (that program: %.*s)", diff, (int)h0.made_len, made);
-        } else if (h0.gbs != (uint64_t)gpt.prog->gbs) {
-            snprintf(msg, sizeof msg, "written with a global batch of %llu sequences, this "
-                     "program takes %d: the steps would read other samples; generate this "
-                     "layout with MBS x NMB x DP = %llu (e.g. another NMB), as that program "
-                     "(%.*s)", (unsigned long long)h0.gbs, gpt.prog->gbs,
-                     (unsigned long long)h0.gbs, (int)h0.made_len, made);
         }
         free(tm);
     }
@@ -948,7 +948,7 @@ void lib_ckpt_reshard(const lib_flags *f, int *step, int *updates, int *skipped)
                   RT_H2D);
     lib_master_commit();
     reshard_plan_free(&p);
-    *step = (int)h0.step;
-    *updates = (int)h0.updates;
-    *skipped = (int)h0.skipped;
+    *at = (lib_ckpt_pos){ .step = (int)h0.step, .updates = (int)h0.updates,
+                          .skipped = (int)h0.skipped, .samples = (long long)h0.samples,
+                          .valid_samples = (long long)h0.valid_samples };
 }

@@ -804,14 +804,17 @@ void lib_tokens_open(lib_tokens *d, const char *path, int seq, int vocab,
 /*
 ** The samples Megatron's training.py asks of split 'which' (get_train_valid_test_num_samples):
 ** train: the steps' global batches; valid: --eval-iters global batches at each evaluation,
-** after every --eval-interval-th step and once more at the end; test: one evaluation's.
+** after every --eval-interval-th step and once more at the end; test: one evaluation's. Plus
+** 'base': the samples a run whose global batch changed (--reshard-from) read beyond those of
+** this program's batches at its steps (consumed samples - start x GBS; 0 otherwise).
 */
-static long long split_request(const lib_flags *f, const gpt_program *prog, int which)
+static long long split_request(const lib_flags *f, const gpt_program *prog, int which,
+                               long long base)
 {
-    if (which == LIB_SPLIT_TRAIN) return (long long)f->steps * prog->gbs;
+    if (which == LIB_SPLIT_TRAIN) return base + (long long)f->steps * prog->gbs;
     long long iters = f->eval_iters;
     if (which == LIB_SPLIT_VALID) iters *= f->steps / f->eval_interval + 1;
-    return iters * prog->gbs;
+    return base + iters * prog->gbs;
 }
 
 /*
@@ -821,7 +824,7 @@ static long long split_request(const lib_flags *f, const gpt_program *prog, int 
 ** the same indices and checks the tokens < vocab.
 */
 static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *prog, int which,
-                         lib_world_max_fn *world_max)
+                         long long base, lib_world_max_fn *world_max)
 {
     double split[LIB_NSPLITS];
     if (f->split) {
@@ -852,7 +855,7 @@ static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *p
             w = NULL;
         }
     }
-    long long need = split_request(f, prog, which);
+    long long need = split_request(f, prog, which, base);
     d->path = words[0];
     d->mm = lib_data_open(n, words, w, f->split ? split : NULL, which, prog->dims.seq, need,
                           f->data_seed, !f->quiet && (!f->dump_samples || f->split));
@@ -876,10 +879,10 @@ static void open_indexed(lib_tokens *d, const lib_flags *f, const gpt_program *p
 ** released by lib_tokens_close.
 */
 void lib_tokens_open_flags(lib_tokens *t, const lib_flags *f, const gpt_program *prog,
-                           lib_world_max_fn *world_max)
+                           long long base, lib_world_max_fn *world_max)
 {
     if (f->ndata_path || lib_data_is_indexed(f->data, &t->prefix))
-        open_indexed(t, f, prog, LIB_SPLIT_TRAIN, world_max);
+        open_indexed(t, f, prog, LIB_SPLIT_TRAIN, base, world_max);
     else if (f->split)
         lib_fail_all(2, "--split divides the documents of a Megatron dataset (--data PREFIX, "
                      "--data-path); %s is a token file", f->data);
@@ -892,14 +895,15 @@ void lib_tokens_open_flags(lib_tokens *t, const lib_flags *f, const gpt_program 
 ** Megatron datasets): for the evaluations (--eval-interval) and --dump-split.
 */
 void lib_tokens_open_split(lib_tokens *t, const lib_tokens *train, const lib_flags *f,
-                           const gpt_program *prog, int which, lib_world_max_fn *world_max)
+                           const gpt_program *prog, int which, long long base,
+                           lib_world_max_fn *world_max)
 {
     RT_CHECK(train->mm && f->split, "lib_tokens_open_split: no split (a library bug)");
     if (which == LIB_SPLIT_VALID && !f->eval_interval)
         lib_fail_all(2, "the valid split's samples depend on --eval-interval (Megatron builds "
                      "the split for every evaluation of the run): give it");
     if (!f->ndata_path) t->prefix = cat(train->prefix, "");
-    open_indexed(t, f, prog, which, world_max);
+    open_indexed(t, f, prog, which, base, world_max);
 }
 
 /* The split --dump-split names (LIB_SPLIT_*); a name that is none is a usage error. */
@@ -934,10 +938,11 @@ void lib_tokens_dump(const lib_tokens *t, int count, int seq)
 }
 
 /*
-** Token ids of this rank's micro-batches for optimizer step 'step' (0-based), sequence-major:
-** inputs[k][t*B + b] for micro-batch k, sample b. Sample i is tokens [i*S, i*S + S] of a token
-** file (S = the sequence length), or sample i of a Megatron dataset; step s uses samples
-** (s*GBS + j) mod nsamples, j = 0..GBS-1. From a token file, data-parallel rank d ('dp') takes
+** Token ids of this rank's micro-batches for the global batch of samples from 'first' (step s
+** of a run: s*GBS, or the samples consumed before it when the global batch changed),
+** sequence-major: inputs[k][t*B + b] for micro-batch k, sample b. Sample i is tokens
+** [i*S, i*S + S] of a token file (S = the sequence length), or sample i of a Megatron dataset;
+** the batch is samples (first + j) mod nsamples, j = 0..GBS-1. From a token file, data-parallel rank d ('dp') takes
 ** j in [d*B*NMB, (d+1)*B*NMB), micro-batch k the B samples from d*B*NMB + k*B; from a Megatron
 ** dataset, as Megatron's pretraining sampler hands them out, micro-batch k of rank d takes the
 ** B samples from k*B*DP + d*B. Local position t (of the T a rank holds) is the sample's
@@ -945,7 +950,7 @@ void lib_tokens_dump(const lib_tokens *t, int count, int seq)
 ** A token file changed under the run fails this rank (RT_CHECK).
 */
 void lib_tokens_batch(const lib_tokens *d, const gpt_program *prog, const int *position,
-                      int step, int dp, int *inputs, int *targets)
+                      long long first, int dp, int *inputs, int *targets)
 {
     const gpt_dims *D = &prog->dims;
     int S = D->seq;
@@ -957,7 +962,7 @@ void lib_tokens_batch(const lib_tokens *d, const gpt_program *prog, const int *p
             long long j = (long long)dp * D->B * D->nmb + (long long)k * D->B + b;
             if (d->mm)      /* Megatron's sampler: micro-batch k of every rank, then k + 1 */
                 j = (long long)k * (prog->gbs / D->nmb) + (long long)dp * D->B + b;
-            long long i = ((long long)step * prog->gbs + j) % d->nsamples;
+            long long i = (first + j) % d->nsamples;
             if (d->mm) {
                 lib_data_sample(d->mm, i, ids);
             } else {

@@ -49,13 +49,14 @@ typedef struct {
 void lib_tokens_open(lib_tokens *t, const char *path, int seq, int vocab,
                      lib_world_max_fn *world_max);
 void lib_tokens_open_flags(lib_tokens *t, const lib_flags *f, const gpt_program *prog,
-                           lib_world_max_fn *world_max);
+                           long long base, lib_world_max_fn *world_max);
 void lib_tokens_open_split(lib_tokens *t, const lib_tokens *train, const lib_flags *f,
-                           const gpt_program *prog, int which, lib_world_max_fn *world_max);
+                           const gpt_program *prog, int which, long long base,
+                           lib_world_max_fn *world_max);
 int lib_split_named(const char *name);
 void lib_tokens_dump(const lib_tokens *t, int count, int seq);
 void lib_tokens_batch(const lib_tokens *t, const gpt_program *prog, const int *position,
-                      int step, int dp, int *inputs, int *targets);
+                      long long first, int dp, int *inputs, int *targets);
 void lib_tokens_close(lib_tokens *t);
 
 #endif

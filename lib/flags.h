@@ -135,9 +135,9 @@ enum { WSD_STYLES(WSD_ENUM) };
       "start from the beginning)") \
     _(RESHARD_FROM, "reshard-from", "DIR", STRING, reshard_from, NULL, \
       "start from the newest complete checkpoint in DIR, written by another layout (TP, PP, " \
-      "VP, DP, CP, EP, ETP, SP, DIST_OPT, BF16) of the same model and global batch: its " \
-      "parameters, AdamW moments, step and data position, redistributed to this layout; " \
-      "with `--resume`, only when `--ckpt-dir` has no checkpoint yet") \
+      "VP, DP, CP, EP, ETP, SP, DIST_OPT, BF16, MBS, NMB) of the same model: its parameters, " \
+      "AdamW moments, steps and the samples read so far, redistributed to this layout; with " \
+      "`--resume`, only when `--ckpt-dir` has no checkpoint yet") \
     _(EXIT_SIGNAL, "exit-signal", "LIST", SIGNALS, exit_signals, "SIGTERM,SIGUSR1", \
       "on these signals finish the step, save a checkpoint to `--ckpt-dir` and exit 0 " \
       "(README.md, \"When things go wrong\"); LIST: `none` (the signals' default action) " \

@@ -202,10 +202,9 @@ static double evaluate(const lib_flags *f, const lib_tokens *valid, long long *n
 {
     const gpt_stage *st = gpt.stage;
     double sum = 0.0, tokens = 0.0;
-    for (int k = 0; k < f->eval_iters; k++, (*next)++) {
+    for (int k = 0; k < f->eval_iters; k++, *next += gpt.prog->gbs) {
         if (st->needs_inputs || st->needs_targets)
-            lib_tokens_batch(valid, gpt.prog, position, (int)*next, gpt.dp_rank, inputs,
-                             targets);
+            lib_tokens_batch(valid, gpt.prog, position, *next, gpt.dp_rank, inputs, targets);
         gpt_step_in in = { .inputs = st->needs_inputs ? inputs : NULL,
                            .targets = st->needs_targets ? targets : NULL };
         gpt_step_out out = { 0 };
@@ -270,16 +269,19 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
     lib_signals_install(&f);
 
     int start = 0, updates = 0, skipped = 0;  /* steps done; optimizer updates; steps skipped */
+    lib_ckpt_pos at = { .samples = 0, .valid_samples = 0 };   /* where a checkpoint left off */
     lib_ckpt_lock(&f);                        /* one job per --ckpt-dir, for the whole run */
     if (f.ckpt_dir && rt_rank() == 0) lib_ckpt_clean(f.ckpt_dir);
     if (f.resume && (start = lib_ckpt_newest(f.ckpt_dir)) >= 0) {
-        lib_ckpt_load(&f, start, &updates, &skipped);
+        lib_ckpt_load(&f, start, &at);
         if (rt_rank() == 0) printf("resumed from %s/step_%08d\n", f.ckpt_dir, start);
         if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
     } else if (f.reshard_from) {
-        lib_ckpt_reshard(&f, &start, &updates, &skipped);
+        lib_ckpt_reshard(&f, &at);
+        start = at.step;
         if (rt_rank() == 0)
-            printf("resharded from %s/step_%08d to %s\n", f.reshard_from, start, prog->layout);
+            printf("resharded from %s/step_%08d to %s, at sample %lld\n", f.reshard_from, start,
+                   prog->layout, at.samples);
         if (rt_rank() == 0 && f.log) log_truncate(f.log, start);
     } else {
         if (f.resume && rt_rank() == 0)
@@ -289,18 +291,28 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         else lib_weights_init(f.seed);
     }
 
+    updates = at.updates;
+    skipped = at.skipped;
+    /* the samples the steps and the evaluations have read (Megatron's consumed samples): a
+    ** file before version 5 does not say; then as this program reads them */
+    long long evals = f.eval_interval ? (long long)(start / f.eval_interval) * f.eval_iters : 0;
+    long long consumed = at.samples >= 0 ? at.samples : (long long)start * prog->gbs;
+    long long valid_next = at.valid_samples >= 0 ? at.valid_samples : evals * prog->gbs;
     lib_tokens data = { 0 };  /* every rank checks the file, so a bad one fails everywhere alike */
     lib_tokens valid = { 0 }; /* --eval-interval's valid split, or the split --dump-split names */
-    long long valid_next = 0; /* the valid split's global batches read by the evaluations */
     int *inputs = NULL, *targets = NULL, *position = NULL;
     if (f.steps > start) {
         int dump = f.dump_samples ? lib_split_named(f.dump_split) : LIB_SPLIT_TRAIN;
         if (dump != LIB_SPLIT_TRAIN && !f.split)
             lib_fail_all(2, "--dump-split %s needs --split A,B,C", f.dump_split);
-        lib_tokens_open_flags(&data, &f, prog, lib_world_allreduce_max);
+        /* datasets sized for the samples the run reads (more or fewer than this program's
+        ** batches at its steps would read when the global batch changed: --reshard-from) */
+        lib_tokens_open_flags(&data, &f, prog, consumed - (long long)start * prog->gbs,
+                              lib_world_allreduce_max);
         if (dump != LIB_SPLIT_TRAIN || (f.eval_interval && !f.dump_samples))
             lib_tokens_open_split(&valid, &data, &f, prog,
                                   dump != LIB_SPLIT_TRAIN ? dump : LIB_SPLIT_VALID,
+                                  dump != LIB_SPLIT_TRAIN ? 0 : valid_next - evals * prog->gbs,
                                   lib_world_allreduce_max);
         if (f.dump_samples) {
             lib_tokens_dump(dump != LIB_SPLIT_TRAIN ? &valid : &data, f.dump_samples, D->seq);
@@ -308,8 +320,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
             exit(0);
         }
         /* a resumed run's evaluations go on where the first run's stopped (Megatron's
-        ** consumed_valid_samples on resume) */
-        if (f.eval_interval) valid_next = (long long)(start / f.eval_interval) * f.eval_iters;
+        ** consumed_valid_samples on resume): valid_next */
         inputs = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         targets = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         position = malloc(sizeof(int) * (size_t)D->T);
@@ -338,7 +349,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         rt_comm_stats(&blocked0, NULL);
         lib_faults_step(&f, s + 1);
         if (st->needs_inputs || st->needs_targets)
-            lib_tokens_batch(&data, prog, position, s, gpt.dp_rank, inputs, targets);
+            lib_tokens_batch(&data, prog, position, consumed, gpt.dp_rank, inputs, targets);
         int late = f.exit_minutes > 0 && rt_now() - t_start > 60.0 * f.exit_minutes;
         /* the optimizer's step: updates made so far (a skipped step does not count) */
         gpt_step_in in = { .step = updates, .lr = (float)lib_lr(&f, prog->gbs, updates),
@@ -353,6 +364,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         lib.fault = 0;
         if (out.skipped && ++skipped > f.skip_bad_steps) lib_bad_step_stop(&f, s + 1, &out);
         updates += !out.skipped;
+        consumed += prog->gbs;
         if (rt_rank() == 0) {
             double blocked;
             rt_comm_stats(&blocked, NULL);
@@ -384,7 +396,9 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
             }
         }
         int saved = f.ckpt_every && (s + 1) % f.ckpt_every == 0;
-        if (saved) lib_ckpt_save(&f, s + 1, updates, skipped);
+        lib_ckpt_pos here = { .step = s + 1, .updates = updates, .skipped = skipped,
+                              .samples = consumed, .valid_samples = valid_next };
+        if (saved) lib_ckpt_save(&f, &here);
         if (saved && rt_rank() == 0 && !f.quiet)
             printf("saved %s/step_%08d (--ckpt-every %d)\n", f.ckpt_dir, s + 1, f.ckpt_every);
         int sig = lib_exit_signal();
@@ -394,7 +408,7 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
                        "a failed write of --log") : "another rank's signal or time limit";
         else if (s + 1 < f.steps && f.exit_interval && (s + 1) % f.exit_interval == 0)
             stopped = "--exit-interval";
-        if (stopped && f.ckpt_dir && !saved) lib_ckpt_save(&f, s + 1, updates, skipped);
+        if (stopped && f.ckpt_dir && !saved) lib_ckpt_save(&f, &here);
     }
     if (log >= 0 && close(log) && !log_err) log_err = errno, log_lost = s;
     if (tb >= 0 && close(tb) && !log_err) log_err = errno, log_lost = s, tb_lost = 1;

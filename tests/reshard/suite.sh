@@ -9,8 +9,9 @@
 #    for bit, f32 to bf16 training and bf16 to f32;
 #  * a resharded run that is stopped resumes from its own checkpoint (--resume wins over
 #    --reshard-from), bit for bit: a requeued job keeps both flags;
-#  * the errors, each before anything is loaded or written: another model, another global
-#    batch, a rank file missing, a damaged file, a version 4 file (no index), no checkpoint,
+#  * another global batch: the next step reads the samples after those read so far, and the
+#    resharded run's own checkpoints carry that on;
+#  * the errors, each before anything is loaded or written: another model, a rank file missing, a damaged file, a version 4 file (no index), no checkpoint,
 #    --reshard-from as --ckpt-dir, with --init.
 # Protocol: tests/lib.sh; scratch in build/test/reshard/.
 . "$(dirname "$0")/../lib.sh" reshard
@@ -85,6 +86,51 @@ else
     fi
 fi
 
+# -- Another global batch: the samples read so far carry over (Megatron's consumed samples) ----
+# With --lr 0 nothing changes the weights after step 3, so each step's loss is the mean loss of
+# its samples under step 3's weights: the first layout's steps 4-7 read samples 24-31, ..,
+# 48-55; a layout of 16 sequences a step resharded at step 3 reads 24-39 at its step 4 and
+# 40-55 at its step 5, whose losses must be the means of those pairs. Then that layout,
+# stopped after step 4 and resumed from its own checkpoint, goes on at sample 40: bit for bit.
+# steps_loss LOG: "step loss" per line
+steps_loss() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
+if ! gen_build "$S/gbs16" tiny --dp 2 --mbs 8; then
+    fail batch-change "$WHY"
+elif [ -z "${DIR[a-stop]}" ] || [ ! -d "$R/a-stop.ck" ]; then
+    fail batch-change "the a-stop row did not run"
+else
+    rm -rf "$S/lr0" "$S/g16"
+    cp -r "$R/a-stop.ck" "$S/lr0"
+    run_prog "${DIR[a-stop]}/train" 4 "$R/lr0-a.log" "${TRAIN[@]}" --steps 7 --lr 0 \
+        --resume --ckpt-dir "$S/lr0" --log "$R/lr0-a.jsonl"
+    run_prog "$S/gbs16/train" 2 "$R/lr0-b.log" "${TRAIN[@]}" --steps 5 --lr 0 \
+        --reshard-from "$R/a-stop.ck" --log "$R/lr0-b.jsonl"
+    got=$(awk 'NR == FNR { a[$1] = $2; next }
+               { want = (a[2 * $1 - 4] + a[2 * $1 - 3]) / 2; d = $2 - want; if (d < 0) d = -d
+                 if (d > 1e-5 * want) bad = bad " step " $1 ": " $2 ", want " want; n++ }
+               END { print (n == 2 ? "" : "steps: " n) bad }' \
+          <(steps_loss "$R/lr0-a.jsonl") <(steps_loss "$R/lr0-b.jsonl"))
+    if ! grep -q "^resharded from $R/a-stop.ck/step_00000003 to .*, at sample 24$" \
+            "$R/lr0-b.log"; then
+        fail batch-change "no reshard at sample 24: $(first_error "$R/lr0-b.log")"
+    elif [ -n "$got" ]; then fail batch-change "$got"
+    else pass batch-change
+    fi
+    args=("${TRAIN[@]}" --reshard-from "$R/a-stop.ck" --ckpt-dir "$S/g16" --resume)
+    run_prog "$S/gbs16/train" 2 "$R/g16.log" "${args[@]}" --log "$R/g16.jsonl"
+    run_prog "$S/gbs16/train" 2 "$R/g16-1.log" "${args[@]}" --exit-interval 4 \
+        --log "$R/g16-2.jsonl"
+    run_prog "$S/gbs16/train" 2 "$R/g16-2.log" "${args[@]}" --log "$R/g16-2.jsonl"
+    if ! grep -q "^resumed from $S/g16/step_00000004" "$R/g16-2.log"; then
+        fail batch-change-resume "no resume from step 4: $(first_error "$R/g16-2.log")"
+    elif ! diff <(sed 's/,"ms":.*//' "$R/g16-2.jsonl") <(sed 's/,"ms":.*//' "$R/g16.jsonl") \
+            > "$R/g16.diff"; then
+        fail batch-change-resume "not the run that did not stop: $(head -n 2 "$R/g16.diff")"
+    else
+        pass batch-change-resume
+    fi
+fi
+
 # -- Errors: each names what is wrong, every rank stops, nothing is loaded or written ----------
 # refused NAME WANT STATUS ROW ARGS...: ROW's program with ARGS (and --ckpt-dir $CKD, by
 # default a new $S/e-NAME, and --save) exits STATUS before any step, with the first error line
@@ -121,13 +167,6 @@ copy_ck() {
 refused other-model "$CK/rank_00000.bin: error: written by a program of a different model:\
  layers 8 there, 4 here; only the layout can change (that program: make MODEL=tiny TP=2 PP=1\
  DP=2 MBS=2 NMB=2 SP=1 DIST_OPT=1); nothing was loaded" 1 m-to-one --reshard-from "$R/a-stop.ck"
-if gen_build "$S/gbs4" tiny --mbs 4; then
-    DIR[gbs4]=$S/gbs4 WORLD[gbs4]=1
-    refused other-batch "$CK/rank_00000.bin: error: written with a global batch of 8 sequences,\
- this program takes 4: *" 1 gbs4 --reshard-from "$R/a-stop.ck"
-else
-    fail other-batch "$WHY"
-fi
 copy_ck missing "rm rank_00003.bin"
 refused missing-rank "$S/missing/step_00000003/rank_00003.bin: error: cannot read: No such file\
  or directory; nothing was loaded" 1 a-to-pp2-dp2 --reshard-from "$S/missing"
