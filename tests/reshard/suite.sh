@@ -5,6 +5,8 @@
 #    VP, CP, DP 4, one rank and its own layout (bit for bit); from one rank to TP 4; bf16 with
 #    sharded main parameters; MoE with the expert bias. Each resharded run's steps 4-6 and final
 #    weights match those of the run that went on in the first layout;
+#  * tests/reshard/gpu.txt: train_cuda resumes and reshards the CPU's checkpoint, on a GPU (built
+#    only without one) and on the CPU emulation of CUDA;
 #  * the values themselves: every parameter of the resharded program is the checkpoint's, bit
 #    for bit, f32 to bf16 training and bf16 to f32;
 #  * a resharded run that is stopped resumes from its own checkpoint (--resume wins over
@@ -31,6 +33,8 @@ build/ref/make_tokens --vocab 256 --tokens 20000 --seed 3 "$S/tiny.bin" > "$S/re
 }
 
 equiv tests/reshard/layouts.txt
+equiv tests/reshard/gpu.txt --cuda
+equiv tests/reshard/gpu.txt --emu
 
 R=$S/run
 TRAIN=(--data "$S/tiny.bin" --steps 6 --seed 7)
