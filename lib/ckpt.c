@@ -829,8 +829,14 @@ static int block_ok(const uint64_t *w, uint64_t nbytes)
         !w[5] || !w[6] || w[6] > w[7])
         return 0;
     const lib_tensor *t = &lib.tensors[w[0]];
-    if (w[3] + w[5] > (uint64_t)t->rows || w[4] + w[6] > (uint64_t)t->cols) return 0;
-    return w[8] + ((w[5] - 1) * w[7] + w[6]) * w[2] <= nbytes;
+    if (w[3] > (uint64_t)t->rows || w[5] > (uint64_t)t->rows - w[3] ||
+        w[4] > (uint64_t)t->cols || w[6] > (uint64_t)t->cols - w[4])
+        return 0;
+    uint64_t span, bytes, end;   /* the block's last byte + 1, without overflow */
+    return !__builtin_mul_overflow(w[5] - 1, w[7], &span) &&
+           !__builtin_add_overflow(span, w[6], &span) &&
+           !__builtin_mul_overflow(span, w[2], &bytes) &&
+           !__builtin_add_overflow(w[8], bytes, &end) && end <= nbytes;
 }
 
 /*

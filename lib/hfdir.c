@@ -223,16 +223,20 @@ static int fact_is(const char *key, const char *value)
 ** that reads back as them, with a ".0" where Python's json would print a float. */
 static const char *num_json(const char *key, int as_float, char *buf, size_t cap)
 {
-    char b[64];
+    char b[64], t[32];
     double x = strtod(fact(key, b, sizeof b), NULL);
     if (x == floor(x) && fabs(x) < 1e15) {
-        snprintf(buf, cap, as_float ? "%.1f" : "%.0f", x);
-        return buf;
+        snprintf(t, sizeof t, as_float ? "%.1f" : "%.0f", x);
+    } else {
+        for (int digits = 1; digits <= 17; digits++) {
+            snprintf(t, sizeof t, "%.*g", digits, x);
+            if (strtod(t, NULL) == x) break;
+        }
     }
-    for (int digits = 1; digits <= 17; digits++) {
-        snprintf(buf, cap, "%.*g", digits, x);
-        if (strtod(buf, NULL) == x) break;
-    }
+    /* copied: GCC's -fsanitize builds see a null destination in snprintf(buf, ...) here */
+    size_t n = strlen(t) < cap ? strlen(t) : cap - 1;
+    memcpy(buf, t, n);
+    buf[n] = 0;
     return buf;
 }
 
