@@ -62,7 +62,7 @@ RANK          ?=
 # a call that reaches past the buffer its memory plan allocates fails there (the generator's
 # own bounds check, gen/lua/layer.lua, refuses such code before it is written).
 SANITIZE  ?=
-SANITIZE_SUITES ?= tmpl runtime train fuzz parallel pipeline
+SANITIZE_SUITES ?= tmpl runtime train fuzz parallel pipeline reshard
 
 # make run: training flags and the demo defaults (tiny on the fortunes corpus).
 STEPS     ?= 200
