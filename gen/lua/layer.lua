@@ -27,7 +27,7 @@ local SIZE_KEY = {
     N = "N", N_SP = "n_sp", C = "C", B = "B", T = "T", SEQ = "seq", T_CHUNK = "t_chunk",
     HEADS_LOCAL = "heads_local", HEAD_DIM = "head_dim", C_LOCAL = "c_local",
     QKV_LOCAL = "qkv_local", FF_LOCAL = "ff_local", V_LOCAL = "v_local", KV_LOCAL = "kv_local",
-    CP = "cp", EXPERTS = "E", TOPK = "K", AUX_SEQS = "aux_seqs",
+    KV_C = "kv_c", CP = "cp", EXPERTS = "E", TOPK = "K", AUX_SEQS = "aux_seqs",
     EP = "ep", EXPERTS_LOCAL = "nl", CP_HEADS = "cp_heads", CP_HW = "cp_hw", CP_KV = "cp_kv",
     CP_KVW = "cp_kvw",
     ACT_SIZE = "act_size",
@@ -381,7 +381,7 @@ function M.build(cfg, s, present)
     -- grouped-query attention (lib/kernels.h): q|k|v rows hold HEADS_LOCAL query heads and
     -- KVH kv heads, KVC channels each of k and v (GPT: every head has its own)
     local KVH = llama and "KV_LOCAL" or "HEADS_LOCAL"
-    local KVC = llama and { "KV_LOCAL", "HEAD_DIM" } or { "C_LOCAL" }
+    local KVC = llama and { "KV_C" } or { "C_LOCAL" }
     local function EK(...)               -- the product of ... and KVC
         local f = { ... }
         for _, x in ipairs(KVC) do f[#f + 1] = x end

@@ -209,6 +209,7 @@ local function consts(cfg, s, layout)
         int("CFG_LLAMA", 1, "Llama layer: RMSNorm, SwiGLU, rotary positions, no biases")
         int("CFG_KV_HEADS", m.kv_heads, "key/value heads (model.kv_heads)")
         int("CFG_KV_LOCAL", s.kv_local, "kv heads per tp rank = KV_HEADS/TP")
+        int("CFG_KV_C", s.kv_c, "k (and v) columns per tp rank = KV_LOCAL*HEAD_DIM")
         float("CFG_ROPE_THETA", m.rope_theta, "rotary embedding base (model.rope_theta)")
     end
     int("CFG_FF", m.ffn_hidden, "MLP width (model.ffn_hidden)")
