@@ -341,6 +341,8 @@ typedef struct {
     const void *q, *k, *v, *dout, *cout;
     const float *clse;
     size_t dk_at, dv_at;            /* attention_bwd: the columns of dk and dv in dqkv */
+    float *hkv;                     /* backward, groups of grp > 1 query heads: each query
+                                    ** head's own f32 dk then dv, Tk rows of hd, at bh*2*Tk*hd */
     int ldq, ldkv, lddkv, lse_ld;   /* row widths (elements) of q, of k and v, of dk and dv */
     int B, Tq, Tk, Hl, KVl, grp, hd, hdp, nt, nkt, causal, dsum_given;  /* grp = Hl / KVl */
     float scale;
@@ -539,14 +541,21 @@ static void attention_dsum_task(void *ctx, int lo, int hi)
     }
 }
 
-/* Query head bh's share of its kv head's dk and dv (added to dkall, dvall; k and v in kall,
-** vall), and its dq, stored or added. */
-static void bwd_head(const attention_args *a, int bh, const float *kall, const float *vall,
-                     float *dkall, float *dvall, float *qt, float *dot, float *qn, float *don,
-                     float *dq, float *pt, float *dst, float *lse, float *dsum)
+/* A backward task's f32 scratch: its kv head's k, v (rows of hdp, Tp of them) and the dk, dv
+** summed there; one query tile's q (transposed, then rows), dout (the same), dq; a tile of
+** probabilities and one of score gradients; the tile's lse and dsum rows. */
+typedef struct {
+    float *kall, *vall, *dkall, *dvall, *qt, *qn, *dot, *don, *dq, *pt, *dst, *lse, *dsum;
+} bwd_scratch;
+
+/* Query head bh's share of its kv head's dk and dv (added to w->dkall, w->dvall; its k and v
+** in w->kall, w->vall), and its dq, stored or added. */
+static void bwd_head(const attention_args *a, int bh, const bwd_scratch *w)
 {
     int Tq = a->Tq, hd = a->hd, hdp = a->hdp, nt = a->nt;
     size_t tile = (size_t)AT * hdp;
+    float *qt = w->qt, *qn = w->qn, *dot = w->dot, *don = w->don, *dq = w->dq, *pt = w->pt;
+    float *dst = w->dst, *lse = w->lse, *dsum = w->dsum;
     HEAD_ROWS(a, bh);
     (void)kv, (void)g, (void)ldk, (void)ldg, (void)kh_, (void)h_;
     if (!a->dsum_given) attention_dsum_task((void *)a, bh, bh + 1);
@@ -568,14 +577,14 @@ static void bwd_head(const attention_args *a, int bh, const float *kall, const f
         int last = a->causal ? qi : a->nkt - 1;
         for (int kj = 0; kj <= last; kj++) {    /* key tiles up to the diagonal (causal) */
             int k0 = kj * AT, nk = MIN(AT, a->Tk - k0);
-            const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
+            const float *kn = w->kall + (size_t)k0 * hdp, *vn = w->vall + (size_t)k0 * hdp;
             /* pt[c][i] = p of key c, query i, recomputed; dst = ds */
             mm(0, pt, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
             mm(0, dst, AT, vn, hdp, 1, dot, AT, AT, AT, hd);
             tile_prob_ds(pt, dst, lse, dsum, a->causal && kj == qi);
             /* this query tile's share of key tile kj: dv += p^T dout, dk += ds^T q */
-            mm(1, dvall + (size_t)k0 * hdp, hdp, pt, AT, 1, don, hdp, AT, hdp, nq);
-            mm(1, dkall + (size_t)k0 * hdp, hdp, dst, AT, 1, qn, hdp, AT, hdp, nq);
+            mm(1, w->dvall + (size_t)k0 * hdp, hdp, pt, AT, 1, don, hdp, AT, hdp, nq);
+            mm(1, w->dkall + (size_t)k0 * hdp, hdp, dst, AT, 1, qn, hdp, AT, hdp, nq);
             /* dq += ds k */
             mm(1, dq, hdp, dst, 1, AT, kn, hdp, AT, hdp, nk);
         }
@@ -587,31 +596,40 @@ static void bwd_head(const attention_args *a, int bh, const float *kall, const f
     }
 }
 
-/* Tasks: (b, kv head). Its k and v are loaded once; its dk and dv are summed over the query
-** heads of its group in increasing h (each head's tiles in a fixed order), then stored or added
-** once: deterministic, whatever the threads. */
+/* Tasks: (b, query head) (grouped-query: into a->hkv, its own rows) or, a group of one, (b, head)
+** straight to the outputs. Each task loads its kv head's k and v (once for consecutive heads of
+** a group), sums its dk and dv over its query tiles in a fixed order and stores them: the
+** results do not depend on the threads. */
 static void attention_bwd_task(void *ctx, int lo, int hi)
 {
     const attention_args *a = ctx;
-    int Tk = a->Tk, hd = a->hd, hdp = a->hdp;
+    int Tk = a->Tk, hd = a->hd, hdp = a->hdp, loaded = -1;
     size_t Tp = (size_t)a->nkt * AT, tile = (size_t)AT * hdp;
     float *buf = scratch(4 * Tp * hdp + 5 * tile + 2 * (size_t)AT * AT + 2 * AT);
     float *kall = buf, *vall = kall + Tp * hdp, *dkall = vall + Tp * hdp;
     float *dvall = dkall + Tp * hdp, *qt = dvall + Tp * hdp, *dot = qt + tile;
     float *qn = dot + tile, *don = qn + tile, *dq = don + tile, *pt = dq + tile;
     float *dst = pt + AT * AT, *lse = dst + AT * AT, *dsum = lse + AT;
-    for (int task = lo; task < hi; task++) {
-        int bh0 = task / a->KVl * a->Hl + task % a->KVl * a->grp;  /* its group's first head */
-        HEAD_ROWS(a, bh0);
-        (void)q, (void)o, (void)ldq, (void)ldo, (void)h_, (void)kh_;
-        BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->k, kv, a->t), ldk, Tk, (int)Tp, hd,
-                hdp, 1.0f);
-        BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->v, kv, a->t), ldk, Tk, (int)Tp, hd,
-                hdp, 1.0f);
-        memset(dkall, 0, 2 * Tp * hdp * sizeof(float));
-        for (int bh = bh0; bh < bh0 + a->grp; bh++)
-            bwd_head(a, bh, kall, vall, dkall, dvall, qt, dot, qn, don, dq, pt, dst, lse, dsum);
-        if (a->dkf) {
+    bwd_scratch w = { kall, vall, dkall, dvall, qt, qn, dot, don, dq, pt, dst, lse, dsum };
+    for (int bh = lo; bh < hi; bh++) {
+        HEAD_ROWS(a, bh);
+        (void)q, (void)o, (void)ldq, (void)ldo, (void)h_;
+        if (b_ * a->KVl + kh_ != loaded) {      /* this kv head's k and v, widened once */
+            loaded = b_ * a->KVl + kh_;
+            BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->k, kv, a->t), ldk, Tk, (int)Tp,
+                    hd, hdp, 1.0f);
+            BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->v, kv, a->t), ldk, Tk, (int)Tp,
+                    hd, hdp, 1.0f);
+        }
+        memset(dkall, 0, 2 * Tp * hdp * sizeof(float));      /* dkall and dvall */
+        bwd_head(a, bh, &w);
+        if (a->hkv) {
+            float *own = a->hkv + (size_t)bh * 2 * Tk * hd;
+            for (int r = 0; r < Tk; r++) {
+                memcpy(own + (size_t)r * hd, dkall + (size_t)r * hdp, hd * sizeof(float));
+                memcpy(own + ((size_t)Tk + r) * hd, dvall + (size_t)r * hdp, hd * sizeof(float));
+            }
+        } else if (a->dkf) {
             add_tile(a->dkf + g, ldg, dkall, hdp, Tk, hd, 1.0f);
             add_tile(a->dvf + g, ldg, dvall, hdp, Tk, hd, 1.0f);
         } else {
@@ -622,6 +640,52 @@ static void attention_bwd_task(void *ctx, int lo, int hi)
         }
     }
     free(buf);
+}
+
+/* Tasks: (b, kv head) of a grouped-query backward: its dk and dv = the sums of its query heads'
+** (a->hkv) in increasing h, in f32, then stored or added once. */
+static void attention_kv_sum_task(void *ctx, int lo, int hi)
+{
+    const attention_args *a = ctx;
+    int Tk = a->Tk, hd = a->hd;
+    size_t n = 2 * (size_t)Tk * hd;                     /* dk then dv, rows of hd */
+    float *sum = scratch(n);
+    for (int task = lo; task < hi; task++) {
+        int bh0 = task / a->KVl * a->Hl + task % a->KVl * a->grp;  /* the group's first head */
+        HEAD_ROWS(a, bh0);
+        (void)q, (void)o, (void)ldq, (void)ldo, (void)h_, (void)kh_;
+        memcpy(sum, a->hkv + (size_t)bh0 * n, n * sizeof(float));
+        for (int j = 1; j < a->grp; j++) {
+            const float *own = a->hkv + (size_t)(bh0 + j) * n;
+            for (size_t i = 0; i < n; i++) sum[i] += own[i];
+        }
+        const float *dk = sum, *dv = sum + (size_t)Tk * hd;
+        if (a->dkf) {
+            add_tile(a->dkf + g, ldg, dk, hd, Tk, hd, 1.0f);
+            add_tile(a->dvf + g, ldg, dv, hd, Tk, hd, 1.0f);
+        } else {
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, a->dk_at + kv, a->t), ldk, dk, hd, Tk,
+                    hd, 1.0f);
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, a->dv_at + kv, a->t), ldk, dv, hd, Tk,
+                    hd, 1.0f);
+        }
+    }
+    free(sum);
+}
+
+/* The backward of a call: one task per query head; grouped-query heads through a->hkv, then
+** one task per kv head sums them (multi-head attention writes its dk and dv directly). */
+static void attention_bwd_run(attention_args *a)
+{
+    if (a->grp == 1) {
+        rt_parallel_for(a->B * a->Hl, attention_bwd_task, a);
+        return;
+    }
+    a->hkv = scratch((size_t)a->B * a->Hl * 2 * a->Tk * a->hd);
+    rt_parallel_for(a->B * a->Hl, attention_bwd_task, a);
+    rt_parallel_for(a->B * a->KVl, attention_kv_sum_task, a);
+    free(a->hkv);
+    a->hkv = NULL;
 }
 
 /* The arguments every attention call shares: the shapes and the q, k, v operands. */
@@ -671,7 +735,7 @@ void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, c
     a.dout = dout;
     a.cout = out;
     a.clse = lse;
-    rt_parallel_for(B * KVl, attention_bwd_task, &a);
+    attention_bwd_run(&a);
 }
 
 void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
@@ -715,7 +779,7 @@ void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void 
     a.dsum = (float *)dsum;
     a.dsum_given = 1;
     a.lse_ld = lse_ld;
-    rt_parallel_for(B * KVl, attention_bwd_task, &a);
+    attention_bwd_run(&a);
 }
 
 static void fill_task(void *p, int lo, int hi)

@@ -176,8 +176,8 @@ mutate swiglu-sigmoid-unguarded swiglu-f32 's|return g < -EXP_MAX ? 0.0f : s;|re
 mutate gqa-kv-head-modulo attention-f32 's|return h / (Hl / KVl);|return h % KVl;|' \
     'return h % KVl;'
 mutate gqa-dkdv-first-head-only attention-f32 \
-    's|for (int bh = bh0; bh < bh0 + a->grp; bh++)|for (int bh = bh0; bh < bh0 + 1; bh++)|' \
-    'for (int bh = bh0; bh < bh0 + 1; bh++)'
+    's|for (int j = 1; j < a->grp; j++) {|for (int j = 1; j < 1; j++) {|' \
+    'for (int j = 1; j < 1; j++) {'
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
 # a butterfly one step short, a block's warps not all added, the embedding's id groups not
 # separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
