@@ -66,8 +66,9 @@ int main(int argc, char **argv)
         qkv = q16;
         dout = d16;
     }
-#define FWD() attention_fwd(out, lse, qkv, B, T, Hl, hd, scale, t)
-#define BWD() attention_bwd(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale, t)
+/* multi-head: every query head its own kv head (KVl = Hl) */
+#define FWD() attention_fwd(out, lse, qkv, B, T, Hl, Hl, hd, scale, t)
+#define BWD() attention_bwd(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, Hl, hd, scale, t)
 #endif
     double best_f = 1e30, best_b = 1e30;
     for (int r = 0; r <= reps; r++) {

@@ -182,13 +182,13 @@ void __wrap_sumsq(float *out, const float *x, size_t n)
 
 /* Attention: its own GEMMs (rt_gemm from inside, if any) count as attention, untimed on their
 ** own. */
-WRAP(void, attention_fwd, (void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
-                           float scale, rt_dtype t), (out, lse, qkv, B, T, Hl, hd, scale, t),
-     F_ATTENTION)
+WRAP(void, attention_fwd, (void *out, float *lse, const void *qkv, int B, int T, int Hl,
+                           int KVl, int hd, float scale, rt_dtype t),
+     (out, lse, qkv, B, T, Hl, KVl, hd, scale, t), F_ATTENTION)
 WRAP(void, attention_bwd, (void *dqkv, float *dsum, const void *dout, const void *out,
-                           const float *lse, const void *qkv, int B, int T, int Hl, int hd,
-                           float scale, rt_dtype t),
-     (dqkv, dsum, dout, out, lse, qkv, B, T, Hl, hd, scale, t), F_ATTENTION)
+                           const float *lse, const void *qkv, int B, int T, int Hl, int KVl,
+                           int hd, float scale, rt_dtype t),
+     (dqkv, dsum, dout, out, lse, qkv, B, T, Hl, KVl, hd, scale, t), F_ATTENTION)
 
 void __real_rt_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda,
                     long sA, const void *B, int ldb, long sB, float beta, void *C, int ldc,

@@ -211,20 +211,18 @@ static void model_free(gen_model *m)
 /* -- The forward pass with a key/value cache ---------------------------------------------------- */
 
 /* Device buffers for up to T positions at once (the run's: the prompt and the new tokens), and
-** each layer's cache of T keys and values (for every query head: grouped-query heads are
-** expanded as the training forward expands them, kv_expand, so one attention call serves
-** both architectures). */
+** each layer's cache of T keys and values of its KV kv heads (grouped-query attention: query
+** head h reads kv head h / (H/KV) in the attention kernels; GPT: KV = H). */
 typedef struct {
     int *tok;                         /* (T) token ids */
     float *x, *ln, *mean, *rstd;      /* (T, C), (T, C), (T), (T) */
-    float *qkvp;                      /* Llama: (T, (H + 2 KV) hd) q | k | v as projected */
-    float *qkv;                       /* (T, 3 H hd) q | k | v, one per query head */
+    float *qkv;                       /* (T, (H + 2 KV) hd) q | k | v */
     float *att, *lse;                 /* (T, H hd) f32 attention output, (H, T) log-sum-exp */
     float *proj;                      /* (T, C) */
     float *fc, *act;                  /* (T, F) GPT: c_fc out, GELU; Llama (T, 2F) gate | up,
                                          (T, F) SwiGLU */
     float *logits;                    /* (V) */
-    float **k, **v;                   /* [L] (T, H hd) */
+    float **k, **v;                   /* [L] (T, KV hd) */
 } gen_bufs;
 
 static float *dev_floats(size_t n)
@@ -234,14 +232,13 @@ static float *dev_floats(size_t n)
 
 static void bufs_alloc(gen_bufs *b, const gen_model *m, int positions)
 {
-    size_t T = (size_t)positions, A = (size_t)m->H * m->hd;
+    size_t T = (size_t)positions, A = (size_t)m->H * m->hd, K = (size_t)m->KV * m->hd;
     b->tok = rt_malloc(T * sizeof(int));
     b->x = dev_floats(T * m->C);
     b->ln = dev_floats(T * m->C);
     b->mean = dev_floats(T);
     b->rstd = dev_floats(T);
-    b->qkvp = m->llama ? dev_floats(T * (m->H + 2 * m->KV) * m->hd) : NULL;
-    b->qkv = dev_floats(T * 3 * A);
+    b->qkv = dev_floats(T * (A + 2 * K));
     b->att = dev_floats(T * A);
     b->lse = dev_floats(T * m->H);
     b->proj = dev_floats(T * m->C);
@@ -252,14 +249,14 @@ static void bufs_alloc(gen_bufs *b, const gen_model *m, int positions)
     b->v = calloc((size_t)m->L, sizeof *b->v);
     RT_CHECK(b->k && b->v, "out of memory");
     for (int l = 0; l < m->L; l++) {
-        b->k[l] = dev_floats(T * A);
-        b->v[l] = dev_floats(T * A);
+        b->k[l] = dev_floats(T * K);
+        b->v[l] = dev_floats(T * K);
     }
 }
 
 static void bufs_free(gen_bufs *b, const gen_model *m)
 {
-    void *all[] = { b->tok, b->x, b->ln, b->mean, b->rstd, b->qkvp, b->qkv, b->att, b->lse,
+    void *all[] = { b->tok, b->x, b->ln, b->mean, b->rstd, b->qkv, b->att, b->lse,
                     b->proj, b->fc, b->act, b->logits };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) rt_free(all[i]);
     for (int l = 0; l < m->L; l++) {
@@ -277,22 +274,23 @@ static void bufs_free(gen_bufs *b, const gen_model *m)
 */
 static void attend(gen_bufs *b, const gen_model *m, int l, int pos0, int n)
 {
-    int A = m->H * m->hd, ldq = 3 * A;
+    int A = m->H * m->hd, K = m->KV * m->hd, ldq = A + 2 * K;
     fill_f32(b->att, (size_t)n * A, 0.0f);
     fill_f32(b->lse, (size_t)n * m->H, -INFINITY);
     if (pos0 > 0)
-        attention_fwd_block(b->att, b->lse, n, b->qkv, ldq, b->k[l], b->v[l], A, 1, n, pos0,
-                            m->H, m->hd, 0, m->scale, RT_F32);
-    attention_fwd_block(b->att, b->lse, n, b->qkv, ldq, b->k[l] + (size_t)pos0 * A,
-                        b->v[l] + (size_t)pos0 * A, A, 1, n, n, m->H, m->hd, 1, m->scale, RT_F32);
+        attention_fwd_block(b->att, b->lse, n, b->qkv, ldq, b->k[l], b->v[l], K, 1, n, pos0,
+                            m->H, m->KV, m->hd, 0, m->scale, RT_F32);
+    attention_fwd_block(b->att, b->lse, n, b->qkv, ldq, b->k[l] + (size_t)pos0 * K,
+                        b->v[l] + (size_t)pos0 * K, K, 1, n, n, m->H, m->KV, m->hd, 1, m->scale,
+                        RT_F32);
 }
 
-/* The new rows' keys and values (columns A.. and 2A.. of b->qkv) into the cache at pos0. */
+/* The new rows' keys and values (columns A.. and A + K.. of b->qkv) into the cache at pos0. */
 static void cache_store(gen_bufs *b, const gen_model *m, int l, int pos0, int n)
 {
-    size_t A = (size_t)m->H * m->hd;
-    copy_cols(b->k[l] + pos0 * A, RT_F32, A, b->qkv + A, RT_F32, 3 * A, n, (int)A);
-    copy_cols(b->v[l] + pos0 * A, RT_F32, A, b->qkv + 2 * A, RT_F32, 3 * A, n, (int)A);
+    size_t A = (size_t)m->H * m->hd, K = (size_t)m->KV * m->hd, W = A + 2 * K;
+    copy_cols(b->k[l] + pos0 * K, RT_F32, K, b->qkv + A, RT_F32, W, n, (int)K);
+    copy_cols(b->v[l] + pos0 * K, RT_F32, K, b->qkv + A + K, RT_F32, W, n, (int)K);
 }
 
 static void gpt_layer_fwd(gen_bufs *b, const gen_model *m, int l, int pos0, int n)
@@ -317,12 +315,11 @@ static void llama_layer_fwd(gen_bufs *b, const gen_model *m, int l, int pos0, in
     const gen_layer *y = &m->h[l];
     int C = m->C, F = m->F, hd = m->hd, Q = m->H * hd, K = m->KV * hd, W = Q + 2 * K;
     rmsnorm_fwd(b->ln, b->rstd, b->x, y->ln1_w, n, C, m->eps, RT_F32);
-    linear_fwd(b->qkvp, W, b->ln, y->q_w, n, C, Q, RT_F32);
-    linear_fwd(b->qkvp + Q, W, b->ln, y->k_w, n, C, K, RT_F32);
-    linear_fwd(b->qkvp + Q + K, W, b->ln, y->v_w, n, C, K, RT_F32);
-    rope_fwd(b->qkvp, (size_t)W, n, 1, m->H, hd, pos0, m->theta, 0, RT_F32);
-    rope_fwd(b->qkvp + Q, (size_t)W, n, 1, m->KV, hd, pos0, m->theta, 0, RT_F32);
-    kv_expand(b->qkv, b->qkvp, n, m->H, m->KV, hd, RT_F32);
+    linear_fwd(b->qkv, W, b->ln, y->q_w, n, C, Q, RT_F32);
+    linear_fwd(b->qkv + Q, W, b->ln, y->k_w, n, C, K, RT_F32);
+    linear_fwd(b->qkv + Q + K, W, b->ln, y->v_w, n, C, K, RT_F32);
+    rope_fwd(b->qkv, (size_t)W, n, 1, m->H, hd, pos0, m->theta, 0, RT_F32);
+    rope_fwd(b->qkv + Q, (size_t)W, n, 1, m->KV, hd, pos0, m->theta, 0, RT_F32);
     cache_store(b, m, l, pos0, n);
     attend(b, m, l, pos0, n);
     linear_fwd(b->proj, C, b->att, y->o_w, n, Q, C, RT_F32);

@@ -41,7 +41,7 @@ typedef struct {
     int N, n_sp;              /* tokens per micro-batch (T*B); held per tp rank (N/TP under SP) */
     int t_model;              /* rows of wpe (the model's sequence length) */
     int heads_local, head_dim;
-    int c_local, qkv_local;   /* attention channels per tp rank: C/TP, 3C/TP */
+    int c_local, qkv_local;   /* per tp rank: attention channels C/TP, q|k|v (H + 2 KV) hd/TP */
     int ff_local;             /* MLP columns per tp rank */
     int v_local;              /* vocabulary rows per tp rank (padded) */
     int nmb;                  /* micro-batches per step */
@@ -76,7 +76,6 @@ typedef struct {
     ** grouped-query attention, SwiGLU, no biases, weights [out, in] (nn.Linear) */
     int llama;
     int kv_local;             /* key/value heads per tp rank */
-    int qkvp_local;           /* q|k|v projection columns: (heads_local + 2 kv_local)*head_dim */
     float rope_theta;
 } gpt_dims;
 

@@ -125,7 +125,6 @@
     _(S_DATTY, A, "(N, C_LOCAL)", "") \
     _(S_DSUM, F, "(B, HEADS_LOCAL, T) attention backward: rowsum(dout * out)", "") \
     _(S_DFC, A, "(N, FF_LOCAL)", "(N, 2 FF_LOCAL) d(gate | up)") \
-    _(S_QKVP, A, "(N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads", "") \
     _(S_DACT, A, "(N, FF_LOCAL) d(SwiGLU output)", "") \
     _(S_DSHARED, A, "(N_SP, C) shared expert: the routed experts' input gradient", "") \
     _(S_LOGITS, A, "(N, V_LOCAL)", "") \

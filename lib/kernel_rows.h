@@ -148,7 +148,7 @@ void adamw1(float *p, float g, float *m, float *v, float lr, float beta1, float 
     *p -= step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
 }
 
-/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads (f32 arithmetic) ------ */
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU (f32 arithmetic) ------------------------- */
 
 /* RMSNorm's 1/sqrt(mean(x^2) + eps) from the row's sum of squares */
 ROW_FN
@@ -204,20 +204,15 @@ float sigmoid1(float g)
 /* d silu(g) / dg = s (1 + g (1 - s)) */
 ROW_FN float silu1_grad(float g, float s) { return s * (1.0f + g * (1.0f - s)); }
 
-/*
-** Grouped-query attention: column j of an expanded qkv row [q | k | v] (3 Hl hd) reads column
-** kv_src_col(j) of the packed row [q | k | v] (Hl + 2 KVl) hd: q itself, k and v of query
-** head h from kv head h / (Hl / KVl).
-*/
-ROW_FN
-int kv_src_col(int j, int Hl, int KVl, int hd)
-{
-    int C = Hl * hd, part = j / C, h = (j % C) / hd, d = j % hd;
-    if (part == 0) return j;
-    return C + (part - 1) * KVl * hd + (h / (Hl / KVl)) * hd + d;
-}
-
 /* -- Causal attention: the formulas both backends share --------------------------------------- */
+
+/* Grouped-query attention: query head h of Hl (in groups of Hl / KVl consecutive heads) reads
+** kv head h / (Hl / KVl) of KVl, as Megatron-LM and FlashAttention map them. */
+ROW_FN
+int att_kv_head(int h, int Hl, int KVl)
+{
+    return h / (Hl / KVl);
+}
 /*
 ** The backends tile the (T, T) scores differently (the CPU in cache-sized f32 tiles and
 ** register blocks, CUDA in shared memory) but compute each row with these: the online softmax
@@ -827,7 +822,7 @@ void KR_FN(sum_blocks_span)(KR_T *out, const KR_T *in, int nblocks, size_t n, si
     }
 }
 
-/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU ------------------------------------------- */
 
 /* Rows [lo, hi): rstd = 1/sqrt(mean(x^2) + eps), the squares summed in LANES partial sums (as
 ** layernorm's); out = x * rstd * w. */
@@ -943,74 +938,6 @@ void KR_FN(swiglu_bwd_block)(KR_T *dgu, const KR_T *dout, const KR_T *gu, int F,
             du[i] = KR_ST(di * (gi * s));
         }
     }
-}
-
-/* Rows [lo, hi) of qkv (3 Hl hd) from the packed qkvp ((Hl + 2 KVl) hd): copies. */
-ROW_FN
-void KR_FN(kv_expand_rows)(KR_T *qkv, const KR_T *qkvp, int Hl, int KVl, int hd, int lo, int hi)
-{
-    size_t C = (size_t)Hl * hd, Cp = (size_t)(Hl + 2 * KVl) * hd;
-    int rep = Hl / KVl;
-    for (int n = lo; n < hi; n++) {
-        KR_T *o = qkv + (size_t)n * 3 * C;
-        const KR_T *s = qkvp + (size_t)n * Cp;
-        for (size_t j = 0; j < C; j++) o[j] = s[j];
-        for (int part = 1; part <= 2; part++)
-            for (int h = 0; h < Hl; h++) {
-                KR_T *oh = o + part * C + (size_t)h * hd;
-                const KR_T *sh = s + C + (size_t)((part - 1) * KVl + h / rep) * hd;
-                for (int d = 0; d < hd; d++) oh[d] = sh[d];
-            }
-    }
-}
-
-/* Rows [lo, hi) of dqkvp ((Hl + 2 KVl) hd) from dqkv (3 Hl hd): dq copied, dk and dv of kv
-** head g summed over query heads g*rep .. g*rep + rep-1 in that order (KR_COMBINE columns at a
-** time in f32), rounded once. */
-ROW_FN
-void KR_FN(kv_reduce_rows)(KR_T *dqkvp, const KR_T *dqkv, int Hl, int KVl, int hd, int lo,
-                           int hi)
-{
-    size_t C = (size_t)Hl * hd, Cp = (size_t)(Hl + 2 * KVl) * hd;
-    int rep = Hl / KVl;
-    for (int n = lo; n < hi; n++) {
-        KR_T *o = dqkvp + (size_t)n * Cp;
-        const KR_T *s = dqkv + (size_t)n * 3 * C;
-        for (size_t j = 0; j < C; j++) o[j] = s[j];
-        for (int part = 1; part <= 2; part++)
-            for (int g = 0; g < KVl; g++) {
-                KR_T *og = o + C + (size_t)((part - 1) * KVl + g) * hd;
-                const KR_T *sg = s + part * C + (size_t)g * rep * hd;
-                for (int d0 = 0; d0 < hd; d0 += KR_COMBINE) {
-                    int w = MIN(KR_COMBINE, hd - d0);
-                    float acc[KR_COMBINE];
-                    for (int d = 0; d < w; d++) acc[d] = KR_LD(sg[d0 + d]);
-                    for (int r = 1; r < rep; r++)
-                        for (int d = 0; d < w; d++)
-                            acc[d] += KR_LD(sg[(size_t)r * hd + d0 + d]);
-                    for (int d = 0; d < w; d++) og[d0 + d] = KR_ST(acc[d]);
-                }
-            }
-    }
-}
-
-/* Element j of row n of dqkvp (the device's one-thread-per-element form of kv_reduce_rows). */
-ROW_FN
-void KR_FN(kv_reduce_elem)(KR_T *dqkvp, const KR_T *dqkv, int Hl, int KVl, int hd, size_t n,
-                           int j)
-{
-    size_t C = (size_t)Hl * hd, Cp = (size_t)(Hl + 2 * KVl) * hd;
-    const KR_T *s = dqkv + n * 3 * C;
-    KR_T *o = dqkvp + n * Cp + j;
-    if ((size_t)j < C) {
-        *o = s[j];
-        return;
-    }
-    int rep = Hl / KVl, k = j - (int)C, part = 1 + k / (KVl * hd), g = (k % (KVl * hd)) / hd;
-    const KR_T *sg = s + part * C + (size_t)g * rep * hd + k % hd;
-    float acc = KR_LD(sg[0]);
-    for (int r = 1; r < rep; r++) acc += KR_LD(sg[(size_t)r * hd]);
-    *o = KR_ST(acc);
 }
 
 /* -- Attention: tiles in and out of storage ---------------------------------------------------- */

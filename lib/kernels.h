@@ -61,22 +61,31 @@ void add_inplace(void *y, const void *x, size_t n, rt_dtype t);
 ** dt == st. Other dtypes abort. */
 void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n);
 
-/* -- Attention (qkv rows: [q | k | v] of Hl local heads of hd channels) --------------------- */
+/* -- Attention (qkv rows: [q | k | v], q of Hl local query heads, k and v of KVl kv heads) - */
+/*
+** Grouped-query attention: Hl is a multiple of KVl and query head h reads kv head
+** h / (Hl/KVl) (KVl = Hl: multi-head attention). A qkv row holds (Hl + 2*KVl)*hd elements:
+** q at column 0, k at Hl*hd, v at (Hl + KVl)*hd, head h of each part at h*hd further.
+*/
 
-/* Causal softmax(scale q k^T) v per batch element and head, without the (T, T) matrix.
+/* Causal softmax(scale q k^T) v per batch element and query head, without the (T, T) matrix.
 ** out (N, Hl*hd); lse (B, Hl, T) f32 receives each query row's log-sum-exp of its scaled,
 ** masked scores, which is all the backward needs besides qkv and out. */
-void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
-                   float scale, rt_dtype t);
-/* dqkv (N, 3*Hl*hd) = the gradient (written, not accumulated), recomputing the probabilities
-** from qkv and lse; dsum (B, Hl, T) f32 is scratch (it receives rowsum(dout * out)). */
+void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int KVl,
+                   int hd, float scale, rt_dtype t);
+/* dqkv (N, (Hl + 2*KVl)*hd) = the gradient (written, not accumulated), recomputing the
+** probabilities from qkv and lse; the dk (dv) of a kv head is the sum over its query heads in
+** increasing h, in f32, rounded once. dsum (B, Hl, T) f32 is scratch (it receives
+** rowsum(dout * out)). */
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
-                   const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t);
+                   const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
+                   rt_dtype t);
 
 /* -- Context-parallel attention blocks (docs/megatron.md §10) ------------------------------- */
 /*
 ** A block pairs Tq query positions with Tk key positions of one micro-batch: rows t*B + b of q
-** (rows of ldq elements; head h at column h*hd), of k and v (rows of ldkv elements). causal = 1:
+** (rows of ldq elements; query head h at column h*hd), of k and v (rows of ldkv elements; kv
+** head h / (Hl/KVl) at its column times hd, as above). causal = 1:
 ** both blocks hold the same positions (Tq = Tk; query i sees keys j <= i); causal = 0: every
 ** key is visible (a block entirely earlier in the sequence). lse and dsum are f32 (B, Hl, ...)
 ** with rows of lse_ld elements: element (b, h, i) at [(b*Hl + h)*lse_ld + i].
@@ -87,16 +96,17 @@ void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, c
 ** with o, l the block's normalised output and log-sum-exp. Start from acc = 0, lse = -inf. */
 void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
                          const void *k, const void *v, int ldkv, int B, int Tq, int Tk, int Hl,
-                         int hd, int causal, float scale, rt_dtype t);
+                         int KVl, int hd, int causal, float scale, rt_dtype t);
 /* dsum (B, Hl, T) f32 = rowsum(dout * out) over each head's channels (rows t*B + b of Hl*hd). */
 void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T, int Hl, int hd,
                     rt_dtype t);
 /* The block's gradients, added (+=) to f32 dq (rows like dout: Hl*hd), dk and dv (rows of
-** lddkv elements), from the queries' final lse and dsum and dout (rows of Hl*hd). */
+** lddkv elements; a kv head's summed over its query heads in increasing h, then added), from
+** the queries' final lse and dsum and dout (rows of Hl*hd). */
 void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void *dout,
                          const float *lse, const float *dsum, int lse_ld, const void *q,
                          int ldq, const void *k, const void *v, int ldkv, int B, int Tq, int Tk,
-                         int Hl, int hd, int causal, float scale, rt_dtype t);
+                         int Hl, int KVl, int hd, int causal, float scale, rt_dtype t);
 /* dst (rows x cols, rows of ldd elements, dtype dt) = src (rows of lds, dtype st): f32 <-> bf16
 ** rounded to nearest even, or a copy. */
 void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st, size_t lds,
@@ -131,14 +141,6 @@ void swiglu_fwd(void *out, const void *gu, int N, int F, rt_dtype t);
 /* dgu rows [dgate | dup] written (not accumulated): dgate = dout*up*s*(1 + g*(1-s)),
 ** dup = dout*silu(g), s = sigmoid(g). */
 void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dtype t);
-/* Grouped-query attention: qkvp rows [q (Hl*hd) | k (KVl*hd) | v (KVl*hd)] -> qkv rows
-** [q | k | v] of 3*Hl*hd, where query head h gets kv head h / (Hl/KVl) (Hl divisible by KVl).
-** Copies (no rounding). */
-void kv_expand(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd, rt_dtype t);
-/* Its transpose: dqkvp rows [dq | dk | dv] of (Hl + 2 KVl)*hd written from dqkv rows of
-** 3*Hl*hd: dq copied, the dk (dv) of kv head g = the sum over its query heads
-** h = g*(Hl/KVl) .. in increasing h, in f32, rounded once. */
-void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt_dtype t);
 
 /* -- Vocabulary-parallel cross-entropy ---------------------------------------------------- */
 

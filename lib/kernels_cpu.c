@@ -340,8 +340,11 @@ typedef struct {
     float *lse, *dsum;
     const void *q, *k, *v, *dout, *cout;
     const float *clse;
+    size_t dk_at, dv_at;            /* attention_bwd: the columns of dk and dv in dqkv */
+    float *hkv;                     /* backward, groups of grp > 1 query heads: each query
+                                    ** head's own f32 dk then dv, Tk rows of hd, at bh*2*Tk*hd */
     int ldq, ldkv, lddkv, lse_ld;   /* row widths (elements) of q, of k and v, of dk and dv */
-    int B, Tq, Tk, Hl, hd, hdp, nt, nkt, causal, dsum_given;
+    int B, Tq, Tk, Hl, KVl, grp, hd, hdp, nt, nkt, causal, dsum_given;  /* grp = Hl / KVl */
     float scale;
     rt_dtype t;
 } attention_args;
@@ -355,16 +358,18 @@ static float *scratch(size_t n)
     return p;
 }
 
-/* Head h of batch element b: element offsets of its q, of its k and v, of its out / dout and of
-** its dk and dv; the row strides ldq (q), ldk (k, v), ldo (out, dout), ldg (dk, dv). */
+/* Query head h of batch element b (grouped-query: kv head h / grp): element offsets of its q,
+** of its kv head's k and v, of its out / dout and of its kv head's dk and dv; the row strides
+** ldq (q), ldk (k, v), ldo (out, dout), ldg (dk, dv). */
 #define HEAD_ROWS(a, bh)                                                                    \
     int b_ = (bh) / (a)->Hl, h_ = (bh) % (a)->Hl, C_ = (a)->Hl * (a)->hd;                    \
+    int kh_ = att_kv_head(h_, (a)->Hl, (a)->KVl);                                            \
     size_t ldq = (size_t)(a)->B * (a)->ldq, ldk = (size_t)(a)->B * (a)->ldkv;                \
     size_t ldo = (size_t)(a)->B * C_, ldg = (size_t)(a)->B * (a)->lddkv;                     \
     size_t q = (size_t)b_ * (a)->ldq + (size_t)h_ * (a)->hd;                                 \
-    size_t kv = (size_t)b_ * (a)->ldkv + (size_t)h_ * (a)->hd;                               \
+    size_t kv = (size_t)b_ * (a)->ldkv + (size_t)kh_ * (a)->hd;                              \
     size_t o = (size_t)b_ * C_ + (size_t)h_ * (a)->hd;                                       \
-    size_t g = (size_t)b_ * (a)->lddkv + (size_t)h_ * (a)->hd
+    size_t g = (size_t)b_ * (a)->lddkv + (size_t)kh_ * (a)->hd
 
 /* nr rows of hd channels of an f32 tile (rows of sld) times mul, added to f32 rows of ld. */
 static void add_tile(float *dst, size_t ld, const float *src, int sld, int nr, int hd, float mul)
@@ -482,7 +487,8 @@ static void attention_fwd_task(void *ctx, int lo, int hi)
     float *buf = scratch(2 * Tp * hdp + 2 * tile + (size_t)AT * AT + 3 * AT);
     float *kall = buf, *vall = kall + Tp * hdp, *qt = vall + Tp * hdp, *on = qt + tile;
     float *st = on + tile, *mx = st + AT * AT, *l = mx + AT, *tm = l + AT;
-    int cached = -1, loaded = 0;    /* the (b, h) whose k, v rows [0, loaded) are in kall, vall */
+    int cached = -1, loaded = 0;    /* the (b, kv head) whose k, v rows [0, loaded) are in kall,
+                                    ** vall (the query heads of a group share them) */
     for (int task = lo; task < hi; task++) {
         /* causal: query tiles in the order 0, nt-1, 1, nt-2, ...: contiguous ranges of tasks get
         ** equal work although tile qi costs qi + 1 key tiles */
@@ -491,8 +497,8 @@ static void attention_fwd_task(void *ctx, int lo, int hi)
         HEAD_ROWS(a, bh);
         (void)g, (void)ldg;
         int q0 = qi * AT, nq = MIN(AT, a->Tq - q0), need = a->causal ? q0 + AT : (int)Tp;
-        if (bh != cached) {
-            cached = bh;
+        if (b_ * a->KVl + kh_ != cached) {
+            cached = b_ * a->KVl + kh_;
             loaded = 0;
         }
         if (need > loaded) {        /* the keys and values up to this tile, widened once */
@@ -529,125 +535,216 @@ static void attention_dsum_task(void *ctx, int lo, int hi)
     const attention_args *a = ctx;
     for (int bh = lo; bh < hi; bh++) {
         HEAD_ROWS(a, bh);
-        (void)q, (void)kv, (void)g, (void)ldq, (void)ldk, (void)ldg;
+        (void)q, (void)kv, (void)g, (void)ldq, (void)ldk, (void)ldg, (void)kh_;
         BY_TYPE(a->t, att_dsum_rows, a->dsum + (size_t)bh * a->lse_ld,
                 celem(a->dout, o, a->t), celem(a->cout, o, a->t), ldo, a->hd, 0, a->Tq);
     }
 }
 
+/* A backward task's f32 scratch: its kv head's k, v (rows of hdp, Tp of them) and the dk, dv
+** summed there; one query tile's q (transposed, then rows), dout (the same), dq; a tile of
+** probabilities and one of score gradients; the tile's lse and dsum rows. */
+typedef struct {
+    float *kall, *vall, *dkall, *dvall, *qt, *qn, *dot, *don, *dq, *pt, *dst, *lse, *dsum;
+} bwd_scratch;
+
+/* Query head bh's share of its kv head's dk and dv (added to w->dkall, w->dvall; its k and v
+** in w->kall, w->vall), and its dq, stored or added. */
+static void bwd_head(const attention_args *a, int bh, const bwd_scratch *w)
+{
+    int Tq = a->Tq, hd = a->hd, hdp = a->hdp, nt = a->nt;
+    size_t tile = (size_t)AT * hdp;
+    float *qt = w->qt, *qn = w->qn, *dot = w->dot, *don = w->don, *dq = w->dq, *pt = w->pt;
+    float *dst = w->dst, *lse = w->lse, *dsum = w->dsum;
+    HEAD_ROWS(a, bh);
+    (void)kv, (void)g, (void)ldk, (void)ldg, (void)kh_, (void)h_;
+    if (!a->dsum_given) attention_dsum_task((void *)a, bh, bh + 1);
+    const float *lse_bh = a->clse + (size_t)bh * a->lse_ld;
+    const float *dsum_bh = a->dsum + (size_t)bh * a->lse_ld;
+    for (int qi = 0; qi < nt; qi++) {
+        int q0 = qi * AT, nq = MIN(AT, Tq - q0);
+        const void *qsrc = celem(a->q, q + (size_t)q0 * ldq, a->t);
+        const void *dsrc = celem(a->dout, o + (size_t)q0 * ldo, a->t);
+        BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ldq, nq, AT, hd, hd, a->scale);
+        BY_TYPE(a->t, att_load_tile, qn, hdp, 0, qsrc, ldq, nq, AT, hd, hdp, a->scale);
+        BY_TYPE(a->t, att_load_tile, dot, AT, 1, dsrc, ldo, nq, AT, hd, hd, 1.0f);
+        BY_TYPE(a->t, att_load_tile, don, hdp, 0, dsrc, ldo, nq, AT, hd, hdp, 1.0f);
+        for (int i = 0; i < AT; i++) {     /* padding rows: finite, and never summed */
+            lse[i] = i < nq ? lse_bh[q0 + i] : 0.0f;
+            dsum[i] = i < nq ? dsum_bh[q0 + i] : 0.0f;
+        }
+        memset(dq, 0, tile * sizeof(float));
+        int last = a->causal ? qi : a->nkt - 1;
+        for (int kj = 0; kj <= last; kj++) {    /* key tiles up to the diagonal (causal) */
+            int k0 = kj * AT, nk = MIN(AT, a->Tk - k0);
+            const float *kn = w->kall + (size_t)k0 * hdp, *vn = w->vall + (size_t)k0 * hdp;
+            /* pt[c][i] = p of key c, query i, recomputed; dst = ds */
+            mm(0, pt, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
+            mm(0, dst, AT, vn, hdp, 1, dot, AT, AT, AT, hd);
+            tile_prob_ds(pt, dst, lse, dsum, a->causal && kj == qi);
+            /* this query tile's share of key tile kj: dv += p^T dout, dk += ds^T q */
+            mm(1, w->dvall + (size_t)k0 * hdp, hdp, pt, AT, 1, don, hdp, AT, hdp, nq);
+            mm(1, w->dkall + (size_t)k0 * hdp, hdp, dst, AT, 1, qn, hdp, AT, hdp, nq);
+            /* dq += ds k */
+            mm(1, dq, hdp, dst, 1, AT, kn, hdp, AT, hdp, nk);
+        }
+        if (a->dqf)
+            add_tile(a->dqf + o + (size_t)q0 * ldo, ldo, dq, hdp, nq, hd, a->scale);
+        else
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + (size_t)q0 * ldq, a->t), ldq, dq,
+                    hdp, nq, hd, a->scale);
+    }
+}
+
+/* Tasks: (b, query head) (grouped-query: into a->hkv, its own rows) or, a group of one, (b, head)
+** straight to the outputs. Each task loads its kv head's k and v (once for consecutive heads of
+** a group), sums its dk and dv over its query tiles in a fixed order and stores them: the
+** results do not depend on the threads. */
 static void attention_bwd_task(void *ctx, int lo, int hi)
 {
     const attention_args *a = ctx;
-    int Tq = a->Tq, Tk = a->Tk, hd = a->hd, hdp = a->hdp, nt = a->nt;
+    int Tk = a->Tk, hd = a->hd, hdp = a->hdp, loaded = -1;
     size_t Tp = (size_t)a->nkt * AT, tile = (size_t)AT * hdp;
     float *buf = scratch(4 * Tp * hdp + 5 * tile + 2 * (size_t)AT * AT + 2 * AT);
     float *kall = buf, *vall = kall + Tp * hdp, *dkall = vall + Tp * hdp;
     float *dvall = dkall + Tp * hdp, *qt = dvall + Tp * hdp, *dot = qt + tile;
     float *qn = dot + tile, *don = qn + tile, *dq = don + tile, *pt = dq + tile;
     float *dst = pt + AT * AT, *lse = dst + AT * AT, *dsum = lse + AT;
-    if (!a->dsum_given) attention_dsum_task((void *)a, lo, hi);
+    bwd_scratch w = { kall, vall, dkall, dvall, qt, qn, dot, don, dq, pt, dst, lse, dsum };
     for (int bh = lo; bh < hi; bh++) {
         HEAD_ROWS(a, bh);
-        const float *lse_bh = a->clse + (size_t)bh * a->lse_ld;
-        const float *dsum_bh = a->dsum + (size_t)bh * a->lse_ld;
-        BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->k, kv, a->t), ldk, Tk, (int)Tp, hd,
-                hdp, 1.0f);
-        BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->v, kv, a->t), ldk, Tk, (int)Tp, hd,
-                hdp, 1.0f);
-        memset(dkall, 0, 2 * Tp * hdp * sizeof(float));
-        for (int qi = 0; qi < nt; qi++) {
-            int q0 = qi * AT, nq = MIN(AT, Tq - q0);
-            const void *qsrc = celem(a->q, q + (size_t)q0 * ldq, a->t);
-            const void *dsrc = celem(a->dout, o + (size_t)q0 * ldo, a->t);
-            BY_TYPE(a->t, att_load_tile, qt, AT, 1, qsrc, ldq, nq, AT, hd, hd, a->scale);
-            BY_TYPE(a->t, att_load_tile, qn, hdp, 0, qsrc, ldq, nq, AT, hd, hdp, a->scale);
-            BY_TYPE(a->t, att_load_tile, dot, AT, 1, dsrc, ldo, nq, AT, hd, hd, 1.0f);
-            BY_TYPE(a->t, att_load_tile, don, hdp, 0, dsrc, ldo, nq, AT, hd, hdp, 1.0f);
-            for (int i = 0; i < AT; i++) {     /* padding rows: finite, and never summed */
-                lse[i] = i < nq ? lse_bh[q0 + i] : 0.0f;
-                dsum[i] = i < nq ? dsum_bh[q0 + i] : 0.0f;
-            }
-            memset(dq, 0, tile * sizeof(float));
-            int last = a->causal ? qi : a->nkt - 1;
-            for (int kj = 0; kj <= last; kj++) {    /* key tiles up to the diagonal (causal) */
-                int k0 = kj * AT, nk = MIN(AT, Tk - k0);
-                const float *kn = kall + (size_t)k0 * hdp, *vn = vall + (size_t)k0 * hdp;
-                /* pt[c][i] = p of key c, query i, recomputed; dst = ds */
-                mm(0, pt, AT, kn, hdp, 1, qt, AT, AT, AT, hd);
-                mm(0, dst, AT, vn, hdp, 1, dot, AT, AT, AT, hd);
-                tile_prob_ds(pt, dst, lse, dsum, a->causal && kj == qi);
-                /* this query tile's share of key tile kj: dv += p^T dout, dk += ds^T q */
-                mm(1, dvall + (size_t)k0 * hdp, hdp, pt, AT, 1, don, hdp, AT, hdp, nq);
-                mm(1, dkall + (size_t)k0 * hdp, hdp, dst, AT, 1, qn, hdp, AT, hdp, nq);
-                /* dq += ds k */
-                mm(1, dq, hdp, dst, 1, AT, kn, hdp, AT, hdp, nk);
-            }
-            if (a->dqf)
-                add_tile(a->dqf + o + (size_t)q0 * ldo, ldo, dq, hdp, nq, hd, a->scale);
-            else
-                BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + (size_t)q0 * ldq, a->t), ldq, dq,
-                        hdp, nq, hd, a->scale);
+        (void)q, (void)o, (void)ldq, (void)ldo, (void)h_;
+        if (b_ * a->KVl + kh_ != loaded) {      /* this kv head's k and v, widened once */
+            loaded = b_ * a->KVl + kh_;
+            BY_TYPE(a->t, att_load_tile, kall, hdp, 0, celem(a->k, kv, a->t), ldk, Tk, (int)Tp,
+                    hd, hdp, 1.0f);
+            BY_TYPE(a->t, att_load_tile, vall, hdp, 0, celem(a->v, kv, a->t), ldk, Tk, (int)Tp,
+                    hd, hdp, 1.0f);
         }
-        if (a->dkf) {
+        memset(dkall, 0, 2 * Tp * hdp * sizeof(float));      /* dkall and dvall */
+        bwd_head(a, bh, &w);
+        if (a->hkv) {
+            float *own = a->hkv + (size_t)bh * 2 * Tk * hd;
+            for (int r = 0; r < Tk; r++) {
+                memcpy(own + (size_t)r * hd, dkall + (size_t)r * hdp, hd * sizeof(float));
+                memcpy(own + ((size_t)Tk + r) * hd, dvall + (size_t)r * hdp, hd * sizeof(float));
+            }
+        } else if (a->dkf) {
             add_tile(a->dkf + g, ldg, dkall, hdp, Tk, hd, 1.0f);
             add_tile(a->dvf + g, ldg, dvall, hdp, Tk, hd, 1.0f);
         } else {
-            size_t C = (size_t)C_;
-            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + C, a->t), ldq, dkall, hdp, Tk, hd,
-                    1.0f);
-            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, q + 2 * C, a->t), ldq, dvall, hdp, Tk,
-                    hd, 1.0f);
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, a->dk_at + kv, a->t), ldk, dkall, hdp,
+                    Tk, hd, 1.0f);
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, a->dv_at + kv, a->t), ldk, dvall, hdp,
+                    Tk, hd, 1.0f);
         }
     }
     free(buf);
 }
 
+/* Tasks: (b, kv head) of a grouped-query backward: its dk and dv = the sums of its query heads'
+** (a->hkv) in increasing h, in f32, then stored or added once. */
+static void attention_kv_sum_task(void *ctx, int lo, int hi)
+{
+    const attention_args *a = ctx;
+    int Tk = a->Tk, hd = a->hd;
+    size_t n = 2 * (size_t)Tk * hd;                     /* dk then dv, rows of hd */
+    float *sum = scratch(n);
+    for (int task = lo; task < hi; task++) {
+        int bh0 = task / a->KVl * a->Hl + task % a->KVl * a->grp;  /* the group's first head */
+        HEAD_ROWS(a, bh0);
+        (void)q, (void)o, (void)ldq, (void)ldo, (void)h_, (void)kh_;
+        memcpy(sum, a->hkv + (size_t)bh0 * n, n * sizeof(float));
+        for (int j = 1; j < a->grp; j++) {
+            const float *own = a->hkv + (size_t)(bh0 + j) * n;
+            for (size_t i = 0; i < n; i++) sum[i] += own[i];
+        }
+        const float *dk = sum, *dv = sum + (size_t)Tk * hd;
+        if (a->dkf) {
+            add_tile(a->dkf + g, ldg, dk, hd, Tk, hd, 1.0f);
+            add_tile(a->dvf + g, ldg, dv, hd, Tk, hd, 1.0f);
+        } else {
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, a->dk_at + kv, a->t), ldk, dk, hd, Tk,
+                    hd, 1.0f);
+            BY_TYPE(a->t, att_store_tile, elem(a->dqkv, a->dv_at + kv, a->t), ldk, dv, hd, Tk,
+                    hd, 1.0f);
+        }
+    }
+    free(sum);
+}
+
+/* The backward of a call: one task per query head; grouped-query heads through a->hkv, then
+** one task per kv head sums them (multi-head attention writes its dk and dv directly). */
+static void attention_bwd_run(attention_args *a)
+{
+    if (a->grp == 1) {
+        rt_parallel_for(a->B * a->Hl, attention_bwd_task, a);
+        return;
+    }
+    a->hkv = scratch((size_t)a->B * a->Hl * 2 * a->Tk * a->hd);
+    rt_parallel_for(a->B * a->Hl, attention_bwd_task, a);
+    rt_parallel_for(a->B * a->KVl, attention_kv_sum_task, a);
+    free(a->hkv);
+    a->hkv = NULL;
+}
+
 /* The arguments every attention call shares: the shapes and the q, k, v operands. */
 static attention_args att_args(const void *q, int ldq, const void *k, const void *v, int ldkv,
-                               int B, int Tq, int Tk, int Hl, int hd, int causal, float scale,
-                               rt_dtype t)
+                               int B, int Tq, int Tk, int Hl, int KVl, int hd, int causal,
+                               float scale, rt_dtype t)
 {
+    RT_CHECK(KVl > 0 && Hl % KVl == 0, "attention: %d query heads in groups of %d kv heads",
+             Hl, KVl);
     return (attention_args){ .q = q, .k = k, .v = v, .ldq = ldq, .ldkv = ldkv, .B = B,
-                             .Tq = Tq, .Tk = Tk, .Hl = Hl, .hd = hd,
-                             .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(Tq, AT),
+                             .Tq = Tq, .Tk = Tk, .Hl = Hl, .KVl = KVl, .grp = Hl / KVl,
+                             .hd = hd, .hdp = CEIL_DIV(hd, NR) * NR, .nt = CEIL_DIV(Tq, AT),
                              .nkt = CEIL_DIV(Tk, AT), .causal = causal, .scale = scale,
                              .t = storage(t) };
 }
 
-void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
-                   float scale, rt_dtype t)
+/* The causal attention of whole sequences: q, k, v are the parts of the qkv rows. */
+static attention_args att_qkv(const void *qkv, int B, int T, int Hl, int KVl, int hd,
+                              float scale, rt_dtype t)
 {
-    size_t C = (size_t)Hl * hd;
-    attention_args a = att_args(qkv, 3 * (int)C, celem(qkv, C, t), celem(qkv, 2 * C, t),
-                                3 * (int)C, B, T, T, Hl, hd, 1, scale, t);
+    size_t Q = (size_t)Hl * hd, K = (size_t)KVl * hd;
+    int w = (int)(Q + 2 * K);
+    attention_args a = att_args(qkv, w, celem(qkv, Q, t), celem(qkv, Q + K, t), w, B, T, T, Hl,
+                                KVl, hd, 1, scale, t);
+    a.dk_at = Q;
+    a.dv_at = Q + K;
+    a.lse_ld = T;
+    return a;
+}
+
+void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int KVl,
+                   int hd, float scale, rt_dtype t)
+{
+    attention_args a = att_qkv(qkv, B, T, Hl, KVl, hd, scale, t);
     a.out = out;
     a.lse = lse;
-    a.lse_ld = T;
     rt_parallel_for(B * Hl * a.nt, attention_fwd_task, &a);
 }
 
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
-                   const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
+                   const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
+                   rt_dtype t)
 {
-    size_t C = (size_t)Hl * hd;
-    attention_args a = att_args(qkv, 3 * (int)C, celem(qkv, C, t), celem(qkv, 2 * C, t),
-                                3 * (int)C, B, T, T, Hl, hd, 1, scale, t);
+    attention_args a = att_qkv(qkv, B, T, Hl, KVl, hd, scale, t);
     a.dqkv = dqkv;
     a.dsum = dsum;
     a.dout = dout;
     a.cout = out;
     a.clse = lse;
-    a.lse_ld = T;
-    rt_parallel_for(B * Hl, attention_bwd_task, &a);
+    attention_bwd_run(&a);
 }
 
 void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
                          const void *k, const void *v, int ldkv, int B, int Tq, int Tk, int Hl,
-                         int hd, int causal, float scale, rt_dtype t)
+                         int KVl, int hd, int causal, float scale, rt_dtype t)
 {
     RT_CHECK(!causal || Tq == Tk, "attention_fwd_block: a causal block needs Tq (%d) == Tk (%d)",
              Tq, Tk);
-    attention_args a = att_args(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, t);
+    attention_args a = att_args(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, KVl, hd, causal, scale, t);
     a.acc = acc;
     a.lse = lse;
     a.lse_ld = lse_ld;
@@ -657,7 +754,7 @@ void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int 
 void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T, int Hl, int hd,
                     rt_dtype t)
 {
-    attention_args a = att_args(NULL, 0, NULL, NULL, 0, B, T, T, Hl, hd, 1, 1.0f, t);
+    attention_args a = att_args(NULL, 0, NULL, NULL, 0, B, T, T, Hl, Hl, hd, 1, 1.0f, t);
     a.dsum = dsum;
     a.dout = dout;
     a.cout = out;
@@ -668,11 +765,11 @@ void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T
 void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void *dout,
                          const float *lse, const float *dsum, int lse_ld, const void *q,
                          int ldq, const void *k, const void *v, int ldkv, int B, int Tq, int Tk,
-                         int Hl, int hd, int causal, float scale, rt_dtype t)
+                         int Hl, int KVl, int hd, int causal, float scale, rt_dtype t)
 {
     RT_CHECK(!causal || Tq == Tk, "attention_bwd_block: a causal block needs Tq (%d) == Tk (%d)",
              Tq, Tk);
-    attention_args a = att_args(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, t);
+    attention_args a = att_args(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, KVl, hd, causal, scale, t);
     a.dqf = dq;
     a.dkf = dk;
     a.dvf = dv;
@@ -682,7 +779,7 @@ void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void 
     a.dsum = (float *)dsum;
     a.dsum_given = 1;
     a.lse_ld = lse_ld;
-    rt_parallel_for(B * Hl, attention_bwd_task, &a);
+    attention_bwd_run(&a);
 }
 
 static void fill_task(void *p, int lo, int hi)
@@ -726,9 +823,9 @@ void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st,
     rt_parallel_for(rows, copy_cols_task, &a);
 }
 
-/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU ------------------------------------------- */
 /*
-** Row tasks (RMSNorm's statistics and input gradient, SwiGLU, the head copies and sums),
+** Row tasks (RMSNorm's statistics and input gradient, SwiGLU),
 ** column blocks for RMSNorm's weight gradient (rows summed in order), position tasks for the
 ** rotary embedding (each computes its positions' angles): no element is computed by two tasks.
 */
@@ -739,7 +836,7 @@ typedef struct {
     const void *inp, *w, *dout;
     const float *crstd;
     size_t ld;
-    int N, C, B, H, hd, pos0, inverse, KVl;
+    int N, C, B, H, hd, pos0, inverse;
     float eps, theta;
     rt_dtype t;
 } llama_args;
@@ -782,18 +879,6 @@ static void swiglu_bwd_task(void *p, int lo, int hi)
     BY_TYPE(a->t, swiglu_bwd_block, a->out, a->dout, a->inp, a->C, lo, hi, 0, a->C);
 }
 
-static void kv_expand_task(void *p, int lo, int hi)            /* H: Hl */
-{
-    const llama_args *a = p;
-    BY_TYPE(a->t, kv_expand_rows, a->out, a->inp, a->H, a->KVl, a->hd, lo, hi);
-}
-
-static void kv_reduce_task(void *p, int lo, int hi)
-{
-    const llama_args *a = p;
-    BY_TYPE(a->t, kv_reduce_rows, a->out, a->inp, a->H, a->KVl, a->hd, lo, hi);
-}
-
 void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
                  float eps, rt_dtype t)
 {
@@ -830,23 +915,6 @@ void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dt
 {
     llama_args a = { .out = dgu, .dout = dout, .inp = gu, .N = N, .C = F, .t = storage(t) };
     rt_parallel_for(N, swiglu_bwd_task, &a);
-}
-
-void kv_expand(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd, rt_dtype t)
-{
-    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_expand: %d query heads in groups of %d kv heads",
-             Hl, KVl);
-    llama_args a = { .out = qkv, .inp = qkvp, .H = Hl, .KVl = KVl, .hd = hd, .t = storage(t) };
-    rt_parallel_for(N, kv_expand_task, &a);
-}
-
-void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt_dtype t)
-{
-    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_reduce: %d query heads in groups of %d kv heads",
-             Hl, KVl);
-    llama_args a = { .out = dqkvp, .inp = dqkv, .H = Hl, .KVl = KVl, .hd = hd,
-                     .t = storage(t) };
-    rt_parallel_for(N, kv_reduce_task, &a);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */

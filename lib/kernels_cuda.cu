@@ -602,7 +602,7 @@ void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st,
 struct att_call {
     const void *q, *k, *v;      /* storage type */
     int ldq, ldkv;              /* row widths of q, of k and v */
-    int B, Tq, Tk, Hl, hd;
+    int B, Tq, Tk, Hl, KVl, hd; /* query head h reads kv head att_kv_head(h, Hl, KVl) */
     int causal;                 /* 1: query i sees keys j <= i (Tq = Tk); 0: every key */
     float scale;
     int lse_ld;                 /* row stride of lse, clse, dsum: (b, h, i) at (b*Hl + h)*ld + i */
@@ -687,10 +687,11 @@ void attention_fwd_kernel(att_call a)
     float *ss = os + ATT_BQ * hd, *mrow = ss + ATT_BQ * ATT_SLD, *lrow = mrow + ATT_BQ;
     float *alpha = lrow + ATT_BQ;
     int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    int kh = att_kv_head(h, a.Hl, a.KVl);
     size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
     const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
-    const S *k = as<S>(a.k) + att_head(a.ldkv, b, h, hd);
-    const S *v = as<S>(a.v) + att_head(a.ldkv, b, h, hd);
+    const S *k = as<S>(a.k) + att_head(a.ldkv, b, kh, hd);
+    const S *v = as<S>(a.v) + att_head(a.ldkv, b, kh, hd);
     float *lse = a.lse + (size_t)bh * a.lse_ld;
     int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, a.Tq - q0), kend = att_key_end(a, q0, nq);
 
@@ -805,7 +806,8 @@ static __device__ void att_rows_in(float *ls, float *ds, const float *lse, const
     }
 }
 
-/* dk and dv of one key tile: blockIdx.x = key tile, blockIdx.y = b * Hl + h. */
+/* dk and dv of one key tile: blockIdx.x = key tile, blockIdx.y = b * KVl + kv head; summed
+** over the kv head's query heads in increasing h. */
 template <class S> static __global__
 void attention_dkdv_kernel(att_call a)
 {
@@ -814,42 +816,45 @@ void attention_dkdv_kernel(att_call a)
     float *qs = sm, *dos = qs + ATT_BQ * hd, *ks = dos + ATT_BQ * hd, *vs = ks + ATT_BK * hd;
     float *dks = vs + ATT_BK * hd, *dvs = dks + ATT_BK * hd, *ps = dvs + ATT_BK * hd;
     float *dss = ps + ATT_BQ * ATT_SLD, *ls = dss + ATT_BQ * ATT_SLD, *dsr = ls + ATT_BQ;
-    int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    int b = blockIdx.y / a.KVl, kh = blockIdx.y % a.KVl, C = a.Hl * hd, grp = a.Hl / a.KVl;
     size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
     size_t ldg = (size_t)a.B * a.lddkv;
-    const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
-    const S *k = as<S>(a.k) + att_head(a.ldkv, b, h, hd);
-    const S *v = as<S>(a.v) + att_head(a.ldkv, b, h, hd);
-    const S *dout = as<S>(a.dout) + att_head(C, b, h, hd);
-    const float *lse = a.clse + (size_t)bh * a.lse_ld, *dsum = a.dsum + (size_t)bh * a.lse_ld;
+    const S *k = as<S>(a.k) + att_head(a.ldkv, b, kh, hd);
+    const S *v = as<S>(a.v) + att_head(a.ldkv, b, kh, hd);
     int k0 = blockIdx.x * ATT_BK, nk = MIN(ATT_BK, a.Tk - k0);
 
     att_tile_in(ks, k + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
     att_tile_in(vs, v + k0 * ldk, ldk, nk, ATT_BK, hd, 1.0f);
     for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) dks[x] = dvs[x] = 0.0f;
-    /* the query tiles that see this key tile: at or below the diagonal (causal), or all */
-    for (int q0 = a.causal ? k0 : 0; q0 < a.Tq; q0 += ATT_BQ) {
-        int nq = MIN(ATT_BQ, a.Tq - q0);
-        __syncthreads();
-        att_tile_in(qs, q + q0 * ldq, ldq, nq, ATT_BQ, hd, a.scale);
-        att_tile_in(dos, dout + q0 * ldo, ldo, nq, ATT_BQ, hd, 1.0f);
-        att_rows_in(ls, dsr, lse + q0, dsum + q0, nq);
-        __syncthreads();
-        att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, a.causal, q0, nq, k0, nk, hd);
-        __syncthreads();
-        for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) {
-            int c = x / hd, d = x % hd;
-            float gv = dvs[x], gk = dks[x];
-            for (int r = 0; r < nq; r++) {
-                gv += ps[r * ATT_SLD + c] * dos[r * hd + d];
-                gk += dss[r * ATT_SLD + c] * qs[r * hd + d];   /* q scaled: dk = scale ds^T q */
+    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+        int bh = b * a.Hl + h;
+        const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
+        const S *dout = as<S>(a.dout) + att_head(C, b, h, hd);
+        const float *lse = a.clse + (size_t)bh * a.lse_ld, *dsum = a.dsum + (size_t)bh * a.lse_ld;
+        /* the query tiles that see this key tile: at or below the diagonal (causal), or all */
+        for (int q0 = a.causal ? k0 : 0; q0 < a.Tq; q0 += ATT_BQ) {
+            int nq = MIN(ATT_BQ, a.Tq - q0);
+            __syncthreads();
+            att_tile_in(qs, q + q0 * ldq, ldq, nq, ATT_BQ, hd, a.scale);
+            att_tile_in(dos, dout + q0 * ldo, ldo, nq, ATT_BQ, hd, 1.0f);
+            att_rows_in(ls, dsr, lse + q0, dsum + q0, nq);
+            __syncthreads();
+            att_tile_pds(ps, dss, qs, ks, vs, dos, ls, dsr, a.causal, q0, nq, k0, nk, hd);
+            __syncthreads();
+            for (int x = threadIdx.x; x < ATT_BK * hd; x += blockDim.x) {
+                int c = x / hd, d = x % hd;
+                float gv = dvs[x], gk = dks[x];
+                for (int r = 0; r < nq; r++) {
+                    gv += ps[r * ATT_SLD + c] * dos[r * hd + d];
+                    gk += dss[r * ATT_SLD + c] * qs[r * hd + d]; /* q scaled: dk = scale ds^T q */
+                }
+                dvs[x] = gv;
+                dks[x] = gk;
             }
-            dvs[x] = gv;
-            dks[x] = gk;
         }
     }
     __syncthreads();
-    size_t at = att_head(a.lddkv, b, h, hd) + k0 * ldg;
+    size_t at = att_head(a.lddkv, b, kh, hd) + k0 * ldg;
     att_tile_out<S>(a.dk, a.add, at, ldg, dks, nk, hd, 1.0f);
     att_tile_out<S>(a.dv, a.add, at, ldg, dvs, nk, hd, 1.0f);
 }
@@ -864,11 +869,12 @@ void attention_dq_kernel(att_call a)
     float *dqs = vs + ATT_BK * hd, *ps = dqs + ATT_BQ * hd;
     float *dss = ps + ATT_BQ * ATT_SLD, *ls = dss + ATT_BQ * ATT_SLD, *dsr = ls + ATT_BQ;
     int bh = blockIdx.y, b = bh / a.Hl, h = bh % a.Hl, C = a.Hl * hd;
+    int kh = att_kv_head(h, a.Hl, a.KVl);
     size_t ldq = (size_t)a.B * a.ldq, ldk = (size_t)a.B * a.ldkv, ldo = (size_t)a.B * C;
     size_t lddq = (size_t)a.B * a.lddq;
     const S *q = as<S>(a.q) + att_head(a.ldq, b, h, hd);
-    const S *k = as<S>(a.k) + att_head(a.ldkv, b, h, hd);
-    const S *v = as<S>(a.v) + att_head(a.ldkv, b, h, hd);
+    const S *k = as<S>(a.k) + att_head(a.ldkv, b, kh, hd);
+    const S *v = as<S>(a.v) + att_head(a.ldkv, b, kh, hd);
     const S *dout = as<S>(a.dout) + att_head(C, b, h, hd);
     const float *lse = a.clse + (size_t)bh * a.lse_ld, *dsum = a.dsum + (size_t)bh * a.lse_ld;
     int q0 = blockIdx.x * ATT_BQ, nq = MIN(ATT_BQ, a.Tq - q0), kend = att_key_end(a, q0, nq);
@@ -920,7 +926,7 @@ template <class S> static void attention_bwd_t(const att_call &a)
     size_t bytes = att_bwd_smem(a.hd) * sizeof(float);
     att_smem(attention_dkdv_kernel<S>, bytes);
     att_smem(attention_dq_kernel<S>, bytes);
-    dim3 gk(CEIL_DIV(a.Tk, ATT_BK), a.B * a.Hl), gq(CEIL_DIV(a.Tq, ATT_BQ), a.B * a.Hl);
+    dim3 gk(CEIL_DIV(a.Tk, ATT_BK), a.B * a.KVl), gq(CEIL_DIV(a.Tq, ATT_BQ), a.B * a.Hl);
     KERNEL_LAUNCH(gk, ATT_THREADS, bytes, attention_dkdv_kernel<S>)(a);
     RT_CUDA(cudaGetLastError());
     KERNEL_LAUNCH(gq, ATT_THREADS, bytes, attention_dq_kernel<S>)(a);
@@ -1120,29 +1126,35 @@ static __device__ void fa_rows_out(uint16_t *dst, size_t ld, int nr, const float
                              acc[n][2 * h + e] * mul);
 }
 
-/* The block's head: blockIdx.y = b * Hl + h. Its q, k, v and dout (bf16 bits) start at the
-** head's columns of row b; position t is t rows of ld{q,k,o} further. */
+/* A query head h of batch element b and its kv head kh. Its q, k, v and dout (bf16 bits) start
+** at the heads' columns of row b; position t is t rows of ld{q,k,o} further. */
 struct fa_head {
     int b, h, bh;
     size_t ldq, ldk, ldo;
     const uint16_t *q, *k, *v, *dout;
 };
 
-static __device__ fa_head fa_head_of(const att_call &a, int hd)
+static __device__ fa_head fa_head_at(const att_call &a, int hd, int b, int h)
 {
     fa_head f;
-    int C = a.Hl * hd;
-    f.bh = blockIdx.y;
-    f.b = f.bh / a.Hl;
-    f.h = f.bh % a.Hl;
+    int C = a.Hl * hd, kh = att_kv_head(h, a.Hl, a.KVl);
+    f.b = b;
+    f.h = h;
+    f.bh = b * a.Hl + h;
     f.ldq = (size_t)a.B * a.ldq;
     f.ldk = (size_t)a.B * a.ldkv;
     f.ldo = (size_t)a.B * C;
     f.q = as<uint16_t>(a.q) + att_head(a.ldq, f.b, f.h, hd);
-    f.k = as<uint16_t>(a.k) + att_head(a.ldkv, f.b, f.h, hd);
-    f.v = as<uint16_t>(a.v) + att_head(a.ldkv, f.b, f.h, hd);
+    f.k = as<uint16_t>(a.k) + att_head(a.ldkv, f.b, kh, hd);
+    f.v = as<uint16_t>(a.v) + att_head(a.ldkv, f.b, kh, hd);
     f.dout = a.dout ? as<uint16_t>(a.dout) + att_head(C, f.b, f.h, hd) : NULL;
     return f;
+}
+
+/* The block's query head: blockIdx.y = b * Hl + h. */
+static __device__ fa_head fa_head_of(const att_call &a, int hd)
+{
+    return fa_head_at(a, hd, blockIdx.y / a.Hl, blockIdx.y % a.Hl);
 }
 
 /* The causal mask: may query qrow see key 'key', both before their tiles' ends (nq_end,
@@ -1227,15 +1239,16 @@ static __device__ void fa_stats_in(float *lse, float *dsum, const att_call &a, i
     }
 }
 
-/* One key tile: blockIdx.x = tile, blockIdx.y = b * Hl + h; warp w owns keys 16w .. 16w+15.
-** Over the query tiles that see it: s^T = k q^T, dp^T = v dout^T, p and ds, dv += p^T dout,
-** dk += ds^T q. */
+/* One key tile: blockIdx.x = tile, blockIdx.y = b * KVl + kv head; warp w owns keys
+** 16w .. 16w+15. Over the kv head's query heads in increasing h, and over the query tiles that
+** see it: s^T = k q^T, dp^T = v dout^T, p and ds, dv += p^T dout, dk += ds^T q. */
 template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
 {
     DYN_SHARED(float, sm);
     const int hd = HD ? HD : a.hd, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int ld = hd + FA_PAD, g = lane / 4, c = 2 * (lane % 4);
-    const fa_head f = fa_head_of(a, hd);
+    const int ld = hd + FA_PAD, g = lane / 4, c = 2 * (lane % 4), grp = a.Hl / a.KVl;
+    const int b = blockIdx.y / a.KVl, kh = blockIdx.y % a.KVl;
+    const fa_head f0 = fa_head_at(a, hd, b, kh * grp);      /* k and v: the group's */
     int k0 = blockIdx.x * FA_TILE, nk = MIN(FA_TILE, a.Tk - k0);
     bf16_t *ks = reinterpret_cast<bf16_t *>(sm), *vs = ks + FA_TILE * ld, *qs = vs + FA_TILE * ld;
     bf16_t *dos = qs + FA_TILE * ld, *qt = dos + FA_TILE * ld, *dot = qt + hd * FA_TP;
@@ -1244,30 +1257,33 @@ template <int HD> static __global__ void fa_dkdv_kernel(att_call a)
     float dk[FA_HD_MAX / 8][4], dv[FA_HD_MAX / 8][4];
     for (int n = 0; n < hd / 8; n++)
         for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
-    fa_tile_in(ks, NULL, f.k + k0 * f.ldk, f.ldk, nk, hd);
-    fa_tile_in(vs, NULL, f.v + k0 * f.ldk, f.ldk, nk, hd);
-    for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE) {       /* causal: the queries at or after */
-        int nq = MIN(FA_TILE, a.Tq - q0);
-        __syncthreads();
-        fa_tile_in(qs, qt, f.q + q0 * f.ldq, f.ldq, nq, hd);
-        fa_tile_in(dos, dot, f.dout + q0 * f.ldo, f.ldo, nq, hd);
-        fa_stats_in(lse, dsum, a, f.bh, q0, nq);
-        __syncthreads();
-        float p[FA_TILE / 8][4], ds[FA_TILE / 8][4];
-        fa_abt(p, ks + w * 16 * ld, qs, hd, ld, lane);      /* s^T: keys x queries */
-        fa_abt(ds, vs + w * 16 * ld, dos, hd, ld, lane);    /* dp^T */
-        for (int n = 0; n < FA_TILE / 8; n++)
-            for (int i = 0; i < 4; i++) {
-                int col = n * 8 + c + i % 2;
-                bool vis = fa_vis(q0 + col, q0 + nq, key[i / 2], k0 + nk);
-                p[n][i] = vis ? vexpf(p[n][i] * a.scale - lse[col]) : 0.0f;
-                ds[n][i] = p[n][i] * (ds[n][i] - dsum[col]);
-            }
-        fa_px(dv, p, dot, hd, lane);
-        fa_px(dk, ds, qt, hd, lane);
+    fa_tile_in(ks, NULL, f0.k + k0 * f0.ldk, f0.ldk, nk, hd);
+    fa_tile_in(vs, NULL, f0.v + k0 * f0.ldk, f0.ldk, nk, hd);
+    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+        const fa_head f = fa_head_at(a, hd, b, h);
+        for (int q0 = k0; q0 < a.Tq; q0 += FA_TILE) {   /* causal: the queries at or after */
+            int nq = MIN(FA_TILE, a.Tq - q0);
+            __syncthreads();
+            fa_tile_in(qs, qt, f.q + q0 * f.ldq, f.ldq, nq, hd);
+            fa_tile_in(dos, dot, f.dout + q0 * f.ldo, f.ldo, nq, hd);
+            fa_stats_in(lse, dsum, a, f.bh, q0, nq);
+            __syncthreads();
+            float p[FA_TILE / 8][4], ds[FA_TILE / 8][4];
+            fa_abt(p, ks + w * 16 * ld, qs, hd, ld, lane);      /* s^T: keys x queries */
+            fa_abt(ds, vs + w * 16 * ld, dos, hd, ld, lane);    /* dp^T */
+            for (int n = 0; n < FA_TILE / 8; n++)
+                for (int i = 0; i < 4; i++) {
+                    int col = n * 8 + c + i % 2;
+                    bool vis = fa_vis(q0 + col, q0 + nq, key[i / 2], k0 + nk);
+                    p[n][i] = vis ? vexpf(p[n][i] * a.scale - lse[col]) : 0.0f;
+                    ds[n][i] = p[n][i] * (ds[n][i] - dsum[col]);
+                }
+            fa_px(dv, p, dot, hd, lane);
+            fa_px(dk, ds, qt, hd, lane);
+        }
     }
     int nr = MIN(16, nk - w * 16);
-    size_t ldg = (size_t)a.B * a.lddkv, at = att_head(a.lddkv, f.b, f.h, hd) + (k0 + w * 16) * ldg;
+    size_t ldg = (size_t)a.B * a.lddkv, at = att_head(a.lddkv, b, kh, hd) + (k0 + w * 16) * ldg;
     if (nr <= 0) return;                                /* no barrier follows */
     fa_rows_out(as<uint16_t>(a.dk) + at, ldg, nr, dk, hd, a.scale, lane);
     fa_rows_out(as<uint16_t>(a.dv) + at, ldg, nr, dv, hd, 1.0f, lane);
@@ -1331,10 +1347,10 @@ template <int HD> static void fa_bwd_t(const att_call &a)
     size_t kv = fa_smem(a.hd, 4, 2, 2), q = fa_smem(a.hd, 4, 1, 2);
     att_smem(fa_dkdv_kernel<HD>, kv);
     att_smem(fa_dq_kernel<HD>, q);
-    dim3 grid(CEIL_DIV(a.Tq, FA_TILE), a.B * a.Hl);
-    KERNEL_LAUNCH(grid, FA_THREADS, kv, fa_dkdv_kernel<HD>)(a);
+    dim3 gk(CEIL_DIV(a.Tk, FA_TILE), a.B * a.KVl), gq(CEIL_DIV(a.Tq, FA_TILE), a.B * a.Hl);
+    KERNEL_LAUNCH(gk, FA_THREADS, kv, fa_dkdv_kernel<HD>)(a);
     RT_CUDA(cudaGetLastError());
-    KERNEL_LAUNCH(grid, FA_THREADS, q, fa_dq_kernel<HD>)(a);
+    KERNEL_LAUNCH(gq, FA_THREADS, q, fa_dq_kernel<HD>)(a);
     RT_CUDA(cudaGetLastError());
 }
 
@@ -1353,7 +1369,7 @@ static void fa_bwd(const att_call &a)
     else fa_bwd_t<0>(a);
 }
 
-/* The kernels' grid.y is B x Hl: CUDA allows 65,535 */
+/* The kernels' grid.y is B x Hl (dk, dv: B x KVl, no more): CUDA allows 65,535 */
 static void att_grid_check(const att_call &a)
 {
     RT_CHECK(a.B * a.Hl <= 65535, "attention: micro-batch x heads per rank (%d x %d) is over "
@@ -1378,9 +1394,11 @@ static void att_bwd(const att_call &a, rt_dtype t)
 
 /* A call's operands, shapes and mask; the caller adds its outputs. */
 static att_call att_operands(const void *q, int ldq, const void *k, const void *v, int ldkv,
-                             int B, int Tq, int Tk, int Hl, int hd, int causal, float scale,
-                             int lse_ld)
+                             int B, int Tq, int Tk, int Hl, int KVl, int hd, int causal,
+                             float scale, int lse_ld)
 {
+    RT_CHECK(KVl > 0 && Hl % KVl == 0, "attention: %d query heads in groups of %d kv heads",
+             Hl, KVl);
     att_call a = {};
     a.q = q;
     a.k = k;
@@ -1391,6 +1409,7 @@ static att_call att_operands(const void *q, int ldq, const void *k, const void *
     a.Tq = Tq;
     a.Tk = Tk;
     a.Hl = Hl;
+    a.KVl = KVl;
     a.hd = hd;
     a.causal = causal;
     a.scale = scale;
@@ -1398,49 +1417,53 @@ static att_call att_operands(const void *q, int ldq, const void *k, const void *
     return a;
 }
 
-/* The causal attention of whole sequences: q, k, v are the thirds of the qkv rows. */
-static att_call att_qkv(const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
+/* The causal attention of whole sequences: q, k, v are the parts of the qkv rows. */
+static att_call att_qkv(const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
+                        rt_dtype t)
 {
-    size_t C = (size_t)Hl * hd;
-    return att_operands(qkv, 3 * (int)C, elem(qkv, C, t), elem(qkv, 2 * C, t), 3 * (int)C, B, T,
-                        T, Hl, hd, 1, scale, T);
+    size_t Q = (size_t)Hl * hd, K = (size_t)KVl * hd;
+    int w = (int)(Q + 2 * K);
+    return att_operands(qkv, w, elem(qkv, Q, t), elem(qkv, Q + K, t), w, B, T, T, Hl, KVl, hd, 1,
+                        scale, T);
 }
 
-void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int hd,
-                   float scale, rt_dtype t)
+void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int KVl,
+                   int hd, float scale, rt_dtype t)
 {
     if (B * Hl * T == 0) return;
-    att_call a = att_qkv(qkv, B, T, Hl, hd, scale, storage(t));
+    att_call a = att_qkv(qkv, B, T, Hl, KVl, hd, scale, storage(t));
     a.out = out;
     a.lse = lse;
     att_fwd(a, t);
 }
 
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
-                   const void *qkv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
+                   const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
+                   rt_dtype t)
 {
     if (B * Hl * T == 0) return;
-    size_t C = (size_t)Hl * hd;
-    att_call a = att_qkv(qkv, B, T, Hl, hd, scale, storage(t));
+    size_t Q = (size_t)Hl * hd, K = (size_t)KVl * hd;
+    att_call a = att_qkv(qkv, B, T, Hl, KVl, hd, scale, storage(t));
     a.clse = lse;
     a.dsum = dsum;
     a.dout = dout;
     a.dq = dqkv;
-    a.dk = elem(dqkv, C, t);
-    a.dv = elem(dqkv, 2 * C, t);
-    a.lddq = a.lddkv = 3 * (int)C;
+    a.dk = elem(dqkv, Q, t);
+    a.dv = elem(dqkv, Q + K, t);
+    a.lddq = a.lddkv = (int)(Q + 2 * K);
     attention_dsum(dsum, dout, out, B, T, Hl, hd, t);
     att_bwd(a, t);
 }
 
 void attention_fwd_block(float *acc, float *lse, int lse_ld, const void *q, int ldq,
                          const void *k, const void *v, int ldkv, int B, int Tq, int Tk, int Hl,
-                         int hd, int causal, float scale, rt_dtype t)
+                         int KVl, int hd, int causal, float scale, rt_dtype t)
 {
     RT_CHECK(!causal || Tq == Tk, "attention_fwd_block: a causal block needs Tq (%d) == Tk (%d)",
              Tq, Tk);
     if (B * Hl * Tq == 0 || Tk == 0) return;   /* no queries or keys: nothing to merge */
-    att_call a = att_operands(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, lse_ld);
+    att_call a = att_operands(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, KVl, hd, causal, scale,
+                              lse_ld);
     a.acc = acc;
     a.lse = lse;
     att_fwd(a, t);
@@ -1457,12 +1480,13 @@ void attention_dsum(float *dsum, const void *dout, const void *out, int B, int T
 void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void *dout,
                          const float *lse, const float *dsum, int lse_ld, const void *q,
                          int ldq, const void *k, const void *v, int ldkv, int B, int Tq, int Tk,
-                         int Hl, int hd, int causal, float scale, rt_dtype t)
+                         int Hl, int KVl, int hd, int causal, float scale, rt_dtype t)
 {
     RT_CHECK(!causal || Tq == Tk, "attention_bwd_block: a causal block needs Tq (%d) == Tk (%d)",
              Tq, Tk);
     if (B * Hl * Tq == 0 || Tk == 0) return;   /* no queries or keys: nothing to add */
-    att_call a = att_operands(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, hd, causal, scale, lse_ld);
+    att_call a = att_operands(q, ldq, k, v, ldkv, B, Tq, Tk, Hl, KVl, hd, causal, scale,
+                              lse_ld);
     a.clse = lse;
     a.dsum = dsum;
     a.dout = dout;
@@ -1475,11 +1499,11 @@ void attention_bwd_block(float *dq, float *dk, float *dv, int lddkv, const void 
     att_bwd(a, t);
 }
 
-/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU, grouped-query heads ----------------------- */
+/* -- Llama layer: RMSNorm, rotary embedding, SwiGLU ------------------------------------------- */
 /*
 ** RMSNorm: one warp per row for its row sums (lane l sums columns l, l + WARP, ... in order,
 ** then a butterfly of fixed shape adds the lanes), and a column reduction for dw. The
-** pointwise kernels (rotary embedding, SwiGLU, head copies and sums) are grid-stride loops,
+** pointwise kernels (rotary embedding, SwiGLU) are grid-stride loops,
 ** one element (rotary: one (position, pair), for every row and head of the position) per step.
 ** Each output element is computed by one thread in a fixed order: the results are
 ** deterministic, no atomics.
@@ -1575,25 +1599,6 @@ void swiglu_bwd_kernel(void *dgu, const void *dout, const void *gu, int N, int F
     }
 }
 
-/* Element k of qkv (N, 3 Hl hd): a copy of its column of the packed row. */
-template <class S> static __global__
-void kv_expand_kernel(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd)
-{
-    size_t W = (size_t)3 * Hl * hd, Wp = (size_t)(Hl + 2 * KVl) * hd;
-    GRID_STRIDE(k, N * W) {
-        size_t n = k / W;
-        as<S>(qkv)[k] = as<S>(qkvp)[n * Wp + kv_src_col((int)(k % W), Hl, KVl, hd)];
-    }
-}
-
-template <class S> static __global__
-void kv_reduce_kernel(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd)
-{
-    size_t Wp = (size_t)(Hl + 2 * KVl) * hd;
-    GRID_STRIDE(k, N * Wp)
-        kv_reduce_elem(as<S>(dqkvp), as<S>(dqkv), Hl, KVl, hd, k / Wp, (int)(k % Wp));
-}
-
 void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
                  float eps, rt_dtype t)
 {
@@ -1624,22 +1629,6 @@ void swiglu_fwd(void *out, const void *gu, int N, int F, rt_dtype t)
 void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dtype t)
 {
     LAUNCH(t, swiglu_bwd_kernel, grid_stride((size_t)N * F), dgu, dout, gu, N, F);
-}
-
-void kv_expand(void *qkv, const void *qkvp, int N, int Hl, int KVl, int hd, rt_dtype t)
-{
-    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_expand: %d query heads in groups of %d kv heads",
-             Hl, KVl);
-    LAUNCH(t, kv_expand_kernel, grid_stride((size_t)N * 3 * Hl * hd), qkv, qkvp, N, Hl, KVl,
-           hd);
-}
-
-void kv_reduce(void *dqkvp, const void *dqkv, int N, int Hl, int KVl, int hd, rt_dtype t)
-{
-    RT_CHECK(KVl > 0 && Hl % KVl == 0, "kv_reduce: %d query heads in groups of %d kv heads",
-             Hl, KVl);
-    LAUNCH(t, kv_reduce_kernel, grid_stride((size_t)N * (Hl + 2 * KVl) * hd), dqkvp, dqkv, N,
-           Hl, KVl, hd);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */

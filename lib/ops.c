@@ -63,47 +63,49 @@ static int cp_pairs(int cp, int cp_rank, int s, cp_pair out[4])
 }
 
 void cp_ring_fwd_block(int i, int cp, int cp_rank, float *acc, float *lse, const void *qkv,
-                       const void *kv, int B, int T, int Hl, int hd, float scale, rt_dtype t)
+                       const void *kv, int B, int T, int Hl, int KVl, int hd, float scale,
+                       rt_dtype t)
 {
-    int tc = T / 2, cl = Hl * hd;
+    int tc = T / 2, cl = Hl * hd, kl = KVl * hd, w = cl + 2 * kl;
     size_t half = (size_t)tc * B;
     cp_pair pr[4];
     for (int j = 0, n = cp_pairs(cp, cp_rank, (cp_rank - i + cp) % cp, pr); j < n; j++) {
         size_t qh = (size_t)pr[j].qh, kh = (size_t)pr[j].kh;
-        const void *k = at(kv, kh * half * 2 * cl, t);
-        attention_fwd_block(acc + qh * half * cl, lse + qh * tc, T, at(qkv, qh * half * 3 * cl, t),
-                            3 * cl, k, at(k, (size_t)cl, t), 2 * cl, B, tc, tc, Hl, hd,
+        const void *k = at(kv, kh * half * 2 * kl, t);
+        attention_fwd_block(acc + qh * half * cl, lse + qh * tc, T, at(qkv, qh * half * w, t),
+                            w, k, at(k, (size_t)kl, t), 2 * kl, B, tc, tc, Hl, KVl, hd,
                             pr[j].causal, scale, t);
     }
 }
 
 void cp_ring_bwd_block(int i, int cp, int cp_rank, float *dq, float *dkv, const void *dout,
                        const float *lse, const float *dsum, const void *qkv, const void *kv,
-                       int B, int T, int Hl, int hd, float scale, rt_dtype t)
+                       int B, int T, int Hl, int KVl, int hd, float scale, rt_dtype t)
 {
-    int tc = T / 2, cl = Hl * hd;
+    int tc = T / 2, cl = Hl * hd, kl = KVl * hd, w = cl + 2 * kl;
     size_t half = (size_t)tc * B;
     cp_pair pr[4];
     for (int j = 0, n = cp_pairs(cp, cp_rank, (cp_rank - i + cp) % cp, pr); j < n; j++) {
         size_t qh = (size_t)pr[j].qh, kh = (size_t)pr[j].kh;
-        const void *k = at(kv, kh * half * 2 * cl, t);
-        float *dk = dkv + kh * half * 2 * cl;
-        attention_bwd_block(dq + qh * half * cl, dk, dk + cl, 2 * cl,
+        const void *k = at(kv, kh * half * 2 * kl, t);
+        float *dk = dkv + kh * half * 2 * kl;
+        attention_bwd_block(dq + qh * half * cl, dk, dk + kl, 2 * kl,
                             at(dout, qh * half * cl, t), lse + qh * tc, dsum + qh * tc, T,
-                            at(qkv, qh * half * 3 * cl, t), 3 * cl, k, at(k, (size_t)cl, t),
-                            2 * cl, B, tc, tc, Hl, hd, pr[j].causal, scale, t);
+                            at(qkv, qh * half * w, t), w, k, at(k, (size_t)kl, t), 2 * kl, B,
+                            tc, tc, Hl, KVl, hd, pr[j].causal, scale, t);
     }
 }
 
-void cp_a2a_heads(void *blocks, void *rows, int parts, int pack, int N, int cl, int cp,
+void cp_a2a_heads(void *blocks, void *rows, int qc, int kc, int pack, int N, int cp,
                   rt_dtype t)
 {
-    int hw = cl / cp;
-    size_t bw = (size_t)parts * hw, rw = (size_t)parts * cl;
+    int part[3] = { qc, kc, kc }, parts = kc ? 3 : 1;
+    size_t rw = (size_t)qc + 2 * (size_t)kc, bw = rw / cp;
     for (int j = 0; j < cp; j++)
-        for (int p = 0; p < parts; p++) {
-            void *b = at(blocks, (size_t)j * N * bw + (size_t)p * hw, t);
-            void *r = at(rows, (size_t)p * cl + (size_t)j * hw, t);
+        for (int p = 0, r0 = 0, b0 = 0; p < parts; r0 += part[p], b0 += part[p] / cp, p++) {
+            int hw = part[p] / cp;
+            void *b = at(blocks, (size_t)j * N * bw + (size_t)b0, t);
+            void *r = at(rows, (size_t)r0 + (size_t)j * hw, t);
             if (pack) copy_cols(b, t, bw, r, t, rw, N, hw);
             else copy_cols(r, t, rw, b, t, bw, N, hw);
         }

@@ -38,22 +38,25 @@ void linear_bwd(void *dinp, float beta, float *dw, const void *dout, int ldd, co
 /*
 ** A cp rank holds two chunks of T/2 positions of every sequence: chunk cp_rank (local rows
 ** [0, T/2*B)) and chunk 2*cp-1-cp_rank. At hop i of the ring it holds cp rank s's K|V block
-** (s = (cp_rank - i) mod cp): kv (B*T rows of 2*Hl*hd, k then v). The query and key halves the
-** causal mask does not hide entirely are attended to: a key chunk before the query chunk whole,
-** the same chunk with the causal rule. qkv: this rank's q|k|v (rows of 3*Hl*hd).
+** (s = (cp_rank - i) mod cp): kv (B*T rows of 2*KVl*hd, k then v of the KVl kv heads). The
+** query and key halves the causal mask does not hide entirely are attended to: a key chunk
+** before the query chunk whole, the same chunk with the causal rule. qkv: this rank's q|k|v
+** (rows of (Hl + 2*KVl)*hd, kernels.h).
 */
 /* The block's attention merged into the f32 output acc (rows of Hl*hd) and lse (B, Hl, T). */
 void cp_ring_fwd_block(int i, int cp, int cp_rank, float *acc, float *lse, const void *qkv,
-                       const void *kv, int B, int T, int Hl, int hd, float scale, rt_dtype t);
-/* Its gradients: dq (f32, rows of Hl*hd) and the block's dK|dV (f32, rows of 2*Hl*hd) +=, from
+                       const void *kv, int B, int T, int Hl, int KVl, int hd, float scale,
+                       rt_dtype t);
+/* Its gradients: dq (f32, rows of Hl*hd) and the block's dK|dV (f32, rows of 2*KVl*hd) +=, from
 ** dout (rows of Hl*hd), the final lse and dsum (B, Hl, T). */
 void cp_ring_bwd_block(int i, int cp, int cp_rank, float *dq, float *dkv, const void *dout,
                        const float *lse, const float *dsum, const void *qkv, const void *kv,
-                       int B, int T, int Hl, int hd, float scale, rt_dtype t);
-/* CP_COMM=a2a: head groups (cl/cp channels each) between 'rows' (N rows of parts*cl: the parts
-** q, k, v side by side) and 'blocks' (cp blocks of N rows of parts*cl/cp: block j holds head
-** group j of every part); pack = 1: rows -> blocks, 0: back. */
-void cp_a2a_heads(void *blocks, void *rows, int parts, int pack, int N, int cl, int cp,
+                       int B, int T, int Hl, int KVl, int hd, float scale, rt_dtype t);
+/* CP_COMM=a2a: head groups between 'rows' (N rows of [q (qc) | k (kc) | v (kc)]; kc = 0: q
+** alone) and 'blocks' (cp blocks of N rows of (qc + 2*kc)/cp: block j holds head group j of
+** every part, qc/cp and kc/cp channels); pack = 1: rows -> blocks, 0: back. Group j's query
+** heads read group j's kv heads when cp divides the kv heads (config.lua checks it). */
+void cp_a2a_heads(void *blocks, void *rows, int qc, int kc, int pack, int N, int cp,
                   rt_dtype t);
 /* Rows of width w between the received order (block s: cp rank s's local rows, its chunk s
 ** then chunk 2cp-1-s, tc*B rows each) and the sequence order (rows t*B + b of the whole

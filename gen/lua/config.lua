@@ -1092,6 +1092,13 @@ function M.configure(model, opts)
                  "heads of the whole sequence (use CP_COMM=p2p, or another CP or TP)",
                  model.heads, T, model.heads // T, C)
     end
+    local kvl = model.kv_heads // T
+    if cp_comm == "a2a" and C > 1 and model.kv_heads % T == 0 and kvl % C ~= 0 then
+        errs.add(model_at("kv_heads"), "CP_COMM=a2a needs the kv heads per tp rank " ..
+                 "(kv_heads/TP = %d/%d = %d) divisible by CP (%d): each cp rank attends with " ..
+                 "kv_heads/(TP*CP) kv heads of the whole sequence (use CP_COMM=p2p, or " ..
+                 "another CP or TP)", model.kv_heads, T, kvl, C)
+    end
 
     -- Sequence length.
     local seq_at = (opts.seq == nil) and model_at("seq_len") or nil

@@ -950,13 +950,14 @@ end
 
 -- The attention's cp communication on one rank per attention layer and micro-batch, summed
 -- from the hops and all-to-alls the generated layer runs (layer.lua): the p2p ring sends a K|V
--- block of N = MBS*SEQ/CP rows of 2*C/TP channels (the activations' dtype) to the next cp rank
+-- block of N = MBS*SEQ/CP rows of 2*KV*D/TP channels (its kv heads' K|V, the activations'
+-- dtype; GPT: 2*C/TP) to the next cp rank
 -- CP-1 times forward; backward CP-1 times with its f32 dK|dV, then the dK|dV alone once (and,
 -- with selective recompute of the attention core, the forward's hops again).
 -- -> { rows, channels, kv (bytes of one K|V block), dkv (f32 dK|dV), forward, backward, hops
 -- = { forward K|V, backward K|V, backward dK|dV } } in bytes sent by the rank; nil without CP.
--- CP_COMM=a2a: forward, the rank's q|k|v (N rows of 3*C/TP channels) and then the attention
--- output (C/TP) go to the other CP-1 cp ranks a head group each (1/CP of the columns);
+-- CP_COMM=a2a: forward, the rank's q|k|v (N rows of (H + 2*KV)*D/TP channels) and then the
+-- attention output (C/TP) go to the other CP-1 cp ranks a head group each (1/CP of the columns);
 -- backward, the output gradient and then dq|dk|dv the same way: { rows, channels (q|k|v),
 -- forward, backward } bytes sent off the rank, and a2a = true. Pure.
 function M.cp_traffic(cfg)
@@ -982,9 +983,9 @@ function M.cp_traffic(cfg)
         t[k == 1 and "forward" or "backward"] = sent
     end
     if t.a2a then
-        t.channels = 3 * s.c_local
+        t.channels = s.qkv_local
     else
-        t.channels = 2 * s.c_local
+        t.channels = 2 * s.kv_c
         t.kv, t.dkv = s.N * t.channels * es, s.N * t.channels * 4
     end
     return t

@@ -27,8 +27,9 @@ local SIZE_KEY = {
     N = "N", N_SP = "n_sp", C = "C", B = "B", T = "T", SEQ = "seq", T_CHUNK = "t_chunk",
     HEADS_LOCAL = "heads_local", HEAD_DIM = "head_dim", C_LOCAL = "c_local",
     QKV_LOCAL = "qkv_local", FF_LOCAL = "ff_local", V_LOCAL = "v_local", KV_LOCAL = "kv_local",
-    QKVP_LOCAL = "qkvp_local", CP = "cp", EXPERTS = "E", TOPK = "K", AUX_SEQS = "aux_seqs",
-    EP = "ep", EXPERTS_LOCAL = "nl", CP_HEADS = "cp_heads", CP_HW = "cp_hw",
+    KV_C = "kv_c", CP = "cp", EXPERTS = "E", TOPK = "K", AUX_SEQS = "aux_seqs",
+    EP = "ep", EXPERTS_LOCAL = "nl", CP_HEADS = "cp_heads", CP_HW = "cp_hw", CP_KV = "cp_kv",
+    CP_KVW = "cp_kvw",
     ACT_SIZE = "act_size",
 }
 M.SIZE_KEY = SIZE_KEY
@@ -131,13 +132,14 @@ sig("bias_bwd", { { "dbias", "F", "OC" }, { "dout", "A", "N", "OC" }, "N", "OC",
 sig("add_fwd", { { "out", "A", "n" }, { "a", "A", "n" }, { "b", "A", "n" }, "n", "t" })
 sig("add_inplace", { { "y", "A", "n" }, { "x", "A", "n" }, "n", "t" })
 sig("convert", { { "dst", "any", "n" }, "dt", { "src", "any", "n" }, "st", "n" })
+-- q|k|v rows of Hl query heads and KVl kv heads (grouped-query attention, lib/kernels.h)
+local function qkv_rows(p) return p.B * p.T * (p.Hl + 2 * p.KVl) * p.hd end
 sig("attention_fwd", { { "out", "A", "B", "T", "Hl", "hd" }, { "lse", "F", "B", "Hl", "T" },
-                       { "qkv", "A", "B", "T", 3, "Hl", "hd" }, "B", "T", "Hl", "hd", "scale",
-                       "t" })
-sig("attention_bwd", { { "dqkv", "A", "B", "T", 3, "Hl", "hd" }, { "dsum", "F", "B", "Hl", "T" },
+                       { "qkv", "A", qkv_rows }, "B", "T", "Hl", "KVl", "hd", "scale", "t" })
+sig("attention_bwd", { { "dqkv", "A", qkv_rows }, { "dsum", "F", "B", "Hl", "T" },
                        { "dout", "A", "B", "T", "Hl", "hd" }, { "out", "A", "B", "T", "Hl", "hd" },
-                       { "lse", "F", "B", "Hl", "T" }, { "qkv", "A", "B", "T", 3, "Hl", "hd" },
-                       "B", "T", "Hl", "hd", "scale", "t" })
+                       { "lse", "F", "B", "Hl", "T" }, { "qkv", "A", qkv_rows },
+                       "B", "T", "Hl", "KVl", "hd", "scale", "t" })
 sig("attention_dsum", { { "dsum", "F", "B", "Hl", "T" }, { "dout", "A", "B", "T", "Hl", "hd" },
                         { "out", "A", "B", "T", "Hl", "hd" }, "B", "T", "Hl", "hd", "t" })
 -- strided rows: the last row ends 'cols' (or 'width') past its start
@@ -152,10 +154,6 @@ sig("rope_fwd", { { "x", "A", function(p) return (p.T * p.B - 1) * p.ld + p.H * 
 sig("swiglu_fwd", { { "out", "A", "N", "F" }, { "gu", "A", "N", 2, "F" }, "N", "F", "t" })
 sig("swiglu_bwd", { { "dgu", "A", "N", 2, "F" }, { "dout", "A", "N", "F" },
                     { "gu", "A", "N", 2, "F" }, "N", "F", "t" })
-sig("kv_expand", { { "qkv", "A", "N", 3, "Hl", "hd" }, { "qkvp", "A" }, "N", "Hl", "KVl", "hd",
-                   "t" })
-sig("kv_reduce", { { "dqkvp", "A" }, { "dqkv", "A", "N", 3, "Hl", "hd" }, "N", "Hl", "KVl", "hd",
-                   "t" })
 sig("ce_rowmax", { { "mx", "F", "N" }, { "logits", "A", "N", "Vl" }, "N", "Vl", "valid", "t" })
 sig("ce_sums", { { "sums", "F", 2, "N" }, { "logits", "A", "N", "Vl" }, { "mx", "F", "N" },
                  { "targets", "I", "N" }, "N", "Vl", "valid", "vstart", "t" })
@@ -174,18 +172,18 @@ sig("linear_bwd", { { "dinp", "A", "N", "IC" }, "beta", { "dw", "F", "OC", "IC" 
                     { "dout", "A", rows_of("N", "ldd", "OC") }, "ldd", { "inp", "A", "N", "IC" },
                     { "w", "A", "OC", "IC" }, "N", "IC", "OC", "t" })
 sig("cp_ring_fwd_block", { "i", "cp", "cp_rank", { "acc", "F", "B", "T", "Hl", "hd" },
-                           { "lse", "F", "B", "Hl", "T" }, { "qkv", "A", "B", "T", 3, "Hl", "hd" },
-                           { "kv", "A", "B", "T", 2, "Hl", "hd" }, "B", "T", "Hl", "hd",
+                           { "lse", "F", "B", "Hl", "T" }, { "qkv", "A", qkv_rows },
+                           { "kv", "A", "B", "T", 2, "KVl", "hd" }, "B", "T", "Hl", "KVl", "hd",
                            "scale", "t" })
 sig("cp_ring_bwd_block", { "i", "cp", "cp_rank", { "dq", "F", "B", "T", "Hl", "hd" },
-                           { "dkv", "F", "B", "T", 2, "Hl", "hd" },
+                           { "dkv", "F", "B", "T", 2, "KVl", "hd" },
                            { "dout", "A", "B", "T", "Hl", "hd" }, { "lse", "F", "B", "Hl", "T" },
-                           { "dsum", "F", "B", "Hl", "T" },
-                           { "qkv", "A", "B", "T", 3, "Hl", "hd" },
-                           { "kv", "A", "B", "T", 2, "Hl", "hd" }, "B", "T", "Hl", "hd",
+                           { "dsum", "F", "B", "Hl", "T" }, { "qkv", "A", qkv_rows },
+                           { "kv", "A", "B", "T", 2, "KVl", "hd" }, "B", "T", "Hl", "KVl", "hd",
                            "scale", "t" })
-sig("cp_a2a_heads", { { "blocks", "A", "N", "parts", "cl" }, { "rows", "A", "N", "parts", "cl" },
-                      "parts", "pack", "N", "cl", "cp", "t" })
+local function a2a_rows(p) return p.N * (p.qc + 2 * p.kc) end
+sig("cp_a2a_heads", { { "blocks", "A", a2a_rows }, { "rows", "A", a2a_rows },
+                      "qc", "kc", "pack", "N", "cp", "t" })
 sig("cp_a2a_order", { { "dst", "A", "N", "cp", "w" }, { "src", "A", "N", "cp", "w" }, "w",
                       "to_seq", "N", "cp", "tc", "B", "t" })
 sig("scale_inplace", { { "x", "F", "n" }, "n", "s" })
@@ -380,6 +378,16 @@ function M.build(cfg, s, present)
     local function g_or_null(f) return has(f) and grad(f) or NULL end
     local ROWS = E(s, "N_SP", "C")       -- this rank's rows between the layers
     local function I(...) return int(E(s, ...)) end
+    -- grouped-query attention (lib/kernels.h): q|k|v rows hold HEADS_LOCAL query heads and
+    -- KVH kv heads, KVC channels each of k and v (GPT: every head has its own)
+    local KVH = llama and "KV_LOCAL" or "HEADS_LOCAL"
+    local KVC = llama and { "KV_C" } or { "C_LOCAL" }
+    local function EK(...)               -- the product of ... and KVC
+        local f = { ... }
+        for _, x in ipairs(KVC) do f[#f + 1] = x end
+        return E(s, table.unpack(f))
+    end
+    local function IK(...) return int(EK(...)) end
 
     -- the column-parallel input gathered over tp under SP (docs/megatron.md §4.1): returns the
     -- argument that holds the whole sequence
@@ -436,13 +444,13 @@ function M.build(cfg, s, present)
 
     -- -- Context parallelism: the attention core (docs/megatron.md §12) ----------------------
 
-    local NKV = E(s, "N", 2, "C_LOCAL")              -- one K|V block on the ring
-    local function block(id, i) return mem(id, E(s, i, "N", 2, "C_LOCAL")) end
+    local NKV = EK("N", 2)                           -- one K|V block on the ring
+    local function block(id, i) return mem(id, EK(i, "N", 2)) end
     -- one hop: block i_send to the next cp rank, block i_recv from the previous one
     local function ring_hop(b, kv, what, i_send, i_recv, start)
         local id, tag, dt = "S_RING_DKV", "RING_DKV", "f32"
         if kv then id, tag, dt = "S_RING_KV", "RING_KV", act end
-        local n = s.N * 2 * s.c_local
+        local n = s.N * 2 * s.kv_c
         b.stmts[#b.stmts + 1] = ir.Stmt {
             kind = "P", start = start,
             msgs = { ir.Msg { send = true, buf = block(id, i_send), n = NKV, dtype = dt,
@@ -459,15 +467,15 @@ function M.build(cfg, s, present)
     local function ring_block(b, fn, i, bufs)
         local args = { int(E(s, i)), I("CP"), lit("gpt_cp_rank()") }
         for _, a in ipairs(bufs) do args[#args + 1] = a end
-        for _, a in ipairs({ I("B"), I("T"), I("HEADS_LOCAL"), I("HEAD_DIM"),
+        for _, a in ipairs({ I("B"), I("T"), I("HEADS_LOCAL"), I(KVH), I("HEAD_DIM"),
                              num("CFG_ATT_SCALE"), ACT }) do
             args[#args + 1] = a
         end
         b.k(fn, table.unpack(args))
     end
     local function ring_pack(b)          -- this rank's K|V (of its q|k|v) into ring block 0
-        b.k("copy_cols", mem("S_RING_KV"), ACT, I(2, "C_LOCAL"), mem("L_QKV", E(s, "C_LOCAL")),
-            ACT, I(3, "C_LOCAL"), I("N"), I(2, "C_LOCAL"))
+        b.k("copy_cols", mem("S_RING_KV"), ACT, IK(2), mem("L_QKV", E(s, "C_LOCAL")),
+            ACT, I("QKV_LOCAL"), I("N"), IK(2))
     end
     local CUR, NXT, LAST = "(i % 2)", "((i + 1) % 2)", "((CFG_CP - 1) % 2)"
     local CPM1 = plus(E(s, "CP"), E(s, -1))              -- the hops: CP - 1
@@ -496,7 +504,7 @@ function M.build(cfg, s, present)
             I("HEADS_LOCAL"), I("HEAD_DIM"), ACT)
         ring_pack(b)
         b.k("rt_memset0", mem("S_RING_ACC"), I("N", "C_LOCAL", 4))
-        b.k("rt_memset0", mem("S_RING_DKV"), I("N", 2, "C_LOCAL", 4))
+        b.k("rt_memset0", mem("S_RING_DKV"), IK("N", 2, 4))
         local function bufs(i)
             return { mem("S_RING_ACC"), block("S_RING_DKV", i), mem("S_DATTY"), mem("L_LSE"),
                      mem("S_DSUM"), mem("L_QKV"), block("S_RING_KV", i) }
@@ -509,49 +517,57 @@ function M.build(cfg, s, present)
         end)
         ring_block(b, "cp_ring_bwd_block", "(CFG_CP - 1)", bufs(LAST))
         ring_hop(b, false, "the last block's dK|dV", LAST, "(CFG_CP % 2)", false)
-        b.k("copy_cols", mem("S_DQKV"), ACT, I(3, "C_LOCAL"), mem("S_RING_ACC"), F32,
+        b.k("copy_cols", mem("S_DQKV"), ACT, I("QKV_LOCAL"), mem("S_RING_ACC"), F32,
             I("C_LOCAL"), I("N"), I("C_LOCAL"))
-        b.k("copy_cols", mem("S_DQKV", E(s, "C_LOCAL")), ACT, I(3, "C_LOCAL"),
-            block("S_RING_DKV", "(CFG_CP % 2)"), F32, I(2, "C_LOCAL"), I("N"), I(2, "C_LOCAL"))
+        b.k("copy_cols", mem("S_DQKV", E(s, "C_LOCAL")), ACT, I("QKV_LOCAL"),
+            block("S_RING_DKV", "(CFG_CP % 2)"), F32, IK(2), I("N"), IK(2))
     end
 
-    -- CP_COMM=a2a: an all-to-all over cp trades sequence for heads (docs/megatron.md §12)
-    local function a2a(b, send, recv, width, what)
-        b.coll("alltoall", "cp", { n = s.N * width * s.cp_hw, n_expr = E(s, "N", width, "CP_HW"),
-               dtype = act, send = send, recv = recv,
-               text = string.format(">>> all-to-all over cp: %s, head group j to cp rank j " ..
-                                    "(docs/megatron.md §12)", what) })
+    -- CP_COMM=a2a: an all-to-all over cp trades sequence for heads (docs/megatron.md §12);
+    -- a cp rank's head group: CP_HEADS query heads and CPKV kv heads (CPKVW channels)
+    local CPKV, CPKVW = llama and "CP_KV" or "CP_HEADS", llama and "CP_KVW" or "CP_HW"
+    -- the columns of a row of the whole sequence: q|k|v (qkv) or one output
+    local function a2a_width(qkv, x)     -- x: "N" or 1
+        if not qkv then return E(s, x, "CP_HW") end
+        if not llama then return E(s, x, 3, "CP_HW") end
+        return plus(E(s, x, "CP_HW"), E(s, x, 2, "CP_KVW"))
     end
-    local function a2a_heads(b, blocks, rows, parts, pack)
-        b.k("cp_a2a_heads", blocks, rows, int(E(s, parts)), int(E(s, pack)), I("N"),
-            I("C_LOCAL"), I("CP"), ACT)
+    local function a2a(b, send, recv, qkv, what)
+        local w = a2a_width(qkv, "N")
+        b.coll("alltoall", "cp", { n = w.value, n_expr = w, dtype = act, send = send,
+               recv = recv, text = string.format(">>> all-to-all over cp: %s, head group j " ..
+                                                 "to cp rank j (docs/megatron.md §12)", what) })
     end
-    local function a2a_order(b, dst, src, width, to_seq)
-        b.k("cp_a2a_order", dst, src, I(width, "CP_HW"), int(E(s, to_seq)), I("N"), I("CP"),
-            I("T_CHUNK"), I("B"), ACT)
+    local function a2a_heads(b, blocks, rows, qkv, pack)
+        b.k("cp_a2a_heads", blocks, rows, I("C_LOCAL"), qkv and IK() or int(E(s, 0)),
+            int(E(s, pack)), I("N"), I("CP"), ACT)
+    end
+    local function a2a_order(b, dst, src, qkv, to_seq)
+        b.k("cp_a2a_order", dst, src, int(a2a_width(qkv, 1)), int(E(s, to_seq)), I("N"),
+            I("CP"), I("T_CHUNK"), I("B"), ACT)
     end
     local function a2a_fwd(b)
         b.note("attention by head groups (docs/megatron.md §12, CP_COMM=a2a): q|k|v of " ..
                "HEADS_LOCAL/CP heads over the whole sequence, then the output back")
-        a2a_heads(b, mem("S_A2A_SEND"), mem("L_QKV"), 3, 1)
-        a2a(b, mem("S_A2A_SEND"), mem("S_A2A_RECV"), 3, "q|k|v")
-        a2a_order(b, mem("L_QKV_SEQ"), mem("S_A2A_RECV"), 3, 1)
+        a2a_heads(b, mem("S_A2A_SEND"), mem("L_QKV"), true, 1)
+        a2a(b, mem("S_A2A_SEND"), mem("S_A2A_RECV"), true, "q|k|v")
+        a2a_order(b, mem("L_QKV_SEQ"), mem("S_A2A_RECV"), true, 1)
         b.k("attention_fwd", mem("L_ATTY_SEQ"), mem("L_LSE"), mem("L_QKV_SEQ"), I("B"), I("SEQ"),
-            I("CP_HEADS"), I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
-        a2a_order(b, mem("S_A2A_SEND"), mem("L_ATTY_SEQ"), 1, 0)
-        a2a(b, mem("S_A2A_SEND"), mem("S_A2A_RECV"), 1, "the attention output")
-        a2a_heads(b, mem("S_A2A_RECV"), mem("L_ATTY"), 1, 0)
+            I("CP_HEADS"), I(CPKV), I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
+        a2a_order(b, mem("S_A2A_SEND"), mem("L_ATTY_SEQ"), false, 0)
+        a2a(b, mem("S_A2A_SEND"), mem("S_A2A_RECV"), false, "the attention output")
+        a2a_heads(b, mem("S_A2A_RECV"), mem("L_ATTY"), false, 0)
     end
     local function a2a_bwd(b)
-        a2a_heads(b, mem("S_A2A_SEND"), mem("S_DATTY"), 1, 1)
-        a2a(b, mem("S_A2A_SEND"), mem("S_A2A_RECV"), 1, "the output gradient")
-        a2a_order(b, mem("S_A2A_DOUT"), mem("S_A2A_RECV"), 1, 1)
+        a2a_heads(b, mem("S_A2A_SEND"), mem("S_DATTY"), false, 1)
+        a2a(b, mem("S_A2A_SEND"), mem("S_A2A_RECV"), false, "the output gradient")
+        a2a_order(b, mem("S_A2A_DOUT"), mem("S_A2A_RECV"), false, 1)
         b.k("attention_bwd", mem("S_A2A_SEND"), mem("S_DSUM"), mem("S_A2A_DOUT"),
             mem("L_ATTY_SEQ"), mem("L_LSE"), mem("L_QKV_SEQ"), I("B"), I("SEQ"), I("CP_HEADS"),
-            I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
-        a2a_order(b, mem("S_A2A_RECV"), mem("S_A2A_SEND"), 3, 0)
-        a2a(b, mem("S_A2A_RECV"), mem("S_A2A_SEND"), 3, "dq|dk|dv")
-        a2a_heads(b, mem("S_A2A_SEND"), mem("S_DQKV"), 3, 0)
+            I(CPKV), I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
+        a2a_order(b, mem("S_A2A_RECV"), mem("S_A2A_SEND"), true, 0)
+        a2a(b, mem("S_A2A_RECV"), mem("S_A2A_SEND"), true, "dq|dk|dv")
+        a2a_heads(b, mem("S_A2A_SEND"), mem("S_DQKV"), true, 0)
     end
 
     local function attention_core(b)
@@ -560,7 +576,7 @@ function M.build(cfg, s, present)
             return
         end
         b.k("attention_fwd", mem("L_ATTY"), mem("L_LSE"), mem("L_QKV"), I("B"), I("T"),
-            I("HEADS_LOCAL"), I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
+            I("HEADS_LOCAL"), I(KVH), I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
     end
     local function attention_core_bwd(b)
         if cfg.cp > 1 then
@@ -568,8 +584,8 @@ function M.build(cfg, s, present)
             return
         end
         b.k("attention_bwd", mem("S_DQKV"), mem("S_DSUM"), mem("S_DATTY"), mem("L_ATTY"),
-            mem("L_LSE"), mem("L_QKV"), I("B"), I("T"), I("HEADS_LOCAL"), I("HEAD_DIM"),
-            num("CFG_ATT_SCALE"), ACT)
+            mem("L_LSE"), mem("L_QKV"), I("B"), I("T"), I("HEADS_LOCAL"), I(KVH),
+            I("HEAD_DIM"), num("CFG_ATT_SCALE"), ACT)
     end
 
     -- -- The dense MLP (or the shared expert beside the routed ones) -------------------------
@@ -778,16 +794,16 @@ function M.build(cfg, s, present)
     local X, DRES = ident("x"), ident("dres")
     local QN = E(s, "HEADS_LOCAL", "HEAD_DIM")            -- Llama: q's columns, k's, v's
     local KVN = E(s, "KV_LOCAL", "HEAD_DIM")
-    -- Llama: rotary positions on the q and k heads of the q|k|v projections, chunk by chunk
-    -- at their true positions (two chunks under context parallelism)
-    local function rope_qk(b, inverse)
+    -- Llama: rotary positions on the q and k heads of q|k|v (id: L_QKV, or its gradient
+    -- S_DQKV), chunk by chunk at their true positions (two chunks under context parallelism)
+    local function rope_qk(b, id, inverse)
         for t = 0, s.T - 1, s.t_chunk do
-            local at = t > 0 and E(s, t, "B", "QKVP_LOCAL") or nil
+            local at = t > 0 and E(s, t, "B", "QKV_LOCAL") or nil
             local pos = lit(string.format("gpt_cp_position(%d)", t))
-            b.k("rope_fwd", mem("S_QKVP", at), I("QKVP_LOCAL"), I("T_CHUNK"), I("B"),
+            b.k("rope_fwd", mem(id, at), I("QKV_LOCAL"), I("T_CHUNK"), I("B"),
                 I("HEADS_LOCAL"), I("HEAD_DIM"), pos, num("CFG_ROPE_THETA"), int(E(s, inverse)),
                 ACT)
-            b.k("rope_fwd", mem("S_QKVP", at and plus(at, QN) or QN), I("QKVP_LOCAL"),
+            b.k("rope_fwd", mem(id, at and plus(at, QN) or QN), I("QKV_LOCAL"),
                 I("T_CHUNK"), I("B"),
                 I("KV_LOCAL"), I("HEAD_DIM"), pos, num("CFG_ROPE_THETA"), int(E(s, inverse)),
                 ACT)
@@ -799,15 +815,13 @@ function M.build(cfg, s, present)
                 I("C"), I("QKV_LOCAL"), ACT)
             return
         end
-        b.k("linear_fwd", mem("S_QKVP"), I("QKVP_LOCAL"), h, param("QKV_W"), I("N"), I("C"),
+        b.k("linear_fwd", mem("L_QKV"), I("QKV_LOCAL"), h, param("QKV_W"), I("N"), I("C"),
             int(QN), ACT)
-        b.k("linear_fwd", mem("S_QKVP", QN), I("QKVP_LOCAL"), h, param("K_W"), I("N"), I("C"),
+        b.k("linear_fwd", mem("L_QKV", QN), I("QKV_LOCAL"), h, param("K_W"), I("N"), I("C"),
             int(KVN), ACT)
-        b.k("linear_fwd", mem("S_QKVP", plus(QN, KVN)), I("QKVP_LOCAL"), h, param("V_W"),
+        b.k("linear_fwd", mem("L_QKV", plus(QN, KVN)), I("QKV_LOCAL"), h, param("V_W"),
             I("N"), I("C"), int(KVN), ACT)
-        rope_qk(b, 0)
-        b.k("kv_expand", mem("L_QKV"), mem("S_QKVP"), I("N"), I("HEADS_LOCAL"), I("KV_LOCAL"),
-            I("HEAD_DIM"), ACT)
+        rope_qk(b, "L_QKV", 0)
     end
     local function attn_proj_fwd(b)
         if llama then
@@ -884,15 +898,13 @@ function M.build(cfg, s, present)
         end
         attention_core_bwd(b)
         if llama then
-            b.k("kv_reduce", mem("S_QKVP"), mem("S_DQKV"), I("N"), I("HEADS_LOCAL"),
-                I("KV_LOCAL"), I("HEAD_DIM"), ACT)
-            rope_qk(b, 1)
-            b.k("linear_bwd", mem("S_FULL"), lit("0.0f"), grad("QKV_W"), mem("S_QKVP"),
-                I("QKVP_LOCAL"), h, param("QKV_W"), I("N"), I("C"), int(QN), ACT)
-            b.k("linear_bwd", mem("S_FULL"), lit("1.0f"), grad("K_W"), mem("S_QKVP", QN),
-                I("QKVP_LOCAL"), h, param("K_W"), I("N"), I("C"), int(KVN), ACT)
+            rope_qk(b, "S_DQKV", 1)
+            b.k("linear_bwd", mem("S_FULL"), lit("0.0f"), grad("QKV_W"), mem("S_DQKV"),
+                I("QKV_LOCAL"), h, param("QKV_W"), I("N"), I("C"), int(QN), ACT)
+            b.k("linear_bwd", mem("S_FULL"), lit("1.0f"), grad("K_W"), mem("S_DQKV", QN),
+                I("QKV_LOCAL"), h, param("K_W"), I("N"), I("C"), int(KVN), ACT)
             b.k("linear_bwd", mem("S_FULL"), lit("1.0f"), grad("V_W"),
-                mem("S_QKVP", plus(QN, KVN)), I("QKVP_LOCAL"), h, param("V_W"), I("N"), I("C"),
+                mem("S_DQKV", plus(QN, KVN)), I("QKV_LOCAL"), h, param("V_W"), I("N"), I("C"),
                 int(KVN), ACT)
         else
             b.k("matmul_bwd", mem("S_FULL"), grad("QKV_W"), g_or_null("QKV_B"), mem("S_DQKV"),

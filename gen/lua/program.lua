@@ -51,17 +51,19 @@ function M.sizes(cfg)
         T = T, B = B, C = C, N = N, n_sp = cfg.sp and N // TP or N, tp = TP, seq = cfg.seq,
         t_chunk = cfg.cp > 1 and cfg.seq // (2 * cfg.cp) or T,
         heads_local = m.heads // TP, head_dim = C // m.heads, c_local = C // TP,
-        qkv_local = 3 * C // TP,
         v_local = cfg.vocab_padded // TP, nmb = cfg.nmb, llama = m.arch == "llama",
         kv_local = m.kv_heads // TP,
     }
-    -- llama: q|k|v projected for heads_local + 2 kv_local heads, then each kv head repeated
-    -- for its query heads into the (N, QKV_LOCAL) layout the attention kernels read
-    s.qkvp_local = (s.heads_local + 2 * s.kv_local) * s.head_dim
+    -- q|k|v: heads_local query heads and kv_local kv heads (grouped-query attention: the
+    -- kernels map query head h to kv head h / (heads_local/kv_local); GPT: kv_local = heads_local)
+    s.kv_c = s.kv_local * s.head_dim
+    s.qkv_local = s.heads_local * s.head_dim + 2 * s.kv_c
     s.cp, s.ep, s.etp = cfg.cp, cfg.ep, cfg.etp
     -- CP_COMM=a2a: each cp rank attends HEADS_LOCAL/CP heads of the whole sequence
     s.cp_heads = s.heads_local // cfg.cp
     s.cp_hw = s.cp_heads * s.head_dim
+    s.cp_kv = s.kv_local // cfg.cp             -- and KV_LOCAL/CP kv heads (config.lua checks)
+    s.cp_kvw = s.cp_kv * s.head_dim
     s.act_size = cfg.bf16 and 2 or 4          -- bytes of one activation element
     local moe = m.moe
     -- the dense MLP's columns, or with experts the shared expert's (in the same buffers)
@@ -186,6 +188,10 @@ local function consts(cfg, s, layout)
     if cfg.cp > 1 and cfg.cp_comm == "a2a" then
         int("CFG_CP_HEADS", s.cp_heads, "heads each cp rank attends to = HEADS_LOCAL/CP")
         int("CFG_CP_HW", s.cp_hw, "their channels = CP_HEADS*HEAD_DIM")
+        if s.llama then
+            int("CFG_CP_KV", s.cp_kv, "kv heads each cp rank attends with = KV_LOCAL/CP")
+            int("CFG_CP_KVW", s.cp_kvw, "their channels = CP_KV*HEAD_DIM")
+        end
     end
     int("CFG_T_MODEL", m.seq_len, "rows of wpe (model.seq_len)")
     int("CFG_C", s.C, "channels (model.hidden)")
@@ -196,13 +202,14 @@ local function consts(cfg, s, layout)
     int("CFG_HEADS_LOCAL", s.heads_local, "heads per tp rank = heads/TP")
     int("CFG_HEAD_DIM", s.head_dim, "channels per head = C/heads")
     int("CFG_C_LOCAL", s.c_local, "attention channels per tp rank = C/TP")
-    int("CFG_QKV_LOCAL", s.qkv_local, "q|k|v columns per tp rank = 3C/TP")
+    int("CFG_QKV_LOCAL", s.qkv_local, s.llama and
+        "q|k|v columns per tp rank = (HEADS_LOCAL + 2*KV_LOCAL)*HEAD_DIM" or
+        "q|k|v columns per tp rank = 3C/TP")
     if s.llama then
         int("CFG_LLAMA", 1, "Llama layer: RMSNorm, SwiGLU, rotary positions, no biases")
         int("CFG_KV_HEADS", m.kv_heads, "key/value heads (model.kv_heads)")
         int("CFG_KV_LOCAL", s.kv_local, "kv heads per tp rank = KV_HEADS/TP")
-        int("CFG_QKVP_LOCAL", s.qkvp_local,
-            "q|k|v projection columns per tp rank = (HEADS_LOCAL + 2*KV_LOCAL)*HEAD_DIM")
+        int("CFG_KV_C", s.kv_c, "k (and v) columns per tp rank = KV_LOCAL*HEAD_DIM")
         float("CFG_ROPE_THETA", m.rope_theta, "rotary embedding base (model.rope_theta)")
     end
     int("CFG_FF", m.ffn_hidden, "MLP width (model.ffn_hidden)")
@@ -775,14 +782,14 @@ local function memory_plan(cfg, s, chunks, head, nparams, sp_total, buffers, poo
         S_FULL = s.N * s.C, S_FULL_SP = cfg.sp and s.n_sp * s.C or "S_FULL",
         S_GATHER = cfg.sp and s.N * s.C, S_DQKV = s.N * s.qkv_local,
         S_DATTY = s.N * s.c_local, S_DSUM = lse, S_DFC = dense and s.N * s.fc_local,
-        S_QKVP = s.llama and s.N * s.qkvp_local, S_DACT = s.llama and dense and s.N * s.ff_local,
+        S_DACT = s.llama and dense and s.N * s.ff_local,
         S_DSHARED = s.shared and s.n_sp * s.C,
         S_LOGITS = head and s.N * s.v_local, S_CE = head and 4 * s.N, S_TARGETS = head and s.N,
         X_LOSS = s.nmb, X_STAT = nparams + 3, X_SP_PACK = sp_total > 0 and sp_total,
     }
     if cfg.cp > 1 and cfg.cp_comm == "p2p" then     -- layer.lua: the ring
-        size.S_RING_KV = 2 * s.N * 2 * s.c_local
-        size.S_RING_DKV = 2 * s.N * 2 * s.c_local
+        size.S_RING_KV = 2 * s.N * 2 * s.kv_c
+        size.S_RING_DKV = 2 * s.N * 2 * s.kv_c
         size.S_RING_ACC = s.N * s.c_local
     elseif cfg.cp > 1 then                          -- layer.lua: the all-to-all
         size.L_QKV_SEQ, size.L_ATTY_SEQ = s.N * s.qkv_local, s.N * s.c_local

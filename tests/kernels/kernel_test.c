@@ -1,8 +1,9 @@
 /*
 ** kernel_test.c: every kernel of the library (lib/kernels.h) against the double-precision
 ** reference's single ops (build/ref/libref.a; where the reference has no such op -- the
-** mixture of experts' row movements and routing, the attention log-sum-exp, the grouped-query
-** head copies and sums -- the formula here) on random inputs, at sizes that are multiples of
+** mixture of experts' row movements and routing, the attention log-sum-exp -- the formula
+** here; grouped-query attention: the multi-head reference on the kv heads copied to their
+** query heads, its kv gradients summed over them) on random inputs, at sizes that are multiples of
 ** nothing, forward and backward, in both storage dtypes (f32, then bf16). One source, two
 ** programs: linked with kernels_cpu.c + librt_cpu.a or with kernels_cuda.cu + librt_cuda.a
 ** (data moves with rt_memcpy, as in the library). Run by tests/kernels/suite.sh; not a
@@ -28,7 +29,7 @@
 ** Tolerances (|got - ref| <= atol + rtol*|ref|, stated per check below):
 **   exact    copies, one add, one multiply: the kernel does one f32 operation per element (and
 **            in bf16 one rounding), so the result must equal that operation done here, bit for
-**            bit. Likewise kv_reduce's sums, whose f32 order its contract fixes.
+**            bit.
 **   F32_RTOL 1e-5 with atol = 1e-5 * max|ref| of the tensor: the inputs are f32 (or bf16)
 **            values, which the reference widens exactly, so every difference is f32 rounding
 **            inside the kernel. Its outputs are sums of at most ~1000 products (u = 6e-8;
@@ -872,6 +873,40 @@ static void test_fill(void)
 /* Element i of a device buffer of this pass's dtype. */
 static void *st_at(void *p, size_t i) { return (char *)p + i * rt_dtype_size(dt); }
 
+/* Grouped-query attention (kernels.h): the compact rows [q (H hd) | k (KV hd) | v (KV hd)] of
+** N rows widened to the reference's [q | k | v] of 3 H hd, query head h given kv head
+** h / (H/KV) (copies); and back for gradients: dq copied, the dk (dv) of a kv head the sum in
+** double over its query heads. The reference is multi-head: these make it grouped. */
+static double *kv_widen(const double *x, int N, int H, int KV, int hd)
+{
+    size_t C = (size_t)H * hd, K = (size_t)KV * hd, W = C + 2 * K;
+    double *y = xmalloc((size_t)N * 3 * C * 8);
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int part = 0; part < 3; part++)
+            for (int h = 0; h < H; h++) {
+                size_t src = part ? C + (part - 1) * K + (size_t)(h / (H / KV)) * hd
+                                  : (size_t)h * hd;
+                memcpy(y + n * 3 * C + part * C + (size_t)h * hd, x + n * W + src, hd * 8);
+            }
+    return y;
+}
+
+static double *kv_sum(const double *y, int N, int H, int KV, int hd)
+{
+    size_t C = (size_t)H * hd, K = (size_t)KV * hd, W = C + 2 * K;
+    double *x = xmalloc((size_t)N * W * 8);
+    memset(x, 0, (size_t)N * W * 8);
+    for (size_t n = 0; n < (size_t)N; n++)
+        for (int part = 0; part < 3; part++)
+            for (int h = 0; h < H; h++) {
+                size_t dst = part ? C + (part - 1) * K + (size_t)(h / (H / KV)) * hd
+                                  : (size_t)h * hd;
+                for (int d = 0; d < hd; d++)
+                    x[n * W + dst + d] += y[n * 3 * C + part * C + (size_t)h * hd + d];
+            }
+    return x;
+}
+
 /* rlse (B, H, T) = log sum_{s <= t} exp(q_t . k_s / sqrt(hd)) of the batch-major rows of qkv
 ** (rows of 3 H hd), in double: the reference has no such output. */
 static void lse_in_double(double *rlse, const double *rqkv_bm, int B, int T, int H, int hd)
@@ -956,13 +991,13 @@ static void dsum_in_double(double *rdsum, const float *dout, const float *out, i
 ** (B, H, T, T) probabilities), and the log-sum-exp of the scaled masked scores in double here.
 ** Sizes cross the CPU's 64-row tiles and the CUDA 32-row tiles at non-multiples.
 */
-static void test_attention_case(int B, int T, int H, int hd)
+static void test_attention_case(int B, int T, int H, int KV, int hd)
 {
     char size[48];
-    snprintf(size, sizeof size, "B%dT%dH%dhd%d", B, T, H, hd);
-    int C = H * hd, N = T * B;
-    size_t nq = (size_t)N * 3 * C, ny = (size_t)N * C, nl = (size_t)B * H * T;
-    size_t na = nl * T;
+    snprintf(size, sizeof size, "B%dT%dH%dKV%dhd%d", B, T, H, KV, hd);
+    int C = H * hd, N = T * B, W = (H + 2 * KV) * hd;
+    size_t nq = (size_t)N * W, nx = (size_t)N * 3 * C, ny = (size_t)N * C;
+    size_t nl = (size_t)B * H * T, na = nl * T;
     float scale = 1.0f / sqrtf((float)hd);
     float *qkv = frand_st(nq, -1.5f, 1.5f), *dout = frand_st(ny, -1, 1);
     float *nan = fconst(nl, NAN);
@@ -970,9 +1005,10 @@ static void test_attention_case(int B, int T, int H, int hd)
     void *d_dqkv = dev_st_nan(nq);
     float *d_lse = dev_copy(nan, nl * 4), *d_dsum = dev_copy(nan, nl * 4);
 
-    attention_fwd(d_out, d_lse, d_qkv, B, T, H, hd, scale, dt);
+    attention_fwd(d_out, d_lse, d_qkv, B, T, H, KV, hd, scale, dt);
     float *out = down_st(d_out, ny), *lse = down(d_lse, nl);
-    double *rqkv = widen(qkv, nq), *rqkv_bm = to_batch_major(rqkv, T, B, 3 * C);
+    double *rqkv_c = widen(qkv, nq), *rqkv = kv_widen(rqkv_c, N, H, KV, hd);
+    double *rqkv_bm = to_batch_major(rqkv, T, B, 3 * C);
     double *rout = xmalloc(ny * 8), *ratt = xmalloc(na * 8), *rlse = xmalloc(nl * 8);
     ref_attention_fwd(rout, ratt, rqkv_bm, B, T, C, H);
     double *rout_sm = to_seq_major(rout, T, B, C);
@@ -982,29 +1018,33 @@ static void test_attention_case(int B, int T, int H, int hd)
     keep(label("attention_fwd", "out", size), out, ny);
     keep(label("attention_fwd", "lse", size), lse, nl);
 
-    attention_bwd(d_dqkv, d_dsum, d_dout, d_out, d_lse, d_qkv, B, T, H, hd, scale, dt);
+    attention_bwd(d_dqkv, d_dsum, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, scale, dt);
     float *dqkv = down_st(d_dqkv, nq), *dsum = down(d_dsum, nl);
     double *rdout = widen(dout, ny), *rdout_bm = to_batch_major(rdout, T, B, C);
-    double *rdqkv = xmalloc(nq * 8), *rdsum = xmalloc(nl * 8);
+    double *rdqkv = xmalloc(nx * 8), *rdsum = xmalloc(nl * 8);
     ref_attention_bwd(rdqkv, rdout_bm, rqkv_bm, ratt, B, T, C, H);
     double *rdqkv_sm = to_seq_major(rdqkv, T, B, 3 * C);
+    double *rdqkv_c = kv_sum(rdqkv_sm, N, H, KV, hd);
     dsum_in_double(rdsum, dout, out, B, T, H, hd);
     check(label("attention_bwd", "dsum", size), dsum, rdsum, nl, -1, F32_RTOL);
-    /* dqkv is stored in this pass's dtype: in bf16 BF16_REL, and the bound of the bf16 out */
-    double *extra = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
+    /* dqkv is stored in this pass's dtype: in bf16 BF16_REL, and the bound of the bf16 out
+    ** (a kv head's: the sum of its query heads' bounds) */
+    double *extra_x = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
+    double *extra = extra_x ? kv_sum(extra_x, N, H, KV, hd) : NULL;
     double atol = -1, rtol = F32_RTOL;
     if (dt == RT_BF16) {
         double s = 0;
-        for (size_t i = 0; i < nq; i++) s = fmax(s, fabs(rdqkv_sm[i]));
+        for (size_t i = 0; i < nq; i++) s = fmax(s, fabs(rdqkv_c[i]));
         atol = F32_RTOL * s * (1 + BF16_REL);
         rtol += BF16_REL;
     }
-    check_bound(label("attention_bwd", "dqkv", size), dqkv, rdqkv_sm, nq, atol, rtol, extra);
+    check_bound(label("attention_bwd", "dqkv", size), dqkv, rdqkv_c, nq, atol, rtol, extra);
     keep(label("attention_bwd", "dqkv", size), dqkv, nq);
 
-    free(qkv); free(dout); free(nan); free(out); free(lse); free(rqkv); free(rqkv_bm);
-    free(rout); free(ratt); free(rlse); free(rout_sm); free(dqkv); free(dsum); free(rdout);
-    free(rdout_bm); free(rdqkv); free(rdsum); free(rdqkv_sm); free(extra);
+    free(qkv); free(dout); free(nan); free(out); free(lse); free(rqkv_c); free(rqkv);
+    free(rqkv_bm); free(rout); free(ratt); free(rlse); free(rout_sm); free(dqkv); free(dsum);
+    free(rdout); free(rdout_bm); free(rdqkv); free(rdsum); free(rdqkv_sm); free(rdqkv_c);
+    free(extra_x); free(extra);
     rt_free(d_qkv); rt_free(d_out); rt_free(d_dout); rt_free(d_dqkv); rt_free(d_lse);
     rt_free(d_dsum);
 }
@@ -1012,15 +1052,20 @@ static void test_attention_case(int B, int T, int H, int hd)
 static void test_attention(void)
 {
     op_begin();
-    test_attention_case(3, 7, 5, 3);
-    test_attention_case(1, 1, 1, 1);
-    test_attention_case(2, 67, 3, 64);          /* two tiles, the second of 3 rows */
-    test_attention_case(2, 200, 2, 13);         /* 4 tiles; odd head size, padded */
-    test_attention_case(2, 130, 3, 67);         /* head size past one register block */
-    test_attention_case(1, 1024, 2, 64);        /* 16 x 16 tiles, 136 computed */
+    test_attention_case(3, 7, 5, 5, 3);
+    test_attention_case(1, 1, 1, 1, 1);
+    test_attention_case(2, 67, 3, 3, 64);       /* two tiles, the second of 3 rows */
+    test_attention_case(2, 200, 2, 2, 13);      /* 4 tiles; odd head size, padded */
+    test_attention_case(2, 130, 3, 3, 67);      /* head size past one register block */
+    test_attention_case(1, 1024, 2, 2, 64);     /* 16 x 16 tiles, 136 computed */
     /* bf16 on CUDA: the tensor-core kernels for head sizes 64, 128 and any multiple of 16 */
-    test_attention_case(2, 130, 2, 128);        /* three 64-row tiles, the last of 2 rows */
-    test_attention_case(3, 77, 2, 32);
+    test_attention_case(2, 130, 2, 2, 128);     /* three 64-row tiles, the last of 2 rows */
+    test_attention_case(3, 77, 2, 2, 32);
+    /* grouped-query: groups of 2, 3 and 4 query heads (the tensor-core kernels: hd 32, 16) */
+    test_attention_case(2, 67, 4, 2, 13);
+    test_attention_case(3, 9, 6, 2, 5);
+    test_attention_case(2, 130, 4, 1, 32);
+    test_attention_case(1, 77, 6, 2, 16);
     op_end("attention", 1);
 }
 
@@ -1046,28 +1091,29 @@ static void test_attention(void)
 ** gradients get dsum_bf16_bound (dsum reads the bf16 out, as attention_bwd's does) but not
 ** BF16_REL: they are not rounded. dqkv is that f32 gradient rounded once to the dtype: exact.
 */
-static void test_attention_cp_case(int B, int tc, int nch, int H, int hd)
+static void test_attention_cp_case(int B, int tc, int nch, int H, int KV, int hd)
 {
-    char size[48];
-    snprintf(size, sizeof size, "B%dT%dH%dhd%d_%dx%d", B, nch * tc, H, hd, nch, tc);
-    int T = nch * tc, C = H * hd, N = T * B;
-    size_t nq = (size_t)N * 3 * C, ny = (size_t)N * C, nl = (size_t)B * H * T;
+    char size[56];
+    snprintf(size, sizeof size, "B%dT%dH%dKV%dhd%d_%dx%d", B, nch * tc, H, KV, hd, nch, tc);
+    int T = nch * tc, C = H * hd, K = KV * hd, W = C + 2 * K, N = T * B;
+    size_t nq = (size_t)N * W, nk = (size_t)N * 2 * K, ny = (size_t)N * C;
+    size_t nl = (size_t)B * H * T;
     size_t chunk = (size_t)tc * B;                  /* rows of one chunk */
     float scale = 1.0f / sqrtf((float)hd);
     float *qkv = frand_st(nq, -1.5f, 1.5f), *dout = frand_st(ny, -1, 1);
-    float *nan = fconst(nl, NAN), *zero = fconst(2 * ny, 0);
-    void *d_qkv = dev_st(qkv, nq), *d_kv = dev_st_nan(2 * ny), *d_dout = dev_st(dout, ny);
+    float *nan = fconst(nl, NAN), *zero = fconst(nk > ny ? nk : ny, 0);
+    void *d_qkv = dev_st(qkv, nq), *d_kv = dev_st_nan(nk), *d_dout = dev_st(dout, ny);
     void *d_out = dev_st_nan(ny), *d_dqkv = dev_st_nan(nq);
     float *d_acc = dev_copy(zero, ny * 4), *d_lse = dev_copy(nan, nl * 4);
     float *d_dsum = dev_copy(nan, nl * 4), *d_dq = dev_copy(zero, ny * 4);
-    float *d_dkv = dev_copy(zero, 2 * ny * 4);
+    float *d_dkv = dev_copy(zero, nk * 4);
 
-    /* K|V: columns C .. 3C of qkv, a copy */
-    copy_cols(d_kv, dt, 2 * (size_t)C, st_at(d_qkv, (size_t)C), dt, 3 * (size_t)C, N, 2 * C);
-    float *kv = down_st(d_kv, 2 * ny), *want = xmalloc(nq * 4);
+    /* K|V: columns C .. W of qkv, a copy */
+    copy_cols(d_kv, dt, 2 * (size_t)K, st_at(d_qkv, (size_t)C), dt, (size_t)W, N, 2 * K);
+    float *kv = down_st(d_kv, nk), *want = xmalloc(nq * 4);
     for (size_t r = 0; r < (size_t)N; r++)
-        memcpy(want + r * 2 * C, qkv + r * 3 * C + C, 2 * (size_t)C * 4);
-    check_exact(label("copy_cols", "kv", size), kv, want, 2 * ny);
+        memcpy(want + r * 2 * K, qkv + r * W + C, 2 * (size_t)K * 4);
+    check_exact(label("copy_cols", "kv", size), kv, want, nk);
 
     fill_f32(d_lse, nl, -INFINITY);
     for (int a = 0; a < nch; a++)
@@ -1075,12 +1121,13 @@ static void test_attention_cp_case(int B, int tc, int nch, int H, int hd)
             int b = (a / 2 + j) % (a + 1);
             size_t qa = (size_t)a * chunk, kb = (size_t)b * chunk;
             attention_fwd_block(d_acc + qa * C, d_lse + (size_t)a * tc, T,
-                                st_at(d_qkv, qa * 3 * C), 3 * C, st_at(d_kv, kb * 2 * C),
-                                st_at(d_kv, kb * 2 * C + C), 2 * C, B, tc, tc, H, hd, b == a,
-                                scale, dt);
+                                st_at(d_qkv, qa * W), W, st_at(d_kv, kb * 2 * K),
+                                st_at(d_kv, kb * 2 * K + K), 2 * K, B, tc, tc, H, KV, hd,
+                                b == a, scale, dt);
         }
     float *acc = down(d_acc, ny), *lse = down(d_lse, nl);
-    double *rqkv = widen(qkv, nq), *rqkv_bm = to_batch_major(rqkv, T, B, 3 * C);
+    double *rqkv_c = widen(qkv, nq), *rqkv = kv_widen(rqkv_c, N, H, KV, hd);
+    double *rqkv_bm = to_batch_major(rqkv, T, B, 3 * C);
     double *rout = xmalloc(ny * 8), *ratt = xmalloc(nl * T * 8), *rlse = xmalloc(nl * 8);
     ref_attention_fwd(rout, ratt, rqkv_bm, B, T, C, H);
     double *rout_sm = to_seq_major(rout, T, B, C);
@@ -1103,39 +1150,40 @@ static void test_attention_cp_case(int B, int tc, int nch, int H, int hd)
         for (int j = 0; j <= a; j++) {
             int b = (a / 2 + j) % (a + 1);
             size_t qa = (size_t)a * chunk, kb = (size_t)b * chunk;
-            attention_bwd_block(d_dq + qa * C, d_dkv + kb * 2 * C, d_dkv + kb * 2 * C + C, 2 * C,
-                                st_at(d_dout, qa * C), d_lse + (size_t)a * tc,
-                                d_dsum + (size_t)a * tc, T, st_at(d_qkv, qa * 3 * C), 3 * C,
-                                st_at(d_kv, kb * 2 * C), st_at(d_kv, kb * 2 * C + C), 2 * C, B,
-                                tc, tc, H, hd, b == a, scale, dt);
+            attention_bwd_block(d_dq + qa * C, d_dkv + kb * 2 * K, d_dkv + kb * 2 * K + K,
+                                2 * K, st_at(d_dout, qa * C), d_lse + (size_t)a * tc,
+                                d_dsum + (size_t)a * tc, T, st_at(d_qkv, qa * W), W,
+                                st_at(d_kv, kb * 2 * K), st_at(d_kv, kb * 2 * K + K), 2 * K, B,
+                                tc, tc, H, KV, hd, b == a, scale, dt);
         }
     /* the f32 gradients in the layout of dqkv: dq | dk | dv */
-    float *dq = down(d_dq, ny), *dkv = down(d_dkv, 2 * ny), *grad = xmalloc(nq * 4);
+    float *dq = down(d_dq, ny), *dkv = down(d_dkv, nk), *grad = xmalloc(nq * 4);
     for (size_t r = 0; r < (size_t)N; r++) {
-        memcpy(grad + r * 3 * C, dq + r * C, (size_t)C * 4);
-        memcpy(grad + r * 3 * C + C, dkv + r * 2 * C, 2 * (size_t)C * 4);
+        memcpy(grad + r * W, dq + r * C, (size_t)C * 4);
+        memcpy(grad + r * W + C, dkv + r * 2 * K, 2 * (size_t)K * 4);
     }
     double *rdout = widen(dout, ny), *rdout_bm = to_batch_major(rdout, T, B, C);
-    double *rdqkv = xmalloc(nq * 8);
+    double *rdqkv = xmalloc((size_t)N * 3 * C * 8);
     ref_attention_bwd(rdqkv, rdout_bm, rqkv_bm, ratt, B, T, C, H);
     double *rdqkv_sm = to_seq_major(rdqkv, T, B, 3 * C);
-    double *extra = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
-    check_bound(label("attention_bwd_block", "dqkv", size), grad, rdqkv_sm, nq, -1, F32_RTOL,
+    double *rdqkv_c = kv_sum(rdqkv_sm, N, H, KV, hd);
+    double *extra_x = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
+    double *extra = extra_x ? kv_sum(extra_x, N, H, KV, hd) : NULL;
+    check_bound(label("attention_bwd_block", "dqkv", size), grad, rdqkv_c, nq, -1, F32_RTOL,
                 extra);
     keep(label("attention_bwd_block", "dqkv", size), grad, nq);
 
     /* into dqkv as ring_bwd copies them out: one rounding to this pass's dtype */
-    copy_cols(d_dqkv, dt, 3 * (size_t)C, d_dq, RT_F32, (size_t)C, N, C);
-    copy_cols(st_at(d_dqkv, (size_t)C), dt, 3 * (size_t)C, d_dkv, RT_F32, 2 * (size_t)C, N,
-              2 * C);
+    copy_cols(d_dqkv, dt, (size_t)W, d_dq, RT_F32, (size_t)C, N, C);
+    copy_cols(st_at(d_dqkv, (size_t)C), dt, (size_t)W, d_dkv, RT_F32, 2 * (size_t)K, N, 2 * K);
     float *dqkv = down_st(d_dqkv, nq);
     for (size_t i = 0; i < nq; i++) want[i] = st_round(grad[i]);
     check_exact(label("copy_cols", "dqkv", size), dqkv, want, nq);
 
     free(qkv); free(dout); free(nan); free(zero); free(kv); free(want); free(acc); free(lse);
-    free(rqkv); free(rqkv_bm); free(rout); free(ratt); free(rlse); free(rout_sm); free(out);
+    free(rqkv_c); free(rqkv); free(rqkv_bm); free(rout); free(ratt); free(rlse); free(rout_sm); free(out);
     free(dsum); free(rdsum); free(dq); free(dkv); free(grad); free(rdout); free(rdout_bm);
-    free(rdqkv); free(rdqkv_sm); free(extra); free(dqkv);
+    free(rdqkv); free(rdqkv_sm); free(rdqkv_c); free(extra_x); free(extra); free(dqkv);
     rt_free(d_qkv); rt_free(d_kv); rt_free(d_dout); rt_free(d_out); rt_free(d_dqkv);
     rt_free(d_acc); rt_free(d_lse); rt_free(d_dsum); rt_free(d_dq); rt_free(d_dkv);
 }
@@ -1143,12 +1191,14 @@ static void test_attention_cp_case(int B, int tc, int nch, int H, int hd)
 static void test_attention_cp(void)
 {
     op_begin();
-    test_attention_cp_case(3, 5, 6, 2, 13);     /* CP 3: 21 blocks of 5 positions */
-    test_attention_cp_case(1, 70, 4, 2, 13);    /* CP 2: blocks of two tiles, the second of 6 */
-    test_attention_cp_case(3, 70, 2, 3, 64);    /* CP 1: causal, full, causal */
-    test_attention_cp_case(2, 37, 1, 3, 7);     /* one causal block: the whole sequence */
-    test_attention_cp_case(2, 1, 6, 1, 1);      /* one position per chunk */
-    test_attention_cp_case(1, 33, 6, 2, 67);    /* head size past one register block */
+    test_attention_cp_case(3, 5, 6, 2, 2, 13);  /* CP 3: 21 blocks of 5 positions */
+    test_attention_cp_case(1, 70, 4, 2, 2, 13); /* CP 2: blocks of two tiles, the second of 6 */
+    test_attention_cp_case(3, 70, 2, 3, 3, 64); /* CP 1: causal, full, causal */
+    test_attention_cp_case(2, 37, 1, 3, 3, 7);  /* one causal block: the whole sequence */
+    test_attention_cp_case(2, 1, 6, 1, 1, 1);   /* one position per chunk */
+    test_attention_cp_case(1, 33, 6, 2, 2, 67); /* head size past one register block */
+    test_attention_cp_case(2, 9, 4, 4, 2, 7);   /* grouped-query: groups of 2, CP 2 */
+    test_attention_cp_case(1, 70, 2, 6, 2, 16); /* groups of 3, blocks of two tiles */
     op_end("attention_cp", 1);
 }
 
@@ -1747,8 +1797,7 @@ static void test_moe(void)
 /* -- Llama layer ----------------------------------------------------------------------------- */
 /*
 ** RMSNorm, the rotary embedding and SwiGLU against the reference's Llama ops (ref_rmsnorm_*,
-** ref_rope_*, ref_swiglu_*: Hugging Face's formulas in double); the grouped-query head copies
-** and sums against plain loops here, exactly (kv_reduce sums in a stated f32 order).
+** ref_rope_*, ref_swiglu_*: Hugging Face's formulas in double).
 */
 
 /* nzero: the first rows are zero (mean square 0: rstd = 1/sqrt(eps), out = 0 exactly); in a
@@ -1939,60 +1988,6 @@ static void test_swiglu(void)
     op_end("swiglu", 1);
 }
 
-/*
-** Grouped-query heads: kv_expand copies (exact); kv_reduce copies dq and sums each kv head's
-** rep = Hl/KVl query heads in increasing order in f32, rounded once: done so here, exact.
-*/
-static void test_kv_heads_case(int N, int Hl, int KVl, int hd)
-{
-    char size[48];
-    snprintf(size, sizeof size, "N%dHl%dKVl%dhd%d", N, Hl, KVl, hd);
-    int C = Hl * hd, Cp = (Hl + 2 * KVl) * hd, rep = Hl / KVl;
-    size_t np = (size_t)N * Cp, nx = (size_t)N * 3 * C;
-    float *qkvp = frand_st(np, -2, 2), *dqkv = frand_st(nx, -2, 2);
-    float *want = xmalloc(nx * 4), *wantp = xmalloc(np * 4);
-    for (int r = 0; r < N; r++) {
-        const float *s = qkvp + (size_t)r * Cp, *d = dqkv + (size_t)r * 3 * C;
-        float *o = want + (size_t)r * 3 * C, *op = wantp + (size_t)r * Cp;
-        for (int j = 0; j < C; j++) {
-            o[j] = s[j];
-            op[j] = d[j];
-        }
-        for (int part = 1; part <= 2; part++) {
-            for (int h = 0; h < Hl; h++)
-                for (int e = 0; e < hd; e++)
-                    o[part * C + h * hd + e] = s[C + ((part - 1) * KVl + h / rep) * hd + e];
-            for (int g = 0; g < KVl; g++)
-                for (int e = 0; e < hd; e++) {
-                    float a = d[part * C + g * rep * hd + e];
-                    for (int k = 1; k < rep; k++) a += d[part * C + (g * rep + k) * hd + e];
-                    op[C + ((part - 1) * KVl + g) * hd + e] = st_round(a);
-                }
-        }
-    }
-    void *d_qkvp = dev_st(qkvp, np), *d_qkv = dev_st_nan(nx);
-    void *d_dqkv = dev_st(dqkv, nx), *d_dqkvp = dev_st_nan(np);
-    kv_expand(d_qkv, d_qkvp, N, Hl, KVl, hd, dt);
-    kv_reduce(d_dqkvp, d_dqkv, N, Hl, KVl, hd, dt);
-    float *qkv = down_st(d_qkv, nx), *dqkvp = down_st(d_dqkvp, np);
-    check_exact(label("kv_expand", "qkv", size), qkv, want, nx);
-    check_exact(label("kv_reduce", "dqkvp", size), dqkvp, wantp, np);
-    keep(label("kv_expand", "qkv", size), qkv, nx);
-    keep(label("kv_reduce", "dqkvp", size), dqkvp, np);
-    free(qkvp); free(dqkv); free(want); free(wantp); free(qkv); free(dqkvp);
-    rt_free(d_qkvp); rt_free(d_qkv); rt_free(d_dqkv); rt_free(d_dqkvp);
-}
-
-static void test_kv_heads(void)
-{
-    op_begin();
-    test_kv_heads_case(7, 4, 2, 5);
-    test_kv_heads_case(5, 3, 3, 8);                 /* one query head a group: copies */
-    test_kv_heads_case(301, 6, 1, 16);              /* one kv head (multi-query) */
-    test_kv_heads_case(37, 8, 2, 70);               /* > one f32 column chunk (64) */
-    op_end("kv_heads", 1);
-}
-
 /* -- Main ------------------------------------------------------------------------------------ */
 
 /*
@@ -2023,7 +2018,6 @@ static const struct {
     { "rmsnorm",       test_rmsnorm,     1, 2481344 },
     { "rope",          test_rope,        1, 2631938 },
     { "swiglu",        test_swiglu,      1, 3074414 },
-    { "kv_heads",      test_kv_heads,    1, 3264486 },
     { "scale_inplace", test_scale,       0, 3484362 },
     { "sumsq",         test_sumsq,       0, 3517172 },
     { "convert",       test_convert,     0, 3617213 },

@@ -161,7 +161,7 @@ mutate attention-dkdv-missing-query-tile attention-f32 \
     's|hdp, AT, hdp, nq);|hdp, AT, hdp, qi ? nq : 0);|' \
     'hdp, AT, hdp, qi ? nq : 0);'
 # the Llama layer: RMSNorm's input gradient, the rotary angle's precision and direction, the
-# sigmoid where exp(-g) overflows, the grouped-query sums
+# sigmoid where exp(-g) overflows
 mutate rmsnorm-dinp-unprojected rmsnorm-f32 \
     's|return dx + rstd \* (g - xhat \* gx_mean);|return dx + rstd * g;|' 'return dx + rstd * g;'
 mutate rope-angle-in-f32 rope-f32 \
@@ -171,9 +171,13 @@ mutate rope-inverse-ignored rope-f32 \
     's|(inverse ? -sin(a) : sin(a))|(sin(a))|' '*s = (float)(sin(a));'
 mutate swiglu-sigmoid-unguarded swiglu-f32 's|return g < -EXP_MAX ? 0.0f : s;|return s + 0.0f;|' \
     'return s + 0.0f;'
-mutate kv-reduce-first-head-only kv_heads-f32 \
-    's|for (int r = 1; r < rep; r++)|for (int r = rep; r < rep; r++)|' \
-    'for (int r = rep; r < rep; r++)'
+# grouped-query attention: query head h read kv head h % KVl (not h / group); a kv head's dk
+# and dv summed over its group's first query head only
+mutate gqa-kv-head-modulo attention-f32 's|return h / (Hl / KVl);|return h % KVl;|' \
+    'return h % KVl;'
+mutate gqa-dkdv-first-head-only attention-f32 \
+    's|for (int j = 1; j < a->grp; j++) {|for (int j = 1; j < 1; j++) {|' \
+    'for (int j = 1; j < 1; j++) {'
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
 # a butterfly one step short, a block's warps not all added, the embedding's id groups not
 # separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
@@ -206,6 +210,12 @@ mutate_cuda cuda-fa-dkdv-diagonal-skipped attention-bf16 \
 mutate_cuda cuda-fa-dq-unscaled attention-bf16 \
     's|ldg, nr, dq, hd, a.scale, lane);|ldg, nr, dq, hd, 1.0f, lane);|' \
     'ldg, nr, dq, hd, 1.0f, lane);'
+mutate_cuda cuda-fa-kv-head-modulo attention-bf16 \
+    's|int C = a.Hl \* hd, kh = att_kv_head(h, a.Hl, a.KVl);|int C = a.Hl * hd, kh = h % a.KVl;|' \
+    'kh = h % a.KVl;'
+mutate_cuda cuda-fa-dkdv-group-first-head attention-bf16 \
+    's|const fa_head f = fa_head_at(a, hd, b, h);|const fa_head f = fa_head_at(a, hd, b, kh * grp);|' \
+    'const fa_head f = fa_head_at(a, hd, b, kh * grp);'
 mutate_cuda cuda-fa-fragment-order attention-bf16 \
     's|a\[1\] = fa_ld(p, (g + 8) \* ld + c);|a[1] = fa_ld(p, g * ld + c + 8);|' \
     'a[1] = fa_ld(p, g * ld + c + 8);'

@@ -1,12 +1,13 @@
 #!/bin/bash
 # tests/llama/suite.sh: the Llama family end to end (docs/llama.md). The runs are data:
 # tests/llama/layouts.txt (tiny_llama on TP, SP, PP, VP, DP, DIST_OPT, CP, recompute, bf16; a
-# tied-embedding variant over PP; tiny_mixtral on EP, ETP, EDP -- against the single-rank
-# program and the double-precision reference) and tests/llama/gpu.txt (CUDA), run by
-# tests/lib.sh's equivalence runner. Here: the inits those runs start from, and the checks
-# that are not a comparison of two runs: checkpoints are layout-free (a TP 2 x PP 2 save loads
-# at TP 1 and gives the same next step; load + save is the identity on several layouts),
-# --resume is bit-exact, and `make inspect` states the published models' parameter counts.
+# tied-embedding variant over PP; groups of 4 query heads on TP and CP; tiny_mixtral on EP,
+# ETP, EDP -- against the single-rank program and the double-precision reference) and
+# tests/llama/gpu.txt (CUDA), run by tests/lib.sh's equivalence runner. Here: the inits those
+# runs start from, and the checks that are not a comparison of two runs: checkpoints are
+# layout-free (a TP 2 x PP 2 save loads at TP 1 and gives the same next step; load + save is
+# the identity on several layouts), --resume is bit-exact, and `make inspect` states the
+# published models' parameter counts.
 . "$(dirname "$0")/../lib.sh" llama
 
 # -- Prerequisites ------------------------------------------------------------------------------
@@ -23,6 +24,8 @@ MIXTRAL="--arch llama --layers 4 --hidden 64 --heads 8 --kv-heads 4 --ffn 128 --
 # shellcheck disable=SC2086 # flag lists are words
 if ! { $REF $SHAPE --random-init 7 --save-init "$S/llama.init.safetensors" &&
        $REF $SHAPE --tie-embeddings --random-init 7 --save-init "$S/tied.init.safetensors" &&
+       $REF ${SHAPE/--kv-heads 4/--kv-heads 2} --random-init 7 \
+           --save-init "$S/gqa4.init.safetensors" &&
        $REF $MIXTRAL --random-init 7 --save-init "$S/mixtral.init.safetensors" &&
        $REF $MIXTRAL --score-function sigmoid --bias-update-rate 0.01 --random-init 7 \
            --save-init "$S/mixtral-ebias.init.safetensors" &&

@@ -142,20 +142,23 @@ T.test("the embedding group: created for a tied head with PP > 1 only", function
     T.eq(embd("tiny", { pp = 2 }), true, "GPT (tied): the embd group")
 end)
 
-T.test("the memory plan: RMSNorm keeps rstd only; q|k|v projections; SwiGLU", function()
+T.test("the memory plan: RMSNorm keeps rstd only; compact grouped-query q|k|v; SwiGLU", function()
     local _, _, _, prog = build("tiny_llama", { tp = 2, mbs = 2 })
     local mem = {}
     for _, m in ipairs(prog.stages[1].mem) do mem[m.id] = m end
     local N = 2 * 64
     T.eq(mem.L_LN1_MEAN.how, "NONE", "no LayerNorm mean")
     T.eq(mem.L_LN1_RSTD.elems, N, "rstd per token")
-    T.eq(mem.S_QKVP.elems, N * (4 + 2 * 2) * 8, "q|k|v projections: 4 + 2*2 heads of 8")
-    T.eq(mem.L_QKV.elems, N * 3 * 32, "q|k|v with kv heads repeated: 3 C_LOCAL")
+    T.eq(mem.L_QKV.elems, N * (4 + 2 * 2) * 8, "q|k|v kept compact: 4 + 2*2 heads of 8")
+    T.eq(mem.S_DQKV.elems, N * (4 + 2 * 2) * 8, "its gradient: the same columns")
     T.eq(mem.L_FC.elems, N * 2 * 64, "gate | up: 2 FF_LOCAL")
     T.eq(mem.L_GELU.elems, N * 64, "the SwiGLU output: FF_LOCAL")
     T.eq(mem.S_DACT.elems, N * 64, "d(SwiGLU output)")
     local _, _, _, gp = build("tiny", {})
+    local gmem = {}
     for _, m in ipairs(gp.stages[1].mem) do
-        if m.id == "S_QKVP" or m.id == "S_DACT" then T.eq(m.how, "NONE", "GPT: no " .. m.id) end
+        gmem[m.id] = m
+        if m.id == "S_DACT" then T.eq(m.how, "NONE", "GPT: no " .. m.id) end
     end
+    T.eq(gmem.L_QKV.elems, 3 * gmem.L_ATTY.elems, "GPT: q|k|v of 3 C, every head its own k|v")
 end)

@@ -135,7 +135,7 @@ static const gpt_chunk_info chunks[3] = {
 **    parameters, checked at start.
 **    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
-**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_GATHER S_QKVP S_DACT S_DSHARED
+**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_GATHER S_DACT S_DSHARED
 **    S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS
 **    MS_XR MS_PR MS_XG MS_PG MS_ACT MS_DFC MS_YE MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR
 **    MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS X_SP_PACK
@@ -226,7 +226,7 @@ static void layer_fwd(int c, int slot, int j, int again)
     matmul_fwd(LAYER(L_QKV), LAYER(L_LN1), TENSOR(QKV_W), TENSOR(QKV_B), CFG_N, CFG_C,
                CFG_QKV_LOCAL, CFG_ACT);
     attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
-                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                  CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
     matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
     bias_fwd(STAGE(S_FULL), TENSOR(ATTN_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
@@ -265,8 +265,8 @@ static void layer_bwd(int c, int slot, int j)
     matmul_bwd(STAGE(S_DATTY), GRAD(ATTN_PROJ_W), NULL, dres, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W),
                CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
     attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
-                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
-                  CFG_ACT);
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+                  CFG_ATT_SCALE, CFG_ACT);
     matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), GRAD(QKV_B), STAGE(S_DQKV), LAYER(L_LN1), TENSOR(QKV_W),
                CFG_N, CFG_C, CFG_QKV_LOCAL, CFG_ACT);
     layernorm_bwd(dres, GRAD(LN1_W), GRAD(LN1_B), STAGE(S_FULL), x, TENSOR(LN1_W),

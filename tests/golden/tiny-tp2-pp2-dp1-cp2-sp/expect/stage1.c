@@ -131,7 +131,7 @@ static const gpt_chunk_info chunks[1] = {
 **    parameters, checked at start.
 **    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
-**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_QKVP S_DACT S_DSHARED S_A2A_SEND
+**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM C_TOKENS S_DACT S_DSHARED S_A2A_SEND
 **    S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_DFC MS_YE
 **    MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS
 */
@@ -238,7 +238,7 @@ static void layer_fwd(int c, int slot, int j, int again)
     ** hops; each block is attended to while the next one travels, merged into the f32 output and
     ** log-sum-exp */
     copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_C_LOCAL, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
-              3 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+              CFG_QKV_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
     rt_memset0(STAGE(S_RING_ACC), 4 * CFG_N * CFG_C_LOCAL);
     fill_f32(LAYER(L_LSE), CFG_B * CFG_HEADS_LOCAL * CFG_T, -INFINITY);
     /* hops 0 .. CP-2 */
@@ -256,13 +256,14 @@ static void layer_fwd(int c, int slot, int j, int again)
         }
         cp_ring_fwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE), LAYER(L_QKV),
                           AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
-                          CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                          CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
         rt_wait(hop);
     }
     cp_ring_fwd_block((CFG_CP - 1), CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE),
                       LAYER(L_QKV),
                       AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL), CFG_B,
-                      CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                      CFG_T, CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
+                      CFG_ACT);
     convert(LAYER(L_ATTY), CFG_ACT, STAGE(S_RING_ACC), RT_F32, CFG_N * CFG_C_LOCAL);
     matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
@@ -331,7 +332,7 @@ static void layer_bwd(int c, int slot, int j)
     attention_dsum(STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), CFG_B, CFG_T, CFG_HEADS_LOCAL,
                    CFG_HEAD_DIM, CFG_ACT);
     copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_C_LOCAL, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
-              3 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+              CFG_QKV_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
     rt_memset0(STAGE(S_RING_ACC), 4 * CFG_N * CFG_C_LOCAL);
     rt_memset0(STAGE(S_RING_DKV), 8 * CFG_N * CFG_C_LOCAL);
     /* hops 0 .. CP-2 */
@@ -351,7 +352,7 @@ static void layer_bwd(int c, int slot, int j)
                           ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
                           STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
                           AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
-                          CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                          CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
         rt_wait(hop);
         {
             /* >>> p2p on the cp ring: block i's dK|dV to the next cp rank, the previous one's
@@ -369,7 +370,8 @@ static void layer_bwd(int c, int slot, int j)
                       ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL),
                       STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
                       AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL), CFG_B,
-                      CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                      CFG_T, CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
+                      CFG_ACT);
     {
         /* >>> p2p on the cp ring: the last block's dK|dV to the next cp rank, the previous one's
         ** from it (docs/megatron.md §12) */
@@ -381,9 +383,9 @@ static void layer_bwd(int c, int slot, int j)
         };
         rt_p2p(ops, 2);
     }
-    copy_cols(STAGE(S_DQKV), CFG_ACT, 3 * CFG_C_LOCAL, STAGE(S_RING_ACC), RT_F32, CFG_C_LOCAL,
-              CFG_N, CFG_C_LOCAL);
-    copy_cols(AT(STAGE(S_DQKV), CFG_C_LOCAL), CFG_ACT, 3 * CFG_C_LOCAL,
+    copy_cols(STAGE(S_DQKV), CFG_ACT, CFG_QKV_LOCAL, STAGE(S_RING_ACC), RT_F32, CFG_C_LOCAL, CFG_N,
+              CFG_C_LOCAL);
+    copy_cols(AT(STAGE(S_DQKV), CFG_C_LOCAL), CFG_ACT, CFG_QKV_LOCAL,
               ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_C_LOCAL), RT_F32,
               2 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
     matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), GRAD(QKV_B), STAGE(S_DQKV), STAGE(S_GATHER),

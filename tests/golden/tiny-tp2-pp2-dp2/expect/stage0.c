@@ -123,11 +123,10 @@ static const gpt_chunk_info chunks[1] = {
 **    parameters, checked at start.
 **    Not used here:
 **    L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK ML_ORDER ML_UNORDER
-**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM H_LNF H_LNF_MEAN H_LNF_RSTD S_GATHER S_QKVP
-**    S_DACT S_DSHARED S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND
-**    S_A2A_RECV S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_DFC MS_YE
-**    MS_YG MS_YR MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS
-**    X_SP_PACK
+**    ML_XE ML_PE ML_FC ML_H ML_AUXG ML_ZG ML_SSUM H_LNF H_LNF_MEAN H_LNF_RSTD S_GATHER S_DACT
+**    S_DSHARED S_LOGITS S_CE S_TARGETS S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV
+**    S_A2A_DOUT MS_LOGITS MS_XS MS_PS MS_XR MS_PR MS_XG MS_PG MS_ACT MS_DFC MS_YE MS_YG MS_YR
+**    MS_YS MS_DPE MS_DPG MS_DPR MS_DPS MS_DPROB MS_DLOGITS MS_COLSUM MS_COUNTS X_SP_PACK
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 4 */
@@ -229,7 +228,7 @@ static void layer_fwd(int c, int slot, int j, int again)
     matmul_fwd(LAYER(L_QKV), LAYER(L_LN1), TENSOR(QKV_W), TENSOR(QKV_B), CFG_N, CFG_C,
                CFG_QKV_LOCAL, CFG_ACT);
     attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
-                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                  CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
     matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
     /* >>> all-reduce over tp: the attention's output, the sum of every rank's partial products
@@ -277,8 +276,8 @@ static void layer_bwd(int c, int slot, int j)
     matmul_bwd(STAGE(S_DATTY), GRAD(ATTN_PROJ_W), NULL, dres, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W),
                CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
     attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
-                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
-                  CFG_ACT);
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+                  CFG_ATT_SCALE, CFG_ACT);
     matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), GRAD(QKV_B), STAGE(S_DQKV), LAYER(L_LN1), TENSOR(QKV_W),
                CFG_N, CFG_C, CFG_QKV_LOCAL, CFG_ACT);
     /* >>> all-reduce over tp: the input gradient, the sum of every rank's partial products

@@ -98,7 +98,7 @@ static const gpt_chunk_info chunks[1] = {
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 1668388 bytes in all with the
+**    recompute workspace holds some instances; 1623332 bytes in all with the
 **    parameters, checked at start.
 **    Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_QKV_SEQ L_ATTY_SEQ ML_SCORES ML_PROB ML_SEL ML_POS ML_SEND_TOK
@@ -113,7 +113,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP), x 4 */
     [GPT_M_L_LN1_RSTD] = { GPT_MEM_ALLOC, 0,    64, 0 },
     /* f32 (N, QKV_LOCAL), x 4 */
-    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0, 12288, 0 },
+    [GPT_M_L_QKV]      = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 4 */
     [GPT_M_L_LSE]      = { GPT_MEM_ALLOC, 0,   512, 0 },
     /* f32 (N, C_LOCAL) attention output, x 4 */
@@ -143,21 +143,19 @@ static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N, C) a column-parallel input gathered over tp */
     [GPT_M_S_GATHER]   = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0, 12288, 0 },
+    [GPT_M_S_DQKV]     = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (N, C_LOCAL) */
     [GPT_M_S_DATTY]    = { GPT_MEM_ALLOC, 0,  4096, 0 },
     /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
     [GPT_M_S_DSUM]     = { GPT_MEM_ALLOC, 0,   512, 0 },
     /* f32 (N, 2 FF_LOCAL) d(gate | up) */
     [GPT_M_S_DFC]      = { GPT_MEM_ALLOC, 0, 16384, 0 },
-    /* f32 (N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads */
-    [GPT_M_S_QKVP]     = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (N, FF_LOCAL) d(SwiGLU output) */
     [GPT_M_S_DACT]     = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (2, N, 2 C_LOCAL) K|V blocks on the cp ring: the one used, the next */
-    [GPT_M_S_RING_KV]  = { GPT_MEM_ALLOC, 0, 16384, 0 },
+    [GPT_M_S_RING_KV]  = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (2, N, 2 C_LOCAL) their dK|dV (backward) */
-    [GPT_M_S_RING_DKV] = { GPT_MEM_ALLOC, 0, 16384, 0 },
+    [GPT_M_S_RING_DKV] = { GPT_MEM_ALLOC, 0,  8192, 0 },
     /* f32 (N, C_LOCAL) the merged attention output / dq */
     [GPT_M_S_RING_ACC] = { GPT_MEM_ALLOC, 0,  4096, 0 },
     /* f32 (NMB) loss sums per micro-batch */
@@ -223,29 +221,27 @@ static void layer_fwd(int c, int slot, int j, int again)
     /* >>> all-gather over tp: ln_1's output, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */
     rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    linear_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
+    linear_fwd(LAYER(L_QKV), CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
                CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+    linear_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, STAGE(S_GATHER),
                TENSOR(K_W), CFG_N, CFG_C, CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+    linear_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+    rope_fwd(LAYER(L_QKV), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
              gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), 16 * CFG_B * CFG_QKVP_LOCAL), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(LAYER(L_QKV), 16 * CFG_B * CFG_QKV_LOCAL), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_HEADS_LOCAL, CFG_HEAD_DIM, gpt_cp_position(16), CFG_ROPE_THETA, 0, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), 16 * CFG_B * CFG_QKVP_LOCAL + CFG_HEADS_LOCAL * CFG_HEAD_DIM),
-             CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(16),
+    rope_fwd(AT(LAYER(L_QKV), 16 * CFG_B * CFG_QKV_LOCAL + CFG_HEADS_LOCAL * CFG_HEAD_DIM),
+             CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(16),
              CFG_ROPE_THETA, 0, CFG_ACT);
-    kv_expand(LAYER(L_QKV), STAGE(S_QKVP), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
-              CFG_ACT);
     /* attention around the cp ring (docs/megatron.md §12): this rank's K|V block, then CP-1
     ** hops; each block is attended to while the next one travels, merged into the f32 output and
     ** log-sum-exp */
-    copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_C_LOCAL, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
-              3 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+    copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_KV_C, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
+              CFG_QKV_LOCAL, CFG_N, 2 * CFG_KV_C);
     rt_memset0(STAGE(S_RING_ACC), 4 * CFG_N * CFG_C_LOCAL);
     fill_f32(LAYER(L_LSE), CFG_B * CFG_HEADS_LOCAL * CFG_T, -INFINITY);
     /* hops 0 .. CP-2 */
@@ -254,22 +250,22 @@ static void layer_fwd(int c, int slot, int j, int again)
             /* >>> p2p on the cp ring: K|V block i to the next cp rank, the previous one's from
             ** it (docs/megatron.md §12) */
             rt_p2p_op ops[] = {
-                { 1, AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
-                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_KV },
-                { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
-                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
+                { 1, AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_KV_C), 2 * CFG_N * CFG_KV_C,
+                  CFG_ACT, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_KV },
+                { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_KV_C),
+                  2 * CFG_N * CFG_KV_C, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
             };
             hop = rt_p2p_start(ops, 2);
         }
         cp_ring_fwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE), LAYER(L_QKV),
-                          AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
-                          CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                          AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_KV_C), CFG_B, CFG_T,
+                          CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
         rt_wait(hop);
     }
     cp_ring_fwd_block((CFG_CP - 1), CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC), LAYER(L_LSE),
-                      LAYER(L_QKV),
-                      AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL), CFG_B,
-                      CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                      LAYER(L_QKV), AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_KV_C),
+                      CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
+                      CFG_ACT);
     convert(LAYER(L_ATTY), CFG_ACT, STAGE(S_RING_ACC), RT_F32, CFG_N * CFG_C_LOCAL);
     linear_fwd(STAGE(S_FULL), CFG_C, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
@@ -337,81 +333,79 @@ static void layer_bwd(int c, int slot, int j)
     ** ranks added; one more hop brings every block's dK|dV home */
     attention_dsum(STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), CFG_B, CFG_T, CFG_HEADS_LOCAL,
                    CFG_HEAD_DIM, CFG_ACT);
-    copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_C_LOCAL, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
-              3 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
+    copy_cols(STAGE(S_RING_KV), CFG_ACT, 2 * CFG_KV_C, AT(LAYER(L_QKV), CFG_C_LOCAL), CFG_ACT,
+              CFG_QKV_LOCAL, CFG_N, 2 * CFG_KV_C);
     rt_memset0(STAGE(S_RING_ACC), 4 * CFG_N * CFG_C_LOCAL);
-    rt_memset0(STAGE(S_RING_DKV), 8 * CFG_N * CFG_C_LOCAL);
+    rt_memset0(STAGE(S_RING_DKV), 8 * CFG_N * CFG_KV_C);
     /* hops 0 .. CP-2 */
     for (int i = 0; i < CFG_CP - 1; i++) {
         {
             /* >>> p2p on the cp ring: K|V block i to the next cp rank, the previous one's from
             ** it (docs/megatron.md §12) */
             rt_p2p_op ops[] = {
-                { 1, AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
-                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_KV },
-                { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
-                  2 * CFG_N * CFG_C_LOCAL, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
+                { 1, AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_KV_C), 2 * CFG_N * CFG_KV_C,
+                  CFG_ACT, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_KV },
+                { 0, AT(STAGE(S_RING_KV), 2 * ((i + 1) % 2) * CFG_N * CFG_KV_C),
+                  2 * CFG_N * CFG_KV_C, CFG_ACT, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_KV },
             };
             hop = rt_p2p_start(ops, 2);
         }
         cp_ring_bwd_block(i, CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC),
-                          ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
+                          ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_KV_C),
                           STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
-                          AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_C_LOCAL), CFG_B, CFG_T,
-                          CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                          AT(STAGE(S_RING_KV), 2 * (i % 2) * CFG_N * CFG_KV_C), CFG_B, CFG_T,
+                          CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
         rt_wait(hop);
         {
             /* >>> p2p on the cp ring: block i's dK|dV to the next cp rank, the previous one's
             ** from it (docs/megatron.md §12) */
             rt_p2p_op ops[] = {
-                { 1, ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_C_LOCAL),
-                  2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_DKV },
-                { 0, ((float *)STAGE(S_RING_DKV) + 2 * ((i + 1) % 2) * CFG_N * CFG_C_LOCAL),
-                  2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_DKV },
+                { 1, ((float *)STAGE(S_RING_DKV) + 2 * (i % 2) * CFG_N * CFG_KV_C),
+                  2 * CFG_N * CFG_KV_C, RT_F32, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_DKV },
+                { 0, ((float *)STAGE(S_RING_DKV) + 2 * ((i + 1) % 2) * CFG_N * CFG_KV_C),
+                  2 * CFG_N * CFG_KV_C, RT_F32, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_DKV },
             };
             rt_p2p(ops, 2);
         }
     }
     cp_ring_bwd_block((CFG_CP - 1), CFG_CP, gpt_cp_rank(), STAGE(S_RING_ACC),
-                      ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL),
+                      ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_KV_C),
                       STAGE(S_DATTY), LAYER(L_LSE), STAGE(S_DSUM), LAYER(L_QKV),
-                      AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL), CFG_B,
-                      CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                      AT(STAGE(S_RING_KV), 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_KV_C), CFG_B, CFG_T,
+                      CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
     {
         /* >>> p2p on the cp ring: the last block's dK|dV to the next cp rank, the previous one's
         ** from it (docs/megatron.md §12) */
         rt_p2p_op ops[] = {
-            { 1, ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_C_LOCAL),
-              2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_DKV },
-            { 0, ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_C_LOCAL),
-              2 * CFG_N * CFG_C_LOCAL, RT_F32, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_DKV },
+            { 1, ((float *)STAGE(S_RING_DKV) + 2 * ((CFG_CP - 1) % 2) * CFG_N * CFG_KV_C),
+              2 * CFG_N * CFG_KV_C, RT_F32, gpt_peer(GPT_CP_NEXT), GPT_TAG_RING_DKV },
+            { 0, ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_KV_C),
+              2 * CFG_N * CFG_KV_C, RT_F32, gpt_peer(GPT_CP_PREV), GPT_TAG_RING_DKV },
         };
         rt_p2p(ops, 2);
     }
-    copy_cols(STAGE(S_DQKV), CFG_ACT, 3 * CFG_C_LOCAL, STAGE(S_RING_ACC), RT_F32, CFG_C_LOCAL,
-              CFG_N, CFG_C_LOCAL);
-    copy_cols(AT(STAGE(S_DQKV), CFG_C_LOCAL), CFG_ACT, 3 * CFG_C_LOCAL,
-              ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_C_LOCAL), RT_F32,
-              2 * CFG_C_LOCAL, CFG_N, 2 * CFG_C_LOCAL);
-    kv_reduce(STAGE(S_QKVP), STAGE(S_DQKV), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
-              CFG_ACT);
-    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+    copy_cols(STAGE(S_DQKV), CFG_ACT, CFG_QKV_LOCAL, STAGE(S_RING_ACC), RT_F32, CFG_C_LOCAL, CFG_N,
+              CFG_C_LOCAL);
+    copy_cols(AT(STAGE(S_DQKV), CFG_C_LOCAL), CFG_ACT, CFG_QKV_LOCAL,
+              ((float *)STAGE(S_RING_DKV) + 2 * (CFG_CP % 2) * CFG_N * CFG_KV_C), RT_F32,
+              2 * CFG_KV_C, CFG_N, 2 * CFG_KV_C);
+    rope_fwd(STAGE(S_DQKV), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
              gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), 16 * CFG_B * CFG_QKVP_LOCAL), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(STAGE(S_DQKV), 16 * CFG_B * CFG_QKV_LOCAL), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_HEADS_LOCAL, CFG_HEAD_DIM, gpt_cp_position(16), CFG_ROPE_THETA, 1, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), 16 * CFG_B * CFG_QKVP_LOCAL + CFG_HEADS_LOCAL * CFG_HEAD_DIM),
-             CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(16),
+    rope_fwd(AT(STAGE(S_DQKV), 16 * CFG_B * CFG_QKV_LOCAL + CFG_HEADS_LOCAL * CFG_HEAD_DIM),
+             CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(16),
              CFG_ROPE_THETA, 1, CFG_ACT);
-    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_DQKV), CFG_QKV_LOCAL, STAGE(S_GATHER),
                TENSOR(QKV_W), CFG_N, CFG_C, CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
+    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
     linear_bwd(STAGE(S_FULL), 1.0f, GRAD(V_W),
-               AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+               AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
     /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
     ** C) (docs/megatron.md §4.1) */
@@ -611,7 +605,7 @@ const gpt_stage stage0 = {
     .nother_params = 1, .other_params = other_params,
     .nother_pieces = 1, .other_pieces = other_pieces,
     .mem = mem, .pool_slots = 0, .grad_buffers = 1,
-    .mem_bytes = 1668388,
+    .mem_bytes = 1623332,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step, .eval = eval,

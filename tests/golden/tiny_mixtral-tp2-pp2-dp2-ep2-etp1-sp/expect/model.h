@@ -39,11 +39,11 @@
 #define CFG_HEADS_LOCAL     4              /* heads per tp rank = heads/TP */
 #define CFG_HEAD_DIM        8              /* channels per head = C/heads */
 #define CFG_C_LOCAL         32             /* attention channels per tp rank = C/TP */
-#define CFG_QKV_LOCAL       96             /* q|k|v columns per tp rank = 3C/TP */
+#define CFG_QKV_LOCAL       64             /* q|k|v columns per tp rank = (HEADS_LOCAL + 2*KV_LOCAL)*HEAD_DIM */
 #define CFG_LLAMA           1              /* Llama layer: RMSNorm, SwiGLU, rotary positions, no biases */
 #define CFG_KV_HEADS        4              /* key/value heads (model.kv_heads) */
 #define CFG_KV_LOCAL        2              /* kv heads per tp rank = KV_HEADS/TP */
-#define CFG_QKVP_LOCAL      64             /* q|k|v projection columns per tp rank = (HEADS_LOCAL + 2*KV_LOCAL)*HEAD_DIM */
+#define CFG_KV_C            16             /* k (and v) columns per tp rank = KV_LOCAL*HEAD_DIM */
 #define CFG_ROPE_THETA      10000.0f       /* rotary embedding base (model.rope_theta) */
 #define CFG_FF              128            /* MLP width (model.ffn_hidden) */
 #define CFG_FF_LOCAL        64             /* MLP columns per tp rank = FF/TP */

@@ -131,7 +131,7 @@ const gpt_program gpt_program_desc = {
         .v_local = CFG_V_LOCAL, .nmb = CFG_NMB, .ln_eps = CFG_LN_EPS,
         .att_scale = CFG_ATT_SCALE, .dloss = CFG_DLOSS, .tp = CFG_TP, .sp = CFG_SP,
         .act = CFG_ACT, .rc_attn = CFG_RC_ATTN, .rc_ln = CFG_RC_LN, .rc_mlp = CFG_RC_MLP,
-        .llama = CFG_LLAMA, .kv_local = CFG_KV_LOCAL, .qkvp_local = CFG_QKVP_LOCAL,
+        .llama = CFG_LLAMA, .kv_local = CFG_KV_LOCAL,
         .rope_theta = CFG_ROPE_THETA,
         .moe = 1, .experts = CFG_EXPERTS, .topk = CFG_TOPK, .ep = CFG_EP, .etp = CFG_ETP,
         .experts_local = CFG_EXPERTS_LOCAL, .eff_local = CFG_EFF_LOCAL,

@@ -141,7 +141,7 @@ static const gpt_chunk_info chunks[1] = {
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 4605420 bytes in all with the
+**    recompute workspace holds some instances; 4564460 bytes in all with the
 **    parameters, checked at start.
 **    Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM H_LNF H_LNF_MEAN
@@ -154,7 +154,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP), x 2 */
     [GPT_M_L_LN1_RSTD]  = { GPT_MEM_ALLOC, 0,    128, 0 },
     /* f32 (N, QKV_LOCAL), x 2 */
-    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  24576, 0 },
+    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 2 */
     [GPT_M_L_LSE]       = { GPT_MEM_ALLOC, 0,   1024, 0 },
     /* f32 (N, C_LOCAL) attention output, x 2 */
@@ -204,13 +204,11 @@ static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N, C) a column-parallel input gathered over tp */
     [GPT_M_S_GATHER]    = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  24576, 0 },
+    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (N, C_LOCAL) */
     [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,   8192, 0 },
     /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
     [GPT_M_S_DSUM]      = { GPT_MEM_ALLOC, 0,   1024, 0 },
-    /* f32 (N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads */
-    [GPT_M_S_QKVP]      = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (N_SP, EXPERTS) */
     [GPT_M_MS_LOGITS]   = { GPT_MEM_ALLOC, 0,   1024, 0 },
     /* f32 (SEND_MAX, C) */
@@ -316,21 +314,19 @@ static void layer_fwd(int c, int slot, int j, int again)
     /* >>> all-gather over tp: ln_1's output, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */
     rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    linear_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
+    linear_fwd(LAYER(L_QKV), CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
                CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+    linear_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, STAGE(S_GATHER),
                TENSOR(K_W), CFG_N, CFG_C, CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+    linear_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+    rope_fwd(LAYER(L_QKV), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
              gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
-    kv_expand(LAYER(L_QKV), STAGE(S_QKVP), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
-              CFG_ACT);
     attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
-                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                  CFG_KV_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
     linear_fwd(STAGE(S_FULL), CFG_C, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
     /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
@@ -413,22 +409,20 @@ static void layer_bwd(int c, int slot, int j)
     linear_bwd(STAGE(S_DATTY), 0.0f, GRAD(ATTN_PROJ_W), STAGE(S_FULL), CFG_C, LAYER(L_ATTY),
                TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
     attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
-                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
-                  CFG_ACT);
-    kv_reduce(STAGE(S_QKVP), STAGE(S_DQKV), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
-              CFG_ACT);
-    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
+                  CFG_ATT_SCALE, CFG_ACT);
+    rope_fwd(STAGE(S_DQKV), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
              gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
-    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_DQKV), CFG_QKV_LOCAL, STAGE(S_GATHER),
                TENSOR(QKV_W), CFG_N, CFG_C, CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
+    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
     linear_bwd(STAGE(S_FULL), 1.0f, GRAD(V_W),
-               AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+               AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
     /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
     ** C) (docs/megatron.md §4.1) */
@@ -635,7 +629,7 @@ const gpt_stage stage0 = {
     .nother_params = 1, .other_params = other_params,
     .nother_pieces = 1, .other_pieces = other_pieces,
     .mem = mem, .pool_slots = 0, .grad_buffers = 1,
-    .mem_bytes = 4605420,
+    .mem_bytes = 4564460,
     .needs_inputs = 1, .needs_targets = 0,
     .head_uses_wte = 0,
     .step = step, .eval = eval,

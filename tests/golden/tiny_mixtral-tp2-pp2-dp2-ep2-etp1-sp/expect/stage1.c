@@ -143,7 +143,7 @@ static const gpt_chunk_info chunks[1] = {
 };
 
 /* -- Device memory: every buffer the library allocates, bytes per instance and whether the
-**    recompute workspace holds some instances; 4649840 bytes in all with the
+**    recompute workspace holds some instances; 4608880 bytes in all with the
 **    parameters, checked at start.
 **    Not used here:
 **    L_LN1_MEAN L_LN2_MEAN L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS H_LNF_MEAN
@@ -155,7 +155,7 @@ static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP), x 2 */
     [GPT_M_L_LN1_RSTD]  = { GPT_MEM_ALLOC, 0,    128, 0 },
     /* f32 (N, QKV_LOCAL), x 2 */
-    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  24576, 0 },
+    [GPT_M_L_QKV]       = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (B, HEADS_LOCAL, T) attention log-sum-exp, x 2 */
     [GPT_M_L_LSE]       = { GPT_MEM_ALLOC, 0,   1024, 0 },
     /* f32 (N, C_LOCAL) attention output, x 2 */
@@ -207,13 +207,11 @@ static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N, C) a column-parallel input gathered over tp */
     [GPT_M_S_GATHER]    = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (N, QKV_LOCAL) */
-    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  24576, 0 },
+    [GPT_M_S_DQKV]      = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (N, C_LOCAL) */
     [GPT_M_S_DATTY]     = { GPT_MEM_ALLOC, 0,   8192, 0 },
     /* f32 (B, HEADS_LOCAL, T) attention backward: rowsum(dout * out) */
     [GPT_M_S_DSUM]      = { GPT_MEM_ALLOC, 0,   1024, 0 },
-    /* f32 (N, QKVP_LOCAL) q|k|v projections of HEADS_LOCAL + 2 KV_LOCAL heads */
-    [GPT_M_S_QKVP]      = { GPT_MEM_ALLOC, 0,  16384, 0 },
     /* f32 (N, V_LOCAL) */
     [GPT_M_S_LOGITS]    = { GPT_MEM_ALLOC, 0,  32768, 0 },
     /* f32 (4N) row max | sum exp | target logit | loss */
@@ -296,21 +294,19 @@ static void layer_fwd(int c, int slot, int j, int again)
     /* >>> all-gather over tp: ln_1's output, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */
     rt_allgather(LAYER(L_LN1), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    linear_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
+    linear_fwd(LAYER(L_QKV), CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(QKV_W), CFG_N, CFG_C,
                CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+    linear_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, STAGE(S_GATHER),
                TENSOR(K_W), CFG_N, CFG_C, CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+    linear_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+    rope_fwd(LAYER(L_QKV), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
              gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(LAYER(L_QKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 0, CFG_ACT);
-    kv_expand(LAYER(L_QKV), STAGE(S_QKVP), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
-              CFG_ACT);
     attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
-                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                  CFG_KV_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
     linear_fwd(STAGE(S_FULL), CFG_C, LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
     /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
@@ -393,22 +389,20 @@ static void layer_bwd(int c, int slot, int j)
     linear_bwd(STAGE(S_DATTY), 0.0f, GRAD(ATTN_PROJ_W), STAGE(S_FULL), CFG_C, LAYER(L_ATTY),
                TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
     attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
-                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
-                  CFG_ACT);
-    kv_reduce(STAGE(S_QKVP), STAGE(S_DQKV), CFG_N, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
-              CFG_ACT);
-    rope_fwd(STAGE(S_QKVP), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_KV_LOCAL, CFG_HEAD_DIM,
+                  CFG_ATT_SCALE, CFG_ACT);
+    rope_fwd(STAGE(S_DQKV), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
              gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
-    rope_fwd(AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKVP_LOCAL, CFG_T_CHUNK, CFG_B,
+    rope_fwd(AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM), CFG_QKV_LOCAL, CFG_T_CHUNK, CFG_B,
              CFG_KV_LOCAL, CFG_HEAD_DIM, gpt_cp_position(0), CFG_ROPE_THETA, 1, CFG_ACT);
-    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_QKVP), CFG_QKVP_LOCAL, STAGE(S_GATHER),
+    linear_bwd(STAGE(S_FULL), 0.0f, GRAD(QKV_W), STAGE(S_DQKV), CFG_QKV_LOCAL, STAGE(S_GATHER),
                TENSOR(QKV_W), CFG_N, CFG_C, CFG_HEADS_LOCAL * CFG_HEAD_DIM, CFG_ACT);
-    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
+    linear_bwd(STAGE(S_FULL), 1.0f, GRAD(K_W), AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(K_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
     linear_bwd(STAGE(S_FULL), 1.0f, GRAD(V_W),
-               AT(STAGE(S_QKVP), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
-               CFG_QKVP_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
+               AT(STAGE(S_DQKV), CFG_HEADS_LOCAL * CFG_HEAD_DIM + CFG_KV_LOCAL * CFG_HEAD_DIM),
+               CFG_QKV_LOCAL, STAGE(S_GATHER), TENSOR(V_W), CFG_N, CFG_C,
                CFG_KV_LOCAL * CFG_HEAD_DIM, CFG_ACT);
     /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
     ** C) (docs/megatron.md §4.1) */
@@ -654,7 +648,7 @@ const gpt_stage stage1 = {
     .nother_params = 2, .other_params = other_params,
     .nother_pieces = 2, .other_pieces = other_pieces,
     .mem = mem, .pool_slots = 0, .grad_buffers = 1,
-    .mem_bytes = 4649840,
+    .mem_bytes = 4608880,
     .needs_inputs = 0, .needs_targets = 1,
     .head_uses_wte = 0,
     .step = step, .eval = eval,

@@ -229,8 +229,8 @@ static const gpt_chunk_info chunks[2] = {
 **    recompute workspace holds some instances; 3022072 bytes in all with the
 **    parameters, checked at start.
 **    Not used here:
-**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS S_DFC S_QKVP S_DACT S_DSHARED
-**    S_RING_KV S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_DFC
+**    L_FC L_GELU L_QKV_SEQ L_ATTY_SEQ ML_ZG ML_SSUM C_TOKENS S_DFC S_DACT S_DSHARED S_RING_KV
+**    S_RING_DKV S_RING_ACC S_A2A_SEND S_A2A_RECV S_A2A_DOUT MS_DFC
 */
 static const gpt_mem mem[GPT_NMEMS] = {
     /* f32 (N_SP, C) ln_1 output, x 3 */
@@ -384,7 +384,7 @@ static void layer_fwd(int c, int slot, int j, int again)
     matmul_fwd(LAYER(L_QKV), STAGE(S_GATHER), TENSOR(QKV_W), NULL, CFG_N, CFG_C, CFG_QKV_LOCAL,
                CFG_ACT);
     attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
-                  CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
+                  CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
     matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
     /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
@@ -467,8 +467,8 @@ static void layer_bwd(int c, int slot, int j)
     matmul_bwd(STAGE(S_DATTY), GRAD(ATTN_PROJ_W), NULL, STAGE(S_FULL), LAYER(L_ATTY),
                TENSOR(ATTN_PROJ_W), CFG_N, CFG_C_LOCAL, CFG_C, CFG_ACT);
     attention_bwd(STAGE(S_DQKV), STAGE(S_DSUM), STAGE(S_DATTY), LAYER(L_ATTY), LAYER(L_LSE),
-                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE,
-                  CFG_ACT);
+                  LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL, CFG_HEADS_LOCAL, CFG_HEAD_DIM,
+                  CFG_ATT_SCALE, CFG_ACT);
     matmul_bwd(STAGE(S_FULL), GRAD(QKV_W), NULL, STAGE(S_DQKV), STAGE(S_GATHER), TENSOR(QKV_W),
                CFG_N, CFG_C, CFG_QKV_LOCAL, CFG_ACT);
     /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
