@@ -207,12 +207,37 @@ static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
 /*
 ** The embedding's gradient sums, per vocabulary row, the gradients of the tokens with that id
-** in token order (the CPU's order exactly). Blocks split the columns (x) and the ids (y: ids
-** congruent to blockIdx.y modulo EMB_GROUPS): every block scans the token ids, and each
-** vocabulary row is updated by one thread per column.
+** in token order (the CPU's order exactly, so f32 results are bit-identical to the CPU's).
+** The tokens are first bucketed by id on the device: a histogram of the owned ids, its
+** exclusive scan (one block, fixed order) giving each id's slice of an index array, a scatter
+** of the token positions into their slices, then one block per vocabulary row sorts its slice
+** (a bitonic network: the scatter's atomics leave it in any order) and adds its tokens' rows,
+** a thread per column. Integer atomics only: counts are exact, and the sort makes the order
+** of every sum independent of the scatter's. The scatter fills a slice from its end, so on
+** the emulation (atomics in thread order) every slice arrives reversed and the sort is tested.
 */
-#define EMB_GROUPS 64
+#define EMB_SCAN_BLOCK 1024             /* threads of the scan of the id counts */
 
+/* Device scratch of the bucketing, grown on demand: emb_count (the ids' counts, zero between
+** calls: the scatter counts each back down), emb_start (vrows + 1 slice starts), emb_pos (N). */
+static int *emb_count, *emb_start, *emb_pos;
+static size_t emb_rows_cap, emb_tok_cap;
+
+static void emb_scratch(int vrows, int N)
+{
+    if ((size_t)vrows + 1 > emb_rows_cap) {
+        if (emb_count) { RT_CUDA(cudaFree(emb_count)); RT_CUDA(cudaFree(emb_start)); }
+        emb_rows_cap = (size_t)vrows + 1;
+        RT_CUDA(cudaMalloc((void **)&emb_count, emb_rows_cap * sizeof(int)));
+        RT_CUDA(cudaMalloc((void **)&emb_start, emb_rows_cap * sizeof(int)));
+        RT_CUDA(cudaMemset(emb_count, 0, emb_rows_cap * sizeof(int)));
+    }
+    if ((size_t)N > emb_tok_cap) {
+        if (emb_pos) RT_CUDA(cudaFree(emb_pos));
+        emb_tok_cap = (size_t)N;
+        RT_CUDA(cudaMalloc((void **)&emb_pos, emb_tok_cap * sizeof(int)));
+    }
+}
 /* Element k = n C + i of the token embeddings: one thread per element (embed_fwd_rows' values) */
 template <class S> static __global__
 void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, int vstart,
@@ -226,17 +251,69 @@ void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, 
     else kr_store(o, 0.0f);
 }
 
-template <class S> static __global__
-void embed_bwd_kernel(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
-                      int vrows)
+/* Token n (one thread each): count its id if this rank owns it. */
+static __global__ void emb_count_kernel(int *count, const int *tok, int N, int vstart, int vrows)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= C) return;
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int v = tok[n] - vstart;
+    if (v >= 0 && v < vrows) atomicAdd(count + v, 1);
+}
+
+/* start[v] = the counts of ids below v, start[vrows] = the total: one block, each thread a
+** contiguous run of ids, the runs' totals scanned in order by thread 0. */
+static __global__ void emb_scan_kernel(int *start, const int *count, int vrows)
+{
+    __shared__ int run[EMB_SCAN_BLOCK];
+    int per = CEIL_DIV(vrows, EMB_SCAN_BLOCK), lo = MIN((int)threadIdx.x * per, vrows),
+        hi = MIN(lo + per, vrows), s = 0;
+    for (int v = lo; v < hi; v++) s += count[v];
+    run[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int i = 0; i < EMB_SCAN_BLOCK; i++) { int c = run[i]; run[i] = acc; acc += c; }
+        start[vrows] = acc;
+    }
+    __syncthreads();
+    s = run[threadIdx.x];
+    for (int v = lo; v < hi; v++) { start[v] = s; s += count[v]; }
+}
+
+/* Token n: its position into its id's slice, filled from the end (count goes back to 0). */
+static __global__ void emb_scatter_kernel(int *pos, int *count, const int *start, const int *tok,
+                                          int N, int vstart, int vrows)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int v = tok[n] - vstart;
+    if (v >= 0 && v < vrows) pos[start[v] + atomicAdd(count + v, -1) - 1] = n;
+}
+
+/* Vocabulary row v = blockIdx.x: sort its slice of positions ascending (a bitonic network in
+** which every comparison puts the smaller first; the slice is padded to a power of two with
+** virtual +inf, so comparisons past its end are skipped), then dwte[v] += the rows of its
+** tokens in token order, a thread per column. */
+template <class S> static __global__
+void embed_bwd_kernel(float *dwte, const void *dout, int *pos, const int *start, int C)
+{
+    int v = blockIdx.x, s = start[v], k = start[v + 1] - s;
+    if (k == 0) return;
+    int *p = pos + s;
+    for (int size = 2; size / 2 < k; size *= 2)
+        for (int half = size / 2; half > 0; half /= 2) {
+            for (int i = threadIdx.x; i < k; i += blockDim.x) {
+                /* the first step of a merge compares mirror images, the later ones neighbours */
+                int j = half == size / 2 ? (i | (size - 1)) - (i & (size - 1)) : i ^ half;
+                if (j > i && j < k && p[j] < p[i]) { int x = p[i]; p[i] = p[j]; p[j] = x; }
+            }
+            __syncthreads();
+        }
     const S *d = as<S>(dout);
-    for (int n = 0; n < N; n++) {
-        int v = tok[n] - vstart;
-        if (v < 0 || v >= vrows || v % EMB_GROUPS != (int)blockIdx.y) continue;
-        dwte[(size_t)v * C + i] += kr_load(d + (size_t)n * C + i);
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float g = dwte[(size_t)v * C + i];
+        for (int j = 0; j < k; j++) g += kr_load(d + (size_t)p[j] * C + i);
+        dwte[(size_t)v * C + i] = g;
     }
 }
 
@@ -274,8 +351,16 @@ void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vst
 void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
                int vrows, rt_dtype t)
 {
-    dim3 grid(grid_for(C), EMB_GROUPS);
-    LAUNCH(t, embed_bwd_kernel, grid, dwte, dout, tok, N, C, vstart, vrows);
+    if (N <= 0 || vrows <= 0) return;
+    emb_scratch(vrows, N);
+    KERNEL_LAUNCH(grid_for(N), BLOCK, 0, emb_count_kernel)(emb_count, tok, N, vstart, vrows);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH(1, EMB_SCAN_BLOCK, 0, emb_scan_kernel)(emb_start, emb_count, vrows);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH(grid_for(N), BLOCK, 0, emb_scatter_kernel)(emb_pos, emb_count, emb_start, tok,
+                                                             N, vstart, vrows);
+    RT_CUDA(cudaGetLastError());
+    LAUNCH(t, embed_bwd_kernel, (unsigned)vrows, dwte, dout, emb_pos, emb_start, C);
 }
 
 void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)

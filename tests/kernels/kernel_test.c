@@ -487,6 +487,16 @@ static void test_embed_case(int T, int B, int C, int V, int vstart, int vrows, i
     check(label("embed_bwd", "dwte", size), gdwte, rdwte + (size_t)vstart * C, (size_t)vrows * C,
           -1, F32_RTOL);
     keep(label("embed_bwd", "dwte", size), gdwte, (size_t)vrows * C);
+    /* the contract's order: every owned token's row added in token order, in f32 (exact) */
+    float *tord = xmalloc((size_t)vrows * C * sizeof(float));
+    memcpy(tord, dwte0, (size_t)vrows * C * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        int v = tok[n] - vstart;
+        if (v >= 0 && v < vrows)
+            for (int c = 0; c < C; c++) tord[(size_t)v * C + c] += dout[(size_t)n * C + c];
+    }
+    check_exact(label("embed_bwd", "token-order", size), gdwte, tord, (size_t)vrows * C);
+    free(tord);
     check_exact(label("embed_bwd", "guard-rows", size), gdwte + (size_t)vrows * C,
                 dwte0 + (size_t)vrows * C, (size_t)(V - vrows) * C);
     check(label("pos_bwd", "dwpe", size), gdwpe + (size_t)t0 * C, rdwpe, (size_t)T * C, -1,
@@ -518,6 +528,7 @@ static void test_embed(void)
     test_embed_case(7, 3, 37, 11, 4, 5, 3);        /* vocab-parallel rank, offset positions */
     test_embed_case(20, 15, 150, 50, 0, 50, 0);    /* > one block of columns / threads */
     test_embed_case(20, 15, 150, 50, 13, 29, 5);
+    test_embed_case(30, 20, 9, 2, 0, 2, 0);        /* ids repeated more than a block's threads */
     op_end("embed_pos", 1);
 }
 

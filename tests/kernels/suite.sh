@@ -175,8 +175,8 @@ mutate kv-reduce-first-head-only kv_heads-f32 \
     's|for (int r = 1; r < rep; r++)|for (int r = rep; r < rep; r++)|' \
     'for (int r = rep; r < rep; r++)'
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
-# a butterfly one step short, a block's warps not all added, the embedding's id groups not
-# separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
+# a butterfly one step short, a block's warps not all added, the embedding's id slices not
+# sorted or the last one short, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
 # lanes skipping columns
 if [ $EMU = 1 ]; then
 mutate_cuda cuda-col-unroll-short layernorm-f32 \
@@ -186,8 +186,10 @@ mutate_cuda cuda-warp-sum-short layernorm-f32 's|off > 0; off /= 2) v +=|off > 1
     'off > 1; off /= 2) v +='
 mutate_cuda cuda-block-first-warp crossentropy-f32 \
     's|w < nw; w++) r = op|w < 1; w++) r = op|' 'w < 1; w++) r = op'
-mutate_cuda cuda-embed-groups-merged embed_pos-f32 's/ || v % EMB_GROUPS != (int)blockIdx.y//' \
-    'if (v < 0 || v >= vrows) continue;'
+mutate_cuda cuda-embed-sort-short embed_pos-f32 's|half > 0; half /= 2)|half > 1; half /= 2)|' \
+    'half > 1; half /= 2)'
+mutate_cuda cuda-embed-scan-total embed_pos-f32 's|start\[vrows\] = acc;|start[vrows] = acc - 1;|' \
+    'start[vrows] = acc - 1;'
 mutate_cuda cuda-sumsq-part-skipped sumsq 's|i < parts; i += WARP|i < parts - 1; i += WARP|' \
     'i < parts - 1; i += WARP'
 mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
