@@ -160,6 +160,9 @@ WRAP(void, ce_loss, (float *loss, const float *sums, const float *mx, int N),
 WRAP(void, ce_bwd, (void *logits, const float *mx, const float *sums, const int *targets,
                     int N, int Vl, int valid, int vstart, float dloss, rt_dtype t),
      (logits, mx, sums, targets, N, Vl, valid, vstart, dloss, t), F_CE)
+WRAP(void, ce_fused, (float *loss, float *mx, float *sums, void *logits, const int *targets,
+                      int N, int Vl, int valid, int vstart, float dloss, rt_dtype t),
+     (loss, mx, sums, logits, targets, N, Vl, valid, vstart, dloss, t), F_CE)
 WRAP(void, sum_rows, (float *out, const float *x, int N), (out, x, N), F_CE)
 WRAP(void, adamw_step, (float *p, const float *g, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float bc1, float bc2,

@@ -152,6 +152,13 @@ void ce_loss(float *loss, const float *sums, const float *mx, int N);
 /* logits := (softmax - onehot(target)) * dloss, in place (rounded to t); padding columns 0. */
 void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets, int N,
             int Vl, int valid, int vstart, float dloss, rt_dtype t);
+/* ce_rowmax, ce_sums, ce_loss and ce_bwd in one call, for a rank that owns the whole
+** vocabulary (TP 1: no all-reduce between them): mx, sums and loss as those write them (sums:
+** up to rounding), logits := the gradient. CUDA: a block per row reads the row once for its
+** maximum and sum of exponentials (rescaled as the maximum rises) and once more for the
+** gradient, where the three kernels read it three times. */
+void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targets, int N,
+              int Vl, int valid, int vstart, float dloss, rt_dtype t);
 /* out[0] = sum of x[0..N), in order (device memory). */
 void sum_rows(float *out, const float *x, int N);
 

@@ -910,6 +910,15 @@ void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets
     rt_parallel_for(N, ce_bwd_task, &a);
 }
 
+void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targets, int N,
+              int Vl, int valid, int vstart, float dloss, rt_dtype t)
+{
+    ce_rowmax(mx, logits, N, Vl, valid, t);
+    ce_sums(sums, logits, mx, targets, N, Vl, valid, vstart, t);
+    ce_loss(loss, sums, mx, N);
+    ce_bwd(logits, mx, sums, targets, N, Vl, valid, vstart, dloss, t);
+}
+
 void sum_rows(float *out, const float *x, int N)
 {
     float s = 0.0f;

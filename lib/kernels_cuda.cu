@@ -1781,6 +1781,44 @@ void ce_bwd_kernel(void *logits, const float *mx, const float *sums, const int *
     }
 }
 
+/* Row n = blockIdx.x, ce_rowmax's to ce_bwd's work: each thread keeps the largest logit it
+** has seen and its sum of exponentials relative to it (rescaled when the maximum rises), the
+** block combines them (max, then the rescaled sums in a fixed order), thread 0 writes mx, sums
+** and the loss, and the threads overwrite the row with its gradient (ce_bwd's formula). */
+template <class S> static __global__
+void ce_fused_kernel(float *loss, float *mx, float *sums, void *logits, const int *targets,
+                     int N, int Vl, int valid, int vstart, float dloss)
+{
+    __shared__ float sh[WARP];
+    int n = blockIdx.x, t = targets[n] - vstart;
+    S *row = as<S>(logits) + (size_t)n * Vl;
+    /* the target's logit, read before any thread passes the barriers below and writes */
+    float tl = threadIdx.x == 0 && t >= 0 && t < valid ? kr_load(row + t) : 0.0f;
+    float m = -INFINITY, e = 0.0f;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) {
+        float x = kr_load(row + j);
+        if (x > m) {
+            e = m == -INFINITY ? 0.0f : e * vexpf(m - x);
+            m = x;
+        }
+        e += vexpf(x - m);
+    }
+    float M = block_max(m, sh);
+    e = block_sum(m == -INFINITY ? 0.0f : e * vexpf(m - M), sh);
+    if (threadIdx.x == 0) {
+        mx[n] = M;
+        sums[n] = e;
+        sums[N + n] = tl;
+        loss[n] = logf(e) + M - tl;
+    }
+    float inv = 1.0f / e;
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float g = 0.0f;                                  /* padding columns: 0 */
+        if (j < valid) g = (vexpf(kr_load(row + j) - M) * inv - (j == t ? 1.0f : 0.0f)) * dloss;
+        kr_store(row + j, g);
+    }
+}
+
 /* One block adds the rows (a fixed tree): the loss sum is deterministic. */
 static __global__
 void sum_rows_kernel(float *out, const float *x, int N)
@@ -1817,6 +1855,14 @@ void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets
     if (N > 0)
         LAUNCH_WITH(t, ce_bwd_kernel, N, ROW_BLOCK, logits, mx, sums, targets, Vl, valid,
                     vstart, dloss);
+}
+
+void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targets, int N,
+              int Vl, int valid, int vstart, float dloss, rt_dtype t)
+{
+    if (N > 0)
+        LAUNCH_WITH(t, ce_fused_kernel, N, ROW_BLOCK, loss, mx, sums, logits, targets, N, Vl,
+                    valid, vstart, dloss);
 }
 
 void sum_rows(float *out, const float *x, int N)

@@ -1189,7 +1189,7 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, i
         }
     int *d_tgt = dev_copy(tgt, (size_t)N * sizeof(int));
     float *gmx = fconst((size_t)N, -INFINITY), *gsums = fconst(2 * (size_t)N, 0);
-    void *d_logit[16];
+    void *d_logit[16], *d_fused = NULL;      /* TP 1: a copy for ce_fused */
     float *d_ce[16];
     float *nan = fconst(4 * (size_t)N, NAN);
     for (int r = 0; r < TP; r++) {
@@ -1199,6 +1199,7 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, i
             for (int j = 0; j < valid; j++)
                 part[(size_t)n * Vl + j] = logits[(size_t)n * V + vstart + j];
         d_logit[r] = dev_st(part, (size_t)N * Vl);
+        if (TP == 1) d_fused = dev_st(part, (size_t)N * Vl);
         d_ce[r] = dev_copy(nan, 4 * (size_t)N * 4);
         ce_rowmax(d_ce[r], d_logit[r], N, Vl, valid, dt);
         float *mx = down(d_ce[r], (size_t)N);
@@ -1274,6 +1275,25 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, i
         free(dl); free(want);
         rt_free(d_logit[r]); rt_free(d_ce[r]);
     }
+    /* TP 1: the fused kernel against the same reference (its sums in another order) */
+    if (TP == 1) {
+        float *d_f = dev_copy(nan, 4 * (size_t)N * 4);
+        ce_fused(d_f + 3 * N, d_f, d_f + N, d_fused, d_tgt, N, Vl, V, 0, dloss, dt);
+        float *f = down(d_f, 4 * (size_t)N), *dl = down_st(d_fused, (size_t)N * Vl);
+        check(label("ce_fused", "max", size), f, rmx, (size_t)N, 0, 0);
+        check(label("ce_fused", "sumexp", size), f + N, rsum, (size_t)N, -1, F32_RTOL);
+        check(label("ce_fused", "target", size), f + 2 * N, rtl, (size_t)N, 0, 0);
+        check(label("ce_fused", "loss", size), f + 3 * N, rloss, (size_t)N, -1, F32_RTOL);
+        double *want = xmalloc((size_t)N * Vl * 8);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < Vl; j++)
+                want[(size_t)n * Vl + j] = j < V ? rdl[(size_t)n * V + j] : 0.0;
+        check_st(label("ce_fused", "dlogits", size), dl, want, (size_t)N * Vl, -1, F32_RTOL);
+        keep(label("ce_fused", "stats", size), f, 4 * (size_t)N);
+        keep(label("ce_fused", "dlogits", size), dl, (size_t)N * Vl);
+        free(f); free(dl); free(want);
+        rt_free(d_f); rt_free(d_fused);
+    }
     free(tgt); free(logits); free(gmx); free(gsums); free(nan); free(rmx); free(rsum); free(rtl);
     free(loss); free(lsum); free(rlogits); free(rprobs); free(rloss); free(rdl);
     rt_free(d_tgt); rt_free(d_gmx); rt_free(d_gsums); rt_free(d_loss); rt_free(d_lsum);
@@ -1287,6 +1307,8 @@ static void test_ce(void)
     test_ce_case(301, 200, 3, 67, 1.0f / 600, 4, 0);  /* > one CUDA block of rows */
     test_ce_case(41, 90, 2, 48, 1.0f / 41, 1e4f, 0);  /* |logit| ~ 1e4 */
     test_ce_case(41, 90, 2, 48, 1.0f / 41, 1e4f, 1);  /* and rows that are one-hot */
+    test_ce_case(5, 1500, 1, 1536, 0.2f, 4, 0);       /* > a CUDA block's threads per row */
+    test_ce_case(6, 1100, 1, 1100, 0.25f, 1e4f, 1);
     op_end("crossentropy", 1);
 }
 
