@@ -170,8 +170,24 @@ void sum_rows(float *out, const float *x, int N);
 void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                 float beta2, float eps, float wd, float bc1, float bc2, float gscale, void *copy,
                 rt_dtype t);
+/* One tensor of adamw_multi: n elements of p, g, m, v (and of copy, or NULL), its decay wd. */
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    void *copy;
+    size_t n;
+    float wd;
+} adamw_tensor;
+/* adamw_step on each of count tensors (host array; the hyper-parameters but wd shared): the
+** same values, bit for bit; CUDA: one launch per MT_TENSORS tensors, no host synchronisation. */
+void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
+                 float bc1, float bc2, float gscale, rt_dtype t);
 /* out[0] = sum of squares of x[0..n) (device memory; fixed summation order). */
 void sumsq(float *out, const float *x, size_t n);
+/* out[k] = sumsq of x[k][0..n[k]) for k < count (host arrays of device pointers): the same
+** values, bit for bit; CUDA: two launches per MT_TENSORS tensors. */
+void sumsq_multi(float *out, const float *const *x, const size_t *n, int count);
+#define MT_TENSORS 24    /* tensors per launch of the multi-tensor kernels (kernel arguments) */
 void scale_inplace(float *x, size_t n, float s);
 
 /* -- Mixture of experts ------------------------------------------------------------------- */

@@ -956,6 +956,14 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
     rt_parallel_for((int)CEIL_DIV(n, (size_t)ADAM_ELEMS), adamw_task, &a);
 }
 
+void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
+                 float bc1, float bc2, float gscale, rt_dtype t)
+{
+    for (int k = 0; k < count; k++)
+        adamw_step(ts[k].p, ts[k].g, ts[k].m, ts[k].v, ts[k].n, lr, beta1, beta2, eps, ts[k].wd,
+                   bc1, bc2, gscale, ts[k].copy, t);
+}
+
 /* A sum of squares is split into parts fixed by n alone (at least SUMSQ_ELEMS elements each,
 ** at most SUMSQ_PARTS parts); each part keeps LANES partial sums in double; the parts are
 ** added in order. Deterministic and independent of the thread count. */
@@ -989,6 +997,11 @@ void sumsq(float *out, const float *x, size_t n)
     rt_parallel_for(a.parts, sumsq_parts, &a);
     for (int k = 0; k < a.parts; k++) s += part[k];
     out[0] = (float)s;
+}
+
+void sumsq_multi(float *out, const float *const *x, const size_t *n, int count)
+{
+    for (int k = 0; k < count; k++) sumsq(out + k, x[k], n[k]);
 }
 
 typedef struct { float *x; size_t n; float s; } scale_args;

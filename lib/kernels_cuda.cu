@@ -1885,32 +1885,78 @@ void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size
 }
 
 /*
+** Multi-tensor AdamW: a launch takes up to MT_TENSORS tensors in its arguments (no table in
+** device memory, so nothing to copy); block b belongs to tensor k where first[k] <= b <
+** first[k + 1], each tensor getting the blocks of its own adamw_step launch, so every element
+** gets adamw_step's arithmetic.
+*/
+struct adamw_chunk {
+    adamw_tensor t[MT_TENSORS];
+    unsigned first[MT_TENSORS + 1];
+};
+
+template <class S> static __global__
+void adamw_multi_kernel(adamw_chunk c, float lr, float beta1, float beta2, float eps,
+                        float step_size, float bc2_sqrt, float gscale)
+{
+    unsigned b = blockIdx.x;
+    int k = 0;
+    while (b >= c.first[k + 1]) k++;
+    const adamw_tensor *a = &c.t[k];
+    size_t i = (size_t)(b - c.first[k]) * blockDim.x + threadIdx.x;
+    if (i < a->n)
+        adamw_span(a->p, a->g, a->m, a->v, as<S>(a->copy), lr, beta1, beta2, eps, a->wd,
+                   step_size, bc2_sqrt, gscale, i, i + 1);
+}
+
+/*
 ** The sum of squares in double: up to SUMSQ_BLOCKS blocks (their number a function of n only)
 ** each reduce a grid-strided share into sumsq_part, then one warp adds the parts in a fixed
-** shape. Calls on the one stream run in order, so they share sumsq_part.
+** shape. Calls on the one stream run in order, so they share sumsq_part. sumsq_multi does it
+** for up to MT_TENSORS tensors a launch: blockIdx.y the tensor, the blocks past its own part
+** count idle, so each tensor's sum is sumsq's alone.
 */
 #define SUMSQ_BLOCKS 264                /* H100: 132 SMs x 2 */
-static __device__ double sumsq_part[SUMSQ_BLOCKS];
+static __device__ double sumsq_part[MT_TENSORS * SUMSQ_BLOCKS];
 
-static __global__
-void sumsq_kernel(const float *x, size_t n)
+struct sumsq_chunk {
+    const float *x[MT_TENSORS];
+    size_t n[MT_TENSORS];
+};
+
+/* The parts of a sum of n squares: a function of n alone. */
+static __host__ __device__ unsigned sumsq_parts(size_t n)
 {
-    __shared__ double sh[WARP];
-    double s = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        s += (double)x[i] * (double)x[i];
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) sumsq_part[blockIdx.x] = s;
+    size_t blocks = n ? CEIL_DIV(n, (size_t)BLOCK) : 1;
+    return (unsigned)MIN(blocks, (size_t)SUMSQ_BLOCKS);
 }
 
 static __global__
-void sumsq_total_kernel(float *out, int parts)
+void sumsq_kernel(sumsq_chunk c)
 {
+    __shared__ double sh[WARP];
+    const float *x = c.x[blockIdx.y];
+    size_t n = c.n[blockIdx.y];
+    unsigned parts = sumsq_parts(n);
+    if (blockIdx.x >= parts) return;                    /* the whole block */
     double s = 0.0;
-    for (int i = threadIdx.x; i < parts; i += WARP) s += sumsq_part[i];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)parts * blockDim.x)
+        s += (double)x[i] * (double)x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) sumsq_part[blockIdx.y * SUMSQ_BLOCKS + blockIdx.x] = s;
+}
+
+/* Tensor k = blockIdx.x (a warp): out[k] = its parts added in a fixed shape. */
+static __global__
+void sumsq_total_kernel(float *out, sumsq_chunk c)
+{
+    int parts = (int)sumsq_parts(c.n[blockIdx.x]);
+    const double *part = sumsq_part + blockIdx.x * SUMSQ_BLOCKS;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < parts; i += WARP) s += part[i];
     s = warp_sum(s);
-    if (threadIdx.x == 0) out[0] = (float)s;
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)s;
 }
 
 static __global__
@@ -1928,13 +1974,48 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
            eps, wd, lr / bc1, sqrtf(bc2), gscale);
 }
 
+void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
+                 float bc1, float bc2, float gscale, rt_dtype t)
+{
+    for (int k0 = 0; k0 < count;) {
+        /* a chunk: up to MT_TENSORS tensors that all have a copy or all have none */
+        adamw_chunk c;
+        int k = 0;
+        c.first[0] = 0;
+        for (; k < MT_TENSORS && k0 + k < count && (ts[k0 + k].copy == NULL) == (ts[k0].copy == NULL);
+             k++) {
+            c.t[k] = ts[k0 + k];
+            c.first[k + 1] = c.first[k] + grid_for(c.t[k].n);
+        }
+        for (int j = k + 1; j <= MT_TENSORS; j++) c.first[j] = c.first[k];
+        LAUNCH(ts[k0].copy ? t : RT_F32, adamw_multi_kernel, c.first[k], c, lr, beta1, beta2,
+               eps, lr / bc1, sqrtf(bc2), gscale);
+        k0 += k;
+    }
+}
+
+void sumsq_multi(float *out, const float *const *x, const size_t *n, int count)
+{
+    for (int k0 = 0; k0 < count; k0 += MT_TENSORS) {
+        int k = MIN(count - k0, MT_TENSORS);
+        sumsq_chunk c;
+        memset(&c, 0, sizeof c);
+        for (int j = 0; j < k; j++) { c.x[j] = x[k0 + j]; c.n[j] = n[k0 + j]; }
+        unsigned parts = 0;
+        for (int j = 0; j < k; j++) {
+            unsigned pj = sumsq_parts(c.n[j]);
+            if (pj > parts) parts = pj;
+        }
+        KERNEL_LAUNCH(dim3(parts, k), BLOCK, 0, sumsq_kernel)(c);
+        RT_CUDA(cudaGetLastError());
+        KERNEL_LAUNCH(k, WARP, 0, sumsq_total_kernel)(out + k0, c);
+        RT_CUDA(cudaGetLastError());
+    }
+}
+
 void sumsq(float *out, const float *x, size_t n)
 {
-    unsigned parts = MIN(grid_for(n), (unsigned)SUMSQ_BLOCKS);
-    KERNEL_LAUNCH(parts, BLOCK, 0, sumsq_kernel)(x, n);
-    RT_CUDA(cudaGetLastError());
-    KERNEL_LAUNCH(1, WARP, 0, sumsq_total_kernel)(out, (int)parts);
-    RT_CUDA(cudaGetLastError());
+    sumsq_multi(out, &x, &n, 1);
 }
 
 void scale_inplace(float *x, size_t n, float s)

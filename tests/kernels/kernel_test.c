@@ -1357,12 +1357,58 @@ static void test_adamw_case(size_t n, float wd, int with_copy)
     rt_free(d_p); rt_free(d_m); rt_free(d_v); rt_free(d_copy);
 }
 
+/* adamw_multi on MT_NT tensors (more than a launch takes; sizes 0, 1, ..., some past a CUDA
+** block; decay on every other one) against adamw_step on each: bit for bit. */
+#define MT_NT (MT_TENSORS + 7)
+static void test_adamw_multi_case(int with_copy)
+{
+    char size[32];
+    snprintf(size, sizeof size, "x%d%s", MT_NT, with_copy ? "_copy" : "");
+    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, bc1 = 0.19f, bc2 = 0.0975f;
+    adamw_tensor ts[MT_NT], one[MT_NT];
+    size_t n[MT_NT];
+    for (int k = 0; k < MT_NT; k++) {
+        n[k] = k < 2 ? (size_t)k : (size_t)(k * 97 % 700);
+        float *p = frand(n[k], -1, 1), *m = frand(n[k], -0.1f, 0.1f), *v = frand(n[k], 0, 0.01f);
+        float *g = frand(n[k], -0.5f, 0.5f);
+        float wd = k % 2 ? 0.1f : 0.0f;
+        void *c0 = with_copy ? dev_st_nan(n[k]) : NULL, *c1 = with_copy ? dev_st_nan(n[k]) : NULL;
+        float *d_g = dev_copy(g, n[k] * 4);
+        ts[k] = (adamw_tensor){ dev_copy(p, n[k] * 4), dev_copy(m, n[k] * 4),
+                                dev_copy(v, n[k] * 4), d_g, c0, n[k], wd };
+        one[k] = (adamw_tensor){ dev_copy(p, n[k] * 4), dev_copy(m, n[k] * 4),
+                                 dev_copy(v, n[k] * 4), d_g, c1, n[k], wd };
+        free(p); free(m); free(v); free(g);
+    }
+    adamw_multi(ts, MT_NT, lr, beta1, beta2, eps, bc1, bc2, 0.7f, dt);
+    for (int k = 0; k < MT_NT; k++)
+        adamw_step(one[k].p, one[k].g, one[k].m, one[k].v, n[k], lr, beta1, beta2, eps,
+                   one[k].wd, bc1, bc2, 0.7f, one[k].copy, dt);
+    for (int k = 0; k < MT_NT; k++) {
+        float *a[3] = { ts[k].p, ts[k].m, ts[k].v }, *b[3] = { one[k].p, one[k].m, one[k].v };
+        for (int j = 0; j < 3; j++) {
+            float *ga = down(a[j], n[k]), *gb = down(b[j], n[k]);
+            check_exact(label("adamw_multi", "pmv", size), ga, gb, n[k]);
+            free(ga); free(gb);
+            rt_free(a[j]); rt_free(b[j]);
+        }
+        if (with_copy) {
+            float *ga = down_st(ts[k].copy, n[k]), *gb = down_st(one[k].copy, n[k]);
+            check_exact(label("adamw_multi", "copy", size), ga, gb, n[k]);
+            free(ga); free(gb);
+        }
+        rt_free((void *)ts[k].g); rt_free(ts[k].copy); rt_free(one[k].copy);
+    }
+}
+
 static void test_adamw(void)
 {
     op_begin();
     test_adamw_case(5, 0.1f, 1);
     test_adamw_case(2 * 16384 + 37, 0.1f, 1);       /* several CPU tasks, many CUDA blocks */
     test_adamw_case(301, 0.0f, 0);                  /* no decay (biases, LayerNorm), no copy */
+    test_adamw_multi_case(1);
+    test_adamw_multi_case(0);
     op_end("adamw", 1);
 }
 
@@ -1386,6 +1432,25 @@ static void test_sumsq(void)                        /* f32 only */
         free(x); free(nan); free(got);
         rt_free(d_x); rt_free(d_out);
     }
+    /* sumsq_multi over MT_NT tensors (sizes 0, 1, ..., one of several CUDA parts) against
+    ** sumsq on each: bit for bit */
+    const float *xs[MT_NT];
+    size_t ns[MT_NT];
+    float *nan = fconst(MT_NT, NAN), *d_multi = dev_copy(nan, MT_NT * 4);
+    float *d_one = dev_copy(nan, MT_NT * 4);
+    for (int k = 0; k < MT_NT; k++) {
+        ns[k] = k == 5 ? 100003 : k < 2 ? (size_t)k : (size_t)(k * 131 % 900);
+        float *x = frand(ns[k], -2, 2);
+        xs[k] = dev_copy(x, ns[k] * 4);
+        sumsq(d_one + k, xs[k], ns[k]);
+        free(x);
+    }
+    sumsq_multi(d_multi, xs, ns, MT_NT);
+    float *gm = down(d_multi, MT_NT), *go = down(d_one, MT_NT);
+    check_exact(label("sumsq_multi", "out", "x31"), gm, go, MT_NT);
+    for (int k = 0; k < MT_NT; k++) rt_free((void *)xs[k]);
+    free(nan); free(gm); free(go);
+    rt_free(d_multi); rt_free(d_one);
     op_end("sumsq", 0);
 }
 

@@ -177,8 +177,8 @@ mutate kv-reduce-first-head-only kv_heads-f32 \
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
 # a butterfly one step short, a block's warps not all added, the embedding's id slices not
 # sorted or the last one short, the fused cross-entropy's running sum not rescaled, a
-# gradient-norm part left out, cross-entropy padding given a gradient, a warp's lanes skipping
-# columns
+# multi-tensor AdamW block given to the previous tensor, a gradient-norm part left out,
+# cross-entropy padding given a gradient, a warp's lanes skipping columns
 if [ $EMU = 1 ]; then
 mutate_cuda cuda-col-unroll-short layernorm-f32 \
     's|u < COL_UNROLL; u++) f(n|u < COL_UNROLL - 1; u++) f(n|' \
@@ -196,6 +196,9 @@ mutate_cuda cuda-sumsq-part-skipped sumsq 's|i < parts; i += WARP|i < parts - 1;
 mutate_cuda cuda-ce-fused-no-rescale crossentropy-f32 \
     's|e = m == -INFINITY ? 0.0f : e \* vexpf(m - x);|e = m == -INFINITY ? 0.0f : e;|' \
     'e = m == -INFINITY ? 0.0f : e;'
+mutate_cuda cuda-adamw-multi-tensor-shifted adamw-f32 \
+    's|while (b >= c.first\[k + 1\]) k++;|while (b > c.first[k + 1]) k++;|' \
+    'while (b > c.first[k + 1]) k++;'
 mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
     's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
     'if (j < Vl) g = (vexpf'
