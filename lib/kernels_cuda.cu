@@ -210,9 +210,9 @@ static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
 ** in token order (the CPU's order exactly, so f32 results are bit-identical to the CPU's).
 ** The tokens are first bucketed by id on the device: a histogram of the owned ids, its
 ** exclusive scan (one block, fixed order) giving each id's slice of an index array, a scatter
-** of the token positions into their slices, then one block per vocabulary row sorts its slice
-** (a bitonic network: the scatter's atomics leave it in any order) and adds its tokens' rows,
-** a thread per column. Integer atomics only: counts are exact, and the sort makes the order
+** of the token positions into their slices, one block per vocabulary row sorting its slice (a
+** bitonic network: the scatter's atomics leave it in any order), then blocks of EMB_COLS
+** columns of a row adding its tokens' rows, a thread per column. Integer atomics only: counts are exact, and the sort makes the order
 ** of every sum independent of the scatter's. The scatter fills a slice from its end, so on
 ** the emulation (atomics in thread order) every slice arrives reversed and the sort is tested.
 */
@@ -292,13 +292,10 @@ static __global__ void emb_scatter_kernel(int *pos, int *count, const int *start
 
 /* Vocabulary row v = blockIdx.x: sort its slice of positions ascending (a bitonic network in
 ** which every comparison puts the smaller first; the slice is padded to a power of two with
-** virtual +inf, so comparisons past its end are skipped), then dwte[v] += the rows of its
-** tokens in token order, a thread per column. */
-template <class S> static __global__
-void embed_bwd_kernel(float *dwte, const void *dout, int *pos, const int *start, int C)
+** virtual +inf, so comparisons past its end are skipped). */
+static __global__ void emb_sort_kernel(int *pos, const int *start)
 {
-    int v = blockIdx.x, s = start[v], k = start[v + 1] - s;
-    if (k == 0) return;
+    int s = start[blockIdx.x], k = start[blockIdx.x + 1] - s;
     int *p = pos + s;
     for (int size = 2; size / 2 < k; size *= 2)
         for (int half = size / 2; half > 0; half /= 2) {
@@ -309,12 +306,26 @@ void embed_bwd_kernel(float *dwte, const void *dout, int *pos, const int *start,
             }
             __syncthreads();
         }
-    const S *d = as<S>(dout);
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float g = dwte[(size_t)v * C + i];
-        for (int j = 0; j < k; j++) g += kr_load(d + (size_t)p[j] * C + i);
-        dwte[(size_t)v * C + i] = g;
+}
+
+/* Row v = blockIdx.x, column i (blockIdx.y's EMB_COLS): dwte[v][i] += the rows of v's tokens
+** in token order, EMB_UNROLL loads in flight (added in order). */
+#define EMB_COLS 128
+#define EMB_UNROLL 4
+template <class S> static __global__
+void embed_bwd_kernel(float *dwte, const void *dout, const int *pos, const int *start, int C)
+{
+    int v = blockIdx.x, i = blockIdx.y * EMB_COLS + threadIdx.x, j = start[v],
+        end = start[v + 1];
+    if (j == end || i >= C) return;
+    const S *d = as<S>(dout) + i;
+    float g = dwte[(size_t)v * C + i], x[EMB_UNROLL];
+    for (; j + EMB_UNROLL <= end; j += EMB_UNROLL) {
+        for (int u = 0; u < EMB_UNROLL; u++) x[u] = kr_load(d + (size_t)pos[j + u] * C);
+        for (int u = 0; u < EMB_UNROLL; u++) g += x[u];
     }
+    for (; j < end; j++) g += kr_load(d + (size_t)pos[j] * C);
+    dwte[(size_t)v * C + i] = g;
 }
 
 /* Element k = (t B + b) C + i: += the position's row (pos_fwd_rows' arithmetic), one thread
@@ -351,7 +362,7 @@ void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vst
 void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
                int vrows, rt_dtype t)
 {
-    if (N <= 0 || vrows <= 0) return;
+    if (N <= 0 || vrows <= 0 || C <= 0) return;
     emb_scratch(vrows, N);
     KERNEL_LAUNCH(grid_for(N), BLOCK, 0, emb_count_kernel)(emb_count, tok, N, vstart, vrows);
     RT_CUDA(cudaGetLastError());
@@ -360,7 +371,10 @@ void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int 
     KERNEL_LAUNCH(grid_for(N), BLOCK, 0, emb_scatter_kernel)(emb_pos, emb_count, emb_start, tok,
                                                              N, vstart, vrows);
     RT_CUDA(cudaGetLastError());
-    LAUNCH(t, embed_bwd_kernel, (unsigned)vrows, dwte, dout, emb_pos, emb_start, C);
+    KERNEL_LAUNCH((unsigned)vrows, BLOCK, 0, emb_sort_kernel)(emb_pos, emb_start);
+    RT_CUDA(cudaGetLastError());
+    dim3 grid((unsigned)vrows, (unsigned)CEIL_DIV(C, EMB_COLS));
+    LAUNCH_WITH(t, embed_bwd_kernel, grid, EMB_COLS, dwte, dout, emb_pos, emb_start, C);
 }
 
 void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
