@@ -115,10 +115,10 @@ def step_of(model, bw, flops):
     gemm(s, "logits dX", N, C, V)
     gemm(s, "logits dW", V, C, N, out_bytes=W)
     s.add("layernorm", "layernorm_bwd (final)", 5 * N * C * A + N * 8, launches=3)
-    # embed_bwd: the ids counted, scanned, the positions scattered (int traffic), then a block
-    # per vocabulary row adds its tokens' rows; pos_bwd
-    s.add("embedding", "embed_bwd + pos_bwd", 2 * N * C * A + V * C * W * 2 + N * 4 * 6 + V * 4 * 4,
-          launches=5)
+    # embed_bwd: the ids counted, scanned, the positions scattered and sorted (int traffic),
+    # then blocks of a row's columns add its tokens' rows; pos_bwd
+    s.add("embedding", "embed_bwd + pos_bwd", 2 * N * C * A + V * C * W * 2 + N * 4 * 8 + V * 4 * 4,
+          launches=6)
     P = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
     tensors = 12 * L + 4             # a layer's 12, wte, wpe, the final LayerNorm's 2
     # multi-tensor: per MT_TENSORS tensors, AdamW one launch (p g m v in, p m v and the bf16
