@@ -212,9 +212,10 @@ static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
 ** exclusive scan (one block, fixed order) giving each id's slice of an index array, a scatter
 ** of the token positions into their slices, one block per vocabulary row sorting its slice (a
 ** bitonic network: the scatter's atomics leave it in any order), then blocks of EMB_COLS
-** columns of a row adding its tokens' rows, a thread per column. Integer atomics only: counts are exact, and the sort makes the order
-** of every sum independent of the scatter's. The scatter fills a slice from its end, so on
-** the emulation (atomics in thread order) every slice arrives reversed and the sort is tested.
+** columns of a row adding its tokens' rows, a thread per column. Integer atomics only: counts
+** are exact, and the sort makes the order of every sum independent of the scatter's. The
+** scatter fills a slice from its end, so on the emulation (atomics in thread order) every
+** slice arrives reversed and the sort is tested.
 */
 #define EMB_SCAN_BLOCK 1024             /* threads of the scan of the id counts */
 
@@ -238,6 +239,7 @@ static void emb_scratch(int vrows, int N)
         RT_CUDA(cudaMalloc((void **)&emb_pos, emb_tok_cap * sizeof(int)));
     }
 }
+
 /* Element k = n C + i of the token embeddings: one thread per element (embed_fwd_rows' values) */
 template <class S> static __global__
 void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, int vstart,
