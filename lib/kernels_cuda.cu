@@ -1998,8 +1998,8 @@ void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float
         adamw_chunk c;
         int k = 0;
         c.first[0] = 0;
-        for (; k < MT_TENSORS && k0 + k < count && (ts[k0 + k].copy == NULL) == (ts[k0].copy == NULL);
-             k++) {
+        int with_copy = ts[k0].copy != NULL;
+        for (; k < MT_TENSORS && k0 + k < count && (ts[k0 + k].copy != NULL) == with_copy; k++) {
             c.t[k] = ts[k0 + k];
             c.first[k + 1] = c.first[k] + grid_for(c.t[k].n);
         }

@@ -1358,12 +1358,13 @@ static void test_adamw_case(size_t n, float wd, int with_copy)
 }
 
 /* adamw_multi on MT_NT tensors (more than a launch takes; sizes 0, 1, ..., some past a CUDA
-** block; decay on every other one) against adamw_step on each: bit for bit. */
+** block; decay on every other one; copies: none, all, or every third tensor's, which splits
+** the CUDA launches) against adamw_step on each: bit for bit. */
 #define MT_NT (MT_TENSORS + 7)
-static void test_adamw_multi_case(int with_copy)
+static void test_adamw_multi_case(int copies)      /* 0: none, 1: all, 2: every third */
 {
     char size[32];
-    snprintf(size, sizeof size, "x%d%s", MT_NT, with_copy ? "_copy" : "");
+    snprintf(size, sizeof size, "x%d_copies%d", MT_NT, copies);
     float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, bc1 = 0.19f, bc2 = 0.0975f;
     adamw_tensor ts[MT_NT], one[MT_NT];
     size_t n[MT_NT];
@@ -1372,6 +1373,7 @@ static void test_adamw_multi_case(int with_copy)
         float *p = frand(n[k], -1, 1), *m = frand(n[k], -0.1f, 0.1f), *v = frand(n[k], 0, 0.01f);
         float *g = frand(n[k], -0.5f, 0.5f);
         float wd = k % 2 ? 0.1f : 0.0f;
+        int with_copy = copies == 1 || (copies == 2 && k % 3 == 0);
         void *c0 = with_copy ? dev_st_nan(n[k]) : NULL, *c1 = with_copy ? dev_st_nan(n[k]) : NULL;
         float *d_g = dev_copy(g, n[k] * 4);
         ts[k] = (adamw_tensor){ dev_copy(p, n[k] * 4), dev_copy(m, n[k] * 4),
@@ -1392,7 +1394,7 @@ static void test_adamw_multi_case(int with_copy)
             free(ga); free(gb);
             rt_free(a[j]); rt_free(b[j]);
         }
-        if (with_copy) {
+        if (ts[k].copy) {
             float *ga = down_st(ts[k].copy, n[k]), *gb = down_st(one[k].copy, n[k]);
             check_exact(label("adamw_multi", "copy", size), ga, gb, n[k]);
             free(ga); free(gb);
@@ -1409,6 +1411,7 @@ static void test_adamw(void)
     test_adamw_case(301, 0.0f, 0);                  /* no decay (biases, LayerNorm), no copy */
     test_adamw_multi_case(1);
     test_adamw_multi_case(0);
+    test_adamw_multi_case(2);
     op_end("adamw", 1);
 }
 
