@@ -16,9 +16,10 @@ printed beside the prediction, with the ratio measured / predicted. That ratio s
 kernel is far from its floor.
 
 Two columns are predicted. "as built" counts what the kernels do today: attention's 13
-m16n8k16 passes per tile pair (the hi + lo split, dq recomputing the scores), and cross-entropy's
-three passes. "floor" is the same step with FlashAttention-2's 7 passes and one pass over the
-logits. MFU counts 6N + 6LCT FLOPs per token against 989 TFLOP/s, as the batch does.
+m16n8k16 passes per tile pair (the hi + lo split, dq recomputing the scores), and the fused
+cross-entropy's two reads of the logits (the second counted from memory). "floor" is the same
+step with FlashAttention-2's 7 passes and one read of the logits. MFU counts 6N + 6LCT FLOPs per
+token against 989 TFLOP/s, as the batch does.
 """
 import argparse
 import sys
@@ -31,6 +32,7 @@ MODELS = {  # layers, hidden, heads, micro-batch, recompute of the attention cor
     "1558m": dict(L=48, C=1600, H=25, B=8, recompute=True),
 }
 T, V = 1024, 50257
+MT_TENSORS = 24            # tensors per launch of the multi-tensor kernels (lib/kernels.h)
 A, W = 2, 4                # bytes: bf16 activation, f32 weight / gradient / moment
 
 
@@ -105,17 +107,25 @@ def step_of(model, bw, flops):
     s.add("layernorm", "layernorm_fwd (final)", 2 * N * C * A + N * 8)
     gemm(s, "logits", N, V, C)
     logits = N * V * A
-    s.add("cross-entropy", "ce_rowmax, ce_sums, ce_bwd", 4 * logits, launches=4,
+    # one GPU (TP 1): ce_fused reads a row for its maximum and sum, again for the gradient it
+    # writes in place (the second read counted here from memory, though the row was just read
+    # by the same block: it may come from L2), then sum_rows
+    s.add("cross-entropy", "ce_fused, sum_rows", 3 * logits, launches=2,
           floor_bytes=2 * logits)
     gemm(s, "logits dX", N, C, V)
     gemm(s, "logits dW", V, C, N, out_bytes=W)
     s.add("layernorm", "layernorm_bwd (final)", 5 * N * C * A + N * 8, launches=3)
-    s.add("embedding", "embed_bwd + pos_bwd", 2 * N * C * A + V * C * W * 2, launches=2)
+    # embed_bwd: the ids counted, scanned, the positions scattered and sorted (int traffic),
+    # then blocks of a row's columns add its tokens' rows; pos_bwd
+    s.add("embedding", "embed_bwd + pos_bwd", 2 * N * C * A + V * C * W * 2 + N * 4 * 8 + V * 4 * 4,
+          launches=6)
     P = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
     tensors = 12 * L + 4             # a layer's 12, wte, wpe, the final LayerNorm's 2
-    # per tensor: AdamW one launch (p g m v in, p m v and the bf16 copy out), the norm two
-    s.add("adamw", "adamw_step", P * (4 * W + 3 * W + A), launches=tensors)
-    s.add("grad-norm", "sumsq", P * W, launches=2 * tensors)
+    # multi-tensor: per MT_TENSORS tensors, AdamW one launch (p g m v in, p m v and the bf16
+    # copy out), the norm two
+    calls = -(-tensors // MT_TENSORS)
+    s.add("adamw", "adamw_multi", P * (4 * W + 3 * W + A), launches=calls)
+    s.add("grad-norm", "sumsq_multi", P * W, launches=2 * calls)
     s.add("zero-grads", "rt_memset0", P * W)
     return s, P
 

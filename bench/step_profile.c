@@ -5,8 +5,8 @@
 ** (wall clock, the caller's view: the pool's other threads work inside it). Not part of the
 ** program and never built by the tests; the program and the library are unchanged.
 **
-** Steps are delimited at the first sumsq of each step (the gradient norm, after the
-** backward); the first PROFILE_WARMUP (default 2) steps are skipped, and at exit the mean
+** Steps are delimited at the first sumsq or sumsq_multi of each step (the gradient norm,
+** after the backward); the first PROFILE_WARMUP (default 2) steps are skipped, and at exit the mean
 ** ms per step of each family over the remaining whole steps goes to stderr, as
 **   profile: <steps> steps, <ms> ms/step
 **   profile: <family> <ms> <percent>
@@ -160,11 +160,17 @@ WRAP(void, ce_loss, (float *loss, const float *sums, const float *mx, int N),
 WRAP(void, ce_bwd, (void *logits, const float *mx, const float *sums, const int *targets,
                     int N, int Vl, int valid, int vstart, float dloss, rt_dtype t),
      (logits, mx, sums, targets, N, Vl, valid, vstart, dloss, t), F_CE)
+WRAP(void, ce_fused, (float *loss, float *mx, float *sums, void *logits, const int *targets,
+                      int N, int Vl, int valid, int vstart, float dloss, rt_dtype t),
+     (loss, mx, sums, logits, targets, N, Vl, valid, vstart, dloss, t), F_CE)
 WRAP(void, sum_rows, (float *out, const float *x, int N), (out, x, N), F_CE)
 WRAP(void, adamw_step, (float *p, const float *g, float *m, float *v, size_t n, float lr,
                         float beta1, float beta2, float eps, float wd, float bc1, float bc2,
                         float gscale, void *copy, rt_dtype t),
      (p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, gscale, copy, t), F_ADAMW)
+WRAP(void, adamw_multi, (const adamw_tensor *ts, int count, float lr, float beta1, float beta2,
+                         float eps, float bc1, float bc2, float gscale, rt_dtype t),
+     (ts, count, lr, beta1, beta2, eps, bc1, bc2, gscale, t), F_ADAMW)
 WRAP(void, scale_inplace, (float *x, size_t n, float s), (x, n, s), F_GRADNORM)
 WRAP(void, rt_memset0, (void *p, size_t bytes), (p, bytes), F_ZERO)
 
@@ -176,6 +182,18 @@ void __wrap_sumsq(float *out, const float *x, size_t n)
         step_boundary();
     double t0 = now_s();
     __real_sumsq(out, x, n);
+    acc[F_GRADNORM] += now_s() - t0;
+    last_was_sumsq = 1;
+}
+
+void __real_sumsq_multi(float *out, const float *const *x, const size_t *n, int count);
+void __wrap_sumsq_multi(float *out, const float *const *x, const size_t *n, int count);
+void __wrap_sumsq_multi(float *out, const float *const *x, const size_t *n, int count)
+{
+    if (!last_was_sumsq)
+        step_boundary();
+    double t0 = now_s();
+    __real_sumsq_multi(out, x, n, count);
     acc[F_GRADNORM] += now_s() - t0;
     last_was_sumsq = 1;
 }

@@ -154,6 +154,13 @@ void ce_loss(float *loss, const float *sums, const float *mx, int N);
 /* logits := (softmax - onehot(target)) * dloss, in place (rounded to t); padding columns 0. */
 void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets, int N,
             int Vl, int valid, int vstart, float dloss, rt_dtype t);
+/* ce_rowmax, ce_sums, ce_loss and ce_bwd in one call, for a rank that owns the whole
+** vocabulary (TP 1: no all-reduce between them): mx, sums and loss as those write them (sums:
+** up to rounding), logits := the gradient. CUDA: a block per row reads the row once for its
+** maximum and sum of exponentials (rescaled as the maximum rises) and once more for the
+** gradient, where the three kernels read it three times. */
+void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targets, int N,
+              int Vl, int valid, int vstart, float dloss, rt_dtype t);
 /* out[0] = sum of x[0..N), in order (device memory). */
 void sum_rows(float *out, const float *x, int N);
 
@@ -165,8 +172,24 @@ void sum_rows(float *out, const float *x, int N);
 void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                 float beta2, float eps, float wd, float bc1, float bc2, float gscale, void *copy,
                 rt_dtype t);
+/* One tensor of adamw_multi: n elements of p, g, m, v (and of copy, or NULL), its decay wd. */
+typedef struct {
+    float *p, *m, *v;
+    const float *g;
+    void *copy;
+    size_t n;
+    float wd;
+} adamw_tensor;
+/* adamw_step on each of count tensors (host array; the hyper-parameters but wd shared): the
+** same values, bit for bit; CUDA: one launch per MT_TENSORS tensors, no host synchronisation. */
+void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
+                 float bc1, float bc2, float gscale, rt_dtype t);
 /* out[0] = sum of squares of x[0..n) (device memory; fixed summation order). */
 void sumsq(float *out, const float *x, size_t n);
+/* out[k] = sumsq of x[k][0..n[k]) for k < count (host arrays of device pointers): the same
+** values, bit for bit; CUDA: two launches per MT_TENSORS tensors. */
+void sumsq_multi(float *out, const float *const *x, const size_t *n, int count);
+#define MT_TENSORS 24    /* tensors per launch of the multi-tensor kernels (kernel arguments) */
 void scale_inplace(float *x, size_t n, float s);
 
 /* -- Mixture of experts ------------------------------------------------------------------- */

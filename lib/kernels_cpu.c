@@ -978,6 +978,15 @@ void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets
     rt_parallel_for(N, ce_bwd_task, &a);
 }
 
+void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targets, int N,
+              int Vl, int valid, int vstart, float dloss, rt_dtype t)
+{
+    ce_rowmax(mx, logits, N, Vl, valid, t);
+    ce_sums(sums, logits, mx, targets, N, Vl, valid, vstart, t);
+    ce_loss(loss, sums, mx, N);
+    ce_bwd(logits, mx, sums, targets, N, Vl, valid, vstart, dloss, t);
+}
+
 void sum_rows(float *out, const float *x, int N)
 {
     float s = 0.0f;
@@ -1015,6 +1024,14 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
     rt_parallel_for((int)CEIL_DIV(n, (size_t)ADAM_ELEMS), adamw_task, &a);
 }
 
+void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
+                 float bc1, float bc2, float gscale, rt_dtype t)
+{
+    for (int k = 0; k < count; k++)
+        adamw_step(ts[k].p, ts[k].g, ts[k].m, ts[k].v, ts[k].n, lr, beta1, beta2, eps, ts[k].wd,
+                   bc1, bc2, gscale, ts[k].copy, t);
+}
+
 /* A sum of squares is split into parts fixed by n alone (at least SUMSQ_ELEMS elements each,
 ** at most SUMSQ_PARTS parts); each part keeps LANES partial sums in double; the parts are
 ** added in order. Deterministic and independent of the thread count. */
@@ -1048,6 +1065,11 @@ void sumsq(float *out, const float *x, size_t n)
     rt_parallel_for(a.parts, sumsq_parts, &a);
     for (int k = 0; k < a.parts; k++) s += part[k];
     out[0] = (float)s;
+}
+
+void sumsq_multi(float *out, const float *const *x, const size_t *n, int count)
+{
+    for (int k = 0; k < count; k++) sumsq(out + k, x[k], n[k]);
 }
 
 typedef struct { float *x; size_t n; float s; } scale_args;

@@ -207,11 +207,38 @@ static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
 /*
 ** The embedding's gradient sums, per vocabulary row, the gradients of the tokens with that id
-** in token order (the CPU's order exactly). Blocks split the columns (x) and the ids (y: ids
-** congruent to blockIdx.y modulo EMB_GROUPS): every block scans the token ids, and each
-** vocabulary row is updated by one thread per column.
+** in token order (the CPU's order exactly, so f32 results are bit-identical to the CPU's).
+** The tokens are first bucketed by id on the device: a histogram of the owned ids, its
+** exclusive scan (one block, fixed order) giving each id's slice of an index array, a scatter
+** of the token positions into their slices, one block per vocabulary row sorting its slice (a
+** bitonic network: the scatter's atomics leave it in any order), then blocks of EMB_COLS
+** columns of a row adding its tokens' rows, a thread per column. Integer atomics only: counts
+** are exact, and the sort makes the order of every sum independent of the scatter's. The
+** scatter fills a slice from its end, so on the emulation (atomics in thread order) every
+** slice arrives reversed and the sort is tested.
 */
-#define EMB_GROUPS 64
+#define EMB_SCAN_BLOCK 1024             /* threads of the scan of the id counts */
+
+/* Device scratch of the bucketing, grown on demand: emb_count (the ids' counts, zero between
+** calls: the scatter counts each back down), emb_start (vrows + 1 slice starts), emb_pos (N). */
+static int *emb_count, *emb_start, *emb_pos;
+static size_t emb_rows_cap, emb_tok_cap;
+
+static void emb_scratch(int vrows, int N)
+{
+    if ((size_t)vrows + 1 > emb_rows_cap) {
+        if (emb_count) { RT_CUDA(cudaFree(emb_count)); RT_CUDA(cudaFree(emb_start)); }
+        emb_rows_cap = (size_t)vrows + 1;
+        RT_CUDA(cudaMalloc((void **)&emb_count, emb_rows_cap * sizeof(int)));
+        RT_CUDA(cudaMalloc((void **)&emb_start, emb_rows_cap * sizeof(int)));
+        RT_CUDA(cudaMemset(emb_count, 0, emb_rows_cap * sizeof(int)));
+    }
+    if ((size_t)N > emb_tok_cap) {
+        if (emb_pos) RT_CUDA(cudaFree(emb_pos));
+        emb_tok_cap = (size_t)N;
+        RT_CUDA(cudaMalloc((void **)&emb_pos, emb_tok_cap * sizeof(int)));
+    }
+}
 
 /* Element k = n C + i of the token embeddings: one thread per element (embed_fwd_rows' values) */
 template <class S> static __global__
@@ -226,18 +253,81 @@ void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, 
     else kr_store(o, 0.0f);
 }
 
-template <class S> static __global__
-void embed_bwd_kernel(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
-                      int vrows)
+/* Token n (one thread each): count its id if this rank owns it. */
+static __global__ void emb_count_kernel(int *count, const int *tok, int N, int vstart, int vrows)
 {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= C) return;
-    const S *d = as<S>(dout);
-    for (int n = 0; n < N; n++) {
-        int v = tok[n] - vstart;
-        if (v < 0 || v >= vrows || v % EMB_GROUPS != (int)blockIdx.y) continue;
-        dwte[(size_t)v * C + i] += kr_load(d + (size_t)n * C + i);
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int v = tok[n] - vstart;
+    if (v >= 0 && v < vrows) atomicAdd(count + v, 1);
+}
+
+/* start[v] = the counts of ids below v, start[vrows] = the total: one block, each thread a
+** contiguous run of ids, the runs' totals scanned in order by thread 0. */
+static __global__ void emb_scan_kernel(int *start, const int *count, int vrows)
+{
+    __shared__ int run[EMB_SCAN_BLOCK];
+    int per = CEIL_DIV(vrows, EMB_SCAN_BLOCK), lo = MIN((int)threadIdx.x * per, vrows),
+        hi = MIN(lo + per, vrows), s = 0;
+    for (int v = lo; v < hi; v++) s += count[v];
+    run[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int i = 0; i < EMB_SCAN_BLOCK; i++) { int c = run[i]; run[i] = acc; acc += c; }
+        start[vrows] = acc;
     }
+    __syncthreads();
+    s = run[threadIdx.x];
+    for (int v = lo; v < hi; v++) { start[v] = s; s += count[v]; }
+}
+
+/* Token n: its position into its id's slice, filled from the end (count goes back to 0). */
+static __global__ void emb_scatter_kernel(int *pos, int *count, const int *start, const int *tok,
+                                          int N, int vstart, int vrows)
+{
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int v = tok[n] - vstart;
+    if (v >= 0 && v < vrows) pos[start[v] + atomicAdd(count + v, -1) - 1] = n;
+}
+
+/* Vocabulary row v = blockIdx.x: sort its slice of positions ascending (a bitonic network in
+** which every comparison puts the smaller first; the slice is padded to a power of two with
+** virtual +inf, so comparisons past its end are skipped). */
+static __global__ void emb_sort_kernel(int *pos, const int *start)
+{
+    int s = start[blockIdx.x], k = start[blockIdx.x + 1] - s;
+    int *p = pos + s;
+    for (int size = 2; size / 2 < k; size *= 2)
+        for (int half = size / 2; half > 0; half /= 2) {
+            for (int i = threadIdx.x; i < k; i += blockDim.x) {
+                /* the first step of a merge compares mirror images, the later ones neighbours */
+                int j = half == size / 2 ? (i | (size - 1)) - (i & (size - 1)) : i ^ half;
+                if (j > i && j < k && p[j] < p[i]) { int x = p[i]; p[i] = p[j]; p[j] = x; }
+            }
+            __syncthreads();
+        }
+}
+
+/* Row v = blockIdx.x, column i (blockIdx.y's EMB_COLS): dwte[v][i] += the rows of v's tokens
+** in token order, EMB_UNROLL loads in flight (added in order). */
+#define EMB_COLS 128
+#define EMB_UNROLL 4
+template <class S> static __global__
+void embed_bwd_kernel(float *dwte, const void *dout, const int *pos, const int *start, int C)
+{
+    int v = blockIdx.x, i = blockIdx.y * EMB_COLS + threadIdx.x, j = start[v],
+        end = start[v + 1];
+    if (j == end || i >= C) return;
+    const S *d = as<S>(dout) + i;
+    float g = dwte[(size_t)v * C + i], x[EMB_UNROLL];
+    for (; j + EMB_UNROLL <= end; j += EMB_UNROLL) {
+        for (int u = 0; u < EMB_UNROLL; u++) x[u] = kr_load(d + (size_t)pos[j + u] * C);
+        for (int u = 0; u < EMB_UNROLL; u++) g += x[u];
+    }
+    for (; j < end; j++) g += kr_load(d + (size_t)pos[j] * C);
+    dwte[(size_t)v * C + i] = g;
 }
 
 /* Element k = (t B + b) C + i: += the position's row (pos_fwd_rows' arithmetic), one thread
@@ -274,8 +364,19 @@ void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vst
 void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
                int vrows, rt_dtype t)
 {
-    dim3 grid(grid_for(C), EMB_GROUPS);
-    LAUNCH(t, embed_bwd_kernel, grid, dwte, dout, tok, N, C, vstart, vrows);
+    if (N <= 0 || vrows <= 0 || C <= 0) return;
+    emb_scratch(vrows, N);
+    KERNEL_LAUNCH(grid_for(N), BLOCK, 0, emb_count_kernel)(emb_count, tok, N, vstart, vrows);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH(1, EMB_SCAN_BLOCK, 0, emb_scan_kernel)(emb_start, emb_count, vrows);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH(grid_for(N), BLOCK, 0, emb_scatter_kernel)(emb_pos, emb_count, emb_start, tok,
+                                                             N, vstart, vrows);
+    RT_CUDA(cudaGetLastError());
+    KERNEL_LAUNCH((unsigned)vrows, BLOCK, 0, emb_sort_kernel)(emb_pos, emb_start);
+    RT_CUDA(cudaGetLastError());
+    dim3 grid((unsigned)vrows, (unsigned)CEIL_DIV(C, EMB_COLS));
+    LAUNCH_WITH(t, embed_bwd_kernel, grid, EMB_COLS, dwte, dout, emb_pos, emb_start, C);
 }
 
 void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
@@ -1685,6 +1786,44 @@ void ce_bwd_kernel(void *logits, const float *mx, const float *sums, const int *
     }
 }
 
+/* Row n = blockIdx.x, ce_rowmax's to ce_bwd's work: each thread keeps the largest logit it
+** has seen and its sum of exponentials relative to it (rescaled when the maximum rises), the
+** block combines them (max, then the rescaled sums in a fixed order), thread 0 writes mx, sums
+** and the loss, and the threads overwrite the row with its gradient (ce_bwd's formula). */
+template <class S> static __global__
+void ce_fused_kernel(float *loss, float *mx, float *sums, void *logits, const int *targets,
+                     int N, int Vl, int valid, int vstart, float dloss)
+{
+    __shared__ float sh[WARP];
+    int n = blockIdx.x, t = targets[n] - vstart;
+    S *row = as<S>(logits) + (size_t)n * Vl;
+    /* the target's logit, read before any thread passes the barriers below and writes */
+    float tl = threadIdx.x == 0 && t >= 0 && t < valid ? kr_load(row + t) : 0.0f;
+    float m = -INFINITY, e = 0.0f;
+    for (int j = threadIdx.x; j < valid; j += blockDim.x) {
+        float x = kr_load(row + j);
+        if (x > m) {
+            e = m == -INFINITY ? 0.0f : e * vexpf(m - x);
+            m = x;
+        }
+        e += vexpf(x - m);
+    }
+    float M = block_max(m, sh);
+    e = block_sum(m == -INFINITY ? 0.0f : e * vexpf(m - M), sh);
+    if (threadIdx.x == 0) {
+        mx[n] = M;
+        sums[n] = e;
+        sums[N + n] = tl;
+        loss[n] = logf(e) + M - tl;
+    }
+    float inv = 1.0f / e;
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float g = 0.0f;                                  /* padding columns: 0 */
+        if (j < valid) g = (vexpf(kr_load(row + j) - M) * inv - (j == t ? 1.0f : 0.0f)) * dloss;
+        kr_store(row + j, g);
+    }
+}
+
 /* One block adds the rows (a fixed tree): the loss sum is deterministic. */
 static __global__
 void sum_rows_kernel(float *out, const float *x, int N)
@@ -1723,6 +1862,14 @@ void ce_bwd(void *logits, const float *mx, const float *sums, const int *targets
                     vstart, dloss);
 }
 
+void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targets, int N,
+              int Vl, int valid, int vstart, float dloss, rt_dtype t)
+{
+    if (N > 0)
+        LAUNCH_WITH(t, ce_fused_kernel, N, ROW_BLOCK, loss, mx, sums, logits, targets, N, Vl,
+                    valid, vstart, dloss);
+}
+
 void sum_rows(float *out, const float *x, int N)
 {
     KERNEL_LAUNCH(1, 1024, 0, sum_rows_kernel)(out, x, N);
@@ -1743,32 +1890,78 @@ void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size
 }
 
 /*
+** Multi-tensor AdamW: a launch takes up to MT_TENSORS tensors in its arguments (no table in
+** device memory, so nothing to copy); block b belongs to tensor k where first[k] <= b <
+** first[k + 1], each tensor getting the blocks of its own adamw_step launch, so every element
+** gets adamw_step's arithmetic.
+*/
+struct adamw_chunk {
+    adamw_tensor t[MT_TENSORS];
+    unsigned first[MT_TENSORS + 1];
+};
+
+template <class S> static __global__
+void adamw_multi_kernel(adamw_chunk c, float lr, float beta1, float beta2, float eps,
+                        float step_size, float bc2_sqrt, float gscale)
+{
+    unsigned b = blockIdx.x;
+    int k = 0;
+    while (b >= c.first[k + 1]) k++;
+    const adamw_tensor *a = &c.t[k];
+    size_t i = (size_t)(b - c.first[k]) * blockDim.x + threadIdx.x;
+    if (i < a->n)
+        adamw_span(a->p, a->g, a->m, a->v, as<S>(a->copy), lr, beta1, beta2, eps, a->wd,
+                   step_size, bc2_sqrt, gscale, i, i + 1);
+}
+
+/*
 ** The sum of squares in double: up to SUMSQ_BLOCKS blocks (their number a function of n only)
 ** each reduce a grid-strided share into sumsq_part, then one warp adds the parts in a fixed
-** shape. Calls on the one stream run in order, so they share sumsq_part.
+** shape. Calls on the one stream run in order, so they share sumsq_part. sumsq_multi does it
+** for up to MT_TENSORS tensors a launch: blockIdx.y the tensor, the blocks past its own part
+** count idle, so each tensor's sum is sumsq's alone.
 */
 #define SUMSQ_BLOCKS 264                /* H100: 132 SMs x 2 */
-static __device__ double sumsq_part[SUMSQ_BLOCKS];
+static __device__ double sumsq_part[MT_TENSORS * SUMSQ_BLOCKS];
 
-static __global__
-void sumsq_kernel(const float *x, size_t n)
+struct sumsq_chunk {
+    const float *x[MT_TENSORS];
+    size_t n[MT_TENSORS];
+};
+
+/* The parts of a sum of n squares: a function of n alone. */
+static __host__ __device__ unsigned sumsq_parts(size_t n)
 {
-    __shared__ double sh[WARP];
-    double s = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        s += (double)x[i] * (double)x[i];
-    s = block_sum(s, sh);
-    if (threadIdx.x == 0) sumsq_part[blockIdx.x] = s;
+    size_t blocks = n ? CEIL_DIV(n, (size_t)BLOCK) : 1;
+    return (unsigned)MIN(blocks, (size_t)SUMSQ_BLOCKS);
 }
 
 static __global__
-void sumsq_total_kernel(float *out, int parts)
+void sumsq_kernel(sumsq_chunk c)
 {
+    __shared__ double sh[WARP];
+    const float *x = c.x[blockIdx.y];
+    size_t n = c.n[blockIdx.y];
+    unsigned parts = sumsq_parts(n);
+    if (blockIdx.x >= parts) return;                    /* the whole block */
     double s = 0.0;
-    for (int i = threadIdx.x; i < parts; i += WARP) s += sumsq_part[i];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)parts * blockDim.x)
+        s += (double)x[i] * (double)x[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) sumsq_part[blockIdx.y * SUMSQ_BLOCKS + blockIdx.x] = s;
+}
+
+/* Tensor k = blockIdx.x (a warp): out[k] = its parts added in a fixed shape. */
+static __global__
+void sumsq_total_kernel(float *out, sumsq_chunk c)
+{
+    int parts = (int)sumsq_parts(c.n[blockIdx.x]);
+    const double *part = sumsq_part + blockIdx.x * SUMSQ_BLOCKS;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < parts; i += WARP) s += part[i];
     s = warp_sum(s);
-    if (threadIdx.x == 0) out[0] = (float)s;
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)s;
 }
 
 static __global__
@@ -1786,13 +1979,48 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
            eps, wd, lr / bc1, sqrtf(bc2), gscale);
 }
 
+void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
+                 float bc1, float bc2, float gscale, rt_dtype t)
+{
+    for (int k0 = 0; k0 < count;) {
+        /* a chunk: up to MT_TENSORS tensors that all have a copy or all have none */
+        adamw_chunk c;
+        int k = 0;
+        c.first[0] = 0;
+        int with_copy = ts[k0].copy != NULL;
+        for (; k < MT_TENSORS && k0 + k < count && (ts[k0 + k].copy != NULL) == with_copy; k++) {
+            c.t[k] = ts[k0 + k];
+            c.first[k + 1] = c.first[k] + grid_for(c.t[k].n);
+        }
+        for (int j = k + 1; j <= MT_TENSORS; j++) c.first[j] = c.first[k];
+        LAUNCH(ts[k0].copy ? t : RT_F32, adamw_multi_kernel, c.first[k], c, lr, beta1, beta2,
+               eps, lr / bc1, sqrtf(bc2), gscale);
+        k0 += k;
+    }
+}
+
+void sumsq_multi(float *out, const float *const *x, const size_t *n, int count)
+{
+    for (int k0 = 0; k0 < count; k0 += MT_TENSORS) {
+        int k = MIN(count - k0, MT_TENSORS);
+        sumsq_chunk c;
+        memset(&c, 0, sizeof c);
+        for (int j = 0; j < k; j++) { c.x[j] = x[k0 + j]; c.n[j] = n[k0 + j]; }
+        unsigned parts = 0;
+        for (int j = 0; j < k; j++) {
+            unsigned pj = sumsq_parts(c.n[j]);
+            if (pj > parts) parts = pj;
+        }
+        KERNEL_LAUNCH(dim3(parts, k), BLOCK, 0, sumsq_kernel)(c);
+        RT_CUDA(cudaGetLastError());
+        KERNEL_LAUNCH(k, WARP, 0, sumsq_total_kernel)(out + k0, c);
+        RT_CUDA(cudaGetLastError());
+    }
+}
+
 void sumsq(float *out, const float *x, size_t n)
 {
-    unsigned parts = MIN(grid_for(n), (unsigned)SUMSQ_BLOCKS);
-    KERNEL_LAUNCH(parts, BLOCK, 0, sumsq_kernel)(x, n);
-    RT_CUDA(cudaGetLastError());
-    KERNEL_LAUNCH(1, WARP, 0, sumsq_total_kernel)(out, (int)parts);
-    RT_CUDA(cudaGetLastError());
+    sumsq_multi(out, &x, &n, 1);
 }
 
 void scale_inplace(float *x, size_t n, float s)

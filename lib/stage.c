@@ -530,14 +530,15 @@ static void counted_ranges(void (*fn)(const lib_param *lp, size_t at, size_t n, 
     }
 }
 
-typedef struct { int np; char *expert; } norm_parts;
+typedef struct { int np; char *expert; const float **x; size_t *n; } norm_parts;
 
 static void norm_part(const lib_param *lp, size_t at, size_t n, void *ctx)
 {
     const gpt_param *p = &lp->p;
     norm_parts *t = ctx;
     t->expert[t->np] = (char)gpt.stage->buffers[p->buf].expert;
-    sumsq(lib.stat_dev + t->np++, lib.gbuf[p->buf] + at, n);
+    t->x[t->np] = lib.gbuf[p->buf] + at;
+    t->n[t->np++] = n;
 }
 
 static void poison_first(const lib_param *lp, size_t at, size_t n, void *ctx)
@@ -559,10 +560,15 @@ void gpt_norm_local(void)
     }
     int np = 0;
     char *expert = malloc((size_t)lib.nparams + 1);
-    RT_CHECK(expert, "out of memory");
-    norm_parts parts_of = { 0, expert };
+    const float **xs = malloc(((size_t)lib.nparams + 1) * sizeof *xs);
+    size_t *ns = malloc(((size_t)lib.nparams + 1) * sizeof *ns);
+    RT_CHECK(expert && xs && ns, "out of memory");
+    norm_parts parts_of = { 0, expert, xs, ns };
     counted_ranges(norm_part, &parts_of);
     np = parts_of.np;
+    sumsq_multi(lib.stat_dev, xs, ns, np);      /* a few launches for all of them */
+    free(xs);
+    free(ns);
     float *parts = malloc(((size_t)np + 3) * sizeof(float));
     RT_CHECK(parts, "out of memory");
     double sum[2] = { 0.0, 0.0 };
@@ -626,6 +632,14 @@ void gpt_adamw(const gpt_step_in *in, gpt_step_out *out)
     int t = in->step + 1;
     float bc1 = (float)(1.0 - pow((double)in->beta1, t));
     float bc2 = (float)(1.0 - pow((double)in->beta2, t));
+    /* every tensor (or shard piece) in one multi-tensor call: a few launches for all */
+    size_t cap = (size_t)lib.nparams + 1, count = 0;
+    for (int i = 0; i < lib.nparams; i++) {
+        const gpt_buffer *b = &gpt.stage->buffers[lib.params[i].p.buf];
+        if (b->sharded) cap += (size_t)b->nbuckets;
+    }
+    adamw_tensor *ts = malloc(cap * sizeof *ts);
+    RT_CHECK(ts, "out of memory");
     for (int i = 0; i < lib.nparams; i++) {
         const gpt_param *p = &lib.params[i].p;
         const gpt_buffer *b = &gpt.stage->buffers[p->buf];
@@ -636,18 +650,21 @@ void gpt_adamw(const gpt_step_in *in, gpt_step_out *out)
                 size_t lo, hi, at;
                 if (!shard_part(p, k, &lo, &hi, &at)) continue;
                 float *main = lib.main ? lib.main[bi] + at : (float *)lib.pbuf[bi] + lo;
-                adamw_step(main, lib.gbuf[bi] + lo, lib.mbuf[bi] + at, lib.vbuf[bi] + at,
-                           hi - lo, in->lr, in->beta1, in->beta2, in->eps, wd, bc1, bc2, c,
-                           lib.main ? lib_at(lib.pbuf[bi], lo) : NULL, gpt.d.act);
+                ts[count++] = (adamw_tensor){ main, lib.mbuf[bi] + at, lib.vbuf[bi] + at,
+                                              lib.gbuf[bi] + lo,
+                                              lib.main ? lib_at(lib.pbuf[bi], lo) : NULL,
+                                              hi - lo, wd };
             }
         } else {
             size_t o = p->offset;
             float *main = lib.main ? lib.main[bi] + o : (float *)lib.pbuf[bi] + o;
-            adamw_step(main, lib.gbuf[bi] + o, lib.mbuf[bi] + o, lib.vbuf[bi] + o, p->n,
-                       in->lr, in->beta1, in->beta2, in->eps, wd, bc1, bc2, c,
-                       lib.main ? lib_at(lib.pbuf[bi], o) : NULL, gpt.d.act);
+            ts[count++] = (adamw_tensor){ main, lib.mbuf[bi] + o, lib.vbuf[bi] + o,
+                                          lib.gbuf[bi] + o,
+                                          lib.main ? lib_at(lib.pbuf[bi], o) : NULL, p->n, wd };
         }
     }
+    adamw_multi(ts, (int)count, in->lr, in->beta1, in->beta2, in->eps, bc1, bc2, c, gpt.d.act);
+    free(ts);
 }
 
 /* Every rank's share of the aux loss: the objective's term over the replicas and micro-batches

@@ -160,6 +160,9 @@ sig("ce_sums", { { "sums", "F", 2, "N" }, { "logits", "A", "N", "Vl" }, { "mx", 
 sig("ce_loss", { { "loss", "F", "N" }, { "sums", "F", 2, "N" }, { "mx", "F", "N" }, "N" })
 sig("ce_bwd", { { "logits", "A", "N", "Vl" }, { "mx", "F", "N" }, { "sums", "F", 2, "N" },
                 { "targets", "I", "N" }, "N", "Vl", "valid", "vstart", "dloss", "t" })
+sig("ce_fused", { { "loss", "F", "N" }, { "mx", "F", "N" }, { "sums", "F", 2, "N" },
+                  { "logits", "A", "N", "Vl" }, { "targets", "I", "N" }, "N", "Vl", "valid",
+                  "vstart", "dloss", "t" })
 sig("sum_rows", { { "out", "F", 1 }, { "x", "F", "N" }, "N" })
 sig("matmul_fwd", { { "out", "A", "N", "OC" }, { "inp", "A", "N", "IC" },
                     { "w", "A", "IC", "OC" }, { "bias?", "A", "OC" }, "N", "IC", "OC", "t" })
@@ -974,26 +977,32 @@ function M.build(cfg, s, present)
         local h = gather_seq(b, mem("H_LNF"), "S_FULL", "ln_f's output")
         b.k("linear_fwd", mem("S_LOGITS"), I("V_LOCAL"), h, param(HEAD_W), I("N"), I("C"),
             I("V_LOCAL"), ACT)
-        b.k("ce_rowmax", CE(0), mem("S_LOGITS"), I("N"), I("V_LOCAL"), lit("gpt_vocab_valid()"),
-            ACT)
-        if cfg.tp > 1 then
+        if cfg.tp == 1 then
+            b.note("one rank owns the vocabulary: loss and, in place, dlogits = (softmax - " ..
+                   "onehot) * DLOSS, one kernel (docs/megatron.md §4.5)")
+            b.k("ce_fused", CE(3), CE(0), CE(1), mem("S_LOGITS"), mem("S_TARGETS"), I("N"),
+                I("V_LOCAL"), lit("gpt_vocab_valid()"), lit("gpt_vocab_start()"),
+                num("CFG_DLOSS"), ACT)
+            b.k("sum_rows", ident("loss"), CE(3), I("N"))
+        else
+            b.k("ce_rowmax", CE(0), mem("S_LOGITS"), I("N"), I("V_LOCAL"),
+                lit("gpt_vocab_valid()"), ACT)
             b.coll("allreduce", "tp", { n = s.N, n_expr = E(s, "N"), dtype = "f32", red = "max",
                    send = CE(0), text = ">>> all-reduce MAX over tp: the row maxima over the " ..
                    "whole vocabulary (docs/megatron.md §4.5)" })
-        end
-        b.k("ce_sums", CE(1), mem("S_LOGITS"), CE(0), mem("S_TARGETS"), I("N"), I("V_LOCAL"),
-            lit("gpt_vocab_valid()"), lit("gpt_vocab_start()"), ACT)
-        if cfg.tp > 1 then
+            b.k("ce_sums", CE(1), mem("S_LOGITS"), CE(0), mem("S_TARGETS"), I("N"), I("V_LOCAL"),
+                lit("gpt_vocab_valid()"), lit("gpt_vocab_start()"), ACT)
             b.coll("allreduce", "tp", { n = 2 * s.N, n_expr = E(s, 2, "N"), dtype = "f32",
                    red = "sum", send = CE(1), text = ">>> all-reduce over tp: [sum of exp | " ..
                    "the target's logit] (its owner's) (docs/megatron.md §4.5)" })
+            b.k("ce_loss", CE(3), CE(1), CE(0), I("N"))
+            b.k("sum_rows", ident("loss"), CE(3), I("N"))
+            b.note("backward: dlogits = (softmax - onehot) * DLOSS, in place; no " ..
+                   "communication (docs/megatron.md §4.5)")
+            b.k("ce_bwd", mem("S_LOGITS"), CE(0), CE(1), mem("S_TARGETS"), I("N"),
+                I("V_LOCAL"), lit("gpt_vocab_valid()"), lit("gpt_vocab_start()"),
+                num("CFG_DLOSS"), ACT)
         end
-        b.k("ce_loss", CE(3), CE(1), CE(0), I("N"))
-        b.k("sum_rows", ident("loss"), CE(3), I("N"))
-        b.note("backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication " ..
-               "(docs/megatron.md §4.5)")
-        b.k("ce_bwd", mem("S_LOGITS"), CE(0), CE(1), mem("S_TARGETS"), I("N"), I("V_LOCAL"),
-            lit("gpt_vocab_valid()"), lit("gpt_vocab_start()"), num("CFG_DLOSS"), ACT)
         b.k("linear_bwd", mem("S_FULL"), lit("0.0f"), grad(HEAD_W), mem("S_LOGITS"),
             I("V_LOCAL"), h, param(HEAD_W), I("N"), I("C"), I("V_LOCAL"), ACT)
         local dh = reduce_seq(b, mem("S_FULL"), "the input gradient")

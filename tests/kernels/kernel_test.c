@@ -488,6 +488,16 @@ static void test_embed_case(int T, int B, int C, int V, int vstart, int vrows, i
     check(label("embed_bwd", "dwte", size), gdwte, rdwte + (size_t)vstart * C, (size_t)vrows * C,
           -1, F32_RTOL);
     keep(label("embed_bwd", "dwte", size), gdwte, (size_t)vrows * C);
+    /* the contract's order: every owned token's row added in token order, in f32 (exact) */
+    float *tord = xmalloc((size_t)vrows * C * sizeof(float));
+    memcpy(tord, dwte0, (size_t)vrows * C * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        int v = tok[n] - vstart;
+        if (v >= 0 && v < vrows)
+            for (int c = 0; c < C; c++) tord[(size_t)v * C + c] += dout[(size_t)n * C + c];
+    }
+    check_exact(label("embed_bwd", "token-order", size), gdwte, tord, (size_t)vrows * C);
+    free(tord);
     check_exact(label("embed_bwd", "guard-rows", size), gdwte + (size_t)vrows * C,
                 dwte0 + (size_t)vrows * C, (size_t)(V - vrows) * C);
     check(label("pos_bwd", "dwpe", size), gdwpe + (size_t)t0 * C, rdwpe, (size_t)T * C, -1,
@@ -519,6 +529,7 @@ static void test_embed(void)
     test_embed_case(7, 3, 37, 11, 4, 5, 3);        /* vocab-parallel rank, offset positions */
     test_embed_case(20, 15, 150, 50, 0, 50, 0);    /* > one block of columns / threads */
     test_embed_case(20, 15, 150, 50, 13, 29, 5);
+    test_embed_case(30, 20, 9, 2, 0, 2, 0);        /* ids repeated more than a block's threads */
     op_end("embed_pos", 1);
 }
 
@@ -1228,7 +1239,7 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, i
         }
     int *d_tgt = dev_copy(tgt, (size_t)N * sizeof(int));
     float *gmx = fconst((size_t)N, -INFINITY), *gsums = fconst(2 * (size_t)N, 0);
-    void *d_logit[16];
+    void *d_logit[16], *d_fused = NULL;      /* TP 1: a copy for ce_fused */
     float *d_ce[16];
     float *nan = fconst(4 * (size_t)N, NAN);
     for (int r = 0; r < TP; r++) {
@@ -1238,6 +1249,7 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, i
             for (int j = 0; j < valid; j++)
                 part[(size_t)n * Vl + j] = logits[(size_t)n * V + vstart + j];
         d_logit[r] = dev_st(part, (size_t)N * Vl);
+        if (TP == 1) d_fused = dev_st(part, (size_t)N * Vl);
         d_ce[r] = dev_copy(nan, 4 * (size_t)N * 4);
         ce_rowmax(d_ce[r], d_logit[r], N, Vl, valid, dt);
         float *mx = down(d_ce[r], (size_t)N);
@@ -1313,6 +1325,25 @@ static void test_ce_case(int N, int V, int TP, int Vl, float dloss, float amp, i
         free(dl); free(want);
         rt_free(d_logit[r]); rt_free(d_ce[r]);
     }
+    /* TP 1: the fused kernel against the same reference (its sums in another order) */
+    if (TP == 1) {
+        float *d_f = dev_copy(nan, 4 * (size_t)N * 4);
+        ce_fused(d_f + 3 * N, d_f, d_f + N, d_fused, d_tgt, N, Vl, V, 0, dloss, dt);
+        float *f = down(d_f, 4 * (size_t)N), *dl = down_st(d_fused, (size_t)N * Vl);
+        check(label("ce_fused", "max", size), f, rmx, (size_t)N, 0, 0);
+        check(label("ce_fused", "sumexp", size), f + N, rsum, (size_t)N, -1, F32_RTOL);
+        check(label("ce_fused", "target", size), f + 2 * N, rtl, (size_t)N, 0, 0);
+        check(label("ce_fused", "loss", size), f + 3 * N, rloss, (size_t)N, -1, F32_RTOL);
+        double *want = xmalloc((size_t)N * Vl * 8);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < Vl; j++)
+                want[(size_t)n * Vl + j] = j < V ? rdl[(size_t)n * V + j] : 0.0;
+        check_st(label("ce_fused", "dlogits", size), dl, want, (size_t)N * Vl, -1, F32_RTOL);
+        keep(label("ce_fused", "stats", size), f, 4 * (size_t)N);
+        keep(label("ce_fused", "dlogits", size), dl, (size_t)N * Vl);
+        free(f); free(dl); free(want);
+        rt_free(d_f); rt_free(d_fused);
+    }
     free(tgt); free(logits); free(gmx); free(gsums); free(nan); free(rmx); free(rsum); free(rtl);
     free(loss); free(lsum); free(rlogits); free(rprobs); free(rloss); free(rdl);
     rt_free(d_tgt); rt_free(d_gmx); rt_free(d_gsums); rt_free(d_loss); rt_free(d_lsum);
@@ -1326,6 +1357,8 @@ static void test_ce(void)
     test_ce_case(301, 200, 3, 67, 1.0f / 600, 4, 0);  /* > one CUDA block of rows */
     test_ce_case(41, 90, 2, 48, 1.0f / 41, 1e4f, 0);  /* |logit| ~ 1e4 */
     test_ce_case(41, 90, 2, 48, 1.0f / 41, 1e4f, 1);  /* and rows that are one-hot */
+    test_ce_case(5, 1500, 1, 1536, 0.2f, 4, 0);       /* > a CUDA block's threads per row */
+    test_ce_case(6, 1100, 1, 1100, 0.25f, 1e4f, 1);
     op_end("crossentropy", 1);
 }
 
@@ -1374,12 +1407,61 @@ static void test_adamw_case(size_t n, float wd, int with_copy)
     rt_free(d_p); rt_free(d_m); rt_free(d_v); rt_free(d_copy);
 }
 
+/* adamw_multi on MT_NT tensors (more than a launch takes; sizes 0, 1, ..., some past a CUDA
+** block; decay on every other one; copies: none, all, or every third tensor's, which splits
+** the CUDA launches) against adamw_step on each: bit for bit. */
+#define MT_NT (MT_TENSORS + 7)
+static void test_adamw_multi_case(int copies)      /* 0: none, 1: all, 2: every third */
+{
+    char size[32];
+    snprintf(size, sizeof size, "x%d_copies%d", MT_NT, copies);
+    float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, bc1 = 0.19f, bc2 = 0.0975f;
+    adamw_tensor ts[MT_NT], one[MT_NT];
+    size_t n[MT_NT];
+    for (int k = 0; k < MT_NT; k++) {
+        n[k] = k < 2 ? (size_t)k : (size_t)(k * 97 % 700);
+        float *p = frand(n[k], -1, 1), *m = frand(n[k], -0.1f, 0.1f), *v = frand(n[k], 0, 0.01f);
+        float *g = frand(n[k], -0.5f, 0.5f);
+        float wd = k % 2 ? 0.1f : 0.0f;
+        int with_copy = copies == 1 || (copies == 2 && k % 3 == 0);
+        void *c0 = with_copy ? dev_st_nan(n[k]) : NULL, *c1 = with_copy ? dev_st_nan(n[k]) : NULL;
+        float *d_g = dev_copy(g, n[k] * 4);
+        ts[k] = (adamw_tensor){ dev_copy(p, n[k] * 4), dev_copy(m, n[k] * 4),
+                                dev_copy(v, n[k] * 4), d_g, c0, n[k], wd };
+        one[k] = (adamw_tensor){ dev_copy(p, n[k] * 4), dev_copy(m, n[k] * 4),
+                                 dev_copy(v, n[k] * 4), d_g, c1, n[k], wd };
+        free(p); free(m); free(v); free(g);
+    }
+    adamw_multi(ts, MT_NT, lr, beta1, beta2, eps, bc1, bc2, 0.7f, dt);
+    for (int k = 0; k < MT_NT; k++)
+        adamw_step(one[k].p, one[k].g, one[k].m, one[k].v, n[k], lr, beta1, beta2, eps,
+                   one[k].wd, bc1, bc2, 0.7f, one[k].copy, dt);
+    for (int k = 0; k < MT_NT; k++) {
+        float *a[3] = { ts[k].p, ts[k].m, ts[k].v }, *b[3] = { one[k].p, one[k].m, one[k].v };
+        for (int j = 0; j < 3; j++) {
+            float *ga = down(a[j], n[k]), *gb = down(b[j], n[k]);
+            check_exact(label("adamw_multi", "pmv", size), ga, gb, n[k]);
+            free(ga); free(gb);
+            rt_free(a[j]); rt_free(b[j]);
+        }
+        if (ts[k].copy) {
+            float *ga = down_st(ts[k].copy, n[k]), *gb = down_st(one[k].copy, n[k]);
+            check_exact(label("adamw_multi", "copy", size), ga, gb, n[k]);
+            free(ga); free(gb);
+        }
+        rt_free((void *)ts[k].g); rt_free(ts[k].copy); rt_free(one[k].copy);
+    }
+}
+
 static void test_adamw(void)
 {
     op_begin();
     test_adamw_case(5, 0.1f, 1);
     test_adamw_case(2 * 16384 + 37, 0.1f, 1);       /* several CPU tasks, many CUDA blocks */
     test_adamw_case(301, 0.0f, 0);                  /* no decay (biases, LayerNorm), no copy */
+    test_adamw_multi_case(1);
+    test_adamw_multi_case(0);
+    test_adamw_multi_case(2);
     op_end("adamw", 1);
 }
 
@@ -1403,6 +1485,25 @@ static void test_sumsq(void)                        /* f32 only */
         free(x); free(nan); free(got);
         rt_free(d_x); rt_free(d_out);
     }
+    /* sumsq_multi over MT_NT tensors (sizes 0, 1, ..., one of several CUDA parts) against
+    ** sumsq on each: bit for bit */
+    const float *xs[MT_NT];
+    size_t ns[MT_NT];
+    float *nan = fconst(MT_NT, NAN), *d_multi = dev_copy(nan, MT_NT * 4);
+    float *d_one = dev_copy(nan, MT_NT * 4);
+    for (int k = 0; k < MT_NT; k++) {
+        ns[k] = k == 5 ? 100003 : k < 2 ? (size_t)k : (size_t)(k * 131 % 900);
+        float *x = frand(ns[k], -2, 2);
+        xs[k] = dev_copy(x, ns[k] * 4);
+        sumsq(d_one + k, xs[k], ns[k]);
+        free(x);
+    }
+    sumsq_multi(d_multi, xs, ns, MT_NT);
+    float *gm = down(d_multi, MT_NT), *go = down(d_one, MT_NT);
+    check_exact(label("sumsq_multi", "out", "x31"), gm, go, MT_NT);
+    for (int k = 0; k < MT_NT; k++) rt_free((void *)xs[k]);
+    free(nan); free(gm); free(go);
+    rt_free(d_multi); rt_free(d_one);
     op_end("sumsq", 0);
 }
 

@@ -79,11 +79,12 @@ $(KT_EMU): $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h runti
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(KT_FLAGS) $(KT_EXTRA) -x c++ -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o build/librt_cpu.a \
-                             build/ref/libref.a
+# (the emulated runtime API, cuda_libs.o, for the kernels' own device scratch)
+$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o \
+                             $(EMU_BUILD)/cuda_libs.o build/librt_cpu.a build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o build/ref/libref.a \
-	    $(RT_CPU_LIBS) -lstdc++
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o $(EMU_BUILD)/cuda_libs.o \
+	    build/ref/libref.a $(RT_CPU_LIBS) $(BLAS_LIBS) -lstdc++
 
 # The emulation's own objects, the training library with the emulated CUDA kernels (lib/
 # objects, host memory), and the CUDA runtime over the emulated runtime API and cuBLAS: without

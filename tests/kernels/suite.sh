@@ -179,9 +179,10 @@ mutate gqa-dkdv-first-head-only attention-f32 \
     's|for (int j = 1; j < a->grp; j++) {|for (int j = 1; j < 1; j++) {|' \
     'for (int j = 1; j < 1; j++) {'
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
-# a butterfly one step short, a block's warps not all added, the embedding's id groups not
-# separated, a gradient-norm part left out, cross-entropy padding given a gradient, a warp's
-# lanes skipping columns
+# a butterfly one step short, a block's warps not all added, the embedding's id slices not
+# sorted or the last one short, the fused cross-entropy's running sum not rescaled, a
+# multi-tensor AdamW block given to the previous tensor, a gradient-norm part left out,
+# cross-entropy padding given a gradient, a warp's lanes skipping columns
 if [ $EMU = 1 ]; then
 mutate_cuda cuda-col-unroll-short layernorm-f32 \
     's|u < COL_UNROLL; u++) f(n|u < COL_UNROLL - 1; u++) f(n|' \
@@ -190,10 +191,18 @@ mutate_cuda cuda-warp-sum-short layernorm-f32 's|off > 0; off /= 2) v +=|off > 1
     'off > 1; off /= 2) v +='
 mutate_cuda cuda-block-first-warp crossentropy-f32 \
     's|w < nw; w++) r = op|w < 1; w++) r = op|' 'w < 1; w++) r = op'
-mutate_cuda cuda-embed-groups-merged embed_pos-f32 's/ || v % EMB_GROUPS != (int)blockIdx.y//' \
-    'if (v < 0 || v >= vrows) continue;'
+mutate_cuda cuda-embed-sort-short embed_pos-f32 's|half > 0; half /= 2)|half > 1; half /= 2)|' \
+    'half > 1; half /= 2)'
+mutate_cuda cuda-embed-scan-total embed_pos-f32 's|start\[vrows\] = acc;|start[vrows] = acc - 1;|' \
+    'start[vrows] = acc - 1;'
 mutate_cuda cuda-sumsq-part-skipped sumsq 's|i < parts; i += WARP|i < parts - 1; i += WARP|' \
     'i < parts - 1; i += WARP'
+mutate_cuda cuda-ce-fused-no-rescale crossentropy-f32 \
+    's|e = m == -INFINITY ? 0.0f : e \* vexpf(m - x);|e = m == -INFINITY ? 0.0f : e;|' \
+    'e = m == -INFINITY ? 0.0f : e;'
+mutate_cuda cuda-adamw-multi-tensor-shifted adamw-f32 \
+    's|while (b >= c.first\[k + 1\]) k++;|while (b > c.first[k + 1]) k++;|' \
+    'while (b > c.first[k + 1]) k++;'
 mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
     's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
     'if (j < Vl) g = (vexpf'

@@ -14,7 +14,8 @@
 ** different barriers), a warp collective whose mask names a lane that has exited, masks that
 ** disagree, launch shapes or dynamic shared memory over the H100's limits. Dynamic shared
 ** memory starts as NaN in every block, so a read before a write shows in the results.
-** Not modelled: timing, races between threads (a fiber runs alone until it waits), atomics.
+** Not modelled: timing, races between threads (a fiber runs alone until it waits: an atomic
+** is a plain read-modify-write, done in thread order, where a GPU's order is arbitrary).
 ** The runtime API, cuBLAS and NCCL that runtime/rt_cuda.cu calls are emulated too (cuda_libs.cc,
 ** cublas_v2.h, nccl.h here): host memory, one device, GEMMs by their documented column-major
 ** semantics, and NCCL refusing any communicator of more than one rank.
@@ -159,6 +160,12 @@ template <class T> T exchange(unsigned mask, T v, int src_of(int, int, int), int
 
 static inline void __syncthreads() { emu::sync_block(); }
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::sync_warp(mask); }
+static inline int atomicAdd(int *p, int v)
+{
+    int old = *p;
+    *p = old + v;
+    return old;
+}
 template <class T> T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32)
 {
     return emu::exchange(mask, v, emu::lane_xor, m, width);

@@ -359,15 +359,12 @@ static void head_fwd_bwd(int c, int mb, int slot)
                   TENSOR(LN_F_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
     linear_fwd(STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(H_LNF), TENSOR(HEAD_WTE), CFG_N, CFG_C,
                CFG_V_LOCAL, CFG_ACT);
-    ce_rowmax(STAGE(S_CE), STAGE(S_LOGITS), CFG_N, CFG_V_LOCAL, gpt_vocab_valid(), CFG_ACT);
-    ce_sums(((float *)STAGE(S_CE) + CFG_N), STAGE(S_LOGITS), STAGE(S_CE), STAGE(S_TARGETS), CFG_N,
-            CFG_V_LOCAL, gpt_vocab_valid(), gpt_vocab_start(), CFG_ACT);
-    ce_loss(((float *)STAGE(S_CE) + 3 * CFG_N), ((float *)STAGE(S_CE) + CFG_N), STAGE(S_CE), CFG_N);
+    /* one rank owns the vocabulary: loss and, in place, dlogits = (softmax - onehot) * DLOSS,
+    ** one kernel (docs/megatron.md §4.5) */
+    ce_fused(((float *)STAGE(S_CE) + 3 * CFG_N), STAGE(S_CE), ((float *)STAGE(S_CE) + CFG_N),
+             STAGE(S_LOGITS), STAGE(S_TARGETS), CFG_N, CFG_V_LOCAL, gpt_vocab_valid(),
+             gpt_vocab_start(), CFG_DLOSS, CFG_ACT);
     sum_rows(loss, ((float *)STAGE(S_CE) + 3 * CFG_N), CFG_N);
-    /* backward: dlogits = (softmax - onehot) * DLOSS, in place; no communication
-    ** (docs/megatron.md §4.5) */
-    ce_bwd(STAGE(S_LOGITS), STAGE(S_CE), ((float *)STAGE(S_CE) + CFG_N), STAGE(S_TARGETS), CFG_N,
-           CFG_V_LOCAL, gpt_vocab_valid(), gpt_vocab_start(), CFG_DLOSS, CFG_ACT);
     linear_bwd(STAGE(S_FULL), 0.0f, GRAD(HEAD_WTE), STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(H_LNF),
                TENSOR(HEAD_WTE), CFG_N, CFG_C, CFG_V_LOCAL, CFG_ACT);
     rt_memset0(dy, CFG_N_SP * CFG_C * CFG_ACT_SIZE);
