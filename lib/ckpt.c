@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -871,6 +872,9 @@ void lib_ckpt_reshard(const lib_flags *f, lib_ckpt_pos *at)
         free(tm);
     }
     free(texts);
+    if (!*msg && (h0.world < 1 || h0.world > INT_MAX))
+        snprintf(msg, sizeof msg, "damaged: its header's world (%llu ranks) cannot be",
+                 (unsigned long long)h0.world);
     if (*msg) lib_fail_file(file, "%s; nothing was loaded", msg);
 
     reshard_plan p;
