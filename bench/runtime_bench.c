@@ -5,6 +5,9 @@
 **                           / rt_p2p vs the blocking MPI calls and MPI's nonblocking ones (+
 **                           MPI_Wait) on the same sizes (N: f32 elements of the full buffer):
 **                           time and bus bandwidth
+**   runtime_bench transport [N]   (under mpirun) rt_allreduce alone on N f32 (default 30 M):
+**                           its bus bandwidth in GB/s, the median of 7 calls (what
+**                           bench/plan_bench.sh gives the planner as the CPU's link rate)
 **   runtime_bench overlap [N...] [--factor F]   (under mpirun) can communication overlap
 **                           compute here? An allreduce of N f32 (default 30 M) blocking, a
 **                           compute loop (rt_gemm parts of ~1 ms; F times the allreduce's time,
@@ -179,6 +182,29 @@ static void bench_comm(int argc, char **argv)
                        f * (double)bytes / nb * 1e-9, r / m, nb / m);
         }
     }
+    rt_free(a);
+    rt_free(b);
+    MPI_Comm_free(&raw);
+}
+
+/* rt_allreduce's bus bandwidth on N f32 (argv[2], default 30 M): "transport GBS BYTES". */
+static void bench_transport(int argc, char **argv)
+{
+    int p = rt_world();
+    MPI_Comm raw;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    static const size_t def[] = { 30000000 };
+    size_t n;
+    parse_sizes(argc, argv, 2, &n, 1, def, 1);
+    n = n / (size_t)p * (size_t)p;
+    float *a = rt_malloc(n * sizeof(float)), *b = rt_malloc(n * sizeof(float));
+    double t[7];
+    time_comm(OP_ALLREDUCE, 0, a, b, n, raw, 1);
+    for (int rep = 0; rep < 7; rep++)
+        t[rep] = time_comm(OP_ALLREDUCE, 0, a, b, n, raw, 1);
+    double bus = 2.0 * (p - 1) / p * (double)(n * sizeof(float)) / median(t, 7) * 1e-9;
+    if (rt_rank() == 0)
+        printf("transport %.2f %zu\n", bus, n * sizeof(float));
     rt_free(a);
     rt_free(b);
     MPI_Comm_free(&raw);
@@ -805,6 +831,8 @@ int main(int argc, char **argv)
     const char *what = argc > 1 ? argv[1] : "comm";
     if (!strcmp(what, "comm"))
         bench_comm(argc, argv);
+    else if (!strcmp(what, "transport"))
+        bench_transport(argc, argv);
     else if (!strcmp(what, "overlap"))
         bench_overlap(argc, argv);
     else if (!strcmp(what, "rounding"))

@@ -52,10 +52,11 @@ M.DEVICES = {
              net_lat = 8e-6, bf16 = true },
     -- one core of this machine, as bench/plan_bench.sh measured it: oneDNN's f32 matmul at
     -- 512^3 (gemm) and the library's element-wise kernels (bw, bench/elem_rate.c); --cpu-rates
-    -- gives others. Ranks share the cores and the memory; MPI's shared-memory transport moves
-    -- nvlink bytes/s with nvlink_lat per message (assumed, docs/PLAN.md).
-    cpu = { text = "CPU", gemm = 190e9, bw = 9.2e9, peak = 190e9, launch = 0, nvlink = 3e9,
-            nvlink_lat = 5e-6, net = 3e9, net_lat = 5e-6, bf16 = false },
+    -- gives others. Ranks share the cores and the memory; their transport (the runtime's
+    -- collectives over MPI's shared memory) moves nvlink bytes/s, rt_allreduce's bus bandwidth
+    -- on 2 ranks (bench/runtime_bench.c transport), with nvlink_lat per message (assumed).
+    cpu = { text = "CPU", gemm = 190e9, bw = 16e9, peak = 190e9, launch = 0, nvlink = 5.9e9,
+            nvlink_lat = 5e-6, net = 5.9e9, net_lat = 5e-6, bf16 = false },
 }
 M.GPU_NAMES = { "h100", "h200", "a100", "cpu" }
 
@@ -76,7 +77,7 @@ M.MAX_FULL_EVALS = 64            -- ... while none of them fits
 
 -- -- Devices ------------------------------------------------------------------------------------
 
--- The device of opts (gpu, gpu_mem in GiB as text, cpu_rates "GFLOPS,GB/s", cores, gpus,
+-- The device of opts (gpu, gpu_mem in GiB as text, cpu_rates "GFLOPS,GB/s[,GB/s]", cores, gpus,
 -- gpus_per_node): a copy of its M.DEVICES entry with mem (per rank) filled in.
 function M.device(opts)
     local name = opts.gpu or "h100"
@@ -101,13 +102,15 @@ function M.device(opts)
     end
     if name == "cpu" then
         if opts.cpu_rates then
-            local f, b = opts.cpu_rates:match("^([%d.]+),([%d.]+)$")
+            local f, b, l = opts.cpu_rates:match("^([%d.]+),([%d.]+)$")
+            if not f then f, b, l = opts.cpu_rates:match("^([%d.]+),([%d.]+),([%d.]+)$") end
             if not f or not tonumber(f) or not tonumber(b) or tonumber(f) <= 0
-               or tonumber(b) <= 0 then
-                diag.error(nil, "--cpu-rates %s: GFLOPS,GB/s of one core (e.g. 60,8)",
-                           opts.cpu_rates)
+               or tonumber(b) <= 0 or (l and (not tonumber(l) or tonumber(l) <= 0)) then
+                diag.error(nil, "--cpu-rates %s: GFLOPS,GB/s of one core and optionally the " ..
+                           "ranks' all-reduce bus GB/s (e.g. 60,8 or 60,8,5)", opts.cpu_rates)
             end
             d.gemm, d.peak, d.bw = tonumber(f) * 1e9, tonumber(f) * 1e9, tonumber(b) * 1e9
+            if l then d.nvlink, d.net = tonumber(l) * 1e9, tonumber(l) * 1e9 end
         end
         d.cores = opts.cores or 1
         if not d.mem then
@@ -120,21 +123,106 @@ function M.device(opts)
     return d
 end
 
--- Per-rank compute rates of a layout of 'per_node' ranks on one node: on the CPU, ranks
--- beyond the cores share them.
--- A rank waiting in the pipeline's bubble yields its core (MPI's wait on an oversubscribed
--- node), so the ranks that compute at once are per_node x (1 - idle), idle the schedule's idle
--- fraction (P-1)/(V M + P-1).
-local function rates(dev, per_node, cfg)
+-- Per-rank rates of a layout of 'per_node' ranks on one node when they all compute at once: on
+-- the CPU, ranks beyond the cores share them. The forward and backward are priced at the
+-- per-core rates and the schedule simulation shares the cores among the stages computing at
+-- each moment (M.shared_timeline); the optimizer, which every rank runs at once, at these.
+local function rates(dev, per_node)
     local share = 1.0
-    if dev.name == "cpu" then
-        local busy = per_node
-        if cfg and cfg.pp > 1 then
-            busy = per_node * (1 - (cfg.pp - 1) / (cfg.vp * cfg.nmb + cfg.pp - 1))
-        end
-        share = math.min(1.0, dev.cores / busy)
-    end
+    if dev.name == "cpu" then share = math.min(1.0, dev.cores / per_node) end
     return dev.gemm * share, dev.bw * share
+end
+
+--[[
+** The schedule of sched on 'cores' cores shared by its stages, 'per_stage' ranks each (the CPU
+** device): svg.timeline's simulation with the operating system's processor sharing. While n
+** ranks compute, each advances at min(1, cores / n) of its own rate; a rank waiting for a
+** pipeline message yields its core (the runtime's wait sleeps when the node is oversubscribed).
+** cost(r, kind, chunk) is an F's or B's time alone on a core. Returns svg.timeline's record.
+** Messages take no time here (cost folds them into the F and B that send them), so an exchange
+** completes when its last side posts.
+]]
+function M.shared_timeline(sched, cost, cores, per_stage)
+    local P = sched.P
+    local pc, out, pending, work = {}, {}, {}, {}
+    for r = 0, P - 1 do pc[r], out[r] = 1, { boxes = {}, finish = 0 } end
+    -- finish: when the stage last moved (its last exchange may complete after its last B)
+    local queues, now = {}, 0
+    local function channel(src, dst, what)
+        local k = src .. ">" .. dst .. ":" .. what
+        queues[k] = queues[k] or { sends = {}, recvs = {} }
+        return queues[k]
+    end
+    -- take stage r's steps until it computes, waits or ends
+    local function advance(r)
+        local steps, moved = sched.stages[r + 1].steps, false
+        while not work[r] and pc[r] <= #steps do
+            local st = steps[pc[r]]
+            if st.kind == "F" or st.kind == "B" then
+                local b = out[r].boxes
+                b[#b + 1] = { kind = st.kind, mb = st.mb, chunk = st.chunk, t0 = now }
+                work[r] = { left = cost(r, st.kind, st.chunk), box = b[#b] }
+                pc[r] = pc[r] + 1
+                return true
+            end
+            if not pending[r] then
+                local items = {}
+                for _, op in ipairs(st.ops) do
+                    local peer = schedule.peer(P, r, op.dir)
+                    local q = op.send and channel(r, peer, op.what) or channel(peer, r, op.what)
+                    local item = {}
+                    items[#items + 1] = item
+                    local mine, theirs = op.send and q.sends or q.recvs,
+                                         op.send and q.recvs or q.sends
+                    if #theirs > 0 then
+                        table.remove(theirs, 1).done, item.done = true, true
+                    else
+                        mine[#mine + 1] = item
+                    end
+                end
+                pending[r], moved = items, true     -- a post may complete another's wait
+            end
+            for _, item in ipairs(pending[r]) do
+                if not item.done then return moved end
+            end
+            pending[r], pc[r], moved = nil, pc[r] + 1, true
+            out[r].finish = now
+        end
+        return moved
+    end
+    while true do
+        local progress = true
+        while progress do
+            progress = false
+            for r = 0, P - 1 do
+                if advance(r) then progress = true end
+            end
+        end
+        local n, dt = 0, math.huge
+        for r = 0, P - 1 do
+            if work[r] then n, dt = n + 1, math.min(dt, work[r].left) end
+        end
+        if n == 0 then break end
+        local rate = math.min(1.0, cores / (n * per_stage))
+        now = now + dt / rate
+        for r = 0, P - 1 do
+            local w = work[r]
+            if w then
+                w.left = w.left - dt
+                if w.left <= dt * 1e-9 then
+                    w.box.t1, work[r], out[r].finish = now, nil, now
+                end
+            end
+        end
+    end
+    local makespan, busy = 0, 0
+    for r = 0, P - 1 do
+        assert(pc[r] > #sched.stages[r + 1].steps,
+               "plan.shared_timeline: the schedule does not finish")
+        makespan = math.max(makespan, out[r].finish)
+    end
+    for _, b in ipairs(out[0].boxes) do busy = busy + (b.t1 - b.t0) end
+    return { makespan = makespan, busy = busy, stages = out }
 end
 
 -- -- Collectives --------------------------------------------------------------------------------
@@ -218,7 +306,8 @@ end
 -- simulated and the steady state extended to NMB: each further micro-batch adds what the m
 -- between them added per micro-batch (exact once the pipeline is full; tests/plan compares).
 -- The boxes are those of the 2 m schedule, the last micro-batch's renumbered and moved.
-function M.timeline(cfg, m, cost)
+function M.timeline(cfg, m, cost, sim)
+    sim = sim or svg.timeline
     -- the steady state: past the warm-up of every stage (2 P V chunk steps)
     local g = cfg.vp > 1 and cfg.mb_group or 1
     m = util.round_up(math.max(m, 2 * cfg.pp * cfg.vp), g)
@@ -226,10 +315,10 @@ function M.timeline(cfg, m, cost)
     -- small enough (gpt3_175b PP 32 VP 3 NMB 2048: 256, not 192, which would simulate all)
     while m <= cfg.nmb // 4 and cfg.nmb % m ~= 0 do m = m + g end
     if cfg.nmb <= 4 * m or cfg.nmb % m ~= 0 then
-        return svg.timeline(schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group), cost)
+        return sim(schedule.build(cfg.pp, cfg.vp, cfg.nmb, cfg.mb_group), cost)
     end
-    local t1 = svg.timeline(schedule.build(cfg.pp, cfg.vp, m, cfg.mb_group), cost)
-    local t2 = svg.timeline(schedule.build(cfg.pp, cfg.vp, 2 * m, cfg.mb_group), cost)
+    local t1 = sim(schedule.build(cfg.pp, cfg.vp, m, cfg.mb_group), cost)
+    local t2 = sim(schedule.build(cfg.pp, cfg.vp, 2 * m, cfg.mb_group), cost)
     local k = (cfg.nmb - 2 * m) / m
     local out = { makespan = t2.makespan + k * (t2.makespan - t1.makespan), stages = {} }
     for r = 0, cfg.pp - 1 do
@@ -338,7 +427,15 @@ function M.evaluate(cfg, dev, per_node, verify)
     local mem = inspect.memory(bcfg, prog)
 
     local links = group_links(cfg, topo, per_node)
-    local gemm, bw = rates(dev, math.min(per_node, cfg.world), cfg)
+    -- the forward and backward at one rank's own rates (on the CPU the simulation shares the
+    -- cores); the optimizer, which every rank of the node runs at once, at their shared rates
+    local ranks_here = math.min(per_node, cfg.world)
+    local gemm, bw = dev.gemm, dev.bw
+    local _, all_bw = rates(dev, ranks_here)
+    local sim
+    if dev.name == "cpu" then
+        sim = function(sc, c) return M.shared_timeline(sc, c, dev.cores, ranks_here / cfg.pp) end
+    end
     local s = program.sizes(cfg)
     local f_layer, f_head, f_attn = program.flops_per_token(cfg, s)
     local tok = cfg.mbs * cfg.seq / cfg.cp        -- this rank's tokens of a micro-batch
@@ -430,7 +527,7 @@ function M.evaluate(cfg, dev, per_node, verify)
         -- the tail: optimizer bytes, the collectives after the schedule
         local m = mem[r + 1]
         local opt = (3 * m.gradients + 2 * m.optimizer_state + 2 * m.main_parameters +
-                     m.parameters) / bw
+                     m.parameters) / all_bw
         local tail, dp_sync = 0, 0
         for _, o in ipairs(sp.tail) do
             if o.kind ~= "SCHEDULE" then
@@ -462,7 +559,8 @@ function M.evaluate(cfg, dev, per_node, verify)
                      recompute = recompute_extra }
     end
 
-    local tl = M.timeline(cfg, nmb, function(r, kind, chunk) return cost[r][chunk][kind] end)
+    local tl = M.timeline(cfg, nmb, function(r, kind, chunk) return cost[r][chunk][kind] end,
+                        sim)
     local lanes = cfg.overlap and inspect.comm_lanes(bcfg, prog) or {}
     local step, busy_max = 0, 0
     for r = 0, cfg.pp - 1 do

@@ -150,3 +150,34 @@ for _, c in ipairs({ { pp = 4, vp = 1, nmb = 64, m = 4 }, { pp = 4, vp = 2, nmb 
     end
 end
 verdict("extended-schedule-is-simulated", ok, why)
+
+-- 7. the CPU's shared cores (plan.shared_timeline): with a core per rank it is svg.timeline
+-- (every box, every finish), on one stage it stretches the costs by ranks / cores, and by hand:
+-- PP 2, 2 micro-batches, F = B = 1 on 1.5 cores: F0 on stage 0 alone (t = 1); F1 there beside
+-- F0 on stage 1, each at 0.75 (t = 2.33); stage 1's B0 alone (3.33); stage 0's B0 beside stage
+-- 1's F1 (4.67); stage 1's B1 alone (5.67); stage 0's B1 alone (6.67 = 20/3)
+ok, why = true, nil
+for _, c in ipairs({ { 2, 1, 4 }, { 2, 2, 2 }, { 2, 2, 4 }, { 4, 1, 8 }, { 4, 2, 8 }, { 3, 1, 5 },
+                     { 4, 3, 12 } }) do
+    local pp, vp, nmb = c[1], c[2], c[3]
+    local function cost(r, kind, chunk) return (kind == "F" and 1 or 2.1) * (1 + 0.3 * r) + 0.1 * chunk end
+    local sc = schedule.build(pp, vp, nmb, pp)
+    local a, b = plan.shared_timeline(sc, cost, 2 * pp, 2), svg.timeline(sc, cost)
+    for r = 0, pp - 1 do
+        local ba, bb = a.stages[r].boxes, b.stages[r].boxes
+        local same = #ba == #bb and math.abs(a.stages[r].finish - b.stages[r].finish) < 1e-9
+        for i = 1, math.min(#ba, #bb) do
+            same = same and ba[i].kind == bb[i].kind and ba[i].mb == bb[i].mb and
+                   math.abs(ba[i].t0 - bb[i].t0) < 1e-9 and math.abs(ba[i].t1 - bb[i].t1) < 1e-9
+        end
+        if not same then
+            ok, why = false, string.format("pp%d vp%d nmb%d stage %d: finish %g, svg.timeline %g",
+                                           pp, vp, nmb, r, a.stages[r].finish, b.stages[r].finish)
+        end
+    end
+end
+verdict("shared-cores-enough-is-timeline", ok, why)
+local one = plan.shared_timeline(schedule.build(1, 1, 3, 1), function(_, kind) return kind == "F" and 1 or 2 end, 2, 4)
+verdict("shared-cores-one-stage", math.abs(one.makespan - 18) < 1e-9, one.makespan)
+local hand = plan.shared_timeline(schedule.build(2, 1, 2, 2), function() return 1 end, 1.5, 1)
+verdict("shared-cores-by-hand", math.abs(hand.makespan - 20 / 3) < 1e-9, hand.makespan)
