@@ -4,15 +4,17 @@
 # here on one core: oneDNN's f32 matmul (bench/sgemm_peak.c, SIZE^3, the library the CPU
 # runtime calls) and the library's own element-wise kernels (bench/elem_rate.c: LayerNorm,
 # GELU, the residual add, f32, in bytes moved per second), and the ranks' transport on 2 ranks
-# (bench/runtime_bench.c transport: rt_allreduce's bus bandwidth). Then each layout below is
-# generated and built, trained for STEPS steps ROUNDS times (one thread per rank: RT_THREADS=1;
-# ranks share the cores), and its step time (the median of the steps after WARMUP, over the
-# rounds; the spread is the rounds' medians' min-max) is printed beside the planner's
-# prediction at those rates (bench/plan_predict.lua), with the ratio measured / predicted; at
-# the end whether the predicted order of the layouts is the measured one (Kendall's pairs).
+# (bench/runtime_bench.c transport: rt_allreduce's bus bandwidth). Each layout below is
+# generated and built; then ROUNDS rounds each measure the rates and train every layout for
+# STEPS steps (one thread per rank: RT_THREADS=1; ranks share the cores), so that a machine
+# whose speed drifts (other tenants) moves rates and layouts alike. A layout's step time is the
+# median over the rounds of each round's median step after WARMUP (the spread: the rounds'
+# min-max); the prediction (bench/plan_predict.lua) uses the rates' medians over the rounds;
+# the ratio is measured / predicted. At the end: whether the predicted order of the layouts is
+# the measured one (Kendall's pairs).
 #
 #   bench/plan_bench.sh [LAYOUT...]        (default: all)
-#   ROUNDS=3 STEPS=8 WARMUP=3 SIZE=512 RATES=GFLOPS,GBS[,GBS] (skip the rate measurement)
+#   ROUNDS=3 STEPS=8 WARMUP=3 SIZE=512 RATES=GFLOPS,GBS[,GBS] (given: none measured)
 #
 # The machine may be shared: each round's median is kept, and the spread says how much the
 # rounds disagreed.
@@ -52,37 +54,25 @@ if ! make -s --no-print-directory -j2 build/gen all > $B/make.log 2>&1; then
     echo "plan_bench: make failed: $(grep -m1 -i error $B/make.log)"; exit 1
 fi
 
-# -- Rates ----------------------------------------------------------------------------------------
+# -- Build ------------------------------------------------------------------------------------------
 if [ -z "$RATES" ]; then
     gcc -std=c11 -O2 -Wall -Wextra -Werror $(pkg-config --cflags openblas) -o $B/sgemm_peak \
         bench/sgemm_peak.c $(pkg-config --libs openblas) -ldnnl -lgomp || exit 1
     mpicc -std=c11 -O2 -Wall -Wextra -Werror -Iruntime -Ilib -o $B/elem_rate bench/elem_rate.c \
         -Lbuild -lgpt_cpu -lxxhash -lrt_cpu $(pkg-config --libs openblas) -ldnnl -lgomp \
         -lpthread -lm || exit 1
-    g=$(taskset -c 0 $B/sgemm_peak "$SIZE" 9 1 | awk '$1 == "peak_dnnl_f32" {print $3, $4, $5}')
-    c=$(taskset -c 0 $B/elem_rate 2048 768 9 | awk '{print $2, $3, $4}')
     make -s --no-print-directory build/bench/runtime_bench > /dev/null || exit 1
-    t=$($MPIRUN -np 2 build/bench/runtime_bench transport 30M < /dev/null |
-        awk '$1 == "transport" {print $2}')
-    echo "rates: oneDNN f32 matmul ${SIZE}^3 on one core: $g GFLOP/s (median, min, max);" \
-         "the library's LayerNorm, GELU and add kernels: $c GB/s;" \
-         "rt_allreduce of 120 MB on 2 ranks: $t GB/s (bus bandwidth, median of 7)"
-    RATES="${g%% *},${c%% *},$t"
 fi
-echo "planner: --cpu-rates $RATES --cores $CORES (ranks share the $CORES cores)"
-
-# -- Data ------------------------------------------------------------------------------------------
 DATA=$B/tok.bin
 if [ ! -s $DATA ]; then
     if [ -x build/ref/make_tokens ]; then build/ref/make_tokens --vocab 256 --tokens 400000 $DATA \
         > /dev/null || exit 1
     else make -s data > /dev/null && cp data/corpus.bin $DATA || exit 1; fi
 fi
-
 median() { sort -n | awk '{a[NR] = $1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
-printf "%-13s %5s %10s %10s %15s %7s\n" layout ranks predicted measured "spread (rounds)" ratio
-: > $B/rows
+names=()
+declare -A MODEL FLAGS WORLD MEDS
 while IFS='|' read -r name model flags; do
     [ -z "$name" ] && continue
     [ "$want" != "  " ] && [ "${want/ $name /}" = "$want" ] && continue
@@ -96,30 +86,61 @@ while IFS='|' read -r name model flags; do
             echo "$name: build failed (see $dir.build.log)"; continue
         fi
     fi
-    world=$(sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' $dir/topology.json)
-    # shellcheck disable=SC2086
-    pred=$(build/gen --lua bench/plan_predict.lua "$RATES" "$CORES" $model $flags | awk '{print $2}')
-    meds=""
-    for ((r = 0; r < ROUNDS; r++)); do
-        log=$dir.run$r.log
-        if [ "$world" = 1 ]; then
+    names+=("$name")
+    MODEL[$name]=$model FLAGS[$name]=$flags
+    WORLD[$name]=$(sed -n 's/^{"model": "[^"]*", "world": \([0-9]*\),.*/\1/p' $dir/topology.json)
+done <<< "$LAYOUTS"
+
+# -- Rounds: the rates, then every layout once ------------------------------------------------------
+gs="" cs="" ts=""
+for ((r = 0; r < ROUNDS; r++)); do
+    if [ -z "$RATES" ]; then
+        g=$(taskset -c 0 $B/sgemm_peak "$SIZE" 9 1 | awk '$1 == "peak_dnnl_f32" {print $3}')
+        c=$(taskset -c 0 $B/elem_rate 2048 768 9 | awk '{print $2}')
+        t=$($MPIRUN -np 2 build/bench/runtime_bench transport 30M < /dev/null |
+            awk '$1 == "transport" {print $2}')
+        gs="$gs $g" cs="$cs $c" ts="$ts $t"
+    fi
+    for name in "${names[@]}"; do
+        dir=$B/$name log=$B/$name.run$r.log
+        if [ "${WORLD[$name]}" = 1 ]; then
             timeout 600 $dir/train --data $DATA --steps "$STEPS" > $log 2>&1 < /dev/null
         else
-            timeout 600 $MPIRUN -np "$world" $dir/train --data $DATA --steps "$STEPS" \
+            timeout 600 $MPIRUN -np "${WORLD[$name]}" $dir/train --data $DATA --steps "$STEPS" \
                 > $log 2>&1 < /dev/null
         fi
         m=$(grep '^step' $log | awk -v w="$WARMUP" -F'|' 'NR > w {for (i = 1; i <= NF; i++)
             if ($i ~ / ms *$/) {sub(/ ms */, "", $i); print $i + 0}}' | median)
-        meds="$meds $m"
+        MEDS[$name]="${MEDS[$name]} $m"
     done
+done
+range() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR] = $1} END {printf "%s-%s", a[1], a[NR]}'; }
+if [ -z "$RATES" ]; then
+    g=$(echo $gs | tr ' ' '\n' | median) c=$(echo $cs | tr ' ' '\n' | median)
+    t=$(echo $ts | tr ' ' '\n' | median)
+    echo "rates, the median (range) of $ROUNDS rounds: oneDNN f32 matmul ${SIZE}^3 on one core" \
+         "$g GFLOP/s ($(echo $gs | range)); the library's LayerNorm, GELU and add kernels $c GB/s" \
+         "($(echo $cs | range)); rt_allreduce of 120 MB on 2 ranks $t GB/s bus bandwidth" \
+         "($(echo $ts | range))"
+    RATES="$g,$c,$t"
+fi
+echo "planner: --cpu-rates $RATES --cores $CORES (ranks share the $CORES cores)"
+
+printf "%-13s %5s %10s %10s %15s %7s\n" layout ranks predicted measured "spread (rounds)" ratio
+: > $B/rows
+for name in "${names[@]}"; do
+    # shellcheck disable=SC2086
+    pred=$(build/gen --lua bench/plan_predict.lua "$RATES" "$CORES" ${MODEL[$name]} \
+           ${FLAGS[$name]} | awk '{print $2}')
+    meds=${MEDS[$name]}
     med=$(echo $meds | tr ' ' '\n' | median)
     lo=$(echo $meds | tr ' ' '\n' | sort -n | head -1)
     hi=$(echo $meds | tr ' ' '\n' | sort -n | tail -1)
     ratio=$(awk -v a="$med" -v b="$pred" 'BEGIN {printf "%.2f", a / b}')
-    printf "%-13s %5s %8.1f ms %7.1f ms %7.1f-%-7.1f %7s\n" "$name" "$world" "$pred" "$med" \
-        "$lo" "$hi" "$ratio"
+    printf "%-13s %5s %8.1f ms %7.1f ms %7.1f-%-7.1f %7s\n" "$name" "${WORLD[$name]}" "$pred" \
+        "$med" "$lo" "$hi" "$ratio"
     echo "$name $pred $med $lo $hi" >> $B/rows
-done <<< "$LAYOUTS"
+done
 
 # -- Order: the pairs the prediction orders as measured -------------------------------------------
 # A pair whose rounds' spreads overlap is one the measurement itself does not order (two runs
