@@ -321,8 +321,10 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         }
         /* a resumed run's evaluations go on where the first run's stopped (Megatron's
         ** consumed_valid_samples on resume): valid_next */
-        inputs = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
-        targets = malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
+        /* pinned on CUDA: the stages copy each micro-batch's ids without stopping the host
+        ** (rt_memcpy_async; the step ends with rt_sync before the next batch is written) */
+        inputs = rt_host_malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
+        targets = rt_host_malloc(sizeof(int) * (size_t)D->nmb * (size_t)D->N);
         position = malloc(sizeof(int) * (size_t)D->T);
         RT_CHECK(inputs && targets && position, "out of memory");
         for (int t = 0; t < D->T; t++) position[t] = gpt_cp_position(t);
@@ -435,8 +437,8 @@ int gpt_main(int argc, char **argv, const gpt_program *prog)
         rc = 1;
     } else if (f.save) lib_weights_save(&f);
     lib_faults_report();
-    free(inputs);
-    free(targets);
+    rt_host_free(inputs);
+    rt_host_free(targets);
     free(position);
     lib_tokens_close(&data);
     lib_tokens_close(&valid);

@@ -281,6 +281,14 @@ void  rt_mem_stats(size_t *live, size_t *peak);
 #define RT_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)   /* cuBLAS's recommendation for Hopper */
 #define RT_CUDA_STAGE_BYTES     ((size_t)4 << 20)
 void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
+/* The same copy in stream order with the kernels, the host not waiting for them (CUDA:
+** cudaMemcpyAsync on the kernels' stream; CPU: at once). src must keep its bytes until the next
+** rt_sync. From pinned host memory (rt_host_malloc) an H2D copy does not stop the host; from
+** pageable memory CUDA still waits for the kernels before it. */
+void  rt_memcpy_async(void *dst, const void *src, size_t bytes, rt_copy kind);
+/* Host memory for rt_memcpy_async's copies: zero-filled; pinned on CUDA; aborts on OOM. */
+void *rt_host_malloc(size_t bytes);
+void  rt_host_free(void *p);
 void  rt_memset0(void *p, size_t bytes);
 
 /* -- Randomness (Philox-4x32-10, counter based) ------------------------------------------- */

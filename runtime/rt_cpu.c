@@ -365,6 +365,11 @@ void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)
         memmove(dst, src, bytes);
 }
 
+void rt_memcpy_async(void *dst, const void *src, size_t bytes, rt_copy kind)
+{
+    rt_memcpy(dst, src, bytes, kind);
+}
+
 void rt_memset0(void *p, size_t bytes)
 {
     if (bytes)

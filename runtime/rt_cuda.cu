@@ -927,6 +927,20 @@ void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)
         RT_CUDA(cudaMemcpy(dst, src, bytes, kinds[kind]));
 }
 
+/* on the legacy default stream, the one every kernel launch (rt_launch.h) uses */
+void rt_memcpy_async(void *dst, const void *src, size_t bytes, rt_copy kind)
+{
+    static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                            cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost };
+    RT_CHECK((unsigned)kind <= RT_H2H, "rt_memcpy_async: invalid copy kind %d", (int)kind);
+    if (!bytes)
+        return;
+    if (kind == RT_H2H)
+        memmove(dst, src, bytes);
+    else
+        RT_CUDA(cudaMemcpyAsync(dst, src, bytes, kinds[kind], 0));
+}
+
 void rt_memset0(void *p, size_t bytes)
 {
     if (bytes)

@@ -268,8 +268,6 @@ void   rt_broadcast(void *buf, size_t n, rt_dtype t, int root, rt_group *g);
 /* One rt_progress step, then 1 when r is complete (its results in place after rt_wait, which
 ** is still needed: it frees r). Never waits. */
 int    rt_test(rt_req *r);
-void  *rt_host_malloc(size_t bytes);             /* zero-filled; pinned on CUDA; aborts on OOM */
-void   rt_host_free(void *p);
 /* The CPU GEMM's primitive cache: primitives created so far and those held now (at most
 ** RT__GEMM_CACHE_MAX); CUDA: 0, 0. */
 enum { RT__GEMM_CACHE_MAX = 256 };

@@ -191,6 +191,7 @@ sig("cp_a2a_order", { { "dst", "A", "N", "cp", "w" }, { "src", "A", "N", "cp", "
                       "to_seq", "N", "cp", "tc", "B", "t" })
 sig("scale_inplace", { { "x", "F", "n" }, "n", "s" })
 sig("rt_memcpy", { { "dst", "any" }, { "src", "any" }, "bytes", "kind" })
+sig("rt_memcpy_async", { { "dst", "any" }, { "src", "any" }, "bytes", "kind" })
 sig("rt_memset0", { { "p", "any" }, "bytes" })
 -- the mixture of experts' steps (lib/moe.h): the layer's routing state 'm', its tensors 'w'
 -- and their gradients 'dw'
@@ -925,7 +926,7 @@ function M.build(cfg, s, present)
     local function embedding_fwd()
         local b = builder()
         local full = cfg.sp and mem("S_FULL") or OUT
-        b.k("rt_memcpy", TOK, lit("gpt_inputs(mb)"), I("N", "sizeof(int)"), lit("RT_H2D"))
+        b.k("rt_memcpy_async", TOK, lit("gpt_inputs(mb)"), I("N", "sizeof(int)"), lit("RT_H2D"))
         b.k("embed_fwd", full, TOK, param("WTE"), I("N"), I("C"), lit("gpt_vocab_start()"),
             I("V_LOCAL"), ACT)
         if cfg.tp > 1 then
@@ -971,7 +972,7 @@ function M.build(cfg, s, present)
         local b = builder()
         local CE = function(k) return mem("S_CE", k > 0 and E(s, k, "N") or nil) end
         local HEAD_W = "HEAD_WTE"        -- the head's weight: tied (wte or its copy) or lm_head
-        b.k("rt_memcpy", mem("S_TARGETS"), lit("gpt_targets(mb)"), I("N", "sizeof(int)"),
+        b.k("rt_memcpy_async", mem("S_TARGETS"), lit("gpt_targets(mb)"), I("N", "sizeof(int)"),
             lit("RT_H2D"))
         norm_fwd(b, mem("H_LNF"), "H_LNF_MEAN", "H_LNF_RSTD", X, "LN_F_W", "LN_F_B")
         local h = gather_seq(b, mem("H_LNF"), "S_FULL", "ln_f's output")

@@ -289,7 +289,7 @@ static void head_fwd_bwd(int c, int mb, int slot)
     void *const *w = gpt_params(c, -1);         /* the head's tensors */
     float *const *dw = gpt_grads(c, -1);        /* their f32 gradients */
     float *loss = (float *)STAGE(X_LOSS) + mb;  /* the micro-batch's loss sum */
-    rt_memcpy(STAGE(S_TARGETS), gpt_targets(mb), CFG_N * sizeof(int), RT_H2D);
+    rt_memcpy_async(STAGE(S_TARGETS), gpt_targets(mb), CFG_N * sizeof(int), RT_H2D);
     layernorm_fwd(STAGE(H_LNF), STAGE(H_LNF_MEAN), STAGE(H_LNF_RSTD), x, TENSOR(LN_F_W),
                   TENSOR(LN_F_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
     linear_fwd(STAGE(S_LOGITS), CFG_V_LOCAL, STAGE(H_LNF), TENSOR(HEAD_WTE), CFG_N, CFG_C,

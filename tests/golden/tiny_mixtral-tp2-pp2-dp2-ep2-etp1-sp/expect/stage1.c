@@ -419,7 +419,7 @@ static void head_fwd_bwd(int c, int mb, int slot)
     void *const *w = gpt_params(c, -1);         /* the head's tensors */
     float *const *dw = gpt_grads(c, -1);        /* their f32 gradients */
     float *loss = (float *)STAGE(X_LOSS) + mb;  /* the micro-batch's loss sum */
-    rt_memcpy(STAGE(S_TARGETS), gpt_targets(mb), CFG_N * sizeof(int), RT_H2D);
+    rt_memcpy_async(STAGE(S_TARGETS), gpt_targets(mb), CFG_N * sizeof(int), RT_H2D);
     rmsnorm_fwd(STAGE(H_LNF), STAGE(H_LNF_RSTD), x, TENSOR(LN_F_W), CFG_N_SP, CFG_C, CFG_LN_EPS,
                 CFG_ACT);
     /* >>> all-gather over tp: ln_f's output, (N_SP, C) from each rank -> (N, C)

@@ -355,7 +355,7 @@ static void embedding_fwd(int c, int mb, int slot)
     void *out = gpt_x(c, slot);                 /* the chunk's input (N_SP, C) */
     int *tok = gpt_tokens(c, slot);             /* (N) token ids */
     void *const *w = gpt_params(c, -1);         /* the embedding's tensors */
-    rt_memcpy(tok, gpt_inputs(mb), CFG_N * sizeof(int), RT_H2D);
+    rt_memcpy_async(tok, gpt_inputs(mb), CFG_N * sizeof(int), RT_H2D);
     embed_fwd(STAGE(S_FULL), tok, TENSOR(WTE), CFG_N, CFG_C, gpt_vocab_start(), CFG_V_LOCAL,
               CFG_ACT);
     /* >>> all-reduce over tp: each rank looked up the tokens of its vocabulary rows
