@@ -74,8 +74,8 @@ def step_of(model, bw, flops):
             s.add("attention", "attention_fwd", att_io, 3 * unit, floor_flops=2 * unit)
         gemm(s, "attn proj", N, C, C)
         s.add("bias", "bias_fwd proj", 2 * N * C * A)
-        s.add("residual", "add_fwd", 3 * N * C * A)
-        s.add("layernorm", "layernorm_fwd", 2 * N * C * A + N * 8)
+        # res1 = x + proj and ln_2 of res1, one kernel: reads x and proj, writes res1 and ln_2
+        s.add("layernorm", "add_layernorm_fwd", 4 * N * C * A + N * 8)
         gemm(s, "fc", N, 4 * C, C)
         s.add("bias", "bias_fwd fc", 2 * N * 4 * C * A)
         s.add("gelu", "gelu_fwd", 2 * N * 4 * C * A)

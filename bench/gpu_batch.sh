@@ -66,10 +66,10 @@ MPI_DEBS="openmpi-bin openmpi-common libopenmpi3 libpmix2 libevent-core-2.1-7
           libevent-pthreads-2.1-7 libhwloc15 libucx0 libfabric1 libibverbs1 librdmacm1 libnl-3-200
           libnl-route-3-200 libpsm2-2 libpsm-infinipath1 libnuma1 libmunge2"
 BENCH_STEPS=${BENCH_STEPS:-12}
-PROFILE_WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd layernorm_bwd gelu_fwd gelu_bwd
-      bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd ce_rowmax ce_sums
-      ce_loss ce_bwd ce_fused sum_rows adamw_step adamw_multi sumsq sumsq_multi
-      scale_inplace rt_gemm rt_memset0"
+PROFILE_WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd add_layernorm_fwd layernorm_bwd
+      gelu_fwd gelu_bwd bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd
+      ce_rowmax ce_sums ce_loss ce_bwd ce_fused sum_rows adamw_step adamw_multi sumsq
+      sumsq_multi scale_inplace rt_gemm rt_memset0"
 
 die() { echo "gpu_batch: $*" >&2; exit 1; }
 

@@ -134,6 +134,10 @@ WRAP(void, pos_bwd, (float *dwpe, const void *dout, int T, int B, int C, int t0,
 WRAP(void, layernorm_fwd, (void *out, float *mean, float *rstd, const void *inp,
                            const void *w, const void *b, int N, int C, float eps, rt_dtype t),
      (out, mean, rstd, inp, w, b, N, C, eps, t), F_LAYERNORM)
+WRAP(void, add_layernorm_fwd, (void *res, void *out, float *mean, float *rstd, const void *a,
+                               const void *b, const void *w, const void *bias, int N, int C,
+                               float eps, rt_dtype t),
+     (res, out, mean, rstd, a, b, w, bias, N, C, eps, t), F_LAYERNORM)
 WRAP(void, layernorm_bwd, (void *dinp, float *dw, float *db, const void *dout,
                            const void *inp, const void *w, const float *mean,
                            const float *rstd, int N, int C, rt_dtype t),

@@ -42,6 +42,14 @@ void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtyp
 
 void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
                    const void *b, int N, int C, float eps, rt_dtype t);
+/* The residual add and the norm after it in one pass (res = a + b, then out = the norm of
+** res's rows): bit for bit add_fwd then layernorm_fwd / rmsnorm_fwd, one read of res less and
+** one launch less on CUDA. res may be a or b (in place). */
+void add_layernorm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       rt_dtype t);
+void add_rmsnorm_fwd(void *res, void *out, float *rstd, const void *a, const void *b,
+                     const void *w, int N, int C, float eps, rt_dtype t);
 /* dinp, dw, db accumulate (+=). */
 void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
                    const void *w, const float *mean, const float *rstd, int N, int C,

@@ -142,6 +142,44 @@ void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const v
     rt_parallel_for(N, layernorm_fwd_task, &a);
 }
 
+/* add_layernorm_fwd / add_rmsnorm_fwd: a task's rows added, then normed while in cache */
+typedef struct {
+    void *res, *out;
+    float *mean, *rstd;
+    const void *a, *b, *w, *bias;
+    int C, rms;
+    float eps;
+    rt_dtype t;
+} add_norm_args;
+
+static void add_norm_fwd_task(void *p, int lo, int hi)
+{
+    const add_norm_args *a = p;
+    BY_TYPE(a->t, add_span, a->res, a->a, a->b, (size_t)lo * a->C, (size_t)hi * a->C);
+    if (a->rms)
+        BY_TYPE(a->t, rmsnorm_fwd_rows, a->out, a->rstd, a->res, a->w, a->C, a->eps, lo, hi);
+    else
+        BY_TYPE(a->t, layernorm_fwd_rows, a->out, a->mean, a->rstd, a->res, a->w, a->bias, a->C,
+                a->eps, lo, hi);
+}
+
+void add_layernorm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       rt_dtype t)
+{
+    add_norm_args x = { .res = res, .out = out, .mean = mean, .rstd = rstd, .a = a, .b = b,
+                        .w = w, .bias = bias, .C = C, .eps = eps, .t = storage(t) };
+    rt_parallel_for(N, add_norm_fwd_task, &x);
+}
+
+void add_rmsnorm_fwd(void *res, void *out, float *rstd, const void *a, const void *b,
+                     const void *w, int N, int C, float eps, rt_dtype t)
+{
+    add_norm_args x = { .res = res, .out = out, .rstd = rstd, .a = a, .b = b, .w = w, .C = C,
+                        .rms = 1, .eps = eps, .t = storage(t) };
+    rt_parallel_for(N, add_norm_fwd_task, &x);
+}
+
 void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
                    const void *w, const float *mean, const float *rstd, int N, int C,
                    rt_dtype t)

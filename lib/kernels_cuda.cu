@@ -391,16 +391,14 @@ void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtyp
 
 /* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
 
-/* Row n = this warp's: two-pass mean and variance over lane-strided columns, then
-** out = (x - mean) * rstd * w + b (kernel_rows.h's formulas). */
-template <class S> static __global__
-void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, const void *w,
-                          const void *b, int N, int C, float eps)
+/* Row n of a LayerNorm, a warp's: two-pass mean and variance over lane-strided columns, then
+** out = (x - mean) * rstd * w + b (kernel_rows.h's formulas). One function for layernorm_fwd
+** and add_layernorm_fwd, so that the compiler's contractions (nvcc's fmad, the emulation's
+** -ffp-contract) are the same in both: the same bits. */
+template <class S> static __device__
+void layernorm_row(S *o, float *mean, float *rstd, const S *x, const S *ws, const S *bs, int n,
+                   int C, float eps, int lane)
 {
-    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (n >= N) return;                                  /* the whole warp: n is the warp's */
-    const S *x = as<S>(inp) + (size_t)n * C, *ws = as<S>(w), *bs = as<S>(b);
-    S *o = as<S>(out) + (size_t)n * C;
     float sum = 0.0f, var = 0.0f;
     for (int i = lane; i < C; i += WARP) sum += kr_load(x + i);
     float m = warp_sum(sum) / (float)C;
@@ -415,6 +413,33 @@ void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, 
         mean[n] = m;
         rstd[n] = s;
     }
+}
+
+/* Row n = this warp's */
+template <class S> static __global__
+void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                          const void *b, int N, int C, float eps)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;                                  /* the whole warp: n is the warp's */
+    layernorm_row(as<S>(out) + (size_t)n * C, mean, rstd, as<S>(inp) + (size_t)n * C, as<S>(w),
+                  as<S>(b), n, C, eps, lane);
+}
+
+/* res = a + b (kernel_rows.h's add, stored as S), then layernorm_row on the row just stored:
+** each lane reads back only what it wrote (from its cache), so the row crosses memory once */
+template <class S> static __global__
+void add_layernorm_fwd_kernel(void *res, void *out, float *mean, float *rstd, const void *a,
+                              const void *b, const void *w, const void *bias, int N, int C,
+                              float eps)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    size_t r0 = (size_t)n * C;
+    for (int i = lane; i < C; i += WARP)
+        add_span(as<S>(res), as<S>(a), as<S>(b), r0 + i, r0 + i + 1);
+    layernorm_row(as<S>(out) + r0, mean, rstd, as<S>(res) + r0, as<S>(w), as<S>(bias), n, C, eps,
+                  lane);
 }
 
 /* Row n = this warp's: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)), dn = dout * w. */
@@ -457,6 +482,14 @@ void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const v
                    const void *b, int N, int C, float eps, rt_dtype t)
 {
     LAUNCH(t, layernorm_fwd_kernel, grid_rows(N), out, mean, rstd, inp, w, b, N, C, eps);
+}
+
+void add_layernorm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       rt_dtype t)
+{
+    LAUNCH(t, add_layernorm_fwd_kernel, grid_rows(N), res, out, mean, rstd, a, b, w, bias, N, C,
+           eps);
 }
 
 void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
@@ -1621,6 +1654,18 @@ static unsigned grid_stride(size_t n) { return MIN(grid_for(n), GRID_STRIDE_MAX)
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < (n);                   \
          k += (size_t)gridDim.x * blockDim.x)
 
+/* Row n of an RMSNorm, a warp's (one function for rmsnorm_fwd and add_rmsnorm_fwd, as
+** layernorm_row) */
+template <class S> static __device__
+void rmsnorm_row(S *o, float *rstd, const S *x, const S *ws, int n, int C, float eps, int lane)
+{
+    float ss = 0.0f;
+    for (int i = lane; i < C; i += WARP) ss += kr_load(x + i) * kr_load(x + i);
+    float s = rms_rstd(warp_sum(ss), C, eps);
+    for (int i = lane; i < C; i += WARP) kr_store(o + i, kr_load(x + i) * s * kr_load(ws + i));
+    if (lane == 0) rstd[n] = s;
+}
+
 /* Row n = this warp's: rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * w. */
 template <class S> static __global__
 void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, const void *w, int N, int C,
@@ -1628,13 +1673,21 @@ void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, const void *w, 
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (n >= N) return;                                  /* the whole warp: n is the warp's */
-    const S *x = as<S>(inp) + (size_t)n * C, *ws = as<S>(w);
-    S *o = as<S>(out) + (size_t)n * C;
-    float ss = 0.0f;
-    for (int i = lane; i < C; i += WARP) ss += kr_load(x + i) * kr_load(x + i);
-    float s = rms_rstd(warp_sum(ss), C, eps);
-    for (int i = lane; i < C; i += WARP) kr_store(o + i, kr_load(x + i) * s * kr_load(ws + i));
-    if (lane == 0) rstd[n] = s;
+    rmsnorm_row(as<S>(out) + (size_t)n * C, rstd, as<S>(inp) + (size_t)n * C, as<S>(w), n, C, eps,
+                lane);
+}
+
+/* res = a + b, then rmsnorm_row on the row just stored (add_layernorm_fwd_kernel's scheme) */
+template <class S> static __global__
+void add_rmsnorm_fwd_kernel(void *res, void *out, float *rstd, const void *a, const void *b,
+                            const void *w, int N, int C, float eps)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    size_t r0 = (size_t)n * C;
+    for (int i = lane; i < C; i += WARP)
+        add_span(as<S>(res), as<S>(a), as<S>(b), r0 + i, r0 + i + 1);
+    rmsnorm_row(as<S>(out) + r0, rstd, as<S>(res) + r0, as<S>(w), n, C, eps, lane);
 }
 
 /* Row n = this warp's of the input gradient: dinp += rstd (g - xhat mean(g xhat)). */
@@ -1704,6 +1757,12 @@ void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, 
                  float eps, rt_dtype t)
 {
     LAUNCH(t, rmsnorm_fwd_kernel, grid_rows(N), out, rstd, inp, w, N, C, eps);
+}
+
+void add_rmsnorm_fwd(void *res, void *out, float *rstd, const void *a, const void *b,
+                     const void *w, int N, int C, float eps, rt_dtype t)
+{
+    LAUNCH(t, add_rmsnorm_fwd_kernel, grid_rows(N), res, out, rstd, a, b, w, N, C, eps);
 }
 
 void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const void *w,

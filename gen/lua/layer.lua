@@ -122,6 +122,12 @@ sig("layernorm_bwd", { { "dinp", "A", "N", "C" }, { "dw", "F", "C" }, { "db?", "
                        { "mean", "F", "N" }, { "rstd", "F", "N" }, "N", "C", "t" })
 sig("rmsnorm_fwd", { { "out", "A", "N", "C" }, { "rstd", "F", "N" }, { "inp", "A", "N", "C" },
                      { "w", "A", "C" }, "N", "C", "eps", "t" })
+sig("add_layernorm_fwd", { { "res", "A", "N", "C" }, { "out", "A", "N", "C" }, { "mean", "F", "N" },
+                           { "rstd", "F", "N" }, { "a", "A", "N", "C" }, { "b", "A", "N", "C" },
+                           { "w", "A", "C" }, { "bias?", "A", "C" }, "N", "C", "eps", "t" })
+sig("add_rmsnorm_fwd", { { "res", "A", "N", "C" }, { "out", "A", "N", "C" }, { "rstd", "F", "N" },
+                         { "a", "A", "N", "C" }, { "b", "A", "N", "C" }, { "w", "A", "C" },
+                         "N", "C", "eps", "t" })
 sig("rmsnorm_bwd", { { "dinp", "A", "N", "C" }, { "dw", "F", "C" }, { "dout", "A", "N", "C" },
                      { "inp", "A", "N", "C" }, { "w", "A", "C" }, { "rstd", "F", "N" },
                      "N", "C", "t" })
@@ -444,6 +450,18 @@ function M.build(cfg, s, present)
     end
     local function ln2_fwd(b)
         norm_fwd(b, mem("L_LN2"), "L_LN2_MEAN", "L_LN2_RSTD", mem("L_RES1"), "LN2_W", "LN2_B")
+    end
+    -- res1 = x + the attention's output, then ln_2 of res1: one kernel, the same bits as
+    -- add_fwd then ln2_fwd (one read of res1 less)
+    local function add_ln2_fwd(b, x, proj)
+        if llama then
+            b.k("add_rmsnorm_fwd", mem("L_RES1"), mem("L_LN2"), mem("L_LN2_RSTD"), x, proj,
+                param("LN2_W"), I("N_SP"), I("C"), num("CFG_LN_EPS"), ACT)
+        else
+            b.k("add_layernorm_fwd", mem("L_RES1"), mem("L_LN2"), mem("L_LN2_MEAN"),
+                mem("L_LN2_RSTD"), x, proj, param("LN2_W"), param("LN2_B"), I("N_SP"), I("C"),
+                num("CFG_LN_EPS"), ACT)
+        end
     end
 
     -- -- Context parallelism: the attention core (docs/megatron.md §12) ----------------------
@@ -853,8 +871,7 @@ function M.build(cfg, s, present)
         if has("ATTN_PROJ_B") then       -- the row-parallel bias, after the sum
             b.k("bias_fwd", proj, param("ATTN_PROJ_B"), I("N_SP"), I("C"), ACT)
         end
-        b.k("add_fwd", mem("L_RES1"), X, proj, int(ROWS), ACT)
-        ln2_fwd(b)
+        add_ln2_fwd(b, X, proj)
         if moe then
             b.note("res2 = res1 + the mixture of experts of ln_2's output")
             moe_branch_fwd(b)

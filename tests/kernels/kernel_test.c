@@ -605,6 +605,87 @@ static void test_layernorm(void)
     op_end("layernorm", 1);
 }
 
+/* -- The residual add fused with the norm after it ------------------------------------------ */
+
+/* add_layernorm_fwd and add_rmsnorm_fwd against add_fwd then layernorm_fwd / rmsnorm_fwd (each
+** checked against the reference on its own): the same bits, out of place and in place
+** (res = a), every output written (they start as NaN) */
+static void test_add_norm_case(int N, int C)
+{
+    char size[32];
+    snprintf(size, sizeof size, "N%dC%d", N, C);
+    size_t nc = (size_t)N * C;
+    float *a = frand_st(nc, -2, 4), *b = frand_st(nc, -1, 1);
+    float *w = frand_st((size_t)C, 0.5f, 1.5f), *bias = frand_st((size_t)C, -1, 1);
+    float *nan = fconst((size_t)N, NAN);
+    void *d_a = dev_st(a, nc), *d_b = dev_st(b, nc), *d_w = dev_st(w, (size_t)C);
+    void *d_bias = dev_st(bias, (size_t)C);
+    for (int rms = 0; rms < 2; rms++) {
+        const char *op = rms ? "add_rmsnorm_fwd" : "add_layernorm_fwd";
+        void *res[3], *out[3];
+        float *mean[3], *rstd[3];
+        for (int k = 0; k < 3; k++) {
+            res[k] = k == 2 ? dev_st(a, nc) : dev_st_nan(nc);      /* 2: in place, res = a */
+            out[k] = dev_st_nan(nc);
+            mean[k] = dev_copy(nan, (size_t)N * 4);
+            rstd[k] = dev_copy(nan, (size_t)N * 4);
+        }
+        add_fwd(res[0], d_a, d_b, nc, dt);
+        if (rms) {
+            rmsnorm_fwd(out[0], rstd[0], res[0], d_w, N, C, 1e-5f, dt);
+            add_rmsnorm_fwd(res[1], out[1], rstd[1], d_a, d_b, d_w, N, C, 1e-5f, dt);
+            add_rmsnorm_fwd(res[2], out[2], rstd[2], res[2], d_b, d_w, N, C, 1e-5f, dt);
+        } else {
+            layernorm_fwd(out[0], mean[0], rstd[0], res[0], d_w, d_bias, N, C, 1e-5f, dt);
+            add_layernorm_fwd(res[1], out[1], mean[1], rstd[1], d_a, d_b, d_w, d_bias, N, C,
+                              1e-5f, dt);
+            add_layernorm_fwd(res[2], out[2], mean[2], rstd[2], res[2], d_b, d_w, d_bias, N, C,
+                              1e-5f, dt);
+        }
+        float *want[3] = { down_st(res[0], nc), down_st(out[0], nc), down(rstd[0], (size_t)N) };
+        float *wmean = down(mean[0], (size_t)N);
+        for (int k = 1; k < 3; k++) {
+            const char *how = k == 1 ? "res" : "res-in-place";
+            char what[64];
+            float *got = down_st(res[k], nc);
+            check_exact(label(op, how, size), got, want[0], nc);
+            free(got);
+            snprintf(what, sizeof what, "out%s", k == 2 ? "-in-place" : "");
+            got = down_st(out[k], nc);
+            check_exact(label(op, what, size), got, want[1], nc);
+            free(got);
+            snprintf(what, sizeof what, "rstd%s", k == 2 ? "-in-place" : "");
+            got = down(rstd[k], (size_t)N);
+            check_exact(label(op, what, size), got, want[2], (size_t)N);
+            free(got);
+            if (!rms) {
+                snprintf(what, sizeof what, "mean%s", k == 2 ? "-in-place" : "");
+                got = down(mean[k], (size_t)N);
+                check_exact(label(op, what, size), got, wmean, (size_t)N);
+                free(got);
+            }
+        }
+        check_finite(label(op, "out", size), want[1], nc);
+        for (int k = 0; k < 3; k++) {
+            rt_free(res[k]); rt_free(out[k]); rt_free(mean[k]); rt_free(rstd[k]);
+            free(want[k]);
+        }
+        free(wmean);
+    }
+    free(a); free(b); free(w); free(bias); free(nan);
+    rt_free(d_a); rt_free(d_b); rt_free(d_w); rt_free(d_bias);
+}
+
+static void test_add_norm(void)
+{
+    op_begin();
+    test_add_norm_case(23, 37);
+    test_add_norm_case(1, 5);
+    test_add_norm_case(301, 150);
+    test_add_norm_case(2100, 8);
+    op_end("add_norm", 1);
+}
+
 /* -- GELU, bias, add, scale, conversions ------------------------------------------------------ */
 
 /* n inputs in [lo, hi], the first ones the edges and a few exact points */
@@ -2124,6 +2205,7 @@ static const struct {
     { "convert",       test_convert,     0, 3617213 },
     { "copy_cols",     test_copy_cols,   0, 3629598 },
     { "fill_f32",      test_fill,        0, 3644798 },
+    { "add_norm",      test_add_norm,    1, 3650000 },
 };
 
 /* only: NULL (every op), or a comma-separated list of "op" or "op-f32"/"op-bf16" */

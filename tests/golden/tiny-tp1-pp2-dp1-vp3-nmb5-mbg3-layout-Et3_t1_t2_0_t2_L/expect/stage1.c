@@ -230,9 +230,9 @@ static void layer_fwd(int c, int slot, int j, int again)
     matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
                CFG_ACT);
     bias_fwd(STAGE(S_FULL), TENSOR(ATTN_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
-    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT);
-    layernorm_fwd(LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W),
-                  TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    add_layernorm_fwd(LAYER(L_RES1), LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), x,
+                      STAGE(S_FULL), TENSOR(LN2_W), TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS,
+                      CFG_ACT);
     /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
     matmul_fwd(LAYER(L_FC), LAYER(L_LN2), TENSOR(FC_W), TENSOR(FC_B), CFG_N, CFG_C, CFG_FF_LOCAL,
                CFG_ACT);

@@ -271,9 +271,9 @@ static void layer_fwd(int c, int slot, int j, int again)
     ** (N_SP, C) (docs/megatron.md §4.1) */
     rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
     bias_fwd(STAGE(S_FULL_SP), TENSOR(ATTN_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
-    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
-    layernorm_fwd(LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W),
-                  TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    add_layernorm_fwd(LAYER(L_RES1), LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), x,
+                      STAGE(S_FULL_SP), TENSOR(LN2_W), TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS,
+                      CFG_ACT);
     /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
     /* >>> all-gather over tp: ln_2's output, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */

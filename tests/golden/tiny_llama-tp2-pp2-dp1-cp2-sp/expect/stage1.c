@@ -253,9 +253,8 @@ static void layer_fwd(int c, int slot, int j, int again)
     /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
     ** (N_SP, C) (docs/megatron.md §4.1) */
     rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
-    rmsnorm_fwd(LAYER(L_LN2), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W), CFG_N_SP, CFG_C,
-                CFG_LN_EPS, CFG_ACT);
+    add_rmsnorm_fwd(LAYER(L_RES1), LAYER(L_LN2), LAYER(L_LN2_RSTD), x, STAGE(S_FULL_SP),
+                    TENSOR(LN2_W), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
     /* MLP: res2 = res1 + down(silu(gate) * up) of ln_2's output */
     /* >>> all-gather over tp: ln_2's output, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */

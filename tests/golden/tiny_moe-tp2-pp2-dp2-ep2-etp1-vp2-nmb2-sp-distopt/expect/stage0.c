@@ -404,9 +404,9 @@ static void layer_fwd(int c, int slot, int j, int again)
     /* >>> reduce-scatter over tp: the attention's output, (N, C) partial sums -> this rank's
     ** (N_SP, C) (docs/megatron.md §4.1) */
     rt_reduce_scatter(STAGE(S_FULL), STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    add_fwd(LAYER(L_RES1), x, STAGE(S_FULL_SP), CFG_N_SP * CFG_C, CFG_ACT);
-    layernorm_fwd(LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), LAYER(L_RES1), TENSOR(LN2_W),
-                  TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS, CFG_ACT);
+    add_layernorm_fwd(LAYER(L_RES1), LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), x,
+                      STAGE(S_FULL_SP), TENSOR(LN2_W), TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS,
+                      CFG_ACT);
     /* res2 = res1 + the mixture of experts of ln_2's output */
     /* the router: logits, top-k, probabilities; the aux loss's token counts of this rank's
     ** tokens (docs/megatron.md §8.1) */
