@@ -178,6 +178,9 @@ mutate gqa-kv-head-modulo attention-f32 's|return h / (Hl / KVl);|return h % KVl
 mutate gqa-dkdv-first-head-only attention-f32 \
     's|for (int j = 1; j < a->grp; j++) {|for (int j = 1; j < 1; j++) {|' \
     'for (int j = 1; j < 1; j++) {'
+# the fused residual add and norm normalising their input a instead of the sum they stored
+mutate add-norm-of-input add_norm-f32 's|a->rstd, a->res, a->w|a->rstd, a->a, a->w|' \
+    'a->rstd, a->a, a->w'
 # the CUDA kernels' own reductions, on the emulation: a row skipped by the unrolled column loop,
 # a butterfly one step short, a block's warps not all added, the embedding's id slices not
 # sorted or the last one short, the fused cross-entropy's running sum not rescaled, a
@@ -233,6 +236,9 @@ mutate_cuda cuda-col-chunk-dropped layernorm-f32 \
     'for (int y = 2; y < chunks; y++)'
 mutate_cuda cuda-layernorm-lanes-skip layernorm-f32 's|i += WARP) sum +=|i += 2 * WARP) sum +=|' \
     'i += 2 * WARP) sum +='
+# the fused residual add and norm: the norm's row read from a, not from the sum just stored
+mutate_cuda cuda-add-norm-of-input add_norm-f32 \
+    's|rstd, as<S>(res) + r0, as<S>(w)|rstd, as<S>(a) + r0, as<S>(w)|' 'rstd, as<S>(a) + r0, as<S>(w)'
 fi
 pool_wait
 for name in $MUTANTS; do
