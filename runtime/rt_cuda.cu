@@ -914,31 +914,32 @@ void rt_free(void *p)
     RT_CUDA(cudaFree(p));
 }
 
-void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)
+/* rt_memcpy and rt_memcpy_async: async, on the legacy default stream, the one every kernel
+** launch (rt_launch.h) uses */
+static void copy(void *dst, const void *src, size_t bytes, rt_copy kind, int async)
 {
     static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                             cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost };
-    RT_CHECK((unsigned)kind <= RT_H2H, "rt_memcpy: invalid copy kind %d", (int)kind);
+    RT_CHECK((unsigned)kind <= RT_H2H, "%s: invalid copy kind %d",
+             async ? "rt_memcpy_async" : "rt_memcpy", (int)kind);
     if (!bytes)
         return;
     if (kind == RT_H2H)
         memmove(dst, src, bytes);
+    else if (async)
+        RT_CUDA(cudaMemcpyAsync(dst, src, bytes, kinds[kind], 0));
     else
         RT_CUDA(cudaMemcpy(dst, src, bytes, kinds[kind]));
 }
 
-/* on the legacy default stream, the one every kernel launch (rt_launch.h) uses */
+void rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind)
+{
+    copy(dst, src, bytes, kind, 0);
+}
+
 void rt_memcpy_async(void *dst, const void *src, size_t bytes, rt_copy kind)
 {
-    static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
-                                            cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost };
-    RT_CHECK((unsigned)kind <= RT_H2H, "rt_memcpy_async: invalid copy kind %d", (int)kind);
-    if (!bytes)
-        return;
-    if (kind == RT_H2H)
-        memmove(dst, src, bytes);
-    else
-        RT_CUDA(cudaMemcpyAsync(dst, src, bytes, kinds[kind], 0));
+    copy(dst, src, bytes, kind, 1);
 }
 
 void rt_memset0(void *p, size_t bytes)

@@ -147,12 +147,7 @@ function M.shared_timeline(sched, cost, cores, per_stage)
     local pc, out, pending, work = {}, {}, {}, {}
     for r = 0, P - 1 do pc[r], out[r] = 1, { boxes = {}, finish = 0 } end
     -- finish: when the stage last moved (its last exchange may complete after its last B)
-    local queues, now = {}, 0
-    local function channel(src, dst, what)
-        local k = src .. ">" .. dst .. ":" .. what
-        queues[k] = queues[k] or { sends = {}, recvs = {} }
-        return queues[k]
-    end
+    local post, now = svg.channels(P), 0
     -- take stage r's steps until it computes, waits or ends
     local function advance(r)
         local steps, moved = sched.stages[r + 1].steps, false
@@ -165,22 +160,8 @@ function M.shared_timeline(sched, cost, cores, per_stage)
                 pc[r] = pc[r] + 1
                 return true
             end
-            if not pending[r] then
-                local items = {}
-                for _, op in ipairs(st.ops) do
-                    local peer = schedule.peer(P, r, op.dir)
-                    local q = op.send and channel(r, peer, op.what) or channel(peer, r, op.what)
-                    local item = {}
-                    items[#items + 1] = item
-                    local mine, theirs = op.send and q.sends or q.recvs,
-                                         op.send and q.recvs or q.sends
-                    if #theirs > 0 then
-                        table.remove(theirs, 1).done, item.done = true, true
-                    else
-                        mine[#mine + 1] = item
-                    end
-                end
-                pending[r], moved = items, true     -- a post may complete another's wait
+            if not pending[r] then      -- a post may complete another stage's wait
+                pending[r], moved = post(r, st, now), true
             end
             for _, item in ipairs(pending[r]) do
                 if not item.done then return moved end

@@ -18,6 +18,35 @@ local M = {}
 M.COST = { F = 1, B = 2 }
 
 --[[
+** The pipeline's message channels of a simulation of P stages: post(r, st, t) posts the
+** operations of stage r's exchange step st at time t and returns them, one item each; an item
+** gets done = the later of the two posting times once its partner is posted (operations meet
+** in posting order, per channel: source, destination and what). plan.shared_timeline's too.
+]]
+function M.channels(P)
+    local queues = {}
+    return function(r, st, t)
+        local items = {}
+        for _, op in ipairs(st.ops) do
+            local peer = schedule.peer(P, r, op.dir)
+            local k = op.send and (r .. ">" .. peer .. ":" .. op.what)
+                      or (peer .. ">" .. r .. ":" .. op.what)
+            local q = queues[k] or { sends = {}, recvs = {} }
+            queues[k] = q
+            local item = { posted = t }
+            items[#items + 1] = item
+            if op.send then q.sends[#q.sends + 1] = item else q.recvs[#q.recvs + 1] = item end
+            while #q.sends > 0 and #q.recvs > 0 do
+                local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
+                local done = math.max(s.posted, rv.posted)
+                s.done, rv.done = done, done
+            end
+        end
+        return items
+    end
+end
+
+--[[
 ** Simulate sched.stages[1..P] (steps F, B, X; collective steps C are ignored). 'cost': the
 ** time of an F and a B ({F =, B =}), or a function (stage, kind, chunk) -> time. Returns
 ** {makespan =, busy =, stages = {[r] = {boxes = {{kind, mb, chunk, t0, t1}...}, finish =}}}.
@@ -30,19 +59,7 @@ function M.timeline(sched, cost)
     for r = 0, P - 1 do
         pc[r], clock[r], out[r] = 1, 0, { boxes = {}, finish = 0 }
     end
-    local queues = {}
-    local function channel(src, dst, what)
-        local k = src .. ">" .. dst .. ":" .. what
-        queues[k] = queues[k] or { sends = {}, recvs = {} }
-        return queues[k]
-    end
-    local function match(q)
-        while #q.sends > 0 and #q.recvs > 0 do
-            local s, rv = table.remove(q.sends, 1), table.remove(q.recvs, 1)
-            local t = math.max(s.posted, rv.posted)
-            s.done, rv.done = t, t
-        end
-    end
+    local post = M.channels(P)
     local function advance(r)
         local steps, moved = sched.stages[r + 1].steps, false
         while pc[r] <= #steps do
@@ -54,19 +71,7 @@ function M.timeline(sched, cost)
                 local b = out[r].boxes
                 b[#b + 1] = { kind = st.kind, mb = st.mb, chunk = st.chunk, t0 = t0, t1 = clock[r] }
             elseif st.kind == "X" then
-                if not pending[r] then
-                    local items = {}
-                    for _, op in ipairs(st.ops) do
-                        local peer = schedule.peer(P, r, op.dir)
-                        local item = { posted = clock[r] }
-                        items[#items + 1] = item
-                        local q = op.send and channel(r, peer, op.what) or channel(peer, r, op.what)
-                        if op.send then q.sends[#q.sends + 1] = item
-                        else q.recvs[#q.recvs + 1] = item end
-                        match(q)
-                    end
-                    pending[r] = items
-                end
+                if not pending[r] then pending[r] = post(r, st, clock[r]) end
                 local t = clock[r]
                 for _, item in ipairs(pending[r]) do
                     if not item.done then return moved end
