@@ -73,7 +73,7 @@
     _("gpus-per-node", INT, "N",    "--plan: ranks per node (default 8; cpu: all)") \
     _("gpu",          STR,  "G",    "--plan and warnings: h100 (default), h200, a100 or cpu") \
     _("gpu-mem",      STR,  "GIB",  "memory of one device in GiB (--plan; warn above it)") \
-    _("cpu-rates",    STR,  "F,B,L", "--plan GPU=cpu: GFLOP/s, GB/s of a core[, all-reduce GB/s]") \
+    _("cpu-rates",    STR,  "F,B,L", "--plan GPU=cpu: core GFLOP/s,GB/s[,all-reduce GB/s]") \
     _("cores",        INT,  "N",    "--plan GPU=cpu: the machine's cores") \
     _("top",          INT,  "N",    "--plan: layouts in the table (default 10)") \
     _("verbose",      FLAG, "",     "--plan: also every rejected layout and why")
