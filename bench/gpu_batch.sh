@@ -230,6 +230,7 @@ prepare() {
 OUTD=${GPU_BATCH_WORK:-/tmp/gpu_batch}
 P=$OUTD/prog                               # the programs, unpacked from build/device/prog.tgz
 RESULTS=${OUT:-$D/out}
+case $RESULTS in /*) ;; *) RESULTS=$PWD/$RESULTS ;; esac     # pack() runs in $OUTD
 FAILS=0
 # Each line goes to stdout and to $RESULTS/summary.txt at once, and the logs are packed after
 # each part: a command stopped at its time limit still returns what it had done.
