@@ -137,7 +137,8 @@ end
 ** The schedule of sched on 'cores' cores shared by its stages, 'per_stage' ranks each (the CPU
 ** device): svg.timeline's simulation with the operating system's processor sharing. While n
 ** ranks compute, each advances at min(1, cores / n) of its own rate; a rank waiting for a
-** pipeline message yields its core (the runtime's wait sleeps when the node is oversubscribed).
+** pipeline message gives its core away (on an oversubscribed node the runtime's wait yields,
+** then sleeps).
 ** cost(r, kind, chunk) is an F's or B's time alone on a core. Returns svg.timeline's record.
 ** Messages take no time here (cost folds them into the F and B that send them), so an exchange
 ** completes when its last side posts.
