@@ -173,13 +173,7 @@ function M.shared_timeline(sched, cost, cores, per_stage)
         return moved
     end
     while true do
-        local progress = true
-        while progress do
-            progress = false
-            for r = 0, P - 1 do
-                if advance(r) then progress = true end
-            end
-        end
+        svg.settle(P, advance)
         local n, dt = 0, math.huge
         for r = 0, P - 1 do
             if work[r] then n, dt = n + 1, math.min(dt, work[r].left) end

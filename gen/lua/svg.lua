@@ -46,6 +46,18 @@ function M.channels(P)
     end
 end
 
+-- Call advance(r) for every stage r in turn until none of them moves (advance returns true
+-- when stage r took a step or posted one).
+function M.settle(P, advance)
+    local progress = true
+    while progress do
+        progress = false
+        for r = 0, P - 1 do
+            if advance(r) then progress = true end
+        end
+    end
+end
+
 --[[
 ** Simulate sched.stages[1..P] (steps F, B, X; collective steps C are ignored). 'cost': the
 ** time of an F and a B ({F =, B =}), or a function (stage, kind, chunk) -> time. Returns
@@ -84,13 +96,7 @@ function M.timeline(sched, cost)
         end
         return moved
     end
-    local progress = true
-    while progress do
-        progress = false
-        for r = 0, P - 1 do
-            if advance(r) then progress = true end
-        end
-    end
+    M.settle(P, advance)
     local makespan, busy = 0, 0
     for r = 0, P - 1 do
         assert(pc[r] > #sched.stages[r + 1].steps, "svg.timeline: the schedule does not finish")
