@@ -15,8 +15,8 @@ measured profile (gpu_batch.sh's profile part: lines "profile: <family> <ms> <pe
 printed beside the prediction, with the ratio measured / predicted. That ratio shows where a
 kernel is far from its floor.
 
-Two columns are predicted. "as built" counts what the kernels do today: attention's 13
-m16n8k16 passes per tile pair (the hi + lo split, dq recomputing the scores), and the fused
+Two columns are predicted. "as built" counts what the kernels do today: attention's 9
+m16n8k16 passes per tile pair (dq recomputing the scores and their gradients), and the fused
 cross-entropy's two reads of the logits (the second counted from memory). "floor" is the same
 step with FlashAttention-2's 7 passes and one read of the logits. MFU counts 6N + 6LCT FLOPs per
 token against 989 TFLOP/s, as the batch does.
@@ -62,8 +62,8 @@ def step_of(model, bw, flops):
     L, C, H, B, rc = model["L"], model["C"], model["H"], model["B"], model["recompute"]
     N, hd = B * T, C // H
     s = Step(bw, flops)
-    # attention: one causal product = 2 B H (T^2 / 2) hd FLOPs; our forward does 3 (S, and P V
-    # as hi and lo), the backward 10 (dk/dv: S, dP, 2 x dV, 2 x dK; dq: S, dP, 2 x dQ)
+    # attention: one causal product = 2 B H (T^2 / 2) hd FLOPs; our forward does 2 (S, P V),
+    # the backward 7 (dk/dv: S, dP, dV, dK; dq: S, dP, dQ)
     unit = 2.0 * B * H * T * T / 2 * hd
     att_io = N * 3 * C * A + N * C * A + B * H * T * 4
     for _ in range(L):
@@ -71,7 +71,7 @@ def step_of(model, bw, flops):
         gemm(s, "qkv", N, 3 * C, C)
         s.add("bias", "bias_fwd qkv", 2 * N * 3 * C * A)
         for _ in range(2 if rc else 1):       # selective recompute repeats the core
-            s.add("attention", "attention_fwd", att_io, 3 * unit, floor_flops=2 * unit)
+            s.add("attention", "attention_fwd", att_io, 2 * unit)
         gemm(s, "attn proj", N, C, C)
         s.add("bias", "bias_fwd proj", 2 * N * C * A)
         # res1 = x + proj and ln_2 of res1, one kernel: reads x and proj, writes res1 and ln_2
@@ -97,7 +97,7 @@ def step_of(model, bw, flops):
         gemm(s, "attn proj dX", N, C, C)
         gemm(s, "attn proj dW", C, C, N, out_bytes=W)
         s.add("attention", "attention_dsum", 2 * N * C * A + B * H * T * 4)
-        s.add("attention", "attention_bwd", att_io + N * C * A + N * 3 * C * A, 10 * unit, 2,
+        s.add("attention", "attention_bwd", att_io + N * C * A + N * 3 * C * A, 7 * unit, 2,
               floor_flops=5 * unit)
         s.add("bias", "bias_bwd qkv", N * 3 * C * A, launches=2)
         gemm(s, "qkv dX", N, C, 3 * C)

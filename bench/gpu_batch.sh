@@ -40,9 +40,7 @@
 #            NO_USE_MPI=1, USE_CUDNN=0; random init -e d12, the same token shard).
 #            ms/step is the median over the steps after BENCH_WARMUP (3) of BENCH_STEPS (12);
 #            tokens/s = B T / that; MFU counts 6N + 6 L C T FLOPs per token (N with the
-#            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 and H200 dense bf16). A
-#            last row times 124M with the attention's second products fed one bf16 part
-#            (FA_SPLIT=0, not the default: bench/attention_precision.py).
+#            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 and H200 dense bf16).
 #   big      the same for GPT-2 1558M (micro-batch 8, selective recompute; llm.c -e d48).
 #   profile  GPT-2 124M's step per kernel family (bench/step_profile.c with -DPROFILE_CUDA:
 #            each library call timed between two cudaDeviceSynchronize), beside what
@@ -183,14 +181,6 @@ prepare() {
     # shellcheck disable=SC2086,SC2046 # word lists
     gcc -o "$D/prog/gpt2_124m_prof" $objs build/device-obj/step_profile.o $wraps \
         $(mkvar GPT_CUDA_SINGLE_LIBS) || die "linking the profiling program"
-    # a copy of 124M's program whose attention feeds the second products one bf16 part (no hi +
-    # lo split: FA_SPLIT=0), for its time beside the default's
-    # shellcheck disable=SC2046 # the Makefile's flags are words
-    nvcc $(mkvar RT_NVCC_FLAGS) -Ilib -DFA_SPLIT=0 -c -o build/device-obj/kernels_nosplit.o \
-        lib/kernels_cuda.cu || die "lib/kernels_cuda.cu with FA_SPLIT=0"
-    # shellcheck disable=SC2086,SC2046 # word lists
-    gcc -o "$D/prog/gpt2_124m_nosplit" $objs build/device-obj/kernels_nosplit.o \
-        $(mkvar GPT_CUDA_SINGLE_LIBS) || die "linking the no-split program"
     build/ref/make_tokens --vocab 50257 --tokens 2000000 --shard "$D/ref/gpt2_tokens.bin" \
         > /dev/null || die "make_tokens (GPT-2 shard)"
     git -C "$llmc" archive HEAD Makefile train_gpt2.cu llmc | tar -x -C "$D/llm.c" ||
@@ -431,19 +421,7 @@ bench_model() {
     note "$rows"
 }
 
-part_bench() {
-    bench_model gpt2_124m 12 768 64 d12
-    # the attention without the hi + lo split (FA_SPLIT=0): time only
-    local ms toks
-    timeout 150 "$P/gpt2_124m_nosplit" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
-        --lr 6e-4 --warmup 2 --quiet --log "$OUTD/gpt2_124m_nosplit.jsonl" \
-        > "$OUTD/gpt2_124m_nosplit.log" 2>&1 ||
-        bad "bench-gpt2_124m-nosplit" "$(tail -2 "$OUTD/gpt2_124m_nosplit.log" | tr '\n' ' ')"
-    ms=$(jmedian "$OUTD/gpt2_124m_nosplit.jsonl" ms "${BENCH_WARMUP:-3}" 2>/dev/null || echo nan)
-    toks=$(tokps 64 "$ms")
-    note "$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' gpt2_124m nosplit 64 "$ms" "$toks" \
-        "$(mfu "$toks" 12 768 1024 50257)")"
-}
+part_bench() { bench_model gpt2_124m 12 768 64 d12; }
 part_big() { bench_model gpt2_1558m 48 1600 8 d48; }
 
 # transformers loads our exports (train --save DIR) from their files alone, in float64, and

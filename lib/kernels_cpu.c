@@ -754,6 +754,9 @@ static attention_args att_qkv(const void *qkv, int B, int T, int Hl, int KVl, in
     return a;
 }
 
+/* kernels.h: the probabilities and score gradients stay f32 here */
+const int attention_bf16_products = 0;
+
 void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl, int KVl,
                    int hd, float scale, rt_dtype t)
 {

@@ -389,120 +389,7 @@ void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtyp
     LAUNCH(t, pos_bwd_kernel, grid_for((size_t)T * C), dwpe, dout, T, B, C, t0);
 }
 
-/* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
-
-/* Row n of a LayerNorm, a warp's: two-pass mean and variance over lane-strided columns, then
-** out = (x - mean) * rstd * w + b (kernel_rows.h's formulas). One function for layernorm_fwd
-** and add_layernorm_fwd, so that the compiler's contractions (nvcc's fmad, the emulation's
-** -ffp-contract) are the same in both: the same bits. */
-template <class S> static __device__
-void layernorm_row(S *o, float *mean, float *rstd, const S *x, const S *ws, const S *bs, int n,
-                   int C, float eps, int lane)
-{
-    float sum = 0.0f, var = 0.0f;
-    for (int i = lane; i < C; i += WARP) sum += kr_load(x + i);
-    float m = warp_sum(sum) / (float)C;
-    for (int i = lane; i < C; i += WARP) {
-        float d = kr_load(x + i) - m;
-        var += d * d;
-    }
-    float s = 1.0f / sqrtf(warp_sum(var) / (float)C + eps);
-    for (int i = lane; i < C; i += WARP)
-        kr_store(o + i, (kr_load(x + i) - m) * s * kr_load(ws + i) + kr_load(bs + i));
-    if (lane == 0) {
-        mean[n] = m;
-        rstd[n] = s;
-    }
-}
-
-/* Row n = this warp's */
-template <class S> static __global__
-void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, const void *w,
-                          const void *b, int N, int C, float eps)
-{
-    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (n >= N) return;                                  /* the whole warp: n is the warp's */
-    layernorm_row(as<S>(out) + (size_t)n * C, mean, rstd, as<S>(inp) + (size_t)n * C, as<S>(w),
-                  as<S>(b), n, C, eps, lane);
-}
-
-/* res = a + b (kernel_rows.h's add, stored as S), then layernorm_row on the row just stored:
-** each lane reads back only what it wrote (from its cache), so the row crosses memory once */
-template <class S> static __global__
-void add_layernorm_fwd_kernel(void *res, void *out, float *mean, float *rstd, const void *a,
-                              const void *b, const void *w, const void *bias, int N, int C,
-                              float eps)
-{
-    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (n >= N) return;
-    size_t r0 = (size_t)n * C;
-    for (int i = lane; i < C; i += WARP)
-        add_span(as<S>(res), as<S>(a), as<S>(b), r0 + i, r0 + i + 1);
-    layernorm_row(as<S>(out) + r0, mean, rstd, as<S>(res) + r0, as<S>(w), as<S>(bias), n, C, eps,
-                  lane);
-}
-
-/* Row n = this warp's: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)), dn = dout * w. */
-template <class S> static __global__
-void layernorm_bwd_rows_kernel(void *dinp, const void *dout, const void *inp, const void *w,
-                               const float *mean, const float *rstd, int N, int C)
-{
-    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (n >= N) return;
-    const S *x = as<S>(inp) + (size_t)n * C, *d = as<S>(dout) + (size_t)n * C, *ws = as<S>(w);
-    S *dx = as<S>(dinp) + (size_t)n * C;
-    float mu = mean[n], rs = rstd[n], dn_sum = 0.0f, dnx_sum = 0.0f;
-    for (int i = lane; i < C; i += WARP) {
-        float dn = kr_load(d + i) * kr_load(ws + i);
-        dn_sum += dn;
-        dnx_sum += dn * ((kr_load(x + i) - mu) * rs);
-    }
-    float dn_mean = warp_sum(dn_sum) / (float)C, dnx_mean = warp_sum(dnx_sum) / (float)C;
-    for (int i = lane; i < C; i += WARP) {
-        float xhat = (kr_load(x + i) - mu) * rs, dn = kr_load(d + i) * kr_load(ws + i);
-        kr_store(dx + i, kr_load(dx + i) + rs * (dn - dn_mean - xhat * dnx_mean));
-    }
-}
-
-/* dw += dout * xhat, db += dout: column sums over the rows. */
-template <class S> static __global__
-void layernorm_bwd_cols_kernel(float *dw, float *db, const void *dout, const void *inp,
-                               const float *mean, const float *rstd, int N, int C)
-{
-    const S *d = as<S>(dout), *x = as<S>(inp);
-    col_reduce<2>(dw, db, N, C, [=](int n, int c, float *a) {
-        size_t e = (size_t)n * C + c;
-        float g = kr_load(d + e);
-        a[0] += g * ((kr_load(x + e) - mean[n]) * rstd[n]);
-        a[1] += g;
-    });
-}
-
-void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
-                   const void *b, int N, int C, float eps, rt_dtype t)
-{
-    LAUNCH(t, layernorm_fwd_kernel, grid_rows(N), out, mean, rstd, inp, w, b, N, C, eps);
-}
-
-void add_layernorm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
-                       const void *b, const void *w, const void *bias, int N, int C, float eps,
-                       rt_dtype t)
-{
-    LAUNCH(t, add_layernorm_fwd_kernel, grid_rows(N), res, out, mean, rstd, a, b, w, bias, N, C,
-           eps);
-}
-
-void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
-                   const void *w, const float *mean, const float *rstd, int N, int C,
-                   rt_dtype t)
-{
-    LAUNCH(t, layernorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, mean, rstd, N, C);
-    if (C > 0)
-        COL_LAUNCH(t, 2, layernorm_bwd_cols_kernel, N, C, dw, db, dw, db, dout, inp, mean, rstd,
-                   N, C);
-}
-
-/* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
+/* -- 16-byte groups ------------------------------------------------------------------------ */
 
 /*
 ** The elementwise kernels give each thread 16 bytes of every operand (VEC(S) elements: 8 bf16,
@@ -526,6 +413,193 @@ static bool vec_ok(const void *a, const void *b, const void *c)
 {
     return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
 }
+
+/*
+** The one-warp-per-row kernels (the norms) walk a row of C columns in groups of VEC(S): group g
+** is columns [g VEC, g VEC + VEC) (the last may be short), and lane l takes groups l, l + WARP,
+** l + 2 WARP, ..., each column in increasing order. That is the one order of a lane's partial
+** sums, whether a group is loaded as one vector (vec: the call's pointers 16-byte aligned and C
+** a multiple of VEC(S), so every row is: row_vec) or element by element: the same bits either
+** way. A group lives in registers (grp_in, grp_out).
+*/
+#define LANE_GROUPS(S, i, k, C, lane)                                                        \
+    for (int i = (lane) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i); i < (C);               \
+         i += WARP * (int)VEC(S), k = MIN((int)VEC(S), (C) - i))
+
+template <class S> static __device__ void grp_in(S *r, const S *p, int k, int vec)
+{
+    if (vec && k == (int)VEC(S)) v16(r, p);
+    else for (int e = 0; e < k; e++) r[e] = p[e];
+}
+
+template <class S> static __device__ void grp_out(S *p, const S *r, int k, int vec)
+{
+    if (vec && k == (int)VEC(S)) v16(p, r);
+    else for (int e = 0; e < k; e++) p[e] = r[e];
+}
+
+static int row_vec(int C, rt_dtype t, const void *a, const void *b, const void *c,
+                   const void *d)
+{
+    return C % (16 / (int)rt_dtype_size(t)) == 0 && vec_ok(a, b, c) && vec_ok(d, NULL, NULL);
+}
+
+/* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
+
+/* Row n of a LayerNorm, a warp's: two-pass mean and variance over the lane's groups, then
+** out = (x - mean) * rstd * w + b (kernel_rows.h's formulas). One function for layernorm_fwd
+** and add_layernorm_fwd, so that the compiler's contractions (nvcc's fmad, the emulation's
+** -ffp-contract) are the same in both: the same bits. */
+template <class S> static __device__
+void layernorm_row(S *o, float *mean, float *rstd, const S *x, const S *ws, const S *bs, int n,
+                   int C, float eps, int lane, int vec)
+{
+    alignas(16) S xv[VEC(S)], wv[VEC(S)], bv[VEC(S)];
+    float sum = 0.0f, var = 0.0f;
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        for (int e = 0; e < k; e++) sum += kr_load(xv + e);
+    }
+    float m = warp_sum(sum) / (float)C;
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        for (int e = 0; e < k; e++) {
+            float d = kr_load(xv + e) - m;
+            var += d * d;
+        }
+    }
+    float s = 1.0f / sqrtf(warp_sum(var) / (float)C + eps);
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        grp_in(wv, ws + i, k, vec);
+        grp_in(bv, bs + i, k, vec);
+        for (int e = 0; e < k; e++)
+            kr_store(xv + e, (kr_load(xv + e) - m) * s * kr_load(wv + e) + kr_load(bv + e));
+        grp_out(o + i, xv, k, vec);
+    }
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+/* Row n = this warp's */
+template <class S> static __global__
+void layernorm_fwd_kernel(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                          const void *b, int N, int C, float eps, int vec)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;                                  /* the whole warp: n is the warp's */
+    layernorm_row(as<S>(out) + (size_t)n * C, mean, rstd, as<S>(inp) + (size_t)n * C, as<S>(w),
+                  as<S>(b), n, C, eps, lane, vec);
+}
+
+/* res = a + b over the lane's groups of the row (kernel_rows.h's add, stored as S) */
+template <class S> static __device__
+void add_row(S *res, const S *a, const S *b, int C, int lane, int vec)
+{
+    alignas(16) S av[VEC(S)], bv[VEC(S)];
+    LANE_GROUPS(S, i, k, C, lane) {
+        if (vec && k == (int)VEC(S)) {
+            v16(av, a + i);
+            v16(bv, b + i);
+            add_span(av, av, bv, 0, VEC(S));
+            v16(res + i, av);
+        } else add_span(res, a, b, (size_t)i, (size_t)(i + k));
+    }
+}
+
+/* res = a + b, then layernorm_row on the row just stored: each lane reads back only the groups
+** it wrote (from its cache), so the row crosses memory once */
+template <class S> static __global__
+void add_layernorm_fwd_kernel(void *res, void *out, float *mean, float *rstd, const void *a,
+                              const void *b, const void *w, const void *bias, int N, int C,
+                              float eps, int vec)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    size_t r0 = (size_t)n * C;
+    add_row(as<S>(res) + r0, as<S>(a) + r0, as<S>(b) + r0, C, lane, vec);
+    layernorm_row(as<S>(out) + r0, mean, rstd, as<S>(res) + r0, as<S>(w), as<S>(bias), n, C, eps,
+                  lane, vec);
+}
+
+/* Row n = this warp's: dinp += rstd * (dn - mean(dn) - xhat * mean(dn * xhat)), dn = dout * w. */
+template <class S> static __global__
+void layernorm_bwd_rows_kernel(void *dinp, const void *dout, const void *inp, const void *w,
+                               const float *mean, const float *rstd, int N, int C, int vec)
+{
+    int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (n >= N) return;
+    const S *x = as<S>(inp) + (size_t)n * C, *d = as<S>(dout) + (size_t)n * C, *ws = as<S>(w);
+    S *dx = as<S>(dinp) + (size_t)n * C;
+    alignas(16) S xv[VEC(S)], dv[VEC(S)], wv[VEC(S)], ov[VEC(S)];
+    float mu = mean[n], rs = rstd[n], dn_sum = 0.0f, dnx_sum = 0.0f;
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        grp_in(dv, d + i, k, vec);
+        grp_in(wv, ws + i, k, vec);
+        for (int e = 0; e < k; e++) {
+            float dn = kr_load(dv + e) * kr_load(wv + e);
+            dn_sum += dn;
+            dnx_sum += dn * ((kr_load(xv + e) - mu) * rs);
+        }
+    }
+    float dn_mean = warp_sum(dn_sum) / (float)C, dnx_mean = warp_sum(dnx_sum) / (float)C;
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        grp_in(dv, d + i, k, vec);
+        grp_in(wv, ws + i, k, vec);
+        grp_in(ov, dx + i, k, vec);
+        for (int e = 0; e < k; e++) {
+            float xhat = (kr_load(xv + e) - mu) * rs, dn = kr_load(dv + e) * kr_load(wv + e);
+            kr_store(ov + e, kr_load(ov + e) + rs * (dn - dn_mean - xhat * dnx_mean));
+        }
+        grp_out(dx + i, ov, k, vec);
+    }
+}
+
+/* dw += dout * xhat, db += dout: column sums over the rows. */
+template <class S> static __global__
+void layernorm_bwd_cols_kernel(float *dw, float *db, const void *dout, const void *inp,
+                               const float *mean, const float *rstd, int N, int C)
+{
+    const S *d = as<S>(dout), *x = as<S>(inp);
+    col_reduce<2>(dw, db, N, C, [=](int n, int c, float *a) {
+        size_t e = (size_t)n * C + c;
+        float g = kr_load(d + e);
+        a[0] += g * ((kr_load(x + e) - mean[n]) * rstd[n]);
+        a[1] += g;
+    });
+}
+
+void layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                   const void *b, int N, int C, float eps, rt_dtype t)
+{
+    LAUNCH(t, layernorm_fwd_kernel, grid_rows(N), out, mean, rstd, inp, w, b, N, C, eps,
+           row_vec(C, t, out, inp, w, b));
+}
+
+void add_layernorm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       rt_dtype t)
+{
+    LAUNCH(t, add_layernorm_fwd_kernel, grid_rows(N), res, out, mean, rstd, a, b, w, bias, N, C,
+           eps, row_vec(C, t, res, out, a, b) && vec_ok(w, bias, NULL));
+}
+
+void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                   const void *w, const float *mean, const float *rstd, int N, int C,
+                   rt_dtype t)
+{
+    LAUNCH(t, layernorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, mean, rstd, N, C,
+           row_vec(C, t, dinp, dout, inp, w));
+    if (C > 0)
+        COL_LAUNCH(t, 2, layernorm_bwd_cols_kernel, N, C, dw, db, dw, db, dout, inp, mean, rstd,
+                   N, C);
+}
+
+/* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
 
 /* Blocks for n elements, 16 bytes of them per thread */
 static unsigned grid_vec(size_t n, rt_dtype t)
@@ -1079,12 +1153,11 @@ template <class S> static void attention_bwd_t(const att_call &a)
 ** Scores, probabilities and their gradients never leave registers: the accumulator fragment of
 ** a 16 x 16 block of scores is, lane by lane, the operand fragment of the next product (hence
 ** the softmax's row statistics need only the 4 lanes that share a row). The probabilities and
-** score gradients enter the second product as two bf16 parts, hi = bf16(x) and lo =
-** bf16(x - hi), each multiplied in full: 16 bits of mantissa instead of 8, so the results keep
-** the f32 tiles' accuracy (the kernel tests' tolerances are the same) for 1.5 times the
-** products. dq is summed over key tiles by its own blocks (the scores and their gradients are
-** recomputed there: 3 products per tile pair, beside dk and dv's 4), so every sum has a fixed
-** shape: deterministic, no atomics.
+** score gradients enter the second product rounded to bf16, as FlashAttention feeds them (the
+** sums stay f32): kernels.h's attention_bf16_products, and the kernel tests' bound for it. dq
+** is summed over key tiles by its own blocks (the scores and their gradients are recomputed
+** there: 3 products per tile pair, beside dk and dv's 4; the forward's 2), so every sum has a
+** fixed shape: deterministic, no atomics.
 */
 #define FA_TILE 64                        /* queries and keys of a tile */
 #define FA_WARPS (FA_TILE / 16)
@@ -1092,12 +1165,6 @@ template <class S> static void attention_bwd_t(const att_call &a)
 #define FA_HD_MAX 128
 #define FA_PAD 8                          /* bf16 elements of padding per shared row */
 #define FA_TP (FA_TILE + FA_PAD)          /* row length of a transposed tile (hd rows) */
-/* FA_SPLIT 0 (-DFA_SPLIT=0) feeds the second products one bf16 part: for the device batch's
-** timing of that variant only (bench/gpu_batch.sh), since the kernel tests' f32 tolerances
-** assume the split (bench/attention_precision.py models the error without it). */
-#ifndef FA_SPLIT
-#define FA_SPLIT 1
-#endif
 
 typedef __nv_bfloat16 bf16_t;
 
@@ -1126,13 +1193,10 @@ static __device__ uint32_t fa_pack(bf16_t lo, bf16_t hi)
     return (uint32_t)l | (uint32_t)h << 16;
 }
 
-/* x and y as hi and lo parts: hi = bf16(x), bf16(y) packed; lo = their rounding residuals */
-static __device__ void fa_split2(uint32_t *hi, uint32_t *lo, float x, float y)
+/* x and y rounded to bf16 (round to nearest even), packed as one operand register */
+static __device__ uint32_t fa_round2(float x, float y)
 {
-    bf16_t hx = __float2bfloat16_rn(x), hy = __float2bfloat16_rn(y);
-    *hi = fa_pack(hx, hy);
-    *lo = fa_pack(__float2bfloat16_rn(x - __bfloat162float(hx)),
-                  __float2bfloat16_rn(y - __bfloat162float(hy)));
+    return fa_pack(__float2bfloat16_rn(x), __float2bfloat16_rn(y));
 }
 
 /* the 32 bits at bf16 element e of shared memory (e even) */
@@ -1195,22 +1259,20 @@ static __device__ void fa_abt(float s[FA_TILE / 8][4], const bf16_t *A, const bf
 }
 
 /* acc (16 x hd: hd / 8 fragments) += P X: P the 16 x FA_TILE values of the f32 fragments p
-** (as hi and lo bf16 parts), X given transposed (hd rows of FA_TP). Fragments 2j and 2j+1 of
-** p are, lane by lane, the A operand of keys 16j .. 16j+15. */
+** (rounded to bf16), X given transposed (hd rows of FA_TP). Fragments 2j and 2j+1 of p are,
+** lane by lane, the A operand of keys 16j .. 16j+15. */
 static __device__ void fa_px(float acc[][4], const float p[FA_TILE / 8][4], const bf16_t *Xt,
                              int hd, int lane)
 {
     for (int j = 0; j < FA_TILE / 16; j++) {
-        uint32_t hi[4], lo[4];
-        fa_split2(&hi[0], &lo[0], p[2 * j][0], p[2 * j][1]);
-        fa_split2(&hi[1], &lo[1], p[2 * j][2], p[2 * j][3]);
-        fa_split2(&hi[2], &lo[2], p[2 * j + 1][0], p[2 * j + 1][1]);
-        fa_split2(&hi[3], &lo[3], p[2 * j + 1][2], p[2 * j + 1][3]);
+        uint32_t a[4] = {fa_round2(p[2 * j][0], p[2 * j][1]),
+                         fa_round2(p[2 * j][2], p[2 * j][3]),
+                         fa_round2(p[2 * j + 1][0], p[2 * j + 1][1]),
+                         fa_round2(p[2 * j + 1][2], p[2 * j + 1][3])};
         for (int n = 0; n < hd / 8; n++) {
             uint32_t b[2];
             fa_frag_b(b, Xt + n * 8 * FA_TP + 16 * j, FA_TP, lane);
-            fa_mma(acc[n], hi, b);
-            if (FA_SPLIT) fa_mma(acc[n], lo, b);
+            fa_mma(acc[n], a, b);
         }
     }
 }
@@ -1551,6 +1613,9 @@ static att_call att_operands(const void *q, int ldq, const void *k, const void *
     return a;
 }
 
+/* kernels.h: bf16 whole sequences with head sizes a multiple of 16 (fa_ok) take fa_px */
+const int attention_bf16_products = 1;
+
 /* The causal attention of whole sequences: q, k, v are the parts of the qkv rows. */
 static att_call att_qkv(const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
                         rt_dtype t)
@@ -1654,58 +1719,80 @@ static unsigned grid_stride(size_t n) { return MIN(grid_for(n), GRID_STRIDE_MAX)
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < (n);                   \
          k += (size_t)gridDim.x * blockDim.x)
 
-/* Row n of an RMSNorm, a warp's (one function for rmsnorm_fwd and add_rmsnorm_fwd, as
-** layernorm_row) */
+/* Row n of an RMSNorm, a warp's, over the lane's groups (one function for rmsnorm_fwd and
+** add_rmsnorm_fwd, as layernorm_row) */
 template <class S> static __device__
-void rmsnorm_row(S *o, float *rstd, const S *x, const S *ws, int n, int C, float eps, int lane)
+void rmsnorm_row(S *o, float *rstd, const S *x, const S *ws, int n, int C, float eps, int lane,
+                 int vec)
 {
+    alignas(16) S xv[VEC(S)], wv[VEC(S)];
     float ss = 0.0f;
-    for (int i = lane; i < C; i += WARP) ss += kr_load(x + i) * kr_load(x + i);
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        for (int e = 0; e < k; e++) ss += kr_load(xv + e) * kr_load(xv + e);
+    }
     float s = rms_rstd(warp_sum(ss), C, eps);
-    for (int i = lane; i < C; i += WARP) kr_store(o + i, kr_load(x + i) * s * kr_load(ws + i));
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        grp_in(wv, ws + i, k, vec);
+        for (int e = 0; e < k; e++) kr_store(xv + e, kr_load(xv + e) * s * kr_load(wv + e));
+        grp_out(o + i, xv, k, vec);
+    }
     if (lane == 0) rstd[n] = s;
 }
 
 /* Row n = this warp's: rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * w. */
 template <class S> static __global__
 void rmsnorm_fwd_kernel(void *out, float *rstd, const void *inp, const void *w, int N, int C,
-                        float eps)
+                        float eps, int vec)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (n >= N) return;                                  /* the whole warp: n is the warp's */
     rmsnorm_row(as<S>(out) + (size_t)n * C, rstd, as<S>(inp) + (size_t)n * C, as<S>(w), n, C, eps,
-                lane);
+                lane, vec);
 }
 
 /* res = a + b, then rmsnorm_row on the row just stored (add_layernorm_fwd_kernel's scheme) */
 template <class S> static __global__
 void add_rmsnorm_fwd_kernel(void *res, void *out, float *rstd, const void *a, const void *b,
-                            const void *w, int N, int C, float eps)
+                            const void *w, int N, int C, float eps, int vec)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (n >= N) return;
     size_t r0 = (size_t)n * C;
-    for (int i = lane; i < C; i += WARP)
-        add_span(as<S>(res), as<S>(a), as<S>(b), r0 + i, r0 + i + 1);
-    rmsnorm_row(as<S>(out) + r0, rstd, as<S>(res) + r0, as<S>(w), n, C, eps, lane);
+    add_row(as<S>(res) + r0, as<S>(a) + r0, as<S>(b) + r0, C, lane, vec);
+    rmsnorm_row(as<S>(out) + r0, rstd, as<S>(res) + r0, as<S>(w), n, C, eps, lane, vec);
 }
 
 /* Row n = this warp's of the input gradient: dinp += rstd (g - xhat mean(g xhat)). */
 template <class S> static __global__
 void rmsnorm_bwd_rows_kernel(void *dinp, const void *dout, const void *inp, const void *w,
-                             const float *rstd, int N, int C)
+                             const float *rstd, int N, int C, int vec)
 {
     int n = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (n >= N) return;
     const S *x = as<S>(inp) + (size_t)n * C, *d = as<S>(dout) + (size_t)n * C, *ws = as<S>(w);
     S *dx = as<S>(dinp) + (size_t)n * C;
+    alignas(16) S xv[VEC(S)], dv[VEC(S)], wv[VEC(S)], ov[VEC(S)];
     float rs = rstd[n], gx = 0.0f;
-    for (int i = lane; i < C; i += WARP)
-        gx += kr_load(d + i) * kr_load(ws + i) * (kr_load(x + i) * rs);
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        grp_in(dv, d + i, k, vec);
+        grp_in(wv, ws + i, k, vec);
+        for (int e = 0; e < k; e++)
+            gx += kr_load(dv + e) * kr_load(wv + e) * (kr_load(xv + e) * rs);
+    }
     gx = warp_sum(gx) / (float)C;
-    for (int i = lane; i < C; i += WARP)
-        kr_store(dx + i, rms_dinp(kr_load(dx + i), kr_load(d + i) * kr_load(ws + i),
-                                  kr_load(x + i) * rs, rs, gx));
+    LANE_GROUPS(S, i, k, C, lane) {
+        grp_in(xv, x + i, k, vec);
+        grp_in(dv, d + i, k, vec);
+        grp_in(wv, ws + i, k, vec);
+        grp_in(ov, dx + i, k, vec);
+        for (int e = 0; e < k; e++)
+            kr_store(ov + e, rms_dinp(kr_load(ov + e), kr_load(dv + e) * kr_load(wv + e),
+                                      kr_load(xv + e) * rs, rs, gx));
+        grp_out(dx + i, ov, k, vec);
+    }
 }
 
 template <class S> static __global__
@@ -1756,19 +1843,22 @@ void swiglu_bwd_kernel(void *dgu, const void *dout, const void *gu, int N, int F
 void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
                  float eps, rt_dtype t)
 {
-    LAUNCH(t, rmsnorm_fwd_kernel, grid_rows(N), out, rstd, inp, w, N, C, eps);
+    LAUNCH(t, rmsnorm_fwd_kernel, grid_rows(N), out, rstd, inp, w, N, C, eps,
+           row_vec(C, t, out, inp, w, NULL));
 }
 
 void add_rmsnorm_fwd(void *res, void *out, float *rstd, const void *a, const void *b,
                      const void *w, int N, int C, float eps, rt_dtype t)
 {
-    LAUNCH(t, add_rmsnorm_fwd_kernel, grid_rows(N), res, out, rstd, a, b, w, N, C, eps);
+    LAUNCH(t, add_rmsnorm_fwd_kernel, grid_rows(N), res, out, rstd, a, b, w, N, C, eps,
+           row_vec(C, t, res, out, a, b) && vec_ok(w, NULL, NULL));
 }
 
 void rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                  const float *rstd, int N, int C, rt_dtype t)
 {
-    LAUNCH(t, rmsnorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, rstd, N, C);
+    LAUNCH(t, rmsnorm_bwd_rows_kernel, grid_rows(N), dinp, dout, inp, w, rstd, N, C,
+           row_vec(C, t, dinp, dout, inp, w));
     if (C > 0)
         COL_LAUNCH(t, 1, rmsnorm_bwd_cols_kernel, N, C, dw, NULL, dw, dout, inp, rstd, N, C);
 }

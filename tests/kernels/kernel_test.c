@@ -158,9 +158,10 @@ static void check(const char *what, const float *got, const double *want, size_t
     check_bound(what, got, want, n, atol, rtol, NULL);
 }
 
-/* A result stored in this pass's dtype: in bf16 one rounding more (BF16_REL). */
-static void check_st(const char *what, const float *got, const double *want, size_t n,
-                     double atol, double rtol)
+/* A result stored in this pass's dtype: in bf16 one rounding more (BF16_REL); extra (may be
+** NULL) as check_bound's. */
+static void check_st_bound(const char *what, const float *got, const double *want, size_t n,
+                           double atol, double rtol, const double *extra)
 {
     if (dt == RT_BF16) {
         double scale = 0;
@@ -168,7 +169,13 @@ static void check_st(const char *what, const float *got, const double *want, siz
         atol = (atol < 0 ? rtol * scale : atol) * (1 + BF16_REL);
         rtol += BF16_REL;
     }
-    check_bound(what, got, want, n, atol, rtol, NULL);
+    check_bound(what, got, want, n, atol, rtol, extra);
+}
+
+static void check_st(const char *what, const float *got, const double *want, size_t n,
+                     double atol, double rtol)
+{
+    check_st_bound(what, got, want, n, atol, rtol, NULL);
 }
 
 /* Bit-for-bit equality with a computation done here. */
@@ -602,6 +609,8 @@ static void test_layernorm(void)
     test_layernorm_case(7, 37, 3);                  /* constant rows */
     test_layernorm_case(2100, 8, 0);                /* CUDA: 16 chunks of rows, each past the
                                                        column loop's unrolled part */
+    test_layernorm_case(5, 776, 0);                 /* CUDA: 97 16-byte groups of bf16 a row
+                                                       (3 to 4 a lane), 194 of f32 */
     op_end("layernorm", 1);
 }
 
@@ -683,6 +692,7 @@ static void test_add_norm(void)
     test_add_norm_case(1, 5);
     test_add_norm_case(301, 150);
     test_add_norm_case(2100, 8);
+    test_add_norm_case(5, 776);
     op_end("add_norm", 1);
 }
 
@@ -1063,6 +1073,196 @@ static double *dsum_bf16_bound(const double *rqkv, const double *rdout_bm, const
     return extra;
 }
 
+/*
+** bf16 where attention_bf16_products (kernels.h: the tensor-core kernels, head sizes a multiple
+** of 16 up to 128): the probabilities p and the score gradients ds enter their second products
+** rounded to bf16, each term then off by up to BF16_REL of itself. So out_i moves by at most
+** BF16_REL sum_j p_ij |v_j|, dv_j by BF16_REL sum_i p_ij |dout_i|, dq_i by scale BF16_REL
+** sum_j |ds_ij| |k_j| and dk_j by scale BF16_REL sum_i |ds_ij| |q_i|, with ds_ij = p_ij
+** (dout_i . v_j - dsum_i): per-element bounds, computed here in double from the reference's p
+** (ratt), rqkv (sequence-major) and rdout_bm, in the layouts of out (N, C) and dqkv (N, 3C),
+** to be added to the tolerances. NULL where those operands stay f32.
+*/
+static int attention_rounds_products(int hd)
+{
+    return dt == RT_BF16 && attention_bf16_products && hd % 16 == 0 && hd <= 128;
+}
+
+static void products_bf16_bound(double **eout, double **edqkv, const double *rqkv,
+                                const double *rdout_bm, const double *ratt, int B, int T, int H,
+                                int hd)
+{
+    *eout = *edqkv = NULL;
+    if (!attention_rounds_products(hd)) return;
+    int C = H * hd;
+    size_t N = (size_t)T * B;
+    double dscale = 1.0 / sqrt((double)hd), *dp = xmalloc((size_t)T * 8);
+    double *eo = xmalloc(N * C * 8), *ed = xmalloc(N * 3 * C * 8);
+    memset(eo, 0, N * C * 8);
+    memset(ed, 0, N * 3 * C * 8);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const double *p = ratt + ((size_t)b * H + h) * T * T;
+            for (int t = 0; t < T; t++) {
+                size_t rt = ((size_t)t * B + b) * 3 * C + (size_t)h * hd;
+                size_t ot = ((size_t)t * B + b) * C + (size_t)h * hd;
+                const double *dout = rdout_bm + ((size_t)b * T + t) * C + (size_t)h * hd;
+                double dsum = 0;
+                for (int u = 0; u <= t; u++) {
+                    const double *v = rqkv + ((size_t)u * B + b) * 3 * C + 2 * C +
+                                      (size_t)h * hd;
+                    dp[u] = 0;
+                    for (int d = 0; d < hd; d++) dp[u] += dout[d] * v[d];
+                    dsum += p[(size_t)t * T + u] * dp[u];
+                }
+                for (int u = 0; u <= t; u++) {
+                    size_t ru = ((size_t)u * B + b) * 3 * C + (size_t)h * hd;
+                    double pu = p[(size_t)t * T + u], ds = fabs(pu * (dp[u] - dsum)) * dscale;
+                    for (int d = 0; d < hd; d++) {
+                        eo[ot + d] += pu * fabs(rqkv[ru + 2 * C + d]);          /* out */
+                        ed[ru + 2 * C + d] += pu * fabs(dout[d]);               /* dv */
+                        ed[rt + d] += ds * fabs(rqkv[ru + C + d]);              /* dq */
+                        ed[ru + C + d] += ds * fabs(rqkv[rt + d]);              /* dk */
+                    }
+                }
+            }
+        }
+    for (size_t i = 0; i < N * C; i++) eo[i] *= BF16_REL;
+    for (size_t i = 0; i < N * 3 * C; i++) ed[i] *= BF16_REL;
+    free(dp);
+    *eout = eo;
+    *edqkv = ed;
+}
+
+/* x (an f32 sum, as a bf16 GEMM or softmax leaves it) stored in bf16 */
+static double bf16_stored(double x) { return bf16_round((float)x); }
+
+/*
+** The same attention as a framework computes it step by step in bf16 (FlashAttention's tests'
+** "naive" attention: each product summed, then stored in bf16): s = bf16(scale q k^T),
+** p = bf16(softmax(s)), out = bf16(p v); dp = bf16(dout v^T), ds = bf16(p (dp - rowsum(p
+** dp))), dq = bf16(scale ds k), dk = bf16(scale ds^T q), dv = bf16(p^T dout), a kv head's dk
+** (dv) the sum of its query heads' rounded once more. Sequence-major results: nout (N, C),
+** ndqkv (N, W) compact; from rqkv (sequence-major, multi-head) and rdout_bm.
+*/
+static void naive_bf16_attention(double *nout, double *ndqkv, const double *rqkv,
+                                 const double *rdout_bm, int B, int T, int H, int KV, int hd)
+{
+    int C = H * hd;
+    size_t N = (size_t)T * B;
+    double dscale = 1.0 / sqrt((double)hd);
+    double *P = xmalloc((size_t)T * T * 8), *dS = xmalloc((size_t)T * T * 8);
+    double *g = xmalloc(N * 3 * C * 8);
+    memset(g, 0, N * 3 * C * 8);
+#define NQ(t) (rqkv + ((size_t)(t) * B + b) * 3 * C + (size_t)h * hd)
+#define NDO(t) (rdout_bm + ((size_t)b * T + (t)) * C + (size_t)h * hd)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            for (int t = 0; t < T; t++) {
+                double m = -INFINITY, l = 0, dsum = 0, *pt = P + (size_t)t * T;
+                for (int u = 0; u <= t; u++) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++) dot += NQ(t)[d] * NQ(u)[C + d];
+                    pt[u] = bf16_stored(dot * dscale);
+                    m = fmax(m, pt[u]);
+                }
+                for (int u = 0; u <= t; u++) l += exp(pt[u] - m);
+                for (int u = 0; u <= t; u++) pt[u] = bf16_stored(exp(pt[u] - m) / l);
+                for (int d = 0; d < hd; d++) {
+                    double o = 0;
+                    for (int u = 0; u <= t; u++) o += pt[u] * NQ(u)[2 * C + d];
+                    nout[((size_t)t * B + b) * C + (size_t)h * hd + d] = bf16_stored(o);
+                }
+                double *st = dS + (size_t)t * T;
+                for (int u = 0; u <= t; u++) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++) dot += NDO(t)[d] * NQ(u)[2 * C + d];
+                    st[u] = bf16_stored(dot);
+                    dsum += pt[u] * st[u];
+                }
+                for (int u = 0; u <= t; u++) st[u] = bf16_stored(pt[u] * (st[u] - dsum));
+            }
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hd; d++) {
+                    double dq = 0, dk = 0, dv = 0;
+                    for (int u = 0; u <= t; u++) dq += dS[(size_t)t * T + u] * NQ(u)[C + d];
+                    for (int u = t; u < T; u++) {
+                        dk += dS[(size_t)u * T + t] * NQ(u)[d];
+                        dv += P[(size_t)u * T + t] * NDO(u)[d];
+                    }
+                    double *gt = g + ((size_t)t * B + b) * 3 * C + (size_t)h * hd + d;
+                    gt[0] = bf16_stored(dscale * dq);
+                    gt[C] = bf16_stored(dscale * dk);
+                    gt[2 * C] = bf16_stored(dv);
+                }
+        }
+#undef NQ
+#undef NDO
+    double *c = kv_sum(g, (int)N, H, KV, hd);
+    size_t W = (size_t)(H + 2 * KV) * hd;
+    for (size_t i = 0; i < N * W; i++) ndqkv[i] = bf16_stored(c[i]);
+    free(P); free(dS); free(g); free(c);
+}
+
+/* The largest |got - want| over columns [c0, c1) of n rows of w. */
+static double max_err_cols(const float *got, const double *want, size_t n, size_t w, size_t c0,
+                           size_t c1)
+{
+    double e = 0;
+    for (size_t r = 0; r < n; r++)
+        for (size_t c = c0; c < c1; c++) {
+            double d = fabs((double)got[r * w + c] - want[r * w + c]);
+            if (!(d <= e)) e = d;
+        }
+    return e;
+}
+
+static double max_err_cols_d(const double *got, const double *want, size_t n, size_t w,
+                             size_t c0, size_t c1)
+{
+    double e = 0;
+    for (size_t r = 0; r < n; r++)
+        for (size_t c = c0; c < c1; c++) e = fmax(e, fabs(got[r * w + c] - want[r * w + c]));
+    return e;
+}
+
+/*
+** FlashAttention's own test of bf16 attention (its tests/test_flash_attn.py): the kernel's
+** largest error against the float64 reference at most FA_TIMES times the naive bf16 attention's
+** (naive_bf16_attention) in each of out, dq, dk and dv, plus F32_RTOL of the tensor's largest
+** reference value (where the naive one is exact: T = 1, dq of a first row). bf16 only.
+*/
+#define FA_TIMES 2.0
+static void check_like_flash(const char *size, const float *out, const double *rout_sm,
+                             const float *dqkv, const double *rdqkv_c, const double *rqkv,
+                             const double *rdout_bm, int B, int T, int H, int KV, int hd)
+{
+    if (dt != RT_BF16) return;
+    size_t N = (size_t)T * B, C = (size_t)H * hd, K = (size_t)KV * hd, W = C + 2 * K;
+    double *nout = xmalloc(N * C * 8), *ndqkv = xmalloc(N * W * 8);
+    naive_bf16_attention(nout, ndqkv, rqkv, rdout_bm, B, T, H, KV, hd);
+    static const char *part[4] = { "out", "dq", "dk", "dv" };
+    size_t c0[4] = { 0, 0, C, C + K }, c1[4] = { C, C, C + K, W }, w[4] = { C, W, W, W };
+    for (int i = 0; i < 4; i++) {
+        const float *got = i ? dqkv : out;
+        const double *ref = i ? rdqkv_c : rout_sm, *naive = i ? ndqkv : nout;
+        double scale = 0;
+        for (size_t r = 0; r < N; r++)
+            for (size_t c = c0[i]; c < c1[i]; c++) scale = fmax(scale, fabs(ref[r * w[i] + c]));
+        double ek = max_err_cols(got, ref, N, w[i], c0[i], c1[i]);
+        double en = max_err_cols_d(naive, ref, N, w[i], c0[i], c1[i]);
+        double lim = FA_TIMES * en + F32_RTOL * scale;
+        char what[96];
+        snprintf(what, sizeof what, "attention %s %s against naive bf16", part[i], size);
+        if (verbose || !(ek <= lim))
+            printf("  %s: max abs %.3g, naive's %.3g (%.2f of it)%s\n", what, ek, en,
+                   en > 0 ? ek / en : 0.0, ek <= lim ? "" : "  MISMATCH");
+        if (!(ek <= lim))
+            fail("%s: max abs %.3g over %g x the naive's %.3g", what, ek, FA_TIMES, en);
+    }
+    free(nout); free(ndqkv);
+}
+
 /* dsum (B, H, T) = rowsum(dout * out) of the kernel's own (stored) out, in double. */
 static void dsum_in_double(double *rdsum, const float *dout, const float *out, int B, int T,
                            int H, int hd)
@@ -1105,14 +1305,15 @@ static void test_attention_case(int B, int T, int H, int KV, int hd)
     ref_attention_fwd(rout, ratt, rqkv_bm, B, T, C, H);
     double *rout_sm = to_seq_major(rout, T, B, C);
     lse_in_double(rlse, rqkv_bm, B, T, H, hd);
-    check_st(label("attention_fwd", "out", size), out, rout_sm, ny, -1, F32_RTOL);
+    double *rdout = widen(dout, ny), *rdout_bm = to_batch_major(rdout, T, B, C), *ebo, *ebd;
+    products_bf16_bound(&ebo, &ebd, rqkv, rdout_bm, ratt, B, T, H, hd);
+    check_st_bound(label("attention_fwd", "out", size), out, rout_sm, ny, -1, F32_RTOL, ebo);
     check(label("attention_fwd", "lse", size), lse, rlse, nl, -1, F32_RTOL);
     keep(label("attention_fwd", "out", size), out, ny);
     keep(label("attention_fwd", "lse", size), lse, nl);
 
     attention_bwd(d_dqkv, d_dsum, d_dout, d_out, d_lse, d_qkv, B, T, H, KV, hd, scale, dt);
     float *dqkv = down_st(d_dqkv, nq), *dsum = down(d_dsum, nl);
-    double *rdout = widen(dout, ny), *rdout_bm = to_batch_major(rdout, T, B, C);
     double *rdqkv = xmalloc(nx * 8), *rdsum = xmalloc(nl * 8);
     ref_attention_bwd(rdqkv, rdout_bm, rqkv_bm, ratt, B, T, C, H);
     double *rdqkv_sm = to_seq_major(rdqkv, T, B, 3 * C);
@@ -1122,6 +1323,8 @@ static void test_attention_case(int B, int T, int H, int KV, int hd)
     /* dqkv is stored in this pass's dtype: in bf16 BF16_REL, and the bound of the bf16 out
     ** (a kv head's: the sum of its query heads' bounds) */
     double *extra_x = dsum_bf16_bound(rqkv, rdout_bm, rout, ratt, B, T, H, hd);
+    if (ebd)
+        for (size_t i = 0; i < nx; i++) extra_x[i] += ebd[i];
     double *extra = extra_x ? kv_sum(extra_x, N, H, KV, hd) : NULL;
     double atol = -1, rtol = F32_RTOL;
     if (dt == RT_BF16) {
@@ -1132,11 +1335,12 @@ static void test_attention_case(int B, int T, int H, int KV, int hd)
     }
     check_bound(label("attention_bwd", "dqkv", size), dqkv, rdqkv_c, nq, atol, rtol, extra);
     keep(label("attention_bwd", "dqkv", size), dqkv, nq);
+    check_like_flash(size, out, rout_sm, dqkv, rdqkv_c, rqkv, rdout_bm, B, T, H, KV, hd);
 
     free(qkv); free(dout); free(nan); free(out); free(lse); free(rqkv_c); free(rqkv);
     free(rqkv_bm); free(rout); free(ratt); free(rlse); free(rout_sm); free(dqkv); free(dsum);
     free(rdout); free(rdout_bm); free(rdqkv); free(rdsum); free(rdqkv_sm); free(rdqkv_c);
-    free(extra_x); free(extra);
+    free(extra_x); free(extra); free(ebo); free(ebd);
     rt_free(d_qkv); rt_free(d_out); rt_free(d_dout); rt_free(d_dqkv); rt_free(d_lse);
     rt_free(d_dsum);
 }
@@ -2035,6 +2239,7 @@ static void test_rmsnorm(void)
     test_rmsnorm_case(1, 5, 0);                     /* fewer columns than a warp's lanes */
     test_rmsnorm_case(301, 150, 0);                 /* > one column block, many rows a block */
     test_rmsnorm_case(3, 1031, 0);                  /* long rows: 32 lanes x 32 and a tail */
+    test_rmsnorm_case(5, 776, 0);                   /* CUDA: 16-byte groups, 3 to 4 a lane */
     test_rmsnorm_case(7, 37, 3);                    /* zero rows */
     op_end("rmsnorm", 1);
 }

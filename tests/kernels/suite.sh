@@ -185,7 +185,7 @@ mutate add-norm-of-input add_norm-f32 's|a->rstd, a->res, a->w|a->rstd, a->a, a-
 # a butterfly one step short, a block's warps not all added, the embedding's id slices not
 # sorted or the last one short, the fused cross-entropy's running sum not rescaled, a
 # multi-tensor AdamW block given to the previous tensor, a gradient-norm part left out,
-# cross-entropy padding given a gradient, a warp's lanes skipping columns
+# cross-entropy padding given a gradient, a lane's 16-byte group of a row short of a column
 if [ $EMU = 1 ]; then
 mutate_cuda cuda-col-unroll-short layernorm-f32 \
     's|u < COL_UNROLL; u++) f(n|u < COL_UNROLL - 1; u++) f(n|' \
@@ -210,12 +210,13 @@ mutate_cuda cuda-ce-padding-grad crossentropy-f32 \
     's|if (j < valid) g = (vexpf|if (j < Vl) g = (vexpf|' \
     'if (j < Vl) g = (vexpf'
 # the tensor-core attention (bf16, head sizes 32, 64, 128): the online softmax's rescale, the
-# lo parts of the probabilities, the diagonal key tile of dk and dv, dq's scale, the m16n8k16
+# order of the probabilities' bf16 pairs, the diagonal key tile of dk and dv, dq's scale, the m16n8k16
 # operand layout; a column reduction's row chunk left out of the total
 mutate_cuda cuda-fa-no-rescale attention-bf16 \
     's|o\[n\]\[i\] \*= alpha\[i / 2\];|o[n][i] *= 1.0f;|' 'o[n][i] *= 1.0f;'
-mutate_cuda cuda-fa-lo-dropped attention-bf16 's|if (FA_SPLIT) fa_mma(acc\[n\], lo, b);|(void)lo;|' \
-    '(void)lo;'
+mutate_cuda cuda-fa-pair-swapped attention-bf16 \
+    's|return fa_pack(__float2bfloat16_rn(x), __float2bfloat16_rn(y));|return fa_pack(__float2bfloat16_rn(y), __float2bfloat16_rn(x));|' \
+    'return fa_pack(__float2bfloat16_rn(y), __float2bfloat16_rn(x));'
 mutate_cuda cuda-fa-dkdv-diagonal-skipped attention-bf16 \
     's|q0 = k0; q0 < a.Tq;|q0 = k0 + FA_TILE; q0 < a.Tq;|' \
     'q0 = k0 + FA_TILE; q0 < a.Tq;'
@@ -234,8 +235,9 @@ mutate_cuda cuda-fa-fragment-order attention-bf16 \
 mutate_cuda cuda-col-chunk-dropped layernorm-f32 \
     's|for (int y = 1; y < chunks; y++)|for (int y = 2; y < chunks; y++)|' \
     'for (int y = 2; y < chunks; y++)'
-mutate_cuda cuda-layernorm-lanes-skip layernorm-f32 's|i += WARP) sum +=|i += 2 * WARP) sum +=|' \
-    'i += 2 * WARP) sum +='
+mutate_cuda cuda-layernorm-group-short layernorm-bf16 \
+    's|for (int e = 0; e < k; e++) sum += kr_load(xv + e);|for (int e = 1; e < k; e++) sum += kr_load(xv + e);|' \
+    'for (int e = 1; e < k; e++) sum += kr_load(xv + e);'
 # the fused residual add and norm: the norm's row read from a, not from the sum just stored
 mutate_cuda cuda-add-norm-of-input add_norm-f32 \
     's|rstd, as<S>(res) + r0, as<S>(w)|rstd, as<S>(a) + r0, as<S>(w)|' 'rstd, as<S>(a) + r0, as<S>(w)'
