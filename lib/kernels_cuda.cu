@@ -420,11 +420,13 @@ static bool vec_ok(const void *a, const void *b, const void *c)
 ** l + 2 WARP, ..., each column in increasing order. That is the one order of a lane's partial
 ** sums, whether a group is loaded as one vector (vec: the call's pointers 16-byte aligned and C
 ** a multiple of VEC(S), so every row is: row_vec) or element by element: the same bits either
-** way. A group lives in registers (grp_in, grp_out).
+** way. A group lives in registers (grp_in, grp_out). GROUPS is the same walk for any first
+** group and stride (the block-per-row cross-entropy: its threads).
 */
-#define LANE_GROUPS(S, i, k, C, lane)                                                        \
-    for (int i = (lane) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i); i < (C);               \
-         i += WARP * (int)VEC(S), k = MIN((int)VEC(S), (C) - i))
+#define GROUPS(S, i, k, C, first, stride)                                                    \
+    for (int i = (first) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i); i < (C);              \
+         i += (stride) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i))
+#define LANE_GROUPS(S, i, k, C, lane) GROUPS(S, i, k, C, lane, WARP)
 
 template <class S> static __device__ void grp_in(S *r, const S *p, int k, int vec)
 {
@@ -1938,24 +1940,30 @@ void ce_bwd_kernel(void *logits, const float *mx, const float *sums, const int *
 /* Row n = blockIdx.x, ce_rowmax's to ce_bwd's work: each thread keeps the largest logit it
 ** has seen and its sum of exponentials relative to it (rescaled when the maximum rises), the
 ** block combines them (max, then the rescaled sums in a fixed order), thread 0 writes mx, sums
-** and the loss, and the threads overwrite the row with its gradient (ce_bwd's formula). */
+** and the loss, and the threads overwrite the row with its gradient (ce_bwd's formula). A
+** thread reads and writes the row in 16-byte groups (GROUPS over the threads; vec: rows of
+** Vl are 16-byte aligned), the same groups in both passes. */
 template <class S> static __global__
 void ce_fused_kernel(float *loss, float *mx, float *sums, void *logits, const int *targets,
-                     int N, int Vl, int valid, int vstart, float dloss)
+                     int N, int Vl, int valid, int vstart, float dloss, int vec)
 {
     __shared__ float sh[WARP];
     int n = blockIdx.x, t = targets[n] - vstart;
     S *row = as<S>(logits) + (size_t)n * Vl;
+    alignas(16) S xv[VEC(S)];
     /* the target's logit, read before any thread passes the barriers below and writes */
     float tl = threadIdx.x == 0 && t >= 0 && t < valid ? kr_load(row + t) : 0.0f;
     float m = -INFINITY, e = 0.0f;
-    for (int j = threadIdx.x; j < valid; j += blockDim.x) {
-        float x = kr_load(row + j);
-        if (x > m) {
-            e = m == -INFINITY ? 0.0f : e * vexpf(m - x);
-            m = x;
+    GROUPS(S, i, k, valid, threadIdx.x, blockDim.x) {
+        grp_in(xv, row + i, k, vec);
+        for (int q = 0; q < k; q++) {
+            float x = kr_load(xv + q);
+            if (x > m) {
+                e = m == -INFINITY ? 0.0f : e * vexpf(m - x);
+                m = x;
+            }
+            e += vexpf(x - m);
         }
-        e += vexpf(x - m);
     }
     float M = block_max(m, sh);
     e = block_sum(m == -INFINITY ? 0.0f : e * vexpf(m - M), sh);
@@ -1966,10 +1974,15 @@ void ce_fused_kernel(float *loss, float *mx, float *sums, void *logits, const in
         loss[n] = logf(e) + M - tl;
     }
     float inv = 1.0f / e;
-    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float g = 0.0f;                                  /* padding columns: 0 */
-        if (j < valid) g = (vexpf(kr_load(row + j) - M) * inv - (j == t ? 1.0f : 0.0f)) * dloss;
-        kr_store(row + j, g);
+    GROUPS(S, i, k, Vl, threadIdx.x, blockDim.x) {
+        grp_in(xv, row + i, k, vec);
+        for (int q = 0; q < k; q++) {
+            int j = i + q;
+            float g = 0.0f;                              /* padding columns: 0 */
+            if (j < valid) g = (vexpf(kr_load(xv + q) - M) * inv - (j == t ? 1.0f : 0.0f)) * dloss;
+            kr_store(xv + q, g);
+        }
+        grp_out(row + i, xv, k, vec);
     }
 }
 
@@ -2016,7 +2029,7 @@ void ce_fused(float *loss, float *mx, float *sums, void *logits, const int *targ
 {
     if (N > 0)
         LAUNCH_WITH(t, ce_fused_kernel, N, ROW_BLOCK, loss, mx, sums, logits, targets, N, Vl,
-                    valid, vstart, dloss);
+                    valid, vstart, dloss, row_vec(Vl, t, logits, NULL, NULL, NULL));
 }
 
 void sum_rows(float *out, const float *x, int N)
