@@ -1842,6 +1842,40 @@ void swiglu_bwd_kernel(void *dgu, const void *dout, const void *gu, int N, int F
     }
 }
 
+/* The same, a thread per 16-byte group of a row's F columns (F a multiple of VEC(S), the
+** pointers 16-byte aligned): the group's gate, up (and dout) in registers, as a row of VEC(S)
+** columns for the same kernel_rows.h functions: the same bits. */
+template <class S> static __global__
+void swiglu_fwd_vec_kernel(void *out, const void *gu, int N, int F)
+{
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x, G = F / VEC(S);
+    if (k >= (size_t)N * G) return;
+    size_t n = k / G, i = k % G * VEC(S);
+    const S *g = as<S>(gu) + n * 2 * F + i;
+    alignas(16) S gv[2 * VEC(S)], ov[VEC(S)];
+    v16(gv, g);
+    v16(gv + VEC(S), g + F);
+    swiglu_fwd_block(ov, gv, (int)VEC(S), 0, 1, 0, (int)VEC(S));
+    v16(as<S>(out) + n * F + i, ov);
+}
+
+template <class S> static __global__
+void swiglu_bwd_vec_kernel(void *dgu, const void *dout, const void *gu, int N, int F)
+{
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x, G = F / VEC(S);
+    if (k >= (size_t)N * G) return;
+    size_t n = k / G, i = k % G * VEC(S);
+    const S *g = as<S>(gu) + n * 2 * F + i;
+    S *dg = as<S>(dgu) + n * 2 * F + i;
+    alignas(16) S gv[2 * VEC(S)], dv[VEC(S)], ov[2 * VEC(S)];
+    v16(gv, g);
+    v16(gv + VEC(S), g + F);
+    v16(dv, as<S>(dout) + n * F + i);
+    swiglu_bwd_block(ov, dv, gv, (int)VEC(S), 0, 1, 0, (int)VEC(S));
+    v16(dg, ov);
+    v16(dg + F, ov + VEC(S));
+}
+
 void rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C,
                  float eps, rt_dtype t)
 {
@@ -1875,12 +1909,18 @@ void rope_fwd(void *x, size_t ld, int T, int B, int H, int hd, int pos0, float t
 
 void swiglu_fwd(void *out, const void *gu, int N, int F, rt_dtype t)
 {
-    LAUNCH(t, swiglu_fwd_kernel, grid_stride((size_t)N * F), out, gu, N, F);
+    if (row_vec(F, t, out, gu, NULL, NULL))
+        LAUNCH(t, swiglu_fwd_vec_kernel, grid_vec((size_t)N * F, t), out, gu, N, F);
+    else
+        LAUNCH(t, swiglu_fwd_kernel, grid_stride((size_t)N * F), out, gu, N, F);
 }
 
 void swiglu_bwd(void *dgu, const void *dout, const void *gu, int N, int F, rt_dtype t)
 {
-    LAUNCH(t, swiglu_bwd_kernel, grid_stride((size_t)N * F), dgu, dout, gu, N, F);
+    if (row_vec(F, t, dgu, dout, gu, NULL))
+        LAUNCH(t, swiglu_bwd_vec_kernel, grid_vec((size_t)N * F, t), dgu, dout, gu, N, F);
+    else
+        LAUNCH(t, swiglu_bwd_kernel, grid_stride((size_t)N * F), dgu, dout, gu, N, F);
 }
 
 /* -- Vocabulary-parallel cross-entropy (docs/megatron.md §4.5) --------------------------------- */
@@ -2040,15 +2080,51 @@ void sum_rows(float *out, const float *x, int N)
 
 /* -- AdamW (torch.optim.AdamW), gradient-norm pieces, scaling ---------------------------------- */
 
-template <class S> static __global__
-void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size_t n, float lr,
-                  float beta1, float beta2, float eps, float wd, float step_size, float bc2_sqrt,
-                  float gscale)
+/* AdamW's elements, ADAMW_VEC (4) a thread: p, g, m and v as one 16-byte vector each where
+** vec (the four pointers 16-byte aligned), else (and for the last partial group) element by
+** element; kernel_rows.h's adamw_span either way, so the same bits. */
+#define ADAMW_VEC 4
+
+template <class S> static __device__
+void adamw_group(float *p, const float *g, float *m, float *v, S *copy, size_t n, size_t i,
+                 int vec, float lr, float beta1, float beta2, float eps, float wd,
+                 float step_size, float bc2_sqrt, float gscale)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        adamw_span(p, g, m, v, as<S>(copy), lr, beta1, beta2, eps, wd, step_size, bc2_sqrt,
-                   gscale, i, i + 1);
+    if (vec && i + ADAMW_VEC <= n) {
+        alignas(16) float pr[ADAMW_VEC], gr[ADAMW_VEC], mr[ADAMW_VEC], vr[ADAMW_VEC];
+        S cr[ADAMW_VEC];
+        v16(pr, p + i);
+        v16(gr, g + i);
+        v16(mr, m + i);
+        v16(vr, v + i);
+        adamw_span(pr, gr, mr, vr, copy ? cr : (S *)NULL, lr, beta1, beta2, eps, wd, step_size,
+                   bc2_sqrt, gscale, 0, ADAMW_VEC);
+        v16(p + i, pr);
+        v16(m + i, mr);
+        v16(v + i, vr);
+        if (copy)
+            for (int e = 0; e < ADAMW_VEC; e++) copy[i + e] = cr[e];
+    } else if (i < n)
+        adamw_span(p, g, m, v, copy, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, gscale, i,
+                   MIN(i + ADAMW_VEC, n));
+}
+
+static int adamw_vec(const float *p, const float *g, const float *m, const float *v)
+{
+    return vec_ok(p, g, m) && vec_ok(v, NULL, NULL);
+}
+
+/* Blocks for n elements, ADAMW_VEC a thread */
+static unsigned adamw_blocks(size_t n) { return grid_for(CEIL_DIV(n, (size_t)ADAMW_VEC)); }
+
+template <class S> static __global__
+void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size_t n, int vec,
+                  float lr, float beta1, float beta2, float eps, float wd, float step_size,
+                  float bc2_sqrt, float gscale)
+{
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * ADAMW_VEC;
+    adamw_group(p, g, m, v, as<S>(copy), n, i, vec, lr, beta1, beta2, eps, wd, step_size,
+                bc2_sqrt, gscale);
 }
 
 /*
@@ -2060,6 +2136,7 @@ void adamw_kernel(float *p, const float *g, float *m, float *v, void *copy, size
 struct adamw_chunk {
     adamw_tensor t[MT_TENSORS];
     unsigned first[MT_TENSORS + 1];
+    unsigned char vec[MT_TENSORS];
 };
 
 template <class S> static __global__
@@ -2070,10 +2147,9 @@ void adamw_multi_kernel(adamw_chunk c, float lr, float beta1, float beta2, float
     int k = 0;
     while (b >= c.first[k + 1]) k++;
     const adamw_tensor *a = &c.t[k];
-    size_t i = (size_t)(b - c.first[k]) * blockDim.x + threadIdx.x;
-    if (i < a->n)
-        adamw_span(a->p, a->g, a->m, a->v, as<S>(a->copy), lr, beta1, beta2, eps, a->wd,
-                   step_size, bc2_sqrt, gscale, i, i + 1);
+    size_t i = ((size_t)(b - c.first[k]) * blockDim.x + threadIdx.x) * ADAMW_VEC;
+    adamw_group(a->p, a->g, a->m, a->v, as<S>(a->copy), a->n, i, c.vec[k], lr, beta1, beta2,
+                eps, a->wd, step_size, bc2_sqrt, gscale);
 }
 
 /*
@@ -2137,8 +2213,8 @@ void adamw_step(float *p, const float *g, float *m, float *v, size_t n, float lr
                 float beta2, float eps, float wd, float bc1, float bc2, float gscale, void *copy,
                 rt_dtype t)
 {
-    LAUNCH(copy ? t : RT_F32, adamw_kernel, grid_for(n), p, g, m, v, copy, n, lr, beta1, beta2,
-           eps, wd, lr / bc1, sqrtf(bc2), gscale);
+    LAUNCH(copy ? t : RT_F32, adamw_kernel, adamw_blocks(n), p, g, m, v, copy, n,
+           adamw_vec(p, g, m, v), lr, beta1, beta2, eps, wd, lr / bc1, sqrtf(bc2), gscale);
 }
 
 void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float beta2, float eps,
@@ -2147,12 +2223,13 @@ void adamw_multi(const adamw_tensor *ts, int count, float lr, float beta1, float
     for (int k0 = 0; k0 < count;) {
         /* a chunk: up to MT_TENSORS tensors that all have a copy or all have none */
         adamw_chunk c;
+        memset(&c, 0, sizeof c);
         int k = 0;
-        c.first[0] = 0;
         int with_copy = ts[k0].copy != NULL;
         for (; k < MT_TENSORS && k0 + k < count && (ts[k0 + k].copy != NULL) == with_copy; k++) {
             c.t[k] = ts[k0 + k];
-            c.first[k + 1] = c.first[k] + grid_for(c.t[k].n);
+            c.vec[k] = (unsigned char)adamw_vec(c.t[k].p, c.t[k].g, c.t[k].m, c.t[k].v);
+            c.first[k + 1] = c.first[k] + adamw_blocks(c.t[k].n);
         }
         for (int j = k + 1; j <= MT_TENSORS; j++) c.first[j] = c.first[k];
         LAUNCH(ts[k0].copy ? t : RT_F32, adamw_multi_kernel, c.first[k], c, lr, beta1, beta2,

@@ -2371,6 +2371,7 @@ static void test_swiglu(void)
     op_begin();
     test_swiglu_case(23, 37, -8, 8);
     test_swiglu_case(301, 150, -8, 8);              /* many CUDA blocks */
+    test_swiglu_case(37, 136, -8, 8);               /* CUDA: 16-byte groups (17 a row in bf16) */
     test_swiglu_case(37, 41, -1000, 1000);          /* exp overflowing both ways: no NaN */
     op_end("swiglu", 1);
 }
