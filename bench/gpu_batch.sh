@@ -41,6 +41,9 @@
 #            ms/step is the median over the steps after BENCH_WARMUP (3) of BENCH_STEPS (12);
 #            tokens/s = B T / that; MFU counts 6N + 6 L C T FLOPs per token (N with the
 #            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 and H200 dense bf16).
+#            Rows fa32 and fa128 time 124M with the attention's tiles of 32 and 128 rows
+#            (FA_TILE; the default 64), to choose the size on the card; their losses must
+#            agree with the default's at every step (1e-2 relative).
 #   big      the same for GPT-2 1558M (micro-batch 8, selective recompute; llm.c -e d48).
 #   profile  GPT-2 124M's step per kernel family (bench/step_profile.c with -DPROFILE_CUDA:
 #            each library call timed between two cudaDeviceSynchronize), beside what
@@ -64,6 +67,7 @@ MPI_DEBS="openmpi-bin openmpi-common libopenmpi3 libpmix2 libevent-core-2.1-7
           libevent-pthreads-2.1-7 libhwloc15 libucx0 libfabric1 libibverbs1 librdmacm1 libnl-3-200
           libnl-route-3-200 libpsm2-2 libpsm-infinipath1 libnuma1 libmunge2"
 BENCH_STEPS=${BENCH_STEPS:-12}
+FA_TILES="32 128"         # the attention tile sizes timed beside the default (part bench)
 PROFILE_WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd add_layernorm_fwd layernorm_bwd
       gelu_fwd gelu_bwd bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd
       ce_rowmax ce_sums ce_loss ce_bwd ce_fused sum_rows adamw_step adamw_multi sumsq
@@ -115,6 +119,7 @@ prepare() {
     RT_THREADS=2 build/test/kernels/kernel_test_cpu kernels/cpu \
         --dump "$D/ref/kernels-cpu.safetensors" > "$D/ref/kernels-cpu.log" 2>&1 ||
         die "the CPU kernel test fails here: $(grep -m1 '^FAIL' "$D/ref/kernels-cpu.log")"
+    gzip -f -9 "$D/ref/kernels-cpu.safetensors"    # 13.7 MB of f32 outputs: 12.0 packed
 
     # the correctness programs and their CPU references (train_single here)
     local V
@@ -181,6 +186,22 @@ prepare() {
     # shellcheck disable=SC2086,SC2046 # word lists
     gcc -o "$D/prog/gpt2_124m_prof" $objs build/device-obj/step_profile.o $wraps \
         $(mkvar GPT_CUDA_SINGLE_LIBS) || die "linking the profiling program"
+    # copies of 124M's program whose tensor-core attention uses tiles of 32 and of 128 queries
+    # and keys (FA_TILE; the default is 64; tests/kernels passes with each on the emulation),
+    # to time beside the default's; their kernels for sm_90 alone (H100, H200), which keeps
+    # build/device within the 64 MiB that travels
+    local tile sm90
+    sm90=$(mkvar RT_NVCC_FLAGS | sed 's/-gencode arch=compute_80,code=sm_80//
+                                      s/-gencode arch=compute_90,code=compute_90//')
+    for tile in $FA_TILES; do
+        # shellcheck disable=SC2086 # the Makefile's flags are words
+        nvcc $sm90 -Ilib -DFA_TILE="$tile" \
+            -c -o "build/device-obj/kernels_fa$tile.o" lib/kernels_cuda.cu ||
+            die "lib/kernels_cuda.cu with FA_TILE=$tile"
+        # shellcheck disable=SC2086,SC2046 # word lists
+        gcc -o "$D/prog/gpt2_124m_fa$tile" $objs "build/device-obj/kernels_fa$tile.o" \
+            $(mkvar GPT_CUDA_SINGLE_LIBS) || die "linking the FA_TILE=$tile program"
+    done
     build/ref/make_tokens --vocab 50257 --tokens 2000000 --shard "$D/ref/gpt2_tokens.bin" \
         > /dev/null || die "make_tokens (GPT-2 shard)"
     git -C "$llmc" archive HEAD Makefile train_gpt2.cu llmc | tar -x -C "$D/llm.c" ||
@@ -265,11 +286,12 @@ part_kernels() {
        cmp -s "$OUTD/k1-bf16.safetensors" "$OUTD/k2-bf16.safetensors"; then
         ok kernels-deterministic
     else bad kernels-deterministic "two runs differ"; fi
+    gunzip -c "$D/ref/kernels-cpu.safetensors.gz" > "$OUTD/kernels-cpu.safetensors"
     if "$D/bin/stcompare" -q --atol 0 --rtol 1e-5 --atol-max 1e-5 "$OUTD/k1.safetensors" \
-            "$D/ref/kernels-cpu.safetensors" > "$OUTD/kernels-vs-cpu.log" 2>&1; then
+            "$OUTD/kernels-cpu.safetensors" > "$OUTD/kernels-vs-cpu.log" 2>&1; then
         ok "kernels-vs-cpu ($(tail -1 "$OUTD/kernels-vs-cpu.log"))"
     else bad kernels-vs-cpu "$(tail -1 "$OUTD/kernels-vs-cpu.log")"; fi
-    rm -f "$OUTD"/k2*.safetensors "$OUTD"/k1-bf16.safetensors
+    rm -f "$OUTD"/k2*.safetensors "$OUTD"/k1-bf16.safetensors "$OUTD/kernels-cpu.safetensors"
     for k in gemm rng; do
         if timeout 60 "$D/bin/t_${k}_cuda" > "$OUTD/runtime-$k.log" 2>&1 &&
            grep -q '^ok ' "$OUTD/runtime-$k.log"; then ok "runtime-$k"
@@ -421,7 +443,33 @@ bench_model() {
     note "$rows"
 }
 
-part_bench() { bench_model gpt2_124m 12 768 64 d12; }
+part_bench() {
+    bench_model gpt2_124m 12 768 64 d12
+    # the attention's other tile sizes (FA_TILE): time only
+    local tile ms toks
+    for tile in $FA_TILES; do
+        timeout 100 "$P/gpt2_124m_fa$tile" --data "$D/ref/gpt2_tokens.bin" \
+            --steps "$BENCH_STEPS" --lr 6e-4 --warmup 2 --quiet \
+            --log "$OUTD/gpt2_124m_fa$tile.jsonl" > "$OUTD/gpt2_124m_fa$tile.log" 2>&1 ||
+            bad "bench-gpt2_124m-fa$tile" \
+                "$(tail -2 "$OUTD/gpt2_124m_fa$tile.log" | tr '\n' ' ')"
+        # the same model, data and steps: the losses agree to bf16's rounding (1e-2 relative;
+        # a tile size that breaks the attention moves them by far more)
+        python3 -c '
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(f) if l.strip()] for f in sys.argv[1:])
+bad = [i for i, (x, y) in enumerate(zip(a, b)) if not abs(x - y) <= 1e-2 * abs(y)]
+sys.exit(f"losses differ from the default tiles at steps {bad}" if bad or len(a) != len(b)
+         else 0)' "$OUTD/gpt2_124m_fa$tile.jsonl" "$OUTD/gpt2_124m.jsonl" \
+            > "$OUTD/gpt2_124m_fa$tile.cmp" 2>&1 ||
+            bad "bench-gpt2_124m-fa$tile-loss" "$(tail -1 "$OUTD/gpt2_124m_fa$tile.cmp")"
+        ms=$(jmedian "$OUTD/gpt2_124m_fa$tile.jsonl" ms "${BENCH_WARMUP:-3}" 2>/dev/null ||
+             echo nan)
+        toks=$(tokps 64 "$ms")
+        note "$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' gpt2_124m "fa$tile" 64 "$ms" "$toks" \
+            "$(mfu "$toks" 12 768 1024 50257)")"
+    done
+}
 part_big() { bench_model gpt2_1558m 48 1600 8 d48; }
 
 # transformers loads our exports (train --save DIR) from their files alone, in float64, and

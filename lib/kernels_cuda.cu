@@ -1161,7 +1161,9 @@ template <class S> static void attention_bwd_t(const att_call &a)
 ** there: 3 products per tile pair, beside dk and dv's 4; the forward's 2), so every sum has a
 ** fixed shape: deterministic, no atomics.
 */
-#define FA_TILE 64                        /* queries and keys of a tile */
+#ifndef FA_TILE
+#define FA_TILE 64                        /* queries and keys of a tile (-DFA_TILE: 32, 128) */
+#endif
 #define FA_WARPS (FA_TILE / 16)
 #define FA_THREADS (FA_WARPS * WARP)
 #define FA_HD_MAX 128

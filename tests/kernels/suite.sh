@@ -82,12 +82,40 @@ mutant_job() {
     tokens_give
 }
 mutate() { launch_mutant cpu "$@"; }
+kernel_sources() {  # DIR: a fresh copy of the kernels' sources in DIR/src
+    rm -rf "$1" && mkdir -p "$1/src" &&
+        cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h "$1/src/"
+}
+# variant NAME OP FLAGS: kernels_cuda.cu built with FLAGS (a compile-time size that
+# bench/gpu_batch.sh times on a GPU) must pass every check of OP on the emulation
+variant() {
+    MUTANTS="$MUTANTS $1"
+    pool_add variant_job "$@"
+}
+variant_job() {
+    tokens_take
+    variant_one "$@" > "$S/mutant-$1.verdict" 2>&1
+    tokens_give
+}
+variant_one() {
+    name=$1 op=$2 flags=$3
+    d=$S/mutant-$name
+    kernel_sources $d
+    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="$flags" GEN_OPT=-O1 KT_TEST=$S/kernel_test.o \
+            kernel-test-emu > $d/build.log 2>&1; then
+        sed 's/^/  /' $d/build.log | tail -5
+        fail "$name" "kernels_cuda.cu does not compile with $flags"
+        return
+    fi
+    if RT_THREADS=1 RT_TIMEOUT=120 $d/kernel_test_emu kernels/$name --only $op > $d/run.out 2>&1
+    then pass "$name ($flags: $op)"
+    else fail "$name" "with $flags: $(grep -m1 '^FAIL ' $d/run.out || tail -1 $d/run.out)"; fi
+}
 mutate_cuda() { launch_mutant emu "$@"; }
 mutate_one() {
     kind=$1 name=$2 op=$3 expr=$4 proof=$5
     d=$S/mutant-$name
-    rm -rf $d && mkdir -p $d/src &&
-        cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h $d/src/
+    kernel_sources $d
     if [ $kind = cpu ]; then files="$d/src/kernels_cpu.c $d/src/kernel_rows.h"
     else files=$d/src/kernels_cuda.cu; fi
     sed -i "$expr" $files
@@ -241,6 +269,9 @@ mutate_cuda cuda-layernorm-group-short layernorm-bf16 \
 # the fused residual add and norm: the norm's row read from a, not from the sum just stored
 mutate_cuda cuda-add-norm-of-input add_norm-f32 \
     's|rstd, as<S>(res) + r0, as<S>(w)|rstd, as<S>(a) + r0, as<S>(w)|' 'rstd, as<S>(a) + r0, as<S>(w)'
+# the tensor-core attention's other tile sizes, which the device batch times
+variant cuda-fa-tile-32 attention-bf16 -DFA_TILE=32
+variant cuda-fa-tile-128 attention-bf16 -DFA_TILE=128
 fi
 pool_wait
 for name in $MUTANTS; do
