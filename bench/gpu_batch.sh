@@ -3,7 +3,8 @@
 # machine that has CUDA, nvcc and python3 but no MPI, no package manager and no network.
 #
 #   bench/gpu_batch.sh prepare        here (Debian, the CUDA toolkit, the project's deps): build
-#                                     build/device/ (about 50 MiB): programs, CPU references, llm.c
+#                                     build/device/ (about 57 MiB; what travels, the repository
+#                                     too, may not pass 64 MiB): programs, CPU references, llm.c
 #   bench/gpu_batch.sh run [PART...]  on the GPU machine, from the repository root, with
 #                                     build/device carried; PART: peak kernels train hf bench
 #                                     profile multi big (default: all, in that order; a first
@@ -233,7 +234,15 @@ prepare() {
     tar -czf "$D/prog.tgz" -C "$D" prog && rm -rf "$D/prog"    # 22 MiB of fatbins: 7 packed
     echo "gpu_batch prepared $(git rev-parse --short HEAD)$(git diff --quiet || echo +)" \
         > "$D/VERSION"
-    echo "gpu_batch: $D ready ($(du -sh "$D" | cut -f1)); on the GPU machine, with it carried:"
+    # a device call carries the repository's files with build/device: 64 MiB in all
+    local bytes
+    bytes=$(( $(du -sb "$D" | cut -f1) +
+              $(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1) ))
+    [ "$bytes" -le $(( 64 * 1024 * 1024 )) ] ||
+        die "$D and the repository's files come to $(( bytes / 1048576 )) MiB: over the 64 MiB" \
+            "that a device call carries"
+    echo "gpu_batch: $D ready ($(( bytes / 1048576 )) MiB with the repository's files);" \
+         "on the GPU machine, with it carried:"
     echo "    bench/gpu_batch.sh run"
 }
 
