@@ -203,8 +203,7 @@ prepare() {
         gcc -o "$D/prog/gpt2_124m_fa$tile" $objs "build/device-obj/kernels_fa$tile.o" \
             $(mkvar GPT_CUDA_SINGLE_LIBS) || die "linking the FA_TILE=$tile program"
     done
-    build/ref/make_tokens --vocab 50257 --tokens 2000000 --shard "$D/ref/gpt2_tokens.bin" \
-        > /dev/null || die "make_tokens (GPT-2 shard)"
+    cp build/ref/make_tokens "$D/bin/"     # the GPT-2 token shard is made there (4 MB less)
     git -C "$llmc" archive HEAD Makefile train_gpt2.cu llmc | tar -x -C "$D/llm.c" ||
         die "llm.c's source"
     # CUDA 13 takes a cudaMemLocation where llm.c passes a device number (its out-of-memory
@@ -248,6 +247,7 @@ prepare() {
 
 # -- run (the GPU machine) ----------------------------------------------------------------------
 OUTD=${GPU_BATCH_WORK:-/tmp/gpu_batch}
+case $OUTD in /*) ;; *) OUTD=$PWD/$OUTD ;; esac            # llm.c runs in its own directory
 P=$OUTD/prog                               # the programs, unpacked from build/device/prog.tgz
 RESULTS=${OUT:-$D/out}
 case $RESULTS in /*) ;; *) RESULTS=$PWD/$RESULTS ;; esac     # pack() runs in $OUTD
@@ -427,8 +427,8 @@ print(f"{100 * t * (6 * N + 6 * L * C * T) / 989e12:.1f}" if t == t else "nan")'
 
 # bench_model NAME LAYERS HIDDEN B LLMC-DESCRIPTOR: our program and llm.c, each BENCH_STEPS steps
 bench_model() {
-    local W=${BENCH_WARMUP:-3} shard=$PWD/$D/ref/gpt2_tokens.bin rows="" toks ms lt lms mem
-    timeout 150 "$P/$1" --data "$D/ref/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
+    local W=${BENCH_WARMUP:-3} shard=$OUTD/gpt2_tokens.bin rows="" toks ms lt lms mem
+    timeout 150 "$P/$1" --data "$OUTD/gpt2_tokens.bin" --steps "$BENCH_STEPS" \
         --lr 6e-4 --warmup 2 --quiet --log "$OUTD/$1.jsonl" > "$OUTD/$1.log" 2>&1 ||
         bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
     mem=$(grep -m1 '^memory:' "$OUTD/$1.log")
@@ -457,7 +457,7 @@ part_bench() {
     # the attention's other tile sizes (FA_TILE): time only
     local tile ms toks
     for tile in $FA_TILES; do
-        timeout 100 "$P/gpt2_124m_fa$tile" --data "$D/ref/gpt2_tokens.bin" \
+        timeout 100 "$P/gpt2_124m_fa$tile" --data "$OUTD/gpt2_tokens.bin" \
             --steps "$BENCH_STEPS" --lr 6e-4 --warmup 2 --quiet \
             --log "$OUTD/gpt2_124m_fa$tile.jsonl" > "$OUTD/gpt2_124m_fa$tile.log" 2>&1 ||
             bad "bench-gpt2_124m-fa$tile" \
@@ -521,7 +521,7 @@ PY
 }
 
 part_profile() {
-    PROFILE_WARMUP=2 timeout 120 "$P/gpt2_124m_prof" --data "$D/ref/gpt2_tokens.bin" \
+    PROFILE_WARMUP=2 timeout 120 "$P/gpt2_124m_prof" --data "$OUTD/gpt2_tokens.bin" \
         --steps 8 --lr 6e-4 --warmup 2 --quiet > "$OUTD/profile.log" 2>&1 ||
         bad profile "$(tail -2 "$OUTD/profile.log" | tr '\n' ' ')"
     note ""
@@ -536,6 +536,8 @@ run() {
     rm -rf "$OUTD" && mkdir -p "$OUTD" "$RESULTS" || exit 1
     rm -f "$RESULTS/summary.txt" "$RESULTS/logs.tgz"
     tar -xzf "$D/prog.tgz" -C "$OUTD" || die "cannot unpack $D/prog.tgz"
+    "$D/bin/make_tokens" --vocab 50257 --tokens 2000000 --shard "$OUTD/gpt2_tokens.bin" \
+        > /dev/null || die "make_tokens (the GPT-2 token shard)"
     libpath
     note "$(cat "$D/VERSION"); $(nvidia-smi -L 2>/dev/null | head -1); driver $(nvidia-smi \
         --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1); CPU $(sed -n \

@@ -1362,6 +1362,8 @@ static void test_attention(void)
     test_attention_case(3, 9, 6, 2, 5);
     test_attention_case(2, 130, 4, 1, 32);
     test_attention_case(1, 77, 6, 2, 16);
+    test_attention_case(48, 16, 16, 4, 16);     /* CUDA: grid.y = B x H = 768 blocks (as 124M's
+                                                   micro-batch 64 x 12 heads), kv heads 4 */
     op_end("attention", 1);
 }
 
