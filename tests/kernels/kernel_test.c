@@ -1098,8 +1098,6 @@ static void products_bf16_bound(double **eout, double **edqkv, const double *rqk
     size_t N = (size_t)T * B;
     double dscale = 1.0 / sqrt((double)hd), *dp = xmalloc((size_t)T * 8);
     double *eo = xmalloc(N * C * 8), *ed = xmalloc(N * 3 * C * 8);
-    memset(eo, 0, N * C * 8);
-    memset(ed, 0, N * 3 * C * 8);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             const double *p = ratt + ((size_t)b * H + h) * T * T;
@@ -1153,7 +1151,6 @@ static void naive_bf16_attention(double *nout, double *ndqkv, const double *rqkv
     double dscale = 1.0 / sqrt((double)hd);
     double *P = xmalloc((size_t)T * T * 8), *dS = xmalloc((size_t)T * T * 8);
     double *g = xmalloc(N * 3 * C * 8);
-    memset(g, 0, N * 3 * C * 8);
 #define NQ(t) (rqkv + ((size_t)(t) * B + b) * 3 * C + (size_t)h * hd)
 #define NDO(t) (rdout_bm + ((size_t)b * T + (t)) * C + (size_t)h * hd)
     for (int b = 0; b < B; b++)
@@ -1204,25 +1201,16 @@ static void naive_bf16_attention(double *nout, double *ndqkv, const double *rqkv
     free(P); free(dS); free(g); free(c);
 }
 
-/* The largest |got - want| over columns [c0, c1) of n rows of w. */
-static double max_err_cols(const float *got, const double *want, size_t n, size_t w, size_t c0,
+/* The largest |got - want| over columns [c0, c1) of n rows of w (NaN if any is NaN). */
+static double max_err_cols(const double *got, const double *want, size_t n, size_t w, size_t c0,
                            size_t c1)
 {
     double e = 0;
     for (size_t r = 0; r < n; r++)
         for (size_t c = c0; c < c1; c++) {
-            double d = fabs((double)got[r * w + c] - want[r * w + c]);
+            double d = fabs(got[r * w + c] - want[r * w + c]);
             if (!(d <= e)) e = d;
         }
-    return e;
-}
-
-static double max_err_cols_d(const double *got, const double *want, size_t n, size_t w,
-                             size_t c0, size_t c1)
-{
-    double e = 0;
-    for (size_t r = 0; r < n; r++)
-        for (size_t c = c0; c < c1; c++) e = fmax(e, fabs(got[r * w + c] - want[r * w + c]));
     return e;
 }
 
@@ -1240,17 +1228,18 @@ static void check_like_flash(const char *size, const float *out, const double *r
     if (dt != RT_BF16) return;
     size_t N = (size_t)T * B, C = (size_t)H * hd, K = (size_t)KV * hd, W = C + 2 * K;
     double *nout = xmalloc(N * C * 8), *ndqkv = xmalloc(N * W * 8);
+    double *kout = widen(out, N * C), *kdqkv = widen(dqkv, N * W);
     naive_bf16_attention(nout, ndqkv, rqkv, rdout_bm, B, T, H, KV, hd);
     static const char *part[4] = { "out", "dq", "dk", "dv" };
     size_t c0[4] = { 0, 0, C, C + K }, c1[4] = { C, C, C + K, W }, w[4] = { C, W, W, W };
     for (int i = 0; i < 4; i++) {
-        const float *got = i ? dqkv : out;
-        const double *ref = i ? rdqkv_c : rout_sm, *naive = i ? ndqkv : nout;
+        const double *got = i ? kdqkv : kout, *ref = i ? rdqkv_c : rout_sm;
+        const double *naive = i ? ndqkv : nout;
         double scale = 0;
         for (size_t r = 0; r < N; r++)
             for (size_t c = c0[i]; c < c1[i]; c++) scale = fmax(scale, fabs(ref[r * w[i] + c]));
         double ek = max_err_cols(got, ref, N, w[i], c0[i], c1[i]);
-        double en = max_err_cols_d(naive, ref, N, w[i], c0[i], c1[i]);
+        double en = max_err_cols(naive, ref, N, w[i], c0[i], c1[i]);
         double lim = FA_TIMES * en + F32_RTOL * scale;
         char what[96];
         snprintf(what, sizeof what, "attention %s %s against naive bf16", part[i], size);
@@ -1260,7 +1249,7 @@ static void check_like_flash(const char *size, const float *out, const double *r
         if (!(ek <= lim))
             fail("%s: max abs %.3g over %g x the naive's %.3g", what, ek, FA_TIMES, en);
     }
-    free(nout); free(ndqkv);
+    free(nout); free(ndqkv); free(kout); free(kdqkv);
 }
 
 /* dsum (B, H, T) = rowsum(dout * out) of the kernel's own (stored) out, in double. */
