@@ -1150,7 +1150,8 @@ static void naive_bf16_attention(double *nout, double *ndqkv, const double *rqkv
     size_t N = (size_t)T * B;
     double dscale = 1.0 / sqrt((double)hd);
     double *P = xmalloc((size_t)T * T * 8), *dS = xmalloc((size_t)T * T * 8);
-    double *g = xmalloc(N * 3 * C * 8);
+    double *g = xmalloc(N * 3 * C * 8), *o = xmalloc((size_t)hd * 4 * 8);
+    double *dq = o + hd, *dk = dq + hd, *dv = dk + hd;
 #define NQ(t) (rqkv + ((size_t)(t) * B + b) * 3 * C + (size_t)h * hd)
 #define NDO(t) (rdout_bm + ((size_t)b * T + (t)) * C + (size_t)h * hd)
     for (int b = 0; b < B; b++)
@@ -1165,11 +1166,11 @@ static void naive_bf16_attention(double *nout, double *ndqkv, const double *rqkv
                 }
                 for (int u = 0; u <= t; u++) l += exp(pt[u] - m);
                 for (int u = 0; u <= t; u++) pt[u] = bf16_stored(exp(pt[u] - m) / l);
-                for (int d = 0; d < hd; d++) {
-                    double o = 0;
-                    for (int u = 0; u <= t; u++) o += pt[u] * NQ(u)[2 * C + d];
-                    nout[((size_t)t * B + b) * C + (size_t)h * hd + d] = bf16_stored(o);
-                }
+                for (int d = 0; d < hd; d++) o[d] = 0;
+                for (int u = 0; u <= t; u++)
+                    for (int d = 0; d < hd; d++) o[d] += pt[u] * NQ(u)[2 * C + d];
+                for (int d = 0; d < hd; d++)
+                    nout[((size_t)t * B + b) * C + (size_t)h * hd + d] = bf16_stored(o[d]);
                 double *st = dS + (size_t)t * T;
                 for (int u = 0; u <= t; u++) {
                     double dot = 0;
@@ -1179,26 +1180,32 @@ static void naive_bf16_attention(double *nout, double *ndqkv, const double *rqkv
                 }
                 for (int u = 0; u <= t; u++) st[u] = bf16_stored(pt[u] * (st[u] - dsum));
             }
-            for (int t = 0; t < T; t++)
-                for (int d = 0; d < hd; d++) {
-                    double dq = 0, dk = 0, dv = 0;
-                    for (int u = 0; u <= t; u++) dq += dS[(size_t)t * T + u] * NQ(u)[C + d];
-                    for (int u = t; u < T; u++) {
-                        dk += dS[(size_t)u * T + t] * NQ(u)[d];
-                        dv += P[(size_t)u * T + t] * NDO(u)[d];
+            /* each sum over u in order, hd of them side by side */
+            for (int t = 0; t < T; t++) {
+                for (int d = 0; d < hd; d++) dq[d] = dk[d] = dv[d] = 0;
+                for (int u = 0; u <= t; u++)
+                    for (int d = 0; d < hd; d++) dq[d] += dS[(size_t)t * T + u] * NQ(u)[C + d];
+                for (int u = t; u < T; u++) {
+                    double ws = dS[(size_t)u * T + t], wp = P[(size_t)u * T + t];
+                    for (int d = 0; d < hd; d++) {
+                        dk[d] += ws * NQ(u)[d];
+                        dv[d] += wp * NDO(u)[d];
                     }
-                    double *gt = g + ((size_t)t * B + b) * 3 * C + (size_t)h * hd + d;
-                    gt[0] = bf16_stored(dscale * dq);
-                    gt[C] = bf16_stored(dscale * dk);
-                    gt[2 * C] = bf16_stored(dv);
                 }
+                double *gt = g + ((size_t)t * B + b) * 3 * C + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) {
+                    gt[d] = bf16_stored(dscale * dq[d]);
+                    gt[C + d] = bf16_stored(dscale * dk[d]);
+                    gt[2 * C + d] = bf16_stored(dv[d]);
+                }
+            }
         }
 #undef NQ
 #undef NDO
     double *c = kv_sum(g, (int)N, H, KV, hd);
     size_t W = (size_t)(H + 2 * KV) * hd;
     for (size_t i = 0; i < N * W; i++) ndqkv[i] = bf16_stored(c[i]);
-    free(P); free(dS); free(g); free(c);
+    free(P); free(dS); free(g); free(c); free(o);
 }
 
 /* The largest |got - want| over columns [c0, c1) of n rows of w (NaN if any is NaN). */

@@ -28,7 +28,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <functional>
 #include <type_traits>
 #include <tuple>
 #include <utility>
@@ -99,8 +98,9 @@ extern uint3 block_idx;
 extern dim3 block_dim, grid_dim;
 extern float *dyn_smem;             /* the block's dynamic shared memory */
 
+/* every thread of the grid runs body(ctx) */
 void run(const char *what, const void *fn, dim3 grid, dim3 block, size_t smem,
-         const std::function<void()> &body);
+         void (*body)(const void *ctx), const void *ctx);
 void set_max_smem(const void *fn, int bytes);
 void sync_block();
 /* Lane 'lane's value from every lane of the caller's warp that 'mask' names: the caller's
@@ -117,9 +117,16 @@ template <class... P> struct launch_t {
     size_t smem;
     template <class... A> void operator()(A &&...a) const
     {
-        std::tuple<P...> args(std::forward<A>(a)...);
-        void (*f)(P...) = fn;
-        run(what, (const void *)fn, grid, block, smem, [&]() { std::apply(f, args); });
+        struct call {
+            std::tuple<P...> args;
+            void (*f)(P...);
+            static void body(const void *c)
+            {
+                const call *k = (const call *)c;
+                std::apply(k->f, k->args);
+            }
+        } k{std::tuple<P...>(std::forward<A>(a)...), fn};
+        run(what, (const void *)fn, grid, block, smem, &call::body, &k);
     }
 };
 
@@ -303,33 +310,42 @@ namespace emu {
 ** PTX ISA's fragment layout (g = lane / 4, c = 2 (lane % 4)): a[0..3] hold A's (g, c..c+1),
 ** (g+8, c..c+1), (g, c+8..c+9), (g+8, c+8..c+9), the lower index in the lower 16 bits; b[0..1]
 ** B's (c..c+1, g) and (c+8..c+9, g); d[0..3] D's (g, c), (g, c+1), (g+8, c), (g+8, c+1). A
-** warp collective: the lanes publish their fragments, then each forms its 4 sums in k order
-** in f32. (Blocks and their threads run one at a time: one scratch per warp of a block.)
+** warp collective: the lanes write their elements into the warp's A and B (transposed), wait
+** for each other, then each forms its 4 sums in k order in f32. The warp's matrices alternate
+** between two copies (each lane keeps its turn), so a lane that runs on to its next mma while
+** the others still read this one's does not overwrite them; it cannot get two ahead, as the
+** next mma waits for every lane. (Blocks and their threads run one at a time.)
 */
 static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2])
 {
-    static uint32_t sa[32][32][4], sb[32][32][2];
+    static float sa[2][32][16][16], sbt[2][32][8][16];
+    static unsigned char turn[32][32];
     int t = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
     int w = t / 32, lane = t % 32, g = lane / 4, c = 2 * (lane % 4);
-    memcpy(sa[w][lane], a, sizeof sa[w][lane]);
-    memcpy(sb[w][lane], b, sizeof sb[w][lane]);
-    __syncwarp();
     auto bf = [](uint32_t reg, int half) {
         __nv_bfloat16 v;
         v.bits = (uint16_t)(reg >> (16 * half));
         return __bfloat162float(v);
     };
-    float out[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + 8 * (i / 2), col = c + i % 2;
-        float s = d[i];
-        for (int k = 0; k < 16; k++)
-            s += bf(sa[w][(row % 8) * 4 + (k % 8) / 2][row / 8 + 2 * (k / 8)], k % 2) *
-                 bf(sb[w][col * 4 + (k % 8) / 2][k / 8], k % 2);
-        out[i] = s;
+    int p = turn[w][lane];
+    turn[w][lane] = (unsigned char)(p ^ 1);
+    float (*A)[16] = sa[p][w], (*Bt)[16] = sbt[p][w];
+    for (int h = 0; h < 2; h++) {
+        A[g][c + h] = bf(a[0], h);
+        A[g + 8][c + h] = bf(a[1], h);
+        A[g][c + 8 + h] = bf(a[2], h);
+        A[g + 8][c + 8 + h] = bf(a[3], h);
+        Bt[g][c + h] = bf(b[0], h);
+        Bt[g][c + 8 + h] = bf(b[1], h);
     }
     __syncwarp();
-    memcpy(d, out, sizeof out);
+    for (int i = 0; i < 4; i++) {
+        const float *ar = A[g + 8 * (i / 2)], *bc = Bt[c + i % 2];
+        float s = d[i];
+        for (int k = 0; k < 16; k++)
+            s += ar[k] * bc[k];
+        d[i] = s;
+    }
 }
 } // namespace emu
 
