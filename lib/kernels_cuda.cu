@@ -204,6 +204,72 @@ static void col_finish(float *out0, float *out1, int C, int K, unsigned chunks)
         col_finish((out0), (out1), (C), (K), g_.y);                                         \
     } while (0)
 
+/* -- 16-byte groups ------------------------------------------------------------------------ */
+
+/*
+** The elementwise kernels give each thread 16 bytes of every operand (VEC(S) elements: 8 bf16,
+** 4 f32), loaded and stored as one vector where the call's pointers are 16-byte aligned
+** (vec_ok; the bias add also needs rows of a multiple of VEC(S)), and run kernel_rows.h's
+** arithmetic on them in registers; the last partial group, and unaligned calls, element by
+** element (the same arithmetic, so the results are the same bits either way).
+*/
+#define VEC(S) (16 / sizeof(S))
+
+template <class S> static __device__ void v16(S *dst, const S *src)
+{
+#ifdef GPT_CUDA_EMU
+    memcpy(dst, src, 16);                /* C++'s aliasing rules, on the CPU */
+#else
+    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+#endif
+}
+
+static bool vec_ok(const void *a, const void *b, const void *c)
+{
+    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+}
+
+/* Blocks for n elements, 16 bytes of them per thread */
+static unsigned grid_vec(size_t n, rt_dtype t)
+{
+    return grid_for(CEIL_DIV(n, 16 / rt_dtype_size(t)));
+}
+
+/* The first element of the thread's group */
+#define VEC_FIRST(S) (((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC(S))
+
+/*
+** The one-warp-per-row kernels (the norms) walk a row of C columns in groups of VEC(S): group g
+** is columns [g VEC, g VEC + VEC) (the last may be short), and lane l takes groups l, l + WARP,
+** l + 2 WARP, ..., each column in increasing order. That is the one order of a lane's partial
+** sums, whether a group is loaded as one vector (vec: the call's pointers 16-byte aligned and C
+** a multiple of VEC(S), so every row is: row_vec) or element by element: the same bits either
+** way. A group lives in registers (grp_in, grp_out). GROUPS is the same walk for any first
+** group and stride (the block-per-row cross-entropy: its threads).
+*/
+#define GROUPS(S, i, k, C, first, stride)                                                    \
+    for (int i = (first) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i); i < (C);              \
+         i += (stride) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i))
+#define LANE_GROUPS(S, i, k, C, lane) GROUPS(S, i, k, C, lane, WARP)
+
+template <class S> static __device__ void grp_in(S *r, const S *p, int k, int vec)
+{
+    if (vec && k == (int)VEC(S)) v16(r, p);
+    else for (int e = 0; e < k; e++) r[e] = p[e];
+}
+
+template <class S> static __device__ void grp_out(S *p, const S *r, int k, int vec)
+{
+    if (vec && k == (int)VEC(S)) v16(p, r);
+    else for (int e = 0; e < k; e++) p[e] = r[e];
+}
+
+static int row_vec(int C, rt_dtype t, const void *a, const void *b, const void *c,
+                   const void *d)
+{
+    return C % (16 / (int)rt_dtype_size(t)) == 0 && vec_ok(a, b, c) && vec_ok(d, NULL, NULL);
+}
+
 /* -- Embedding: vocabulary-parallel tokens, learned positions ---------------------------------- */
 /*
 ** The embedding's gradient sums, per vocabulary row, the gradients of the tokens with that id
@@ -240,17 +306,28 @@ static void emb_scratch(int vrows, int N)
     }
 }
 
-/* Element k = n C + i of the token embeddings: one thread per element (embed_fwd_rows' values) */
+/* Elements [k, k + VEC(S)) of the token embeddings (k = n C + i), a thread each (embed_fwd_rows'
+** values); vec: C a multiple of VEC(S) and out, wte aligned, so the group is one row's. */
 template <class S> static __global__
 void embed_fwd_kernel(void *out, const int *tok, const void *wte, int N, int C, int vstart,
-                      int vrows)
+                      int vrows, int vec)
 {
-    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)N * C) return;
-    int v = tok[k / C] - vstart;
-    S *o = as<S>(out) + k;
-    if (v >= 0 && v < vrows) *o = as<S>(wte)[(size_t)v * C + k % C];
-    else kr_store(o, 0.0f);
+    size_t k = VEC_FIRST(S), n = (size_t)N * C;
+    if (k >= n) return;
+    if (vec) {
+        int v = tok[k / C] - vstart;
+        alignas(16) S x[VEC(S)];
+        if (v >= 0 && v < vrows) v16(x, as<S>(wte) + (size_t)v * C + k % C);
+        else for (int j = 0; j < (int)VEC(S); j++) kr_store(x + j, 0.0f);
+        v16(as<S>(out) + k, x);
+        return;
+    }
+    for (size_t e = k; e < MIN(k + VEC(S), n); e++) {
+        int v = tok[e / C] - vstart;
+        S *o = as<S>(out) + e;
+        if (v >= 0 && v < vrows) *o = as<S>(wte)[(size_t)v * C + e % C];
+        else kr_store(o, 0.0f);
+    }
 }
 
 /* Token n (one thread each): count its id if this rank owns it. */
@@ -330,16 +407,26 @@ void embed_bwd_kernel(float *dwte, const void *dout, const int *pos, const int *
     dwte[(size_t)v * C + i] = g;
 }
 
-/* Element k = (t B + b) C + i: += the position's row (pos_fwd_rows' arithmetic), one thread
-** per element */
+/* Elements [k, k + VEC(S)) (k = (t B + b) C + i), a thread each: += the position's row
+** (pos_fwd_rows' arithmetic); vec: C a multiple of VEC(S) and out, wpe aligned. */
 template <class S> static __global__
-void pos_fwd_kernel(void *out, const void *wpe, int T, int B, int C, int t0)
+void pos_fwd_kernel(void *out, const void *wpe, int T, int B, int C, int t0, int vec)
 {
-    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)T * B * C) return;
-    size_t t = k / ((size_t)B * C);
-    S *o = as<S>(out) + k;
-    kr_store(o, kr_load(o) + kr_load(as<S>(wpe) + (t0 + t) * C + k % C));
+    size_t k = VEC_FIRST(S), n = (size_t)T * B * C;
+    if (k >= n) return;
+    const S *w = as<S>(wpe) + (t0 + k / ((size_t)B * C)) * C + k % C;
+    if (vec) {
+        alignas(16) S o[VEC(S)], x[VEC(S)];
+        v16(o, as<S>(out) + k);
+        v16(x, w);
+        for (int j = 0; j < (int)VEC(S); j++) kr_store(o + j, kr_load(o + j) + kr_load(x + j));
+        v16(as<S>(out) + k, o);
+        return;
+    }
+    for (size_t e = k; e < MIN(k + VEC(S), n); e++) {
+        S *o = as<S>(out) + e;
+        kr_store(o, kr_load(o) + kr_load(as<S>(wpe) + (t0 + e / ((size_t)B * C)) * C + e % C));
+    }
 }
 
 /* Element (t, i) of the position gradient: += the B rows of position t, in order. */
@@ -358,7 +445,8 @@ void pos_bwd_kernel(float *dwpe, const void *dout, int T, int B, int C, int t0)
 void embed_fwd(void *out, const int *tok, const void *wte, int N, int C, int vstart, int vrows,
                rt_dtype t)
 {
-    LAUNCH(t, embed_fwd_kernel, grid_for((size_t)N * C), out, tok, wte, N, C, vstart, vrows);
+    LAUNCH(t, embed_fwd_kernel, grid_vec((size_t)N * C, t), out, tok, wte, N, C, vstart, vrows,
+           row_vec(C, t, out, wte, NULL, NULL));
 }
 
 void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int vstart,
@@ -381,69 +469,13 @@ void embed_bwd(float *dwte, const void *dout, const int *tok, int N, int C, int 
 
 void pos_fwd(void *out, const void *wpe, int T, int B, int C, int t0, rt_dtype t)
 {
-    LAUNCH(t, pos_fwd_kernel, grid_for((size_t)T * B * C), out, wpe, T, B, C, t0);
+    LAUNCH(t, pos_fwd_kernel, grid_vec((size_t)T * B * C, t), out, wpe, T, B, C, t0,
+           row_vec(C, t, out, wpe, NULL, NULL));
 }
 
 void pos_bwd(float *dwpe, const void *dout, int T, int B, int C, int t0, rt_dtype t)
 {
     LAUNCH(t, pos_bwd_kernel, grid_for((size_t)T * C), dwpe, dout, T, B, C, t0);
-}
-
-/* -- 16-byte groups ------------------------------------------------------------------------ */
-
-/*
-** The elementwise kernels give each thread 16 bytes of every operand (VEC(S) elements: 8 bf16,
-** 4 f32), loaded and stored as one vector where the call's pointers are 16-byte aligned
-** (vec_ok; the bias add also needs rows of a multiple of VEC(S)), and run kernel_rows.h's
-** arithmetic on them in registers; the last partial group, and unaligned calls, element by
-** element (the same arithmetic, so the results are the same bits either way).
-*/
-#define VEC(S) (16 / sizeof(S))
-
-template <class S> static __device__ void v16(S *dst, const S *src)
-{
-#ifdef GPT_CUDA_EMU
-    memcpy(dst, src, 16);                /* C++'s aliasing rules, on the CPU */
-#else
-    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
-#endif
-}
-
-static bool vec_ok(const void *a, const void *b, const void *c)
-{
-    return ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
-}
-
-/*
-** The one-warp-per-row kernels (the norms) walk a row of C columns in groups of VEC(S): group g
-** is columns [g VEC, g VEC + VEC) (the last may be short), and lane l takes groups l, l + WARP,
-** l + 2 WARP, ..., each column in increasing order. That is the one order of a lane's partial
-** sums, whether a group is loaded as one vector (vec: the call's pointers 16-byte aligned and C
-** a multiple of VEC(S), so every row is: row_vec) or element by element: the same bits either
-** way. A group lives in registers (grp_in, grp_out). GROUPS is the same walk for any first
-** group and stride (the block-per-row cross-entropy: its threads).
-*/
-#define GROUPS(S, i, k, C, first, stride)                                                    \
-    for (int i = (first) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i); i < (C);              \
-         i += (stride) * (int)VEC(S), k = MIN((int)VEC(S), (C) - i))
-#define LANE_GROUPS(S, i, k, C, lane) GROUPS(S, i, k, C, lane, WARP)
-
-template <class S> static __device__ void grp_in(S *r, const S *p, int k, int vec)
-{
-    if (vec && k == (int)VEC(S)) v16(r, p);
-    else for (int e = 0; e < k; e++) r[e] = p[e];
-}
-
-template <class S> static __device__ void grp_out(S *p, const S *r, int k, int vec)
-{
-    if (vec && k == (int)VEC(S)) v16(p, r);
-    else for (int e = 0; e < k; e++) p[e] = r[e];
-}
-
-static int row_vec(int C, rt_dtype t, const void *a, const void *b, const void *c,
-                   const void *d)
-{
-    return C % (16 / (int)rt_dtype_size(t)) == 0 && vec_ok(a, b, c) && vec_ok(d, NULL, NULL);
 }
 
 /* -- LayerNorm over rows of a (N, C) matrix ---------------------------------------------------- */
@@ -603,15 +635,6 @@ void layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const voi
 
 /* -- GELU, bias, residual adds, conversions ---------------------------------------------------- */
 
-/* Blocks for n elements, 16 bytes of them per thread */
-static unsigned grid_vec(size_t n, rt_dtype t)
-{
-    return grid_for(CEIL_DIV(n, 16 / rt_dtype_size(t)));
-}
-
-/* The first element of the thread's group */
-#define VEC_FIRST(S) (((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC(S))
-
 /* out = span(a, b) over [0, n), a thread per group: span(o, x, y, i0, i1) is a kernel_rows.h
 ** span over elements [i0, i1) of o, x and y (b may be NULL: then y is not read). */
 template <class S, class F> static __device__
@@ -679,30 +702,61 @@ void add_kernel(void *out, const void *a, const void *b, size_t n, int vec)
             [](S *o, const S *x, const S *y, size_t i0, size_t i1) { add_span(o, x, y, i0, i1); });
 }
 
+/*
+** The conversions move groups of CVT elements (16 bytes of bf16, 32 of f32), a thread each,
+** as vectors where the pointers (and row strides) are 16-byte aligned; the same conversion of
+** each element either way.
+*/
+#define CVT 8
+
+/* bf16 <- f32 */
 template <class S> static __global__
-void narrow_kernel(void *dst, const float *src, size_t n)
+void narrow_kernel(void *dst, const float *src, size_t n, int vec)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) narrow_span(as<S>(dst), src, i, i + 1);
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * CVT;
+    if (vec && i + CVT <= n) {
+        alignas(16) float x[CVT];
+        alignas(16) S o[CVT];
+        for (int j = 0; j < CVT; j += (int)VEC(float)) v16(x + j, src + i + j);
+        narrow_span(o, x, 0, CVT);
+        for (int j = 0; j < CVT; j += (int)VEC(S)) v16(as<S>(dst) + i + j, o + j);
+    } else if (i < n) narrow_span(as<S>(dst), src, i, MIN(i + CVT, n));
 }
 
+/* f32 <- bf16 */
 template <class S> static __global__
-void widen_kernel(float *dst, const void *src, size_t n)
+void widen_kernel(float *dst, const void *src, size_t n, int vec)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) widen_span(dst, as<S>(src), i, i + 1);
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * CVT;
+    if (vec && i + CVT <= n) {
+        alignas(16) S x[CVT];
+        alignas(16) float o[CVT];
+        for (int j = 0; j < CVT; j += (int)VEC(S)) v16(x + j, as<S>(src) + i + j);
+        widen_span(o, x, 0, CVT);
+        for (int j = 0; j < CVT; j += (int)VEC(float)) v16(dst + i + j, o + j);
+    } else if (i < n) widen_span(dst, as<S>(src), i, MIN(i + CVT, n));
 }
 
-/* Element i of a rows x cols block, from src (rows of lds, type S) to dst (rows of ldd, type D),
-** converted through f32 by the storage types' load and store (bf16: round to nearest even). */
+/* Columns [c0, c0 + CVT) of row r of a rows x cols block (group g = r per + c0 / CVT), from
+** src (rows of lds, type S) to dst (rows of ldd, type D), converted through f32 by the
+** storage types' load and store (bf16: round to nearest even). */
 template <class D, class S> static __global__
-void copy_cols_kernel(void *dst, size_t ldd, const void *src, size_t lds, int rows, int cols)
+void copy_cols_kernel(void *dst, size_t ldd, const void *src, size_t lds, int rows, int cols,
+                      int vec)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < (size_t)rows * cols) {
-        size_t r = i / cols, c = i % cols;
-        kr_store(as<D>(dst) + r * ldd + c, kr_load(as<S>(src) + r * lds + c));
-    }
+    size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = CEIL_DIV((size_t)cols, CVT);
+    if (g >= (size_t)rows * per) return;
+    size_t r = g / per, c0 = g % per * CVT, c1 = MIN(c0 + CVT, (size_t)cols);
+    const S *s = as<S>(src) + r * lds + c0;
+    D *d = as<D>(dst) + r * ldd + c0;
+    if (vec && c1 - c0 == CVT) {
+        alignas(16) S x[CVT];
+        alignas(16) D y[CVT];
+        for (int j = 0; j < CVT; j += (int)VEC(S)) v16(x + j, s + j);
+        for (int j = 0; j < CVT; j++) kr_store(y + j, kr_load(x + j));
+        for (int j = 0; j < CVT; j += (int)VEC(D)) v16(d + j, y + j);
+    } else
+        for (size_t c = 0; c < c1 - c0; c++) kr_store(d + c, kr_load(s + c));
 }
 
 void gelu_fwd(void *out, const void *inp, size_t n, rt_dtype t)
@@ -746,12 +800,13 @@ void convert(void *dst, rt_dtype dt, const void *src, rt_dtype st, size_t n)
     }
     RT_CHECK((dt == RT_F32 && st == RT_BF16) || (dt == RT_BF16 && st == RT_F32),
              "convert: no conversion from dtype %d to %d", (int)st, (int)dt);
+    unsigned grid = grid_for(CEIL_DIV(n, CVT));
     if (dt == RT_BF16) {
-        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, narrow_kernel<uint16_t>)(
-            dst, static_cast<const float *>(src), n);
+        KERNEL_LAUNCH(grid, BLOCK, 0, narrow_kernel<uint16_t>)(
+            dst, static_cast<const float *>(src), n, vec_ok(dst, src, NULL));
     } else {
-        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, widen_kernel<uint16_t>)(
-            static_cast<float *>(dst), src, n);
+        KERNEL_LAUNCH(grid, BLOCK, 0, widen_kernel<uint16_t>)(
+            static_cast<float *>(dst), src, n, vec_ok(dst, src, NULL));
     }
     RT_CUDA(cudaGetLastError());
 }
@@ -767,12 +822,15 @@ void copy_cols(void *dst, rt_dtype dt, size_t ldd, const void *src, rt_dtype st,
         return;
     }
     if (n == 0) return;
+    unsigned grid = grid_for((size_t)rows * CEIL_DIV((size_t)cols, CVT));
+    int vec = vec_ok(dst, src, NULL) && ldd * rt_dtype_size(dt) % 16 == 0 &&
+              lds * rt_dtype_size(st) % 16 == 0;
     if (dt == RT_BF16)
-        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, copy_cols_kernel<uint16_t, float>)(
-            dst, ldd, src, lds, rows, cols);
+        KERNEL_LAUNCH(grid, BLOCK, 0, copy_cols_kernel<uint16_t, float>)(
+            dst, ldd, src, lds, rows, cols, vec);
     else
-        KERNEL_LAUNCH(grid_for(n), BLOCK, 0, copy_cols_kernel<float, uint16_t>)(
-            dst, ldd, src, lds, rows, cols);
+        KERNEL_LAUNCH(grid, BLOCK, 0, copy_cols_kernel<float, uint16_t>)(
+            dst, ldd, src, lds, rows, cols, vec);
     RT_CUDA(cudaGetLastError());
 }
 

@@ -537,6 +537,8 @@ static void test_embed(void)
     test_embed_case(20, 15, 150, 50, 0, 50, 0);    /* > one block of columns / threads */
     test_embed_case(20, 15, 150, 50, 13, 29, 5);
     test_embed_case(30, 20, 9, 2, 0, 2, 0);        /* ids repeated more than a block's threads */
+    test_embed_case(9, 5, 64, 13, 3, 7, 2);        /* rows of 16-byte groups (CUDA: vectors) */
+    test_embed_case(6, 4, 36, 10, 0, 10, 1);       /* groups in f32, not in bf16 */
     op_end("embed_pos", 1);
 }
 
@@ -873,6 +875,18 @@ static void test_convert(void)
     convert(d_c, RT_F32, d_x, RT_F32, n);
     float *copy = down(d_c, n);
     if (memcmp(copy, x, n * 4)) fail("convert f32->f32 is not a copy");
+    /* from and to addresses that are not 16-byte aligned (CUDA: element by element) */
+    convert((uint16_t *)d_h2 + 1, RT_BF16, d_x + 3, RT_F32, n - 3);
+    convert(d_c + 1, RT_F32, (uint16_t *)d_h + 5, RT_BF16, n - 5);
+    rt_memcpy(h2, d_h2, n * 2, RT_D2H);
+    float *c2 = down(d_c, n);
+    long long bad2 = 0;
+    for (size_t i = 0; i + 3 < n; i++)
+        if (h2[i + 1] != h[i + 3]) bad2++;
+    for (size_t i = 0; i + 5 < n; i++)
+        if (memcmp(&c2[i + 1], &got[i + 5], 4)) bad2++;
+    if (bad2) fail("convert at unaligned addresses: %lld of %zu values differ", bad2, 2 * n - 8);
+    free(c2);
     free(x); free(want); free(h); free(got); free(back); free(h2); free(copy);
     rt_free(d_x); rt_free(d_f); rt_free(d_h); rt_free(d_h2); rt_free(d_c);
     op_end("convert", 0);
@@ -885,11 +899,13 @@ static void test_convert(void)
 ** value that is not, rounded to the nearest bf16 (against bf16_round), among them ties both
 ** ways. The columns outside the block keep their guard value. Then the same-dtype copies.
 */
-static void test_copy_cols_case(int rows, int cols)
+static void test_copy_cols_case(int rows, int cols, int aligned)
 {
     char size[32];
-    snprintf(size, sizeof size, "r%dc%d", rows, cols);
-    const size_t lds = 50, ldb = 41, ldf = 45, s0 = 7, b0 = 2, f0 = 5;
+    snprintf(size, sizeof size, "r%dc%d%s", rows, cols, aligned ? "a" : "");
+    /* aligned: every row's block starts 16-byte aligned (CUDA: vectors) */
+    const size_t lds = aligned ? 48 : 50, ldb = aligned ? 40 : 41, ldf = aligned ? 44 : 45,
+                 s0 = aligned ? 8 : 7, b0 = aligned ? 0 : 2, f0 = aligned ? 4 : 5;
     size_t ns = (size_t)rows * lds, nb = (size_t)rows * ldb, nf = (size_t)rows * ldf;
     const float guard = -7.0f;                      /* a bf16 value outside the data's range */
     float *src = frand(ns, -4, 4);
@@ -939,8 +955,9 @@ static void test_copy_cols_case(int rows, int cols)
 static void test_copy_cols(void)
 {
     op_begin();
-    test_copy_cols_case(3, 11);
-    test_copy_cols_case(301, 37);                   /* several CUDA blocks of elements */
+    test_copy_cols_case(3, 11, 0);
+    test_copy_cols_case(301, 37, 0);                /* several CUDA blocks of elements */
+    test_copy_cols_case(301, 37, 1);
     op_end("copy_cols", 0);
 }
 

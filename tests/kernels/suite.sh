@@ -269,6 +269,10 @@ mutate_cuda cuda-layernorm-group-short layernorm-bf16 \
 # the fused residual add and norm: the norm's row read from a, not from the sum just stored
 mutate_cuda cuda-add-norm-of-input add_norm-f32 \
     's|rstd, as<S>(res) + r0, as<S>(w)|rstd, as<S>(a) + r0, as<S>(w)|' 'rstd, as<S>(a) + r0, as<S>(w)'
+# a conversion's 16-byte group (copy_cols between aligned rows) with its first element left out
+mutate_cuda cuda-copy-cols-group-short copy_cols \
+    's|for (int j = 0; j < CVT; j++) kr_store(y + j, kr_load(x + j));|for (int j = 1; j < CVT; j++) kr_store(y + j, kr_load(x + j));|' \
+    'for (int j = 1; j < CVT; j++) kr_store(y + j'
 # the tensor-core attention's other tile sizes, which the device batch times
 variant cuda-fa-tile-32 attention-bf16 -DFA_TILE=32
 variant cuda-fa-tile-128 attention-bf16 -DFA_TILE=128
