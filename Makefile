@@ -20,9 +20,13 @@ NVCC      ?= $(if $(shell command -v nvcc 2>/dev/null),nvcc,$(CUDA_HOME)/bin/nvc
 RE2C      ?= re2c
 LUA_PKG   ?= lua5.4
 OPT       ?= -O2
-# How the generated programs' C (out/*/) is compiled: their kernels are written for the
-# vectoriser; none of these flags changes a result. Drop -march=native for portable binaries.
-GEN_OPT   ?= -O3 -march=native -fno-math-errno -fno-trapping-math
+# How the library (lib/: the kernels, written for the vectoriser) is compiled; none of these
+# flags changes a result. Drop -march=native for portable binaries.
+LIB_OPT   ?= -O3 -march=native -fno-math-errno -fno-trapping-math
+# How the generated programs' own C (out/*/) is compiled: tables, and the calls of every step
+# into the library, with no arithmetic of their own (the constants are literals), so -O1 runs
+# them as fast as -O3 and compiles a stage in half the time (docs/DESIGN.md §2).
+GEN_OPT   ?= -O1
 
 # The model and its layout (see README.md). Empty means "not given": the generator's default.
 MODEL         ?=
@@ -363,11 +367,11 @@ help:
 	@echo "           RECOMPUTE_MODULES"
 	@echo "           ACCOUNT_EMBEDDING=1 ACCOUNT_LOSS=1 LAYOUT MICROBATCH_GROUP"
 	@echo "           SP=1 DIST_OPT=1 OVERLAP=0 BUCKET_SIZE RANK STEPS DATA RUN_ARGS V=1"
-	@echo "           GEN_OPT (generated code's flags)"
+	@echo "           LIB_OPT (the library's flags) GEN_OPT (generated code's flags)"
 
 echo:
 	@echo "CC=$(CC) MPICC=$(MPICC) NVCC=$(NVCC) RE2C=$(RE2C) LUA_PKG=$(LUA_PKG)"
-	@echo "OPT=$(OPT) GEN_OPT=$(GEN_OPT)"
+	@echo "OPT=$(OPT) LIB_OPT=$(LIB_OPT) GEN_OPT=$(GEN_OPT)"
 	@echo "LUA_CFLAGS=$(LUA_CFLAGS) LUA_LIBS=$(LUA_LIBS)"
 	@echo "BLAS_CFLAGS=$(BLAS_CFLAGS) BLAS_LIBS=$(BLAS_LIBS)"
 	@echo "mpicc: $(if $(HAVE_MPI),found,not found: single-rank programs only (train_single))"

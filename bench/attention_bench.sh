@@ -11,7 +11,7 @@ B=build/bench/attention
 OLD=80ea565
 mkdir -p $B/old
 make -s --no-print-directory build/librt_cpu.a build/lib/kernels_cpu.o || exit 1
-OPT=$(make -s --no-print-directory echo | sed -n 's/^.*GEN_OPT=//p')
+OPT=$(make -s --no-print-directory echo | sed -n 's/^.* LIB_OPT=\(.*\) GEN_OPT=.*$/\1/p')
 LIBS=$(make -s --no-print-directory -f Makefile -f /dev/stdin print-libs <<'EOF'
 print-libs:
 	@echo $(RT_CPU_LIBS)

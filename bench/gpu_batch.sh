@@ -93,10 +93,11 @@ gen_prog() {
 }
 
 prepare() {
-    # The GPU machine's processor is not this one: the generated code and the library are
-    # built for any x86-64 with AVX2 (GEN_OPT's -march=native would not run there). Run prepare
-    # in a clean clone (objects built with -march=native here would be reused as they are).
-    export GEN_OPT="${GEN_OPT:--O3 -march=x86-64-v3 -fno-math-errno -fno-trapping-math}"
+    # The GPU machine's processor is not this one: the library is built for any x86-64 with
+    # AVX2 (LIB_OPT's -march=native would not run there; the generated code's GEN_OPT names no
+    # processor). Run prepare in a clean clone (objects built with -march=native here would be
+    # reused as they are).
+    export LIB_OPT="${LIB_OPT:--O3 -march=x86-64-v3 -fno-math-errno -fno-trapping-math}"
     make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled' ||
         die "the CUDA backend is not built here (make echo): prepare needs nvcc, cuBLAS, NCCL"
     local llmc=/work/.mirror/karpathy+llm.c/repo

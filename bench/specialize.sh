@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench/specialize.sh: would compile-time shapes make the CPU kernels faster? Builds
-# bench/specialize.c twice per shape set with the library's flags (GEN_OPT), once with the shapes
+# bench/specialize.c twice per shape set with the library's flags (LIB_OPT), once with the shapes
 # as run-time values (what the library does: one build for every layout) and once as constants
 # (what a per-layout kernel build would do), runs both on one core and prints ns per row and
 # the ratio (above 1: constants are faster). Never part of make test.
@@ -9,7 +9,7 @@
 cd "$(dirname "$0")/.." || exit 2
 B=build/bench/specialize
 mkdir -p $B
-OPT=$(make -s --no-print-directory echo | sed -n 's/^.*GEN_OPT=//p')
+OPT=$(make -s --no-print-directory echo | sed -n 's/^.* LIB_OPT=\(.*\) GEN_OPT=.*$/\1/p')
 CC=${CC:-gcc}
 printf '%-8s %-15s %12s %12s %7s\n' shapes kernel "run-time ns" "constant ns" ratio
 for shapes in "64 64 256 20000" "768 1024 50304 200"; do

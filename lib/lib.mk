@@ -2,8 +2,8 @@
 # (always) and build/libgpt_cuda.a (when the CUDA backend is found). A generated program's own
 # sources (out/<dir>/*.c) link against one of them:
 #   CPU : $(MPICC) prog.o $(GPT_CPU_LIBS)      CUDA: $(MPICC) prog.o $(GPT_CUDA_LIBS)
-# The library is compiled with the generated code's flags (GEN_OPT: -O3 -march=native, no
-# -ffast-math): its CPU kernels are written for the vectoriser. Included by the top Makefile.
+# The library is compiled with LIB_OPT (-O3 -march=native, no -ffast-math): its CPU kernels
+# are written for the vectoriser. Included by the top Makefile.
 
 # The library's modules in layers, bottom first (docs/DESIGN.md §1 draws them). A module is its
 # header and its .c files; the stage is one module of four files (stage.h). A module calls only
@@ -34,7 +34,7 @@ LIB_LAYERS  := fail,safetensors,tboard,kernels flags,ops lr,data,tensors stage+m
 LIB_BUILD   := build/lib
 lib_comma   := ,
 LIB_COMMON  := $(filter-out kernels,$(subst +, ,$(subst $(lib_comma), ,$(LIB_LAYERS))))
-LIB_CFLAGS   = -std=c11 $(GEN_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
+LIB_CFLAGS   = -std=c11 $(LIB_OPT) -g $(WARN) -Iruntime -Ilib -MMD -MP
 # generate_main.o, the generate programs' main, is linked as an object (build.mk), not from the
 # archive, whose main is train's (main.o): an archive with two mains would give either.
 LIB_OBJS    := $(filter-out %/generate_main.o,$(LIB_COMMON:%=$(LIB_BUILD)/%.o))

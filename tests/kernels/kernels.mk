@@ -1,5 +1,5 @@
 # tests/kernels/kernels.mk: build rules for the kernel test programs (tests/kernels/suite.sh).
-# Read after the top Makefile, whose variables it uses (MPICC, NVCC, CFLAGS_C, GEN_OPT, WARN,
+# Read after the top Makefile, whose variables it uses (MPICC, NVCC, CFLAGS_C, LIB_OPT, WARN,
 # RT_CPU_LIBS, RT_CUDA_LIBS, RT_NVCC_FLAGS, HAVE_CUDA), either through an include or as
 #   make -f Makefile -f tests/kernels/kernels.mk KT_SRC=<dir> kernel-test[-cuda|-emu]
 # KT_SRC holds kernels_cpu.c, kernels_cuda.cu and kernel_rows.h: the library's own (lib/: the
@@ -37,11 +37,11 @@ $(KT_BUILD)/kernel_test.o: tests/kernels/kernel_test.c lib/kernels.h
 	$(Q)mkdir -p $(@D)
 	$(Q)$(MPICC) $(CFLAGS_C) $(KT_FLAGS) -c -o $@ $<
 
-# The kernels with the library's own flags (lib/lib.mk: GEN_OPT, warnings are errors).
+# The kernels with the library's own flags (lib/lib.mk: LIB_OPT, warnings are errors).
 $(KT_BUILD)/kernels.o: $(KT_SRC)/kernels_cpu.c $(KT_SRC)/kernel_rows.h lib/kernels.h
 	$(E) "MPICC     $@"
 	$(Q)mkdir -p $(@D)
-	$(Q)$(MPICC) -std=c11 $(GEN_OPT) -g $(WARN) $(KT_FLAGS) $(KT_EXTRA) -c -o $@ $<
+	$(Q)$(MPICC) -std=c11 $(LIB_OPT) -g $(WARN) $(KT_FLAGS) $(KT_EXTRA) -c -o $@ $<
 
 $(KT_BUILD)/kernel_test_cpu: $(KT_TEST) $(KT_CPU) build/librt_cpu.a \
                              build/ref/libref.a
@@ -69,7 +69,7 @@ $(KT_BUILD)/kernel_test_cuda_single: $(KT_TEST) $(KT_CUDA) build/librt_cuda_sing
 # The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
 # g++, host memory from the CPU runtime; no GPU and no nvcc needed.
 EMU_CXX   ?= g++
-EMU_FLAGS := -std=c++17 $(GEN_OPT) -g -Wall -Wextra -Werror -DGPT_CUDA_EMU -Itests/kernels/emu
+EMU_FLAGS := -std=c++17 $(LIB_OPT) -g -Wall -Wextra -Werror -DGPT_CUDA_EMU -Itests/kernels/emu
 EMU_HDRS  := tests/kernels/emu/cuda_runtime.h tests/kernels/emu/cublas_v2.h \
              tests/kernels/emu/nccl.h
 

@@ -101,7 +101,7 @@ variant_one() {
     name=$1 op=$2 flags=$3
     d=$S/mutant-$name
     kernel_sources $d
-    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="$flags" GEN_OPT=-O1 KT_TEST=$S/kernel_test.o \
+    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="$flags" LIB_OPT=-O1 KT_TEST=$S/kernel_test.o \
             kernel-test-emu > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
         fail "$name" "kernels_cuda.cu does not compile with $flags"
@@ -124,7 +124,7 @@ mutate_one() {
         return
     fi
     # -O1, no debug information: a mutant only has to be caught, not to be fast
-    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="-Wno-error -g0" GEN_OPT=-O1 \
+    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="-Wno-error -g0" LIB_OPT=-O1 \
             KT_TEST=$S/kernel_test.o kernel-test-$kind \
             > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
