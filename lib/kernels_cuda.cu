@@ -414,11 +414,10 @@ void pos_fwd_kernel(void *out, const void *wpe, int T, int B, int C, int t0, int
 {
     size_t k = VEC_FIRST(S), n = (size_t)T * B * C;
     if (k >= n) return;
-    const S *w = as<S>(wpe) + (t0 + k / ((size_t)B * C)) * C + k % C;
     if (vec) {
         alignas(16) S o[VEC(S)], x[VEC(S)];
         v16(o, as<S>(out) + k);
-        v16(x, w);
+        v16(x, as<S>(wpe) + (t0 + k / ((size_t)B * C)) * C + k % C);
         for (int j = 0; j < (int)VEC(S); j++) kr_store(o + j, kr_load(o + j) + kr_load(x + j));
         v16(as<S>(out) + k, o);
         return;
