@@ -72,7 +72,7 @@ FA_TILES="32 128"         # the attention tile sizes timed beside the default (p
 PROFILE_WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd add_layernorm_fwd layernorm_bwd
       gelu_fwd gelu_bwd bias_fwd bias_bwd add_fwd add_inplace attention_fwd attention_bwd
       ce_rowmax ce_sums ce_loss ce_bwd ce_fused sum_rows adamw_step adamw_multi sumsq
-      sumsq_multi scale_inplace rt_gemm rt_memset0"
+      sumsq_multi scale_inplace rt_gemm rt_gemm_epi rt_memset0"
 
 die() { echo "gpu_batch: $*" >&2; exit 1; }
 

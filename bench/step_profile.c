@@ -1,7 +1,7 @@
 /*
 ** step_profile.c: where a generated CPU training program's step goes, per kernel family.
 ** Linked into a copy of out/<dir>/train by bench/train_bench.sh with -Wl,--wrap=<launcher>
-** for every kernel of lib/kernels.h, rt_gemm and rt_memset0: each wrapper times its call
+** for every kernel of lib/kernels.h, rt_gemm, rt_gemm_epi and rt_memset0: each wrapper times its call
 ** (wall clock, the caller's view: the pool's other threads work inside it). Not part of the
 ** program and never built by the tests; the program and the library are unchanged.
 **
@@ -200,6 +200,23 @@ void __wrap_sumsq_multi(float *out, const float *const *x, const size_t *n, int 
     __real_sumsq_multi(out, x, n, count);
     acc[F_GRADNORM] += now_s() - t0;
     last_was_sumsq = 1;
+}
+
+/* The fused GEMMs (CUDA: cuBLASLt with the bias or the GELU in its epilogue) count as gemm. */
+int __real_rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda,
+                       const void *B, int ldb, void *C, int ldc, rt_epilogue epi,
+                       const void *bias, void *aux, rt_dtype t);
+int __wrap_rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda,
+                       const void *B, int ldb, void *C, int ldc, rt_epilogue epi,
+                       const void *bias, void *aux, rt_dtype t);
+int __wrap_rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda,
+                       const void *B, int ldb, void *C, int ldc, rt_epilogue epi,
+                       const void *bias, void *aux, rt_dtype t)
+{
+    int done;
+    TIMED(F_GEMM, done = __real_rt_gemm_epi(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, epi, bias,
+                                            aux, t));
+    return done;
 }
 
 /* Attention: its own GEMMs (rt_gemm from inside, if any) count as attention, untimed on their

@@ -304,8 +304,7 @@ static void gpt_layer_fwd(gen_bufs *b, const gen_model *m, int l, int pos0, int 
     matmul_fwd(b->proj, b->att, y->proj_w, y->proj_b, n, C, C, RT_F32);
     add_inplace(b->x, b->proj, (size_t)n * C, RT_F32);
     layernorm_fwd(b->ln, b->mean, b->rstd, b->x, y->ln2_w, y->ln2_b, n, C, m->eps, RT_F32);
-    matmul_fwd(b->fc, b->ln, y->fc_w, y->fc_b, n, C, F, RT_F32);
-    gelu_fwd(b->act, b->fc, (size_t)n * F, RT_F32);
+    matmul_gelu_fwd(b->fc, b->act, b->ln, y->fc_w, y->fc_b, n, C, F, RT_F32);
     matmul_fwd(b->proj, b->act, y->fc2_w, y->fc2_b, n, F, C, RT_F32);
     add_inplace(b->x, b->proj, (size_t)n * C, RT_F32);
 }

@@ -17,8 +17,19 @@ static void *at(const void *p, size_t n, rt_dtype t)
 void matmul_fwd(void *out, const void *inp, const void *w, const void *bias, int N, int IC,
                 int OC, rt_dtype t)
 {
+    if (bias && rt_gemm_epi(0, 0, N, OC, IC, inp, IC, w, OC, out, OC, RT_EPI_BIAS, bias, NULL, t))
+        return;
     rt_gemm(0, 0, N, OC, IC, 1.0f, inp, IC, 0, w, OC, 0, 0.0f, out, OC, 0, 1, t, t);
     if (bias) bias_fwd(out, bias, N, OC, t);
+}
+
+void matmul_gelu_fwd(void *pre, void *out, const void *inp, const void *w, const void *bias,
+                     int N, int IC, int OC, rt_dtype t)
+{
+    if (rt_gemm_epi(0, 0, N, OC, IC, inp, IC, w, OC, out, OC, RT_EPI_GELU, bias, pre, t))
+        return;
+    matmul_fwd(pre, inp, w, bias, N, IC, OC, t);
+    gelu_fwd(out, pre, (size_t)N * OC, t);
 }
 
 void matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
@@ -27,6 +38,17 @@ void matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const voi
     rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, t, RT_F32);
     if (dbias) bias_bwd(dbias, dout, N, OC, t);
     rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, t, t);
+}
+
+void matmul_bwd_gelu(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                     const void *pre, int N, int IC, int OC, rt_dtype t)
+{
+    rt_gemm(1, 0, IC, OC, N, 1.0f, inp, IC, 0, dout, OC, 0, 1.0f, dw, OC, 0, 1, t, RT_F32);
+    if (rt_gemm_epi(0, 1, N, IC, OC, dout, OC, w, OC, dinp, IC, RT_EPI_DGELU, NULL, (void *)pre,
+                    t))
+        return;
+    rt_gemm(0, 1, N, IC, OC, 1.0f, dout, OC, 0, w, OC, 0, 0.0f, dinp, IC, 0, 1, t, t);
+    gelu_bwd(dinp, pre, dinp, (size_t)N * IC, t);
 }
 
 void linear_fwd(void *out, int ldo, const void *inp, const void *w, int N, int IC, int OC,

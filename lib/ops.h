@@ -18,13 +18,23 @@ extern "C" {
 /* -- Linear layers (row-major; one rounding of each output to t) --------------------------- */
 
 /* GPT-2's Conv1D orientation, w (IC, OC): out (N, OC) = inp (N, IC) . w [+ bias (OC); NULL:
-** none]. */
+** none]. With a bias, where the backend fuses it into the GEMM (rt_gemm_epi: cuBLASLt) the sum
+** and the bias are rounded once; elsewhere the product is rounded, then the sum (bias_fwd). */
 void matmul_fwd(void *out, const void *inp, const void *w, const void *bias, int N, int IC,
                 int OC, rt_dtype t);
+/* The MLP's first half: pre (N, OC) = inp . w [+ bias], out (N, OC) = gelu(pre). Fused
+** (rt_gemm_epi: out is the GELU of the unrounded sum) or matmul_fwd then gelu_fwd. */
+void matmul_gelu_fwd(void *pre, void *out, const void *inp, const void *w, const void *bias,
+                     int N, int IC, int OC, rt_dtype t);
 /* dw (IC, OC) += inp^T . dout (f32); dbias (OC) += column sums of dout (NULL: none);
 ** dinp (N, IC) = dout . w^T, written after the weight gradient (dinp may be inp). */
 void matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
                 const void *w, int N, int IC, int OC, rt_dtype t);
+/* matmul_bwd through a GELU: dw (IC, OC) += inp^T . dout, then dinp (N, IC) = (dout . w^T) *
+** gelu'(pre) (pre: the GELU's input, N x IC), the gradient of the GELU's input. Fused
+** (rt_gemm_epi: the product unrounded) or matmul_bwd then gelu_bwd. */
+void matmul_bwd_gelu(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                     const void *pre, int N, int IC, int OC, rt_dtype t);
 /* nn.Linear's orientation, w (OC, IC): out (N, OC; rows of ldo) = inp (N, IC) . w^T. */
 void linear_fwd(void *out, int ldo, const void *inp, const void *w, int N, int IC, int OC,
                 rt_dtype t);

@@ -229,6 +229,22 @@ void    rt_comm_stats(double *blocked, double *inside);
 void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
              const void *A, int lda, long sA, const void *B, int ldb, long sB,
              float beta, void *C, int ldc, long sC, int batch, rt_dtype ab, rt_dtype c);
+
+/* rt_gemm_epi: C = epi(op(A) op(B)) for one product of one type t (f32 or bf16 A, B, C, bias
+** and aux; alpha 1, beta 0, batch 1), as the backend's fused GEMM where it has one:
+**   RT_EPI_BIAS       C = A.B + bias                    (bias: n values)
+**   RT_EPI_GELU       aux = A.B + bias; C = gelu(aux)   (bias may be NULL; aux: m x n at ldc)
+**   RT_EPI_DGELU      C = A.B * gelu'(aux)              (aux: m x n at ldc, read)
+** gelu is GPT-2's tanh form; the sums, the bias and the GELU in f32, each result rounded once
+** to t. Returns 1 when it is done, 0 when this backend or this call has no fused form: the CPU
+** backend (its kernels then run as before, the same bits); CUDA without a cuBLASLt algorithm
+** for the shape or an aux leading dimension that is not a multiple of 8. On 0 nothing was
+** written: the caller computes the same with rt_gemm and its kernels. CUDA: cuBLASLt's
+** epilogues (CUBLASLT_EPILOGUE_BIAS, _GELU_AUX(_BIAS), _DGELU). */
+typedef enum { RT_EPI_BIAS = 1, RT_EPI_GELU, RT_EPI_DGELU } rt_epilogue;
+int  rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+                 int ldb, void *C, int ldc, rt_epilogue epi, const void *bias, void *aux,
+                 rt_dtype t);
 void rt_sync(void);                  /* wait for the device (cudaDeviceSynchronize); CPU: no-op */
 
 /* -- CPU threads -------------------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include "rt_launch.h"     // defines: KERNEL_LAUNCH
 #include "rt_philox.h"     // defines: rt__normal_at (host and device)
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +26,7 @@ static struct {
     int             device, ndev;
     int             nccl;            /* 1: NCCL transport, 0: MPI through pinned staging */
     cublasHandle_t  blas;
+    cublasLtHandle_t lt;             /* the fused GEMMs (rt_gemm_epi) */
     ncclComm_t     *comms;           /* every live communicator (for ncclCommAbort) */
     int             ncomms, capcomms;
     void           *stage[2];        /* pinned staging of alltoallv, broadcast (MPI transport) */
@@ -203,6 +205,7 @@ void rt_init(int *argc, char ***argv, int expected_world, const char *layout)
     ** cuBLAS allocates no device memory behind rt_mem_stats */
     cu.workspace = rt_malloc(RT_CUDA_WORKSPACE_BYTES);
     RT_CUBLAS(cublasSetWorkspace(cu.blas, cu.workspace, RT_CUDA_WORKSPACE_BYTES));
+    RT_CUBLAS(cublasLtCreate(&cu.lt));
     cu.gemm_stage = (float *)rt_malloc(RT_CUDA_STAGE_BYTES);
 
     rt__abort_hook = abort_nccl;
@@ -229,6 +232,7 @@ void rt_finalize(void)
         if (cu.stage[i])
             cudaFreeHost(cu.stage[i]);
     pool_free_all();
+    cublasLtDestroy(cu.lt);
     cublasDestroy(cu.blas);
     rt_free(cu.workspace);
     rt_free(cu.gemm_stage);
@@ -1083,6 +1087,80 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
                                          B, in, ldb, (long long)sB, A, in, lda, (long long)sA,
                                          &beta, C, out, ldc, (long long)sC, batch,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/*
+** rt.h's fused GEMM as one cublasLtMatmul, in the column-major form of rt_gemm above (D^T =
+** op(B)^T op(A)^T: cuBLASLt's A is ours B): D has n rows (the bias's length, one value per row
+** as cuBLASLt's epilogues broadcast it) and m columns at ldc, and the aux matrix (the GELU's
+** input) the same shape and leading dimension. Compute and scale types f32 (no TF32); bias
+** and aux of D's type. It shares cuBLAS's workspace (one stream: the calls never overlap).
+** cuBLASLt returns no algorithm for some shapes and alignments: then 0, and the caller runs
+** the unfused kernels.
+*/
+int rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
+                int ldb, void *C, int ldc, rt_epilogue epi, const void *bias, void *aux,
+                rt_dtype t)
+{
+    RT_CHECK(epi == RT_EPI_BIAS || epi == RT_EPI_GELU || epi == RT_EPI_DGELU,
+             "rt_gemm_epi: epilogue %d", (int)epi);
+    RT_CHECK(epi != RT_EPI_BIAS || bias, "rt_gemm_epi: RT_EPI_BIAS without a bias");
+    RT_CHECK(epi == RT_EPI_BIAS || aux, "rt_gemm_epi: RT_EPI_%s without aux",
+             epi == RT_EPI_GELU ? "GELU" : "DGELU");
+    if (rt__gemm_check(ta, tb, m, n, k, 1.0f, A, lda, B, ldb, C, ldc, 1, t, t) != RT__GEMM_FULL)
+        return 0;
+    if (epi != RT_EPI_BIAS && ldc % 8 != 0)
+        return 0;
+    cudaDataType_t dt = t == RT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    int32_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int32_t type = dt;
+    uint32_t e = epi == RT_EPI_BIAS ? CUBLASLT_EPILOGUE_BIAS
+               : epi == RT_EPI_DGELU ? CUBLASLT_EPILOGUE_DGELU
+               : bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    int64_t aux_ld = ldc;
+    uint64_t ws = RT_CUDA_WORKSPACE_BYTES;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+    RT_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+    if (bias) {
+        RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                 sizeof bias));
+        RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                 &type, sizeof type));
+    }
+    if (epi != RT_EPI_BIAS) {
+        RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                 &aux, sizeof aux));
+        RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                 &aux_ld, sizeof aux_ld));
+        RT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                                 &type, sizeof type));
+    }
+    RT_CUBLAS(cublasLtMatrixLayoutCreate(&la, dt, tb ? k : n, tb ? n : k, ldb));
+    RT_CUBLAS(cublasLtMatrixLayoutCreate(&lb, dt, ta ? m : k, ta ? k : m, lda));
+    RT_CUBLAS(cublasLtMatrixLayoutCreate(&lc, dt, n, m, ldc));
+    RT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    RT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cu.lt, desc, la, lb, lc, lc, pref, 1, &h,
+                                                       &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+        const float one = 1.0f, zero = 0.0f;
+        RT_CUBLAS(cublasLtMatmul(cu.lt, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, &h.algo,
+                                 cu.workspace, RT_CUDA_WORKSPACE_BYTES, 0));
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatmulDescDestroy(desc);
+    return st == CUBLAS_STATUS_SUCCESS && found > 0;
 }
 
 /* The CPU backend's primitive cache has no counterpart here. */

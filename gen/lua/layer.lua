@@ -172,6 +172,12 @@ sig("ce_fused", { { "loss", "F", "N" }, { "mx", "F", "N" }, { "sums", "F", 2, "N
 sig("sum_rows", { { "out", "F", 1 }, { "x", "F", "N" }, "N" })
 sig("matmul_fwd", { { "out", "A", "N", "OC" }, { "inp", "A", "N", "IC" },
                     { "w", "A", "IC", "OC" }, { "bias?", "A", "OC" }, "N", "IC", "OC", "t" })
+sig("matmul_gelu_fwd", { { "pre", "A", "N", "OC" }, { "out", "A", "N", "OC" },
+                         { "inp", "A", "N", "IC" }, { "w", "A", "IC", "OC" }, { "bias?", "A", "OC" },
+                         "N", "IC", "OC", "t" })
+sig("matmul_bwd_gelu", { { "dinp", "A", "N", "IC" }, { "dw", "F", "IC", "OC" },
+                         { "dout", "A", "N", "OC" }, { "inp", "A", "N", "IC" },
+                         { "w", "A", "IC", "OC" }, { "pre", "A", "N", "IC" }, "N", "IC", "OC", "t" })
 sig("matmul_bwd", { { "dinp", "A", "N", "IC" }, { "dw", "F", "IC", "OC" },
                     { "dbias?", "F", "OC" }, { "dout", "A", "N", "OC" },
                     { "inp", "A", "N", "IC" }, { "w", "A", "IC", "OC" }, "N", "IC", "OC", "t" })
@@ -620,9 +626,8 @@ function M.build(cfg, s, present)
                 I("N"), I("C"), I("FF_LOCAL"), ACT)
             b.k("swiglu_fwd", mem("L_GELU"), mem("L_FC"), I("N"), I("FF_LOCAL"), ACT)
         else
-            b.k("matmul_fwd", mem("L_FC"), h, param("FC_W"), w_or_null("FC_B"), I("N"), I("C"),
-                I("FF_LOCAL"), ACT)
-            b.k("gelu_fwd", mem("L_GELU"), mem("L_FC"), I("N", "FF_LOCAL"), ACT)
+            b.k("matmul_gelu_fwd", mem("L_FC"), mem("L_GELU"), h, param("FC_W"),
+                w_or_null("FC_B"), I("N"), I("C"), I("FF_LOCAL"), ACT)
         end
     end
     -- the buffer with this rank's (N_SP, C) rows of the MLP's output
@@ -664,9 +669,8 @@ function M.build(cfg, s, present)
                 mem("S_DFC", E(s, "FF_LOCAL")), I(2, "FF_LOCAL"), h, param("UP_W"), I("N"),
                 I("C"), I("FF_LOCAL"), ACT)
         else
-            b.k("matmul_bwd", mem("S_DFC"), grad("MLP_PROJ_W"), NULL, dd, mem("L_GELU"),
-                param("MLP_PROJ_W"), I("N"), I("FF_LOCAL"), I("C"), ACT)
-            b.k("gelu_bwd", mem("S_DFC"), mem("L_FC"), mem("S_DFC"), I("N", "FF_LOCAL"), ACT)
+            b.k("matmul_bwd_gelu", mem("S_DFC"), grad("MLP_PROJ_W"), dd, mem("L_GELU"),
+                param("MLP_PROJ_W"), mem("L_FC"), I("N"), I("FF_LOCAL"), I("C"), ACT)
             b.k("matmul_bwd", mem("S_FULL"), grad("FC_W"), g_or_null("FC_B"), mem("S_DFC"), h,
                 param("FC_W"), I("N"), I("C"), I("FF_LOCAL"), ACT)
         end

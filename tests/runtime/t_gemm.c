@@ -4,9 +4,11 @@
 ** alpha/beta, f32 and bf16 inputs and outputs, zero sizes, beta = 0 over NaN, the GPT-2 124M
 ** shapes, rt_gemm inside rt_parallel_for), bf16 results bit for bit where the exact value is
 ** known, results bit-identical for 1, 2 and 3 threads and when nested (CPU), the CPU primitive
-** cache, rt_parallel_for coverage, rt_malloc / rt_memcpy / rt_memset0 and rt_mem_stats.
-** Either backend. --no-gpt2 leaves the GPT-2 shapes out (their double-precision loops are most
-** of the time).
+** cache, rt_parallel_for coverage, rt_malloc / rt_memcpy / rt_memset0 and rt_mem_stats; the
+** fused GEMMs of rt_gemm_epi (bias, GELU, GELU gradient) where the backend has them, untouched
+** outputs where not. Either backend. --no-gpt2 leaves the GPT-2 shapes out (their
+** double-precision loops are most of the time); --fused (last) requires every documented
+** epilogue case to be fused (the CUDA emulation).
 */
 #include "t_util.h"   // defines: T_EXPECT, t_finish, t_to_dev, t_to_host, t_round_bf16, ...
 
@@ -346,6 +348,138 @@ static void test_bf16_exact(void)
 }
 
 /* -- Thread count, nesting, the primitive cache (CPU) ------------------------------------- */
+
+/* -- rt_gemm_epi: the fused bias, GELU and GELU gradient -------------------------------------- */
+
+/* GPT-2's GELU (tanh form) and its derivative, in double */
+static double gelu_d(double x)
+{
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+static double dgelu_d(double x)
+{
+    double th = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + th) +
+           0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
+}
+
+static int epi_fused, epi_cases;
+
+/*
+** One rt_gemm_epi call (alpha 1, beta 0, batch 1, ldc = n + pad) against the double loop:
+** C = A.B + bias (BIAS); aux = A.B [+ bias], C = gelu(aux) (GELU); C = A.B * gelu'(aux) with
+** aux given (DGELU). Tolerances: the sum's (tolerance() with k + 1 terms for the bias); through
+** the GELU, times max |gelu'| (1.13 < 1.2), plus 8 ulps of f32 (2^-20) relative for its own f32
+** evaluation (tanh, the cube); the derivative the same. A bf16 result: then one rounding.
+** When the backend does not fuse (returns 0; the CPU always), C and aux must be untouched.
+*/
+static void epi_case(int ta, int tb, int m, int n, int k, int pad, rt_epilogue epi, int bias,
+                     rt_dtype t, int must_fuse)
+{
+    uint32_t seed = (uint32_t)(m * 131 + n * 7 + k + epi * 1000 + ta * 2 + tb);
+    int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+    size_t na = (size_t)(ta ? k : m) * lda, nb = (size_t)(tb ? n : k) * ldb, nc = (size_t)m * ldc;
+    size_t es = (size_t)esize(t);
+    void *hA = t_alloc(na * 4), *hB = t_alloc(nb * 4), *hb = t_alloc((size_t)n * 4);
+    void *hC = t_alloc(nc * 4), *hX = t_alloc(nc * 4), *hX0 = t_alloc(nc * 4);
+    for (size_t i = 0; i < na; i++) store(hA, t, i, frand(&seed, t));
+    for (size_t i = 0; i < nb; i++) store(hB, t, i, frand(&seed, t));
+    for (int j = 0; j < n; j++) store(hb, t, (size_t)j, frand(&seed, t));
+    for (size_t i = 0; i < nc; i++) {
+        store(hC, t, i, NAN);
+        store(hX0, t, i, epi == RT_EPI_DGELU ? 4 * frand(&seed, t) : NAN);
+    }
+    void *dA = t_to_dev(hA, na * es), *dB = t_to_dev(hB, nb * es), *db = t_to_dev(hb, n * es);
+    void *dC = t_to_dev(hC, nc * es), *dX = t_to_dev(hX0, nc * es);
+    int done = rt_gemm_epi(ta, tb, m, n, k, dA, lda, dB, ldb, dC, ldc, epi, bias ? db : NULL,
+                           epi == RT_EPI_BIAS ? NULL : dX, t);
+    void *gC = t_alloc(nc * es);
+    t_to_host(gC, dC, nc * es);
+    t_to_host(hX, dX, nc * es);
+    char name[160];
+    snprintf(name, sizeof name, "gemm_epi %s %s%s ta%d tb%d m%d n%d k%d ldc%d",
+             epi == RT_EPI_BIAS ? "bias" : epi == RT_EPI_GELU ? "gelu" : "dgelu",
+             rt_dtype_name(t), bias ? " +bias" : "", ta, tb, m, n, k, ldc);
+    epi_cases++;
+    epi_fused += done;
+    T_EXPECT(done || !must_fuse, "%s: not fused (rt_gemm_epi returned 0)", name);
+    T_EXPECT(!done || strcmp(rt_backend(), "cpu") != 0, "%s: the CPU backend fused it", name);
+    int bad = 0;
+    for (size_t at = 0; at < nc && !done; at++)
+        if (memcmp((char *)gC + at * es, (char *)hC + at * es, es) ||
+            memcmp((char *)hX + at * es, (char *)hX0 + at * es, es)) {
+            T_EXPECT(0, "%s: returned 0 but wrote C or aux at %zu", name, at);
+            break;
+        }
+    for (int i = 0; i < m && done; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t at = (size_t)i * ldc + j;
+            double got = stored_value(gC, t, at), aux = stored_value(hX, t, at);
+            t_checks++;
+            if (j >= n) {       /* the padding: untouched */
+                if (memcmp((char *)gC + at * es, (char *)hC + at * es, es) && bad++ < 3)
+                    T_EXPECT(0, "%s: wrote C's padding at [%d][%d]", name, i, j);
+                continue;
+            }
+            double sum = 0, mag = 0;
+            for (int p = 0; p < k; p++) {
+                double v = opx(hA, t, ta, lda, 0, 0, i, p) * opx(hB, t, tb, ldb, 0, 0, p, j);
+                sum += v;
+                mag += fabs(v);
+            }
+            if (bias) {
+                sum += stored_value(hb, t, (size_t)j);
+                mag += fabs(stored_value(hb, t, (size_t)j));
+            }
+            double e = tolerance(RT_F32, k + 1, mag, sum), want, tol;
+            if (epi == RT_EPI_BIAS) {
+                want = sum;
+                tol = tolerance(t, k + 1, mag, want);
+            } else if (epi == RT_EPI_GELU) {
+                double taux = tolerance(t, k + 1, mag, sum);
+                if (fabs(aux - sum) > taux && bad++ < 3)
+                    T_EXPECT(0, "%s: aux[%d][%d] = %.9g, want %.9g (tolerance %.3g)", name, i,
+                             j, aux, sum, taux);
+                want = gelu_d(sum);
+                e = 1.2 * e + 0x1p-20 * fabs(want) + 1e-7;
+                tol = t == RT_BF16 ? e + 0x1p-8 * (fabs(want) + e) : e;
+            } else {
+                double x0 = stored_value(hX0, t, at), dg = dgelu_d(x0);
+                want = sum * dg;
+                e = e * fabs(dg) + 0x1p-20 * fabs(sum) * (fabs(dg) + 1) + 1e-7;
+                tol = t == RT_BF16 ? e + 0x1p-8 * (fabs(want) + e) : e;
+                if (memcmp((char *)hX + at * es, (char *)hX0 + at * es, es) && bad++ < 3)
+                    T_EXPECT(0, "%s: DGELU wrote its input aux at [%d][%d]", name, i, j);
+            }
+            if (fabs(got - want) > tol && bad++ < 3)
+                T_EXPECT(0, "%s: C[%d][%d] = %.9g, want %.9g (tolerance %.3g)", name, i, j, got,
+                         want, tol);
+        }
+    free(hA); free(hB); free(hb); free(hC); free(hX); free(hX0); free(gC);
+    rt_free(dA); rt_free(dB); rt_free(db); rt_free(dC); rt_free(dX);
+}
+
+/* The model's three uses (matmul_fwd's bias, matmul_gelu_fwd, matmul_bwd_gelu: ta 0, tb 0 or
+** 1), odd sizes with an aux leading dimension that is a multiple of 8, in both types; an aux
+** leading dimension that is not must not be fused. must_fuse: the backend fuses every case
+** that cuBLASLt documents (the emulation; a GPU may still refuse a shape, and then runs none). */
+static void test_gemm_epi(int must_fuse)
+{
+    rt_dtype types[2] = { RT_F32, RT_BF16 };
+    for (int ti = 0; ti < 2; ti++) {
+        rt_dtype t = types[ti];
+        for (int tb = 0; tb < 2; tb++) {
+            epi_case(0, tb, 37, 29, 45, 0, RT_EPI_BIAS, 1, t, must_fuse);
+            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_GELU, 1, t, must_fuse);
+            epi_case(0, tb, 19, 43, 70, 5, RT_EPI_GELU, 0, t, must_fuse);   /* ldc 48 */
+            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_DGELU, 0, t, must_fuse);
+            epi_case(0, tb, 130, 64, 150, 0, RT_EPI_DGELU, 0, t, must_fuse);
+        }
+        epi_case(0, 0, 9, 30, 12, 0, RT_EPI_GELU, 1, t, 0);        /* ldc 30: never fused */
+    }
+    printf("rt_gemm_epi: %d of %d cases fused (%s backend)\n", epi_fused, epi_cases,
+           rt_backend());
+}
 
 static void set_pool(int threads)
 {
@@ -687,6 +821,7 @@ int main(int argc, char **argv)
             gemm_case(1, 0, out, in, 256, 0, 1, 0, 1.0f, 1.0f, ab, RT_F32, 0);
         }
     test_bf16_exact();
+    test_gemm_epi(argc > 1 && !strcmp(argv[argc - 1], "--fused"));
     test_threads_identical();
     test_cache();
     test_parallel_for();

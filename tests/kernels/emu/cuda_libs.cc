@@ -1,20 +1,25 @@
 /*
-** tests/kernels/emu/cuda_libs.cc: the CUDA runtime API, cuBLAS and NCCL calls of
-** runtime/rt_cuda.cu, emulated for the CPU (cuda_runtime.h, cublas_v2.h, nccl.h here). Device
-** memory is host memory; streams are always idle (everything runs at the call). The
-** GEMMs follow cuBLAS's documentation, written here without reference to rt_cuda.cu's use of
-** them: column-major operands, op(A) of m x k and op(B) of k x n, C = alpha op(A) op(B) +
+** tests/kernels/emu/cuda_libs.cc: the CUDA runtime API, cuBLAS, cuBLASLt and NCCL calls of
+** runtime/rt_cuda.cu, emulated for the CPU (cuda_runtime.h, cublas_v2.h, cublasLt.h, nccl.h
+** here). Device memory is host memory; streams are always idle (everything runs at the call).
+** The GEMMs follow cuBLAS's documentation, written here without reference to rt_cuda.cu's use
+** of them: column-major operands, op(A) of m x k and op(B) of k x n, C = alpha op(A) op(B) +
 ** beta C with C not read when beta is 0, the product op(A) op(B) in f32 (OpenBLAS's sgemm on
 ** one thread: a fixed order) and alpha op(A) op(B) + beta C rounded once to C's type (bf16: to
-** nearest even). Anything else (another type, compute mode, a
-** transpose kind) returns CUBLAS_STATUS_NOT_SUPPORTED; NCCL returns ncclInvalidUsage.
+** nearest even). cuBLASLt's matmul is the same product, then its epilogue in f32 (the bias
+** added, GPT-2's GELU or its derivative times the product), rounded once. Anything else
+** (another type, compute mode, a transpose kind, an epilogue) returns
+** CUBLAS_STATUS_NOT_SUPPORTED; NCCL returns ncclInvalidUsage.
 */
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "nccl.h"
 
 #include <cblas.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -221,6 +226,186 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 {
     return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0,
                                       beta, C, ct, ldc, 0, 1, comp, algo);
+}
+
+/* -- cuBLASLt: the GEMM of cublasGemmEx, then the epilogue on its f32 results ------------------ */
+
+struct emu_lt { int unused; };
+struct lt_desc {            /* in cublasLtMatmulDescOpaque_t's space */
+    int32_t ta, tb;
+    uint32_t epi;
+    const void *bias;
+    void *aux;
+    int64_t aux_ld;
+    int32_t bias_type, aux_type;
+};
+struct lt_layout { cudaDataType_t type; uint64_t rows, cols; int64_t ld; };
+static_assert(sizeof(lt_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "lt_desc");
+static_assert(sizeof(lt_layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "lt_layout");
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = new emu_lt(); return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                        cudaDataType_t scale)
+{
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    *d = new cublasLtMatmulDescOpaque_t();
+    lt_desc *x = reinterpret_cast<lt_desc *>(*d);
+    *x = lt_desc{ CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, -1, -1 };
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
+
+template <typename V> static bool set(V *dst, const void *buf, size_t size)
+{
+    if (size != sizeof(V)) return false;
+    memcpy(dst, buf, size);
+    return true;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size)
+{
+    lt_desc *x = reinterpret_cast<lt_desc *>(d);
+    bool ok;
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: ok = set(&x->ta, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: ok = set(&x->tb, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: ok = set(&x->epi, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: ok = set(&x->bias, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: ok = set(&x->aux, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: ok = set(&x->aux_ld, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: ok = set(&x->aux_type, buf, size); break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: ok = set(&x->bias_type, buf, size); break;
+    default: return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld)
+{
+    if (!known(type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (ld < (int64_t)(rows > 1 ? rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+    *l = new cublasLtMatrixLayoutOpaque_t();
+    *reinterpret_cast<lt_layout *>(*l) = lt_layout{ type, rows, cols, ld };
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = new cublasLtMatmulPreferenceOpaque_t();
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void *buf, size_t size)
+{
+    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return set(&p->data[0], buf, size) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* The checks cuBLASLt documents for a matmul: shapes that agree (m x k times k x n), D of C's
+** shape and type, A and B of one type, the epilogue's pointers, types and aux leading
+** dimension. */
+static cublasStatus_t lt_check(const lt_desc *x, const lt_layout *a, const lt_layout *b,
+                               const lt_layout *c, const lt_layout *dl)
+{
+    bool epi_ok = x->epi == CUBLASLT_EPILOGUE_DEFAULT || x->epi == CUBLASLT_EPILOGUE_BIAS ||
+                  x->epi == CUBLASLT_EPILOGUE_GELU_AUX || x->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                  x->epi == CUBLASLT_EPILOGUE_DGELU;
+    if (!epi_ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((x->ta != CUBLAS_OP_N && x->ta != CUBLAS_OP_T) || (x->tb != CUBLAS_OP_N && x->tb != CUBLAS_OP_T))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t m = x->ta == CUBLAS_OP_N ? a->rows : a->cols, k = x->ta == CUBLAS_OP_N ? a->cols : a->rows;
+    uint64_t kb = x->tb == CUBLAS_OP_N ? b->rows : b->cols, n = x->tb == CUBLAS_OP_N ? b->cols : b->rows;
+    if (k != kb || c->rows != m || c->cols != n || dl->rows != m || dl->cols != n ||
+        c->type != dl->type || c->ld != dl->ld || a->type != b->type)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bool bias = x->epi & CUBLASLT_EPILOGUE_BIAS, aux = x->epi & 128;
+    if (bias && (!x->bias || (x->bias_type != -1 && x->bias_type != dl->type)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (aux && (!x->aux || x->aux_ld % 8 != 0 || x->aux_ld < (int64_t)m ||
+                (x->aux_type != -1 && x->aux_type != dl->type)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                              cublasLtMatmulPreference_t p, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int *returned)
+{
+    if (!h || !p || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    cublasStatus_t st = lt_check(reinterpret_cast<lt_desc *>(d), reinterpret_cast<lt_layout *>(a),
+                                 reinterpret_cast<lt_layout *>(b), reinterpret_cast<lt_layout *>(c),
+                                 reinterpret_cast<lt_layout *>(dl));
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    memset(&results[0], 0, sizeof results[0]);
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its derivative, in f32 */
+static float lt_gelu(float x)
+{
+    float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+static float lt_dgelu(float x)
+{
+    float u = 0.7978845608f * (x + 0.044715f * x * x * x), th = tanhf(u);
+    float du = 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t al, const void *B,
+                              cublasLtMatrixLayout_t bl, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t cl, void *D, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t)
+{
+    const lt_desc *x = reinterpret_cast<lt_desc *>(d);
+    const lt_layout *a = reinterpret_cast<lt_layout *>(al), *b = reinterpret_cast<lt_layout *>(bl);
+    const lt_layout *c = reinterpret_cast<lt_layout *>(cl), *o = reinterpret_cast<lt_layout *>(dl);
+    if (!h || !algo) return CUBLAS_STATUS_INVALID_VALUE;
+    cublasStatus_t st = lt_check(x, a, b, c, o);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    int m = (int)o->rows, n = (int)o->cols, k = (int)(x->ta == CUBLAS_OP_N ? a->cols : a->rows);
+    float be = *static_cast<const float *>(beta), al_ = *static_cast<const float *>(alpha);
+    /* op(A) op(B) in f32, as cublasGemmEx computes it */
+    static thread_local std::vector<float> t;
+    if (t.size() < (size_t)m * n) t.resize((size_t)m * n);
+    const float one = 1.0f, zero = 0.0f;
+    static emu_cublas blas;
+    st = cublasGemmEx(&blas, (cublasOperation_t)x->ta,
+                      (cublasOperation_t)x->tb, m, n, k, &one, A, a->type, (int)a->ld, B, b->type,
+                      (int)b->ld, &zero, t.data(), CUDA_R_32F, m > 1 ? m : 1, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            long long ci = i + (long long)j * c->ld, ai = i + (long long)j * x->aux_ld;
+            float v = al_ * t[(size_t)j * m + i] + (be == 0.0f ? 0.0f : be * load(C, c->type, ci));
+            if (x->epi & CUBLASLT_EPILOGUE_BIAS) v += load(x->bias, o->type, i);
+            if (x->epi == CUBLASLT_EPILOGUE_GELU_AUX || x->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+                store(x->aux, o->type, ai, v);
+                v = lt_gelu(v);
+            } else if (x->epi == CUBLASLT_EPILOGUE_DGELU) {
+                v *= lt_dgelu(load(x->aux, o->type, ai));
+            }
+            store(D, o->type, ci, v);
+        }
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 /* -- NCCL: no communicator of more than one rank in one process ----------------------------- */

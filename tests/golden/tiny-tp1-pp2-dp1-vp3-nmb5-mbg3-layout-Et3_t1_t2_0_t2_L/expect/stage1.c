@@ -234,9 +234,8 @@ static void layer_fwd(int c, int slot, int j, int again)
                       STAGE(S_FULL), TENSOR(LN2_W), TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS,
                       CFG_ACT);
     /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
-    matmul_fwd(LAYER(L_FC), LAYER(L_LN2), TENSOR(FC_W), TENSOR(FC_B), CFG_N, CFG_C, CFG_FF_LOCAL,
-               CFG_ACT);
-    gelu_fwd(LAYER(L_GELU), LAYER(L_FC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_gelu_fwd(LAYER(L_FC), LAYER(L_GELU), LAYER(L_LN2), TENSOR(FC_W), TENSOR(FC_B), CFG_N,
+                    CFG_C, CFG_FF_LOCAL, CFG_ACT);
     matmul_fwd(STAGE(S_FULL), LAYER(L_GELU), TENSOR(MLP_PROJ_W), NULL, CFG_N, CFG_FF_LOCAL, CFG_C,
                CFG_ACT);
     bias_fwd(STAGE(S_FULL), TENSOR(MLP_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
@@ -253,9 +252,8 @@ static void layer_bwd(int c, int slot, int j)
     void *dres = gpt_dy(c, slot);               /* d(its output) in, d(its input) out */
     /* MLP backward */
     bias_bwd(GRAD(MLP_PROJ_B), dres, CFG_N_SP, CFG_C, CFG_ACT);
-    matmul_bwd(STAGE(S_DFC), GRAD(MLP_PROJ_W), NULL, dres, LAYER(L_GELU), TENSOR(MLP_PROJ_W), CFG_N,
-               CFG_FF_LOCAL, CFG_C, CFG_ACT);
-    gelu_bwd(STAGE(S_DFC), LAYER(L_FC), STAGE(S_DFC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_bwd_gelu(STAGE(S_DFC), GRAD(MLP_PROJ_W), dres, LAYER(L_GELU), TENSOR(MLP_PROJ_W),
+                    LAYER(L_FC), CFG_N, CFG_FF_LOCAL, CFG_C, CFG_ACT);
     matmul_bwd(STAGE(S_FULL), GRAD(FC_W), GRAD(FC_B), STAGE(S_DFC), LAYER(L_LN2), TENSOR(FC_W),
                CFG_N, CFG_C, CFG_FF_LOCAL, CFG_ACT);
     layernorm_bwd(dres, GRAD(LN2_W), GRAD(LN2_B), STAGE(S_FULL), LAYER(L_RES1), TENSOR(LN2_W),

@@ -278,9 +278,8 @@ static void layer_fwd(int c, int slot, int j, int again)
     /* >>> all-gather over tp: ln_2's output, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */
     rt_allgather(LAYER(L_LN2), STAGE(S_GATHER), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    matmul_fwd(LAYER(L_FC), STAGE(S_GATHER), TENSOR(FC_W), TENSOR(FC_B), CFG_N, CFG_C, CFG_FF_LOCAL,
-               CFG_ACT);
-    gelu_fwd(LAYER(L_GELU), LAYER(L_FC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_gelu_fwd(LAYER(L_FC), LAYER(L_GELU), STAGE(S_GATHER), TENSOR(FC_W), TENSOR(FC_B), CFG_N,
+                    CFG_C, CFG_FF_LOCAL, CFG_ACT);
     matmul_fwd(STAGE(S_FULL), LAYER(L_GELU), TENSOR(MLP_PROJ_W), NULL, CFG_N, CFG_FF_LOCAL, CFG_C,
                CFG_ACT);
     /* >>> reduce-scatter over tp: the MLP's output, (N, C) partial sums -> this rank's (N_SP, C)
@@ -307,9 +306,8 @@ static void layer_bwd(int c, int slot, int j)
     /* >>> all-gather over tp: the output gradient, (N_SP, C) from each rank -> (N, C)
     ** (docs/megatron.md §4.1) */
     rt_allgather(dres, STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT, GROUP(TP));
-    matmul_bwd(STAGE(S_DFC), GRAD(MLP_PROJ_W), NULL, STAGE(S_FULL), LAYER(L_GELU),
-               TENSOR(MLP_PROJ_W), CFG_N, CFG_FF_LOCAL, CFG_C, CFG_ACT);
-    gelu_bwd(STAGE(S_DFC), LAYER(L_FC), STAGE(S_DFC), CFG_N * CFG_FF_LOCAL, CFG_ACT);
+    matmul_bwd_gelu(STAGE(S_DFC), GRAD(MLP_PROJ_W), STAGE(S_FULL), LAYER(L_GELU),
+                    TENSOR(MLP_PROJ_W), LAYER(L_FC), CFG_N, CFG_FF_LOCAL, CFG_C, CFG_ACT);
     matmul_bwd(STAGE(S_FULL), GRAD(FC_W), GRAD(FC_B), STAGE(S_DFC), STAGE(S_GATHER), TENSOR(FC_W),
                CFG_N, CFG_C, CFG_FF_LOCAL, CFG_ACT);
     /* >>> reduce-scatter over tp: the input gradient, (N, C) partial sums -> this rank's (N_SP,
