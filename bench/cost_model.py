@@ -5,7 +5,8 @@
 
 For GPT-2 124M (micro-batch 64) or 1558M (micro-batch 8, selective recompute), T = 1024, bf16
 activations, f32 weights, gradients and Adam moments, it lists every launch of a step as the
-CUDA library makes it (lib/kernels_cuda.cu, cuBLAS for the linear layers), with its bytes moved
+CUDA library makes it (lib/kernels_cuda.cu, cuBLAS for the linear layers, cuBLASLt's epilogues
+for the column-parallel biases, the GELU and its gradient), with its bytes moved
 (each operand read once, each result written once), its FLOPs and its launch shape. It turns
 them into times at the stated rates, the larger of bytes / bandwidth and FLOPs / matrix rate,
 plus LAUNCH_US per launch. The defaults are what the H200's first device session measured:
@@ -52,10 +53,11 @@ class Step:
         return max(nbytes / self.bw, nflops / self.rate) * 1e3 + row[4] * LAUNCH_US * 1e-3
 
 
-def gemm(s, name, m, n, k, out_bytes=A, count=1):
-    """A linear layer's product: m x k by k x n, bf16 in, out_bytes out (f32 weight gradients)"""
+def gemm(s, name, m, n, k, out_bytes=A, count=1, extra=0):
+    """A linear layer's product: m x k by k x n, bf16 in, out_bytes out (f32 weight gradients);
+    extra: the bytes its cuBLASLt epilogue moves besides (a bias, the GELU's aux matrix)"""
     for _ in range(count):
-        s.add("gemm", name, (m * k + k * n) * A + m * n * out_bytes, 2.0 * m * n * k)
+        s.add("gemm", name, (m * k + k * n) * A + m * n * out_bytes + extra, 2.0 * m * n * k)
 
 
 def step_of(model, bw, flops):
@@ -68,26 +70,24 @@ def step_of(model, bw, flops):
     att_io = N * 3 * C * A + N * C * A + B * H * T * 4
     for _ in range(L):
         s.add("layernorm", "layernorm_fwd", 2 * N * C * A + N * 8)
-        gemm(s, "qkv", N, 3 * C, C)
-        s.add("bias", "bias_fwd qkv", 2 * N * 3 * C * A)
+        # the column-parallel biases and the GELU in cuBLASLt's epilogues (rt_gemm_epi): the
+        # bias read, the GELU's input written beside its output (aux), read again backward
+        gemm(s, "qkv + bias", N, 3 * C, C, extra=3 * C * A)
         for _ in range(2 if rc else 1):       # selective recompute repeats the core
             s.add("attention", "attention_fwd", att_io, 2 * unit)
         gemm(s, "attn proj", N, C, C)
         s.add("bias", "bias_fwd proj", 2 * N * C * A)
         # res1 = x + proj and ln_2 of res1, one kernel: reads x and proj, writes res1 and ln_2
         s.add("layernorm", "add_layernorm_fwd", 4 * N * C * A + N * 8)
-        gemm(s, "fc", N, 4 * C, C)
-        s.add("bias", "bias_fwd fc", 2 * N * 4 * C * A)
-        s.add("gelu", "gelu_fwd", 2 * N * 4 * C * A)
+        gemm(s, "fc + bias + gelu", N, 4 * C, C, extra=4 * C * A + N * 4 * C * A)
         gemm(s, "fc proj", N, C, 4 * C)
         s.add("bias", "bias_fwd fc proj", 2 * N * C * A)
         s.add("residual", "add_fwd", 3 * N * C * A)
         # backward
         s.add("residual", "add_inplace", 3 * N * C * A)
         s.add("bias", "bias_bwd fc proj", N * C * A, launches=2)
-        gemm(s, "fc proj dX", N, 4 * C, C)
         gemm(s, "fc proj dW", C, 4 * C, N, out_bytes=W)
-        s.add("gelu", "gelu_bwd", 3 * N * 4 * C * A)
+        gemm(s, "fc proj dX * gelu'", N, 4 * C, C, extra=N * 4 * C * A)
         s.add("bias", "bias_bwd fc", N * 4 * C * A, launches=2)
         gemm(s, "fc dX", N, C, 4 * C)
         gemm(s, "fc dW", 4 * C, C, N, out_bytes=W)

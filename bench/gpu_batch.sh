@@ -304,7 +304,10 @@ part_kernels() {
     rm -f "$OUTD"/k2*.safetensors "$OUTD"/k1-bf16.safetensors "$OUTD/kernels-cpu.safetensors"
     for k in gemm rng; do
         if timeout 60 "$D/bin/t_${k}_cuda" > "$OUTD/runtime-$k.log" 2>&1 &&
-           grep -q '^ok ' "$OUTD/runtime-$k.log"; then ok "runtime-$k"
+           grep -q '^ok ' "$OUTD/runtime-$k.log"; then
+            # t_gemm: how many of its cuBLASLt epilogue cases the library fused
+            ok "runtime-$k$(sed -n 's/^rt_gemm_epi: \(.*\) (.*/ (epilogues: \1)/p' \
+                "$OUTD/runtime-$k.log")"
         else bad "runtime-$k" "$(grep -m1 -iv '^ok' "$OUTD/runtime-$k.log")"; fi
     done
 }

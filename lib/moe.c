@@ -477,10 +477,8 @@ void moe_experts_fwd(gpt_moe *m, void *const *w, const void *xg, const float *pg
         const float *pe = (const float *)ML(PE) + off;
         void *fc = lib_at(ML(FC), (size_t)off * EFF), *h = lib_at(ML(H), (size_t)off * EFF);
         void *act = lib_at(MS(ACT), (size_t)off * EFF), *y = lib_at(MS(YE), (size_t)off * C);
-        rt_gemm(0, 0, r, EFF, C, 1.0f, lib_at(ML(XE), (size_t)off * C), C, 0,
-                w[LIB_FIELD(GPT_P_EXPERT_FC_W, l)], EFF, 0, 0.0f, fc, EFF, 0, 1, ACT, ACT);
-        if (d->bias) bias_fwd(fc, w[LIB_FIELD(GPT_P_EXPERT_FC_B, l)], r, EFF, ACT);
-        gelu_fwd(h, fc, (size_t)r * EFF, ACT);
+        matmul_gelu_fwd(fc, h, lib_at(ML(XE), (size_t)off * C), w[LIB_FIELD(GPT_P_EXPERT_FC_W, l)],
+                        d->bias ? w[LIB_FIELD(GPT_P_EXPERT_FC_B, l)] : NULL, r, C, EFF, ACT);
         rt_memcpy(act, h, (size_t)r * EFF * lib.es, RT_D2D);
         row_scale(act, pe, r, EFF, ACT);
         rt_gemm(0, 0, r, C, EFF, 1.0f, act, EFF, 0, w[LIB_FIELD(GPT_P_EXPERT_PROJ_W, l)], C, 0,
