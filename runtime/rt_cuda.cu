@@ -1095,9 +1095,20 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
 ** as cuBLASLt's epilogues broadcast it) and m columns at ldc, and the aux matrix (the GELU's
 ** input) the same shape and leading dimension. Compute and scale types f32 (no TF32); bias
 ** and aux of D's type. It shares cuBLAS's workspace (one stream: the calls never overlap).
-** cuBLASLt returns no algorithm for some shapes and alignments: then 0, and the caller runs
-** the unfused kernels.
+** The heuristic is told the pointers' alignments (it assumes 256 bytes otherwise, and an
+** algorithm chosen so may fail on a buffer at an offset of the memory plan). cuBLASLt returns
+** no algorithm for some shapes and alignments: then 0, and the caller runs the unfused
+** kernels.
 */
+/* The largest power of two up to 256 that divides p's address */
+static uint32_t lt_align(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a != 0)
+        a /= 2;
+    return a;
+}
+
 int rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
                 int ldb, void *C, int ldc, rt_epilogue epi, const void *bias, void *aux,
                 rt_dtype t)
@@ -1146,6 +1157,16 @@ int rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda, con
     RT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     RT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                    &ws, sizeof ws));
+    /* the alignments the pointers have (the heuristic assumes 256 bytes otherwise) */
+    uint32_t align[3] = { lt_align(B), lt_align(A), lt_align(C) };
+    RT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                   &align[0], sizeof align[0]));
+    RT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                   &align[1], sizeof align[1]));
+    RT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                   &align[2], sizeof align[2]));
+    RT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                   &align[2], sizeof align[2]));
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cu.lt, desc, la, lb, lc, lc, pref, 1, &h,

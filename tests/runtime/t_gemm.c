@@ -374,7 +374,7 @@ static int epi_fused, epi_cases;
 ** When the backend does not fuse (returns 0; the CPU always), C and aux must be untouched.
 */
 static void epi_case(int ta, int tb, int m, int n, int k, int pad, rt_epilogue epi, int bias,
-                     rt_dtype t, int must_fuse)
+                     rt_dtype t, int must_fuse, int skew)
 {
     uint32_t seed = (uint32_t)(m * 131 + n * 7 + k + epi * 1000 + ta * 2 + tb);
     int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
@@ -389,17 +389,24 @@ static void epi_case(int ta, int tb, int m, int n, int k, int pad, rt_epilogue e
         store(hC, t, i, NAN);
         store(hX0, t, i, epi == RT_EPI_DGELU ? 4 * frand(&seed, t) : NAN);
     }
-    void *dA = t_to_dev(hA, na * es), *dB = t_to_dev(hB, nb * es), *db = t_to_dev(hb, n * es);
-    void *dC = t_to_dev(hC, nc * es), *dX = t_to_dev(hX0, nc * es);
-    int done = rt_gemm_epi(ta, tb, m, n, k, dA, lda, dB, ldb, dC, ldc, epi, bias ? db : NULL,
-                           epi == RT_EPI_BIAS ? NULL : dX, t);
+    /* skew: A, C and aux start that many elements into their buffers (pointers less aligned
+    ** than rt_malloc's 256 bytes) */
+    size_t sk = (size_t)skew * es;
+    void *dA = rt_malloc(na * es + sk), *dB = t_to_dev(hB, nb * es), *db = t_to_dev(hb, n * es);
+    void *dC = rt_malloc(nc * es + sk), *dX = rt_malloc(nc * es + sk);
+    char *pA = (char *)dA + sk, *pC = (char *)dC + sk, *pX = (char *)dX + sk;
+    rt_memcpy(pA, hA, na * es, RT_H2D);
+    rt_memcpy(pC, hC, nc * es, RT_H2D);
+    rt_memcpy(pX, hX0, nc * es, RT_H2D);
+    int done = rt_gemm_epi(ta, tb, m, n, k, pA, lda, dB, ldb, pC, ldc, epi, bias ? db : NULL,
+                           epi == RT_EPI_BIAS ? NULL : pX, t);
     void *gC = t_alloc(nc * es);
-    t_to_host(gC, dC, nc * es);
-    t_to_host(hX, dX, nc * es);
+    t_to_host(gC, pC, nc * es);
+    t_to_host(hX, pX, nc * es);
     char name[160];
-    snprintf(name, sizeof name, "gemm_epi %s %s%s ta%d tb%d m%d n%d k%d ldc%d",
+    snprintf(name, sizeof name, "gemm_epi %s %s%s ta%d tb%d m%d n%d k%d ldc%d skew%d",
              epi == RT_EPI_BIAS ? "bias" : epi == RT_EPI_GELU ? "gelu" : "dgelu",
-             rt_dtype_name(t), bias ? " +bias" : "", ta, tb, m, n, k, ldc);
+             rt_dtype_name(t), bias ? " +bias" : "", ta, tb, m, n, k, ldc, skew);
     epi_cases++;
     epi_fused += done;
     T_EXPECT(done || !must_fuse, "%s: not fused (rt_gemm_epi returned 0)", name);
@@ -460,7 +467,8 @@ static void epi_case(int ta, int tb, int m, int n, int k, int pad, rt_epilogue e
 }
 
 /* The model's three uses (matmul_fwd's bias, matmul_gelu_fwd, matmul_bwd_gelu: ta 0, tb 0 or
-** 1), odd sizes with an aux leading dimension that is a multiple of 8, in both types; an aux
+** 1), odd sizes with an aux leading dimension that is a multiple of 8, in both types, also from
+** pointers aligned to only 2 to 8 bytes (cuBLASLt's heuristic must be told); an aux
 ** leading dimension that is not must not be fused. must_fuse: the backend fuses every case
 ** that cuBLASLt documents (the emulation; a GPU may still refuse a shape, and then runs none). */
 static void test_gemm_epi(int must_fuse)
@@ -469,13 +477,16 @@ static void test_gemm_epi(int must_fuse)
     for (int ti = 0; ti < 2; ti++) {
         rt_dtype t = types[ti];
         for (int tb = 0; tb < 2; tb++) {
-            epi_case(0, tb, 37, 29, 45, 0, RT_EPI_BIAS, 1, t, must_fuse);
-            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_GELU, 1, t, must_fuse);
-            epi_case(0, tb, 19, 43, 70, 5, RT_EPI_GELU, 0, t, must_fuse);   /* ldc 48 */
-            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_DGELU, 0, t, must_fuse);
-            epi_case(0, tb, 130, 64, 150, 0, RT_EPI_DGELU, 0, t, must_fuse);
+            epi_case(0, tb, 37, 29, 45, 0, RT_EPI_BIAS, 1, t, must_fuse, 0);
+            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_GELU, 1, t, must_fuse, 0);
+            epi_case(0, tb, 19, 43, 70, 5, RT_EPI_GELU, 0, t, must_fuse, 0);   /* ldc 48 */
+            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_DGELU, 0, t, must_fuse, 0);
+            epi_case(0, tb, 130, 64, 150, 0, RT_EPI_DGELU, 0, t, must_fuse, 0);
+            /* A, C and aux 1 or 2 elements into their buffers: aligned to 2 to 8 bytes */
+            epi_case(0, tb, 37, 40, 45, 0, RT_EPI_GELU, 1, t, must_fuse, 1 + tb);
+            epi_case(0, tb, 37, 29, 45, 0, RT_EPI_BIAS, 1, t, must_fuse, 2);
         }
-        epi_case(0, 0, 9, 30, 12, 0, RT_EPI_GELU, 1, t, 0);        /* ldc 30: never fused */
+        epi_case(0, 0, 9, 30, 12, 0, RT_EPI_GELU, 1, t, 0, 0);     /* ldc 30: never fused */
     }
     printf("rt_gemm_epi: %d of %d cases fused (%s backend)\n", epi_fused, epi_cases,
            rt_backend());

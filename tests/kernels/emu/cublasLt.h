@@ -3,7 +3,9 @@
 ** attribute types, and its documented semantics: column-major D = alpha op(A) op(B) + beta C
 ** with the epilogues BIAS, GELU_AUX(_BIAS) and DGELU. An attribute of the wrong size or
 ** value, a missing bias or aux pointer, an aux leading dimension that is not a multiple of 8
-** or is shorter than D's rows: CUBLAS_STATUS_INVALID_VALUE, as the library documents. */
+** or is shorter than D's rows: CUBLAS_STATUS_INVALID_VALUE, as the library documents. The
+** algorithm a heuristic returns assumes the alignments of A, B, C and D that the preference
+** states (256 bytes unless set lower); cublasLtMatmul refuses pointers aligned less. */
 #ifndef GPT_CUDA_EMU_CUBLASLT_H
 #define GPT_CUDA_EMU_CUBLASLT_H
 #include "cublas_v2.h"
@@ -46,7 +48,13 @@ typedef enum {
     CUBLASLT_EPILOGUE_DGELU = 64 | 128
 } cublasLtEpilogue_t;
 
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,   /* uint64_t */
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5, /* uint32_t, default 256 */
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h);

@@ -296,9 +296,11 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
 
+/* the preference: data[0] the workspace bytes, data[1..4] the alignments of A, B, C, D */
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
 {
     *p = new cublasLtMatmulPreferenceOpaque_t();
+    for (int i = 1; i <= 4; i++) (*p)->data[i] = 256;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
@@ -306,8 +308,16 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void *buf, size_t size)
 {
-    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return CUBLAS_STATUS_NOT_SUPPORTED;
-    return set(&p->data[0], buf, size) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return set(&p->data[0], buf, size) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    if (attr < CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ||
+        attr > CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    uint32_t a;
+    if (!set(&a, buf, size) || a == 0 || a > 256 || (a & (a - 1)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    p->data[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + 1] = a;
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 /* The checks cuBLASLt documents for a matmul: shapes that agree (m x k times k x n), D of C's
@@ -349,6 +359,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                  reinterpret_cast<lt_layout *>(dl));
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     memset(&results[0], 0, sizeof results[0]);
+    for (int i = 0; i < 4; i++)     /* the algorithm's assumptions: the stated alignments */
+        results[0].algo.data[i] = p->data[i + 1];
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
     *returned = 1;
@@ -380,6 +392,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     if (!h || !algo) return CUBLAS_STATUS_INVALID_VALUE;
     cublasStatus_t st = lt_check(x, a, b, c, o);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+    const void *ptr[4] = { A, B, C, D };
+    for (int i = 0; i < 4; i++)     /* aligned as the algorithm assumes */
+        if ((uintptr_t)ptr[i] % algo->data[i] != 0) return CUBLAS_STATUS_INVALID_VALUE;
     int m = (int)o->rows, n = (int)o->cols, k = (int)(x->ta == CUBLAS_OP_N ? a->cols : a->rows);
     float be = *static_cast<const float *>(beta), al_ = *static_cast<const float *>(alpha);
     /* op(A) op(B) in f32, as cublasGemmEx computes it */
