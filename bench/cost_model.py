@@ -6,10 +6,10 @@
 For GPT-2 124M (micro-batch 64) or 1558M (micro-batch 8, selective recompute), T = 1024, bf16
 activations, f32 weights, gradients and Adam moments, it lists every launch of a step as the
 CUDA library makes it (lib/kernels_cuda.cu, cuBLAS for the linear layers, cuBLASLt's epilogues
-for the column-parallel biases, the GELU and its gradient), with its bytes moved
-(each operand read once, each result written once), its FLOPs and its launch shape. It turns
-them into times at the stated rates, the larger of bytes / bandwidth and FLOPs / matrix rate,
-plus LAUNCH_US per launch. The defaults are what the H200's first device session measured:
+for the biases, the GELU and its gradient: on one GPU every bias is added in its product), with
+its bytes moved (each operand read once, each result written once), its FLOPs and its launch
+shape. It turns them into times at the stated rates, the larger of bytes / bandwidth and
+FLOPs / matrix rate, plus LAUNCH_US per launch. The defaults are what the H200's first device session measured:
 4.29 TB/s for a copy and 784 TFLOP/s for a bf16 GEMM (docs/GPU.md). The launches are summed per
 kernel family, the families of bench/step_profile.c. With --profile, the family times of a
 measured profile (gpu_batch.sh's profile part: lines "profile: <family> <ms> <percent>") are
@@ -75,13 +75,11 @@ def step_of(model, bw, flops):
         gemm(s, "qkv + bias", N, 3 * C, C, extra=3 * C * A)
         for _ in range(2 if rc else 1):       # selective recompute repeats the core
             s.add("attention", "attention_fwd", att_io, 2 * unit)
-        gemm(s, "attn proj", N, C, C)
-        s.add("bias", "bias_fwd proj", 2 * N * C * A)
+        gemm(s, "attn proj + bias", N, C, C, extra=C * A)   # TP 1: the bias in the product
         # res1 = x + proj and ln_2 of res1, one kernel: reads x and proj, writes res1 and ln_2
         s.add("layernorm", "add_layernorm_fwd", 4 * N * C * A + N * 8)
         gemm(s, "fc + bias + gelu", N, 4 * C, C, extra=4 * C * A + N * 4 * C * A)
-        gemm(s, "fc proj", N, C, 4 * C)
-        s.add("bias", "bias_fwd fc proj", 2 * N * C * A)
+        gemm(s, "fc proj + bias", N, C, 4 * C, extra=C * A)
         s.add("residual", "add_fwd", 3 * N * C * A)
         # backward
         s.add("residual", "add_inplace", 3 * N * C * A)

@@ -391,6 +391,10 @@ function M.build(cfg, s, present)
     for _, mod in ipairs(cfg.recompute_modules) do rc[mod] = true end
     local function has(f) return present[f] == true end
     local function w_or_null(f) return has(f) and param(f) or NULL end
+    -- A row-parallel bias (the attention's and the MLP's output projections) is added after
+    -- the sum over tp; on one tp rank there is no sum, and it goes into the product itself
+    -- (matmul_fwd's bias: a cuBLASLt epilogue on CUDA, the same bias_fwd on the CPU).
+    local function row_bias_in_product(f) return cfg.tp == 1 and has(f) end
     local function g_or_null(f) return has(f) and grad(f) or NULL end
     local ROWS = E(s, "N_SP", "C")       -- this rank's rows between the layers
     local function I(...) return int(E(s, ...)) end
@@ -638,11 +642,13 @@ function M.build(cfg, s, present)
             b.k("linear_fwd", mem("S_FULL"), I("C"), mem("L_GELU"), param("MLP_PROJ_W"), I("N"),
                 I("FF_LOCAL"), I("C"), ACT)
         else
-            b.k("matmul_fwd", mem("S_FULL"), mem("L_GELU"), param("MLP_PROJ_W"), NULL, I("N"),
+            b.k("matmul_fwd", mem("S_FULL"), mem("L_GELU"), param("MLP_PROJ_W"),
+                row_bias_in_product("MLP_PROJ_B") and param("MLP_PROJ_B") or NULL, I("N"),
                 I("FF_LOCAL"), I("C"), ACT)
         end
         local proj = reduce_seq(b, mem("S_FULL"), "the MLP's output")
-        if has("MLP_PROJ_B") then        -- the row-parallel bias, after the sum
+        if has("MLP_PROJ_B") and not row_bias_in_product("MLP_PROJ_B") then
+            -- the row-parallel bias, after the sum
             b.k("bias_fwd", proj, param("MLP_PROJ_B"), I("N_SP"), I("C"), ACT)
         end
         return proj
@@ -854,7 +860,8 @@ function M.build(cfg, s, present)
             b.k("linear_fwd", mem("S_FULL"), I("C"), mem("L_ATTY"), param("ATTN_PROJ_W"), I("N"),
                 I("C_LOCAL"), I("C"), ACT)
         else
-            b.k("matmul_fwd", mem("S_FULL"), mem("L_ATTY"), param("ATTN_PROJ_W"), NULL, I("N"),
+            b.k("matmul_fwd", mem("S_FULL"), mem("L_ATTY"), param("ATTN_PROJ_W"),
+                row_bias_in_product("ATTN_PROJ_B") and param("ATTN_PROJ_B") or NULL, I("N"),
                 I("C_LOCAL"), I("C"), ACT)
         end
     end
@@ -872,7 +879,8 @@ function M.build(cfg, s, present)
         attention_core(b)
         attn_proj_fwd(b)
         local proj = reduce_seq(b, mem("S_FULL"), "the attention's output")
-        if has("ATTN_PROJ_B") then       -- the row-parallel bias, after the sum
+        if has("ATTN_PROJ_B") and not row_bias_in_product("ATTN_PROJ_B") then
+            -- the row-parallel bias, after the sum
             b.k("bias_fwd", proj, param("ATTN_PROJ_B"), I("N_SP"), I("C"), ACT)
         end
         add_ln2_fwd(b, X, proj)

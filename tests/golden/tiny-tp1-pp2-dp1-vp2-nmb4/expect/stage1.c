@@ -300,18 +300,16 @@ static void layer_fwd(int c, int slot, int j, int again)
                CFG_QKV_LOCAL, CFG_ACT);
     attention_fwd(LAYER(L_ATTY), LAYER(L_LSE), LAYER(L_QKV), CFG_B, CFG_T, CFG_HEADS_LOCAL,
                   CFG_HEADS_LOCAL, CFG_HEAD_DIM, CFG_ATT_SCALE, CFG_ACT);
-    matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), NULL, CFG_N, CFG_C_LOCAL, CFG_C,
-               CFG_ACT);
-    bias_fwd(STAGE(S_FULL), TENSOR(ATTN_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_ATTY), TENSOR(ATTN_PROJ_W), TENSOR(ATTN_PROJ_B), CFG_N,
+               CFG_C_LOCAL, CFG_C, CFG_ACT);
     add_layernorm_fwd(LAYER(L_RES1), LAYER(L_LN2), LAYER(L_LN2_MEAN), LAYER(L_LN2_RSTD), x,
                       STAGE(S_FULL), TENSOR(LN2_W), TENSOR(LN2_B), CFG_N_SP, CFG_C, CFG_LN_EPS,
                       CFG_ACT);
     /* MLP: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1)))) */
     matmul_gelu_fwd(LAYER(L_FC), LAYER(L_GELU), LAYER(L_LN2), TENSOR(FC_W), TENSOR(FC_B), CFG_N,
                     CFG_C, CFG_FF_LOCAL, CFG_ACT);
-    matmul_fwd(STAGE(S_FULL), LAYER(L_GELU), TENSOR(MLP_PROJ_W), NULL, CFG_N, CFG_FF_LOCAL, CFG_C,
-               CFG_ACT);
-    bias_fwd(STAGE(S_FULL), TENSOR(MLP_PROJ_B), CFG_N_SP, CFG_C, CFG_ACT);
+    matmul_fwd(STAGE(S_FULL), LAYER(L_GELU), TENSOR(MLP_PROJ_W), TENSOR(MLP_PROJ_B), CFG_N,
+               CFG_FF_LOCAL, CFG_C, CFG_ACT);
     add_fwd(LAYER(L_RES2), LAYER(L_RES1), STAGE(S_FULL), CFG_N_SP * CFG_C, CFG_ACT);
 }
 
