@@ -256,6 +256,33 @@ run cli/any-cwd sh -c "cd $S/elsewhere && $up/build/gen --lua $up/tests/tmpl/cli
 if [ "$rc" -eq 0 ] && cmp -s "$C/include.out" "$out"; then pass cli/any-cwd
 else fail cli/any-cwd "exit $rc: $(head -n 1 "$err")"; fi
 
+# the passes' precompiled forms (gen/host.c host_load_compiled), in a root of their own: a
+# current build/obj/gen/lua/X.luac is loaded in place of gen/lua/X.lua; an older one, or one
+# that does not load, is not
+if command -v luac5.4 > /dev/null 2>&1; then
+    T=$S/root
+    rm -rf "$T" && mkdir -p "$T/build/obj/gen/lua" "$T/gen/lua" "$T/src" &&
+        cp "$G" "$T/build/gen" &&
+        echo 'return "source"' > "$T/gen/lua/probe.lua" &&
+        echo 'return "compiled"' > "$T/src/probe.lua" &&
+        echo 'print((require("probe")))' > "$T/main.lua" &&
+        luac5.4 -o "$T/build/obj/gen/lua/probe.luac" "$T/src/probe.lua" &&
+        touch -d '2001-01-01' "$T/gen/lua/probe.lua"
+    run cli/compiled-current "$T/build/gen" --lua "$T/main.lua"
+    if [ "$rc" -eq 0 ] && [ "$(cat "$out")" = compiled ]; then pass cli/compiled-current
+    else fail cli/compiled-current "exit $rc, printed '$(cat "$out")': $(head -n 1 "$err")"; fi
+    touch "$T/gen/lua/probe.lua"                    # the source edited since
+    run cli/compiled-stale "$T/build/gen" --lua "$T/main.lua"
+    if [ "$rc" -eq 0 ] && [ "$(cat "$out")" = source ]; then pass cli/compiled-stale
+    else fail cli/compiled-stale "exit $rc, printed '$(cat "$out")': $(head -n 1 "$err")"; fi
+    echo 'not bytecode' > "$T/build/obj/gen/lua/probe.luac"     # newer, but does not load
+    run cli/compiled-bad "$T/build/gen" --lua "$T/main.lua"
+    if [ "$rc" -eq 0 ] && [ "$(cat "$out")" = source ]; then pass cli/compiled-bad
+    else fail cli/compiled-bad "exit $rc, printed '$(cat "$out")': $(head -n 1 "$err")"; fi
+else
+    skip cli/compiled "no luac5.4 (Debian's lua5.4)"
+fi
+
 # -- Lua-level API tests -------------------------------------------------------------------------
 for t in api host; do
     run "lua/$t" "$G" --lua "tests/tmpl/cli/$t.lua"
