@@ -67,6 +67,9 @@ fi
 make -s --no-print-directory build/gen build/librt_cpu.a data/corpus.bin || exit 1
 BLAS_CFLAGS=$(pkg-config --cflags openblas) BLAS_LIBS=$(pkg-config --libs openblas)
 DNNL_LIBS="-ldnnl -lgomp"
+# what a generated CPU program links (lib/lib.mk), from the Makefile itself
+GPT_CPU_LIBS=$(make -s --no-print-directory -f Makefile \
+               -f <(printf 'pv:\n\t@echo $(GPT_CPU_LIBS)\n') pv) || exit 1
 gcc -std=c11 -O2 -Wall -Wextra -Werror $BLAS_CFLAGS -o $B/sgemm_peak bench/sgemm_peak.c \
     $BLAS_LIBS $DNNL_LIBS || exit 1
 WRAP="embed_fwd embed_bwd pos_fwd pos_bwd layernorm_fwd add_layernorm_fwd layernorm_bwd
@@ -90,8 +93,7 @@ build() {
            sed "/^$/d; s|^|$obj/|; s|\.c$|.o|")
     # the library's calls into its kernels are wrapped too (they cross archive members)
     # shellcheck disable=SC2086
-    mpicc -o "$dir/train_prof" $objs "$obj/step_profile.o" $wraps \
-        -Lbuild -lgpt_cpu -lrt_cpu $BLAS_LIBS $DNNL_LIBS -lpthread -lm || exit 1
+    mpicc -o "$dir/train_prof" $objs "$obj/step_profile.o" $wraps $GPT_CPU_LIBS || exit 1
 }
 
 # stats: "median min max" of the numbers on stdin, one a line
