@@ -27,6 +27,7 @@ static struct {
     int             nccl;            /* 1: NCCL transport, 0: MPI through pinned staging */
     cublasHandle_t  blas;
     cublasLtHandle_t lt;             /* the fused GEMMs (rt_gemm_epi) */
+    int             lt_warned;       /* a refused cublasLtMatmul was reported */
     ncclComm_t     *comms;           /* every live communicator (for ncclCommAbort) */
     int             ncomms, capcomms;
     void           *stage[2];        /* pinned staging of alltoallv, broadcast (MPI transport) */
@@ -1171,17 +1172,27 @@ int rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda, con
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cu.lt, desc, la, lb, lc, lc, pref, 1, &h,
                                                        &found);
+    int done = 0;
     if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
         const float one = 1.0f, zero = 0.0f;
-        RT_CUBLAS(cublasLtMatmul(cu.lt, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, &h.algo,
-                                 cu.workspace, RT_CUDA_WORKSPACE_BYTES, 0));
+        st = cublasLtMatmul(cu.lt, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, &h.algo,
+                            cu.workspace, RT_CUDA_WORKSPACE_BYTES, 0);
+        done = st == CUBLAS_STATUS_SUCCESS;
+        /* refused after its own heuristic chose the algorithm: the unfused kernels do it (a
+        ** fault on the device is sticky, and the next CUDA call ends the job) */
+        if (!done && !cu.lt_warned) {
+            cu.lt_warned = 1;
+            rt_log("warning: cuBLASLt refused a matmul with epilogue %u (m %d, n %d, k %d, %s): "
+                   "%s; the unfused kernels run instead (said once)", e, m, n, k,
+                   rt_dtype_name(t), cublasGetStatusName(st));
+        }
     }
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatmulDescDestroy(desc);
-    return st == CUBLAS_STATUS_SUCCESS && found > 0;
+    return done;
 }
 
 /* The CPU backend's primitive cache has no counterpart here. */
