@@ -238,7 +238,8 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
 ** gelu is GPT-2's tanh form; the sums, the bias and the GELU in f32, each result rounded once
 ** to t. Returns 1 when it is done, 0 when this backend or this call has no fused form: the CPU
 ** backend (its kernels then run as before, the same bits); CUDA without a cuBLASLt algorithm
-** for the shape or an aux leading dimension that is not a multiple of 8. On 0 nothing was
+** for the shape, or an aux leading dimension that is not a multiple of 8, or a matmul cuBLASLt
+** refuses (a warning on stderr, the first time). On 0 nothing was
 ** written: the caller computes the same with rt_gemm and its kernels. CUDA: cuBLASLt's
 ** epilogues (CUBLASLT_EPILOGUE_BIAS, _GELU_AUX(_BIAS), _DGELU). */
 typedef enum { RT_EPI_BIAS = 1, RT_EPI_GELU, RT_EPI_DGELU } rt_epilogue;
