@@ -9,8 +9,8 @@ CUDA library makes it (lib/kernels_cuda.cu, cuBLAS for the linear layers, cuBLAS
 for the biases, the GELU and its gradient: on one GPU every bias is added in its product), with
 its bytes moved (each operand read once, each result written once), its FLOPs and its launch
 shape. It turns them into times at the stated rates, the larger of bytes / bandwidth and
-FLOPs / matrix rate, plus LAUNCH_US per launch. The defaults are what the H200's first device session measured:
-4.29 TB/s for a copy and 784 TFLOP/s for a bf16 GEMM (docs/GPU.md). The launches are summed per
+FLOPs / matrix rate, plus LAUNCH_US per launch. The defaults are what the H200's first device
+session measured: 4.29 TB/s for a copy and 784 TFLOP/s for a bf16 GEMM (docs/GPU.md). The launches are summed per
 kernel family, the families of bench/step_profile.c. With --profile, the family times of a
 measured profile (gpu_batch.sh's profile part: lines "profile: <family> <ms> <percent>") are
 printed beside the prediction, with the ratio measured / predicted. That ratio shows where a

@@ -1,9 +1,9 @@
 /*
 ** step_profile.c: where a generated CPU training program's step goes, per kernel family.
 ** Linked into a copy of out/<dir>/train by bench/train_bench.sh with -Wl,--wrap=<launcher>
-** for every kernel of lib/kernels.h, rt_gemm, rt_gemm_epi and rt_memset0: each wrapper times its call
-** (wall clock, the caller's view: the pool's other threads work inside it). Not part of the
-** program and never built by the tests; the program and the library are unchanged.
+** for every kernel of lib/kernels.h, rt_gemm, rt_gemm_epi and rt_memset0: each wrapper times
+** its call (wall clock, the caller's view: the pool's other threads work inside it). Not part
+** of the program and never built by the tests; the program and the library are unchanged.
 **
 ** Steps are delimited at the first sumsq or sumsq_multi of each step (the gradient norm,
 ** after the backward); the first PROFILE_WARMUP (default 2) steps are skipped, and at exit the mean

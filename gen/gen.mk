@@ -2,9 +2,10 @@
 # tables: the lists shared with the library, lib/gpt_tables.h) and
 # the re2c lexer of the template engine. The Lua passes (gen/lua/*.lua) are read at run time
 # from <root>/gen/lua; luac5.4 (Debian's lua5.4) precompiles each to build/obj/gen/lua/*.luac,
-# which build/gen loads instead while it is at least as new as its source (gen/host.c: 30 ms
-# less per run; without luac, or with a source edited since, the source is read). Included by
-# the top-level Makefile, which defines CC, RE2C, CFLAGS_C, LUA_CFLAGS, LUA_LIBS, Q and E.
+# which build/gen loads instead while it is at least as new as its source (gen/host.c: about
+# 10 ms less per run; without luac, or with a source edited since, the source is read).
+# Included by the top-level Makefile, which defines CC, RE2C, CFLAGS_C, LUA_CFLAGS, LUA_LIBS, Q
+# and E.
 #
 # Objects and the generated lexer go in build/obj/gen/: build/gen itself is the executable,
 # so it cannot also be a directory.

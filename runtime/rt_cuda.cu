@@ -1090,6 +1090,15 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+/* The largest power of two up to 256 that divides p's address */
+static uint32_t lt_align(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a != 0)
+        a /= 2;
+    return a;
+}
+
 /*
 ** rt.h's fused GEMM as one cublasLtMatmul, in the column-major form of rt_gemm above (D^T =
 ** op(B)^T op(A)^T: cuBLASLt's A is ours B): D has n rows (the bias's length, one value per row
@@ -1101,15 +1110,6 @@ void rt_gemm(int ta, int tb, int m, int n, int k, float alpha,
 ** no algorithm for some shapes and alignments: then 0, and the caller runs the unfused
 ** kernels.
 */
-/* The largest power of two up to 256 that divides p's address */
-static uint32_t lt_align(const void *p)
-{
-    uint32_t a = 256;
-    while (a > 1 && (uintptr_t)p % a != 0)
-        a /= 2;
-    return a;
-}
-
 int rt_gemm_epi(int ta, int tb, int m, int n, int k, const void *A, int lda, const void *B,
                 int ldb, void *C, int ldc, rt_epilogue epi, const void *bias, void *aux,
                 rt_dtype t)

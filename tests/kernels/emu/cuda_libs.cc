@@ -16,8 +16,8 @@
 #include "nccl.h"
 
 #include <cblas.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -393,8 +393,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     cublasStatus_t st = lt_check(x, a, b, c, o);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     const void *ptr[4] = { A, B, C, D };
-    for (int i = 0; i < 4; i++)     /* aligned as the algorithm assumes */
-        if ((uintptr_t)ptr[i] % algo->data[i] != 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (int i = 0; i < 4; i++)     /* aligned as the algorithm assumes (0: not a heuristic's) */
+        if (algo->data[i] == 0 || (uintptr_t)ptr[i] % algo->data[i] != 0)
+            return CUBLAS_STATUS_INVALID_VALUE;
     int m = (int)o->rows, n = (int)o->cols, k = (int)(x->ta == CUBLAS_OP_N ? a->cols : a->rows);
     float be = *static_cast<const float *>(beta), al_ = *static_cast<const float *>(alpha);
     /* op(A) op(B) in f32, as cublasGemmEx computes it */
