@@ -92,12 +92,14 @@ fi
 # the cluster: this host, 8 CPUs (slurmd told so), ports of this run's own
 SL=$(cd "$S" && pwd)/slurm
 mkdir -p "$SL/state" "$SL/spool"
-port=$((20000 + ($$ % 20000) * 2))
+# ports below Linux's ephemeral range (32768 up), where this run's own MPI connections could
+# hold them; a port taken already ends slurmctld at once, and the next pair is tried
+write_conf() {
 cat > "$SL/slurm.conf" << CONF
 ClusterName=gentest
 SlurmctldHost=$(hostname -s)
-SlurmctldPort=$port
-SlurmdPort=$((port + 1))
+SlurmctldPort=$1
+SlurmdPort=$(($1 + 1))
 AuthType=auth/none
 CredType=cred/none
 SlurmUser=root
@@ -120,17 +122,31 @@ JobRequeue=1
 NodeName=$(hostname -s) CPUs=8 State=UNKNOWN
 PartitionName=test Nodes=$(hostname -s) Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
+}
 export SLURM_CONF=$SL/slurm.conf
 stop_cluster() {
     [ -f "$SL/slurmd.pid" ] && kill "$(cat "$SL/slurmd.pid")" 2> /dev/null
     [ -f "$SL/slurmctld.pid" ] && kill "$(cat "$SL/slurmctld.pid")" 2> /dev/null
 }
 trap stop_cluster EXIT
-slurmctld -i -f "$SLURM_CONF" > "$SL/start.log" 2>&1 && slurmd -f "$SLURM_CONF" >> "$SL/start.log" 2>&1
+# NAME's pid file is there and its process is not (it ended: slurmctld on a taken port)
+ended() { [ -f "$SL/$1.pid" ] && ! kill -0 "$(cat "$SL/$1.pid")" 2> /dev/null; }
 up=""
-for _ in $(seq 100); do
-    sinfo -h -o %T 2> /dev/null | grep -q idle && { up=1; break; }
-    sleep 0.1
+for try in 0 1 2 3 4; do
+    stop_cluster
+    rm -f "$SL/slurmctld.pid" "$SL/slurmd.pid"
+    write_conf $((10000 + (($$ + try * 7919) % 11000) * 2))
+    slurmctld -i -f "$SLURM_CONF" > "$SL/start.log" 2>&1 &&
+        slurmd -f "$SLURM_CONF" >> "$SL/start.log" 2>&1
+    # up to 15 s (sinfo bounded: it waits on a port that accepts and does not answer), given
+    # up when slurmctld has ended
+    deadline=$((SECONDS + 15))
+    while [ $SECONDS -lt $deadline ]; do
+        timeout 2 sinfo -h -o %T 2> /dev/null | grep -q idle && { up=1; break; }
+        sleep 0.2
+        ended slurmctld && break
+    done
+    [ -n "$up" ] && break
 done
 if [ -z "$up" ]; then
     skip slurm-requeue "the cluster did not start here ($(tail -n 1 "$SL/slurmctld.log" 2> /dev/null))"
