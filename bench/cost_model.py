@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/cost_model.py: what one GPT-2 training step on one GPU should cost, kernel by kernel.
 
-    bench/cost_model.py [124m|1558m] [--profile LOG] [--bw TB/s] [--flops TFLOP/s]
+    bench/cost_model.py [124m|1558m] [--attn cudnn|own] [--profile LOG] [--bw TB/s]
+                        [--flops TFLOP/s]
 
 For GPT-2 124M (micro-batch 64) or 1558M (micro-batch 8, selective recompute), T = 1024, bf16
 activations, f32 weights, gradients and Adam moments, it lists every launch of a step as the
@@ -16,11 +17,14 @@ measured profile (gpu_batch.sh's profile part: lines "profile: <family> <ms> <pe
 printed beside the prediction, with the ratio measured / predicted. That ratio shows where a
 kernel is far from its floor.
 
-Two columns are predicted. "as built" counts what the kernels do today: attention's 9
-m16n8k16 passes per tile pair (dq recomputing the scores and their gradients), and the fused
-cross-entropy's two reads of the logits (the second counted from memory). "floor" is the same
-step with FlashAttention-2's 7 passes and one read of the logits. MFU counts 6N + 6LCT FLOPs per
-token against 989 TFLOP/s, as the batch does.
+Two columns are predicted. "as built" counts what the kernels do today: with --attn own, our
+attention's 9 m16n8k16 passes per tile pair (dq recomputing the scores and their gradients);
+with --attn cudnn (the default, as the programs run where cuDNN loads), cuDNN's fused graphs at
+FlashAttention-2's 7 passes, the row sums of dout * out inside the backward (an assumption:
+cuDNN's kernels are not ours to read); and the fused cross-entropy's two reads of the logits
+(the second counted from memory). "floor" is the same step with FlashAttention-2's 7 passes and
+one read of the logits. MFU counts 6N + 6LCT FLOPs per token against 989 TFLOP/s, as the batch
+does.
 """
 import argparse
 import sys
@@ -60,7 +64,7 @@ def gemm(s, name, m, n, k, out_bytes=A, count=1, extra=0):
         s.add("gemm", name, (m * k + k * n) * A + m * n * out_bytes + extra, 2.0 * m * n * k)
 
 
-def step_of(model, bw, flops):
+def step_of(model, bw, flops, attn="cudnn"):
     L, C, H, B, rc = model["L"], model["C"], model["H"], model["B"], model["recompute"]
     N, hd = B * T, C // H
     s = Step(bw, flops)
@@ -94,9 +98,13 @@ def step_of(model, bw, flops):
         s.add("bias", "bias_bwd proj", N * C * A, launches=2)
         gemm(s, "attn proj dX", N, C, C)
         gemm(s, "attn proj dW", C, C, N, out_bytes=W)
-        s.add("attention", "attention_dsum", 2 * N * C * A + B * H * T * 4)
-        s.add("attention", "attention_bwd", att_io + N * C * A + N * 3 * C * A, 7 * unit, 2,
-              floor_flops=5 * unit)
+        if attn == "own":
+            s.add("attention", "attention_dsum", 2 * N * C * A + B * H * T * 4)
+            s.add("attention", "attention_bwd", att_io + N * C * A + N * 3 * C * A, 7 * unit,
+                  2, floor_flops=5 * unit)
+        else:   # cuDNN's graph: dsum inside it, FlashAttention-2's 5 products (an assumption)
+            s.add("attention", "attention_bwd (cuDNN)",
+                  att_io + 2 * N * C * A + N * 3 * C * A, 5 * unit)
         s.add("bias", "bias_bwd qkv", N * 3 * C * A, launches=2)
         gemm(s, "qkv dX", N, C, 3 * C)
         gemm(s, "qkv dW", 3 * C, C, N, out_bytes=W)
@@ -135,9 +143,11 @@ def main():
     ap.add_argument("--bw", type=float, default=4.29, help="TB/s (default: the H200's copy)")
     ap.add_argument("--flops", type=float, default=784.0,
                     help="TFLOP/s for bf16 products (default: the H200's 8192^3 GEMM)")
+    ap.add_argument("--attn", default="cudnn", choices=["cudnn", "own"],
+                    help="the attention (ATTN): cuDNN's fused graphs (default) or ours")
     a = ap.parse_args()
     m = MODELS[a.model]
-    s, P = step_of(m, a.bw * 1e12, a.flops * 1e12)
+    s, P = step_of(m, a.bw * 1e12, a.flops * 1e12, a.attn)
     measured = {}
     if a.profile:
         for line in open(a.profile):
@@ -152,8 +162,8 @@ def main():
         if r[0] not in fams:
             fams.append(r[0])
     launches = sum(r[4] for r in s.rows)
-    print(f"GPT-2 {a.model}, B {m['B']}, T {T}, bf16: {launches} launches per step, at "
-          f"{a.bw} TB/s, {a.flops} TFLOP/s, {LAUNCH_US} us per launch")
+    print(f"GPT-2 {a.model}, B {m['B']}, T {T}, bf16, ATTN={a.attn}: {launches} launches per "
+          f"step, at {a.bw} TB/s, {a.flops} TFLOP/s, {LAUNCH_US} us per launch")
     print(f"{'family':<14} {'launches':>8} {'GB':>8} {'TFLOP':>7} {'as built':>9} {'floor':>8}"
           + (f" {'measured':>9} {'meas/built':>10}" if measured else ""))
     tb = tf = tm = 0.0

@@ -18,7 +18,8 @@
 #            against the double-precision reference (tolerances: tests/kernels/kernel_test.c),
 #            twice (bit-identical runs), and its f32 outputs against the CPU kernels' (1e-5
 #            relative to the value and to the tensor's scale: the GPU tolerance of
-#            tests/kernels/suite.sh); the runtime's t_gemm and t_rng on the GPU.
+#            tests/kernels/suite.sh); bf16 attention with ATTN=cudnn (cuDNN's fused attention
+#            must load and accept the graphs) and ATTN=own; the runtime's t_gemm and t_rng.
 #   train    train_cuda_single against train_single's log and weights, computed here, with
 #            tests/single's tolerances for the CUDA kernels: tiny, tiny_llama and tiny_moe in
 #            f32 (loss and grad_norm 1e-5 relative, lr 1e-6, weights 1e-5 + 1e-5|w|), tiny in
@@ -42,9 +43,11 @@
 #            ms/step is the median over the steps after BENCH_WARMUP (3) of BENCH_STEPS (12);
 #            tokens/s = B T / that; MFU counts 6N + 6 L C T FLOPs per token (N with the
 #            unpadded vocabulary, 50257) against 989 TFLOP/s (H100 and H200 dense bf16).
-#            Rows fa32 and fa128 time 124M with the attention's tiles of 32 and 128 rows
-#            (FA_TILE; the default 64), to choose the size on the card; their losses must
-#            agree with the default's at every step (1e-2 relative).
+#            The row "ours" takes cuDNN's fused attention where it loads (the line above the
+#            table says which ran); row "own" the library's kernels (ATTN=own), and rows
+#            own-fa32 and own-fa128 those with tiles of 32 and 128 rows (FA_TILE; the default
+#            64), to choose the size on the card; their losses must agree with the first
+#            row's at every step (1e-2 relative).
 #   big      the same for GPT-2 1558M (micro-batch 8, selective recompute; llm.c -e d48).
 #   profile  GPT-2 124M's step per kernel family (bench/step_profile.c with -DPROFILE_CUDA:
 #            each library call timed between two cudaDeviceSynchronize), beside what
@@ -292,6 +295,16 @@ part_kernels() {
         fi
     done
     ok "kernels ($(grep -c '^PASS' "$OUTD/kernels-1.log") checks against the reference)"
+    # bf16 attention: cuDNN's fused attention (ATTN=cudnn: a refusal is a failure, with
+    # cuDNN's reason) and the library's own kernels, each against the reference
+    for k in cudnn own; do
+        if ATTN=$k timeout 60 "$D/bin/kernel_test_cuda" "kernels/attn-$k" --only attention-bf16 \
+                > "$OUTD/kernels-attn-$k.log" 2>&1; then
+            ok "kernels-attention-$k"
+        else bad "kernels-attention-$k" "$( (grep -m2 '^FAIL\|ATTN=\|cuDNN' \
+            "$OUTD/kernels-attn-$k.log" || tail -2 "$OUTD/kernels-attn-$k.log") | tr '\n' ' ')"
+        fi
+    done
     if cmp -s "$OUTD/k1.safetensors" "$OUTD/k2.safetensors" &&
        cmp -s "$OUTD/k1-bf16.safetensors" "$OUTD/k2-bf16.safetensors"; then
         ok kernels-deterministic
@@ -437,6 +450,8 @@ bench_model() {
         bad "bench-$1" "our program failed: $(tail -2 "$OUTD/$1.log" | tr '\n' ' ')"
     mem=$(grep -m1 '^memory:' "$OUTD/$1.log")
     [ -n "$mem" ] && note "$1: $mem"
+    # which attention ran: cuDNN's unless the program said why not
+    note "$1: attention: $(grep -m1 'cuDNN' "$OUTD/$1.log" || echo "cuDNN's fused attention")"
     ms=$(jmedian "$OUTD/$1.jsonl" ms "$W" 2>/dev/null || echo nan)
     toks=$(tokps "$4" "$ms")
     rows="$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' "$1" ours "$4" "$ms" "$toks" \
@@ -458,28 +473,30 @@ bench_model() {
 
 part_bench() {
     bench_model gpt2_124m 12 768 64 d12
-    # the attention's other tile sizes (FA_TILE): time only
-    local tile ms toks
-    for tile in $FA_TILES; do
-        timeout 100 "$P/gpt2_124m_fa$tile" --data "$OUTD/gpt2_tokens.bin" \
+    # the library's own attention kernels (ATTN=own): at their default tiles, and at the other
+    # tile sizes (FA_TILE); time only
+    local tile ms toks prog row
+    for tile in 64 $FA_TILES; do
+        prog=gpt2_124m_fa$tile row=own-fa$tile
+        [ "$tile" = 64 ] && prog=gpt2_124m row=own
+        ATTN=own timeout 100 "$P/$prog" --data "$OUTD/gpt2_tokens.bin" \
             --steps "$BENCH_STEPS" --lr 6e-4 --warmup 2 --quiet \
-            --log "$OUTD/gpt2_124m_fa$tile.jsonl" > "$OUTD/gpt2_124m_fa$tile.log" 2>&1 ||
-            bad "bench-gpt2_124m-fa$tile" \
-                "$(tail -2 "$OUTD/gpt2_124m_fa$tile.log" | tr '\n' ' ')"
+            --log "$OUTD/gpt2_124m_$row.jsonl" > "$OUTD/gpt2_124m_$row.log" 2>&1 ||
+            bad "bench-gpt2_124m-$row" "$(tail -2 "$OUTD/gpt2_124m_$row.log" | tr '\n' ' ')"
         # the same model, data and steps: the losses agree to bf16's rounding (1e-2 relative;
-        # a tile size that breaks the attention moves them by far more)
+        # an attention or a tile size that breaks it moves them by far more)
         python3 -c '
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(f) if l.strip()] for f in sys.argv[1:])
 bad = [i for i, (x, y) in enumerate(zip(a, b)) if not abs(x - y) <= 1e-2 * abs(y)]
-sys.exit(f"losses differ from the default tiles at steps {bad}" if bad or len(a) != len(b)
-         else 0)' "$OUTD/gpt2_124m_fa$tile.jsonl" "$OUTD/gpt2_124m.jsonl" \
-            > "$OUTD/gpt2_124m_fa$tile.cmp" 2>&1 ||
-            bad "bench-gpt2_124m-fa$tile-loss" "$(tail -1 "$OUTD/gpt2_124m_fa$tile.cmp")"
-        ms=$(jmedian "$OUTD/gpt2_124m_fa$tile.jsonl" ms "${BENCH_WARMUP:-3}" 2>/dev/null ||
+sys.exit(f"losses differ from the first row'"'"'s at steps {bad}" if bad or len(a) != len(b)
+         else 0)' "$OUTD/gpt2_124m_$row.jsonl" "$OUTD/gpt2_124m.jsonl" \
+            > "$OUTD/gpt2_124m_$row.cmp" 2>&1 ||
+            bad "bench-gpt2_124m-$row-loss" "$(tail -1 "$OUTD/gpt2_124m_$row.cmp")"
+        ms=$(jmedian "$OUTD/gpt2_124m_$row.jsonl" ms "${BENCH_WARMUP:-3}" 2>/dev/null ||
              echo nan)
         toks=$(tokps 64 "$ms")
-        note "$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' gpt2_124m "fa$tile" 64 "$ms" "$toks" \
+        note "$(printf '%-11s %-7s %4s %10.1f %10.0f %6s' gpt2_124m "$row" 64 "$ms" "$toks" \
             "$(mfu "$toks" 12 768 1024 50257)")"
     done
 }

@@ -83,16 +83,18 @@ void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl,
                    int hd, float scale, rt_dtype t);
 /* dqkv (N, (Hl + 2*KVl)*hd) = the gradient (written, not accumulated), recomputing the
 ** probabilities from qkv and lse; the dk (dv) of a kv head is the sum over its query heads in
-** increasing h, in f32, rounded once. dsum (B, Hl, T) f32 is scratch (it receives
+** increasing h, in f32, rounded once (cuDNN's attention, attn_cudnn.h: each query head's
+** term rounded to bf16, then summed). dsum (B, Hl, T) f32 is scratch (it receives
 ** rowsum(dout * out)). */
 void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, const float *lse,
                    const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
                    rt_dtype t);
-/* The one exception to the dtype rule above: where this is 1 (CUDA's tensor-core kernels), bf16
-** attention_fwd and attention_bwd with a head size a multiple of 16, up to 128, round the
-** probabilities and the score gradients to bf16 before their products with v, dout, q and k
-** (the sums stay f32), as FlashAttention does: each such term is then off by up to 2^-8 of
-** itself. Where it is 0 (the CPU) they stay f32. */
+/* The one exception to the dtype rule above: where this is 1 (CUDA: the tensor-core kernels,
+** or cuDNN's fused attention where it loads, attn_cudnn.h, chosen by ATTN), bf16 attention_fwd
+** and attention_bwd with a head size a multiple of 16, up to 128, round the probabilities and
+** the score gradients to bf16 before their products with v, dout, q and k (the sums stay f32),
+** as FlashAttention does: each such term is then off by up to 2^-8 of itself. Where it is 0
+** (the CPU) they stay f32. */
 extern const int attention_bf16_products;
 
 /* -- Context-parallel attention blocks (docs/megatron.md §10) ------------------------------- */

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>       /* (and these two) */
 #include <mma.h>
 #include "kernel_rows.h"
+#include "attn_cudnn.h" // defines: cudnn_attention_fwd, cudnn_attention_bwd
 #include "kernels.h"
 #include "rt.h"       // defines: rt_memcpy, rt_dtype_size, RT_CUDA, RT_CHECK
 #include "rt_launch.h" // defines: KERNEL_LAUNCH, DYN_SHARED
@@ -1677,6 +1678,13 @@ static att_call att_operands(const void *q, int ldq, const void *k, const void *
 /* kernels.h: bf16 whole sequences with head sizes a multiple of 16 (fa_ok) take fa_px */
 const int attention_bf16_products = 1;
 
+/* May cuDNN's fused attention (attn_cudnn.cu) take a whole-sequence call? bf16, and the head
+** sizes of the tensor-core kernels (fa_ok): the same rounding of the products either way. */
+static bool cudnn_ok(int hd, rt_dtype t)
+{
+    return t == RT_BF16 && hd % 16 == 0 && hd <= FA_HD_MAX;
+}
+
 /* The causal attention of whole sequences: q, k, v are the parts of the qkv rows. */
 static att_call att_qkv(const void *qkv, int B, int T, int Hl, int KVl, int hd, float scale,
                         rt_dtype t)
@@ -1692,6 +1700,7 @@ void attention_fwd(void *out, float *lse, const void *qkv, int B, int T, int Hl,
 {
     if (B * Hl * T == 0) return;
     att_call a = att_qkv(qkv, B, T, Hl, KVl, hd, scale, storage(t));
+    if (cudnn_ok(hd, t) && cudnn_attention_fwd(out, lse, qkv, B, T, Hl, KVl, hd, scale)) return;
     a.out = out;
     a.lse = lse;
     att_fwd(a, t);
@@ -1704,6 +1713,9 @@ void attention_bwd(void *dqkv, float *dsum, const void *dout, const void *out, c
     if (B * Hl * T == 0) return;
     size_t Q = (size_t)Hl * hd, K = (size_t)KVl * hd;
     att_call a = att_qkv(qkv, B, T, Hl, KVl, hd, scale, storage(t));
+    if (cudnn_ok(hd, t) &&
+        cudnn_attention_bwd(dqkv, dsum, dout, out, lse, qkv, B, T, Hl, KVl, hd, scale))
+        return;
     a.clse = lse;
     a.dsum = dsum;
     a.dout = dout;

@@ -27,7 +27,7 @@
 #
 # LIB_LAYERS writes the same bottom first: layers separated by spaces, modules in a layer by
 # commas, the files of a module by '+'. kernels is kernels_cpu.c or kernels_cuda.cu (one per
-# backend library).
+# backend library; the CUDA one with attn_cudnn.cu, cuDNN's attention, which it calls).
 LIB_LAYERS  := fail,safetensors,tboard,kernels flags,ops lr,data,tensors stage+model+moe+groups world,hfdir \
                faults weights,ckpt train,generate main,generate_main
 
@@ -54,7 +54,7 @@ $(LIB_BUILD)/%.o: lib/%.c | $(LIB_BUILD)
 	$(E) "MPICC     $@"
 	$(Q)$(MPICC) $(LIB_CFLAGS) -c -o $@ $<
 
-$(LIB_BUILD)/kernels_cuda.o: lib/kernels_cuda.cu | $(LIB_BUILD)
+$(LIB_BUILD)/kernels_cuda.o $(LIB_BUILD)/attn_cudnn.o: $(LIB_BUILD)/%.o: lib/%.cu | $(LIB_BUILD)
 	$(E) "NVCC      $@"
 	$(Q)$(NVCC) $(RT_NVCC_FLAGS) -Ilib -MMD -MP -c -o $@ $<
 
@@ -68,7 +68,8 @@ $(LIB_BUILD):
 ALL_TARGETS += build/libgpt_cpu.a $(GPT_GENERATE_MAIN)
 
 ifeq ($(HAVE_CUDA),1)
-build/libgpt_cuda.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cuda.o
+# (attn_cudnn.o opens libcudnn.so.9 itself, at run time: nothing to link)
+build/libgpt_cuda.a: $(LIB_OBJS) $(LIB_BUILD)/kernels_cuda.o $(LIB_BUILD)/attn_cudnn.o
 	$(E) "AR        $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 ALL_TARGETS += build/libgpt_cuda.a

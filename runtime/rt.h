@@ -297,6 +297,10 @@ void  rt_free(void *p);              /* NULL: no-op */
 void  rt_mem_stats(size_t *live, size_t *peak);
 #define RT_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)   /* cuBLAS's recommendation for Hopper */
 #define RT_CUDA_STAGE_BYTES     ((size_t)4 << 20)
+/* That workspace (CUDA: RT_CUDA_WORKSPACE_BYTES in *bytes; CPU: NULL and 0). cuBLAS uses it
+** only during its calls, all on the kernels' stream, so another library may use it between them
+** on that stream (lib/attn_cudnn.cu: cuDNN's, which then needs no memory outside the plan). */
+void *rt_workspace(size_t *bytes);
 void  rt_memcpy(void *dst, const void *src, size_t bytes, rt_copy kind);  /* synchronous */
 /* The same copy in stream order with the kernels, the host not waiting for them (CUDA:
 ** cudaMemcpyAsync on the kernels' stream; CPU: at once). src must keep its bytes until the next

@@ -27,6 +27,12 @@ const char *rt_backend(void)
     return "cpu";
 }
 
+void *rt_workspace(size_t *bytes)
+{
+    *bytes = 0;
+    return NULL;
+}
+
 /* -- Launch -------------------------------------------------------------------------------- */
 
 /*

@@ -109,6 +109,12 @@ const char *rt_backend(void)
     return cu.nccl ? "cuda-nccl" : "cuda-mpi";
 }
 
+void *rt_workspace(size_t *bytes)
+{
+    *bytes = cu.workspace ? RT_CUDA_WORKSPACE_BYTES : 0;
+    return cu.workspace;
+}
+
 static ncclDataType_t nccl_type(rt_dtype t)
 {
     switch (t) {

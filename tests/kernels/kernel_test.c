@@ -1296,7 +1296,7 @@ static void dsum_in_double(double *rdsum, const float *dout, const float *out, i
 ** (B, H, T, T) probabilities), and the log-sum-exp of the scaled masked scores in double here.
 ** Sizes cross the CPU's 64-row tiles and the CUDA 32-row tiles at non-multiples.
 */
-static void test_attention_case(int B, int T, int H, int KV, int hd)
+static void test_attention_case(int B, int T, int H, int KV, int hd, int again)
 {
     char size[48];
     snprintf(size, sizeof size, "B%dT%dH%dKV%dhd%d", B, T, H, KV, hd);
@@ -1349,6 +1349,20 @@ static void test_attention_case(int B, int T, int H, int KV, int hd)
     check_bound(label("attention_bwd", "dqkv", size), dqkv, rdqkv_c, nq, atol, rtol, extra);
     keep(label("attention_bwd", "dqkv", size), dqkv, nq);
     check_like_flash(size, out, rout_sm, dqkv, rdqkv_c, rqkv, rdout_bm, B, T, H, KV, hd);
+    if (again) {        /* the same call again gives the same bits (no run-dependent order) */
+        void *d_out2 = dev_st_nan(ny), *d_dqkv2 = dev_st_nan(nq);
+        float *d_lse2 = dev_copy(nan, nl * 4), *d_dsum2 = dev_copy(nan, nl * 4);
+        attention_fwd(d_out2, d_lse2, d_qkv, B, T, H, KV, hd, scale, dt);
+        attention_bwd(d_dqkv2, d_dsum2, d_dout, d_out2, d_lse2, d_qkv, B, T, H, KV, hd, scale,
+                      dt);
+        float *out2 = down_st(d_out2, ny), *lse2 = down(d_lse2, nl);
+        float *dqkv2 = down_st(d_dqkv2, nq);
+        check_exact(label("attention_fwd", "out again", size), out2, out, ny);
+        check_exact(label("attention_fwd", "lse again", size), lse2, lse, nl);
+        check_exact(label("attention_bwd", "dqkv again", size), dqkv2, dqkv, nq);
+        free(out2); free(lse2); free(dqkv2);
+        rt_free(d_out2); rt_free(d_dqkv2); rt_free(d_lse2); rt_free(d_dsum2);
+    }
 
     free(qkv); free(dout); free(nan); free(out); free(lse); free(rqkv_c); free(rqkv);
     free(rqkv_bm); free(rout); free(ratt); free(rlse); free(rout_sm); free(dqkv); free(dsum);
@@ -1361,22 +1375,22 @@ static void test_attention_case(int B, int T, int H, int KV, int hd)
 static void test_attention(void)
 {
     op_begin();
-    test_attention_case(3, 7, 5, 5, 3);
-    test_attention_case(1, 1, 1, 1, 1);
-    test_attention_case(2, 67, 3, 3, 64);       /* two tiles, the second of 3 rows */
-    test_attention_case(2, 200, 2, 2, 13);      /* 4 tiles; odd head size, padded */
-    test_attention_case(2, 130, 3, 3, 67);      /* head size past one register block */
-    test_attention_case(1, 1024, 2, 2, 64);     /* 16 x 16 tiles, 136 computed */
+    test_attention_case(3, 7, 5, 5, 3, 0);
+    test_attention_case(1, 1, 1, 1, 1, 0);
+    test_attention_case(2, 67, 3, 3, 64, 1);    /* two tiles, the second of 3 rows */
+    test_attention_case(2, 200, 2, 2, 13, 0);   /* 4 tiles; odd head size, padded */
+    test_attention_case(2, 130, 3, 3, 67, 0);   /* head size past one register block */
+    test_attention_case(1, 1024, 2, 2, 64, 0);  /* 16 x 16 tiles, 136 computed */
     /* bf16 on CUDA: the tensor-core kernels for head sizes 64, 128 and any multiple of 16 */
-    test_attention_case(2, 130, 2, 2, 128);     /* three 64-row tiles, the last of 2 rows */
-    test_attention_case(3, 77, 2, 2, 32);
+    test_attention_case(2, 130, 2, 2, 128, 0);  /* three 64-row tiles, the last of 2 rows */
+    test_attention_case(3, 77, 2, 2, 32, 0);
     /* grouped-query: groups of 2, 3 and 4 query heads (the tensor-core kernels: hd 32, 16) */
-    test_attention_case(2, 67, 4, 2, 13);
-    test_attention_case(3, 9, 6, 2, 5);
-    test_attention_case(2, 130, 4, 1, 32);
-    test_attention_case(1, 77, 6, 2, 16);
-    test_attention_case(48, 16, 16, 4, 16);     /* CUDA: grid.y = B x H = 768 blocks (as 124M's
-                                                   micro-batch 64 x 12 heads), kv heads 4 */
+    test_attention_case(2, 67, 4, 2, 13, 0);
+    test_attention_case(3, 9, 6, 2, 5, 0);
+    test_attention_case(2, 130, 4, 1, 32, 1);
+    test_attention_case(1, 77, 6, 2, 16, 0);
+    test_attention_case(48, 16, 16, 4, 16, 0);  /* CUDA: grid.y = B x H = 768 blocks (as 124M's
+                                                micro-batch 64 x 12 heads), kv heads 4 */
     op_end("attention", 1);
 }
 

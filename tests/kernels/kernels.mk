@@ -25,6 +25,15 @@ KT_CPU   := $(KT_BUILD)/kernels.o
 KT_CUDA  := $(KT_BUILD)/kernels_cuda.o
 KT_EMU   := $(KT_BUILD)/kernels_cuda_emu.o
 endif
+# cuDNN's attention (attn_cudnn.cu): the library's own, unless KT_CUDNN_SRC names a mutant copy
+KT_CUDNN_SRC ?= lib
+ifeq ($(KT_CUDNN_SRC),lib)
+KT_CUDNN     := build/lib/attn_cudnn.o
+KT_CUDNN_EMU := $(EMU_BUILD)/attn_cudnn_emu.o
+else
+KT_CUDNN     := $(KT_BUILD)/attn_cudnn.o
+KT_CUDNN_EMU := $(KT_BUILD)/attn_cudnn_emu.o
+endif
 
 .PHONY: kernel-test kernel-test-cpu kernel-test-cuda kernel-test-cuda-single kernel-test-emu
 kernel-test kernel-test-cpu: $(KT_BUILD)/kernel_test_cpu
@@ -49,41 +58,53 @@ $(KT_BUILD)/kernel_test_cpu: $(KT_TEST) $(KT_CPU) build/librt_cpu.a \
 	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CPU) build/ref/libref.a $(RT_CPU_LIBS)
 
 $(KT_BUILD)/kernels_cuda.o: $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h \
-                            runtime/rt_launch.h
+                            runtime/rt_launch.h lib/attn_cudnn.h
 	$(E) "NVCC      $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(NVCC) $(RT_NVCC_FLAGS) $(KT_FLAGS) -c -o $@ $<
 
-$(KT_BUILD)/kernel_test_cuda: $(KT_TEST) $(KT_CUDA) build/librt_cuda.a \
+$(KT_BUILD)/attn_cudnn.o: $(KT_CUDNN_SRC)/attn_cudnn.cu lib/attn_cudnn.h
+	$(E) "NVCC      $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(NVCC) $(RT_NVCC_FLAGS) $(KT_FLAGS) -c -o $@ $<
+
+$(KT_BUILD)/kernel_test_cuda: $(KT_TEST) $(KT_CUDA) $(KT_CUDNN) build/librt_cuda.a \
                               build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_LIBS)
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_CUDA) $(KT_CUDNN) build/ref/libref.a $(RT_CUDA_LIBS)
 
 # The same over the single-rank CUDA runtime (no MPI): for a GPU machine without MPI
 # (bench/gpu_batch.sh).
-$(KT_BUILD)/kernel_test_cuda_single: $(KT_TEST) $(KT_CUDA) build/librt_cuda_single.a \
-                                     build/ref/libref.a
+$(KT_BUILD)/kernel_test_cuda_single: $(KT_TEST) $(KT_CUDA) $(KT_CUDNN) \
+                                     build/librt_cuda_single.a build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(CC) -o $@ $(KT_TEST) $(KT_CUDA) build/ref/libref.a $(RT_CUDA_SINGLE_LIBS)
+	$(Q)$(CC) -o $@ $(KT_TEST) $(KT_CUDA) $(KT_CUDNN) build/ref/libref.a \
+	    $(RT_CUDA_SINGLE_LIBS)
 
 # The CUDA kernels' own source on the CPU emulation of CUDA (tests/kernels/emu/cuda_runtime.h):
 # g++, host memory from the CPU runtime; no GPU and no nvcc needed.
 EMU_CXX   ?= g++
 EMU_FLAGS := -std=c++17 $(LIB_OPT) -g -Wall -Wextra -Werror -DGPT_CUDA_EMU -Itests/kernels/emu
 EMU_HDRS  := tests/kernels/emu/cuda_runtime.h tests/kernels/emu/cublas_v2.h \
-             tests/kernels/emu/nccl.h
+             tests/kernels/emu/nccl.h tests/kernels/emu/cudnn.h
 
 $(KT_EMU): $(KT_SRC)/kernels_cuda.cu $(KT_SRC)/kernel_rows.h lib/kernels.h runtime/rt_launch.h \
-           $(EMU_HDRS)
+           lib/attn_cudnn.h $(EMU_HDRS)
 	$(E) "CXX       $@"
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(KT_FLAGS) $(KT_EXTRA) -x c++ -c -o $@ $<
 
-# (the emulated runtime API, cuda_libs.o, for the kernels' own device scratch)
-$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o \
-                             $(EMU_BUILD)/cuda_libs.o build/librt_cpu.a build/ref/libref.a
+$(KT_CUDNN_EMU): $(KT_CUDNN_SRC)/attn_cudnn.cu lib/attn_cudnn.h $(EMU_HDRS)
+	$(E) "CXX       $@"
+	$(Q)mkdir -p $(@D)
+	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(KT_FLAGS) $(KT_EXTRA) -x c++ -c -o $@ $<
+
+# (the emulated runtime API, cuda_libs.o, for the kernels' own device scratch; cuDNN's)
+EMU_KT_OBJS = $(EMU_BUILD)/cuda_emu.o $(EMU_BUILD)/cuda_libs.o $(EMU_BUILD)/cudnn_emu.o
+$(KT_BUILD)/kernel_test_emu: $(KT_TEST) $(KT_EMU) $(KT_CUDNN_EMU) $(EMU_KT_OBJS) \
+                             build/librt_cpu.a build/ref/libref.a
 	$(E) "LINK      $@"
-	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_EMU) $(EMU_BUILD)/cuda_emu.o $(EMU_BUILD)/cuda_libs.o \
+	$(Q)$(MPICC) -o $@ $(KT_TEST) $(KT_EMU) $(KT_CUDNN_EMU) $(EMU_KT_OBJS) \
 	    build/ref/libref.a $(RT_CPU_LIBS) $(BLAS_LIBS) -lstdc++
 
 # The emulation's own objects, the training library with the emulated CUDA kernels (lib/
@@ -104,8 +125,10 @@ $(EMU_RT_OBJS): runtime/rt_cuda.cu runtime/rt_internal.h runtime/rt_launch.h $(E
 	$(Q)mkdir -p $(@D)
 	$(Q)$(EMU_CXX) $(EMU_FLAGS) $(EMU_RT_FLAGS) -Iruntime -x c++ -c -o $@ $<
 
-$(EMU_BUILD)/libcuda_emu.a: $(EMU_BUILD)/cuda_emu.o $(EMU_BUILD)/cuda_libs.o
-$(EMU_BUILD)/libgpt_emu.a: $(LIB_OBJS) $(EMU_BUILD)/kernels_cuda_emu.o
+$(EMU_BUILD)/libcuda_emu.a: $(EMU_BUILD)/cuda_emu.o $(EMU_BUILD)/cuda_libs.o \
+                           $(EMU_BUILD)/cudnn_emu.o
+$(EMU_BUILD)/libgpt_emu.a: $(LIB_OBJS) $(EMU_BUILD)/kernels_cuda_emu.o \
+                           $(EMU_BUILD)/attn_cudnn_emu.o
 $(EMU_BUILD)/librt_cuda_emu.a: $(RT_SINGLE_COMMON) $(EMU_BUILD)/rt_cuda_emu.o
 $(EMU_BUILD)/librt_cuda_emu_mpi.a: $(RT_COMMON_OBJS) $(EMU_BUILD)/rt_cuda_emu_mpi.o
 $(EMU_BUILD)/libcuda_emu.a $(EMU_BUILD)/libgpt_emu.a $(EMU_BUILD)/librt_cuda_emu.a \

@@ -84,7 +84,7 @@ mutant_job() {
 mutate() { launch_mutant cpu "$@"; }
 kernel_sources() {  # DIR: a fresh copy of the kernels' sources in DIR/src
     rm -rf "$1" && mkdir -p "$1/src" &&
-        cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h "$1/src/"
+        cp lib/kernels_cpu.c lib/kernels_cuda.cu lib/kernel_rows.h lib/attn_cudnn.cu "$1/src/"
 }
 # variant NAME OP FLAGS: kernels_cuda.cu built with FLAGS (a compile-time size that
 # bench/gpu_batch.sh times on a GPU) must pass every check of OP on the emulation
@@ -107,33 +107,40 @@ variant_one() {
         fail "$name" "kernels_cuda.cu does not compile with $flags"
         return
     fi
-    if RT_THREADS=1 RT_TIMEOUT=120 $d/kernel_test_emu kernels/$name --only $op > $d/run.out 2>&1
+    if ATTN=own RT_THREADS=1 RT_TIMEOUT=120 $d/kernel_test_emu kernels/$name --only $op \
+            > $d/run.out 2>&1
     then pass "$name ($flags: $op)"
     else fail "$name" "with $flags: $(grep -m1 '^FAIL ' $d/run.out || tail -1 $d/run.out)"; fi
 }
 mutate_cuda() { launch_mutant emu "$@"; }
+# mutate_cudnn: the same on attn_cudnn.cu (cuDNN's graphs), run on the emulated cuDNN
+mutate_cudnn() { launch_mutant cudnn "$@"; }
 mutate_one() {
     kind=$1 name=$2 op=$3 expr=$4 proof=$5
     d=$S/mutant-$name
     kernel_sources $d
-    if [ $kind = cpu ]; then files="$d/src/kernels_cpu.c $d/src/kernel_rows.h"
-    else files=$d/src/kernels_cuda.cu; fi
+    # the sources mutated, what make builds from them, the program, the attention it runs
+    case $kind in
+    cpu) files="$d/src/kernels_cpu.c $d/src/kernel_rows.h" src="KT_SRC=$d/src" prog=cpu attn= ;;
+    emu) files=$d/src/kernels_cuda.cu src="KT_SRC=$d/src" prog=emu attn=own ;;
+    cudnn) files=$d/src/attn_cudnn.cu src="KT_CUDNN_SRC=$d/src" prog=emu attn=cudnn ;;
+    esac
     sed -i "$expr" $files
     if ! cat $files | grep -qF "$proof"; then
         fail mutant-$name "the mutation no longer applies (the kernel source changed?)"
         return
     fi
     # -O1, no debug information: a mutant only has to be caught, not to be fast
-    if ! $MK KT_SRC=$d/src KT_BUILD=$d KT_EXTRA="-Wno-error -g0" LIB_OPT=-O1 \
-            KT_TEST=$S/kernel_test.o kernel-test-$kind \
+    if ! $MK $src KT_BUILD=$d KT_EXTRA="-Wno-error -g0" LIB_OPT=-O1 \
+            KT_TEST=$S/kernel_test.o kernel-test-$prog \
             > $d/build.log 2>&1; then
         sed 's/^/  /' $d/build.log | tail -5
         fail mutant-$name "the mutant does not compile"
         return
     fi
     # one thread each (two mutants run at a time); the op's first failing check is enough
-    RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_$kind kernels/mutant --first --only $op \
-        > $d/run.out 2>&1
+    ATTN=$attn RT_THREADS=1 RT_TIMEOUT=60 $d/kernel_test_$prog kernels/mutant --first \
+        --only $op > $d/run.out 2>&1
     caught=$(grep '^FAIL ' $d/run.out | sed 's/^FAIL kernels\/mutant\/\([^:]*\):.*/\1/' |
              tr '\n' ' ' | sed 's/ $//')
     if [ -n "$caught" ]; then pass "mutant-$name (caught by: $caught)"
@@ -273,6 +280,20 @@ mutate_cuda cuda-add-norm-of-input add_norm-f32 \
 mutate_cuda cuda-copy-cols-group-short copy_cols \
     's|for (int j = 0; j < CVT; j++) kr_store(y + j, kr_load(x + j));|for (int j = 1; j < CVT; j++) kr_store(y + j, kr_load(x + j));|' \
     'for (int j = 1; j < CVT; j++) kr_store(y + j'
+# cuDNN's attention graphs (attn_cudnn.cu, on the emulated cuDNN): an engine with cuDNN's
+# NONDETERMINISTIC note taken (the emulation's reorders its sums from one call to the next), the
+# causal mask left out, the row sum of dout * out added instead of subtracted, dq's scale lost
+mutate_cudnn cudnn-nondeterministic-engine attention-bf16 \
+    's|        if (!det) {|        if (0 \&\& !det) {|' 'if (0 && !det) {'
+mutate_cudnn cudnn-no-causal-mask attention-bf16 \
+    's|cudnnBackendDescriptor_t sm = causal(g, a, ss, x.neg_inf);|cudnnBackendDescriptor_t sm = ss;|' \
+    'cudnnBackendDescriptor_t sm = ss;'
+mutate_cudnn cudnn-dsum-added attention-bf16 \
+    's|pw2(g, CUDNN_POINTWISE_SUB, dp, dsum, dd);|pw2(g, CUDNN_POINTWISE_ADD, dp, dsum, dd);|' \
+    'pw2(g, CUDNN_POINTWISE_ADD, dp, dsum, dd);'
+mutate_cudnn cudnn-dq-unscaled attention-bf16 \
+    's|pw2(g, CUDNN_POINTWISE_MUL, dpp, scale, ds);|pw2(g, CUDNN_POINTWISE_MUL, dpp, one, ds);|' \
+    'pw2(g, CUDNN_POINTWISE_MUL, dpp, one, ds);'
 # the tensor-core attention's other tile sizes, which the device batch times
 variant cuda-fa-tile-32 attention-bf16 -DFA_TILE=32
 variant cuda-fa-tile-128 attention-bf16 -DFA_TILE=128
@@ -282,6 +303,31 @@ for name in $MUTANTS; do
     cat "$S/mutant-$name.verdict"
     grep -q '^FAIL ' "$S/mutant-$name.verdict" && FAILED=1
 done
+
+# cuDNN refusing every plan (the emulated plans made to need 1 GiB of workspace, more than the
+# runtime's 32 MiB): by default the own kernels run, after one line per shape and pass saying
+# why; ATTN=cudnn ends the job with that reason; a bad ATTN is named.
+cudnn_refusals() {
+    local why="of the 2 engine configurations cuDNN proposed, 1 is nondeterministic, 1 needs"
+    why="$why more workspace than the memory plan's 33554432 bytes (1073741824 bytes at least),"
+    why="$why 0 did not finalise"
+    local shape="the attention forward of B 2, T 67, 3 heads (3 kv), head size 64" out
+    out=$(CUDNN_EMU_WORKSPACE=1073741824 RT_THREADS=1 RT_TIMEOUT=300 $S/kernel_test_emu \
+          kernels/cudnn-refused --only attention-bf16 2>&1)
+    if [ $? = 0 ] && echo "$out" | grep -qF "cuDNN refuses $shape ($why): the library's kernels"
+    then pass cudnn-refused-falls-back
+    else fail cudnn-refused-falls-back "$(echo "$out" | grep -m2 'FAIL\|cuDNN\|rank')"; fi
+    out=$(ATTN=cudnn CUDNN_EMU_WORKSPACE=1073741824 RT_TIMEOUT=60 $S/kernel_test_emu \
+          kernels/cudnn-refused --only attention-bf16 2>&1)
+    if [ $? != 0 ] && echo "$out" | grep -qF "ATTN=cudnn: cuDNN refuses $shape: $why"
+    then pass cudnn-refused-required
+    else fail cudnn-refused-required "$(echo "$out" | grep -m2 'FAIL\|cuDNN\|rank\|PASS')"; fi
+    out=$(ATTN=cuDNN RT_TIMEOUT=60 $S/kernel_test_emu kernels/attn --only attention-bf16 2>&1)
+    if [ $? != 0 ] && echo "$out" | grep -qF \
+            "ATTN=cuDNN: expected cudnn (cuDNN's fused attention) or own (the library's kernels)"
+    then pass attn-bad-value
+    else fail attn-bad-value "$(echo "$out" | grep -m2 'FAIL\|ATTN\|rank\|PASS')"; fi
+}
 
 # -- CUDA kernels on the CPU emulation of CUDA (tests/kernels/emu): every machine -----------------
 # kernels_cuda.cu's own code (indexing, shared memory, barriers, warp shuffles, launch shapes)
@@ -310,6 +356,13 @@ else
            cmp -s $S/emu-1-bf16.safetensors $S/emu-2-bf16.safetensors; then
             pass cuda-emu-deterministic
         else fail cuda-emu-deterministic "two runs of the emulated CUDA kernels differ"; fi
+        # bf16 attention went to cuDNN (emulated) in those runs: the library's own kernels too
+        ATTN=own RT_THREADS=1 RT_TIMEOUT=300 $S/kernel_test_emu kernels/cuda-emu-own \
+            --only attention-bf16 > $S/emu-own.out 2>&1; rc=$?
+        cat $S/emu-own.out
+        [ $rc -ne 0 ] && ! grep -q '^FAIL ' $S/emu-own.out &&
+            fail cuda-emu-own "kernel_test_emu (ATTN=own) exited with status $rc"
+        cudnn_refusals
         # the same f32 tolerance as the GPU's comparison below (summation orders and FMA
         # contraction differ from the CPU kernels')
         if [ $ok1 = 1 ] && build/tools/stcompare -q --atol 0 --rtol 1e-5 --atol-max 1e-5 \
@@ -369,6 +422,13 @@ else
                 head -40 $S/cuda-vs-cpu.out
                 fail cuda-vs-cpu "CUDA and CPU kernel outputs differ beyond f32 tolerance"
             fi
+            # bf16 attention on the library's own kernels (the runs above: cuDNN's where it
+            # loads)
+            ATTN=own RT_TIMEOUT=120 $S/kernel_test_cuda kernels/cuda-own --only attention-bf16 \
+                > $S/cuda-own.out 2>&1; rc=$?
+            cat $S/cuda-own.out
+            [ $rc -ne 0 ] && ! grep -q '^FAIL ' $S/cuda-own.out &&
+                fail cuda-own "kernel_test_cuda (ATTN=own) exited with status $rc"
         else
             skip cuda-deterministic "the CUDA run failed"
             skip cuda-vs-cpu "the CUDA run failed"
