@@ -194,14 +194,15 @@ static shape4 dense(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
     return sh(d0, d1, d2, d3, d1 * d2 * d3, d2 * d3, d3, 1);
 }
 
+/* (a scalar by value has one dim, 1, as cudnn-frontend declares its scalars) */
 static cudnnBackendDescriptor_t tensor(dnn_graph *g, int64_t uid, cudnnDataType_t dt,
                                        shape4 x, bool is_virtual, bool by_value)
 {
     cudnnBackendDescriptor_t d = g_new(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    int64_t align = 16, id = uid ? uid : g->next_uid++;
+    int64_t align = 16, id = uid ? uid : g->next_uid++, nd = by_value ? 1 : 4;
     g_set(g, d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
-    g_set(g, d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, x.d);
-    g_set(g, d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, x.s);
+    g_set(g, d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, nd, x.d + 4 - nd);
+    g_set(g, d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, nd, x.s + 4 - nd);
     g_set(g, d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id);
     g_set(g, d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
     g_set(g, d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);

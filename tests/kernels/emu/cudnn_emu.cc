@@ -5,7 +5,8 @@
 ** descriptor and operation, without reference to lib/attn_cudnn.cu's graphs: an operation graph
 ** is interpreted op by op, so whatever graph a caller builds is computed as cuDNN defines it.
 **
-** Tensors are 4-d (dims and strides); virtual ones live in f32 buffers here, each element
+** Tensors are 4-d (dims and strides; a scalar by value may have fewer, the missing leading dims
+** 1); virtual ones live in f32 buffers here, each element
 ** rounded to the tensor's data type when written (bf16: to nearest even), addressed by their
 ** strides. Operations: pointwise ADD, MUL, SUB, DIV, EXP, LOG, IDENTITY, CMP_GE, GEN_INDEX (the
 ** index along AXIS), BINARY_SELECT (y = t ? x : b), the inputs broadcast where a dim is 1;
@@ -98,8 +99,8 @@ struct rule { cudnnBackendDescriptorType_t kind; int attr; cudnnBackendAttribute
               int64_t nmin, nmax; bool required; };
 static const rule RULES[] = {
     { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, 1, true },
-    { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, 4, true },
-    { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, 4, true },
+    { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 1, 4, true },
+    { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 1, 4, true },
     { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, 1, true },
     { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, 1, true },
     { CUDNN_BACKEND_TENSOR_DESCRIPTOR, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, 1, false },
@@ -250,13 +251,20 @@ static cudnnStatus_t final_tensor(emu_desc *t)
     if (t->dt != CUDNN_DATA_FLOAT && t->dt != CUDNN_DATA_BFLOAT16 && t->dt != CUDNN_DATA_INT32 &&
         t->dt != CUDNN_DATA_BOOLEAN)
         return refuse(CUDNN_STATUS_NOT_SUPPORTED, "tensor data type %d", (int)t->dt);
+    /* fewer than 4 dims: the missing leading ones are 1 (a scalar's one dim broadcasts) */
+    int64_t nd = get(t, CUDNN_ATTR_TENSOR_DIMENSIONS)->n;
+    if (get(t, CUDNN_ATTR_TENSOR_STRIDES)->n != nd)
+        return BAD("tensor: %lld dims, %lld strides", (long long)nd,
+                   (long long)get(t, CUDNN_ATTR_TENSOR_STRIDES)->n);
     for (int i = 0; i < 4; i++) {
-        t->dim[i] = i64(t, CUDNN_ATTR_TENSOR_DIMENSIONS, i);
-        t->str[i] = i64(t, CUDNN_ATTR_TENSOR_STRIDES, i);
+        int64_t k = i - (4 - nd);
+        t->dim[i] = k < 0 ? 1 : i64(t, CUDNN_ATTR_TENSOR_DIMENSIONS, k);
+        t->str[i] = k < 0 ? 1 : i64(t, CUDNN_ATTR_TENSOR_STRIDES, k);
         if (t->dim[i] < 1 || t->str[i] < 1) return BAD("tensor dim %d: %lld stride %lld", i,
                                                        (long long)t->dim[i],
                                                        (long long)t->str[i]);
     }
+
     t->uid = i64(t, CUDNN_ATTR_TENSOR_UNIQUE_ID);
     t->align = i64(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT);
     t->virt = flag(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL);
@@ -264,6 +272,9 @@ static cudnnStatus_t final_tensor(emu_desc *t)
     if (t->align < 1) return BAD("tensor %lld: byte alignment %lld", (long long)t->uid,
                                  (long long)t->align);
     if (t->virt && t->byval) return BAD("tensor %lld: virtual and by value", (long long)t->uid);
+    if (nd < 4 && !t->byval)
+        return refuse(CUDNN_STATUS_NOT_SUPPORTED, "tensor %lld: %lld dims (the emulation: 4, or "
+                      "a scalar by value)", (long long)t->uid, (long long)nd);
     if (t->byval && t->dim[0] * t->dim[1] * t->dim[2] * t->dim[3] != 1)
         return BAD("tensor %lld: by value but not a scalar", (long long)t->uid);
     return CUDNN_STATUS_SUCCESS;
