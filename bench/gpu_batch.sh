@@ -284,7 +284,8 @@ libpath() {
 part_kernels() {
     local k
     for k in 1 2; do
-        timeout 90 "$D/bin/kernel_test_cuda" kernels/cuda \
+        # (cuDNN builds a plan per attention shape and pass at its first call: seconds each)
+        timeout 150 "$D/bin/kernel_test_cuda" kernels/cuda \
             --dump "$OUTD/k$k.safetensors" --dump-bf16 "$OUTD/k$k-bf16.safetensors" \
             > "$OUTD/kernels-$k.log" 2>&1
         local rc=$?
@@ -298,7 +299,7 @@ part_kernels() {
     # bf16 attention: cuDNN's fused attention (ATTN=cudnn: a refusal is a failure, with
     # cuDNN's reason) and the library's own kernels, each against the reference
     for k in cudnn own; do
-        if ATTN=$k timeout 60 "$D/bin/kernel_test_cuda" "kernels/attn-$k" --only attention-bf16 \
+        if ATTN=$k timeout 90 "$D/bin/kernel_test_cuda" "kernels/attn-$k" --only attention-bf16 \
                 > "$OUTD/kernels-attn-$k.log" 2>&1; then
             ok "kernels-attention-$k"
         else bad "kernels-attention-$k" "$( (grep -m2 '^FAIL\|ATTN=\|cuDNN' \
