@@ -302,6 +302,9 @@ part_kernels() {
         if ATTN=$k timeout 90 "$D/bin/kernel_test_cuda" "kernels/attn-$k" --only attention-bf16 \
                 > "$OUTD/kernels-attn-$k.log" 2>&1; then
             ok "kernels-attention-$k"
+            # which engines cuDNN chose, and their workspace (ATTN=cudnn logs them)
+            [ $k = cudnn ] && note "$(grep -m4 'cuDNN attention' "$OUTD/kernels-attn-$k.log" |
+                                      sed 's/^\[rank [0-9/]*\] //')"
         else bad "kernels-attention-$k" "$( (grep -m2 '^FAIL\|ATTN=\|cuDNN' \
             "$OUTD/kernels-attn-$k.log" || tail -2 "$OUTD/kernels-attn-$k.log") | tr '\n' ' ')"
         fi

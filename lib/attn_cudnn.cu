@@ -114,7 +114,7 @@ static int dnn_load(void)
 
 /* -- Building a graph ---------------------------------------------------------------------- */
 
-#define G_DESCS 160
+#define G_DESCS 256
 #define G_OPS 48
 struct dnn_graph {
     cudnnBackendDescriptor_t all[G_DESCS];   /* every descriptor made, for a refused graph */
@@ -489,8 +489,15 @@ static void graph_bwd(dnn_graph *g, att_shape a)
 
 /* -- Plans ------------------------------------------------------------------------------------ */
 
-/* The graph's first engine configuration, by cuDNN's heuristic (mode A), that is deterministic
-** and finalises into a plan; NULL (and g->why) where none does. */
+static const char *ordinal(int i)
+{
+    static const char *const name[] = { "first", "second", "third", "fourth", "fifth" };
+    return i < 5 ? name[i] : "sixth or later";
+}
+
+/* The graph's first engine configuration, by cuDNN's heuristic (mode A), that is deterministic,
+** finalises into a plan and fits the workspace; NULL where none does. g->why says which (the
+** engine) or why not. */
 static cudnnBackendDescriptor_t g_plan(dnn_graph *g, int64_t *workspace)
 {
     cudnnBackendDescriptor_t og = g_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
@@ -546,7 +553,15 @@ static cudnnBackendDescriptor_t g_plan(dnn_graph *g, int64_t *workspace)
                 plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &one,
                 workspace);
             if (wst != CUDNN_STATUS_SUCCESS) g_fail(g, wst, "the plan's workspace size");
-            else if ((size_t)*workspace <= ws_bytes) return plan;
+            else if ((size_t)*workspace <= ws_bytes) {
+                int64_t id = -1;
+                dnn.cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
+                                             CUDNN_TYPE_INT64, 1, &one, &id);
+                snprintf(g->why, sizeof g->why, "engine %lld (the %s of %d proposed), %lld "
+                         "bytes of workspace", (long long)id, ordinal(i), (int)n,
+                         (long long)*workspace);
+                return plan;
+            }
             else {
                 if (!need || *workspace < need) need = *workspace;
                 toobig++;
@@ -587,7 +602,13 @@ static const dnn_plan *plan_for(int bwd, att_shape a)
 {
     for (int i = 0; i < nplans; i++)
         if (plans[i].bwd == bwd && same(plans[i].a, a)) return &plans[i];
-    if (nplans == PLANS) return NULL;        /* more shapes than kept: the own kernels */
+    if (nplans == PLANS) {                  /* more shapes than kept: the own kernels */
+        static int told;
+        RT_CHECK(attn_mode() != MODE_CUDNN, "ATTN=cudnn: more than %d attention shapes", PLANS);
+        if (!told++) rt_log("cuDNN's attention keeps the plans of %d shapes: the library's "
+                            "kernels run the others", PLANS);
+        return NULL;
+    }
     dnn_plan *p = &plans[nplans++];
     dnn_graph *g = (dnn_graph *)calloc(1, sizeof *g);
     RT_CHECK(g, "attn_cudnn: out of host memory");
@@ -597,6 +618,10 @@ static const dnn_plan *plan_for(int bwd, att_shape a)
     if (bwd) graph_bwd(g, a);
     else graph_fwd(g, a);
     p->plan = g->st == CUDNN_STATUS_SUCCESS ? g_plan(g, &p->workspace) : NULL;
+    if (p->plan && attn_mode() == MODE_CUDNN)   /* a measurement: which engine ran */
+        rt_log("cuDNN attention %s of B %lld, T %lld, %lld heads (%lld kv), head size %lld: %s",
+               bwd ? "backward" : "forward", (long long)a.B, (long long)a.T, (long long)a.H,
+               (long long)a.KV, (long long)a.hd, g->why);
     if (!p->plan) {
         RT_CHECK(attn_mode() != MODE_CUDNN, "ATTN=cudnn: cuDNN refuses the attention %s of "
                  "B %lld, T %lld, %lld heads (%lld kv), head size %lld: %s",
@@ -620,7 +645,14 @@ static bool usable(const void *const *ptrs, int n)
 {
     if (attn_mode() == MODE_OWN) return false;
     for (int i = 0; i < n; i++)
-        if ((uintptr_t)ptrs[i] % 16) return false;  /* the tensors' stated byte alignment */
+        if ((uintptr_t)ptrs[i] % 16) {               /* the tensors' stated byte alignment */
+            static int told;
+            RT_CHECK(attn_mode() != MODE_CUDNN, "ATTN=cudnn: an attention operand at %p is not "
+                     "16-byte aligned", ptrs[i]);
+            if (!told++) rt_log("an attention operand at %p is not 16-byte aligned: the "
+                                "library's kernels run such calls", ptrs[i]);
+            return false;
+        }
     if (!dnn_load()) {
         RT_CHECK(attn_mode() != MODE_CUDNN, "ATTN=cudnn: %s", load_why);
         static int told;

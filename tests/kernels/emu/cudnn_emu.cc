@@ -596,6 +596,13 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d,
         *count = n;
         return CUDNN_STATUS_SUCCESS;
     }
+    if (e->kind == CUDNN_BACKEND_ENGINE_DESCRIPTOR && name == CUDNN_ATTR_ENGINE_GLOBAL_INDEX) {
+        if (!e->final || type != CUDNN_TYPE_INT64 || requested < 1)
+            return BAD("engine index: type");
+        *(int64_t *)elements = e->engine;
+        *count = 1;
+        return CUDNN_STATUS_SUCCESS;
+    }
     if (e->kind == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR &&
         name == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE) {
         if (type != CUDNN_TYPE_INT64 || requested < 1) return BAD("workspace size: type");
