@@ -115,8 +115,10 @@ CFLAGS_C := -std=c11 $(OPT) -g $(WARN) -MMD -MP
 HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
 HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h -o -f /usr/include/nccl.h && echo 1)
 HAVE_CUBLAS := $(shell test -f $(CUDA_HOME)/include/cublas_v2.h && echo 1)
+# cuDNN's headers only: lib/attn_cudnn.cu opens libcudnn.so.9 at run time, where it is found
+HAVE_CUDNN := $(shell test -f $(CUDA_HOME)/include/cudnn.h -o -f /usr/include/cudnn.h && echo 1)
 # (not in the sanitizer build: nvcc takes no -fsanitize, the CUDA backend is not checked there)
-HAVE_CUDA := $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS),$(if $(SANITIZE_TREE),,1))
+HAVE_CUDA := $(and $(HAVE_NVCC),$(HAVE_NCCL),$(HAVE_CUBLAS),$(HAVE_CUDNN),$(if $(SANITIZE_TREE),,1))
 
 # Without MPI (no $(MPICC)): the library and generated code call no MPI, so $(CC) compiles
 # them, and `make MODEL=...` builds only the single-rank programs of a layout of one rank.
@@ -377,6 +379,7 @@ echo:
 	@echo "mpicc: $(if $(HAVE_MPI),found,not found: single-rank programs only (train_single))"
 	@echo "nvcc: $(if $(HAVE_NVCC),found,not found)  NCCL: $(if $(HAVE_NCCL),found,not found)" \
 	      " cuBLAS: $(if $(HAVE_CUBLAS),found,not found)" \
+	      " cuDNN headers: $(if $(HAVE_CUDNN),found,not found)" \
 	      " -> cuda backend $(if $(HAVE_CUDA),enabled,disabled)"
 	@echo "GENFLAGS=$(GENFLAGS)"
 

@@ -102,7 +102,8 @@ prepare() {
     # reused as they are).
     export LIB_OPT="${LIB_OPT:--O3 -march=x86-64-v3 -fno-math-errno -fno-trapping-math}"
     make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled' ||
-        die "the CUDA backend is not built here (make echo): prepare needs nvcc, cuBLAS, NCCL"
+        die "the CUDA backend is not built here (make echo): prepare needs nvcc, cuBLAS, NCCL" \
+            "and cuDNN's headers"
     local llmc=/work/.mirror/karpathy+llm.c/repo
     [ -n "${LLMC_GIT:-}" ] && llmc=$LLMC_GIT
     git -C "$llmc" rev-parse HEAD > /dev/null 2>&1 ||

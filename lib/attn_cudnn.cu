@@ -32,7 +32,7 @@
 #include "attn_cudnn.h"
 #include "rt.h"        // defines: RT_CHECK, rt_log, RT_CUDA
 
-/* -- The library, opened at the first call -------------------------------------------------- */
+/* -- The library, opened at the first call ----------------------------------------------------- */
 
 #define DNN_CALLS(X)                                                                           \
     X(cudnnGetVersion) X(cudnnGetErrorString) X(cudnnGetLastErrorString) X(cudnnCreate)        \
@@ -112,7 +112,7 @@ static int dnn_load(void)
     return loaded = 1;
 }
 
-/* -- Building a graph ---------------------------------------------------------------------- */
+/* -- Building a graph -------------------------------------------------------------------------- */
 
 #define G_DESCS 256
 #define G_OPS 48
@@ -310,7 +310,7 @@ static void reshape(dnn_graph *g, cudnnBackendDescriptor_t x, cudnnBackendDescri
     add_op(g, op, "a reshape operation");
 }
 
-/* -- The graphs ------------------------------------------------------------------------------ */
+/* -- The graphs -------------------------------------------------------------------------------- */
 
 /* The tensors the variant pack binds (non-virtual), by unique id */
 enum {
@@ -358,7 +358,8 @@ static cudnnBackendDescriptor_t causal(dnn_graph *g, att_shape a, cudnnBackendDe
 {
     shape4 s = dense(a.B, a.H, a.T, a.T);
     cudnnBackendDescriptor_t row = virt(g, CUDNN_DATA_INT32, s), col = virt(g, CUDNN_DATA_INT32, s);
-    cudnnBackendDescriptor_t keep = virt(g, CUDNN_DATA_BOOLEAN, s), y = virt(g, CUDNN_DATA_FLOAT, s);
+    cudnnBackendDescriptor_t keep = virt(g, CUDNN_DATA_BOOLEAN, s);
+    cudnnBackendDescriptor_t y = virt(g, CUDNN_DATA_FLOAT, s);
     pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, NULL, NULL, row, 2);
     pw(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, NULL, NULL, col, 3);
     pw(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep, -1);
@@ -474,7 +475,8 @@ static void graph_bwd(dnn_graph *g, att_shape a)
 
     /* ds = scale p (dout v^T - dsum) */
     cudnnBackendDescriptor_t dp = virt(g, CUDNN_DATA_FLOAT, s4), dd = virt(g, CUDNN_DATA_FLOAT, s4);
-    cudnnBackendDescriptor_t dpp = virt(g, CUDNN_DATA_FLOAT, s4), ds = virt(g, CUDNN_DATA_FLOAT, s4);
+    cudnnBackendDescriptor_t dpp = virt(g, CUDNN_DATA_FLOAT, s4);
+    cudnnBackendDescriptor_t ds = virt(g, CUDNN_DATA_FLOAT, s4);
     matmul(g, dout, vt, dp);
     pw2(g, CUDNN_POINTWISE_SUB, dp, dsum, dd);
     pw2(g, CUDNN_POINTWISE_MUL, dd, p, dpp);
@@ -487,7 +489,7 @@ static void graph_bwd(dnn_graph *g, att_shape a)
     matmul(g, ds, k, dq);
 }
 
-/* -- Plans ------------------------------------------------------------------------------------ */
+/* -- Plans ------------------------------------------------------------------------------------- */
 
 static const char *ordinal(int i)
 {
@@ -638,7 +640,7 @@ static const dnn_plan *plan_for(int bwd, att_shape a)
     return p;
 }
 
-/* -- The calls ------------------------------------------------------------------------------- */
+/* -- The calls --------------------------------------------------------------------------------- */
 
 /* May cuDNN run this call? Loads the library at the first call of a shape it could run. */
 static bool usable(const void *const *ptrs, int n)

@@ -377,7 +377,7 @@ fi
 
 # -- CUDA: build whenever the backend is built; run only on a GPU -------------------------------
 if ! make -s --no-print-directory echo 2>/dev/null | grep -q 'cuda backend enabled'; then
-    skip cuda-build "CUDA backend not built here (needs nvcc, cuBLAS and NCCL)"
+    skip cuda-build "CUDA backend not built here (needs nvcc, cuBLAS, NCCL and cuDNN's headers)"
     skip cuda-run "no CUDA backend"
 elif ! $MK build/librt_cuda.a kernel-test-cuda > $S/build-cuda.log 2>&1; then
     sed 's/^/  /' $S/build-cuda.log | tail -20
