@@ -194,6 +194,11 @@ static shape4 dense(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
     return sh(d0, d1, d2, d3, d1 * d2 * d3, d2 * d3, d3, 1);
 }
 
+static shape4 transpose(shape4 x)     /* the same memory, rows and columns swapped */
+{
+    return sh(x.d[0], x.d[1], x.d[3], x.d[2], x.s[0], x.s[1], x.s[3], x.s[2]);
+}
+
 /* (a scalar by value has one dim, 1, as cudnn-frontend declares its scalars) */
 static cudnnBackendDescriptor_t tensor(dnn_graph *g, int64_t uid, cudnnDataType_t dt,
                                        shape4 x, bool is_virtual, bool by_value)
@@ -335,12 +340,6 @@ static shape4 kv_view(att_shape a)
     return sh(a.B, a.KV, a.T, a.hd, w, a.hd, a.B * w, 1);
 }
 
-static shape4 kv_view_t(att_shape a)
-{
-    int64_t w = (a.H + 2 * a.KV) * a.hd;
-    return sh(a.B, a.KV, a.hd, a.T, w, a.hd, 1, a.B * w);
-}
-
 static shape4 out_view(att_shape a)   /* out and dout: rows of H hd */
 {
     int64_t C = a.H * a.hd;
@@ -377,8 +376,8 @@ static att_operands operands(dnn_graph *g, att_shape a, bool bwd)
 {
     att_operands x;
     x.q = io(g, UID_Q, CUDNN_DATA_BFLOAT16, q_view(a));
-    x.kt = io(g, UID_K, CUDNN_DATA_BFLOAT16, kv_view_t(a));
-    x.v = io(g, UID_V, CUDNN_DATA_BFLOAT16, bwd ? kv_view_t(a) : kv_view(a));
+    x.kt = io(g, UID_K, CUDNN_DATA_BFLOAT16, transpose(kv_view(a)));
+    x.v = io(g, UID_V, CUDNN_DATA_BFLOAT16, bwd ? transpose(kv_view(a)) : kv_view(a));
     x.o = io(g, UID_O, CUDNN_DATA_BFLOAT16, out_view(a));
     x.stats = io(g, UID_STATS, CUDNN_DATA_FLOAT, row_stat(a));
     x.scale = scalar(g, UID_SCALE);
@@ -394,7 +393,6 @@ static void graph_fwd(dnn_graph *g, att_shape a)
 {
     shape4 s4 = dense(a.B, a.H, a.T, a.T), r4 = dense(a.B, a.H, a.T, 1);
     att_operands x = operands(g, a, false);
-    cudnnBackendDescriptor_t stats = x.stats;
     cudnnBackendDescriptor_t s = virt(g, CUDNN_DATA_FLOAT, s4), ss = virt(g, CUDNN_DATA_FLOAT, s4);
     matmul(g, x.q, x.kt, s);
     pw2(g, CUDNN_POINTWISE_MUL, s, x.scale, ss);
@@ -408,7 +406,7 @@ static void graph_fwd(dnn_graph *g, att_shape a)
     pw1(g, CUDNN_POINTWISE_EXP, d, e);
     reduce(g, CUDNN_REDUCE_TENSOR_ADD, e, l);
     pw1(g, CUDNN_POINTWISE_LOG, l, logl);
-    pw2(g, CUDNN_POINTWISE_ADD, m, logl, stats);
+    pw2(g, CUDNN_POINTWISE_ADD, m, logl, x.stats);
     pw2(g, CUDNN_POINTWISE_DIV, e, l, p);
     matmul(g, p, x.v, x.o);
 }
@@ -417,7 +415,7 @@ static void graph_fwd(dnn_graph *g, att_shape a)
 static cudnnBackendDescriptor_t transposed(dnn_graph *g, att_shape a, cudnnBackendDescriptor_t x)
 {
     cudnnBackendDescriptor_t y = virt(g, CUDNN_DATA_BFLOAT16,
-                                      sh(a.B, a.H, a.T, a.T, a.H * a.T * a.T, a.T * a.T, 1, a.T));
+                                      transpose(dense(a.B, a.H, a.T, a.T)));
     reshape(g, x, y);
     return y;
 }
@@ -500,7 +498,7 @@ static const char *ordinal(int i)
 /* The graph's first engine configuration, by cuDNN's heuristic (mode A), that is deterministic,
 ** finalises into a plan and fits the workspace; NULL where none does. g->why says which (the
 ** engine) or why not. */
-static cudnnBackendDescriptor_t g_plan(dnn_graph *g, int64_t *workspace)
+static cudnnBackendDescriptor_t g_plan(dnn_graph *g)
 {
     cudnnBackendDescriptor_t og = g_new(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     g_set(g, og, ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
@@ -531,7 +529,7 @@ static cudnnBackendDescriptor_t g_plan(dnn_graph *g, int64_t *workspace)
     for (int i = 0; i < n && i < MAX_CFGS; i++) {
         cudnnBackendDescriptor_t eng = g_new(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
         cudnnBackendNumericalNote_t note[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-        int64_t one = 0, nn = 0;
+        int64_t one = 0, nn = 0, workspace = 0;
         if (g->st != CUDNN_STATUS_SUCCESS) return NULL;
         if (dnn.cudnnBackendGetAttribute(cfg[i], CUDNN_ATTR_ENGINECFG_ENGINE,
                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &one, &eng) ||
@@ -553,19 +551,19 @@ static cudnnBackendDescriptor_t g_plan(dnn_graph *g, int64_t *workspace)
         if (g->st == CUDNN_STATUS_SUCCESS) {
             cudnnStatus_t wst = dnn.cudnnBackendGetAttribute(
                 plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &one,
-                workspace);
+                &workspace);
             if (wst != CUDNN_STATUS_SUCCESS) g_fail(g, wst, "the plan's workspace size");
-            else if ((size_t)*workspace <= ws_bytes) {
+            else if ((size_t)workspace <= ws_bytes) {
                 int64_t id = -1;
                 dnn.cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
                                              CUDNN_TYPE_INT64, 1, &one, &id);
                 snprintf(g->why, sizeof g->why, "engine %lld (the %s of %d proposed), %lld "
                          "bytes of workspace", (long long)id, ordinal(i), (int)n,
-                         (long long)*workspace);
+                         (long long)workspace);
                 return plan;
             }
             else {
-                if (!need || *workspace < need) need = *workspace;
+                if (!need || workspace < need) need = workspace;
                 toobig++;
                 continue;
             }
@@ -590,7 +588,6 @@ struct dnn_plan {
     int bwd;
     att_shape a;
     cudnnBackendDescriptor_t plan;           /* NULL: refused */
-    int64_t workspace;
 };
 static dnn_plan plans[PLANS];
 static int nplans;
@@ -619,20 +616,16 @@ static const dnn_plan *plan_for(int bwd, att_shape a)
     p->a = a;
     if (bwd) graph_bwd(g, a);
     else graph_fwd(g, a);
-    p->plan = g->st == CUDNN_STATUS_SUCCESS ? g_plan(g, &p->workspace) : NULL;
+    p->plan = g->st == CUDNN_STATUS_SUCCESS ? g_plan(g) : NULL;
+    char what[128];
+    snprintf(what, sizeof what, "attention %s of B %lld, T %lld, %lld heads (%lld kv), head "
+             "size %lld", bwd ? "backward" : "forward", (long long)a.B, (long long)a.T,
+             (long long)a.H, (long long)a.KV, (long long)a.hd);
     if (p->plan && attn_mode() == MODE_CUDNN)   /* a measurement: which engine ran */
-        rt_log("cuDNN attention %s of B %lld, T %lld, %lld heads (%lld kv), head size %lld: %s",
-               bwd ? "backward" : "forward", (long long)a.B, (long long)a.T, (long long)a.H,
-               (long long)a.KV, (long long)a.hd, g->why);
+        rt_log("cuDNN %s: %s", what, g->why);
     if (!p->plan) {
-        RT_CHECK(attn_mode() != MODE_CUDNN, "ATTN=cudnn: cuDNN refuses the attention %s of "
-                 "B %lld, T %lld, %lld heads (%lld kv), head size %lld: %s",
-                 bwd ? "backward" : "forward", (long long)a.B, (long long)a.T, (long long)a.H,
-                 (long long)a.KV, (long long)a.hd, g->why);
-        rt_log("cuDNN refuses the attention %s of B %lld, T %lld, %lld heads (%lld kv), head "
-               "size %lld (%s): the library's kernels run it", bwd ? "backward" : "forward",
-               (long long)a.B, (long long)a.T, (long long)a.H, (long long)a.KV,
-               (long long)a.hd, g->why);
+        RT_CHECK(attn_mode() != MODE_CUDNN, "ATTN=cudnn: cuDNN refuses the %s: %s", what, g->why);
+        rt_log("cuDNN refuses the %s (%s): the library's kernels run it", what, g->why);
         g_free(g);
     }
     /* a plan keeps its graph's descriptors: they live as long as the program */
